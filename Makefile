@@ -1,0 +1,21 @@
+# The two commands: `make run` (the lab) and `make test` (setup + the whole suite).
+PY := .venv/bin/python
+.PHONY: setup run test lint clean
+
+setup:
+	bash scripts/setup.sh
+
+run: setup
+	$(PY) -m controlplane.run_main
+
+test: setup
+	$(PY) -m lint_imports --config pyproject.toml 2>/dev/null || .venv/bin/lint-imports
+	$(PY) -m pytest -q tests
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/lint-imports
+	shellcheck scripts/*.sh
+
+clean:
+	rm -rf .venv .state

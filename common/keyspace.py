@@ -1,0 +1,75 @@
+"""Where each resource lives in the store. One place, so no two modules spell a key differently."""
+
+ROOT = "/fabric"
+
+
+def models(name: str = "") -> str:
+    return f"{ROOT}/models/{name}"
+
+
+def profiles(name: str = "") -> str:
+    return f"{ROOT}/profiles/{name}"
+
+
+def deployments(name: str = "") -> str:
+    return f"{ROOT}/deployments/{name}"
+
+
+def endpoints(name: str = "") -> str:
+    return f"{ROOT}/endpoints/{name}"
+
+
+def nodes(node_id: str = "") -> str:
+    return f"{ROOT}/nodes/{node_id}"
+
+
+def sites(name: str = "") -> str:
+    return f"{ROOT}/sites/{name}"
+
+
+def replicas(deployment: str = "", replica_id: str = "") -> str:
+    """Replicas of one deployment: /fabric/replicas/{deployment}/{replica_id}."""
+    if not deployment:
+        return f"{ROOT}/replicas/"
+    return f"{ROOT}/replicas/{deployment}/{replica_id}"
+
+
+def observations(replica_id: str = "") -> str:
+    return f"{ROOT}/observations/{replica_id}"
+
+
+def gpu_reservations(node_id: str = "", pci: str = "") -> str:
+    """Exclusive, taken with create-if-absent: /fabric/gpu-reservations/{node}/{pci}."""
+    if not node_id:
+        return f"{ROOT}/gpu-reservations/"
+    return f"{ROOT}/gpu-reservations/{node_id}/{pci}"
+
+
+def vips(address: str = "") -> str:
+    """Exclusive, taken with create-if-absent: /fabric/vips/{ipv4}."""
+    return f"{ROOT}/vips/{address}"
+
+
+def api_keys(key_id: str = "") -> str:
+    return f"{ROOT}/keys/{key_id}"
+
+
+def api_key_prefixes(prefix: str = "") -> str:
+    """Index prefix -> key id for the gateway's lookup."""
+    return f"{ROOT}/key-prefixes/{prefix}"
+
+
+def events(seq: str = "") -> str:
+    return f"{ROOT}/events/{seq}"
+
+
+def audit(seq: str = "") -> str:
+    return f"{ROOT}/audit/{seq}"
+
+
+def counters(name: str = "") -> str:
+    return f"{ROOT}/counters/{name}"
+
+
+def locks(name: str = "") -> str:
+    return f"{ROOT}/locks/{name}"

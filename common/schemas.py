@@ -1,0 +1,268 @@
+"""Resource schemas shared by fabricd, the agent's API clients and the gateway.
+
+Desired state (specs written by operators) and observed state (status written by controllers)
+are pydantic models stored as JSON in the store under common.keyspace. Every status carries a
+human-readable ``message`` saying why it is as it is. Every resource may carry a ``tenant``.
+Validation messages name what is wrong; the API turns them into 422 bodies.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+HF_SOURCE = re.compile(r"^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
+
+RUNTIMES = ("vllm", "tensorrt-llm", "triton", "llama.cpp", "tei")
+ROUTING_STRATEGIES = (
+    "equal",
+    "least_queue",
+    "lowest_ttft",
+    "most_free_vram",
+    "weighted_capacity",
+    "site_local",
+    "cost_optimized",
+    "energy_optimized",
+    "highest_throughput",
+    "lowest_failure",
+)
+
+
+def check_name(value: str, what: str = "name") -> str:
+    if not isinstance(value, str) or not DNS_LABEL.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a DNS label (1-63 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def check_runtime(value: str, env: dict[str, str] | None = None) -> str:
+    """Known runtimes launch by default; FABRIC_DENY_RUNTIMES blocks names and
+    FABRIC_ALLOW_RUNTIMES, when set, is a strict allowlist."""
+    env = os.environ if env is None else env
+    if value not in RUNTIMES:
+        raise ValueError(f"runtime {value!r} is unknown; expected one of {', '.join(RUNTIMES)}")
+    deny = {r.strip() for r in env.get("FABRIC_DENY_RUNTIMES", "").split(",") if r.strip()}
+    if value in deny:
+        raise ValueError(f"runtime {value!r} is blocked by FABRIC_DENY_RUNTIMES")
+    allow = {r.strip() for r in env.get("FABRIC_ALLOW_RUNTIMES", "").split(",") if r.strip()}
+    if allow and value not in allow:
+        raise ValueError(f"runtime {value!r} is not in FABRIC_ALLOW_RUNTIMES ({', '.join(sorted(allow))})")
+    return value
+
+
+def check_source(value: str) -> str:
+    if value.startswith("hf://"):
+        if not HF_SOURCE.match(value):
+            raise ValueError(f"source {value!r}: expected hf://ORG/NAME[@REVISION]")
+        return value
+    if value.startswith("file://"):
+        if not value[len("file://"):].startswith("/"):
+            raise ValueError(f"source {value!r}: file:// needs an absolute path (file:///models/x)")
+        return value
+    if value.startswith("/"):
+        return value
+    raise ValueError(f"source {value!r}: expected hf://ORG/NAME[@REVISION], file:///PATH or an absolute path")
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Status(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    phase: str = "Pending"
+    message: str = ""
+
+
+class Resource(Spec):
+    name: str
+    tenant: str | None = None
+    created_at: float = Field(default_factory=time.time)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v)
+
+
+class ModelArtifact(Resource):
+    source: str
+    license: str | None = None
+    residency: str | None = None
+    status: Status = Field(default_factory=lambda: Status(phase="Registered", message="model registered"))
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        return check_source(v)
+
+
+class GpuRequest(Spec):
+    count: int = Field(1, ge=1, le=8, description="whole GPUs per replica, 1-8")
+    vram_gib: float = Field(..., gt=0, description="minimum memory per GPU in GiB")
+    model: str | None = Field(None, description="GPU model name filter, e.g. H100")
+
+
+class InferenceProfile(Resource):
+    runtime: str = "vllm"
+    gpu: GpuRequest
+    cpu: int = Field(..., gt=0)
+    memory_gib: float = Field(..., gt=0)
+    max_model_len: int | None = Field(None, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime(cls, v: str) -> str:
+        return check_runtime(v)
+
+
+class DeploymentStatus(Status):
+    ready_replicas: int = 0
+    replicas: int = 0
+
+
+class InferenceDeployment(Resource):
+    model: str
+    profile: str
+    replicas: int = Field(1, ge=0, le=64)
+    revision: int = 1
+    preferred_site: str | None = None
+    allowed_sites: list[str] = Field(default_factory=list)
+    status: DeploymentStatus = Field(default_factory=DeploymentStatus)
+
+    @field_validator("model", "profile")
+    @classmethod
+    def _refs(cls, v: str, info) -> str:
+        return check_name(v, info.field_name)
+
+
+class EndpointStatus(Status):
+    vip: str | None = None
+
+
+class InferenceEndpoint(Resource):
+    deployment: str
+    openai_compatible: bool = True
+    routing: str = "equal"
+    port: int = Field(8000, ge=1, le=65535, description="VIP port; replicas serve on :8000")
+    preferred_site: str | None = None
+    allowed_sites: list[str] = Field(default_factory=list)
+    residency: str | None = None
+    status: EndpointStatus = Field(default_factory=EndpointStatus)
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment(cls, v: str) -> str:
+        return check_name(v, "deployment")
+
+    @field_validator("routing")
+    @classmethod
+    def _routing(cls, v: str) -> str:
+        if v not in ROUTING_STRATEGIES:
+            raise ValueError(f"routing {v!r} is unknown; expected one of {', '.join(ROUTING_STRATEGIES)}")
+        return v
+
+
+class GpuInfo(BaseModel):
+    """One physical GPU as the agent's inventory sees it (0 means unknown for readings)."""
+
+    index: int
+    uuid: str
+    name: str
+    pci: str = Field(..., description="sysfs form 0000:bb:dd.f")
+    memory_total_mib: int
+    memory_used_mib: int = 0
+    temperature_c: float = 0
+    power_w: float = 0
+    ecc_uncorrected: int = 0
+    mig_mode: bool = False
+
+
+class Node(Spec):
+    id: str
+    address: str = Field(..., description="agent base URL, https://HOST:PORT")
+    site: str = "default"
+    failure_domain: str = "default"
+    taints: list[str] = Field(default_factory=list)
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    cpu_free: int = 0
+    memory_free_gib: float = 0
+    cached_models: list[str] = Field(default_factory=list)
+    vm_driver: str = "libvirt"
+    inventory_message: str = ""
+    last_heartbeat: float = 0
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        return check_name(v, "node id")
+
+
+class Site(Resource):
+    region: str = ""
+    description: str = ""
+
+
+ReplicaPhase = Literal["Pending", "Starting", "Ready", "Unhealthy", "Draining", "Deleting", "Failed"]
+
+
+class Replica(BaseModel):
+    replica_id: str
+    deployment: str
+    ordinal: int
+    revision: int = 1
+    node: str
+    gpus: list[str] = Field(default_factory=list, description="PCI addresses reserved for it")
+    vm_id: str | None = None
+    host: str | None = Field(None, description="address the engine serves on (IP or hostname)")
+    port: int = 8000
+    phase: ReplicaPhase = "Pending"
+    ready: bool = False
+    draining: bool = False
+    drain_deadline: float | None = None
+    health_failures: int = 0
+    message: str = ""
+    created_at: float = Field(default_factory=time.time)
+
+
+class ReplicaObservation(BaseModel):
+    """What the routing controller last scraped from a replica's /metrics (observed state)."""
+
+    replica_id: str
+    scraped_at: float
+    ok: bool
+    error: str = ""
+    queue_depth: float = 0
+    running: float = 0
+    kv_cache_usage: float = 0
+    ttft_p50_s: float | None = None
+    tokens_per_s: float | None = None
+    failure_ratio: float | None = None
+
+
+class ApiKeyRecord(BaseModel):
+    """An inference API key at rest: only HMAC-SHA256 digests, never the secret."""
+
+    id: str
+    name: str
+    prefix: str
+    hash: str
+    previous_hash: str | None = None
+    previous_valid_until: float | None = None
+    endpoint: str
+    model: str | None = None
+    tenant: str | None = None
+    ttl_secs: int = 0
+    expires_at: float | None = None
+    request_quota: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent: int | None = None
+    created_at: float = Field(default_factory=time.time)

@@ -1,0 +1,10 @@
+"""The state store: one interface (`Store`), two implementations.
+
+`open_store(url, state_dir)` picks one:
+  - ``sqlite:///ABS/PATH.db`` or ``None`` (default ``{state_dir}/fabric.db``): embedded SQLite, WAL.
+  - ``etcd://HOST:PORT``: etcd v3 through etcd3gw (its JSON gateway).
+"""
+
+from common.store.base import KV, Event, Lease, Store, open_store
+
+__all__ = ["KV", "Event", "Lease", "Store", "open_store"]

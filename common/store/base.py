@@ -1,0 +1,109 @@
+"""The store contract every backend meets (tests/common/test_store_contract.py runs it on both).
+
+Semantics (etcd's, so the SQLite backend can be swapped for etcd without surprises):
+  - Keys are str paths like ``/fabric/models/qwen``; values are str (JSON text by convention).
+  - Every write bumps one store-wide revision; each KV carries the revision of its last write
+    (``mod_revision``) and of its creation (``create_revision``).
+  - ``create`` is create-if-absent: exactly one of many concurrent callers wins. Exclusive things
+    (GPU reservations, VIPs, leader locks) are taken this way.
+  - ``cas`` writes only when the key's current mod_revision equals the one given; it is how
+    counters and read-modify-write updates stay exact under several processes.
+  - A key attached to a lease disappears when the lease expires (TTL seconds without refresh)
+    or is revoked.
+  - ``watch`` long-polls: it returns the events under a prefix with revision > after_revision,
+    blocking up to ``timeout`` seconds for the first one; [] on timeout.
+Transient failures (backend unreachable) raise common.errors.TransientError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class KV:
+    key: str
+    value: str
+    mod_revision: int
+    create_revision: int
+    lease: int | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["put", "delete"]
+    key: str
+    value: str | None
+    revision: int
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: int
+    ttl: int
+
+
+class Store(Protocol):
+    def get(self, key: str) -> KV | None: ...
+
+    def list(self, prefix: str) -> list[KV]:
+        """All live keys starting with prefix, sorted by key."""
+        ...
+
+    def put(self, key: str, value: str, *, lease: int | None = None) -> int:
+        """Unconditional write; returns the new revision."""
+        ...
+
+    def create(self, key: str, value: str, *, lease: int | None = None) -> bool:
+        """Write only if the key is absent; True if this call created it."""
+        ...
+
+    def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
+        """Write only if the key exists with this mod_revision; True on success."""
+        ...
+
+    def delete(self, key: str, *, mod_revision: int | None = None) -> bool:
+        """Delete (only at this mod_revision when given); True if a key was deleted."""
+        ...
+
+    def delete_prefix(self, prefix: str) -> int: ...
+
+    def grant_lease(self, ttl: int) -> Lease: ...
+
+    def refresh_lease(self, lease_id: int) -> bool:
+        """Extend the lease by its TTL; False if it already expired."""
+        ...
+
+    def revoke_lease(self, lease_id: int) -> None: ...
+
+    def revision(self) -> int:
+        """The store's current revision."""
+        ...
+
+    def watch(self, prefix: str, after_revision: int, timeout: float) -> list[Event]: ...
+
+    def close(self) -> None: ...
+
+
+def open_store(url: str | None, state_dir: str | Path | None = None) -> Store:
+    if url is None or url == "" or url == "sqlite":
+        if state_dir is None:
+            raise ValueError("the embedded store needs a state directory")
+        from common.store.sqlite_store import SqliteStore
+
+        return SqliteStore(Path(state_dir) / "fabric.db")
+    if url.startswith("sqlite://"):
+        from common.store.sqlite_store import SqliteStore
+
+        return SqliteStore(Path(url[len("sqlite://"):]))
+    if url.startswith("etcd://"):
+        from common.store.etcd_store import EtcdStore
+
+        hostport = url[len("etcd://"):].rstrip("/")
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"store URL {url!r}: expected etcd://HOST:PORT")
+        return EtcdStore(host, int(port))
+    raise ValueError(f"store URL {url!r}: expected sqlite:///PATH or etcd://HOST:PORT")

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One-command setup on a bare Debian 12 machine as root. Idempotent: a second run checks
+# and returns in seconds. Installs the Debian packages Fabric needs, the kernel-header links
+# BCC needs, and a .venv (that also sees BCC) with the project installed editable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  python3 python3-venv python3-dev python3-bpfcc bpfcc-tools bpftool
+  linux-headers-amd64 etcd-server libvirt-dev pkg-config gcc
+  iproute2 iputils-ping curl ca-certificates nginx-light shellcheck procps
+)
+
+say() { printf '[setup] %s\n' "$*"; }
+
+need_apt=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need_apt+=("$p")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  say "installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+else
+  say "Debian packages present"
+fi
+
+# BCC compiles against /lib/modules/$(uname -r)/build. A kernel without its own headers
+# package (a VM's custom kernel) gets links to Debian's -amd64 (build) and -common (source).
+kdir="/lib/modules/$(uname -r)"
+if [ ! -e "$kdir/build" ]; then
+  amd64=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n1)
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n1)
+  if [ -n "$amd64" ] && [ -n "$common" ]; then
+    say "linking $kdir/build -> $amd64 and source -> $common"
+    mkdir -p "$kdir"
+    ln -sfn "$amd64" "$kdir/build"
+    ln -sfn "$common" "$kdir/source"
+  else
+    say "WARNING: no kernel headers found under /usr/src; BPF tests will be skipped"
+  fi
+fi
+
+mountpoint -q /sys/fs/bpf 2>/dev/null || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
+
+# The venv uses Debian's python3.11 so that python3-bpfcc (built for it) imports.
+PY=/usr/bin/python3.11
+[ -x "$PY" ] || PY=python3
+stamp=.venv/.fabric-installed
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv (sees Debian's BCC through system site-packages)"
+  "$PY" -m venv --system-site-packages .venv
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing the project into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  touch "$stamp"
+else
+  say ".venv up to date"
+fi
+.venv/bin/python -c "import bcc" 2>/dev/null && say "BCC importable" || say "WARNING: BCC not importable"
+say "done"
