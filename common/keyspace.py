@@ -73,3 +73,8 @@ def counters(name: str = "") -> str:
 
 def locks(name: str = "") -> str:
     return f"{ROOT}/locks/{name}"
+
+
+def auth(name: str = "") -> str:
+    """fabricd's shared auth material, e.g. the admin-token signing secret."""
+    return f"{ROOT}/auth/{name}"

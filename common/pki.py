@@ -1,0 +1,173 @@
+"""The cluster PKI: one CA made at `fabricd init`, certificates signed by it, TLS contexts.
+
+Layout under the state directory (keys are written 0600, certificates 0644):
+    {state_dir}/pki/ca.crt, ca.key          the cluster CA (EC P-256), made once
+    {state_dir}/pki/{name}.crt, {name}.key  leaf certificates (fabricd, agents, gateway)
+
+fabricd serves its REST API with a leaf from this CA; the control plane and the agents use
+the same CA for mutual TLS, where the peer's identity is the certificate's common name
+(`peer_common_name`). Calling `ensure_ca` again never replaces an existing CA, because every
+certificate already handed out would stop verifying.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import ssl
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_DAYS = 3650
+LEAF_DAYS = 825
+
+
+def pki_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / "pki"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    # Create with 0600 from the start so the key is never briefly world-readable.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def ensure_ca(state_dir: Path) -> tuple[Path, Path]:
+    """Return (ca.crt, ca.key), creating the CA the first time only."""
+    d = pki_dir(state_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    crt, key_path = d / "ca.crt", d / "ca.key"
+    if crt.exists() and key_path.exists():
+        return crt, key_path
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fabric-cluster-ca")])
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_private(key_path, _key_pem(key))
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return crt, key_path
+
+
+def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    return x509.SubjectAlternativeName(names)
+
+
+def issue_cert(
+    state_dir: Path,
+    name: str,
+    *,
+    server: bool,
+    client: bool,
+    hosts: list[str] | None = None,
+) -> tuple[Path, Path]:
+    """Sign a leaf for `name` (CN=name, SANs from hosts) and write {name}.crt/.key; reissues on each call."""
+    if not (server or client):
+        raise ValueError("a certificate must be for a server, a client or both")
+    hosts = ["127.0.0.1", "localhost"] if hosts is None else hosts
+    ca_crt_path, ca_key_path = ensure_ca(state_dir)
+    ca_cert = x509.load_pem_x509_certificate(ca_crt_path.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    ekus = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
+        [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+    )
+    now = _now()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=LEAF_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(ekus), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), critical=False
+        )
+    )
+    if hosts:
+        builder = builder.add_extension(_san(hosts), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    d = pki_dir(state_dir)
+    crt_path, key_path = d / f"{name}.crt", d / f"{name}.key"
+    _write_private(key_path, _key_pem(key))
+    crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return crt_path, key_path
+
+
+def server_ssl_context(
+    cert: Path, key: Path, ca: Path | None = None, require_client_cert: bool = False
+) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(cert), str(key))
+    if ca is not None:
+        ctx.load_verify_locations(cafile=str(ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
+    elif require_client_cert:
+        raise ValueError("requiring client certificates needs the CA that signs them")
+    return ctx
+
+
+def client_ssl_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if (cert is None) != (key is None):
+        raise ValueError("a client certificate needs both cert and key")
+    if cert is not None and key is not None:
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+def peer_common_name(peercert: dict | None) -> str | None:
+    """CN from `SSLSocket.getpeercert()` (or the ASGI TLS extension's equivalent dict); None if absent."""
+    if not peercert:
+        return None
+    for rdn in peercert.get("subject", ()):
+        for attr, value in rdn:
+            if attr == "commonName":
+                return value
+    return None

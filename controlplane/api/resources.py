@@ -1,0 +1,258 @@
+"""Desired-state resources: models, profiles, deployments (with scale) and endpoints.
+
+Each resource is stored as its pydantic JSON at its common.keyspace path; creation uses the
+store's create-if-absent, so a duplicate name is 409 even between several fabricd processes.
+Reads return the stored JSON as is (not re-validated, so a profile stays readable after its
+runtime is later denied by FABRIC_DENY_RUNTIMES).
+
+Choices the issue leaves open (also in docs/api.md):
+  - A deployment naming a model or profile that does not exist is refused with 422 naming it,
+    and an endpoint naming a missing deployment likewise; a reference that disappears later
+    (a race with a delete) is the reconciler's to mark Failed.
+  - Deleting a model or profile that a deployment uses is 409 naming the deployment; deleting a
+    deployment that an endpoint exposes is 409 naming the endpoint.
+  - Deleting a deployment while controllers run in this process marks it phase "Deleting"
+    (202) and the reconciler removes its replicas, then the record; with no controllers the
+    record is deleted at once (200).
+  - A new endpoint is stored with phase "Pending"; the orchestration controller assigns its VIP.
+    Deleting an endpoint deletes the record; that controller releases the VIP it held.
+Every create, delete and scale is recorded with controlplane.events.record_event.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import APIRouter, Depends, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from common import keyspace
+from common.errors import Conflict, InvalidInput, NotFound
+from common.schemas import (
+    DeploymentStatus,
+    EndpointStatus,
+    InferenceDeployment,
+    InferenceEndpoint,
+    InferenceProfile,
+    ModelArtifact,
+    Status,
+)
+from common.store.base import Store
+from controlplane.auth import require_admin
+from controlplane.events import record_event
+from controlplane.state import AppState, get_state
+
+router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
+
+SCALE_RETRIES = 20
+
+
+class ScaleRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    replicas: int = Field(..., ge=0, le=64)
+
+
+class Deleted(BaseModel):
+    kind: str
+    name: str
+    deleted: bool = True
+
+
+# -- store helpers (thin) ------------------------------------------------------------------------
+
+def _get(store: Store, key: str, kind: str, name: str) -> dict:
+    kv = store.get(key)
+    if kv is None:
+        raise NotFound(f"{kind} {name!r} not found")
+    return json.loads(kv.value)
+
+
+def _list(store: Store, prefix: str) -> list[dict]:
+    return [json.loads(kv.value) for kv in store.list(prefix)]
+
+
+def _create(state: AppState, key: str, kind: str, resource, message: str) -> dict:
+    if not state.store.create(key, resource.model_dump_json()):
+        raise Conflict(f"{kind} {resource.name!r} already exists", code="already_exists")
+    record_event(state.store, kind, resource.name, "created", message,
+                 tenant=resource.tenant, keep=state.settings.events_kept)
+    return resource.model_dump(mode="json")
+
+
+def _delete(state: AppState, key: str, kind: str, name: str) -> Deleted:
+    if not state.store.delete(key):
+        raise NotFound(f"{kind} {name!r} not found")
+    record_event(state.store, kind, name, "deleted", f"{kind} {name} deleted", keep=state.settings.events_kept)
+    return Deleted(kind=kind, name=name)
+
+
+# -- pure decisions ------------------------------------------------------------------------------
+
+def users_of(records: list[dict], field: str, name: str) -> list[str]:
+    """Names of the records whose `field` refers to `name`."""
+    return sorted(r["name"] for r in records if r.get(field) == name)
+
+
+def refuse_if_used(kind: str, name: str, user_kind: str, users: list[str]) -> None:
+    if users:
+        listed = ", ".join(users)
+        raise Conflict(f"{kind} {name!r} is in use by {user_kind} {listed}; delete {'it' if len(users) == 1 else 'them'} "
+                       "first", code="in_use")
+
+
+def _fresh(resource, status):
+    """The stored form of a new resource: server-side creation time and initial status."""
+    return resource.model_copy(update={"created_at": time.time(), "status": status})
+
+
+# -- models ---------------------------------------------------------------------------------------
+
+@router.get("/models")
+def list_models(state: AppState = Depends(get_state)) -> list[dict]:
+    return _list(state.store, keyspace.models())
+
+
+@router.post("/models", status_code=201)
+def create_model(body: ModelArtifact, state: AppState = Depends(get_state)) -> dict:
+    model = _fresh(body, Status(phase="Registered", message="model registered"))
+    return _create(state, keyspace.models(model.name), "model", model, f"model {model.name} from {model.source}")
+
+
+@router.get("/models/{name}")
+def get_model(name: str, state: AppState = Depends(get_state)) -> dict:
+    return _get(state.store, keyspace.models(name), "model", name)
+
+
+@router.delete("/models/{name}", response_model=Deleted)
+def delete_model(name: str, state: AppState = Depends(get_state)) -> Deleted:
+    _get(state.store, keyspace.models(name), "model", name)
+    refuse_if_used("model", name, "deployment", users_of(_list(state.store, keyspace.deployments()), "model", name))
+    return _delete(state, keyspace.models(name), "model", name)
+
+
+# -- profiles -------------------------------------------------------------------------------------
+
+@router.get("/profiles")
+def list_profiles(state: AppState = Depends(get_state)) -> list[dict]:
+    return _list(state.store, keyspace.profiles())
+
+
+@router.post("/profiles", status_code=201)
+def create_profile(body: InferenceProfile, state: AppState = Depends(get_state)) -> dict:
+    profile = body.model_copy(update={"created_at": time.time()})
+    gpu = profile.gpu
+    message = f"profile {profile.name}: {profile.runtime}, {gpu.count} GPU x {gpu.vram_gib:g} GiB"
+    return _create(state, keyspace.profiles(profile.name), "profile", profile, message)
+
+
+@router.get("/profiles/{name}")
+def get_profile(name: str, state: AppState = Depends(get_state)) -> dict:
+    return _get(state.store, keyspace.profiles(name), "profile", name)
+
+
+@router.delete("/profiles/{name}", response_model=Deleted)
+def delete_profile(name: str, state: AppState = Depends(get_state)) -> Deleted:
+    _get(state.store, keyspace.profiles(name), "profile", name)
+    refuse_if_used("profile", name, "deployment",
+                   users_of(_list(state.store, keyspace.deployments()), "profile", name))
+    return _delete(state, keyspace.profiles(name), "profile", name)
+
+
+# -- deployments ----------------------------------------------------------------------------------
+
+@router.get("/deployments")
+def list_deployments(state: AppState = Depends(get_state)) -> list[dict]:
+    return _list(state.store, keyspace.deployments())
+
+
+@router.post("/deployments", status_code=201)
+def create_deployment(body: InferenceDeployment, state: AppState = Depends(get_state)) -> dict:
+    missing = [f"{kind} {ref!r} does not exist" for kind, ref, key in (
+        ("model", body.model, keyspace.models(body.model)),
+        ("profile", body.profile, keyspace.profiles(body.profile)),
+    ) if state.store.get(key) is None]
+    if missing:
+        raise InvalidInput("; ".join(missing), code="missing_reference")
+    dep = _fresh(body, DeploymentStatus(phase="Pending", message="waiting for placement"))
+    dep = dep.model_copy(update={"revision": 1})
+    message = f"deployment {dep.name}: model {dep.model}, profile {dep.profile}, {dep.replicas} replicas"
+    return _create(state, keyspace.deployments(dep.name), "deployment", dep, message)
+
+
+@router.get("/deployments/{name}")
+def get_deployment(name: str, state: AppState = Depends(get_state)) -> dict:
+    return _get(state.store, keyspace.deployments(name), "deployment", name)
+
+
+@router.post("/deployments/{name}/scale")
+def scale_deployment(name: str, body: ScaleRequest, state: AppState = Depends(get_state)) -> dict:
+    key = keyspace.deployments(name)
+    # Read-modify-write with compare-and-swap: the reconciler writes status to the same record.
+    for _ in range(SCALE_RETRIES):
+        kv = state.store.get(key)
+        if kv is None:
+            raise NotFound(f"deployment {name!r} not found")
+        record = json.loads(kv.value)
+        if record.get("status", {}).get("phase") == "Deleting":
+            raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
+        before = record.get("replicas")
+        record["replicas"] = body.replicas
+        if state.store.cas(key, json.dumps(record), kv.mod_revision):
+            record_event(state.store, "deployment", name, "scaled",
+                         f"deployment {name} scaled from {before} to {body.replicas} replicas",
+                         tenant=record.get("tenant"), keep=state.settings.events_kept)
+            return record
+    raise Conflict(f"deployment {name!r} changed too often while scaling; try again", code="contended")
+
+
+@router.delete("/deployments/{name}")
+def delete_deployment(name: str, response: Response, state: AppState = Depends(get_state)) -> dict:
+    key = keyspace.deployments(name)
+    _get(state.store, key, "deployment", name)
+    refuse_if_used("deployment", name, "endpoint", users_of(_list(state.store, keyspace.endpoints()), "deployment", name))
+    if not state.controllers_running:
+        return _delete(state, key, "deployment", name).model_dump()
+    for _ in range(SCALE_RETRIES):
+        kv = state.store.get(key)
+        if kv is None:  # the reconciler finished meanwhile
+            return Deleted(kind="deployment", name=name).model_dump()
+        record = json.loads(kv.value)
+        if record.get("status", {}).get("phase") == "Deleting":
+            response.status_code = 202
+            return record
+        record.setdefault("status", {})
+        record["status"]["phase"] = "Deleting"
+        record["status"]["message"] = "deletion requested; removing replicas"
+        if state.store.cas(key, json.dumps(record), kv.mod_revision):
+            record_event(state.store, "deployment", name, "deleting", f"deployment {name} deletion requested",
+                         tenant=record.get("tenant"), keep=state.settings.events_kept)
+            response.status_code = 202
+            return record
+    raise Conflict(f"deployment {name!r} changed too often while deleting; try again", code="contended")
+
+
+# -- endpoints ------------------------------------------------------------------------------------
+
+@router.get("/endpoints")
+def list_endpoints(state: AppState = Depends(get_state)) -> list[dict]:
+    return _list(state.store, keyspace.endpoints())
+
+
+@router.post("/endpoints", status_code=201)
+def create_endpoint(body: InferenceEndpoint, state: AppState = Depends(get_state)) -> dict:
+    if state.store.get(keyspace.deployments(body.deployment)) is None:
+        raise InvalidInput(f"deployment {body.deployment!r} does not exist", code="missing_reference")
+    ep = _fresh(body, EndpointStatus(phase="Pending", message="waiting for a VIP"))
+    message = f"endpoint {ep.name} exposes deployment {ep.deployment} (routing {ep.routing})"
+    return _create(state, keyspace.endpoints(ep.name), "endpoint", ep, message)
+
+
+@router.get("/endpoints/{name}")
+def get_endpoint(name: str, state: AppState = Depends(get_state)) -> dict:
+    return _get(state.store, keyspace.endpoints(name), "endpoint", name)
+
+
+@router.delete("/endpoints/{name}", response_model=Deleted)
+def delete_endpoint(name: str, state: AppState = Depends(get_state)) -> Deleted:
+    return _delete(state, keyspace.endpoints(name), "endpoint", name)

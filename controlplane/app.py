@@ -1,0 +1,88 @@
+"""The fabricd FastAPI application: `create_app(state)`.
+
+The state is passed in and reachable from routes via controlplane.state.get_state; nothing is a
+module global. The lifespan starts the background controllers when `controlplane.controllers`
+exists (its `start(state)` returns a handle with `stop()`), so the API alone runs without them.
+/metrics serves Prometheus text from the app's own registry, with request counts by route
+template (never the raw path, so names do not explode label cardinality) and status.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+from controlplane.api import routers
+from controlplane.auth import ensure_token_secret
+from controlplane.errors_http import install_error_handlers
+from controlplane.state import AppState
+
+log = logging.getLogger("fabricd")
+CONTROLLERS_MODULE = "controlplane.controllers"
+
+
+def _load_controllers():
+    try:
+        return importlib.import_module(CONTROLLERS_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name != CONTROLLERS_MODULE:
+            raise
+        return None
+
+
+def create_app(state: AppState) -> FastAPI:
+    if state.token_secret is None:
+        state.token_secret = ensure_token_secret(state.store)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        controllers = _load_controllers()
+        handle = None
+        if controllers is not None:
+            handle = controllers.start(state)
+            state.controllers_running = True
+            log.info("controllers started")
+        try:
+            yield
+        finally:
+            if handle is not None:
+                handle.stop()
+                state.controllers_running = False
+
+    app = FastAPI(title="fabricd", version="0.1.0", lifespan=lifespan,
+                  description="Fabric control plane: models, profiles, deployments, endpoints.")
+    app.state.fabric = state
+    install_error_handlers(app)
+
+    requests_total = Counter("fabricd_http_requests_total", "HTTP requests by route template and status",
+                             ["method", "route", "status"], registry=state.registry)
+    latency = Histogram("fabricd_http_request_seconds", "HTTP request latency by route template",
+                        ["method", "route"], registry=state.registry)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        # The matched route's template (e.g. /api/ai/models/{name}), set by the router.
+        template = getattr(request.scope.get("route"), "path", "unmatched")
+        latency.labels(request.method, template).observe(time.perf_counter() - started)
+        requests_total.labels(request.method, template, str(response.status_code)).inc()
+        return response
+
+    for router in routers():
+        app.include_router(router)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict:
+        return {"ok": True}
+
+    return app

@@ -1,0 +1,140 @@
+"""`fabricd`: the control-plane process.
+
+  fabricd init  --state-dir DIR [--san HOST ...]
+      writes {DIR}/admin-password (0600, random), the cluster CA under {DIR}/pki and a server
+      certificate for fabricd (CN fabricd; SANs 127.0.0.1, localhost, this host's name, --san).
+      Idempotent: an existing password and CA are kept; the server certificate is reissued only
+      when missing or when --san is given.
+  fabricd serve --state-dir DIR --listen HOST:PORT [--store URL] [--insecure]
+      serves the REST API over HTTPS with that certificate. --insecure serves plain HTTP and is
+      refused unless HOST is a loopback address.
+  fabricd lab ...   present when controlplane.lab.cli (with `lab_app`) exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import logging
+import socket
+import sys
+from pathlib import Path
+
+import typer
+
+from common.pki import ensure_ca, issue_cert, pki_dir
+
+SERVER_CERT_NAME = "fabricd"
+DEFAULT_LISTEN = "127.0.0.1:8443"
+
+app = typer.Typer(help="Fabric control plane daemon.", no_args_is_help=True, add_completion=False)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise typer.BadParameter(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:8443")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def insecure_refusal(host: str, insecure: bool) -> str | None:
+    """Why this listen address is refused, or None when it is fine."""
+    if insecure and not is_loopback(host):
+        return (f"--insecure serves plain HTTP, so it binds a loopback address only; {host} is not one. "
+                "Listen on 127.0.0.1, or drop --insecure to serve HTTPS with the cluster CA.")
+    return None
+
+
+@app.command()
+def init(
+    state_dir: Path = typer.Option(..., "--state-dir", help="directory for the store, PKI and admin password"),
+    san: list[str] = typer.Option([], "--san", help="extra host name or IP for the server certificate"),
+) -> None:
+    """Create the admin password, the cluster CA and fabricd's server certificate."""
+    from controlplane.auth import ensure_admin_password
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    password_path, created = ensure_admin_password(state_dir)
+    ca_crt, _ = ensure_ca(state_dir)
+    crt = pki_dir(state_dir) / f"{SERVER_CERT_NAME}.crt"
+    if san or not crt.exists():
+        hosts = ["127.0.0.1", "localhost", socket.gethostname(), *san]
+        crt, _ = issue_cert(state_dir, SERVER_CERT_NAME, server=True, client=True, hosts=list(dict.fromkeys(hosts)))
+    typer.echo(f"admin password: {password_path} ({'created' if created else 'kept'})")
+    typer.echo(f"cluster CA:     {ca_crt}")
+    typer.echo(f"server cert:    {crt}")
+
+
+@app.command()
+def serve(
+    state_dir: Path = typer.Option(..., "--state-dir", help="directory written by `fabricd init`"),
+    listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT"),
+    store: str = typer.Option(None, "--store", help="sqlite:///PATH or etcd://HOST:PORT (default: SQLite in the state dir)"),
+    insecure: bool = typer.Option(False, "--insecure", help="plain HTTP, loopback only"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Serve the REST API (and run the controllers when they are installed)."""
+    import uvicorn
+
+    from common.store.base import open_store
+    from controlplane.app import create_app
+    from controlplane.auth import admin_password_path
+    from controlplane.state import AppState, Settings
+
+    host, port = parse_listen(listen)
+    refusal = insecure_refusal(host, insecure)
+    if refusal:
+        typer.echo(f"error: {refusal}", err=True)
+        raise typer.Exit(2)
+    if not admin_password_path(state_dir).exists():
+        typer.echo(f"error: {state_dir} has no admin password; run `fabricd init --state-dir {state_dir}` first",
+                   err=True)
+        raise typer.Exit(2)
+    ssl_args: dict = {}
+    if not insecure:
+        crt, key = (pki_dir(state_dir) / f"{SERVER_CERT_NAME}.{ext}" for ext in ("crt", "key"))
+        if not (crt.exists() and key.exists()):
+            typer.echo(f"error: no server certificate in {pki_dir(state_dir)}; run `fabricd init` first", err=True)
+            raise typer.Exit(2)
+        ssl_args = {"ssl_certfile": str(crt), "ssl_keyfile": str(key)}
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        the_store = open_store(store, state_dir)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    state = AppState(store=the_store, state_dir=state_dir, settings=Settings.from_env(insecure=insecure))
+    try:
+        uvicorn.run(create_app(state), host=host, port=port, log_level=log_level, **ssl_args)
+    finally:
+        the_store.close()
+
+
+def _add_lab(root: typer.Typer) -> None:
+    name = "controlplane.lab.cli"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (name, "controlplane.lab"):
+            raise
+        return
+    root.add_typer(module.lab_app, name="lab")
+
+
+def main() -> None:
+    _add_lab(app)
+    app(prog_name="fabricd")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

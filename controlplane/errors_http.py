@@ -1,0 +1,76 @@
+"""Exception handlers: every error leaves fabricd as {"error": {"code", "message"}}.
+
+  FabricError (common.errors)        its own status and code
+  RequestValidationError (pydantic)  422 "invalid", the message names each bad field by location,
+                                     e.g. "body.gpu.count: Input should be less than or equal to 8"
+  Starlette HTTPException            its status (unknown route 404, wrong method 405)
+  anything else                      500 "internal" with no detail (it is a bug; the log has it)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from common.errors import FabricError, LimitExceeded, Unauthorized
+
+log = logging.getLogger("fabricd.errors")
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 409: "conflict", 413: "payload_too_large", 422: "invalid"}
+
+
+def error_body(code: str, message: str) -> dict:
+    return {"error": {"code": code, "message": message}}
+
+
+def validation_message(errors: list[dict]) -> str:
+    """One line per pydantic error: dotted location, then pydantic's message without its prefix."""
+    parts = []
+    for err in errors:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "invalid"))
+        for prefix in ("Value error, ", "Assertion failed, "):
+            if msg.startswith(prefix):
+                msg = msg[len(prefix):]
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts) or "invalid request"
+
+
+async def _fabric_error(request: Request, exc: FabricError) -> JSONResponse:
+    headers = {}
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, LimitExceeded):
+        headers["Retry-After"] = str(max(1, int(round(exc.retry_after))))
+    return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return JSONResponse(error_body("invalid", validation_message(exc.errors())), status_code=422)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = _HTTP_CODES.get(exc.status_code, "error")
+    message = exc.detail if isinstance(exc.detail, str) else code
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"no route {request.method} {request.url.path}"
+    return JSONResponse(error_body(code, message), status_code=exc.status_code,
+                        headers=getattr(exc, "headers", None))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Log the type and route only: exception text could echo request content.
+    log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
+    return JSONResponse(error_body("internal", "internal error"), status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(FabricError, _fabric_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,214 @@
+"""`fabricctl ai` commands for models, profiles, deployments, endpoints and events."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from controlplane.fabricctl.output import col, emit_object, emit_table, session
+
+JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
+
+model_app = typer.Typer(help="Model artifacts.", no_args_is_help=True)
+profile_app = typer.Typer(help="Inference profiles (runtime and resources per replica).", no_args_is_help=True)
+deployment_app = typer.Typer(help="Deployments of a model with a profile.", no_args_is_help=True)
+endpoint_app = typer.Typer(help="OpenAI-compatible endpoints (a VIP in front of a deployment).",
+                           no_args_is_help=True)
+
+MODEL_COLUMNS = [col("NAME", "name"), col("SOURCE", "source"), col("PHASE", "status.phase"),
+                 col("TENANT", "tenant")]
+PROFILE_COLUMNS = [col("NAME", "name"), col("RUNTIME", "runtime"), col("GPUS", "gpu.count"),
+                   col("VRAM_GIB", "gpu.vram_gib"), col("CPU", "cpu"), col("MEMORY_GIB", "memory_gib")]
+DEPLOYMENT_COLUMNS = [col("NAME", "name"), col("MODEL", "model"), col("PROFILE", "profile"),
+                      col("REPLICAS", "replicas"), col("READY", "status.ready_replicas"),
+                      col("PHASE", "status.phase"), col("MESSAGE", "status.message")]
+ENDPOINT_COLUMNS = [col("NAME", "name"), col("DEPLOYMENT", "deployment"), col("ROUTING", "routing"),
+                    col("VIP", "status.vip"), col("PORT", "port"), col("PHASE", "status.phase")]
+EVENT_COLUMNS = [("TIME", lambda e: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))),
+                 col("KIND", "kind"), col("NAME", "name"), col("ACTION", "action"), col("MESSAGE", "message")]
+
+
+def _deleted(result: dict | None, kind: str, name: str, as_json: bool) -> None:
+    if as_json:
+        emit_object(result or {}, True)
+    elif result and result.get("deleted"):
+        typer.echo(f"{kind} {name} deleted")
+    else:
+        typer.echo(f"{kind} {name} is being deleted")
+
+
+# -- models ---------------------------------------------------------------------------------------
+
+@model_app.command("add")
+def model_add(
+    name: str,
+    source: str = typer.Option(..., "--source", help="hf://ORG/NAME[@REV], file:///PATH or /PATH"),
+    license: str = typer.Option(None, "--license"),
+    tenant: str = typer.Option(None, "--tenant"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Register a model artifact."""
+    body = {"name": name, "source": source, "license": license, "tenant": tenant}
+    with session() as c:
+        created = c.post("/api/ai/models", {k: v for k, v in body.items() if v is not None})
+    emit_object(created, as_json) if as_json else typer.echo(f"model {name} added")
+
+
+@model_app.command("list")
+def model_list(as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_table(c.get("/api/ai/models"), MODEL_COLUMNS, as_json)
+
+
+@model_app.command("show")
+def model_show(name: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_object(c.get(f"/api/ai/models/{name}"), as_json)
+
+
+@model_app.command("delete")
+def model_delete(name: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        _deleted(c.delete(f"/api/ai/models/{name}"), "model", name, as_json)
+
+
+# -- profiles -------------------------------------------------------------------------------------
+
+@profile_app.command("add")
+def profile_add(
+    name: str,
+    runtime: str = typer.Option("vllm", "--runtime"),
+    gpu: int = typer.Option(1, "--gpu", help="whole GPUs per replica (1-8)"),
+    vram: float = typer.Option(..., "--vram", help="minimum GiB per GPU"),
+    cpu: int = typer.Option(..., "--cpu"),
+    memory: float = typer.Option(..., "--memory", help="GiB"),
+    gpu_model: str = typer.Option(None, "--gpu-model", help="GPU model filter, e.g. H100"),
+    max_model_len: int = typer.Option(None, "--max-model-len"),
+    tenant: str = typer.Option(None, "--tenant"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Add an inference profile."""
+    body = {"name": name, "runtime": runtime, "cpu": cpu, "memory_gib": memory,
+            "gpu": {"count": gpu, "vram_gib": vram, "model": gpu_model},
+            "max_model_len": max_model_len, "tenant": tenant}
+    with session() as c:
+        created = c.post("/api/ai/profiles", {k: v for k, v in body.items() if v is not None})
+    emit_object(created, as_json) if as_json else typer.echo(f"profile {name} added")
+
+
+@profile_app.command("list")
+def profile_list(as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_table(c.get("/api/ai/profiles"), PROFILE_COLUMNS, as_json)
+
+
+@profile_app.command("show")
+def profile_show(name: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_object(c.get(f"/api/ai/profiles/{name}"), as_json)
+
+
+@profile_app.command("delete")
+def profile_delete(name: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        _deleted(c.delete(f"/api/ai/profiles/{name}"), "profile", name, as_json)
+
+
+# -- deployments ----------------------------------------------------------------------------------
+
+def deploy(
+    model: str,
+    profile: str = typer.Option(..., "--profile"),
+    replicas: int = typer.Option(1, "--replicas"),
+    name: str = typer.Option(None, "--name", help="deployment name (default: the model's name)"),
+    tenant: str = typer.Option(None, "--tenant"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Deploy MODEL with a profile."""
+    body = {"name": name or model, "model": model, "profile": profile, "replicas": replicas, "tenant": tenant}
+    with session() as c:
+        created = c.post("/api/ai/deployments", {k: v for k, v in body.items() if v is not None})
+    if as_json:
+        emit_object(created, True)
+    else:
+        typer.echo(f"deployment {created['name']} created ({replicas} replicas of {model} with {profile})")
+
+
+@deployment_app.command("list")
+def deployment_list(as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_table(c.get("/api/ai/deployments"), DEPLOYMENT_COLUMNS, as_json)
+
+
+@deployment_app.command("show")
+def deployment_show(name: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_object(c.get(f"/api/ai/deployments/{name}"), as_json)
+
+
+@deployment_app.command("scale")
+def deployment_scale(name: str, replicas: int = typer.Option(..., "--replicas"), as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        updated = c.post(f"/api/ai/deployments/{name}/scale", {"replicas": replicas})
+    emit_object(updated, as_json) if as_json else typer.echo(f"deployment {name} scaled to {replicas} replicas")
+
+
+@deployment_app.command("delete")
+def deployment_delete(name: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        _deleted(c.delete(f"/api/ai/deployments/{name}"), "deployment", name, as_json)
+
+
+# -- endpoints ------------------------------------------------------------------------------------
+
+@endpoint_app.command("expose")
+def endpoint_expose(
+    deployment: str,
+    openai_compatible: bool = typer.Option(True, "--openai-compatible", help="serve the OpenAI API (the only kind)"),
+    routing: str = typer.Option("equal", "--routing", help="equal, least_queue, lowest_ttft, ..."),
+    name: str = typer.Option(None, "--name", help="endpoint name (default: DEPLOYMENT-openai)"),
+    port: int = typer.Option(None, "--port", help="VIP port (default 8000)"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Expose a deployment behind a VIP."""
+    body = {"name": name or f"{deployment}-openai", "deployment": deployment,
+            "openai_compatible": openai_compatible, "routing": routing, "port": port}
+    with session() as c:
+        created = c.post("/api/ai/endpoints", {k: v for k, v in body.items() if v is not None})
+    if as_json:
+        emit_object(created, True)
+    else:
+        typer.echo(f"endpoint {created['name']} created for deployment {deployment} "
+                   f"(routing {routing}); its VIP is assigned shortly: fabricctl ai endpoint show {created['name']}")
+
+
+@endpoint_app.command("list")
+def endpoint_list(as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_table(c.get("/api/ai/endpoints"), ENDPOINT_COLUMNS, as_json)
+
+
+@endpoint_app.command("show")
+def endpoint_show(name: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_object(c.get(f"/api/ai/endpoints/{name}"), as_json)
+
+
+@endpoint_app.command("delete")
+def endpoint_delete(name: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        _deleted(c.delete(f"/api/ai/endpoints/{name}"), "endpoint", name, as_json)
+
+
+# -- events ---------------------------------------------------------------------------------------
+
+def events(
+    limit: int = typer.Option(50, "--limit"),
+    kind: str = typer.Option(None, "--kind", help="model, profile, deployment, endpoint, ..."),
+    name: str = typer.Option(None, "--name"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Recent events: every create, delete and scale, and what controllers did."""
+    with session() as c:
+        emit_table(c.get("/api/ai/events", limit=limit, kind=kind, name=name), EVENT_COLUMNS, as_json)

@@ -1,0 +1,55 @@
+"""What a running fabricd process holds: passed into the FastAPI app, never imported as a global.
+
+Route handlers reach it through the `get_state` dependency; background controllers receive it
+from the app's lifespan (`controlplane.controllers.start(state)`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import Request
+from prometheus_client import CollectorRegistry
+
+from common.store.base import Store
+
+DEFAULT_TOKEN_TTL_S = 12 * 3600
+DEFAULT_EVENTS_KEPT = 1000
+
+
+@dataclass(frozen=True)
+class Settings:
+    token_ttl_s: int = DEFAULT_TOKEN_TTL_S  # lifetime of an admin bearer token
+    events_kept: int = DEFAULT_EVENTS_KEPT  # older events are trimmed from the store
+    insecure: bool = False  # serving plain HTTP on loopback (fabricd serve --insecure)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
+        env = dict(os.environ) if env is None else env
+        values: dict = {}
+        if env.get("FABRIC_TOKEN_TTL"):
+            values["token_ttl_s"] = int(env["FABRIC_TOKEN_TTL"])
+        if env.get("FABRIC_EVENTS_KEPT"):
+            values["events_kept"] = int(env["FABRIC_EVENTS_KEPT"])
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass
+class AppState:
+    store: Store
+    state_dir: Path
+    settings: Settings = field(default_factory=Settings)
+    # One registry per app so several apps (tests, several fabricd roles) never collide.
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    # True while controllers from controlplane.controllers run in this process; the API
+    # then hands deployment deletion to the reconciler instead of deleting the record itself.
+    controllers_running: bool = False
+    token_secret: bytes | None = None  # loaded from the store at app start (controlplane.auth)
+
+
+def get_state(request: Request) -> AppState:
+    """FastAPI dependency: the AppState the app was created with."""
+    return request.app.state.fabric
