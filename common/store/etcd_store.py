@@ -1,0 +1,248 @@
+"""The HA store: etcd v3 through its JSON gateway (etcd3gw), meeting common/store/base.py.
+
+etcd3gw covers only part of what the contract needs (its put drops the revision, its txn helpers
+base64 str as latin-1, its watcher runs a thread pool), so this module posts the v3 JSON API
+through the etcd3gw client's own ``post``/``get_url`` and builds the payloads itself:
+  - keys and values are UTF-8, base64-encoded on the wire;
+  - int64 fields arrive as JSON strings and fields at their zero value are omitted
+    (a failed txn has no ``succeeded``, a PUT event has no ``type``);
+  - create = txn[create_revision == 0] put; cas = txn[mod_revision == N] put;
+    delete at a revision = txn[mod_revision == N] delete.
+Watch opens one streaming HTTP request of its own, reads until the first batch of events or the
+deadline, and closes it: no background threads, no pooled connection left half-read.
+Unreachable etcd raises TransientError; a write naming an unknown lease raises NotFound.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import etcd3gw
+import requests
+import urllib3
+from etcd3gw import exceptions as etcd_exc
+
+from common.errors import Conflict, NotFound, TransientError
+from common.store.base import KV, Event, Lease
+
+REQUEST_TIMEOUT_S = 10.0
+# The key range() reads to learn the store revision: any key works, a fixed absent one is cheapest.
+_REVISION_PROBE_KEY = "/fabric/.revision-probe"
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def _unb64(data: str | None) -> str:
+    return base64.b64decode(data or "").decode("utf-8")
+
+
+def _range_end(prefix: str) -> str:
+    """etcd's range_end for a prefix: the prefix with its last byte incremented ("\\0" = all keys)."""
+    raw = bytearray(prefix.encode("utf-8"))
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return base64.b64encode(bytes(raw)).decode("ascii")
+        raw.pop()
+    return base64.b64encode(b"\0").decode("ascii")
+
+
+def _range_request(prefix: str) -> dict[str, Any]:
+    key = prefix if prefix else "\0"
+    return {"key": _b64(key), "range_end": _range_end(prefix)}
+
+
+def _kv(item: dict[str, Any]) -> KV:
+    lease = int(item.get("lease", 0))
+    return KV(
+        key=_unb64(item["key"]),
+        value=_unb64(item.get("value")),
+        mod_revision=int(item["mod_revision"]),
+        create_revision=int(item["create_revision"]),
+        lease=lease or None,
+    )
+
+
+class EtcdStore:
+    """Store backend on an etcd v3 server (3.4+) reached over its HTTP/JSON gateway."""
+
+    def __init__(self, host: str, port: int, *, timeout: float = REQUEST_TIMEOUT_S):
+        self.host = host
+        self.port = port
+        self._timeout = timeout
+        # api_path fixed to /v3/ (etcd >= 3.4) so no discovery round trip happens at first use.
+        self._client = etcd3gw.client(host=host, port=port, timeout=timeout, api_path="/v3/")
+
+    # -- transport ----------------------------------------------------------------------
+
+    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._client.post(self._client.get_url(path), json=payload)
+        except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError) as exc:
+            raise TransientError(f"etcd at {self.host}:{self.port} unreachable") from exc
+        except etcd_exc.Etcd3Exception as exc:
+            detail = str(exc.detail_text or "")
+            if "lease not found" in detail:
+                raise NotFound("lease not found (expired or revoked)") from exc
+            if "compacted" in detail:
+                raise Conflict("requested revision was compacted", code="compacted") from exc
+            raise TransientError(f"etcd at {self.host}:{self.port} failed: {detail[:200]}") from exc
+        except requests.RequestException as exc:
+            raise TransientError(f"etcd at {self.host}:{self.port} unreachable") from exc
+
+    def _txn(self, compare: dict[str, Any], success: dict[str, Any]) -> dict[str, Any]:
+        return self._post("/kv/txn", {"compare": [compare], "success": [success], "failure": []})
+
+    # -- reads --------------------------------------------------------------------------
+
+    def get(self, key: str) -> KV | None:
+        result = self._post("/kv/range", {"key": _b64(key)})
+        kvs = result.get("kvs") or []
+        return _kv(kvs[0]) if kvs else None
+
+    def list(self, prefix: str) -> list[KV]:
+        payload = _range_request(prefix) | {"sort_order": "ASCEND", "sort_target": "KEY"}
+        return [_kv(item) for item in self._post("/kv/range", payload).get("kvs") or []]
+
+    def revision(self) -> int:
+        result = self._post("/kv/range", {"key": _b64(_REVISION_PROBE_KEY), "count_only": True})
+        return int(result["header"]["revision"])
+
+    # -- writes -------------------------------------------------------------------------
+
+    @staticmethod
+    def _put_request(key: str, value: str, lease: int | None) -> dict[str, Any]:
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease is not None:
+            put["lease"] = str(lease)
+        return put
+
+    def put(self, key: str, value: str, *, lease: int | None = None) -> int:
+        result = self._post("/kv/put", self._put_request(key, value, lease))
+        return int(result["header"]["revision"])
+
+    def create(self, key: str, value: str, *, lease: int | None = None) -> bool:
+        result = self._txn(
+            {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"},
+            {"request_put": self._put_request(key, value, lease)},
+        )
+        return bool(result.get("succeeded", False))
+
+    def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
+        # An absent key compares as mod_revision 0 in etcd; the contract says "exists", so refuse 0.
+        if mod_revision <= 0:
+            return False
+        result = self._txn(
+            {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": str(mod_revision)},
+            {"request_put": self._put_request(key, value, lease)},
+        )
+        return bool(result.get("succeeded", False))
+
+    def delete(self, key: str, *, mod_revision: int | None = None) -> bool:
+        if mod_revision is None:
+            result = self._post("/kv/deleterange", {"key": _b64(key)})
+            return int(result.get("deleted", 0)) > 0
+        if mod_revision <= 0:
+            return False
+        result = self._txn(
+            {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": str(mod_revision)},
+            {"request_delete_range": {"key": _b64(key)}},
+        )
+        if not result.get("succeeded", False):
+            return False
+        deleted = result["responses"][0].get("response_delete_range", {}).get("deleted", 0)
+        return int(deleted) > 0
+
+    def delete_prefix(self, prefix: str) -> int:
+        result = self._post("/kv/deleterange", _range_request(prefix))
+        return int(result.get("deleted", 0))
+
+    # -- leases -------------------------------------------------------------------------
+
+    def grant_lease(self, ttl: int) -> Lease:
+        # etcd may raise a small TTL to its minimum; callers read the granted one from Lease.ttl.
+        result = self._post("/lease/grant", {"TTL": str(max(1, int(ttl))), "ID": "0"})
+        return Lease(id=int(result["ID"]), ttl=int(result["TTL"]))
+
+    def refresh_lease(self, lease_id: int) -> bool:
+        try:
+            result = self._post("/lease/keepalive", {"ID": str(lease_id)})
+        except NotFound:
+            return False
+        # An expired lease answers with TTL 0, which the JSON gateway omits.
+        return int(result.get("result", {}).get("TTL", 0)) > 0
+
+    def revoke_lease(self, lease_id: int) -> None:
+        try:
+            self._post("/kv/lease/revoke", {"ID": str(lease_id)})
+        except NotFound:
+            pass  # already expired or revoked: the goal (its keys gone) holds
+
+    # -- watch --------------------------------------------------------------------------
+
+    def watch(self, prefix: str, after_revision: int, timeout: float) -> list[Event]:
+        create = _range_request(prefix) | {"start_revision": str(after_revision + 1)}
+        deadline = time.monotonic() + max(0.0, timeout)
+        url = self._client.get_url("/watch")
+        try:
+            with requests.Session() as session:
+                with session.post(
+                    url, json={"create_request": create}, stream=True,
+                    timeout=(self._timeout, max(0.05, timeout)),
+                ) as resp:
+                    if resp.status_code != 200:
+                        raise TransientError(f"etcd watch failed with HTTP {resp.status_code}")
+                    return _read_first_events(resp, deadline)
+        except requests.exceptions.ConnectionError as exc:
+            # A read timeout on a streamed body surfaces as ConnectionError wrapping ReadTimeoutError.
+            if exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError):
+                return []
+            raise TransientError(f"etcd at {self.host}:{self.port} unreachable") from exc
+        except requests.exceptions.Timeout:
+            return []
+
+    def close(self) -> None:
+        self._client.session.close()
+
+
+def _read_first_events(resp: requests.Response, deadline: float) -> list[Event]:
+    """Read watch-stream messages until one carries events or the deadline passes."""
+    buffer = b""
+    for chunk in resp.iter_content(chunk_size=None):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if not line.strip():
+                continue
+            result = json.loads(line).get("result", {})
+            if result.get("canceled"):
+                compact = int(result.get("compact_revision", 0))
+                if compact:
+                    raise Conflict(
+                        f"watch history before revision {compact} was compacted;"
+                        " list again and watch from the list's revision",
+                        code="compacted",
+                    )
+                raise TransientError(f"etcd cancelled the watch: {result.get('cancel_reason', '')[:200]}")
+            events = result.get("events") or []
+            if events:
+                return [_event(e) for e in events]
+        if time.monotonic() >= deadline:
+            return []
+    return []
+
+
+def _event(raw: dict[str, Any]) -> Event:
+    kv = raw["kv"]
+    deleted = raw.get("type") == "DELETE"
+    return Event(
+        type="delete" if deleted else "put",
+        key=_unb64(kv["key"]),
+        value=None if deleted else _unb64(kv.get("value")),
+        revision=int(kv["mod_revision"]),
+    )

@@ -1,0 +1,376 @@
+"""The embedded store: one SQLite file meeting the etcd-shaped contract in common/store/base.py.
+
+Layout (all in one file, WAL mode so readers never block the writer):
+  meta(name, value)      'revision': the store-wide revision (starts at 1, like a fresh etcd);
+                         'compacted': events with revision <= this were pruned.
+  kv(key, value, create_revision, mod_revision, lease)
+  leases(id, ttl, expires_at)   expires_at is wall-clock (time.time()) so every process agrees.
+  events(seq, revision, type, key, value)   the watch history; one revision may hold several
+                         rows (delete_prefix and a lease expiry delete many keys at one revision).
+
+Invariants:
+  - Every write is one short ``BEGIN IMMEDIATE`` transaction, so several processes (and threads)
+    on one file serialise on SQLite's write lock; busy_timeout makes them queue, not fail.
+  - Expired leases are swept (lease row, its keys, delete events, one revision bump) inside the
+    next write and before every read, so no caller ever sees a key whose lease has expired.
+  - Events older than the last EVENTS_KEPT revisions are pruned; a watch from before the pruned
+    point raises Conflict(code="compacted") just as etcd does after a compaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from common.errors import Conflict, NotFound, TransientError
+from common.store.base import KV, Event, Lease
+
+BUSY_TIMEOUT_MS = 10_000
+EVENTS_KEPT = 10_000
+PRUNE_EVERY = 1_000  # revisions between prunes: pruning each write would double the write cost
+WATCH_POLL_S = 0.05
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta (name, value) VALUES ('revision', 1), ('compacted', 0);
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    create_revision INTEGER NOT NULL,
+    mod_revision INTEGER NOT NULL,
+    lease INTEGER
+);
+CREATE INDEX IF NOT EXISTS kv_lease ON kv (lease) WHERE lease IS NOT NULL;
+CREATE TABLE IF NOT EXISTS leases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ttl INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS leases_expiry ON leases (expires_at);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    revision INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT
+);
+CREATE INDEX IF NOT EXISTS events_revision ON events (revision);
+"""
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with prefix (None: no bound).
+
+    SQLite compares TEXT as UTF-8 bytes, which orders like code points, so bumping the last
+    code point gives the exclusive upper bound of the prefix range (etcd's range_end).
+    """
+    chars = list(prefix)
+    while chars:
+        last = ord(chars[-1])
+        if last < 0x10FFFF:
+            chars[-1] = chr(last + 1)
+            return "".join(chars)
+        chars.pop()
+    return None
+
+
+class SqliteStore:
+    """Store backend on one SQLite file; safe from many threads and processes."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # One connection guarded by a lock: Python's sqlite3 objects are not shareable across
+        # threads unguarded, and the write lock is process-wide in SQLite anyway.
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(
+                str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                check_same_thread=False,
+            )
+            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            # NORMAL in WAL mode survives process crashes; only an OS crash can lose the last commits.
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            # Its own transaction: several processes may open a fresh file at once.
+            self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+        except sqlite3.Error as exc:
+            raise TransientError(f"sqlite store {self.path}: {exc}") from exc
+
+    # -- transactions -------------------------------------------------------------------
+
+    def _write(self) -> _WriteTxn:
+        return _WriteTxn(self)
+
+    def _read(self) -> _ReadTxn:
+        return _ReadTxn(self)
+
+    # -- reads --------------------------------------------------------------------------
+
+    def get(self, key: str) -> KV | None:
+        with self._read() as db:
+            row = db.execute(
+                "SELECT key, value, mod_revision, create_revision, lease FROM kv WHERE key = ?", (key,)
+            ).fetchone()
+        return _kv(row) if row else None
+
+    def list(self, prefix: str) -> list[KV]:
+        sql, args = _prefix_clause(prefix)
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT key, value, mod_revision, create_revision, lease FROM kv"
+                f" WHERE {sql} ORDER BY key",
+                args,
+            ).fetchall()
+        return [_kv(r) for r in rows]
+
+    def revision(self) -> int:
+        with self._read() as db:
+            return _meta(db, "revision")
+
+    # -- writes -------------------------------------------------------------------------
+
+    def put(self, key: str, value: str, *, lease: int | None = None) -> int:
+        with self._write() as db:
+            _check_lease(db, lease)
+            row = db.execute("SELECT create_revision FROM kv WHERE key = ?", (key,)).fetchone()
+            rev = _bump(db)
+            _upsert(db, key, value, row[0] if row else rev, rev, lease)
+            return rev
+
+    def create(self, key: str, value: str, *, lease: int | None = None) -> bool:
+        with self._write() as db:
+            _check_lease(db, lease)
+            if db.execute("SELECT 1 FROM kv WHERE key = ?", (key,)).fetchone():
+                return False
+            rev = _bump(db)
+            _upsert(db, key, value, rev, rev, lease)
+            return True
+
+    def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
+        with self._write() as db:
+            _check_lease(db, lease)
+            row = db.execute(
+                "SELECT create_revision, mod_revision FROM kv WHERE key = ?", (key,)
+            ).fetchone()
+            if row is None or row[1] != mod_revision:
+                return False
+            rev = _bump(db)
+            _upsert(db, key, value, row[0], rev, lease)
+            return True
+
+    def delete(self, key: str, *, mod_revision: int | None = None) -> bool:
+        with self._write() as db:
+            row = db.execute("SELECT mod_revision FROM kv WHERE key = ?", (key,)).fetchone()
+            if row is None or (mod_revision is not None and row[0] != mod_revision):
+                return False
+            _delete_keys(db, [key], _bump(db))
+            return True
+
+    def delete_prefix(self, prefix: str) -> int:
+        sql, args = _prefix_clause(prefix)
+        with self._write() as db:
+            keys = [r[0] for r in db.execute(f"SELECT key FROM kv WHERE {sql}", args)]
+            if keys:
+                # One revision for the whole range, as etcd's DeleteRange does.
+                _delete_keys(db, keys, _bump(db))
+            return len(keys)
+
+    # -- leases -------------------------------------------------------------------------
+
+    def grant_lease(self, ttl: int) -> Lease:
+        ttl = max(1, int(ttl))
+        with self._write() as db:
+            cur = db.execute(
+                "INSERT INTO leases (ttl, expires_at) VALUES (?, ?)", (ttl, time.time() + ttl)
+            )
+            return Lease(id=int(cur.lastrowid), ttl=ttl)
+
+    def refresh_lease(self, lease_id: int) -> bool:
+        with self._write() as db:
+            cur = db.execute(
+                "UPDATE leases SET expires_at = ? + ttl WHERE id = ?", (time.time(), lease_id)
+            )
+            return cur.rowcount == 1
+
+    def revoke_lease(self, lease_id: int) -> None:
+        with self._write() as db:
+            _drop_leases(db, [lease_id])
+
+    # -- watch --------------------------------------------------------------------------
+
+    def watch(self, prefix: str, after_revision: int, timeout: float) -> list[Event]:
+        sql, args = _prefix_clause(prefix)
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            with self._read() as db:
+                compacted = _meta(db, "compacted")
+                if after_revision < compacted:
+                    raise Conflict(
+                        f"watch from revision {after_revision}: history before {compacted} was pruned;"
+                        " list again and watch from the list's revision",
+                        code="compacted",
+                    )
+                rows = db.execute(
+                    "SELECT type, key, value, revision FROM events"
+                    f" WHERE revision > ? AND {sql} ORDER BY seq",
+                    (after_revision, *args),
+                ).fetchall()
+            if rows:
+                return [Event(type=r[0], key=r[1], value=r[2], revision=r[3]) for r in rows]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            time.sleep(min(WATCH_POLL_S, left))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class _WriteTxn:
+    """``with``: the store's thread lock plus BEGIN IMMEDIATE; sweeps expired leases first."""
+
+    def __init__(self, store: SqliteStore):
+        self.store = store
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.store._lock.acquire()
+        try:
+            self.store._db.execute("BEGIN IMMEDIATE")
+            _sweep(self.store._db)
+        except sqlite3.Error as exc:
+            self._abort()
+            raise TransientError(f"sqlite store {self.store.path}: {exc}") from exc
+        except BaseException:
+            self._abort()
+            raise
+        return self.store._db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.store._db.execute("COMMIT")
+            else:
+                self.store._db.execute("ROLLBACK")
+        except sqlite3.Error as err:
+            self._abort()
+            raise TransientError(f"sqlite store {self.store.path}: {err}") from err
+        self.store._lock.release()
+        if isinstance(exc, sqlite3.Error):
+            raise TransientError(f"sqlite store {self.store.path}: {exc}") from exc
+
+    def _abort(self) -> None:
+        try:
+            if self.store._db.in_transaction:
+                self.store._db.execute("ROLLBACK")
+        finally:
+            self.store._lock.release()
+
+
+class _ReadTxn:
+    """``with``: a consistent read snapshot; an expired lease first triggers a sweep (a write)."""
+
+    def __init__(self, store: SqliteStore):
+        self.store = store
+
+    def __enter__(self) -> sqlite3.Connection:
+        db = self.store._db
+        self.store._lock.acquire()
+        try:
+            # The cheap indexed probe keeps reads read-only unless a lease really expired.
+            if db.execute("SELECT 1 FROM leases WHERE expires_at <= ? LIMIT 1", (time.time(),)).fetchone():
+                db.execute("BEGIN IMMEDIATE")
+                _sweep(db)
+                db.execute("COMMIT")
+            db.execute("BEGIN")
+        except sqlite3.Error as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            self.store._lock.release()
+            raise TransientError(f"sqlite store {self.store.path}: {exc}") from exc
+        except BaseException:
+            self.store._lock.release()
+            raise
+        return db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self.store._db.in_transaction:
+                self.store._db.execute("COMMIT")
+        finally:
+            self.store._lock.release()
+        if isinstance(exc, sqlite3.Error):
+            raise TransientError(f"sqlite store {self.store.path}: {exc}") from exc
+
+
+# -- helpers running inside a write transaction ----------------------------------------
+
+
+def _meta(db: sqlite3.Connection, name: str) -> int:
+    return int(db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()[0])
+
+
+def _bump(db: sqlite3.Connection) -> int:
+    rev = _meta(db, "revision") + 1
+    db.execute("UPDATE meta SET value = ? WHERE name = 'revision'", (rev,))
+    if rev % PRUNE_EVERY == 0:
+        floor = rev - EVENTS_KEPT
+        if floor > 0:
+            db.execute("DELETE FROM events WHERE revision <= ?", (floor,))
+            db.execute("UPDATE meta SET value = MAX(value, ?) WHERE name = 'compacted'", (floor,))
+    return rev
+
+
+def _check_lease(db: sqlite3.Connection, lease: int | None) -> None:
+    if lease is not None and not db.execute("SELECT 1 FROM leases WHERE id = ?", (lease,)).fetchone():
+        raise NotFound(f"lease {lease} not found (expired or revoked)")
+
+
+def _upsert(db: sqlite3.Connection, key: str, value: str, create_rev: int, rev: int, lease: int | None) -> None:
+    db.execute(
+        "INSERT INTO kv (key, value, create_revision, mod_revision, lease) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT(key) DO UPDATE SET value = excluded.value,"
+        " mod_revision = excluded.mod_revision, lease = excluded.lease",
+        (key, value, create_rev, rev, lease),
+    )
+    db.execute(
+        "INSERT INTO events (revision, type, key, value) VALUES (?, 'put', ?, ?)", (rev, key, value)
+    )
+
+
+def _delete_keys(db: sqlite3.Connection, keys: list[str], rev: int) -> None:
+    db.executemany("DELETE FROM kv WHERE key = ?", [(k,) for k in keys])
+    db.executemany(
+        "INSERT INTO events (revision, type, key, value) VALUES (?, 'delete', ?, NULL)",
+        [(rev, k) for k in keys],
+    )
+
+
+def _drop_leases(db: sqlite3.Connection, lease_ids: list[int]) -> None:
+    for lease_id in lease_ids:
+        db.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
+        keys = [r[0] for r in db.execute("SELECT key FROM kv WHERE lease = ? ORDER BY key", (lease_id,))]
+        if keys:
+            _delete_keys(db, keys, _bump(db))
+
+
+def _sweep(db: sqlite3.Connection) -> None:
+    expired = [r[0] for r in db.execute("SELECT id FROM leases WHERE expires_at <= ?", (time.time(),))]
+    if expired:
+        _drop_leases(db, expired)
+
+
+def _prefix_clause(prefix: str) -> tuple[str, tuple]:
+    if not prefix:
+        return "1 = 1", ()
+    end = prefix_end(prefix)
+    if end is None:
+        return "key >= ?", (prefix,)
+    return "key >= ? AND key < ?", (prefix, end)
+
+
+def _kv(row: tuple) -> KV:
+    return KV(key=row[0], value=row[1], mod_revision=row[2], create_revision=row[3], lease=row[4])

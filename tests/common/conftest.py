@@ -1,0 +1,39 @@
+"""Fixtures for the shared-package tests: a real etcd (session-wide) and a store per backend."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from common.store.etcd_store import EtcdStore
+from common.store.sqlite_store import SqliteStore
+from tests.support.etcd_server import etcd_server  # noqa: F401  (a fixture, used by name)
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+def backend(request, tmp_path) -> dict:
+    """How to reach one store backend: {'kind', 'url', 'prefix'}; each test gets its own prefix.
+
+    etcd is one server for the session, so tests isolate by key prefix rather than by server.
+    """
+    prefix = f"/t/{uuid.uuid4().hex[:12]}/"
+    if request.param == "sqlite":
+        return {"kind": "sqlite", "url": f"sqlite://{tmp_path / 'fabric.db'}", "prefix": prefix}
+    server = request.getfixturevalue("etcd_server")
+    return {"kind": "etcd", "url": server.url, "prefix": prefix}
+
+
+@pytest.fixture
+def store(backend):
+    from common.store import open_store
+
+    opened = open_store(backend["url"])
+    assert isinstance(opened, (SqliteStore, EtcdStore))
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def ns(backend) -> str:
+    return backend["prefix"]

@@ -1,0 +1,268 @@
+"""The Store contract (common/store/base.py), run against SQLite and a real etcd alike."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from common.errors import Conflict, NotFound, TransientError
+from common.store import open_store
+from common.store.etcd_store import EtcdStore
+from common.store.sqlite_store import SqliteStore, prefix_end
+from tests.support.etcd_server import free_port
+
+
+def wait_until(predicate, limit_s: float, step_s: float = 0.1) -> bool:
+    """Poll predicate until true or limit_s passes: a bound, never a timing assertion."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return predicate()
+
+
+def test_get_put_revisions(store, ns):
+    key = ns + "a"
+    assert store.get(key) is None
+    before = store.revision()
+    rev1 = store.put(key, "one")
+    assert rev1 > before
+    assert store.revision() == rev1
+    kv = store.get(key)
+    assert (kv.key, kv.value, kv.mod_revision, kv.create_revision, kv.lease) == (key, "one", rev1, rev1, None)
+
+    rev2 = store.put(key, "two")
+    assert rev2 > rev1
+    kv = store.get(key)
+    assert (kv.value, kv.mod_revision, kv.create_revision) == ("two", rev2, rev1)
+
+
+def test_values_and_keys_round_trip_utf8(store, ns):
+    key = ns + "naïve/ключ"
+    value = '{"msg": "héllo ✓ 中文", "n": 1}'
+    store.put(key, value)
+    assert store.get(key).value == value
+    assert [kv.key for kv in store.list(ns)] == [key]
+
+
+def test_list_is_sorted_and_bounded_by_prefix(store, ns):
+    for key in ["b/2", "a/1", "b/1", "ab", "b/10", "c"]:
+        store.put(ns + key, key)
+    assert [kv.key for kv in store.list(ns + "b/")] == [ns + "b/1", ns + "b/10", ns + "b/2"]
+    # "/a" must not match "/ab": the prefix is literal, not a path component.
+    assert [kv.value for kv in store.list(ns + "a")] == ["a/1", "ab"]
+    assert [kv.value for kv in store.list(ns + "a/")] == ["a/1"]
+    assert store.list(ns + "zzz") == []
+    assert len(store.list(ns)) == 6
+
+
+def test_create_if_absent(store, ns):
+    key = ns + "vip/10.0.0.1"
+    assert store.create(key, "first") is True
+    assert store.create(key, "second") is False
+    assert store.get(key).value == "first"
+    store.delete(key)
+    assert store.create(key, "third") is True
+    assert store.get(key).value == "third"
+
+
+def test_cas(store, ns):
+    key = ns + "counter"
+    assert store.cas(key, "1", 0) is False  # absent key: cas never creates
+    assert store.get(key) is None
+    store.put(key, "0")
+    kv = store.get(key)
+    assert store.cas(key, "1", kv.mod_revision) is True
+    assert store.cas(key, "2", kv.mod_revision) is False  # stale revision
+    after = store.get(key)
+    assert after.value == "1"
+    assert after.mod_revision > kv.mod_revision
+    assert after.create_revision == kv.create_revision
+
+
+def test_delete_plain_and_at_revision(store, ns):
+    key = ns + "d"
+    assert store.delete(key) is False
+    store.put(key, "x")
+    kv = store.get(key)
+    store.put(key, "y")
+    assert store.delete(key, mod_revision=kv.mod_revision) is False  # stale
+    assert store.get(key).value == "y"
+    assert store.delete(key, mod_revision=store.get(key).mod_revision) is True
+    assert store.get(key) is None
+    store.put(key, "z")
+    assert store.delete(key) is True
+    assert store.delete(key) is False
+
+
+def test_delete_prefix(store, ns):
+    for key in ["gpu/n1/a", "gpu/n1/b", "gpu/n10/a", "gpux"]:
+        store.put(ns + key, "v")
+    before = store.revision()
+    assert store.delete_prefix(ns + "gpu/n1/") == 2
+    assert [kv.key for kv in store.list(ns)] == [ns + "gpu/n10/a", ns + "gpux"]
+    after = store.revision()
+    assert after > before
+    assert store.delete_prefix(ns + "gpu/none/") == 0
+    assert store.revision() == after  # deleting nothing writes nothing
+
+
+def test_write_with_unknown_lease_is_refused(store, ns):
+    lease = store.grant_lease(30)
+    store.revoke_lease(lease.id)
+    with pytest.raises(NotFound):
+        store.put(ns + "k", "v", lease=lease.id)
+    with pytest.raises(NotFound):
+        store.create(ns + "k", "v", lease=lease.id)
+    assert store.get(ns + "k") is None
+
+
+def test_lease_expiry_removes_keys(store, ns):
+    lease = store.grant_lease(1)
+    assert lease.ttl >= 1  # etcd may raise a TTL to its minimum; the granted one is what counts
+    store.put(ns + "hb/n1", "alive", lease=lease.id)
+    store.put(ns + "keep", "no lease")
+    assert store.get(ns + "hb/n1").lease == lease.id
+    start = store.revision()
+    assert wait_until(lambda: store.get(ns + "hb/n1") is None, lease.ttl + 6)
+    assert store.get(ns + "keep").value == "no lease"
+    assert store.refresh_lease(lease.id) is False
+    events = store.watch(ns, start, 2)
+    assert [(e.type, e.key) for e in events] == [("delete", ns + "hb/n1")]
+
+
+def test_refresh_keeps_keys(store, ns):
+    lease = store.grant_lease(1)
+    store.put(ns + "leader", "me", lease=lease.id)
+    # Refresh well inside the TTL for three TTLs: the key must survive all of it.
+    end = time.monotonic() + 3 * lease.ttl
+    while time.monotonic() < end:
+        assert store.refresh_lease(lease.id) is True
+        assert store.get(ns + "leader") is not None
+        time.sleep(lease.ttl / 4)
+    store.revoke_lease(lease.id)
+
+
+def test_revoke_deletes_keys_now(store, ns):
+    lease = store.grant_lease(60)
+    store.put(ns + "r/1", "a", lease=lease.id)
+    assert store.create(ns + "r/2", "b", lease=lease.id) is True
+    kv = store.get(ns + "r/1")
+    assert store.cas(ns + "r/1", "c", kv.mod_revision) is True  # cas without lease detaches it
+    store.revoke_lease(lease.id)
+    assert [kv.key for kv in store.list(ns + "r/")] == [ns + "r/1"]
+    assert store.get(ns + "r/1").lease is None
+    store.revoke_lease(lease.id)  # revoking twice is harmless
+    assert store.refresh_lease(lease.id) is False
+
+
+def test_watch_sees_puts_and_deletes_after_revision(store, ns):
+    store.put(ns + "w/old", "before")
+    start = store.revision()
+    rev_put = store.put(ns + "w/a", "1")
+    store.put(ns + "other", "ignored")
+    store.delete(ns + "w/old")
+    events = store.watch(ns + "w/", start, 2)
+    # etcd returns the first batch; SQLite may return all pending: either way, in order.
+    assert events[0].type == "put" and events[0].key == ns + "w/a" and events[0].value == "1"
+    assert events[0].revision == rev_put
+    seen = list(events)
+    while len(seen) < 2:
+        more = store.watch(ns + "w/", seen[-1].revision, 2)
+        assert more, "the delete event never arrived"
+        seen.extend(more)
+    assert [(e.type, e.key, e.value) for e in seen] == [
+        ("put", ns + "w/a", "1"),
+        ("delete", ns + "w/old", None),
+    ]
+    assert seen[0].revision < seen[1].revision
+    assert all(e.key.startswith(ns + "w/") for e in seen)
+
+
+def test_watch_times_out_empty(store, ns):
+    store.put(ns + "w/x", "1")
+    assert store.watch(ns + "w/", store.revision(), 0.3) == []
+
+
+def test_watch_blocks_until_a_write(store, ns):
+    start = store.revision()
+    writer = threading.Timer(0.3, lambda: store.put(ns + "late", "v"))
+    writer.start()
+    try:
+        events = store.watch(ns, start, 10)
+    finally:
+        writer.join()
+    assert [(e.type, e.key, e.value) for e in events] == [("put", ns + "late", "v")]
+
+
+def test_revision_monotonic_across_write_kinds(store, ns):
+    seen = [store.revision()]
+    seen.append(store.put(ns + "m", "1"))
+    store.create(ns + "n", "1")
+    seen.append(store.revision())
+    store.cas(ns + "n", "2", store.get(ns + "n").mod_revision)
+    seen.append(store.revision())
+    store.delete(ns + "m")
+    seen.append(store.revision())
+    assert seen == sorted(set(seen)), seen
+
+
+# -- backend-specific behaviour ---------------------------------------------------------
+
+
+def test_sqlite_watch_before_pruned_history_is_compacted(tmp_path, monkeypatch):
+    import common.store.sqlite_store as mod
+
+    monkeypatch.setattr(mod, "EVENTS_KEPT", 5)
+    monkeypatch.setattr(mod, "PRUNE_EVERY", 5)
+    store = SqliteStore(tmp_path / "s.db")
+    for i in range(20):
+        store.put("/k", str(i))
+    with pytest.raises(Conflict) as err:
+        store.watch("/", 1, 0)
+    assert err.value.code == "compacted"
+    recent = store.watch("/", store.revision() - 2, 0)
+    assert [e.value for e in recent] == ["18", "19"]
+    store.close()
+
+
+def test_sqlite_file_shared_by_two_handles(tmp_path):
+    one, two = SqliteStore(tmp_path / "s.db"), SqliteStore(tmp_path / "s.db")
+    rev = one.put("/x", "1")
+    assert two.get("/x").mod_revision == rev
+    lease = two.grant_lease(60)
+    assert one.create("/y", "1", lease=lease.id)
+    two.revoke_lease(lease.id)
+    assert one.get("/y") is None
+    one.close()
+    two.close()
+
+
+def test_etcd_unreachable_is_transient():
+    store = EtcdStore("127.0.0.1", free_port(), timeout=2)
+    with pytest.raises(TransientError) as err:
+        store.get("/fabric/x")
+    assert err.value.status == 503
+    with pytest.raises(TransientError):
+        store.watch("/fabric/", 0, 0.2)
+    store.close()
+
+
+def test_open_store_urls(tmp_path):
+    assert isinstance(open_store(None, tmp_path), SqliteStore)
+    assert isinstance(open_store(f"sqlite://{tmp_path / 'x.db'}"), SqliteStore)
+    etcd = open_store("etcd://127.0.0.1:2379")
+    assert isinstance(etcd, EtcdStore) and etcd.port == 2379
+    with pytest.raises(ValueError):
+        open_store("etcd://nohostport")
+    with pytest.raises(ValueError):
+        open_store("redis://x")
+
+
+def test_prefix_end():
+    assert prefix_end("/a/") == "/a0"
+    assert prefix_end("") is None
+    assert prefix_end("/a\U0010ffff") == "/b"
