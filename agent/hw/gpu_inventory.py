@@ -1,0 +1,154 @@
+"""The node's NVIDIA GPUs as NVML sees them, in the shape the control plane stores.
+
+NVML lists only NVIDIA devices, so other display adapters (an ASPEED BMC VGA, a Matrox)
+never count; we do not cross-check sysfs class/vendor here. A missing library or driver
+is a normal state for a host (GPUs bound to vfio-pci have no NVIDIA driver), so read()
+returns an empty inventory with the reason instead of raising.
+
+Readings NVML cannot give (not supported on a board, or a GPU already bound to vfio-pci)
+stay 0, which the schema defines as unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from common.schemas import GpuInfo
+
+if TYPE_CHECKING:
+    from agent.hw.nvidia_smi import SmiReading
+
+log = logging.getLogger(__name__)
+
+_PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+
+
+@dataclass
+class Inventory:
+    gpus: list[GpuInfo]
+    message: str
+
+
+def normalise_pci(bus_id: str | bytes) -> str:
+    """NVML's `00000000:3B:00.0` (or `3B:00.0`) -> sysfs `0000:3b:00.0`."""
+    if isinstance(bus_id, bytes):
+        bus_id = bus_id.decode("ascii", "replace")
+    match = _PCI.match(bus_id.strip().rstrip("\x00"))
+    if not match:
+        raise ValueError(f"not a PCI address: {bus_id!r}")
+    domain, bus, dev, fn = match.groups()
+    domain_value = int(domain, 16) if domain else 0
+    return f"{domain_value:04x}:{bus.lower()}:{dev.lower()}.{fn}"
+
+
+class NvmlInventory:
+    """Reads the inventory through a pynvml-shaped module (the real one unless given)."""
+
+    def __init__(self, nvml_module: Any = None):
+        self._nvml = nvml_module
+        # NVML init/shutdown are process-wide reference counts; serialise our use of them.
+        self._lock = threading.Lock()
+
+    def _module(self) -> Any:
+        if self._nvml is not None:
+            return self._nvml
+        import pynvml  # imported late: a host without the package still gets an inventory
+
+        return pynvml
+
+    def read(self) -> Inventory:
+        try:
+            nvml = self._module()
+        except ImportError as exc:
+            return Inventory([], f"NVML unavailable: python package nvidia-ml-py not installed ({exc.name})")
+        error_cls = getattr(nvml, "NVMLError", Exception)
+        with self._lock:
+            try:
+                nvml.nvmlInit()
+            except error_cls as exc:
+                return Inventory([], f"NVML unavailable: {exc} (no NVIDIA driver loaded or library missing)")
+            except OSError as exc:
+                return Inventory([], f"NVML unavailable: {exc}")
+            try:
+                return self._read_devices(nvml, error_cls)
+            except error_cls as exc:
+                return Inventory([], f"NVML error while listing GPUs: {exc}")
+            finally:
+                try:
+                    nvml.nvmlShutdown()
+                except error_cls as exc:
+                    log.debug("nvmlShutdown failed: %s", exc)
+
+    def _read_devices(self, nvml: Any, error_cls: type[BaseException]) -> Inventory:
+        count = nvml.nvmlDeviceGetCount()
+        gpus = [self._read_one(nvml, error_cls, index) for index in range(count)]
+        noun = "GPU" if count == 1 else "GPUs"
+        return Inventory(gpus, f"{count} NVIDIA {noun} found" if count else "NVML found no NVIDIA GPUs")
+
+    def _read_one(self, nvml: Any, error_cls: type[BaseException], index: int) -> GpuInfo:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+
+        def optional(fn, *args, default=0):
+            # Each reading may be unsupported on a given board; that is "unknown", not a failure.
+            try:
+                return fn(handle, *args)
+            except error_cls:
+                return default
+
+        mig = optional(nvml.nvmlDeviceGetMigMode, default=None)
+        mig_enable = getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+        return GpuInfo(
+            index=index,
+            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            name=_text(nvml.nvmlDeviceGetName(handle)),
+            pci=normalise_pci(nvml.nvmlDeviceGetPciInfo(handle).busId),
+            memory_total_mib=int(memory.total) // (1024 * 1024),
+            memory_used_mib=int(memory.used) // (1024 * 1024),
+            temperature_c=float(optional(nvml.nvmlDeviceGetTemperature, nvml.NVML_TEMPERATURE_GPU)),
+            power_w=float(optional(nvml.nvmlDeviceGetPowerUsage)) / 1000.0,
+            ecc_uncorrected=int(
+                optional(
+                    nvml.nvmlDeviceGetTotalEccErrors,
+                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    nvml.NVML_VOLATILE_ECC,
+                )
+            ),
+            mig_mode=bool(mig is not None and mig[0] == mig_enable),
+        )
+
+
+def apply_smi_readings(gpus: list[GpuInfo], readings: dict[str, SmiReading] | None) -> list[GpuInfo]:
+    """Overlay nvidia-smi readings on matching GPUs (by sysfs PCI address).
+
+    None (binary missing or failed) leaves every value as it was; a field nvidia-smi
+    reports as N/A also leaves that value as it was.
+    """
+    if not readings:
+        return list(gpus)
+    out = []
+    for gpu in gpus:
+        reading = readings.get(gpu.pci)
+        if reading is None:
+            out.append(gpu)
+            continue
+        changes: dict[str, float | int] = {}
+        if reading.temperature_c is not None:
+            changes["temperature_c"] = reading.temperature_c
+        if reading.power_w is not None:
+            changes["power_w"] = reading.power_w
+        if reading.ecc_uncorrected is not None:
+            changes["ecc_uncorrected"] = reading.ecc_uncorrected
+        out.append(gpu.model_copy(update=changes))
+    return out
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+__all__ = ["Inventory", "NvmlInventory", "apply_smi_readings", "normalise_pci"]
