@@ -1,0 +1,3 @@
+from agent.engine_sim.cli import main
+
+main()

@@ -1,0 +1,48 @@
+"""create_app(config): the engine's ASGI app (Starlette, for low per-request cost).
+
+Every response carries `x-fabric-replica` so balancing tests can tell which replica
+answered. All state lives in the Engine made here; two apps in one process share
+nothing (each has its own Prometheus registry).
+"""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent.engine_sim.config import EngineConfig
+from agent.engine_sim.control_routes import make_control_routes
+from agent.engine_sim.engine import Engine
+from agent.engine_sim.generate_routes import make_generate_routes
+from agent.engine_sim.pooling_routes import make_pooling_routes
+
+REPLICA_HEADER = "x-fabric-replica"
+
+
+class ReplicaHeader:
+    """Pure ASGI middleware (no BaseHTTPMiddleware: it would buffer and slow streams)."""
+
+    def __init__(self, app: ASGIApp, replica_id: str):
+        self.app = app
+        self.header = (REPLICA_HEADER.encode(), replica_id.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), self.header]
+            await send(message)
+
+        await self.app(scope, receive, send_tagged)
+
+
+def create_app(config: EngineConfig) -> Starlette:
+    engine = Engine(config)
+    routes = [*make_generate_routes(engine), *make_pooling_routes(engine), *make_control_routes(engine)]
+    app = Starlette(routes=routes, middleware=[Middleware(ReplicaHeader, replica_id=config.replica_id)])
+    app.state.engine = engine
+    return app

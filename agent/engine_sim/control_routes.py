@@ -1,0 +1,80 @@
+"""GET /v1/models, /health, /metrics and the simulator's own /sim control routes.
+
+/sim routes change faults and synthetic load at runtime so tests and the lab demo
+can degrade or load one replica without restarting it. They answer in Fabric's
+error shape ({"error": {"code", "message"}}), not OpenAI's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from agent.engine_sim import openai_format as fmt
+from agent.engine_sim.api_models import FaultsUpdate, LoadUpdate
+from agent.engine_sim.engine import Engine
+from agent.engine_sim.http_util import JsonBytes, parse_control
+
+
+def make_control_routes(engine: Engine) -> list[Route]:
+    config = engine.config
+
+    async def models(_: Request) -> Response:
+        card = {
+            "id": config.model,
+            "object": "model",
+            "created": int(engine.started_at),
+            "owned_by": "vllm",
+            "root": config.model,
+            "parent": None,
+            "max_model_len": config.max_model_len,
+        }
+        return JsonBytes(fmt.to_json({"object": "list", "data": [card]}))
+
+    async def health(_: Request) -> Response:
+        # vLLM answers an empty 200; a failing engine answers 503.
+        return Response(status_code=503 if engine.faults.fail_health else 200)
+
+    async def metrics(_: Request) -> Response:
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    def state_body() -> dict:
+        live = engine.live_load()
+        real = engine.scheduler.snapshot()
+        return {
+            "config": dataclasses.asdict(config),
+            "faults": dataclasses.asdict(engine.faults),
+            "synthetic_load": dataclasses.asdict(engine.load),
+            "scheduler": dataclasses.asdict(real),
+            "reported": dataclasses.asdict(live),
+        }
+
+    async def state(_: Request) -> Response:
+        return JsonBytes(fmt.to_json(state_body()))
+
+    async def faults(request: Request) -> Response:
+        update = await parse_control(request, FaultsUpdate)
+        if isinstance(update, Response):
+            return update
+        engine.update_faults(update)
+        return JsonBytes(fmt.to_json(state_body()))
+
+    async def load(request: Request) -> Response:
+        update = await parse_control(request, LoadUpdate)
+        if isinstance(update, Response):
+            return update
+        engine.update_load(update)
+        return JsonBytes(fmt.to_json(state_body()))
+
+    return [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/sim/state", state, methods=["GET"]),
+        Route("/sim/faults", faults, methods=["POST"]),
+        Route("/sim/load", load, methods=["POST"]),
+    ]

@@ -1,0 +1,85 @@
+"""The engine an app serves: scheduler, metrics, faults and synthetic load together.
+
+`Engine.run_sequence` applies a GenerationPlan: optional added latency, FIFO
+admission, prefill, then tokens on the configured schedule, recording vLLM metrics
+as it goes. It always releases its slot, also when the client goes away mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from collections.abc import AsyncIterator
+
+from agent.engine_sim.api_models import FaultsUpdate, LoadUpdate
+from agent.engine_sim.config import EngineConfig, Faults, SyntheticLoad
+from agent.engine_sim.generation_plan import MIN_SLEEP_S, GenerationPlan, kv_usage, token_delay
+from agent.engine_sim.metrics import EngineMetrics, LiveLoad
+from agent.engine_sim.scheduler import SeqScheduler
+from agent.engine_sim.synthetic_output import token_text
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.faults: Faults = config.initial_faults()
+        self.load = SyntheticLoad()
+        self.scheduler = SeqScheduler(max_num_seqs=config.max_num_seqs)
+        self.metrics = EngineMetrics(config.model, self.live_load, config.legacy_metric_names)
+        self._rng = random.Random(config.seed)
+        self.started_at = time.time()
+
+    def live_load(self) -> LiveLoad:
+        snap = self.scheduler.snapshot()
+        return LiveLoad(
+            running=snap.running + self.load.running,
+            waiting=snap.waiting + self.load.waiting,
+            kv_usage=kv_usage(snap.held_tokens + self.load.kv_tokens, self.config.kv_capacity_tokens),
+        )
+
+    def should_fail(self) -> bool:
+        rate = self.faults.error_rate
+        return rate >= 1.0 or (rate > 0.0 and self._rng.random() < rate)
+
+    def update_faults(self, update: FaultsUpdate) -> Faults:
+        self.faults = dataclasses.replace(self.faults, **update.model_dump(exclude_none=True))
+        return self.faults
+
+    def update_load(self, update: LoadUpdate) -> SyntheticLoad:
+        changes = update.model_dump(exclude_none=True)
+        if "queue" in changes:
+            changes["waiting"] = changes.pop("queue")
+        self.load = dataclasses.replace(self.load, **changes)
+        return self.load
+
+    async def run_sequence(self, plan: GenerationPlan, arrived_at: float) -> AsyncIterator[str]:
+        """Yield the generated token texts on the engine's schedule.
+
+        `arrived_at` is time.monotonic() when the request arrived, so TTFT includes
+        the added latency and the queue wait. Use under contextlib.aclosing so an
+        abandoned stream frees its slot at once.
+        """
+        added = self.faults.added_latency_ms
+        if added:
+            await asyncio.sleep(added / 1000)
+        seq = await self.scheduler.admit(plan.prompt_tokens)
+        emitted = 0
+        try:
+            if plan.prefill_s >= MIN_SLEEP_S:
+                await asyncio.sleep(plan.prefill_s)
+            first_at = time.monotonic()
+            self.metrics.observe_first_token(first_at - arrived_at, plan.prompt_tokens)
+            for index in range(plan.completion_tokens):
+                if index:
+                    delay = token_delay(first_at, index, plan.token_interval_s, time.monotonic())
+                    if delay:
+                        await asyncio.sleep(delay)
+                seq.held_tokens += 1
+                emitted += 1
+                yield token_text(plan.seed, index)
+            self.metrics.observe_finished(time.monotonic() - arrived_at, plan.finish_reason)
+        finally:
+            self.metrics.observe_tokens(emitted)
+            self.scheduler.finish(seq)
