@@ -266,3 +266,12 @@ def test_prefix_end():
     assert prefix_end("/a/") == "/a0"
     assert prefix_end("") is None
     assert prefix_end("/a\U0010ffff") == "/b"
+
+
+def test_watch_leaves_no_threads_behind(store, ns):
+    before = threading.active_count()
+    for _ in range(3):
+        assert store.watch(ns, store.revision(), 0.1) == []
+    store.put(ns + "x", "1")
+    assert len(store.watch(ns, 0, 1)) == 1
+    assert threading.active_count() == before
