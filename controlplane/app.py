@@ -41,7 +41,7 @@ def create_app(state: AppState) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        controllers = _load_controllers()
+        controllers = _load_controllers() if state.settings.run_controllers else None
         handle = None
         if controllers is not None:
             handle = controllers.start(state)

@@ -5,9 +5,10 @@
       certificate for fabricd (CN fabricd; SANs 127.0.0.1, localhost, this host's name, --san).
       Idempotent: an existing password and CA are kept; the server certificate is reissued only
       when missing or when --san is given.
-  fabricd serve --state-dir DIR --listen HOST:PORT [--store URL] [--insecure]
+  fabricd serve --state-dir DIR --listen HOST:PORT [--store URL] [--insecure] [--no-controllers]
       serves the REST API over HTTPS with that certificate. --insecure serves plain HTTP and is
-      refused unless HOST is a loopback address.
+      refused unless HOST is a loopback address. --no-controllers runs the API alone (another
+      fabricd, or none, reconciles).
   fabricd lab ...   present when controlplane.lab.cli (with `lab_app`) exists.
 """
 
@@ -81,6 +82,8 @@ def serve(
     listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT"),
     store: str = typer.Option(None, "--store", help="sqlite:///PATH or etcd://HOST:PORT (default: SQLite in the state dir)"),
     insecure: bool = typer.Option(False, "--insecure", help="plain HTTP, loopback only"),
+    controllers: bool = typer.Option(True, "--controllers/--no-controllers",
+                                     help="run the background controllers in this process"),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the REST API (and run the controllers when they are installed)."""
@@ -113,7 +116,8 @@ def serve(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    state = AppState(store=the_store, state_dir=state_dir, settings=Settings.from_env(insecure=insecure))
+    settings = Settings.from_env(insecure=insecure, run_controllers=controllers)
+    state = AppState(store=the_store, state_dir=state_dir, settings=settings)
     try:
         uvicorn.run(create_app(state), host=host, port=port, log_level=log_level, **ssl_args)
     finally:

@@ -24,6 +24,7 @@ class Settings:
     token_ttl_s: int = DEFAULT_TOKEN_TTL_S  # lifetime of an admin bearer token
     events_kept: int = DEFAULT_EVENTS_KEPT  # older events are trimmed from the store
     insecure: bool = False  # serving plain HTTP on loopback (fabricd serve --insecure)
+    run_controllers: bool = True  # False: an API-only process (fabricd serve --no-controllers)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
