@@ -1,0 +1,89 @@
+"""Run `fabric-engine-sim` as a child process: for the agent's dry-run driver and tests.
+
+    with EngineProcess.start(["--model", "m", "--tokens-per-s", "0"]) as engine:
+        httpx.get(engine.url + "/v1/models")
+
+The child is started with the same interpreter (`python -m agent.engine_sim`), on a
+free loopback port unless one is given, and `start` returns only once it answers
+GET /v1/models (not /health, which may be failing on purpose).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import IO
+
+import httpx
+
+from common.errors import TransientError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class EngineProcess:
+    proc: subprocess.Popen
+    host: str
+    port: int
+    # A file, not a pipe: a chatty child must never block on a full pipe.
+    stderr: IO[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @classmethod
+    def start(
+        cls, args: list[str], host: str = "127.0.0.1", port: int | None = None, ready_timeout_s: float = 20.0
+    ) -> EngineProcess:
+        port = port or free_port(host)
+        cmd = [sys.executable, "-m", "agent.engine_sim", "--host", host, "--port", str(port), *args]
+        stderr = tempfile.TemporaryFile()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr)
+        engine = cls(proc=proc, host=host, port=port, stderr=stderr)
+        try:
+            engine._wait_ready(ready_timeout_s)
+        except BaseException:
+            engine.stop()
+            raise
+        return engine
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.stderr.seek(0)
+                err = self.stderr.read().decode(errors="replace")[-2000:]
+                raise TransientError(f"fabric-engine-sim exited with {self.proc.returncode}: {err}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise TransientError(f"fabric-engine-sim on {self.url} not ready after {timeout_s}s")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
