@@ -1,0 +1,240 @@
+"""The reconcile decision for one deployment: a pure function returning actions with reasons.
+
+Inputs are plain data: the deployment, its profile and model (None when missing), its replica
+records, the nodes, this tick's health probe of each replica, the GPU reservations and now.
+The controller applies the actions in order and records the status the plan computed.
+
+Rules:
+  - a missing model or profile makes the deployment Failed, with the name that is missing;
+  - a probe that answers makes a replica Ready and zeroes its failure count; a failed probe
+    adds one, and the third consecutive failure replaces the replica (release GPUs, delete the
+    VM, and scale-up creates a new one with the first unused ordinal);
+  - a replica that never became Ready within ``start_timeout_s`` is replaced the same way;
+  - a replica on an offline node is replaced only when another node can take it, so the last
+    copy is kept while nothing else can serve;
+  - scale-down drains first (weight 0, ``draining``) and deletes once the grace has passed;
+    replicas that are not Ready go first, then the highest ordinals;
+  - a drain deadline that has passed deletes the replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from common.schemas import InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica
+from controlplane.scheduler import SchedulerSettings, node_online, place
+
+FAILURES_TO_REPLACE = 3
+
+
+@dataclass(frozen=True)
+class Probe:
+    """This tick's GET /health of one replica (None when it has no address yet)."""
+
+    ok: bool
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    drain_grace_s: float = 30.0
+    start_timeout_s: float = 900.0
+    scheduler: SchedulerSettings = SchedulerSettings()
+
+
+@dataclass(frozen=True)
+class UpdateHealth:
+    replica_id: str
+    ready: bool
+    health_failures: int
+    phase: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CreateReplica:
+    ordinal: int
+    node: str
+    gpus: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteReplica:
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StartDrain:
+    replica_id: str
+    deadline: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetStatus:
+    phase: str
+    message: str
+    ready_replicas: int
+    replicas: int
+
+
+Action = UpdateHealth | CreateReplica | DeleteReplica | StartDrain | SetStatus
+
+
+@dataclass
+class ReconcilePlan:
+    deployment: str
+    actions: list[Action] = field(default_factory=list)
+
+    @property
+    def status(self) -> SetStatus:
+        return next(a for a in self.actions if isinstance(a, SetStatus))
+
+
+def first_unused_ordinals(used: Collection[int], count: int) -> list[int]:
+    out, n = [], 0
+    while len(out) < count:
+        if n not in used:
+            out.append(n)
+        n += 1
+    return out
+
+
+def _reservations_with(reservations: Mapping[str, Collection[str]], node: str, gpus: Sequence[str]):
+    merged = {k: set(v) for k, v in reservations.items()}
+    merged.setdefault(node, set()).update(gpus)
+    return merged
+
+
+def plan(
+    deployment: InferenceDeployment,
+    profile: InferenceProfile | None,
+    model: ModelArtifact | None,
+    replicas: Sequence[Replica],
+    nodes: Sequence[Node],
+    observations: Mapping[str, Probe],
+    now: float,
+    *,
+    reservations: Mapping[str, Collection[str]] | None = None,
+    settings: ReconcileSettings = ReconcileSettings(),
+) -> ReconcilePlan:
+    out = ReconcilePlan(deployment.name)
+    total = len(replicas)
+    if model is None or profile is None:
+        missing = f"model {deployment.model!r}" if model is None else f"profile {deployment.profile!r}"
+        ready = sum(1 for r in replicas if r.ready)
+        out.actions.append(SetStatus("Failed", f"{missing} does not exist", ready, total))
+        return out
+
+    reservations = {k: set(v) for k, v in (reservations or {}).items()}
+    by_id = {n.id: n for n in nodes}
+    gone: set[str] = set()
+    notes: list[str] = []
+    ready_ids: set[str] = set()
+
+    # 1. Health and drain deadlines of the replicas that exist.
+    for r in sorted(replicas, key=lambda r: r.ordinal):
+        if r.phase == "Deleting":
+            gone.add(r.replica_id)  # the loop keeps retrying its deletion
+            continue
+        if r.draining:
+            if r.drain_deadline is not None and now >= r.drain_deadline:
+                out.actions.append(DeleteReplica(r.replica_id, "drain grace elapsed"))
+                gone.add(r.replica_id)
+            continue
+        probe = observations.get(r.replica_id)
+        if probe is None:
+            continue
+        if probe.ok:
+            ready_ids.add(r.replica_id)
+            if not r.ready or r.health_failures or r.phase != "Ready":
+                out.actions.append(UpdateHealth(r.replica_id, True, 0, "Ready", "health answers"))
+            continue
+        failures = r.health_failures + 1
+        if failures >= FAILURES_TO_REPLACE:
+            out.actions.append(
+                DeleteReplica(r.replica_id, f"health failed {failures} times in a row: {probe.message}")
+            )
+            gone.add(r.replica_id)
+            notes.append(f"replacing {r.replica_id}: health failed {failures} times")
+        elif not r.ready and now - r.created_at > settings.start_timeout_s:
+            out.actions.append(DeleteReplica(r.replica_id, f"not ready after {settings.start_timeout_s:.0f}s"))
+            gone.add(r.replica_id)
+        else:
+            phase = "Unhealthy" if r.ready else "Starting"
+            out.actions.append(
+                UpdateHealth(r.replica_id, r.ready, failures, phase, f"health failed ({failures}): {probe.message}")
+            )
+            if r.ready:
+                ready_ids.add(r.replica_id)
+
+    live = [r for r in replicas if r.replica_id not in gone and not r.draining]
+
+    # 2. Replicas on offline nodes: move them only when another node can take them.
+    for r in sorted(live, key=lambda r: r.ordinal):
+        node = by_id.get(r.node)
+        if node is not None and node_online(node, now, settings.scheduler):
+            continue
+        others = [x for x in live if x.replica_id != r.replica_id and x.replica_id not in gone]
+        trial = place(deployment, profile, model, nodes, reservations, now, settings.scheduler,
+                      replicas=others, exclude={r.node})
+        if trial.node is None:
+            notes.append(f"{r.replica_id} is on offline node {r.node} and kept: no other node can take it")
+            continue
+        out.actions.append(DeleteReplica(r.replica_id, f"node {r.node} is offline; {trial.node} can take it"))
+        gone.add(r.replica_id)
+        ready_ids.discard(r.replica_id)
+
+    live = [r for r in replicas if r.replica_id not in gone and not r.draining]
+    desired = deployment.replicas
+
+    # 3. Scale down: drain the surplus (not-ready first, then the highest ordinals).
+    if len(live) > desired:
+        victims = sorted(live, key=lambda r: (r.replica_id not in ready_ids, r.ordinal), reverse=True)
+        for r in victims[: len(live) - desired]:
+            if r.replica_id in ready_ids:
+                out.actions.append(
+                    StartDrain(r.replica_id, now + settings.drain_grace_s, f"scale down to {desired}")
+                )
+            else:
+                out.actions.append(DeleteReplica(r.replica_id, f"scale down to {desired}; it was not ready"))
+                gone.add(r.replica_id)
+            ready_ids.discard(r.replica_id)
+
+    # 4. Scale up: first unused ordinals, each placed with the reservations so far.
+    live = [r for r in replicas if r.replica_id not in gone and not r.draining]
+    missing = desired - len(live)
+    pending_message = ""
+    if missing > 0:
+        # A record still being deleted holds its ordinal; one deleted by this plan frees it.
+        deleted_now = {a.replica_id for a in out.actions if isinstance(a, DeleteReplica)}
+        used = {r.ordinal for r in replicas if r.replica_id not in deleted_now}
+        placed = list(live)
+        for ordinal in first_unused_ordinals(used, missing):
+            trial = place(deployment, profile, model, nodes, reservations, now, settings.scheduler,
+                          replicas=placed)
+            if trial.node is None:
+                pending_message = trial.message
+                break
+            out.actions.append(CreateReplica(ordinal, trial.node, trial.gpus, trial.message))
+            reservations = _reservations_with(reservations, trial.node, trial.gpus)
+            placed.append(Replica(replica_id=f"planned-{ordinal}", deployment=deployment.name,
+                                  ordinal=ordinal, node=trial.node))
+
+    ready = len(ready_ids)
+    count = len(live) + sum(1 for a in out.actions if isinstance(a, CreateReplica))
+    if pending_message:
+        phase, message = "Pending", f"{ready}/{desired} replicas ready; {pending_message}"
+    elif ready >= desired and count == desired:
+        phase, message = "Ready", f"{ready}/{desired} replicas ready"
+    else:
+        phase, message = "Progressing", f"{ready}/{desired} replicas ready; waiting for health"
+    if desired == 0 and not live:
+        phase, message = "Ready", "scaled to 0 replicas"
+    if notes:
+        message += "; " + "; ".join(notes)
+    out.actions.append(SetStatus(phase, message, ready, count))
+    return out

@@ -1,0 +1,145 @@
+"""vLLM /metrics text -> a typed sample, and two samples -> the observation routing uses.
+
+Parsed with ``prometheus_client``'s text parser. Both KV-cache gauge names are accepted:
+``vllm:kv_cache_usage_perc`` (vLLM 0.7 and later) and ``vllm:gpu_cache_usage_perc`` (earlier).
+Series are summed over labels (one engine may serve several ``model_name`` labels).
+
+Gauges (queue, running, KV usage) are read from one scrape. TTFT, tokens/s and the failure
+share are rates, so they come from the delta between two scrapes of the same engine; a counter
+that went down means the engine restarted, and the newer sample alone is then the delta.
+Failures are finished requests whose ``finished_reason`` is ``abort`` or ``error``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.schemas import ReplicaObservation
+
+KV_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+FAILED_REASONS = ("abort", "error")
+
+
+class MetricsParseError(ValueError):
+    """The page is not Prometheus text or lacks every vLLM gauge."""
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    waiting: float
+    running: float
+    kv_cache_usage: float
+    ttft_sum: float = 0.0
+    ttft_count: float = 0.0
+    ttft_buckets: tuple[tuple[float, float], ...] = ()  # (upper bound, cumulative count)
+    generation_tokens: float = 0.0
+    finished: float = 0.0
+    failed: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def parse_vllm_metrics(text: str) -> EngineSample:
+    gauges: dict[str, float] = {}
+    buckets: dict[float, float] = {}
+    ttft_sum = ttft_count = gen = finished = failed = 0.0
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError) as exc:
+        raise MetricsParseError(f"not Prometheus text: {exc}") from None
+    for family in families:
+        for s in family.samples:
+            name, value = s.name, float(s.value)
+            if math.isnan(value):
+                continue
+            if name in ("vllm:num_requests_waiting", "vllm:num_requests_running", *KV_NAMES):
+                gauges[name] = gauges.get(name, 0.0) + value
+            elif name == "vllm:time_to_first_token_seconds_bucket":
+                le = float(s.labels.get("le", "inf"))
+                buckets[le] = buckets.get(le, 0.0) + value
+            elif name == "vllm:time_to_first_token_seconds_sum":
+                ttft_sum += value
+            elif name == "vllm:time_to_first_token_seconds_count":
+                ttft_count += value
+            elif name == "vllm:generation_tokens_total":
+                gen += value
+            elif name == "vllm:request_success_total":
+                finished += value
+                if s.labels.get("finished_reason") in FAILED_REASONS:
+                    failed += value
+    if "vllm:num_requests_waiting" not in gauges and not any(k in gauges for k in KV_NAMES):
+        raise MetricsParseError("no vLLM gauges (vllm:num_requests_waiting, vllm:kv_cache_usage_perc)")
+    kv = next((gauges[k] for k in KV_NAMES if k in gauges), 0.0)
+    return EngineSample(
+        waiting=gauges.get("vllm:num_requests_waiting", 0.0),
+        running=gauges.get("vllm:num_requests_running", 0.0),
+        kv_cache_usage=kv,
+        ttft_sum=ttft_sum,
+        ttft_count=ttft_count,
+        ttft_buckets=tuple(sorted(buckets.items())),
+        generation_tokens=gen,
+        finished=finished,
+        failed=failed,
+    )
+
+
+def _delta(new: float, old: float | None) -> float:
+    if old is None or new < old:  # first scrape or an engine restart
+        return new
+    return new - old
+
+
+def histogram_quantile(q: float, buckets: tuple[tuple[float, float], ...]) -> float | None:
+    """Prometheus-style quantile from cumulative (le, count) buckets; None when empty."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return prev_le
+            if count == prev_count:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
+        prev_le, prev_count = le, count
+    return prev_le
+
+
+def observe(
+    replica_id: str, sample: EngineSample, previous: EngineSample | None, elapsed_s: float, now: float
+) -> ReplicaObservation:
+    """The observation for one successful scrape, rates from the previous sample if any."""
+    ttft_count = _delta(sample.ttft_count, previous.ttft_count if previous else None)
+    ttft_p50 = None
+    if ttft_count > 0:
+        old = dict(previous.ttft_buckets) if previous and sample.ttft_count >= previous.ttft_count else {}
+        delta_buckets = tuple((le, c - old.get(le, 0.0)) for le, c in sample.ttft_buckets)
+        ttft_p50 = histogram_quantile(0.5, delta_buckets)
+        if ttft_p50 is None:
+            ttft_p50 = _delta(sample.ttft_sum, previous.ttft_sum if previous else None) / ttft_count
+    tokens_per_s = None
+    if previous is not None and elapsed_s > 0:
+        tokens_per_s = _delta(sample.generation_tokens, previous.generation_tokens) / elapsed_s
+    finished = _delta(sample.finished, previous.finished if previous else None)
+    failed = _delta(sample.failed, previous.failed if previous else None)
+    failure_ratio = failed / finished if finished > 0 else None
+    return ReplicaObservation(
+        replica_id=replica_id,
+        scraped_at=now,
+        ok=True,
+        queue_depth=sample.waiting,
+        running=sample.running,
+        kv_cache_usage=sample.kv_cache_usage,
+        ttft_p50_s=ttft_p50,
+        tokens_per_s=tokens_per_s,
+        failure_ratio=failure_ratio,
+    )
+
+
+def failed_observation(replica_id: str, error: str, now: float) -> ReplicaObservation:
+    """A scrape that failed: never read as idle (the strategies exclude it)."""
+    return ReplicaObservation(replica_id=replica_id, scraped_at=now, ok=False, error=error[:200])

@@ -1,0 +1,249 @@
+"""Maglev weights (1-32) from replica observations: eligibility, the ten strategies, the plan.
+
+Eligible means Ready, not draining, and scraped successfully within ``max_age_s`` (30 s); a
+failed or stale scrape excludes the replica rather than reading its zeros as idle. When the
+endpoint sets ``allowed_sites`` or ``residency`` a replica outside them (or with no site) is
+excluded for every strategy.
+
+Each strategy maps a candidate to a score in [0, 1] (1 is best), and the weight is
+``1 + round(31 * score)``. Relative strategies (TTFT, throughput, cost, energy) compare each
+replica with the best among the candidates, so one faster engine gets 32 and one twice as slow
+about 16. A replica with no traffic in the scrape window has no TTFT or failure share and is
+scored as best for those (it is idle, not broken); for throughput it scores 0 unless nobody
+has traffic.
+
+Maglev backends are the included replicas whose host is an IPv4 address on a node that is not
+the dry-run driver; others (hostnames, dry-run engines) are left to the gateway.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
+
+MAX_WEIGHT = 32
+MIN_WEIGHT = 1
+MAX_SCRAPE_AGE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    replica_id: str
+    obs: ReplicaObservation
+    site: str | None = None
+    cost_tier: float = 1.0
+    power_w: float | None = None  # the replica's GPUs' draw from the node heartbeat, None = unknown
+
+
+@dataclass(frozen=True)
+class RoutingEntry:
+    replica_id: str
+    included: bool
+    reason: str
+    weight: int = 0
+    host: str | None = None
+    port: int = 8000
+    in_maglev: bool = False
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoutingPlan:
+    endpoint: str
+    strategy: str
+    entries: tuple[RoutingEntry, ...]
+
+    @property
+    def weights(self) -> dict[str, int]:
+        return {e.replica_id: e.weight for e in self.entries if e.included}
+
+    @property
+    def backends(self) -> tuple[tuple[str, int, int], ...]:
+        """(ip, port, weight) for Maglev, sorted so equal plans compare equal."""
+        return tuple(sorted((e.host, e.port, e.weight) for e in self.entries if e.included and e.in_maglev))
+
+
+def to_weight(score: float) -> int:
+    score = min(1.0, max(0.0, score))
+    return MIN_WEIGHT + round((MAX_WEIGHT - MIN_WEIGHT) * score)
+
+
+def _relative_low(values: Sequence[float | None]) -> list[float]:
+    """Lower is better; None (no data) scores best."""
+    known = [v for v in values if v is not None]
+    best = min(known) if known else None
+    out = []
+    for v in values:
+        if v is None or best is None or v <= 0:
+            out.append(1.0)
+        else:
+            out.append(best / v if best > 0 else 0.0)
+    return out
+
+
+def _queue(c: Candidate) -> float:
+    return 1.0 / (1.0 + max(0.0, c.obs.queue_depth))
+
+
+def _free_kv(c: Candidate) -> float:
+    return 1.0 - min(1.0, max(0.0, c.obs.kv_cache_usage))
+
+
+def s_equal(cands: Sequence[Candidate], endpoint: InferenceEndpoint) -> list[float]:
+    return [0.0 for _ in cands]  # weight 1 each: Maglev spreads evenly
+
+
+def s_least_queue(cands, endpoint):
+    return [_queue(c) for c in cands]
+
+
+def s_lowest_ttft(cands, endpoint):
+    return _relative_low([c.obs.ttft_p50_s for c in cands])
+
+
+def s_most_free_vram(cands, endpoint):
+    return [_free_kv(c) for c in cands]
+
+
+def s_weighted_capacity(cands, endpoint):
+    return [(_queue(c) + _free_kv(c)) / 2 for c in cands]
+
+
+def s_site_local(cands, endpoint):
+    """Preferred-site replicas get the upper band (8-32 by capacity), others 1-8, so traffic
+    spills to other sites only as the preferred one fills up."""
+    out = []
+    for c in cands:
+        cap = (_queue(c) + _free_kv(c)) / 2
+        if endpoint.preferred_site is None or c.site == endpoint.preferred_site:
+            out.append((7 + 24 * cap) / 31)
+        else:
+            out.append(7 * cap / 31)
+    return out
+
+
+def s_cost_optimized(cands, endpoint):
+    return _relative_low([c.cost_tier for c in cands])
+
+
+def s_energy_optimized(cands, endpoint):
+    """Joules per generated token when every candidate reports power and throughput; else the
+    lower KV-cache pressure (a less loaded GPU draws less per extra request)."""
+    if cands and all(c.power_w and c.obs.tokens_per_s for c in cands):
+        return _relative_low([c.power_w / c.obs.tokens_per_s for c in cands])
+    return [_free_kv(c) for c in cands]
+
+
+def s_highest_throughput(cands, endpoint):
+    values = [c.obs.tokens_per_s or 0.0 for c in cands]
+    top = max(values, default=0.0)
+    if top <= 0:
+        return [1.0 for _ in cands]
+    return [v / top for v in values]
+
+
+def s_lowest_failure(cands, endpoint):
+    return [1.0 - (c.obs.failure_ratio or 0.0) for c in cands]
+
+
+STRATEGIES: dict[str, Callable[[Sequence[Candidate], InferenceEndpoint], list[float]]] = {
+    "equal": s_equal,
+    "least_queue": s_least_queue,
+    "lowest_ttft": s_lowest_ttft,
+    "most_free_vram": s_most_free_vram,
+    "weighted_capacity": s_weighted_capacity,
+    "site_local": s_site_local,
+    "cost_optimized": s_cost_optimized,
+    "energy_optimized": s_energy_optimized,
+    "highest_throughput": s_highest_throughput,
+    "lowest_failure": s_lowest_failure,
+}
+
+
+def weights(strategy: str, cands: Sequence[Candidate], endpoint: InferenceEndpoint) -> dict[str, int]:
+    scores = STRATEGIES[strategy](cands, endpoint)
+    return {c.replica_id: to_weight(s) for c, s in zip(cands, scores)}
+
+
+def is_ipv4(host: str | None) -> bool:
+    try:
+        return host is not None and ipaddress.ip_address(host).version == 4
+    except ValueError:
+        return False
+
+
+def exclusion(
+    replica: Replica, obs: ReplicaObservation | None, site: str | None, endpoint: InferenceEndpoint,
+    now: float, max_age_s: float = MAX_SCRAPE_AGE_S,
+) -> str | None:
+    if not replica.ready:
+        return f"not ready ({replica.phase})"
+    if replica.draining:
+        return "draining"
+    if endpoint.allowed_sites and site not in endpoint.allowed_sites:
+        return f"site {site!r} is not in allowed sites"
+    if endpoint.residency and site != endpoint.residency:
+        return f"site {site!r} is outside residency {endpoint.residency!r}"
+    if obs is None:
+        return "never scraped"
+    if not obs.ok:
+        return f"last scrape failed: {obs.error}"
+    if now - obs.scraped_at > max_age_s:
+        return f"last scrape is {now - obs.scraped_at:.0f}s old"
+    return None
+
+
+def _metrics(obs: ReplicaObservation | None) -> dict:
+    if obs is None:
+        return {}
+    return obs.model_dump(exclude={"replica_id"})
+
+
+def plan_routing(
+    endpoint: InferenceEndpoint,
+    replicas: Sequence[Replica],
+    observations: Mapping[str, ReplicaObservation],
+    nodes: Mapping[str, Node],
+    now: float,
+    *,
+    cost_tiers: Mapping[str, float] | None = None,
+    max_age_s: float = MAX_SCRAPE_AGE_S,
+) -> RoutingPlan:
+    """Weights for one endpoint's replicas, with the reason for each inclusion or exclusion.
+
+    ``cost_tiers`` maps site name -> cost tier (lower is cheaper; unknown sites are tier 1)."""
+    cost_tiers = cost_tiers or {}
+    excluded: list[RoutingEntry] = []
+    cands: list[Candidate] = []
+    by_id: dict[str, Replica] = {}
+    for r in sorted(replicas, key=lambda r: r.replica_id):
+        node = nodes.get(r.node)
+        site = node.site if node else None
+        obs = observations.get(r.replica_id)
+        why = exclusion(r, obs, site, endpoint, now, max_age_s)
+        if why:
+            excluded.append(RoutingEntry(r.replica_id, False, why, 0, r.host, r.port, False, _metrics(obs)))
+            continue
+        power = None
+        if node is not None:
+            draws = [g.power_w for g in node.gpus if g.pci in r.gpus and g.power_w > 0]
+            power = sum(draws) if draws and len(draws) == len(r.gpus) else None
+        cands.append(Candidate(r.replica_id, obs, site, cost_tiers.get(site or "", 1.0), power))
+        by_id[r.replica_id] = r
+    chosen = weights(endpoint.routing, cands, endpoint) if cands else {}
+    included = []
+    for c in cands:
+        r = by_id[c.replica_id]
+        node = nodes.get(r.node)
+        maglev = is_ipv4(r.host) and not (node is not None and node.vm_driver == "dry-run")
+        reason = f"{endpoint.routing}: weight {chosen[c.replica_id]}"
+        if not maglev:
+            reason += " (gateway only: dry-run or hostname backend)"
+        included.append(
+            RoutingEntry(c.replica_id, True, reason, chosen[c.replica_id], r.host, r.port, maglev, _metrics(c.obs))
+        )
+    entries = tuple(sorted(included + excluded, key=lambda e: e.replica_id))
+    return RoutingPlan(endpoint.name, endpoint.routing, entries)

@@ -1,0 +1,194 @@
+"""Replica placement: filter nodes, then score the survivors. Pure and deterministic.
+
+Filters, in order (the first that fails is the node's rejection reason):
+  online      heartbeat younger than ``offline_after_s`` (60 s)
+  taints      a tainted node takes nothing
+  site        deployment.allowed_sites and the model's residency (a site name)
+  gpus        ``gpu.count`` free GPUs on this one node, each with at least the profile's VRAM,
+              the GPU model filter, under FABRIC_MAX_GPU_TEMP_C and, with FABRIC_REJECT_ECC=1,
+              without uncorrected ECC errors; MIG-mode GPUs are not whole GPUs
+  resources   free CPU and memory as the node last reported them
+Scores: model already cached (+100), the deployment's preferred site (+50), spread: -30 per
+replica of the deployment already in the node's failure domain and -10 more per one on the node.
+Ties break on node id, and GPUs are chosen in PCI order, so the same inputs give the same plan.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from common.schemas import GpuInfo, InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica
+
+SCORE_CACHED = 100
+SCORE_PREFERRED_SITE = 50
+PENALTY_SAME_DOMAIN = 30
+PENALTY_SAME_NODE = 10
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    offline_after_s: float = 60.0
+    max_gpu_temp_c: float | None = None
+    reject_ecc: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerSettings:
+        env = os.environ if env is None else env
+        temp = env.get("FABRIC_MAX_GPU_TEMP_C", "").strip()
+        return cls(
+            max_gpu_temp_c=float(temp) if temp else None,
+            reject_ecc=env.get("FABRIC_REJECT_ECC", "").strip() == "1",
+        )
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    node: str
+    eligible: bool
+    reason: str
+    score: int = 0
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    deployment: str
+    node: str | None
+    gpus: tuple[str, ...]
+    message: str
+    verdicts: tuple[NodeVerdict, ...] = field(default_factory=tuple)
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        return {v.node: v.reason for v in self.verdicts if v.node != self.node}
+
+
+def node_online(node: Node, now: float, settings: SchedulerSettings) -> bool:
+    return now - node.last_heartbeat < settings.offline_after_s
+
+
+def _gpu_problem(gpu: GpuInfo, profile: InferenceProfile, settings: SchedulerSettings) -> str | None:
+    if gpu.mig_mode:
+        return "in MIG mode"
+    if profile.gpu.model and profile.gpu.model.lower() not in gpu.name.lower():
+        return f"not a {profile.gpu.model}"
+    if gpu.memory_total_mib < profile.gpu.vram_gib * 1024:
+        return f"under {profile.gpu.vram_gib:g} GiB"
+    if settings.max_gpu_temp_c is not None and gpu.temperature_c > settings.max_gpu_temp_c:
+        return f"hotter than {settings.max_gpu_temp_c:g} C"
+    if settings.reject_ecc and gpu.ecc_uncorrected > 0:
+        return "has ECC errors"
+    return None
+
+
+def free_gpus(node: Node, profile: InferenceProfile, reserved: Collection[str], settings: SchedulerSettings):
+    """(usable PCI addresses in PCI order, counts of why the others are unusable)."""
+    usable: list[str] = []
+    why: dict[str, int] = {}
+    for gpu in sorted(node.gpus, key=lambda g: g.pci):
+        problem = "reserved" if gpu.pci in reserved else _gpu_problem(gpu, profile, settings)
+        if problem:
+            why[problem] = why.get(problem, 0) + 1
+        else:
+            usable.append(gpu.pci)
+    return usable, why
+
+
+def _site_problem(node: Node, deployment: InferenceDeployment, model: ModelArtifact) -> str | None:
+    if deployment.allowed_sites and node.site not in deployment.allowed_sites:
+        return f"site {node.site!r} is not in allowed sites {', '.join(deployment.allowed_sites)}"
+    if model.residency and node.site != model.residency:
+        return f"site {node.site!r} is outside the model's residency {model.residency!r}"
+    return None
+
+
+def judge_node(
+    node: Node,
+    deployment: InferenceDeployment,
+    profile: InferenceProfile,
+    model: ModelArtifact,
+    reserved: Collection[str],
+    replicas: Sequence[Replica],
+    domains: Mapping[str, str],
+    now: float,
+    settings: SchedulerSettings,
+) -> NodeVerdict:
+    if not node_online(node, now, settings):
+        return NodeVerdict(node.id, False, f"offline: last heartbeat {now - node.last_heartbeat:.0f}s ago")
+    if node.taints:
+        return NodeVerdict(node.id, False, f"tainted: {', '.join(node.taints)}")
+    site_problem = _site_problem(node, deployment, model)
+    if site_problem:
+        return NodeVerdict(node.id, False, site_problem)
+    usable, why = free_gpus(node, profile, reserved, settings)
+    need = profile.gpu.count
+    if len(usable) < need:
+        detail = ", ".join(f"{n} {w}" for w, n in sorted(why.items()))
+        return NodeVerdict(
+            node.id,
+            False,
+            f"no free matching GPU group: needs {need} with >= {profile.gpu.vram_gib:g} GiB, "
+            f"{len(usable)} free of {len(node.gpus)}" + (f" ({detail})" if detail else ""),
+        )
+    if node.cpu_free < profile.cpu:
+        return NodeVerdict(node.id, False, f"not enough CPU: {node.cpu_free} free, needs {profile.cpu}")
+    if node.memory_free_gib < profile.memory_gib:
+        return NodeVerdict(
+            node.id, False, f"not enough memory: {node.memory_free_gib:g} GiB free, needs {profile.memory_gib:g}"
+        )
+    score, parts = 0, []
+    if model.name in node.cached_models or model.source in node.cached_models:
+        score += SCORE_CACHED
+        parts.append("model cached")
+    if deployment.preferred_site and node.site == deployment.preferred_site:
+        score += SCORE_PREFERRED_SITE
+        parts.append("preferred site")
+    same_domain = sum(1 for r in replicas if domains.get(r.node) == node.failure_domain)
+    same_node = sum(1 for r in replicas if r.node == node.id)
+    if same_domain or same_node:
+        score -= PENALTY_SAME_DOMAIN * same_domain + PENALTY_SAME_NODE * same_node
+        parts.append(f"{same_domain} replica(s) in its failure domain")
+    reason = f"fits with score {score}" + (f" ({'; '.join(parts)})" if parts else "")
+    return NodeVerdict(node.id, True, reason, score, tuple(usable[:need]))
+
+
+def place(
+    deployment: InferenceDeployment,
+    profile: InferenceProfile,
+    model: ModelArtifact,
+    nodes: Sequence[Node],
+    reservations: Mapping[str, Collection[str]],
+    now: float,
+    settings: SchedulerSettings = SchedulerSettings(),
+    *,
+    replicas: Sequence[Replica] = (),
+    exclude: Collection[str] = (),
+) -> PlacementPlan:
+    """Choose a node and GPUs for one new replica of ``deployment``.
+
+    ``reservations`` maps node id -> PCI addresses already reserved; ``replicas`` are the
+    deployment's live replicas (for spread); ``exclude`` names nodes not to use (replacing a
+    replica away from its node)."""
+    domains = {n.id: n.failure_domain for n in nodes}
+    verdicts: list[NodeVerdict] = []
+    for node in sorted(nodes, key=lambda n: n.id):
+        if node.id in exclude:
+            verdicts.append(NodeVerdict(node.id, False, "excluded: the replica is being moved off this node"))
+            continue
+        verdicts.append(
+            judge_node(node, deployment, profile, model, reservations.get(node.id, ()), replicas, domains, now,
+                       settings)
+        )
+    fits = [v for v in verdicts if v.eligible]
+    if not fits:
+        if not nodes:
+            message = "no nodes are registered"
+        else:
+            message = "no node can take a replica: " + "; ".join(f"{v.node}: {v.reason}" for v in verdicts)
+        return PlacementPlan(deployment.name, None, (), message, tuple(verdicts))
+    best = sorted(fits, key=lambda v: (-v.score, v.node))[0]
+    return PlacementPlan(
+        deployment.name, best.node, best.gpus, f"chose {best.node}: {best.reason}", tuple(verdicts)
+    )

@@ -1,0 +1,89 @@
+"""Placement filters, scores, determinism and rejection reasons (pure, table-driven)."""
+
+import random
+
+import pytest
+
+from controlplane.scheduler import SchedulerSettings, place
+from tests.controlplane.planner_data import NOW, deployment, gpu, model, node, profile, replica
+
+
+def run(nodes, *, dep=None, prof=None, mdl=None, reservations=None, settings=SchedulerSettings(), **kw):
+    return place(dep or deployment(), prof or profile(), mdl or model(), nodes, reservations or {}, NOW,
+                 settings, **kw)
+
+
+@pytest.mark.parametrize(
+    "case, nodes, kwargs, chosen, rejected_words",
+    [
+        ("offline heartbeat", [node("a", age=61), node("b")], {}, "b", {"a": "offline"}),
+        ("tainted", [node("a", taints=["maintenance"]), node("b")], {}, "b", {"a": "tainted: maintenance"}),
+        ("too little VRAM", [node("a", gpus=[gpu(0, mib=16384)]), node("b")], {}, "b", {"a": "1 under 24 GiB"}),
+        ("gpu model filter", [node("a", gpus=[gpu(0, name="NVIDIA A10")]), node("b")],
+         {"prof": profile(model="H100")}, "b", {"a": "not a H100"}),
+        ("hot GPU", [node("a", gpus=[gpu(0, temp=91)]), node("b")],
+         {"settings": SchedulerSettings(max_gpu_temp_c=85)}, "b", {"a": "hotter than 85"}),
+        ("ECC rejected when asked", [node("a", gpus=[gpu(0, ecc=2)]), node("b")],
+         {"settings": SchedulerSettings(reject_ecc=True)}, "b", {"a": "ECC"}),
+        ("MIG GPU is not whole", [node("a", gpus=[gpu(0, mig=True)]), node("b")], {}, "b", {"a": "MIG"}),
+        ("reserved GPUs", [node("a", 1), node("b")], {"reservations": {"a": {"0000:10:00.0"}}}, "b",
+         {"a": "1 reserved"}),
+        ("group must be on one node", [node("a", 1), node("b", 1)], {"prof": profile(count=2)}, None,
+         {"a": "needs 2", "b": "needs 2"}),
+        ("cpu", [node("a", cpu=4), node("b")], {}, "b", {"a": "not enough CPU"}),
+        ("memory", [node("a", mem=8), node("b")], {}, "b", {"a": "not enough memory"}),
+        ("allowed sites", [node("a", site="x"), node("b", site="y")],
+         {"dep": deployment(allowed_sites=["y"])}, "b", {"a": "not in allowed sites"}),
+        ("residency", [node("a", site="eu"), node("b", site="us")], {"mdl": model(residency="us")}, "b",
+         {"a": "residency"}),
+        ("excluded", [node("a"), node("b")], {"exclude": {"a"}}, "b", {"a": "excluded"}),
+        ("no nodes", [], {}, None, {}),
+    ],
+)
+def test_filters(case, nodes, kwargs, chosen, rejected_words):
+    plan = run(nodes, **kwargs)
+    assert plan.node == chosen, plan.message
+    for nid, words in rejected_words.items():
+        assert words in plan.rejected[nid], (case, plan.rejected[nid])
+    if chosen is None:
+        assert plan.gpus == () and plan.message
+
+
+@pytest.mark.parametrize(
+    "case, nodes, kwargs, chosen",
+    [
+        ("ties break on node id", [node("b"), node("a")], {}, "a"),
+        ("cached model wins", [node("a"), node("b", cached=["qwen"])], {}, "b"),
+        ("preferred site wins", [node("a", site="x"), node("b", site="y")],
+         {"dep": deployment(preferred_site="y")}, "b"),
+        ("cache beats preferred site", [node("a", site="y"), node("b", site="x", cached=["hf://Qwen/Qwen3-8B"])],
+         {"dep": deployment(preferred_site="y")}, "b"),
+        ("spread across failure domains", [node("a", domain="rack1"), node("b", domain="rack1"),
+                                           node("c", domain="rack2")],
+         {"replicas": [replica(0, "a")]}, "c"),
+        ("spread across nodes in one domain", [node("a", domain="r"), node("b", domain="r")],
+         {"replicas": [replica(0, "a")]}, "b"),
+    ],
+)
+def test_scores(case, nodes, kwargs, chosen):
+    assert run(nodes, **kwargs).node == chosen, case
+
+
+def test_gpus_are_chosen_in_pci_order_skipping_reserved():
+    plan = run([node("a", 4)], prof=profile(count=2), reservations={"a": {"0000:10:00.0"}})
+    assert plan.gpus == ("0000:11:00.0", "0000:12:00.0")
+
+
+def test_same_inputs_same_plan_in_any_node_order():
+    nodes = [node(f"n{i:03d}", 8, domain=f"d{i % 7}", cached=["qwen"] if i % 5 == 0 else []) for i in range(60)]
+    first = run(nodes, prof=profile(count=2))
+    shuffled = nodes[:]
+    random.Random(4).shuffle(shuffled)
+    assert run(shuffled, prof=profile(count=2)) == first
+    assert first.node == "n000"
+
+
+def test_settings_from_env():
+    s = SchedulerSettings.from_env({"FABRIC_MAX_GPU_TEMP_C": "80", "FABRIC_REJECT_ECC": "1"})
+    assert s.max_gpu_temp_c == 80 and s.reject_ecc
+    assert SchedulerSettings.from_env({}) == SchedulerSettings()
