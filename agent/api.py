@@ -1,0 +1,249 @@
+"""The agent's HTTP API (served over mutual TLS by `fabric-agent serve`).
+
+    GET    /v1/gpus                                  inventory (empty with a reason when no driver)
+    POST   /v1/gpus/{bdf}/bind | /release            VFIO bind/release of a whole GPU and its group
+    GET    /v1/vms, POST /v1/vms                     list / create (idempotent by replica id)
+    GET    /v1/vms/{id}, DELETE /v1/vms/{id}         status / delete (404 when absent)
+    PUT    /v1/maglev/services/{vip}/{port}/{proto}  the whole backend set of one service
+    GET    /v1/maglev/services[/{vip}/{port}/{proto}]
+    DELETE /v1/maglev/services/{vip}/{port}/{proto}  404 when absent
+    GET    /v1/health, GET /metrics
+
+Who may call is decided by TLS (the server demands a client certificate from the cluster
+CA), not here. Handlers are sync on purpose: sysfs writes, libvirt and BPF map updates block,
+and FastAPI runs sync handlers in its thread pool. Errors are FabricErrors rendered as
+{"error": {"code", "message"}}.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
+
+from agent.state import AgentState, as_dict, read_inventory
+from agent.vm.base import VmSpec, VmStatus
+from common.agent_api import (
+    AgentHealth,
+    GpuBindResult,
+    GpuList,
+    MaglevServiceList,
+    MaglevServiceSpec,
+    MaglevServiceView,
+    VmCreateRequest,
+    VmInfo,
+    VmList,
+    check_bdf,
+    check_vm_id,
+)
+from common.errors import FabricError, InvalidInput, NotFound, Refused
+
+
+def _vm_info(status: VmStatus) -> VmInfo:
+    return VmInfo(id=status.id, state=status.state, host=status.host, port=status.port,
+                  message=status.message)
+
+
+def _spec(req: VmCreateRequest) -> VmSpec:
+    return VmSpec(
+        replica_id=req.replica_id, deployment=req.deployment, model_name=req.model_name,
+        model_source=req.model_source, runtime=req.runtime, gpus=tuple(req.gpus),
+        gpu_memory_mib=req.gpu_memory_mib, cpu=req.cpu, memory_gib=req.memory_gib, port=req.port,
+        max_model_len=req.max_model_len, extra_args=tuple(req.extra_args),
+        engine_args=dict(req.engine_args),
+    )
+
+
+def _service_key(vip: str, port: int, proto: str) -> tuple[str, int, str]:
+    try:
+        ipaddress.IPv4Address(vip)
+    except ValueError:
+        raise InvalidInput(f"vip {vip!r} is not an IPv4 address") from None
+    if not 1 <= port <= 65535:
+        raise InvalidInput(f"port {port} is outside 1-65535")
+    if proto not in ("tcp", "udp"):
+        raise InvalidInput(f"proto {proto!r}: expected tcp or udp")
+    return vip, port, proto
+
+
+def _service_view(obj: Any, vip: str = "", port: int = 0, proto: str = "") -> MaglevServiceView:
+    d = as_dict(obj)
+    return MaglevServiceView(
+        vip=str(d.get("vip", vip)), port=int(d.get("port", port)), proto=d.get("proto", proto),
+        backends={str(k): int(v) for k, v in dict(d.get("backends", {})).items()},
+        draining=sorted(str(b) for b in d.get("draining", ())),
+    )
+
+
+def _bind_result(bdf: str, result: Any, before: str, after: str) -> GpuBindResult:
+    d = as_dict(result) if result is not None else {}
+    return GpuBindResult(bdf=bdf, driver=None if after == "none" else after,
+                         functions=[str(f) for f in d.get("functions", [bdf])],
+                         changed=before != after, message=str(d.get("message", "")))
+
+
+def create_app(state: AgentState) -> FastAPI:
+    app = FastAPI(title="fabric-agent", docs_url=None, redoc_url=None)
+    app.state.agent = state
+    requests = Counter("fabric_agent_requests", "Agent API requests", ["route", "code"],
+                       registry=state.registry)
+    gpu_gauge = Gauge("fabric_agent_gpus", "GPUs in the inventory", registry=state.registry)
+    vm_gauge = Gauge("fabric_agent_vms", "VMs (replicas) the driver tracks", ["state"],
+                     registry=state.registry)
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        # The route template, never the raw path, so ids do not explode label cardinality.
+        requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(FabricError)
+    async def _fabric_error(_req: Request, exc: FabricError):
+        return JSONResponse(exc.to_body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError):
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            parts.append(f"{where}: {err.get('msg', 'invalid')}")
+        return JSONResponse(InvalidInput("; ".join(parts) or "invalid request").to_body(), status_code=422)
+
+    # GPUs ---------------------------------------------------------------------------------
+    @app.get("/v1/gpus", response_model=GpuList)
+    def list_gpus() -> GpuList:
+        inv = read_inventory(state.inventory)
+        gpu_gauge.set(len(inv.gpus))
+        return GpuList(gpus=inv.gpus, message=inv.message)
+
+    def _checked_bdf(bdf: str) -> str:
+        try:
+            return check_bdf(bdf)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+
+    def _known_gpu(bdf: str) -> None:
+        known = {g.pci for g in read_inventory(state.inventory).gpus}
+        if bdf not in known:
+            raise NotFound(f"GPU {bdf} is not in this node's inventory")
+
+    @app.post("/v1/gpus/{bdf}/bind", response_model=GpuBindResult)
+    def bind_gpu(bdf: str) -> GpuBindResult:
+        bdf = _checked_bdf(bdf)
+        _known_gpu(bdf)
+        if state.binder is None:
+            return GpuBindResult(bdf=bdf, driver=None, changed=False,
+                                 message=f"the {state.vm_driver.name} driver does not bind GPUs")
+        with state.lock:
+            before = state.binder.status(bdf)
+            result = state.binder.bind(bdf)
+            return _bind_result(bdf, result, before, state.binder.status(bdf))
+
+    @app.post("/v1/gpus/{bdf}/release", response_model=GpuBindResult)
+    def release_gpu(bdf: str) -> GpuBindResult:
+        bdf = _checked_bdf(bdf)
+        _known_gpu(bdf)
+        if state.binder is None:
+            return GpuBindResult(bdf=bdf, driver=None, changed=False,
+                                 message=f"the {state.vm_driver.name} driver does not bind GPUs")
+        with state.lock:
+            before = state.binder.status(bdf)
+            result = state.binder.release(bdf)
+            return _bind_result(bdf, result, before, state.binder.status(bdf))
+
+    # VMs ----------------------------------------------------------------------------------
+    @app.get("/v1/vms", response_model=VmList)
+    def list_vms() -> VmList:
+        vms = [_vm_info(s) for s in state.vm_driver.list()]
+        vm_gauge.clear()
+        for v in vms:
+            vm_gauge.labels(v.state).inc()
+        return VmList(vms=vms)
+
+    @app.post("/v1/vms", response_model=VmInfo, status_code=201)
+    def create_vm(req: VmCreateRequest) -> VmInfo:
+        if req.gpus and state.binder is not None:
+            known = {g.pci for g in read_inventory(state.inventory).gpus}
+            missing = [b for b in req.gpus if b not in known]
+            if missing:
+                raise Refused(f"GPUs {', '.join(missing)} are not in this node's inventory")
+        with state.lock:
+            return _vm_info(state.vm_driver.create(_spec(req)))
+
+    def _vm_id(vm_id: str) -> str:
+        try:
+            return check_vm_id(vm_id)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+
+    @app.get("/v1/vms/{vm_id}", response_model=VmInfo)
+    def get_vm(vm_id: str) -> VmInfo:
+        status = state.vm_driver.get(_vm_id(vm_id))
+        if status is None or status.state == "absent":
+            raise NotFound(f"vm {vm_id} does not exist on node {state.node_id}")
+        return _vm_info(status)
+
+    @app.delete("/v1/vms/{vm_id}", status_code=204)
+    def delete_vm(vm_id: str) -> Response:
+        with state.lock:
+            if not state.vm_driver.delete(_vm_id(vm_id)):
+                raise NotFound(f"vm {vm_id} does not exist on node {state.node_id}")
+        return Response(status_code=204)
+
+    # Maglev -------------------------------------------------------------------------------
+    def _dataplane():
+        if state.dataplane is None:
+            raise Refused(f"the dataplane is not loaded on node {state.node_id}: "
+                          f"{state.dataplane_message or 'started with --no-dataplane'}")
+        return state.dataplane
+
+    @app.get("/v1/maglev/services", response_model=MaglevServiceList)
+    def list_services() -> MaglevServiceList:
+        return MaglevServiceList(services=[_service_view(s) for s in _dataplane().list_services()])
+
+    @app.put("/v1/maglev/services/{vip}/{port}/{proto}", response_model=MaglevServiceView)
+    def put_service(vip: str, port: int, proto: str, spec: MaglevServiceSpec) -> MaglevServiceView:
+        vip, port, proto = _service_key(vip, port, proto)
+        unknown = sorted(set(spec.draining) - set(spec.backends))
+        if unknown:
+            raise InvalidInput(f"draining names backends not in the set: {', '.join(unknown)}")
+        _dataplane().put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining))
+        return MaglevServiceView(vip=vip, port=port, proto=proto, backends=spec.backends,
+                                 draining=sorted(spec.draining))
+
+    @app.get("/v1/maglev/services/{vip}/{port}/{proto}", response_model=MaglevServiceView)
+    def get_service(vip: str, port: int, proto: str) -> MaglevServiceView:
+        vip, port, proto = _service_key(vip, port, proto)
+        view = _dataplane().get_service(vip, port, proto)
+        if view is None:
+            raise NotFound(f"service {vip}:{port}/{proto} is not in the dataplane")
+        return _service_view(view, vip, port, proto)
+
+    @app.delete("/v1/maglev/services/{vip}/{port}/{proto}", status_code=204)
+    def delete_service(vip: str, port: int, proto: str) -> Response:
+        vip, port, proto = _service_key(vip, port, proto)
+        if not _dataplane().delete_service(vip, port, proto):
+            raise NotFound(f"service {vip}:{port}/{proto} is not in the dataplane")
+        return Response(status_code=204)
+
+    # health and metrics ---------------------------------------------------------------------
+    @app.get("/v1/health", response_model=AgentHealth)
+    def health() -> AgentHealth:
+        inv = read_inventory(state.inventory)
+        vms = state.vm_driver.list()
+        notes = [m for m in (inv.message, state.dataplane_message) if m]
+        return AgentHealth(node_id=state.node_id, ok=True, vm_driver=state.vm_driver.name,
+                           dataplane=state.dataplane is not None, gpus=len(inv.gpus), vms=len(vms),
+                           message="; ".join(notes) or "ok")
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

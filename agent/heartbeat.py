@@ -1,0 +1,177 @@
+"""Registration and heartbeat to fabricd.
+
+The agent registers (POST /api/ai/nodes) and then heartbeats (POST /api/ai/nodes/{id}/heartbeat)
+every ``interval_s`` with a NodeReport: GPUs (NVML inventory with nvidia-smi readings laid over
+it), free CPU and memory, cached models, site, failure domain, taints and the VM driver. Its
+identity is its client certificate (CN = node id), so the body cannot claim another node.
+
+A heartbeat answered 404 ``not_registered`` (fabricd lost the record, or a new store) registers
+again; other failures are logged and retried on the next tick, never fatal: fabricd being down
+must not stop the node serving what it already serves. Building the report is a pure function
+of what was read, so it is tested with plain data.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from agent.state import AgentState, read_inventory
+from common.agent_api import NodeReport
+from common.schemas import GpuInfo
+
+log = logging.getLogger("fabric-agent.heartbeat")
+
+DEFAULT_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True)
+class HostResources:
+    cpu_free: int
+    memory_free_gib: float
+
+
+def parse_meminfo_available_gib(text: str) -> float:
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return round(int(line.split()[1]) / (1024 * 1024), 2)  # kB -> GiB
+    return 0.0
+
+
+def free_cpus(cpu_count: int, loadavg_text: str) -> int:
+    """CPUs not busy on average over the last minute (never negative)."""
+    try:
+        load1 = float(loadavg_text.split()[0])
+    except (IndexError, ValueError):
+        load1 = 0.0
+    return max(0, cpu_count - math.ceil(load1))
+
+
+def read_host_resources(proc: Path = Path("/proc")) -> HostResources:
+    try:
+        mem = parse_meminfo_available_gib((proc / "meminfo").read_text())
+    except OSError:
+        mem = 0.0
+    try:
+        load = (proc / "loadavg").read_text()
+    except OSError:
+        load = ""
+    return HostResources(free_cpus(os.cpu_count() or 1, load), mem)
+
+
+def cached_models(models_dir: Path | None) -> list[str]:
+    """Model directories under models_dir: NAME, or ORG/NAME when NAME sits in an org directory
+    (the hf://ORG/NAME layout). Hidden and partial (``*.partial``) directories do not count."""
+    if models_dir is None or not models_dir.is_dir():
+        return []
+    found = []
+    for entry in sorted(models_dir.iterdir()):
+        if not entry.is_dir() or entry.name.startswith(".") or entry.name.endswith(".partial"):
+            continue
+        children = [c for c in entry.iterdir() if not c.name.startswith(".")]
+        if children and all(c.is_dir() for c in children):
+            found += [f"{entry.name}/{c.name}" for c in sorted(children) if not c.name.endswith(".partial")]
+        else:
+            found.append(entry.name)
+    return found
+
+
+def build_report(state: AgentState, address: str, gpus: list[GpuInfo], inventory_message: str,
+                 resources: HostResources, models: list[str]) -> NodeReport:
+    return NodeReport(
+        id=state.node_id, address=address, site=state.site, failure_domain=state.failure_domain,
+        taints=list(state.taints), gpus=gpus, cpu_free=resources.cpu_free,
+        memory_free_gib=resources.memory_free_gib, cached_models=models,
+        vm_driver=state.vm_driver.name, inventory_message=inventory_message,
+    )
+
+
+SmiReader = Callable[[], object]
+
+
+class Heartbeat:
+    """Register + heartbeat against fabricd with one httpx.Client (mTLS configured by the caller)."""
+
+    def __init__(self, state: AgentState, client: httpx.Client, address: str, *,
+                 interval_s: float = DEFAULT_INTERVAL_S, smi_reader: SmiReader | None = None,
+                 resources: Callable[[], HostResources] = read_host_resources):
+        self.state = state
+        self.client = client
+        self.address = address
+        self.interval_s = interval_s
+        self.smi_reader = smi_reader
+        self.resources = resources
+        self.registered = False
+        self.last_error = ""
+
+    def report(self) -> NodeReport:
+        inv = read_inventory(self.state.inventory)
+        gpus = inv.gpus
+        if self.smi_reader is not None:
+            from agent.hw.gpu_inventory import apply_smi_readings
+
+            gpus = apply_smi_readings(gpus, self.smi_reader())
+        return build_report(self.state, self.address, gpus, inv.message, self.resources(),
+                            cached_models(self.state.models_dir))
+
+    def register(self) -> dict:
+        resp = self.client.post("/api/ai/nodes", json=self.report().model_dump(mode="json"))
+        _raise_for(resp, "register")
+        self.registered = True
+        return resp.json()
+
+    def beat(self) -> dict:
+        """One heartbeat, registering first when fabricd does not know this node."""
+        if not self.registered:
+            return self.register()
+        resp = self.client.post(f"/api/ai/nodes/{self.state.node_id}/heartbeat",
+                                json=self.report().model_dump(mode="json"))
+        if resp.status_code == 404:
+            self.registered = False
+            return self.register()
+        _raise_for(resp, "heartbeat")
+        return resp.json()
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.beat()
+                if self.last_error:
+                    log.info("heartbeat to fabricd works again")
+                self.last_error = ""
+            except (httpx.HTTPError, HeartbeatRefused) as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                if message != self.last_error:  # one line per distinct failure, not per tick
+                    log.warning("heartbeat failed: %s", message)
+                self.last_error = message
+            stop.wait(self.interval_s)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(stop,), name="heartbeat", daemon=True)
+        thread.start()
+        return thread
+
+
+class HeartbeatRefused(Exception):
+    """fabricd answered a registration or heartbeat with an error (its message kept)."""
+
+    def __init__(self, what: str, status: int, message: str):
+        super().__init__(f"{what} refused with {status}: {message}")
+        self.status = status
+
+
+def _raise_for(resp: httpx.Response, what: str) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        message = resp.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = resp.text[:200]
+    raise HeartbeatRefused(what, resp.status_code, message)

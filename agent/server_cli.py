@@ -1,0 +1,247 @@
+"""`fabric-agent serve`: build the agent's state from options, serve the API, heartbeat to fabricd.
+
+TLS rules (decided by ``tls_plan``, a pure function):
+  - with certificate, key and CA (``--tls-*`` or ``--pki-dir`` holding NODE.crt, NODE.key,
+    ca.crt as written by ``fabricctl ai node add NODE --out DIR``) the API serves HTTPS and
+    demands a client certificate from that CA (the control plane's);
+  - with none of them it refuses to start, unless ``--insecure``, and then it binds loopback only;
+  - a partial set, or TLS files together with --insecure, is refused rather than guessed at.
+GPUs: real NVML and /sys by default; ``--fake-gpus N`` runs the same inventory and VFIO code
+over the fake NVML module and a fake sysfs tree under the state directory.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import shutil
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+
+from agent.state import AgentState
+
+log = logging.getLogger("fabric-agent")
+
+DEFAULT_LISTEN = "127.0.0.1:9443"
+VM_DRIVERS = ("libvirt", "lab", "dry-run")
+
+
+@dataclass(frozen=True)
+class TlsPlan:
+    cert: Path | None
+    key: Path | None
+    ca: Path | None
+    refusal: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise typer.BadParameter(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9443")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_plan(node_id: str, listen_host: str, insecure: bool, cert: Path | None, key: Path | None,
+             ca: Path | None, pki_dir: Path | None) -> TlsPlan:
+    if pki_dir is not None:
+        cert = cert or pki_dir / f"{node_id}.crt"
+        key = key or pki_dir / f"{node_id}.key"
+        ca = ca or pki_dir / "ca.crt"
+    given = [p for p in (cert, key, ca) if p is not None]
+    if insecure:
+        if given:
+            return TlsPlan(None, None, None, "--insecure serves plain HTTP; drop the TLS options or --insecure")
+        if not is_loopback(listen_host):
+            return TlsPlan(None, None, None, f"--insecure binds a loopback address only; {listen_host} is not one")
+        return TlsPlan(None, None, None)
+    if not given:
+        return TlsPlan(None, None, None, "no TLS files: give --pki-dir (or --tls-cert, --tls-key and --tls-ca), "
+                       "issued with `fabricctl ai node add NODE --out DIR`; or --insecure on loopback")
+    if len(given) != 3:
+        return TlsPlan(None, None, None, "mutual TLS needs all of --tls-cert, --tls-key and --tls-ca")
+    missing = [str(p) for p in (cert, key, ca) if not p.exists()]
+    if missing:
+        return TlsPlan(None, None, None, f"TLS files not found: {', '.join(missing)}")
+    return TlsPlan(cert, key, ca)
+
+
+def advertised_address(listen_host: str, port: int, tls: bool, advertise: str | None) -> str:
+    if advertise:
+        return advertise.rstrip("/")
+    host = socket.gethostname() if listen_host in ("0.0.0.0", "::") else listen_host
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+def _inventory_and_binder(state_dir: Path, vm_driver: str, fake_gpus: int, fake_gpu_name: str,
+                          fake_gpu_mem_gib: float, sysfs_root: Path):
+    from agent.hw.gpu_inventory import NvmlInventory
+    from agent.hw.vfio import VfioBinder
+
+    if fake_gpus <= 0:
+        binder = None if vm_driver == "dry-run" else VfioBinder(sysfs_root, state_dir=state_dir)
+        return NvmlInventory(), binder
+    from agent.hw.nvml_fake import PROFILES, FakeNvml, make_gpus
+    from agent.hw.sysfs_fake import FakeSysfs
+
+    profile = fake_gpu_name.lower() if fake_gpu_name.lower() in PROFILES else "h100"
+    gpus = make_gpus(fake_gpus, profile)
+    for gpu in gpus:
+        if fake_gpu_name.lower() not in PROFILES:
+            gpu.name = fake_gpu_name
+        if fake_gpu_mem_gib > 0:
+            gpu.memory_total_mib = int(fake_gpu_mem_gib * 1024)
+    inventory = NvmlInventory(nvml_module=FakeNvml(gpus=gpus))
+    if vm_driver == "dry-run":
+        return inventory, None
+    # A fresh simulated /sys each start: the simulated kernel forgets binds like a reboot would.
+    root = state_dir / "fake-sysfs"
+    shutil.rmtree(root, ignore_errors=True)
+    fake = FakeSysfs(root)
+    for i, gpu in enumerate(inventory.read().gpus):
+        fake.add_gpu(gpu.pci, group=20 + i, audio=True)
+    return inventory, VfioBinder(fake.root, kernel=fake.kernel, state_dir=state_dir)
+
+
+def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict):
+    if name == "dry-run":
+        from agent.vm.dryrun_driver import DryRunDriver
+
+        return DryRunDriver(state_dir / "dry-run")
+    if name == "lab":
+        from agent.vm.lab_driver import LabDriver, LabNetwork
+
+        missing = [k for k in ("node_netns", "bridge", "subnet", "gateway") if not lab.get(k)]
+        if missing:
+            raise typer.BadParameter(f"--vm-driver lab needs --lab-{', --lab-'.join(m.replace('_', '-') for m in missing)}")
+        return LabDriver(LabNetwork(**lab), state_dir)
+    from agent.vm.libvirt_driver import LibvirtDriver
+
+    return LibvirtDriver(uri=libvirt_uri, state_dir=state_dir)
+
+
+def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, iface: str | None):
+    if not enabled:
+        return None, "started with --no-dataplane"
+    try:
+        from agent.dataplane import Dataplane
+
+        dp = Dataplane(str(pin_dir), node_ip)
+        if iface:
+            dp.attach(iface)
+        return dp, ""
+    except Exception as exc:  # BPF missing or refused: serve the rest, and say why in /v1/health
+        log.warning("dataplane not loaded: %s", exc)
+        return None, f"dataplane not loaded: {type(exc).__name__}: {exc}"
+
+
+def _control_plane_client(url: str, plan: TlsPlan, insecure: bool):
+    import httpx
+
+    if url.startswith("https://"):
+        if not plan.enabled:
+            raise typer.BadParameter("an https control plane needs this node's certificate (--pki-dir)")
+        from common.pki import client_ssl_context
+
+        verify: ssl.SSLContext | bool = client_ssl_context(plan.ca, plan.cert, plan.key)
+    elif url.startswith("http://") and insecure:
+        verify = False
+    else:
+        raise typer.BadParameter(f"--control-plane {url!r}: expected https://HOST:PORT (http:// only with --insecure)")
+    return httpx.Client(base_url=url.rstrip("/"), verify=verify, timeout=10.0)
+
+
+def serve(
+    node_id: str = typer.Option(..., "--node-id", help="this node's id (the CN of its certificate)"),
+    listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT of the agent API"),
+    control_plane: str = typer.Option(None, "--control-plane", help="fabricd URL; no heartbeat without it"),
+    advertise: str = typer.Option(None, "--advertise", help="URL fabricd uses to reach this agent"),
+    state_dir: Path = typer.Option(Path("/var/lib/fabric-agent"), "--state-dir", help="agent state: records, overlays"),
+    pki_dir: Path = typer.Option(None, "--pki-dir", help="directory with NODE.crt, NODE.key and ca.crt"),
+    tls_cert: Path = typer.Option(None, "--tls-cert"),
+    tls_key: Path = typer.Option(None, "--tls-key"),
+    tls_ca: Path = typer.Option(None, "--tls-ca", help="the cluster CA; callers must present a cert from it"),
+    insecure: bool = typer.Option(False, "--insecure", help="plain HTTP, loopback only"),
+    vm_driver: str = typer.Option("libvirt", "--vm-driver", help="libvirt | lab | dry-run"),
+    libvirt_uri: str = typer.Option("qemu:///system", "--libvirt-uri"),
+    site: str = typer.Option("default", "--site"),
+    failure_domain: str = typer.Option("default", "--failure-domain"),
+    taint: list[str] = typer.Option([], "--taint", help="repeatable; a tainted node takes no replicas"),
+    fake_gpus: int = typer.Option(0, "--fake-gpus", help="simulate N GPUs (fake NVML + fake sysfs)"),
+    fake_gpu_name: str = typer.Option("h100", "--fake-gpu-name", help="h100, h200, a100, l4 or a name"),
+    fake_gpu_mem_gib: float = typer.Option(0, "--fake-gpu-mem-gib", help="override per-GPU memory"),
+    models_dir: Path = typer.Option(None, "--models-dir", help="cached models live under it"),
+    pin_dir: Path = typer.Option(Path("/sys/fs/bpf/fabric"), "--pin-dir", help="BPF map pin directory"),
+    dataplane: bool = typer.Option(True, "--dataplane/--no-dataplane"),
+    dataplane_iface: str = typer.Option(None, "--dataplane-iface", help="attach XDP to this interface"),
+    node_ip: str = typer.Option(None, "--node-ip", help="source NAT address for remote backends"),
+    sysfs_root: Path = typer.Option(Path("/sys"), "--sysfs-root"),
+    heartbeat_secs: float = typer.Option(10.0, "--heartbeat-secs", min=0.1),
+    lab_netns: str = typer.Option(None, "--lab-netns"),
+    lab_bridge: str = typer.Option(None, "--lab-bridge"),
+    lab_subnet: str = typer.Option(None, "--lab-subnet"),
+    lab_gateway: str = typer.Option(None, "--lab-gateway"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Serve the agent API (mutual TLS) and heartbeat to fabricd."""
+    import uvicorn
+
+    from agent.api import create_app
+    from agent.heartbeat import Heartbeat
+    from common.schemas import check_name
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        check_name(node_id, "--node-id")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if vm_driver not in VM_DRIVERS:
+        raise typer.BadParameter(f"--vm-driver {vm_driver!r}: expected one of {', '.join(VM_DRIVERS)}")
+    host, port = parse_listen(listen)
+    plan = tls_plan(node_id, host, insecure, tls_cert, tls_key, tls_ca, pki_dir)
+    if plan.refusal:
+        typer.echo(f"error: {plan.refusal}", err=True)
+        raise typer.Exit(2)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    inventory, binder = _inventory_and_binder(state_dir, vm_driver, fake_gpus, fake_gpu_name,
+                                              fake_gpu_mem_gib, sysfs_root)
+    lab = {"node_netns": lab_netns, "bridge": lab_bridge, "subnet": lab_subnet, "gateway": lab_gateway}
+    dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface)
+    state = AgentState(node_id=node_id, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab),
+                       inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
+                       site=site, failure_domain=failure_domain, taints=list(taint), models_dir=models_dir)
+    stop = threading.Event()
+    if control_plane:
+        smi = None
+        if fake_gpus <= 0:
+            from agent.hw.nvidia_smi import read_smi as smi
+        beat = Heartbeat(state, _control_plane_client(control_plane, plan, insecure),
+                         advertised_address(host, port, plan.enabled, advertise),
+                         interval_s=heartbeat_secs, smi_reader=smi)
+        beat.start(stop)
+    ssl_args: dict = {}
+    if plan.enabled:
+        ssl_args = {"ssl_certfile": str(plan.cert), "ssl_keyfile": str(plan.key),
+                    "ssl_ca_certs": str(plan.ca), "ssl_cert_reqs": int(ssl.CERT_REQUIRED)}
+    try:
+        uvicorn.run(create_app(state), host=host, port=port, log_level=log_level, **ssl_args)
+    finally:
+        stop.set()

@@ -1,0 +1,208 @@
+"""Wire models of the agent API and of node registration, shared by the agent and fabricd.
+
+The agent serves these over mutual TLS (agent/api.py); the control plane's client
+(controlplane/agent_client.py) parses them back. Node registration and heartbeat bodies
+(NodeReport) travel the other way, from the agent to fabricd (controlplane/api/nodes.py).
+Validation messages name the field that is wrong; both sides turn them into 422 bodies.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from common.schemas import GpuInfo, check_name
+
+BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# Replica ids become file names (dry-run pid files) and libvirt domain names: keep them plain.
+VM_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,126}$")
+# Engine knobs become command-line flags of the engine (no shell); keep their names plain.
+ENGINE_ARG = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+Proto = Literal["tcp", "udp"]
+VmStateName = Literal["running", "starting", "stopped", "failed", "absent"]
+
+
+def check_bdf(value: str) -> str:
+    if not isinstance(value, str) or not BDF.match(value):
+        raise ValueError(f"PCI address {value!r} is not in the sysfs form 0000:bb:dd.f (lowercase hex)")
+    return value
+
+
+def check_vm_id(value: str) -> str:
+    if not isinstance(value, str) or not VM_ID.match(value):
+        raise ValueError(
+            f"vm id {value!r}: expected 1-127 lowercase letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def check_backend(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ValueError(f"backend {value!r}: expected IPv4:PORT") from None
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"backend {value!r}: port must be 1-65535")
+    return value
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuList(WireModel):
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    message: str = Field("", description="why the inventory is empty or partial (no driver, ...)")
+
+
+class GpuBindResult(WireModel):
+    bdf: str
+    driver: str | None = Field(None, description="driver bound after the call (vfio-pci after bind)")
+    functions: list[str] = Field(default_factory=list, description="every function moved with it")
+    changed: bool = True
+    message: str = ""
+
+
+class VmCreateRequest(WireModel):
+    """Mirrors agent.vm.base.VmSpec; the agent turns it into one."""
+
+    replica_id: str
+    deployment: str
+    model_name: str = Field(..., min_length=1, max_length=256)
+    model_source: str = Field(..., min_length=1, max_length=1024)
+    runtime: str = "vllm"
+    gpus: list[str] = Field(default_factory=list, max_length=8)
+    gpu_memory_mib: int = Field(0, ge=0)
+    cpu: int = Field(1, ge=1, le=512)
+    memory_gib: float = Field(1, gt=0, le=8192)
+    port: int = Field(8000, ge=1, le=65535)
+    max_model_len: int | None = Field(None, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+    engine_args: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("replica_id")
+    @classmethod
+    def _replica(cls, v: str) -> str:
+        return check_vm_id(v)
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment(cls, v: str) -> str:
+        return check_name(v, "deployment")
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: list[str]) -> list[str]:
+        return [check_bdf(b) for b in v]
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not ENGINE_ARG.match(key):
+                raise ValueError(f"engine_args key {key!r}: expected lowercase letters, digits, '_' or '-'")
+            if str(value).startswith("-"):
+                raise ValueError(f"engine_args[{key!r}]: a value may not start with '-'")
+        return v
+
+
+class VmInfo(WireModel):
+    id: str
+    state: VmStateName
+    host: str | None = None
+    port: int = 8000
+    message: str = ""
+
+
+class VmList(WireModel):
+    vms: list[VmInfo] = Field(default_factory=list)
+
+
+class MaglevServiceSpec(WireModel):
+    """PUT body: the whole backend set of one VIP:port:proto with weights 0-32."""
+
+    backends: dict[str, int] = Field(default_factory=dict, description='{"IP:PORT": weight 0-32}')
+    draining: list[str] = Field(default_factory=list, description="backends taking no new flows")
+
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, v: dict[str, int]) -> dict[str, int]:
+        for backend, weight in v.items():
+            check_backend(backend)
+            if not 0 <= weight <= 32:
+                raise ValueError(f"backend {backend!r}: weight {weight} is outside 0-32")
+        return v
+
+    @field_validator("draining")
+    @classmethod
+    def _draining(cls, v: list[str]) -> list[str]:
+        return [check_backend(b) for b in v]
+
+
+class MaglevServiceView(WireModel):
+    vip: str
+    port: int
+    proto: Proto
+    backends: dict[str, int] = Field(default_factory=dict)
+    draining: list[str] = Field(default_factory=list)
+
+
+class MaglevServiceList(WireModel):
+    services: list[MaglevServiceView] = Field(default_factory=list)
+
+
+class AgentHealth(WireModel):
+    node_id: str
+    ok: bool
+    vm_driver: str
+    dataplane: bool = Field(..., description="whether the XDP Maglev dataplane is loaded")
+    gpus: int = 0
+    vms: int = 0
+    message: str = ""
+
+
+class NodeReport(WireModel):
+    """What an agent sends to register (POST /api/ai/nodes) and on every heartbeat.
+
+    The node id comes from the caller's certificate (and must equal ``id``); readings of 0
+    mean unknown and never overwrite a value fabricd already holds.
+    """
+
+    id: str
+    address: str = Field(..., description="agent base URL, https://HOST:PORT")
+    site: str = "default"
+    failure_domain: str = "default"
+    taints: list[str] = Field(default_factory=list)
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    cpu_free: int = Field(0, ge=0)
+    memory_free_gib: float = Field(0, ge=0)
+    cached_models: list[str] = Field(default_factory=list)
+    vm_driver: str = "libvirt"
+    inventory_message: str = ""
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        return check_name(v, "node id")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if not (v.startswith("https://") or v.startswith("http://")):
+            raise ValueError(f"address {v!r}: expected https://HOST:PORT")
+        return v.rstrip("/")
+
+
+class NodeCertificate(WireModel):
+    """A node's identity issued from the cluster CA (PEM text; the key is shown once)."""
+
+    node_id: str
+    cert_pem: str
+    key_pem: str
+    ca_pem: str

@@ -1,0 +1,191 @@
+"""The control plane's client of one agent's API (async httpx over mutual TLS).
+
+Errors carry their meaning so controllers can decide retries:
+  - unreachable agent, timeouts, 5xx    -> common.errors.TransientError (retry with backoff)
+  - agent 4xx with an error body        -> the FabricError of that status, the agent's message kept
+  - delete_vm / delete_service on 404   -> False (already gone); get_vm / get_service on 404 -> None
+``AgentClients(state_dir)`` hands out one client per node address, authenticated with fabricd's
+own certificate from the cluster CA ({state_dir}/pki/fabricd.crt, which is client+server).
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from common.agent_api import (
+    AgentHealth,
+    GpuBindResult,
+    GpuList,
+    MaglevServiceList,
+    MaglevServiceSpec,
+    MaglevServiceView,
+    VmCreateRequest,
+    VmInfo,
+    VmList,
+)
+from common.errors import (
+    Conflict,
+    FabricError,
+    Forbidden,
+    InvalidInput,
+    LimitExceeded,
+    NotFound,
+    PayloadTooLarge,
+    Refused,
+    TransientError,
+    Unauthorized,
+)
+from common.pki import client_ssl_context, pki_dir
+from common.schemas import Node
+
+DEFAULT_TIMEOUT_S = 10.0
+CLIENT_CERT_NAME = "fabricd"
+_BY_STATUS: dict[int, type[FabricError]] = {
+    400: Refused, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
+    413: PayloadTooLarge, 422: InvalidInput, 429: LimitExceeded,
+}
+
+
+def error_from_response(resp: httpx.Response, what: str) -> FabricError:
+    """The FabricError matching an agent's error response, keeping its code and message."""
+    code, message = None, f"agent answered {resp.status_code} to {what}"
+    try:
+        body = resp.json()
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        code = err.get("code") or None
+        message = f"agent: {err.get('message') or message}"
+    except ValueError:
+        pass
+    if resp.status_code >= 500:
+        return TransientError(message, code=code)
+    return _BY_STATUS.get(resp.status_code, Refused)(message, code=code)
+
+
+class AgentClient:
+    def __init__(self, base_url: str, *, verify: ssl.SSLContext | bool = True,
+                 timeout: float = DEFAULT_TIMEOUT_S, transport: httpx.AsyncBaseTransport | None = None):
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, verify=verify, timeout=timeout,
+                                       transport=transport)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AgentClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, *, json: Any = None,
+                    missing_ok: bool = False) -> httpx.Response | None:
+        what = f"{method} {path}"
+        try:
+            resp = await self._http.request(method, path, json=json)
+        except httpx.TimeoutException as exc:
+            raise TransientError(f"agent {self.base_url} timed out on {what}") from exc
+        except httpx.TransportError as exc:
+            # Includes refused connections and TLS failures (e.g. the agent rejects our cert).
+            raise TransientError(f"agent {self.base_url} unreachable for {what}: {type(exc).__name__}") from exc
+        if resp.status_code == 404 and missing_ok:
+            return None
+        if resp.status_code >= 400:
+            raise error_from_response(resp, what)
+        return resp
+
+    # GPUs
+    async def list_gpus(self) -> GpuList:
+        return GpuList.model_validate((await self._call("GET", "/v1/gpus")).json())
+
+    async def bind_gpu(self, bdf: str) -> GpuBindResult:
+        return GpuBindResult.model_validate((await self._call("POST", f"/v1/gpus/{bdf}/bind")).json())
+
+    async def release_gpu(self, bdf: str) -> GpuBindResult:
+        return GpuBindResult.model_validate((await self._call("POST", f"/v1/gpus/{bdf}/release")).json())
+
+    # VMs
+    async def create_vm(self, req: VmCreateRequest) -> VmInfo:
+        resp = await self._call("POST", "/v1/vms", json=req.model_dump(mode="json"))
+        return VmInfo.model_validate(resp.json())
+
+    async def get_vm(self, vm_id: str) -> VmInfo | None:
+        resp = await self._call("GET", f"/v1/vms/{vm_id}", missing_ok=True)
+        return None if resp is None else VmInfo.model_validate(resp.json())
+
+    async def list_vms(self) -> list[VmInfo]:
+        return VmList.model_validate((await self._call("GET", "/v1/vms")).json()).vms
+
+    async def delete_vm(self, vm_id: str) -> bool:
+        return await self._call("DELETE", f"/v1/vms/{vm_id}", missing_ok=True) is not None
+
+    # Maglev
+    async def put_service(self, vip: str, port: int, proto: str, spec: MaglevServiceSpec) -> MaglevServiceView:
+        resp = await self._call("PUT", f"/v1/maglev/services/{vip}/{port}/{proto}",
+                                json=spec.model_dump(mode="json"))
+        return MaglevServiceView.model_validate(resp.json())
+
+    async def get_service(self, vip: str, port: int, proto: str) -> MaglevServiceView | None:
+        resp = await self._call("GET", f"/v1/maglev/services/{vip}/{port}/{proto}", missing_ok=True)
+        return None if resp is None else MaglevServiceView.model_validate(resp.json())
+
+    async def list_services(self) -> list[MaglevServiceView]:
+        return MaglevServiceList.model_validate((await self._call("GET", "/v1/maglev/services")).json()).services
+
+    async def delete_service(self, vip: str, port: int, proto: str) -> bool:
+        path = f"/v1/maglev/services/{vip}/{port}/{proto}"
+        return await self._call("DELETE", path, missing_ok=True) is not None
+
+    async def health(self) -> AgentHealth:
+        return AgentHealth.model_validate((await self._call("GET", "/v1/health")).json())
+
+
+class AgentClients:
+    """One AgentClient per agent address, sharing fabricd's TLS identity.
+
+    ``insecure=True`` is for the all-in-one lab, where agents serve plain HTTP on loopback; an
+    https:// node address still gets TLS.
+    """
+
+    def __init__(self, state_dir: str | Path, *, insecure: bool = False, timeout: float = DEFAULT_TIMEOUT_S,
+                 cert_name: str = CLIENT_CERT_NAME):
+        self.state_dir = Path(state_dir)
+        self.insecure = insecure
+        self.timeout = timeout
+        self.cert_name = cert_name
+        self._ssl: ssl.SSLContext | None = None
+        self._clients: dict[str, AgentClient] = {}
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            d = pki_dir(self.state_dir)
+            crt, key = d / f"{self.cert_name}.crt", d / f"{self.cert_name}.key"
+            if not (crt.exists() and key.exists()):
+                raise Refused(f"no client certificate {crt}; run `fabricd init` to make it")
+            self._ssl = client_ssl_context(d / "ca.crt", crt, key)
+        return self._ssl
+
+    def for_node(self, node: Node) -> AgentClient:
+        return self.for_address(node.address)
+
+    def for_address(self, address: str) -> AgentClient:
+        address = address.rstrip("/")
+        client = self._clients.get(address)
+        if client is None:
+            if address.startswith("https://"):
+                verify: ssl.SSLContext | bool = self.ssl_context()
+            elif self.insecure:
+                verify = False
+            else:
+                raise Refused(f"agent address {address} is not https:// and fabricd is not in insecure mode")
+            client = AgentClient(address, verify=verify, timeout=self.timeout)
+            self._clients[address] = client
+        return client
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()

@@ -1,0 +1,218 @@
+"""Nodes and GPUs in the control plane.
+
+    GET  /api/ai/nodes                      admin: every node with online/offline and why
+    GET  /api/ai/nodes/{id}                 admin
+    POST /api/ai/nodes                      node: register (body.id must be the caller's node)
+    POST /api/ai/nodes/{id}/heartbeat       node: refresh; 404 "not_registered" tells the agent to register
+    POST /api/ai/nodes/{id}/certificate     admin: issue the node's certificate from the cluster CA
+    GET  /api/ai/gpus                       admin: every GPU with the replica holding it, if any
+
+"node" means the caller proved it is that node (controlplane/node_identity.py: a client
+certificate from the cluster CA whose CN is the node id). A node is offline when its last
+heartbeat is older than 60 s (controlplane.scheduler.node_online); GET shows why.
+Heartbeat readings of 0 (temperature, power, ECC) mean unknown and keep the stored value, so
+a node without nvidia-smi never erases readings it sent before.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from common import keyspace
+from common.agent_api import NodeCertificate, NodeReport
+from common.errors import Conflict, InvalidInput, NotFound, TransientError
+from common.pki import ensure_ca, issue_cert
+from common.schemas import GpuInfo, Node, check_name
+from controlplane.auth import require_admin
+from controlplane.events import record_event
+from controlplane.node_identity import authenticate_node, require_node
+from controlplane.scheduler import SchedulerSettings, node_online
+from controlplane.state import AppState, get_state
+
+router = APIRouter(prefix="/api/ai", tags=["nodes"])
+admin = [Depends(require_admin)]
+
+OFFLINE_AFTER_S = SchedulerSettings().offline_after_s
+# Leaf names fabricd and the gateway use in the same PKI directory; a node by that name would
+# overwrite their certificates.
+RESERVED_CERT_NAMES = frozenset({"ca", "fabricd", "fabric-gateway", "gateway", "fabricctl"})
+UPDATE_RETRIES = 10
+
+
+class NodeView(Node):
+    online: bool
+    phase: str
+    message: str
+
+
+class GpuView(GpuInfo):
+    node: str
+    node_online: bool
+    allocated_to: str | None = None
+
+
+class CertificateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hosts: list[str] = Field(default_factory=list, description="extra SANs the agent serves under")
+
+
+# -- pure decisions -------------------------------------------------------------------------------
+
+def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
+    """The node record after a registration or heartbeat: the report wins, except that a
+    reading of 0 (unknown) keeps the stored reading of the same GPU (matched by PCI address)."""
+    previous = {g.pci: g for g in stored.gpus} if stored else {}
+    gpus = []
+    for gpu in report.gpus:
+        old = previous.get(gpu.pci)
+        if old is not None:
+            gpu = gpu.model_copy(update={
+                "temperature_c": gpu.temperature_c or old.temperature_c,
+                "power_w": gpu.power_w or old.power_w,
+                "ecc_uncorrected": gpu.ecc_uncorrected or old.ecc_uncorrected,
+            })
+        gpus.append(gpu)
+    return Node(**{**report.model_dump(exclude={"gpus"}), "gpus": gpus, "last_heartbeat": now})
+
+
+def node_view(node: Node, now: float, offline_after_s: float = OFFLINE_AFTER_S) -> NodeView:
+    online = node_online(node, now, SchedulerSettings(offline_after_s=offline_after_s))
+    if online:
+        message = f"heartbeat {max(0.0, now - node.last_heartbeat):.0f}s ago"
+    elif node.last_heartbeat <= 0:
+        message = "never sent a heartbeat"
+    else:
+        message = (f"offline: last heartbeat {now - node.last_heartbeat:.0f}s ago "
+                   f"(more than {offline_after_s:.0f}s)")
+    if node.inventory_message:
+        message += f"; inventory: {node.inventory_message}"
+    return NodeView(**node.model_dump(), online=online, phase="Ready" if online else "Offline",
+                    message=message)
+
+
+def reservation_owner(value: str) -> str:
+    """Who holds a GPU reservation, from the reservation's stored value (JSON or plain id)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return value
+    if isinstance(data, dict):
+        for key in ("replica_id", "replica", "owner", "deployment"):
+            if data.get(key):
+                return str(data[key])
+    return str(data)
+
+
+def gpu_views(nodes: list[Node], reservations: dict[tuple[str, str], str], now: float) -> list[GpuView]:
+    out = []
+    for node in sorted(nodes, key=lambda n: n.id):
+        online = node_online(node, now, SchedulerSettings(offline_after_s=OFFLINE_AFTER_S))
+        for gpu in sorted(node.gpus, key=lambda g: g.pci):
+            out.append(GpuView(**gpu.model_dump(), node=node.id, node_online=online,
+                               allocated_to=reservations.get((node.id, gpu.pci))))
+    return out
+
+
+# -- store helpers --------------------------------------------------------------------------------
+
+def _load(state: AppState, node_id: str) -> tuple[Node | None, int | None]:
+    kv = state.store.get(keyspace.nodes(node_id))
+    if kv is None:
+        return None, None
+    return Node.model_validate_json(kv.value), kv.mod_revision
+
+
+def _save(state: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Node, bool]:
+    """Read-modify-write of one node record; returns (node, created)."""
+    for _ in range(UPDATE_RETRIES):
+        stored, rev = _load(state, report.id)
+        if stored is None and must_exist:
+            raise NotFound(f"node {report.id} is not registered; POST /api/ai/nodes first",
+                           code="not_registered")
+        node = merge_report(stored, report, time.time())
+        key = keyspace.nodes(report.id)
+        if stored is None:
+            if state.store.create(key, node.model_dump_json()):
+                return node, True
+        elif state.store.cas(key, node.model_dump_json(), rev):
+            return node, False
+    raise TransientError(f"node {report.id} changed under {UPDATE_RETRIES} concurrent updates; retry")
+
+
+# -- routes ---------------------------------------------------------------------------------------
+
+@router.get("/nodes", response_model=list[NodeView], dependencies=admin)
+def list_nodes(state: AppState = Depends(get_state)) -> list[NodeView]:
+    now = time.time()
+    return [node_view(Node.model_validate_json(kv.value), now) for kv in state.store.list(keyspace.nodes())]
+
+
+@router.get("/nodes/{node_id}", response_model=NodeView, dependencies=admin)
+def get_node(node_id: str, state: AppState = Depends(get_state)) -> NodeView:
+    node, _ = _load(state, node_id)
+    if node is None:
+        raise NotFound(f"node {node_id!r} not found")
+    return node_view(node, time.time())
+
+
+@router.post("/nodes", response_model=NodeView)
+def register_node(report: NodeReport, request: Request, response: Response,
+                  state: AppState = Depends(get_state)) -> NodeView:
+    authenticate_node(request, state, report.id)
+    node, created = _save(state, report, must_exist=False)
+    if created:
+        record_event(state.store, "node", node.id, "registered",
+                     f"node {node.id} registered with {len(node.gpus)} GPUs ({node.vm_driver} driver)",
+                     keep=state.settings.events_kept)
+    response.status_code = 201 if created else 200
+    return node_view(node, node.last_heartbeat)
+
+
+@router.post("/nodes/{node_id}/heartbeat", response_model=NodeView)
+def heartbeat(node_id: str, report: NodeReport, caller: str = Depends(require_node),
+              state: AppState = Depends(get_state)) -> NodeView:
+    if report.id != caller:
+        raise InvalidInput(f"body id {report.id!r} does not match the path's node {node_id!r}")
+    node, _ = _save(state, report, must_exist=True)
+    return node_view(node, node.last_heartbeat)
+
+
+@router.post("/nodes/{node_id}/certificate", response_model=NodeCertificate, dependencies=admin)
+def issue_node_certificate(node_id: str, body: CertificateRequest | None = None,
+                           state: AppState = Depends(get_state)) -> NodeCertificate:
+    """Sign a client+server certificate with CN=node_id. The private key is returned once and
+    removed from fabricd's PKI directory: only the node should keep it."""
+    try:
+        check_name(node_id, "node id")
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    if node_id in RESERVED_CERT_NAMES:
+        raise Conflict(f"node id {node_id!r} is reserved for a Fabric component's certificate")
+    hosts = list(dict.fromkeys([node_id, "localhost", "127.0.0.1", *(body.hosts if body else [])]))
+    ca_crt, _ = ensure_ca(Path(state.state_dir))
+    crt, key = issue_cert(Path(state.state_dir), node_id, server=True, client=True, hosts=hosts)
+    try:
+        issued = NodeCertificate(node_id=node_id, cert_pem=crt.read_text(), key_pem=key.read_text(),
+                                 ca_pem=ca_crt.read_text())
+    finally:
+        key.unlink(missing_ok=True)
+    record_event(state.store, "node", node_id, "certificate-issued",
+                 f"certificate for node {node_id} issued (SANs: {', '.join(hosts)})",
+                 keep=state.settings.events_kept)
+    return issued
+
+
+@router.get("/gpus", response_model=list[GpuView], dependencies=admin)
+def list_gpus(state: AppState = Depends(get_state)) -> list[GpuView]:
+    nodes = [Node.model_validate_json(kv.value) for kv in state.store.list(keyspace.nodes())]
+    prefix = keyspace.gpu_reservations()
+    reservations = {}
+    for kv in state.store.list(prefix):
+        node_id, _, pci = kv.key[len(prefix):].partition("/")
+        reservations[(node_id, pci)] = reservation_owner(kv.value)
+    return gpu_views(nodes, reservations, time.time())

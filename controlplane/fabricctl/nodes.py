@@ -1,0 +1,82 @@
+"""`fabricctl ai node ...` and `fabricctl ai gpus`.
+
+    node add NAME [--out DIR] [--host H ...]   issue NAME's certificate from the cluster CA and write
+                                                DIR/NAME.crt, DIR/NAME.key (0600) and DIR/ca.crt: copy
+                                                DIR to the node and start `fabric-agent serve --pki-dir DIR`
+    node list | node show NAME                 nodes with online/offline and why
+    gpus                                       every GPU with its node and the replica holding it
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from controlplane.fabricctl.output import col, emit_object, emit_table, session
+
+JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
+
+node_app = typer.Typer(help="GPU hosts running fabric-agent.", no_args_is_help=True)
+
+NODE_COLUMNS = [col("NAME", "id"), col("PHASE", "phase"), col("SITE", "site"),
+                col("DOMAIN", "failure_domain"), ("GPUS", lambda n: len(n.get("gpus") or [])),
+                col("CPU_FREE", "cpu_free"), col("MEM_FREE_GIB", "memory_free_gib"),
+                col("DRIVER", "vm_driver"), col("TAINTS", "taints"), col("MESSAGE", "message")]
+GPU_COLUMNS = [col("NODE", "node"), col("PCI", "pci"), col("NAME", "name"),
+               ("MEM_GIB", lambda g: round(g.get("memory_total_mib", 0) / 1024, 1)),
+               col("TEMP_C", "temperature_c"), col("POWER_W", "power_w"), col("ECC", "ecc_uncorrected"),
+               ("ALLOCATED_TO", lambda g: g.get("allocated_to") or "-"),
+               ("NODE_ONLINE", lambda g: "yes" if g.get("node_online") else "no")]
+
+
+def write_node_files(out: Path, issued: dict) -> tuple[Path, Path, Path]:
+    """Write NAME.crt, NAME.key (0600 from creation) and ca.crt under out."""
+    out.mkdir(parents=True, exist_ok=True)
+    name = issued["node_id"]
+    crt, key, ca = out / f"{name}.crt", out / f"{name}.key", out / "ca.crt"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(issued["key_pem"])
+    os.chmod(key, 0o600)
+    crt.write_text(issued["cert_pem"])
+    ca.write_text(issued["ca_pem"])
+    return crt, key, ca
+
+
+@node_app.command("add")
+def node_add(
+    name: str,
+    out: Path = typer.Option(None, "--out", help="directory for NAME.crt, NAME.key, ca.crt (default ./NAME-pki)"),
+    host: list[str] = typer.Option([], "--host", help="extra host name or IP the agent serves under"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Issue a node certificate from the cluster CA (the node registers itself when its agent starts)."""
+    out = out or Path(f"{name}-pki")
+    with session() as c:
+        issued = c.post(f"/api/ai/nodes/{name}/certificate", {"hosts": host})
+    crt, key, ca = write_node_files(out, issued)
+    if as_json:
+        emit_object({"node_id": name, "cert": str(crt), "key": str(key), "ca": str(ca)}, True)
+        return
+    typer.echo(f"node {name}: certificate {crt}, key {key}, CA {ca}")
+    typer.echo(f"on the node: fabric-agent serve --node-id {name} --pki-dir DIR --control-plane URL")
+
+
+@node_app.command("list")
+def node_list(as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_table(c.get("/api/ai/nodes"), NODE_COLUMNS, as_json)
+
+
+@node_app.command("show")
+def node_show(name: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_object(c.get(f"/api/ai/nodes/{name}"), as_json)
+
+
+def gpus(as_json: bool = JSON_OPT) -> None:
+    """GPUs on every node with the replica holding each."""
+    with session() as c:
+        emit_table(c.get("/api/ai/gpus"), GPU_COLUMNS, as_json)
