@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 import jwt
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from common import keyspace
 from common.errors import Unauthorized
 from common.store.base import Store
-from controlplane.state import AppState, get_state
+from controlplane.state import StateDep
 
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_FILE = "admin-password"
@@ -113,7 +113,7 @@ def bearer_from(request: Request) -> str:
     return token.strip()
 
 
-def require_admin(request: Request, state: AppState = Depends(get_state)) -> str:
+def require_admin(request: Request, state: StateDep) -> str:
     """Route dependency: the authenticated operator's name, or 401."""
     if state.token_secret is None:
         state.token_secret = ensure_token_secret(state.store)
@@ -135,7 +135,7 @@ router = APIRouter(prefix="/api/auth", tags=["auth"])
 
 
 @router.post("/login", response_model=LoginResponse)
-def login(body: LoginRequest, state: AppState = Depends(get_state)) -> LoginResponse:
+def login(body: LoginRequest, state: StateDep) -> LoginResponse:
     check_password(state.state_dir, body.username, body.password)
     if state.token_secret is None:
         state.token_secret = ensure_token_secret(state.store)

@@ -35,8 +35,7 @@ def validation_message(errors: list[dict]) -> str:
         loc = ".".join(str(p) for p in err.get("loc", ()))
         msg = str(err.get("msg", "invalid"))
         for prefix in ("Value error, ", "Assertion failed, "):
-            if msg.startswith(prefix):
-                msg = msg[len(prefix):]
+            msg = msg.removeprefix(prefix)
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts) or "invalid request"
 
@@ -46,7 +45,7 @@ async def _fabric_error(request: Request, exc: FabricError) -> JSONResponse:
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
     if isinstance(exc, LimitExceeded):
-        headers["Retry-After"] = str(max(1, int(round(exc.retry_after))))
+        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
     return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 
 

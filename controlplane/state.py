@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
 from common.store.base import Store
@@ -27,7 +28,7 @@ class Settings:
     run_controllers: bool = True  # False: an API-only process (fabricd serve --no-controllers)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
+    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> Settings:
         env = dict(os.environ) if env is None else env
         values: dict = {}
         if env.get("FABRIC_TOKEN_TTL"):
@@ -54,3 +55,7 @@ class AppState:
 def get_state(request: Request) -> AppState:
     """FastAPI dependency: the AppState the app was created with."""
     return request.app.state.fabric
+
+
+# Annotated form for route signatures: `state: StateDep`.
+StateDep = Annotated[AppState, Depends(get_state)]

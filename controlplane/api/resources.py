@@ -41,7 +41,7 @@ from common.schemas import (
 from common.store.base import Store
 from controlplane.auth import require_admin
 from controlplane.events import record_event
-from controlplane.state import AppState, get_state
+from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
 
@@ -109,23 +109,23 @@ def _fresh(resource, status):
 # -- models ---------------------------------------------------------------------------------------
 
 @router.get("/models")
-def list_models(state: AppState = Depends(get_state)) -> list[dict]:
+def list_models(state: StateDep) -> list[dict]:
     return _list(state.store, keyspace.models())
 
 
 @router.post("/models", status_code=201)
-def create_model(body: ModelArtifact, state: AppState = Depends(get_state)) -> dict:
+def create_model(body: ModelArtifact, state: StateDep) -> dict:
     model = _fresh(body, Status(phase="Registered", message="model registered"))
     return _create(state, keyspace.models(model.name), "model", model, f"model {model.name} from {model.source}")
 
 
 @router.get("/models/{name}")
-def get_model(name: str, state: AppState = Depends(get_state)) -> dict:
+def get_model(name: str, state: StateDep) -> dict:
     return _get(state.store, keyspace.models(name), "model", name)
 
 
 @router.delete("/models/{name}", response_model=Deleted)
-def delete_model(name: str, state: AppState = Depends(get_state)) -> Deleted:
+def delete_model(name: str, state: StateDep) -> Deleted:
     _get(state.store, keyspace.models(name), "model", name)
     refuse_if_used("model", name, "deployment", users_of(_list(state.store, keyspace.deployments()), "model", name))
     return _delete(state, keyspace.models(name), "model", name)
@@ -134,12 +134,12 @@ def delete_model(name: str, state: AppState = Depends(get_state)) -> Deleted:
 # -- profiles -------------------------------------------------------------------------------------
 
 @router.get("/profiles")
-def list_profiles(state: AppState = Depends(get_state)) -> list[dict]:
+def list_profiles(state: StateDep) -> list[dict]:
     return _list(state.store, keyspace.profiles())
 
 
 @router.post("/profiles", status_code=201)
-def create_profile(body: InferenceProfile, state: AppState = Depends(get_state)) -> dict:
+def create_profile(body: InferenceProfile, state: StateDep) -> dict:
     profile = body.model_copy(update={"created_at": time.time()})
     gpu = profile.gpu
     message = f"profile {profile.name}: {profile.runtime}, {gpu.count} GPU x {gpu.vram_gib:g} GiB"
@@ -147,12 +147,12 @@ def create_profile(body: InferenceProfile, state: AppState = Depends(get_state))
 
 
 @router.get("/profiles/{name}")
-def get_profile(name: str, state: AppState = Depends(get_state)) -> dict:
+def get_profile(name: str, state: StateDep) -> dict:
     return _get(state.store, keyspace.profiles(name), "profile", name)
 
 
 @router.delete("/profiles/{name}", response_model=Deleted)
-def delete_profile(name: str, state: AppState = Depends(get_state)) -> Deleted:
+def delete_profile(name: str, state: StateDep) -> Deleted:
     _get(state.store, keyspace.profiles(name), "profile", name)
     refuse_if_used("profile", name, "deployment",
                    users_of(_list(state.store, keyspace.deployments()), "profile", name))
@@ -162,12 +162,12 @@ def delete_profile(name: str, state: AppState = Depends(get_state)) -> Deleted:
 # -- deployments ----------------------------------------------------------------------------------
 
 @router.get("/deployments")
-def list_deployments(state: AppState = Depends(get_state)) -> list[dict]:
+def list_deployments(state: StateDep) -> list[dict]:
     return _list(state.store, keyspace.deployments())
 
 
 @router.post("/deployments", status_code=201)
-def create_deployment(body: InferenceDeployment, state: AppState = Depends(get_state)) -> dict:
+def create_deployment(body: InferenceDeployment, state: StateDep) -> dict:
     missing = [f"{kind} {ref!r} does not exist" for kind, ref, key in (
         ("model", body.model, keyspace.models(body.model)),
         ("profile", body.profile, keyspace.profiles(body.profile)),
@@ -181,12 +181,12 @@ def create_deployment(body: InferenceDeployment, state: AppState = Depends(get_s
 
 
 @router.get("/deployments/{name}")
-def get_deployment(name: str, state: AppState = Depends(get_state)) -> dict:
+def get_deployment(name: str, state: StateDep) -> dict:
     return _get(state.store, keyspace.deployments(name), "deployment", name)
 
 
 @router.post("/deployments/{name}/scale")
-def scale_deployment(name: str, body: ScaleRequest, state: AppState = Depends(get_state)) -> dict:
+def scale_deployment(name: str, body: ScaleRequest, state: StateDep) -> dict:
     key = keyspace.deployments(name)
     # Read-modify-write with compare-and-swap: the reconciler writes status to the same record.
     for _ in range(SCALE_RETRIES):
@@ -207,7 +207,7 @@ def scale_deployment(name: str, body: ScaleRequest, state: AppState = Depends(ge
 
 
 @router.delete("/deployments/{name}")
-def delete_deployment(name: str, response: Response, state: AppState = Depends(get_state)) -> dict:
+def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
     key = keyspace.deployments(name)
     _get(state.store, key, "deployment", name)
     refuse_if_used("deployment", name, "endpoint", users_of(_list(state.store, keyspace.endpoints()), "deployment", name))
@@ -235,12 +235,12 @@ def delete_deployment(name: str, response: Response, state: AppState = Depends(g
 # -- endpoints ------------------------------------------------------------------------------------
 
 @router.get("/endpoints")
-def list_endpoints(state: AppState = Depends(get_state)) -> list[dict]:
+def list_endpoints(state: StateDep) -> list[dict]:
     return _list(state.store, keyspace.endpoints())
 
 
 @router.post("/endpoints", status_code=201)
-def create_endpoint(body: InferenceEndpoint, state: AppState = Depends(get_state)) -> dict:
+def create_endpoint(body: InferenceEndpoint, state: StateDep) -> dict:
     if state.store.get(keyspace.deployments(body.deployment)) is None:
         raise InvalidInput(f"deployment {body.deployment!r} does not exist", code="missing_reference")
     ep = _fresh(body, EndpointStatus(phase="Pending", message="waiting for a VIP"))
@@ -249,10 +249,10 @@ def create_endpoint(body: InferenceEndpoint, state: AppState = Depends(get_state
 
 
 @router.get("/endpoints/{name}")
-def get_endpoint(name: str, state: AppState = Depends(get_state)) -> dict:
+def get_endpoint(name: str, state: StateDep) -> dict:
     return _get(state.store, keyspace.endpoints(name), "endpoint", name)
 
 
 @router.delete("/endpoints/{name}", response_model=Deleted)
-def delete_endpoint(name: str, state: AppState = Depends(get_state)) -> Deleted:
+def delete_endpoint(name: str, state: StateDep) -> Deleted:
     return _delete(state, keyspace.endpoints(name), "endpoint", name)

@@ -12,10 +12,10 @@ import httpx
 import jwt
 import pytest
 
+from common.errors import Unauthorized
 from common.pki import client_ssl_context
 from common.store.base import open_store
 from controlplane.auth import TOKEN_AUDIENCE, ensure_token_secret, issue_token, verify_token
-from common.errors import Unauthorized
 from tests.controlplane.conftest import BIN, fabricd_env, login, start_fabricd
 
 PROFILE = {"runtime": "vllm", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 8, "memory_gib": 32}
