@@ -1,0 +1,175 @@
+"""The cloud-init NoCloud seed for a replica: meta-data, user-data and the cidata ISO.
+
+user-data mounts the host's model share (virtiofs tag "models") read-only at /models and
+writes/enables/starts vllm.service from images/guest/vllm.service.in, serving the model on
+the spec's port (8000) with tensor parallelism equal to the GPU count.
+
+No secret ever goes into a seed: nothing is read from the environment, engine flags that
+carry credentials are refused, and the rendered text is checked against the secret values
+present in this process's environment before it is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from agent.vm.base import VmSpec
+from common.errors import InvalidInput, Refused
+
+SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN")
+MODELS_TAG = "models"
+
+
+def images_dir() -> Path:
+    """Where the guest pieces live (the repo's images/ unless FABRIC_IMAGES_DIR says)."""
+    override = os.environ.get("FABRIC_IMAGES_DIR")
+    return Path(override) if override else Path(__file__).resolve().parents[2] / "images"
+
+
+def guest_model_path(spec: VmSpec, models_dir: Path | None = None) -> str:
+    """Where the model is inside the guest: under /models, mirroring the host's model dir.
+
+    hf://ORG/NAME[@REV] is expected at MODELS_DIR/ORG/NAME (the agent's cache layout);
+    a host path must be under the shared model dir, or only its last component is used.
+    """
+    source = spec.model_source
+    if source.startswith("hf://"):
+        return "/models/" + source[len("hf://"):].split("@", 1)[0].strip("/")
+    path = Path(source[len("file://"):] if source.startswith("file://") else source)
+    if models_dir is not None:
+        try:
+            return "/models/" + path.relative_to(models_dir).as_posix()
+        except ValueError:
+            raise InvalidInput(
+                f"model_source {source!r} is not under the shared model directory {models_dir}"
+            ) from None
+    return "/models/" + path.name
+
+
+def render_vllm_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
+    for arg in spec.extra_args:
+        if "\n" in arg or any(arg == f or arg.startswith(f + "=") for f in SECRET_FLAGS):
+            raise InvalidInput(f"extra_args: {arg.split('=', 1)[0]!r} is not allowed in a guest image "
+                               "(no credentials or newlines in engine flags)")
+    extra = list(spec.extra_args)
+    if spec.max_model_len:
+        extra = ["--max-model-len", str(spec.max_model_len), *extra]
+    template = (images_dir() / "guest/vllm.service.in").read_text()
+    values = {
+        "@MODEL_PATH@": shlex.quote(guest_model_path(spec, models_dir)),
+        "@SERVED_NAME@": shlex.quote(spec.model_name),
+        "@PORT@": str(spec.port),
+        "@TP@": str(max(1, len(spec.gpus))),
+        "@EXTRA_ARGS@": "".join(" " + shlex.quote(a) for a in extra),
+    }
+    for key, value in values.items():
+        template = template.replace(key, value)
+    return template
+
+
+def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -> tuple[str, str]:
+    meta = yaml.safe_dump({"instance-id": hostname, "local-hostname": hostname}, sort_keys=False)
+    base_text = (images_dir() / "cloud-init/user-data.base.yaml").read_text()
+    config = yaml.safe_load(base_text) or {}
+    config["hostname"] = hostname
+    config["mounts"] = [[MODELS_TAG, "/models", "virtiofs", "ro,nofail", "0", "0"]]
+    config["write_files"] = [{
+        "path": "/etc/systemd/system/vllm.service",
+        "owner": "root:root",
+        "permissions": "0644",
+        "content": render_vllm_unit(spec, models_dir),
+    }]
+    config["runcmd"] = [
+        ["mkdir", "-p", "/models"],
+        # In case the mounts module ran before the share appeared; the fstab entry says ro.
+        ["sh", "-c", "mountpoint -q /models || mount /models"],
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "enable", "--now", "qemu-guest-agent.service"],
+        ["systemctl", "enable", "--now", "vllm.service"],
+    ]
+    user = "#cloud-config\n" + yaml.dump(config, Dumper=_BlockDumper, sort_keys=False, width=1000)
+    check_no_secrets(meta + user)
+    return meta, user
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Writes multi-line strings (the unit file) as readable `|` blocks."""
+
+
+def _str_block(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _str_block)
+
+
+def check_no_secrets(text: str) -> None:
+    """Refuse text that contains a secret value this process can see (defence in depth)."""
+    for name, value in os.environ.items():
+        secret_name = name in SECRET_ENV or (
+            name.startswith("FABRIC_") and any(w in name for w in ("TOKEN", "KEY", "SECRET", "PASSWORD"))
+        )
+        if secret_name and len(value) >= 8 and value in text:
+            raise Refused(f"refusing to write a seed that contains the value of ${name}")
+
+
+def write_seed_iso(directory: Path, meta: str, user: str, *, name: str = "seed.iso") -> Path:
+    """Write a NoCloud ISO (volume label cidata) with meta-data and user-data; returns its path.
+
+    Uses cloud-localds, genisoimage, mkisofs or xorriso when present, else pycdlib (pure Python).
+    """
+    check_no_secrets(meta + user)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / name
+    staging = directory / f".{name}.d"
+    staging.mkdir(exist_ok=True)
+    (staging / "meta-data").write_text(meta)
+    (staging / "user-data").write_text(user)
+    try:
+        command = _iso_command(target, staging)
+        if command:
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise Refused(f"{command[0]} failed to write the seed: {done.stderr.strip()[:300]}")
+        else:
+            _write_with_pycdlib(target, meta.encode(), user.encode())
+    finally:
+        for child in staging.iterdir():
+            child.unlink()
+        staging.rmdir()
+    return target
+
+
+def _iso_command(target: Path, staging: Path) -> list[str] | None:
+    files = [str(staging / "user-data"), str(staging / "meta-data")]
+    if shutil.which("cloud-localds"):
+        return ["cloud-localds", str(target), files[0], files[1]]
+    for tool in ("genisoimage", "mkisofs"):
+        if shutil.which(tool):
+            return [tool, "-quiet", "-output", str(target), "-volid", "cidata", "-joliet", "-rock", *files]
+    if shutil.which("xorriso"):
+        return ["xorriso", "-as", "mkisofs", "-quiet", "-output", str(target), "-volid", "cidata",
+                "-joliet", "-rock", *files]
+    return None
+
+
+def _write_with_pycdlib(target: Path, meta: bytes, user: bytes) -> None:
+    import io
+
+    import pycdlib
+
+    iso = pycdlib.PyCdlib()
+    iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident="cidata")
+    for iso_name, long_name, data in (("METADATA.;1", "meta-data", meta), ("USERDATA.;1", "user-data", user)):
+        iso.add_fp(io.BytesIO(data), len(data), "/" + iso_name, rr_name=long_name, joliet_path="/" + long_name)
+    iso.write(str(target))
+    iso.close()

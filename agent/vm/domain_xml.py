@@ -1,0 +1,184 @@
+"""libvirt domain XML for one GPU replica: a pure function of the spec and host paths.
+
+Choices (docs/gpu-hosts.md says why in more words):
+- q35 + UEFI (OVMF pflash, per-VM NVRAM from the vars template): large-BAR GPUs need a
+  PCIe topology and 64-bit MMIO, which SeaBIOS/i440fx do not give.
+- host-passthrough CPU with <maxphysaddr mode='passthrough'/>: the guest sees the host's
+  physical address bits, so a 64-bit MMIO window of hundreds of GiB fits.
+- one pcie-root-port per GPU, the GPU's hostdev behind it at function 0. managed='no':
+  the agent binds/releases through agent.hw.vfio (with its refusals), libvirt must not.
+- 64-bit MMIO window via `-fw_cfg opt/ovmf/X-PciMmio64Mb`: OVMF sizes its aperture from
+  this; q35's <pcihole64> only moves QEMU's hole and OVMF ignores it for placement.
+- virtiofs share of the model directory, read-only, tag "models" (the guest mounts it ro at
+  /models). virtiofs needs shared guest memory: memfd, or hugepages when asked.
+- a tap NIC (created by agent.net.bridge on the fabric bridge, managed='no') with the
+  replica's MAC; the cidata seed as a read-only SATA cdrom.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.vm.base import VmSpec
+from common.errors import InvalidInput
+
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+FABRIC_NS = "https://fabric.invalid/xmlns/replica/1"
+DEFAULT_GPU_MEMORY_MIB = 131_072  # when the spec does not say: size as for a 128 GiB board
+MIN_MMIO64_MIB = 65_536
+
+ET.register_namespace("qemu", QEMU_NS)
+ET.register_namespace("fabric", FABRIC_NS)
+
+
+@dataclass(frozen=True)
+class Firmware:
+    loader: Path = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
+    vars_template: Path = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+    nvram: Path | None = None  # per-VM copy; libvirt creates it from the template
+
+
+def domain_name(replica_id: str) -> str:
+    return f"fabric-{replica_id}"
+
+
+def mac_for(replica_id: str) -> str:
+    """Deterministic, locally administered (52:54:00 is QEMU's) MAC for a replica."""
+    digest = hashlib.sha256(replica_id.encode()).digest()
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
+
+
+def tap_name(replica_id: str) -> str:
+    # IFNAMSIZ is 16 with the NUL; a hash keeps long replica ids unique and short.
+    return "fabt" + hashlib.sha256(replica_id.encode()).hexdigest()[:10]
+
+
+def parse_bdf(bdf: str) -> tuple[int, int, int, int]:
+    try:
+        domain, bus, rest = bdf.split(":")
+        slot, function = rest.split(".")
+        return int(domain, 16), int(bus, 16), int(slot, 16), int(function, 16)
+    except ValueError:
+        raise InvalidInput(f"gpus: {bdf!r} is not a PCI address like 0000:3b:00.0") from None
+
+
+def mmio64_mib(gpu_count: int, gpu_memory_mib: int) -> int:
+    """The OVMF 64-bit aperture: per GPU its BAR1 (memory rounded up to a power of two,
+    as boards expose it) twice over, for BAR0/BAR3 and power-of-two alignment."""
+    if gpu_count == 0:
+        return 0
+    per_gpu = _pow2_at_least(gpu_memory_mib or DEFAULT_GPU_MEMORY_MIB) * 2
+    return max(MIN_MMIO64_MIB, _pow2_at_least(per_gpu * gpu_count))
+
+
+def _pow2_at_least(value: int) -> int:
+    return 1 << max(0, (value - 1).bit_length())
+
+
+def build_domain_xml(
+    spec: VmSpec,
+    *,
+    overlay: Path,
+    seed_iso: Path,
+    mac: str,
+    bridge: str,
+    models_dir: Path,
+    firmware: Firmware = Firmware(),
+    hugepages: bool = False,
+    tap: str | None = None,
+    domain_type: str = "kvm",
+) -> str:
+    if spec.cpu < 1 or spec.memory_gib <= 0:
+        raise InvalidInput("cpu and memory_gib must be positive")
+    bdfs = [parse_bdf(g) for g in spec.gpus]
+    dom = ET.Element("domain", {"type": domain_type})
+    _sub(dom, "name", text=domain_name(spec.replica_id))
+    meta = _sub(_sub(dom, "metadata"), f"{{{FABRIC_NS}}}replica")
+    for key, value in (("id", spec.replica_id), ("deployment", spec.deployment),
+                       ("model", spec.model_name), ("bridge", bridge), ("port", str(spec.port))):
+        _sub(meta, f"{{{FABRIC_NS}}}{key}", text=value)
+
+    _sub(dom, "memory", {"unit": "KiB"}, text=str(int(spec.memory_gib * 1024 * 1024)))
+    _sub(dom, "vcpu", {"placement": "static"}, text=str(spec.cpu))
+    backing = _sub(dom, "memoryBacking")
+    if hugepages:
+        _sub(backing, "hugepages")
+        _sub(backing, "locked")  # VFIO pins guest memory anyway; locked keeps it out of swap accounting
+    else:
+        _sub(backing, "source", {"type": "memfd"})
+    _sub(backing, "access", {"mode": "shared"})  # virtiofsd maps guest memory
+
+    os_el = _sub(dom, "os")
+    _sub(os_el, "type", {"arch": "x86_64", "machine": "q35"}, text="hvm")
+    _sub(os_el, "loader", {"readonly": "yes", "secure": "no", "type": "pflash"}, text=str(firmware.loader))
+    nvram = firmware.nvram or overlay.with_name(f"{domain_name(spec.replica_id)}_VARS.fd")
+    _sub(os_el, "nvram", {"template": str(firmware.vars_template)}, text=str(nvram))
+    _sub(os_el, "boot", {"dev": "hd"})
+
+    features = _sub(dom, "features")
+    _sub(features, "acpi")
+    _sub(features, "apic")
+    cpu = _sub(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
+    _sub(cpu, "maxphysaddr", {"mode": "passthrough"})
+    _sub(dom, "clock", {"offset": "utc"})
+    _sub(dom, "on_poweroff", text="destroy")
+    _sub(dom, "on_reboot", text="restart")
+    _sub(dom, "on_crash", text="destroy")
+
+    dev = _sub(dom, "devices")
+    disk = _sub(dev, "disk", {"type": "file", "device": "disk"})
+    _sub(disk, "driver", {"name": "qemu", "type": "qcow2", "discard": "unmap"})
+    _sub(disk, "source", {"file": str(overlay)})
+    _sub(disk, "target", {"dev": "vda", "bus": "virtio"})
+
+    cdrom = _sub(dev, "disk", {"type": "file", "device": "cdrom"})
+    _sub(cdrom, "driver", {"name": "qemu", "type": "raw"})
+    _sub(cdrom, "source", {"file": str(seed_iso)})
+    _sub(cdrom, "target", {"dev": "sda", "bus": "sata"})
+    _sub(cdrom, "readonly")
+
+    share = _sub(dev, "filesystem", {"type": "mount", "accessmode": "passthrough"})
+    _sub(share, "driver", {"type": "virtiofs"})
+    _sub(share, "source", {"dir": str(models_dir)})
+    _sub(share, "target", {"dir": "models"})
+    _sub(share, "readonly")
+
+    nic = _sub(dev, "interface", {"type": "ethernet"})
+    _sub(nic, "mac", {"address": mac})
+    _sub(nic, "target", {"dev": tap or tap_name(spec.replica_id), "managed": "no"})
+    _sub(nic, "model", {"type": "virtio"})
+
+    for i, (domain, bus, slot, function) in enumerate(bdfs):
+        port_index = i + 1  # pcie-root is index 0; each GPU gets its own root port and bus
+        _sub(dev, "controller", {"type": "pci", "index": str(port_index), "model": "pcie-root-port"})
+        host = _sub(dev, "hostdev", {"mode": "subsystem", "type": "pci", "managed": "no"})
+        _sub(_sub(host, "source"), "address", {
+            "domain": f"0x{domain:04x}", "bus": f"0x{bus:02x}", "slot": f"0x{slot:02x}",
+            "function": f"0x{function:x}",
+        })
+        _sub(host, "address", {"type": "pci", "domain": "0x0000", "bus": f"0x{port_index:02x}",
+                               "slot": "0x00", "function": "0x0"})
+
+    channel = _sub(dev, "channel", {"type": "unix"})  # qemu-guest-agent: how we learn the guest IP
+    _sub(channel, "target", {"type": "virtio", "name": "org.qemu.guest_agent.0"})
+    _sub(dev, "serial", {"type": "pty"})
+    _sub(dev, "console", {"type": "pty"})
+
+    window = mmio64_mib(len(bdfs), spec.gpu_memory_mib)
+    if window:
+        cmdline = _sub(dom, f"{{{QEMU_NS}}}commandline")
+        _sub(cmdline, f"{{{QEMU_NS}}}arg", {"value": "-fw_cfg"})
+        _sub(cmdline, f"{{{QEMU_NS}}}arg", {"value": f"name=opt/ovmf/X-PciMmio64Mb,string={window}"})
+
+    ET.indent(dom, space="  ")
+    return ET.tostring(dom, encoding="unicode") + "\n"
+
+
+def _sub(parent: ET.Element, tag: str, attrs: dict[str, str] | None = None, text: str | None = None) -> ET.Element:
+    el = ET.SubElement(parent, tag, attrs or {})
+    if text is not None:
+        el.text = text
+    return el
