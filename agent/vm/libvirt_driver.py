@@ -1,0 +1,268 @@
+"""The production VM driver: QEMU/KVM guests through libvirt, GPUs by VFIO.
+
+create(spec) = qcow2 overlay on the golden image + cloud-init seed + tap on the fabric
+bridge + define + start; delete undoes all of it. Domains are named fabric-{replica_id}
+and carry the replica id in <metadata>, so list() sees only ours. GPUs must already be
+bound to vfio-pci (agent.hw.vfio); the XML uses managed='no' so libvirt never rebinds.
+
+The engine's address is known only once the guest has one: we ask libvirt for the
+interface addresses (DHCP lease, then ARP, then the guest agent) matching the replica's
+MAC, and report host=None with a message until then.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import libvirt
+
+from agent.net.bridge import BridgeNetwork
+from agent.vm.base import VmSpec, VmState, VmStatus
+from agent.vm.cloud_init import build_seed, write_seed_iso
+from agent.vm.domain_xml import Firmware, build_domain_xml, domain_name, mac_for, tap_name
+from agent.vm.overlay import create_overlay, delete_overlay
+from common.errors import InvalidInput, NotFound, Refused, TransientError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "fabric-"
+REPLICA_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+_STATES: dict[int, VmState] = {
+    libvirt.VIR_DOMAIN_RUNNING: "running",
+    libvirt.VIR_DOMAIN_BLOCKED: "running",
+    libvirt.VIR_DOMAIN_PAUSED: "starting",
+    libvirt.VIR_DOMAIN_SHUTDOWN: "stopped",
+    libvirt.VIR_DOMAIN_SHUTOFF: "stopped",
+    libvirt.VIR_DOMAIN_CRASHED: "failed",
+    libvirt.VIR_DOMAIN_PMSUSPENDED: "stopped",
+    libvirt.VIR_DOMAIN_NOSTATE: "starting",
+}
+
+
+@dataclass(frozen=True)
+class ReplicaPaths:
+    overlay: Path
+    seed: Path
+    nvram: Path
+
+
+class LibvirtDriver:
+    name = "libvirt"
+
+    def __init__(
+        self,
+        uri: str = "qemu:///system",
+        *,
+        image: Path,
+        state_dir: Path,
+        bridge: str = "fabric0",
+        models_dir: Path,
+        hugepages: bool = False,
+        firmware: Firmware = Firmware(),
+        network: BridgeNetwork | None = None,
+        domain_type: str = "kvm",
+    ):
+        self.uri = uri
+        self.image = Path(image)
+        self.state_dir = Path(state_dir)
+        self.bridge = bridge
+        self.models_dir = Path(models_dir)
+        self.hugepages = hugepages
+        self.firmware = firmware
+        self.network = network or BridgeNetwork(bridge)
+        self.domain_type = domain_type
+        self._conn: libvirt.virConnect | None = None
+        self._lock = threading.Lock()
+
+    # -- VmDriver -------------------------------------------------------------
+
+    def create(self, spec: VmSpec) -> VmStatus:
+        _check_id(spec.replica_id)
+        existing = self.get(spec.replica_id)
+        if existing is not None:
+            return existing
+        paths = self.paths(spec.replica_id)
+        try:
+            self.define(spec)
+            self.start(spec.replica_id)
+        except Exception:
+            self.delete(spec.replica_id)  # leave nothing half-made behind
+            raise
+        return self.get(spec.replica_id) or VmStatus(spec.replica_id, "failed", message=f"{paths.overlay} vanished")
+
+    def get(self, vm_id: str) -> VmStatus | None:
+        dom = self._lookup(vm_id)
+        if dom is None:
+            return None
+        return self._status(vm_id, dom)
+
+    def list(self) -> list[VmStatus]:
+        out = []
+        for dom in self._connection().listAllDomains():
+            name = dom.name()
+            if name.startswith(PREFIX):
+                out.append(self._status(name[len(PREFIX):], dom))
+        return sorted(out, key=lambda s: s.id)
+
+    def delete(self, vm_id: str) -> bool:
+        _check_id(vm_id)
+        existed = self.destroy(vm_id)
+        existed = self.undefine(vm_id) or existed
+        paths = self.paths(vm_id)
+        removed = [delete_overlay(paths.overlay), _unlink(paths.seed), _unlink(paths.nvram)]
+        removed.append(self.network.delete_tap(tap_name(vm_id)))
+        return existed or any(removed)
+
+    # -- lifecycle steps ------------------------------------------------------
+
+    def paths(self, vm_id: str) -> ReplicaPaths:
+        name = domain_name(vm_id)
+        return ReplicaPaths(self.state_dir / f"{name}.qcow2", self.state_dir / f"{name}-seed.iso",
+                            self.state_dir / f"{name}_VARS.fd")
+
+    def domain_xml(self, spec: VmSpec) -> str:
+        paths = self.paths(spec.replica_id)
+        return build_domain_xml(
+            spec, overlay=paths.overlay, seed_iso=paths.seed, mac=mac_for(spec.replica_id),
+            bridge=self.bridge, models_dir=self.models_dir,
+            firmware=Firmware(self.firmware.loader, self.firmware.vars_template, paths.nvram),
+            hugepages=self.hugepages, tap=tap_name(spec.replica_id), domain_type=self.domain_type,
+        )
+
+    def define(self, spec: VmSpec) -> None:
+        """Overlay, seed, tap, then the domain definition (not started)."""
+        _check_id(spec.replica_id)
+        paths = self.paths(spec.replica_id)
+        xml = self.domain_xml(spec)  # validates the spec before anything is written
+        create_overlay(self.image, paths.overlay)
+        meta, user = build_seed(spec, hostname=domain_name(spec.replica_id), models_dir=self.models_dir)
+        write_seed_iso(self.state_dir, meta, user, name=paths.seed.name)
+        self.network.create_tap(tap_name(spec.replica_id))
+        try:
+            self._connection().defineXML(xml)
+        except libvirt.libvirtError as exc:
+            raise Refused(f"libvirt rejected the domain for {spec.replica_id}: {exc.get_error_message()}") from None
+
+    def start(self, vm_id: str) -> None:
+        dom = self._require(vm_id)
+        if dom.isActive():
+            return
+        try:
+            dom.create()
+        except libvirt.libvirtError as exc:
+            raise Refused(f"libvirt could not start {domain_name(vm_id)}: {exc.get_error_message()}") from None
+
+    def state(self, vm_id: str) -> VmState:
+        dom = self._lookup(vm_id)
+        if dom is None:
+            return "absent"
+        state, _reason = dom.state()
+        return _STATES.get(state, "failed")
+
+    def destroy(self, vm_id: str) -> bool:
+        dom = self._lookup(vm_id)
+        if dom is None or not dom.isActive():
+            return False
+        try:
+            dom.destroy()
+        except libvirt.libvirtError as exc:
+            if dom.isActive():
+                raise TransientError(f"could not stop {domain_name(vm_id)}: {exc.get_error_message()}") from None
+        return True
+
+    def undefine(self, vm_id: str) -> bool:
+        dom = self._lookup(vm_id)
+        if dom is None:
+            return False
+        try:
+            dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        except libvirt.libvirtError:
+            dom.undefine()  # drivers without NVRAM support; we remove the file ourselves
+        return True
+
+    # -- internals ------------------------------------------------------------
+
+    def _connection(self) -> libvirt.virConnect:
+        with self._lock:
+            if self._conn is None or not self._conn.isAlive():
+                # libvirt prints every error (an expected "domain not found" too) to stderr by
+                # default; we turn them into our own errors, so silence the printer.
+                libvirt.registerErrorHandler(_ignore_libvirt_error, None)
+                try:
+                    self._conn = libvirt.open(self.uri)
+                except libvirt.libvirtError as exc:
+                    raise TransientError(f"cannot reach libvirt at {self.uri}: {exc.get_error_message()}") from None
+            return self._conn
+
+    def _lookup(self, vm_id: str) -> libvirt.virDomain | None:
+        _check_id(vm_id)
+        try:
+            return self._connection().lookupByName(domain_name(vm_id))
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return None
+            raise TransientError(f"libvirt lookup of {domain_name(vm_id)} failed: {exc.get_error_message()}") from None
+
+    def _require(self, vm_id: str) -> libvirt.virDomain:
+        dom = self._lookup(vm_id)
+        if dom is None:
+            raise NotFound(f"no VM for replica {vm_id}")
+        return dom
+
+    def _status(self, vm_id: str, dom: libvirt.virDomain) -> VmStatus:
+        state, _reason = dom.state()
+        vm_state = _STATES.get(state, "failed")
+        port = _metadata_port(dom)
+        if vm_state != "running":
+            return VmStatus(vm_id, vm_state, None, port, f"domain {dom.name()} is {vm_state}")
+        host = guest_address(dom, mac_for(vm_id))
+        if host is None:
+            return VmStatus(vm_id, "running", None, port,
+                            "running; guest address not known yet (no DHCP lease, ARP entry or guest agent answer)")
+        return VmStatus(vm_id, "running", host, port, f"running at {host}")
+
+
+def guest_address(dom: libvirt.virDomain, mac: str) -> str | None:
+    """The guest's IPv4 on the NIC with this MAC, from the first source that knows it."""
+    sources = (libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
+               libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
+               libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT)
+    for source in sources:
+        try:
+            interfaces = dom.interfaceAddresses(source) or {}
+        except libvirt.libvirtError:
+            continue  # e.g. no guest agent yet; try the next source
+        for iface in interfaces.values():
+            if (iface.get("hwaddr") or "").lower() != mac.lower():
+                continue
+            for addr in iface.get("addrs") or []:
+                if addr.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and addr.get("addr"):
+                    return addr["addr"]
+    return None
+
+
+def _metadata_port(dom: libvirt.virDomain) -> int:
+    match = re.search(r"<(?:\w+:)?port>(\d+)</(?:\w+:)?port>", dom.XMLDesc(0))
+    return int(match.group(1)) if match else 8000
+
+
+def _ignore_libvirt_error(_ctx: object, _err: object) -> None:
+    return None
+
+
+def _check_id(vm_id: str) -> None:
+    if not REPLICA_ID.match(vm_id or ""):
+        raise InvalidInput(f"replica id {vm_id!r}: use 1-63 lowercase letters, digits, '.', '_' or '-'")
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
