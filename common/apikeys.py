@@ -1,0 +1,203 @@
+"""Inference API keys: format, HMAC hashing, verification and their records in the store.
+
+A key reads ``fvai_<prefix>_<secret>``. The prefix (12 hex chars) is an index, not a secret:
+the gateway looks the record up by prefix, then compares HMAC-SHA256(server secret, whole key)
+with ``hmac.compare_digest``. Only digests are stored. The HMAC secret comes from
+FABRIC_KEY_HMAC_SECRET or the file named by FABRIC_KEY_HMAC_SECRET_FILE; a missing or empty
+file is an error, never a fallback to something weaker.
+
+Rotation keeps the prefix and issues a new secret; the old digest moves to ``previous_hash``
+and stays valid until ``previous_valid_until`` (overlap), so clients can roll without downtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import keyspace
+from common.errors import InvalidInput, NotFound, Unauthorized
+from common.schemas import ApiKeyRecord
+from common.store.base import Store
+
+KEY_TAG = "fvai"
+PREFIX_HEX = 12
+SECRET_BYTES = 32
+DEFAULT_OVERLAP_SECS = 3600
+
+
+class HmacSecretError(ValueError):
+    """The HMAC secret is not configured or unreadable (a start-up error)."""
+
+
+def load_hmac_secret(env: dict[str, str] | None = None) -> bytes:
+    env = os.environ if env is None else env
+    path = env.get("FABRIC_KEY_HMAC_SECRET_FILE", "").strip()
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise HmacSecretError(f"FABRIC_KEY_HMAC_SECRET_FILE {path} does not exist")
+        data = p.read_bytes().strip()
+        if not data:
+            raise HmacSecretError(f"FABRIC_KEY_HMAC_SECRET_FILE {path} is empty")
+        return data
+    value = env.get("FABRIC_KEY_HMAC_SECRET", "")
+    if not value.strip():
+        raise HmacSecretError("set FABRIC_KEY_HMAC_SECRET or FABRIC_KEY_HMAC_SECRET_FILE")
+    return value.strip().encode()
+
+
+def digest(hmac_secret: bytes, plaintext: str) -> str:
+    return hmac.new(hmac_secret, plaintext.encode(), hashlib.sha256).hexdigest()
+
+
+def parse_key(plaintext: str) -> str:
+    """Return the prefix of a well-formed key; Unauthorized otherwise (message names no secret)."""
+    parts = plaintext.split("_", 2)
+    if len(parts) != 3 or parts[0] != KEY_TAG or len(parts[1]) != PREFIX_HEX or not parts[2]:
+        raise Unauthorized("the API key is malformed", code="invalid_api_key")
+    return parts[1]
+
+
+def looks_like_key(token: str) -> bool:
+    return token.startswith(KEY_TAG + "_")
+
+
+def new_plaintext(prefix: str | None = None) -> tuple[str, str]:
+    prefix = prefix or secrets.token_hex(PREFIX_HEX // 2)
+    return f"{KEY_TAG}_{prefix}_{secrets.token_urlsafe(SECRET_BYTES)}", prefix
+
+
+def secret_matches(record: ApiKeyRecord, plaintext: str, hmac_secret: bytes, now: float) -> bool:
+    """Constant-time compare against the current digest, and the previous one during overlap."""
+    d = digest(hmac_secret, plaintext)
+    ok = hmac.compare_digest(d, record.hash)
+    if record.previous_hash and record.previous_valid_until and now < record.previous_valid_until:
+        # Both compares always run so timing does not say which secret matched.
+        ok = hmac.compare_digest(d, record.previous_hash) or ok
+    return ok
+
+
+def is_expired(record: ApiKeyRecord, now: float) -> bool:
+    return record.expires_at is not None and now >= record.expires_at
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    name: str
+    endpoint: str
+    model: str | None = None
+    tenant: str | None = None
+    ttl_secs: int = 0
+    request_quota: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent: int | None = None
+
+
+def build_record(spec: KeySpec, hmac_secret: bytes, now: float | None = None) -> tuple[ApiKeyRecord, str]:
+    """A new record and its plaintext (shown to the operator once, never stored)."""
+    now = time.time() if now is None else now
+    if spec.ttl_secs < 0:
+        raise InvalidInput("ttl_secs must be 0 (no expiry) or positive")
+    for field in ("request_quota", "tokens_per_minute", "max_concurrent"):
+        v = getattr(spec, field)
+        if v is not None and v < 1:
+            raise InvalidInput(f"{field} must be at least 1 when set")
+    plaintext, prefix = new_plaintext()
+    record = ApiKeyRecord(
+        id=uuid.uuid4().hex[:16],
+        name=spec.name,
+        prefix=prefix,
+        hash=digest(hmac_secret, plaintext),
+        endpoint=spec.endpoint,
+        model=spec.model,
+        tenant=spec.tenant,
+        ttl_secs=spec.ttl_secs,
+        expires_at=(now + spec.ttl_secs) if spec.ttl_secs else None,
+        request_quota=spec.request_quota,
+        tokens_per_minute=spec.tokens_per_minute,
+        max_concurrent=spec.max_concurrent,
+        created_at=now,
+    )
+    return record, plaintext
+
+
+def rotated(record: ApiKeyRecord, hmac_secret: bytes, overlap_secs: int, now: float) -> tuple[ApiKeyRecord, str]:
+    if overlap_secs < 0:
+        raise InvalidInput("overlap_secs must be 0 or positive")
+    plaintext, _ = new_plaintext(record.prefix)
+    new = record.model_copy(
+        update={
+            "hash": digest(hmac_secret, plaintext),
+            "previous_hash": record.hash if overlap_secs else None,
+            "previous_valid_until": (now + overlap_secs) if overlap_secs else None,
+        }
+    )
+    return new, plaintext
+
+
+# --- records in the store -------------------------------------------------------------------
+
+
+def save_new(store: Store, record: ApiKeyRecord) -> None:
+    # The prefix index is taken with create-if-absent so two keys can never share a prefix.
+    if not store.create(keyspace.api_key_prefixes(record.prefix), record.id):
+        raise InvalidInput("key prefix collision; try again")
+    store.put(keyspace.api_keys(record.id), record.model_dump_json())
+
+
+def create_key(store: Store, spec: KeySpec, hmac_secret: bytes) -> tuple[ApiKeyRecord, str]:
+    record, plaintext = build_record(spec, hmac_secret)
+    save_new(store, record)
+    return record, plaintext
+
+
+def get_key(store: Store, key_id: str) -> ApiKeyRecord:
+    kv = store.get(keyspace.api_keys(key_id))
+    if kv is None:
+        raise NotFound(f"API key {key_id!r} does not exist")
+    return ApiKeyRecord.model_validate_json(kv.value)
+
+
+def find_by_prefix(store: Store, prefix: str) -> ApiKeyRecord | None:
+    kv = store.get(keyspace.api_key_prefixes(prefix))
+    if kv is None:
+        return None
+    rec = store.get(keyspace.api_keys(kv.value))
+    return None if rec is None else ApiKeyRecord.model_validate_json(rec.value)
+
+
+def list_keys(store: Store) -> list[ApiKeyRecord]:
+    return [ApiKeyRecord.model_validate_json(kv.value) for kv in store.list(keyspace.api_keys())]
+
+
+def delete_key(store: Store, key_id: str) -> None:
+    record = get_key(store, key_id)
+    store.delete(keyspace.api_keys(key_id))
+    store.delete(keyspace.api_key_prefixes(record.prefix))
+
+
+def rotate_key(
+    store: Store, key_id: str, hmac_secret: bytes, overlap_secs: int = DEFAULT_OVERLAP_SECS
+) -> tuple[ApiKeyRecord, str]:
+    for _ in range(20):
+        kv = store.get(keyspace.api_keys(key_id))
+        if kv is None:
+            raise NotFound(f"API key {key_id!r} does not exist")
+        new, plaintext = rotated(ApiKeyRecord.model_validate_json(kv.value), hmac_secret, overlap_secs, time.time())
+        if store.cas(kv.key, new.model_dump_json(), kv.mod_revision):
+            return new, plaintext
+    raise InvalidInput(f"API key {key_id!r} is being changed concurrently; try again")
+
+
+def public_view(record: ApiKeyRecord) -> dict:
+    """What the API may show: never a digest."""
+    data = record.model_dump(exclude={"hash", "previous_hash"})
+    data["rotating"] = bool(record.previous_hash and record.previous_valid_until)
+    return data

@@ -1,0 +1,292 @@
+"""The gateway as a raw ASGI app: the hot path skips a framework's routing and validation layers.
+
+Routes:
+  /api/ai/openai/{endpoint}/{path...}   the OpenAI proxy (HTTP, or WebSocket when upgraded)
+  /metrics                              Prometheus text
+  /health                               liveness
+A call: read the body (capped), authenticate, audit ATTEMPT, resolve the endpoint, shed, check
+caps, reserve limits, proxy while watching for the client to leave, then settle tokens, free
+slots and audit SUCCESS/FAILED in a finally that a disconnect cannot skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from common.errors import FabricError, InvalidInput, LimitExceeded, PayloadTooLarge, Unauthorized
+from common.store.base import Store
+from gateway import dry_run
+from gateway.audit import AuditWriter
+from gateway.key_auth import Authenticator, Identity
+from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, plan_admission
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import UpstreamBroke, forward, upstream_headers
+from gateway.request_body import BodyInfo, parse_body
+from gateway.settings import GatewaySettings
+from gateway.telemetry import Tracer
+from gateway.upstreams import UpstreamCache, check_shed, order_targets
+
+log = logging.getLogger("fabric.gateway")
+PREFIX = "/api/ai/openai/"
+PRIORITIES = ("low", "normal", "high")
+
+
+class ClientGone(Exception):
+    pass
+
+
+@dataclass
+class GatewayState:
+    settings: GatewaySettings
+    store: Store
+    auth: Authenticator
+    limits: LimitKeeper
+    upstreams: UpstreamCache
+    audit: AuditWriter
+    metrics: GatewayMetrics
+    client: httpx.AsyncClient
+    tracer: Tracer
+    gateway_id: str
+
+
+def error_body(exc: FabricError) -> bytes:
+    # OpenAI's error shape ({message, type, code}) which also meets ours ({code, message}).
+    return json.dumps({"error": {"message": exc.message, "type": exc.code, "code": exc.code}}).encode()
+
+
+async def send_json(send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] = ()) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send, exc: FabricError) -> None:
+    extra = []
+    if isinstance(exc, LimitExceeded):
+        extra.append((b"retry-after", str(max(1, int(round(exc.retry_after)))).encode()))
+    await send_json(send, exc.status, error_body(exc), extra)
+
+
+async def read_body(receive, headers: dict[str, str], limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the request body is over FABRIC_GATEWAY_MAX_BODY ({limit} bytes)")
+    chunks, size = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the request body is over FABRIC_GATEWAY_MAX_BODY ({limit} bytes)")
+        chunks.append(chunk)
+        if not msg.get("more_body"):
+            return b"".join(chunks)
+
+
+def request_timeout(headers: dict[str, str], default: float) -> float:
+    raw = headers.get("x-request-timeout")
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput("x-request-timeout must be a number of seconds from 1 to 300") from None
+    if not 1 <= value <= 300:
+        raise InvalidInput("x-request-timeout must be from 1 to 300 seconds")
+    return value
+
+
+def outcome_of(exc: Exception) -> str:
+    if isinstance(exc, Unauthorized):
+        return "unauthorized"
+    if isinstance(exc, LimitExceeded):
+        return "rate_limited"
+    if isinstance(exc, FabricError) and exc.status < 500:
+        return "refused"
+    return "upstream_error"
+
+
+async def watch_disconnect(receive) -> None:
+    while True:
+        if (await receive())["type"] == "http.disconnect":
+            return
+
+
+async def run_unless_client_leaves(coro, receive):
+    """Run coro; if the client disconnects first, cancel it (which closes the upstream)."""
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(watch_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone()
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+
+
+class GatewayApp:
+    def __init__(self, state: GatewayState):
+        self.state = state
+
+    async def __call__(self, scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            if path.startswith(PREFIX):
+                endpoint, _, rest = path[len(PREFIX):].partition("/")
+                await self.call(scope, receive, send, unquote(endpoint), "/" + rest)
+            elif path == "/metrics":
+                body = generate_latest(self.state.metrics.registry)
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})
+                await send({"type": "http.response.body", "body": body})
+            elif path in ("/health", "/healthz"):
+                await send_json(send, 200, b'{"status":"ok"}')
+            else:
+                await send_json(send, 404, b'{"error":{"code":"not_found","message":"no such route","type":"not_found"}}')
+        elif kind == "websocket":
+            from gateway.websocket_bridge import bridge
+
+            await bridge(self.state, scope, receive, send)
+        elif kind == "lifespan":
+            await self.lifespan(receive, send)
+
+    async def lifespan(self, receive, send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.state.client.aclose()
+                self.state.audit.close()
+                self.state.tracer.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def call(self, scope, receive, send, endpoint: str, subpath: str) -> None:
+        st = self.state
+        t0 = time.perf_counter()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = uuid.uuid4().hex
+        label, status, tokens, outcome = "unknown", 500, None, "error"
+        identity: Identity | None = None
+        admission: Admission | None = None
+        info = BodyInfo()
+        started = False
+        try:
+            body = await read_body(receive, headers, st.settings.max_body)
+            info = parse_body(body, headers.get("content-type", ""))
+            identity = await st.auth.authenticate(headers, endpoint, info.model)
+            label = endpoint
+            st.audit.record("ATTEMPT", request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
+                            endpoint=endpoint, model=info.model)
+            deadline = request_timeout(headers, st.settings.total_deadline_secs)
+            priority = headers.get("x-request-priority", "normal").lower()
+            if priority not in PRIORITIES:
+                raise InvalidInput("x-request-priority must be low, normal or high")
+            if st.settings.dry_run:
+                status, tokens = await dry_run.respond(send, info, endpoint)
+                outcome = "success"
+                return
+            view = await st.upstreams.view(endpoint)
+            check_shed(view, st.settings.shed_queue, priority)
+            rec = identity.record
+            facts = RequestFacts(
+                endpoint=endpoint, model=info.model or "unknown", tenant=identity.tenant,
+                project=headers.get("x-project-id"), user=headers.get("x-user-id"), gateway_id=st.gateway_id,
+                prompt_chars=info.prompt_chars, max_tokens=info.max_tokens,
+                key_id=rec.id if rec else None, request_quota=rec.request_quota if rec else None,
+                key_tokens_per_minute=rec.tokens_per_minute if rec else None,
+                key_max_concurrent=rec.max_concurrent if rec else None,
+            )
+            check_caps(st.settings, facts)
+            plan = plan_admission(st.settings, facts)
+            if plan:
+                admission = await st.limits.admit(plan, facts.token_estimate)
+            scheme = "https" if st.settings.backend_tls.enabled else "http"
+            targets = order_targets(view, headers.get("x-session-id") or info.prompt_head or None, scheme)
+            path = subpath + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else "")
+            fwd_headers = upstream_headers(scope["headers"], request_id)
+            started = True  # from here a response may have begun; errors can no longer be sent as JSON
+            st.metrics.in_flight.labels(endpoint).inc()
+            try:
+                async with asyncio.timeout(deadline):
+                    result = await run_unless_client_leaves(
+                        forward(st.client, send, targets, scope["method"], path, fwd_headers, body, info.stream),
+                        receive)
+            finally:
+                st.metrics.in_flight.labels(endpoint).dec()
+            status, tokens = result.status, result.tokens
+            outcome = "success" if result.ok else "upstream_error"
+            if result.ttft_s is not None:
+                st.metrics.ttft.labels(endpoint).observe(result.ttft_s)
+        except ClientGone:
+            status, outcome = 499, "client_closed"
+        except UpstreamBroke:
+            status, outcome = 502, "upstream_error"
+            raise  # aborts the connection, so the client sees a truncated response
+        except TimeoutError:
+            status, outcome = 504, "upstream_error"
+            await self._try_error(send, 504, "the upstream deadline passed")
+        except FabricError as exc:
+            status, outcome = exc.status, outcome_of(exc)
+            await self._send_fabric_error(send, exc)
+        finally:
+            await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0)
+
+    async def _try_error(self, send, status: int, message: str) -> bool:
+        try:
+            await send_json(send, status, json.dumps({"error": {"message": message, "type": "upstream_timeout",
+                                                                "code": "upstream_timeout"}}).encode())
+            return True
+        except Exception:  # the response had already started; the connection is closed instead
+            return False
+
+    async def _send_fabric_error(self, send, exc: FabricError) -> None:
+        try:
+            await send_error(send, exc)
+        except Exception:
+            log.debug("could not send an error body; the response had started")
+
+    async def _finish(self, identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0):
+        st = self.state
+        elapsed = time.perf_counter() - t0
+        counted = tokens if tokens is not None else (info.max_tokens or 1)
+        if admission is not None:
+            # Shielded: a client that leaves must still free its slot and settle its tokens.
+            await asyncio.shield(self._settle(admission, counted if outcome == "success" else (tokens or 0)))
+        if identity is not None:
+            kind = "SUCCESS" if outcome == "success" else "FAILED"
+            st.audit.record(kind, request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
+                            endpoint=endpoint, model=info.model, status=status,
+                            tokens=tokens or 0, latency_ms=round(elapsed * 1000, 3), reason=outcome)
+        st.metrics.outcome(label, outcome, elapsed)
+        if tokens:
+            models = await st.upstreams.known_models() if label != "unknown" else frozenset()
+            st.metrics.tokens.labels(label, info.model if info.model in models else "unknown").inc(tokens)
+        st.tracer.span(endpoint=label, status=status, tokens=tokens or 0, seconds=elapsed)
+        if outcome != "success":
+            log.info("request %s endpoint=%s status=%s outcome=%s", request_id, label, status, outcome)
+
+    async def _settle(self, admission: Admission, tokens: int) -> None:
+        try:
+            await self.state.limits.settle(admission, tokens)
+        finally:
+            await self.state.limits.release(admission)

@@ -1,0 +1,50 @@
+"""The gateway's audit writer: rows go to the store's hash chain from one background thread.
+
+The request path only enqueues (microseconds); a single writer thread appends in enqueue order,
+so a call's ATTEMPT row always precedes its SUCCESS/FAILED row. flush() waits for the queue to
+drain (tests, shutdown). Rows carry outcome data only: no prompt, no key, no header values.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from common.audit_chain import AuditChain
+from common.store.base import Store
+
+log = logging.getLogger("fabric.gateway.audit")
+_STOP = object()
+
+
+class AuditWriter:
+    def __init__(self, store: Store):
+        self._chain = AuditChain(store)
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="gateway-audit", daemon=True)
+        self._thread.start()
+
+    def record(self, kind: str, **fields) -> None:
+        self._queue.put((kind, fields))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                kind, fields = item
+                try:
+                    self._chain.append(kind, **fields)
+                except Exception:  # the store may be down; the request already finished
+                    log.exception("audit row %s for request %s could not be written", kind, fields.get("request_id"))
+            finally:
+                self._queue.task_done()
+
+    def flush(self) -> None:
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout=10)

@@ -1,0 +1,182 @@
+"""Request limits: the pure part decides which counters a call needs; the applier reserves them.
+
+plan_admission(settings, facts) -> list[Reservation] names every counter to take, with its
+limit. admit() takes them in order from the store (common.counters: exact under several
+processes) and, if one refuses, gives back the ones already taken and raises LimitExceeded
+with Retry-After. After the call, settle() corrects token windows from the estimate to the real
+usage and release() frees in-flight slots (streams, max_concurrent) -- the caller runs both in a
+finally so a client that leaves frees its slot.
+
+Only configured limits produce reservations, so an unlimited key costs no store round trip.
+Within one process, operations on one counter are serialised by an asyncio lock so the store's
+compare-and-swap only ever races with other processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from common import counters, keyspace
+from common.errors import LimitExceeded, PayloadTooLarge
+from common.store.base import Store
+from gateway.settings import GatewaySettings
+
+MINUTE = 60
+DAY = 86400
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    endpoint: str
+    model: str
+    tenant: str | None
+    project: str | None
+    user: str | None
+    gateway_id: str
+    prompt_chars: int
+    max_tokens: int | None
+    key_id: str | None = None
+    request_quota: int | None = None
+    key_tokens_per_minute: int | None = None
+    key_max_concurrent: int | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return (self.prompt_chars + 3) // 4
+
+    @property
+    def token_estimate(self) -> int:
+        return self.prompt_tokens + (self.max_tokens or 1)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    key: str
+    amount: int
+    limit: int
+    window_secs: int | None  # None: an exact counter; else a fixed window of that length
+    what: str  # names the limit in a refusal; never a secret
+    held: bool = False  # an in-flight slot, released when the call ends
+    tokens: bool = False  # counts tokens, so settle() corrects it to the real usage
+
+
+def check_caps(settings: GatewaySettings, facts: RequestFacts) -> None:
+    """Pure: refuse a request whose prompt, generation or context is over the configured caps."""
+    if settings.max_prompt_tokens and facts.prompt_tokens > settings.max_prompt_tokens:
+        raise PayloadTooLarge(
+            f"prompt is about {facts.prompt_tokens} tokens; FABRIC_MAX_PROMPT_TOKENS is {settings.max_prompt_tokens}",
+            code="prompt_too_long",
+        )
+    if settings.max_generated_tokens and (facts.max_tokens or 0) > settings.max_generated_tokens:
+        raise PayloadTooLarge(
+            f"max_tokens {facts.max_tokens} is above FABRIC_MAX_GENERATED_TOKENS {settings.max_generated_tokens}",
+            code="max_tokens_too_large",
+        )
+    context = facts.prompt_tokens + (facts.max_tokens or 0)
+    if context > settings.max_context:
+        raise PayloadTooLarge(
+            f"prompt plus max_tokens is about {context} tokens; the context limit is {settings.max_context}",
+            code="context_length_exceeded",
+        )
+
+
+def _scopes(facts: RequestFacts) -> dict[str, str | None]:
+    # A scope whose value is absent (no tenant on the key, no x-project-id...) does not apply.
+    return {
+        "GLOBAL": "all",
+        "TENANT": facts.tenant,
+        "PROJECT": facts.project,
+        "MODEL": facts.model,
+        "USER": facts.user,
+        "GATEWAY": facts.gateway_id,
+    }
+
+
+def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reservation]:
+    plan: list[Reservation] = []
+    if facts.key_id and facts.request_quota:
+        plan.append(Reservation(keyspace.counters(f"quota/{facts.key_id}"), 1, facts.request_quota, None,
+                                "the API key's request quota"))
+    if facts.key_id and facts.key_max_concurrent:
+        plan.append(Reservation(keyspace.counters(f"inflight/key/{facts.key_id}"), 1, facts.key_max_concurrent,
+                                None, "the API key's max_concurrent", held=True))
+    if facts.key_id and facts.key_tokens_per_minute:
+        plan.append(Reservation(keyspace.counters(f"tpm/key/{facts.key_id}"), facts.token_estimate,
+                                facts.key_tokens_per_minute, MINUTE, "the API key's tokens_per_minute",
+                                tokens=True))
+    for scope, value in _scopes(facts).items():
+        if value is None:
+            continue
+        if scope in settings.streams:
+            plan.append(Reservation(keyspace.counters(f"streams/{scope.lower()}/{value}"), 1,
+                                    settings.streams[scope], None, f"FABRIC_{scope}_STREAMS", held=True))
+        if scope in settings.rpm:
+            plan.append(Reservation(keyspace.counters(f"rpm/{scope.lower()}/{value}"), 1,
+                                    settings.rpm[scope], MINUTE, f"FABRIC_{scope}_RPM"))
+        if scope in settings.tpm:
+            plan.append(Reservation(keyspace.counters(f"tpm/{scope.lower()}/{value}"), facts.token_estimate,
+                                    settings.tpm[scope], MINUTE, f"FABRIC_{scope}_TPM", tokens=True))
+    if settings.daily_tokens:
+        plan.append(Reservation(keyspace.counters("daily-tokens"), facts.token_estimate, settings.daily_tokens,
+                                DAY, "FABRIC_DAILY_TOKENS", tokens=True))
+    return plan
+
+
+@dataclass
+class Admission:
+    taken: list[Reservation]
+    estimate: int
+    settled: bool = False
+    released: bool = False
+
+
+@dataclass
+class LimitKeeper:
+    """Applies admission plans against the store; one per gateway process."""
+
+    store: Store
+    _locks: dict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+
+    def _change(self, r: Reservation, amount: int, limit: int | None) -> counters.Outcome:
+        if r.window_secs is None:
+            return counters.reserve(self.store, r.key, amount, limit)
+        return counters.window_reserve(self.store, r.key, amount, limit, r.window_secs, time.time())
+
+    async def _apply(self, r: Reservation, amount: int, limit: int | None) -> counters.Outcome:
+        async with self._locks[r.key]:
+            return await asyncio.to_thread(self._change, r, amount, limit)
+
+    async def admit(self, plan: list[Reservation], estimate: int) -> Admission:
+        taken: list[Reservation] = []
+        for r in plan:
+            outcome = await self._apply(r, r.amount, r.limit)
+            if not outcome.ok:
+                for t in reversed(taken):
+                    await self._apply(t, -t.amount, None)
+                retry = outcome.retry_after or 1.0
+                raise LimitExceeded(f"{r.what} is exhausted ({outcome.value}/{r.limit})", retry_after=retry,
+                                    code="quota_exceeded" if "quota" in r.what else "rate_limited")
+            taken.append(r)
+        return Admission(taken, estimate)
+
+    async def settle(self, admission: Admission, tokens: int) -> None:
+        """Replace the token estimate with the real count in every token window."""
+        if admission.settled:
+            return
+        admission.settled = True
+        delta = tokens - admission.estimate
+        if delta:
+            for r in admission.taken:
+                if r.tokens:
+                    await self._apply(r, delta, None)
+
+    async def release(self, admission: Admission) -> None:
+        if admission.released:
+            return
+        admission.released = True
+        for r in admission.taken:
+            if r.held:
+                await self._apply(r, -r.amount, None)

@@ -1,0 +1,149 @@
+"""Every FABRIC_* variable the gateway reads, parsed and validated once at start.
+
+A bad value stops the process with a message naming the variable; nothing reads os.environ
+after start. Limits that are unset or 0 are off (None here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+SCOPES = ("GLOBAL", "TENANT", "PROJECT", "MODEL", "USER", "GATEWAY")
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class OidcProvider:
+    issuer: str
+    jwks_url: str
+
+
+@dataclass(frozen=True)
+class BackendTls:
+    enabled: bool = False
+    client_cert: str | None = None
+    client_key: str | None = None
+    ca: str | None = None
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    rpm: dict[str, int] = field(default_factory=dict)  # scope -> requests per minute
+    tpm: dict[str, int] = field(default_factory=dict)  # scope -> tokens per minute
+    streams: dict[str, int] = field(default_factory=dict)  # scope -> in-flight calls
+    daily_tokens: int | None = None
+    max_prompt_tokens: int | None = None
+    max_generated_tokens: int | None = None
+    max_context: int = 32768
+    max_body: int = 1024 * 1024
+    idle_secs: float = 60.0
+    total_deadline_secs: float = 120.0
+    shed_queue: float | None = None
+    accept_any_jwt_audience: bool = False
+    oidc_providers: tuple[OidcProvider, ...] = ()
+    backend_tls: BackendTls = field(default_factory=BackendTls)
+    otel_endpoint: str | None = None
+    dry_run: bool = False
+    cache_ttl_secs: float = 1.0
+
+
+def _int(env: dict[str, str], name: str, default: int | None = None, *, zero_is_off: bool = True) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if v < 0:
+        raise SettingsError(f"{name} must not be negative")
+    if v == 0 and zero_is_off:
+        return None
+    return v
+
+
+def _float(env: dict[str, str], name: str, default: float | None) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if v < 0:
+        raise SettingsError(f"{name} must not be negative")
+    return v
+
+
+def _flag(env: dict[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise SettingsError(f"{name}={raw!r}: expected 1 or 0")
+
+
+def _oidc(env: dict[str, str]) -> tuple[OidcProvider, ...]:
+    """FABRIC_OIDC_PROVIDERS is a JSON list of {issuer, jwks_url}; FABRIC_OIDC_ISSUER plus
+    FABRIC_OIDC_JWKS_URL is the one-provider shorthand."""
+    providers: list[OidcProvider] = []
+    raw = env.get("FABRIC_OIDC_PROVIDERS", "").strip()
+    if raw:
+        try:
+            items = json.loads(raw)
+            providers += [OidcProvider(str(i["issuer"]), str(i["jwks_url"])) for i in items]
+        except (ValueError, KeyError, TypeError):
+            raise SettingsError("FABRIC_OIDC_PROVIDERS must be a JSON list of {issuer, jwks_url}") from None
+    issuer, jwks = env.get("FABRIC_OIDC_ISSUER", "").strip(), env.get("FABRIC_OIDC_JWKS_URL", "").strip()
+    if bool(issuer) != bool(jwks):
+        raise SettingsError("FABRIC_OIDC_ISSUER and FABRIC_OIDC_JWKS_URL must be set together")
+    if issuer:
+        providers.append(OidcProvider(issuer, jwks))
+    return tuple(providers)
+
+
+def _backend_tls(env: dict[str, str]) -> BackendTls:
+    names = ("FABRIC_BACKEND_CLIENT_CERT", "FABRIC_BACKEND_CLIENT_KEY", "FABRIC_BACKEND_CA")
+    values = [env.get(n, "").strip() or None for n in names]
+    if any(values) and not all(values):
+        missing = [n for n, v in zip(names, values) if not v]
+        raise SettingsError(f"backend mTLS needs all of {', '.join(names)}; missing {', '.join(missing)}")
+    for n, v in zip(names, values):
+        if v and not os.path.isfile(v):
+            raise SettingsError(f"{n} {v} does not exist")
+    enabled = _flag(env, "FABRIC_BACKEND_TLS")
+    if all(values) and not enabled:
+        raise SettingsError("backend client certificates are set but FABRIC_BACKEND_TLS is not 1")
+    return BackendTls(enabled, *values)
+
+
+def load(env: dict[str, str] | None = None) -> GatewaySettings:
+    env = dict(os.environ if env is None else env)
+    rpm = {s: v for s in SCOPES if (v := _int(env, f"FABRIC_{s}_RPM"))}
+    tpm = {s: v for s in SCOPES if (v := _int(env, f"FABRIC_{s}_TPM"))}
+    streams = {s: v for s in SCOPES if (v := _int(env, f"FABRIC_{s}_STREAMS"))}
+    shed = _float(env, "FABRIC_SHED_QUEUE", None)
+    return GatewaySettings(
+        rpm=rpm,
+        tpm=tpm,
+        streams=streams,
+        daily_tokens=_int(env, "FABRIC_DAILY_TOKENS"),
+        max_prompt_tokens=_int(env, "FABRIC_MAX_PROMPT_TOKENS"),
+        max_generated_tokens=_int(env, "FABRIC_MAX_GENERATED_TOKENS"),
+        max_context=_int(env, "FABRIC_MAX_CONTEXT", 32768) or 32768,
+        max_body=_int(env, "FABRIC_GATEWAY_MAX_BODY", 1024 * 1024) or 1024 * 1024,
+        idle_secs=_float(env, "FABRIC_GATEWAY_IDLE_SECS", 60.0) or 60.0,
+        shed_queue=shed or None,
+        accept_any_jwt_audience=_flag(env, "FABRIC_GATEWAY_ACCEPT_JWT"),
+        oidc_providers=_oidc(env),
+        backend_tls=_backend_tls(env),
+        otel_endpoint=env.get("FABRIC_OTEL_ENDPOINT", "").strip() or None,
+        dry_run=_flag(env, "FABRIC_DRY_RUN"),
+        cache_ttl_secs=_float(env, "FABRIC_GATEWAY_CACHE_SECS", 1.0) or 1.0,
+    )

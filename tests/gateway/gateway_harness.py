@@ -1,0 +1,102 @@
+"""Shared pieces for gateway tests: a real `fabric-gateway` child process on loopback, the
+store records that point an endpoint at a real `fabric-engine-sim`, and key creation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from agent.engine_sim.process import EngineProcess, free_port
+from common import apikeys, keyspace
+from common.schemas import EndpointStatus, InferenceEndpoint, Replica
+from common.store.base import Store
+
+HMAC_SECRET = "gateway-test-hmac-secret"
+BASE_ENV = {"FABRIC_KEY_HMAC_SECRET": HMAC_SECRET}
+
+
+@dataclass
+class GatewayProcess:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def openai_base(self, endpoint: str) -> str:
+        return f"{self.url}/api/ai/openai/{endpoint}/v1"
+
+    @classmethod
+    def start(cls, state_dir: Path, store_url: str, env: dict[str, str] | None = None,
+              gateway_id: str = "gw-test") -> GatewayProcess:
+        port = free_port()
+        log_path = state_dir / f"gateway-{port}.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+        full_env.update(BASE_ENV)
+        full_env.update(env or {})
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--state-dir", str(state_dir), "--store", store_url,
+               "--listen", f"127.0.0.1:{port}", "--insecure", "--gateway-id", gateway_id, "--log-level", "info"]
+        log = open(log_path, "wb")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                cwd=str(Path(__file__).resolve().parents[2]))
+        gw = cls(proc, port, log_path)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(gw.url + "/health", timeout=1).status_code == 200:
+                    return gw
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        gw.stop()
+        raise RuntimeError("gateway did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def publish_endpoint(store: Store, name: str, engines: list[EngineProcess], deployment: str | None = None) -> None:
+    deployment = deployment or f"{name}-dep"
+    ep = InferenceEndpoint(name=name, deployment=deployment, status=EndpointStatus(phase="Ready"))
+    store.put(keyspace.endpoints(name), ep.model_dump_json())
+    for i, engine in enumerate(engines):
+        rid = f"{deployment}-{i}"
+        rep = Replica(replica_id=rid, deployment=deployment, ordinal=i, node="n1", host=engine.host,
+                      port=engine.port, phase="Ready", ready=True)
+        store.put(keyspace.replicas(deployment, rid), rep.model_dump_json())
+
+
+def make_key(store: Store, endpoint: str, **fields) -> tuple[str, str]:
+    """Returns (key id, plaintext)."""
+    record, plaintext = apikeys.create_key(store, apikeys.KeySpec(name=fields.pop("name", "k"), endpoint=endpoint,
+                                                                  **fields), HMAC_SECRET.encode())
+    return record.id, plaintext
+
+
+def engine_running(engine: EngineProcess) -> float:
+    """vllm:num_requests_running + waiting as the engine reports it now."""
+    text = httpx.get(engine.url + "/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
