@@ -1,0 +1,250 @@
+"""fabricd's background controllers: `start(state) -> handle`, `handle.stop()`.
+
+One thread runs an asyncio loop with three periodic jobs, all leader-only:
+  reconcile  every FABRIC_RECONCILE_SECS (15 s) and soon after a deployment or endpoint changes
+             (a store.watch long-poll wakes it): replicas, health, scale, drain, delete;
+  routing    every FABRIC_ROUTING_SECS (10 s): scrape /metrics, weights, VIPs, Maglev pushes;
+  sweep      with each reconcile: replicas of deployments that no longer exist, GPU reservations
+             with no replica record, and Fabric-recorded VMs with no replica record. Only what
+             Fabric recorded as its own is touched.
+Leadership is a key under keyspace.locks("orchestration") created with a store lease (TTL
+FABRIC_LEADER_TTL_SECS, 15 s) and refreshed each loop pass; a process that is not the leader
+only retries taking it. With one SQLite fabricd the lock is always its own; with several
+fabricd on etcd exactly one reconciles at a time, and GPU/VIP create-if-absent stays the
+guard against a stale leader. Transient errors are logged and retried next period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge
+
+from common import keyspace
+from common.errors import FabricError, TransientError
+from common.store.base import Store
+from controlplane import reconcile_plan as rp
+from controlplane import vip_pool
+from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
+from controlplane.reconcile_apply import ReconcileWorker
+from controlplane.routing.controller import RoutingWorker
+from controlplane.scheduler import SchedulerSettings
+
+log = logging.getLogger("fabricd.controllers")
+LEADER_KEY = keyspace.locks("orchestration")
+WAKE_GAP_S = 1.0
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    reconcile_s: float = 15.0
+    routing_s: float = 10.0
+    leader_ttl_s: int = 15
+    drain_grace_s: float = 30.0
+
+    @classmethod
+    def from_env(cls, env=None) -> ControllerSettings:
+        env = os.environ if env is None else env
+        return cls(
+            reconcile_s=float(env.get("FABRIC_RECONCILE_SECS", 15)),
+            routing_s=float(env.get("FABRIC_ROUTING_SECS", 10)),
+            leader_ttl_s=int(env.get("FABRIC_LEADER_TTL_SECS", 15)),
+            drain_grace_s=float(env.get("FABRIC_DRAIN_GRACE_SECS", 30)),
+        )
+
+
+class ControllerMetrics:
+    def __init__(self, registry):
+        self.ticks = Counter("fabric_controller_ticks_total", "Controller passes by job and outcome",
+                             ["job", "outcome"], registry=registry)
+        self.scrape_failures = Counter("fabric_routing_scrape_failures_total",
+                                       "Replica /metrics scrapes that failed", registry=registry)
+        self.maglev_pushes = Counter("fabric_routing_maglev_pushes_total",
+                                     "Maglev service puts sent to agents (only on change)", registry=registry)
+        self.weight = Gauge("fabric_routing_weight", "Current Maglev weight per endpoint replica",
+                            ["endpoint", "replica"], registry=registry)
+        self.leader = Gauge("fabric_controller_leader", "1 while this process holds the orchestration lease",
+                            registry=registry)
+
+
+class Leadership:
+    """The orchestration lock: a store key bound to a lease this process refreshes."""
+
+    def __init__(self, store: Store, ttl: int):
+        self.store, self.ttl = store, ttl
+        self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.lease: int | None = None
+
+    def hold(self) -> bool:
+        if self.lease is not None and self.store.refresh_lease(self.lease):
+            return True
+        self.lease = None
+        lease = self.store.grant_lease(self.ttl)
+        if self.store.create(LEADER_KEY, json.dumps({"holder": self.identity}), lease=lease.id):
+            self.lease = lease.id
+            return True
+        self.store.revoke_lease(lease.id)
+        return False
+
+    def resign(self) -> None:
+        if self.lease is not None:
+            try:
+                self.store.revoke_lease(self.lease)
+            except FabricError:
+                pass
+            self.lease = None
+
+
+async def sweep(store: Store, worker: ReconcileWorker) -> None:
+    """Remove what Fabric created for things that no longer exist."""
+    snap = load_snapshot(store)
+    errors: list[str] = []
+    live_ids = {r.replica_id for r in snap.all_replicas()}
+    for dep_name, reps in snap.replicas.items():
+        if dep_name not in snap.deployments:
+            for r in reps:
+                await worker.teardown(r, snap.nodes.get(r.node), "its deployment no longer exists", errors)
+    for res in snap.reservations:
+        if res.replica_id in live_ids:
+            continue
+        node = snap.nodes.get(res.node)
+        try:
+            if node is not None:
+                await worker.agents.for_node(node).release_gpu(res.pci)
+            store.delete(keyspace.gpu_reservations(res.node, res.pci), mod_revision=res.mod_revision)
+        except FabricError as exc:
+            errors.append(f"orphan reservation {res.node}/{res.pci}: {exc.message}")
+    for kv in store.list(MANAGED_VMS):
+        node_id, _, vm_id = kv.key[len(MANAGED_VMS):].partition("/")
+        if vm_id in live_ids:
+            continue
+        node = snap.nodes.get(node_id)
+        try:
+            if node is not None:
+                await worker.agents.for_node(node).delete_vm(vm_id)
+            store.delete(kv.key, mod_revision=kv.mod_revision)
+        except FabricError as exc:
+            errors.append(f"orphan VM {vm_id} on {node_id}: {exc.message}")
+    for e in errors:
+        log.warning("sweep: %s", e)
+
+
+class ControllerHandle:
+    def __init__(self, state, settings: ControllerSettings, agents=None):
+        self.state = state
+        self.settings = settings
+        self.metrics = ControllerMetrics(state.registry)
+        if agents is None:
+            from controlplane.agent_client import AgentClients
+
+            agents = AgentClients(state.state_dir, insecure=getattr(state.settings, "insecure", False))
+        self.agents = agents
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="fabric-controllers", daemon=True)
+        self._watchers = [
+            threading.Thread(target=self._watch, args=(prefix,), name=f"fabric-watch{prefix}", daemon=True)
+            for prefix in (keyspace.deployments(), keyspace.endpoints())
+        ]
+
+    def start(self) -> ControllerHandle:
+        self._thread.start()
+        for w in self._watchers:
+            w.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+        self._thread.join(timeout)
+        for w in self._watchers:
+            w.join(timeout)
+
+    def _watch(self, prefix: str) -> None:
+        """Wake the reconcile job soon after a spec changes."""
+        store: Store = self.state.store
+        after = store.revision()
+        while not self._stop.is_set():
+            try:
+                events = store.watch(prefix, after, timeout=2.0)
+            except FabricError:
+                self._stop.wait(1.0)
+                continue
+            if events:
+                after = max(e.revision for e in events)
+                if self._loop is not None and self._wake is not None:
+                    self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        store: Store = self.state.store
+        reconcile = ReconcileWorker(store, self.agents, rp.ReconcileSettings(
+            drain_grace_s=self.settings.drain_grace_s, scheduler=SchedulerSettings.from_env()))
+        routing = RoutingWorker(store, self.agents, vip_pool.pool_from_env(), metrics=self.metrics)
+        leader = Leadership(store, self.settings.leader_ttl_s)
+        next_reconcile = next_routing = last_reconcile = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                try:
+                    is_leader = leader.hold()
+                except FabricError as exc:
+                    log.warning("leadership check failed: %s", exc.message)
+                    is_leader = False
+                self.metrics.leader.set(1 if is_leader else 0)
+                if self._wake.is_set():
+                    # Our own status writes also wake us: at most one extra pass per WAKE_GAP_S.
+                    self._wake.clear()
+                    next_reconcile = min(next_reconcile, last_reconcile + min(WAKE_GAP_S, self.settings.reconcile_s))
+                if is_leader and now >= next_reconcile:
+                    last_reconcile = now
+                    await self._job("reconcile", reconcile.tick)
+                    await self._job("sweep", lambda: sweep(store, reconcile))
+                    # A reconcile that changed replicas wants fresh weights soon.
+                    next_routing = min(next_routing, time.monotonic() + 1.0)
+                    next_reconcile = time.monotonic() + self.settings.reconcile_s
+                if is_leader and time.monotonic() >= next_routing:
+                    await self._job("routing", routing.tick)
+                    next_routing = time.monotonic() + self.settings.routing_s
+                wait = max(0.05, min(next_reconcile, next_routing, now + self.settings.leader_ttl_s / 3)
+                           - time.monotonic())
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            leader.resign()
+            await reconcile.aclose()
+            await routing.aclose()
+            closer = getattr(self.agents, "aclose", None)
+            if closer is not None:
+                await closer()
+
+    async def _job(self, name: str, fn) -> None:
+        try:
+            await fn()
+            self.metrics.ticks.labels(name, "ok").inc()
+        except TransientError as exc:
+            self.metrics.ticks.labels(name, "transient").inc()
+            log.warning("%s: %s", name, exc.message)
+        except Exception:  # a bug in one pass must not kill the loop; it is logged with its trace
+            self.metrics.ticks.labels(name, "error").inc()
+            log.exception("%s pass failed", name)
+
+
+def start(state, *, settings: ControllerSettings | None = None, agents=None) -> ControllerHandle:
+    return ControllerHandle(state, settings or ControllerSettings.from_env(), agents).start()

@@ -1,0 +1,164 @@
+"""Typed reads of everything orchestration decides on, and the records of what Fabric created.
+
+``load_snapshot(store)`` reads nodes, models, profiles, deployments, endpoints, replicas,
+observations and GPU reservations once, so a tick (or an explain request) plans from one
+consistent-enough picture. Records that fail validation are skipped rather than crashing a
+loop; they are the API's to refuse.
+
+Fabric records what it created under ``/fabric/managed/`` (VMs per node, Maglev services per
+VIP:port:proto) before creating it, so the sweep removes only its own leftovers and never a VM or
+service someone else made on the agent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ValidationError
+
+from common import keyspace
+from common.schemas import (
+    InferenceDeployment, InferenceEndpoint, InferenceProfile, ModelArtifact, Node, Replica, ReplicaObservation,
+)
+from common.store.base import KV, Store
+
+MANAGED_VMS = f"{keyspace.ROOT}/managed/vms/"
+MANAGED_SERVICES = f"{keyspace.ROOT}/managed/services/"
+
+
+def managed_vm_key(node: str, vm_id: str) -> str:
+    return f"{MANAGED_VMS}{node}/{vm_id}"
+
+
+def managed_service_key(vip: str, port: int, proto: str = "tcp") -> str:
+    return f"{MANAGED_SERVICES}{vip}:{port}:{proto}"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    node: str
+    pci: str
+    replica_id: str
+    deployment: str
+    mod_revision: int
+
+
+@dataclass
+class Snapshot:
+    nodes: dict[str, Node] = field(default_factory=dict)
+    models: dict[str, ModelArtifact] = field(default_factory=dict)
+    profiles: dict[str, InferenceProfile] = field(default_factory=dict)
+    deployments: dict[str, InferenceDeployment] = field(default_factory=dict)
+    deployment_revisions: dict[str, int] = field(default_factory=dict)
+    endpoints: dict[str, InferenceEndpoint] = field(default_factory=dict)
+    replicas: dict[str, list[Replica]] = field(default_factory=dict)  # by deployment
+    observations: dict[str, ReplicaObservation] = field(default_factory=dict)
+    reservations: list[Reservation] = field(default_factory=list)
+
+    def reserved_by_node(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for r in self.reservations:
+            out.setdefault(r.node, set()).add(r.pci)
+        return out
+
+    def all_replicas(self) -> list[Replica]:
+        return [r for reps in self.replicas.values() for r in reps]
+
+
+def _parse(kv: KV, model: type[BaseModel]):
+    try:
+        return model.model_validate_json(kv.value)
+    except ValidationError:
+        return None
+
+
+def _named(store: Store, prefix: str, model: type[BaseModel]) -> dict:
+    out = {}
+    for kv in store.list(prefix):
+        obj = _parse(kv, model)
+        if obj is not None:
+            out[obj.name] = obj
+    return out
+
+
+def load_deployment(store: Store, name: str) -> tuple[InferenceDeployment | None, int]:
+    kv = store.get(keyspace.deployments(name))
+    if kv is None:
+        return None, 0
+    return _parse(kv, InferenceDeployment), kv.mod_revision
+
+
+def load_snapshot(store: Store) -> Snapshot:
+    snap = Snapshot()
+    for kv in store.list(keyspace.nodes()):
+        node = _parse(kv, Node)
+        if node is not None:
+            snap.nodes[node.id] = node
+    snap.models = _named(store, keyspace.models(), ModelArtifact)
+    snap.profiles = _named(store, keyspace.profiles(), InferenceProfile)
+    for kv in store.list(keyspace.deployments()):
+        dep = _parse(kv, InferenceDeployment)
+        if dep is not None:
+            snap.deployments[dep.name] = dep
+            snap.deployment_revisions[dep.name] = kv.mod_revision
+    snap.endpoints = _named(store, keyspace.endpoints(), InferenceEndpoint)
+    for kv in store.list(keyspace.replicas()):
+        rep = _parse(kv, Replica)
+        if rep is not None:
+            snap.replicas.setdefault(rep.deployment, []).append(rep)
+    for kv in store.list(keyspace.observations()):
+        obs = _parse(kv, ReplicaObservation)
+        if obs is not None:
+            snap.observations[obs.replica_id] = obs
+    prefix = keyspace.gpu_reservations()
+    for kv in store.list(prefix):
+        node, _, pci = kv.key[len(prefix):].partition("/")
+        try:
+            value = json.loads(kv.value)
+        except ValueError:
+            value = {}
+        snap.reservations.append(
+            Reservation(node, pci, value.get("replica_id", ""), value.get("deployment", ""), kv.mod_revision)
+        )
+    return snap
+
+
+def put_replica(store: Store, replica: Replica) -> None:
+    store.put(keyspace.replicas(replica.deployment, replica.replica_id), replica.model_dump_json())
+
+
+def get_replica(store: Store, deployment: str, replica_id: str) -> Replica | None:
+    kv = store.get(keyspace.replicas(deployment, replica_id))
+    return None if kv is None else _parse(kv, Replica)
+
+
+def update_deployment_status(store: Store, name: str, **status) -> bool:
+    """Compare-and-swap the status fields onto the stored record (the API writes the spec)."""
+    for _ in range(5):
+        kv = store.get(keyspace.deployments(name))
+        if kv is None:
+            return False
+        record = json.loads(kv.value)
+        current = record.setdefault("status", {})
+        if all(current.get(k) == v for k, v in status.items()):
+            return True
+        current.update(status)
+        if store.cas(kv.key, json.dumps(record), kv.mod_revision):
+            return True
+    return False
+
+
+def update_endpoint_status(store: Store, name: str, **status) -> bool:
+    for _ in range(5):
+        kv = store.get(keyspace.endpoints(name))
+        if kv is None:
+            return False
+        record = json.loads(kv.value)
+        current = record.setdefault("status", {})
+        if all(current.get(k) == v for k, v in status.items()):
+            return True
+        current.update(status)
+        if store.cas(kv.key, json.dumps(record), kv.mod_revision):
+            return True
+    return False

@@ -1,0 +1,209 @@
+"""Applies reconcile plans: probes health, creates and tears down replicas through the agents.
+
+Ordering invariants (each step is safe to repeat after a crash or restart):
+  create:   replica record (Pending) -> GPU reservations with create-if-absent -> agent binds ->
+            managed-VM record -> agent creates the VM -> record gets host/port (Starting);
+            Ready only when the plan sees GET /health answer.
+  teardown: agent deletes the VM -> agent releases each GPU -> reservation removed (only after a
+            successful release) -> replica record and observation removed. An unreachable agent
+            leaves the replica in phase Deleting, retried next tick.
+The deployment status message always says why (agent unreachable, no node fits, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from common import keyspace
+from common.agent_api import VmCreateRequest
+from common.errors import FabricError, TransientError
+from common.schemas import InferenceDeployment, Node, Replica
+from common.store.base import Store
+from controlplane import reconcile_plan as rp
+from controlplane.orchestration_state import (
+    Snapshot, get_replica, load_snapshot, managed_vm_key, put_replica, update_deployment_status,
+)
+
+log = logging.getLogger("fabricd.reconcile")
+HEALTH_TIMEOUT_S = 2.0
+
+
+@dataclass
+class ApplyResult:
+    errors: list[str]
+
+
+class ReconcileWorker:
+    """One reconcile pass over every deployment. ``agents`` is an AgentClients-like factory
+    (``for_node(node)`` returning an async agent client)."""
+
+    def __init__(self, store: Store, agents, settings: rp.ReconcileSettings, *,
+                 clock: Callable[[], float] = time.time, on_tick: Callable[[str], None] | None = None):
+        self.store = store
+        self.agents = agents
+        self.settings = settings
+        self.clock = clock
+        self.on_tick = on_tick or (lambda outcome: None)
+        self._http = httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- probes -----------------------------------------------------------------------------------
+
+    async def _probe(self, r: Replica) -> rp.Probe | None:
+        if not r.host:
+            return None
+        try:
+            resp = await self._http.get(f"http://{r.host}:{r.port}/health")
+        except httpx.HTTPError as exc:
+            return rp.Probe(False, type(exc).__name__)
+        return rp.Probe(resp.status_code == 200, f"HTTP {resp.status_code}")
+
+    async def probe_all(self, replicas: list[Replica]) -> dict[str, rp.Probe]:
+        live = [r for r in replicas if r.phase != "Deleting" and not r.draining]
+        results = await asyncio.gather(*(self._probe(r) for r in live))
+        return {r.replica_id: p for r, p in zip(live, results) if p is not None}
+
+    # -- one tick ---------------------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        snap = load_snapshot(self.store)
+        for name in sorted(snap.deployments):
+            try:
+                await self.reconcile(snap, snap.deployments[name])
+            except FabricError as exc:
+                update_deployment_status(self.store, name, phase="Pending", message=exc.message)
+        self.on_tick("ok")
+
+    async def reconcile(self, snap: Snapshot, dep: InferenceDeployment) -> None:
+        replicas = snap.replicas.get(dep.name, [])
+        node_of = snap.nodes
+        errors: list[str] = []
+        # Retry teardowns left over from an unreachable agent before planning anything new.
+        for r in [r for r in replicas if r.phase == "Deleting"]:
+            await self.teardown(r, node_of.get(r.node), "retrying deletion", errors)
+        if dep.status.phase == "Deleting":
+            for r in [r for r in replicas if r.phase != "Deleting"]:
+                await self.teardown(r, node_of.get(r.node), "deployment deleted", errors)
+            if not errors:
+                self.store.delete(keyspace.deployments(dep.name))
+                log.info("deployment %s deleted", dep.name)
+            else:
+                update_deployment_status(self.store, dep.name, phase="Deleting",
+                                         message="deleting replicas; " + "; ".join(errors))
+            return
+        for r in [r for r in replicas if r.phase == "Pending" and not r.host]:
+            await self.start_vm(snap, dep, r, errors)
+        replicas = [get_replica(self.store, dep.name, r.replica_id) or r for r in replicas]
+        probes = await self.probe_all(replicas)
+        plan = rp.plan(dep, snap.profiles.get(dep.profile), snap.models.get(dep.model), replicas,
+                       list(node_of.values()), probes, self.clock(), reservations=snap.reserved_by_node(),
+                       settings=self.settings)
+        by_id = {r.replica_id: r for r in replicas}
+        for action in plan.actions:
+            if isinstance(action, rp.UpdateHealth):
+                self._update(dep.name, action.replica_id, ready=action.ready,
+                             health_failures=action.health_failures, phase=action.phase, message=action.message)
+            elif isinstance(action, rp.StartDrain):
+                self._update(dep.name, action.replica_id, draining=True, drain_deadline=action.deadline,
+                             phase="Draining", message=action.reason)
+            elif isinstance(action, rp.DeleteReplica):
+                r = by_id[action.replica_id]
+                await self.teardown(r, node_of.get(r.node), action.reason, errors)
+            elif isinstance(action, rp.CreateReplica):
+                await self.create(snap, dep, action, errors)
+            elif isinstance(action, rp.SetStatus):
+                message = action.message + (f"; {'; '.join(errors)}" if errors else "")
+                phase = action.phase
+                if errors and phase not in ("Failed",):
+                    phase = "Pending" if action.ready_replicas < dep.replicas else phase
+                update_deployment_status(self.store, dep.name, phase=phase, message=message,
+                                         ready_replicas=action.ready_replicas, replicas=action.replicas)
+
+    def _update(self, deployment: str, replica_id: str, **fields) -> None:
+        current = get_replica(self.store, deployment, replica_id)
+        if current is not None:
+            put_replica(self.store, current.model_copy(update=fields))
+
+    # -- create -----------------------------------------------------------------------------------
+
+    async def create(self, snap: Snapshot, dep: InferenceDeployment, action: rp.CreateReplica,
+                     errors: list[str]) -> None:
+        replica = Replica(replica_id=f"{dep.name}-{action.ordinal}-{secrets.token_hex(3)}", deployment=dep.name,
+                          ordinal=action.ordinal, revision=dep.revision, node=action.node, gpus=list(action.gpus),
+                          phase="Pending", message=action.reason, created_at=self.clock())
+        put_replica(self.store, replica)
+        taken: list[str] = []
+        value = json.dumps({"replica_id": replica.replica_id, "deployment": dep.name, "created_at": self.clock()})
+        for pci in action.gpus:
+            if not self.store.create(keyspace.gpu_reservations(action.node, pci), value):
+                for done in taken:
+                    self.store.delete(keyspace.gpu_reservations(action.node, done))
+                self.store.delete(keyspace.replicas(dep.name, replica.replica_id))
+                errors.append(f"GPU {pci} on {action.node} was taken meanwhile; placing again next tick")
+                return
+            taken.append(pci)
+        await self.start_vm(snap, dep, replica, errors)
+
+    async def start_vm(self, snap: Snapshot, dep: InferenceDeployment, replica: Replica,
+                       errors: list[str]) -> None:
+        node = snap.nodes.get(replica.node)
+        profile, model = snap.profiles.get(dep.profile), snap.models.get(dep.model)
+        if node is None or profile is None or model is None:
+            return
+        agent = self.agents.for_node(node)
+        try:
+            for pci in replica.gpus:
+                await agent.bind_gpu(pci)
+            self.store.put(managed_vm_key(node.id, replica.replica_id), json.dumps({"deployment": dep.name}))
+            gpu_mib = max((g.memory_total_mib for g in node.gpus if g.pci in replica.gpus), default=0)
+            vm = await agent.create_vm(VmCreateRequest(
+                replica_id=replica.replica_id, deployment=dep.name, model_name=model.name,
+                model_source=model.source, runtime=profile.runtime, gpus=list(replica.gpus),
+                gpu_memory_mib=gpu_mib, cpu=profile.cpu, memory_gib=profile.memory_gib,
+                max_model_len=profile.max_model_len, extra_args=list(profile.extra_args)))
+        except TransientError as exc:
+            errors.append(f"agent on {node.id} unreachable: {exc.message}")
+            self._update(dep.name, replica.replica_id, message=f"waiting for agent on {node.id}: {exc.message}")
+            return
+        except FabricError as exc:
+            errors.append(f"agent on {node.id} refused replica {replica.replica_id}: {exc.message}")
+            self._update(dep.name, replica.replica_id, phase="Deleting", message=exc.message)
+            return
+        self._update(dep.name, replica.replica_id, vm_id=vm.id, host=vm.host, port=vm.port, phase="Starting",
+                     message=f"VM {vm.state} on {node.id}; waiting for /health")
+
+    # -- teardown ---------------------------------------------------------------------------------
+
+    async def teardown(self, r: Replica, node: Node | None, reason: str, errors: list[str]) -> bool:
+        """Delete the VM, release GPUs, then drop reservations and the record. False if pending."""
+        log.info("removing replica %s: %s", r.replica_id, reason)
+        if node is not None:
+            agent = self.agents.for_node(node)
+            try:
+                await agent.delete_vm(r.replica_id)
+                self.store.delete(managed_vm_key(node.id, r.replica_id))
+                for pci in r.gpus:
+                    await agent.release_gpu(pci)
+                    self.store.delete(keyspace.gpu_reservations(node.id, pci))
+            except FabricError as exc:
+                errors.append(f"cannot remove {r.replica_id} on {node.id} yet: {exc.message}")
+                self._update(r.deployment, r.replica_id, phase="Deleting", ready=False,
+                             message=f"{reason}; waiting for agent: {exc.message}")
+                return False
+        else:
+            # The node record is gone: nothing to release there, only our reservations.
+            for pci in r.gpus:
+                self.store.delete(keyspace.gpu_reservations(r.node, pci))
+        self.store.delete(keyspace.replicas(r.deployment, r.replica_id))
+        self.store.delete(keyspace.observations(r.replica_id))
+        return True
