@@ -1,0 +1,137 @@
+"""Structure of the libvirt domain XML, plus golden files for two representative replicas.
+
+Regenerate the golden files after an intended change with FABRIC_UPDATE_GOLDEN=1.
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from agent.vm.base import VmSpec
+from agent.vm.domain_xml import (
+    QEMU_NS,
+    Firmware,
+    build_domain_xml,
+    mac_for,
+    mmio64_mib,
+    tap_name,
+)
+from common.errors import InvalidInput
+
+GOLDEN = Path(__file__).parent / "golden"
+STATE = Path("/var/lib/fabric/vms")
+
+
+def two_h100() -> VmSpec:
+    return VmSpec(
+        replica_id="llama-r1", deployment="llama", model_name="llama-3.1-70b",
+        model_source="hf://meta-llama/Llama-3.1-70B", gpus=("0000:3b:00.0", "0000:c1:00.0"),
+        gpu_memory_mib=81_559, cpu=16, memory_gib=128,
+    )
+
+
+def one_h200() -> VmSpec:
+    return VmSpec(replica_id="qwen-r7", deployment="qwen", model_name="qwen", model_source="/srv/models/qwen",
+                  gpus=("0000:3b:00.0",), gpu_memory_mib=143_771, cpu=8, memory_gib=64)
+
+
+def render(spec: VmSpec, hugepages: bool) -> str:
+    name = f"fabric-{spec.replica_id}"
+    return build_domain_xml(
+        spec, overlay=STATE / f"{name}.qcow2", seed_iso=STATE / f"{name}-seed.iso",
+        mac=mac_for(spec.replica_id), bridge="fabric0", models_dir=Path("/srv/models"),
+        firmware=Firmware(), hugepages=hugepages,
+    )
+
+
+@pytest.mark.parametrize("spec,hugepages,golden", [
+    (two_h100(), True, "domain_2xh100_hugepages.xml"),
+    (one_h200(), False, "domain_1xh200.xml"),
+])
+def test_golden(spec, hugepages, golden):
+    xml = render(spec, hugepages)
+    path = GOLDEN / golden
+    if os.environ.get("FABRIC_UPDATE_GOLDEN") == "1":
+        path.write_text(xml)
+    assert xml == path.read_text()
+
+
+def test_structure_of_a_two_gpu_domain():
+    root = ET.fromstring(render(two_h100(), hugepages=True))
+    assert root.find("name").text == "fabric-llama-r1"
+    assert root.find("os/type").get("machine") == "q35"
+    loader = root.find("os/loader")
+    assert loader.get("type") == "pflash" and "OVMF" in loader.text
+    assert root.find("os/nvram").text == str(STATE / "fabric-llama-r1_VARS.fd")
+    cpu = root.find("cpu")
+    assert cpu.get("mode") == "host-passthrough"
+    assert cpu.find("maxphysaddr").get("mode") == "passthrough"
+    assert root.find("memoryBacking/hugepages") is not None
+    assert root.find("memoryBacking/locked") is not None
+    assert root.find("memory").text == str(128 * 1024 * 1024)
+
+    ports = [c for c in root.findall("devices/controller") if c.get("model") == "pcie-root-port"]
+    hostdevs = root.findall("devices/hostdev")
+    assert len(ports) == len(hostdevs) == 2
+    port_buses = {int(p.get("index")) for p in ports}
+    for hostdev, (bus, host_bus) in zip(hostdevs, [(1, "0x3b"), (2, "0xc1")], strict=True):
+        assert hostdev.get("managed") == "no" and hostdev.get("type") == "pci"
+        assert hostdev.find("source/address").get("bus") == host_bus
+        guest_bus = int(hostdev.find("address").get("bus"), 16)
+        assert guest_bus == bus and guest_bus in port_buses  # each GPU sits behind its own root port
+
+    disk = root.find("devices/disk[@device='disk']")
+    assert disk.find("driver").get("type") == "qcow2"
+    assert disk.find("source").get("file").endswith("fabric-llama-r1.qcow2")
+    cdrom = root.find("devices/disk[@device='cdrom']")
+    assert cdrom.find("readonly") is not None and cdrom.find("source").get("file").endswith("-seed.iso")
+
+    share = root.find("devices/filesystem")
+    assert share.find("driver").get("type") == "virtiofs"
+    assert share.find("readonly") is not None
+    assert share.find("target").get("dir") == "models"
+    assert root.find("memoryBacking/access").get("mode") == "shared"  # virtiofs needs it
+
+    nic = root.find("devices/interface")
+    assert nic.get("type") == "ethernet"
+    assert nic.find("mac").get("address") == mac_for("llama-r1")
+    assert nic.find("target").get("dev") == tap_name("llama-r1")
+    assert nic.find("target").get("managed") == "no"
+
+    args = [a.get("value") for a in root.findall(f"{{{QEMU_NS}}}commandline/{{{QEMU_NS}}}arg")]
+    assert args == ["-fw_cfg", f"name=opt/ovmf/X-PciMmio64Mb,string={mmio64_mib(2, 81_559)}"]
+
+
+def test_no_gpus_no_mmio_window_and_memfd_backing():
+    spec = VmSpec(replica_id="cpu-only", deployment="d", model_name="m", model_source="/srv/models/m")
+    root = ET.fromstring(render(spec, hugepages=False))
+    assert root.findall("devices/hostdev") == []
+    assert root.find(f"{{{QEMU_NS}}}commandline") is None
+    assert root.find("memoryBacking/source").get("type") == "memfd"
+    assert root.find("memoryBacking/locked") is None
+
+
+def test_mmio_window_covers_large_bars():
+    # H100 80 GiB exposes a 128 GiB BAR1; H200 141 GiB a 256 GiB one.
+    assert mmio64_mib(1, 81_559) >= 128 * 1024
+    assert mmio64_mib(1, 143_771) >= 256 * 1024
+    assert mmio64_mib(8, 143_771) >= 8 * 256 * 1024
+    assert mmio64_mib(0, 81_559) == 0
+
+
+def test_mac_is_deterministic_and_locally_administered():
+    mac = mac_for("llama-r1")
+    assert mac == mac_for("llama-r1") and mac != mac_for("llama-r2")
+    first = int(mac.split(":")[0], 16)
+    assert mac.startswith("52:54:00:") and first & 0x02 and not first & 0x01
+    assert len(tap_name("a-very-long-replica-identifier-0123456789")) <= 15
+
+
+def test_bad_pci_address_is_invalid_input():
+    spec = VmSpec(replica_id="r", deployment="d", model_name="m", model_source="/m", gpus=("3b:00",))
+    with pytest.raises(InvalidInput, match="3b:00"):
+        render(spec, hugepages=False)

@@ -1,0 +1,208 @@
+"""The libvirt driver against libvirt's test:///default, with real qcow2 overlays
+(qemu-img), a real cidata ISO, and real taps on a bridge inside a namespace the test makes.
+
+test:///default keeps every element our XML uses except <qemu:commandline> (hypervisor-
+specific namespaces belong to the QEMU driver), so the round trip compares everything
+else and the MMIO argument is covered structurally in test_domain_xml.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import ipaddress
+import itertools
+import os
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+libvirt = pytest.importorskip("libvirt")
+pycdlib = pytest.importorskip("pycdlib")
+
+from agent.net.bridge import BridgeNetwork  # noqa: E402
+from agent.vm.base import VmSpec  # noqa: E402
+from agent.vm.cloud_init import build_seed  # noqa: E402
+from agent.vm.domain_xml import mac_for, tap_name  # noqa: E402
+from agent.vm.libvirt_driver import LibvirtDriver  # noqa: E402
+from agent.vm.overlay import backing_file  # noqa: E402
+from common.errors import InvalidInput, NotFound  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("qemu-img") is None, reason="qemu-img (qemu-utils) not installed"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a network namespace for the taps"),
+]
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def netns():
+    from pyroute2 import netns as nsapi
+
+    name = f"fabtlv-{os.getpid()}-{next(_names)}"
+    nsapi.create(name)
+    try:
+        yield name
+    finally:
+        nsapi.remove(name)
+
+
+@pytest.fixture
+def host(tmp_path, netns):
+    golden = tmp_path / "golden.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(golden), "1G"], check=True)
+    models = tmp_path / "models"
+    (models / "meta-llama/Llama-3.1-8B").mkdir(parents=True)
+    network = BridgeNetwork("fabric0", netns=netns)
+    driver = LibvirtDriver("test:///default", image=golden, state_dir=tmp_path / "vms",
+                           models_dir=models, network=network)
+    yield driver, golden, network
+    for status in driver.list():
+        driver.delete(status.id)
+
+
+def spec(replica_id: str, gpus=("0000:3b:00.0",)) -> VmSpec:
+    return VmSpec(replica_id=replica_id, deployment="llama", model_name="llama-8b",
+                  model_source="hf://meta-llama/Llama-3.1-8B", gpus=gpus, gpu_memory_mib=81_559,
+                  cpu=4, memory_gib=16)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def iso_file(path: Path, name: str) -> str:
+    iso = pycdlib.PyCdlib()
+    iso.open(str(path))
+    try:
+        out = io.BytesIO()
+        iso.get_file_from_iso_fp(out, rr_path="/" + name)
+        return out.getvalue().decode()
+    finally:
+        iso.close()
+
+
+def iso_label(path: Path) -> str:
+    iso = pycdlib.PyCdlib()
+    iso.open(str(path))
+    try:
+        return iso.pvd.volume_identifier.decode().strip()
+    finally:
+        iso.close()
+
+
+def test_create_get_list_delete(host, monkeypatch):
+    driver, golden, network = host
+    monkeypatch.setenv("HF_TOKEN", "hf_supersecretvalue123")
+    golden_before = sha256(golden)
+
+    status = driver.create(spec("lv-a"))
+    assert status.state == "running" and status.port == 8000
+    assert status.host is not None and ipaddress.ip_address(status.host).version == 4
+
+    paths = driver.paths("lv-a")
+    assert backing_file(paths.overlay) == str(golden.resolve())
+    assert iso_label(paths.seed) == "cidata"
+    user = iso_file(paths.seed, "user-data")
+    assert "--tensor-parallel-size 1" in user and "/models/meta-llama/Llama-3.1-8B" in user
+    assert "fabric-lv-a" in iso_file(paths.seed, "meta-data")
+    for path in (paths.seed, paths.overlay):
+        assert b"hf_supersecretvalue123" not in path.read_bytes()
+    assert network.master_of(tap_name("lv-a")) == "fabric0"
+
+    assert driver.create(spec("lv-a")).state == "running"  # idempotent by replica id
+    assert [s.id for s in driver.list()] == ["lv-a"]  # libvirt's own "test" domain is not ours
+    assert driver.get("lv-a").host == status.host
+
+    assert driver.delete("lv-a") is True
+    assert driver.get("lv-a") is None and driver.state("lv-a") == "absent"
+    assert not paths.overlay.exists() and not paths.seed.exists()
+    with pytest.raises(NotFound):
+        network.master_of(tap_name("lv-a"))
+    assert driver.delete("lv-a") is False
+    assert sha256(golden) == golden_before  # the golden image is never written
+
+
+def test_lifecycle_steps_and_round_trip(host):
+    driver, _golden, _network = host
+    s = spec("lv-b", gpus=("0000:3b:00.0", "0000:c1:00.0"))
+    driver.define(s)
+    assert driver.state("lv-b") == "stopped"
+    driver.start("lv-b")
+    assert driver.state("lv-b") == "running"
+    driver.start("lv-b")  # already running: no error
+    assert driver.destroy("lv-b") is True and driver.state("lv-b") == "stopped"
+    assert driver.destroy("lv-b") is False
+
+    conn = libvirt.open("test:///default")
+    stored = ET.fromstring(conn.lookupByName("fabric-lv-b").XMLDesc(0))
+    ours = ET.fromstring(driver.domain_xml(s))
+    for path in ("os/type", "os/loader", "os/nvram", "cpu", "cpu/maxphysaddr", "memoryBacking/access",
+                 "devices/filesystem/driver", "devices/interface/target", "devices/interface/mac"):
+        assert stored.find(path).attrib == ours.find(path).attrib, path
+    assert stored.find("os/loader").text == ours.find("os/loader").text
+    assert stored.find("devices/filesystem/readonly") is not None
+    hostdevs = stored.findall("devices/hostdev")
+    assert [h.find("source/address").get("bus") for h in hostdevs] == ["0x3b", "0xc1"]
+    assert all(h.get("managed") == "no" for h in hostdevs)
+    assert len([c for c in stored.findall("devices/controller") if c.get("model") == "pcie-root-port"]) == 2
+    assert stored.find("devices/interface/mac").get("address") == mac_for("lv-b")
+    assert "lv-b" in ET.tostring(stored.find("metadata"), encoding="unicode")
+
+    assert driver.undefine("lv-b") is True and driver.state("lv-b") == "absent"
+    assert driver.undefine("lv-b") is False
+    driver.delete("lv-b")
+
+
+def test_failed_create_leaves_nothing(tmp_path, netns):
+    network = BridgeNetwork("fabric0", netns=netns)
+    driver = LibvirtDriver("test:///default", image=tmp_path / "missing.qcow2", state_dir=tmp_path / "vms",
+                           models_dir=tmp_path, network=network)
+    with pytest.raises(NotFound, match="golden image"):
+        driver.create(spec("lv-c"))
+    assert driver.get("lv-c") is None
+    assert sorted((tmp_path / "vms").glob("*")) == []  # glob of a missing dir is empty too
+    with pytest.raises(NotFound):
+        network.master_of(tap_name("lv-c"))
+
+
+def test_bad_replica_id_is_invalid(host):
+    driver, _golden, _network = host
+    with pytest.raises(InvalidInput, match="replica id"):
+        driver.create(spec("Bad/Id"))
+
+
+def test_seed_user_data_content(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TOKEN", "hf_anothersecret987")
+    s = spec("lv-d", gpus=("0000:3b:00.0", "0000:3c:00.0", "0000:3d:00.0", "0000:3e:00.0"))
+    meta, user = build_seed(s, hostname="fabric-lv-d", models_dir=tmp_path)
+    assert "hf_anothersecret987" not in meta + user
+    assert user.startswith("#cloud-config\n")
+    import yaml
+
+    config = yaml.safe_load(user)
+    unit = next(f for f in config["write_files"] if f["path"] == "/etc/systemd/system/vllm.service")["content"]
+    assert ("serve /models/meta-llama/Llama-3.1-8B --served-model-name llama-8b --host 0.0.0.0 "
+            "--port 8000 --tensor-parallel-size 4") in unit
+    assert ["models", "/models", "virtiofs", "ro,nofail", "0", "0"] in config["mounts"]
+    assert ["systemctl", "enable", "--now", "vllm.service"] in config["runcmd"]
+    assert yaml.safe_load(meta)["instance-id"] == "fabric-lv-d"
+
+
+def test_seed_refuses_credentials_in_engine_flags(tmp_path):
+    s = VmSpec(replica_id="lv-e", deployment="d", model_name="m", model_source="hf://o/m",
+               extra_args=("--api-key=abc123456",))
+    with pytest.raises(InvalidInput, match="--api-key"):
+        build_seed(s, hostname="fabric-lv-e")
+
+
+def test_host_model_path_must_be_in_the_share(tmp_path):
+    s = VmSpec(replica_id="lv-f", deployment="d", model_name="m", model_source="/elsewhere/m")
+    with pytest.raises(InvalidInput, match="shared model directory"):
+        build_seed(s, hostname="fabric-lv-f", models_dir=tmp_path)
+    ok = VmSpec(replica_id="lv-f", deployment="d", model_name="m", model_source=f"file://{tmp_path}/org/m")
+    assert "serve /models/org/m " in build_seed(ok, hostname="fabric-lv-f", models_dir=tmp_path)[1]
