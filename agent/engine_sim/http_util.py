@@ -9,8 +9,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from common.errors import FabricError, InvalidInput
 from agent.engine_sim.openai_format import error_body, to_json
+from common.errors import FabricError, InvalidInput
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Self
 
 import httpx
 
@@ -47,7 +47,7 @@ class EngineProcess:
     ) -> EngineProcess:
         port = port or free_port(host)
         cmd = [sys.executable, "-m", "agent.engine_sim", "--host", host, "--port", str(port), *args]
-        stderr = tempfile.TemporaryFile()
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the EngineProcess, closed in stop()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr)
         engine = cls(proc=proc, host=host, port=port, stderr=stderr)
         try:
@@ -82,7 +82,7 @@ class EngineProcess:
                 self.proc.wait()
         self.stderr.close()
 
-    def __enter__(self) -> EngineProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

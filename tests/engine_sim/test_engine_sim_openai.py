@@ -90,7 +90,7 @@ def test_rerank_orders_by_relevance(fast_engine):
     resp = httpx.post(fast_engine.url + "/v1/rerank", json=body)
     assert resp.status_code == 200
     results = resp.json()["results"]
-    assert [r["index"] for r in results][0] == 1
+    assert results[0]["index"] == 1
     scores = [r["relevance_score"] for r in results]
     assert scores == sorted(scores, reverse=True)
     top = httpx.post(fast_engine.url + "/v1/rerank", json={**body, "top_n": 1}).json()["results"]
