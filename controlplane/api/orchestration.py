@@ -1,0 +1,167 @@
+"""Orchestration views and actions: explain placement/routing, deployment metrics, drain, capacity.
+
+The explain endpoints run the same pure planners the controllers run (scheduler.place,
+routing.strategies.plan_routing) on the current store contents, so what they say is what the
+next tick will do. All routes need an admin bearer token.
+
+  GET  /api/ai/explain/placement/{deployment}   chosen node for the next replica, reason per node
+  GET  /api/ai/explain/routing/{endpoint}       each replica included/excluded, reason, metrics, weight
+  GET  /api/ai/deployments/{name}/metrics       the last scrape of each replica
+  POST /api/ai/deployments/{name}/drain         {"grace_secs": 30, "replica": null}
+  GET  /api/ai/capacity                         free/total GPUs by node and by site
+
+Drain without ``replica`` scales the deployment to 0 and drains every replica (weight 0 now,
+deleted after the grace); with ``replica`` only that one drains and the reconciler replaces it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+
+from common import keyspace
+from common.errors import Conflict, NotFound
+from controlplane.auth import require_admin
+from controlplane.orchestration_state import get_replica, load_snapshot, put_replica
+from controlplane.routing.strategies import plan_routing
+from controlplane.scheduler import SchedulerSettings, node_online, place
+from controlplane.state import AppState, get_state
+
+router = APIRouter(prefix="/api/ai", tags=["orchestration"], dependencies=[Depends(require_admin)])
+CAS_RETRIES = 8
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    grace_secs: float = Field(30.0, ge=0, le=86400, description="seconds at weight 0 before deletion")
+    replica: str | None = Field(None, description="drain only this replica id")
+
+
+@router.get("/explain/placement/{deployment}")
+def explain_placement(deployment: str, state: AppState = Depends(get_state)) -> dict:
+    snap = load_snapshot(state.store)
+    dep = snap.deployments.get(deployment)
+    if dep is None:
+        raise NotFound(f"deployment {deployment!r} not found")
+    replicas = snap.replicas.get(deployment, [])
+    body: dict = {
+        "deployment": deployment,
+        "replicas": [{"replica_id": r.replica_id, "ordinal": r.ordinal, "node": r.node, "gpus": r.gpus,
+                      "phase": r.phase} for r in sorted(replicas, key=lambda r: r.ordinal)],
+    }
+    profile, model = snap.profiles.get(dep.profile), snap.models.get(dep.model)
+    if profile is None or model is None:
+        missing = f"model {dep.model!r}" if model is None else f"profile {dep.profile!r}"
+        body.update(node=None, gpus=[], message=f"{missing} does not exist", nodes=[])
+        return body
+    live = [r for r in replicas if not r.draining and r.phase != "Deleting"]
+    plan = place(dep, profile, model, list(snap.nodes.values()), snap.reserved_by_node(), time.time(),
+                 SchedulerSettings.from_env(), replicas=live)
+    body.update(
+        node=plan.node, gpus=list(plan.gpus), message=plan.message,
+        nodes=[{"node": v.node, "eligible": v.eligible, "chosen": v.node == plan.node, "score": v.score,
+                "reason": v.reason} for v in plan.verdicts],
+    )
+    return body
+
+
+@router.get("/explain/routing/{endpoint}")
+def explain_routing(endpoint: str, state: AppState = Depends(get_state)) -> dict:
+    snap = load_snapshot(state.store)
+    ep = snap.endpoints.get(endpoint)
+    if ep is None:
+        raise NotFound(f"endpoint {endpoint!r} not found")
+    plan = plan_routing(ep, snap.replicas.get(ep.deployment, []), snap.observations, snap.nodes, time.time())
+    return {
+        "endpoint": endpoint, "deployment": ep.deployment, "strategy": plan.strategy, "vip": ep.status.vip,
+        "port": ep.port,
+        "replicas": [{"replica_id": e.replica_id, "included": e.included, "reason": e.reason, "weight": e.weight,
+                      "host": e.host, "port": e.port, "maglev": e.in_maglev, "metrics": e.metrics}
+                     for e in plan.entries],
+        "backends": [{"backend": f"{h}:{p}", "weight": w} for h, p, w in plan.backends],
+    }
+
+
+@router.get("/deployments/{name}/metrics")
+def deployment_metrics(name: str, state: AppState = Depends(get_state)) -> dict:
+    snap = load_snapshot(state.store)
+    if name not in snap.deployments:
+        raise NotFound(f"deployment {name!r} not found")
+    out = []
+    for r in sorted(snap.replicas.get(name, []), key=lambda r: r.ordinal):
+        obs = snap.observations.get(r.replica_id)
+        out.append({"replica_id": r.replica_id, "ordinal": r.ordinal, "node": r.node, "phase": r.phase,
+                    "ready": r.ready, "draining": r.draining,
+                    "metrics": obs.model_dump(exclude={"replica_id"}) if obs else None})
+    return {"deployment": name, "replicas": out}
+
+
+@router.post("/deployments/{name}/drain", status_code=202)
+def drain(name: str, body: DrainRequest, state: AppState = Depends(get_state)) -> dict:
+    store = state.store
+    key = keyspace.deployments(name)
+    if store.get(key) is None:
+        raise NotFound(f"deployment {name!r} not found")
+    deadline = time.time() + body.grace_secs
+    if body.replica is None:
+        for _ in range(CAS_RETRIES):
+            kv = store.get(key)
+            if kv is None:
+                raise NotFound(f"deployment {name!r} not found")
+            record = json.loads(kv.value)
+            if record.get("status", {}).get("phase") == "Deleting":
+                raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
+            record["replicas"] = 0
+            record.setdefault("status", {})["message"] = f"draining all replicas for {body.grace_secs:g}s"
+            if store.cas(key, json.dumps(record), kv.mod_revision):
+                break
+        else:
+            raise Conflict(f"deployment {name!r} changed too often while draining; try again", code="contended")
+    snap = load_snapshot(store)
+    targets = [r for r in snap.replicas.get(name, []) if body.replica in (None, r.replica_id)]
+    if body.replica is not None and not targets:
+        raise NotFound(f"replica {body.replica!r} of deployment {name!r} not found")
+    drained = []
+    for r in targets:
+        if r.draining or r.phase == "Deleting":
+            continue
+        current = get_replica(store, name, r.replica_id)
+        if current is None:
+            continue
+        put_replica(store, current.model_copy(update={"draining": True, "drain_deadline": deadline,
+                                                       "phase": "Draining",
+                                                       "message": f"drained by operator, {body.grace_secs:g}s grace"}))
+        drained.append(r.replica_id)
+    return {"deployment": name, "drained": drained, "delete_after": deadline}
+
+
+@router.get("/capacity")
+def capacity(state: AppState = Depends(get_state)) -> dict:
+    snap = load_snapshot(state.store)
+    reserved = snap.reserved_by_node()
+    now = time.time()
+    settings = SchedulerSettings.from_env()
+    nodes, sites = [], {}
+    for node in sorted(snap.nodes.values(), key=lambda n: n.id):
+        total = len(node.gpus)
+        held = len([g for g in node.gpus if g.pci in reserved.get(node.id, set())])
+        online = node_online(node, now, settings)
+        free = total - held if online and not node.taints else 0
+        nodes.append({"node": node.id, "site": node.site, "online": online, "taints": node.taints,
+                      "gpus_total": total, "gpus_reserved": held, "gpus_free": free,
+                      "cpu_free": node.cpu_free, "memory_free_gib": node.memory_free_gib})
+        site = sites.setdefault(node.site, {"site": node.site, "nodes": 0, "gpus_total": 0, "gpus_free": 0})
+        site["nodes"] += 1
+        site["gpus_total"] += total
+        site["gpus_free"] += free
+    return {
+        "gpus_total": sum(n["gpus_total"] for n in nodes),
+        "gpus_free": sum(n["gpus_free"] for n in nodes),
+        "nodes": nodes,
+        "sites": [sites[k] for k in sorted(sites)],
+    }
+
+
