@@ -1,0 +1,111 @@
+"""Attach and detach the XDP and TC programs on a device, in any network namespace.
+
+XDP goes on the device's ingress (forward path and source-NAT replies); the TC
+program goes on its clsact egress (replies from bridge backends). Both outlive
+the agent process by design, so detach is explicit. An existing clsact qdisc
+(EEXIST) is taken as already there.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from common.errors import NotFound
+from agent.dataplane.netns import run_in_netns
+
+TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
+TC_FILTER_NAME = "fabric_reverse_nat"
+TC_PRIO = 1
+TC_HANDLE = 1
+
+
+def _index(ipr, iface: str) -> int:
+    found = ipr.link_lookup(ifname=iface)
+    if not found:
+        raise NotFound(f"interface {iface} not found")
+    return found[0]
+
+
+def _write_sysctl(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def attach_programs(iface: str, netns: str | None, xdp_fd: int, tc_fd: int, source_nat: bool) -> None:
+    def body() -> None:
+        from bcc import BPF
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with IPRoute() as ipr:
+            idx = _index(ipr, iface)
+            # A newer program replaces the old one in one step: no gap in forwarding.
+            BPF.attach_xdp(iface, _Fd(xdp_fd), 0)
+            try:
+                ipr.tc("add", "clsact", idx)
+            except NetlinkError as exc:
+                if exc.code != errno.EEXIST:
+                    raise
+            try:
+                ipr.tc("del-filter", "bpf", idx, TC_HANDLE, parent=TC_EGRESS_PARENT, prio=TC_PRIO)
+            except NetlinkError as exc:
+                if exc.code not in (errno.ENOENT, errno.EINVAL):
+                    raise
+            ipr.tc("add-filter", "bpf", idx, TC_HANDLE, fd=tc_fd, name=TC_FILTER_NAME,
+                   parent=TC_EGRESS_PARENT, prio=TC_PRIO, classid=1, direct_action=True)
+        if source_nat:
+            # Source-NATed packets arrive carrying node_ip, a local address: the
+            # kernel drops them as martians unless accept_local is on and the
+            # reverse-path filter is off for this device.
+            _write_sysctl(f"/proc/sys/net/ipv4/conf/{iface}/accept_local", "1")
+            _write_sysctl(f"/proc/sys/net/ipv4/conf/{iface}/rp_filter", "0")
+
+    run_in_netns(netns, body)
+
+
+def detach_programs(iface: str, netns: str | None) -> None:
+    def body() -> None:
+        from bcc import BPF
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with IPRoute() as ipr:
+            idx = _index(ipr, iface)
+            BPF.remove_xdp(iface, 0)
+            try:
+                ipr.tc("del-filter", "bpf", idx, TC_HANDLE, parent=TC_EGRESS_PARENT, prio=TC_PRIO)
+            except NetlinkError as exc:
+                if exc.code not in (errno.ENOENT, errno.EINVAL):
+                    raise
+
+    run_in_netns(netns, body)
+
+
+def route_is_via_bridge(ip: str, netns: str | None) -> bool:
+    """True when the route to `ip` leaves through a bridge device (a local backend)."""
+
+    def body() -> bool:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with IPRoute() as ipr:
+            try:
+                routes = ipr.route("get", dst=ip)
+            except NetlinkError:
+                return False
+            if not routes:
+                return False
+            oif = routes[0].get_attr("RTA_OIF")
+            links = ipr.link("get", index=oif)
+            info = links[0].get_attr("IFLA_LINKINFO") if links else None
+            kind = info.get_attr("IFLA_INFO_KIND") if info else None
+            return kind == "bridge"
+
+    return run_in_netns(netns, body)
+
+
+class _Fd:
+    """What BPF.attach_xdp expects: an object with .fd."""
+
+    def __init__(self, fd: int):
+        self.fd = fd

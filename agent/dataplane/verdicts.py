@@ -1,0 +1,37 @@
+"""Verdict codes of the XDP program, mirrored from dataplane/bpf/verdicts.h.
+
+A test parses the header and compares it with this enum, so a code added on one
+side only fails CI.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import IntEnum
+from pathlib import Path
+
+VERDICTS_HEADER = Path(__file__).resolve().parents[2] / "dataplane" / "bpf" / "verdicts.h"
+
+
+class Verdict(IntEnum):
+    PASS_NOT_IPV4 = 0
+    PASS_NOT_VIP = 1
+    PASS_NOT_TCP_UDP = 2
+    DROP_TRUNCATED = 3
+    DROP_IP_OPTIONS = 4
+    DROP_FRAGMENT = 5
+    DROP_UNKNOWN_PORT = 6
+    DROP_NO_BACKEND = 7
+    DROP_SNAT_EXHAUSTED = 8
+    FWD_NEW_FLOW = 9
+    FWD_ESTABLISHED = 10
+    REPLY_SNAT = 11
+
+
+VERDICT_MAX = 12
+
+
+def parse_verdicts_header(path: Path = VERDICTS_HEADER) -> dict[str, int]:
+    """Every `#define VERDICT_<NAME> <n>` of the header, VERDICT_MAX included."""
+    pattern = re.compile(r"^#define\s+VERDICT_(\w+)\s+(\d+)\b", re.MULTILINE)
+    return {name: int(value) for name, value in pattern.findall(path.read_text())}
