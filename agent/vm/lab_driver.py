@@ -1,0 +1,216 @@
+"""Lab VM driver: a replica is a network namespace on the node's bridge running fabric-engine-sim.
+
+It stands in for a QEMU guest on a host with no GPU: the replica gets its own network stack,
+an address from the node's replica subnet, a default route through the node (the bridge
+address), and the simulated vLLM engine on :8000 serving the deployment's model name. Everything
+above the driver (reservations, binds through the fake sysfs, the reconciler, Maglev, the
+gateway) runs unchanged.
+
+Invariants:
+  - Namespaces are named ``{prefix}r-{replica_id}``; the record of each replica (address, veth,
+    engine pid) lives in ``{state_dir}/lab-replicas/{replica_id}.json``. A restarted agent
+    adopts what it finds (namespace + record) instead of recreating or leaking it.
+  - The engine runs in its own session, so it outlives an agent restart like a VM would.
+  - delete() kills every process in the namespace, then removes the namespace; the kernel
+    removes the veth pair with it.
+Links are made with iproute2 (`ip`), which every lab host has; the bridge itself is made by the
+lab topology (controlplane lab up), not by this driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agent.vm.base import VmSpec, VmStatus
+from common.errors import Refused, TransientError
+
+
+@dataclass(frozen=True)
+class LabNetwork:
+    node_netns: str  # the node namespace holding the bridge
+    bridge: str  # bridge in the node namespace
+    subnet: str  # replica subnet, e.g. 10.244.0.0/24
+    gateway: str  # bridge address, the replicas' default route
+    prefix: str = "fabric-lab-"
+
+
+@dataclass
+class _Record:
+    replica_id: str
+    netns: str
+    veth: str
+    address: str
+    pid: int
+    model: str
+    port: int
+
+
+def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = ["ip", *(["-n", netns] if netns else []), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    if check and res.returncode != 0:
+        raise TransientError(f"`{' '.join(cmd)}` failed: {res.stderr.strip()}")
+    return res
+
+
+def _netns_exists(name: str) -> bool:
+    return Path("/var/run/netns", name).exists()
+
+
+def _alive(pid: int, marker: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return marker in cmdline
+
+
+def _engine_command() -> list[str]:
+    script = Path(sys.executable).parent / "fabric-engine-sim"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("fabric-engine-sim")
+    return [found] if found else [sys.executable, "-m", "agent.engine_sim.cli"]
+
+
+class LabDriver:
+    name = "lab"
+
+    def __init__(self, network: LabNetwork, state_dir: Path):
+        self.net = network
+        self.dir = Path(state_dir) / "lab-replicas"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    # ---- records -------------------------------------------------------------------------
+    def _path(self, replica_id: str) -> Path:
+        return self.dir / f"{replica_id}.json"
+
+    def _load(self, replica_id: str) -> _Record | None:
+        try:
+            return _Record(**json.loads(self._path(replica_id).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _save(self, rec: _Record) -> None:
+        tmp = self._path(rec.replica_id).with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(rec)))
+        tmp.replace(self._path(rec.replica_id))
+
+    def _records(self) -> list[_Record]:
+        out = []
+        for p in sorted(self.dir.glob("*.json")):
+            rec = self._load(p.stem)
+            if rec:
+                out.append(rec)
+        return out
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _netns_name(self, replica_id: str) -> str:
+        return f"{self.net.prefix}r-{replica_id}"
+
+    def _veth_name(self, replica_id: str) -> str:
+        # Interface names are at most 15 bytes: a short stable hash of the replica id.
+        return "flr" + hashlib.sha256(replica_id.encode()).hexdigest()[:10]
+
+    def _free_address(self) -> str:
+        net = ipaddress.ip_network(self.net.subnet)
+        used = {r.address for r in self._records()} | {self.net.gateway}
+        for host in list(net.hosts())[9:]:  # .1-.9 stay for the node and the lab itself
+            if str(host) not in used and host.packed[-1] not in (0, 255):
+                return str(host)
+        raise Refused(f"replica subnet {self.net.subnet} is full")
+
+    def _status(self, rec: _Record) -> VmStatus:
+        if not _netns_exists(rec.netns):
+            return VmStatus(rec.replica_id, "failed", rec.address, rec.port, "namespace is gone")
+        if not _alive(rec.pid, rec.replica_id):
+            return VmStatus(rec.replica_id, "failed", rec.address, rec.port, "engine process exited")
+        return VmStatus(rec.replica_id, "running", rec.address, rec.port, f"netns {rec.netns}")
+
+    def _start_engine(self, rec: _Record, spec: VmSpec | None) -> int:
+        log = open(self.dir / f"{rec.replica_id}.log", "ab")
+        knobs: list[str] = []
+        for k, v in sorted((spec.engine_args if spec else {}).items()):
+            knobs += [f"--{k}", str(v)]
+        cmd = ["ip", "netns", "exec", rec.netns, *_engine_command(), "--host", "0.0.0.0",
+               "--port", str(rec.port), "--model", rec.model, "--replica-id", rec.replica_id, *knobs]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, close_fds=True)
+        log.close()
+        return proc.pid
+
+    # ---- VmDriver --------------------------------------------------------------------------
+    def create(self, spec: VmSpec) -> VmStatus:
+        with self._lock:
+            rec = self._load(spec.replica_id)
+            if rec and _netns_exists(rec.netns):
+                if not _alive(rec.pid, rec.replica_id):
+                    rec.pid = self._start_engine(rec, spec)
+                    self._save(rec)
+                return self._status(rec)
+            ns, veth = self._netns_name(spec.replica_id), self._veth_name(spec.replica_id)
+            address = rec.address if rec else self._free_address()
+            prefixlen = ipaddress.ip_network(self.net.subnet).prefixlen
+            try:
+                if not _netns_exists(ns):
+                    _ip("netns", "add", ns)
+                _ip("link", "del", veth, netns=self.net.node_netns, check=False)
+                _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns,
+                    netns=self.net.node_netns)
+                _ip("link", "set", veth, "master", self.net.bridge, "up", netns=self.net.node_netns)
+                _ip("link", "set", "lo", "up", netns=ns)
+                _ip("addr", "add", f"{address}/{prefixlen}", "dev", "eth0", netns=ns)
+                _ip("link", "set", "eth0", "up", netns=ns)
+                _ip("route", "add", "default", "via", self.net.gateway, netns=ns)
+            except TransientError:
+                self._teardown(ns, veth)
+                raise
+            rec = _Record(spec.replica_id, ns, veth, address, 0, spec.model_name, spec.port)
+            rec.pid = self._start_engine(rec, spec)
+            self._save(rec)
+            return VmStatus(spec.replica_id, "starting", address, spec.port, f"netns {ns}")
+
+    def get(self, vm_id: str) -> VmStatus | None:
+        rec = self._load(vm_id)
+        return self._status(rec) if rec else None
+
+    def list(self) -> list[VmStatus]:
+        return [self._status(r) for r in self._records()]
+
+    def delete(self, vm_id: str) -> bool:
+        with self._lock:
+            rec = self._load(vm_id)
+            ns = rec.netns if rec else self._netns_name(vm_id)
+            existed = rec is not None or _netns_exists(ns)
+            self._teardown(ns, rec.veth if rec else self._veth_name(vm_id))
+            self._path(vm_id).unlink(missing_ok=True)
+            (self.dir / f"{vm_id}.log").unlink(missing_ok=True)
+            return existed
+
+    def _teardown(self, ns: str, veth: str) -> None:
+        if _netns_exists(ns):
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and subprocess.run(
+                ["ip", "netns", "pids", ns], capture_output=True, text=True
+            ).stdout.strip():
+                time.sleep(0.05)
+            _ip("netns", "del", ns, check=False)
+        _ip("link", "del", veth, netns=self.net.node_netns, check=False)

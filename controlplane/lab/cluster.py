@@ -1,0 +1,190 @@
+"""Bring the whole lab cluster up and down: topology, fabricd, one agent, one gateway.
+
+`up` always cleans first (stale namespaces, links, pinned maps, processes from a crashed run),
+then builds the topology, initialises fabricd's state, issues the node's certificate from the
+cluster CA, starts the three processes, waits until each answers, logs in and writes
+``{state}/env`` with FABRIC_URL, FABRIC_TOKEN and FABRIC_CA for the operator's shell.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import ssl
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from common.pki import ensure_ca, issue_cert, pki_dir
+from controlplane.lab import processes
+from controlplane.lab.topology import LabTopology, down as topo_down, leftovers, up as topo_up
+
+NODE_ID = "lab-node-0"
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    state_dir: Path
+    api_port: int = 8443
+    agent_port: int = 9443
+    gateway_port: int = 8444
+    gpus: int = 8
+    gpu_name: str = "h100"
+    pin_dir: Path = Path("/sys/fs/bpf/fabric-lab")
+    reconcile_secs: float = 2.0
+    routing_secs: float = 2.0
+    topology: LabTopology = field(default_factory=LabTopology)
+
+    @property
+    def fabricd_dir(self) -> Path:
+        return self.state_dir / "fabricd"
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"https://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def ca(self) -> Path:
+        return pki_dir(self.fabricd_dir) / "ca.crt"
+
+
+@dataclass(frozen=True)
+class LabHandle:
+    config: LabConfig
+    token: str
+    env: dict[str, str]
+
+
+def _wait_http(url: str, ca: Path, what: str, timeout: float = 60.0, log: Path | None = None) -> None:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(url, verify=ctx, timeout=2.0)
+            if r.status_code < 500:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(0.3)
+    tail = log.read_text()[-2000:] if log and log.exists() else ""
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s ({last})\n{tail}")
+
+
+def service_env(cfg: LabConfig) -> dict[str, str]:
+    """Environment shared by fabricd and the gateway in the lab."""
+    t = cfg.topology
+    return {
+        "FABRIC_ADDRESS_POOL": t.vip_pool,
+        "FABRIC_KEY_HMAC_SECRET_FILE": str(cfg.state_dir / "key-hmac-secret"),
+        "FABRIC_RECONCILE_SECS": str(cfg.reconcile_secs),
+        "FABRIC_ROUTING_SECS": str(cfg.routing_secs),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def down(cfg: LabConfig) -> list[str]:
+    """Stop processes, remove namespaces, links and pinned maps. Safe to run any time."""
+    removed = [f"process {p}" for p in processes.stop_all(cfg.state_dir)] if cfg.state_dir.exists() else []
+    removed += topo_down(cfg.topology)
+    if cfg.pin_dir.exists():
+        shutil.rmtree(cfg.pin_dir, ignore_errors=True)
+        removed.append(f"pins {cfg.pin_dir}")
+    return removed
+
+
+def status(cfg: LabConfig) -> list[str]:
+    left = leftovers(cfg.topology)
+    if cfg.state_dir.exists():
+        left += [f"process {p}" for p in processes.running(cfg.state_dir)]
+    if cfg.pin_dir.exists():
+        left.append(f"pins {cfg.pin_dir}")
+    return left
+
+
+def up(cfg: LabConfig, echo=print) -> LabHandle:
+    down(cfg)
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    t = cfg.topology
+    echo(f"lab: network namespaces {t.node_ns} (XDP on {', '.join(t.xdp_ifaces)}, bridge {t.bridge}) "
+         f"and {t.client_ns}")
+    topo_up(t)
+    env = service_env(cfg)
+    secret = cfg.state_dir / "key-hmac-secret"
+    if not secret.exists():
+        secret.write_text(secrets.token_hex(32))
+        secret.chmod(0o600)
+    fd = cfg.fabricd_dir
+    subprocess.run([processes.bin_path("fabricd"), "init", "--state-dir", str(fd)], check=True,
+                   capture_output=True, env={**env})
+    ensure_ca(fd)
+    node_pki = cfg.state_dir / "agent-pki"
+    node_pki.mkdir(exist_ok=True)
+    crt, key = issue_cert(fd, NODE_ID, server=True, client=True, hosts=["127.0.0.1", "localhost"])
+    shutil.copy(crt, node_pki / f"{NODE_ID}.crt")
+    shutil.copy(key, node_pki / f"{NODE_ID}.key")
+    shutil.copy(cfg.ca, node_pki / "ca.crt")
+
+    echo(f"lab: starting fabricd on {cfg.url}")
+    processes.start(cfg.state_dir, "fabricd", [
+        processes.bin_path("fabricd"), "serve", "--state-dir", str(fd),
+        "--listen", f"127.0.0.1:{cfg.api_port}"], env)
+    _wait_http(f"{cfg.url}/openapi.json", cfg.ca, "fabricd", log=cfg.state_dir / "logs" / "fabricd.log")
+
+    echo(f"lab: starting fabric-agent {NODE_ID} (lab VM driver, {cfg.gpus} simulated {cfg.gpu_name} GPUs)")
+    agent_cmd = [
+        processes.bin_path("fabric-agent"), "serve", "--node-id", NODE_ID,
+        "--listen", f"127.0.0.1:{cfg.agent_port}", "--control-plane", cfg.url,
+        "--state-dir", str(cfg.state_dir / "agent"), "--pki-dir", str(node_pki),
+        "--vm-driver", "lab", "--fake-gpus", str(cfg.gpus), "--fake-gpu-name", cfg.gpu_name,
+        "--pin-dir", str(cfg.pin_dir), "--dataplane-netns", t.node_ns,
+        "--lab-netns", t.node_ns, "--lab-bridge", t.bridge, "--lab-subnet", t.replica_subnet,
+        "--lab-gateway", t.bridge_addr, "--heartbeat-secs", "2",
+    ]
+    for iface in t.xdp_ifaces:
+        agent_cmd += ["--dataplane-iface", iface]
+    processes.start(cfg.state_dir, "agent", agent_cmd, {"PYTHONUNBUFFERED": "1"})
+
+    echo(f"lab: starting fabric-gateway on {cfg.gateway_url}")
+    processes.start(cfg.state_dir, "gateway", [
+        processes.bin_path("fabric-gateway"), "serve", "--state-dir", str(fd),
+        "--listen", f"127.0.0.1:{cfg.gateway_port}"], env)
+
+    password = (fd / "admin-password").read_text().strip()
+    ctx = ssl.create_default_context(cafile=str(cfg.ca))
+    r = httpx.post(f"{cfg.url}/api/auth/login", json={"username": "admin", "password": password},
+                   verify=ctx, timeout=10)
+    r.raise_for_status()
+    token = r.json()["token"]
+    _wait_http(f"{cfg.gateway_url}/metrics", cfg.ca, "fabric-gateway", log=cfg.state_dir / "logs" / "gateway.log")
+    _wait_node(cfg, token)
+    op_env = {"FABRIC_URL": cfg.url, "FABRIC_TOKEN": token, "FABRIC_CA": str(cfg.ca)}
+    (cfg.state_dir / "env").write_text("".join(f"export {k}={v}\n" for k, v in op_env.items()))
+    (cfg.state_dir / "lab.json").write_text(json.dumps({"gateway": cfg.gateway_url, **op_env}))
+    return LabHandle(cfg, token, op_env)
+
+
+def _wait_node(cfg: LabConfig, token: str, timeout: float = 60.0) -> None:
+    ctx = ssl.create_default_context(cafile=str(cfg.ca))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{cfg.url}/api/ai/nodes/{NODE_ID}", headers={"Authorization": f"Bearer {token}"},
+                          verify=ctx, timeout=2)
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    log = cfg.state_dir / "logs" / "agent.log"
+    raise RuntimeError(f"node {NODE_ID} did not register within {timeout:.0f}s\n"
+                       + (log.read_text()[-3000:] if log.exists() else ""))

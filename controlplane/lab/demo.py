@@ -1,0 +1,141 @@
+"""The newcomer's demo: drive the lab with the same fabricctl an operator types, and show it work.
+
+Every step prints the command it runs and that command's real output. Waits are bounded and
+say what they wait for; a step that fails stops the demo with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from controlplane.lab import processes
+from controlplane.lab.cluster import LabConfig, NODE_ID
+
+MODEL, PROFILE, ROUTING = "demo-llm", "lab-h100", "least_queue"
+ENDPOINT = f"{MODEL}-openai"
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def _env(cfg: LabConfig) -> dict[str, str]:
+    data = json.loads((cfg.state_dir / "lab.json").read_text())
+    return {**os.environ, "FABRIC_URL": data["FABRIC_URL"], "FABRIC_TOKEN": data["FABRIC_TOKEN"],
+            "FABRIC_CA": data["FABRIC_CA"]}
+
+
+def ctl(cfg: LabConfig, *args: str, echo=print, quiet: bool = False) -> str:
+    cmd = [processes.bin_path("fabricctl"), "ai", *args]
+    if not quiet:
+        echo(f"\n$ fabricctl ai {' '.join(shlex.quote(a) for a in args)}")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cfg), timeout=60)
+    if res.returncode != 0:
+        raise DemoError(f"fabricctl ai {' '.join(args)} failed: {res.stderr.strip() or res.stdout.strip()}")
+    if not quiet:
+        echo(res.stdout.rstrip())
+    return res.stdout
+
+
+def ctl_json(cfg: LabConfig, *args: str) -> dict | list:
+    return json.loads(ctl(cfg, *args, "--json", quiet=True))
+
+
+def wait_for(what: str, check, timeout: float, echo=print, every: float = 1.0):
+    echo(f"... waiting for {what}")
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def in_client_ns(cfg: LabConfig, cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", cfg.topology.client_ns, *cmd], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def chat_body(content: str = "Say hello to Fabric") -> str:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 12})
+
+
+def run_demo(cfg: LabConfig, echo=print) -> dict:
+    echo("\n== 1. The node registers with its simulated GPUs")
+    ctl(cfg, "node", "list", echo=echo)
+    ctl(cfg, "gpus", echo=echo)
+
+    echo("\n== 2. A model, a profile, and a deployment of 3 replicas")
+    ctl(cfg, "model", "add", MODEL, "--source", "hf://Qwen/Qwen3-8B", echo=echo)
+    ctl(cfg, "profile", "add", PROFILE, "--runtime", "vllm", "--gpu", "1", "--vram", "24", "--cpu", "1",
+        "--memory", "1", echo=echo)
+    ctl(cfg, "deploy", MODEL, "--profile", PROFILE, "--replicas", "3", echo=echo)
+    wait_for("3 ready replicas", lambda: ctl_json(cfg, "deployment", "show", MODEL)["status"]["ready_replicas"] >= 3,
+             120, echo)
+    ctl(cfg, "deployment", "show", MODEL, echo=echo)
+
+    echo(f"\n== 3. An OpenAI endpoint with {ROUTING} routing gets a VIP")
+    ctl(cfg, "endpoint", "expose", MODEL, "--openai-compatible", "--routing", ROUTING, echo=echo)
+    vip = wait_for("a VIP and live Maglev weights",
+                   lambda: (ctl_json(cfg, "endpoint", "show", ENDPOINT).get("status") or {}).get("vip"), 60, echo)
+    port = ctl_json(cfg, "endpoint", "show", ENDPOINT).get("port", 8000)
+
+    echo("\n== 4. An API key for the gateway")
+    key_out = ctl_json(cfg, "key", "create", "demo-key", "--endpoint", ENDPOINT)
+    key = key_out.get("key") or key_out.get("api_key") or key_out.get("secret")
+    echo(f"created key {key_out.get('id', '')} (the secret is shown once; kept in {cfg.state_dir / 'demo-key'})")
+    (cfg.state_dir / "demo-key").write_text(key)
+    (cfg.state_dir / "demo-key").chmod(0o600)
+
+    echo(f"\n== 5. A chat completion through the Maglev VIP from the client namespace (no key)")
+    curl = ["curl", "-s", "--max-time", "20", f"http://{vip}:{port}/v1/chat/completions",
+            "-H", "content-type: application/json", "-d", chat_body(), "-D", "-"]
+    echo(f"$ ip netns exec {cfg.topology.client_ns} curl -s http://{vip}:{port}/v1/chat/completions ...")
+    res = wait_for("the VIP to answer", lambda: (lambda r: r if r.returncode == 0 and " 200" in r.stdout else None)(
+        in_client_ns(cfg, curl)), 30, echo)
+    echo(_short_response(res.stdout))
+
+    echo("\n== 6. The same through the authenticated gateway with the key")
+    gw = f"{cfg.gateway_url}/api/ai/openai/{ENDPOINT}/v1/chat/completions"
+    echo(f"$ curl --cacert $FABRIC_CA {gw} -H 'Authorization: Bearer fvai_...' ...")
+    res = subprocess.run(["curl", "-s", "--max-time", "20", "--cacert", str(cfg.ca), gw, "-D", "-",
+                          "-H", f"Authorization: Bearer {key}", "-H", "content-type: application/json",
+                          "-d", chat_body()], capture_output=True, text=True, timeout=30)
+    if " 200" not in res.stdout:
+        raise DemoError(f"gateway call failed: {res.stdout[-500:]} {res.stderr[-300:]}")
+    echo(_short_response(res.stdout))
+
+    echo("\n== 7. The endpoint with its live weights")
+    ctl(cfg, "endpoint", "show", ENDPOINT, echo=echo)
+
+    env_file = cfg.state_dir / "env"
+    echo(f"""
+== The lab is yours
+  Operator shell:   source {env_file}; fabricctl ai endpoint show {ENDPOINT}
+  Direct VIP (L4):  sudo ip netns exec {cfg.topology.client_ns} curl http://{vip}:{port}/v1/models
+  Gateway (L7):     OPENAI_BASE_URL={cfg.gateway_url}/api/ai/openai/{ENDPOINT}/v1 \\
+                    OPENAI_API_KEY=$(cat {cfg.state_dir / 'demo-key'}) SSL_CERT_FILE={cfg.ca} python your_client.py
+  Put load on it:   scripts/lab-load --state-dir {cfg.state_dir} --replica 0 --queue 40
+                    then watch: watch -n2 fabricctl ai endpoint show {ENDPOINT}
+  Explain routing:  fabricctl ai explain routing {ENDPOINT}   (or GET /api/ai/explain/routing/{ENDPOINT})
+  Node:             {NODE_ID}; logs under {cfg.state_dir / 'logs'}
+""")
+    return {"vip": vip, "port": port, "key": key}
+
+
+def _short_response(raw: str) -> str:
+    head, _, body = raw.partition("\r\n\r\n")
+    status = head.splitlines()[0] if head else ""
+    replica = next((line for line in head.splitlines() if line.lower().startswith("x-fabric-replica")), "")
+    try:
+        content = json.loads(body)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        content = body[:200]
+    return f"{status}  {replica}\n  assistant: {content}"
