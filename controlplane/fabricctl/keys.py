@@ -1,0 +1,87 @@
+"""`fabricctl ai key ...`: inference API keys.
+
+    key create NAME --endpoint E [--model M --tenant T --ttl-secs N --request-quota N
+                                  --tokens-per-minute N --max-concurrent N]
+    key list | key show ID | key rotate ID [--overlap-secs N] | key delete ID
+
+create and rotate print the plaintext key once; it cannot be shown again.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from controlplane.fabricctl.output import col, emit_object, emit_table, session
+
+JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
+KEY_COLUMNS = [col("ID", "id"), col("NAME", "name"), col("PREFIX", "prefix"), col("ENDPOINT", "endpoint"),
+               col("MODEL", "model"), col("TENANT", "tenant"), col("USED", "requests_used"),
+               col("QUOTA", "request_quota"), col("TPM", "tokens_per_minute"), col("MAX_CONC", "max_concurrent"),
+               col("EXPIRED", "expired"), col("ROTATING", "rotating")]
+
+key_app = typer.Typer(help="Scoped inference API keys for the gateway.", no_args_is_help=True)
+
+
+def _print_secret(created: dict, as_json: bool) -> None:
+    if as_json:
+        emit_object(created, True)
+        return
+    typer.echo(f"id: {created['id']}")
+    typer.echo(f"endpoint: {created['endpoint']}")
+    typer.echo(f"key: {created['key']}")
+    typer.echo("store this key now: it is not shown again", err=True)
+
+
+@key_app.command("create")
+def key_create(
+    name: str,
+    endpoint: str = typer.Option(..., "--endpoint", help="the one endpoint this key may call"),
+    model: str = typer.Option(None, "--model", help="only this model"),
+    tenant: str = typer.Option(None, "--tenant"),
+    ttl_secs: int = typer.Option(0, "--ttl-secs", help="seconds until expiry; 0 never expires"),
+    request_quota: int = typer.Option(None, "--request-quota", help="lifetime requests"),
+    tokens_per_minute: int = typer.Option(None, "--tokens-per-minute"),
+    max_concurrent: int = typer.Option(None, "--max-concurrent"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Create a key; the plaintext is printed once."""
+    body = {"name": name, "endpoint": endpoint, "model": model, "tenant": tenant, "ttl_secs": ttl_secs,
+            "request_quota": request_quota, "tokens_per_minute": tokens_per_minute,
+            "max_concurrent": max_concurrent}
+    with session() as c:
+        created = c.post("/api/ai/keys", {k: v for k, v in body.items() if v is not None})
+    _print_secret(created, as_json)
+
+
+@key_app.command("list")
+def key_list(as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_table(c.get("/api/ai/keys"), KEY_COLUMNS, as_json)
+
+
+@key_app.command("show")
+def key_show(key_id: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        emit_object(c.get(f"/api/ai/keys/{key_id}"), as_json)
+
+
+@key_app.command("rotate")
+def key_rotate(
+    key_id: str,
+    overlap_secs: int = typer.Option(3600, "--overlap-secs", help="how long the current secret keeps working"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Issue a new secret; the current one stays valid for --overlap-secs."""
+    with session() as c:
+        rotated = c.post(f"/api/ai/keys/{key_id}/rotate", {"overlap_secs": overlap_secs})
+    _print_secret(rotated, as_json)
+
+
+@key_app.command("delete")
+def key_delete(key_id: str, as_json: bool = JSON_OPT) -> None:
+    with session() as c:
+        result = c.delete(f"/api/ai/keys/{key_id}")
+    if as_json:
+        emit_object(result or {}, True)
+    else:
+        typer.echo(f"key {key_id} deleted")

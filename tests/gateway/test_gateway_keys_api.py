@@ -1,0 +1,96 @@
+"""API keys end to end: fabricd's /api/ai/keys (real process), fabricctl ai key (real CLI), and
+the key it prints used through a real gateway against fabric-engine-sim."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import openai
+import pytest
+
+from agent.engine_sim.process import EngineProcess
+from common.store.base import open_store
+from tests.controlplane.conftest import BIN, login, start_fabricd
+from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, publish_endpoint
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("keys")
+    with start_fabricd(tmp, env={"FABRIC_KEY_HMAC_SECRET": HMAC_SECRET}) as server:
+        store = open_store(f"sqlite://{server.state_dir}/fabric.db")
+        with EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0"]) as eng:
+            publish_endpoint(store, "chat", [eng])
+            gw = GatewayProcess.start(server.state_dir, f"sqlite://{server.state_dir}/fabric.db",
+                                      {"FABRIC_GATEWAY_CACHE_SECS": "0.2"})
+            try:
+                yield server, store, gw
+            finally:
+                gw.stop()
+                store.close()
+
+
+def test_keys_api_create_list_rotate_delete_never_shows_a_hash(stack):
+    server, _, _ = stack
+    with server.client() as anon:
+        assert anon.get("/api/ai/keys").status_code == 401
+    with server.client(login(server)) as api:
+        created = api.post("/api/ai/keys", json={"name": "k1", "endpoint": "chat", "request_quota": 5})
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert body["key"].startswith("fvai_") and "hash" not in body and "previous_hash" not in body
+        listed = api.get("/api/ai/keys").json()
+        assert [k["id"] for k in listed] == [body["id"]]
+        assert all("hash" not in k and "key" not in k for k in listed) and body["key"] not in json.dumps(listed)
+        assert api.post("/api/ai/keys", json={"name": "k2", "endpoint": "nope"}).status_code == 404
+        bad = api.post("/api/ai/keys", json={"name": "k2", "endpoint": "chat", "max_concurrent": 0})
+        assert bad.status_code == 422 and "max_concurrent" in bad.text
+        rotated = api.post(f"/api/ai/keys/{body['id']}/rotate", json={}).json()
+        assert rotated["key"] != body["key"] and rotated["rotating"] is True
+        assert api.get("/api/ai/audit/verify").json()["ok"] is True
+        assert api.delete(f"/api/ai/keys/{body['id']}").status_code == 200
+        assert api.get(f"/api/ai/keys/{body['id']}").status_code == 404
+
+
+def test_fabricctl_key_commands_and_the_key_works_at_the_gateway(stack, tmp_path):
+    server, _, gw = stack
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    env.update(FABRIC_URL=server.url, FABRIC_CONFIG_DIR=str(tmp_path), FABRIC_TOKEN=login(server))
+
+    def ctl(*args):
+        proc = subprocess.run([str(BIN / "fabricctl"), "ai", "key", *args], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    created = json.loads(ctl("create", "cli-key", "--endpoint", "chat", "--request-quota", "2", "--json"))
+    c = openai.OpenAI(base_url=gw.openai_base("chat"), api_key=created["key"], max_retries=0)
+    assert c.chat.completions.create(model="sim-m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert "cli-key" in ctl("list")
+    rotated = json.loads(ctl("rotate", created["id"], "--overlap-secs", "600", "--json"))
+    c2 = openai.OpenAI(base_url=gw.openai_base("chat"), api_key=rotated["key"], max_retries=0)
+    assert c2.chat.completions.create(model="sim-m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    with pytest.raises(openai.RateLimitError):  # quota 2, both secrets share it
+        c.chat.completions.create(model="sim-m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert json.loads(ctl("show", created["id"], "--json"))["requests_used"] == 2
+    ctl("delete", created["id"])
+    assert "cli-key" not in ctl("list")
+
+
+def test_missing_or_empty_hmac_secret_file_is_an_error_not_a_fallback(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    from common.apikeys import HmacSecretError, load_hmac_secret
+
+    with pytest.raises(HmacSecretError):
+        load_hmac_secret({"FABRIC_KEY_HMAC_SECRET_FILE": str(empty), "FABRIC_KEY_HMAC_SECRET": "x"})
+    with pytest.raises(HmacSecretError):
+        load_hmac_secret({"FABRIC_KEY_HMAC_SECRET_FILE": str(tmp_path / "absent")})
+    with pytest.raises(HmacSecretError):
+        load_hmac_secret({})
+    proc = subprocess.run([str(BIN / "fabric-gateway"), "serve", "--state-dir", str(tmp_path), "--insecure",
+                           "--listen", "127.0.0.1:1"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "FABRIC_KEY_HMAC_SECRET_FILE": str(empty)})
+    assert proc.returncode == 2 and "empty" in proc.stderr
