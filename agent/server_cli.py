@@ -20,6 +20,7 @@ import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -148,7 +149,7 @@ def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, iface: str | N
         if iface:
             dp.attach(iface)
         return dp, ""
-    except Exception as exc:  # BPF missing or refused: serve the rest, and say why in /v1/health
+    except Exception as exc:  # noqa: BLE001 - BPF missing or refused: serve the rest, and say why in /v1/health
         log.warning("dataplane not loaded: %s", exc)
         return None, f"dataplane not loaded: {type(exc).__name__}: {exc}"
 
@@ -174,26 +175,30 @@ def serve(
     listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT of the agent API"),
     control_plane: str = typer.Option(None, "--control-plane", help="fabricd URL; no heartbeat without it"),
     advertise: str = typer.Option(None, "--advertise", help="URL fabricd uses to reach this agent"),
-    state_dir: Path = typer.Option(Path("/var/lib/fabric-agent"), "--state-dir", help="agent state: records, overlays"),
-    pki_dir: Path = typer.Option(None, "--pki-dir", help="directory with NODE.crt, NODE.key and ca.crt"),
-    tls_cert: Path = typer.Option(None, "--tls-cert"),
-    tls_key: Path = typer.Option(None, "--tls-key"),
-    tls_ca: Path = typer.Option(None, "--tls-ca", help="the cluster CA; callers must present a cert from it"),
+    state_dir: Annotated[Path, typer.Option("--state-dir", help="agent state: records, overlays")] = Path(
+        "/var/lib/fabric-agent"),
+    pki_dir: Annotated[Path | None,
+                       typer.Option("--pki-dir", help="directory with NODE.crt, NODE.key and ca.crt")] = None,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None,
+    tls_ca: Annotated[Path | None,
+                      typer.Option("--tls-ca", help="the cluster CA; callers must present a cert from it")] = None,
     insecure: bool = typer.Option(False, "--insecure", help="plain HTTP, loopback only"),
     vm_driver: str = typer.Option("libvirt", "--vm-driver", help="libvirt | lab | dry-run"),
     libvirt_uri: str = typer.Option("qemu:///system", "--libvirt-uri"),
     site: str = typer.Option("default", "--site"),
     failure_domain: str = typer.Option("default", "--failure-domain"),
-    taint: list[str] = typer.Option([], "--taint", help="repeatable; a tainted node takes no replicas"),
+    taint: Annotated[list[str] | None,
+                     typer.Option("--taint", help="repeatable; a tainted node takes no replicas")] = None,
     fake_gpus: int = typer.Option(0, "--fake-gpus", help="simulate N GPUs (fake NVML + fake sysfs)"),
     fake_gpu_name: str = typer.Option("h100", "--fake-gpu-name", help="h100, h200, a100, l4 or a name"),
     fake_gpu_mem_gib: float = typer.Option(0, "--fake-gpu-mem-gib", help="override per-GPU memory"),
-    models_dir: Path = typer.Option(None, "--models-dir", help="cached models live under it"),
-    pin_dir: Path = typer.Option(Path("/sys/fs/bpf/fabric"), "--pin-dir", help="BPF map pin directory"),
+    models_dir: Annotated[Path | None, typer.Option("--models-dir", help="cached models live under it")] = None,
+    pin_dir: Annotated[Path, typer.Option("--pin-dir", help="BPF map pin directory")] = Path("/sys/fs/bpf/fabric"),
     dataplane: bool = typer.Option(True, "--dataplane/--no-dataplane"),
     dataplane_iface: str = typer.Option(None, "--dataplane-iface", help="attach XDP to this interface"),
     node_ip: str = typer.Option(None, "--node-ip", help="source NAT address for remote backends"),
-    sysfs_root: Path = typer.Option(Path("/sys"), "--sysfs-root"),
+    sysfs_root: Annotated[Path, typer.Option("--sysfs-root")] = Path("/sys"),
     heartbeat_secs: float = typer.Option(10.0, "--heartbeat-secs", min=0.1),
     lab_netns: str = typer.Option(None, "--lab-netns"),
     lab_bridge: str = typer.Option(None, "--lab-bridge"),
@@ -227,7 +232,7 @@ def serve(
     dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface)
     state = AgentState(node_id=node_id, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
-                       site=site, failure_domain=failure_domain, taints=list(taint), models_dir=models_dir)
+                       site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir)
     stop = threading.Event()
     if control_plane:
         smi = None

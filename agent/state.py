@@ -73,7 +73,7 @@ def read_inventory(source: InventorySource) -> InventoryView:
     """Read the inventory; a source that raises gives an empty list with the reason."""
     try:
         inv = source.read()
-    except Exception as exc:  # a broken driver must not take the agent down; say why instead
+    except Exception as exc:  # noqa: BLE001 - a broken driver must not take the agent down; say why instead
         return InventoryView([], f"GPU inventory failed: {type(exc).__name__}: {exc}")
     gpus = [g if isinstance(g, GpuInfo) else GpuInfo.model_validate(_as_dict(g)) for g in inv.gpus]
     return InventoryView(gpus, getattr(inv, "message", "") or "")

@@ -194,7 +194,7 @@ class NodeReport(WireModel):
     @field_validator("address")
     @classmethod
     def _address(cls, v: str) -> str:
-        if not (v.startswith("https://") or v.startswith("http://")):
+        if not v.startswith(("https://", "http://")):
             raise ValueError(f"address {v!r}: expected https://HOST:PORT")
         return v.rstrip("/")
 

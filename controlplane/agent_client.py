@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -75,7 +75,7 @@ class AgentClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> AgentClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import ssl
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import Depends, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -116,6 +117,6 @@ def authenticate_node(request: Request, state: AppState, claimed: str) -> str:
     return cn
 
 
-def require_node(node_id: str, request: Request, state: AppState = Depends(get_state)) -> str:
+def require_node(node_id: str, request: Request, state: Annotated[AppState, Depends(get_state)]) -> str:
     """Route dependency for /api/ai/nodes/{node_id}/...: the caller is that node."""
     return authenticate_node(request, state, node_id)

@@ -124,8 +124,10 @@ class DryRunDriver:
 
     def _alive(self, rec: EngineRecord) -> bool:
         child = self._children.get(rec.replica_id)
-        if child is not None and child.poll() is not None:
-            return False
+        if child is not None:
+            # Our own child: poll() is exact, and right after fork /proc/PID/cmdline may still
+            # show the parent's command line, so the cmdline check is for adopted engines only.
+            return child.poll() is None
         return _pid_alive(rec.pid, rec.replica_id)
 
     def _status(self, rec: EngineRecord) -> VmStatus:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,6 +37,7 @@ from controlplane.state import AppState, get_state
 
 router = APIRouter(prefix="/api/ai", tags=["nodes"])
 admin = [Depends(require_admin)]
+StateDep = Annotated[AppState, Depends(get_state)]
 
 OFFLINE_AFTER_S = SchedulerSettings().offline_after_s
 # Leaf names fabricd and the gateway use in the same PKI directory; a node by that name would
@@ -81,7 +83,8 @@ def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
 
 
 def node_view(node: Node, now: float, offline_after_s: float = OFFLINE_AFTER_S) -> NodeView:
-    online = node_online(node, now, SchedulerSettings(offline_after_s=offline_after_s))
+    # A record never heartbeated (last_heartbeat 0) is offline whatever the clock says.
+    online = node.last_heartbeat > 0 and node_online(node, now, SchedulerSettings(offline_after_s=offline_after_s))
     if online:
         message = f"heartbeat {max(0.0, now - node.last_heartbeat):.0f}s ago"
     elif node.last_heartbeat <= 0:
@@ -147,13 +150,13 @@ def _save(state: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Nod
 # -- routes ---------------------------------------------------------------------------------------
 
 @router.get("/nodes", response_model=list[NodeView], dependencies=admin)
-def list_nodes(state: AppState = Depends(get_state)) -> list[NodeView]:
+def list_nodes(state: StateDep) -> list[NodeView]:
     now = time.time()
     return [node_view(Node.model_validate_json(kv.value), now) for kv in state.store.list(keyspace.nodes())]
 
 
 @router.get("/nodes/{node_id}", response_model=NodeView, dependencies=admin)
-def get_node(node_id: str, state: AppState = Depends(get_state)) -> NodeView:
+def get_node(node_id: str, state: StateDep) -> NodeView:
     node, _ = _load(state, node_id)
     if node is None:
         raise NotFound(f"node {node_id!r} not found")
@@ -162,7 +165,7 @@ def get_node(node_id: str, state: AppState = Depends(get_state)) -> NodeView:
 
 @router.post("/nodes", response_model=NodeView)
 def register_node(report: NodeReport, request: Request, response: Response,
-                  state: AppState = Depends(get_state)) -> NodeView:
+                  state: StateDep) -> NodeView:
     authenticate_node(request, state, report.id)
     node, created = _save(state, report, must_exist=False)
     if created:
@@ -174,8 +177,8 @@ def register_node(report: NodeReport, request: Request, response: Response,
 
 
 @router.post("/nodes/{node_id}/heartbeat", response_model=NodeView)
-def heartbeat(node_id: str, report: NodeReport, caller: str = Depends(require_node),
-              state: AppState = Depends(get_state)) -> NodeView:
+def heartbeat(node_id: str, report: NodeReport, state: StateDep,
+              caller: Annotated[str, Depends(require_node)]) -> NodeView:
     if report.id != caller:
         raise InvalidInput(f"body id {report.id!r} does not match the path's node {node_id!r}")
     node, _ = _save(state, report, must_exist=True)
@@ -183,8 +186,8 @@ def heartbeat(node_id: str, report: NodeReport, caller: str = Depends(require_no
 
 
 @router.post("/nodes/{node_id}/certificate", response_model=NodeCertificate, dependencies=admin)
-def issue_node_certificate(node_id: str, body: CertificateRequest | None = None,
-                           state: AppState = Depends(get_state)) -> NodeCertificate:
+def issue_node_certificate(node_id: str, state: StateDep,
+                           body: CertificateRequest | None = None) -> NodeCertificate:
     """Sign a client+server certificate with CN=node_id. The private key is returned once and
     removed from fabricd's PKI directory: only the node should keep it."""
     try:
@@ -208,7 +211,7 @@ def issue_node_certificate(node_id: str, body: CertificateRequest | None = None,
 
 
 @router.get("/gpus", response_model=list[GpuView], dependencies=admin)
-def list_gpus(state: AppState = Depends(get_state)) -> list[GpuView]:
+def list_gpus(state: StateDep) -> list[GpuView]:
     nodes = [Node.model_validate_json(kv.value) for kv in state.store.list(keyspace.nodes())]
     prefix = keyspace.gpu_reservations()
     reservations = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -48,14 +49,16 @@ def write_node_files(out: Path, issued: dict) -> tuple[Path, Path, Path]:
 @node_app.command("add")
 def node_add(
     name: str,
-    out: Path = typer.Option(None, "--out", help="directory for NAME.crt, NAME.key, ca.crt (default ./NAME-pki)"),
-    host: list[str] = typer.Option([], "--host", help="extra host name or IP the agent serves under"),
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="directory for NAME.crt, NAME.key, ca.crt (default ./NAME-pki)")] = None,
+    host: Annotated[list[str] | None, typer.Option(
+        "--host", help="extra host name or IP the agent serves under")] = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Issue a node certificate from the cluster CA (the node registers itself when its agent starts)."""
     out = out or Path(f"{name}-pki")
     with session() as c:
-        issued = c.post(f"/api/ai/nodes/{name}/certificate", {"hosts": host})
+        issued = c.post(f"/api/ai/nodes/{name}/certificate", {"hosts": host or []})
     crt, key, ca = write_node_files(out, issued)
     if as_json:
         emit_object({"node_id": name, "cert": str(crt), "key": str(key), "ca": str(ca)}, True)

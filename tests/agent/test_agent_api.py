@@ -119,23 +119,20 @@ def client(agent, cluster):
 # -- TLS --------------------------------------------------------------------------------------------
 
 def test_a_client_without_a_certificate_is_refused(agent, cluster):
-    with pytest.raises(httpx.TransportError):
-        with httpx.Client(verify=client_ssl_context(cluster["ca"]), timeout=5) as c:
-            c.get(agent["url"] + "/v1/health")
+    with pytest.raises(httpx.TransportError), httpx.Client(verify=client_ssl_context(cluster["ca"]), timeout=5) as c:
+        c.get(agent["url"] + "/v1/health")
 
 
 def test_a_certificate_from_another_ca_is_refused(agent, cluster):
     ctx = client_ssl_context(cluster["ca"], *cluster["other"])
-    with pytest.raises(httpx.TransportError):
-        with httpx.Client(verify=ctx, timeout=5) as c:
-            c.get(agent["url"] + "/v1/health")
+    with pytest.raises(httpx.TransportError), httpx.Client(verify=ctx, timeout=5) as c:
+        c.get(agent["url"] + "/v1/health")
 
 
 def test_plain_http_to_the_tls_port_gets_no_api(agent):
-    with pytest.raises(httpx.HTTPError):
-        with httpx.Client(timeout=5) as c:
-            r = c.get(agent["url"].replace("https", "http") + "/v1/health")
-            r.raise_for_status()
+    with pytest.raises(httpx.HTTPError), httpx.Client(timeout=5) as c:
+        r = c.get(agent["url"].replace("https", "http") + "/v1/health")
+        r.raise_for_status()
 
 
 def test_health_with_a_cluster_certificate(client):
