@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Bake Fabric's golden vLLM guest image from an Ubuntu cloud image.
+#
+#   scripts/bake-ai-vllm-image.sh [--dry-run] [--force] [options] SRC.qcow2 DST.qcow2
+#
+# SRC is only read (converted into a new file); DST is written as DST.partial and renamed
+# when every step succeeded, then DST.sha256 is written beside it. --dry-run prints every
+# step and runs none of them (it needs neither virt-customize nor qemu-img).
+# No credentials are used or stored: no Hugging Face token, no API key goes into the image.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+usage: bake-ai-vllm-image.sh [--dry-run] [--force] [--size SIZE] [--nvidia-driver VER]
+                             [--cuda VER] [--vllm VERSION] SRC.qcow2 DST.qcow2
+  --dry-run            print every step without running it
+  --force              overwrite DST if it exists
+  --size SIZE          grow the image to SIZE (default 60G)
+  --nvidia-driver VER  NVIDIA server driver branch (default 550)
+  --cuda VER           CUDA toolkit package version (default 12-4)
+  --vllm VERSION       vLLM version from PyPI, or "latest" (default latest)
+USAGE
+}
+
+die() { echo "bake: $*" >&2; exit 1; }
+
+DRY_RUN=0
+FORCE=0
+SIZE=60G
+NVIDIA_DRIVER=550
+CUDA=12-4
+VLLM_VERSION=latest
+POSITIONAL=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY_RUN=1 ;;
+    --force) FORCE=1 ;;
+    --size) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; SIZE=$2; shift ;;
+    --nvidia-driver) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; NVIDIA_DRIVER=$2; shift ;;
+    --cuda) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; CUDA=$2; shift ;;
+    --vllm) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; VLLM_VERSION=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; POSITIONAL+=("$@"); break ;;
+    -*) echo "bake: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *) POSITIONAL+=("$1") ;;
+  esac
+  shift
+done
+if [ "${#POSITIONAL[@]}" -ne 2 ]; then
+  usage >&2
+  exit 2
+fi
+SRC=${POSITIONAL[0]}
+DST=${POSITIONAL[1]}
+PARTIAL="${DST}.partial"
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+IMAGES="${FABRIC_IMAGES_DIR:-$(dirname "${HERE}")/images}"
+
+[ -f "${SRC}" ] || die "source image ${SRC} does not exist"
+[ "$(realpath -m "${SRC}")" != "$(realpath -m "${DST}")" ] || die "SRC and DST are the same file"
+if [ -e "${DST}" ] && [ "${FORCE}" -ne 1 ]; then
+  die "${DST} exists; pass --force to overwrite it"
+fi
+for piece in guest/install-guest.sh guest/vllm.service.in cloud-init/90-fabric.cfg; do
+  [ -f "${IMAGES}/${piece}" ] || die "missing guest piece ${IMAGES}/${piece}"
+done
+
+if [ "${DRY_RUN}" -ne 1 ]; then
+  command -v qemu-img >/dev/null || die "qemu-img not found: apt-get install qemu-utils"
+  command -v virt-customize >/dev/null ||
+    die "virt-customize not found: apt-get install libguestfs-tools (Debian/Ubuntu) or dnf install guestfs-tools"
+fi
+
+STEP=0
+step() {
+  STEP=$((STEP + 1))
+  echo "==> step ${STEP}: $*"
+}
+
+run() {
+  printf '    +'
+  printf ' %q' "$@"
+  printf '\n'
+  if [ "${DRY_RUN}" -ne 1 ]; then
+    "$@"
+  fi
+}
+
+cleanup() {
+  if [ "${DRY_RUN}" -ne 1 ] && [ -e "${PARTIAL}" ]; then
+    rm -f "${PARTIAL}"
+  fi
+}
+trap cleanup EXIT
+
+[ "${DRY_RUN}" -eq 1 ] && echo "bake: dry run, nothing is executed"
+
+step "copy ${SRC} into a new qcow2 (the source is only read)"
+run qemu-img convert -O qcow2 "${SRC}" "${PARTIAL}"
+
+step "grow the image to ${SIZE} (cloud-init grows the root filesystem at first boot)"
+run qemu-img resize "${PARTIAL}" "${SIZE}"
+
+step "install NVIDIA driver ${NVIDIA_DRIVER} and CUDA ${CUDA} for the guest kernel, vLLM ${VLLM_VERSION} in /opt/vllm (checked with vllm serve --help)"
+run virt-customize -a "${PARTIAL}" --network \
+  --upload "${IMAGES}/guest/install-guest.sh:/tmp/install-guest.sh" \
+  --run-command "FABRIC_NVIDIA_DRIVER=${NVIDIA_DRIVER} FABRIC_CUDA=${CUDA} FABRIC_VLLM_VERSION=${VLLM_VERSION} bash /tmp/install-guest.sh" \
+  --delete /tmp/install-guest.sh
+
+step "add the guest pieces the VM driver expects (cloud-init config, vllm.service template)"
+run virt-customize -a "${PARTIAL}" \
+  --mkdir /usr/local/share/fabric \
+  --upload "${IMAGES}/guest/vllm.service.in:/usr/local/share/fabric/vllm.service.in" \
+  --upload "${IMAGES}/cloud-init/90-fabric.cfg:/etc/cloud/cloud.cfg.d/90-fabric.cfg"
+
+step "reset identity so every replica boots as a new machine"
+run virt-customize -a "${PARTIAL}" --run-command "cloud-init clean --logs" \
+  --truncate /etc/machine-id --delete /var/lib/dbus/machine-id
+
+step "move the finished image into place as ${DST}"
+run mv -f "${PARTIAL}" "${DST}"
+
+step "write the SHA-256 beside it as ${DST}.sha256"
+# Relative name inside the file, so `sha256sum -c` works wherever the pair is copied.
+printf '    + sha256sum %q > %q\n' "$(basename "${DST}")" "${DST}.sha256"
+if [ "${DRY_RUN}" -ne 1 ]; then
+  (cd "$(dirname "${DST}")" && sha256sum "$(basename "${DST}")") >"${DST}.sha256"
+fi
+
+if [ "${DRY_RUN}" -eq 1 ]; then
+  echo "bake: dry run done; nothing was written"
+else
+  echo "bake: done: ${DST} ($(cut -d' ' -f1 "${DST}.sha256"))"
+fi

@@ -1,0 +1,115 @@
+"""scripts/bake-ai-vllm-image.sh: syntax, shellcheck, usage errors, the dry run, and a real
+run with qemu-img and a stand-in virt-customize (a logging script on PATH; libguestfs is
+not installed here)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts/bake-ai-vllm-image.sh"
+GUEST_SCRIPT = REPO / "images/guest/install-guest.sh"
+
+
+def bake(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
+                          env=env or os.environ.copy())
+
+
+def test_bash_syntax():
+    for script in (SCRIPT, GUEST_SCRIPT):
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_shellcheck_clean():
+    done = subprocess.run(["shellcheck", str(SCRIPT), str(GUEST_SCRIPT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize("args", [(), ("only-one.qcow2",), ("a", "b", "c"), ("--bogus", "a", "b")])
+def test_usage_errors(args):
+    done = bake(*args)
+    assert done.returncode == 2
+    assert "usage:" in done.stderr
+
+
+def test_dry_run_prints_every_step_and_runs_none(tmp_path):
+    src = tmp_path / "ubuntu.qcow2"
+    src.write_bytes(b"not really an image")
+    dst = tmp_path / "out/golden.qcow2"
+    env = dict(os.environ, PATH="/usr/bin:/bin", HF_TOKEN="hf_shouldneverappear42")
+    done = bake("--dry-run", "--vllm", "0.6.3", str(src), str(dst), env=env)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    steps = [line for line in out.splitlines() if line.startswith("==> step")]
+    assert len(steps) == 7
+    for fragment in ("qemu-img convert -O qcow2", "qemu-img resize", "virt-customize -a",
+                     "install-guest.sh", "FABRIC_VLLM_VERSION=0.6.3", "vllm.service.in",
+                     "/etc/cloud/cloud.cfg.d/90-fabric.cfg", "--truncate /etc/machine-id",
+                     f"sha256sum golden.qcow2 > {dst}.sha256"):
+        assert fragment in out.replace("\\ ", " "), fragment
+    assert "hf_shouldneverappear42" not in out
+    assert not dst.exists() and not Path(f"{dst}.sha256").exists()
+    assert not list(tmp_path.glob("**/*.partial"))
+
+
+def test_refuses_to_overwrite_without_force(tmp_path):
+    src = tmp_path / "src.qcow2"
+    src.write_bytes(b"x")
+    dst = tmp_path / "dst.qcow2"
+    dst.write_bytes(b"precious")
+    done = bake("--dry-run", str(src), str(dst))
+    assert done.returncode == 1 and "--force" in done.stderr
+    assert bake("--dry-run", "--force", str(src), str(dst)).returncode == 0
+    assert dst.read_bytes() == b"precious"
+
+
+def test_missing_source_and_same_file(tmp_path):
+    done = bake("--dry-run", str(tmp_path / "nope.qcow2"), str(tmp_path / "d.qcow2"))
+    assert done.returncode == 1 and "does not exist" in done.stderr
+    src = tmp_path / "s.qcow2"
+    src.write_bytes(b"x")
+    assert "same file" in bake("--dry-run", "--force", str(src), str(src)).stderr
+
+
+@pytest.mark.skipif(shutil.which("virt-customize") is not None, reason="virt-customize is installed here")
+def test_real_run_without_virt_customize_says_how_to_install(tmp_path):
+    src = tmp_path / "s.qcow2"
+    src.write_bytes(b"x")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "qemu-img").symlink_to(shutil.which("qemu-img") or "/bin/true")
+    env = dict(os.environ, PATH=f"{bindir}:/bin")  # /bin alone has no virt-customize
+    done = bake(str(src), str(tmp_path / "d.qcow2"), env=env)
+    assert done.returncode == 1 and "libguestfs-tools" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="qemu-img not installed")
+def test_real_run_with_stand_in_virt_customize(tmp_path):
+    src = tmp_path / "ubuntu.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(src), "64M"], check=True)
+    src_hash = hashlib.sha256(src.read_bytes()).hexdigest()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "virt-customize.log"
+    fake = bindir / "virt-customize"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    fake.chmod(0o755)
+    dst = tmp_path / "golden.qcow2"
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    done = bake("--size", "128M", str(src), str(dst), env=env)
+    assert done.returncode == 0, done.stderr
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == src_hash  # source only read
+    digest = hashlib.sha256(dst.read_bytes()).hexdigest()
+    assert Path(f"{dst}.sha256").read_text() == f"{digest}  golden.qcow2\n"
+    assert subprocess.run(["sha256sum", "-c", "golden.qcow2.sha256"], cwd=tmp_path,
+                          capture_output=True).returncode == 0
+    assert len(log.read_text().splitlines()) == 3
+    assert not Path(f"{dst}.partial").exists()
