@@ -31,6 +31,7 @@ from common.agent_api import (
     AgentHealth,
     GpuBindResult,
     GpuList,
+    MaglevBackendStats,
     MaglevServiceList,
     MaglevServiceSpec,
     MaglevServiceView,
@@ -71,12 +72,20 @@ def _service_key(vip: str, port: int, proto: str) -> tuple[str, int, str]:
 
 
 def _service_view(obj: Any, vip: str = "", port: int = 0, proto: str = "") -> MaglevServiceView:
+    """A wire view from the dataplane's view: agent.dataplane.ServiceView (backends as a list of
+    per-backend views with live counters) or a plain mapping {"backends": {addr: weight}}."""
     d = as_dict(obj)
-    return MaglevServiceView(
-        vip=str(d.get("vip", vip)), port=int(d.get("port", port)), proto=d.get("proto", proto),
-        backends={str(k): int(v) for k, v in dict(d.get("backends", {})).items()},
-        draining=sorted(str(b) for b in d.get("draining", ())),
-    )
+    raw = d.get("backends", {})
+    stats: list[MaglevBackendStats] = []
+    if isinstance(raw, dict):
+        backends = {str(k): int(v) for k, v in raw.items()}
+        draining = sorted(str(b) for b in d.get("draining", ()))
+    else:
+        stats = [MaglevBackendStats.model_validate(as_dict(b)) for b in raw]
+        backends = {b.address: b.weight for b in stats}
+        draining = sorted(b.address for b in stats if b.draining)
+    return MaglevServiceView(vip=str(d.get("vip", vip)), port=int(d.get("port", port)),
+                             proto=d.get("proto", proto), backends=backends, draining=draining, stats=stats)
 
 
 def _bind_result(bdf: str, result: Any, before: str, after: str) -> GpuBindResult:
@@ -213,7 +222,11 @@ def create_app(state: AgentState) -> FastAPI:
         unknown = sorted(set(spec.draining) - set(spec.backends))
         if unknown:
             raise InvalidInput(f"draining names backends not in the set: {', '.join(unknown)}")
-        _dataplane().put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining))
+        dp = _dataplane()
+        dp.put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining))
+        written = dp.get_service(vip, port, proto)  # read back: what the maps now hold
+        if written is not None:
+            return _service_view(written, vip, port, proto)
         return MaglevServiceView(vip=vip, port=port, proto=proto, backends=spec.backends,
                                  draining=sorted(spec.draining))
 

@@ -122,7 +122,7 @@ def _inventory_and_binder(state_dir: Path, vm_driver: str, fake_gpus: int, fake_
     return inventory, VfioBinder(fake.root, kernel=fake.kernel, state_dir=state_dir)
 
 
-def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict):
+def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict, libvirt: dict):
     if name == "dry-run":
         from agent.vm.dryrun_driver import DryRunDriver
 
@@ -136,7 +136,9 @@ def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict):
         return LabDriver(LabNetwork(**lab), state_dir)
     from agent.vm.libvirt_driver import LibvirtDriver
 
-    return LibvirtDriver(uri=libvirt_uri, state_dir=state_dir)
+    if libvirt.get("image") is None or libvirt.get("models_dir") is None:
+        raise typer.BadParameter("--vm-driver libvirt needs --golden-image and --models-dir")
+    return LibvirtDriver(libvirt_uri, state_dir=state_dir / "libvirt", **libvirt)
 
 
 def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, iface: str | None):
@@ -186,6 +188,9 @@ def serve(
     insecure: bool = typer.Option(False, "--insecure", help="plain HTTP, loopback only"),
     vm_driver: str = typer.Option("libvirt", "--vm-driver", help="libvirt | lab | dry-run"),
     libvirt_uri: str = typer.Option("qemu:///system", "--libvirt-uri"),
+    golden_image: Annotated[Path | None, typer.Option(
+        "--golden-image", help="baked qcow2 (scripts/bake-ai-vllm-image.sh); never written")] = None,
+    bridge: str = typer.Option("fabric0", "--bridge", help="bridge the guests' taps join"),
     site: str = typer.Option("default", "--site"),
     failure_domain: str = typer.Option("default", "--failure-domain"),
     taint: Annotated[list[str] | None,
@@ -230,7 +235,8 @@ def serve(
                                               fake_gpu_mem_gib, sysfs_root)
     lab = {"node_netns": lab_netns, "bridge": lab_bridge, "subnet": lab_subnet, "gateway": lab_gateway}
     dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface)
-    state = AgentState(node_id=node_id, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab),
+    state = AgentState(node_id=node_id, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
+        "image": golden_image, "models_dir": models_dir, "bridge": bridge}),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
                        site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir)
     stop = threading.Event()

@@ -145,12 +145,28 @@ class MaglevServiceSpec(WireModel):
         return [check_backend(b) for b in v]
 
 
+class MaglevBackendStats(WireModel):
+    """One backend as the live BPF maps show it (slots and share of the active Maglev table)."""
+
+    model_config = ConfigDict(extra="ignore")  # the dataplane may report more than we carry
+
+    address: str
+    weight: int
+    draining: bool = False
+    source_nat: bool = False
+    slots: int = 0
+    share: float = 0
+    packets: int = 0
+    bytes: int = 0
+
+
 class MaglevServiceView(WireModel):
     vip: str
     port: int
     proto: Proto
     backends: dict[str, int] = Field(default_factory=dict)
     draining: list[str] = Field(default_factory=list)
+    stats: list[MaglevBackendStats] = Field(default_factory=list, description="from the live maps, when read")
 
 
 class MaglevServiceList(WireModel):

@@ -283,3 +283,51 @@ def test_advertised_address():
     assert advertised_address("10.1.2.3", 9443, True, None) == "https://10.1.2.3:9443"
     assert advertised_address("127.0.0.1", 9443, False, None) == "http://127.0.0.1:9443"
     assert advertised_address("0.0.0.0", 1, True, "https://gpu-7:9443/") == "https://gpu-7:9443"
+
+
+# -- the real BPF dataplane behind the API ------------------------------------------------------------
+
+def _bpf_missing() -> str | None:
+    import os
+
+    if os.geteuid() != 0:
+        return "needs root for BPF"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "BCC (python3-bpfcc) is not installed"
+    return None if os.path.isdir("/sys/fs/bpf") else "no bpffs at /sys/fs/bpf"
+
+
+def test_maglev_api_over_the_real_bpf_maps(cluster, tmp_path):
+    reason = _bpf_missing()
+    if reason:
+        pytest.skip(reason)
+    import shutil
+    import uuid
+
+    from agent.dataplane import Dataplane
+
+    pin_dir = f"/sys/fs/bpf/fabric-test-{uuid.uuid4().hex[:8]}"
+    dp = Dataplane(pin_dir=pin_dir)
+    state = AgentState(node_id=NODE, vm_driver=DryRunDriver(tmp_path / "dry"),
+                       inventory=NvmlInventory(nvml_module=FakeNvml(gpus=[])), dataplane=dp)
+    try:
+        with serve_in_thread(create_app(state), **cluster["tls"]) as port, httpx.Client(
+                base_url=f"https://127.0.0.1:{port}", timeout=10,
+                verify=client_ssl_context(cluster["ca"], *cluster["client"])) as c:
+            path = "/v1/maglev/services/10.77.0.1/8000/tcp"
+            put = c.put(path, json={"backends": {"10.1.0.11:8000": 1, "10.1.0.12:8000": 3},
+                                    "draining": ["10.1.0.11:8000"]})
+            assert put.status_code == 200, put.text
+            view = c.get(path).json()
+            assert view["backends"] == {"10.1.0.11:8000": 1, "10.1.0.12:8000": 3}
+            assert view["draining"] == ["10.1.0.11:8000"]
+            slots = {s["address"]: s["slots"] for s in view["stats"]}
+            # A draining backend takes no new flows: it owns no slot of the active table.
+            assert slots["10.1.0.11:8000"] == 0 and slots["10.1.0.12:8000"] == 65537
+            assert c.delete(path).status_code == 204
+            assert c.get(path).status_code == 404
+    finally:
+        dp.close()
+        shutil.rmtree(pin_dir, ignore_errors=True)
