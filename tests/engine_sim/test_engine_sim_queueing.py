@@ -15,7 +15,7 @@ from agent.engine_sim.process import EngineProcess
 
 @pytest.fixture(scope="module")
 def slow_engine() -> Iterator[EngineProcess]:
-    # One sequence at a time, 20 tokens/s: each 6-token request holds the slot ~0.25 s.
+    # One sequence at a time, 20 tokens/s: an N-token request holds the slot (N-1)/20 s.
     with EngineProcess.start(
         ["--model", "slow", "--max-num-seqs", "1", "--tokens-per-s", "20", "--prefill-tokens-per-s", "0"]
     ) as engine:
@@ -68,23 +68,30 @@ def gauge(url: str, name: str) -> float:
     raise AssertionError(f"{name} missing")
 
 
+def queued_total(url: str) -> int:
+    state = scheduler_state(url)
+    return state["running"] + state["waiting"]
+
+
 def test_requests_beyond_max_num_seqs_wait_in_fifo_order(slow_engine: EngineProcess):
     url = slow_engine.url
-    runs = [Timed() for _ in range(3)]
+    # The first request holds the only slot ~2 s, long enough to queue the others
+    # and read the gauges even on a busy machine.
+    lengths = [40, 12, 6]
+    runs = [Timed() for _ in lengths]
     threads = []
-    for i, run in enumerate(runs):
-        t = threading.Thread(target=stream_chat, args=(url, f"request {i}", 6, run))
+    for i, (run, n) in enumerate(zip(runs, lengths, strict=True)):
+        t = threading.Thread(target=stream_chat, args=(url, f"request {i}", n, run))
         t.start()
         threads.append(t)
         # Arrive one after another so FIFO order is well defined.
-        wait_for(lambda i=i: scheduler_state(url)["running"] + scheduler_state(url)["waiting"] == i + 1,
-                 f"request {i} admitted or queued")
+        wait_for(lambda i=i: queued_total(url) == i + 1, f"request {i} admitted or queued")
     assert gauge(url, "vllm:num_requests_waiting") == 2
     assert gauge(url, "vllm:num_requests_running") == 1
     assert gauge(url, "vllm:kv_cache_usage_perc") > 0
     for t in threads:
         t.join(30)
-    assert all(len(r.texts) == 6 for r in runs)
+    assert [len(r.texts) for r in runs] == lengths
     # Queue wait is part of TTFT: each later request waited for the ones before it.
     assert runs[0].ttft < runs[1].ttft < runs[2].ttft
     assert runs[0].first_token < runs[1].first_token < runs[2].first_token
