@@ -80,9 +80,9 @@ def make_gpus(count: int, profile: str = "h100", first_bus: int = 0x3B) -> list[
 
 @dataclass
 class _PciInfo:
-    busId: str  # noqa: N815 - the pynvml field name
-    busIdLegacy: str  # noqa: N815
-    pciDeviceId: int = 0x233010DE  # noqa: N815
+    busId: str
+    busIdLegacy: str
+    pciDeviceId: int = 0x233010DE
 
 
 @dataclass
@@ -112,53 +112,53 @@ class FakeNvml:
     NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
     NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
 
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml names
+    def nvmlInit(self) -> None:
         if self.init_error is not None:
             raise NVMLError(self.init_error)
         self.initialised = True
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self._check()
         self.initialised = False
 
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> str:
         self._check()
         return "550.90.07"
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         self._check()
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         self._check()
         if not 0 <= index < len(self.gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return self.gpus[index]
 
-    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
         return handle.uuid
 
-    def nvmlDeviceGetName(self, handle: FakeGpu) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
         return handle.name
 
-    def nvmlDeviceGetPciInfo(self, handle: FakeGpu) -> _PciInfo:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, handle: FakeGpu) -> _PciInfo:
         return _PciInfo(busId=handle.bus_id, busIdLegacy=handle.bus_id[4:])
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> _Memory:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> _Memory:
         total = handle.memory_total_mib * 1024 * 1024
         used = handle.memory_used_mib * 1024 * 1024
         return _Memory(total=total, used=used, free=total - used)
 
-    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
         return _supported(handle.temperature_c)
 
-    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
         return _supported(handle.power_mw)
 
-    def nvmlDeviceGetTotalEccErrors(self, handle: FakeGpu, error_type: int, counter: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeGpu, error_type: int, counter: int) -> int:
         return _supported(handle.ecc_uncorrected)
 
-    def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> list[int]:  # noqa: N802
+    def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> list[int]:
         mode = _supported(handle.mig_mode)
         return [mode, mode]  # [current, pending]
 

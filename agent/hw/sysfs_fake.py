@@ -83,8 +83,17 @@ class FakeSysfs:
             child.unlink()
         drv.rmdir()
 
-    def add_device(self, bdf: str, *, pci_class: str, driver: str | None, group: int | None,
-                   vendor: str = NVIDIA_VENDOR, device_id: str = "0x2330", sriov_total: int = 0) -> None:
+    def add_device(
+        self,
+        bdf: str,
+        *,
+        pci_class: str,
+        driver: str | None,
+        group: int | None,
+        vendor: str = NVIDIA_VENDOR,
+        device_id: str = "0x2330",
+        sriov_total: int = 0,
+    ) -> None:
         dev = self.root / "bus/pci/devices" / bdf
         dev.mkdir(parents=True, exist_ok=True)
         (dev / "class").write_text(pci_class + "\n")
@@ -103,16 +112,30 @@ class FakeSysfs:
             (gdir / bdf).symlink_to(dev)
             (dev / "iommu_group").symlink_to(self.root / "kernel/iommu_groups" / str(group))
 
-    def add_gpu(self, bdf: str, *, group: int | None, audio: bool = False, bridge: str | None = None,
-                driver: str = "nvidia", sriov_total: int = 0) -> None:
+    def add_gpu(
+        self,
+        bdf: str,
+        *,
+        group: int | None,
+        audio: bool = False,
+        bridge: str | None = None,
+        driver: str = "nvidia",
+        sriov_total: int = 0,
+    ) -> None:
         """A GPU as its own function 0, optionally with an HDMI audio function .1 and an
         upstream PCIe bridge in the same IOMMU group (as on boards without ACS)."""
         self.add_device(bdf, pci_class=GPU_CLASS, driver=driver, group=group, sriov_total=sriov_total)
         if audio:
             self.add_device(bdf[:-1] + "1", pci_class=AUDIO_CLASS, driver="snd_hda_intel", group=group)
         if bridge:
-            self.add_device(bridge, pci_class=BRIDGE_CLASS, driver="pcieport", group=group,
-                            vendor="0x8086", device_id="0x347a")
+            self.add_device(
+                bridge,
+                pci_class=BRIDGE_CLASS,
+                driver="pcieport",
+                group=group,
+                vendor="0x8086",
+                device_id="0x347a",
+            )
 
     # -- simulations --------------------------------------------------------
 

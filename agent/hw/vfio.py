@@ -76,8 +76,11 @@ class LinuxKernelIO:
             try:
                 for fd in (proc / "fd").iterdir():
                     target = os.readlink(fd)
-                    if target in targets or ("/dev/nvidia" in targets and target[11:12].isdigit()
-                                             and target.startswith("/dev/nvidia")):
+                    if target in targets or (
+                        "/dev/nvidia" in targets
+                        and target[11:12].isdigit()
+                        and target.startswith("/dev/nvidia")
+                    ):
                         comm = (proc / "comm").read_text().strip()
                         found.append(f"pid {proc.name} ({comm})")
                         break
@@ -178,14 +181,18 @@ def plan_release(facts: GroupFacts) -> Plan:
 
 def _common_refusal(facts: GroupFacts) -> str | None:
     if not facts.host_has_groups:
-        return ("this host has no IOMMU groups: enable VT-d/AMD-Vi in firmware and boot with "
-                "intel_iommu=on iommu=pt (or amd_iommu=on)")
+        return (
+            "this host has no IOMMU groups: enable VT-d/AMD-Vi in firmware and boot with "
+            "intel_iommu=on iommu=pt (or amd_iommu=on)"
+        )
     if facts.group is None:
         return f"{facts.bdf} is in no IOMMU group, so it cannot be given to a VM"
     for fn in facts.functions:
         if fn.sriov_numvfs > 0:
-            return (f"{fn.bdf} has {fn.sriov_numvfs} SR-IOV virtual functions enabled; "
-                    "disable them (echo 0 > sriov_numvfs) before passing the whole device through")
+            return (
+                f"{fn.bdf} has {fn.sriov_numvfs} SR-IOV virtual functions enabled; "
+                "disable them (echo 0 > sriov_numvfs) before passing the whole device through"
+            )
     return None
 
 
@@ -224,8 +231,11 @@ class VfioBinder:
             for fn in plan.functions:
                 if self.status(fn) != VFIO_DRIVER:
                     raise Refused(f"{fn} did not bind to vfio-pci (driver now: {self.status(fn)})")
-            message = (f"bound {', '.join(plan.functions)} to vfio-pci" if plan.steps
-                       else f"{bdf} already bound to vfio-pci")
+            message = (
+                f"bound {', '.join(plan.functions)} to vfio-pci"
+                if plan.steps
+                else f"{bdf} already bound to vfio-pci"
+            )
             return BindResult(bdf, plan.functions, originals, message)
 
     def release(self, bdf: str) -> BindResult:
@@ -237,8 +247,11 @@ class VfioBinder:
             still = [fn for fn, drv in now.items() if drv == VFIO_DRIVER]
             if still:
                 raise Refused(f"{', '.join(still)} stayed on vfio-pci after release")
-            message = (f"released {', '.join(plan.functions)} to their own drivers" if plan.steps
-                       else f"{bdf} was not bound to vfio-pci")
+            message = (
+                f"released {', '.join(plan.functions)} to their own drivers"
+                if plan.steps
+                else f"{bdf} was not bound to vfio-pci"
+            )
             return BindResult(bdf, plan.functions, now, message)
 
     def stuck(self) -> dict[str, str]:
@@ -333,13 +346,14 @@ class VfioBinder:
 
     def _write(self, fn: str, write: Write) -> None:
         path = self.root / write.path
-        outcome: dict[str, BaseException | None] = {}
+        # Stays an error unless the write returns; an unexpected exception in the worker counts as failure.
+        outcome: dict[str, Exception | None] = {"error": RuntimeError("the write raised unexpectedly")}
 
         def run() -> None:
             try:
                 self.kernel.write(path, write.value)
                 outcome["error"] = None
-            except BaseException as exc:  # handed to the caller's thread below
+            except OSError as exc:  # what sysfs writes raise; handed to the caller's thread below
                 outcome["error"] = exc
 
         # A daemon thread per write: a write stuck in the kernel keeps its thread, never ours.

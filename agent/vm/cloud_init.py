@@ -41,8 +41,8 @@ def guest_model_path(spec: VmSpec, models_dir: Path | None = None) -> str:
     """
     source = spec.model_source
     if source.startswith("hf://"):
-        return "/models/" + source[len("hf://"):].split("@", 1)[0].strip("/")
-    path = Path(source[len("file://"):] if source.startswith("file://") else source)
+        return "/models/" + source[len("hf://") :].split("@", 1)[0].strip("/")
+    path = Path(source.removeprefix("file://"))
     if models_dir is not None:
         try:
             return "/models/" + path.relative_to(models_dir).as_posix()
@@ -56,8 +56,10 @@ def guest_model_path(spec: VmSpec, models_dir: Path | None = None) -> str:
 def render_vllm_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
     for arg in spec.extra_args:
         if "\n" in arg or any(arg == f or arg.startswith(f + "=") for f in SECRET_FLAGS):
-            raise InvalidInput(f"extra_args: {arg.split('=', 1)[0]!r} is not allowed in a guest image "
-                               "(no credentials or newlines in engine flags)")
+            raise InvalidInput(
+                f"extra_args: {arg.split('=', 1)[0]!r} is not allowed in a guest image "
+                "(no credentials or newlines in engine flags)"
+            )
     extra = list(spec.extra_args)
     if spec.max_model_len:
         extra = ["--max-model-len", str(spec.max_model_len), *extra]
@@ -80,12 +82,14 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -
     config = yaml.safe_load(base_text) or {}
     config["hostname"] = hostname
     config["mounts"] = [[MODELS_TAG, "/models", "virtiofs", "ro,nofail", "0", "0"]]
-    config["write_files"] = [{
-        "path": "/etc/systemd/system/vllm.service",
-        "owner": "root:root",
-        "permissions": "0644",
-        "content": render_vllm_unit(spec, models_dir),
-    }]
+    config["write_files"] = [
+        {
+            "path": "/etc/systemd/system/vllm.service",
+            "owner": "root:root",
+            "permissions": "0644",
+            "content": render_vllm_unit(spec, models_dir),
+        }
+    ]
     config["runcmd"] = [
         ["mkdir", "-p", "/models"],
         # In case the mounts module ran before the share appeared; the fstab entry says ro.
@@ -157,8 +161,19 @@ def _iso_command(target: Path, staging: Path) -> list[str] | None:
         if shutil.which(tool):
             return [tool, "-quiet", "-output", str(target), "-volid", "cidata", "-joliet", "-rock", *files]
     if shutil.which("xorriso"):
-        return ["xorriso", "-as", "mkisofs", "-quiet", "-output", str(target), "-volid", "cidata",
-                "-joliet", "-rock", *files]
+        return [
+            "xorriso",
+            "-as",
+            "mkisofs",
+            "-quiet",
+            "-output",
+            str(target),
+            "-volid",
+            "cidata",
+            "-joliet",
+            "-rock",
+            *files,
+        ]
     return None
 
 
@@ -170,6 +185,8 @@ def _write_with_pycdlib(target: Path, meta: bytes, user: bytes) -> None:
     iso = pycdlib.PyCdlib()
     iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident="cidata")
     for iso_name, long_name, data in (("METADATA.;1", "meta-data", meta), ("USERDATA.;1", "user-data", user)):
-        iso.add_fp(io.BytesIO(data), len(data), "/" + iso_name, rr_name=long_name, joliet_path="/" + long_name)
+        iso.add_fp(
+            io.BytesIO(data), len(data), "/" + iso_name, rr_name=long_name, joliet_path="/" + long_name
+        )
     iso.write(str(target))
     iso.close()

@@ -97,8 +97,13 @@ def build_domain_xml(
     dom = ET.Element("domain", {"type": domain_type})
     _sub(dom, "name", text=domain_name(spec.replica_id))
     meta = _sub(_sub(dom, "metadata"), f"{{{FABRIC_NS}}}replica")
-    for key, value in (("id", spec.replica_id), ("deployment", spec.deployment),
-                       ("model", spec.model_name), ("bridge", bridge), ("port", str(spec.port))):
+    for key, value in (
+        ("id", spec.replica_id),
+        ("deployment", spec.deployment),
+        ("model", spec.model_name),
+        ("bridge", bridge),
+        ("port", str(spec.port)),
+    ):
         _sub(meta, f"{{{FABRIC_NS}}}{key}", text=value)
 
     _sub(dom, "memory", {"unit": "KiB"}, text=str(int(spec.memory_gib * 1024 * 1024)))
@@ -155,12 +160,27 @@ def build_domain_xml(
         port_index = i + 1  # pcie-root is index 0; each GPU gets its own root port and bus
         _sub(dev, "controller", {"type": "pci", "index": str(port_index), "model": "pcie-root-port"})
         host = _sub(dev, "hostdev", {"mode": "subsystem", "type": "pci", "managed": "no"})
-        _sub(_sub(host, "source"), "address", {
-            "domain": f"0x{domain:04x}", "bus": f"0x{bus:02x}", "slot": f"0x{slot:02x}",
-            "function": f"0x{function:x}",
-        })
-        _sub(host, "address", {"type": "pci", "domain": "0x0000", "bus": f"0x{port_index:02x}",
-                               "slot": "0x00", "function": "0x0"})
+        _sub(
+            _sub(host, "source"),
+            "address",
+            {
+                "domain": f"0x{domain:04x}",
+                "bus": f"0x{bus:02x}",
+                "slot": f"0x{slot:02x}",
+                "function": f"0x{function:x}",
+            },
+        )
+        _sub(
+            host,
+            "address",
+            {
+                "type": "pci",
+                "domain": "0x0000",
+                "bus": f"0x{port_index:02x}",
+                "slot": "0x00",
+                "function": "0x0",
+            },
+        )
 
     channel = _sub(dev, "channel", {"type": "unix"})  # qemu-guest-agent: how we learn the guest IP
     _sub(channel, "target", {"type": "virtio", "name": "org.qemu.guest_agent.0"})
@@ -177,7 +197,9 @@ def build_domain_xml(
     return ET.tostring(dom, encoding="unicode") + "\n"
 
 
-def _sub(parent: ET.Element, tag: str, attrs: dict[str, str] | None = None, text: str | None = None) -> ET.Element:
+def _sub(
+    parent: ET.Element, tag: str, attrs: dict[str, str] | None = None, text: str | None = None
+) -> ET.Element:
     el = ET.SubElement(parent, tag, attrs or {})
     if text is not None:
         el.text = text

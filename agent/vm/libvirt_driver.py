@@ -63,7 +63,7 @@ class LibvirtDriver:
         bridge: str = "fabric0",
         models_dir: Path,
         hugepages: bool = False,
-        firmware: Firmware = Firmware(),
+        firmware: Firmware | None = None,
         network: BridgeNetwork | None = None,
         domain_type: str = "kvm",
     ):
@@ -73,7 +73,7 @@ class LibvirtDriver:
         self.bridge = bridge
         self.models_dir = Path(models_dir)
         self.hugepages = hugepages
-        self.firmware = firmware
+        self.firmware = firmware or Firmware()
         self.network = network or BridgeNetwork(bridge)
         self.domain_type = domain_type
         self._conn: libvirt.virConnect | None = None
@@ -93,7 +93,9 @@ class LibvirtDriver:
         except Exception:
             self.delete(spec.replica_id)  # leave nothing half-made behind
             raise
-        return self.get(spec.replica_id) or VmStatus(spec.replica_id, "failed", message=f"{paths.overlay} vanished")
+        return self.get(spec.replica_id) or VmStatus(
+            spec.replica_id, "failed", message=f"{paths.overlay} vanished"
+        )
 
     def get(self, vm_id: str) -> VmStatus | None:
         dom = self._lookup(vm_id)
@@ -106,7 +108,7 @@ class LibvirtDriver:
         for dom in self._connection().listAllDomains():
             name = dom.name()
             if name.startswith(PREFIX):
-                out.append(self._status(name[len(PREFIX):], dom))
+                out.append(self._status(name[len(PREFIX) :], dom))
         return sorted(out, key=lambda s: s.id)
 
     def delete(self, vm_id: str) -> bool:
@@ -122,16 +124,25 @@ class LibvirtDriver:
 
     def paths(self, vm_id: str) -> ReplicaPaths:
         name = domain_name(vm_id)
-        return ReplicaPaths(self.state_dir / f"{name}.qcow2", self.state_dir / f"{name}-seed.iso",
-                            self.state_dir / f"{name}_VARS.fd")
+        return ReplicaPaths(
+            self.state_dir / f"{name}.qcow2",
+            self.state_dir / f"{name}-seed.iso",
+            self.state_dir / f"{name}_VARS.fd",
+        )
 
     def domain_xml(self, spec: VmSpec) -> str:
         paths = self.paths(spec.replica_id)
         return build_domain_xml(
-            spec, overlay=paths.overlay, seed_iso=paths.seed, mac=mac_for(spec.replica_id),
-            bridge=self.bridge, models_dir=self.models_dir,
+            spec,
+            overlay=paths.overlay,
+            seed_iso=paths.seed,
+            mac=mac_for(spec.replica_id),
+            bridge=self.bridge,
+            models_dir=self.models_dir,
             firmware=Firmware(self.firmware.loader, self.firmware.vars_template, paths.nvram),
-            hugepages=self.hugepages, tap=tap_name(spec.replica_id), domain_type=self.domain_type,
+            hugepages=self.hugepages,
+            tap=tap_name(spec.replica_id),
+            domain_type=self.domain_type,
         )
 
     def define(self, spec: VmSpec) -> None:
@@ -146,7 +157,9 @@ class LibvirtDriver:
         try:
             self._connection().defineXML(xml)
         except libvirt.libvirtError as exc:
-            raise Refused(f"libvirt rejected the domain for {spec.replica_id}: {exc.get_error_message()}") from None
+            raise Refused(
+                f"libvirt rejected the domain for {spec.replica_id}: {exc.get_error_message()}"
+            ) from None
 
     def start(self, vm_id: str) -> None:
         dom = self._require(vm_id)
@@ -155,7 +168,9 @@ class LibvirtDriver:
         try:
             dom.create()
         except libvirt.libvirtError as exc:
-            raise Refused(f"libvirt could not start {domain_name(vm_id)}: {exc.get_error_message()}") from None
+            raise Refused(
+                f"libvirt could not start {domain_name(vm_id)}: {exc.get_error_message()}"
+            ) from None
 
     def state(self, vm_id: str) -> VmState:
         dom = self._lookup(vm_id)
@@ -172,7 +187,9 @@ class LibvirtDriver:
             dom.destroy()
         except libvirt.libvirtError as exc:
             if dom.isActive():
-                raise TransientError(f"could not stop {domain_name(vm_id)}: {exc.get_error_message()}") from None
+                raise TransientError(
+                    f"could not stop {domain_name(vm_id)}: {exc.get_error_message()}"
+                ) from None
         return True
 
     def undefine(self, vm_id: str) -> bool:
@@ -196,7 +213,9 @@ class LibvirtDriver:
                 try:
                     self._conn = libvirt.open(self.uri)
                 except libvirt.libvirtError as exc:
-                    raise TransientError(f"cannot reach libvirt at {self.uri}: {exc.get_error_message()}") from None
+                    raise TransientError(
+                        f"cannot reach libvirt at {self.uri}: {exc.get_error_message()}"
+                    ) from None
             return self._conn
 
     def _lookup(self, vm_id: str) -> libvirt.virDomain | None:
@@ -206,7 +225,9 @@ class LibvirtDriver:
         except libvirt.libvirtError as exc:
             if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                 return None
-            raise TransientError(f"libvirt lookup of {domain_name(vm_id)} failed: {exc.get_error_message()}") from None
+            raise TransientError(
+                f"libvirt lookup of {domain_name(vm_id)} failed: {exc.get_error_message()}"
+            ) from None
 
     def _require(self, vm_id: str) -> libvirt.virDomain:
         dom = self._lookup(vm_id)
@@ -222,16 +243,23 @@ class LibvirtDriver:
             return VmStatus(vm_id, vm_state, None, port, f"domain {dom.name()} is {vm_state}")
         host = guest_address(dom, mac_for(vm_id))
         if host is None:
-            return VmStatus(vm_id, "running", None, port,
-                            "running; guest address not known yet (no DHCP lease, ARP entry or guest agent answer)")
+            return VmStatus(
+                vm_id,
+                "running",
+                None,
+                port,
+                "running; guest address not known yet (no DHCP lease, ARP entry or guest agent answer)",
+            )
         return VmStatus(vm_id, "running", host, port, f"running at {host}")
 
 
 def guest_address(dom: libvirt.virDomain, mac: str) -> str | None:
     """The guest's IPv4 on the NIC with this MAC, from the first source that knows it."""
-    sources = (libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
-               libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
-               libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT)
+    sources = (
+        libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
+        libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
+        libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+    )
     for source in sources:
         try:
             interfaces = dom.interfaceAddresses(source) or {}

@@ -44,8 +44,9 @@ def backing_file(image: Path) -> str | None:
     if qemu_img is None:
         raise Refused("qemu-img is not installed (apt-get install qemu-utils)")
     # -U: read even while a running QEMU holds the image's lock.
-    done = subprocess.run([qemu_img, "info", "-U", "--output=json", str(image)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [qemu_img, "info", "-U", "--output=json", str(image)], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise Refused(f"qemu-img could not read {image}: {done.stderr.strip()[:300]}")
     info = json.loads(done.stdout)

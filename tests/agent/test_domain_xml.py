@@ -28,30 +28,51 @@ STATE = Path("/var/lib/fabric/vms")
 
 def two_h100() -> VmSpec:
     return VmSpec(
-        replica_id="llama-r1", deployment="llama", model_name="llama-3.1-70b",
-        model_source="hf://meta-llama/Llama-3.1-70B", gpus=("0000:3b:00.0", "0000:c1:00.0"),
-        gpu_memory_mib=81_559, cpu=16, memory_gib=128,
+        replica_id="llama-r1",
+        deployment="llama",
+        model_name="llama-3.1-70b",
+        model_source="hf://meta-llama/Llama-3.1-70B",
+        gpus=("0000:3b:00.0", "0000:c1:00.0"),
+        gpu_memory_mib=81_559,
+        cpu=16,
+        memory_gib=128,
     )
 
 
 def one_h200() -> VmSpec:
-    return VmSpec(replica_id="qwen-r7", deployment="qwen", model_name="qwen", model_source="/srv/models/qwen",
-                  gpus=("0000:3b:00.0",), gpu_memory_mib=143_771, cpu=8, memory_gib=64)
+    return VmSpec(
+        replica_id="qwen-r7",
+        deployment="qwen",
+        model_name="qwen",
+        model_source="/srv/models/qwen",
+        gpus=("0000:3b:00.0",),
+        gpu_memory_mib=143_771,
+        cpu=8,
+        memory_gib=64,
+    )
 
 
 def render(spec: VmSpec, hugepages: bool) -> str:
     name = f"fabric-{spec.replica_id}"
     return build_domain_xml(
-        spec, overlay=STATE / f"{name}.qcow2", seed_iso=STATE / f"{name}-seed.iso",
-        mac=mac_for(spec.replica_id), bridge="fabric0", models_dir=Path("/srv/models"),
-        firmware=Firmware(), hugepages=hugepages,
+        spec,
+        overlay=STATE / f"{name}.qcow2",
+        seed_iso=STATE / f"{name}-seed.iso",
+        mac=mac_for(spec.replica_id),
+        bridge="fabric0",
+        models_dir=Path("/srv/models"),
+        firmware=Firmware(),
+        hugepages=hugepages,
     )
 
 
-@pytest.mark.parametrize("spec,hugepages,golden", [
-    (two_h100(), True, "domain_2xh100_hugepages.xml"),
-    (one_h200(), False, "domain_1xh200.xml"),
-])
+@pytest.mark.parametrize(
+    "spec,hugepages,golden",
+    [
+        (two_h100(), True, "domain_2xh100_hugepages.xml"),
+        (one_h200(), False, "domain_1xh200.xml"),
+    ],
+)
 def test_golden(spec, hugepages, golden):
     xml = render(spec, hugepages)
     path = GOLDEN / golden

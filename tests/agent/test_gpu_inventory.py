@@ -98,9 +98,12 @@ def _fake_smi(tmp_path: Path, body: str) -> Path:
 
 def test_smi_readings_from_a_real_executable(tmp_path, monkeypatch):
     out = "00000000:3B:00.0, 44, 250.50, 0\n00000000:3C:00.0, [N/A], 99.00, 7\n"
-    bindir = _fake_smi(tmp_path, f"""case "$*" in *--query-gpu=pci.bus_id,temperature.gpu,power.draw,*) ;; *) exit 9;; esac
+    bindir = _fake_smi(
+        tmp_path,
+        f"""case "$*" in *--query-gpu=pci.bus_id,temperature.gpu,power.draw,*) ;; *) exit 9;; esac
 printf '{out}'
-""")
+""",
+    )
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     readings = read_smi()
     assert readings is not None

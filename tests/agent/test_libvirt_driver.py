@@ -23,13 +23,13 @@ import pytest
 libvirt = pytest.importorskip("libvirt")
 pycdlib = pytest.importorskip("pycdlib")
 
-from agent.net.bridge import BridgeNetwork  # noqa: E402
-from agent.vm.base import VmSpec  # noqa: E402
-from agent.vm.cloud_init import build_seed  # noqa: E402
-from agent.vm.domain_xml import mac_for, tap_name  # noqa: E402
-from agent.vm.libvirt_driver import LibvirtDriver  # noqa: E402
-from agent.vm.overlay import backing_file  # noqa: E402
-from common.errors import InvalidInput, NotFound  # noqa: E402
+from agent.net.bridge import BridgeNetwork
+from agent.vm.base import VmSpec
+from agent.vm.cloud_init import build_seed
+from agent.vm.domain_xml import mac_for, tap_name
+from agent.vm.libvirt_driver import LibvirtDriver
+from agent.vm.overlay import backing_file
+from common.errors import InvalidInput, NotFound
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("qemu-img") is None, reason="qemu-img (qemu-utils) not installed"),
@@ -58,17 +58,25 @@ def host(tmp_path, netns):
     models = tmp_path / "models"
     (models / "meta-llama/Llama-3.1-8B").mkdir(parents=True)
     network = BridgeNetwork("fabric0", netns=netns)
-    driver = LibvirtDriver("test:///default", image=golden, state_dir=tmp_path / "vms",
-                           models_dir=models, network=network)
+    driver = LibvirtDriver(
+        "test:///default", image=golden, state_dir=tmp_path / "vms", models_dir=models, network=network
+    )
     yield driver, golden, network
     for status in driver.list():
         driver.delete(status.id)
 
 
 def spec(replica_id: str, gpus=("0000:3b:00.0",)) -> VmSpec:
-    return VmSpec(replica_id=replica_id, deployment="llama", model_name="llama-8b",
-                  model_source="hf://meta-llama/Llama-3.1-8B", gpus=gpus, gpu_memory_mib=81_559,
-                  cpu=4, memory_gib=16)
+    return VmSpec(
+        replica_id=replica_id,
+        deployment="llama",
+        model_name="llama-8b",
+        model_source="hf://meta-llama/Llama-3.1-8B",
+        gpus=gpus,
+        gpu_memory_mib=81_559,
+        cpu=4,
+        memory_gib=16,
+    )
 
 
 def sha256(path: Path) -> str:
@@ -141,8 +149,17 @@ def test_lifecycle_steps_and_round_trip(host):
     conn = libvirt.open("test:///default")
     stored = ET.fromstring(conn.lookupByName("fabric-lv-b").XMLDesc(0))
     ours = ET.fromstring(driver.domain_xml(s))
-    for path in ("os/type", "os/loader", "os/nvram", "cpu", "cpu/maxphysaddr", "memoryBacking/access",
-                 "devices/filesystem/driver", "devices/interface/target", "devices/interface/mac"):
+    for path in (
+        "os/type",
+        "os/loader",
+        "os/nvram",
+        "cpu",
+        "cpu/maxphysaddr",
+        "memoryBacking/access",
+        "devices/filesystem/driver",
+        "devices/interface/target",
+        "devices/interface/mac",
+    ):
         assert stored.find(path).attrib == ours.find(path).attrib, path
     assert stored.find("os/loader").text == ours.find("os/loader").text
     assert stored.find("devices/filesystem/readonly") is not None
@@ -160,8 +177,13 @@ def test_lifecycle_steps_and_round_trip(host):
 
 def test_failed_create_leaves_nothing(tmp_path, netns):
     network = BridgeNetwork("fabric0", netns=netns)
-    driver = LibvirtDriver("test:///default", image=tmp_path / "missing.qcow2", state_dir=tmp_path / "vms",
-                           models_dir=tmp_path, network=network)
+    driver = LibvirtDriver(
+        "test:///default",
+        image=tmp_path / "missing.qcow2",
+        state_dir=tmp_path / "vms",
+        models_dir=tmp_path,
+        network=network,
+    )
     with pytest.raises(NotFound, match="golden image"):
         driver.create(spec("lv-c"))
     assert driver.get("lv-c") is None
@@ -185,17 +207,26 @@ def test_seed_user_data_content(monkeypatch, tmp_path):
     import yaml
 
     config = yaml.safe_load(user)
-    unit = next(f for f in config["write_files"] if f["path"] == "/etc/systemd/system/vllm.service")["content"]
-    assert ("serve /models/meta-llama/Llama-3.1-8B --served-model-name llama-8b --host 0.0.0.0 "
-            "--port 8000 --tensor-parallel-size 4") in unit
+    unit = next(f for f in config["write_files"] if f["path"] == "/etc/systemd/system/vllm.service")[
+        "content"
+    ]
+    assert (
+        "serve /models/meta-llama/Llama-3.1-8B --served-model-name llama-8b --host 0.0.0.0 "
+        "--port 8000 --tensor-parallel-size 4"
+    ) in unit
     assert ["models", "/models", "virtiofs", "ro,nofail", "0", "0"] in config["mounts"]
     assert ["systemctl", "enable", "--now", "vllm.service"] in config["runcmd"]
     assert yaml.safe_load(meta)["instance-id"] == "fabric-lv-d"
 
 
 def test_seed_refuses_credentials_in_engine_flags(tmp_path):
-    s = VmSpec(replica_id="lv-e", deployment="d", model_name="m", model_source="hf://o/m",
-               extra_args=("--api-key=abc123456",))
+    s = VmSpec(
+        replica_id="lv-e",
+        deployment="d",
+        model_name="m",
+        model_source="hf://o/m",
+        extra_args=("--api-key=abc123456",),
+    )
     with pytest.raises(InvalidInput, match="--api-key"):
         build_seed(s, hostname="fabric-lv-e")
 
