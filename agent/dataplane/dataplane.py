@@ -58,14 +58,14 @@ class Dataplane:
         self._route_netns = route_netns
         self._prog = load(pin_dir, table_size)
         self.table_size = table_size
-        bpf = self._prog.bpf
-        self._services = bpf["services"]
-        self._vips = bpf["vips"]
-        self._rings = bpf["rings"]
-        self._backends = bpf["backends"]
-        self._backend_stats = bpf["backend_stats"]
-        self._verdicts = bpf["verdict_stats"]
-        self._config = bpf["config"]
+        bpf = self._prog.bpf  # table names as bytes: BCC warns on str
+        self._services = bpf[b"services"]
+        self._vips = bpf[b"vips"]
+        self._rings = bpf[b"rings"]
+        self._backends = bpf[b"backends"]
+        self._backend_stats = bpf[b"backend_stats"]
+        self._verdicts = bpf[b"verdict_stats"]
+        self._config = bpf[b"config"]
         self._write_config()
 
     # -- config and attachment ------------------------------------------------
