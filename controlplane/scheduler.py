@@ -7,7 +7,8 @@ Filters, in order (the first that fails is the node's rejection reason):
   gpus        ``gpu.count`` free GPUs on this one node, each with at least the profile's VRAM,
               the GPU model filter, under FABRIC_MAX_GPU_TEMP_C and, with FABRIC_REJECT_ECC=1,
               without uncorrected ECC errors; MIG-mode GPUs are not whole GPUs
-  resources   free CPU and memory as the node last reported them
+  resources   free CPU and memory as the node last reported them (not on dry-run nodes, where
+              no VM is started and nothing of the profile's CPU or memory is used)
 Scores: model already cached (+100), the deployment's preferred site (+50), spread: -30 per
 replica of the deployment already in the node's failure domain and -10 more per one on the node.
 Ties break on node id, and GPUs are chosen in PCI order, so the same inputs give the same plan.
@@ -132,9 +133,12 @@ def judge_node(
             f"no free matching GPU group: needs {need} with >= {profile.gpu.vram_gib:g} GiB, "
             f"{len(usable)} free of {len(node.gpus)}" + (f" ({detail})" if detail else ""),
         )
-    if node.cpu_free < profile.cpu:
+    # The dry-run driver starts no VM, so a replica there consumes none of the profile's CPU or
+    # memory; its host's load-based free CPU would otherwise refuse everything on a busy box.
+    dry_run = node.vm_driver == "dry-run"
+    if not dry_run and node.cpu_free < profile.cpu:
         return NodeVerdict(node.id, False, f"not enough CPU: {node.cpu_free} free, needs {profile.cpu}")
-    if node.memory_free_gib < profile.memory_gib:
+    if not dry_run and node.memory_free_gib < profile.memory_gib:
         return NodeVerdict(
             node.id, False, f"not enough memory: {node.memory_free_gib:g} GiB free, needs {profile.memory_gib:g}"
         )

@@ -8,7 +8,7 @@ next tick will do. All routes need an admin bearer token.
   GET  /api/ai/explain/routing/{endpoint}       each replica included/excluded, reason, metrics, weight
   GET  /api/ai/deployments/{name}/metrics       the last scrape of each replica
   POST /api/ai/deployments/{name}/drain         {"grace_secs": 30, "replica": null}
-  GET  /api/ai/capacity                         free/total GPUs by node and by site
+  GET  /api/ai/capacity                         free/total GPUs by node and by site, allocated VIPs
 
 Drain without ``replica`` scales the deployment to 0 and drains every replica (weight 0 now,
 deleted after the grace); with ``replica`` only that one drains and the reconciler replaces it.
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from common import keyspace
 from common.errors import Conflict, NotFound
+from controlplane import vip_pool
 from controlplane.auth import require_admin
 from controlplane.orchestration_state import get_replica, load_snapshot, put_replica
 from controlplane.routing.strategies import plan_routing
@@ -162,6 +163,7 @@ def capacity(state: AppState = Depends(get_state)) -> dict:
         "gpus_free": sum(n["gpus_free"] for n in nodes),
         "nodes": nodes,
         "sites": [sites[k] for k in sorted(sites)],
+        "vips": [{"vip": ip, "endpoint": owner} for ip, owner in sorted(vip_pool.allocations(state.store).items())],
     }
 
 

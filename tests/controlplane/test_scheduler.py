@@ -87,3 +87,8 @@ def test_settings_from_env():
     s = SchedulerSettings.from_env({"FABRIC_MAX_GPU_TEMP_C": "80", "FABRIC_REJECT_ECC": "1"})
     assert s.max_gpu_temp_c == 80 and s.reject_ecc
     assert SchedulerSettings.from_env({}) == SchedulerSettings()
+
+
+def test_dry_run_nodes_skip_cpu_and_memory_filters():
+    assert run([node("a", cpu=0, mem=0, driver="dry-run")]).node == "a"
+    assert run([node("a", cpu=0, mem=0)]).node is None

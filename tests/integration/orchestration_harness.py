@@ -1,0 +1,125 @@
+"""Real `fabricd` (controllers on) and real `fabric-agent` (dry-run driver, fake GPUs) processes
+on loopback, for the orchestration integration tests. Plain HTTP on loopback (--insecure both
+sides), the lab's all-in-one mode; each replica is a real fabric-engine-sim process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+BIN = Path(sys.executable).parent
+AGENT_FALLBACK = "import typer; from agent.server_cli import serve; typer.run(serve)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    env.update(extra)
+    return env
+
+
+def agent_command() -> list[str]:
+    """The `fabric-agent` console script; its `serve` code directly if the script cannot start
+    (the CLI module imports the dataplane's debugging commands, which may be absent)."""
+    probe = subprocess.run([str(BIN / "fabric-agent"), "--help"], capture_output=True)
+    if probe.returncode == 0:
+        return [str(BIN / "fabric-agent"), "serve"]
+    return [sys.executable, "-c", AGENT_FALLBACK]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+@dataclass
+class Cluster:
+    url: str
+    state_dir: Path
+    token: str
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=15)
+
+    def tail(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.logs if p.exists())
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None):
+    env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", **(env or {})})
+    state_dir = tmp / "fabricd"
+    subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_dir)], check=True,
+                   capture_output=True, env=env)
+    fport, aport = free_port(), free_port()
+    url = f"http://127.0.0.1:{fport}"
+    procs, logs = [], []
+    fd_log = tmp / "fabricd.log"
+    logs.append(fd_log)
+    procs.append(subprocess.Popen(
+        [str(BIN / "fabricd"), "serve", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{fport}",
+         "--insecure", "--log-level", "info"],
+        stdout=open(fd_log, "wb"), stderr=subprocess.STDOUT, env=env))
+    try:
+        with httpx.Client(base_url=url, timeout=5) as c:
+            def up():
+                if procs[0].poll() is not None:
+                    raise RuntimeError(f"fabricd exited: {fd_log.read_text()[-2000:]}")
+                try:
+                    return c.get("/healthz").status_code == 200
+                except httpx.TransportError:
+                    return False
+            wait_for(up, 30, "fabricd /healthz")
+            password = (state_dir / "admin-password").read_text().strip()
+            token = c.post("/api/auth/login", json={"username": "admin", "password": password}).json()["token"]
+        ag_log = tmp / "agent.log"
+        logs.append(ag_log)
+        procs.append(subprocess.Popen(
+            agent_command() + [
+                "--node-id", "node-a", "--listen", f"127.0.0.1:{aport}", "--control-plane", url, "--insecure",
+                "--vm-driver", "dry-run", "--fake-gpus", str(gpus), "--no-dataplane", "--heartbeat-secs", "1",
+                "--state-dir", str(tmp / "agent"), "--sysfs-root", str(tmp / "agent" / "sysfs"),
+                "--log-level", "warning"],
+            stdout=open(ag_log, "wb"), stderr=subprocess.STDOUT, env=env))
+        cluster = Cluster(url, state_dir, token, procs, logs)
+        with cluster.api() as api:
+            def registered():
+                if procs[1].poll() is not None:
+                    raise RuntimeError(f"agent exited: {ag_log.read_text()[-2000:]}")
+                return api.get("/api/ai/nodes/node-a").status_code == 200
+            wait_for(registered, 30, "node-a to register")
+        yield cluster
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
