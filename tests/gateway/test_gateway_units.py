@@ -1,0 +1,132 @@
+"""Pure parts of the gateway and its shared modules, on plain data and a real SQLite store:
+audit chain tamper detection, counters, settings validation, target order, shedding, body parsing."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from common import audit_chain, counters, keyspace
+from common.schemas import EndpointStatus, InferenceEndpoint, Replica
+from common.store.sqlite_store import SqliteStore
+from gateway import settings as gs
+from gateway.limits import RequestFacts, plan_admission
+from gateway.request_body import SseUsageScanner, parse_body
+from gateway.upstreams import EndpointView, order_targets, should_shed
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(tmp_path / "fabric.db")
+    yield s
+    s.close()
+
+
+def test_audit_chain_detects_edited_inserted_and_deleted_rows(store):
+    chain = audit_chain.AuditChain(store)
+    for i in range(5):
+        chain.append("ATTEMPT", request_id=f"r{i}", endpoint="chat")
+    assert audit_chain.verify(store).ok and audit_chain.verify(store).rows == 5
+    key = keyspace.audit(f"{3:012d}")
+    original = store.get(key).value
+    row = json.loads(original)
+    row["status"] = 200  # an edit that keeps the stored hash
+    store.put(key, json.dumps(row))
+    bad = audit_chain.verify(store)
+    assert not bad.ok and bad.bad_seq == 3 and "altered" in bad.reason
+    row["hash"] = audit_chain.row_hash(row)  # re-hashing the edit breaks the next link instead
+    store.put(key, json.dumps(row))
+    bad = audit_chain.verify(store)
+    assert not bad.ok and bad.bad_seq == 4
+    store.put(key, original)
+    store.delete(keyspace.audit(f"{2:012d}"))
+    assert audit_chain.verify(store).bad_seq == 2
+    with pytest.raises(ValueError):
+        chain.append("ATTEMPT", prompt="never")
+
+
+def test_audit_chain_is_exact_with_several_writers(store):
+    chains = [audit_chain.AuditChain(store) for _ in range(4)]
+    threads = [threading.Thread(target=lambda c=c: [c.append("SUCCESS", status=200) for _ in range(15)])
+               for c in chains]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result = audit_chain.verify(store)
+    assert result.ok and result.rows == 60
+
+
+def test_counters_never_over_admit_across_threads(store):
+    wins = []
+
+    def worker():
+        for _ in range(20):
+            if counters.reserve(store, "/c/q", 1, 30).ok:
+                wins.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 30 and counters.read(store, "/c/q") == 30
+    assert counters.window_reserve(store, "/c/w", 5, 5, 60, now=120.0).ok
+    refused = counters.window_reserve(store, "/c/w", 1, 5, 60, now=150.0)
+    assert not refused.ok and refused.retry_after == 30
+    assert counters.window_reserve(store, "/c/w", 5, 5, 60, now=180.0).ok  # a new window
+
+
+def test_settings_refuse_partial_mtls_and_bad_numbers(tmp_path):
+    with pytest.raises(gs.SettingsError, match="FABRIC_BACKEND_CLIENT_KEY"):
+        gs.load({"FABRIC_BACKEND_TLS": "1", "FABRIC_BACKEND_CLIENT_CERT": "/x", "FABRIC_BACKEND_CA": "/y"})
+    with pytest.raises(gs.SettingsError, match="FABRIC_USER_RPM"):
+        gs.load({"FABRIC_USER_RPM": "lots"})
+    with pytest.raises(gs.SettingsError, match="FABRIC_OIDC"):
+        gs.load({"FABRIC_OIDC_ISSUER": "https://i"})
+    s = gs.load({"FABRIC_TENANT_RPM": "10", "FABRIC_MODEL_TPM": "0", "FABRIC_GATEWAY_STREAMS": "3"})
+    assert s.rpm == {"TENANT": 10} and s.tpm == {} and s.streams == {"GATEWAY": 3} and s.max_context == 32768
+
+
+def _view(vip: str | None, n: int, depths: dict[str, float] | None = None) -> EndpointView:
+    ep = InferenceEndpoint(name="e", deployment="d", status=EndpointStatus(vip=vip))
+    reps = tuple(Replica(replica_id=f"r{i}", deployment="d", ordinal=i, node="n", host=f"10.0.0.{i + 1}",
+                         ready=True) for i in range(n))
+    return EndpointView(ep, reps, depths or {})
+
+
+def test_affinity_is_consistent_and_follows_the_vip():
+    view = _view(None, 4)
+    first = {order_targets(view, f"session-{i}")[0] for i in range(40)}
+    assert len(first) > 1  # sessions spread over replicas
+    assert order_targets(view, "s1") == order_targets(view, "s1")
+    with_vip = order_targets(_view("10.9.9.9", 4), "s1")
+    assert with_vip[0] == "http://10.9.9.9:8000" and with_vip[1] == order_targets(view, "s1")[0]
+
+
+def test_shedding_scales_with_priority():
+    view = _view(None, 2, {"r0": 3, "r1": 3})
+    assert should_shed(view, 2, "normal") and should_shed(view, 2, "low") and not should_shed(view, 2, "high")
+    assert not should_shed(_view(None, 2, {"r0": 3, "r1": 1}), 2, "normal")  # one replica has room
+    assert not should_shed(view, None, "low")
+
+
+def test_limit_plan_only_names_configured_scopes():
+    facts = RequestFacts(endpoint="e", model="m", tenant=None, project="p", user=None, gateway_id="g",
+                         prompt_chars=40, max_tokens=10, key_id="k", request_quota=5)
+    plan = plan_admission(gs.load({"FABRIC_TENANT_RPM": "5", "FABRIC_PROJECT_TPM": "100"}), facts)
+    assert [r.what for r in plan] == ["the API key's request quota", "FABRIC_PROJECT_TPM"]
+    assert plan[1].amount == 20  # 40 chars / 4 + max_tokens
+
+
+def test_body_parsing_and_sse_usage_across_chunk_boundaries():
+    info = parse_body(json.dumps({"model": "m", "messages": [{"role": "user", "content": "abcd" * 30}],
+                                  "max_tokens": 7, "stream": True}).encode(), "application/json")
+    assert (info.model, info.stream, info.max_tokens, info.prompt_chars, len(info.prompt_head)) == ("m", True, 7, 120, 64)
+    scanner = SseUsageScanner()
+    event = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}\n\n'
+    scanner.feed(b'data: {"choices":[{"delta":{}}]}\n\n' + event[:20])
+    scanner.feed(event[20:])
+    assert scanner.tokens == 7
