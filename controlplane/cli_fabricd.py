@@ -109,7 +109,11 @@ def serve(
         if not (crt.exists() and key.exists()):
             typer.echo(f"error: no server certificate in {pki_dir(state_dir)}; run `fabricd init` first", err=True)
             raise typer.Exit(2)
-        ssl_args = {"ssl_certfile": str(crt), "ssl_keyfile": str(key)}
+        # Client certificates are optional but, when sent, verified against the cluster CA:
+        # operators use bearer tokens, agents prove their node id with their certificate.
+        from controlplane.node_identity import uvicorn_tls_kwargs
+
+        ssl_args = uvicorn_tls_kwargs(crt, key, pki_dir(state_dir) / "ca.crt")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         the_store = open_store(store, state_dir)
