@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 
 from common.store import open_store
 
@@ -91,4 +92,58 @@ def test_cas_increments_from_threads_sharing_one_handle(backend):
     for t in threads:
         t.join(JOIN_LIMIT_S)
     assert store.get(key).value == "200"
+    store.close()
+
+
+def _lead(url: str, name: str, me: int, go, results) -> None:
+    from common.store.locks import LeaseLock
+
+    store = open_store(url)
+    lock = LeaseLock(store, name, holder=f"fabricd-{me}", ttl=30)
+    go.wait(30)
+    won = lock.try_acquire()
+    results.put((me, won, lock.fence))
+    store.close()  # the winner's lease outlives it: the test revokes it by reading the lock
+
+
+def test_leader_lock_has_one_holder_across_processes(backend):
+    from common.store.locks import lock_view
+
+    name = backend["prefix"].strip("/").replace("/", "-") + "-placement"
+    outcomes = _run(_lead, [(backend["url"], name, i) for i in range(4)])
+    winners = [(me, fence) for me, won, fence in outcomes if won]
+    assert len(winners) == 1
+    store = open_store(backend["url"])
+    view = lock_view(store, name)
+    assert view.holder == f"fabricd-{winners[0][0]}"
+    assert view.fence == winners[0][1]
+    store.revoke_lease(store.get(f"/fabric/locks/{name}").lease)
+    assert lock_view(store, name).holder is None
+    store.close()
+
+
+def test_leader_lock_handover_and_expiry(backend):
+    from common.store.locks import LeaseLock
+
+    name = backend["prefix"].strip("/").replace("/", "-") + "-reconcile"
+    store = open_store(backend["url"])
+    first = LeaseLock(store, name, holder="a", ttl=1)
+    second = LeaseLock(store, name, holder="b", ttl=1)
+    assert first.try_acquire() and first.held()
+    assert second.try_acquire() is False and not second.held()
+    assert first.keep_alive() is True
+    first.release()
+    assert not first.held()
+    assert second.try_acquire() is True
+    assert second.fence > 0
+    old_fence = second.fence
+
+    # b stops refreshing: its lease expires in the store and a takes over with a larger fence.
+    deadline = time.monotonic() + 10  # a bound on the wait, not a timing assertion
+    while not first.try_acquire():
+        assert time.monotonic() < deadline, "b's lease never expired"
+        time.sleep(0.2)
+    assert first.fence > old_fence
+    assert second.keep_alive() is False and not second.held()
+    first.release()
     store.close()
