@@ -141,15 +141,15 @@ def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict, libvirt:
     return LibvirtDriver(libvirt_uri, state_dir=state_dir / "libvirt", **libvirt)
 
 
-def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, iface: str | None):
+def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, ifaces: list[str], netns: str | None):
     if not enabled:
         return None, "started with --no-dataplane"
     try:
         from agent.dataplane import Dataplane
 
         dp = Dataplane(str(pin_dir), node_ip)
-        if iface:
-            dp.attach(iface)
+        for iface in ifaces:
+            dp.attach(iface, netns)
         return dp, ""
     except Exception as exc:  # noqa: BLE001 - BPF missing or refused: serve the rest, and say why in /v1/health
         log.warning("dataplane not loaded: %s", exc)
@@ -201,7 +201,10 @@ def serve(
     models_dir: Annotated[Path | None, typer.Option("--models-dir", help="cached models live under it")] = None,
     pin_dir: Annotated[Path, typer.Option("--pin-dir", help="BPF map pin directory")] = Path("/sys/fs/bpf/fabric"),
     dataplane: bool = typer.Option(True, "--dataplane/--no-dataplane"),
-    dataplane_iface: str = typer.Option(None, "--dataplane-iface", help="attach XDP to this interface"),
+    dataplane_iface: list[str] = typer.Option([], "--dataplane-iface",
+                                              help="attach XDP (and the reply-path TC) here; repeatable"),
+    dataplane_netns: str = typer.Option(None, "--dataplane-netns",
+                                        help="network namespace holding --dataplane-iface (the lab's node)"),
     node_ip: str = typer.Option(None, "--node-ip", help="source NAT address for remote backends"),
     sysfs_root: Annotated[Path, typer.Option("--sysfs-root")] = Path("/sys"),
     heartbeat_secs: float = typer.Option(10.0, "--heartbeat-secs", min=0.1),
@@ -234,7 +237,7 @@ def serve(
     inventory, binder = _inventory_and_binder(state_dir, vm_driver, fake_gpus, fake_gpu_name,
                                               fake_gpu_mem_gib, sysfs_root)
     lab = {"node_netns": lab_netns, "bridge": lab_bridge, "subnet": lab_subnet, "gateway": lab_gateway}
-    dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface)
+    dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface, dataplane_netns)
     state = AgentState(node_id=node_id, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
         "image": golden_image, "models_dir": models_dir, "bridge": bridge}),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
