@@ -72,7 +72,7 @@ async def send_json(send, status: int, body: bytes, extra: list[tuple[bytes, byt
 async def send_error(send, exc: FabricError) -> None:
     extra = []
     if isinstance(exc, LimitExceeded):
-        extra.append((b"retry-after", str(max(1, int(round(exc.retry_after)))).encode()))
+        extra.append((b"retry-after", str(max(1, round(exc.retry_after))).encode()))
     await send_json(send, exc.status, error_body(exc), extra)
 
 
@@ -189,7 +189,6 @@ class GatewayApp:
         identity: Identity | None = None
         admission: Admission | None = None
         info = BodyInfo()
-        started = False
         try:
             body = await read_body(receive, headers, st.settings.max_body)
             info = parse_body(body, headers.get("content-type", ""))
@@ -224,7 +223,6 @@ class GatewayApp:
             targets = order_targets(view, headers.get("x-session-id") or info.prompt_head or None, scheme)
             path = subpath + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else "")
             fwd_headers = upstream_headers(scope["headers"], request_id)
-            started = True  # from here a response may have begun; errors can no longer be sent as JSON
             st.metrics.in_flight.labels(endpoint).inc()
             try:
                 async with asyncio.timeout(deadline):
@@ -256,13 +254,13 @@ class GatewayApp:
             await send_json(send, status, json.dumps({"error": {"message": message, "type": "upstream_timeout",
                                                                 "code": "upstream_timeout"}}).encode())
             return True
-        except Exception:  # the response had already started; the connection is closed instead
+        except (RuntimeError, OSError):  # the response had already started; the connection is closed instead
             return False
 
     async def _send_fabric_error(self, send, exc: FabricError) -> None:
         try:
             await send_error(send, exc)
-        except Exception:
+        except (RuntimeError, OSError):
             log.debug("could not send an error body; the response had started")
 
     async def _finish(self, identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0):

@@ -25,7 +25,7 @@ class GatewayMetrics:
     in_flight: Gauge
 
     @classmethod
-    def create(cls, registry: CollectorRegistry | None = None) -> "GatewayMetrics":
+    def create(cls, registry: CollectorRegistry | None = None) -> GatewayMetrics:
         reg = registry or CollectorRegistry()
         return cls(
             registry=reg,

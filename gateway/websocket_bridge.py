@@ -99,7 +99,7 @@ async def bridge(state, scope, receive, send) -> None:
         try:
             upstream = await connect(uri, additional_headers=fwd, open_timeout=10,
                                      ssl=backend_ssl(state.settings.backend_tls) if tls else None)
-        except (OSError, asyncio.TimeoutError, Exception) as exc:  # any failure to open is the upstream's
+        except (TimeoutError, OSError, Exception) as exc:  # any failure to open is the upstream's
             raise UpstreamRefused(f"the upstream refused the WebSocket ({type(exc).__name__})") from None
         async with upstream:
             await send({"type": "websocket.accept"})

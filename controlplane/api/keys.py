@@ -23,7 +23,7 @@ from common import apikeys, audit_chain, keyspace
 from common.errors import NotFound, TransientError
 from common.schemas import check_name
 from controlplane.auth import require_admin
-from controlplane.state import AppState, get_state
+from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["keys"], dependencies=[Depends(require_admin)])
 
@@ -65,7 +65,7 @@ def _usage(state: AppState, record) -> dict:
 
 
 @router.post("/keys", status_code=201)
-def create_key(body: KeyCreate, request: Request, state: AppState = Depends(get_state)) -> dict:
+def create_key(body: KeyCreate, request: Request, state: StateDep) -> dict:
     check_name(body.endpoint, "endpoint")
     if state.store.get(keyspace.endpoints(body.endpoint)) is None:
         raise NotFound(f"endpoint {body.endpoint!r} does not exist")
@@ -75,30 +75,29 @@ def create_key(body: KeyCreate, request: Request, state: AppState = Depends(get_
 
 
 @router.get("/keys")
-def list_keys(state: AppState = Depends(get_state)) -> list[dict]:
+def list_keys(state: StateDep) -> list[dict]:
     return [_usage(state, r) for r in apikeys.list_keys(state.store)]
 
 
 @router.get("/keys/{key_id}")
-def get_key(key_id: str, state: AppState = Depends(get_state)) -> dict:
+def get_key(key_id: str, state: StateDep) -> dict:
     return _usage(state, apikeys.get_key(state.store, key_id))
 
 
 @router.delete("/keys/{key_id}")
-def delete_key(key_id: str, state: AppState = Depends(get_state)) -> dict:
+def delete_key(key_id: str, state: StateDep) -> dict:
     apikeys.delete_key(state.store, key_id)
     return {"id": key_id, "deleted": True}
 
 
 @router.post("/keys/{key_id}/rotate")
-def rotate_key(key_id: str, request: Request, body: KeyRotate | None = None,
-               state: AppState = Depends(get_state)) -> dict:
+def rotate_key(key_id: str, request: Request, state: StateDep, body: KeyRotate | None = None) -> dict:
     overlap = (body or KeyRotate()).overlap_secs
     record, plaintext = apikeys.rotate_key(state.store, key_id, hmac_secret(request), overlap)
     return {**_usage(state, record), "key": plaintext}
 
 
 @router.get("/audit/verify")
-def verify_audit(state: AppState = Depends(get_state)) -> dict:
+def verify_audit(state: StateDep) -> dict:
     result = audit_chain.verify(state.store)
     return {"ok": result.ok, "rows": result.rows, "bad_seq": result.bad_seq, "reason": result.reason}

@@ -14,7 +14,11 @@ from agent.engine_sim.process import EngineProcess
 from common import apikeys, audit_chain
 from common.store.base import open_store
 from tests.gateway.gateway_harness import (
-    HMAC_SECRET, GatewayProcess, engine_running, make_key, publish_endpoint,
+    HMAC_SECRET,
+    GatewayProcess,
+    engine_running,
+    make_key,
+    publish_endpoint,
 )
 
 PROMPT = "the secret prompt says zebra-quartz-4411 and nothing else"
