@@ -18,7 +18,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import httpx
 
@@ -36,9 +35,17 @@ log = logging.getLogger("fabricd.reconcile")
 HEALTH_TIMEOUT_S = 2.0
 
 
-@dataclass
-class ApplyResult:
-    errors: list[str]
+def reserve_gpus(store: Store, node: str, gpus, replica_id: str, deployment: str, now: float) -> bool:
+    """Take every GPU of the group with create-if-absent, or none: a lost race undoes the rest."""
+    value = json.dumps({"replica_id": replica_id, "deployment": deployment, "created_at": now})
+    taken: list[str] = []
+    for pci in gpus:
+        if not store.create(keyspace.gpu_reservations(node, pci), value):
+            for done in taken:
+                store.delete(keyspace.gpu_reservations(node, done))
+            return False
+        taken.append(pci)
+    return True
 
 
 class ReconcileWorker:
@@ -142,16 +149,10 @@ class ReconcileWorker:
                           ordinal=action.ordinal, revision=dep.revision, node=action.node, gpus=list(action.gpus),
                           phase="Pending", message=action.reason, created_at=self.clock())
         put_replica(self.store, replica)
-        taken: list[str] = []
-        value = json.dumps({"replica_id": replica.replica_id, "deployment": dep.name, "created_at": self.clock()})
-        for pci in action.gpus:
-            if not self.store.create(keyspace.gpu_reservations(action.node, pci), value):
-                for done in taken:
-                    self.store.delete(keyspace.gpu_reservations(action.node, done))
-                self.store.delete(keyspace.replicas(dep.name, replica.replica_id))
-                errors.append(f"GPU {pci} on {action.node} was taken meanwhile; placing again next tick")
-                return
-            taken.append(pci)
+        if not reserve_gpus(self.store, action.node, action.gpus, replica.replica_id, dep.name, self.clock()):
+            self.store.delete(keyspace.replicas(dep.name, replica.replica_id))
+            errors.append(f"a GPU on {action.node} was taken meanwhile; placing again next tick")
+            return
         await self.start_vm(snap, dep, replica, errors)
 
     async def start_vm(self, snap: Snapshot, dep: InferenceDeployment, replica: Replica,
