@@ -31,7 +31,9 @@ def _write_sysctl(path: str, value: str) -> None:
         f.write(value)
 
 
-def attach_programs(iface: str, netns: str | None, xdp_fd: int, tc_fd: int, source_nat: bool) -> None:
+def attach_programs(iface: str, netns: str | None, xdp_fn, tc_fd: int, source_nat: bool) -> None:
+    """xdp_fn: the BCC function handle of xdp_maglev (BCC insists on its own type)."""
+
     def body() -> None:
         from bcc import BPF
         from pyroute2 import IPRoute
@@ -40,7 +42,7 @@ def attach_programs(iface: str, netns: str | None, xdp_fd: int, tc_fd: int, sour
         with IPRoute() as ipr:
             idx = _index(ipr, iface)
             # A newer program replaces the old one in one step: no gap in forwarding.
-            BPF.attach_xdp(iface, _Fd(xdp_fd), 0)
+            BPF.attach_xdp(iface, xdp_fn, 0)
             try:
                 ipr.tc("add", "clsact", idx)
             except NetlinkError as exc:
@@ -103,9 +105,3 @@ def route_is_via_bridge(ip: str, netns: str | None) -> bool:
 
     return run_in_netns(netns, body)
 
-
-class _Fd:
-    """What BPF.attach_xdp expects: an object with .fd."""
-
-    def __init__(self, fd: int):
-        self.fd = fd

@@ -81,7 +81,7 @@ class Dataplane:
         self._config[key] = cfg
 
     def attach(self, iface: str, netns: str | None = None) -> None:
-        attach_mod.attach_programs(iface, netns, self._prog.xdp.fd, self._prog.tc.fd, source_nat=bool(self.node_ip))
+        attach_mod.attach_programs(iface, netns, self._prog.xdp, self._prog.tc.fd, source_nat=bool(self.node_ip))
         if self._route_netns is None:
             self._route_netns = netns
 

@@ -1,0 +1,136 @@
+"""`fabric-agent maglev ...`: operator debugging on the live pinned maps.
+
+Every command opens the same pinned maps the agent uses (pin_dir), so what it
+shows and changes is what the XDP program is forwarding with right now.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from agent.dataplane.addresses import parse_service_spec
+from common.errors import FabricError
+
+maglev_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                         help="Inspect and change the XDP Maglev dataplane's live maps")
+
+PinDir = typer.Option("/sys/fs/bpf/fabric", "--pin-dir", envvar="FABRIC_PIN_DIR", help="bpffs directory of the maps")
+NodeIp = typer.Option(None, "--node-ip", envvar="FABRIC_NODE_IP", help="source address for routed backends")
+TableSize = typer.Option(65537, "--table-size", help="Maglev table size the maps were made with")
+
+
+def _open(pin_dir: str, node_ip: str | None, table_size: int):
+    from agent.dataplane.dataplane import Dataplane
+
+    return Dataplane(pin_dir=pin_dir, node_ip=node_ip, table_size=table_size)
+
+
+def _fail(exc: FabricError) -> None:
+    typer.echo(f"error: {exc.message}", err=True)
+    raise typer.Exit(code=2)
+
+
+@maglev_app.command()
+def show(pin_dir: str = PinDir, table_size: int = TableSize,
+         as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Services, backends, weights, slot shares, packet and verdict counters."""
+    dp = _open(pin_dir, None, table_size)
+    try:
+        services = dp.list_services()
+        verdicts = dp.verdict_counters()
+    finally:
+        dp.close()
+    if as_json:
+        typer.echo(json.dumps({"services": [s.model_dump() for s in services], "verdicts": verdicts}, indent=2))
+        return
+    for svc in services:
+        state = " (no backends: new flows dropped)" if svc.no_backends else ""
+        typer.echo(f"{svc.vip}:{svc.port}/{svc.proto} ring {svc.active_ring}{state}")
+        for b in svc.backends:
+            flags = ",".join(f for f, on in (("draining", b.draining), ("snat", b.source_nat)) if on)
+            typer.echo(f"  {b.address:<22} weight {b.weight:>2}  slots {b.slots:>6} ({b.share:6.2%})"
+                       f"  packets {b.packets:>10}  bytes {b.bytes:>12}  {flags}")
+    typer.echo("verdicts: " + " ".join(f"{k}={v}" for k, v in verdicts.items() if v))
+
+
+def _parse_backends(specs: list[str]) -> dict[str, int]:
+    out = {}
+    for spec in specs:
+        addr, sep, weight = spec.rpartition("=")
+        if not sep or not weight.isdigit():
+            raise typer.BadParameter(f"backend must look like IP:PORT=WEIGHT, got {spec!r}")
+        out[addr] = int(weight)
+    return out
+
+
+@maglev_app.command("set")
+def set_service(
+    service: str = typer.Argument(..., help="VIP:PORT/PROTO"),
+    backend: list[str] = typer.Option(..., "--backend", help="IP:PORT=WEIGHT (0-32), repeat"),
+    draining: Optional[list[str]] = typer.Option(None, "--draining", help="IP:PORT taking no new flows"),
+    pin_dir: str = PinDir, node_ip: Optional[str] = NodeIp, table_size: int = TableSize,
+) -> None:
+    """Create or replace a service's backends."""
+    backends = _parse_backends(backend)
+    try:
+        addr = parse_service_spec(service)
+        dp = _open(pin_dir, node_ip, table_size)
+        try:
+            changed = dp.put_service(addr.vip, addr.port, addr.proto, backends, draining or [])
+        finally:
+            dp.close()
+    except FabricError as exc:
+        _fail(exc)
+    typer.echo(f"{addr}: {'updated' if changed else 'unchanged'}")
+
+
+@maglev_app.command()
+def delete(service: str = typer.Argument(..., help="VIP:PORT/PROTO"), pin_dir: str = PinDir,
+           table_size: int = TableSize) -> None:
+    """Remove a service (established flows to it stop being forwarded)."""
+    try:
+        addr = parse_service_spec(service)
+        dp = _open(pin_dir, None, table_size)
+        try:
+            found = dp.delete_service(addr.vip, addr.port, addr.proto)
+        finally:
+            dp.close()
+    except FabricError as exc:
+        _fail(exc)
+    if not found:
+        typer.echo(f"{addr}: not found", err=True)
+        raise typer.Exit(code=1)
+    typer.echo(f"{addr}: deleted")
+
+
+@maglev_app.command()
+def attach(iface: str = typer.Option(..., "--iface"), netns: Optional[str] = typer.Option(None, "--netns"),
+           pin_dir: str = PinDir, node_ip: Optional[str] = NodeIp, table_size: int = TableSize) -> None:
+    """Attach XDP (ingress) and the TC reverse-NAT program (egress) to IFACE."""
+    try:
+        dp = _open(pin_dir, node_ip, table_size)
+        try:
+            dp.attach(iface, netns)
+        finally:
+            dp.close()
+    except FabricError as exc:
+        _fail(exc)
+    typer.echo(f"attached to {iface}" + (f" in {netns}" if netns else ""))
+
+
+@maglev_app.command()
+def detach(iface: str = typer.Option(..., "--iface"), netns: Optional[str] = typer.Option(None, "--netns"),
+           pin_dir: str = PinDir, table_size: int = TableSize) -> None:
+    """Detach both programs from IFACE."""
+    try:
+        dp = _open(pin_dir, None, table_size)
+        try:
+            dp.detach(iface, netns)
+        finally:
+            dp.close()
+    except FabricError as exc:
+        _fail(exc)
+    typer.echo(f"detached from {iface}" + (f" in {netns}" if netns else ""))

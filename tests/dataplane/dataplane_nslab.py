@@ -1,0 +1,197 @@
+"""Network namespaces for dataplane traffic tests: a client, a node with XDP on
+its ingress veth, backends behind the node's bridge and one routed backend.
+
+    client c-S (10.0.0.2) --veth-- (10.0.0.1 ni) node n-S (ip_forward)
+                                         br0 10.1.0.1 -- b1..bN (10.1.0.1k, HTTP :8080)
+                                         nr  10.2.0.1 -- r (10.2.0.2, HTTP :8080, no route back)
+
+Everything is made with a random suffix and torn down by close(); nothing
+touches the host's own interfaces.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.dataplane.netns import run_in_netns
+
+VIP = "10.9.0.100"
+NODE_IP = "10.2.0.1"
+ROUTED_BACKEND = "10.2.0.2:8080"
+HERE = Path(__file__).resolve().parent
+
+SERVER = r"""
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+NAME = sys.argv[1].encode()
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(NAME)))
+        self.end_headers()
+        self.wfile.write(NAME)
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer.daemon_threads = True
+ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
+"""
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=30)
+
+
+@dataclass
+class NsLab:
+    suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    backends: int = 3
+    servers: list = field(default_factory=list)
+    namespaces: list = field(default_factory=list)
+
+    def ns(self, role: str) -> str:
+        return f"fab{role}-{self.suffix}"
+
+    @property
+    def node(self) -> str:
+        return self.ns("n")
+
+    @property
+    def client(self) -> str:
+        return self.ns("c")
+
+    def backend_address(self, i: int) -> str:
+        return f"10.1.0.{10 + i}:8080"
+
+    def build(self) -> None:
+        roles = ["c", "n", "r"] + [f"b{i}" for i in range(1, self.backends + 1)]
+        for role in roles:
+            sh("ip", "netns", "add", self.ns(role))
+            self.namespaces.append(self.ns(role))
+            sh("ip", "-n", self.ns(role), "link", "set", "lo", "up")
+        node, client = self.node, self.client
+        sh("ip", "link", "add", "ni", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", client)
+        sh("ip", "-n", node, "addr", "add", "10.0.0.1/24", "dev", "ni")
+        sh("ip", "-n", client, "addr", "add", "10.0.0.2/24", "dev", "eth0")
+        sh("ip", "-n", node, "link", "set", "ni", "up")
+        sh("ip", "-n", client, "link", "set", "eth0", "up")
+        sh("ip", "-n", client, "route", "add", "default", "via", "10.0.0.1")
+        sh("ip", "-n", node, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", node, "addr", "add", "10.1.0.1/24", "dev", "br0")
+        sh("ip", "-n", node, "link", "set", "br0", "up")
+        for i in range(1, self.backends + 1):
+            b = self.ns(f"b{i}")
+            sh("ip", "link", "add", f"vb{i}", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", b)
+            sh("ip", "-n", node, "link", "set", f"vb{i}", "master", "br0", "up")
+            sh("ip", "-n", b, "addr", "add", f"10.1.0.{10 + i}/24", "dev", "eth0")
+            sh("ip", "-n", b, "link", "set", "eth0", "up")
+            sh("ip", "-n", b, "route", "add", "default", "via", "10.1.0.1")
+        r = self.ns("r")
+        sh("ip", "link", "add", "nr", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", r)
+        sh("ip", "-n", node, "addr", "add", f"{NODE_IP}/24", "dev", "nr")
+        sh("ip", "-n", node, "link", "set", "nr", "up")
+        sh("ip", "-n", r, "addr", "add", "10.2.0.2/24", "dev", "eth0")
+        sh("ip", "-n", r, "link", "set", "eth0", "up")
+        sh("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        for i in range(1, self.backends + 1):
+            self._serve(self.ns(f"b{i}"), f"b{i}")
+        self._serve(r, "r")
+        for addr in [self.backend_address(i) for i in range(1, self.backends + 1)] + [ROUTED_BACKEND]:
+            self._wait_listening(addr)
+
+    def _serve(self, ns: str, name: str) -> None:
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER, name],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.servers.append(proc)
+
+    def _wait_listening(self, addr: str) -> None:
+        ip, port = addr.split(":")
+        # from the node namespace, which reaches every backend directly
+        for _ in range(100):
+            try:
+                run_in_netns(self.node, lambda: socket.create_connection((ip, int(port)), timeout=1).close())
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"backend {addr} never listened")
+
+    def connect(self, port: int = 80) -> socket.socket:
+        """A TCP connection from the client namespace to the VIP."""
+        return run_in_netns(self.client, lambda: socket.create_connection((VIP, port), timeout=5))
+
+    def names(self, count: int, port: int = 80) -> list[str]:
+        """`count` fresh connections to the VIP, one GET each: the backend names."""
+
+        def body() -> list[str]:
+            out = []
+            for _ in range(count):
+                with socket.create_connection((VIP, port), timeout=5) as s:
+                    out.append(http_get(s))
+            return out
+
+        return run_in_netns(self.client, body)
+
+    def close(self) -> None:
+        for proc in self.servers:
+            proc.kill()
+            proc.wait(timeout=10)
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def http_get(sock: socket.socket) -> str:
+    """One keep-alive GET on an open connection; the body (the backend's name)."""
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("closed before the response headers")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("closed mid-body")
+        body += chunk
+    return body.decode()
+
+
+class AgentProcess:
+    """dataplane_agent_proc.py: a separate process owning the Dataplane."""
+
+    def __init__(self, pin_dir: str, node_ns: str, ifaces: list[str]):
+        self.args = [sys.executable, str(HERE / "dataplane_agent_proc.py"), pin_dir, NODE_IP, node_ns, *ifaces]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        assert self.call("ping") == "pong"
+
+    def call(self, op: str, *args):
+        import json
+
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps({"op": op, "args": args}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"agent process exited with {self.proc.wait()}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply["ok"]
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)

@@ -1,0 +1,106 @@
+"""Real TCP traffic through the XDP program in namespaces the test makes:
+weighted shares, a connection held across changes, weight 0, the source-NAT
+path to a routed backend, and an agent killed and restarted on pinned maps."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dataplane_nslab import ROUTED_BACKEND, AgentProcess, NsLab, http_get  # noqa: E402
+
+NAMES = {"10.1.0.11:8080": "b1", "10.1.0.12:8080": "b2", "10.1.0.13:8080": "b3", ROUTED_BACKEND: "r"}
+WEIGHTS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 2, "10.1.0.13:8080": 4}
+
+
+@pytest.fixture(scope="module")
+def lab(require_bpf):
+    if shutil.which("ip") is None:
+        pytest.skip("needs iproute2's ip")
+    lab = NsLab()
+    pin_dir = f"/sys/fs/bpf/fabric-test-{uuid.uuid4().hex[:8]}"
+    agent = AgentProcess(pin_dir, lab.node, ["ni", "nr"])
+    try:
+        lab.build()
+        agent.start()
+        lab.agent = agent
+        yield lab
+    finally:
+        agent.kill()
+        lab.close()
+        shutil.rmtree(pin_dir, ignore_errors=True)
+
+
+def _shares(names: list[str]) -> dict[str, float]:
+    counts = Counter(names)
+    return {n: counts[n] / len(names) for n in counts}
+
+
+def _assert_balanced(names: list[str], weights: dict[str, int], tolerance: float) -> None:
+    shares = _shares(names)
+    total = sum(weights.values())
+    for backend, weight in weights.items():
+        assert abs(shares.get(NAMES[backend], 0.0) - weight / total) < tolerance, (backend, shares)
+
+
+def test_700_connections_follow_weights_1_2_4(lab):
+    lab.agent.call("put", 80, WEIGHTS)
+    _assert_balanced(lab.names(700), WEIGHTS, 0.05)
+
+
+def test_routed_backend_is_reached_through_source_nat(lab):
+    assert lab.agent.call("put", 81, {ROUTED_BACKEND: 1}) is True
+    # r has no route to the client: only source NAT to node_ip lets it answer
+    assert lab.names(5, port=81) == ["r"] * 5
+    assert lab.agent.call("verdicts")["reply_snat"] > 0
+
+
+def test_held_connection_survives_weight_change_addition_and_removal(lab):
+    lab.agent.call("put", 80, WEIGHTS)
+    held = lab.connect()
+    try:
+        name = http_get(held)
+        addr = next(a for a, n in NAMES.items() if n == name)
+        others = [a for a in WEIGHTS if a != addr]
+        # weight change
+        assert lab.agent.call("put", 80, WEIGHTS | {others[0]: 32}) is True
+        assert http_get(held) == name
+        # addition (the routed backend)
+        assert lab.agent.call("put", 80, WEIGHTS | {ROUTED_BACKEND: 4}) is True
+        assert http_get(held) == name
+        assert "r" in lab.names(60)
+        # removal of another backend
+        removed = WEIGHTS | {ROUTED_BACKEND: 4}
+        del removed[others[1]]
+        assert lab.agent.call("put", 80, removed) is True
+        assert http_get(held) == name
+        assert NAMES[others[1]] not in lab.names(100)
+        # the held backend itself goes to weight 0: no new connections, the held one continues
+        assert lab.agent.call("put", 80, removed | {addr: 0}) is True
+        assert name not in lab.names(150)
+        assert http_get(held) == name
+    finally:
+        held.close()
+        lab.agent.call("put", 80, WEIGHTS)
+
+
+def test_agent_restart_keeps_open_connection_and_balance(lab):
+    lab.agent.call("put", 80, WEIGHTS)
+    held = lab.connect()
+    try:
+        name = http_get(held)
+        lab.agent.kill()
+        # no agent: the attached program and pinned maps keep forwarding
+        assert http_get(held) == name
+        lab.agent.start()  # re-opens the pinned maps and re-attaches
+        assert lab.agent.call("put", 80, WEIGHTS) is False  # it finds the service as it was
+        assert http_get(held) == name
+        _assert_balanced(lab.names(700), WEIGHTS, 0.05)
+    finally:
+        held.close()
