@@ -224,7 +224,7 @@ class ControllerHandle:
                            - time.monotonic())
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=wait)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             leader.resign()

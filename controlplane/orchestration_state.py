@@ -19,7 +19,13 @@ from pydantic import BaseModel, ValidationError
 
 from common import keyspace
 from common.schemas import (
-    InferenceDeployment, InferenceEndpoint, InferenceProfile, ModelArtifact, Node, Replica, ReplicaObservation,
+    InferenceDeployment,
+    InferenceEndpoint,
+    InferenceProfile,
+    ModelArtifact,
+    Node,
+    Replica,
+    ReplicaObservation,
 )
 from common.store.base import KV, Store
 

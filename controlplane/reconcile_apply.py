@@ -28,7 +28,12 @@ from common.schemas import InferenceDeployment, Node, Replica
 from common.store.base import Store
 from controlplane import reconcile_plan as rp
 from controlplane.orchestration_state import (
-    Snapshot, get_replica, load_snapshot, managed_vm_key, put_replica, update_deployment_status,
+    Snapshot,
+    get_replica,
+    load_snapshot,
+    managed_vm_key,
+    put_replica,
+    update_deployment_status,
 )
 
 log = logging.getLogger("fabricd.reconcile")

@@ -40,7 +40,7 @@ class Probe:
 class ReconcileSettings:
     drain_grace_s: float = 30.0
     start_timeout_s: float = 900.0
-    scheduler: SchedulerSettings = SchedulerSettings()
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
 
 @dataclass(frozen=True)

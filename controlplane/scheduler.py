@@ -192,7 +192,7 @@ def place(
         else:
             message = "no node can take a replica: " + "; ".join(f"{v.node}: {v.reason}" for v in verdicts)
         return PlacementPlan(deployment.name, None, (), message, tuple(verdicts))
-    best = sorted(fits, key=lambda v: (-v.score, v.node))[0]
+    best = min(fits, key=lambda v: (-v.score, v.node))
     return PlacementPlan(
         deployment.name, best.node, best.gpus, f"chose {best.node}: {best.reason}", tuple(verdicts)
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +32,7 @@ from controlplane.routing.strategies import plan_routing
 from controlplane.scheduler import SchedulerSettings, node_online, place
 from controlplane.state import AppState, get_state
 
+StateDep = Annotated[AppState, Depends(get_state)]
 router = APIRouter(prefix="/api/ai", tags=["orchestration"], dependencies=[Depends(require_admin)])
 CAS_RETRIES = 8
 
@@ -42,7 +44,7 @@ class DrainRequest(BaseModel):
 
 
 @router.get("/explain/placement/{deployment}")
-def explain_placement(deployment: str, state: AppState = Depends(get_state)) -> dict:
+def explain_placement(deployment: str, state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     dep = snap.deployments.get(deployment)
     if dep is None:
@@ -70,7 +72,7 @@ def explain_placement(deployment: str, state: AppState = Depends(get_state)) -> 
 
 
 @router.get("/explain/routing/{endpoint}")
-def explain_routing(endpoint: str, state: AppState = Depends(get_state)) -> dict:
+def explain_routing(endpoint: str, state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     ep = snap.endpoints.get(endpoint)
     if ep is None:
@@ -87,7 +89,7 @@ def explain_routing(endpoint: str, state: AppState = Depends(get_state)) -> dict
 
 
 @router.get("/deployments/{name}/metrics")
-def deployment_metrics(name: str, state: AppState = Depends(get_state)) -> dict:
+def deployment_metrics(name: str, state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     if name not in snap.deployments:
         raise NotFound(f"deployment {name!r} not found")
@@ -101,7 +103,7 @@ def deployment_metrics(name: str, state: AppState = Depends(get_state)) -> dict:
 
 
 @router.post("/deployments/{name}/drain", status_code=202)
-def drain(name: str, body: DrainRequest, state: AppState = Depends(get_state)) -> dict:
+def drain(name: str, body: DrainRequest, state: StateDep) -> dict:
     store = state.store
     key = keyspace.deployments(name)
     if store.get(key) is None:
@@ -140,7 +142,7 @@ def drain(name: str, body: DrainRequest, state: AppState = Depends(get_state)) -
 
 
 @router.get("/capacity")
-def capacity(state: AppState = Depends(get_state)) -> dict:
+def capacity(state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     reserved = snap.reserved_by_node()
     now = time.time()

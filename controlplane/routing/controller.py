@@ -26,14 +26,22 @@ import httpx
 from common import keyspace
 from common.agent_api import MaglevServiceSpec
 from common.errors import Conflict, FabricError, Refused
-from common.schemas import InferenceEndpoint, Node, Replica
+from common.schemas import InferenceEndpoint, Replica
 from common.store.base import Store
 from controlplane import vip_pool
 from controlplane.orchestration_state import (
-    MANAGED_SERVICES, Snapshot, load_snapshot, managed_service_key, update_endpoint_status,
+    MANAGED_SERVICES,
+    Snapshot,
+    load_snapshot,
+    managed_service_key,
+    update_endpoint_status,
 )
 from controlplane.routing.metrics_parse import (
-    EngineSample, MetricsParseError, failed_observation, observe, parse_vllm_metrics,
+    EngineSample,
+    MetricsParseError,
+    failed_observation,
+    observe,
+    parse_vllm_metrics,
 )
 from controlplane.routing.strategies import RoutingPlan, plan_routing
 from controlplane.scheduler import SchedulerSettings, node_online

@@ -1,7 +1,13 @@
 """Plain-data builders shared by the planner tests (nodes, GPUs, deployments)."""
 
 from common.schemas import (
-    GpuInfo, GpuRequest, InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica,
+    GpuInfo,
+    GpuRequest,
+    InferenceDeployment,
+    InferenceProfile,
+    ModelArtifact,
+    Node,
+    Replica,
 )
 
 NOW = 1_000_000.0

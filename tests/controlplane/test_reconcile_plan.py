@@ -1,8 +1,15 @@
 """The reconcile plan for one deployment (pure, table-driven)."""
 
 from controlplane.reconcile_plan import (
-    CreateReplica, DeleteReplica, Probe, ReconcileSettings, SetStatus, StartDrain, UpdateHealth,
-    first_unused_ordinals, plan,
+    CreateReplica,
+    DeleteReplica,
+    Probe,
+    ReconcileSettings,
+    SetStatus,
+    StartDrain,
+    UpdateHealth,
+    first_unused_ordinals,
+    plan,
 )
 from tests.controlplane.planner_data import NOW, deployment, model, node, profile, replica
 
@@ -14,11 +21,11 @@ def kinds(p, kind):
 
 
 def run(replicas=(), nodes=None, probes=None, *, dep=None, prof="default", mdl="default", reservations=None,
-        settings=ReconcileSettings()):
+        settings=None):
     return plan(dep or deployment(3), profile() if prof == "default" else prof,
                 model() if mdl == "default" else mdl, list(replicas),
                 nodes if nodes is not None else [node("n1", 4), node("n2", 4)],
-                probes or {}, NOW, reservations=reservations, settings=settings)
+                probes or {}, NOW, reservations=reservations, settings=settings or ReconcileSettings())
 
 
 def test_missing_model_or_profile_fails_with_its_name():

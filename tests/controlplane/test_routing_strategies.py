@@ -6,7 +6,11 @@ import pytest
 
 from common.schemas import InferenceEndpoint, ReplicaObservation
 from controlplane.routing.metrics_parse import (
-    MetricsParseError, failed_observation, histogram_quantile, observe, parse_vllm_metrics,
+    MetricsParseError,
+    failed_observation,
+    histogram_quantile,
+    observe,
+    parse_vllm_metrics,
 )
 from controlplane.routing.strategies import STRATEGIES, plan_routing, to_weight
 from tests.controlplane.planner_data import NOW, gpu, node, replica

@@ -8,9 +8,9 @@ from controlplane.scheduler import SchedulerSettings, place
 from tests.controlplane.planner_data import NOW, deployment, gpu, model, node, profile, replica
 
 
-def run(nodes, *, dep=None, prof=None, mdl=None, reservations=None, settings=SchedulerSettings(), **kw):
+def run(nodes, *, dep=None, prof=None, mdl=None, reservations=None, settings=None, **kw):
     return place(dep or deployment(), prof or profile(), mdl or model(), nodes, reservations or {}, NOW,
-                 settings, **kw)
+                 settings or SchedulerSettings(), **kw)
 
 
 @pytest.mark.parametrize(

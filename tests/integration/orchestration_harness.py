@@ -34,7 +34,7 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
 def agent_command() -> list[str]:
     """The `fabric-agent` console script; its `serve` code directly if the script cannot start
     (the CLI module imports the dataplane's debugging commands, which may be absent)."""
-    probe = subprocess.run([str(BIN / "fabric-agent"), "--help"], capture_output=True)
+    probe = subprocess.run([str(BIN / "fabric-agent"), "--help"], capture_output=True, check=False)
     if probe.returncode == 0:
         return [str(BIN / "fabric-agent"), "serve"]
     return [sys.executable, "-c", AGENT_FALLBACK]
@@ -76,6 +76,12 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def _log(path: Path, files: list):
+    f = path.open("wb")  # closed by start_cluster once its processes are stopped
+    files.append(f)
+    return f
+
+
 @contextmanager
 def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None):
     env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", **(env or {})})
@@ -84,13 +90,13 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
                    capture_output=True, env=env)
     fport, aport = free_port(), free_port()
     url = f"http://127.0.0.1:{fport}"
-    procs, logs = [], []
+    procs, logs, files = [], [], []
     fd_log = tmp / "fabricd.log"
     logs.append(fd_log)
     procs.append(subprocess.Popen(
         [str(BIN / "fabricd"), "serve", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{fport}",
          "--insecure", "--log-level", "info"],
-        stdout=open(fd_log, "wb"), stderr=subprocess.STDOUT, env=env))
+        stdout=_log(fd_log, files), stderr=subprocess.STDOUT, env=env))
     try:
         with httpx.Client(base_url=url, timeout=5) as c:
             def up():
@@ -111,7 +117,7 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
                 "--vm-driver", "dry-run", "--fake-gpus", str(gpus), "--no-dataplane", "--heartbeat-secs", "1",
                 "--state-dir", str(tmp / "agent"), "--sysfs-root", str(tmp / "agent" / "sysfs"),
                 "--log-level", "warning"],
-            stdout=open(ag_log, "wb"), stderr=subprocess.STDOUT, env=env))
+            stdout=_log(ag_log, files), stderr=subprocess.STDOUT, env=env))
         cluster = Cluster(url, state_dir, token, procs, logs)
         with cluster.api() as api:
             def registered():
@@ -123,3 +129,5 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
     finally:
         for proc in reversed(procs):
             _stop(proc)
+        for f in files:
+            f.close()

@@ -13,7 +13,6 @@ import time
 from common import keyspace
 from common.schemas import GpuInfo, Node
 from common.store.base import open_store
-from tests.support.etcd_server import etcd_server  # noqa: F401  (fixture used by name)
 
 WORKER = r"""
 import json, sys, time
