@@ -190,14 +190,13 @@ class EtcdStore:
         deadline = time.monotonic() + max(0.0, timeout)
         url = self._client.get_url("/watch")
         try:
-            with requests.Session() as session:
-                with session.post(
-                    url, json={"create_request": create}, stream=True,
-                    timeout=(self._timeout, max(0.05, timeout)),
-                ) as resp:
-                    if resp.status_code != 200:
-                        raise TransientError(f"etcd watch failed with HTTP {resp.status_code}")
-                    return _read_first_events(resp, deadline)
+            with requests.Session() as session, session.post(
+                url, json={"create_request": create}, stream=True,
+                timeout=(self._timeout, max(0.05, timeout)),
+            ) as resp:
+                if resp.status_code != 200:
+                    raise TransientError(f"etcd watch failed with HTTP {resp.status_code}")
+                return _read_first_events(resp, deadline)
         except requests.exceptions.ConnectionError as exc:
             # A read timeout on a streamed body surfaces as ConnectionError wrapping ReadTimeoutError.
             if exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError):

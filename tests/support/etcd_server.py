@@ -13,6 +13,7 @@ raft timings so etcd's minimum lease TTL is 1 s instead of 2 s and lease tests s
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -22,17 +23,36 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Self
 
 import pytest
 
 ETCD_BINARY = os.environ.get("FABRIC_TEST_ETCD", "/usr/bin/etcd")
 START_TIMEOUT_S = 30.0
+PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _libc_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved in the parent: the child, between fork and exec, must not dlopen (loader locks).
+_PRCTL = _libc_prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGKILL it when the parent exits."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 def etcd_available() -> bool:
@@ -73,8 +93,13 @@ class EtcdServer:
         assert self.data_dir is not None
         client = f"http://{self.host}:{self.port}"
         peer = f"http://{self.host}:{self.peer_port}"
-        log = open(self.data_dir / "etcd.log", "ab")
-        self.proc = subprocess.Popen(
+        # A failed earlier attempt may have left raft state naming other ports: start clean.
+        shutil.rmtree(self.data_dir / "data", ignore_errors=True)
+        with open(self.data_dir / "etcd.log", "ab") as log:
+            self.proc = self._popen(client, peer, log)
+
+    def _popen(self, client: str, peer: str, log) -> subprocess.Popen:
+        return subprocess.Popen(
             [
                 self.binary,
                 "--name", "fabric-test",
@@ -93,8 +118,9 @@ class EtcdServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # A test run killed outright (timeout, ^C twice) must not leave etcd behind.
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 (one pre-resolved prctl call)
         )
-        log.close()
 
     def _wait_healthy(self) -> bool:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -129,8 +155,9 @@ class EtcdServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
 
-    def __enter__(self) -> EtcdServer:
-        return self.start()
+    def __enter__(self) -> Self:
+        self.start()
+        return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
