@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -85,6 +86,10 @@ class SqliteStore:
         # One connection guarded by a lock: Python's sqlite3 objects are not shareable across
         # threads unguarded, and the write lock is process-wide in SQLite anyway.
         self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        self._pid = os.getpid()
         try:
             self._db = sqlite3.connect(
                 str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
@@ -100,6 +105,12 @@ class SqliteStore:
             raise TransientError(f"sqlite store {self.path}: {exc}") from exc
 
     # -- transactions -------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        """The connection, reopened in a forked child (an inherited SQLite handle corrupts locks)."""
+        if self._pid != os.getpid():
+            self._open()
+        return self._db
 
     def _write(self) -> _WriteTxn:
         return _WriteTxn(self)
@@ -239,7 +250,7 @@ class _WriteTxn:
     def __enter__(self) -> sqlite3.Connection:
         self.store._lock.acquire()
         try:
-            self.store._db.execute("BEGIN IMMEDIATE")
+            self.store._connection().execute("BEGIN IMMEDIATE")
             _sweep(self.store._db)
         except sqlite3.Error as exc:
             self._abort()
@@ -277,9 +288,9 @@ class _ReadTxn:
         self.store = store
 
     def __enter__(self) -> sqlite3.Connection:
-        db = self.store._db
         self.store._lock.acquire()
         try:
+            db = self.store._connection()
             # The cheap indexed probe keeps reads read-only unless a lease really expired.
             if db.execute("SELECT 1 FROM leases WHERE expires_at <= ? LIMIT 1", (time.time(),)).fetchone():
                 db.execute("BEGIN IMMEDIATE")
@@ -287,9 +298,11 @@ class _ReadTxn:
                 db.execute("COMMIT")
             db.execute("BEGIN")
         except sqlite3.Error as exc:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            self.store._lock.release()
+            try:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+            finally:
+                self.store._lock.release()
             raise TransientError(f"sqlite store {self.store.path}: {exc}") from exc
         except BaseException:
             self.store._lock.release()

@@ -275,3 +275,33 @@ def test_watch_leaves_no_threads_behind(store, ns):
     store.put(ns + "x", "1")
     assert len(store.watch(ns, 0, 1)) == 1
     assert threading.active_count() == before
+
+
+def test_sqlite_handle_survives_fork(tmp_path):
+    """A store opened before a fork (pre-fork servers) reopens its connection in the child."""
+    import os
+
+    store = SqliteStore(tmp_path / "s.db")
+    store.put("/parent", "1")
+    pid = os.fork()
+    if pid == 0:  # child: write through the inherited handle, report by exit status
+        ok = store.create("/child", "1") and store.get("/parent").value == "1"
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.get("/child").value == "1"
+    store.close()
+
+
+def test_etcd_watch_from_compacted_revision(etcd_server):
+    store = open_store(etcd_server.url)
+    ns = f"/t/compact-{free_port()}/"
+    first = store.put(ns + "k", "1")
+    store.put(ns + "k", "2")
+    latest = store.put(ns + "k", "3")
+    store._post("/kv/compaction", {"revision": str(latest), "physical": True})
+    with pytest.raises(Conflict) as err:
+        store.watch(ns, first, 1)
+    assert err.value.code == "compacted"
+    assert store.watch(ns, latest, 0.2) == []
+    store.close()
