@@ -156,6 +156,20 @@ def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, ifaces: list[s
         return None, f"dataplane not loaded: {type(exc).__name__}: {exc}"
 
 
+def _resources(cpus: int, memory_gib: float):
+    """What the heartbeat reports as free CPU and memory; fixed values for a simulated node."""
+    from agent.heartbeat import HostResources, read_host_resources
+
+    if cpus <= 0 and memory_gib <= 0:
+        return read_host_resources
+
+    def read() -> HostResources:
+        host = read_host_resources()
+        return HostResources(cpus or host.cpu_free, memory_gib or host.memory_free_gib)
+
+    return read
+
+
 def _control_plane_client(url: str, plan: TlsPlan, insecure: bool):
     import httpx
 
@@ -208,6 +222,8 @@ def serve(
     node_ip: str = typer.Option(None, "--node-ip", help="source NAT address for remote backends"),
     sysfs_root: Annotated[Path, typer.Option("--sysfs-root")] = Path("/sys"),
     heartbeat_secs: float = typer.Option(10.0, "--heartbeat-secs", min=0.1),
+    cpus: int = typer.Option(0, "--cpus", help="CPUs offered to replicas (default: what the host reports)"),
+    memory_gib: float = typer.Option(0, "--memory-gib", help="memory offered to replicas (default: what the host reports)"),
     lab_netns: str = typer.Option(None, "--lab-netns"),
     lab_bridge: str = typer.Option(None, "--lab-bridge"),
     lab_subnet: str = typer.Option(None, "--lab-subnet"),
@@ -249,7 +265,8 @@ def serve(
             from agent.hw.nvidia_smi import read_smi as smi
         beat = Heartbeat(state, _control_plane_client(control_plane, plan, insecure),
                          advertised_address(host, port, plan.enabled, advertise),
-                         interval_s=heartbeat_secs, smi_reader=smi)
+                         interval_s=heartbeat_secs, smi_reader=smi,
+                         resources=_resources(cpus, memory_gib))
         beat.start(stop)
     ssl_args: dict = {}
     if plan.enabled:

@@ -113,6 +113,8 @@ def status(cfg: LabConfig) -> list[str]:
 
 def up(cfg: LabConfig, echo=print) -> LabHandle:
     down(cfg)
+    # A lab starts from nothing: the store, certificates and records of an earlier run go too.
+    shutil.rmtree(cfg.state_dir, ignore_errors=True)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     t = cfg.topology
     echo(f"lab: network namespaces {t.node_ns} (XDP on {', '.join(t.xdp_ifaces)}, bridge {t.bridge}) "
@@ -149,6 +151,8 @@ def up(cfg: LabConfig, echo=print) -> LabHandle:
         "--pin-dir", str(cfg.pin_dir), "--dataplane-netns", t.node_ns,
         "--lab-netns", t.node_ns, "--lab-bridge", t.bridge, "--lab-subnet", t.replica_subnet,
         "--lab-gateway", t.bridge_addr, "--heartbeat-secs", "2",
+        # A simulated 8-GPU server offers the CPU and memory such a server would.
+        "--cpus", "128", "--memory-gib", "1024",
     ]
     for iface in t.xdp_ifaces:
         agent_cmd += ["--dataplane-iface", iface]

@@ -38,15 +38,30 @@ def _matching_pids(state: Path) -> set[int]:
             pids.add(int(p.read_text().strip()))
         except ValueError:
             pass
+    mine = _ancestors()
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+        if not proc.name.isdigit() or int(proc.name) in mine:
             continue
         try:
-            if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                pids.add(int(proc.name))
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
+        # Only the lab's own services (`... serve --state-dir STATE/...`), never the shell,
+        # `timeout` or `make` that launched this command with the same path in its arguments.
+        if "serve" in args and any(a.startswith(marker) for a in args):
+            pids.add(int(proc.name))
     return pids
+
+
+def _ancestors() -> set[int]:
+    out, pid = set(), os.getpid()
+    while pid > 1:
+        out.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
 
 
 def alive(pid: int) -> bool:
