@@ -14,7 +14,6 @@ of what was read, so it is tested with plain data.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 from collections.abc import Callable
@@ -45,25 +44,15 @@ def parse_meminfo_available_gib(text: str) -> float:
     return 0.0
 
 
-def free_cpus(cpu_count: int, loadavg_text: str) -> int:
-    """CPUs not busy on average over the last minute (never negative)."""
-    try:
-        load1 = float(loadavg_text.split()[0])
-    except (IndexError, ValueError):
-        load1 = 0.0
-    return max(0, cpu_count - math.ceil(load1))
-
-
 def read_host_resources(proc: Path = Path("/proc")) -> HostResources:
+    """CPUs and memory this host offers to replicas: every CPU (VMs get vCPUs, not load-average
+    leftovers: a busy host must not refuse all placement) and MemAvailable. `serve --cpus` and
+    `--memory-gib` override both for a simulated node."""
     try:
         mem = parse_meminfo_available_gib((proc / "meminfo").read_text())
     except OSError:
         mem = 0.0
-    try:
-        load = (proc / "loadavg").read_text()
-    except OSError:
-        load = ""
-    return HostResources(free_cpus(os.cpu_count() or 1, load), mem)
+    return HostResources(os.cpu_count() or 1, mem)
 
 
 def cached_models(models_dir: Path | None) -> list[str]:
