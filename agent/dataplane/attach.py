@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import errno
 
-from common.errors import NotFound
 from agent.dataplane.netns import run_in_netns
+from common.errors import NotFound
 
 TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
 TC_FILTER_NAME = "fabric_reverse_nat"

@@ -7,7 +7,6 @@ shows and changes is what the XDP program is forwarding with right now.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
@@ -19,6 +18,8 @@ maglev_app = typer.Typer(no_args_is_help=True, add_completion=False,
 
 PinDir = typer.Option("/sys/fs/bpf/fabric", "--pin-dir", envvar="FABRIC_PIN_DIR", help="bpffs directory of the maps")
 NodeIp = typer.Option(None, "--node-ip", envvar="FABRIC_NODE_IP", help="source address for routed backends")
+BackendOpt = typer.Option(..., "--backend", help="IP:PORT=WEIGHT (0-32), repeat")
+DrainingOpt = typer.Option(None, "--draining", help="IP:PORT taking no new flows")
 TableSize = typer.Option(65537, "--table-size", help="Maglev table size the maps were made with")
 
 
@@ -69,9 +70,9 @@ def _parse_backends(specs: list[str]) -> dict[str, int]:
 @maglev_app.command("set")
 def set_service(
     service: str = typer.Argument(..., help="VIP:PORT/PROTO"),
-    backend: list[str] = typer.Option(..., "--backend", help="IP:PORT=WEIGHT (0-32), repeat"),
-    draining: Optional[list[str]] = typer.Option(None, "--draining", help="IP:PORT taking no new flows"),
-    pin_dir: str = PinDir, node_ip: Optional[str] = NodeIp, table_size: int = TableSize,
+    backend: list[str] = BackendOpt,
+    draining: list[str] | None = DrainingOpt,
+    pin_dir: str = PinDir, node_ip: str | None = NodeIp, table_size: int = TableSize,
 ) -> None:
     """Create or replace a service's backends."""
     backends = _parse_backends(backend)
@@ -107,8 +108,8 @@ def delete(service: str = typer.Argument(..., help="VIP:PORT/PROTO"), pin_dir: s
 
 
 @maglev_app.command()
-def attach(iface: str = typer.Option(..., "--iface"), netns: Optional[str] = typer.Option(None, "--netns"),
-           pin_dir: str = PinDir, node_ip: Optional[str] = NodeIp, table_size: int = TableSize) -> None:
+def attach(iface: str = typer.Option(..., "--iface"), netns: str | None = typer.Option(None, "--netns"),
+           pin_dir: str = PinDir, node_ip: str | None = NodeIp, table_size: int = TableSize) -> None:
     """Attach XDP (ingress) and the TC reverse-NAT program (egress) to IFACE."""
     try:
         dp = _open(pin_dir, node_ip, table_size)
@@ -122,7 +123,7 @@ def attach(iface: str = typer.Option(..., "--iface"), netns: Optional[str] = typ
 
 
 @maglev_app.command()
-def detach(iface: str = typer.Option(..., "--iface"), netns: Optional[str] = typer.Option(None, "--netns"),
+def detach(iface: str = typer.Option(..., "--iface"), netns: str | None = typer.Option(None, "--netns"),
            pin_dir: str = PinDir, table_size: int = TableSize) -> None:
     """Detach both programs from IFACE."""
     try:

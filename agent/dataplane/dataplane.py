@@ -99,7 +99,7 @@ class Dataplane:
         out = {}
         try:
             items = self._backends.items_lookup_batch()
-        except Exception:  # batch ops need kernel 5.6+; fall back to one lookup per entry
+        except Exception:  # noqa: BLE001  BCC raises bare Exception; batch ops need kernel 5.6+
             items = self._backends.items()
         for k, v in items:
             if v.flags & BACKEND_IN_USE:

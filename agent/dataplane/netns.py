@@ -46,7 +46,7 @@ def run_in_netns(netns: str | None, fn: Callable[[], T]) -> T:
         try:
             _setns(path)
             box["result"] = fn()
-        except BaseException as exc:  # handed to the caller's thread below
+        except BaseException as exc:  # noqa: BLE001  re-raised in the caller's thread below
             box["error"] = exc
 
     thread = threading.Thread(target=body, name=f"netns-{netns}", daemon=True)

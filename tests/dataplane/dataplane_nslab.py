@@ -143,7 +143,7 @@ class NsLab:
             proc.kill()
             proc.wait(timeout=10)
         for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True, timeout=30)
 
 
 def http_get(sock: socket.socket) -> str:

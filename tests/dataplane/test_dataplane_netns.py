@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dataplane_nslab import ROUTED_BACKEND, AgentProcess, NsLab, http_get  # noqa: E402
+from dataplane_nslab import ROUTED_BACKEND, AgentProcess, NsLab, http_get
 
 NAMES = {"10.1.0.11:8080": "b1", "10.1.0.12:8080": "b2", "10.1.0.13:8080": "b3", ROUTED_BACKEND: "r"}
 WEIGHTS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 2, "10.1.0.13:8080": 4}
