@@ -55,7 +55,9 @@ class AuditChain:
             self._seq, self._prev = seq, json.loads(row.value)["hash"]
         self._loaded = True
 
-    def append(self, kind: str, **fields) -> dict:
+    def append(self, kind: str, *, update_tip: bool = True, **fields) -> dict:
+        """Append one row. update_tip=False skips the tip hint write (a batch writer updates it
+        on its last row); the hint may lag, and a lagging hint only costs a short walk forward."""
         if kind not in KINDS:
             raise ValueError(f"audit kind {kind!r} is not one of {KINDS}")
         unknown = set(fields) - ALLOWED_FIELDS
@@ -69,7 +71,8 @@ class AuditChain:
             row["hash"] = row_hash(row)
             if self.store.create(_row_key(seq), json.dumps(row, sort_keys=True)):
                 self._seq, self._prev = seq, row["hash"]
-                self.store.put(keyspace.audit(TIP), str(seq))
+                if update_tip:
+                    self.store.put(keyspace.audit(TIP), str(seq))
                 return row
             # Another writer took seq: follow the chain forward to the real tip.
             kv = self.store.get(_row_key(seq))

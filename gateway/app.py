@@ -17,9 +17,9 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from common.errors import FabricError, InvalidInput, LimitExceeded, PayloadTooLarge, Unauthorized
@@ -34,6 +34,9 @@ from gateway.request_body import BodyInfo, parse_body
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache, check_shed, order_targets
+
+if TYPE_CHECKING:
+    from gateway.assemble import UpstreamClients
 
 log = logging.getLogger("fabric.gateway")
 PREFIX = "/api/ai/openai/"
@@ -53,7 +56,7 @@ class GatewayState:
     upstreams: UpstreamCache
     audit: AuditWriter
     metrics: GatewayMetrics
-    client: httpx.AsyncClient
+    client: UpstreamClients
     tracer: Tracer
     gateway_id: str
 
@@ -227,7 +230,7 @@ class GatewayApp:
             try:
                 async with asyncio.timeout(deadline):
                     result = await run_unless_client_leaves(
-                        forward(st.client, send, targets, scope["method"], path, fwd_headers, body, info.stream),
+                        forward(st.client.pick(), send, targets, scope["method"], path, fwd_headers, body, info.stream),
                         receive)
             finally:
                 st.metrics.in_flight.labels(endpoint).dec()

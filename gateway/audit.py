@@ -36,7 +36,8 @@ class AuditWriter:
                     return
                 kind, fields = item
                 try:
-                    self._chain.append(kind, **fields)
+                    # The tip hint is written only when the queue drains: one write per row, not two.
+                    self._chain.append(kind, update_tip=self._queue.empty(), **fields)
                 except Exception:  # the store may be down; the request already finished
                     log.exception("audit row %s for request %s could not be written", kind, fields.get("request_id"))
             finally:

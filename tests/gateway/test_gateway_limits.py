@@ -122,11 +122,12 @@ def test_user_streams_cap_is_released_when_the_stream_ends(env):
     hdr = {"authorization": f"Bearer {key}", "x-user-id": "streamer"}
     with httpx.Client(timeout=30) as h:
         with h.stream("POST", env["gw"].openai_base("slow") + "/chat/completions",
-                      json=chat_body(40, stream=True), headers=hdr) as r:
+                      json=chat_body(50, stream=True), headers=hdr) as r:
             assert r.status_code == 200
             next(r.iter_raw())
             second = h.post(env["gw"].openai_base("slow") + "/chat/completions", json=chat_body(), headers=hdr)
-            assert second.status_code == 429 and "STREAMS" in second.json()["error"]["message"]
+            assert second.status_code == 429, second.text
+            assert "FABRIC_USER_STREAMS" in second.json()["error"]["message"]
     deadline = time.monotonic() + 5
     status = 429
     while status == 429 and time.monotonic() < deadline:
