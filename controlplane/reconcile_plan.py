@@ -154,22 +154,27 @@ def plan(
                 out.actions.append(UpdateHealth(r.replica_id, True, 0, "Ready", "health answers"))
             continue
         failures = r.health_failures + 1
+        if not r.ready:
+            # A booting replica (a VM takes minutes, an engine seconds) is judged by the start
+            # timeout, not by failed probes: its health answers only once the engine is up.
+            if now - r.created_at > settings.start_timeout_s:
+                out.actions.append(DeleteReplica(r.replica_id, f"not ready after {settings.start_timeout_s:.0f}s"))
+                gone.add(r.replica_id)
+            else:
+                out.actions.append(UpdateHealth(r.replica_id, False, 0, "Starting",
+                                                f"waiting for health to answer: {probe.message}"))
+            continue
         if failures >= FAILURES_TO_REPLACE:
             out.actions.append(
                 DeleteReplica(r.replica_id, f"health failed {failures} times in a row: {probe.message}")
             )
             gone.add(r.replica_id)
             notes.append(f"replacing {r.replica_id}: health failed {failures} times")
-        elif not r.ready and now - r.created_at > settings.start_timeout_s:
-            out.actions.append(DeleteReplica(r.replica_id, f"not ready after {settings.start_timeout_s:.0f}s"))
-            gone.add(r.replica_id)
         else:
-            phase = "Unhealthy" if r.ready else "Starting"
             out.actions.append(
-                UpdateHealth(r.replica_id, r.ready, failures, phase, f"health failed ({failures}): {probe.message}")
+                UpdateHealth(r.replica_id, True, failures, "Unhealthy", f"health failed ({failures}): {probe.message}")
             )
-            if r.ready:
-                ready_ids.add(r.replica_id)
+            ready_ids.add(r.replica_id)
 
     live = [r for r in replicas if r.replica_id not in gone and not r.draining]
 

@@ -77,6 +77,15 @@ def test_starting_replica_is_replaced_after_start_timeout():
     assert not kinds(p, DeleteReplica) and kinds(p, UpdateHealth)[0].phase == "Starting"
 
 
+def test_booting_replica_is_not_replaced_for_failed_probes_before_its_start_timeout():
+    # An engine that is still starting refuses connections; that is not three strikes.
+    booting = replica(0, ready=False, failures=2, created=NOW - 10)
+    p = run([booting], dep=deployment(1), probes={"qwen-0-abc": BAD})
+    assert not kinds(p, DeleteReplica) and not kinds(p, CreateReplica)
+    (upd,) = kinds(p, UpdateHealth)
+    assert upd.phase == "Starting" and upd.health_failures == 0 and not upd.ready
+
+
 def test_offline_node_replica_moves_only_when_another_node_can_take_it():
     nodes = [node("n1", 4, age=120), node("n2", 4)]
     p = run([replica(0, "n1")], nodes=nodes, dep=deployment(1), probes={})
