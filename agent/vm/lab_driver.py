@@ -125,10 +125,17 @@ class LabDriver:
         return "flr" + hashlib.sha256(replica_id.encode()).hexdigest()[:10]
 
     def _free_address(self) -> str:
+        """The next free address after the last one handed out (wrapping), so a replacement
+        never inherits the address of the replica it replaces while flows may still name it."""
         net = ipaddress.ip_network(self.net.subnet)
         used = {r.address for r in self._records()} | {self.net.gateway}
-        for host in list(net.hosts())[9:]:  # .1-.9 stay for the node and the lab itself
-            if str(host) not in used and host.packed[-1] not in (0, 255):
+        hosts = [h for h in list(net.hosts())[9:] if h.packed[-1] not in (0, 255)]  # .1-.9: node, lab
+        cursor = self.dir / "last-address"
+        last = cursor.read_text().strip() if cursor.exists() else ""
+        start = next((i + 1 for i, h in enumerate(hosts) if str(h) == last), 0)
+        for host in hosts[start:] + hosts[:start]:
+            if str(host) not in used:
+                cursor.write_text(str(host))
                 return str(host)
         raise Refused(f"replica subnet {self.net.subnet} is full")
 
