@@ -1,0 +1,239 @@
+"""The lab story end to end: one real lab (namespaces, XDP, fabricd, agent, gateway), one story.
+
+Each test is a chapter and builds on the one before (pytest runs them in file order). Waits
+poll with bounded deadlines; assertions are on behaviour (who answered, weights in the live
+BPF maps, records in the store, routing ticks), never on elapsed time.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane.lab.cluster import NODE_ID, LabConfig, down, status, up
+from controlplane.lab.processes import running
+
+MODEL, PROFILE = "story-llm", "story-h100"
+ENDPOINT = f"{MODEL}-openai"
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "the lab needs root (network namespaces, XDP)"
+    if shutil.which("ip") is None or shutil.which("curl") is None:
+        return "iproute2 and curl are needed"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "BCC (python3-bpfcc) is not importable"
+    return None
+
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, check, timeout: float = 90.0, every: float = 0.25):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+class Story:
+    """What the chapters share: the lab handle and clients for fabricd and the agent."""
+
+    def __init__(self, cfg: LabConfig, token: str):
+        self.cfg = cfg
+        ctx = ssl.create_default_context(cafile=str(cfg.ca))
+        self.api = httpx.Client(base_url=cfg.url, verify=ctx, timeout=15,
+                                headers={"Authorization": f"Bearer {token}"})
+        pki = cfg.fabricd_dir / "pki"
+        agent_ctx = ssl.create_default_context(cafile=str(cfg.ca))
+        agent_ctx.load_cert_chain(str(pki / "fabricd.crt"), str(pki / "fabricd.key"))
+        self.agent = httpx.Client(base_url=f"https://127.0.0.1:{cfg.agent_port}", verify=agent_ctx, timeout=15)
+        self.vip: str | None = None
+        self.key: str | None = None
+
+    def deployment(self) -> dict:
+        return self.api.get(f"/api/ai/deployments/{MODEL}").json()
+
+    def replicas(self) -> list[dict]:
+        return self.api.get(f"/api/ai/deployments/{MODEL}/metrics").json()["replicas"]
+
+    def maglev(self) -> dict[str, int] | None:
+        """Backends and weights of the endpoint's service in the agent's live BPF maps."""
+        for svc in self.agent.get("/v1/maglev/services").json()["services"]:
+            if svc["vip"] == self.vip:
+                return {s["address"]: s["weight"] for s in svc["stats"]} or dict(svc["backends"])
+        return None
+
+    def routing_ticks(self) -> float:
+        text = self.api.get("/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("fabric_controller_ticks_total{") and 'job="routing"' in line)
+
+    def via_vip(self, n: int) -> collections.Counter:
+        """n new TCP connections to the VIP from the client namespace; who answered each."""
+        body = json.dumps({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        script = (f"for i in $(seq {n}); do curl -s -o /dev/null -D - --max-time 10 "
+                  f"-H 'content-type: application/json' -d '{body}' "
+                  f"http://{self.vip}:8000/v1/chat/completions | grep -i '^x-fabric-replica' || echo 'x-fabric-replica: none'; done")
+        out = subprocess.run(["ip", "netns", "exec", self.cfg.topology.client_ns, "sh", "-c", script],
+                             capture_output=True, text=True, timeout=30 + n).stdout
+        return collections.Counter(line.split(":", 1)[1].strip() for line in out.splitlines() if ":" in line)
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory) -> Story:
+    base = Path("/tmp") / f"fabric-e2e-{uuid.uuid4().hex[:6]}"
+    cfg = LabConfig(state_dir=base, api_port=_free_port(), agent_port=_free_port(), gateway_port=_free_port(),
+                    pin_dir=Path(f"/sys/fs/bpf/fabric-e2e-{uuid.uuid4().hex[:6]}"))
+    try:
+        handle = up(cfg, echo=lambda *_: None)
+    except Exception:
+        logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in (base / "logs").glob("*.log"))
+        down(cfg)
+        raise AssertionError(f"lab did not come up{logs}") from None
+    yield Story(cfg, handle.token)
+    down(cfg)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_deploy_three_replicas_all_ready(story: Story):
+    api = story.api
+    assert api.post("/api/ai/models", json={"name": MODEL, "source": "hf://Qwen/Qwen3-8B"}).status_code == 201
+    assert api.post("/api/ai/profiles", json={"name": PROFILE, "runtime": "vllm", "cpu": 1, "memory_gib": 1,
+                                              "gpu": {"count": 1, "vram_gib": 24}}).status_code == 201
+    assert api.post("/api/ai/deployments", json={"name": MODEL, "model": MODEL, "profile": PROFILE,
+                                                 "replicas": 3}).status_code == 201
+    wait_for("3 ready replicas", lambda: story.deployment()["status"]["ready_replicas"] == 3)
+    reps = story.replicas()
+    assert len(reps) == 3 and all(r["ready"] and r["node"] == NODE_ID for r in reps)
+    assert sorted(r["ordinal"] for r in reps) == [0, 1, 2]
+    gpus = api.get("/api/ai/gpus").json()
+    held = [g for g in (gpus["gpus"] if isinstance(gpus, dict) else gpus) if g.get("allocated_to")]
+    assert len(held) == 3, "each replica holds one simulated GPU"
+
+
+def test_vip_and_gateway_serve(story: Story):
+    api = story.api
+    r = api.post("/api/ai/endpoints", json={"name": ENDPOINT, "deployment": MODEL, "routing": "least_queue"})
+    assert r.status_code == 201, r.text
+    story.vip = wait_for("a VIP", lambda: api.get(f"/api/ai/endpoints/{ENDPOINT}").json()["status"].get("vip"))
+    wait_for("3 backends in the live Maglev maps", lambda: len(story.maglev() or {}) == 3)
+    answered = story.via_vip(9)
+    assert "none" not in answered and sum(answered.values()) == 9
+    assert set(answered) <= {r["replica_id"] for r in story.replicas()}
+
+    created = api.post("/api/ai/keys", json={"name": "story-key", "endpoint": ENDPOINT})
+    assert created.status_code in (200, 201), created.text
+    body = created.json()
+    story.key = body.get("key") or body.get("api_key") or body.get("secret")
+    import openai
+
+    client = openai.OpenAI(base_url=f"{story.cfg.gateway_url}/api/ai/openai/{ENDPOINT}/v1", api_key=story.key,
+                           http_client=httpx.Client(verify=ssl.create_default_context(cafile=str(story.cfg.ca))))
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=4)
+    assert out.choices[0].message.content and out.usage.completion_tokens == 4
+    bad = openai.OpenAI(base_url=client.base_url, api_key="fvai_nope_nope", http_client=client._client)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+
+
+def test_load_on_one_replica_lowers_its_weight_and_share(story: Story):
+    loaded = min(story.replicas(), key=lambda r: r["ordinal"])
+    addr = f"{loaded['host']}:{loaded['port']}"
+    ticks_before = story.routing_ticks()
+    httpx.post(f"http://{addr}/sim/load", json={"queue": 60}, timeout=5).raise_for_status()
+    weights = wait_for("the loaded replica's weight to fall in the BPF map",
+                       lambda: (lambda m: m if m and m.get(addr, 32) < min(v for k, v in m.items() if k != addr) else None)(
+                           story.maglev()))
+    ticks_after = story.routing_ticks()
+    # The scrape in flight when the load arrived may predate it; the next one sees it.
+    assert ticks_after - ticks_before <= 2, f"weights moved after {ticks_after - ticks_before} routing ticks"
+    answered = story.via_vip(140)
+    share = answered[loaded["replica_id"]] / sum(answered.values())
+    expected = weights[addr] / sum(weights.values())
+    others = [answered[r["replica_id"]] for r in story.replicas() if r["replica_id"] != loaded["replica_id"]]
+    assert abs(share - expected) < 0.08, (share, expected, answered, weights)
+    assert all(answered[loaded["replica_id"]] < n for n in others), answered
+    httpx.post(f"http://{addr}/sim/load", json={"queue": 0}, timeout=5).raise_for_status()
+
+
+def test_unhealthy_replica_is_replaced_after_three_failed_probes(story: Story):
+    victim = max(story.replicas(), key=lambda r: r["ordinal"])
+    addr = f"{victim['host']}:{victim['port']}"
+    httpx.post(f"http://{addr}/sim/faults", json={"fail_health": True}, timeout=5).raise_for_status()
+    failures_while_routed: set[int] = set()
+
+    def excluded() -> bool:
+        rec = next((r for r in story.replicas() if r["replica_id"] == victim["replica_id"]), None)
+        in_maps = addr in (story.maglev() or {})
+        if rec is not None and in_maps:
+            failures_while_routed.add(rec["health_failures"])
+        return not in_maps
+
+    wait_for("the failing replica to leave the Maglev maps", excluded, every=0.1)
+    # One or two failed probes keep it; the third removes it.
+    assert {1, 2} <= failures_while_routed, failures_while_routed
+    answered = story.via_vip(30)
+    assert victim["replica_id"] not in answered, answered
+    wait_for("a replacement: 3 ready replicas without the failed one",
+             lambda: (lambda reps: len(reps) == 3 and all(r["ready"] for r in reps)
+                      and victim["replica_id"] not in {r["replica_id"] for r in reps})(story.replicas()))
+    assert victim["replica_id"] not in answered
+
+
+def test_scale_to_five_then_back_to_two_with_drain(story: Story):
+    assert story.api.post(f"/api/ai/deployments/{MODEL}/scale", json={"replicas": 5}).status_code in (200, 202)
+    wait_for("5 ready replicas", lambda: story.deployment()["status"]["ready_replicas"] == 5, timeout=120)
+    wait_for("5 backends in the maps", lambda: len(story.maglev() or {}) == 5)
+    assert story.api.post(f"/api/ai/deployments/{MODEL}/scale", json={"replicas": 2}).status_code in (200, 202)
+    drained = wait_for("replicas draining at weight 0 before they go",
+                       lambda: [r for r in story.replicas() if r["draining"]], timeout=60)
+    assert len(drained) == 3
+    wait_for("2 replicas left", lambda: len(story.replicas()) == 2 and len(story.maglev() or {}) == 2, timeout=120)
+    answered = story.via_vip(10)
+    assert set(answered) == {r["replica_id"] for r in story.replicas()} or set(answered) < {
+        r["replica_id"] for r in story.replicas()}
+    assert not ({d["replica_id"] for d in drained} & set(answered))
+
+
+def test_delete_endpoint_releases_vip_and_maglev_service(story: Story):
+    assert story.api.delete(f"/api/ai/endpoints/{ENDPOINT}").status_code in (200, 202, 204)
+    wait_for("the Maglev service to be gone from the agent", lambda: story.maglev() is None)
+    wait_for("the VIP to be released",
+             lambda: story.vip not in {v["vip"] for v in story.api.get("/api/ai/capacity").json()["vips"]})
+
+
+def test_lab_down_leaves_nothing_behind(story: Story):
+    cfg = story.cfg
+    down(cfg)
+    assert status(cfg) == []
+    assert not cfg.pin_dir.exists()
+    assert running(cfg.state_dir) == []
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert cfg.topology.prefix not in left
+    assert subprocess.run(["ip", "link", "show", cfg.topology.host_if], capture_output=True).returncode != 0
