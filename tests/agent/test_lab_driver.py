@@ -1,0 +1,95 @@
+"""The lab VM driver on real network namespaces: a replica is a namespace on the node's bridge
+running fabric-engine-sim; a restarted driver adopts it; delete removes all of it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.vm.base import VmSpec
+from agent.vm.lab_driver import LabDriver, LabNetwork
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                reason="needs root and iproute2 for network namespaces")
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A node namespace with a bridge, and a host veth into it so the test can reach replicas."""
+    tag = uuid.uuid4().hex[:5]
+    ns, br, host_if, peer = f"fltest-node-{tag}", "br0", f"flt{tag}", "up0"
+    sh("ip", "netns", "add", ns)
+    sh("ip", "-n", ns, "link", "add", br, "type", "bridge")
+    sh("ip", "-n", ns, "addr", "add", "10.252.7.1/24", "dev", br)
+    sh("ip", "-n", ns, "link", "set", br, "up")
+    sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", peer, "netns", ns)
+    sh("ip", "addr", "add", "10.252.8.1/30", "dev", host_if)
+    sh("ip", "link", "set", host_if, "up")
+    sh("ip", "-n", ns, "addr", "add", "10.252.8.2/30", "dev", peer)
+    sh("ip", "-n", ns, "link", "set", peer, "up")
+    sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    sh("ip", "route", "add", "10.252.7.0/24", "via", "10.252.8.2", "dev", host_if)
+    net = LabNetwork(node_netns=ns, bridge=br, subnet="10.252.7.0/24", gateway="10.252.7.1",
+                     prefix=f"fltest-{tag}-")
+    yield net, tmp_path
+    for name in os.listdir("/var/run/netns"):
+        if name.startswith(f"fltest-{tag}-"):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def wait_models(host: str) -> dict:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            return httpx.get(f"http://{host}:8000/v1/models", timeout=1).json()
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError(f"engine at {host} never answered")
+
+
+def test_replica_namespace_serves_is_adopted_after_restart_and_is_deleted_whole(node):
+    net, state = node
+    driver = LabDriver(net, state)
+    spec = VmSpec(replica_id="m-0-abc", deployment="m", model_name="lab-model", model_source="hf://o/m")
+    st = driver.create(spec)
+    assert st.host == "10.252.7.10" and st.state in ("starting", "running")
+    models = wait_models(st.host)
+    assert [m["id"] for m in models["data"]] == ["lab-model"]
+    ns = f"{net.prefix}r-m-0-abc"
+    pids_before = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    assert pids_before
+
+    # A restarted agent (a new driver on the same state dir) adopts the replica as it is.
+    again = LabDriver(net, state)
+    assert [(s.id, s.state, s.host) for s in again.list()] == [("m-0-abc", "running", "10.252.7.10")]
+    assert again.create(spec).host == "10.252.7.10"
+    pids_after = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    assert pids_after == pids_before, "adoption must not start a second engine"
+
+    # A second replica gets the next address; the first keeps serving.
+    st2 = again.create(VmSpec(replica_id="m-1-def", deployment="m", model_name="lab-model", model_source="x"))
+    assert st2.host == "10.252.7.11"
+
+    assert again.delete("m-0-abc") is True
+    assert not Path("/var/run/netns", ns).exists()
+    assert again.get("m-0-abc") is None
+    assert again.delete("m-0-abc") is False
+    for pid in pids_before:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
+    # The freed address is not handed straight to the next replica.
+    st3 = again.create(VmSpec(replica_id="m-2-ghi", deployment="m", model_name="lab-model", model_source="x"))
+    assert st3.host == "10.252.7.12"
+    assert again.delete("m-1-def") and again.delete("m-2-ghi")
