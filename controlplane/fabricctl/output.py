@@ -7,6 +7,7 @@ into "error: MESSAGE" on stderr with a non-zero exit status.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -51,6 +52,9 @@ def flatten(record: dict, prefix: str = "") -> list[tuple[str, str]]:
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             lines.extend(flatten(value, name + "."))
+        elif key.endswith("_at") and isinstance(value, (int, float)) and value > 0:
+            # Timestamps are epoch seconds on the wire; people read UTC times.
+            lines.append((name, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))))
         else:
             lines.append((name, _text(value) if value is not None else "-"))
     return lines

@@ -131,7 +131,7 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
 
 
 def _short_response(raw: str) -> str:
-    head, _, body = raw.partition("\r\n\r\n")
+    head, _, body = raw.replace("\r\n", "\n").partition("\n\n")
     status = head.splitlines()[0] if head else ""
     replica = next((line for line in head.splitlines() if line.lower().startswith("x-fabric-replica")), "")
     try:
