@@ -9,8 +9,13 @@
     DELETE /v1/maglev/services/{vip}/{port}/{proto}  404 when absent
     GET    /v1/health, GET /metrics
 
-Who may call is decided by TLS (the server demands a client certificate from the cluster
-CA), not here. Handlers are sync on purpose: sysfs writes, libvirt and BPF map updates block,
+Who may call: TLS admits only certificates from the cluster CA (the server demands one), and
+every node holds such a certificate, so the app also checks the certificate's common name
+against ``allowed_client_cns`` (default ``fabricd``, the control plane's client certificate):
+any other CN, a node's included, gets 403 ``caller_not_allowed``. The app sees the certificate
+only when served with ``common.peer_cert.PeerCertH11Protocol`` (``fabric-agent serve`` does);
+an HTTPS request without it is refused rather than let through unchecked. Plain HTTP
+(``--insecure``, loopback only) has no certificate to check. Handlers are sync on purpose: sysfs writes, libvirt and BPF map updates block,
 and FastAPI runs sync handlers in its thread pool. Errors are FabricErrors rendered as
 {"error": {"code", "message"}}.
 """
@@ -18,6 +23,7 @@ and FastAPI runs sync handlers in its thread pool. Errors are FabricErrors rende
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -41,7 +47,10 @@ from common.agent_api import (
     check_bdf,
     check_vm_id,
 )
-from common.errors import FabricError, InvalidInput, NotFound, Refused
+from common.errors import FabricError, Forbidden, InvalidInput, NotFound, Refused
+from common.peer_cert import CN_KEY, scope_tls
+
+DEFAULT_ALLOWED_CLIENT_CNS = ("fabricd",)
 
 
 def _vm_info(status: VmStatus) -> VmInfo:
@@ -95,14 +104,41 @@ def _bind_result(bdf: str, result: Any, before: str, after: str) -> GpuBindResul
                          changed=before != after, message=str(d.get("message", "")))
 
 
-def create_app(state: AgentState) -> FastAPI:
+def caller_refusal(scope: Mapping[str, Any], allowed: Collection[str]) -> str | None:
+    """Why this request's caller may not use the agent, or None when it may (a pure check)."""
+    if scope.get("scheme") not in ("https", "wss"):
+        return None  # plain HTTP: `--insecure`, which binds loopback only
+    tls = scope_tls(scope)
+    if tls is None:
+        return ("this agent cannot see client certificates, so it admits nobody over TLS: "
+                "serve it with common.peer_cert.PeerCertH11Protocol (fabric-agent serve does)")
+    cn = tls.get(CN_KEY)
+    who = ", ".join(sorted(allowed)) or "nobody"
+    if cn is None:
+        return f"a client certificate is required; only the control plane ({who}) may call this agent"
+    if cn not in allowed:
+        return (f"certificate CN {cn!r} may not call this agent; only the control plane ({who}) may "
+                "(fabric-agent serve --allowed-client-cn)")
+    return None
+
+
+def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAULT_ALLOWED_CLIENT_CNS) -> FastAPI:
     app = FastAPI(title="fabric-agent", docs_url=None, redoc_url=None)
     app.state.agent = state
+    allowed = frozenset(allowed_client_cns)
     requests = Counter("fabric_agent_requests", "Agent API requests", ["route", "code"],
                        registry=state.registry)
     gpu_gauge = Gauge("fabric_agent_gpus", "GPUs in the inventory", registry=state.registry)
     vm_gauge = Gauge("fabric_agent_vms", "VMs (replicas) the driver tracks", ["state"],
                      registry=state.registry)
+
+    # Registered before _count so that _count (the outer one) also counts refused callers.
+    @app.middleware("http")
+    async def _only_the_control_plane(request: Request, call_next):
+        refusal = caller_refusal(request.scope, allowed)
+        if refusal is not None:
+            return JSONResponse(Forbidden(refusal, code="caller_not_allowed").to_body(), status_code=403)
+        return await call_next(request)
 
     @app.middleware("http")
     async def _count(request: Request, call_next):

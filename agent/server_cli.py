@@ -3,7 +3,9 @@
 TLS rules (decided by ``tls_plan``, a pure function):
   - with certificate, key and CA (``--tls-*`` or ``--pki-dir`` holding NODE.crt, NODE.key,
     ca.crt as written by ``fabricctl ai node add NODE --out DIR``) the API serves HTTPS and
-    demands a client certificate from that CA (the control plane's);
+    demands a client certificate from that CA whose CN is one of ``--allowed-client-cn``
+    (repeatable, default ``fabricd``: the control plane's client certificate), so another
+    node's certificate, though from the same CA, gets 403;
   - with none of them it refuses to start, unless ``--insecure``, and then it binds loopback only;
   - a partial set, or TLS files together with --insecure, is refused rather than guessed at.
 GPUs: real NVML and /sys by default; ``--fake-gpus N`` runs the same inventory and VFIO code
@@ -83,6 +85,15 @@ def tls_plan(node_id: str, listen_host: str, insecure: bool, cert: Path | None, 
     if missing:
         return TlsPlan(None, None, None, f"TLS files not found: {', '.join(missing)}")
     return TlsPlan(cert, key, ca)
+
+
+def uvicorn_mtls_kwargs(plan: TlsPlan) -> dict:
+    """uvicorn.Config arguments: HTTPS demanding a client certificate from the cluster CA, with
+    the protocol that shows the certificate to the app (which checks its CN)."""
+    from common.peer_cert import PeerCertH11Protocol
+
+    return {"http": PeerCertH11Protocol, "ssl_certfile": str(plan.cert), "ssl_keyfile": str(plan.key),
+            "ssl_ca_certs": str(plan.ca), "ssl_cert_reqs": int(ssl.CERT_REQUIRED)}
 
 
 def advertised_address(listen_host: str, port: int, tls: bool, advertise: str | None) -> str:
@@ -199,6 +210,9 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None,
     tls_ca: Annotated[Path | None,
                       typer.Option("--tls-ca", help="the cluster CA; callers must present a cert from it")] = None,
+    allowed_client_cn: Annotated[list[str] | None, typer.Option(
+        "--allowed-client-cn",
+        help="CN a caller's certificate must have (repeatable; default: fabricd, the control plane)")] = None,
     insecure: bool = typer.Option(False, "--insecure", help="plain HTTP, loopback only"),
     vm_driver: str = typer.Option("libvirt", "--vm-driver", help="libvirt | lab | dry-run"),
     libvirt_uri: str = typer.Option("qemu:///system", "--libvirt-uri"),
@@ -233,7 +247,7 @@ def serve(
     """Serve the agent API (mutual TLS) and heartbeat to fabricd."""
     import uvicorn
 
-    from agent.api import create_app
+    from agent.api import DEFAULT_ALLOWED_CLIENT_CNS, create_app
     from agent.heartbeat import Heartbeat
     from common.schemas import check_name
 
@@ -270,9 +284,10 @@ def serve(
         beat.start(stop)
     ssl_args: dict = {}
     if plan.enabled:
-        ssl_args = {"ssl_certfile": str(plan.cert), "ssl_keyfile": str(plan.key),
-                    "ssl_ca_certs": str(plan.ca), "ssl_cert_reqs": int(ssl.CERT_REQUIRED)}
+        ssl_args = uvicorn_mtls_kwargs(plan)
+    allowed = allowed_client_cn or list(DEFAULT_ALLOWED_CLIENT_CNS)
     try:
-        uvicorn.run(create_app(state), host=host, port=port, log_level=log_level, **ssl_args)
+        uvicorn.run(create_app(state, allowed_client_cns=allowed), host=host, port=port, log_level=log_level,
+                    **ssl_args)
     finally:
         stop.set()

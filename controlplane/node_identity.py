@@ -7,15 +7,9 @@ certificate while agents present their node certificate. With CERT_OPTIONAL the 
 already refuses a certificate that does not chain to the cluster CA, so a certificate that
 reaches the application has been verified.
 
-Uvicorn does not put the peer certificate into the ASGI scope. ``PeerCertH11Protocol`` is a
-small subclass of uvicorn's h11 protocol that, once per connection (asyncio calls
-``connection_made`` after the handshake), reads the verified peer certificate from the SSL
-object and wraps the connection's ASGI app so every request on that connection carries it in
-``scope["extensions"]["tls"]`` in the shape of the ASGI TLS extension (``client_cert_chain``
-as PEM, ``client_cert_name``), plus ``fabric_client_cn``. It relies only on uvicorn's
-``self.app`` attribute and the asyncio protocol method, not on uvicorn's request internals.
-Serve fabricd with ``uvicorn.Config(app, ssl_..., http=PeerCertH11Protocol)`` or use
-``uvicorn_tls_kwargs``.
+The peer certificate reaches the app through ``common.peer_cert.PeerCertH11Protocol`` (uvicorn
+does not put it into the ASGI scope; see that module). ``uvicorn_tls_kwargs`` serves fabricd
+with it.
 
 Without TLS (``fabricd serve --insecure``, loopback only) there is no certificate; then, and
 only then, a node may register or heartbeat from a loopback peer by naming itself. This is the
@@ -30,52 +24,15 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from common.errors import Forbidden, Unauthorized
-from common.pki import peer_common_name, server_ssl_context
+from common.peer_cert import CN_KEY, TLS_EXT, PeerCertH11Protocol, peer_tls_extension, scope_client_cn
+from common.pki import server_ssl_context
 from controlplane.state import AppState, get_state
 
-TLS_EXT = "tls"
-CN_KEY = "fabric_client_cn"
-
-
-def peer_tls_extension(ssl_object: ssl.SSLObject | None) -> dict | None:
-    """The ASGI TLS extension dict for a connection, or None when it is not TLS."""
-    if ssl_object is None:
-        return None
-    der = ssl_object.getpeercert(binary_form=True)
-    # getpeercert() (parsed) is only filled for a certificate the handshake verified.
-    parsed = ssl_object.getpeercert() if der else None
-    ext: dict = {"client_cert_chain": [], "client_cert_name": None, "client_cert_error": None,
-                 "tls_version": None, "cipher_suite": None, CN_KEY: None}
-    if der and parsed:
-        ext["client_cert_chain"] = [ssl.DER_cert_to_PEM_cert(der)]
-        ext["client_cert_name"] = ",".join(
-            f"{k}={v}" for rdn in parsed.get("subject", ()) for k, v in rdn
-        )
-        ext[CN_KEY] = peer_common_name(parsed)
-    return ext
-
-
-def _with_tls(app, tls: dict):
-    async def wrapped(scope, receive, send):
-        if scope["type"] in ("http", "websocket"):
-            scope = dict(scope)
-            scope["extensions"] = {**(scope.get("extensions") or {}), TLS_EXT: tls}
-        await app(scope, receive, send)
-
-    return wrapped
-
-
-class PeerCertH11Protocol(H11Protocol):
-    """uvicorn h11 protocol that exposes the verified client certificate to the app."""
-
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        tls = peer_tls_extension(transport.get_extra_info("ssl_object"))
-        if tls is not None:
-            self.app = _with_tls(self.app, tls)
+# Re-exported: callers that served fabricd with these before they moved to common.peer_cert.
+__all__ = ["CN_KEY", "TLS_EXT", "PeerCertH11Protocol", "authenticate_node", "peer_node_cn",
+           "peer_tls_extension", "require_node", "uvicorn_tls_kwargs"]
 
 
 def uvicorn_tls_kwargs(cert: Path, key: Path, ca: Path) -> dict:
@@ -87,8 +44,7 @@ def uvicorn_tls_kwargs(cert: Path, key: Path, ca: Path) -> dict:
 
 
 def peer_node_cn(request: Request) -> str | None:
-    tls = (request.scope.get("extensions") or {}).get(TLS_EXT)
-    return None if not tls else tls.get(CN_KEY)
+    return scope_client_cn(request.scope)
 
 
 def _loopback(request: Request) -> bool:

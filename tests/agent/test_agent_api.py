@@ -24,6 +24,7 @@ from agent.hw.vfio import VfioBinder
 from agent.server_cli import advertised_address, tls_plan
 from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
+from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
 
 NODE = "node-a"
@@ -57,8 +58,9 @@ def serve_in_thread(app, **config):
 def agent_tls(pki_state: Path) -> dict:
     ca, _ = ensure_ca(pki_state)
     crt, key = issue_cert(pki_state, NODE, server=True, client=True, hosts=["127.0.0.1", "localhost"])
+    # As `fabric-agent serve` serves: the protocol shows the client certificate to the app.
     return {"ssl_certfile": str(crt), "ssl_keyfile": str(key), "ssl_ca_certs": str(ca),
-            "ssl_cert_reqs": int(ssl.CERT_REQUIRED)}
+            "ssl_cert_reqs": int(ssl.CERT_REQUIRED), "http": PeerCertH11Protocol}
 
 
 class MemoryDataplane:

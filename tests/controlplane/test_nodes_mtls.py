@@ -32,6 +32,7 @@ from agent.vm.dryrun_driver import DryRunDriver
 from common import keyspace
 from common.agent_api import NodeReport, VmCreateRequest
 from common.errors import Refused, TransientError
+from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
 from common.schemas import GpuInfo, Node
 from common.store.sqlite_store import SqliteStore
@@ -262,7 +263,7 @@ def real_agent(admin, fabricd, tmp_path_factory):
     state = AgentState(node_id="node-b", vm_driver=driver,
                        inventory=NvmlInventory(nvml_module=FakeNvml(gpus=make_gpus(1))))
     tls = {"ssl_certfile": str(crt), "ssl_keyfile": str(key), "ssl_ca_certs": str(ca),
-           "ssl_cert_reqs": int(ssl.CERT_REQUIRED)}
+           "ssl_cert_reqs": int(ssl.CERT_REQUIRED), "http": PeerCertH11Protocol}
     with serve_in_thread(create_agent_app(state), **tls) as port:
         yield Node(id="node-b", address=f"https://127.0.0.1:{port}")
     for vm in driver.list():
