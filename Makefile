@@ -9,7 +9,7 @@ run: setup
 	$(PY) -m controlplane.run_main
 
 test: setup
-	$(PY) -m lint_imports --config pyproject.toml 2>/dev/null || .venv/bin/lint-imports
+	.venv/bin/lint-imports
 	$(PY) -m pytest -q tests
 
 lint: setup
