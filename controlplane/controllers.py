@@ -7,17 +7,22 @@ One thread runs an asyncio loop with three periodic jobs, all leader-only:
   sweep      with each reconcile: replicas of deployments that no longer exist, GPU reservations
              with no replica record, and Fabric-recorded VMs with no replica record. Only what
              Fabric recorded as its own is touched.
-Leadership is a key under keyspace.locks("orchestration") created with a store lease (TTL
-FABRIC_LEADER_TTL_SECS, 15 s) and refreshed each loop pass; a process that is not the leader
-only retries taking it. With one SQLite fabricd the lock is always its own; with several
-fabricd on etcd exactly one reconciles at a time, and GPU/VIP create-if-absent stays the
-guard against a stale leader. Transient errors are logged and retried next period.
+Leadership is common.store.locks.LeaseLock on keyspace.locks("orchestration"): a key created
+with a store lease (TTL FABRIC_LEADER_TTL_SECS, 15 s) that a keeper task refreshes every TTL/3,
+also while a pass is waiting on agents. A process that does not hold it only retries taking it.
+Every leader-only side effect is fenced by the lease: the workers get a FencedStore and
+FencedAgents instead of the store and the agent clients, so each store write (replica records,
+GPU reservations, managed records, deployment and endpoint status, VIPs, observations) and each
+agent call checks ``lock.held()`` right before it happens; a process whose lease expired or was
+taken over raises LeaseLost there, which ends the pass with nothing more written. GPU/VIP
+create-if-absent stays the guard for the instant between that check and the write. A newly
+taken lease forgets what the routing job pushed, since another leader may have pushed since.
+Transient errors are logged and retried next period.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -31,6 +36,7 @@ from prometheus_client import Counter, Gauge
 from common import keyspace
 from common.errors import FabricError, TransientError
 from common.store.base import Store
+from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from controlplane import reconcile_plan as rp
 from controlplane import vip_pool
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
@@ -39,7 +45,8 @@ from controlplane.routing.controller import RoutingWorker
 from controlplane.scheduler import SchedulerSettings
 
 log = logging.getLogger("fabricd.controllers")
-LEADER_KEY = keyspace.locks("orchestration")
+LEADER_NAME = "orchestration"
+LEADER_KEY = keyspace.locks(LEADER_NAME)
 WAKE_GAP_S = 1.0
 
 
@@ -75,32 +82,43 @@ class ControllerMetrics:
                             registry=registry)
 
 
-class Leadership:
-    """The orchestration lock: a store key bound to a lease this process refreshes."""
+def leader_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
-    def __init__(self, store: Store, ttl: int):
-        self.store, self.ttl = store, ttl
-        self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.lease: int | None = None
 
-    def hold(self) -> bool:
-        if self.lease is not None and self.store.refresh_lease(self.lease):
-            return True
-        self.lease = None
-        lease = self.store.grant_lease(self.ttl)
-        if self.store.create(LEADER_KEY, json.dumps({"holder": self.identity}), lease=lease.id):
-            self.lease = lease.id
-            return True
-        self.store.revoke_lease(lease.id)
-        return False
+def lead(lock: LeaseLock) -> bool:
+    """Refresh the lease we hold, or try to take the lock; True while we hold it."""
+    if lock.lease_id is not None and lock.keep_alive():
+        return True
+    return lock.try_acquire()
 
-    def resign(self) -> None:
-        if self.lease is not None:
-            try:
-                self.store.revoke_lease(self.lease)
-            except FabricError:
-                pass
-            self.lease = None
+
+class FencedAgent:
+    """One agent client whose calls happen only while the lock is held (see FencedStore)."""
+
+    def __init__(self, client, lock: LeaseLock):
+        self._client, self._lock = client, lock
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        async def fenced(*args, **kwargs):
+            self._lock.check(f"agent call {name}")
+            return await attr(*args, **kwargs)
+
+        return fenced
+
+
+class FencedAgents:
+    """The AgentClients factory with every call fenced by the leader lock."""
+
+    def __init__(self, agents, lock: LeaseLock):
+        self.inner, self.lock = agents, lock
+
+    def for_node(self, node) -> FencedAgent:
+        return FencedAgent(self.inner.for_node(node), self.lock)
 
 
 async def sweep(store: Store, worker: ReconcileWorker) -> None:
@@ -150,6 +168,7 @@ class ControllerHandle:
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self.lock: LeaseLock | None = None  # set once the loop runs (tests read it)
         self._thread = threading.Thread(target=self._run, name="fabric-controllers", daemon=True)
         self._watchers = [
             threading.Thread(target=self._watch, args=(prefix,), name=f"fabric-watch{prefix}", daemon=True)
@@ -191,53 +210,87 @@ class ControllerHandle:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        store: Store = self.state.store
-        reconcile = ReconcileWorker(store, self.agents, rp.ReconcileSettings(
+        raw: Store = self.state.store
+        lock = LeaseLock(raw, LEADER_NAME, holder=leader_identity(), ttl=self.settings.leader_ttl_s)
+        self.lock = lock
+        store, agents = FencedStore(raw, lock), FencedAgents(self.agents, lock)
+        reconcile = ReconcileWorker(store, agents, rp.ReconcileSettings(
             drain_grace_s=self.settings.drain_grace_s, scheduler=SchedulerSettings.from_env()))
-        routing = RoutingWorker(store, self.agents, vip_pool.pool_from_env(), metrics=self.metrics)
-        leader = Leadership(store, self.settings.leader_ttl_s)
+        routing = RoutingWorker(store, agents, vip_pool.pool_from_env(), metrics=self.metrics)
+        keeper = asyncio.create_task(self._keep_leading(lock))
         next_reconcile = next_routing = last_reconcile = 0.0
+        fence_seen: int | None = None
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
-                try:
-                    is_leader = leader.hold()
-                except FabricError as exc:
-                    log.warning("leadership check failed: %s", exc.message)
-                    is_leader = False
-                self.metrics.leader.set(1 if is_leader else 0)
                 if self._wake.is_set():
                     # Our own status writes also wake us: at most one extra pass per WAKE_GAP_S.
                     self._wake.clear()
                     next_reconcile = min(next_reconcile, last_reconcile + min(WAKE_GAP_S, self.settings.reconcile_s))
-                if is_leader and now >= next_reconcile:
+                if lock.held() and lock.fence != fence_seen:
+                    # Newly leader: what we pushed before may have been replaced by another leader.
+                    fence_seen = lock.fence
+                    routing.forget_pushes()
+                    next_reconcile = next_routing = now
+                if now >= next_reconcile and lock.held():
                     last_reconcile = now
-                    await self._job("reconcile", reconcile.tick)
-                    await self._job("sweep", lambda: sweep(store, reconcile))
+                    await self._job("reconcile", lock, reconcile.tick)
+                    await self._job("sweep", lock, lambda: sweep(store, reconcile))
                     # A reconcile that changed replicas wants fresh weights soon.
                     next_routing = min(next_routing, time.monotonic() + 1.0)
                     next_reconcile = time.monotonic() + self.settings.reconcile_s
-                if is_leader and time.monotonic() >= next_routing:
-                    await self._job("routing", routing.tick)
+                if time.monotonic() >= next_routing and lock.held():
+                    await self._job("routing", lock, routing.tick)
                     next_routing = time.monotonic() + self.settings.routing_s
-                wait = max(0.05, min(next_reconcile, next_routing, now + self.settings.leader_ttl_s / 3)
-                           - time.monotonic())
+                # Not leading: the keeper wakes us when we take the lock.
+                horizon = min(next_reconcile, next_routing) if lock.held() else now + self.settings.leader_ttl_s
+                wait = max(0.05, horizon - time.monotonic())
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=wait)
                 except TimeoutError:
                     pass
         finally:
-            leader.resign()
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            try:
+                lock.release()
+            except FabricError as exc:
+                log.warning("could not release the leader lock: %s", exc.message)
+            self.metrics.leader.set(0)
             await reconcile.aclose()
             await routing.aclose()
             closer = getattr(self.agents, "aclose", None)
             if closer is not None:
                 await closer()
 
-    async def _job(self, name: str, fn) -> None:
+    async def _keep_leading(self, lock: LeaseLock) -> None:
+        """Refresh the lease every TTL/3 (also during a pass), or retry taking the lock."""
+        period = max(0.1, self.settings.leader_ttl_s / 3)
+        while True:
+            was = lock.held()
+            try:
+                leading = lead(lock)
+            except FabricError as exc:
+                log.warning("leadership check failed: %s", exc.message)
+                leading = lock.held()  # the local clock still bounds how long we may act
+            self.metrics.leader.set(1 if leading else 0)
+            if leading != was:
+                log.info("%s the orchestration lock (fence %s)", "took" if leading else "lost", lock.fence)
+                if self._wake is not None:
+                    self._wake.set()
+            await asyncio.sleep(period)
+
+    async def _job(self, name: str, lock: LeaseLock, fn) -> None:
+        if not lock.held():
+            self.metrics.ticks.labels(name, "not_leader").inc()
+            return
         try:
             await fn()
             self.metrics.ticks.labels(name, "ok").inc()
+        except LeaseLost as exc:
+            # Lease expired or taken over mid-pass: stop here; nothing after this was written.
+            self.metrics.ticks.labels(name, "lease_lost").inc()
+            log.warning("%s stopped: %s", name, exc)
         except TransientError as exc:
             self.metrics.ticks.labels(name, "transient").inc()
             log.warning("%s: %s", name, exc.message)

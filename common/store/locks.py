@@ -18,6 +18,12 @@ Why it is safe:
     tagged with it can be told apart from a stale leader's. The Store protocol has no multi-key
     transaction, so fencing a write atomically is not possible here; check ``held()`` right
     before each write and keep the writes idempotent.
+
+``FencedStore(store, lock)`` does that check for every write: a leader hands it to its workers
+instead of the store, and a write attempted while ``lock.held()`` is false raises ``LeaseLost``
+and writes nothing. ``LeaseLost`` is deliberately not a FabricError: the per-item
+``except FabricError`` handlers of a pass (which record an error status, itself a write) must
+not absorb it; it ends the whole pass, and the loop retries leadership.
 (Exact counters live in common/counters.py.)
 """
 
@@ -28,9 +34,14 @@ from dataclasses import dataclass
 
 from common import keyspace
 from common.errors import NotFound
-from common.store.base import KV, Store
+from common.store.base import KV, Event, Lease, Store
 
 SAFETY_MARGIN = 0.2  # fraction of the TTL kept back for clock drift and request latency
+
+
+class LeaseLost(Exception):
+    """A leader-only write (or agent call) was attempted while this process does not hold the
+    lock: its lease expired, was taken over, or was never held. Nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,11 @@ class LeaseLock:
     def held(self) -> bool:
         """True while we hold the lock by our own clock (see the module docstring)."""
         return self.fence is not None and time.monotonic() < self._valid_until
+
+    def check(self, what: str = "write") -> None:
+        """Raise LeaseLost unless ``held()``: call right before a leader-only side effect."""
+        if not self.held():
+            raise LeaseLost(f"{self.holder} no longer holds lock {self.name!r}; skipped {what}")
 
     def try_acquire(self) -> bool:
         started = time.monotonic()
@@ -121,3 +137,61 @@ class LeaseLock:
 
     def _forget(self) -> None:
         self.lease_id, self.fence, self._valid_until = None, None, 0.0
+
+
+class FencedStore:
+    """A Store whose writes happen only while ``lock.held()``; reads pass straight through.
+
+    The check runs right before each write, so a leader whose lease lapsed mid-pass stops at
+    its next write. Leases granted through it are the caller's own business (not fenced)."""
+
+    def __init__(self, store: Store, lock: LeaseLock):
+        self.inner = store
+        self.lock = lock
+
+    # reads
+    def get(self, key: str) -> KV | None:
+        return self.inner.get(key)
+
+    def list(self, prefix: str) -> list[KV]:
+        return self.inner.list(prefix)
+
+    def revision(self) -> int:
+        return self.inner.revision()
+
+    def watch(self, prefix: str, after_revision: int, timeout: float) -> list[Event]:
+        return self.inner.watch(prefix, after_revision, timeout)
+
+    # fenced writes
+    def put(self, key: str, value: str, *, lease: int | None = None) -> int:
+        self.lock.check(f"put {key}")
+        return self.inner.put(key, value, lease=lease)
+
+    def create(self, key: str, value: str, *, lease: int | None = None) -> bool:
+        self.lock.check(f"create {key}")
+        return self.inner.create(key, value, lease=lease)
+
+    def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
+        self.lock.check(f"cas {key}")
+        return self.inner.cas(key, value, mod_revision, lease=lease)
+
+    def delete(self, key: str, *, mod_revision: int | None = None) -> bool:
+        self.lock.check(f"delete {key}")
+        return self.inner.delete(key, mod_revision=mod_revision)
+
+    def delete_prefix(self, prefix: str) -> int:
+        self.lock.check(f"delete_prefix {prefix}")
+        return self.inner.delete_prefix(prefix)
+
+    # leases: not leader state
+    def grant_lease(self, ttl: int) -> Lease:
+        return self.inner.grant_lease(ttl)
+
+    def refresh_lease(self, lease_id: int) -> bool:
+        return self.inner.refresh_lease(lease_id)
+
+    def revoke_lease(self, lease_id: int) -> None:
+        self.inner.revoke_lease(lease_id)
+
+    def close(self) -> None:
+        """The store belongs to whoever opened it; closing the fenced view does nothing."""

@@ -26,7 +26,7 @@ import httpx
 from common import keyspace
 from common.agent_api import MaglevServiceSpec
 from common.errors import Conflict, FabricError, Refused
-from common.schemas import InferenceEndpoint, Replica
+from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
 from common.store.base import Store
 from controlplane import vip_pool
 from controlplane.orchestration_state import (
@@ -74,7 +74,7 @@ class RoutingWorker:
 
     # -- scraping ---------------------------------------------------------------------------------
 
-    async def _scrape(self, r: Replica) -> None:
+    async def _scrape(self, r: Replica) -> ReplicaObservation:
         now = self.clock()
         try:
             resp = await self._http.get(f"http://{r.host}:{r.port}/metrics")
@@ -89,14 +89,21 @@ class RoutingWorker:
             prev = self.memory.samples.get(r.replica_id)
             obs = observe(r.replica_id, sample, prev[0] if prev else None, now - prev[1] if prev else 0.0, now)
             self.memory.samples[r.replica_id] = (sample, now)
-        self.store.put(keyspace.observations(r.replica_id), obs.model_dump_json())
+        return obs
 
     async def scrape_all(self, snap: Snapshot) -> None:
         ready = [r for r in snap.all_replicas() if r.ready and r.host and not r.draining]
-        await asyncio.gather(*(self._scrape(r) for r in ready))
+        # Scrape concurrently, write one by one: a fenced write that fails (lease lost) then
+        # stops the pass instead of leaving sibling scrapes writing in the background.
+        for obs in await asyncio.gather(*(self._scrape(r) for r in ready)):
+            self.store.put(keyspace.observations(obs.replica_id), obs.model_dump_json())
         live = {r.replica_id for r in snap.all_replicas()}
         for rid in [rid for rid in self.memory.samples if rid not in live]:
             del self.memory.samples[rid]
+
+    def forget_pushes(self) -> None:
+        """Push every service again on the next tick (e.g. after another leader ran)."""
+        self.memory.pushed.clear()
 
     # -- endpoints ---------------------------------------------------------------------------------
 
