@@ -136,7 +136,7 @@ async def sweep(store: Store, worker: ReconcileWorker) -> None:
         node = snap.nodes.get(res.node)
         try:
             if node is not None:
-                await worker.agents.for_node(node).release_gpu(res.pci)
+                await worker.agent(node).release_gpu(res.pci)
             store.delete(keyspace.gpu_reservations(res.node, res.pci), mod_revision=res.mod_revision)
         except FabricError as exc:
             errors.append(f"orphan reservation {res.node}/{res.pci}: {exc.message}")
@@ -147,7 +147,7 @@ async def sweep(store: Store, worker: ReconcileWorker) -> None:
         node = snap.nodes.get(node_id)
         try:
             if node is not None:
-                await worker.agents.for_node(node).delete_vm(vm_id)
+                await worker.agent(node).delete_vm(vm_id)
             store.delete(kv.key, mod_revision=kv.mod_revision)
         except FabricError as exc:
             errors.append(f"orphan VM {vm_id} on {node_id}: {exc.message}")
@@ -239,6 +239,9 @@ class ControllerHandle:
                     # A reconcile that changed replicas wants fresh weights soon.
                     next_routing = min(next_routing, time.monotonic() + 1.0)
                     next_reconcile = time.monotonic() + self.settings.reconcile_s
+                    retry_at = reconcile.next_retry_at()
+                    if retry_at is not None:  # an agent in backoff: try it again when its wait ends
+                        next_reconcile = min(next_reconcile, time.monotonic() + max(0.0, retry_at - time.time()))
                 if time.monotonic() >= next_routing and lock.held():
                     await self._job("routing", lock, routing.tick)
                     next_routing = time.monotonic() + self.settings.routing_s

@@ -7,6 +7,10 @@ Ordering invariants (each step is safe to repeat after a crash or restart):
   teardown: agent deletes the VM -> agent releases each GPU -> reservation removed (only after a
             successful release) -> replica record and observation removed. An unreachable agent
             leaves the replica in phase Deleting, retried next tick.
+Unreachable agents: every agent call goes through controlplane.agent_backoff (per node: 1, 2,
+4 ... 60 s after consecutive failures, reset by any answer); while a node waits its agent is not
+called and the deployment stays Pending with the retry message (which agent, the last error,
+when the next try is). ``next_retry_at()`` tells the loop when to run the next pass.
 The deployment status message always says why (agent unreachable, no node fits, ...).
 """
 
@@ -27,6 +31,7 @@ from common.errors import FabricError, TransientError
 from common.schemas import InferenceDeployment, Node, Replica
 from common.store.base import Store
 from controlplane import reconcile_plan as rp
+from controlplane.agent_backoff import AgentBackoff, BackoffAgent
 from controlplane.orchestration_state import (
     Snapshot,
     get_replica,
@@ -64,7 +69,16 @@ class ReconcileWorker:
         self.settings = settings
         self.clock = clock
         self.on_tick = on_tick or (lambda outcome: None)
+        self.backoff = AgentBackoff(clock=clock)
         self._http = httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S)
+
+    def agent(self, node: Node) -> BackoffAgent:
+        """The node's agent client, behind its backoff (see controlplane.agent_backoff)."""
+        return BackoffAgent(self.agents.for_node(node), node.id, self.backoff)
+
+    def next_retry_at(self) -> float | None:
+        """When the earliest agent in backoff may be tried again (wall clock), or None."""
+        return self.backoff.next_try_at()
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -134,7 +148,8 @@ class ReconcileWorker:
             elif isinstance(action, rp.CreateReplica):
                 await self.create(snap, dep, action, errors)
             elif isinstance(action, rp.SetStatus):
-                message = action.message + (f"; {'; '.join(errors)}" if errors else "")
+                # Several replicas waiting on one agent give the same message once.
+                message = action.message + (f"; {'; '.join(dict.fromkeys(errors))}" if errors else "")
                 phase = action.phase
                 if errors and phase not in ("Failed",):
                     phase = "Pending" if action.ready_replicas < dep.replicas else phase
@@ -143,7 +158,7 @@ class ReconcileWorker:
 
     def _update(self, deployment: str, replica_id: str, **fields) -> None:
         current = get_replica(self.store, deployment, replica_id)
-        if current is not None:
+        if current is not None and any(getattr(current, k) != v for k, v in fields.items()):
             put_replica(self.store, current.model_copy(update=fields))
 
     # -- create -----------------------------------------------------------------------------------
@@ -166,7 +181,7 @@ class ReconcileWorker:
         profile, model = snap.profiles.get(dep.profile), snap.models.get(dep.model)
         if node is None or profile is None or model is None:
             return
-        agent = self.agents.for_node(node)
+        agent = self.agent(node)
         try:
             for pci in replica.gpus:
                 await agent.bind_gpu(pci)
@@ -178,8 +193,8 @@ class ReconcileWorker:
                 gpu_memory_mib=gpu_mib, cpu=profile.cpu, memory_gib=profile.memory_gib,
                 max_model_len=profile.max_model_len, extra_args=list(profile.extra_args)))
         except TransientError as exc:
-            errors.append(f"agent on {node.id} unreachable: {exc.message}")
-            self._update(dep.name, replica.replica_id, message=f"waiting for agent on {node.id}: {exc.message}")
+            errors.append(exc.message)  # names the agent, the last error and the next try
+            self._update(dep.name, replica.replica_id, message=f"waiting: {exc.message}")
             return
         except FabricError as exc:
             errors.append(f"agent on {node.id} refused replica {replica.replica_id}: {exc.message}")
@@ -194,7 +209,7 @@ class ReconcileWorker:
         """Delete the VM, release GPUs, then drop reservations and the record. False if pending."""
         log.info("removing replica %s: %s", r.replica_id, reason)
         if node is not None:
-            agent = self.agents.for_node(node)
+            agent = self.agent(node)
             try:
                 await agent.delete_vm(r.replica_id)
                 self.store.delete(managed_vm_key(node.id, r.replica_id))
