@@ -10,6 +10,11 @@ Invariants:
 * Removed, weight-0 and draining backends take no new flows; established flows
   keep their backend through the connection table, which stores the backend's
   address itself.
+* Derived maps the fast paths read instead of hash lookups, kept in step here:
+  `vip_filter` (bitmap of hashed VIP addresses, rebuilt from `vips`),
+  `service_slots` (service id -> its VIP:port/proto while it exists) and
+  `backend_addrs` (backend IP:port -> mask of service ids it serves or served,
+  read by the TC reply path). `_sync_derived` rebuilds them on open.
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ BACKEND_SNAT = 1
 BACKEND_DRAINING = 2
 BACKEND_IN_USE = 4
 SERVICE_NO_BACKENDS = 1
+SLOT_IN_USE = 1
+# vip_filter in dataplane/bpf/maps.h
+VIP_FILTER_BITS = 4096
+VIP_FILTER_MULT = 0x9E3779B1
+VIP_FILTER_SHIFT = 20
+
+
+def vip_filter_bit(map_ip: int) -> int:
+    """The filter bit of a VIP, as xdp_maglev computes it from the address in network order."""
+    return ((map_ip * VIP_FILTER_MULT) & 0xFFFFFFFF) >> VIP_FILTER_SHIFT
 
 
 class Dataplane:
@@ -66,7 +81,11 @@ class Dataplane:
         self._backend_stats = bpf[b"backend_stats"]
         self._verdicts = bpf[b"verdict_stats"]
         self._config = bpf[b"config"]
+        self._vip_filter = bpf[b"vip_filter"]
+        self._service_slots = bpf[b"service_slots"]
+        self._backend_addrs = bpf[b"backend_addrs"]
         self._write_config()
+        self._sync_derived()
 
     # -- config and attachment ------------------------------------------------
 
@@ -91,6 +110,24 @@ class Dataplane:
     @property
     def xdp_fd(self) -> int:
         return self._prog.xdp.fd
+
+    def _sync_derived(self) -> None:
+        """Make vip_filter, service_slots and backend_addrs agree with services and backends."""
+        services = self._read_services()
+        live = {svc.id for svc in services.values()}
+        for addr, svc in services.items():
+            self._write_slot(svc.id, addr)
+        for sid in range(MAX_SERVICES):
+            if sid not in live:
+                self._service_slots[ctypes.c_uint32(sid)] = self._service_slots.Leaf()
+        for bid, b in self._read_backends().items():
+            if b.service in live:
+                self._add_backend_addr(b.ip, b.port, b.service)
+        for key, mask in list(self._backend_addrs.items()):
+            kept = mask.value & _mask_of(live)
+            if kept != mask.value:
+                self._set_backend_addr(key, kept)
+        self._write_vip_filter()
 
     # -- reading the maps -----------------------------------------------------
 
@@ -184,6 +221,11 @@ class Dataplane:
             keys, table = build_maglev_indices(plan.table_weights, self.table_size)
             backend_ids = np.asarray([ids[k] for k in keys], dtype=np.uint32)[table]
             self._write_ring(service_id * 2 + inactive, backend_ids)
+        for key in ids:  # the TC reply path finds this service's flows from the backend address
+            ip, port = parse_backend(key)
+            self._add_backend_addr(ip_to_map(ip), port_to_map(port), service_id)
+        if current is None:
+            self._write_slot(service_id, addr)
         entry = self._services.Leaf()
         entry.id = service_id
         entry.active = inactive if not plan.no_backends else active
@@ -202,11 +244,60 @@ class Dataplane:
         if svc is None:
             return False
         del self._services[self._service_key(addr)]
+        self._service_slots[ctypes.c_uint32(svc.id)] = self._service_slots.Leaf()  # its flows stop here
         self._vip_ref(addr.vip, -1)
         for bid, b in self._read_backends().items():
             if b.service == svc.id:
                 self._clear_backend(bid)
+        bit = 1 << svc.id
+        for key, mask in list(self._backend_addrs.items()):
+            if mask.value & bit:
+                self._set_backend_addr(key, mask.value & ~bit)
         return True
+
+    def _write_slot(self, service_id: int, addr: ServiceAddress) -> None:
+        slot = self._service_slots.Leaf()
+        key = self._service_key(addr)
+        slot.vip, slot.port, slot.proto, slot.pad = key.vip, key.port, key.proto, SLOT_IN_USE
+        self._service_slots[ctypes.c_uint32(service_id)] = slot
+
+    def _add_backend_addr(self, map_ip: int, map_port: int, service_id: int) -> None:
+        key = self._backend_addrs.Key()
+        key.ip, key.port = map_ip, map_port
+        mask = self._backend_addrs.get(key)
+        have = mask.value if mask is not None else 0
+        if have & (1 << service_id):
+            return
+        try:
+            self._set_backend_addr(key, have | (1 << service_id))
+        except Exception:  # noqa: BLE001  BCC raises bare Exception; the map is full
+            self._prune_backend_addrs()
+            self._set_backend_addr(key, have | (1 << service_id))
+
+    def _set_backend_addr(self, key, mask: int) -> None:
+        if mask:
+            self._backend_addrs[key] = self._backend_addrs.Leaf(mask)
+        elif self._backend_addrs.get(key) is not None:
+            del self._backend_addrs[key]
+
+    def _prune_backend_addrs(self) -> None:
+        """Full: forget addresses no longer in the service they served (their
+        lingering flows lose the reply-path rewrite), keeping current backends."""
+        current: dict[tuple[int, int], int] = {}
+        for b in self._read_backends().values():
+            current[(b.ip, b.port)] = current.get((b.ip, b.port), 0) | (1 << b.service)
+        for key, mask in list(self._backend_addrs.items()):
+            self._set_backend_addr(key, mask.value & current.get((key.ip, key.port), 0))
+
+    def _write_vip_filter(self) -> None:
+        words = [0] * (VIP_FILTER_BITS // 64)
+        for key, _count in self._vips.items():
+            bit = vip_filter_bit(key.value)
+            words[bit // 64] |= 1 << (bit % 64)
+        entry = self._vip_filter.Leaf()
+        for i, w in enumerate(words):
+            entry.words[i] = w
+        self._vip_filter[ctypes.c_uint32(0)] = entry
 
     def _write_backend(self, bid: int, key: str, state: BackendState, service_id: int) -> None:
         ip, port = parse_backend(key)
@@ -235,6 +326,7 @@ class Dataplane:
             self._vips[key] = self._vips.Leaf(n)
         elif count is not None:
             del self._vips[key]
+        self._write_vip_filter()  # set before a new VIP's first packet can matter, cleared after removal
 
     # -- views ----------------------------------------------------------------
 
@@ -286,6 +378,13 @@ class Dataplane:
     def close(self) -> None:
         """Drop this process's handles; pinned maps and attachments stay."""
         self._prog.bpf.cleanup()
+
+
+def _mask_of(ids) -> int:
+    mask = 0
+    for i in ids:
+        mask |= 1 << i
+    return mask
 
 
 def _copy(value):

@@ -72,7 +72,9 @@ static __always_inline void account(__u32 backend_id, __u64 bytes)
     }
 }
 
-/* New flow: Maglev pick, then record the flow both ways. */
+/* New flow: Maglev pick, then record it (and, for source NAT, the reverse
+ * entry the reply is found by). Replies of flows without source NAT need no
+ * reverse entry: tc_reverse_nat finds the forward entry through backend_addrs. */
 static __always_inline int new_flow(struct service *svc, struct flow_key *fk, struct flow *out, __u32 *verdict)
 {
     if (svc->flags & SERVICE_NO_BACKENDS) {
@@ -100,19 +102,11 @@ static __always_inline int new_flow(struct service *svc, struct flow_key *fk, st
         return -1;
     }
     out->backend_id = backend_id;
+    out->service_id = svc->id;
     out->backend_ip = b->ip;
     out->backend_port = b->port;
     out->snat_port = 0;
 
-    struct flow_key reply = {};
-    reply.src = b->ip;
-    reply.sport = b->port;
-    reply.proto = fk->proto;
-    struct reverse_flow rev = {};
-    rev.vip = fk->dst;
-    rev.vport = fk->dport;
-    rev.client = fk->src;
-    rev.cport = fk->sport;
     if (b->flags & BACKEND_SNAT) {
         __u32 zero = 0;
         struct config *cfg = config.lookup(&zero);
@@ -120,18 +114,24 @@ static __always_inline int new_flow(struct service *svc, struct flow_key *fk, st
             *verdict = VERDICT_DROP_SNAT_EXHAUSTED;
             return -1;
         }
+        struct flow_key reply = {};
+        reply.src = b->ip;
+        reply.sport = b->port;
+        reply.proto = fk->proto;
         reply.dst = cfg->node_ip;
         out->snat_port = snat_port(&reply, hash);
         if (!out->snat_port) {
             *verdict = VERDICT_DROP_SNAT_EXHAUSTED;
             return -1;
         }
+        struct reverse_flow rev = {};
+        rev.vip = fk->dst;
+        rev.vport = fk->dport;
+        rev.client = fk->src;
+        rev.cport = fk->sport;
         rev.snat = 1;
-    } else {
-        reply.dst = fk->src;
-        reply.dport = fk->sport;
+        reverse_flows.update(&reply, &rev);
     }
-    reverse_flows.update(&reply, &rev);
     flows.update(fk, out);
     *verdict = VERDICT_FWD_NEW_FLOW;
     return 0;
@@ -149,11 +149,50 @@ static __always_inline int snat_reply(struct iphdr *ip, struct l4_ports *ports, 
     struct reverse_flow *rev = reverse_flows.lookup(&key);
     if (!rev || !rev->snat)
         return -1;
-    nat_addr(ip, check, 0, rev->client);
-    nat_port(&ports->dest, check, ip->protocol, rev->cport);
-    nat_addr(ip, check, 1, rev->vip);
-    nat_port(&ports->source, check, ip->protocol, rev->vport);
+    dnat_snat(ip, &ports->source, &ports->dest, check, ip->protocol, rev->vip, rev->vport, rev->client, rev->cport);
     return 0;
+}
+
+/* A clear bit proves daddr is no VIP; a set bit may be a hash collision. */
+static __always_inline int vip_filter_hit(__be32 daddr)
+{
+    __u32 zero = 0;
+    struct vip_filter *f = vip_filter.lookup(&zero);
+    if (!f)
+        return 1;
+    __u32 bit = ((__u32)daddr * VIP_FILTER_MULT) >> VIP_FILTER_SHIFT;
+    return (f->words[bit >> 6] >> (bit & 63)) & 1;
+}
+
+/* IPv4 to an address that is no VIP: the reply of a source-NAT flow when
+ * addressed to node_ip, else the node's own or routed traffic, untouched. */
+static __always_inline int not_vip(struct iphdr *ip, void *data_end)
+{
+    __u32 zero = 0;
+    struct config *cfg = config.lookup(&zero);
+    if (!cfg || !cfg->node_ip || ip->daddr != cfg->node_ip || ip->ihl != 5 || is_fragment(ip))
+        return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
+    if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+        return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
+    struct l4_ports *ports = (void *)(ip + 1);
+    int csum_off = l4_csum_offset(ip->protocol);
+    if ((void *)ports + l4_min_len(ip->protocol) > data_end || csum_off < 0)
+        return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
+    __u16 *check = (void *)ports + csum_off;
+    if ((void *)(check + 1) > data_end)
+        return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
+    if (snat_reply(ip, ports, check) < 0)
+        return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
+    return count(VERDICT_REPLY_SNAT, XDP_PASS);
+}
+
+/* The destination passed the filter: a VIP gets `verdict`, a collision is not_vip. */
+static __always_inline int vip_verdict(struct iphdr *ip, void *data_end, __u32 verdict, int action)
+{
+    __be32 daddr = ip->daddr;
+    if (!vips.lookup(&daddr))
+        return not_vip(ip, data_end);
+    return count(verdict, action);
 }
 
 int xdp_maglev(struct xdp_md *ctx)
@@ -171,65 +210,65 @@ int xdp_maglev(struct xdp_md *ctx)
         return count(VERDICT_DROP_TRUNCATED, XDP_DROP);
 
     __be32 daddr = ip->daddr;
-    __u32 *is_vip = vips.lookup(&daddr);
-    if (!is_vip) {
-        /* maybe the reply of a source-NAT flow, addressed to node_ip */
-        __u32 zero = 0;
-        struct config *cfg = config.lookup(&zero);
-        if (!cfg || !cfg->node_ip || daddr != cfg->node_ip || ip->ihl != 5 || is_fragment(ip))
-            return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
-        if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-            return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
-        struct l4_ports *ports = (void *)(ip + 1);
-        int csum_off = l4_csum_offset(ip->protocol);
-        if ((void *)ports + l4_min_len(ip->protocol) > data_end || csum_off < 0)
-            return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
-        __u16 *check = (void *)ports + csum_off;
-        if ((void *)(check + 1) > data_end)
-            return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
-        if (snat_reply(ip, ports, check) < 0)
-            return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
-        return count(VERDICT_REPLY_SNAT, XDP_PASS);
-    }
-    if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-        return count(VERDICT_PASS_NOT_TCP_UDP, XDP_PASS);
+    if (!vip_filter_hit(daddr))
+        return not_vip(ip, data_end);
+    /* From here on the address may still be a filter collision: every exit
+     * other than a connection-table or service hit confirms it in vips. */
+    __u8 proto = ip->protocol;
+    if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+        return vip_verdict(ip, data_end, VERDICT_PASS_NOT_TCP_UDP, XDP_PASS);
     /* Options shift the L4 header and fragments lack ports: neither can be
      * hashed consistently, so they never reach a backend. */
     if (ip->ihl != 5)
-        return count(VERDICT_DROP_IP_OPTIONS, XDP_DROP);
+        return vip_verdict(ip, data_end, VERDICT_DROP_IP_OPTIONS, XDP_DROP);
     if (is_fragment(ip))
-        return count(VERDICT_DROP_FRAGMENT, XDP_DROP);
+        return vip_verdict(ip, data_end, VERDICT_DROP_FRAGMENT, XDP_DROP);
 
     struct l4_ports *ports = (void *)(ip + 1);
-    if ((void *)ports + l4_min_len(ip->protocol) > data_end)
-        return count(VERDICT_DROP_TRUNCATED, XDP_DROP);
-    __u16 *check = (void *)ports + (ip->protocol == IPPROTO_TCP ? offsetof(struct tcphdr, check)
-                                                              : offsetof(struct udphdr, check));
+    if ((void *)ports + l4_min_len(proto) > data_end)
+        return vip_verdict(ip, data_end, VERDICT_DROP_TRUNCATED, XDP_DROP);
+    __u16 *check = (void *)ports + (proto == IPPROTO_TCP ? offsetof(struct tcphdr, check)
+                                                        : offsetof(struct udphdr, check));
     if ((void *)(check + 1) > data_end)
-        return count(VERDICT_DROP_TRUNCATED, XDP_DROP);
-
-    struct service_key sk = {};
-    sk.vip = daddr;
-    sk.port = ports->dest;
-    sk.proto = ip->protocol;
-    struct service *svc = services.lookup(&sk);
-    if (!svc)
-        return count(VERDICT_DROP_UNKNOWN_PORT, XDP_DROP);
+        return vip_verdict(ip, data_end, VERDICT_DROP_TRUNCATED, XDP_DROP);
 
     struct flow_key fk = {};
     fk.src = ip->saddr;
     fk.dst = daddr;
     fk.sport = ports->source;
     fk.dport = ports->dest;
-    fk.proto = ip->protocol;
+    fk.proto = proto;
 
     __u32 verdict = VERDICT_FWD_ESTABLISHED;
-    struct flow chosen = {};
+    struct flow chosen;
     struct flow *known = flows.lookup(&fk);
     if (known) {
+        /* established: the service must still exist (a deleted service stops
+         * forwarding its flows); its slot says so without a hash lookup */
+        __u32 sid = known->service_id;
+        struct service_key *slot = service_slots.lookup(&sid);
+        if (!slot || slot->vip != daddr || slot->port != fk.dport || slot->proto != proto ||
+            slot->pad != SLOT_IN_USE) {
+            struct service_key sk = {};
+            sk.vip = daddr;
+            sk.port = fk.dport;
+            sk.proto = proto;
+            struct service *svc = services.lookup(&sk);
+            if (!svc)
+                return vip_verdict(ip, data_end, VERDICT_DROP_UNKNOWN_PORT, XDP_DROP);
+            known->service_id = svc->id;  /* re-created under another id: keep the flow */
+        }
         chosen = *known;
-    } else if (new_flow(svc, &fk, &chosen, &verdict) < 0) {
-        return count(verdict, XDP_DROP);
+    } else {
+        struct service_key sk = {};
+        sk.vip = daddr;
+        sk.port = fk.dport;
+        sk.proto = proto;
+        struct service *svc = services.lookup(&sk);
+        if (!svc)
+            return vip_verdict(ip, data_end, VERDICT_DROP_UNKNOWN_PORT, XDP_DROP);
+        if (new_flow(svc, &fk, &chosen, &verdict) < 0)
+            return count(verdict, XDP_DROP);
     }
 
     if (chosen.snat_port) {
@@ -237,11 +276,11 @@ int xdp_maglev(struct xdp_md *ctx)
         struct config *cfg = config.lookup(&zero);
         if (!cfg || !cfg->node_ip)
             return count(VERDICT_DROP_SNAT_EXHAUSTED, XDP_DROP);
-        nat_addr(ip, check, 1, cfg->node_ip);
-        nat_port(&ports->source, check, fk.proto, chosen.snat_port);
+        dnat_snat(ip, &ports->source, &ports->dest, check, proto, cfg->node_ip, chosen.snat_port,
+                  chosen.backend_ip, chosen.backend_port);
+    } else {
+        dnat(ip, &ports->dest, check, proto, chosen.backend_ip, chosen.backend_port);
     }
-    nat_addr(ip, check, 0, chosen.backend_ip);
-    nat_port(&ports->dest, check, fk.proto, chosen.backend_port);
     account(chosen.backend_id, data_end - data);
     return count(verdict, XDP_PASS);
 }
@@ -268,20 +307,43 @@ int tc_reverse_nat(struct __sk_buff *skb)
     if ((void *)(ports + 1) > data_end)
         return TC_ACT_OK;
 
+    /* A reply of a flow without source NAT: its source is a backend address;
+     * backend_addrs names the services that address serves (or served), and the
+     * flow table must hold client -> that VIP:port on exactly this backend. */
+    struct backend_addr ba = {};
+    ba.ip = ip->saddr;
+    ba.port = ports->source;
+    __u32 *mask = backend_addrs.lookup(&ba);
+    if (!mask)
+        return TC_ACT_OK;
+    __u32 services_left = *mask;
     struct flow_key key = {};
-    key.src = ip->saddr;
-    key.dst = ip->daddr;
-    key.sport = ports->source;
-    key.dport = ports->dest;
+    key.src = ip->daddr;
+    key.sport = ports->dest;
     key.proto = proto;
-    struct reverse_flow *rev = reverse_flows.lookup(&key);
-    if (!rev || rev->snat)
+    __be32 new_ip = 0;
+    __be16 new_port = 0;
+    for (__u32 sid = 0; sid < MAX_SERVICES && services_left; sid++, services_left >>= 1) {
+        if (!(services_left & 1))
+            continue;
+        __u32 id = sid;
+        struct service_key *slot = service_slots.lookup(&id);
+        if (!slot || slot->pad != SLOT_IN_USE || slot->proto != proto)
+            continue;
+        key.dst = slot->vip;
+        key.dport = slot->port;
+        struct flow *f = flows.lookup(&key);
+        if (f && !f->snat_port && f->backend_ip == ba.ip && f->backend_port == ba.port) {
+            new_ip = slot->vip;
+            new_port = slot->port;
+            break;
+        }
+    }
+    if (!new_ip)
         return TC_ACT_OK;
 
-    __be32 old_ip = key.src;
-    __be32 new_ip = rev->vip;
-    __be16 old_port = key.sport;
-    __be16 new_port = rev->vport;
+    __be32 old_ip = ba.ip;
+    __be16 old_port = ba.port;
     int l4_csum = L4_OFF + (proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
     /* the skb helpers also handle CHECKSUM_PARTIAL packets from local senders */
     __u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;

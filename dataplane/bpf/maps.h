@@ -1,8 +1,13 @@
 /* Every map of the dataplane, pinned under PIN_DIR so a restarted agent
  * re-opens the same maps and established flows keep forwarding.
  * PIN_DIR, TABLE_SIZE, MAX_SERVICES, MAX_BACKENDS and FLOW_ENTRIES come from the
- * loader (agent/dataplane/loader.py) as -D flags; the structs below are mirrored
- * by ctypes structures in agent/dataplane/maps.py.
+ * loader (agent/dataplane/loader.py) as -D flags; BCC turns the structs below
+ * into the ctypes Key/Leaf types agent/dataplane/dataplane.py writes.
+ *
+ * Fast-path budget (docs/dataplane.md): a non-VIP packet costs one array read
+ * (vip_filter) and a counter; an established flow one hash lookup (flows) plus
+ * array reads (service_slots, counters); a new flow inserts one entry (two only
+ * when source NAT needs the reverse one).
  */
 #ifndef FABRIC_MAPS_H
 #define FABRIC_MAPS_H
@@ -10,6 +15,11 @@
 #include "verdicts.h"
 
 #define PIN(name) PIN_DIR "/" #name
+
+#if MAX_SERVICES > 32
+#error "backend_addrs keeps service ids in a 32-bit mask"
+#endif
+#define BACKEND_ADDRS (MAX_BACKENDS * 2)
 
 #define BACKEND_SNAT 1      /* reach this backend with source NAT to node_ip */
 #define BACKEND_DRAINING 2  /* no new flows; established flows continue */
@@ -23,6 +33,10 @@ struct service_key {
     __u8 proto;
     __u8 pad;
 };
+
+/* service_slots value: the service_key of service id N with pad = 1 while the
+ * service exists, all zero otherwise. */
+#define SLOT_IN_USE 1
 
 struct service {
     __u32 id;      /* index of the service's two rings: id * 2 + active */
@@ -59,10 +73,11 @@ struct flow_key {
 };
 
 struct flow {
-    __u32 backend_id;
     __be32 backend_ip;
     __be16 backend_port;
     __be16 snat_port;  /* 0 when the flow is not source-NATed */
+    __u16 backend_id;  /* for backend_stats */
+    __u16 service_id;  /* service_slots[service_id] says whether the service still exists */
 };
 
 struct reverse_flow {
@@ -71,6 +86,23 @@ struct reverse_flow {
     __be16 vport;
     __be16 cport;
     __u32 snat;        /* 1 when the reply arrives at node_ip:snat_port */
+};
+
+/* Backend address as a reply carries it as source (TC reply path). */
+struct backend_addr {
+    __be32 ip;
+    __be16 port;
+    __u16 pad;
+};
+
+/* One bit per VIP address hashed into VIP_FILTER_BITS: a clear bit proves
+ * "not a VIP" with one array read; a set bit is confirmed by the exact maps. */
+#define VIP_FILTER_BITS 4096
+#define VIP_FILTER_MULT 0x9E3779B1u
+#define VIP_FILTER_SHIFT 20  /* 32 - log2(VIP_FILTER_BITS) */
+
+struct vip_filter {
+    __u64 words[VIP_FILTER_BITS / 64];
 };
 
 struct config {
@@ -82,6 +114,10 @@ struct config {
 BPF_TABLE_PINNED("hash", struct service_key, struct service, services, MAX_SERVICES, PIN(services));
 /* vips: VIP address -> number of services on it (tells "unknown port" from "not a VIP") */
 BPF_TABLE_PINNED("hash", __be32, __u32, vips, MAX_SERVICES, PIN(vips));
+/* vip_filter: single entry, bitmap of hashed VIP addresses (cheap "not a VIP" test) */
+BPF_TABLE_PINNED("array", __u32, struct vip_filter, vip_filter, 1, PIN(vip_filter));
+/* service_slots: service id -> its service_key (pad = SLOT_IN_USE) while it exists */
+BPF_TABLE_PINNED("array", __u32, struct service_key, service_slots, MAX_SERVICES, PIN(service_slots));
 /* rings: service id * 2 + slot -> whole Maglev table; the inactive slot is rewritten, then switched */
 BPF_TABLE_PINNED("array", __u32, struct ring, rings, MAX_SERVICES * 2, PIN(rings));
 /* backends: backend id -> address, port, flags, weight, service */
@@ -90,9 +126,13 @@ BPF_TABLE_PINNED("array", __u32, struct backend, backends, MAX_BACKENDS, PIN(bac
 BPF_TABLE_PINNED("percpu_array", __u32, struct backend_stats, backend_stats, MAX_BACKENDS, PIN(backend_stats));
 /* verdict_stats: VERDICT_* -> packets, per CPU */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, verdict_stats, VERDICT_MAX, PIN(verdict_stats));
-/* flows: client -> VIP 5-tuple -> chosen backend (LRU connection table) */
-BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow, flows, FLOW_ENTRIES, PIN(flows));
-/* reverse_flows: backend -> client (or node_ip:snat_port) 5-tuple -> VIP and client to restore */
+/* flows: client -> VIP 5-tuple -> chosen backend and service (LRU connection table;
+ * pinned as flows_v2 since the value layout changed) */
+BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow, flows, FLOW_ENTRIES, PIN(flows_v2));
+/* backend_addrs: backend IP:port -> bitmask of service ids it serves or served
+ * (the TC reply path finds the flow from it; MAX_SERVICES <= 32) */
+BPF_TABLE_PINNED("hash", struct backend_addr, __u32, backend_addrs, BACKEND_ADDRS, PIN(backend_addrs));
+/* reverse_flows: source-NAT flows only: backend -> node_ip:snat_port 5-tuple -> VIP and client to restore */
 BPF_TABLE_PINNED("lru_hash", struct flow_key, struct reverse_flow, reverse_flows, FLOW_ENTRIES, PIN(reverse_flows));
 /* config: single entry, node-wide settings */
 BPF_TABLE_PINNED("array", __u32, struct config, config, 1, PIN(config));

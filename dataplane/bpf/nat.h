@@ -13,58 +13,57 @@ static __always_inline __u16 csum_fold32(__u32 sum)
     return (__u16)sum;
 }
 
-static __always_inline __u16 csum_replace32(__u16 check, __be32 from, __be32 to)
+/* Combined updates: sum every field change into one delta, fold once per
+ * checksum (RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m')). */
+static __always_inline __u32 csum_delta32(__u32 delta, __be32 from, __be32 to)
 {
-    __u32 sum = (__u16)~check;
     __u32 nfrom = ~from;
-    sum += (nfrom & 0xffff) + (nfrom >> 16);
-    sum += (to & 0xffff) + (to >> 16);
-    return ~csum_fold32(sum);
+    return delta + (nfrom & 0xffff) + (nfrom >> 16) + (to & 0xffff) + (to >> 16);
 }
 
-static __always_inline __u16 csum_replace16(__u16 check, __be16 from, __be16 to)
+static __always_inline __u32 csum_delta16(__u32 delta, __be16 from, __be16 to)
 {
-    __u32 sum = (__u16)~check;
-    sum += (__u16)~from;
-    sum += to;
-    return ~csum_fold32(sum);
+    return delta + (__u16)~from + to;
 }
 
-/* UDP's checksum 0 means "none"; keep it so, and never produce 0 from a real one. */
-static __always_inline void l4_csum_replace32(__u16 *check, __u8 proto, __be32 from, __be32 to)
+static __always_inline __u16 csum_apply(__u16 check, __u32 delta)
 {
-    if (proto == IPPROTO_UDP && *check == 0)
-        return;
-    __u16 c = csum_replace32(*check, from, to);
-    *check = (proto == IPPROTO_UDP && c == 0) ? 0xffff : c;
+    return ~csum_fold32((__u16)~check + delta);
 }
 
-static __always_inline void l4_csum_replace16(__u16 *check, __u8 proto, __be16 from, __be16 to)
+static __always_inline void l4_csum_apply(__u16 *check, __u8 proto, __u32 delta)
 {
     if (proto == IPPROTO_UDP && *check == 0)
         return;
-    __u16 c = csum_replace16(*check, from, to);
+    __u16 c = csum_apply(*check, delta);
     *check = (proto == IPPROTO_UDP && c == 0) ? 0xffff : c;
 }
 
-/* Rewrite the IPv4 source (or destination) address and fix both checksums. */
-static __always_inline void nat_addr(struct iphdr *ip, __u16 *l4check, int source, __be32 to)
+/* DNAT: destination address and port, both checksums, one fold each. */
+static __always_inline void dnat(struct iphdr *ip, __be16 *dport, __u16 *l4check, __u8 proto, __be32 daddr, __be16 port)
 {
-    __be32 from = source ? ip->saddr : ip->daddr;
-    if (source)
-        ip->saddr = to;
-    else
-        ip->daddr = to;
-    ip->check = csum_replace32(ip->check, from, to);
-    /* the pseudo-header covers both addresses */
-    l4_csum_replace32(l4check, ip->protocol, from, to);
+    __u32 delta = csum_delta32(0, ip->daddr, daddr);
+    ip->daddr = daddr;
+    ip->check = csum_apply(ip->check, delta);
+    delta = csum_delta16(delta, *dport, port);
+    *dport = port;
+    l4_csum_apply(l4check, proto, delta);
 }
 
-static __always_inline void nat_port(__be16 *port, __u16 *l4check, __u8 proto, __be16 to)
+/* DNAT plus SNAT (source address and port) in one pass. */
+static __always_inline void dnat_snat(struct iphdr *ip, __be16 *sport, __be16 *dport, __u16 *l4check, __u8 proto,
+                                      __be32 saddr, __be16 snat_port, __be32 daddr, __be16 port)
 {
-    __be16 from = *port;
-    *port = to;
-    l4_csum_replace16(l4check, proto, from, to);
+    __u32 delta = csum_delta32(0, ip->daddr, daddr);
+    delta = csum_delta32(delta, ip->saddr, saddr);
+    ip->daddr = daddr;
+    ip->saddr = saddr;
+    ip->check = csum_apply(ip->check, delta);
+    delta = csum_delta16(delta, *dport, port);
+    delta = csum_delta16(delta, *sport, snat_port);
+    *dport = port;
+    *sport = snat_port;
+    l4_csum_apply(l4check, proto, delta);
 }
 
 #endif
