@@ -45,16 +45,32 @@ log = logging.getLogger("fabricd.reconcile")
 HEALTH_TIMEOUT_S = 2.0
 
 
+def _reserved_for(store: Store, node: str, pci: str) -> str | None:
+    kv = store.get(keyspace.gpu_reservations(node, pci))
+    if kv is None:
+        return None
+    try:
+        return json.loads(kv.value).get("replica_id")
+    except (ValueError, AttributeError):
+        return None
+
+
 def reserve_gpus(store: Store, node: str, gpus, replica_id: str, deployment: str, now: float) -> bool:
-    """Take every GPU of the group with create-if-absent, or none: a lost race undoes the rest."""
+    """Take every GPU of the group with create-if-absent, or none: a lost race undoes the rest.
+
+    A GPU already reserved for this same replica counts as taken (a pass that stopped after
+    reserving, e.g. fabricd killed or its lease lost, is finished by the next one)."""
     value = json.dumps({"replica_id": replica_id, "deployment": deployment, "created_at": now})
     taken: list[str] = []
     for pci in gpus:
-        if not store.create(keyspace.gpu_reservations(node, pci), value):
-            for done in taken:
-                store.delete(keyspace.gpu_reservations(node, done))
-            return False
-        taken.append(pci)
+        if store.create(keyspace.gpu_reservations(node, pci), value):
+            taken.append(pci)
+            continue
+        if _reserved_for(store, node, pci) == replica_id:
+            continue
+        for done in taken:
+            store.delete(keyspace.gpu_reservations(node, done))
+        return False
     return True
 
 
@@ -128,7 +144,7 @@ class ReconcileWorker:
                                          message="deleting replicas; " + "; ".join(errors))
             return
         for r in [r for r in replicas if r.phase == "Pending" and not r.host]:
-            await self.start_vm(snap, dep, r, errors)
+            await self.resume_create(snap, dep, r, errors)
         replicas = [get_replica(self.store, dep.name, r.replica_id) or r for r in replicas]
         probes = await self.probe_all(replicas)
         plan = rp.plan(dep, snap.profiles.get(dep.profile), snap.models.get(dep.model), replicas,
@@ -172,6 +188,22 @@ class ReconcileWorker:
         if not reserve_gpus(self.store, action.node, action.gpus, replica.replica_id, dep.name, self.clock()):
             self.store.delete(keyspace.replicas(dep.name, replica.replica_id))
             errors.append(f"a GPU on {action.node} was taken meanwhile; placing again next tick")
+            return
+        await self.start_vm(snap, dep, replica, errors)
+
+    async def resume_create(self, snap: Snapshot, dep: InferenceDeployment, replica: Replica,
+                            errors: list[str]) -> None:
+        """Finish a create an earlier pass (or process) left at Pending: its reservations first,
+        since it may have stopped between writing the record and reserving the GPUs."""
+        if not reserve_gpus(self.store, replica.node, replica.gpus, replica.replica_id, dep.name, self.clock()):
+            # Another replica holds one of its GPUs: this one never ran there; place it again.
+            # (A VM the agent may have made for it is under /fabric/managed/vms/: the sweep removes it.)
+            for pci in replica.gpus:
+                if _reserved_for(self.store, replica.node, pci) == replica.replica_id:
+                    self.store.delete(keyspace.gpu_reservations(replica.node, pci))
+            self.store.delete(keyspace.replicas(dep.name, replica.replica_id))
+            errors.append(f"a GPU of {replica.replica_id} on {replica.node} is held by another replica; "
+                          "placing it again")
             return
         await self.start_vm(snap, dep, replica, errors)
 

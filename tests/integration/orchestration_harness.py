@@ -1,10 +1,13 @@
 """Real `fabricd` (controllers on) and real `fabric-agent` (dry-run driver, fake GPUs) processes
 on loopback, for the orchestration integration tests. Plain HTTP on loopback (--insecure both
-sides), the lab's all-in-one mode; each replica is a real fabric-engine-sim process."""
+sides), the lab's all-in-one mode; each replica is a real fabric-engine-sim process.
+``Cluster.kill_fabricd()`` / ``Cluster.start_fabricd()`` restart the control plane on the same
+state directory and port while the agent and its engines keep running."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -56,14 +59,28 @@ class Cluster:
     url: str
     state_dir: Path
     token: str
-    procs: list[subprocess.Popen]
-    logs: list[Path]
+    procs: list[subprocess.Popen]  # [fabricd, agent]
+    logs: list[Path]  # [fabricd.log, agent.log]
+    env: dict[str, str] | None = None
+    files: list | None = None  # open log handles, closed by start_cluster
 
     def api(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=15)
 
     def tail(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.logs if p.exists())
+
+    def kill_fabricd(self, sig: int = signal.SIGKILL) -> None:
+        """Kill fabricd without letting it clean up (its leader lease is left to expire)."""
+        self.procs[0].send_signal(sig)
+        self.procs[0].wait(15)
+
+    def start_fabricd(self) -> None:
+        """Start fabricd again on the same state directory and port, its log appended."""
+        assert self.procs[0].poll() is not None, "fabricd is still running"
+        port = self.url.rsplit(":", 1)[1]
+        self.procs[0] = _start_fabricd(self.state_dir, port, self.logs[0], self.env or {}, self.files, "ab")
+        _wait_fabricd(self.url, self.procs[0], self.logs[0])
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -76,10 +93,30 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def _log(path: Path, files: list):
-    f = path.open("wb")  # closed by start_cluster once its processes are stopped
+def _log(path: Path, files: list, mode: str = "wb"):
+    f = path.open(mode)  # closed by start_cluster once its processes are stopped
     files.append(f)
     return f
+
+
+def _start_fabricd(state_dir: Path, port, log: Path, env: dict[str, str], files: list,
+                   mode: str = "wb") -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(BIN / "fabricd"), "serve", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{port}",
+         "--insecure", "--log-level", "info"],
+        stdout=_log(log, files, mode), stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_fabricd(url: str, proc: subprocess.Popen, log: Path) -> None:
+    with httpx.Client(base_url=url, timeout=5) as c:
+        def up():
+            if proc.poll() is not None:
+                raise RuntimeError(f"fabricd exited: {log.read_text()[-2000:]}")
+            try:
+                return c.get("/healthz").status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_for(up, 30, "fabricd /healthz")
 
 
 @contextmanager
@@ -93,20 +130,10 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
     procs, logs, files = [], [], []
     fd_log = tmp / "fabricd.log"
     logs.append(fd_log)
-    procs.append(subprocess.Popen(
-        [str(BIN / "fabricd"), "serve", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{fport}",
-         "--insecure", "--log-level", "info"],
-        stdout=_log(fd_log, files), stderr=subprocess.STDOUT, env=env))
+    procs.append(_start_fabricd(state_dir, fport, fd_log, env, files))
     try:
+        _wait_fabricd(url, procs[0], fd_log)
         with httpx.Client(base_url=url, timeout=5) as c:
-            def up():
-                if procs[0].poll() is not None:
-                    raise RuntimeError(f"fabricd exited: {fd_log.read_text()[-2000:]}")
-                try:
-                    return c.get("/healthz").status_code == 200
-                except httpx.TransportError:
-                    return False
-            wait_for(up, 30, "fabricd /healthz")
             password = (state_dir / "admin-password").read_text().strip()
             token = c.post("/api/auth/login", json={"username": "admin", "password": password}).json()["token"]
         ag_log = tmp / "agent.log"
@@ -118,7 +145,7 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
                 "--state-dir", str(tmp / "agent"), "--sysfs-root", str(tmp / "agent" / "sysfs"),
                 "--log-level", "warning"],
             stdout=_log(ag_log, files), stderr=subprocess.STDOUT, env=env))
-        cluster = Cluster(url, state_dir, token, procs, logs)
+        cluster = Cluster(url, state_dir, token, procs, logs, env=env, files=files)
         with cluster.api() as api:
             def registered():
                 if procs[1].poll() is not None:
