@@ -97,7 +97,7 @@ def deployment_metrics(name: str, state: StateDep) -> dict:
     for r in sorted(snap.replicas.get(name, []), key=lambda r: r.ordinal):
         obs = snap.observations.get(r.replica_id)
         out.append({"replica_id": r.replica_id, "ordinal": r.ordinal, "node": r.node, "phase": r.phase,
-                    "host": r.host, "port": r.port,
+                    "host": r.host, "port": r.port, "health_failures": r.health_failures,
                     "ready": r.ready, "draining": r.draining,
                     "metrics": obs.model_dump(exclude={"replica_id"}) if obs else None})
     return {"deployment": name, "replicas": out}
