@@ -112,22 +112,25 @@ class Dataplane:
         return self._prog.xdp.fd
 
     def _sync_derived(self) -> None:
-        """Make vip_filter, service_slots and backend_addrs agree with services and backends."""
+        """Add to vip_filter, service_slots and backend_addrs whatever the services
+        and backends need and they lack (maps made by an older layout, or a crash
+        between two writes). Only adds, and writes nothing when all is there: a
+        second process (the CLI) opening the maps must not race the agent's updates."""
         services = self._read_services()
-        live = {svc.id for svc in services.values()}
         for addr, svc in services.items():
-            self._write_slot(svc.id, addr)
-        for sid in range(MAX_SERVICES):
-            if sid not in live:
-                self._service_slots[ctypes.c_uint32(sid)] = self._service_slots.Leaf()
-        for bid, b in self._read_backends().items():
+            want = self._slot_value(addr)
+            if bytes(self._service_slots[ctypes.c_uint32(svc.id)]) != bytes(want):
+                self._service_slots[ctypes.c_uint32(svc.id)] = want
+        live = {svc.id for svc in services.values()}
+        for b in self._read_backends().values():
             if b.service in live:
                 self._add_backend_addr(b.ip, b.port, b.service)
-        for key, mask in list(self._backend_addrs.items()):
-            kept = mask.value & _mask_of(live)
-            if kept != mask.value:
-                self._set_backend_addr(key, kept)
-        self._write_vip_filter()
+        have = self._vip_filter[ctypes.c_uint32(0)]
+        need = self._filter_words()
+        if any(have.words[i] & w != w for i, w in enumerate(need)):
+            for i, w in enumerate(need):
+                have.words[i] |= w
+            self._vip_filter[ctypes.c_uint32(0)] = have
 
     # -- reading the maps -----------------------------------------------------
 
@@ -243,8 +246,8 @@ class Dataplane:
         svc = services.get(addr)
         if svc is None:
             return False
-        del self._services[self._service_key(addr)]
         self._service_slots[ctypes.c_uint32(svc.id)] = self._service_slots.Leaf()  # its flows stop here
+        del self._services[self._service_key(addr)]
         self._vip_ref(addr.vip, -1)
         for bid, b in self._read_backends().items():
             if b.service == svc.id:
@@ -255,11 +258,14 @@ class Dataplane:
                 self._set_backend_addr(key, mask.value & ~bit)
         return True
 
-    def _write_slot(self, service_id: int, addr: ServiceAddress) -> None:
+    def _slot_value(self, addr: ServiceAddress):
         slot = self._service_slots.Leaf()
         key = self._service_key(addr)
         slot.vip, slot.port, slot.proto, slot.pad = key.vip, key.port, key.proto, SLOT_IN_USE
-        self._service_slots[ctypes.c_uint32(service_id)] = slot
+        return slot
+
+    def _write_slot(self, service_id: int, addr: ServiceAddress) -> None:
+        self._service_slots[ctypes.c_uint32(service_id)] = self._slot_value(addr)
 
     def _add_backend_addr(self, map_ip: int, map_port: int, service_id: int) -> None:
         key = self._backend_addrs.Key()
@@ -289,13 +295,16 @@ class Dataplane:
         for key, mask in list(self._backend_addrs.items()):
             self._set_backend_addr(key, mask.value & current.get((key.ip, key.port), 0))
 
-    def _write_vip_filter(self) -> None:
+    def _filter_words(self) -> list[int]:
         words = [0] * (VIP_FILTER_BITS // 64)
         for key, _count in self._vips.items():
             bit = vip_filter_bit(key.value)
             words[bit // 64] |= 1 << (bit % 64)
+        return words
+
+    def _write_vip_filter(self) -> None:
         entry = self._vip_filter.Leaf()
-        for i, w in enumerate(words):
+        for i, w in enumerate(self._filter_words()):
             entry.words[i] = w
         self._vip_filter[ctypes.c_uint32(0)] = entry
 
@@ -378,13 +387,6 @@ class Dataplane:
     def close(self) -> None:
         """Drop this process's handles; pinned maps and attachments stay."""
         self._prog.bpf.cleanup()
-
-
-def _mask_of(ids) -> int:
-    mask = 0
-    for i in ids:
-        mask |= 1 << i
-    return mask
 
 
 def _copy(value):
