@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import socket
 import ssl
-
-import httpx
 
 from common.store.base import Store
 from gateway.app import GatewayApp, GatewayState
@@ -16,6 +13,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.oidc import OidcVerifier
 from gateway.settings import BackendTls, GatewaySettings
 from gateway.telemetry import Tracer
+from gateway.upstream_client import UpstreamPool
 from gateway.upstreams import UpstreamCache
 
 
@@ -29,37 +27,14 @@ def backend_ssl(tls: BackendTls) -> ssl.SSLContext | bool:
     return ctx
 
 
-class UpstreamClients:
-    """A few pooled httpx clients used in turn. httpcore's pool rescans every connection it holds
-    (a poll() per idle socket) for each request, so one pool of 64+ connections spends most of
-    the gateway's CPU there at concurrency 64; shards keep each scan short."""
-
-    def __init__(self, settings: GatewaySettings, shards: int = 16):
-        self._clients = [upstream_client(settings) for _ in range(shards)]
-        self._next = 0
-
-    def pick(self) -> httpx.AsyncClient:
-        self._next = (self._next + 1) % len(self._clients)
-        return self._clients[self._next]
-
-    async def aclose(self) -> None:
-        for c in self._clients:
-            await c.aclose()
-
-
-def upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:
-    verify = backend_ssl(settings.backend_tls)
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=32, keepalive_expiry=30)
-    # TCP_NODELAY: httpx writes headers and body separately; with Nagle the body waits for the
-    # peer's delayed ACK (about 4 ms even on loopback) on every call.
-    transport = httpx.AsyncHTTPTransport(verify=verify, limits=limits,
-                                         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-    return httpx.AsyncClient(
-        transport=transport,
-        timeout=httpx.Timeout(connect=5.0, read=settings.idle_secs, write=30.0, pool=30.0),
-        follow_redirects=False,
-        trust_env=False,  # a proxy variable in the environment must not reroute inference traffic
-    )
+def upstream_pool(settings: GatewaySettings) -> UpstreamPool:
+    """The proxy's upstream client (gateway.upstream_client): keep-alive sockets per host:port,
+    TCP_NODELAY, connect timeout 5 s, the idle timeout between chunks from settings. Idle sockets
+    are dropped after 4 s, under uvicorn's (and so vLLM's) 5 s keep-alive, so a reused socket is
+    rarely one the upstream is closing."""
+    ctx = backend_ssl(settings.backend_tls)
+    return UpstreamPool(ctx if isinstance(ctx, ssl.SSLContext) else None, connect_timeout=5.0,
+                        idle_timeout=settings.idle_secs, keepalive_secs=4.0)
 
 
 def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gateway_id: str) -> GatewayApp:
@@ -72,7 +47,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         upstreams=UpstreamCache(store, ttl_secs=settings.cache_ttl_secs),
         audit=AuditWriter(store),
         metrics=GatewayMetrics.create(),
-        client=UpstreamClients(settings),
+        client=upstream_pool(settings),
         tracer=Tracer(settings.otel_endpoint),
         gateway_id=gateway_id,
     )

@@ -7,9 +7,10 @@ cannot blow up label cardinality, and no key, tenant secret or prompt is ever a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 OUTCOMES = ("success", "upstream_error", "client_closed", "refused", "unauthorized", "rate_limited", "error")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -23,6 +24,7 @@ class GatewayMetrics:
     ttft: Histogram
     latency: Histogram
     in_flight: Gauge
+    _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> GatewayMetrics:
@@ -37,11 +39,40 @@ class GatewayMetrics:
                            ["endpoint"], buckets=LATENCY_BUCKETS, registry=reg),
             latency=Histogram("fabric_gateway_latency_seconds", "Whole-call latency",
                               ["endpoint", "outcome"], buckets=LATENCY_BUCKETS, registry=reg),
-            in_flight=Gauge("fabric_gateway_in_flight", "Calls being proxied now", ["endpoint"], registry=reg),
+            # livesum: with several worker processes (multiprocess mode) the live workers' sum.
+            in_flight=Gauge("fabric_gateway_in_flight", "Calls being proxied now", ["endpoint"], registry=reg,
+                            multiprocess_mode="livesum"),
         )
+
+    def _child(self, metric, *labels):
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def in_flight_for(self, endpoint: str):
+        return self._child(self.in_flight, endpoint)
+
+    def ttft_for(self, endpoint: str):
+        return self._child(self.ttft, endpoint)
+
+    def tokens_for(self, endpoint: str, model: str):
+        return self._child(self.tokens, endpoint, model)
 
     def outcome(self, endpoint: str, outcome: str, seconds: float | None = None) -> None:
         outcome = outcome if outcome in OUTCOMES else "error"
-        self.requests.labels(endpoint, outcome).inc()
+        self._child(self.requests, endpoint, outcome).inc()
         if seconds is not None:
-            self.latency.labels(endpoint, outcome).observe(seconds)
+            self._child(self.latency, endpoint, outcome).observe(seconds)
+
+    def exposition(self) -> bytes:
+        """Prometheus text. With several worker processes (PROMETHEUS_MULTIPROC_DIR set by
+        `serve --workers N`), the sum over every worker, whichever one answers the scrape."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            reg = CollectorRegistry()
+            multiprocess.MultiProcessCollector(reg)
+            return generate_latest(reg)
+        return generate_latest(self.registry)

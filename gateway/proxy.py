@@ -1,10 +1,12 @@
-"""The HTTP proxy hot path: one pooled httpx.AsyncClient, streamed both ways, never buffered.
+"""The HTTP proxy hot path: gateway.upstream_client's keep-alive pool, streamed both ways, never
+buffered.
 
 forward() sends the call to the first target; a connect failure moves to the next target once,
 only for a non-streaming call (no byte can have arrived when the connection never opened).
-The upstream body is relayed chunk by chunk with aiter_raw (SSE included); the upstream response
-is always closed in a finally, so cancelling the task (the client left, the deadline passed)
-closes the upstream connection at once. httpx's read timeout is the idle gap between chunks.
+The upstream body is relayed chunk by chunk as it arrives (SSE included; chunks already waiting
+are sent together); the upstream response is always closed in a finally, so cancelling the task
+(the client left, the deadline passed) closes the upstream connection at once. The pool's idle
+timeout covers the wait for the response head and every gap between chunks.
 
 When the upstream dies after the response has started, an SSE client gets a final
 ``data: {"error": ...}`` event (the openai client raises on it); any other client gets a
@@ -17,17 +19,23 @@ import json
 import time
 from dataclasses import dataclass
 
-import httpx
-
 from common.errors import FabricError
 from gateway.request_body import SseUsageScanner, usage_tokens
+from gateway.upstream_client import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeoutError,
+)
 
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
     b"trailers", b"transfer-encoding", b"upgrade",
 })
-# Never sent upstream: the caller's credential stays at the gateway; httpx sets host/length.
-NOT_FORWARDED = HOP_BY_HOP | {b"authorization", b"api-key", b"x-api-key", b"host", b"content-length"}
+# Never sent upstream: the caller's credential stays at the gateway; the client sets host/length;
+# expect: the gateway already holds the whole body, so a 100-continue handshake has no point.
+NOT_FORWARDED = HOP_BY_HOP | {b"authorization", b"api-key", b"x-api-key", b"host", b"content-length", b"expect"}
 JSON_KEEP = 1024 * 1024  # non-streamed bodies up to this size are parsed for usage
 
 
@@ -54,46 +62,68 @@ class ProxyResult:
     reason: str = ""
 
 
-def upstream_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
-    out = [(k, v) for k, v in raw if k.lower() not in NOT_FORWARDED]
-    out.append((b"x-request-id", request_id.encode()))
+def upstream_headers(raw: list[tuple[bytes, bytes]], request_id: bytes) -> list[tuple[bytes, bytes]]:
+    # ASGI servers hand header names over lowercased already.
+    out = [(k, v) for k, v in raw if k not in NOT_FORWARDED]
+    out.append((b"x-request-id", request_id))
     return out
 
 
 def client_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in raw if k.lower() not in HOP_BY_HOP]
+    # The upstream client lowercases header names.
+    return [(k, v) for k, v in raw if k not in HOP_BY_HOP]
 
 
-async def _open(client: httpx.AsyncClient, targets: list[str], method: str, path: str,
-                headers: list, body: bytes, streaming: bool) -> httpx.Response:
+def split_target(url: str) -> tuple[str, str, int]:
+    """'http://host:port' (as order_targets makes them) -> (scheme, host, port); cached."""
+    hit = _SPLIT.get(url)
+    if hit is None:
+        scheme, _, rest = url.partition("://")
+        host, _, port = rest.rpartition(":")
+        hit = (scheme, host.strip("[]"), int(port))
+        if len(_SPLIT) > 4096:
+            _SPLIT.clear()
+        _SPLIT[url] = hit
+    return hit
+
+
+_SPLIT: dict[str, tuple[str, str, int]] = {}
+
+
+async def _open(pool: UpstreamPool, targets: list[str], method: str, target: bytes,
+                headers: list, body: bytes, streaming: bool) -> UpstreamResponse:
     tries = targets[:1] if streaming else targets[:2]
     for i, base in enumerate(tries):
-        request = client.build_request(method, base + path, headers=headers, content=body)
+        scheme, host, port = split_target(base)
         try:
-            return await client.send(request, stream=True)
-        except httpx.ConnectError:
+            return await pool.request(scheme, host, port, method, target, headers, body)
+        except UpstreamConnectError:
             if i + 1 == len(tries):
                 raise UpstreamFailed("could not connect to any ready replica") from None
-        except httpx.TimeoutException:
+        except UpstreamTimeoutError:
             raise UpstreamTimeout("the upstream did not answer in time") from None
-        except httpx.HTTPError:
+        except UpstreamError:
             raise UpstreamFailed("the upstream request failed") from None
     raise UpstreamFailed("the endpoint has no upstream to try")
 
 
-async def forward(client: httpx.AsyncClient, send, targets: list[str], method: str, path: str,
+async def forward(pool: UpstreamPool, send, targets: list[str], method: str, target: bytes,
                   headers: list, body: bytes, streaming: bool) -> ProxyResult:
     t0 = time.perf_counter()
-    resp = await _open(client, targets, method, path, headers, body, streaming)
+    resp = await _open(pool, targets, method, target, headers, body, streaming)
     try:
-        sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        ctype = resp.header(b"content-type") or b""
+        sse = ctype.startswith(b"text/event-stream")
         scanner = SseUsageScanner() if sse else None
-        keep = bytearray() if not sse and "content-encoding" not in resp.headers else None
-        await send({"type": "http.response.start", "status": resp.status_code,
-                    "headers": client_headers(resp.headers.raw)})
+        keep = bytearray() if not sse and resp.header(b"content-encoding") is None else None
+        await send({"type": "http.response.start", "status": resp.status,
+                    "headers": client_headers(resp.headers)})
         ttft = None
         try:
-            async for chunk in resp.aiter_raw():
+            while True:
+                chunk = await resp.next_chunk()
+                if chunk is None:
+                    break
                 if ttft is None:
                     ttft = time.perf_counter() - t0
                 if scanner is not None:
@@ -103,23 +133,27 @@ async def forward(client: httpx.AsyncClient, send, targets: list[str], method: s
                         keep += chunk
                     else:
                         keep = None
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (httpx.HTTPError, TimeoutError) as exc:
-            reason = "upstream idle timeout" if isinstance(exc, httpx.TimeoutException) else "upstream broke mid-response"
+                last = resp.at_end  # the whole body is here: one send, no trailing empty message
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    break
+        except UpstreamError as exc:
+            reason = "upstream idle timeout" if isinstance(exc, UpstreamTimeoutError) else "upstream broke mid-response"
             if not sse:
                 raise UpstreamBroke(reason) from None
             event = {"error": {"message": reason, "type": "upstream_error", "code": "upstream_broken"}}
             await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
                         "more_body": False})
             return ProxyResult(502, scanner.tokens, False, ttft, reason)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if chunk is None:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         tokens = scanner.tokens if scanner is not None else None
-        if keep:
+        if keep and b'"usage"' in keep:
             try:
                 tokens = usage_tokens(json.loads(keep))
             except ValueError:
                 tokens = None
-        ok = resp.status_code < 400
-        return ProxyResult(resp.status_code, tokens, ok, ttft, "" if ok else f"upstream status {resp.status_code}")
+        ok = resp.status < 400
+        return ProxyResult(resp.status, tokens, ok, ttft, "" if ok else f"upstream status {resp.status}")
     finally:
-        await resp.aclose()
+        resp.close()

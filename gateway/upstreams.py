@@ -43,7 +43,7 @@ def _score(session: str, replica_id: str) -> int:
 def order_targets(view: EndpointView, session: str | None, scheme: str = "http") -> list[str]:
     """Pure: base URLs to try, best first."""
     reps = list(view.replicas)
-    if session and reps:
+    if session and len(reps) > 1:
         reps.sort(key=lambda r: _score(session, r.replica_id), reverse=True)
     urls = [f"{scheme}://{_host(r.host)}:{r.port}" for r in reps]
     if view.endpoint.status.vip:

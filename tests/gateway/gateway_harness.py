@@ -36,14 +36,15 @@ class GatewayProcess:
 
     @classmethod
     def start(cls, state_dir: Path, store_url: str, env: dict[str, str] | None = None,
-              gateway_id: str = "gw-test") -> GatewayProcess:
+              gateway_id: str = "gw-test", args: list[str] | None = None) -> GatewayProcess:
         port = free_port()
         log_path = state_dir / f"gateway-{port}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
         full_env.update(BASE_ENV)
         full_env.update(env or {})
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--state-dir", str(state_dir), "--store", store_url,
-               "--listen", f"127.0.0.1:{port}", "--insecure", "--gateway-id", gateway_id, "--log-level", "info"]
+               "--listen", f"127.0.0.1:{port}", "--insecure", "--gateway-id", gateway_id, "--log-level", "info",
+               *(args or [])]
         log = open(log_path, "wb")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                                 cwd=str(Path(__file__).resolve().parents[2]))

@@ -124,7 +124,10 @@ def test_user_streams_cap_is_released_when_the_stream_ends(env):
         with h.stream("POST", env["gw"].openai_base("slow") + "/chat/completions",
                       json=chat_body(50, stream=True), headers=hdr) as r:
             assert r.status_code == 200
-            next(r.iter_raw())
+            # Keep the iterator: a dropped httpx iterator closes the connection (the client leaves,
+            # which frees the slot at once).
+            chunks = r.iter_raw()
+            next(chunks)
             second = h.post(env["gw"].openai_base("slow") + "/chat/completions", json=chat_body(), headers=hdr)
             assert second.status_code == 429, second.text
             assert "FABRIC_USER_STREAMS" in second.json()["error"]["message"]

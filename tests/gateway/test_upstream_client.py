@@ -1,0 +1,333 @@
+"""gateway.upstream_client against real loopback servers (raw asyncio sockets, so every byte
+on the wire is the test's choice): Content-Length and chunked bodies, streaming without
+buffering, keep-alive reuse, Connection: close, a stale kept-alive socket, the idle and
+connect timeouts, and a response closed early (the client left) closing the upstream socket."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from gateway.upstream_client import (
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamPool,
+    UpstreamTimeoutError,
+)
+
+
+class RawServer:
+    """A loopback TCP server; handler(reader, writer) plays the upstream. Counts connections
+    and records when each one closed (EOF seen by the server)."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.connections = 0
+        self.closed_at: list[float] = []
+        self.requests: list[bytes] = []
+
+    async def __aenter__(self):
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+
+    async def _serve(self, reader, writer):
+        self.connections += 1
+        try:
+            await self.handler(self, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.closed_at.append(time.monotonic())
+            writer.close()
+
+    async def read_request(self, reader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        body = await reader.readexactly(length)
+        self.requests.append(head + body)
+        return head + body
+
+
+async def read_all(resp) -> list[bytes]:
+    chunks = []
+    while (c := await resp.next_chunk()) is not None:
+        chunks.append(c)
+    return chunks
+
+
+async def keepalive_ok(server, reader, writer):
+    while True:
+        try:
+            req = await server.read_request(reader)
+        except asyncio.IncompleteReadError:
+            return
+        body = b'{"echo":' + str(len(req)).encode() + b"}"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\nX-Up: 1\r\n\r\n" + body)
+        await writer.drain()
+
+
+def test_content_length_body_and_keep_alive_reuse():
+    async def main():
+        async with RawServer(keepalive_ok) as srv:
+            pool = UpstreamPool()
+            for i in range(5):
+                resp = await pool.request("http", "127.0.0.1", srv.port, "POST", b"/v1/x?q=1",
+                                          [(b"content-type", b"application/json")], b'{"n":%d}' % i)
+                assert resp.status == 200
+                assert resp.header(b"x-up") == b"1"  # names come lowercased
+                assert b"".join(await read_all(resp)).startswith(b'{"echo":')
+                resp.close()
+            assert srv.connections == 1 and pool.opened == 1
+            first = srv.requests[0]
+            assert first.startswith(b"POST /v1/x?q=1 HTTP/1.1\r\n")
+            assert f"host: 127.0.0.1:{srv.port}\r\n".encode() in first and b"content-length: 7\r\n" in first
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_chunked_body_is_decoded_and_streamed_chunk_by_chunk():
+    async def main():
+        gate = asyncio.Event()
+
+        async def chunked(server, reader, writer):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"d\r\ndata: first\n\n\r\n")
+            await writer.drain()
+            await gate.wait()  # the first event must reach the reader before the rest exists
+            writer.write(b"e\r\ndata: second\n\n\r\n6;ext=1\r\nda")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"ta:\n\r\n0\r\n\r\n")
+            await writer.drain()
+            await server.read_request(reader)  # keep-alive: a second request on this socket
+            writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            await writer.drain()
+
+        async with RawServer(chunked) as srv:
+            pool = UpstreamPool(idle_timeout=5)
+            resp = await pool.request("http", "127.0.0.1", srv.port, "POST", b"/s", [], b"{}")
+            assert resp.header(b"transfer-encoding") == b"chunked"
+            assert await resp.next_chunk() == b"data: first\n\n"
+            gate.set()
+            rest = b"".join(await read_all(resp))
+            assert rest == b"data: second\n\ndata:\n"
+            resp.close()
+            again = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+            assert again.status == 204 and await again.next_chunk() is None
+            again.close()
+            assert srv.connections == 1
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_connection_close_and_read_until_eof_bodies_are_not_reused():
+    async def main():
+        async def close_each(server, reader, writer):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil-eof")
+            await writer.drain()
+
+        async with RawServer(close_each) as srv:
+            pool = UpstreamPool()
+            for _ in range(2):
+                resp = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+                assert b"".join(await read_all(resp)) == b"until-eof"
+                resp.close()
+            assert srv.connections == 2
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_a_stale_kept_alive_socket_is_retried_on_a_fresh_one():
+    async def main():
+        async def one_then_close(server, reader, writer):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            # Keep-alive was promised, but the server closes without answering the next request.
+            await reader.read(1)
+
+        async with RawServer(one_then_close) as srv:
+            pool = UpstreamPool()
+            for _ in range(2):
+                resp = await pool.request("http", "127.0.0.1", srv.port, "POST", b"/", [], b"x")
+                assert b"".join(await read_all(resp)) == b"ok"
+                resp.close()
+            assert srv.connections == 2
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_closing_a_response_early_closes_the_upstream_socket_at_once():
+    async def main():
+        async def endless(server, reader, writer):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while True:
+                writer.write(b"5\r\ntick\n\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.01)
+
+        async with RawServer(endless) as srv:
+            pool = UpstreamPool()
+            resp = await pool.request("http", "127.0.0.1", srv.port, "POST", b"/", [], b"{}")
+            assert await resp.next_chunk()
+            t0 = time.monotonic()
+            resp.close()  # what forward() does in its finally when the client leaves
+            for _ in range(100):
+                if srv.closed_at:
+                    break
+                await asyncio.sleep(0.01)
+            assert srv.closed_at and srv.closed_at[0] - t0 < 0.5
+            assert not pool._idle.get(("http", "127.0.0.1", srv.port))
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_reader_closes_the_upstream_socket():
+    async def main():
+        async def silent_after_head(server, reader, writer):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            await writer.drain()
+            await reader.read(1)  # returns at EOF, when the client closes
+
+        async with RawServer(silent_after_head) as srv:
+            pool = UpstreamPool(idle_timeout=30)
+
+            async def consume():
+                resp = await pool.request("http", "127.0.0.1", srv.port, "POST", b"/", [], b"{}")
+                try:
+                    await read_all(resp)
+                finally:
+                    resp.close()
+
+            task = asyncio.ensure_future(consume())
+            await asyncio.sleep(0.1)
+            t0 = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(100):
+                if srv.closed_at:
+                    break
+                await asyncio.sleep(0.01)
+            assert srv.closed_at and srv.closed_at[0] - t0 < 0.5
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_idle_timeout_between_chunks_and_before_the_head():
+    async def main():
+        async def stalls(server, reader, writer):
+            req = await server.read_request(reader)
+            if b"/head" in req.split(b"\r\n")[0]:
+                await asyncio.sleep(2)
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+            await writer.drain()
+            await asyncio.sleep(2)
+
+        async with RawServer(stalls) as srv:
+            pool = UpstreamPool(idle_timeout=0.2)
+            resp = await pool.request("http", "127.0.0.1", srv.port, "POST", b"/body", [], b"{}")
+            assert await resp.next_chunk() == b"abc"
+            t0 = time.monotonic()
+            with pytest.raises(UpstreamTimeoutError):
+                await resp.next_chunk()
+            assert 0.15 < time.monotonic() - t0 < 1.0
+            resp.close()
+            with pytest.raises(UpstreamTimeoutError):
+                await pool.request("http", "127.0.0.1", srv.port, "POST", b"/head", [], b"{}")
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_connect_refused_and_upstream_dying_mid_body():
+    async def main():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead_port = s.getsockname()[1]
+        pool = UpstreamPool(connect_timeout=1)
+        with pytest.raises(UpstreamConnectError):
+            await pool.request("http", "127.0.0.1", dead_port, "GET", b"/", [], b"")
+
+        async def dies(server, reader, writer):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly-part")
+            await writer.drain()
+
+        async with RawServer(dies) as srv:
+            resp = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+            assert await resp.next_chunk() == b"only-part"
+            with pytest.raises(UpstreamClosedError):
+                await resp.next_chunk()
+            resp.close()
+        pool.close()
+
+    asyncio.run(main())
+
+
+def test_tls_with_client_certificate_as_the_gateway_configures_it(tmp_path):
+    from common import pki
+    from gateway.assemble import upstream_pool
+    from gateway.settings import BackendTls, GatewaySettings
+
+    ca, _ = pki.ensure_ca(tmp_path)
+    srv_crt, srv_key = pki.issue_cert(tmp_path, "engine", server=True, client=False)
+    cli_crt, cli_key = pki.issue_cert(tmp_path, "gateway", server=False, client=True)
+    server_ctx = pki.server_ssl_context(srv_crt, srv_key, ca, require_client_cert=True)
+    seen_cn = []
+
+    async def main():
+        async def handler(reader, writer):
+            seen_cn.append(pki.peer_common_name(writer.get_extra_info("peercert")))
+            try:
+                while True:
+                    await reader.readuntil(b"\r\n\r\n")
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntls")
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+
+        server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            settings = GatewaySettings(backend_tls=BackendTls(True, str(cli_crt), str(cli_key), str(ca)))
+            pool = upstream_pool(settings)
+            for _ in range(2):
+                resp = await pool.request("https", "127.0.0.1", port, "GET", b"/", [], b"")
+                assert b"".join(await read_all(resp)) == b"tls"
+                resp.close()
+            assert pool.opened == 1  # the TLS connection was kept alive and reused
+            pool.close()
+            # Without the client certificate the upstream refuses the handshake.
+            bare = UpstreamPool(pki.client_ssl_context(ca))
+            with pytest.raises((UpstreamConnectError, UpstreamClosedError)):
+                r = await bare.request("https", "127.0.0.1", port, "GET", b"/", [], b"")
+                await read_all(r)
+            bare.close()
+        finally:
+            server.close()
+
+    asyncio.run(main())
+    assert seen_cn[0] == "gateway"
