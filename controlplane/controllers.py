@@ -181,10 +181,17 @@ class ControllerHandle:
             w.start()
         return self
 
+    def _poke(self) -> None:
+        """Wake the loop from another thread; a no-op once the loop has ended (stopping)."""
+        if self._loop is not None and self._wake is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._wake.set)
+            except RuntimeError:  # the event loop is closed
+                pass
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
-        if self._loop is not None and self._wake is not None:
-            self._loop.call_soon_threadsafe(self._wake.set)
+        self._poke()
         self._thread.join(timeout)
         for w in self._watchers:
             w.join(timeout)
@@ -201,8 +208,7 @@ class ControllerHandle:
                 continue
             if events:
                 after = max(e.revision for e in events)
-                if self._loop is not None and self._wake is not None:
-                    self._loop.call_soon_threadsafe(self._wake.set)
+                self._poke()
 
     def _run(self) -> None:
         asyncio.run(self._main())
