@@ -14,7 +14,6 @@ over the fake NVML module and a fake sysfs tree under the state directory.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import shutil
 import socket
@@ -27,6 +26,8 @@ from typing import Annotated
 import typer
 
 from agent.state import AgentState
+from common.listen import is_loopback
+from common.listen import parse_listen as _parse_listen
 
 log = logging.getLogger("fabric-agent")
 
@@ -47,20 +48,10 @@ class TlsPlan:
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise typer.BadParameter(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9443")
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return _parse_listen(listen)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def tls_plan(node_id: str, listen_host: str, insecure: bool, cert: Path | None, key: Path | None,

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import importlib
-import ipaddress
 import logging
 import socket
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import typer
 
+from common.listen import is_loopback
+from common.listen import parse_listen as _parse_listen
 from common.pki import ensure_ca, issue_cert, pki_dir
 
 SERVER_CERT_NAME = "fabricd"
@@ -32,20 +33,10 @@ app = typer.Typer(help="Fabric control plane daemon.", no_args_is_help=True, add
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise typer.BadParameter(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:8443")
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return _parse_listen(listen)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def insecure_refusal(host: str, insecure: bool) -> str | None:

@@ -10,7 +10,6 @@ HMAC secret are validated before the socket opens; a bad one exits with its name
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import shutil
@@ -23,27 +22,19 @@ from pathlib import Path
 
 import typer
 
+from common.listen import is_loopback
+from common.listen import parse_listen as _parse_listen
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Fabric authenticated OpenAI gateway")
 
 
 def split_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise typer.BadParameter(f"--listen {listen!r}: expected HOST:PORT")
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return _parse_listen(listen)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
-@app.command()
 def serve(
     state_dir: Path = typer.Option(..., help="state directory (cluster CA, embedded store)"),
     listen: str = typer.Option("127.0.0.1:8443", help="HOST:PORT to serve on"),
