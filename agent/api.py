@@ -178,8 +178,7 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         if bdf not in known:
             raise NotFound(f"GPU {bdf} is not in this node's inventory")
 
-    @app.post("/v1/gpus/{bdf}/bind", response_model=GpuBindResult)
-    def bind_gpu(bdf: str) -> GpuBindResult:
+    def _gpu_op(bdf: str, op: str) -> GpuBindResult:
         bdf = _checked_bdf(bdf)
         _known_gpu(bdf)
         if state.binder is None:
@@ -187,20 +186,16 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
                                  message=f"the {state.vm_driver.name} driver does not bind GPUs")
         with state.lock:
             before = state.binder.status(bdf)
-            result = state.binder.bind(bdf)
+            result = getattr(state.binder, op)(bdf)
             return _bind_result(bdf, result, before, state.binder.status(bdf))
+
+    @app.post("/v1/gpus/{bdf}/bind", response_model=GpuBindResult)
+    def bind_gpu(bdf: str) -> GpuBindResult:
+        return _gpu_op(bdf, "bind")
 
     @app.post("/v1/gpus/{bdf}/release", response_model=GpuBindResult)
     def release_gpu(bdf: str) -> GpuBindResult:
-        bdf = _checked_bdf(bdf)
-        _known_gpu(bdf)
-        if state.binder is None:
-            return GpuBindResult(bdf=bdf, driver=None, changed=False,
-                                 message=f"the {state.vm_driver.name} driver does not bind GPUs")
-        with state.lock:
-            before = state.binder.status(bdf)
-            result = state.binder.release(bdf)
-            return _bind_result(bdf, result, before, state.binder.status(bdf))
+        return _gpu_op(bdf, "release")
 
     # VMs ----------------------------------------------------------------------------------
     @app.get("/v1/vms", response_model=VmList)
