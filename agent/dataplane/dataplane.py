@@ -297,7 +297,7 @@ class Dataplane:
 
     def _filter_words(self) -> list[int]:
         words = [0] * (VIP_FILTER_BITS // 64)
-        for key, _count in self._vips.items():
+        for key in self._vips:
             bit = vip_filter_bit(key.value)
             words[bit // 64] |= 1 << (bit % 64)
         return words
