@@ -11,6 +11,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent.engine_sim.batch_routes import make_batch_routes
 from agent.engine_sim.config import EngineConfig
 from agent.engine_sim.control_routes import make_control_routes
 from agent.engine_sim.engine import Engine
@@ -42,7 +43,8 @@ class ReplicaHeader:
 
 def create_app(config: EngineConfig) -> Starlette:
     engine = Engine(config)
-    routes = [*make_generate_routes(engine), *make_pooling_routes(engine), *make_control_routes(engine)]
+    routes = [*make_generate_routes(engine), *make_pooling_routes(engine), *make_control_routes(engine),
+              *make_batch_routes(engine)]
     app = Starlette(routes=routes, middleware=[Middleware(ReplicaHeader, replica_id=config.replica_id)])
     app.state.engine = engine
     return app
