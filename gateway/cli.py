@@ -35,6 +35,7 @@ def split_listen(listen: str) -> tuple[str, int]:
         raise typer.BadParameter(str(exc)) from None
 
 
+@app.command()
 def serve(
     state_dir: Path = typer.Option(..., help="state directory (cluster CA, embedded store)"),
     listen: str = typer.Option("127.0.0.1:8443", help="HOST:PORT to serve on"),
