@@ -87,7 +87,8 @@ async def send_error(send, exc: FabricError) -> None:
 async def read_body(receive, headers: dict[str, str], limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the request body is over FABRIC_GATEWAY_MAX_BODY ({limit} bytes)")
+        raise PayloadTooLarge(f"the request body is over the gateway's limit of {limit} bytes "
+                              "(FABRIC_GATEWAY_MAX_BODY; FABRIC_GATEWAY_MAX_UPLOAD for /v1/files)")
     chunks, size = [], 0
     while True:
         msg = await receive()
@@ -96,7 +97,8 @@ async def read_body(receive, headers: dict[str, str], limit: int) -> bytes:
         chunk = msg.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"the request body is over FABRIC_GATEWAY_MAX_BODY ({limit} bytes)")
+            raise PayloadTooLarge(f"the request body is over the gateway's limit of {limit} bytes "
+                                  "(FABRIC_GATEWAY_MAX_BODY; FABRIC_GATEWAY_MAX_UPLOAD for /v1/files)")
         chunks.append(chunk)
         if not msg.get("more_body"):
             return b"".join(chunks)
@@ -221,9 +223,11 @@ class GatewayApp:
         admission: Admission | None = None
         info = BodyInfo()
         try:
-            body = await read_body(receive, headers, st.settings.max_body)
+            # Batch input files are uploaded whole; they get their own, larger cap.
+            cap = st.settings.max_upload if subpath.startswith("/v1/files") else st.settings.max_body
+            body = await read_body(receive, headers, cap)
             info = parse_body(body, headers.get("content-type", ""))
-            identity = await st.auth.authenticate(headers, endpoint, info.model)
+            identity = await st.auth.authenticate(headers, endpoint, info.model, subpath)
             label = endpoint
             st.audit.record("ATTEMPT", request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
                             endpoint=endpoint, model=info.model)

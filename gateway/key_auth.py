@@ -41,13 +41,21 @@ def bearer_token(headers: dict[str, str]) -> str:
     raise Unauthorized("missing API key: send Authorization: Bearer fvai_...", code="missing_api_key")
 
 
-def check_scope(record: ApiKeyRecord, endpoint: str, model: str | None, now: float) -> None:
-    """Pure: raise if this valid key may not call this endpoint/model now."""
+def check_scope(record: ApiKeyRecord, endpoint: str, model: str | None, now: float, subpath: str = "") -> None:
+    """Pure: raise if this valid key may not call this endpoint/model now.
+
+    A model-scoped key may list models (no body names a model there), but not use files or
+    batches: their lines name models inside an uploaded file the gateway does not read."""
     if apikeys.is_expired(record, now):
         raise Unauthorized("the API key has expired", code="expired_api_key")
     if record.endpoint != endpoint:
         raise Forbidden(f"the API key is not scoped to endpoint {endpoint!r}", code="endpoint_not_allowed")
     if record.model and model != record.model:
+        if model is None and subpath.rstrip("/") == "/v1/models":
+            return
+        if model is None and subpath.startswith(("/v1/files", "/v1/batches")):
+            raise Forbidden(f"the API key only allows model {record.model!r}, and files and batches can name any "
+                            "model; use a key without a model scope for them", code="model_not_allowed")
         raise Forbidden(f"the API key only allows model {record.model!r}", code="model_not_allowed")
 
 
@@ -70,7 +78,8 @@ class Authenticator:
         self._cache[prefix] = (now + self.ttl_secs, record)
         return record
 
-    async def authenticate(self, headers: dict[str, str], endpoint: str, model: str | None) -> Identity:
+    async def authenticate(self, headers: dict[str, str], endpoint: str, model: str | None,
+                           subpath: str = "") -> Identity:
         token = bearer_token(headers)
         if apikeys.looks_like_key(token):
             prefix = apikeys.parse_key(token)
@@ -78,7 +87,7 @@ class Authenticator:
             now = time.time()
             if record is None or not apikeys.secret_matches(record, token, self.hmac_secret, now):
                 raise Unauthorized("the API key is not valid", code="invalid_api_key")
-            check_scope(record, endpoint, model, now)
+            check_scope(record, endpoint, model, now, subpath)
             return Identity("key", record.id, record.tenant, record)
         if looks_like_jwt(token) and self.oidc.providers:
             claims = await asyncio.to_thread(self.oidc.verify, token)

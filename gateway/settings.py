@@ -41,6 +41,7 @@ class GatewaySettings:
     max_generated_tokens: int | None = None
     max_context: int = 32768
     max_body: int = 1024 * 1024
+    max_upload: int = 100 * 1024 * 1024  # POST /v1/files (batch input), FABRIC_GATEWAY_MAX_UPLOAD
     idle_secs: float = 60.0
     total_deadline_secs: float = 120.0
     shed_queue: float | None = None
@@ -138,6 +139,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         max_generated_tokens=_int(env, "FABRIC_MAX_GENERATED_TOKENS"),
         max_context=_int(env, "FABRIC_MAX_CONTEXT", 32768) or 32768,
         max_body=_int(env, "FABRIC_GATEWAY_MAX_BODY", 1024 * 1024) or 1024 * 1024,
+        max_upload=_int(env, "FABRIC_GATEWAY_MAX_UPLOAD", 100 * 1024 * 1024) or 100 * 1024 * 1024,
         idle_secs=_float(env, "FABRIC_GATEWAY_IDLE_SECS", 60.0) or 60.0,
         shed_queue=shed or None,
         accept_any_jwt_audience=_flag(env, "FABRIC_GATEWAY_ACCEPT_JWT"),

@@ -55,7 +55,8 @@ class SeqScheduler:
                 # Granted a slot in the same tick we were cancelled: pass it on.
                 self._granted -= 1
                 self._grant_next()
-            else:
+            elif waiter in self._waiters:
+                # finish() may already have dropped it when both were cancelled in one tick.
                 self._waiters.remove(waiter)
             raise
         self._granted -= 1
