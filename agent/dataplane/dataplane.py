@@ -84,6 +84,7 @@ class Dataplane:
         self._vip_filter = bpf[b"vip_filter"]
         self._service_slots = bpf[b"service_slots"]
         self._backend_addrs = bpf[b"backend_addrs"]
+        self._flows = bpf[b"flows"]
         self._write_config()
         self._sync_derived()
 
@@ -228,6 +229,10 @@ class Dataplane:
             ip, port = parse_backend(key)
             self._add_backend_addr(ip_to_map(ip), port_to_map(port), service_id)
         if current is None:
+            # re-created: flows still in the table keep their backend, listed or not,
+            # so their replies need this service's bit on those addresses too
+            for map_ip, map_port in self._flow_backends(addr):
+                self._add_backend_addr(map_ip, map_port, service_id)
             self._write_slot(service_id, addr)
         entry = self._services.Leaf()
         entry.id = service_id
@@ -257,6 +262,17 @@ class Dataplane:
             if mask.value & bit:
                 self._set_backend_addr(key, mask.value & ~bit)
         return True
+
+    def _flow_backends(self, addr: ServiceAddress) -> set[tuple[int, int]]:
+        """Backend addresses (map order) of the flows to addr without source NAT
+        in the connection table: the established flows of a deleted service."""
+        key = self._service_key(addr)
+        try:
+            items = list(self._flows.items_lookup_batch())
+        except Exception:  # noqa: BLE001  BCC raises bare Exception; batch ops need kernel 5.6+
+            items = list(self._flows.items())
+        return {(v.backend_ip, v.backend_port) for k, v in items
+                if k.dst == key.vip and k.dport == key.port and k.proto == key.proto and not v.snat_port}
 
     def _slot_value(self, addr: ServiceAddress):
         slot = self._service_slots.Leaf()
