@@ -3,7 +3,9 @@
 ``load_snapshot(store)`` reads nodes, models, profiles, deployments, endpoints, replicas,
 observations and GPU reservations once, so a tick (or an explain request) plans from one
 consistent-enough picture. Records that fail validation are skipped rather than crashing a
-loop; they are the API's to refuse.
+loop; they are the API's to refuse. ``load_routing_snapshot(store, cache=...)`` reads only what
+the routing job plans from (nodes, endpoints, replicas, observations: one list per prefix), and
+with a ParseCache it re-validates only records whose mod_revision changed since the last call.
 
 Fabric records what it created under ``/fabric/managed/`` (VMs per node, Maglev services per
 VIP:port:proto) before creating it, so the sweep removes only its own leftovers and never a VM or
@@ -79,6 +81,32 @@ def _parse(kv: KV, model: type[BaseModel]):
         return None
 
 
+class ParseCache:
+    """Validated records by key and mod_revision, for a loop that reads the same prefixes every
+    tick: an unchanged record is not validated again. The objects are shared between snapshots,
+    so whoever loads with a cache must treat them as read-only (model_copy to change one)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, object]] = {}
+
+    def parse_all(self, kvs: list[KV], model: type[BaseModel]) -> list:
+        out = []
+        for kv in kvs:
+            hit = self._seen.get(kv.key)
+            if hit is not None and hit[0] == kv.mod_revision:
+                obj = hit[1]
+            else:
+                obj = _parse(kv, model)
+                self._seen[kv.key] = (kv.mod_revision, obj)
+            if obj is not None:
+                out.append(obj)
+        return out
+
+    def forget_except(self, keys: set[str]) -> None:
+        for key in [k for k in self._seen if k not in keys]:
+            del self._seen[key]
+
+
 def _named(store: Store, prefix: str, model: type[BaseModel]) -> dict:
     out = {}
     for kv in store.list(prefix):
@@ -127,6 +155,26 @@ def load_snapshot(store: Store) -> Snapshot:
         snap.reservations.append(
             Reservation(node, pci, value.get("replica_id", ""), value.get("deployment", ""), kv.mod_revision)
         )
+    return snap
+
+
+def load_routing_snapshot(store: Store, cache: ParseCache | None = None) -> Snapshot:
+    """Nodes, endpoints, replicas and observations only (what routing plans from)."""
+    cache = ParseCache() if cache is None else cache
+    snap = Snapshot()
+    listed: set[str] = set()
+
+    def parse(prefix: str, model: type[BaseModel]) -> list:
+        kvs = store.list(prefix)
+        listed.update(kv.key for kv in kvs)
+        return cache.parse_all(kvs, model)
+
+    snap.nodes = {n.id: n for n in parse(keyspace.nodes(), Node)}
+    snap.endpoints = {e.name: e for e in parse(keyspace.endpoints(), InferenceEndpoint)}
+    for rep in parse(keyspace.replicas(), Replica):
+        snap.replicas.setdefault(rep.deployment, []).append(rep)
+    snap.observations = {o.replica_id: o for o in parse(keyspace.observations(), ReplicaObservation)}
+    cache.forget_except(listed)
     return snap
 
 

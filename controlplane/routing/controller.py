@@ -1,15 +1,27 @@
 """Applies routing plans: scrapes engines, records observations, owns endpoint VIPs and Maglev.
 
-One tick:
-  1. scrape every Ready replica's /metrics concurrently (timeout each); write a
-     ReplicaObservation per replica (a failed scrape is written as ok=False, never as zeros);
+One tick reads the store once (load_routing_snapshot: nodes, endpoints, replicas, observations),
+then:
+  1. scrape every Ready, non-draining replica's /metrics concurrently (MetricsScraper: one
+     kept-alive connection per engine, at most SCRAPE_CONCURRENCY in flight, SCRAPE_TIMEOUT_S
+     each), parse the vLLM lines (prometheus_client's parser sees each series once, see
+     metrics_parse; skipped when an engine's lines equal its last scrape's), and
+     turn them into ReplicaObservations (a failed scrape is ok=False, never zeros). The plan uses
+     these fresh observations directly. The store gets an observation only when it differs
+     materially from the stored one (ok, queue or running changed; KV usage by >= 0.005; a rate
+     by more than 2 %, or appearing/disappearing) or the stored one is REFRESH_AFTER_S (15 s, half the
+     30 s eligibility window) old, so readers of the store (gateway shedding, explain, metrics)
+     see every queue change and never a live replica's observation past its eligibility window;
   2. for every endpoint: take its VIP (vip_pool.allocate, create-if-absent), compute the routing
-     plan, and PUT the service on every online agent when the backends or weights changed since
-     the last push (an agent without a dataplane answers 400 and is skipped);
+     plan, and PUT the service on every online agent, concurrently, when the backends or weights
+     changed since the last push (an agent without a dataplane answers 400 and is skipped);
   3. for every VIP whose endpoint is gone: DELETE the service on every registered agent (404
      counts as absent); only when all agents answered is the VIP released. An unreachable agent
      keeps the VIP, retried next tick.
 Previous samples live in memory only to compute rates; a restart loses one scrape window.
+Those observation writes happen after step 2's pushes, so a metric change reaches the agents
+without waiting for the store. Store writes stay one by one (each is fenced by the leader lease
+right before it happens).
 """
 
 from __future__ import annotations
@@ -21,41 +33,71 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
-
 from common import keyspace
 from common.agent_api import MaglevServiceSpec
 from common.errors import Conflict, FabricError, Refused
-from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
+from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
 from common.store.base import Store
 from controlplane import vip_pool
 from controlplane.orchestration_state import (
     MANAGED_SERVICES,
+    ParseCache,
     Snapshot,
-    load_snapshot,
+    load_routing_snapshot,
     managed_service_key,
     update_endpoint_status,
 )
 from controlplane.routing.metrics_parse import (
     EngineSample,
     MetricsParseError,
+    SeriesCache,
     failed_observation,
     observe,
-    parse_vllm_metrics,
+    parse_vllm_lines,
+    vllm_lines,
 )
-from controlplane.routing.strategies import RoutingPlan, plan_routing
+from controlplane.routing.scrape import MetricsScraper, ScrapeError
+from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan, plan_routing
 from controlplane.scheduler import SchedulerSettings, node_online
 
 log = logging.getLogger("fabricd.routing")
 SCRAPE_TIMEOUT_S = 2.0
+SCRAPE_CONCURRENCY = 64
+REFRESH_AFTER_S = MAX_SCRAPE_AGE_S / 2
+KV_TOLERANCE = 0.005
+RATE_TOLERANCE = 0.02
 PROTO = "tcp"
 
 
 @dataclass
 class RoutingMemory:
     samples: dict[str, tuple[EngineSample, float]] = field(default_factory=dict)
+    pages: dict[str, tuple[str, EngineSample]] = field(default_factory=dict)  # replica -> (vLLM lines, parse)
     pushed: dict[tuple[str, str], tuple] = field(default_factory=dict)  # (endpoint, node) -> backends
     plans: dict[str, RoutingPlan] = field(default_factory=dict)
+
+
+def _rate_moved(old: float | None, new: float | None, tolerance: float) -> bool:
+    if old is None or new is None:
+        return old is not new
+    return abs(new - old) > tolerance * max(abs(old), abs(new), 1e-9)
+
+
+def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
+                    refresh_after_s: float = REFRESH_AFTER_S) -> bool:
+    """Whether ``new`` must be written over ``stored`` (see the module docstring)."""
+    if stored is None or stored.ok != new.ok or new.scraped_at - stored.scraped_at >= refresh_after_s:
+        return True
+    if not new.ok:
+        return False  # still failing: the first failure was written, the age refresh keeps it current
+    return (
+        stored.queue_depth != new.queue_depth
+        or stored.running != new.running
+        or abs(stored.kv_cache_usage - new.kv_cache_usage) >= KV_TOLERANCE
+        or _rate_moved(stored.ttft_p50_s, new.ttft_p50_s, RATE_TOLERANCE)
+        or _rate_moved(stored.tokens_per_s, new.tokens_per_s, RATE_TOLERANCE)
+        or _rate_moved(stored.failure_ratio, new.failure_ratio, RATE_TOLERANCE)
+    )
 
 
 class RoutingWorker:
@@ -67,22 +109,33 @@ class RoutingWorker:
         self.clock = clock
         self.metrics = metrics
         self.memory = RoutingMemory()
-        self._http = httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S)
+        self.scraper = MetricsScraper(timeout_s=SCRAPE_TIMEOUT_S, concurrency=SCRAPE_CONCURRENCY)
+        self.series = SeriesCache()  # each engine's series go through prometheus_client's parser once
+        self._parsed = ParseCache()  # store records by (key, mod_revision): unchanged ones are not re-validated
+        self._managed: dict[str, str] = {}  # managed-service key -> value, as listed this tick
+        self._unwritten: list[ReplicaObservation] = []  # this tick's observations the store needs
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self.scraper.aclose()
 
     # -- scraping ---------------------------------------------------------------------------------
 
+    def _sample(self, replica_id: str, text: str) -> EngineSample:
+        lines = vllm_lines(text)
+        cached = self.memory.pages.get(replica_id)
+        if cached is not None and cached[0] == lines:
+            return cached[1]  # the same vLLM lines as last time: the same sample
+        sample = parse_vllm_lines(lines, self.series)
+        self.memory.pages[replica_id] = (lines, sample)
+        return sample
+
     async def _scrape(self, r: Replica) -> ReplicaObservation:
-        now = self.clock()
         try:
-            resp = await self._http.get(f"http://{r.host}:{r.port}/metrics")
-            if resp.status_code != 200:
-                raise MetricsParseError(f"HTTP {resp.status_code}")
-            sample = parse_vllm_metrics(resp.text)
-        except (httpx.HTTPError, MetricsParseError) as exc:
-            obs = failed_observation(r.replica_id, f"{type(exc).__name__}: {exc}"[:200], now)
+            text = await self.scraper.get_text(r.host, r.port, "/metrics")
+            now = self.clock()
+            sample = self._sample(r.replica_id, text)
+        except (ScrapeError, MetricsParseError) as exc:
+            obs = failed_observation(r.replica_id, f"{type(exc).__name__}: {exc}"[:200], self.clock())
             if self.metrics:
                 self.metrics.scrape_failures.inc()
         else:
@@ -92,14 +145,26 @@ class RoutingWorker:
         return obs
 
     async def scrape_all(self, snap: Snapshot) -> None:
+        """Scrape every eligible replica; ``snap.observations`` gets the fresh observations and
+        ``write_observations`` later stores those that changed materially."""
         ready = [r for r in snap.all_replicas() if r.ready and r.host and not r.draining]
-        # Scrape concurrently, write one by one: a fenced write that fails (lease lost) then
-        # stops the pass instead of leaving sibling scrapes writing in the background.
         for obs in await asyncio.gather(*(self._scrape(r) for r in ready)):
-            self.store.put(keyspace.observations(obs.replica_id), obs.model_dump_json())
+            stored = snap.observations.get(obs.replica_id)
+            snap.observations[obs.replica_id] = obs
+            if material_change(stored, obs):
+                self._unwritten.append(obs)
         live = {r.replica_id for r in snap.all_replicas()}
-        for rid in [rid for rid in self.memory.samples if rid not in live]:
-            del self.memory.samples[rid]
+        for memo in (self.memory.samples, self.memory.pages):
+            for rid in [rid for rid in memo if rid not in live]:
+                del memo[rid]
+        self.scraper.keep_only({(r.host, r.port) for r in ready})
+
+    def write_observations(self) -> None:
+        # One by one, after the scrapes: a fenced write that fails (lease lost) stops the pass
+        # instead of leaving sibling scrapes writing in the background.
+        while self._unwritten:
+            obs = self._unwritten.pop(0)
+            self.store.put(keyspace.observations(obs.replica_id), obs.model_dump_json())
 
     def forget_pushes(self) -> None:
         """Push every service again on the next tick (e.g. after another leader ran)."""
@@ -108,14 +173,16 @@ class RoutingWorker:
     # -- endpoints ---------------------------------------------------------------------------------
 
     async def tick(self) -> None:
-        snap = load_snapshot(self.store)
-        await self.scrape_all(snap)
-        snap = load_snapshot(self.store)  # with the observations just written
-        for name in sorted(snap.endpoints):
+        snap = load_routing_snapshot(self.store, cache=self._parsed)
+        self._unwritten.clear()
+        await self.scrape_all(snap)  # snap.observations now holds this tick's scrapes
+        self._managed = {kv.key: kv.value for kv in self.store.list(MANAGED_SERVICES)}
+        for name in sorted(snap.endpoints):  # weights reach the agents before the store writes
             try:
                 await self.apply_endpoint(snap, snap.endpoints[name])
             except FabricError as exc:
-                update_endpoint_status(self.store, name, phase="Pending", message=exc.message)
+                self._set_status(snap.endpoints[name], phase="Pending", message=exc.message)
+        self.write_observations()
         await self.release_orphans(snap)
 
     def plan(self, snap: Snapshot, ep: InferenceEndpoint) -> RoutingPlan:
@@ -125,31 +192,29 @@ class RoutingWorker:
         try:
             vip = vip_pool.allocate(self.store, ep.name, self.pool)
         except Conflict as exc:
-            update_endpoint_status(self.store, ep.name, phase="Pending", message=exc.message)
+            self._set_status(ep, phase="Pending", message=exc.message)
             return
         plan = self.plan(snap, ep)
         self.memory.plans[ep.name] = plan
         backends = plan.backends
         notes: list[str] = []
         if backends:
-            self.store.put(managed_service_key(vip, ep.port, PROTO), json.dumps({"endpoint": ep.name}))
-            spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in backends})
-            for node in snap.nodes.values():
-                if not node_online(node, self.clock(), SchedulerSettings()):
-                    continue
-                if self.memory.pushed.get((ep.name, node.id)) == backends:
-                    continue  # only push when weights change
-                try:
-                    await self.agents.for_node(node).put_service(vip, ep.port, PROTO, spec)
-                except Refused:
-                    self.memory.pushed[(ep.name, node.id)] = backends  # no dataplane there
-                    continue
-                except FabricError as exc:
-                    notes.append(f"Maglev push to {node.id} failed: {exc.message}")
-                    continue
-                self.memory.pushed[(ep.name, node.id)] = backends
-                if self.metrics:
-                    self.metrics.maglev_pushes.inc()
+            key, record = managed_service_key(vip, ep.port, PROTO), json.dumps({"endpoint": ep.name})
+            if self._managed.get(key) != record:
+                self.store.put(key, record)
+                self._managed[key] = record
+            now, settings = self.clock(), SchedulerSettings()
+            targets = [node for node in snap.nodes.values()
+                       if node_online(node, now, settings) and self.memory.pushed.get((ep.name, node.id)) != backends]
+            if targets:  # only push when weights change; to every agent at once
+                spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in backends})
+                results = await asyncio.gather(*(self._push(node, ep, vip, spec, backends) for node in targets),
+                                               return_exceptions=True)
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result  # LeaseLost or a bug: after every sibling push finished
+                    if result:
+                        notes.append(result)
         included = sum(1 for e in plan.entries if e.included)
         message = f"VIP {vip}:{ep.port}; {included}/{len(plan.entries)} replicas routed ({ep.routing})"
         if plan.entries and not backends and included:
@@ -157,10 +222,31 @@ class RoutingWorker:
         if notes:
             message += "; " + "; ".join(notes)
         phase = "Ready" if included else "Pending"
-        update_endpoint_status(self.store, ep.name, phase=phase, message=message, vip=vip)
+        self._set_status(ep, phase=phase, message=message, vip=vip)
         if self.metrics:
             for e in plan.entries:
                 self.metrics.weight.labels(ep.name, e.replica_id).set(e.weight)
+
+    async def _push(self, node: Node, ep: InferenceEndpoint, vip: str, spec: MaglevServiceSpec,
+                    backends: tuple) -> str | None:
+        """PUT the service on one agent; a note when it failed (retried next tick)."""
+        try:
+            await self.agents.for_node(node).put_service(vip, ep.port, PROTO, spec)
+        except Refused:
+            self.memory.pushed[(ep.name, node.id)] = backends  # no dataplane there
+            return None
+        except FabricError as exc:
+            return f"Maglev push to {node.id} failed: {exc.message}"
+        self.memory.pushed[(ep.name, node.id)] = backends
+        if self.metrics:
+            self.metrics.maglev_pushes.inc()
+        return None
+
+    def _set_status(self, ep: InferenceEndpoint, **status) -> None:
+        """Write the endpoint's status unless the snapshot already shows exactly these values."""
+        if all(getattr(ep.status, k, None) == v for k, v in status.items()):
+            return
+        update_endpoint_status(self.store, ep.name, **status)
 
     async def remove_service(self, snap: Snapshot, vip: str, port: int) -> bool:
         """DELETE the service on every registered agent; True when it is absent on all."""

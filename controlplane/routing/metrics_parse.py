@@ -8,6 +8,13 @@ Gauges (queue, running, KV usage) are read from one scrape. TTFT, tokens/s and t
 share are rates, so they come from the delta between two scrapes of the same engine; a counter
 that went down means the engine restarted, and the newer sample alone is then the delta.
 Failures are finished requests whose ``finished_reason`` is ``abort`` or ``error``.
+
+Fast path: a real vLLM page is hundreds of lines (latency histograms, process and GC metrics) and
+``prometheus_client``'s parser costs 10-20 us per line (it scans labels character by character),
+so ``vllm_lines`` first keeps only the samples (and their ``# TYPE`` lines) of the families read
+here. With a ``SeriesCache`` (the routing controller keeps one) the parser then sees each series
+(name and label set) once and later scrapes only have their values read; the controller also
+skips the parse when an engine's kept lines equal its previous scrape's.
 """
 
 from __future__ import annotations
@@ -41,34 +48,106 @@ class EngineSample:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def parse_vllm_metrics(text: str) -> EngineSample:
+# The families parse_vllm_metrics reads; a line is kept when it starts with one of their names
+# (samples with any suffix) or is one of their # TYPE lines. HELP text is not read. A longer name
+# that shares a prefix (say vllm:num_requests_waiting_by_reason) is kept too and ignored below.
+_FAMILIES = (
+    "vllm:num_requests_waiting", "vllm:num_requests_running", *KV_NAMES,
+    "vllm:time_to_first_token_seconds", "vllm:generation_tokens", "vllm:request_success",
+)
+_KEEP = _FAMILIES + tuple(f"# TYPE {f}" for f in _FAMILIES)
+_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", *KV_NAMES)
+
+
+def vllm_lines(text: str) -> str:
+    """Only the lines of ``text`` that parse_vllm_metrics reads (the parser's input)."""
+    return "\n".join(line for line in text.split("\n") if line.startswith(_KEEP)) + "\n"
+
+
+class SeriesCache:
+    """Series text (the metric name and its label set, as on the page) -> (name, labels) as
+    ``prometheus_client``'s parser read it. An engine repeats the same series every scrape (and
+    engines of one model share them) with new values; with this cache the parser sees each series
+    once and later lines only have their value read (``float``, as the parser does). A line
+    whose series is new, or whose value part is unusual, goes to the parser. Bounded: cleared
+    when it reaches ``limit`` entries."""
+
+    def __init__(self, limit: int = 50_000):
+        self.limit = limit
+        self._series: dict[str, tuple[str, dict[str, str]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def samples(self, text: str) -> list[tuple[str, dict[str, str], float]]:
+        out: list[tuple[str, dict[str, str], float]] = []
+        for line in text.split("\n"):
+            if not line or line[0] == "#":
+                continue
+            brace = line.rfind("}")  # value and timestamp hold no "}": the last one ends the labels
+            if brace >= 0:
+                series, rest = line[: brace + 1], line[brace + 1:].split()
+            else:
+                series, *rest = line.split()
+            hit = self._series.get(series)
+            if hit is not None and len(rest) in (1, 2):
+                try:
+                    out.append((hit[0], hit[1], float(rest[0])))
+                    continue
+                except ValueError:
+                    pass
+            out.extend(self._parse_line(line, series))
+        return out
+
+    def _parse_line(self, line: str, series: str) -> list[tuple[str, dict[str, str], float]]:
+        try:
+            found = [(s.name, s.labels, float(s.value))
+                     for family in text_string_to_metric_families(line + "\n") for s in family.samples]
+        except (ValueError, TypeError) as exc:
+            raise MetricsParseError(f"not Prometheus text: {exc}") from None
+        if len(found) == 1:
+            if len(self._series) >= self.limit:
+                self._series.clear()
+            self._series[series] = (found[0][0], found[0][1])
+        return found
+
+
+def parse_vllm_metrics(text: str, cache: SeriesCache | None = None) -> EngineSample:
+    """A vLLM /metrics page -> EngineSample (MetricsParseError when it has no vLLM gauge)."""
+    return parse_vllm_lines(vllm_lines(text), cache)
+
+
+def _parsed_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    try:
+        return [(s.name, s.labels, float(s.value))
+                for family in text_string_to_metric_families(text) for s in family.samples]
+    except (ValueError, TypeError) as exc:
+        raise MetricsParseError(f"not Prometheus text: {exc}") from None
+
+
+def parse_vllm_lines(text: str, cache: SeriesCache | None = None) -> EngineSample:
+    """parse_vllm_metrics on text already reduced by ``vllm_lines`` (through ``cache`` if given)."""
     gauges: dict[str, float] = {}
     buckets: dict[float, float] = {}
     ttft_sum = ttft_count = gen = finished = failed = 0.0
-    try:
-        families = list(text_string_to_metric_families(text))
-    except (ValueError, TypeError) as exc:
-        raise MetricsParseError(f"not Prometheus text: {exc}") from None
-    for family in families:
-        for s in family.samples:
-            name, value = s.name, float(s.value)
-            if math.isnan(value):
-                continue
-            if name in ("vllm:num_requests_waiting", "vllm:num_requests_running", *KV_NAMES):
-                gauges[name] = gauges.get(name, 0.0) + value
-            elif name == "vllm:time_to_first_token_seconds_bucket":
-                le = float(s.labels.get("le", "inf"))
-                buckets[le] = buckets.get(le, 0.0) + value
-            elif name == "vllm:time_to_first_token_seconds_sum":
-                ttft_sum += value
-            elif name == "vllm:time_to_first_token_seconds_count":
-                ttft_count += value
-            elif name == "vllm:generation_tokens_total":
-                gen += value
-            elif name == "vllm:request_success_total":
-                finished += value
-                if s.labels.get("finished_reason") in FAILED_REASONS:
-                    failed += value
+    for name, labels, value in (cache.samples(text) if cache is not None else _parsed_samples(text)):
+        if math.isnan(value):
+            continue
+        if name in _GAUGES:
+            gauges[name] = gauges.get(name, 0.0) + value
+        elif name == "vllm:time_to_first_token_seconds_bucket":
+            le = float(labels.get("le", "inf"))
+            buckets[le] = buckets.get(le, 0.0) + value
+        elif name == "vllm:time_to_first_token_seconds_sum":
+            ttft_sum += value
+        elif name == "vllm:time_to_first_token_seconds_count":
+            ttft_count += value
+        elif name == "vllm:generation_tokens_total":
+            gen += value
+        elif name == "vllm:request_success_total":
+            finished += value
+            if labels.get("finished_reason") in FAILED_REASONS:
+                failed += value
     if "vllm:num_requests_waiting" not in gauges and not any(k in gauges for k in KV_NAMES):
         raise MetricsParseError("no vLLM gauges (vllm:num_requests_waiting, vllm:kv_cache_usage_perc)")
     kv = next((gauges[k] for k in KV_NAMES if k in gauges), 0.0)
