@@ -187,10 +187,10 @@ def get_replica(store: Store, deployment: str, replica_id: str) -> Replica | Non
     return None if kv is None else _parse(kv, Replica)
 
 
-def update_deployment_status(store: Store, name: str, **status) -> bool:
+def _update_status(store: Store, key: str, status: dict) -> bool:
     """Compare-and-swap the status fields onto the stored record (the API writes the spec)."""
     for _ in range(5):
-        kv = store.get(keyspace.deployments(name))
+        kv = store.get(key)
         if kv is None:
             return False
         record = json.loads(kv.value)
@@ -201,18 +201,11 @@ def update_deployment_status(store: Store, name: str, **status) -> bool:
         if store.cas(kv.key, json.dumps(record), kv.mod_revision):
             return True
     return False
+
+
+def update_deployment_status(store: Store, name: str, **status) -> bool:
+    return _update_status(store, keyspace.deployments(name), status)
 
 
 def update_endpoint_status(store: Store, name: str, **status) -> bool:
-    for _ in range(5):
-        kv = store.get(keyspace.endpoints(name))
-        if kv is None:
-            return False
-        record = json.loads(kv.value)
-        current = record.setdefault("status", {})
-        if all(current.get(k) == v for k, v in status.items()):
-            return True
-        current.update(status)
-        if store.cas(kv.key, json.dumps(record), kv.mod_revision):
-            return True
-    return False
+    return _update_status(store, keyspace.endpoints(name), status)
