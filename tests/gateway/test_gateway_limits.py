@@ -100,7 +100,7 @@ def test_max_concurrent_never_exceeded_upstream(env):
         stop.set()
         sampler.join()
     assert codes.count(200) >= 10 and codes.count(200) + codes.count(429) == 200
-    assert 1 <= peak[0] <= 10
+    assert 0 < peak[0] <= 10
     assert engine_running(env["slow"]) == 0
     # Slots were all given back: a fresh call is admitted.
     assert post(env, "slow", key).status_code == 200
