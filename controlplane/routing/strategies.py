@@ -202,6 +202,23 @@ def _metrics(obs: ReplicaObservation | None) -> dict:
     return obs.model_dump(exclude={"replica_id"})
 
 
+SIGNALS = {  # strategy -> (what the weight was computed from, observation field)
+    "least_queue": ("queue", "queue_depth"),
+    "lowest_ttft": ("TTFT p50 s", "ttft_p50_s"),
+    "most_free_vram": ("KV cache used", "kv_cache_usage"),
+    "weighted_capacity": ("KV cache used", "kv_cache_usage"),
+    "highest_throughput": ("tokens/s", "tokens_per_s"),
+    "lowest_failure": ("failure ratio", "failure_ratio"),
+}
+
+
+def _signal(strategy: str, obs: ReplicaObservation | None) -> str:
+    """' from queue 40' and the like, so a reason says which reading set the weight."""
+    label, field = SIGNALS.get(strategy, ("", ""))
+    value = getattr(obs, field, None) if obs is not None and field else None
+    return f" from {label} {value:.3g}" if value is not None else ""
+
+
 def plan_routing(
     endpoint: InferenceEndpoint,
     replicas: Sequence[Replica],
@@ -239,7 +256,7 @@ def plan_routing(
         r = by_id[c.replica_id]
         node = nodes.get(r.node)
         maglev = is_ipv4(r.host) and not (node is not None and node.vm_driver == "dry-run")
-        reason = f"{endpoint.routing}: weight {chosen[c.replica_id]}"
+        reason = f"{endpoint.routing}: weight {chosen[c.replica_id]}{_signal(endpoint.routing, c.obs)}"
         if not maglev:
             reason += " (gateway only: dry-run or hostname backend)"
         included.append(

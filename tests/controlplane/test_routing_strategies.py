@@ -135,6 +135,7 @@ def test_eligibility_reasons_and_failed_scrape_is_never_idle():
     plan = plan_routing(ep("least_queue"), reps, obs, {"n1": node("n1", 8)}, NOW)
     reasons = {e.replica_id: e.reason for e in plan.entries}
     assert plan.weights == {"qwen-0-abc": 7}
+    assert reasons["qwen-0-abc"] == "least_queue: weight 7 from queue 4"  # names the reading
     assert "not ready" in reasons["qwen-1-abc"]
     assert reasons["qwen-2-abc"] == "draining"
     assert "scrape failed: connect timeout" in reasons["qwen-3-abc"]
