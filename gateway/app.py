@@ -37,7 +37,7 @@ from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache, check_shed, order_targets
 
 if TYPE_CHECKING:
-    from gateway.upstream_client import UpstreamPool
+    from common.http1_client import UpstreamPool
 
 log = logging.getLogger("fabric.gateway")
 PREFIX = "/api/ai/openai/"

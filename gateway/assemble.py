@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ssl
 
+from common.http1_client import UpstreamPool
 from common.store.base import Store
 from gateway.app import GatewayApp, GatewayState
 from gateway.audit import AuditWriter
@@ -13,7 +14,6 @@ from gateway.metrics import GatewayMetrics
 from gateway.oidc import OidcVerifier
 from gateway.settings import BackendTls, GatewaySettings
 from gateway.telemetry import Tracer
-from gateway.upstream_client import UpstreamPool
 from gateway.upstreams import UpstreamCache
 
 
@@ -28,7 +28,7 @@ def backend_ssl(tls: BackendTls) -> ssl.SSLContext | bool:
 
 
 def upstream_pool(settings: GatewaySettings) -> UpstreamPool:
-    """The proxy's upstream client (gateway.upstream_client): keep-alive sockets per host:port,
+    """The proxy's upstream client (common.http1_client): keep-alive sockets per host:port,
     TCP_NODELAY, connect timeout 5 s, the idle timeout between chunks from settings. Idle sockets
     are dropped after 4 s, under uvicorn's (and so vLLM's) 5 s keep-alive, so a reused socket is
     rarely one the upstream is closing."""

@@ -1,4 +1,4 @@
-"""The HTTP proxy hot path: gateway.upstream_client's keep-alive pool, streamed both ways, never
+"""The HTTP proxy hot path: common.http1_client's keep-alive pool, streamed both ways, never
 buffered.
 
 forward() sends the call to the first target; a connect failure moves to the next target once,
@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass
 
 from common.errors import FabricError
-from gateway.request_body import SseUsageScanner, usage_tokens
-from gateway.upstream_client import (
+from common.http1_client import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamPool,
     UpstreamResponse,
     UpstreamTimeoutError,
 )
+from gateway.request_body import SseUsageScanner, usage_tokens
 
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",

@@ -4,6 +4,7 @@ path: the /metrics scraper against a raw HTTP server, the parse cache, observati
 material change, concurrent pushes."""
 
 import asyncio
+import gzip
 import time
 from pathlib import Path
 
@@ -134,7 +135,7 @@ class EngineServer:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                assert head.startswith(b"GET /metrics HTTP/1.1\r\n") and b"\r\nHost: 127.0.0.1:" in head
+                assert head.startswith(b"GET /metrics HTTP/1.1\r\n") and b"\r\nhost: 127.0.0.1:" in head.lower()
                 if self.mode == "one-per-connection" and served:
                     break  # kept the connection idle, then drops the next request unanswered
                 served = True
@@ -149,6 +150,10 @@ class EngineServer:
                     for part in (body[:10], body[10:]):
                         writer.write(b"%x\r\n%s\r\n" % (len(part), part))
                     writer.write(b"0\r\n\r\n")
+                elif self.mode == "gzip":  # asked for identity, got gzip anyway
+                    packed = gzip.compress(body)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(packed), packed))
                 elif self.mode == "close":  # no length: the body ends when the connection does
                     writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
                     await writer.drain()
@@ -168,7 +173,7 @@ class EngineServer:
 def test_scraper_keeps_connections_alive_and_reads_every_body_framing():
     async def run():
         scraper = MetricsScraper(timeout_s=0.5)
-        servers = {m: await EngineServer(m).start() for m in ("length", "chunked", "close", "one-per-connection")}
+        servers = {m: await EngineServer(m).start() for m in ("length", "chunked", "close", "one-per-connection", "gzip")}
         for _ in range(3):
             for mode, srv in servers.items():
                 srv.queue += 1
@@ -176,6 +181,7 @@ def test_scraper_keeps_connections_alive_and_reads_every_body_framing():
                 assert parse_vllm_metrics(text).waiting == srv.queue, mode
                 await asyncio.sleep(0.01)  # lets the closing server's FIN arrive
         assert servers["length"].connections == 1 and servers["chunked"].connections == 1  # kept alive
+        assert servers["gzip"].connections == 1
         assert servers["close"].connections == 3
         # The engine dropped each reused connection: it failed before any byte, so one fresh try.
         assert servers["one-per-connection"].connections == 3

@@ -1,7 +1,8 @@
-"""gateway.upstream_client against real loopback servers (raw asyncio sockets, so every byte
+"""common.http1_client against real loopback servers (raw asyncio sockets, so every byte
 on the wire is the test's choice): Content-Length and chunked bodies, streaming without
 buffering, keep-alive reuse, Connection: close, a stale kept-alive socket, the idle and
-connect timeouts, and a response closed early (the client left) closing the upstream socket."""
+connect timeouts, a response closed early (the client left) closing the upstream socket, and
+keep_only dropping the idle sockets of other origins."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from gateway.upstream_client import (
+from common.http1_client import (
     UpstreamClosedError,
     UpstreamConnectError,
     UpstreamPool,
@@ -92,6 +93,27 @@ def test_content_length_body_and_keep_alive_reuse():
             first = srv.requests[0]
             assert first.startswith(b"POST /v1/x?q=1 HTTP/1.1\r\n")
             assert f"host: 127.0.0.1:{srv.port}\r\n".encode() in first and b"content-length: 7\r\n" in first
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_keep_only_closes_idle_connections_of_other_origins():
+    async def main():
+        async with RawServer(keepalive_ok) as a, RawServer(keepalive_ok) as b:
+            pool = UpstreamPool()
+            for srv in (a, b):
+                resp = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+                await read_all(resp)
+                resp.close()
+            pool.keep_only({("http", "127.0.0.1", a.port)})
+            await asyncio.sleep(0.05)
+            assert len(b.closed_at) == 1 and not a.closed_at  # b's idle socket closed, a's kept
+            for srv in (a, b):
+                resp = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+                await read_all(resp)
+                resp.close()
+            assert a.connections == 1 and b.connections == 2
             pool.close()
 
     asyncio.run(main())

@@ -1,11 +1,14 @@
-"""A small purpose-built asyncio HTTP/1.1 client for the proxy hot path.
+"""A small purpose-built asyncio HTTP/1.1 client, shared by the gateway's proxy hot path
+(gateway/proxy.py) and the routing controller's /metrics scraper (controlplane/routing/scrape.py).
 
 Why not httpx here: per proxied call httpx/httpcore cost more CPU than the rest of the gateway
-(request/URL/header objects, an anyio stream layer, and a pool that polls every idle socket).
-This client does only what the proxy needs:
+(request/URL/header objects, an anyio stream layer, and a pool that polls every idle socket),
+and one httpx pool over N scraped engines re-scans every connection for every queued request
+(O(N^2) per routing pass). This client does only what those two callers need:
 
 - one keep-alive pool per (scheme, host, port), LIFO, idle sockets dropped after
-  ``keepalive_secs`` or as soon as the upstream closes them (``connection_lost``);
+  ``keepalive_secs`` or as soon as the upstream closes them (``connection_lost``), and
+  ``keep_only`` drops those of origins no longer used;
 - the request is written in one ``transport.write`` (head and body together, so Nagle has
   nothing to hold back; TCP_NODELAY is set anyway);
 - the response is parsed by ``httptools`` (llhttp): Content-Length, chunked transfer decoding
@@ -31,6 +34,7 @@ import socket
 import ssl
 import time
 from collections import deque
+from collections.abc import Container
 
 import httptools
 
@@ -279,7 +283,8 @@ def _drain(chunks: deque) -> list[bytes]:
 
 
 class UpstreamPool:
-    """Keep-alive connections per (scheme, host, port). One per gateway process (event loop)."""
+    """Keep-alive connections per (scheme, host, port). One per event loop (the gateway
+    process's, the routing scraper's)."""
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None, *, connect_timeout: float = 5.0,
                  idle_timeout: float = 60.0, keepalive_secs: float = 4.0, max_idle_per_host: int = 256):
@@ -368,8 +373,17 @@ class UpstreamPool:
             return UpstreamResponse(conn, self.idle_timeout)
         raise AssertionError("unreachable")
 
+    def keep_only(self, keys: Container[tuple[str, str, int]]) -> None:
+        """Close the idle connections of every (scheme, host, port) not in ``keys``."""
+        for key in [k for k in self._idle if k not in keys]:
+            for conn in self._idle.pop(key):
+                conn.abort()
+
     def close(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
-                conn.abort()
+                try:
+                    conn.abort()
+                except RuntimeError:  # its event loop is already closed
+                    pass
         self._idle.clear()
