@@ -153,11 +153,12 @@ def test_vip_and_gateway_serve(story: Story):
     story.key = body.get("key") or body.get("api_key") or body.get("secret")
     import openai
 
-    client = openai.OpenAI(base_url=f"{story.cfg.gateway_url}/api/ai/openai/{ENDPOINT}/v1", api_key=story.key,
-                           http_client=httpx.Client(verify=ssl.create_default_context(cafile=str(story.cfg.ca))))
+    tls = httpx.Client(verify=ssl.create_default_context(cafile=str(story.cfg.ca)))
+    base = f"{story.cfg.gateway_url}/api/ai/openai/{ENDPOINT}/v1"
+    client = openai.OpenAI(base_url=base, api_key=story.key, http_client=tls)
     out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=4)
     assert out.choices[0].message.content and out.usage.completion_tokens == 4
-    bad = openai.OpenAI(base_url=client.base_url, api_key="fvai_nope_nope", http_client=client._client)
+    bad = openai.OpenAI(base_url=base, api_key="fvai_nope_nope", http_client=tls)
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
 
