@@ -112,15 +112,17 @@ def _oidc(env: dict[str, str]) -> tuple[OidcProvider, ...]:
 def _backend_tls(env: dict[str, str]) -> BackendTls:
     names = ("FABRIC_BACKEND_CLIENT_CERT", "FABRIC_BACKEND_CLIENT_KEY", "FABRIC_BACKEND_CA")
     values = [env.get(n, "").strip() or None for n in names]
-    if any(values) and not all(values):
+    # A client certificate or key makes it mTLS, which needs all three; FABRIC_BACKEND_CA alone
+    # is server-only TLS verified against that CA (e.g. the cluster CA) instead of the trust store.
+    if (values[0] or values[1]) and not all(values):
         missing = [n for n, v in zip(names, values) if not v]
         raise SettingsError(f"backend mTLS needs all of {', '.join(names)}; missing {', '.join(missing)}")
     for n, v in zip(names, values):
         if v and not os.path.isfile(v):
             raise SettingsError(f"{n} {v} does not exist")
     enabled = _flag(env, "FABRIC_BACKEND_TLS")
-    if all(values) and not enabled:
-        raise SettingsError("backend client certificates are set but FABRIC_BACKEND_TLS is not 1")
+    if any(values) and not enabled:
+        raise SettingsError("FABRIC_BACKEND_CA or client certificates are set but FABRIC_BACKEND_TLS is not 1")
     return BackendTls(enabled, *values)
 
 
