@@ -10,6 +10,7 @@ checked against the ``model`` query parameter (a socket has no JSON body to read
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -99,7 +100,7 @@ async def bridge(state, scope, receive, send) -> None:
         try:
             upstream = await connect(uri, additional_headers=fwd, open_timeout=10,
                                      ssl=backend_ssl(state.settings.backend_tls) if tls else None)
-        except (TimeoutError, OSError, Exception) as exc:  # any failure to open is the upstream's
+        except Exception as exc:  # noqa: BLE001 - any failure to open (TLS, handshake, refusal) is the upstream's
             raise UpstreamRefused(f"the upstream refused the WebSocket ({type(exc).__name__})") from None
         async with upstream:
             await send({"type": "websocket.accept"})
@@ -112,10 +113,8 @@ async def bridge(state, scope, receive, send) -> None:
                 for p in pumps:
                     p.cancel()
                 await asyncio.gather(*pumps, return_exceptions=True)
-            try:
+            with contextlib.suppress(Exception):  # the client already went away
                 await send({"type": "websocket.close", "code": 1000})
-            except Exception:  # the client already went away
-                pass
     except FabricError as exc:
         status = exc.status
         await deny(scope, send, exc)

@@ -147,15 +147,14 @@ class LabDriver:
         return VmStatus(rec.replica_id, "running", rec.address, rec.port, f"netns {rec.netns}")
 
     def _start_engine(self, rec: _Record, spec: VmSpec | None) -> int:
-        log = open(self.dir / f"{rec.replica_id}.log", "ab")
         knobs: list[str] = []
         for k, v in sorted((spec.engine_args if spec else {}).items()):
             knobs += [f"--{k}", str(v)]
         cmd = ["ip", "netns", "exec", rec.netns, *_engine_command(), "--host", "0.0.0.0",
                "--port", str(rec.port), "--model", rec.model, "--replica-id", rec.replica_id, *knobs]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, close_fds=True)
-        log.close()
+        with open(self.dir / f"{rec.replica_id}.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, close_fds=True)
         return proc.pid
 
     # ---- VmDriver --------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from controlplane.fabricctl.output import emit_json, emit_table, col, session
+from controlplane.fabricctl.output import col, emit_json, emit_table, session
 
 explain_app = typer.Typer(help="Why the system decided what it did.", no_args_is_help=True)
 JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")

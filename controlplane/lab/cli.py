@@ -12,7 +12,10 @@ from pathlib import Path
 
 import typer
 
-from controlplane.lab.cluster import LabConfig, down as lab_down, status as lab_status, up as lab_up
+from controlplane.lab.cluster import LabConfig
+from controlplane.lab.cluster import down as lab_down
+from controlplane.lab.cluster import status as lab_status
+from controlplane.lab.cluster import up as lab_up
 
 lab_app = typer.Typer(help="The lab: a whole Fabric cluster in network namespaces on this machine.",
                       no_args_is_help=True, add_completion=False)

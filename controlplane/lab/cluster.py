@@ -21,7 +21,9 @@ import httpx
 
 from common.pki import ensure_ca, issue_cert, pki_dir
 from controlplane.lab import processes
-from controlplane.lab.topology import LabTopology, down as topo_down, leftovers, up as topo_up
+from controlplane.lab.topology import LabTopology, leftovers
+from controlplane.lab.topology import down as topo_down
+from controlplane.lab.topology import up as topo_up
 
 NODE_ID = "lab-node-0"
 

@@ -11,10 +11,9 @@ import os
 import shlex
 import subprocess
 import time
-from pathlib import Path
 
 from controlplane.lab import processes
-from controlplane.lab.cluster import LabConfig, NODE_ID
+from controlplane.lab.cluster import NODE_ID, LabConfig
 
 MODEL, PROFILE, ROUTING = "demo-llm", "lab-h100", "least_queue"
 ENDPOINT = f"{MODEL}-openai"
@@ -94,12 +93,15 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     (cfg.state_dir / "demo-key").write_text(key)
     (cfg.state_dir / "demo-key").chmod(0o600)
 
-    echo(f"\n== 5. A chat completion through the Maglev VIP from the client namespace (no key)")
+    echo("\n== 5. A chat completion through the Maglev VIP from the client namespace (no key)")
     curl = ["curl", "-s", "--max-time", "20", f"http://{vip}:{port}/v1/chat/completions",
             "-H", "content-type: application/json", "-d", chat_body(), "-D", "-"]
     echo(f"$ ip netns exec {cfg.topology.client_ns} curl -s http://{vip}:{port}/v1/chat/completions ...")
-    res = wait_for("the VIP to answer", lambda: (lambda r: r if r.returncode == 0 and " 200" in r.stdout else None)(
-        in_client_ns(cfg, curl)), 30, echo)
+    def vip_answer():
+        r = in_client_ns(cfg, curl)
+        return r if r.returncode == 0 and " 200" in r.stdout else None
+
+    res = wait_for("the VIP to answer", vip_answer, 30, echo)
     echo(_short_response(res.stdout))
 
     echo("\n== 6. The same through the authenticated gateway with the key")

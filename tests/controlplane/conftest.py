@@ -61,8 +61,8 @@ def start_fabricd(tmp: Path, *, insecure: bool = True, env: dict[str, str] | Non
            "--no-controllers", "--log-level", "warning"]
     if insecure:
         cmd.append("--insecure")
-    log = open(tmp / "fabricd.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=fabricd_env(env))
+    with open(tmp / "fabricd.log", "wb") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=fabricd_env(env))
     scheme = "http" if insecure else "https"
     ca = None if insecure else state_dir / "pki" / "ca.crt"
     server = Fabricd(f"{scheme}://127.0.0.1:{port}", state_dir, (state_dir / "admin-password").read_text().strip(),
@@ -77,7 +77,6 @@ def start_fabricd(tmp: Path, *, insecure: bool = True, env: dict[str, str] | Non
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log.close()
 
 
 def _wait_ready(server: Fabricd, log: Path) -> None:

@@ -109,12 +109,11 @@ def test_https_with_the_cluster_ca_and_runtime_allowlist(tmp_path):
         with httpx.Client(base_url=server.url, verify=ctx) as c:
             assert c.get("/healthz").status_code == 200
         # Without the CA the certificate is not trusted: TLS is really on.
-        with httpx.Client(base_url=server.url, verify=ssl.create_default_context()) as c:
-            with pytest.raises(httpx.ConnectError):
-                c.get("/healthz")
-        with httpx.Client(base_url=server.url.replace("https://", "http://")) as c:
-            with pytest.raises(httpx.HTTPError):
-                c.get("/healthz")
+        with httpx.Client(base_url=server.url, verify=ssl.create_default_context()) as c, \
+                pytest.raises(httpx.ConnectError):
+            c.get("/healthz")
+        with httpx.Client(base_url=server.url.replace("https://", "http://")) as c, pytest.raises(httpx.HTTPError):
+            c.get("/healthz")
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:18443", "192.0.2.10:18443"])

@@ -112,7 +112,7 @@ def story(tmp_path_factory) -> Story:
                     pin_dir=Path(f"/sys/fs/bpf/fabric-e2e-{uuid.uuid4().hex[:6]}"))
     try:
         handle = up(cfg, echo=lambda *_: None)
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever broke, show the processes' logs with the failure
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in (base / "logs").glob("*.log"))
         down(cfg)
         raise AssertionError(f"lab did not come up{logs}") from None
@@ -168,9 +168,11 @@ def test_load_on_one_replica_lowers_its_weight_and_share(story: Story):
     addr = f"{loaded['host']}:{loaded['port']}"
     ticks_before = story.routing_ticks()
     httpx.post(f"http://{addr}/sim/load", json={"queue": 60}, timeout=5).raise_for_status()
-    weights = wait_for("the loaded replica's weight to fall in the BPF map",
-                       lambda: (lambda m: m if m and m.get(addr, 32) < min(v for k, v in m.items() if k != addr) else None)(
-                           story.maglev()))
+    def fallen() -> dict[str, int] | None:
+        m = story.maglev()
+        return m if m and m.get(addr, 32) < min(v for k, v in m.items() if k != addr) else None
+
+    weights = wait_for("the loaded replica's weight to fall in the BPF map", fallen)
     ticks_after = story.routing_ticks()
     # The scrape in flight when the load arrived may predate it; the next one sees it.
     assert ticks_after - ticks_before <= 2, f"weights moved after {ticks_after - ticks_before} routing ticks"
@@ -201,9 +203,12 @@ def test_unhealthy_replica_is_replaced_after_three_failed_probes(story: Story):
     assert {1, 2} <= failures_while_routed, failures_while_routed
     answered = story.via_vip(30)
     assert victim["replica_id"] not in answered, answered
-    wait_for("a replacement: 3 ready replicas without the failed one",
-             lambda: (lambda reps: len(reps) == 3 and all(r["ready"] for r in reps)
-                      and victim["replica_id"] not in {r["replica_id"] for r in reps})(story.replicas()))
+    def replaced() -> bool:
+        reps = story.replicas()
+        return (len(reps) == 3 and all(r["ready"] for r in reps)
+                and victim["replica_id"] not in {r["replica_id"] for r in reps})
+
+    wait_for("a replacement: 3 ready replicas without the failed one", replaced)
     assert victim["replica_id"] not in answered
 
 

@@ -45,9 +45,9 @@ class GatewayProcess:
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--state-dir", str(state_dir), "--store", store_url,
                "--listen", f"127.0.0.1:{port}", "--insecure", "--gateway-id", gateway_id, "--log-level", "info",
                *(args or [])]
-        log = open(log_path, "wb")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                cwd=str(Path(__file__).resolve().parents[2]))
+        with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                    cwd=str(Path(__file__).resolve().parents[2]))
         gw = cls(proc, port, log_path)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

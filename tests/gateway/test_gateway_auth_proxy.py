@@ -126,14 +126,14 @@ def test_client_disconnect_cancels_upstream(env):
     _, key = make_key(env["store"], "slow")
     env["keys"].append(key)
     body = {"model": "sim-m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400, "stream": True}
-    with httpx.Client(timeout=10) as h:
-        with h.stream("POST", env["gw"].openai_base("slow") + "/chat/completions", json=body,
-                      headers={"authorization": f"Bearer {key}"}) as r:
-            assert r.status_code == 200
-            chunks = r.iter_raw()
-            for _ in range(3):  # past the role chunk, which the engine sends before scheduling
-                next(chunks)
-            assert engine_running(env["slow"]) == 1
+    with httpx.Client(timeout=10) as h, \
+            h.stream("POST", env["gw"].openai_base("slow") + "/chat/completions", json=body,
+                     headers={"authorization": f"Bearer {key}"}) as r:
+        assert r.status_code == 200
+        chunks = r.iter_raw()
+        for _ in range(3):  # past the role chunk, which the engine sends before scheduling
+            next(chunks)
+        assert engine_running(env["slow"]) == 1
     # Closed: the engine must see the request go within a second (bounded poll, not a timing assert).
     deadline = time.monotonic() + 1.0
     while engine_running(env["slow"]) != 0 and time.monotonic() < deadline:

@@ -120,17 +120,17 @@ def test_user_rpm_window_refuses_with_retry_after(env):
 def test_user_streams_cap_is_released_when_the_stream_ends(env):
     _, key = make_key(env["store"], "slow")
     hdr = {"authorization": f"Bearer {key}", "x-user-id": "streamer"}
-    with httpx.Client(timeout=30) as h:
-        with h.stream("POST", env["gw"].openai_base("slow") + "/chat/completions",
-                      json=chat_body(50, stream=True), headers=hdr) as r:
-            assert r.status_code == 200
-            # Keep the iterator: a dropped httpx iterator closes the connection (the client leaves,
-            # which frees the slot at once).
-            chunks = r.iter_raw()
-            next(chunks)
-            second = h.post(env["gw"].openai_base("slow") + "/chat/completions", json=chat_body(), headers=hdr)
-            assert second.status_code == 429, second.text
-            assert "FABRIC_USER_STREAMS" in second.json()["error"]["message"]
+    with httpx.Client(timeout=30) as h, \
+            h.stream("POST", env["gw"].openai_base("slow") + "/chat/completions",
+                     json=chat_body(50, stream=True), headers=hdr) as r:
+        assert r.status_code == 200
+        # Keep the iterator: a dropped httpx iterator closes the connection (the client leaves,
+        # which frees the slot at once).
+        chunks = r.iter_raw()
+        next(chunks)
+        second = h.post(env["gw"].openai_base("slow") + "/chat/completions", json=chat_body(), headers=hdr)
+        assert second.status_code == 429, second.text
+        assert "FABRIC_USER_STREAMS" in second.json()["error"]["message"]
     deadline = time.monotonic() + 5
     status = 429
     while status == 429 and time.monotonic() < deadline:
