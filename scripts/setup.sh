@@ -30,8 +30,8 @@ fi
 # package (a VM's custom kernel) gets links to Debian's -amd64 (build) and -common (source).
 kdir="/lib/modules/$(uname -r)"
 if [ ! -e "$kdir/build" ]; then
-  amd64=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n1)
-  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n1)
+  amd64=$(find /usr/src -maxdepth 1 -name 'linux-headers-*-amd64' | sort -V | tail -n1)
+  common=$(find /usr/src -maxdepth 1 -name 'linux-headers-*-common' | sort -V | tail -n1)
   if [ -n "$amd64" ] && [ -n "$common" ]; then
     say "linking $kdir/build -> $amd64 and source -> $common"
     mkdir -p "$kdir"
@@ -60,5 +60,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 else
   say ".venv up to date"
 fi
-.venv/bin/python -c "import bcc" 2>/dev/null && say "BCC importable" || say "WARNING: BCC not importable"
+if .venv/bin/python -c "import bcc" 2>/dev/null; then say "BCC importable"; else say "WARNING: BCC not importable"; fi
 say "done"
