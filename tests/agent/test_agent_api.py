@@ -5,16 +5,12 @@ processes, and an in-memory dataplane standing in for the BPF maps where the rea
 
 from __future__ import annotations
 
-import socket
 import ssl
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from agent.api import create_app
 from agent.hw.gpu_inventory import NvmlInventory
@@ -26,33 +22,9 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
+from tests.support.servers import serve_in_thread
 
 NODE = "node-a"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serve_in_thread(app, **config):
-    """uvicorn on a free loopback port in a thread; yields the port, stops on exit."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def agent_tls(pki_state: Path) -> dict:

@@ -9,7 +9,6 @@ controllers off (so deletes are immediate); `admin_token` logs in through the re
 from __future__ import annotations
 
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.servers import free_port
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 30.0
@@ -37,12 +38,6 @@ class Fabricd:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         verify = ssl.create_default_context(cafile=str(self.ca)) if self.ca else True
         return httpx.Client(base_url=self.url, headers=headers, verify=verify, timeout=10)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fabricd_env(extra: dict[str, str] | None = None) -> dict[str, str]:

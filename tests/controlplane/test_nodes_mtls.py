@@ -10,18 +10,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from agent.api import create_app as create_agent_app
 from agent.heartbeat import Heartbeat, HostResources
@@ -42,32 +39,9 @@ from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.node_identity import uvicorn_tls_kwargs
 from controlplane.state import AppState, Settings
+from tests.support.servers import free_port, serve_in_thread
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serve_in_thread(app, **config):
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def gpu(pci: str, **kw) -> GpuInfo:

@@ -22,6 +22,7 @@ import pytest
 
 from controlplane.lab.cluster import NODE_ID, LabConfig, down, status, up
 from controlplane.lab.processes import running
+from tests.support.servers import free_port
 
 MODEL, PROFILE = "story-llm", "story-h100"
 ENDPOINT = f"{MODEL}-openai"
@@ -40,14 +41,6 @@ def _why_not() -> str | None:
 
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(what: str, check, timeout: float = 90.0, every: float = 0.25):
@@ -108,7 +101,7 @@ class Story:
 @pytest.fixture(scope="module")
 def story(tmp_path_factory) -> Story:
     base = Path("/tmp") / f"fabric-e2e-{uuid.uuid4().hex[:6]}"
-    cfg = LabConfig(state_dir=base, api_port=_free_port(), agent_port=_free_port(), gateway_port=_free_port(),
+    cfg = LabConfig(state_dir=base, api_port=free_port(), agent_port=free_port(), gateway_port=free_port(),
                     pin_dir=Path(f"/sys/fs/bpf/fabric-e2e-{uuid.uuid4().hex[:6]}"))
     try:
         handle = up(cfg, echo=lambda *_: None)

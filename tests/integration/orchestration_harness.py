@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,10 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.servers import free_port
+
 BIN = Path(sys.executable).parent
 AGENT_FALLBACK = "import typer; from agent.server_cli import serve; typer.run(serve)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(extra: dict[str, str]) -> dict[str, str]:
@@ -142,6 +137,8 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
             agent_command() + [
                 "--node-id", "node-a", "--listen", f"127.0.0.1:{aport}", "--control-plane", url, "--insecure",
                 "--vm-driver", "dry-run", "--fake-gpus", str(gpus), "--no-dataplane", "--heartbeat-secs", "1",
+                # a simulated node's allocatable, not this host's: replicas' CPU and memory count
+                "--cpus", "64", "--memory-gib", "256",
                 "--state-dir", str(tmp / "agent"), "--sysfs-root", str(tmp / "agent" / "sysfs"),
                 "--log-level", "warning"],
             stdout=_log(ag_log, files), stderr=subprocess.STDOUT, env=env))

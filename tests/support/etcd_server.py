@@ -17,7 +17,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,15 +26,11 @@ from typing import Self
 
 import pytest
 
+from tests.support.servers import free_port
+
 ETCD_BINARY = os.environ.get("FABRIC_TEST_ETCD", "/usr/bin/etcd")
 START_TIMEOUT_S = 30.0
 PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _libc_prctl():
