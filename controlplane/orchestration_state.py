@@ -30,6 +30,7 @@ from common.schemas import (
     ReplicaObservation,
 )
 from common.store.base import KV, Store
+from controlplane.scheduler import Committed, committed_resources
 
 MANAGED_VMS = f"{keyspace.ROOT}/managed/vms/"
 MANAGED_SERVICES = f"{keyspace.ROOT}/managed/services/"
@@ -72,6 +73,10 @@ class Snapshot:
 
     def all_replicas(self) -> list[Replica]:
         return [r for reps in self.replicas.values() for r in reps]
+
+    def committed(self) -> dict[str, Committed]:
+        """node id -> CPU and memory its replicas (every deployment, every phase) hold."""
+        return committed_resources(self.all_replicas(), self.deployments, self.profiles)
 
 
 def _parse(kv: KV, model: type[BaseModel]):

@@ -149,7 +149,7 @@ class ReconcileWorker:
         probes = await self.probe_all(replicas)
         plan = rp.plan(dep, snap.profiles.get(dep.profile), snap.models.get(dep.model), replicas,
                        list(node_of.values()), probes, self.clock(), reservations=snap.reserved_by_node(),
-                       settings=self.settings)
+                       committed=snap.committed(), settings=self.settings)
         by_id = {r.replica_id: r for r in replicas}
         for action in plan.actions:
             if isinstance(action, rp.UpdateHealth):
@@ -189,6 +189,9 @@ class ReconcileWorker:
             self.store.delete(keyspace.replicas(dep.name, replica.replica_id))
             errors.append(f"a GPU on {action.node} was taken meanwhile; placing again next tick")
             return
+        # Deployments reconciled later in this tick plan from the same snapshot: let them see the
+        # CPU and memory this replica now holds on its node.
+        snap.replicas.setdefault(dep.name, []).append(replica)
         await self.start_vm(snap, dep, replica, errors)
 
     async def resume_create(self, snap: Snapshot, dep: InferenceDeployment, replica: Replica,

@@ -1,7 +1,8 @@
 """The reconcile decision for one deployment: a pure function returning actions with reasons.
 
 Inputs are plain data: the deployment, its profile and model (None when missing), its replica
-records, the nodes, this tick's health probe of each replica, the GPU reservations and now.
+records, the nodes, this tick's health probe of each replica, the GPU reservations, the CPU and
+memory the replicas of every deployment hold per node (``scheduler.committed_resources``) and now.
 The controller applies the actions in order and records the status the plan computed.
 
 Rules:
@@ -14,7 +15,11 @@ Rules:
     copy is kept while nothing else can serve;
   - scale-down drains first (weight 0, ``draining``) and deletes once the grace has passed;
     replicas that are not Ready go first, then the highest ordinals;
-  - a drain deadline that has passed deletes the replica.
+  - a drain deadline that has passed deletes the replica;
+  - each replica the plan creates adds its GPUs to the reservations and its profile's CPU and
+    memory to ``committed`` before the next one is placed. A replica the plan deletes still holds
+    both until the apply has removed it (its record and reservations go only after the agent
+    confirmed), so its replacement is placed against a node that still holds it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.schemas import InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica
-from controlplane.scheduler import SchedulerSettings, node_online, place
+from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online, place
 
 FAILURES_TO_REPLACE = 3
 
@@ -119,6 +124,7 @@ def plan(
     now: float,
     *,
     reservations: Mapping[str, Collection[str]] | None = None,
+    committed: Mapping[str, Committed] | None = None,
     settings: ReconcileSettings = ReconcileSettings(),
 ) -> ReconcilePlan:
     out = ReconcilePlan(deployment.name)
@@ -130,6 +136,7 @@ def plan(
         return out
 
     reservations = {k: set(v) for k, v in (reservations or {}).items()}
+    committed = dict(committed or {})
     by_id = {n.id: n for n in nodes}
     gone: set[str] = set()
     notes: list[str] = []
@@ -185,7 +192,7 @@ def plan(
             continue
         others = [x for x in live if x.replica_id != r.replica_id and x.replica_id not in gone]
         trial = place(deployment, profile, model, nodes, reservations, now, settings.scheduler,
-                      replicas=others, exclude={r.node})
+                      replicas=others, exclude={r.node}, committed=committed)
         if trial.node is None:
             notes.append(f"{r.replica_id} is on offline node {r.node} and kept: no other node can take it")
             continue
@@ -220,12 +227,13 @@ def plan(
         placed = list(live)
         for ordinal in first_unused_ordinals(used, missing):
             trial = place(deployment, profile, model, nodes, reservations, now, settings.scheduler,
-                          replicas=placed)
+                          replicas=placed, committed=committed)
             if trial.node is None:
                 pending_message = trial.message
                 break
             out.actions.append(CreateReplica(ordinal, trial.node, trial.gpus, trial.message))
             reservations = _reservations_with(reservations, trial.node, trial.gpus)
+            committed[trial.node] = committed.get(trial.node, NOTHING_COMMITTED).plus(profile)
             placed.append(Replica(replica_id=f"planned-{ordinal}", deployment=deployment.name,
                                   ordinal=ordinal, node=trial.node))
 

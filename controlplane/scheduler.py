@@ -7,17 +7,27 @@ Filters, in order (the first that fails is the node's rejection reason):
   gpus        ``gpu.count`` free GPUs on this one node, each with at least the profile's VRAM,
               the GPU model filter, under FABRIC_MAX_GPU_TEMP_C and, with FABRIC_REJECT_ECC=1,
               without uncorrected ECC errors; MIG-mode GPUs are not whole GPUs
-  resources   free CPU and memory as the node last reported them (not on dry-run nodes, where
-              no VM is started and nothing of the profile's CPU or memory is used)
+  resources   the CPU and memory the node offers to replicas (its allocatable: the agent reports
+              its CPU count and MemAvailable, or `serve --cpus/--memory-gib`), less what the
+              replicas already on it hold (``committed``), must cover the profile's cpu and
+              memory_gib. Dry-run nodes are no exception: they start no VM, but a replica there
+              stands for one that would, so a simulated node fills up like a real one.
 Scores: model already cached (+100), the deployment's preferred site (+50), spread: -30 per
 replica of the deployment already in the node's failure domain and -10 more per one on the node.
 Ties break on node id, and GPUs are chosen in PCI order, so the same inputs give the same plan.
+
+``committed`` (node id -> Committed) is what ``committed_resources`` computes from the replica
+records: every replica of every deployment holds its profile's cpu and memory_gib on its node in
+every phase, draining (its VM runs until the grace ends) and Deleting (the record goes only
+after the agent deleted the VM and released its GPUs, the same rule as GPU reservations) alike.
+A replica frees its share when its record is removed. Replicas whose deployment or profile is
+gone hold nothing (nothing says how much they hold).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.schemas import GpuInfo, InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica
@@ -42,6 +52,42 @@ class SchedulerSettings:
             max_gpu_temp_c=float(temp) if temp else None,
             reject_ecc=env.get("FABRIC_REJECT_ECC", "").strip() == "1",
         )
+
+
+@dataclass(frozen=True)
+class Committed:
+    """CPU and memory the replicas on one node hold, and how many replicas that is."""
+
+    cpu: int = 0
+    memory_gib: float = 0.0
+    replicas: int = 0
+
+    def plus(self, profile: InferenceProfile) -> Committed:
+        return Committed(self.cpu + profile.cpu, self.memory_gib + profile.memory_gib, self.replicas + 1)
+
+
+NOTHING_COMMITTED = Committed()
+
+
+def committed_resources(
+    replicas: Iterable[Replica],
+    deployments: Mapping[str, InferenceDeployment],
+    profiles: Mapping[str, InferenceProfile],
+) -> dict[str, Committed]:
+    """node id -> what the given replicas hold there (their deployment's profile cpu/memory_gib)."""
+    out: dict[str, Committed] = {}
+    for r in replicas:
+        dep = deployments.get(r.deployment)
+        profile = profiles.get(dep.profile) if dep is not None else None
+        if profile is None or not r.node:
+            continue
+        out[r.node] = out.get(r.node, NOTHING_COMMITTED).plus(profile)
+    return out
+
+
+def _held(committed: Committed) -> str:
+    n = committed.replicas
+    return f" after {n} replica{'s' if n != 1 else ''}" if n else ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +161,7 @@ def judge_node(
     domains: Mapping[str, str],
     now: float,
     settings: SchedulerSettings,
+    committed: Committed = NOTHING_COMMITTED,
 ) -> NodeVerdict:
     if not node_online(node, now, settings):
         return NodeVerdict(node.id, False, f"offline: last heartbeat {now - node.last_heartbeat:.0f}s ago")
@@ -133,14 +180,18 @@ def judge_node(
             f"no free matching GPU group: needs {need} with >= {profile.gpu.vram_gib:g} GiB, "
             f"{len(usable)} free of {len(node.gpus)}" + (f" ({detail})" if detail else ""),
         )
-    # The dry-run driver starts no VM, so a replica there consumes none of the profile's CPU or
-    # memory; its host's load-based free CPU would otherwise refuse everything on a busy box.
-    dry_run = node.vm_driver == "dry-run"
-    if not dry_run and node.cpu_free < profile.cpu:
-        return NodeVerdict(node.id, False, f"not enough CPU: {node.cpu_free} free, needs {profile.cpu}")
-    if not dry_run and node.memory_free_gib < profile.memory_gib:
+    cpu_free = node.cpu_free - committed.cpu
+    if cpu_free < profile.cpu:
         return NodeVerdict(
-            node.id, False, f"not enough memory: {node.memory_free_gib:g} GiB free, needs {profile.memory_gib:g}"
+            node.id, False,
+            f"not enough CPU: {cpu_free} of {node.cpu_free} free{_held(committed)}, needs {profile.cpu}",
+        )
+    memory_free = round(node.memory_free_gib - committed.memory_gib, 6)
+    if memory_free < profile.memory_gib:
+        return NodeVerdict(
+            node.id, False,
+            f"not enough memory: {memory_free:g} of {node.memory_free_gib:g} GiB free{_held(committed)}, "
+            f"needs {profile.memory_gib:g}",
         )
     score, parts = 0, []
     if model.name in node.cached_models or model.source in node.cached_models:
@@ -169,12 +220,15 @@ def place(
     *,
     replicas: Sequence[Replica] = (),
     exclude: Collection[str] = (),
+    committed: Mapping[str, Committed] | None = None,
 ) -> PlacementPlan:
     """Choose a node and GPUs for one new replica of ``deployment``.
 
     ``reservations`` maps node id -> PCI addresses already reserved; ``replicas`` are the
     deployment's live replicas (for spread); ``exclude`` names nodes not to use (replacing a
-    replica away from its node)."""
+    replica away from its node); ``committed`` maps node id -> the CPU and memory the replicas
+    already there hold (``committed_resources``), subtracted from what the node offers."""
+    committed = committed or {}
     domains = {n.id: n.failure_domain for n in nodes}
     verdicts: list[NodeVerdict] = []
     for node in sorted(nodes, key=lambda n: n.id):
@@ -183,7 +237,7 @@ def place(
             continue
         verdicts.append(
             judge_node(node, deployment, profile, model, reservations.get(node.id, ()), replicas, domains, now,
-                       settings)
+                       settings, committed.get(node.id, NOTHING_COMMITTED))
         )
     fits = [v for v in verdicts if v.eligible]
     if not fits:

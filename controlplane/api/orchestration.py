@@ -8,7 +8,9 @@ next tick will do. All routes need an admin bearer token.
   GET  /api/ai/explain/routing/{endpoint}       each replica included/excluded, reason, metrics, weight
   GET  /api/ai/deployments/{name}/metrics       the last scrape of each replica
   POST /api/ai/deployments/{name}/drain         {"grace_secs": 30, "replica": null}
-  GET  /api/ai/capacity                         free/total GPUs by node and by site, allocated VIPs
+  GET  /api/ai/capacity                         free/total GPUs by node and by site, allocated VIPs;
+                                                per node CPU and memory: allocatable (what the node
+                                                reports), committed (its replicas' profiles), free
 
 Drain without ``replica`` scales the deployment to 0 and drains every replica (weight 0 now,
 deleted after the grace); with ``replica`` only that one drains and the reconciler replaces it.
@@ -29,7 +31,7 @@ from controlplane import vip_pool
 from controlplane.auth import require_admin
 from controlplane.orchestration_state import get_replica, load_snapshot, put_replica
 from controlplane.routing.strategies import plan_routing
-from controlplane.scheduler import SchedulerSettings, node_online, place
+from controlplane.scheduler import NOTHING_COMMITTED, SchedulerSettings, node_online, place
 from controlplane.state import AppState, get_state
 
 StateDep = Annotated[AppState, Depends(get_state)]
@@ -62,7 +64,7 @@ def explain_placement(deployment: str, state: StateDep) -> dict:
         return body
     live = [r for r in replicas if not r.draining and r.phase != "Deleting"]
     plan = place(dep, profile, model, list(snap.nodes.values()), snap.reserved_by_node(), time.time(),
-                 SchedulerSettings.from_env(), replicas=live)
+                 SchedulerSettings.from_env(), replicas=live, committed=snap.committed())
     body.update(
         node=plan.node, gpus=list(plan.gpus), message=plan.message,
         nodes=[{"node": v.node, "eligible": v.eligible, "chosen": v.node == plan.node, "score": v.score,
@@ -148,15 +150,22 @@ def capacity(state: StateDep) -> dict:
     reserved = snap.reserved_by_node()
     now = time.time()
     settings = SchedulerSettings.from_env()
+    committed = snap.committed()
     nodes, sites = [], {}
     for node in sorted(snap.nodes.values(), key=lambda n: n.id):
+        held = committed.get(node.id, NOTHING_COMMITTED)
         total = len(node.gpus)
-        held = len([g for g in node.gpus if g.pci in reserved.get(node.id, set())])
+        gpus_held = len([g for g in node.gpus if g.pci in reserved.get(node.id, set())])
         online = node_online(node, now, settings)
-        free = total - held if online and not node.taints else 0
+        free = total - gpus_held if online and not node.taints else 0
         nodes.append({"node": node.id, "site": node.site, "online": online, "taints": node.taints,
-                      "gpus_total": total, "gpus_reserved": held, "gpus_free": free,
-                      "cpu_free": node.cpu_free, "memory_free_gib": node.memory_free_gib})
+                      "gpus_total": total, "gpus_reserved": gpus_held, "gpus_free": free,
+                      "replicas": held.replicas,
+                      "cpu_allocatable": node.cpu_free, "cpu_committed": held.cpu,
+                      "cpu_free": node.cpu_free - held.cpu,
+                      "memory_allocatable_gib": node.memory_free_gib,
+                      "memory_committed_gib": round(held.memory_gib, 6),
+                      "memory_free_gib": round(node.memory_free_gib - held.memory_gib, 6)})
         site = sites.setdefault(node.site, {"site": node.site, "nodes": 0, "gpus_total": 0, "gpus_free": 0})
         site["nodes"] += 1
         site["gpus_total"] += total

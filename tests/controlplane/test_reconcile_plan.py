@@ -11,6 +11,7 @@ from controlplane.reconcile_plan import (
     first_unused_ordinals,
     plan,
 )
+from controlplane.scheduler import Committed
 from tests.controlplane.planner_data import NOW, deployment, model, node, profile, replica
 
 OK, BAD = Probe(True), Probe(False, "connection refused")
@@ -130,3 +131,14 @@ def test_scale_to_zero():
 def test_progressing_message_counts_ready():
     p = run([replica(0), replica(1, ready=False)], dep=deployment(2), probes={"qwen-0-abc": OK})
     assert p.status.phase == "Progressing" and p.status.message.startswith("1/2 replicas ready")
+
+
+def test_scale_up_counts_cpu_of_replicas_placed_and_planned():
+    # A 12-CPU node with 8 GPUs and a 4-CPU profile: another deployment holds 4 CPUs there already,
+    # so two of three fit (each planned one counts before the next is placed).
+    nodes = [node("n1", 8, cpu=12)]
+    p = plan(deployment(3), profile(cpu=4, mem=1), model(), [], nodes, {}, NOW,
+             committed={"n1": Committed(cpu=4, memory_gib=1, replicas=1)})
+    assert [a.node for a in kinds(p, CreateReplica)] == ["n1", "n1"]
+    assert p.status.phase == "Pending"
+    assert "not enough CPU: 0 of 12 free after 3 replicas, needs 4" in p.status.message

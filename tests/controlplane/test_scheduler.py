@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from controlplane.scheduler import SchedulerSettings, place
+from common.schemas import InferenceDeployment
+from controlplane.scheduler import Committed, SchedulerSettings, committed_resources, place
 from tests.controlplane.planner_data import NOW, deployment, gpu, model, node, profile, replica
 
 
@@ -89,6 +90,62 @@ def test_settings_from_env():
     assert SchedulerSettings.from_env({}) == SchedulerSettings()
 
 
-def test_dry_run_nodes_skip_cpu_and_memory_filters():
-    assert run([node("a", cpu=0, mem=0, driver="dry-run")]).node == "a"
-    assert run([node("a", cpu=0, mem=0)]).node is None
+# -- CPU and memory the replicas already on a node hold (all deployments) ------------------------------
+
+DEPLOYMENTS = {"qwen": deployment(), "other": InferenceDeployment(name="other", model="qwen", profile="small"),
+               "orphan": InferenceDeployment(name="orphan", model="qwen", profile="gone")}
+PROFILES = {"p24": profile(cpu=4, mem=16), "small": profile(cpu=2, mem=8).model_copy(update={"name": "small"})}
+
+
+def held(nid, dep="qwen", ordinal=0, **kw):
+    return replica(ordinal, nid, **kw).model_copy(update={"deployment": dep, "replica_id": f"{dep}-{ordinal}-{nid}"})
+
+
+@pytest.mark.parametrize(
+    "case, nodes, replicas, prof, chosen, reason",
+    [
+        ("8 CPUs take a first 4-CPU replica", [node("a", 4, cpu=8)], [], profile(cpu=4, mem=1), "a", None),
+        ("8 CPUs take a second 4-CPU replica", [node("a", 4, cpu=8)], [held("a")], profile(cpu=4, mem=1), "a",
+         None),
+        ("8 CPUs refuse a third 4-CPU replica", [node("a", 4, cpu=8)], [held("a"), held("a", ordinal=1)],
+         profile(cpu=4, mem=1), None, "not enough CPU: 0 of 8 free after 2 replicas, needs 4"),
+        ("replicas of other deployments count", [node("a", 4, cpu=8)],
+         [held("a", "other"), held("a", "other", 1), held("a", "other", 2)], profile(cpu=4, mem=1), None,
+         "not enough CPU: 2 of 8 free after 3 replicas, needs 4"),
+        ("the refused node's replicas go elsewhere", [node("a", 4, cpu=8), node("b", 4, cpu=8)],
+         [held("a"), held("a", ordinal=1)], profile(cpu=4, mem=1), "b", None),
+        ("memory likewise: 16 of 40 GiB left fits 16", [node("a", 4, mem=40)], [held("a"), held("a", "other", 1)],
+         profile(cpu=1, mem=16), "a", None),
+        ("memory likewise: 12 of 40 GiB left refuses 20", [node("a", 4, mem=40)],
+         [held("a"), held("a", "other", 1)], profile(cpu=1, mem=20), None,
+         "not enough memory: 12 of 40 GiB free after 2 replicas, needs 20"),
+        ("a draining replica still holds its VM", [node("a", 4, cpu=8)],
+         [held("a"), held("a", ordinal=1, draining=True, phase="Draining")], profile(cpu=4, mem=1), None,
+         "after 2 replicas"),
+        ("a replica being deleted holds until its record goes", [node("a", 4, cpu=8)],
+         [held("a"), held("a", ordinal=1, ready=False, phase="Deleting")], profile(cpu=4, mem=1), None,
+         "after 2 replicas"),
+        ("a deleted replica (record gone) frees its share", [node("a", 4, cpu=8)], [held("a")],
+         profile(cpu=4, mem=1), "a", None),
+        ("a replica without a profile holds nothing", [node("a", 4, cpu=8)],
+         [held("a"), held("a", "orphan", 1)], profile(cpu=4, mem=1), "a", None),
+        ("no replicas: the plain reason", [node("a", 4, cpu=2)], [], profile(cpu=4, mem=1), None,
+         "not enough CPU: 2 of 2 free, needs 4"),
+        ("dry-run nodes fill up like any other", [node("a", 4, cpu=8, driver="dry-run")],
+         [held("a"), held("a", ordinal=1)], profile(cpu=4, mem=1), None, "not enough CPU: 0 of 8 free"),
+    ],
+)
+def test_committed_cpu_and_memory(case, nodes, replicas, prof, chosen, reason):
+    profiles = {**PROFILES, "p24": prof}
+    committed = committed_resources(replicas, DEPLOYMENTS, profiles)
+    plan = run(nodes, prof=prof, committed=committed)
+    assert plan.node == chosen, (case, plan.message)
+    if reason:
+        assert reason in plan.rejected["a"], (case, plan.rejected["a"])
+
+
+def test_committed_resources_sums_per_node():
+    replicas = [held("a"), held("a", "other", 1), held("b"), held("b", "orphan", 2)]
+    assert committed_resources(replicas, DEPLOYMENTS, PROFILES) == {
+        "a": Committed(cpu=6, memory_gib=24, replicas=2), "b": Committed(cpu=4, memory_gib=16, replicas=1)}
+    assert committed_resources([], DEPLOYMENTS, PROFILES) == {}

@@ -55,6 +55,12 @@ def test_deploy_route_replace_drain_delete(cluster):
         assert len({g for r in explain["replicas"] for g in r["gpus"]}) == 3
         cap = api.get("/api/ai/capacity").json()
         assert (cap["gpus_total"], cap["gpus_free"]) == (4, 1)
+        # CPU and memory: the agent's --cpus/--memory-gib less the three 1-CPU, 1-GiB replicas.
+        assert {k: cap["nodes"][0][k] for k in ("replicas", "cpu_allocatable", "cpu_committed", "cpu_free",
+                                                "memory_committed_gib", "memory_free_gib")} == {
+            "replicas": 3, "cpu_allocatable": 64, "cpu_committed": 3, "cpu_free": 61,
+            "memory_committed_gib": 3, "memory_free_gib": 253}
+        assert explain["node"] == "node-a", explain  # a fourth replica would still fit (1 GPU, 61 CPUs)
         wait_for(lambda: api.get(f"/api/ai/endpoints/{EP}").json()["status"].get("vip") == "10.96.0.7", 30,
                  "endpoint VIP")
 
