@@ -37,19 +37,28 @@ class HostResources:
     memory_free_gib: float
 
 
-def parse_meminfo_available_gib(text: str) -> float:
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return round(int(line.split()[1]) / (1024 * 1024), 2)  # kB -> GiB
+HOST_MEMORY_RESERVE = 0.10  # of MemTotal, at least HOST_MEMORY_RESERVE_MIN_GIB, kept for the host
+HOST_MEMORY_RESERVE_MIN_GIB = 2.0
+
+
+def allocatable_memory_gib(meminfo: str) -> float:
+    """Memory this host offers to replicas: MemTotal less a host reserve. Not MemAvailable:
+    running VMs pin their memory, and the scheduler already subtracts what replicas hold, so
+    MemAvailable would count each VM twice."""
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            total = int(line.split()[1]) / (1024 * 1024)  # kB -> GiB
+            reserve = max(total * HOST_MEMORY_RESERVE, HOST_MEMORY_RESERVE_MIN_GIB)
+            return round(max(total - reserve, 0.0), 2)
     return 0.0
 
 
 def read_host_resources(proc: Path = Path("/proc")) -> HostResources:
-    """CPUs and memory this host offers to replicas: every CPU (VMs get vCPUs, not load-average
-    leftovers: a busy host must not refuse all placement) and MemAvailable. `serve --cpus` and
-    `--memory-gib` override both for a simulated node."""
+    """CPUs and memory this host offers to replicas (allocatable; the scheduler subtracts what
+    placed replicas hold): every CPU, and MemTotal less a host reserve. `serve --cpus` and
+    `--memory-gib` override both, e.g. for a simulated node."""
     try:
-        mem = parse_meminfo_available_gib((proc / "meminfo").read_text())
+        mem = allocatable_memory_gib((proc / "meminfo").read_text())
     except OSError:
         mem = 0.0
     return HostResources(os.cpu_count() or 1, mem)
