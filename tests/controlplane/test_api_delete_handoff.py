@@ -18,7 +18,7 @@ from common.store.base import open_store
 from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.state import AppState, Settings
-from tests.controlplane.conftest import free_port
+from tests.support.servers import free_port
 
 
 @pytest.fixture
