@@ -6,6 +6,7 @@ state directory and port while the agent and its engines keep running."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from agent.vm.dryrun_driver import DryRunDriver
 from tests.support.servers import free_port
 
 BIN = Path(sys.executable).parent
@@ -153,5 +155,18 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
     finally:
         for proc in reversed(procs):
             _stop(proc)
+        stop_engines(tmp / "agent")
         for f in files:
             f.close()
+
+
+def stop_engines(agent_dir: Path) -> None:
+    """The dry-run engines run in their own sessions and outlive the agent: stop every one it
+    recorded (the driver's delete checks that the pid is still that replica's engine)."""
+    for record in agent_dir.rglob("*.json"):
+        try:
+            replica_id = json.loads(record.read_text()).get("replica_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if replica_id and record.stem == replica_id:
+            DryRunDriver(record.parent).delete(replica_id)

@@ -23,7 +23,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.vm.dryrun_driver import DryRunDriver
 from common import keyspace
 from common.store.base import open_store
 from common.store.locks import lock_view
@@ -35,6 +34,7 @@ from tests.integration.orchestration_harness import (
     _wait_fabricd,
     agent_command,
     clean_env,
+    stop_engines,
     wait_for,
 )
 from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
@@ -52,18 +52,6 @@ def holder_pid(view) -> int | None:
     if view.holder is None:
         return None
     return int(view.holder.split(":")[-2])
-
-
-def stop_engines(agent_dir: Path) -> None:
-    """The dry-run engines run in their own sessions and outlive the agent: stop every one it
-    recorded (the driver's delete checks that the pid is still that replica's engine)."""
-    for record in agent_dir.rglob("*.json"):
-        try:
-            replica_id = json.loads(record.read_text()).get("replica_id")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if replica_id and record.stem == replica_id:
-            DryRunDriver(record.parent).delete(replica_id)
 
 
 def leader_gauge(url: str) -> float | None:
