@@ -22,6 +22,7 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
+from tests.support.bpf import bpf_missing
 from tests.support.servers import serve_in_thread
 
 NODE = "node-a"
@@ -261,20 +262,8 @@ def test_advertised_address():
 
 # -- the real BPF dataplane behind the API ------------------------------------------------------------
 
-def _bpf_missing() -> str | None:
-    import os
-
-    if os.geteuid() != 0:
-        return "needs root for BPF"
-    try:
-        import bcc  # noqa: F401
-    except ImportError:
-        return "BCC (python3-bpfcc) is not installed"
-    return None if os.path.isdir("/sys/fs/bpf") else "no bpffs at /sys/fs/bpf"
-
-
 def test_maglev_api_over_the_real_bpf_maps(cluster, tmp_path):
-    reason = _bpf_missing()
+    reason = bpf_missing()
     if reason:
         pytest.skip(reason)
     import shutil
