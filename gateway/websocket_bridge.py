@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from urllib.parse import parse_qs, unquote
@@ -20,8 +19,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from common.errors import FabricError, NotFound
+from gateway.app import error_body
 from gateway.assemble import backend_ssl
 from gateway.limits import RequestFacts, plan_admission
+from gateway.proxy import UpstreamFailed
 from gateway.upstreams import order_targets
 
 PREFIX = "/api/ai/openai/"
@@ -29,13 +30,8 @@ NOT_FORWARDED = {"host", "authorization", "api-key", "x-api-key", "upgrade", "co
                  "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-accept", "content-length"}
 
 
-class UpstreamRefused(FabricError):
-    status = 502
-    code = "upstream_unavailable"
-
-
 async def deny(scope, send, exc: FabricError) -> None:
-    body = json.dumps({"error": {"message": exc.message, "type": exc.code, "code": exc.code}}).encode()
+    body = error_body(exc)
     if "websocket.http.response" in scope.get("extensions", {}):
         await send({"type": "websocket.http.response.start", "status": exc.status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
@@ -101,7 +97,7 @@ async def bridge(state, scope, receive, send) -> None:
             upstream = await connect(uri, additional_headers=fwd, open_timeout=10,
                                      ssl=backend_ssl(state.settings.backend_tls) if tls else None)
         except Exception as exc:  # noqa: BLE001 - any failure to open (TLS, handshake, refusal) is the upstream's
-            raise UpstreamRefused(f"the upstream refused the WebSocket ({type(exc).__name__})") from None
+            raise UpstreamFailed(f"the upstream refused the WebSocket ({type(exc).__name__})") from None
         async with upstream:
             await send({"type": "websocket.accept"})
             status = 101
