@@ -35,7 +35,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -44,7 +44,7 @@ from starlette.routing import Route
 from agent.engine_sim import openai_format as fmt
 from agent.engine_sim.engine import Engine
 from agent.engine_sim.generate_routes import make_generate_routes
-from agent.engine_sim.http_util import JsonBytes, bad_request, describe_validation, openai_error, read_json
+from agent.engine_sim.http_util import JsonBytes, bad_request, openai_error, parse_openai
 from agent.engine_sim.pooling_routes import make_pooling_routes
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
@@ -477,13 +477,9 @@ def make_batch_routes(engine: Engine) -> list[Route]:
         return JsonBytes(fmt.to_json({"id": file_id, "object": "file", "deleted": True}))
 
     async def create_batch(request: Request) -> Response:
-        try:
-            req = BatchCreate.model_validate(await read_json(request))
-        except ValidationError as err:
-            message, param = describe_validation(err)
-            return bad_request(message, param)
-        except ValueError as err:
-            return bad_request(str(err))
+        req = await parse_openai(request, BatchCreate)
+        if isinstance(req, Response):
+            return req
         if req.endpoint not in BATCH_ENDPOINTS:
             return bad_request(f"endpoint `{req.endpoint}` cannot be batched here; use one of "
                                f"{', '.join(BATCH_ENDPOINTS)}", "endpoint")
