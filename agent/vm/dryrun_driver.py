@@ -15,7 +15,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.vm.base import VmSpec, VmStatus
+from agent.vm.records import RecordDir
 from common.errors import TransientError
 
 STOP_WAIT_S = 5.0
@@ -101,26 +101,11 @@ class DryRunDriver:
     def __init__(self, state_dir: str | Path, *, engine_command: list[str] | None = None,
                  host: str = "127.0.0.1"):
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.records = RecordDir(self.state_dir, EngineRecord)
         self.engine_command = engine_command or default_engine_command()
         self.host = host
         self._children: dict[str, subprocess.Popen] = {}  # reaped by us; adopted ones are not
         self._lock = threading.Lock()
-
-    # records ---------------------------------------------------------------------------
-    def _path(self, vm_id: str) -> Path:
-        return self.state_dir / f"{vm_id}.json"
-
-    def _read(self, vm_id: str) -> EngineRecord | None:
-        try:
-            return EngineRecord(**json.loads(self._path(vm_id).read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-    def _write(self, rec: EngineRecord) -> None:
-        tmp = self._path(rec.replica_id).with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec.__dict__))
-        os.replace(tmp, self._path(rec.replica_id))
 
     def _alive(self, rec: EngineRecord) -> bool:
         child = self._children.get(rec.replica_id)
@@ -146,7 +131,7 @@ class DryRunDriver:
     # VmDriver --------------------------------------------------------------------------
     def create(self, spec: VmSpec) -> VmStatus:
         with self._lock:
-            rec = self._read(spec.replica_id)
+            rec = self.records.load(spec.replica_id)
             if rec is not None and self._alive(rec):
                 return self._status(rec)
             if rec is not None:  # a dead engine: start it again under the same record name
@@ -160,28 +145,23 @@ class DryRunDriver:
                 raise TransientError(f"cannot start the engine sim for {spec.replica_id}: {exc}") from exc
             self._children[spec.replica_id] = proc
             rec = EngineRecord(spec.replica_id, proc.pid, self.host, port, argv, time.time())
-            self._write(rec)
+            self.records.save(rec)
             return self._status(rec)
 
     def get(self, vm_id: str) -> VmStatus | None:
-        rec = self._read(vm_id)
+        rec = self.records.load(vm_id)
         return None if rec is None else self._status(rec)
 
     def list(self) -> list[VmStatus]:
-        out = []
-        for path in sorted(self.state_dir.glob("*.json")):
-            rec = self._read(path.stem)
-            if rec is not None:
-                out.append(self._status(rec))
-        return out
+        return [self._status(rec) for rec in self.records.all()]
 
     def delete(self, vm_id: str) -> bool:
         with self._lock:
-            rec = self._read(vm_id)
+            rec = self.records.load(vm_id)
             if rec is None:
                 return False
             self._stop(rec)
-            self._path(vm_id).unlink(missing_ok=True)
+            self.records.remove(vm_id)
             return True
 
     def _stop(self, rec: EngineRecord) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import json
 import os
 import shutil
 import signal
@@ -29,10 +28,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.vm.base import VmSpec, VmStatus
+from agent.vm.records import RecordDir
 from common.errors import Refused, TransientError
 
 
@@ -90,31 +90,8 @@ class LabDriver:
     def __init__(self, network: LabNetwork, state_dir: Path):
         self.net = network
         self.dir = Path(state_dir) / "lab-replicas"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.records = RecordDir(self.dir, _Record)
         self._lock = threading.Lock()
-
-    # ---- records -------------------------------------------------------------------------
-    def _path(self, replica_id: str) -> Path:
-        return self.dir / f"{replica_id}.json"
-
-    def _load(self, replica_id: str) -> _Record | None:
-        try:
-            return _Record(**json.loads(self._path(replica_id).read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-    def _save(self, rec: _Record) -> None:
-        tmp = self._path(rec.replica_id).with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(rec)))
-        tmp.replace(self._path(rec.replica_id))
-
-    def _records(self) -> list[_Record]:
-        out = []
-        for p in sorted(self.dir.glob("*.json")):
-            rec = self._load(p.stem)
-            if rec:
-                out.append(rec)
-        return out
 
     # ---- helpers ---------------------------------------------------------------------------
     def _netns_name(self, replica_id: str) -> str:
@@ -128,7 +105,7 @@ class LabDriver:
         """The next free address after the last one handed out (wrapping), so a replacement
         never inherits the address of the replica it replaces while flows may still name it."""
         net = ipaddress.ip_network(self.net.subnet)
-        used = {r.address for r in self._records()} | {self.net.gateway}
+        used = {r.address for r in self.records.all()} | {self.net.gateway}
         hosts = [h for h in list(net.hosts())[9:] if h.packed[-1] not in (0, 255)]  # .1-.9: node, lab
         cursor = self.dir / "last-address"
         last = cursor.read_text().strip() if cursor.exists() else ""
@@ -160,11 +137,11 @@ class LabDriver:
     # ---- VmDriver --------------------------------------------------------------------------
     def create(self, spec: VmSpec) -> VmStatus:
         with self._lock:
-            rec = self._load(spec.replica_id)
+            rec = self.records.load(spec.replica_id)
             if rec and _netns_exists(rec.netns):
                 if not _alive(rec.pid, rec.replica_id):
                     rec.pid = self._start_engine(rec, spec)
-                    self._save(rec)
+                    self.records.save(rec)
                 return self._status(rec)
             ns, veth = self._netns_name(spec.replica_id), self._veth_name(spec.replica_id)
             address = rec.address if rec else self._free_address()
@@ -185,23 +162,23 @@ class LabDriver:
                 raise
             rec = _Record(spec.replica_id, ns, veth, address, 0, spec.model_name, spec.port)
             rec.pid = self._start_engine(rec, spec)
-            self._save(rec)
+            self.records.save(rec)
             return VmStatus(spec.replica_id, "starting", address, spec.port, f"netns {ns}")
 
     def get(self, vm_id: str) -> VmStatus | None:
-        rec = self._load(vm_id)
+        rec = self.records.load(vm_id)
         return self._status(rec) if rec else None
 
     def list(self) -> list[VmStatus]:
-        return [self._status(r) for r in self._records()]
+        return [self._status(r) for r in self.records.all()]
 
     def delete(self, vm_id: str) -> bool:
         with self._lock:
-            rec = self._load(vm_id)
+            rec = self.records.load(vm_id)
             ns = rec.netns if rec else self._netns_name(vm_id)
             existed = rec is not None or _netns_exists(ns)
             self._teardown(ns, rec.veth if rec else self._veth_name(vm_id))
-            self._path(vm_id).unlink(missing_ok=True)
+            self.records.remove(vm_id)
             (self.dir / f"{vm_id}.log").unlink(missing_ok=True)
             return existed
 
