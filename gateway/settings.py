@@ -53,32 +53,19 @@ class GatewaySettings:
     cache_ttl_secs: float = 1.0
 
 
-def _int(env: dict[str, str], name: str, default: int | None = None, *, zero_is_off: bool = True) -> int | None:
+def _number(env: dict[str, str], name: str, default=None, cast=int):
+    """A non-negative int (or float, with cast=float) from env; unset or 0 means the default."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
     try:
-        v = int(raw)
+        v = cast(raw)
     except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+        what = "an integer" if cast is int else "a number"
+        raise SettingsError(f"{name}={raw!r} is not {what}") from None
     if v < 0:
         raise SettingsError(f"{name} must not be negative")
-    if v == 0 and zero_is_off:
-        return None
-    return v
-
-
-def _float(env: dict[str, str], name: str, default: float | None) -> float | None:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number") from None
-    if v < 0:
-        raise SettingsError(f"{name} must not be negative")
-    return v
+    return v or default
 
 
 def _flag(env: dict[str, str], name: str) -> bool:
@@ -128,26 +115,25 @@ def _backend_tls(env: dict[str, str]) -> BackendTls:
 
 def load(env: dict[str, str] | None = None) -> GatewaySettings:
     env = dict(os.environ if env is None else env)
-    rpm = {s: v for s in SCOPES if (v := _int(env, f"FABRIC_{s}_RPM"))}
-    tpm = {s: v for s in SCOPES if (v := _int(env, f"FABRIC_{s}_TPM"))}
-    streams = {s: v for s in SCOPES if (v := _int(env, f"FABRIC_{s}_STREAMS"))}
-    shed = _float(env, "FABRIC_SHED_QUEUE", None)
+    rpm = {s: v for s in SCOPES if (v := _number(env, f"FABRIC_{s}_RPM"))}
+    tpm = {s: v for s in SCOPES if (v := _number(env, f"FABRIC_{s}_TPM"))}
+    streams = {s: v for s in SCOPES if (v := _number(env, f"FABRIC_{s}_STREAMS"))}
     return GatewaySettings(
         rpm=rpm,
         tpm=tpm,
         streams=streams,
-        daily_tokens=_int(env, "FABRIC_DAILY_TOKENS"),
-        max_prompt_tokens=_int(env, "FABRIC_MAX_PROMPT_TOKENS"),
-        max_generated_tokens=_int(env, "FABRIC_MAX_GENERATED_TOKENS"),
-        max_context=_int(env, "FABRIC_MAX_CONTEXT", 32768) or 32768,
-        max_body=_int(env, "FABRIC_GATEWAY_MAX_BODY", 1024 * 1024) or 1024 * 1024,
-        max_upload=_int(env, "FABRIC_GATEWAY_MAX_UPLOAD", 100 * 1024 * 1024) or 100 * 1024 * 1024,
-        idle_secs=_float(env, "FABRIC_GATEWAY_IDLE_SECS", 60.0) or 60.0,
-        shed_queue=shed or None,
+        daily_tokens=_number(env, "FABRIC_DAILY_TOKENS"),
+        max_prompt_tokens=_number(env, "FABRIC_MAX_PROMPT_TOKENS"),
+        max_generated_tokens=_number(env, "FABRIC_MAX_GENERATED_TOKENS"),
+        max_context=_number(env, "FABRIC_MAX_CONTEXT", 32768),
+        max_body=_number(env, "FABRIC_GATEWAY_MAX_BODY", 1024 * 1024),
+        max_upload=_number(env, "FABRIC_GATEWAY_MAX_UPLOAD", 100 * 1024 * 1024),
+        idle_secs=_number(env, "FABRIC_GATEWAY_IDLE_SECS", 60.0, float),
+        shed_queue=_number(env, "FABRIC_SHED_QUEUE", None, float),
         accept_any_jwt_audience=_flag(env, "FABRIC_GATEWAY_ACCEPT_JWT"),
         oidc_providers=_oidc(env),
         backend_tls=_backend_tls(env),
         otel_endpoint=env.get("FABRIC_OTEL_ENDPOINT", "").strip() or None,
         dry_run=_flag(env, "FABRIC_DRY_RUN"),
-        cache_ttl_secs=_float(env, "FABRIC_GATEWAY_CACHE_SECS", 1.0) or 1.0,
+        cache_ttl_secs=_number(env, "FABRIC_GATEWAY_CACHE_SECS", 1.0, float),
     )
