@@ -8,7 +8,6 @@ controllers off (so deletes are immediate); `admin_token` logs in through the re
 
 from __future__ import annotations
 
-import os
 import ssl
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.polling import clean_env
 from tests.support.servers import free_port
 
 BIN = Path(sys.executable).parent
@@ -40,10 +40,7 @@ class Fabricd:
         return httpx.Client(base_url=self.url, headers=headers, verify=verify, timeout=10)
 
 
-def fabricd_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
-    env.update(extra or {})
-    return env
+fabricd_env = clean_env  # the name tests/controlplane imports
 
 
 @contextmanager

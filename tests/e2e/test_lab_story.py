@@ -13,7 +13,6 @@ import os
 import shutil
 import ssl
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 
 from controlplane.lab.cluster import NODE_ID, LabConfig, down, status, up
 from controlplane.lab.processes import running
+from tests.support.polling import wait_for as poll
 from tests.support.servers import free_port
 
 MODEL, PROFILE = "story-llm", "story-h100"
@@ -44,14 +44,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_why_not() is not None, reason
 
 
 def wait_for(what: str, check, timeout: float = 90.0, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    return poll(check, timeout, what, every)
 
 
 class Story:

@@ -7,11 +7,9 @@ state directory and port while the agent and its engines keep running."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,16 +17,11 @@ from pathlib import Path
 import httpx
 
 from agent.vm.dryrun_driver import DryRunDriver
+from tests.support.polling import clean_env, wait_for
 from tests.support.servers import free_port
 
 BIN = Path(sys.executable).parent
 AGENT_FALLBACK = "import typer; from agent.server_cli import serve; typer.run(serve)"
-
-
-def clean_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
-    env.update(extra)
-    return env
 
 
 def agent_command() -> list[str]:
@@ -38,17 +31,6 @@ def agent_command() -> list[str]:
     if probe.returncode == 0:
         return [str(BIN / "fabric-agent"), "serve"]
     return [sys.executable, "-c", AGENT_FALLBACK]
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 @dataclass

@@ -33,11 +33,10 @@ from tests.integration.orchestration_harness import (
     _stop,
     _wait_fabricd,
     agent_command,
-    clean_env,
     stop_engines,
-    wait_for,
 )
 from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
+from tests.support.polling import clean_env, wait_for
 from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.e2e,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.orchestration_harness import start_cluster, wait_for
+from tests.integration.orchestration_harness import start_cluster
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,25 @@
+"""Helpers the subprocess-driven tests share: polling for a condition and a FABRIC_-free environment."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
+    """Call ``predicate`` until it returns something truthy (returned) or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without any FABRIC_ setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    env.update(extra or {})
+    return env
