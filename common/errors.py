@@ -83,3 +83,14 @@ class TransientError(FabricError):
     def __init__(self, message: str, *, delay: float = 1.0, code: str | None = None):
         super().__init__(message, code=code)
         self.delay = delay
+
+
+def error_for_status(status: int) -> type[FabricError]:
+    """The FabricError subclass answering with HTTP `status`: TransientError for any 5xx,
+    Refused for a 4xx without a class of its own."""
+    if status >= 500:
+        return TransientError
+    return _BY_STATUS.get(status, Refused)
+
+
+_BY_STATUS: dict[int, type[FabricError]] = {cls.status: cls for cls in FabricError.__subclasses__()}

@@ -27,27 +27,12 @@ from common.agent_api import (
     VmInfo,
     VmList,
 )
-from common.errors import (
-    Conflict,
-    FabricError,
-    Forbidden,
-    InvalidInput,
-    LimitExceeded,
-    NotFound,
-    PayloadTooLarge,
-    Refused,
-    TransientError,
-    Unauthorized,
-)
+from common.errors import FabricError, Refused, TransientError, error_for_status
 from common.pki import client_ssl_context, pki_dir
 from common.schemas import Node
 
 DEFAULT_TIMEOUT_S = 10.0
 CLIENT_CERT_NAME = "fabricd"
-_BY_STATUS: dict[int, type[FabricError]] = {
-    400: Refused, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-    413: PayloadTooLarge, 422: InvalidInput, 429: LimitExceeded,
-}
 
 
 def error_from_response(resp: httpx.Response, what: str) -> FabricError:
@@ -60,9 +45,7 @@ def error_from_response(resp: httpx.Response, what: str) -> FabricError:
         message = f"agent: {err.get('message') or message}"
     except ValueError:
         pass
-    if resp.status_code >= 500:
-        return TransientError(message, code=code)
-    return _BY_STATUS.get(resp.status_code, Refused)(message, code=code)
+    return error_for_status(resp.status_code)(message, code=code)
 
 
 class AgentClient:
