@@ -45,10 +45,6 @@ def reserve(store: Store, key: str, amount: int, limit: int | None) -> Outcome:
     raise TransientError(f"counter {key} is too contended; try again")
 
 
-def release(store: Store, key: str, amount: int = 1) -> int:
-    return reserve(store, key, -amount, None).value
-
-
 def read(store: Store, key: str) -> int:
     kv = store.get(key)
     return int(kv.value) if kv else 0
@@ -73,7 +69,3 @@ def window_reserve(store: Store, key: str, amount: int, limit: int | None, windo
         if _write(store, key, f"{start} {new}", kv):
             return Outcome(True, new)
     raise TransientError(f"window {key} is too contended; try again")
-
-
-def window_read(store: Store, key: str, window_secs: int, now: float) -> int:
-    return _parse_window(store.get(key), window_secs, now)[1]

@@ -19,7 +19,7 @@ import time
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from common import apikeys, audit_chain, keyspace
+from common import apikeys, audit_chain, counters, keyspace
 from common.errors import NotFound, TransientError
 from common.schemas import check_name
 from controlplane.auth import require_admin
@@ -58,8 +58,7 @@ def hmac_secret(request: Request) -> bytes:
 
 def _usage(state: AppState, record) -> dict:
     view = apikeys.public_view(record)
-    kv = state.store.get(keyspace.counters(f"quota/{record.id}"))
-    view["requests_used"] = int(kv.value) if kv else 0
+    view["requests_used"] = counters.read(state.store, keyspace.counters(f"quota/{record.id}"))
     view["expired"] = apikeys.is_expired(record, time.time())
     return view
 
