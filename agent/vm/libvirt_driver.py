@@ -24,7 +24,7 @@ from agent.net.bridge import BridgeNetwork
 from agent.vm.base import VmSpec, VmState, VmStatus
 from agent.vm.cloud_init import build_seed, write_seed_iso
 from agent.vm.domain_xml import Firmware, build_domain_xml, domain_name, mac_for, tap_name
-from agent.vm.overlay import create_overlay, delete_overlay
+from agent.vm.overlay import create_overlay
 from common.errors import InvalidInput, NotFound, Refused, TransientError
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class LibvirtDriver:
         existed = self.destroy(vm_id)
         existed = self.undefine(vm_id) or existed
         paths = self.paths(vm_id)
-        removed = [delete_overlay(paths.overlay), _unlink(paths.seed), _unlink(paths.nvram)]
+        removed = [_unlink(paths.overlay), _unlink(paths.seed), _unlink(paths.nvram)]
         removed.append(self.network.delete_tap(tap_name(vm_id)))
         return existed or any(removed)
 

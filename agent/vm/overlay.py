@@ -51,11 +51,3 @@ def backing_file(image: Path) -> str | None:
         raise Refused(f"qemu-img could not read {image}: {done.stderr.strip()[:300]}")
     info = json.loads(done.stdout)
     return info.get("full-backing-filename") or info.get("backing-filename")
-
-
-def delete_overlay(overlay: Path) -> bool:
-    try:
-        overlay.unlink()
-        return True
-    except FileNotFoundError:
-        return False
