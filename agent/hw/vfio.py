@@ -135,10 +135,15 @@ class Plan:
     refusal: str | None = None
 
 
+def _moving(facts: GroupFacts) -> tuple[list[FunctionFacts], str | None]:
+    """The group's functions that change driver (bridges stay) and why the group may not move."""
+    moving = [f for f in facts.functions if not f.pci_class.startswith(BRIDGE_CLASS_PREFIX)]
+    return moving, _common_refusal(facts)
+
+
 def plan_bind(facts: GroupFacts) -> Plan:
     """Pure: what to write to move the group to vfio-pci (empty steps when already there)."""
-    refusal = _common_refusal(facts)
-    moving = [f for f in facts.functions if not f.pci_class.startswith(BRIDGE_CLASS_PREFIX)]
+    moving, refusal = _moving(facts)
     names = [f.bdf for f in moving]
     if refusal:
         return Plan(names, [], refusal)
@@ -159,8 +164,7 @@ def plan_bind(facts: GroupFacts) -> Plan:
 
 def plan_release(facts: GroupFacts) -> Plan:
     """Pure: what to write so each function's own driver takes it back."""
-    refusal = _common_refusal(facts)
-    moving = [f for f in facts.functions if not f.pci_class.startswith(BRIDGE_CLASS_PREFIX)]
+    moving, refusal = _moving(facts)
     names = [f.bdf for f in moving]
     if refusal:
         return Plan(names, [], refusal)
