@@ -79,6 +79,17 @@ class Snapshot:
         return committed_resources(self.all_replicas(), self.deployments, self.profiles)
 
 
+def json_field(kv: KV | None, name: str) -> str | None:
+    """One field of a small JSON record (a VIP's or a GPU reservation's owner); None when the
+    key is absent or the value is not a JSON object."""
+    if kv is None:
+        return None
+    try:
+        return json.loads(kv.value).get(name)
+    except (ValueError, AttributeError):
+        return None
+
+
 def _parse(kv: KV, model: type[BaseModel]):
     try:
         return model.model_validate_json(kv.value)

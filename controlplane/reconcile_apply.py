@@ -35,6 +35,7 @@ from controlplane.agent_backoff import AgentBackoff, BackoffAgent
 from controlplane.orchestration_state import (
     Snapshot,
     get_replica,
+    json_field,
     load_snapshot,
     managed_vm_key,
     put_replica,
@@ -46,13 +47,7 @@ HEALTH_TIMEOUT_S = 2.0
 
 
 def _reserved_for(store: Store, node: str, pci: str) -> str | None:
-    kv = store.get(keyspace.gpu_reservations(node, pci))
-    if kv is None:
-        return None
-    try:
-        return json.loads(kv.value).get("replica_id")
-    except (ValueError, AttributeError):
-        return None
+    return json_field(store.get(keyspace.gpu_reservations(node, pci)), "replica_id")
 
 
 def reserve_gpus(store: Store, node: str, gpus, replica_id: str, deployment: str, now: float) -> bool:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from common import keyspace
 from common.errors import Conflict, InvalidInput
 from common.store.base import Store
+from controlplane.orchestration_state import json_field
 
 DEFAULT_SERVICE_CIDR = "10.96.0.0/16"
 MAX_ADDRESSES_PER_ENTRY = 1 << 16  # a /16
@@ -112,13 +113,7 @@ def iter_addresses(pool: AddressPool) -> Iterator[str]:
 
 
 def owner_of(store: Store, address: str) -> str | None:
-    kv = store.get(keyspace.vips(address))
-    if kv is None:
-        return None
-    try:
-        return json.loads(kv.value).get("endpoint")
-    except (ValueError, AttributeError):
-        return None
+    return json_field(store.get(keyspace.vips(address)), "endpoint")
 
 
 def allocations(store: Store) -> dict[str, str]:
@@ -126,10 +121,7 @@ def allocations(store: Store) -> dict[str, str]:
     out: dict[str, str] = {}
     prefix = keyspace.vips()
     for kv in store.list(prefix):
-        try:
-            out[kv.key[len(prefix):]] = json.loads(kv.value).get("endpoint", "")
-        except (ValueError, AttributeError):
-            out[kv.key[len(prefix):]] = ""
+        out[kv.key[len(prefix):]] = json_field(kv, "endpoint") or ""
     return out
 
 
@@ -153,12 +145,6 @@ def allocate(store: Store, endpoint: str, pool: AddressPool, *, now: float | Non
 def release(store: Store, address: str, endpoint: str) -> bool:
     """Free the address only if this endpoint still holds it; True if a key was deleted."""
     kv = store.get(keyspace.vips(address))
-    if kv is None:
-        return False
-    try:
-        owner = json.loads(kv.value).get("endpoint")
-    except (ValueError, AttributeError):
-        owner = None
-    if owner != endpoint:
+    if kv is None or json_field(kv, "endpoint") != endpoint:
         return False
     return store.delete(keyspace.vips(address), mod_revision=kv.mod_revision)
