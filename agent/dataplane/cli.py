@@ -7,6 +7,8 @@ shows and changes is what the XDP program is forwarding with right now.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import typer
 
@@ -32,6 +34,26 @@ def _open(pin_dir: str, node_ip: str | None, table_size: int):
 def _fail(exc: FabricError) -> None:
     typer.echo(f"error: {exc.message}", err=True)
     raise typer.Exit(code=2)
+
+
+@contextmanager
+def _maps(pin_dir: str, node_ip: str | None, table_size: int) -> Iterator:
+    """The opened dataplane, closed afterwards; a FabricError on the way becomes exit code 2."""
+    try:
+        dp = _open(pin_dir, node_ip, table_size)
+        try:
+            yield dp
+        finally:
+            dp.close()
+    except FabricError as exc:
+        _fail(exc)
+
+
+def _service(spec: str):
+    try:
+        return parse_service_spec(spec)
+    except FabricError as exc:
+        _fail(exc)
 
 
 @maglev_app.command()
@@ -76,15 +98,9 @@ def set_service(
 ) -> None:
     """Create or replace a service's backends."""
     backends = _parse_backends(backend)
-    try:
-        addr = parse_service_spec(service)
-        dp = _open(pin_dir, node_ip, table_size)
-        try:
-            changed = dp.put_service(addr.vip, addr.port, addr.proto, backends, draining or [])
-        finally:
-            dp.close()
-    except FabricError as exc:
-        _fail(exc)
+    addr = _service(service)
+    with _maps(pin_dir, node_ip, table_size) as dp:
+        changed = dp.put_service(addr.vip, addr.port, addr.proto, backends, draining or [])
     typer.echo(f"{addr}: {'updated' if changed else 'unchanged'}")
 
 
@@ -92,15 +108,9 @@ def set_service(
 def delete(service: str = typer.Argument(..., help="VIP:PORT/PROTO"), pin_dir: str = PinDir,
            table_size: int = TableSize) -> None:
     """Remove a service (established flows to it stop being forwarded)."""
-    try:
-        addr = parse_service_spec(service)
-        dp = _open(pin_dir, None, table_size)
-        try:
-            found = dp.delete_service(addr.vip, addr.port, addr.proto)
-        finally:
-            dp.close()
-    except FabricError as exc:
-        _fail(exc)
+    addr = _service(service)
+    with _maps(pin_dir, None, table_size) as dp:
+        found = dp.delete_service(addr.vip, addr.port, addr.proto)
     if not found:
         typer.echo(f"{addr}: not found", err=True)
         raise typer.Exit(code=1)
@@ -111,14 +121,8 @@ def delete(service: str = typer.Argument(..., help="VIP:PORT/PROTO"), pin_dir: s
 def attach(iface: str = typer.Option(..., "--iface"), netns: str | None = typer.Option(None, "--netns"),
            pin_dir: str = PinDir, node_ip: str | None = NodeIp, table_size: int = TableSize) -> None:
     """Attach XDP (ingress) and the TC reverse-NAT program (egress) to IFACE."""
-    try:
-        dp = _open(pin_dir, node_ip, table_size)
-        try:
-            dp.attach(iface, netns)
-        finally:
-            dp.close()
-    except FabricError as exc:
-        _fail(exc)
+    with _maps(pin_dir, node_ip, table_size) as dp:
+        dp.attach(iface, netns)
     typer.echo(f"attached to {iface}" + (f" in {netns}" if netns else ""))
 
 
@@ -126,12 +130,6 @@ def attach(iface: str = typer.Option(..., "--iface"), netns: str | None = typer.
 def detach(iface: str = typer.Option(..., "--iface"), netns: str | None = typer.Option(None, "--netns"),
            pin_dir: str = PinDir, table_size: int = TableSize) -> None:
     """Detach both programs from IFACE."""
-    try:
-        dp = _open(pin_dir, None, table_size)
-        try:
-            dp.detach(iface, netns)
-        finally:
-            dp.close()
-    except FabricError as exc:
-        _fail(exc)
+    with _maps(pin_dir, None, table_size) as dp:
+        dp.detach(iface, netns)
     typer.echo(f"detached from {iface}" + (f" in {netns}" if netns else ""))
