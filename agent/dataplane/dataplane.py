@@ -138,11 +138,7 @@ class Dataplane:
     def _read_backends(self) -> dict[int, object]:
         """backend id -> map entry, for entries in use."""
         out = {}
-        try:
-            items = self._backends.items_lookup_batch()
-        except Exception:  # noqa: BLE001  BCC raises bare Exception; batch ops need kernel 5.6+
-            items = self._backends.items()
-        for k, v in items:
+        for k, v in _items(self._backends):
             if v.flags & BACKEND_IN_USE:
                 out[k if isinstance(k, int) else k.value] = _copy(v)
         return out
@@ -267,11 +263,7 @@ class Dataplane:
         """Backend addresses (map order) of the flows to addr without source NAT
         in the connection table: the established flows of a deleted service."""
         key = self._service_key(addr)
-        try:
-            items = list(self._flows.items_lookup_batch())
-        except Exception:  # noqa: BLE001  BCC raises bare Exception; batch ops need kernel 5.6+
-            items = list(self._flows.items())
-        return {(v.backend_ip, v.backend_port) for k, v in items
+        return {(v.backend_ip, v.backend_port) for k, v in _items(self._flows)
                 if k.dst == key.vip and k.dport == key.port and k.proto == key.proto and not v.snat_port}
 
     def _slot_value(self, addr: ServiceAddress):
@@ -364,7 +356,7 @@ class Dataplane:
         no_backends = bool(svc.flags & SERVICE_NO_BACKENDS)
         counts = None if no_backends else self._ring_counts(svc.id * 2 + svc.active)
         views = []
-        for bid, b in sorted(backends.items()):
+        for bid, b in backends.items():
             if b.service != svc.id:
                 continue
             per_cpu = self._backend_stats[ctypes.c_uint32(bid)]
@@ -403,6 +395,14 @@ class Dataplane:
     def close(self) -> None:
         """Drop this process's handles; pinned maps and attachments stay."""
         self._prog.bpf.cleanup()
+
+
+def _items(table) -> list:
+    """All (key, value) pairs of a map, in one batch syscall where the kernel has it."""
+    try:
+        return list(table.items_lookup_batch())
+    except Exception:  # noqa: BLE001  BCC raises bare Exception; batch ops need kernel 5.6+
+        return list(table.items())
 
 
 def _copy(value):
