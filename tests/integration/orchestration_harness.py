@@ -33,6 +33,17 @@ def agent_command() -> list[str]:
     return [sys.executable, "-c", AGENT_FALLBACK]
 
 
+
+def deploy(api: httpx.Client, dep: str, ep: str, replicas: int, **endpoint) -> None:
+    """Create model DEP, profile g1 (one 24 GiB GPU), deployment DEP with REPLICAS and endpoint EP."""
+    assert api.post("/api/ai/models", json={"name": dep, "source": "hf://Qwen/Qwen3-8B"}).status_code == 201
+    assert api.post("/api/ai/profiles", json={"name": "g1", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 1,
+                                              "memory_gib": 1}).status_code == 201
+    r = api.post("/api/ai/deployments", json={"name": dep, "model": dep, "profile": "g1", "replicas": replicas})
+    assert r.status_code == 201, r.text
+    r = api.post("/api/ai/endpoints", json={"name": ep, "deployment": dep, **endpoint})
+    assert r.status_code == 201, r.text
+
 @dataclass
 class Cluster:
     url: str

@@ -33,6 +33,7 @@ from tests.integration.orchestration_harness import (
     _stop,
     _wait_fabricd,
     agent_command,
+    deploy,
     stop_engines,
 )
 from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
@@ -159,12 +160,7 @@ def run(store, procs, urls, state_dir: Path) -> None:
             return api_a.get("/api/ai/nodes/node-a").status_code == 200
         wait_for(registered, 30, "node-a to register (via fabricd b, seen through a)")
 
-        assert api_a.post("/api/ai/models", json={"name": DEP, "source": "hf://Qwen/Qwen3-8B"}).status_code == 201
-        assert api_a.post("/api/ai/profiles", json={"name": "g1", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 1,
-                                                    "memory_gib": 1}).status_code == 201
-        r = api_a.post("/api/ai/deployments", json={"name": DEP, "model": DEP, "profile": "g1", "replicas": 3})
-        assert r.status_code == 201, r.text
-        assert api_a.post("/api/ai/endpoints", json={"name": EP, "deployment": DEP}).status_code == 201
+        deploy(api_a, DEP, EP, 3)
 
         # 1. Three Ready replicas; one leader; three records and reservations on distinct GPUs.
         wait_for(lambda: len(ready(api_a)) == 3, 90, "3 ready replicas")

@@ -14,7 +14,7 @@ import re
 import httpx
 import pytest
 
-from tests.integration.orchestration_harness import start_cluster
+from tests.integration.orchestration_harness import deploy, start_cluster
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -61,12 +61,7 @@ def test_a_restarted_fabricd_keeps_its_replicas_and_continues(tmp_path):
 
 def run(cluster):
     with cluster.api() as api:
-        assert api.post("/api/ai/models", json={"name": DEP, "source": "hf://Qwen/Qwen3-8B"}).status_code == 201
-        assert api.post("/api/ai/profiles", json={"name": "g1", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 1,
-                                                  "memory_gib": 1}).status_code == 201
-        r = api.post("/api/ai/deployments", json={"name": DEP, "model": DEP, "profile": "g1", "replicas": 2})
-        assert r.status_code == 201, r.text
-        assert api.post("/api/ai/endpoints", json={"name": EP, "deployment": DEP}).status_code == 201
+        deploy(api, DEP, EP, 2)
 
         wait_for(lambda: len(ready(api)) == 2, 90, "2 ready replicas")
         vip = wait_for(lambda: api.get(f"/api/ai/endpoints/{EP}").json()["status"].get("vip"), 30, "the VIP")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.orchestration_harness import start_cluster
+from tests.integration.orchestration_harness import deploy, start_cluster
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -36,13 +36,7 @@ def ready_replicas(api) -> list[dict]:
 
 def test_deploy_route_replace_drain_delete(cluster):
     with cluster.api() as api, httpx.Client(timeout=5) as plain:
-        assert api.post("/api/ai/models", json={"name": DEP, "source": "hf://Qwen/Qwen3-8B"}).status_code == 201
-        assert api.post("/api/ai/profiles", json={"name": "g1", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 1,
-                                                  "memory_gib": 1}).status_code == 201
-        r = api.post("/api/ai/deployments", json={"name": DEP, "model": DEP, "profile": "g1", "replicas": 3})
-        assert r.status_code == 201, r.text
-        r = api.post("/api/ai/endpoints", json={"name": EP, "deployment": DEP, "routing": "least_queue"})
-        assert r.status_code == 201, r.text
+        deploy(api, DEP, EP, 3, routing="least_queue")
 
         # 1. Three replicas become Ready on three distinct GPUs; the endpoint gets the first VIP.
         try:
