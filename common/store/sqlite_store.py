@@ -241,11 +241,26 @@ class SqliteStore:
             self._db.close()
 
 
-class _WriteTxn:
-    """``with``: the store's thread lock plus BEGIN IMMEDIATE; sweeps expired leases first."""
+class _Txn:
+    """Shared by both transaction kinds: they hold the store's thread lock while open."""
 
     def __init__(self, store: SqliteStore):
         self.store = store
+
+    def _error(self, exc: sqlite3.Error) -> TransientError:
+        return TransientError(f"sqlite store {self.store.path}: {exc}")
+
+    def _abort(self) -> None:
+        """Roll back whatever is open and let go of the lock."""
+        try:
+            if self.store._db.in_transaction:
+                self.store._db.execute("ROLLBACK")
+        finally:
+            self.store._lock.release()
+
+
+class _WriteTxn(_Txn):
+    """``with``: the store's thread lock plus BEGIN IMMEDIATE; sweeps expired leases first."""
 
     def __enter__(self) -> sqlite3.Connection:
         self.store._lock.acquire()
@@ -254,7 +269,7 @@ class _WriteTxn:
             _sweep(self.store._db)
         except sqlite3.Error as exc:
             self._abort()
-            raise TransientError(f"sqlite store {self.store.path}: {exc}") from exc
+            raise self._error(exc) from exc
         except BaseException:
             self._abort()
             raise
@@ -268,24 +283,14 @@ class _WriteTxn:
                 self.store._db.execute("ROLLBACK")
         except sqlite3.Error as err:
             self._abort()
-            raise TransientError(f"sqlite store {self.store.path}: {err}") from err
+            raise self._error(err) from err
         self.store._lock.release()
         if isinstance(exc, sqlite3.Error):
-            raise TransientError(f"sqlite store {self.store.path}: {exc}") from exc
-
-    def _abort(self) -> None:
-        try:
-            if self.store._db.in_transaction:
-                self.store._db.execute("ROLLBACK")
-        finally:
-            self.store._lock.release()
+            raise self._error(exc) from exc
 
 
-class _ReadTxn:
+class _ReadTxn(_Txn):
     """``with``: a consistent read snapshot; an expired lease first triggers a sweep (a write)."""
-
-    def __init__(self, store: SqliteStore):
-        self.store = store
 
     def __enter__(self) -> sqlite3.Connection:
         self.store._lock.acquire()
@@ -298,14 +303,10 @@ class _ReadTxn:
                 db.execute("COMMIT")
             db.execute("BEGIN")
         except sqlite3.Error as exc:
-            try:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-            finally:
-                self.store._lock.release()
-            raise TransientError(f"sqlite store {self.store.path}: {exc}") from exc
+            self._abort()
+            raise self._error(exc) from exc
         except BaseException:
-            self.store._lock.release()
+            self._abort()
             raise
         return db
 
@@ -316,7 +317,7 @@ class _ReadTxn:
         finally:
             self.store._lock.release()
         if isinstance(exc, sqlite3.Error):
-            raise TransientError(f"sqlite store {self.store.path}: {exc}") from exc
+            raise self._error(exc) from exc
 
 
 # -- helpers running inside a write transaction ----------------------------------------
