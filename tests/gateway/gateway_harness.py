@@ -15,7 +15,7 @@ import httpx
 from agent.engine_sim.process import EngineProcess, free_port
 from common import apikeys, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
-from common.store.base import Store
+from common.store.base import Store, open_store
 
 HMAC_SECRET = "gateway-test-hmac-secret"
 BASE_ENV = {"FABRIC_KEY_HMAC_SECRET": HMAC_SECRET}
@@ -73,6 +73,19 @@ class GatewayProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def sim_engine(*extra: str, tokens_per_s: int = 0) -> EngineProcess:
+    """A fabric-engine-sim serving model sim-m with instant prefill (tokens_per_s 0: instant decode too)."""
+    return EngineProcess.start(["--model", "sim-m", "--tokens-per-s", str(tokens_per_s), "--prefill-tokens-per-s", "0",
+                                *extra])
+
+
+def sqlite_state(tmp_path_factory, name: str) -> tuple[Path, str, Store]:
+    """A fresh state directory, the sqlite store URL in it, and that store opened."""
+    state = tmp_path_factory.mktemp(name)
+    url = f"sqlite://{state}/fabric.db"
+    return state, url, open_store(url)
 
 
 def publish_endpoint(store: Store, name: str, engines: list[EngineProcess], deployment: str | None = None) -> None:

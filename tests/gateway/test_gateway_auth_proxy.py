@@ -10,15 +10,15 @@ import httpx
 import openai
 import pytest
 
-from agent.engine_sim.process import EngineProcess
 from common import apikeys, audit_chain
-from common.store.base import open_store
 from tests.gateway.gateway_harness import (
     HMAC_SECRET,
     GatewayProcess,
     engine_running,
     make_key,
     publish_endpoint,
+    sim_engine,
+    sqlite_state,
 )
 
 PROMPT = "the secret prompt says zebra-quartz-4411 and nothing else"
@@ -26,13 +26,10 @@ PROMPT = "the secret prompt says zebra-quartz-4411 and nothing else"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    state = tmp_path_factory.mktemp("gw")
-    url = f"sqlite://{state}/fabric.db"
-    store = open_store(url)
-    fast = EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0",
-                                "--embedding-dim", "8"])
-    slow = EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "20", "--prefill-tokens-per-s", "0"])
-    doomed = EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "20", "--prefill-tokens-per-s", "0"])
+    state, url, store = sqlite_state(tmp_path_factory, "gw")
+    fast = sim_engine("--embedding-dim", "8")
+    slow = sim_engine(tokens_per_s=20)
+    doomed = sim_engine(tokens_per_s=20)
     publish_endpoint(store, "chat", [fast])
     publish_endpoint(store, "other", [fast])
     publish_endpoint(store, "slow", [slow])

@@ -10,18 +10,13 @@ import httpx
 import openai
 import pytest
 
-from agent.engine_sim.process import EngineProcess
-from common.store.base import open_store
-from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint
+from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    state = tmp_path_factory.mktemp("gw")
-    url = f"sqlite://{state}/fabric.db"
-    store = open_store(url)
-    engine = EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0",
-                                  "--embedding-dim", "8"])
+    state, url, store = sqlite_state(tmp_path_factory, "gw")
+    engine = sim_engine("--embedding-dim", "8")
     publish_endpoint(store, "batchy", [engine])
     gw = GatewayProcess.start(state, url, {"FABRIC_GATEWAY_CACHE_SECS": "0.2"})
     _, key = make_key(store, "batchy")

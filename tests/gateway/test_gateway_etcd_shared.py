@@ -8,10 +8,9 @@ import time
 import httpx
 import pytest
 
-from agent.engine_sim.process import EngineProcess
 from common import audit_chain
 from common.store.base import open_store
-from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint
+from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine
 from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 
 
@@ -22,7 +21,7 @@ def pair(tmp_path_factory):
     state = tmp_path_factory.mktemp("etcdgw")
     with EtcdServer() as etcd:
         store = open_store(etcd.url)
-        with EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0"]) as eng:
+        with sim_engine() as eng:
             publish_endpoint(store, "chat", [eng])
             env = {"FABRIC_USER_RPM": "15"}
             a = GatewayProcess.start(state, etcd.url, env, gateway_id="gw-a")

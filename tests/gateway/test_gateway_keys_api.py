@@ -10,10 +10,9 @@ import subprocess
 import openai
 import pytest
 
-from agent.engine_sim.process import EngineProcess
 from common.store.base import open_store
 from tests.controlplane.conftest import BIN, login, start_fabricd
-from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, publish_endpoint
+from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, publish_endpoint, sim_engine
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +20,7 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("keys")
     with start_fabricd(tmp, env={"FABRIC_KEY_HMAC_SECRET": HMAC_SECRET}) as server:
         store = open_store(f"sqlite://{server.state_dir}/fabric.db")
-        with EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0"]) as eng:
+        with sim_engine() as eng:
             publish_endpoint(store, "chat", [eng])
             gw = GatewayProcess.start(server.state_dir, f"sqlite://{server.state_dir}/fabric.db",
                                       {"FABRIC_GATEWAY_CACHE_SECS": "0.2"})

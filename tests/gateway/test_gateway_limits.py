@@ -12,11 +12,16 @@ import httpx
 import openai
 import pytest
 
-from agent.engine_sim.process import EngineProcess
 from common import keyspace
 from common.schemas import ReplicaObservation
-from common.store.base import open_store
-from tests.gateway.gateway_harness import GatewayProcess, engine_running, make_key, publish_endpoint
+from tests.gateway.gateway_harness import (
+    GatewayProcess,
+    engine_running,
+    make_key,
+    publish_endpoint,
+    sim_engine,
+    sqlite_state,
+)
 
 LIMIT_ENV = {
     "FABRIC_GATEWAY_CACHE_SECS": "0.2",
@@ -32,12 +37,9 @@ LIMIT_ENV = {
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    state = tmp_path_factory.mktemp("limits")
-    url = f"sqlite://{state}/fabric.db"
-    store = open_store(url)
-    fast = EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0"])
-    slow = EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "40", "--prefill-tokens-per-s", "0",
-                                "--max-num-seqs", "256"])
+    state, url, store = sqlite_state(tmp_path_factory, "limits")
+    fast = sim_engine()
+    slow = sim_engine("--max-num-seqs", "256", tokens_per_s=40)
     publish_endpoint(store, "chat", [fast])
     publish_endpoint(store, "slow", [slow])
     publish_endpoint(store, "shed", [fast])

@@ -18,11 +18,10 @@ from websockets.asyncio.server import serve as ws_serve
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from agent.engine_sim.process import EngineProcess, free_port
+from agent.engine_sim.process import free_port
 from common import audit_chain, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
-from common.store.base import open_store
-from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint
+from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 ISSUER = "https://idp.example.test"
 
@@ -90,11 +89,9 @@ class EchoServer:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    state = tmp_path_factory.mktemp("oidc")
-    url = f"sqlite://{state}/fabric.db"
-    store = open_store(url)
+    state, url, store = sqlite_state(tmp_path_factory, "oidc")
     idp, echo = Idp(), EchoServer()
-    engine = EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0"])
+    engine = sim_engine()
     publish_endpoint(store, "chat", [engine])
     ep = InferenceEndpoint(name="ws", deployment="ws-dep", status=EndpointStatus(phase="Ready"))
     store.put(keyspace.endpoints("ws"), ep.model_dump_json())

@@ -27,8 +27,14 @@ import pytest
 
 from agent.engine_sim.process import EngineProcess, free_port
 from common import apikeys, audit_chain, pki
-from common.store.base import open_store
-from tests.gateway.gateway_harness import BASE_ENV, GatewayProcess, make_key, publish_endpoint
+from tests.gateway.gateway_harness import (
+    BASE_ENV,
+    GatewayProcess,
+    make_key,
+    publish_endpoint,
+    sim_engine,
+    sqlite_state,
+)
 
 REPLICAS = ("rep-a", "rep-b", "rep-c")
 # The first 64 characters carry a marker that must never reach a log line or an audit row.
@@ -38,15 +44,12 @@ PROMPT_MARKER = "otel-prompt-marker-k93jd"
 
 
 def _engine(replica_id: str) -> EngineProcess:
-    return EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0",
-                                "--replica-id", replica_id])
+    return sim_engine("--replica-id", replica_id)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("gwpaths")
-    url = f"sqlite://{state}/fabric.db"
-    store = open_store(url)
+    state, url, store = sqlite_state(tmp_path_factory, "gwpaths")
     engines = {}
     try:
         for rid in REPLICAS:

@@ -12,18 +12,14 @@ import time
 import httpx
 import pytest
 
-from agent.engine_sim.process import EngineProcess
 from common import apikeys, audit_chain
-from common.store.base import open_store
-from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint
+from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    state = tmp_path_factory.mktemp("workers")
-    url = f"sqlite://{state}/fabric.db"
-    store = open_store(url)
-    with EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0"]) as eng:
+    state, url, store = sqlite_state(tmp_path_factory, "workers")
+    with sim_engine() as eng:
         publish_endpoint(store, "chat", [eng])
         gw = GatewayProcess.start(state, url, {"FABRIC_GATEWAY_CACHE_SECS": "0.3"}, args=["--workers", "2"])
         try:
