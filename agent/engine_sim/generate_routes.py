@@ -26,8 +26,8 @@ from agent.engine_sim.http_util import JsonBytes, bad_request, openai_error, par
 _SSE_HEADERS = {"cache-control": "no-cache"}
 
 
-def check_common(engine: Engine, model: str, n: int) -> Response | None:
-    """The refusals shared by every generate route, checked before any work."""
+def check_common(engine: Engine, model: str, n: int = 1) -> Response | None:
+    """The refusals shared by every generate and pooling route, checked before any work."""
     if model != engine.config.model:
         return openai_error(404, f"The model `{model}` does not exist.", "NotFoundError", "model_not_found", "model")
     if n != 1:

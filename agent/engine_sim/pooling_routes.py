@@ -16,20 +16,14 @@ from starlette.routing import Route
 from agent.engine_sim import openai_format as fmt
 from agent.engine_sim.api_models import EmbeddingRequest, RerankRequest
 from agent.engine_sim.engine import Engine
+from agent.engine_sim.generate_routes import check_common
 from agent.engine_sim.generation_plan import estimate_tokens
-from agent.engine_sim.http_util import JsonBytes, bad_request, openai_error, parse_openai
+from agent.engine_sim.http_util import JsonBytes, bad_request, parse_openai
 from agent.engine_sim.synthetic_output import embedding, encode_base64, relevance_score
 
 
 def make_pooling_routes(engine: Engine) -> list[Route]:
     config = engine.config
-
-    def refuse(model: str) -> Response | None:
-        if model != config.model:
-            return openai_error(404, f"The model `{model}` does not exist.", "NotFoundError", "model_not_found", "model")
-        if engine.should_fail():
-            return openai_error(500, "injected fault: the engine failed this request", "server_error", "injected_fault")
-        return None
 
     async def embeddings(request: Request) -> Response:
         req = await parse_openai(request, EmbeddingRequest)
@@ -39,7 +33,7 @@ def make_pooling_routes(engine: Engine) -> list[Route]:
             texts = req.texts()
         except ValueError as err:
             return bad_request(str(err), "input")
-        refused = refuse(req.model)
+        refused = check_common(engine, req.model)
         if refused:
             return refused
         dim = req.dimensions or config.embedding_dim
@@ -63,7 +57,7 @@ def make_pooling_routes(engine: Engine) -> list[Route]:
         req = await parse_openai(request, RerankRequest)
         if isinstance(req, Response):
             return req
-        refused = refuse(req.model)
+        refused = check_common(engine, req.model)
         if refused:
             return refused
         docs = req.document_texts()
