@@ -22,7 +22,7 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
-from tests.support.bpf import bpf_missing
+from tests.support.bpf import bpf_missing, new_pin_dir
 from tests.support.servers import serve_in_thread
 
 NODE = "node-a"
@@ -267,11 +267,10 @@ def test_maglev_api_over_the_real_bpf_maps(cluster, tmp_path):
     if reason:
         pytest.skip(reason)
     import shutil
-    import uuid
 
     from agent.dataplane import Dataplane
 
-    pin_dir = f"/sys/fs/bpf/fabric-test-{uuid.uuid4().hex[:8]}"
+    pin_dir = new_pin_dir()
     dp = Dataplane(pin_dir=pin_dir)
     state = AgentState(node_id=NODE, vm_driver=DryRunDriver(tmp_path / "dry"),
                        inventory=NvmlInventory(nvml_module=FakeNvml(gpus=[])), dataplane=dp)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import shutil
-import uuid
 
 import pytest
 
-from tests.support.bpf import bpf_missing
+from tests.support.bpf import bpf_missing, new_pin_dir
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +18,6 @@ def require_bpf():
 
 @pytest.fixture
 def pin_dir(require_bpf):
-    path = f"/sys/fs/bpf/fabric-test-{uuid.uuid4().hex[:8]}"
+    path = new_pin_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,8 @@ from agent.dataplane.testrun import XDP_DROP, XDP_PASS, run_xdp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_packets import L2, TC_ACT_OK, _backend_of, _dnat, _run, _valid
+
+from tests.support.bpf import new_pin_dir
 
 CLIENT = "10.0.0.2"
 VIP = "10.9.0.100"  # the module's main VIP: tcp/80 and udp/53
@@ -171,14 +172,10 @@ def _slot(plane: Dataplane, service_id: int) -> tuple[int, int, int, int]:
 
 # -- fixtures ------------------------------------------------------------------
 
-def _new_pin_dir() -> str:
-    return f"/sys/fs/bpf/fabric-test-{uuid.uuid4().hex[:8]}"
-
-
 @pytest.fixture(scope="module")
 def dp(require_bpf):
     """One loaded program for the module; each test adds (and deletes) its own VIPs."""
-    pin_dir = _new_pin_dir()
+    pin_dir = new_pin_dir()
     plane = Dataplane(pin_dir=pin_dir)
     plane.put_service(VIP, 80, "tcp", WEB)
     plane.put_service(VIP, 53, "udp", DNS)
@@ -249,7 +246,7 @@ def test_filter_collision_with_node_ip_keeps_source_nat_replies(require_bpf):
     VIP's must still get its source-NAT replies rewritten and its own traffic untouched."""
     node_ip = _colliding(SNAT_VIP, "10.2")
     assert filter_bit(node_ip) == filter_bit(SNAT_VIP)
-    pin_dir = _new_pin_dir()
+    pin_dir = new_pin_dir()
     plane = Dataplane(pin_dir=pin_dir, node_ip=node_ip)
     try:
         plane.put_service(SNAT_VIP, 80, "tcp", {SNAT_BACKEND: 1})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dataplane_nslab import ROUTED_BACKEND, AgentProcess, NsLab, http_get
+
+from tests.support.bpf import new_pin_dir
 
 NAMES = {"10.1.0.11:8080": "b1", "10.1.0.12:8080": "b2", "10.1.0.13:8080": "b3", ROUTED_BACKEND: "r"}
 WEIGHTS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 2, "10.1.0.13:8080": 4}
@@ -24,7 +25,7 @@ def lab(require_bpf):
     if shutil.which("ip") is None:
         pytest.skip("needs iproute2's ip")
     lab = NsLab()
-    pin_dir = f"/sys/fs/bpf/fabric-test-{uuid.uuid4().hex[:8]}"
+    pin_dir = new_pin_dir()
     agent = AgentProcess(pin_dir, lab.node, ["ni", "nr"])
     try:
         lab.build()

@@ -5,7 +5,6 @@ whose checksums must be valid."""
 from __future__ import annotations
 
 import shutil
-import uuid
 from dataclasses import dataclass
 
 import pytest
@@ -13,6 +12,7 @@ from scapy.all import ARP, ICMP, IP, TCP, UDP, Ether, IPOption_RR, IPv6, Raw
 
 from agent.dataplane import Dataplane, Verdict
 from agent.dataplane.testrun import XDP_DROP, XDP_PASS, run_xdp
+from tests.support.bpf import new_pin_dir
 
 VIP = "10.9.0.100"
 ZERO_VIP = "10.9.0.101"
@@ -25,7 +25,7 @@ TC_ACT_OK = 0
 
 
 def _make_dataplane(node_ip: str | None):
-    pin_dir = f"/sys/fs/bpf/fabric-test-{uuid.uuid4().hex[:8]}"
+    pin_dir = new_pin_dir()
     dp = Dataplane(pin_dir=pin_dir, node_ip=node_ip)
     return dp, pin_dir
 

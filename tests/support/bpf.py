@@ -1,8 +1,9 @@
-"""Whether this host can run the real BPF dataplane (root, BCC, bpffs)."""
+"""The real BPF dataplane in tests: whether this host can run it (root, BCC, bpffs), fresh pin dirs."""
 
 from __future__ import annotations
 
 import os
+import uuid
 
 
 def bpf_missing() -> str | None:
@@ -16,3 +17,8 @@ def bpf_missing() -> str | None:
     if not os.path.isdir("/sys/fs/bpf"):
         return "no bpffs at /sys/fs/bpf"
     return None
+
+
+def new_pin_dir() -> str:
+    """A fresh bpffs directory name for one test's pinned maps (the caller removes it)."""
+    return f"/sys/fs/bpf/fabric-test-{uuid.uuid4().hex[:8]}"
