@@ -94,12 +94,16 @@ def test_scheduler_is_fifo_and_bounded():
         sched = SeqScheduler(max_num_seqs=2)
         order: list[int] = []
         peak = 0
+        # Nobody finishes before the snapshot below: a bare 10 ms hold could expire during a slow
+        # (GC-paused) arrival loop and hand a slot on early.
+        arrivals_done = asyncio.Event()
 
         async def request(i: int) -> None:
             nonlocal peak
             seq = await sched.admit(prompt_tokens=10)
             peak = max(peak, sched.snapshot().running)
             order.append(i)
+            await arrivals_done.wait()
             await asyncio.sleep(0.01)
             sched.finish(seq)
 
@@ -109,6 +113,7 @@ def test_scheduler_is_fifo_and_bounded():
             await asyncio.sleep(0)  # arrival order = i
         snap = sched.snapshot()
         assert (snap.running, snap.waiting, snap.held_tokens) == (2, 4, 20)
+        arrivals_done.set()
         await asyncio.gather(*tasks)
         assert sched.snapshot().running == 0
         return order, peak
