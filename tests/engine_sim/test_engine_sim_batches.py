@@ -15,6 +15,7 @@ from starlette.testclient import TestClient
 
 from agent.engine_sim import EngineConfig, create_app
 from agent.engine_sim import batch_routes as br
+from agent.engine_sim.multipart import parse_multipart
 from agent.engine_sim.process import EngineProcess
 
 DONE = ("completed", "failed", "cancelled")
@@ -67,13 +68,13 @@ def test_parse_multipart_reads_what_httpx_sends():
     payload = b'{"x": "a\\r\\n--not-a-boundary"}\r\n{"y": 2}\n'
     req = httpx.Request("POST", "http://e/v1/files", data={"purpose": "batch"},
                         files={"file": ("in.jsonl", payload, "application/jsonl")})
-    fields = br.parse_multipart(req.read(), req.headers["content-type"])
+    fields = parse_multipart(req.read(), req.headers["content-type"])
     assert fields["purpose"] == (None, b"batch")
     assert fields["file"] == ("in.jsonl", payload)
     with pytest.raises(ValueError, match="truncated"):
-        br.parse_multipart(req.content[:-10], req.headers["content-type"])
+        parse_multipart(req.content[:-10], req.headers["content-type"])
     with pytest.raises(ValueError, match="multipart/form-data"):
-        br.parse_multipart(b"{}", "application/json")
+        parse_multipart(b"{}", "application/json")
 
 
 def test_validate_lines_reports_each_problem_with_its_line():
