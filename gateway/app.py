@@ -30,7 +30,7 @@ from gateway.audit import AuditWriter
 from gateway.key_auth import Authenticator, Identity
 from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, plan_admission
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import UpstreamBroke, forward, upstream_headers
+from gateway.proxy import UpstreamBroke, UpstreamTimeout, forward, upstream_headers
 from gateway.request_body import BodyInfo, parse_body
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
@@ -277,20 +277,12 @@ class GatewayApp:
             raise  # aborts the connection, so the client sees a truncated response
         except TimeoutError:
             status, outcome = 504, "upstream_error"
-            await self._try_error(send, 504, "the upstream deadline passed")
+            await self._send_fabric_error(send, UpstreamTimeout("the upstream deadline passed"))
         except FabricError as exc:
             status, outcome = exc.status, outcome_of(exc)
             await self._send_fabric_error(send, exc)
         finally:
             await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0)
-
-    async def _try_error(self, send, status: int, message: str) -> bool:
-        try:
-            await send_json(send, status, json.dumps({"error": {"message": message, "type": "upstream_timeout",
-                                                                "code": "upstream_timeout"}}).encode())
-            return True
-        except (RuntimeError, OSError):  # the response had already started; the connection is closed instead
-            return False
 
     async def _send_fabric_error(self, send, exc: FabricError) -> None:
         try:
