@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.vm.base import VmSpec, VmStatus
-from agent.vm.records import RecordDir
+from agent.vm.records import RecordDir, engine_alive
 from common.errors import TransientError
 
 STOP_WAIT_S = 5.0
@@ -75,18 +75,6 @@ class EngineRecord:
     started_at: float
 
 
-def _pid_alive(pid: int, replica_id: str) -> bool:
-    """True when pid runs and is still our engine (its cmdline names the replica)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rpartition(")")[2].split()[0] == "Z":  # exited, not yet reaped
-        return False
-    return replica_id.encode() in raw.split(b"\0")
-
-
 def _port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2):
@@ -113,7 +101,7 @@ class DryRunDriver:
             # Our own child: poll() is exact, and right after fork /proc/PID/cmdline may still
             # show the parent's command line, so the cmdline check is for adopted engines only.
             return child.poll() is None
-        return _pid_alive(rec.pid, rec.replica_id)
+        return engine_alive(rec.pid, rec.replica_id)
 
     def _status(self, rec: EngineRecord) -> VmStatus:
         if not self._alive(rec):
@@ -183,7 +171,7 @@ class DryRunDriver:
     def _alive_or_child(rec: EngineRecord, child: subprocess.Popen | None) -> bool:
         if child is not None:
             return child.poll() is None
-        return _pid_alive(rec.pid, rec.replica_id)
+        return engine_alive(rec.pid, rec.replica_id)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.vm.base import VmSpec, VmStatus
-from agent.vm.records import RecordDir
+from agent.vm.records import RecordDir, engine_alive
 from common.errors import Refused, TransientError
 
 
@@ -66,14 +66,6 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
 
 def _netns_exists(name: str) -> bool:
     return Path("/var/run/netns", name).exists()
-
-
-def _alive(pid: int, marker: str) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-    return marker in cmdline
 
 
 def _engine_command() -> list[str]:
@@ -119,7 +111,7 @@ class LabDriver:
     def _status(self, rec: _Record) -> VmStatus:
         if not _netns_exists(rec.netns):
             return VmStatus(rec.replica_id, "failed", rec.address, rec.port, "namespace is gone")
-        if not _alive(rec.pid, rec.replica_id):
+        if not engine_alive(rec.pid, rec.replica_id):
             return VmStatus(rec.replica_id, "failed", rec.address, rec.port, "engine process exited")
         return VmStatus(rec.replica_id, "running", rec.address, rec.port, f"netns {rec.netns}")
 
@@ -139,7 +131,7 @@ class LabDriver:
         with self._lock:
             rec = self.records.load(spec.replica_id)
             if rec and _netns_exists(rec.netns):
-                if not _alive(rec.pid, rec.replica_id):
+                if not engine_alive(rec.pid, rec.replica_id):
                     rec.pid = self._start_engine(rec, spec)
                     self.records.save(rec)
                 return self._status(rec)

@@ -2,6 +2,7 @@
 
 The dry-run and lab drivers both remember what they started in STATE_DIR/<replica_id>.json
 so that a restarted agent adopts its engines; the file is replaced atomically on save.
+engine_alive() tells whether a recorded engine pid is still that engine.
 """
 
 from __future__ import annotations
@@ -46,3 +47,15 @@ class RecordDir(Generic[R]):
 
     def remove(self, replica_id: str) -> None:
         self.path(replica_id).unlink(missing_ok=True)
+
+
+def engine_alive(pid: int, replica_id: str) -> bool:
+    """True when pid runs and is still our engine (its cmdline names the replica)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rpartition(")")[2].split()[0] == "Z":  # exited, not yet reaped
+        return False
+    return replica_id.encode() in raw.split(b"\0")
