@@ -302,14 +302,11 @@ class BatchService:
             await asyncio.wait([everything, cancel_wait], return_when=asyncio.FIRST_COMPLETED)
         finally:
             cancel_wait.cancel()
-            # A cancelled line frees its slot (or its queue place) at once. One worker at a time:
-            # SeqScheduler.admit raises ValueError when a queued waiter and the running sequence
-            # ahead of it are cancelled in the same loop tick (finish() pops the cancelled waiter,
-            # then the waiter's own cleanup tries to remove it again).
+            # A cancelled line frees its slot (or its queue place) at once; the scheduler copes with
+            # running and queued sequences cancelled in the same tick (test_engine_sim_cancel).
             for w in workers:
                 w.cancel()
-                await asyncio.gather(w, return_exceptions=True)
-            await asyncio.gather(everything, return_exceptions=True)
+            await asyncio.gather(*workers, everything, return_exceptions=True)
         finished = [r for r in results if r is not None]
         if job.cancel_requested.is_set() and len(finished) < len(lines):
             self._finish_cancelled(job, finished)
