@@ -34,12 +34,10 @@ STOP_WAIT_S = 5.0
 
 
 def default_engine_command() -> list[str]:
-    """The console script when installed, else the module (same code, e.g. in a bare checkout)."""
-    exe = shutil.which("fabric-engine-sim")
-    if exe is None:
-        venv_exe = Path(sys.executable).with_name("fabric-engine-sim")
-        if venv_exe.exists():
-            exe = str(venv_exe)
+    """The engine from the agent's own install (the console script beside this interpreter), else
+    one on PATH, else the module (same code, e.g. in a bare checkout)."""
+    venv_exe = Path(sys.executable).with_name("fabric-engine-sim")
+    exe = str(venv_exe) if venv_exe.exists() else shutil.which("fabric-engine-sim")
     return [exe] if exe else [sys.executable, "-m", "agent.engine_sim.cli"]
 
 

@@ -22,16 +22,15 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.vm.base import VmSpec, VmStatus
+from agent.vm.dryrun_driver import default_engine_command
 from agent.vm.records import RecordDir, engine_alive
 from common.errors import Refused, TransientError
 
@@ -66,14 +65,6 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
 
 def _netns_exists(name: str) -> bool:
     return Path("/var/run/netns", name).exists()
-
-
-def _engine_command() -> list[str]:
-    script = Path(sys.executable).parent / "fabric-engine-sim"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("fabric-engine-sim")
-    return [found] if found else [sys.executable, "-m", "agent.engine_sim.cli"]
 
 
 class LabDriver:
@@ -119,7 +110,7 @@ class LabDriver:
         knobs: list[str] = []
         for k, v in sorted((spec.engine_args if spec else {}).items()):
             knobs += [f"--{k}", str(v)]
-        cmd = ["ip", "netns", "exec", rec.netns, *_engine_command(), "--host", "0.0.0.0",
+        cmd = ["ip", "netns", "exec", rec.netns, *default_engine_command(), "--host", "0.0.0.0",
                "--port", str(rec.port), "--model", rec.model, "--replica-id", rec.replica_id, *knobs]
         with open(self.dir / f"{rec.replica_id}.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
