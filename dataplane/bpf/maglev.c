@@ -227,8 +227,7 @@ int xdp_maglev(struct xdp_md *ctx)
     struct l4_ports *ports = (void *)(ip + 1);
     if ((void *)ports + l4_min_len(proto) > data_end)
         return vip_verdict(ip, data_end, VERDICT_DROP_TRUNCATED, XDP_DROP);
-    __u16 *check = (void *)ports + (proto == IPPROTO_TCP ? offsetof(struct tcphdr, check)
-                                                        : offsetof(struct udphdr, check));
+    __u16 *check = (void *)ports + l4_csum_offset(proto);
     if ((void *)(check + 1) > data_end)
         return vip_verdict(ip, data_end, VERDICT_DROP_TRUNCATED, XDP_DROP);
 
@@ -238,6 +237,11 @@ int xdp_maglev(struct xdp_md *ctx)
     fk.sport = ports->source;
     fk.dport = ports->dest;
     fk.proto = proto;
+
+    struct service_key sk = {};
+    sk.vip = daddr;
+    sk.port = fk.dport;
+    sk.proto = proto;
 
     __u32 verdict = VERDICT_FWD_ESTABLISHED;
     struct flow chosen;
@@ -249,10 +253,6 @@ int xdp_maglev(struct xdp_md *ctx)
         struct service_key *slot = service_slots.lookup(&sid);
         if (!slot || slot->vip != daddr || slot->port != fk.dport || slot->proto != proto ||
             slot->pad != SLOT_IN_USE) {
-            struct service_key sk = {};
-            sk.vip = daddr;
-            sk.port = fk.dport;
-            sk.proto = proto;
             struct service *svc = services.lookup(&sk);
             if (!svc)
                 return vip_verdict(ip, data_end, VERDICT_DROP_UNKNOWN_PORT, XDP_DROP);
@@ -260,10 +260,6 @@ int xdp_maglev(struct xdp_md *ctx)
         }
         chosen = *known;
     } else {
-        struct service_key sk = {};
-        sk.vip = daddr;
-        sk.port = fk.dport;
-        sk.proto = proto;
         struct service *svc = services.lookup(&sk);
         if (!svc)
             return vip_verdict(ip, data_end, VERDICT_DROP_UNKNOWN_PORT, XDP_DROP);
@@ -344,7 +340,7 @@ int tc_reverse_nat(struct __sk_buff *skb)
 
     __be32 old_ip = ba.ip;
     __be16 old_port = ba.port;
-    int l4_csum = L4_OFF + (proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
+    int l4_csum = L4_OFF + l4_csum_offset(proto);
     /* the skb helpers also handle CHECKSUM_PARTIAL packets from local senders */
     __u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
     bpf_l4_csum_replace(skb, l4_csum, old_ip, new_ip, BPF_F_PSEUDO_HDR | mangled | sizeof(new_ip));
