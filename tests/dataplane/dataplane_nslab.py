@@ -126,13 +126,16 @@ class NsLab:
         """A TCP connection from the client namespace to the VIP."""
         return run_in_netns(self.client, lambda: socket.create_connection((VIP, port), timeout=5))
 
-    def names(self, count: int, port: int = 80) -> list[str]:
-        """`count` fresh connections to the VIP, one GET each: the backend names."""
+    def names(self, count: int, port: int = 80, first_source_port: int | None = None) -> list[str]:
+        """`count` fresh connections to the VIP, one GET each: the backend names. With
+        first_source_port, the connections use source ports first_source_port.. in order (a fixed
+        sample of flows, so a share test gives the same answer on every run)."""
 
         def body() -> list[str]:
             out = []
-            for _ in range(count):
-                with socket.create_connection((VIP, port), timeout=5) as s:
+            for i in range(count):
+                source = None if first_source_port is None else ("", first_source_port + i)
+                with socket.create_connection((VIP, port), timeout=5, source_address=source) as s:
                     out.append(http_get(s))
             return out
 

@@ -52,7 +52,9 @@ def _assert_balanced(names: list[str], weights: dict[str, int], tolerance: float
 
 def test_700_connections_follow_weights_1_2_4(lab):
     lab.agent.call("put", 80, WEIGHTS)
-    _assert_balanced(lab.names(700), WEIGHTS, 0.05)
+    # Fixed source ports below the ephemeral range: 700 random flows miss 5 pp by chance in about
+    # 1-4 % of runs (binomial spread), a fixed sample of 700 flows answers the same every run.
+    _assert_balanced(lab.names(700, first_source_port=20000), WEIGHTS, 0.05)
 
 
 def test_routed_backend_is_reached_through_source_nat(lab):
