@@ -37,10 +37,10 @@ from common import keyspace
 from common.errors import FabricError, TransientError
 from common.store.base import Store
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
-from controlplane import reconcile_plan as rp
 from controlplane import vip_pool
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
-from controlplane.reconcile_apply import ReconcileWorker
+from controlplane.reconcile import plan as rp
+from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.scheduler import SchedulerSettings
 

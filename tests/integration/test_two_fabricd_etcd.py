@@ -1,6 +1,6 @@
 """Two control-plane processes on one real etcd allocate VIPs and GPUs at the same time and never
 hold the same one. Each OS process runs fabricd's own allocation code (vip_pool.allocate and the
-scheduler + reconcile_apply.reserve_gpus path the reconciler uses), released by a shared start
+scheduler + reconcile.apply.reserve_gpus path the reconciler uses), released by a shared start
 time so the races are real."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from common.store.base import open_store
 from common.errors import Conflict
 from controlplane import vip_pool
 from controlplane.orchestration_state import load_snapshot
-from controlplane.reconcile_apply import reserve_gpus
+from controlplane.reconcile.apply import reserve_gpus
 from controlplane.scheduler import place
 from common.schemas import GpuRequest, InferenceDeployment, InferenceProfile, ModelArtifact
 

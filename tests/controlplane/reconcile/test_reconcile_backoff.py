@@ -13,15 +13,15 @@ from common import keyspace
 from common.agent_api import GpuBindResult, VmInfo
 from common.errors import Refused, TransientError
 from common.store.sqlite_store import SqliteStore
-from controlplane import reconcile_plan as rp
-from controlplane.agent_backoff import (
+from controlplane.reconcile import plan as rp
+from controlplane.reconcile.apply import ReconcileWorker
+from controlplane.reconcile.backoff import (
     AgentBackoff,
     BackoffAgent,
     after_failure,
     backoff_delay,
     is_due,
 )
-from controlplane.reconcile_apply import ReconcileWorker
 from tests.controlplane.planner_data import deployment, model, node, profile
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z

@@ -7,7 +7,7 @@ Ordering invariants (each step is safe to repeat after a crash or restart):
   teardown: agent deletes the VM -> agent releases each GPU -> reservation removed (only after a
             successful release) -> replica record and observation removed. An unreachable agent
             leaves the replica in phase Deleting, retried next tick.
-Unreachable agents: every agent call goes through controlplane.agent_backoff (per node: 1, 2,
+Unreachable agents: every agent call goes through controlplane.reconcile.backoff (per node: 1, 2,
 4 ... 60 s after consecutive failures, reset by any answer); while a node waits its agent is not
 called and the deployment stays Pending with the retry message (which agent, the last error,
 when the next try is). ``next_retry_at()`` tells the loop when to run the next pass.
@@ -30,8 +30,6 @@ from common.agent_api import VmCreateRequest
 from common.errors import FabricError, TransientError
 from common.schemas import InferenceDeployment, Node, Replica
 from common.store.base import Store
-from controlplane import reconcile_plan as rp
-from controlplane.agent_backoff import AgentBackoff, BackoffAgent
 from controlplane.orchestration_state import (
     Snapshot,
     get_replica,
@@ -41,6 +39,8 @@ from controlplane.orchestration_state import (
     put_replica,
     update_deployment_status,
 )
+from controlplane.reconcile import plan as rp
+from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
 
 log = logging.getLogger("fabricd.reconcile")
 HEALTH_TIMEOUT_S = 2.0
@@ -84,7 +84,7 @@ class ReconcileWorker:
         self._http = httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S)
 
     def agent(self, node: Node) -> BackoffAgent:
-        """The node's agent client, behind its backoff (see controlplane.agent_backoff)."""
+        """The node's agent client, behind its backoff (see controlplane.reconcile.backoff)."""
         return BackoffAgent(self.agents.for_node(node), node.id, self.backoff)
 
     def next_retry_at(self) -> float | None:

@@ -1,6 +1,6 @@
 """The reconcile plan for one deployment (pure, table-driven)."""
 
-from controlplane.reconcile_plan import (
+from controlplane.reconcile.plan import (
     CreateReplica,
     DeleteReplica,
     Probe,

@@ -14,8 +14,8 @@ from common import keyspace
 from common.agent_api import GpuBindResult, VmInfo
 from common.schemas import Replica
 from common.store.sqlite_store import SqliteStore
-from controlplane import reconcile_plan as rp
-from controlplane.reconcile_apply import ReconcileWorker, reserve_gpus
+from controlplane.reconcile import plan as rp
+from controlplane.reconcile.apply import ReconcileWorker, reserve_gpus
 from tests.controlplane.planner_data import deployment, model, node, profile
 
 GPU0 = "0000:10:00.0"
