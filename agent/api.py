@@ -58,13 +58,13 @@ def _vm_info(status: VmStatus) -> VmInfo:
                   message=status.message)
 
 
-def _spec(req: VmCreateRequest) -> VmSpec:
+def _spec(req: VmCreateRequest, model_dir: str | None = None) -> VmSpec:
     return VmSpec(
         replica_id=req.replica_id, deployment=req.deployment, model_name=req.model_name,
         model_source=req.model_source, runtime=req.runtime, gpus=tuple(req.gpus),
         gpu_memory_mib=req.gpu_memory_mib, cpu=req.cpu, memory_gib=req.memory_gib, port=req.port,
         max_model_len=req.max_model_len, extra_args=tuple(req.extra_args),
-        engine_args=dict(req.engine_args),
+        engine_args=dict(req.engine_args), model_dir=model_dir,
     )
 
 
@@ -213,8 +213,16 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
             missing = [b for b in req.gpus if b not in known]
             if missing:
                 raise Refused(f"GPUs {', '.join(missing)} are not in this node's inventory")
+        model_dir = None
+        if req.model_digest is not None:
+            path = state.models.cache.path_for(req.model_digest) if state.models is not None else None
+            if path is None:
+                raise Refused(f"model digest {req.model_digest} is not ready on node {state.node_id}; "
+                              "materialize the model first")
+            state.models.cache.touch(req.model_digest)
+            model_dir = str(path)
         with state.lock:
-            return _vm_info(state.vm_driver.create(_spec(req)))
+            return _vm_info(state.vm_driver.create(_spec(req, model_dir)))
 
     def _vm_id(vm_id: str) -> str:
         try:
@@ -275,6 +283,11 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         if not _dataplane().delete_service(vip, port, proto):
             raise NotFound(f"service {vip}:{port}/{proto} is not in the dataplane")
         return Response(status_code=204)
+
+    if state.models is not None:
+        from agent.models.routes import add_model_routes
+
+        add_model_routes(app, state.models, state.node_id)
 
     # health and metrics ---------------------------------------------------------------------
     @app.get("/v1/health", response_model=AgentHealth)

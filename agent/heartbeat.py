@@ -116,8 +116,10 @@ class Heartbeat:
             from agent.hw.gpu_inventory import apply_smi_readings
 
             gpus = apply_smi_readings(gpus, self.smi_reader())
-        return build_report(self.state, self.address, gpus, inv.message, self.resources(),
-                            cached_models(self.state.models_dir))
+        models = cached_models(self.state.models_dir)
+        if self.state.models is not None:  # verified digests: the scheduler's cache preference
+            models += self.state.models.cache.digests()
+        return build_report(self.state, self.address, gpus, inv.message, self.resources(), models)
 
     def register(self) -> dict:
         resp = self.client.post("/api/ai/nodes", json=self.report().model_dump(mode="json"))

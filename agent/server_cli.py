@@ -172,6 +172,22 @@ def _resources(cpus: int, memory_gib: float):
     return read
 
 
+def _model_jobs(state_dir: Path):
+    """The model cache under {state}/models and its jobs, resumed from their records."""
+    from agent.models.cache import ModelCache
+    from agent.models.jobs import ModelJobs, ModelSettings
+
+    try:
+        settings = ModelSettings.from_env()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    jobs = ModelJobs(ModelCache(state_dir / "models"), settings)
+    resumed = jobs.resume_all()
+    if resumed:
+        log.info("resuming model jobs: %s", ", ".join(resumed))
+    return jobs
+
+
 def _control_plane_client(url: str, plan: TlsPlan, insecure: bool):
     import httpx
 
@@ -259,7 +275,8 @@ def serve(
                                               fake_gpu_mem_gib, sysfs_root)
     lab = {"node_netns": lab_netns, "bridge": lab_bridge, "subnet": lab_subnet, "gateway": lab_gateway}
     dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface, dataplane_netns)
-    state = AgentState(node_id=node_id, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
+    models = _model_jobs(state_dir)
+    state = AgentState(node_id=node_id, models=models, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
         "image": golden_image, "models_dir": models_dir, "bridge": bridge}),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
                        site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir)

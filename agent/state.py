@@ -13,9 +13,12 @@ import dataclasses
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
+
+if TYPE_CHECKING:
+    from agent.models.jobs import ModelJobs
 
 from agent.vm.base import VmDriver
 from common.schemas import GpuInfo
@@ -57,6 +60,7 @@ class AgentState:
     failure_domain: str = "default"
     taints: list[str] = field(default_factory=list)
     models_dir: Path | None = None  # cached models are the directories under it
+    models: ModelJobs | None = None  # model jobs and the by-digest cache (agent.models)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     # Serialises bind/release and VM create/delete: the kernel and libvirt are not happy with
     # two concurrent rebinds of one IOMMU group, and create-by-replica-id must be idempotent.

@@ -85,6 +85,14 @@ class VmCreateRequest(WireModel):
     max_model_len: int | None = Field(None, gt=0)
     extra_args: list[str] = Field(default_factory=list)
     engine_args: dict[str, str] = Field(default_factory=dict)
+    model_digest: str | None = Field(None, description="the verified model directory the guest mounts at /models")
+
+    @field_validator("model_digest")
+    @classmethod
+    def _model_digest(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[0-9a-f]{64}$", v):
+            raise ValueError(f"model_digest {v!r}: expected 64 lowercase hex characters")
+        return v
 
     @field_validator("replica_id")
     @classmethod

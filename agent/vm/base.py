@@ -32,6 +32,7 @@ class VmSpec:
     max_model_len: int | None = None
     extra_args: tuple[str, ...] = ()
     engine_args: dict[str, str] = field(default_factory=dict)  # lab/dry-run engine knobs
+    model_dir: str | None = None  # the verified digest directory; the guest sees it read-only at /models
 
 
 @dataclass(frozen=True)

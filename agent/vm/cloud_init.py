@@ -36,10 +36,14 @@ def images_dir() -> Path:
 def guest_model_path(spec: VmSpec, models_dir: Path | None = None) -> str:
     """Where the model is inside the guest: under /models, mirroring the host's model dir.
 
-    hf://ORG/NAME[@REV] is expected at MODELS_DIR/ORG/NAME (the agent's cache layout);
-    a host path must be under the shared model dir, or only its last component is used.
+    With ``spec.model_dir`` (a verified digest directory from the model cache) the share is that
+    directory and the model is /models itself. Otherwise hf://ORG/NAME[@REV] is expected at
+    MODELS_DIR/ORG/NAME; a host path must be under the shared model dir, or only its last
+    component is used.
     """
     source = spec.model_source
+    if spec.model_dir is not None:
+        return "/models"  # the share is the verified digest directory itself
     if source.startswith("hf://"):
         return "/models/" + source[len("hf://") :].split("@", 1)[0].strip("/")
     path = Path(source.removeprefix("file://"))

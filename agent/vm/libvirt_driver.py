@@ -138,7 +138,7 @@ class LibvirtDriver:
             seed_iso=paths.seed,
             mac=mac_for(spec.replica_id),
             bridge=self.bridge,
-            models_dir=self.models_dir,
+            models_dir=Path(spec.model_dir) if spec.model_dir else self.models_dir,
             firmware=Firmware(self.firmware.loader, self.firmware.vars_template, paths.nvram),
             hugepages=self.hugepages,
             tap=tap_name(spec.replica_id),
@@ -151,7 +151,8 @@ class LibvirtDriver:
         paths = self.paths(spec.replica_id)
         xml = self.domain_xml(spec)  # validates the spec before anything is written
         create_overlay(self.image, paths.overlay)
-        meta, user = build_seed(spec, hostname=domain_name(spec.replica_id), models_dir=self.models_dir)
+        meta, user = build_seed(spec, hostname=domain_name(spec.replica_id),
+                                models_dir=None if spec.model_dir else self.models_dir)
         write_seed_iso(self.state_dir, meta, user, name=paths.seed.name)
         self.network.create_tap(tap_name(spec.replica_id))
         try:

@@ -1,0 +1,130 @@
+"""The agent's model cache on disk, under ``{state}/models/``:
+
+    by-digest/<sha256>/      verified, scanned model directories (what guests see at /models)
+    staging/<source-key>/    downloads in progress; ``.fabric/partial/`` holds partial files
+    jobs/<job-id>.json       durable job records (agent.models.jobs)
+    sources/<source-key>     the digest a source (repo@commit, or a local realpath) produced
+    local/<sha256>.json      a local source under FABRIC_MODEL_DIR: its path (never copied)
+    last-used/<sha256>       touched when a job or a VM uses the digest (LRU for eviction)
+
+A directory appears under by-digest/ only by an atomic rename of a finished staging directory,
+so nothing there is ever half-written. Eviction renames it out of by-digest/ first, then
+deletes it. Local sources are never deleted: they belong to the operator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from common.model_api import DIGEST, CacheEntry
+
+
+def dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path, followlinks=False):
+        for name in files:
+            try:
+                total += Path(dirpath, name).lstat().st_size
+            except OSError:
+                pass
+    return total
+
+
+class ModelCache:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.by_digest = self.root / "by-digest"
+        self.staging = self.root / "staging"
+        self.jobs = self.root / "jobs"
+        self.sources = self.root / "sources"
+        self.local = self.root / "local"
+        self.last_used = self.root / "last-used"
+        for d in (self.by_digest, self.staging, self.jobs, self.sources, self.local, self.last_used):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # -- lookups ------------------------------------------------------------------------------
+    def path_for(self, digest: str) -> Path | None:
+        """The directory holding this digest on this node (cache or local source), or None."""
+        if not DIGEST.match(digest):
+            return None
+        cached = self.by_digest / digest
+        if cached.is_dir():
+            return cached
+        record = self.local / f"{digest}.json"
+        if record.exists():
+            path = Path(json.loads(record.read_text())["path"])
+            return path if path.is_dir() else None
+        return None
+
+    def digest_of_source(self, key: str) -> str | None:
+        f = self.sources / key
+        if not f.exists():
+            return None
+        digest = f.read_text().strip()
+        return digest if self.path_for(digest) is not None else None
+
+    def digests(self) -> list[str]:
+        found = [d.name for d in self.by_digest.iterdir() if DIGEST.match(d.name)]
+        found += [f.stem for f in self.local.glob("*.json") if DIGEST.match(f.stem)]
+        return sorted(set(found))
+
+    # -- writes -------------------------------------------------------------------------------
+    def touch(self, digest: str) -> None:
+        (self.last_used / digest).write_text(str(time.time()))
+
+    def publish(self, staging_dir: Path, digest: str, source_key: str) -> Path:
+        """Move a finished staging directory to by-digest/<digest> in one rename."""
+        shutil.rmtree(staging_dir / ".fabric", ignore_errors=True)
+        final = self.by_digest / digest
+        if final.is_dir():  # the same bytes arrived by another source: keep the first copy
+            shutil.rmtree(staging_dir, ignore_errors=True)
+        else:
+            os.rename(staging_dir, final)
+        self.remember_source(source_key, digest)
+        self.touch(digest)
+        return final
+
+    def publish_local(self, path: Path, digest: str, source_key: str) -> Path:
+        (self.local / f"{digest}.json").write_text(json.dumps({"path": str(path)}))
+        self.remember_source(source_key, digest)
+        self.touch(digest)
+        return path
+
+    def remember_source(self, key: str, digest: str) -> None:
+        tmp = self.sources / f".{key}.{uuid.uuid4().hex}"
+        tmp.write_text(digest)
+        os.replace(tmp, self.sources / key)
+
+    def entries(self) -> list[CacheEntry]:
+        out = []
+        for digest in self.digests():
+            path = self.path_for(digest)
+            if path is None:
+                continue
+            stamp = self.last_used / digest
+            used = stamp.stat().st_mtime if stamp.exists() else path.stat().st_mtime
+            out.append(CacheEntry(digest=digest, size_bytes=dir_size(path), last_used=used, path=str(path),
+                                  local=not (self.by_digest / digest).is_dir()))
+        return out
+
+    def evict(self, digest: str) -> bool:
+        """Delete a cached digest (never a local source). False when it is not cached here."""
+        final = self.by_digest / digest
+        if not DIGEST.match(digest) or not final.is_dir():
+            return False
+        doomed = self.root / f".evicting-{digest}-{uuid.uuid4().hex[:8]}"
+        os.rename(final, doomed)  # gone from by-digest/ at once; the delete may take a while
+        for f in self.sources.iterdir():
+            if f.is_file() and f.read_text().strip() == digest:
+                f.unlink(missing_ok=True)
+        (self.last_used / digest).unlink(missing_ok=True)
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self.root).free

@@ -1,0 +1,180 @@
+"""Model supply chain records shared by fabricd and the agent.
+
+A model job brings one model's bytes onto one node and checks them. Its states, in order:
+
+    Registered -> Resolving -> Downloading -> Verifying -> Scanning -> Ready
+                         \\-----------\\-------------\\-----------\\--> Failed (message, retries)
+
+fabricd stores a ``ModelJob`` per (model, node) under ``keyspace.model_jobs`` and orders the
+agent to run it (``AgentJobRequest``); the agent runs it, keeps its own durable record and
+answers with an ``AgentJobView``; fabricd writes every state the agent passed through into the
+store record (``history``). A local source skips Downloading. Secrets never appear here: the
+Hugging Face token stays in the agent's environment.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+JobState = Literal["Registered", "Resolving", "Downloading", "Verifying", "Scanning", "Ready", "Failed"]
+JOB_STATES: tuple[str, ...] = ("Registered", "Resolving", "Downloading", "Verifying", "Scanning", "Ready", "Failed")
+TERMINAL = ("Ready", "Failed")
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+# Job ids become file names on the agent: MODEL.NODE, both DNS labels.
+JOB_ID = re.compile(r"^[a-z0-9][a-z0-9.-]{0,127}$")
+
+
+def check_digest(value: str | None) -> str | None:
+    if value is not None and not DIGEST.match(value):
+        raise ValueError(f"digest {value!r}: expected 64 lowercase hex characters (SHA-256)")
+    return value
+
+
+def job_id(model: str, node: str) -> str:
+    return f"{model}.{node}"
+
+
+class Transition(BaseModel):
+    state: JobState
+    at: float
+    message: str = ""
+
+
+class AgentJobRequest(BaseModel):
+    """What fabricd asks an agent to materialize (POST /v1/models/jobs; idempotent by id+attempt)."""
+
+    model_config = ConfigDict(extra="forbid")
+    job_id: str
+    attempt: int = Field(0, ge=0)
+    model: str
+    source: str = Field(..., min_length=1, max_length=1024)
+    revision: str | None = Field(None, max_length=200, description="commit sha once resolved by another node")
+    expected_digest: str | None = None
+    require_checksum: bool = False
+    signature: str | None = Field(None, max_length=128)
+    size_bytes: int | None = Field(None, ge=0)
+
+    @field_validator("job_id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not JOB_ID.match(v):
+            raise ValueError(f"job id {v!r}: expected lowercase letters, digits, '.' or '-'")
+        return v
+
+    @field_validator("expected_digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        return check_digest(v)
+
+
+class AgentJobView(BaseModel):
+    """An agent's view of one job (its durable record plus live progress)."""
+
+    job_id: str
+    attempt: int = 0
+    state: JobState = "Registered"
+    message: str = ""
+    revision: str | None = None
+    digest: str | None = None
+    path: str | None = None
+    bytes_done: int = 0
+    bytes_total: int = 0
+    files: int = 0
+    safetensors: int = 0
+    retries: int = Field(0, description="transient fetch errors retried in this attempt")
+    joined: str | None = Field(None, description="the job whose download this one follows")
+    history: list[Transition] = Field(default_factory=list)
+
+
+class CacheEntry(BaseModel):
+    digest: str
+    size_bytes: int
+    last_used: float
+    path: str
+    local: bool = Field(False, description="a local source under FABRIC_MODEL_DIR: never deleted")
+
+
+class CacheList(BaseModel):
+    entries: list[CacheEntry] = Field(default_factory=list)
+    free_bytes: int = 0
+
+
+class VerifyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    digest: str
+    expected_digest: str | None = None
+    require_checksum: bool = False
+    signature: str | None = None
+
+    @field_validator("digest", "expected_digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        return check_digest(v)
+
+
+class VerifyResult(BaseModel):
+    ok: bool
+    digest: str
+    message: str
+
+
+class ModelJob(BaseModel):
+    """fabricd's record of one job: /fabric/model-jobs/{model}/{node}."""
+
+    model: str
+    node: str
+    state: JobState = "Registered"
+    message: str = "job recorded; waiting for the agent"
+    attempt: int = 0
+    retries: int = 0
+    revision: str | None = None
+    digest: str | None = None
+    path: str | None = None
+    bytes_done: int = 0
+    bytes_total: int = 0
+    files: int = 0
+    joined: str | None = None
+    history: list[Transition] = Field(default_factory=list)
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+
+    @property
+    def id(self) -> str:
+        return job_id(self.model, self.node)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def progress_text(model: str, state: str, done: int, total: int, message: str = "") -> str:
+    """One line for a replica waiting on its model: ``model demo: Downloading 3.1/16.4 GiB``."""
+    if state == "Downloading" and total:
+        return f"model {model}: Downloading {gib(done)}/{gib(total)} GiB"
+    if state == "Failed":
+        return f"model {model}: Failed: {message}"
+    return f"model {model}: {state}"
+
+
+def local_source_path(source: str, model_dir: str) -> str:
+    """The canonical directory of a local source (``file:///srv/models/x`` or ``/srv/models/x``):
+    its realpath, which must be ``model_dir`` or under it (``/srv/models/../../etc`` and symlinks
+    out of the model dir are refused). Raises ValueError naming both paths."""
+    import os
+
+    raw = source.removeprefix("file://")
+    if not raw.startswith("/"):
+        raise ValueError(f"local source {source!r} is not an absolute path")
+    real = os.path.realpath(raw)
+    root = os.path.realpath(model_dir)
+    if real != root and not real.startswith(root.rstrip("/") + "/"):
+        raise ValueError(f"local source {source!r} resolves to {real}, outside FABRIC_MODEL_DIR ({root})")
+    return real
