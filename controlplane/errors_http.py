@@ -2,7 +2,11 @@
 
   FabricError (common.errors)        its own status and code
   RequestValidationError (pydantic)  422 "invalid", the message names each bad field by location,
-                                     e.g. "body.gpu.count: Input should be less than or equal to 8"
+                                     e.g. "body.gpu.count: Input should be less than or equal to 8",
+                                     and "fields" lists them ({field, message, type, ctx}; ctx holds the
+                                     schema's limits, never the input) so fabricctl can name its flags;
+                                     a body that is not JSON at all is 400 "bad_request" (what
+                                     OpenAI-style clients expect)
   Starlette HTTPException            its status (unknown route 404, wrong method 405)
   anything else                      500 "internal" with no detail (it is a bug; the log has it)
 """
@@ -49,8 +53,29 @@ async def _fabric_error(request: Request, exc: FabricError) -> JSONResponse:
     return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 
 
+def validation_fields(errors: list[dict]) -> list[dict]:
+    """The bad fields without the "body" prefix, with pydantic's type and the schema limits."""
+    out = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ())]
+        if loc and loc[0] == "body":
+            loc = loc[1:]
+        ctx = {k: v for k, v in (err.get("ctx") or {}).items() if isinstance(v, (int, float, str))}
+        out.append({"field": ".".join(loc), "message": str(err.get("msg", "invalid")).removeprefix("Value error, "),
+                    "type": str(err.get("type", "")), "ctx": ctx})
+    return out
+
+
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return JSONResponse(error_body("invalid", validation_message(exc.errors())), status_code=422)
+    errors = exc.errors()
+    bad_json = [e for e in errors if e.get("type") == "json_invalid"]
+    if bad_json:
+        detail = (bad_json[0].get("ctx") or {}).get("error", "")
+        return JSONResponse(error_body("bad_request", f"the request body is not valid JSON{': ' + str(detail) if detail else ''}"),
+                            status_code=400)
+    body = error_body("invalid", validation_message(errors))
+    body["error"]["fields"] = validation_fields(errors)
+    return JSONResponse(body, status_code=422)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -17,6 +17,21 @@ from pydantic import BaseModel, Field
 from common import keyspace
 from common.store.base import Store
 
+# Kinds the event log knows without having seen them; a filter on any other kind that no stored
+# event carries is refused (`--kind bogus` is a typo, not an empty answer). Modules that record
+# events of a new kind add it here.
+KNOWN_KINDS = frozenset({"model", "profile", "deployment", "endpoint", "node", "key", "replica", "site",
+                         "policy", "quota", "autoscaler", "rollout", "tenant", "job", "backup"})
+
+
+def unknown_kind(store: Store, kind: str) -> str | None:
+    """Why `kind` is not a kind to filter on, or None when it is one."""
+    seen = {EventRecord.model_validate_json(kv.value).kind for kv in store.list(keyspace.events())}
+    known = KNOWN_KINDS | seen
+    if kind in known:
+        return None
+    return f"kind: unknown kind {kind!r}; one of {', '.join(sorted(known))}"
+
 
 class EventRecord(BaseModel):
     time: float = Field(..., description="unix seconds")

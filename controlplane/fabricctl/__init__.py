@@ -1,28 +1,85 @@
 """`fabricctl`: the operator CLI over fabricd's REST API (typer).
 
-    fabricctl ai login | model ... | profile ... | deploy ... | deployment ... | endpoint ... | events
+    fabricctl [--context C] [--server URL] [--ca FILE] [--token-file F] ai ... | config ... | completion SHELL
 
-Configuration comes from FABRIC_URL, FABRIC_TOKEN, FABRIC_CA (see controlplane.fabricctl.client).
-Every command prints a table or `field: value` lines for people and JSON with --json; a server
-error prints "error: MESSAGE" on stderr and exits 1.
+Where fabricd is and how to trust and authenticate to it: flag > FABRIC_* variable > the
+current context of ~/.config/fabric/config (controlplane.fabricctl.contexts).
+Every read prints a table or `field: value` lines for people and `-o json|yaml|wide|name`
+(`--json` = `-o json`) for scripts (controlplane.fabricctl.formats adds -o to every command).
+
+Exit statuses (docs/cli.md): 0 done, 1 refused by fabricd (an error answer), 2 usage or
+configuration (a bad flag, variable or config file), 3 fabricd unreachable (connection, TLS).
+Nothing prints a traceback: an error is one line `error: ...` naming what to fix; an
+unexpected failure says so in one line (FABRIC_DEBUG=1 shows the traceback).
 
 Command groups by module: resources (model, profile, deploy, deployment, endpoint, events),
 keys (key), nodes (node, gpus), capacity (capacity, endpoint show with live weights),
-explain (explain placement|routing, deployment drain). They build on
-controlplane.fabricctl.output (`session`, `emit_table`, `emit_object`, `col`).
+explain (explain placement|routing, deployment drain), login, config_cmd (config),
+completion. They build on controlplane.fabricctl.output (`session`, `emit_table`,
+`emit_object`, `col`).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
 import typer
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+def fabric_version() -> str:
+    try:
+        return version("fabric")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _root_callback(
+    ctx: typer.Context,
+    context: str = typer.Option(None, "--context", help="use this context of the config file (else FABRIC_CONTEXT, "
+                                                        "else current-context)"),
+    server: str = typer.Option(None, "--server", help="fabricd URL (overrides FABRIC_URL and the context)"),
+    ca: str = typer.Option(None, "--ca", help="CA file that signed fabricd's certificate (overrides FABRIC_CA)"),
+    token_file: str = typer.Option(None, "--token-file", help="read the bearer token from this file "
+                                                              "(overrides FABRIC_TOKEN)"),
+    show_version: bool = typer.Option(False, "--version", is_eager=True, help="print the version and exit"),
+) -> None:
+    """Fabric operator CLI: models, profiles, deployments and endpoints on GPU VMs."""
+    if show_version:
+        typer.echo(f"fabricctl {fabric_version()}")
+        raise typer.Exit(0)
+    from controlplane.fabricctl.client import FLAGS
+
+    FLAGS.set({"context": context, "server": server, "ca": ca, "token_file": token_file})
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
 
 
 def build_app() -> typer.Typer:
-    from controlplane.fabricctl import capacity, explain, keys, login, nodes, resources
+    from controlplane.fabricctl import (
+        capacity,
+        completion,
+        config_cmd,
+        explain,
+        keys,
+        login,
+        nodes,
+        resources,
+    )
+    from controlplane.fabricctl.formats import AliasGroup
 
-    root = typer.Typer(help="Fabric operator CLI.", no_args_is_help=True, add_completion=False)
-    ai = typer.Typer(help="AI workloads: models, profiles, deployments, endpoints.", no_args_is_help=True)
+    root = typer.Typer(cls=AliasGroup, add_completion=False, context_settings=CONTEXT_SETTINGS,
+                       invoke_without_command=True, pretty_exceptions_enable=False, rich_markup_mode=None)
+    root.callback()(_root_callback)
+    ai = typer.Typer(cls=AliasGroup, help="AI workloads: models, profiles, deployments, endpoints.",
+                     no_args_is_help=True)
     root.add_typer(ai, name="ai")
+    root.add_typer(config_cmd.config_app, name="config")
+    root.command("completion")(completion.completion)
     ai.command("login")(login.login)
     ai.add_typer(resources.model_app, name="model")
     ai.add_typer(resources.profile_app, name="profile")
@@ -43,5 +100,25 @@ def build_app() -> typer.Typer:
     return root
 
 
-def main() -> None:
-    build_app()(prog_name="fabricctl")
+def build_command():
+    """The command tree with -o on every read (what main runs and docs/cli.md describes)."""
+    from controlplane.fabricctl.formats import add_output_options
+
+    app = build_app()
+    add_output_options(app)
+    return typer.main.get_command(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import typer.completion
+
+    try:
+        typer.completion.completion_init()
+        command = build_command()
+        command.main(args=argv, prog_name="fabricctl", standalone_mode=True)
+    except Exception as exc:
+        if os.environ.get("FABRIC_DEBUG"):
+            raise
+        typer.echo(f"error: unexpected {type(exc).__name__}: {exc} (a fabricctl bug: please report it; "
+                   "FABRIC_DEBUG=1 shows the traceback)", err=True)
+        sys.exit(1)

@@ -42,7 +42,7 @@ def endpoint_view(client, name: str) -> dict:
     return record
 
 
-def endpoint_show(name: str, as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+def endpoint_show(name: str = typer.Argument(..., metavar="NAME", help="the endpoint's name"), as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """An endpoint with its VIP, replicas and live Maglev weights."""
     with session() as c:
         record = endpoint_view(c, name)

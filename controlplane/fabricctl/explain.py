@@ -15,7 +15,7 @@ JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
 
 
 @explain_app.command("placement")
-def placement(deployment: str, as_json: bool = JSON_OPT) -> None:
+def placement(deployment: str = typer.Argument(..., metavar="DEPLOYMENT", help="a deployment"), as_json: bool = JSON_OPT) -> None:
     """Which node the next replica of DEPLOYMENT goes to, and why each other node is rejected."""
     with session() as c:
         data = c.get(f"/api/ai/explain/placement/{deployment}")
@@ -28,7 +28,7 @@ def placement(deployment: str, as_json: bool = JSON_OPT) -> None:
 
 
 @explain_app.command("routing")
-def routing(endpoint: str, as_json: bool = JSON_OPT) -> None:
+def routing(endpoint: str = typer.Argument(..., metavar="ENDPOINT", help="an endpoint"), as_json: bool = JSON_OPT) -> None:
     """Each replica of ENDPOINT: included or excluded, why, its metrics and its Maglev weight."""
     with session() as c:
         data = c.get(f"/api/ai/explain/routing/{endpoint}")
@@ -40,7 +40,7 @@ def routing(endpoint: str, as_json: bool = JSON_OPT) -> None:
                                           col("WEIGHT", "weight"), col("REASON", "reason")], False)
 
 
-def drain(name: str, grace_secs: float = typer.Option(30.0, "--grace-secs", help="seconds at weight 0 before deletion"),
+def drain(name: str = typer.Argument(..., metavar="NAME", help="a deployment"), grace_secs: float = typer.Option(30.0, "--grace-secs", help="seconds at weight 0 before deletion"),
           replica: str = typer.Option(None, "--replica", help="drain only this replica (it is replaced)"),
           as_json: bool = JSON_OPT) -> None:
     """Stop new traffic to a deployment's replicas (weight 0), then delete them after the grace."""

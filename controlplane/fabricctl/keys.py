@@ -19,6 +19,7 @@ KEY_COLUMNS = [col("ID", "id"), col("NAME", "name"), col("PREFIX", "prefix"), co
                col("QUOTA", "request_quota"), col("TPM", "tokens_per_minute"), col("MAX_CONC", "max_concurrent"),
                col("EXPIRED", "expired"), col("ROTATING", "rotating")]
 
+KEY_ARG = typer.Argument(..., metavar="KEY", help="the key's id or its name")
 key_app = typer.Typer(help="Scoped inference API keys for the gateway.", no_args_is_help=True)
 
 
@@ -34,14 +35,14 @@ def _print_secret(created: dict, as_json: bool) -> None:
 
 @key_app.command("create")
 def key_create(
-    name: str,
+    name: str = typer.Argument(..., metavar="NAME", help="a name unique on the endpoint"),
     endpoint: str = typer.Option(..., "--endpoint", help="the one endpoint this key may call"),
     model: str = typer.Option(None, "--model", help="only this model"),
-    tenant: str = typer.Option(None, "--tenant"),
+    tenant: str = typer.Option(None, "--tenant", help="owning tenant"),
     ttl_secs: int = typer.Option(0, "--ttl-secs", help="seconds until expiry; 0 never expires"),
     request_quota: int = typer.Option(None, "--request-quota", help="lifetime requests"),
-    tokens_per_minute: int = typer.Option(None, "--tokens-per-minute"),
-    max_concurrent: int = typer.Option(None, "--max-concurrent"),
+    tokens_per_minute: int = typer.Option(None, "--tokens-per-minute", help="token rate limit"),
+    max_concurrent: int = typer.Option(None, "--max-concurrent", help="requests in flight at once"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Create a key; the plaintext is printed once."""
@@ -55,19 +56,21 @@ def key_create(
 
 @key_app.command("list")
 def key_list(as_json: bool = JSON_OPT) -> None:
+    """List keys with their usage (never a secret)."""
     with session() as c:
         emit_table(c.get("/api/ai/keys"), KEY_COLUMNS, as_json)
 
 
 @key_app.command("show")
-def key_show(key_id: str, as_json: bool = JSON_OPT) -> None:
+def key_show(key_id: str = KEY_ARG, as_json: bool = JSON_OPT) -> None:
+    """Show one key and its usage."""
     with session() as c:
         emit_object(c.get(f"/api/ai/keys/{key_id}"), as_json)
 
 
 @key_app.command("rotate")
 def key_rotate(
-    key_id: str,
+    key_id: str = KEY_ARG,
     overlap_secs: int = typer.Option(3600, "--overlap-secs", help="how long the current secret keeps working"),
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -78,7 +81,8 @@ def key_rotate(
 
 
 @key_app.command("delete")
-def key_delete(key_id: str, as_json: bool = JSON_OPT) -> None:
+def key_delete(key_id: str = KEY_ARG, as_json: bool = JSON_OPT) -> None:
+    """Delete a key; the gateway refuses it from then on."""
     with session() as c:
         result = c.delete(f"/api/ai/keys/{key_id}")
     if as_json:

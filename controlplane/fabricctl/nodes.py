@@ -48,7 +48,7 @@ def write_node_files(out: Path, issued: dict) -> tuple[Path, Path, Path]:
 
 @node_app.command("add")
 def node_add(
-    name: str,
+    name: str = typer.Argument(..., metavar="NAME", help="the new node's id (its certificate's CN)"),
     out: Annotated[Path | None, typer.Option(
         "--out", help="directory for NAME.crt, NAME.key, ca.crt (default ./NAME-pki)")] = None,
     host: Annotated[list[str] | None, typer.Option(
@@ -69,12 +69,14 @@ def node_add(
 
 @node_app.command("list")
 def node_list(as_json: bool = JSON_OPT) -> None:
+    """List nodes, online or offline and why."""
     with session() as c:
         emit_table(c.get("/api/ai/nodes"), NODE_COLUMNS, as_json)
 
 
 @node_app.command("show")
-def node_show(name: str, as_json: bool = JSON_OPT) -> None:
+def node_show(name: str = typer.Argument(..., metavar="NAME", help="the node's id"), as_json: bool = JSON_OPT) -> None:
+    """Show one node with its GPUs and heartbeat."""
     with session() as c:
         emit_object(c.get(f"/api/ai/nodes/{name}"), as_json)
 

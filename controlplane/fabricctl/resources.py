@@ -1,4 +1,8 @@
-"""`fabricctl ai` commands for models, profiles, deployments, endpoints and events."""
+"""`fabricctl ai` commands for models, profiles, deployments, endpoints and events.
+
+Each command that sends a body passes `session(flags=...)` the map from API field to its own
+flag, so a refusal names what the operator typed (`--gpu: must be at most 8, got 9`).
+deploy, scale, expose and delete take `--wait [--timeout]` (controlplane.fabricctl.wait)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,18 @@ import time
 import typer
 
 from controlplane.fabricctl.output import col, emit_object, emit_table, session
+from controlplane.fabricctl.wait import (
+    TIMEOUT_OPT,
+    WAIT_OPT,
+    deployment_ready,
+    endpoint_ready,
+    gone,
+    wait_until,
+)
+from controlplane.fabricctl.watch import follow_events, start_revision
 
 JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
+NAME_ARG = typer.Argument(..., metavar="NAME", help="the resource's name")
 
 model_app = typer.Typer(help="Model artifacts.", no_args_is_help=True)
 profile_app = typer.Typer(help="Inference profiles (runtime and resources per replica).", no_args_is_help=True)
@@ -18,13 +32,20 @@ endpoint_app = typer.Typer(help="OpenAI-compatible endpoints (a VIP in front of 
 
 MODEL_COLUMNS = [col("NAME", "name"), col("SOURCE", "source"), col("PHASE", "status.phase"),
                  col("TENANT", "tenant")]
+MODEL_WIDE = [col("LICENSE", "license"), col("MESSAGE", "status.message")]
 PROFILE_COLUMNS = [col("NAME", "name"), col("RUNTIME", "runtime"), col("GPUS", "gpu.count"),
                    col("VRAM_GIB", "gpu.vram_gib"), col("CPU", "cpu"), col("MEMORY_GIB", "memory_gib")]
+PROFILE_WIDE = [col("GPU_MODEL", "gpu.model"), col("MAX_MODEL_LEN", "max_model_len"), col("TENANT", "tenant")]
 DEPLOYMENT_COLUMNS = [col("NAME", "name"), col("MODEL", "model"), col("PROFILE", "profile"),
                       col("REPLICAS", "replicas"), col("READY", "status.ready_replicas"),
                       col("PHASE", "status.phase"), col("MESSAGE", "status.message")]
+DEPLOYMENT_WIDE = [col("REVISION", "revision"), col("TENANT", "tenant")]
 ENDPOINT_COLUMNS = [col("NAME", "name"), col("DEPLOYMENT", "deployment"), col("ROUTING", "routing"),
                     col("VIP", "status.vip"), col("PORT", "port"), col("PHASE", "status.phase")]
+ENDPOINT_WIDE = [col("MESSAGE", "status.message"), col("TENANT", "tenant")]
+PROFILE_FLAGS = {"name": "NAME", "runtime": "--runtime", "gpu.count": "--gpu", "gpu.vram_gib": "--vram",
+                 "gpu.model": "--gpu-model", "cpu": "--cpu", "memory_gib": "--memory",
+                 "max_model_len": "--max-model-len", "tenant": "--tenant"}
 EVENT_COLUMNS = [("TIME", lambda e: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))),
                  col("KIND", "kind"), col("NAME", "name"), col("ACTION", "action"), col("MESSAGE", "message")]
 
@@ -42,33 +63,36 @@ def _deleted(result: dict | None, kind: str, name: str, as_json: bool) -> None:
 
 @model_app.command("add")
 def model_add(
-    name: str,
+    name: str = NAME_ARG,
     source: str = typer.Option(..., "--source", help="hf://ORG/NAME[@REV], file:///PATH or /PATH"),
-    license: str = typer.Option(None, "--license"),
-    tenant: str = typer.Option(None, "--tenant"),
+    license: str = typer.Option(None, "--license", help="the model's license, e.g. apache-2.0"),
+    tenant: str = typer.Option(None, "--tenant", help="owning tenant"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Register a model artifact."""
     body = {"name": name, "source": source, "license": license, "tenant": tenant}
-    with session() as c:
+    with session({"name": "NAME", "source": "--source", "license": "--license", "tenant": "--tenant"}) as c:
         created = c.post("/api/ai/models", {k: v for k, v in body.items() if v is not None})
     emit_object(created, as_json) if as_json else typer.echo(f"model {name} added")
 
 
 @model_app.command("list")
 def model_list(as_json: bool = JSON_OPT) -> None:
+    """List model artifacts."""
     with session() as c:
-        emit_table(c.get("/api/ai/models"), MODEL_COLUMNS, as_json)
+        emit_table(c.get("/api/ai/models"), MODEL_COLUMNS, as_json, wide=MODEL_WIDE)
 
 
 @model_app.command("show")
-def model_show(name: str, as_json: bool = JSON_OPT) -> None:
+def model_show(name: str = NAME_ARG, as_json: bool = JSON_OPT) -> None:
+    """Show one model artifact."""
     with session() as c:
         emit_object(c.get(f"/api/ai/models/{name}"), as_json)
 
 
 @model_app.command("delete")
-def model_delete(name: str, as_json: bool = JSON_OPT) -> None:
+def model_delete(name: str = NAME_ARG, as_json: bool = JSON_OPT) -> None:
+    """Delete a model (refused while a deployment uses it)."""
     with session() as c:
         _deleted(c.delete(f"/api/ai/models/{name}"), "model", name, as_json)
 
@@ -77,40 +101,43 @@ def model_delete(name: str, as_json: bool = JSON_OPT) -> None:
 
 @profile_app.command("add")
 def profile_add(
-    name: str,
-    runtime: str = typer.Option("vllm", "--runtime"),
+    name: str = NAME_ARG,
+    runtime: str = typer.Option("vllm", "--runtime", help="inference runtime, e.g. vllm"),
     gpu: int = typer.Option(1, "--gpu", help="whole GPUs per replica (1-8)"),
     vram: float = typer.Option(..., "--vram", help="minimum GiB per GPU"),
-    cpu: int = typer.Option(..., "--cpu"),
-    memory: float = typer.Option(..., "--memory", help="GiB"),
+    cpu: int = typer.Option(..., "--cpu", help="vCPUs per replica"),
+    memory: float = typer.Option(..., "--memory", help="GiB of memory per replica"),
     gpu_model: str = typer.Option(None, "--gpu-model", help="GPU model filter, e.g. H100"),
-    max_model_len: int = typer.Option(None, "--max-model-len"),
-    tenant: str = typer.Option(None, "--tenant"),
+    max_model_len: int = typer.Option(None, "--max-model-len", help="the engine's context length"),
+    tenant: str = typer.Option(None, "--tenant", help="owning tenant"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Add an inference profile."""
     body = {"name": name, "runtime": runtime, "cpu": cpu, "memory_gib": memory,
             "gpu": {"count": gpu, "vram_gib": vram, "model": gpu_model},
             "max_model_len": max_model_len, "tenant": tenant}
-    with session() as c:
+    with session(PROFILE_FLAGS) as c:
         created = c.post("/api/ai/profiles", {k: v for k, v in body.items() if v is not None})
     emit_object(created, as_json) if as_json else typer.echo(f"profile {name} added")
 
 
 @profile_app.command("list")
 def profile_list(as_json: bool = JSON_OPT) -> None:
+    """List inference profiles."""
     with session() as c:
-        emit_table(c.get("/api/ai/profiles"), PROFILE_COLUMNS, as_json)
+        emit_table(c.get("/api/ai/profiles"), PROFILE_COLUMNS, as_json, wide=PROFILE_WIDE)
 
 
 @profile_app.command("show")
-def profile_show(name: str, as_json: bool = JSON_OPT) -> None:
+def profile_show(name: str = NAME_ARG, as_json: bool = JSON_OPT) -> None:
+    """Show one inference profile."""
     with session() as c:
         emit_object(c.get(f"/api/ai/profiles/{name}"), as_json)
 
 
 @profile_app.command("delete")
-def profile_delete(name: str, as_json: bool = JSON_OPT) -> None:
+def profile_delete(name: str = NAME_ARG, as_json: bool = JSON_OPT) -> None:
+    """Delete a profile (refused while a deployment uses it)."""
     with session() as c:
         _deleted(c.delete(f"/api/ai/profiles/{name}"), "profile", name, as_json)
 
@@ -118,17 +145,22 @@ def profile_delete(name: str, as_json: bool = JSON_OPT) -> None:
 # -- deployments ----------------------------------------------------------------------------------
 
 def deploy(
-    model: str,
-    profile: str = typer.Option(..., "--profile"),
-    replicas: int = typer.Option(1, "--replicas"),
+    model: str = typer.Argument(..., metavar="MODEL", help="a model added with `fabricctl ai model add`"),
+    profile: str = typer.Option(..., "--profile", help="an inference profile"),
+    replicas: int = typer.Option(1, "--replicas", help="how many replicas (0-64)"),
     name: str = typer.Option(None, "--name", help="deployment name (default: the model's name)"),
-    tenant: str = typer.Option(None, "--tenant"),
+    tenant: str = typer.Option(None, "--tenant", help="owning tenant"),
+    wait: bool = WAIT_OPT,
+    timeout: float = TIMEOUT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Deploy MODEL with a profile."""
     body = {"name": name or model, "model": model, "profile": profile, "replicas": replicas, "tenant": tenant}
-    with session() as c:
+    with session({"name": "--name", "model": "MODEL", "profile": "--profile", "replicas": "--replicas",
+                  "tenant": "--tenant"}) as c:
         created = c.post("/api/ai/deployments", {k: v for k, v in body.items() if v is not None})
+        if wait:
+            created = wait_until(c, "deployments", created["name"], deployment_ready, timeout) or created
     if as_json:
         emit_object(created, True)
     else:
@@ -137,45 +169,62 @@ def deploy(
 
 @deployment_app.command("list")
 def deployment_list(as_json: bool = JSON_OPT) -> None:
+    """List deployments with ready replicas and phase."""
     with session() as c:
-        emit_table(c.get("/api/ai/deployments"), DEPLOYMENT_COLUMNS, as_json)
+        emit_table(c.get("/api/ai/deployments"), DEPLOYMENT_COLUMNS, as_json, wide=DEPLOYMENT_WIDE)
 
 
 @deployment_app.command("show")
-def deployment_show(name: str, as_json: bool = JSON_OPT) -> None:
+def deployment_show(name: str = NAME_ARG, as_json: bool = JSON_OPT) -> None:
+    """Show one deployment with its status."""
     with session() as c:
         emit_object(c.get(f"/api/ai/deployments/{name}"), as_json)
 
 
 @deployment_app.command("scale")
-def deployment_scale(name: str, replicas: int = typer.Option(..., "--replicas"), as_json: bool = JSON_OPT) -> None:
-    with session() as c:
+def deployment_scale(name: str = NAME_ARG,
+                     replicas: int = typer.Option(..., "--replicas", help="the new replica count (0-64)"),
+                     wait: bool = WAIT_OPT, timeout: float = TIMEOUT_OPT, as_json: bool = JSON_OPT) -> None:
+    """Set a deployment's replica count."""
+    with session({"replicas": "--replicas"}) as c:
         updated = c.post(f"/api/ai/deployments/{name}/scale", {"replicas": replicas})
+        if wait:
+            updated = wait_until(c, "deployments", name, deployment_ready, timeout) or updated
     emit_object(updated, as_json) if as_json else typer.echo(f"deployment {name} scaled to {replicas} replicas")
 
 
 @deployment_app.command("delete")
-def deployment_delete(name: str, as_json: bool = JSON_OPT) -> None:
+def deployment_delete(name: str = NAME_ARG, wait: bool = WAIT_OPT, timeout: float = TIMEOUT_OPT,
+                      as_json: bool = JSON_OPT) -> None:
+    """Delete a deployment and its replicas (refused while an endpoint exposes it)."""
     with session() as c:
-        _deleted(c.delete(f"/api/ai/deployments/{name}"), "deployment", name, as_json)
+        result = c.delete(f"/api/ai/deployments/{name}")
+        if wait:
+            wait_until(c, "deployments", name, gone, timeout)
+            result = {"kind": "deployment", "name": name, "deleted": True}
+        _deleted(result, "deployment", name, as_json)
 
 
 # -- endpoints ------------------------------------------------------------------------------------
 
 @endpoint_app.command("expose")
 def endpoint_expose(
-    deployment: str,
+    deployment: str = typer.Argument(..., metavar="DEPLOYMENT", help="the deployment to put behind a VIP"),
     openai_compatible: bool = typer.Option(True, "--openai-compatible", help="serve the OpenAI API (the only kind)"),
     routing: str = typer.Option("equal", "--routing", help="equal, least_queue, lowest_ttft, ..."),
     name: str = typer.Option(None, "--name", help="endpoint name (default: DEPLOYMENT-openai)"),
     port: int = typer.Option(None, "--port", help="VIP port (default 8000)"),
+    wait: bool = WAIT_OPT,
+    timeout: float = TIMEOUT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Expose a deployment behind a VIP."""
     body = {"name": name or f"{deployment}-openai", "deployment": deployment,
             "openai_compatible": openai_compatible, "routing": routing, "port": port}
-    with session() as c:
+    with session({"name": "--name", "deployment": "DEPLOYMENT", "routing": "--routing", "port": "--port"}) as c:
         created = c.post("/api/ai/endpoints", {k: v for k, v in body.items() if v is not None})
+        if wait:
+            created = wait_until(c, "endpoints", created["name"], endpoint_ready, timeout) or created
     if as_json:
         emit_object(created, True)
     else:
@@ -185,30 +234,41 @@ def endpoint_expose(
 
 @endpoint_app.command("list")
 def endpoint_list(as_json: bool = JSON_OPT) -> None:
+    """List endpoints with their VIPs."""
     with session() as c:
-        emit_table(c.get("/api/ai/endpoints"), ENDPOINT_COLUMNS, as_json)
+        emit_table(c.get("/api/ai/endpoints"), ENDPOINT_COLUMNS, as_json, wide=ENDPOINT_WIDE)
 
 
 @endpoint_app.command("show")
-def endpoint_show(name: str, as_json: bool = JSON_OPT) -> None:
+def endpoint_show(name: str = NAME_ARG, as_json: bool = JSON_OPT) -> None:
+    """Show one endpoint."""
     with session() as c:
         emit_object(c.get(f"/api/ai/endpoints/{name}"), as_json)
 
 
 @endpoint_app.command("delete")
-def endpoint_delete(name: str, as_json: bool = JSON_OPT) -> None:
+def endpoint_delete(name: str = NAME_ARG, wait: bool = WAIT_OPT, timeout: float = TIMEOUT_OPT,
+                    as_json: bool = JSON_OPT) -> None:
+    """Delete an endpoint (its VIP is released)."""
     with session() as c:
-        _deleted(c.delete(f"/api/ai/endpoints/{name}"), "endpoint", name, as_json)
+        result = c.delete(f"/api/ai/endpoints/{name}")
+        if wait:
+            wait_until(c, "endpoints", name, gone, timeout)
+        _deleted(result, "endpoint", name, as_json)
 
 
 # -- events ---------------------------------------------------------------------------------------
 
 def events(
-    limit: int = typer.Option(50, "--limit"),
-    kind: str = typer.Option(None, "--kind", help="model, profile, deployment, endpoint, ..."),
-    name: str = typer.Option(None, "--name"),
+    limit: int = typer.Option(50, "--limit", help="at most this many (1-1000)"),
+    kind: str = typer.Option(None, "--kind", help="model, profile, deployment, endpoint, node, key, ..."),
+    name: str = typer.Option(None, "--name", help="only events of the resource with this name"),
+    watch: bool = typer.Option(False, "--watch", "-w", help="then keep printing new events as they happen"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Recent events: every create, delete and scale, and what controllers did."""
-    with session() as c:
+    with session({"kind": "--kind", "limit": "--limit", "name": "--name"}) as c:
+        revision = start_revision(c, "events") if watch else 0
         emit_table(c.get("/api/ai/events", limit=limit, kind=kind, name=name), EVENT_COLUMNS, as_json)
+        if watch:
+            follow_events(c, kind, name, EVENT_COLUMNS, revision)

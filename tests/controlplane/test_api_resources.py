@@ -14,7 +14,8 @@ PROFILE = {"runtime": "vllm", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 8, "me
 def error(resp, status: int) -> dict:
     assert resp.status_code == status, resp.text
     body = resp.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    # A validation refusal also lists its fields (for fabricctl to name its flags).
+    assert set(body) == {"error"} and set(body["error"]) - {"fields"} == {"code", "message"}, body
     return body["error"]
 
 
@@ -73,6 +74,19 @@ def test_invalid_body_is_422_naming_the_field(api, path, body, field, words):
 def test_gpu_count_message_matches_the_documented_form(api):
     err = error(api.post("/api/ai/profiles", json={**PROFILE, "name": "g9b", "gpu": {"count": 9, "vram_gib": 8}}), 422)
     assert err["message"] == "body.gpu.count: Input should be less than or equal to 8"
+
+
+def test_validation_refusal_lists_fields_with_limits_and_no_input(api):
+    err = error(api.post("/api/ai/profiles", json={**PROFILE, "name": "g9c", "gpu": {"count": 9, "vram_gib": 8}}), 422)
+    assert err["fields"] == [{"field": "gpu.count", "message": "Input should be less than or equal to 8",
+                              "type": "less_than_equal", "ctx": {"le": 8}}]
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b'{"name": "x",', b"\xff\xfe"])
+def test_malformed_json_is_400_not_422(api, raw):
+    resp = api.post("/api/ai/models", content=raw, headers={"content-type": "application/json"})
+    err = error(resp, 400)
+    assert err["code"] == "bad_request" and "not valid JSON" in err["message"]
 
 
 def test_deployment_with_missing_model_or_profile_is_422_naming_it(api):

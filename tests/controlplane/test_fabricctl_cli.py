@@ -8,6 +8,7 @@ import stat
 import subprocess
 
 import pytest
+import yaml
 
 from tests.controlplane.conftest import BIN, start_fabricd
 
@@ -21,14 +22,14 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ctl_env(server, tmp_path_factory) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
-    env.update(FABRIC_URL=server.url, FABRIC_CA=str(server.ca),
-               FABRIC_CONFIG_DIR=str(tmp_path_factory.mktemp("ctlcfg")))
+    home = tmp_path_factory.mktemp("ctlhome")
+    env.update(FABRIC_URL=server.url, FABRIC_CA=str(server.ca), HOME=str(home), XDG_CONFIG_HOME=str(home / "xdg"))
     proc = subprocess.run([str(BIN / "fabricctl"), "ai", "login", "--password-file",
                            str(server.state_dir / "admin-password")], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "logged in as admin" in proc.stdout
-    token_file = os.path.join(env["FABRIC_CONFIG_DIR"], "token")
-    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    config = home / "xdg" / "fabric" / "config"
+    assert stat.S_IMODE(os.stat(config).st_mode) == 0o600
     return env
 
 
@@ -82,11 +83,14 @@ def test_the_getting_started_story(ctl_env):
     "args, words",
     [
         (["ai", "model", "show", "ghost"], "model 'ghost' not found"),
-        (["ai", "model", "add", "BAD", "--source", "hf://a/b"], "body.name"),
+        (["ai", "model", "add", "BAD", "--source", "hf://a/b"], "NAME: name 'BAD' is not a DNS label"),
         (["ai", "profile", "add", "big", "--gpu", "9", "--vram", "24", "--cpu", "1", "--memory", "1"],
-         "body.gpu.count: Input should be less than or equal to 8"),
+         "--gpu: must be at most 8, got 9"),
+        (["ai", "profile", "add", "big", "--gpu", "0", "--vram", "24", "--cpu", "1", "--memory", "1"],
+         "--gpu: must be at least 1, got 0"),
         (["ai", "deploy", "ghost", "--profile", "none"], "model 'ghost' does not exist"),
-        (["ai", "endpoint", "expose", "ghost", "--openai-compatible", "--routing", "random"], "body.routing"),
+        (["ai", "endpoint", "expose", "ghost", "--openai-compatible", "--routing", "random"], "--routing: "),
+        (["ai", "events", "--kind", "bogus"], "--kind: unknown kind 'bogus'"),
     ],
 )
 def test_server_errors_print_the_message_and_exit_non_zero(ctl_env, args, words):
@@ -101,18 +105,51 @@ def test_duplicate_is_reported(ctl_env):
     assert proc.returncode == 1 and "already exists" in proc.stderr
 
 
-def test_without_a_token_the_cli_reports_401(ctl_env, tmp_path):
-    env = {**ctl_env, "FABRIC_CONFIG_DIR": str(tmp_path)}
+def test_without_a_token_the_cli_says_how_to_log_in(ctl_env, tmp_path):
+    env = {**ctl_env, "XDG_CONFIG_HOME": str(tmp_path)}
     proc = ctl(env, "ai", "model", "list", ok=False)
-    assert proc.returncode == 1 and "bearer token" in proc.stderr
+    assert proc.returncode == 1 and "not logged in" in proc.stderr and "fabricctl ai login" in proc.stderr
     env["FABRIC_TOKEN"] = "garbage"
-    assert "invalid token" in ctl(env, "ai", "model", "list", ok=False).stderr
+    proc = ctl(env, "ai", "model", "list", ok=False)
+    assert "invalid token" in proc.stderr and "FABRIC_TOKEN" in proc.stderr
 
 
-def test_unreachable_server_and_untrusted_ca(ctl_env, server):
+def test_unreachable_server_and_untrusted_ca(ctl_env, server, tmp_path):
     env = {**ctl_env, "FABRIC_URL": "https://127.0.0.1:9"}
     proc = ctl(env, "ai", "model", "list", ok=False)
-    assert proc.returncode == 1 and "cannot reach fabricd" in proc.stderr
-    env = {k: v for k, v in ctl_env.items() if k != "FABRIC_CA"}
+    assert proc.returncode == 3 and "cannot reach fabricd at https://127.0.0.1:9" in proc.stderr
+    # No CA anywhere (the logged-in context remembers the CA, so use an empty config).
+    env = {k: v for k, v in ctl_env.items() if k != "FABRIC_CA"} | {"XDG_CONFIG_HOME": str(tmp_path)}
     proc = ctl(env, "ai", "model", "list", ok=False)
-    assert proc.returncode == 1 and "cannot reach fabricd" in proc.stderr and "CERTIFICATE" in proc.stderr.upper()
+    assert proc.returncode == 3 and "CERTIFICATE_VERIFY_FAILED" in proc.stderr and "FABRIC_CA" in proc.stderr
+
+
+def test_output_formats(ctl_env):
+    ctl(ctl_env, "ai", "model", "add", "fmt", "--source", "/models/fmt", "--license", "mit")
+    assert yaml.safe_load(ctl(ctl_env, "ai", "models", "show", "fmt", "-o", "yaml").stdout)["license"] == "mit"
+    names = ctl(ctl_env, "ai", "models", "ls", "-o", "name").stdout.split()
+    assert "model/fmt" in names
+    wide = ctl(ctl_env, "ai", "model", "list", "-o", "wide").stdout.splitlines()
+    assert "LICENSE" in wide[0].split() and "LICENSE" not in ctl(ctl_env, "ai", "model", "list").stdout
+    assert [m["name"] for m in json.loads(ctl(ctl_env, "ai", "mo", "list", "--json").stdout)] == \
+        [m["name"] for m in json.loads(ctl(ctl_env, "ai", "model", "list", "-o", "json").stdout)]
+    bad = ctl(ctl_env, "ai", "model", "list", "-o", "xml", ok=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_help_version_and_completion(ctl_env, tmp_path):
+    assert ctl(ctl_env, "-h").stdout.startswith("Usage: fabricctl")
+    deploy_help = ctl(ctl_env, "ai", "deploy", "-h").stdout
+    assert "MODEL" in deploy_help.splitlines()[0]
+    assert "--wait " in deploy_help and "--timeout " in deploy_help
+    assert ctl(ctl_env, "--version").stdout.startswith("fabricctl ")
+    for shell in ("bash", "zsh", "fish"):
+        script = ctl(ctl_env, "completion", shell).stdout
+        assert "_FABRICCTL_COMPLETE" in script
+        if shell == "bash":
+            (tmp_path / "c.bash").write_text(script)
+            check = subprocess.run(["bash", "-n", str(tmp_path / "c.bash")], capture_output=True, text=True)
+            assert check.returncode == 0, check.stderr
+    # The completion script's own protocol: bash asks with COMP_WORDS/COMP_CWORD.
+    env = {**ctl_env, "COMP_WORDS": "fabricctl ai dep", "COMP_CWORD": "2", "_FABRICCTL_COMPLETE": "complete_bash"}
+    assert set(ctl(env, ).stdout.split()) >= {"deploy", "deployment"}
