@@ -6,7 +6,7 @@ backend key ("IP:PORT"). Invariants the dataplane relies on:
 * Pure and order-free: keys are sorted and hashed with BLAKE2b (never Python's
   salted `hash()`), so the same mapping gives the same table on every node and in
   any insertion order.
-* Shares follow weights exactly: each backend's slot count is its weight share of
+* Shares follow weights exactly (common.maglev_quota.slot_quotas): each backend's slot count is its weight share of
   `size`, rounded by largest remainder, so it is within one slot of the ideal
   (1:2 gives 1:2 with no normalising). Weight 0 means no slots.
 * Low disruption: each backend walks its own Maglev permutation
@@ -27,8 +27,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-MAX_WEIGHT = 32
-DEFAULT_SIZE = 65537
+from common.maglev_quota import DEFAULT_SIZE, MAX_WEIGHT, slot_quotas
+
 # Upper bound on Python-level turns (backends x rounds): fewer rounds means
 # coarser interleaving between backends, more rounds means more interpreter time.
 _TURN_BUDGET = 4096
@@ -59,18 +59,6 @@ def _validate(weights: Mapping[str, int], size: int) -> None:
             raise ValueError(f"weight of {key} must be an integer 0-{MAX_WEIGHT}, got {weight!r}")
     if all(w == 0 for w in weights.values()):
         raise ValueError("at least one backend needs a weight above 0")
-
-
-def slot_quotas(weights: Mapping[str, int], size: int) -> dict[str, int]:
-    """Slots per backend: weight share of `size`, largest remainder, ties by key."""
-    active = sorted(k for k, w in weights.items() if w > 0)
-    total = sum(weights[k] for k in active)
-    quotas = {k: size * weights[k] // total for k in active}
-    left = size - sum(quotas.values())
-    by_remainder = sorted(active, key=lambda k: (-(size * weights[k] % total), k))
-    for key in by_remainder[:left]:
-        quotas[key] += 1
-    return quotas
 
 
 def _permutation(key: str, size: int) -> tuple[int, int]:

@@ -78,3 +78,17 @@ def locks(name: str = "") -> str:
 def auth(name: str = "") -> str:
     """fabricd's shared auth material, e.g. the admin-token signing secret."""
     return f"{ROOT}/auth/{name}"
+
+
+def revisions(deployment: str = "", revision: int | None = None) -> str:
+    """Immutable templates: /fabric/revisions/{deployment}/{revision:08d} (sorted by number)."""
+    if not deployment:
+        return f"{ROOT}/revisions/"
+    return f"{ROOT}/revisions/{deployment}/" + ("" if revision is None else f"{revision:08d}")
+
+
+def rollouts(deployment: str = "", rollout_id: int | None = None) -> str:
+    """Rollout records: /fabric/rollouts/{deployment}/{id:08d}, taken with create-if-absent."""
+    if not deployment:
+        return f"{ROOT}/rollouts/"
+    return f"{ROOT}/rollouts/{deployment}/" + ("" if rollout_id is None else f"{rollout_id:08d}")

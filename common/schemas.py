@@ -71,6 +71,19 @@ def check_source(value: str) -> str:
     raise ValueError(f"source {value!r}: expected hf://ORG/NAME[@REVISION], file:///PATH or an absolute path")
 
 
+MAX_ENGINE_ARGS = 64
+MAX_ARG_LEN = 512
+
+
+def check_engine_args(args: list[str]) -> list[str]:
+    if len(args) > MAX_ENGINE_ARGS:
+        raise ValueError(f"engine_args has {len(args)} entries; at most {MAX_ENGINE_ARGS}")
+    for a in args:
+        if not a or len(a) > MAX_ARG_LEN or any(c in a for c in "\x00\n\r"):
+            raise ValueError(f"engine_args entry {a[:40]!r} must be 1-{MAX_ARG_LEN} characters on one line")
+    return args
+
+
 class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -129,19 +142,30 @@ class DeploymentStatus(Status):
     replicas: int = 0
 
 
-class InferenceDeployment(Resource):
+class Template(Spec):
+    """What every replica of one deployment revision runs (common.rollouts.Revision keeps each)."""
+
     model: str
     profile: str
-    replicas: int = Field(1, ge=0, le=64)
-    revision: int = 1
-    preferred_site: str | None = None
-    allowed_sites: list[str] = Field(default_factory=list)
-    status: DeploymentStatus = Field(default_factory=DeploymentStatus)
+    engine_args: list[str] = Field(default_factory=list, description="appended to the profile's extra_args")
 
     @field_validator("model", "profile")
     @classmethod
     def _refs(cls, v: str, info) -> str:
         return check_name(v, info.field_name)
+
+    @field_validator("engine_args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        return check_engine_args(v)
+
+
+class InferenceDeployment(Template, Resource):
+    replicas: int = Field(1, ge=0, le=64)
+    revision: int = 1
+    preferred_site: str | None = None
+    allowed_sites: list[str] = Field(default_factory=list)
+    status: DeploymentStatus = Field(default_factory=DeploymentStatus)
 
 
 class EndpointStatus(Status):
@@ -226,6 +250,7 @@ class Replica(BaseModel):
     port: int = 8000
     phase: ReplicaPhase = "Pending"
     ready: bool = False
+    ready_since: float | None = None
     draining: bool = False
     drain_deadline: float | None = None
     health_failures: int = 0
@@ -246,6 +271,11 @@ class ReplicaObservation(BaseModel):
     ttft_p50_s: float | None = None
     tokens_per_s: float | None = None
     failure_ratio: float | None = None
+    # Cumulative engine counters at this scrape (rollout windows take deltas of these).
+    finished_total: float | None = None
+    failed_total: float | None = None
+    ttft_sum_s: float | None = None
+    ttft_count: float | None = None
 
 
 class ApiKeyRecord(BaseModel):

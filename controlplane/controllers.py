@@ -3,7 +3,9 @@
 One thread runs an asyncio loop with three periodic jobs, all leader-only:
   reconcile  every FABRIC_RECONCILE_SECS (15 s) and soon after a deployment or endpoint changes
              (a store.watch long-poll wakes it): replicas, health, scale, drain, delete;
-  routing    every FABRIC_ROUTING_SECS (10 s): scrape /metrics, weights, VIPs, Maglev pushes;
+  routing    every FABRIC_ROUTING_SECS (10 s): scrape /metrics, advance rollouts
+             (controlplane.rollouts), weights, VIPs, Maglev pushes; a changed rollout record
+             (an operator's promote, pause or rollback) runs it at once;
   sweep      with each reconcile: replicas of deployments that no longer exist, GPU reservations
              with no replica record, and Fabric-recorded VMs with no replica record. Only what
              Fabric recorded as its own is touched.
@@ -41,6 +43,7 @@ from controlplane import vip_pool
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
+from controlplane.rollouts.apply import RolloutWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.scheduler import SchedulerSettings
 
@@ -172,8 +175,9 @@ class ControllerHandle:
         self._thread = threading.Thread(target=self._run, name="fabric-controllers", daemon=True)
         self._watchers = [
             threading.Thread(target=self._watch, args=(prefix,), name=f"fabric-watch{prefix}", daemon=True)
-            for prefix in (keyspace.deployments(), keyspace.endpoints())
+            for prefix in (keyspace.deployments(), keyspace.endpoints(), keyspace.rollouts())
         ]
+        self._route_now = False  # a rollout record changed: run the routing job on the next wake
 
     def start(self) -> ControllerHandle:
         self._thread.start()
@@ -208,6 +212,8 @@ class ControllerHandle:
                 continue
             if events:
                 after = max(e.revision for e in events)
+                if prefix == keyspace.rollouts():
+                    self._route_now = True
                 self._poke()
 
     def _run(self) -> None:
@@ -222,9 +228,10 @@ class ControllerHandle:
         store, agents = FencedStore(raw, lock), FencedAgents(self.agents, lock)
         reconcile = ReconcileWorker(store, agents, rp.ReconcileSettings(
             drain_grace_s=self.settings.drain_grace_s, scheduler=SchedulerSettings.from_env()))
-        routing = RoutingWorker(store, agents, vip_pool.pool_from_env(), metrics=self.metrics)
+        rollouts = RolloutWorker(store, events_kept=getattr(self.state.settings, "events_kept", 1000))
+        routing = RoutingWorker(store, agents, vip_pool.pool_from_env(), metrics=self.metrics, rollouts=rollouts)
         keeper = asyncio.create_task(self._keep_leading(lock))
-        next_reconcile = next_routing = last_reconcile = 0.0
+        next_reconcile = next_routing = last_reconcile = last_routing = 0.0
         fence_seen: int | None = None
         try:
             while not self._stop.is_set():
@@ -232,6 +239,9 @@ class ControllerHandle:
                 if self._wake.is_set():
                     # Our own status writes also wake us: at most one extra pass per WAKE_GAP_S.
                     self._wake.clear()
+                    if self._route_now:  # at most one extra routing pass per WAKE_GAP_S
+                        self._route_now = False
+                        next_routing = min(next_routing, last_routing + WAKE_GAP_S)
                     next_reconcile = min(next_reconcile, last_reconcile + min(WAKE_GAP_S, self.settings.reconcile_s))
                 if lock.held() and lock.fence != fence_seen:
                     # Newly leader: what we pushed before may have been replaced by another leader.
@@ -249,6 +259,7 @@ class ControllerHandle:
                     if retry_at is not None:  # an agent in backoff: try it again when its wait ends
                         next_reconcile = min(next_reconcile, time.monotonic() + max(0.0, retry_at - time.time()))
                 if time.monotonic() >= next_routing and lock.held():
+                    last_routing = time.monotonic()
                     await self._job("routing", lock, routing.tick)
                     next_routing = time.monotonic() + self.settings.routing_s
                 # Not leading: the keeper wakes us when we take the lock.

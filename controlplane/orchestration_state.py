@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ValidationError
 
 from common import keyspace
+from common.rollouts import Revision, Rollout
 from common.schemas import (
     InferenceDeployment,
     InferenceEndpoint,
@@ -64,6 +65,17 @@ class Snapshot:
     replicas: dict[str, list[Replica]] = field(default_factory=dict)  # by deployment
     observations: dict[str, ReplicaObservation] = field(default_factory=dict)
     reservations: list[Reservation] = field(default_factory=list)
+    revisions: dict[str, dict[int, Revision]] = field(default_factory=dict)  # by deployment, number
+    rollouts: dict[str, Rollout] = field(default_factory=dict)  # the active one per deployment
+
+    def template(self, dep: InferenceDeployment, revision: int):
+        """(profile, model, engine_args) replicas of ``revision`` run: the deployment's own for its
+        current revision (or an unknown one), else the stored revision's template."""
+        rev = self.revisions.get(dep.name, {}).get(revision)
+        if revision == dep.revision or rev is None:
+            return self.profiles.get(dep.profile), self.models.get(dep.model), list(dep.engine_args)
+        t = rev.template
+        return self.profiles.get(t.profile), self.models.get(t.model), list(t.engine_args)
 
     def reserved_by_node(self) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
@@ -161,6 +173,16 @@ def load_snapshot(store: Store) -> Snapshot:
         obs = _parse(kv, ReplicaObservation)
         if obs is not None:
             snap.observations[obs.replica_id] = obs
+    for kv in store.list(keyspace.revisions()):
+        rev = _parse(kv, Revision)
+        if rev is not None:
+            snap.revisions.setdefault(rev.deployment, {})[rev.revision] = rev
+    for kv in store.list(keyspace.rollouts()):
+        rec = _parse(kv, Rollout)
+        newest = snap.rollouts.get(rec.deployment) if rec is not None else None
+        if rec is not None and (newest is None or rec.id > newest.id):
+            snap.rollouts[rec.deployment] = rec
+    snap.rollouts = {d: r for d, r in snap.rollouts.items() if r.active}
     prefix = keyspace.gpu_reservations()
     for kv in store.list(prefix):
         node, _, pci = kv.key[len(prefix):].partition("/")

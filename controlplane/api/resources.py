@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,9 +42,11 @@ from common.schemas import (
 from common.store.base import Store
 from controlplane.auth import require_admin
 from controlplane.events import record_event
+from controlplane.rollouts import records
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
+AdminDep = Annotated[str, Depends(require_admin)]
 
 SCALE_RETRIES = 20
 
@@ -167,7 +170,7 @@ def list_deployments(state: StateDep) -> list[dict]:
 
 
 @router.post("/deployments", status_code=201)
-def create_deployment(body: InferenceDeployment, state: StateDep) -> dict:
+def create_deployment(body: InferenceDeployment, state: StateDep, who: AdminDep) -> dict:
     missing = [f"{kind} {ref!r} does not exist" for kind, ref, key in (
         ("model", body.model, keyspace.models(body.model)),
         ("profile", body.profile, keyspace.profiles(body.profile)),
@@ -177,7 +180,12 @@ def create_deployment(body: InferenceDeployment, state: StateDep) -> dict:
     dep = _fresh(body, DeploymentStatus(phase="Pending", message="waiting for placement"))
     dep = dep.model_copy(update={"revision": 1})
     message = f"deployment {dep.name}: model {dep.model}, profile {dep.profile}, {dep.replicas} replicas"
-    return _create(state, keyspace.deployments(dep.name), "deployment", dep, message)
+    # Leftovers of an earlier deployment of the same name go first; revision 1 follows the record.
+    created = _create(state, keyspace.deployments(dep.name), "deployment", dep, message)
+    records.forget(state.store, dep.name)
+    records.write_revision(state.store, dep.name, records.template_of(dep), who=who, reason="created",
+                           now=dep.created_at)
+    return created
 
 
 @router.get("/deployments/{name}")
@@ -212,7 +220,9 @@ def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
     _get(state.store, key, "deployment", name)
     refuse_if_used("deployment", name, "endpoint", users_of(_list(state.store, keyspace.endpoints()), "deployment", name))
     if not state.controllers_running:
-        return _delete(state, key, "deployment", name).model_dump()
+        deleted = _delete(state, key, "deployment", name).model_dump()
+        records.forget(state.store, name)
+        return deleted
     for _ in range(SCALE_RETRIES):
         kv = state.store.get(key)
         if kv is None:  # the reconciler finished meanwhile

@@ -41,6 +41,7 @@ from controlplane.orchestration_state import (
 )
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
+from controlplane.rollouts import records
 
 log = logging.getLogger("fabricd.reconcile")
 HEALTH_TIMEOUT_S = 2.0
@@ -133,6 +134,7 @@ class ReconcileWorker:
                 await self.teardown(r, node_of.get(r.node), "deployment deleted", errors)
             if not errors:
                 self.store.delete(keyspace.deployments(dep.name))
+                records.forget(self.store, dep.name)
                 log.info("deployment %s deleted", dep.name)
             else:
                 update_deployment_status(self.store, dep.name, phase="Deleting",
@@ -142,13 +144,19 @@ class ReconcileWorker:
             await self.resume_create(snap, dep, r, errors)
         replicas = [get_replica(self.store, dep.name, r.replica_id) or r for r in replicas]
         probes = await self.probe_all(replicas)
+        rollout = snap.rollouts.get(dep.name)
+        targets = None
+        if rollout is not None:  # the rollout planner owns the counts of both revisions
+            targets = {rollout.from_revision: rollout.old_target, rollout.to_revision: rollout.new_target}
+        templates = {rev: snap.template(dep, rev)[:2] for rev in snap.revisions.get(dep.name, {})}
         plan = rp.plan(dep, snap.profiles.get(dep.profile), snap.models.get(dep.model), replicas,
                        list(node_of.values()), probes, self.clock(), reservations=snap.reserved_by_node(),
-                       committed=snap.committed(), settings=self.settings)
+                       committed=snap.committed(), settings=self.settings, targets=targets, templates=templates)
         by_id = {r.replica_id: r for r in replicas}
         for action in plan.actions:
             if isinstance(action, rp.UpdateHealth):
-                self._update(dep.name, action.replica_id, ready=action.ready,
+                since = {"ready_since": action.ready_since} if action.ready_since or not action.ready else {}
+                self._update(dep.name, action.replica_id, ready=action.ready, **since,
                              health_failures=action.health_failures, phase=action.phase, message=action.message)
             elif isinstance(action, rp.StartDrain):
                 self._update(dep.name, action.replica_id, draining=True, drain_deadline=action.deadline,
@@ -177,7 +185,7 @@ class ReconcileWorker:
     async def create(self, snap: Snapshot, dep: InferenceDeployment, action: rp.CreateReplica,
                      errors: list[str]) -> None:
         replica = Replica(replica_id=f"{dep.name}-{action.ordinal}-{secrets.token_hex(3)}", deployment=dep.name,
-                          ordinal=action.ordinal, revision=dep.revision, node=action.node, gpus=list(action.gpus),
+                          ordinal=action.ordinal, revision=action.revision, node=action.node, gpus=list(action.gpus),
                           phase="Pending", message=action.reason, created_at=self.clock())
         put_replica(self.store, replica)
         if not reserve_gpus(self.store, action.node, action.gpus, replica.replica_id, dep.name, self.clock()):
@@ -208,7 +216,7 @@ class ReconcileWorker:
     async def start_vm(self, snap: Snapshot, dep: InferenceDeployment, replica: Replica,
                        errors: list[str]) -> None:
         node = snap.nodes.get(replica.node)
-        profile, model = snap.profiles.get(dep.profile), snap.models.get(dep.model)
+        profile, model, engine_args = snap.template(dep, replica.revision)
         if node is None or profile is None or model is None:
             return
         agent = self.agent(node)
@@ -221,7 +229,7 @@ class ReconcileWorker:
                 replica_id=replica.replica_id, deployment=dep.name, model_name=model.name,
                 model_source=model.source, runtime=profile.runtime, gpus=list(replica.gpus),
                 gpu_memory_mib=gpu_mib, cpu=profile.cpu, memory_gib=profile.memory_gib,
-                max_model_len=profile.max_model_len, extra_args=list(profile.extra_args)))
+                max_model_len=profile.max_model_len, extra_args=list(profile.extra_args) + engine_args))
         except TransientError as exc:
             errors.append(exc.message)  # names the agent, the last error and the next try
             self._update(dep.name, replica.replica_id, message=f"waiting: {exc.message}")

@@ -13,6 +13,10 @@ Rules:
   - a replica that never became Ready within ``start_timeout_s`` is replaced the same way;
   - a replica on an offline node is replaced only when another node can take it, so the last
     copy is kept while nothing else can serve;
+  - replica counts are per revision: ``targets`` ({revision: count}, from a rollout record;
+    by default {deployment.revision: deployment.replicas}) and ``templates`` ({revision:
+    (profile, model)}) for placing a revision other than the deployment's own; a replica of a
+    revision with no target is surplus;
   - scale-down drains first (weight 0, ``draining``) and deletes once the grace has passed;
     replicas that are not Ready go first, then the highest ordinals;
   - a drain deadline that has passed deletes the replica;
@@ -55,6 +59,7 @@ class UpdateHealth:
     health_failures: int
     phase: str
     message: str
+    ready_since: float | None = None  # set when the replica turns Ready
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class CreateReplica:
     node: str
     gpus: tuple[str, ...]
     reason: str
+    revision: int = 1
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,8 @@ def plan(
     reservations: Mapping[str, Collection[str]] | None = None,
     committed: Mapping[str, Committed] | None = None,
     settings: ReconcileSettings = ReconcileSettings(),
+    targets: Mapping[int, int] | None = None,
+    templates: Mapping[int, tuple[InferenceProfile | None, ModelArtifact | None]] | None = None,
 ) -> ReconcilePlan:
     out = ReconcilePlan(deployment.name)
     total = len(replicas)
@@ -135,6 +143,8 @@ def plan(
         out.actions.append(SetStatus("Failed", f"{missing} does not exist", ready, total))
         return out
 
+    targets = dict(targets) if targets is not None else {deployment.revision: deployment.replicas}
+    templates = {deployment.revision: (profile, model), **dict(templates or {})}
     reservations = {k: set(v) for k, v in (reservations or {}).items()}
     committed = dict(committed or {})
     by_id = {n.id: n for n in nodes}
@@ -158,7 +168,8 @@ def plan(
         if probe.ok:
             ready_ids.add(r.replica_id)
             if not r.ready or r.health_failures or r.phase != "Ready":
-                out.actions.append(UpdateHealth(r.replica_id, True, 0, "Ready", "health answers"))
+                since = r.ready_since if r.ready else now
+                out.actions.append(UpdateHealth(r.replica_id, True, 0, "Ready", "health answers", since))
             continue
         failures = r.health_failures + 1
         if not r.ready:
@@ -191,7 +202,10 @@ def plan(
         if node is not None and node_online(node, now, settings.scheduler):
             continue
         others = [x for x in live if x.replica_id != r.replica_id and x.replica_id not in gone]
-        trial = place(deployment, profile, model, nodes, reservations, now, settings.scheduler,
+        r_profile, r_model = templates.get(r.revision, (profile, model))
+        if r_profile is None or r_model is None:
+            continue
+        trial = place(deployment, r_profile, r_model, nodes, reservations, now, settings.scheduler,
                       replicas=others, exclude={r.node}, committed=committed)
         if trial.node is None:
             notes.append(f"{r.replica_id} is on offline node {r.node} and kept: no other node can take it")
@@ -201,41 +215,53 @@ def plan(
         ready_ids.discard(r.replica_id)
 
     live = [r for r in replicas if r.replica_id not in gone and not r.draining]
-    desired = deployment.replicas
+    desired = sum(targets.values())
+    revisions = sorted(set(targets) | {r.revision for r in live})
 
-    # 3. Scale down: drain the surplus (not-ready first, then the highest ordinals).
-    if len(live) > desired:
-        victims = sorted(live, key=lambda r: (r.replica_id not in ready_ids, r.ordinal), reverse=True)
-        for r in victims[: len(live) - desired]:
+    # 3. Scale down each revision to its target: drain the surplus (not-ready first, then the
+    #    highest ordinals).
+    for rev in revisions:
+        mine = [r for r in live if r.revision == rev]
+        want = targets.get(rev, 0)
+        if len(mine) <= want:
+            continue
+        why = f"scale down to {want}" if len(targets) == 1 else f"revision {rev} scales down to {want}"
+        victims = sorted(mine, key=lambda r: (r.replica_id not in ready_ids, r.ordinal), reverse=True)
+        for r in victims[: len(mine) - want]:
             if r.replica_id in ready_ids:
-                out.actions.append(
-                    StartDrain(r.replica_id, now + settings.drain_grace_s, f"scale down to {desired}")
-                )
+                out.actions.append(StartDrain(r.replica_id, now + settings.drain_grace_s, why))
             else:
-                out.actions.append(DeleteReplica(r.replica_id, f"scale down to {desired}; it was not ready"))
+                out.actions.append(DeleteReplica(r.replica_id, f"{why}; it was not ready"))
                 gone.add(r.replica_id)
             ready_ids.discard(r.replica_id)
 
-    # 4. Scale up: first unused ordinals, each placed with the reservations so far.
+    # 4. Scale up each revision: first unused ordinals, each placed with the reservations so far.
     live = [r for r in replicas if r.replica_id not in gone and not r.draining]
-    missing = desired - len(live)
     pending_message = ""
-    if missing > 0:
-        # A record still being deleted holds its ordinal; one deleted by this plan frees it.
-        deleted_now = {a.replica_id for a in out.actions if isinstance(a, DeleteReplica)}
-        used = {r.ordinal for r in replicas if r.replica_id not in deleted_now}
-        placed = list(live)
+    # A record still being deleted holds its ordinal; one deleted by this plan frees it.
+    deleted_now = {a.replica_id for a in out.actions if isinstance(a, DeleteReplica)}
+    used = {r.ordinal for r in replicas if r.replica_id not in deleted_now}
+    placed = list(live)
+    for rev in revisions:
+        missing = targets.get(rev, 0) - sum(1 for r in live if r.revision == rev)
+        if missing <= 0 or pending_message:
+            continue
+        r_profile, r_model = templates.get(rev, (None, None))
+        if r_profile is None or r_model is None:
+            pending_message = f"revision {rev}'s model or profile does not exist"
+            continue
         for ordinal in first_unused_ordinals(used, missing):
-            trial = place(deployment, profile, model, nodes, reservations, now, settings.scheduler,
+            trial = place(deployment, r_profile, r_model, nodes, reservations, now, settings.scheduler,
                           replicas=placed, committed=committed)
             if trial.node is None:
                 pending_message = trial.message
                 break
-            out.actions.append(CreateReplica(ordinal, trial.node, trial.gpus, trial.message))
+            used.add(ordinal)
+            out.actions.append(CreateReplica(ordinal, trial.node, trial.gpus, trial.message, rev))
             reservations = _reservations_with(reservations, trial.node, trial.gpus)
-            committed[trial.node] = committed.get(trial.node, NOTHING_COMMITTED).plus(profile)
+            committed[trial.node] = committed.get(trial.node, NOTHING_COMMITTED).plus(r_profile)
             placed.append(Replica(replica_id=f"planned-{ordinal}", deployment=deployment.name,
-                                  ordinal=ordinal, node=trial.node))
+                                  ordinal=ordinal, revision=rev, node=trial.node))
 
     ready = len(ready_ids)
     count = len(live) + sum(1 for a in out.actions if isinstance(a, CreateReplica))

@@ -12,8 +12,10 @@ then:
      by more than 2 %, or appearing/disappearing) or the stored one is REFRESH_AFTER_S (15 s, half the
      30 s eligibility window) old, so readers of the store (gateway shedding, explain, metrics)
      see every queue change and never a live replica's observation past its eligibility window;
+  1b. advance the active rollouts (controlplane.rollouts.apply) on those fresh observations;
   2. for every endpoint: take its VIP (vip_pool.allocate, create-if-absent), compute the routing
-     plan, and PUT the service on every online agent, concurrently, when the backends or weights
+     plan (with the rollout's weight split, controlplane.rollouts.weights), and PUT the service
+     on every online agent, concurrently, when the backends or weights
      changed since the last push (an agent without a dataplane answers 400 and is skipped);
   3. for every VIP whose endpoint is gone: DELETE the service on every registered agent (404
      counts as absent); only when all agents answered is the VIP released. An unreachable agent
@@ -47,6 +49,8 @@ from controlplane.orchestration_state import (
     managed_service_key,
     update_endpoint_status,
 )
+from controlplane.rollouts.apply import RolloutWorker
+from controlplane.rollouts.weights import apply_rollout
 from controlplane.routing.metrics_parse import (
     EngineSample,
     MetricsParseError,
@@ -102,8 +106,9 @@ def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
 
 class RoutingWorker:
     def __init__(self, store: Store, agents, pool: vip_pool.AddressPool, *,
-                 clock: Callable[[], float] = time.time, metrics=None):
+                 clock: Callable[[], float] = time.time, metrics=None, rollouts: RolloutWorker | None = None):
         self.store = store
+        self.rollouts = rollouts
         self.agents = agents
         self.pool = pool
         self.clock = clock
@@ -176,6 +181,8 @@ class RoutingWorker:
         snap = load_routing_snapshot(self.store, cache=self._parsed)
         self._unwritten.clear()
         await self.scrape_all(snap)  # snap.observations now holds this tick's scrapes
+        if self.rollouts is not None:  # judged on this tick's counters; shares pushed below
+            self.rollouts.advance(snap.replicas, snap.observations)
         self._managed = {kv.key: kv.value for kv in self.store.list(MANAGED_SERVICES)}
         for name in sorted(snap.endpoints):  # weights reach the agents before the store writes
             try:
@@ -186,7 +193,11 @@ class RoutingWorker:
         await self.release_orphans(snap)
 
     def plan(self, snap: Snapshot, ep: InferenceEndpoint) -> RoutingPlan:
-        return plan_routing(ep, snap.replicas.get(ep.deployment, []), snap.observations, snap.nodes, self.clock())
+        replicas, now = snap.replicas.get(ep.deployment, []), self.clock()
+        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now)
+        if self.rollouts is not None:
+            plan, _ = apply_rollout(plan, replicas, self.rollouts.active.get(ep.deployment), now)
+        return plan
 
     async def apply_endpoint(self, snap: Snapshot, ep: InferenceEndpoint) -> None:
         try:

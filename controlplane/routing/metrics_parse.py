@@ -216,6 +216,10 @@ def observe(
         ttft_p50_s=ttft_p50,
         tokens_per_s=tokens_per_s,
         failure_ratio=failure_ratio,
+        finished_total=sample.finished,
+        failed_total=sample.failed,
+        ttft_sum_s=sample.ttft_sum,
+        ttft_count=sample.ttft_count,
     )
 
 

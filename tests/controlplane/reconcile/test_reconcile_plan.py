@@ -53,7 +53,7 @@ def test_new_replica_takes_first_unused_ordinal():
 
 def test_ready_after_health_answers():
     p = run([replica(0, ready=False)], dep=deployment(1), probes={"qwen-0-abc": OK})
-    assert kinds(p, UpdateHealth) == [UpdateHealth("qwen-0-abc", True, 0, "Ready", "health answers")]
+    assert kinds(p, UpdateHealth) == [UpdateHealth("qwen-0-abc", True, 0, "Ready", "health answers", NOW)]
     assert p.status == SetStatus("Ready", "1/1 replicas ready", 1, 1)
 
 

@@ -1,0 +1,210 @@
+"""Revisions and rollouts of a deployment, and the rollout explain view. Admin only.
+
+  GET  /api/ai/deployments/{name}/revisions              every revision, oldest first
+  POST /api/ai/deployments/{name}/revisions              {model?, profile?, engine_args?, reason}
+                                                         -> revision N+1 (omitted fields: the
+                                                         newest revision's); 409 when unchanged
+  GET  /api/ai/deployments/{name}/revisions/{revision}
+  POST /api/ai/deployments/{name}/rollouts               RolloutRequest -> 201 record
+  GET  /api/ai/deployments/{name}/rollouts               every rollout, oldest first
+  GET  /api/ai/deployments/{name}/rollouts/{id}
+  POST /api/ai/deployments/{name}/rollouts/{id}/{pause|resume|promote|rollback}
+  GET  /api/ai/explain/rollout/{deployment}              where the newest rollout is and why
+
+Writing a revision does not touch running replicas; a rollout moves them. The record changes
+only through compare-and-swap, so an operator action and the leader's tick never overwrite
+each other (the loser re-reads). Every start and operator action is an event.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+
+from common import keyspace
+from common.errors import Conflict, InvalidInput, NotFound
+from common.rollouts import Revision, Rollout, RolloutRequest
+from common.schemas import Template, check_engine_args, check_name
+from controlplane.auth import require_admin
+from controlplane.events import record_event
+from controlplane.orchestration_state import load_deployment, load_snapshot
+from controlplane.rollouts import operate as ops
+from controlplane.rollouts import records
+from controlplane.rollouts.plan import healthy, is_ready, window_of
+from controlplane.rollouts.weights import apply_rollout
+from controlplane.routing.strategies import plan_routing
+from controlplane.state import StateDep
+
+router = APIRouter(prefix="/api/ai", tags=["rollouts"])
+AdminDep = Annotated[str, Depends(require_admin)]
+CAS_RETRIES = 8
+
+
+class RevisionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    profile: str | None = None
+    engine_args: list[str] | None = None
+    reason: str = Field("", max_length=500)
+
+
+def _deployment(state, name: str):
+    dep, _ = load_deployment(state.store, name)
+    if dep is None:
+        raise NotFound(f"deployment {name!r} not found")
+    return dep
+
+
+def ensure_first_revision(store, dep, who: str = "fabricd") -> list[Revision]:
+    """The revisions of ``dep``; a deployment made before revisions existed gets its revision
+    (its current template) recorded first."""
+    revs = records.list_revisions(store, dep.name)
+    if not revs:
+        records.write_revision(store, dep.name, records.template_of(dep), who=who,
+                               reason="recorded from the running deployment", now=time.time())
+        revs = records.list_revisions(store, dep.name)
+    return revs
+
+
+def _event(state, name: str, action: str, message: str) -> None:
+    record_event(state.store, "rollout", name, action, message, keep=state.settings.events_kept)
+
+
+@router.get("/deployments/{name}/revisions")
+def list_revisions(name: str, state: StateDep, _: AdminDep) -> list[dict]:
+    dep = _deployment(state, name)
+    return [r.model_dump(mode="json") for r in ensure_first_revision(state.store, dep)]
+
+
+@router.post("/deployments/{name}/revisions", status_code=201)
+def create_revision(name: str, body: RevisionRequest, state: StateDep, who: AdminDep) -> dict:
+    dep = _deployment(state, name)
+    if dep.status.phase == "Deleting":
+        raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
+    newest = ensure_first_revision(state.store, dep, who)[-1].template
+    try:
+        template = Template(model=check_name(body.model, "model") if body.model else newest.model,
+                            profile=check_name(body.profile, "profile") if body.profile else newest.profile,
+                            engine_args=check_engine_args(body.engine_args) if body.engine_args is not None
+                            else list(newest.engine_args))
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    missing = [f"{kind} {ref!r} does not exist" for kind, ref, key in (
+        ("model", template.model, keyspace.models(template.model)),
+        ("profile", template.profile, keyspace.profiles(template.profile))) if state.store.get(key) is None]
+    if missing:
+        raise InvalidInput("; ".join(missing), code="missing_reference")
+    if template == newest:
+        raise Conflict(f"the template equals deployment {name!r}'s newest revision; nothing to write",
+                       code="unchanged")
+    rev = records.write_revision(state.store, name, template, who=who, reason=body.reason, now=time.time())
+    _event(state, name, "revision", f"revision {rev.revision}: model {template.model}, profile {template.profile}"
+                                    + (f", engine args {' '.join(template.engine_args)}" if template.engine_args else ""))
+    return rev.model_dump(mode="json")
+
+
+@router.get("/deployments/{name}/revisions/{revision}")
+def get_revision(name: str, revision: int, state: StateDep, _: AdminDep) -> dict:
+    dep = _deployment(state, name)
+    ensure_first_revision(state.store, dep)
+    rev = records.get_revision(state.store, name, revision)
+    if rev is None:
+        raise NotFound(f"revision {revision} of deployment {name!r} not found")
+    return rev.model_dump(mode="json")
+
+
+@router.post("/deployments/{name}/rollouts", status_code=201)
+def start_rollout(name: str, body: RolloutRequest, state: StateDep, who: AdminDep) -> dict:
+    dep = _deployment(state, name)
+    if dep.status.phase == "Deleting":
+        raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
+    revs = ensure_first_revision(state.store, dep, who)
+    to = body.to_revision if body.to_revision is not None else revs[-1].revision
+    if records.get_revision(state.store, name, to) is None:
+        raise NotFound(f"revision {to} of deployment {name!r} not found")
+    existing = records.list_rollouts(state.store, name)
+    if existing and existing[-1][0].active:
+        cur = existing[-1][0]
+        raise Conflict(f"rollout {cur.id} of {name!r} is still {cur.phase}; promote, roll back or wait for it",
+                       code="rollout_active")
+    rid = existing[-1][0].id + 1 if existing else 1
+    rec = ops.start(body, rollout_id=rid, deployment=name, from_revision=dep.revision, to_revision=to,
+                    replicas=dep.replicas, who=who, now=time.time())
+    if not records.create_rollout(state.store, rec):
+        raise Conflict(f"another rollout of {name!r} started at the same time", code="rollout_active")
+    _event(state, name, "started", f"rollout {rid}: {rec.strategy} from revision {rec.from_revision} "
+                                   f"to {rec.to_revision}, {rec.replicas} replicas")
+    return rec.model_dump(mode="json")
+
+
+@router.get("/deployments/{name}/rollouts")
+def list_rollouts(name: str, state: StateDep, _: AdminDep) -> list[dict]:
+    _deployment(state, name)
+    return [r.model_dump(mode="json") for r, _m in records.list_rollouts(state.store, name)]
+
+
+def _rollout(state, name: str, rollout_id: int) -> tuple[Rollout, int]:
+    got = records.get_rollout(state.store, name, rollout_id)
+    if got is None:
+        raise NotFound(f"rollout {rollout_id} of deployment {name!r} not found")
+    return got
+
+
+@router.get("/deployments/{name}/rollouts/{rollout_id}")
+def get_rollout(name: str, rollout_id: int, state: StateDep, _: AdminDep) -> dict:
+    return _rollout(state, name, rollout_id)[0].model_dump(mode="json")
+
+
+@router.post("/deployments/{name}/rollouts/{rollout_id}/{action}")
+def operate_rollout(name: str, rollout_id: int, action: str, state: StateDep, who: AdminDep) -> dict:
+    if action not in ops.ACTIONS:
+        raise NotFound(f"no rollout action {action!r}; expected one of {', '.join(ops.ACTIONS)}")
+    for _ in range(CAS_RETRIES):
+        rec, mod = _rollout(state, name, rollout_id)
+        new = ops.operate(rec, action, time.time())
+        if records.save_rollout(state.store, new, mod):
+            _event(state, name, action, f"rollout {rollout_id}: {action} by {who}")
+            return new.model_dump(mode="json")
+    raise Conflict(f"rollout {rollout_id} changed too often; try again", code="contended")
+
+
+@router.get("/explain/rollout/{deployment}")
+def explain_rollout(deployment: str, state: StateDep, _: AdminDep) -> dict:
+    snap = load_snapshot(state.store)
+    dep = snap.deployments.get(deployment)
+    if dep is None:
+        raise NotFound(f"deployment {deployment!r} not found")
+    recs = records.list_rollouts(state.store, deployment)
+    body: dict = {"deployment": deployment, "revision": dep.revision, "rollout": None}
+    if not recs:
+        body["message"] = f"no rollout; revision {dep.revision} serves every replica"
+        return body
+    rec = recs[-1][0]
+    now = time.time()
+    replicas = snap.replicas.get(deployment, [])
+    new = [r for r in replicas if r.revision == rec.to_revision]
+    _, window = window_of(rec, new, snap.observations)
+    sets = {}
+    for label, rev in (("old", rec.from_revision), ("new", rec.to_revision)):
+        mine = [r for r in replicas if r.revision == rev]
+        sets[label] = {"revision": rev, "target": rec.old_target if label == "old" else rec.new_target,
+                       "replicas": len(mine), "ready": sum(1 for r in mine if is_ready(r)),
+                       "healthy": sum(1 for r in mine if healthy(r, now, rec.min_healthy_secs))}
+    held = None if rec.step_started_at is None else round(now - rec.step_started_at, 1)
+    body.update(rollout=rec.model_dump(mode="json"), phase=rec.phase, message=rec.message, sets=sets,
+                step_held_secs=held,
+                window={"finished": window.finished, "failed": window.failed, "error_rate": window.error_rate,
+                        "mean_ttft_ms": window.mean_ttft_ms, "min_requests": rec.thresholds.min_requests})
+    endpoints = []
+    for ep in sorted((e for e in snap.endpoints.values() if e.deployment == deployment), key=lambda e: e.name):
+        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now)
+        plan, split = apply_rollout(plan, replicas, rec, now)
+        endpoints.append({"endpoint": ep.name, "share_percent": rec.share,
+                          "table_share": None if split is None else split.table_share,
+                          "slot_error": None if split is None else split.slot_error,
+                          "weights": {e.replica_id: e.weight for e in plan.entries if e.included}})
+    body["endpoints"] = endpoints
+    return body

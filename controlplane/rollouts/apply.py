@@ -1,0 +1,62 @@
+"""Applies rollout plans (thin): one pass per routing tick, under the leader lease.
+
+The routing job calls ``advance(replicas, observations)`` right after its scrape, so canary
+windows are judged on this tick's engine counters and a changed share reaches the agents in the
+same tick. For each active rollout: plan_rollout, then Activate / Supersede (idempotent
+writes of the deployment and revision records), then SaveRecord (compare-and-swap: when an
+operator action changed the record meanwhile, this tick's plan is dropped and the next tick
+plans from the operator's record), then the events. The store is the leader's FencedStore, so
+a process that lost the lease stops before its next write. The reconciler reads the saved
+targets; the routing job splits weights by the saved share.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from common.rollouts import Rollout
+from common.schemas import Replica, ReplicaObservation
+from common.store.base import Store
+from controlplane.events import record_event
+from controlplane.rollouts import records
+from controlplane.rollouts.plan import Activate, Event, SaveRecord, Supersede, plan_rollout
+
+log = logging.getLogger("fabricd.rollouts")
+
+
+class RolloutWorker:
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, events_kept: int = 1000):
+        self.store = store
+        self.clock = clock
+        self.events_kept = events_kept
+        self.active: dict[str, Rollout] = {}  # what the last pass left, for the routing split
+
+    def advance(self, replicas: Mapping[str, list[Replica]],
+                observations: Mapping[str, ReplicaObservation]) -> dict[str, Rollout]:
+        now = self.clock()
+        out: dict[str, Rollout] = {}
+        for dep, (record, mod) in sorted(records.active_rollouts(self.store).items()):
+            actions = plan_rollout(record, replicas.get(dep, []), observations, now)
+            saved = record
+            for a in actions:  # Activate and Supersede before the record says it is over
+                if isinstance(a, Activate):
+                    rev = records.get_revision(self.store, dep, a.revision)
+                    if rev is not None:
+                        records.activate(self.store, dep, rev)
+                elif isinstance(a, Supersede):
+                    records.mark_superseded(self.store, dep, a.revision, now)
+            for a in actions:
+                if isinstance(a, SaveRecord):
+                    if not records.save_rollout(self.store, a.record, mod):
+                        log.info("rollout %s of %s changed meanwhile; planning again next tick", record.id, dep)
+                        break
+                    saved = a.record
+                elif isinstance(a, Event):
+                    log.info("%s: %s", dep, a.message)
+                    record_event(self.store, "rollout", dep, a.action, a.message, keep=self.events_kept, now=now)
+            if saved.active:
+                out[dep] = saved
+        self.active = out
+        return out

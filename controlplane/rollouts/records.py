@@ -1,0 +1,124 @@
+"""Revision and rollout records in the store (thin helpers; the decisions live in plan.py).
+
+Revisions are written with create-if-absent at the next number, so two writers never produce
+the same revision and a record, once written, is never changed except ``superseded_at``.
+Rollouts are numbered per deployment the same way; at most one is active (the API refuses a
+second one with 409; the create-if-absent on the next number closes the race between two).
+Updates of a rollout record are compare-and-swap against the version that was read.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import ValidationError
+
+from common import keyspace
+from common.errors import Conflict
+from common.rollouts import Revision, Rollout
+from common.schemas import InferenceDeployment, Template
+from common.store.base import KV, Store
+
+CAS_RETRIES = 8
+
+
+def _parse(kv: KV, model):
+    try:
+        return model.model_validate_json(kv.value)
+    except ValidationError:
+        return None
+
+
+def template_of(dep: InferenceDeployment) -> Template:
+    return Template(model=dep.model, profile=dep.profile, engine_args=list(dep.engine_args))
+
+
+def list_revisions(store: Store, deployment: str) -> list[Revision]:
+    out = [_parse(kv, Revision) for kv in store.list(keyspace.revisions(deployment))]
+    return sorted((r for r in out if r is not None), key=lambda r: r.revision)
+
+
+def get_revision(store: Store, deployment: str, revision: int) -> Revision | None:
+    kv = store.get(keyspace.revisions(deployment, revision))
+    return None if kv is None else _parse(kv, Revision)
+
+
+def write_revision(store: Store, deployment: str, template: Template, *, who: str, reason: str,
+                   now: float) -> Revision:
+    """Revision N+1 of ``deployment`` (1 when it has none), taken with create-if-absent."""
+    for _ in range(CAS_RETRIES):
+        existing = list_revisions(store, deployment)
+        number = existing[-1].revision + 1 if existing else 1
+        rev = Revision(deployment=deployment, revision=number, template=template, created_at=now,
+                       who=who, reason=reason)
+        if store.create(keyspace.revisions(deployment, number), rev.model_dump_json()):
+            return rev
+    raise Conflict(f"revisions of {deployment!r} changed too often; try again", code="contended")
+
+
+def mark_superseded(store: Store, deployment: str, revision: int, now: float) -> None:
+    kv = store.get(keyspace.revisions(deployment, revision))
+    rev = None if kv is None else _parse(kv, Revision)
+    if rev is not None and rev.superseded_at is None:
+        store.cas(kv.key, rev.model_copy(update={"superseded_at": now}).model_dump_json(), kv.mod_revision)
+
+
+def list_rollouts(store: Store, deployment: str) -> list[tuple[Rollout, int]]:
+    """(record, mod_revision), oldest first."""
+    out = []
+    for kv in store.list(keyspace.rollouts(deployment)):
+        rec = _parse(kv, Rollout)
+        if rec is not None:
+            out.append((rec, kv.mod_revision))
+    return sorted(out, key=lambda p: p[0].id)
+
+
+def active_rollout(store: Store, deployment: str) -> Rollout | None:
+    recs = list_rollouts(store, deployment)
+    return recs[-1][0] if recs and recs[-1][0].active else None
+
+
+def active_rollouts(store: Store) -> dict[str, tuple[Rollout, int]]:
+    """deployment -> (its active rollout, mod_revision)."""
+    newest: dict[str, tuple[Rollout, int]] = {}
+    for kv in store.list(keyspace.rollouts()):
+        rec = _parse(kv, Rollout)
+        if rec is not None and (rec.deployment not in newest or rec.id > newest[rec.deployment][0].id):
+            newest[rec.deployment] = (rec, kv.mod_revision)
+    return {d: p for d, p in newest.items() if p[0].active}
+
+
+def create_rollout(store: Store, record: Rollout) -> bool:
+    return store.create(keyspace.rollouts(record.deployment, record.id), record.model_dump_json())
+
+
+def save_rollout(store: Store, record: Rollout, mod_revision: int) -> bool:
+    """Compare-and-swap: False when someone (an operator action) changed it since it was read."""
+    return store.cas(keyspace.rollouts(record.deployment, record.id), record.model_dump_json(), mod_revision)
+
+
+def get_rollout(store: Store, deployment: str, rollout_id: int) -> tuple[Rollout, int] | None:
+    kv = store.get(keyspace.rollouts(deployment, rollout_id))
+    rec = None if kv is None else _parse(kv, Rollout)
+    return None if rec is None else (rec, kv.mod_revision)
+
+
+def forget(store: Store, deployment: str) -> None:
+    """Drop the revisions and rollouts of a deployment that is gone."""
+    store.delete_prefix(keyspace.rollouts(deployment))
+    store.delete_prefix(keyspace.revisions(deployment))
+
+
+def activate(store: Store, deployment: str, revision: Revision) -> bool:
+    """The deployment record now names the revision and its template (CAS on the spec)."""
+    key = keyspace.deployments(deployment)
+    t = revision.template
+    for _ in range(CAS_RETRIES):
+        kv = store.get(key)
+        if kv is None:
+            return False
+        record = json.loads(kv.value)
+        record.update(revision=revision.revision, model=t.model, profile=t.profile, engine_args=list(t.engine_args))
+        if store.cas(key, json.dumps(record), kv.mod_revision):
+            return True
+    return False

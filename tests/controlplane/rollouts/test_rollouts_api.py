@@ -1,0 +1,107 @@
+"""Revisions and rollouts through real HTTP against a real fabricd (controllers off: the API's
+own writes only; the planner runs in the integration tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.controlplane.test_api_resources import error, make_stack
+
+PROFILE = {"runtime": "vllm", "gpu": {"count": 1, "vram_gib": 48}, "cpu": 8, "memory_gib": 32}
+
+
+def base(api, tag):
+    make_stack(api, tag, replicas=2)
+    return f"/api/ai/deployments/d-{tag}"
+
+
+def test_create_writes_revision_1_and_changes_write_the_next(api):
+    path = base(api, "rv1")
+    revs = api.get(f"{path}/revisions").json()
+    assert [(r["revision"], r["template"]["model"], r["who"]) for r in revs] == [(1, "m-rv1", "admin")]
+    assert api.post("/api/ai/profiles", json={"name": "p-rv1-big", **PROFILE}).status_code == 201
+    resp = api.post(f"{path}/revisions", json={"profile": "p-rv1-big", "engine_args": ["--max-num-seqs", "64"],
+                                               "reason": "bigger GPUs"})
+    assert resp.status_code == 201, resp.text
+    rev = resp.json()
+    assert rev["revision"] == 2 and rev["template"] == {"model": "m-rv1", "profile": "p-rv1-big",
+                                                        "engine_args": ["--max-num-seqs", "64"]}
+    assert rev["reason"] == "bigger GPUs" and rev["who"] == "admin"
+    assert api.get(f"{path}/revisions/2").json() == rev
+    # Writing a revision does not touch the running deployment.
+    assert api.get(path).json()["revision"] == 1 and api.get(path).json()["profile"] == "p-rv1"
+    assert error(api.post(f"{path}/revisions", json={"profile": "p-rv1-big", "engine_args": ["--max-num-seqs", "64"]}),
+                 409)["code"] == "unchanged"
+    events = api.get("/api/ai/events", params={"kind": "rollout", "name": "d-rv1"}).json()
+    assert any("revision 2" in e["message"] for e in events)
+
+
+@pytest.mark.parametrize("body,status,words", [
+    ({"profile": "nope"}, 422, "profile 'nope' does not exist"),
+    ({"model": "Bad Name"}, 422, "not a DNS label"),
+    ({"engine_args": ["ok", "two\nlines"]}, 422, "one line"),
+    ({"colour": "red"}, 422, "colour"),
+])
+def test_bad_revisions_are_refused_naming_the_field(api, body, status, words):
+    path = base(api, f"rvb{abs(hash(str(body))) % 10000}")
+    assert words in error(api.post(f"{path}/revisions", json=body), status)["message"]
+    assert len(api.get(f"{path}/revisions").json()) == 1  # nothing half-written
+
+
+def test_unknown_deployment_and_revision_are_404(api):
+    assert error(api.get("/api/ai/deployments/ghost/revisions"), 404)["message"] == "deployment 'ghost' not found"
+    path = base(api, "rv404")
+    assert "revision 7" in error(api.get(f"{path}/revisions/7"), 404)["message"]
+    assert "revision 7" in error(api.post(f"{path}/rollouts", json={"to_revision": 7}), 404)["message"]
+
+
+def test_rollout_lifecycle_through_the_api(api):
+    path = base(api, "ro1")
+    assert api.post(f"{path}/revisions", json={"engine_args": ["--seed", "1"]}).status_code == 201
+    resp = api.post(f"{path}/rollouts", json={"strategy": "canary", "steps": [
+        {"percent": 10, "secs": 60}, {"percent": 100}], "thresholds": {"error_rate_max": 0.02}})
+    assert resp.status_code == 201, resp.text
+    rec = resp.json()
+    assert (rec["id"], rec["from_revision"], rec["to_revision"], rec["phase"]) == (1, 1, 2, "Progressing")
+    assert (rec["old_target"], rec["new_target"], rec["share"], rec["replicas"]) == (2, 0, 0, 2)
+    assert error(api.post(f"{path}/rollouts", json={"strategy": "rolling"}), 409)["code"] == "rollout_active"
+    assert api.post(f"{path}/rollouts/1/pause").json()["phase"] == "Paused"
+    assert error(api.post(f"{path}/rollouts/1/pause"), 409)["code"] == "already_paused"
+    assert api.post(f"{path}/rollouts/1/resume").json()["phase"] == "Progressing"
+    assert api.post(f"{path}/rollouts/1/promote").json()["promote"] is True
+    assert error(api.post(f"{path}/rollouts/1/explode"), 404)["message"].startswith("no rollout action")
+    back = api.post(f"{path}/rollouts/1/rollback").json()
+    assert back["phase"] == "RollingBack" and back["share"] == 0
+    assert api.get(f"{path}/rollouts/1").json()["phase"] == "RollingBack"
+    assert [r["id"] for r in api.get(f"{path}/rollouts").json()] == [1]
+    explain = api.get("/api/ai/explain/rollout/d-ro1").json()
+    assert explain["phase"] == "RollingBack" and explain["sets"]["new"]["revision"] == 2
+    assert explain["window"]["min_requests"] == 20
+    actions = [e["action"] for e in api.get("/api/ai/events", params={"kind": "rollout", "name": "d-ro1"}).json()]
+    assert actions[-5:] == ["started", "pause", "resume", "promote", "rollback"]
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"strategy": "canary", "steps": [{"percent": 50, "secs": 1}, {"percent": 20}]}, "rise strictly"),
+    ({"strategy": "canary", "steps": [{"percent": 50, "secs": 1}]}, "last step must be 100"),
+    ({"strategy": "rolling", "canary_percent": 10}, "canary strategy"),
+    ({"strategy": "rolling", "max_surge": 0, "max_unavailable": 0}, "cannot both be 0"),
+    ({"strategy": "sideways"}, "strategy"),
+    ({"strategy": "canary", "canary_percent": 100}, "canary_percent"),
+])
+def test_bad_rollouts_are_422(api, body, words):
+    path = base(api, f"rob{abs(hash(str(body))) % 10000}")
+    api.post(f"{path}/revisions", json={"engine_args": ["--seed", "2"]})
+    assert words in error(api.post(f"{path}/rollouts", json=body), 422)["message"]
+    assert api.get(f"{path}/rollouts").json() == []
+
+
+def test_rollout_to_the_running_revision_is_409(api):
+    path = base(api, "rosame")
+    assert error(api.post(f"{path}/rollouts", json={"to_revision": 1}), 409)["code"] == "same_revision"
+
+
+def test_explain_without_a_rollout(api):
+    base(api, "roexp")
+    body = api.get("/api/ai/explain/rollout/d-roexp").json()
+    assert body["rollout"] is None and "revision 1 serves every replica" in body["message"]
