@@ -13,12 +13,14 @@ import re
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from common.runtimes import RUNTIME_NAMES, RUNTIME_TABLE
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 HF_SOURCE = re.compile(r"^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
 
-RUNTIMES = ("vllm", "tensorrt-llm", "triton", "llama.cpp", "tei")
+RUNTIMES = RUNTIME_NAMES  # vllm, tensorrt-llm, triton, llama.cpp, tei (common/runtimes.py)
 ROUTING_STRATEGIES = (
     "equal",
     "least_queue",
@@ -136,6 +138,13 @@ class InferenceProfile(Resource):
     def _runtime(cls, v: str) -> str:
         return check_runtime(v)
 
+    @model_validator(mode="after")
+    def _context_length_flag(self) -> InferenceProfile:
+        if self.max_model_len and not RUNTIME_TABLE[self.runtime].max_len_flag:
+            raise ValueError(f"max_model_len: runtime {self.runtime} has no context-length flag "
+                             "(its engine fixes the length when the model is built); leave it unset")
+        return self
+
 
 class DeploymentStatus(Status):
     ready_replicas: int = 0
@@ -245,6 +254,7 @@ class Replica(BaseModel):
     revision: int = 1
     node: str
     gpus: list[str] = Field(default_factory=list, description="PCI addresses reserved for it")
+    runtime: str = Field("vllm", description="the profile's runtime when it was created (health and metrics paths)")
     vm_id: str | None = None
     host: str | None = Field(None, description="address the engine serves on (IP or hostname)")
     port: int = 8000
@@ -276,6 +286,8 @@ class ReplicaObservation(BaseModel):
     failed_total: float | None = None
     ttft_sum_s: float | None = None
     ttft_count: float | None = None
+    missing: list[str] = Field(default_factory=list, description="readings the engine's page did not carry "
+                               "(queue, running, kv_cache, ttft, tokens, failures); their fields read 0/None")
 
 
 class ApiKeyRecord(BaseModel):

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Bake Fabric's golden vLLM guest image from an Ubuntu cloud image.
+# Bake Fabric's golden guest image from an Ubuntu cloud image, for one runtime (default vLLM).
 #
-#   scripts/bake-ai-vllm-image.sh [--dry-run] [--force] [options] SRC.qcow2 DST.qcow2
+#   scripts/bake-ai-vllm-image.sh [--dry-run] [--force] [--runtime NAME] [options] SRC.qcow2 DST.qcow2
+#
+# What each runtime gets (docs/runtimes.md): vllm and tensorrt-llm are pip-installed into
+# /opt/vllm and /opt/trtllm; llama.cpp is built from source with CUDA into /opt/llama.cpp;
+# triton and tei have no package this script can install, so --runtime-dir uploads a
+# prebuilt tree (e.g. copied out of NVIDIA's or Hugging Face's container) to /opt/tritonserver
+# or /opt/tei, and the guest script checks that its binary runs.
 #
 # SRC is only read (converted into a new file); DST is written as DST.partial and renamed
 # when every step succeeded, then DST.sha256 is written beside it. --dry-run prints every
@@ -12,13 +18,19 @@ set -euo pipefail
 usage() {
   cat <<'USAGE'
 usage: bake-ai-vllm-image.sh [--dry-run] [--force] [--size SIZE] [--nvidia-driver VER]
-                             [--cuda VER] [--vllm VERSION] SRC.qcow2 DST.qcow2
-  --dry-run            print every step without running it
-  --force              overwrite DST if it exists
-  --size SIZE          grow the image to SIZE (default 60G)
-  --nvidia-driver VER  NVIDIA server driver branch (default 550)
-  --cuda VER           CUDA toolkit package version (default 12-4)
-  --vllm VERSION       vLLM version from PyPI, or "latest" (default latest)
+                             [--cuda VER] [--runtime NAME] [--runtime-version VER]
+                             [--runtime-dir DIR] SRC.qcow2 DST.qcow2
+  --dry-run              print every step without running it
+  --force                overwrite DST if it exists
+  --size SIZE            grow the image to SIZE (default 60G)
+  --nvidia-driver VER    NVIDIA server driver branch (default 550)
+  --cuda VER             CUDA toolkit package version (default 12-4)
+  --runtime NAME         vllm, tensorrt-llm, triton, llama.cpp or tei (default vllm)
+  --runtime-version VER  the runtime's version (PyPI for vllm/tensorrt-llm, a git tag for
+                         llama.cpp), or "latest" (default latest)
+  --vllm VERSION         same as --runtime vllm --runtime-version VERSION
+  --runtime-dir DIR      triton/tei only (required): a prebuilt tree with bin/tritonserver
+                         or bin/text-embeddings-router, uploaded to /opt/tritonserver or /opt/tei
 USAGE
 }
 
@@ -29,7 +41,9 @@ FORCE=0
 SIZE=60G
 NVIDIA_DRIVER=550
 CUDA=12-4
-VLLM_VERSION=latest
+RUNTIME=vllm
+RUNTIME_VERSION=latest
+RUNTIME_DIR=
 POSITIONAL=()
 while [ "$#" -gt 0 ]; do
   case "$1" in
@@ -38,7 +52,10 @@ while [ "$#" -gt 0 ]; do
     --size) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; SIZE=$2; shift ;;
     --nvidia-driver) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; NVIDIA_DRIVER=$2; shift ;;
     --cuda) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; CUDA=$2; shift ;;
-    --vllm) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; VLLM_VERSION=$2; shift ;;
+    --vllm) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME=vllm; RUNTIME_VERSION=$2; shift ;;
+    --runtime) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME=$2; shift ;;
+    --runtime-version) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME_VERSION=$2; shift ;;
+    --runtime-dir) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME_DIR=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; POSITIONAL+=("$@"); break ;;
     -*) echo "bake: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -57,12 +74,32 @@ PARTIAL="${DST}.partial"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 IMAGES="${FABRIC_IMAGES_DIR:-$(dirname "${HERE}")/images}"
 
+# Where each runtime lives in the guest (common/runtimes.py has the same paths).
+case "${RUNTIME}" in
+  vllm) OPT_DIR=/opt/vllm ;;
+  tensorrt-llm) OPT_DIR=/opt/trtllm ;;
+  llama.cpp) OPT_DIR=/opt/llama.cpp ;;
+  triton) OPT_DIR=/opt/tritonserver; PREBUILT=bin/tritonserver ;;
+  tei) OPT_DIR=/opt/tei; PREBUILT=bin/text-embeddings-router ;;
+  *) echo "bake: unknown runtime ${RUNTIME}; expected vllm, tensorrt-llm, triton, llama.cpp or tei" >&2
+     usage >&2; exit 2 ;;
+esac
+case "${RUNTIME_VERSION}" in
+  *[!A-Za-z0-9._-]*) die "--runtime-version ${RUNTIME_VERSION}: letters, digits, '.', '_' and '-' only" ;;
+esac
+if [ -n "${PREBUILT:-}" ]; then
+  [ -n "${RUNTIME_DIR}" ] || die "runtime ${RUNTIME} has no package to install: pass --runtime-dir with ${PREBUILT}"
+  [ -f "${RUNTIME_DIR}/${PREBUILT}" ] || die "--runtime-dir ${RUNTIME_DIR} has no ${PREBUILT}"
+elif [ -n "${RUNTIME_DIR}" ]; then
+  die "--runtime-dir is for triton and tei only (${RUNTIME} is installed from its own source)"
+fi
+
 [ -f "${SRC}" ] || die "source image ${SRC} does not exist"
 [ "$(realpath -m "${SRC}")" != "$(realpath -m "${DST}")" ] || die "SRC and DST are the same file"
 if [ -e "${DST}" ] && [ "${FORCE}" -ne 1 ]; then
   die "${DST} exists; pass --force to overwrite it"
 fi
-for piece in guest/install-guest.sh guest/vllm.service.in cloud-init/90-fabric.cfg; do
+for piece in guest/install-guest.sh guest/engine.service.in cloud-init/90-fabric.cfg; do
   [ -f "${IMAGES}/${piece}" ] || die "missing guest piece ${IMAGES}/${piece}"
 done
 
@@ -102,16 +139,21 @@ run qemu-img convert -O qcow2 "${SRC}" "${PARTIAL}"
 step "grow the image to ${SIZE} (cloud-init grows the root filesystem at first boot)"
 run qemu-img resize "${PARTIAL}" "${SIZE}"
 
-step "install NVIDIA driver ${NVIDIA_DRIVER} and CUDA ${CUDA} for the guest kernel, vLLM ${VLLM_VERSION} in /opt/vllm (checked with vllm serve --help)"
+if [ -n "${PREBUILT:-}" ]; then
+  step "upload the prebuilt ${RUNTIME} tree ${RUNTIME_DIR} to ${OPT_DIR}"
+  run virt-customize -a "${PARTIAL}" --mkdir "${OPT_DIR}" --copy-in "${RUNTIME_DIR}/.:${OPT_DIR}"
+fi
+
+step "install NVIDIA driver ${NVIDIA_DRIVER} and CUDA ${CUDA} for the guest kernel, ${RUNTIME} ${RUNTIME_VERSION} in ${OPT_DIR} (checked by running it)"
 run virt-customize -a "${PARTIAL}" --network \
   --upload "${IMAGES}/guest/install-guest.sh:/tmp/install-guest.sh" \
-  --run-command "FABRIC_NVIDIA_DRIVER=${NVIDIA_DRIVER} FABRIC_CUDA=${CUDA} FABRIC_VLLM_VERSION=${VLLM_VERSION} bash /tmp/install-guest.sh" \
+  --run-command "FABRIC_NVIDIA_DRIVER=${NVIDIA_DRIVER} FABRIC_CUDA=${CUDA} FABRIC_RUNTIME=${RUNTIME} FABRIC_RUNTIME_VERSION=${RUNTIME_VERSION} bash /tmp/install-guest.sh" \
   --delete /tmp/install-guest.sh
 
-step "add the guest pieces the VM driver expects (cloud-init config, vllm.service template)"
+step "add the guest pieces the VM driver expects (cloud-init config, engine unit template)"
 run virt-customize -a "${PARTIAL}" \
   --mkdir /usr/local/share/fabric \
-  --upload "${IMAGES}/guest/vllm.service.in:/usr/local/share/fabric/vllm.service.in" \
+  --upload "${IMAGES}/guest/engine.service.in:/usr/local/share/fabric/engine.service.in" \
   --upload "${IMAGES}/cloud-init/90-fabric.cfg:/etc/cloud/cloud.cfg.d/90-fabric.cfg"
 
 step "reset identity so every replica boots as a new machine"

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent.engine_sim.batch_routes import make_batch_routes
 from agent.engine_sim.config import EngineConfig
-from agent.engine_sim.control_routes import make_control_routes
+from agent.engine_sim.control_routes import make_control_routes, metrics_routes
 from agent.engine_sim.engine import Engine
 from agent.engine_sim.generate_routes import make_generate_routes
 from agent.engine_sim.pooling_routes import make_pooling_routes
@@ -39,6 +39,11 @@ class ReplicaHeader:
             await send(message)
 
         await self.app(scope, receive, send_tagged)
+
+
+def create_metrics_app(engine: Engine) -> Starlette:
+    """The app on the runtime's separate metrics port (Triton 8002, TEI 9000)."""
+    return Starlette(routes=metrics_routes(engine))
 
 
 def create_app(config: EngineConfig) -> Starlette:

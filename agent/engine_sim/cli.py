@@ -1,4 +1,7 @@
-"""`fabric-engine-sim --host H --port P --model NAME [knobs]`: the simulated vLLM engine.
+"""`fabric-engine-sim --host H --port P --model NAME [--runtime NAME] [knobs]`: the simulated engine.
+
+It is a vLLM-like engine; `--runtime` makes it serve another runtime's metric names, metrics
+path/port and health path (common/runtimes.py, runtime_metrics.py).
 
 Also runnable as `python -m agent.engine_sim`. Flags mirror vLLM's where vLLM has
 one (--max-num-seqs, --max-model-len); the rest are the simulator's knobs.
@@ -10,6 +13,7 @@ import argparse
 import sys
 
 from agent.engine_sim.config import EngineConfig
+from common.runtimes import RUNTIME_NAMES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-dim", type=int, default=d.embedding_dim)
     p.add_argument("--legacy-metric-names", action="store_true",
                    help="export vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc")
+    p.add_argument("--runtime", default=d.runtime, choices=list(RUNTIME_NAMES),
+                   help="serve this runtime's metric names, metrics path and health path")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="port for /metrics (default: the runtime's own, e.g. Triton 8002, TEI 9000; else --port)")
     p.add_argument("--fail-health", action="store_true", help="GET /health answers 503")
     p.add_argument("--error-rate", type=float, default=d.error_rate,
                    help="fraction of requests answered with 500 (0-1)")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from common.runtimes import RUNTIME_TABLE
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -31,6 +33,10 @@ class EngineConfig:
     chars_per_token: int = 4
     embedding_dim: int = 256
     legacy_metric_names: bool = False
+    # Which runtime's metric names, metrics path and health path to serve (common/runtimes.py);
+    # metrics_port None means that runtime's own (Triton 8002, TEI 9000, else the API port).
+    runtime: str = "vllm"
+    metrics_port: int | None = None
     fail_health: bool = False
     error_rate: float = 0.0
     added_latency_ms: int = 0
@@ -60,8 +66,19 @@ class EngineConfig:
             problems.append("error_rate must be within 0..1")
         if self.added_latency_ms < 0:
             problems.append("added_latency_ms must be >= 0")
+        if self.runtime not in RUNTIME_TABLE:
+            problems.append(f"runtime must be one of {', '.join(RUNTIME_TABLE)}")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            problems.append("metrics_port must be 1-65535")
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def serving_metrics_port(self) -> int:
+        """Where /metrics is served: the API port unless the runtime (or --metrics-port) says."""
+        if self.metrics_port is not None:
+            return self.metrics_port
+        return RUNTIME_TABLE[self.runtime].scrape_port(self.port)
 
     def initial_faults(self) -> Faults:
         return Faults(

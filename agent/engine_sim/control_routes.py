@@ -1,4 +1,7 @@
-"""GET /v1/models, /health, /metrics and the simulator's own /sim control routes.
+"""GET /v1/models, health, metrics and the simulator's own /sim control routes.
+
+Health and metrics sit where the configured runtime serves them (vLLM: /health and /metrics;
+Triton: /v2/health/ready, metrics on their own port; TensorRT-LLM: /prometheus/metrics).
 
 /sim routes change faults and synthetic load at runtime so tests and the lab demo
 can degrade or load one replica without restarting it. They answer in Fabric's
@@ -18,6 +21,19 @@ from agent.engine_sim import openai_format as fmt
 from agent.engine_sim.api_models import FaultsUpdate, LoadUpdate
 from agent.engine_sim.engine import Engine
 from agent.engine_sim.http_util import JsonBytes, parse_control
+from common.runtimes import RUNTIME_TABLE
+
+
+def metrics_endpoint(engine: Engine):
+    async def metrics(_: Request) -> Response:
+        return Response(engine.metrics.render(engine.config.runtime), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics
+
+
+def metrics_routes(engine: Engine) -> list[Route]:
+    """/metrics alone, for a runtime that serves it on a port of its own (Triton, TEI)."""
+    return [Route(RUNTIME_TABLE[engine.config.runtime].metrics_path, metrics_endpoint(engine), methods=["GET"])]
 
 
 def make_control_routes(engine: Engine) -> list[Route]:
@@ -39,8 +55,8 @@ def make_control_routes(engine: Engine) -> list[Route]:
         # vLLM answers an empty 200; a failing engine answers 503.
         return Response(status_code=503 if engine.faults.fail_health else 200)
 
-    async def metrics(_: Request) -> Response:
-        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    metrics = metrics_endpoint(engine)
+    rt = RUNTIME_TABLE[config.runtime]
 
     def state_body() -> dict:
         live = engine.live_load()
@@ -70,10 +86,12 @@ def make_control_routes(engine: Engine) -> list[Route]:
         engine.update_load(update)
         return JsonBytes(fmt.to_json(state_body()))
 
+    routes = [Route(rt.health_path, health, methods=["GET"])]
+    if config.serving_metrics_port == config.port:
+        routes.append(Route(rt.metrics_path, metrics, methods=["GET"]))
     return [
+        *routes,
         Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
         Route("/sim/state", state, methods=["GET"]),
         Route("/sim/faults", faults, methods=["POST"]),
         Route("/sim/load", load, methods=["POST"]),

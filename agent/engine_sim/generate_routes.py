@@ -33,6 +33,7 @@ def check_common(engine: Engine, model: str, n: int = 1) -> Response | None:
     if n != 1:
         return bad_request("the simulator supports n=1 only", "n")
     if engine.should_fail():
+        engine.metrics.observe_failed()
         return openai_error(500, "injected fault: the engine failed this request", "server_error", "injected_fault")
     return None
 

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agent.engine_sim.runtime_metrics import FAILED, render_as
+
 # vLLM's buckets, copied so dashboards built for vLLM line up.
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -78,9 +80,16 @@ class EngineMetrics:
             "vllm:request_success", "Count of successfully processed requests.",
             ["model_name", "finished_reason"], registry=self.registry,
         )
+        # Injected faults, in a registry of their own: only runtimes with an error counter show
+        # them (runtime_metrics), so the vLLM page stays as vLLM writes it.
+        self.failures_registry = CollectorRegistry(auto_describe=False)
+        self._failed = Counter(FAILED, "Requests the simulator failed on purpose.", registry=self.failures_registry)
         # Pre-create both reasons so a scraper sees zeros rather than absent series.
         for reason in ("stop", "length"):
             self._success.labels(model, reason)
+
+    def observe_failed(self) -> None:
+        self._failed.inc()
 
     def observe_first_token(self, ttft_s: float, prompt_tokens: int) -> None:
         self._ttft.observe(ttft_s)
@@ -94,5 +103,7 @@ class EngineMetrics:
         self._e2e.observe(e2e_s)
         self._success.labels(self._model, finish_reason).inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, runtime: str = "vllm") -> bytes:
+        if runtime == "vllm":
+            return generate_latest(self.registry)
+        return render_as(runtime, [self.registry, self.failures_registry])

@@ -6,22 +6,45 @@ simulated engine itself when it runs with tokens_per_s=0 as a benchmark upstream
 
 from __future__ import annotations
 
-import uvicorn
+import asyncio
 
-from agent.engine_sim.app import create_app
+import uvicorn
+import uvloop
+
+from agent.engine_sim.app import create_app, create_metrics_app
 from agent.engine_sim.config import EngineConfig
 
 
 def run(config: EngineConfig) -> None:
-    uvicorn.run(
-        create_app(config),
-        host=config.host,
-        port=config.port,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level=config.log_level,
+    app = create_app(config)
+    if config.serving_metrics_port == config.port:
+        uvicorn.run(app, **_options(config, config.port))
+        return
+    # The runtime serves /metrics on a port of its own: two servers on one loop, one engine.
+    metrics = create_metrics_app(app.state.engine)
+    servers = [uvicorn.Server(uvicorn.Config(app, **_options(config, config.port))),
+               uvicorn.Server(uvicorn.Config(metrics, **_options(config, config.serving_metrics_port)))]
+
+    async def serve_both() -> None:
+        # A signal reaches one server's handler: when either stops, stop the other too.
+        tasks = [asyncio.create_task(s.serve()) for s in servers]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for server in servers:
+            server.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    uvloop.run(serve_both())
+
+
+def _options(config: EngineConfig, port: int) -> dict:
+    return {
+        "host": config.host,
+        "port": port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "access_log": False,
+        "log_level": config.log_level,
         # Many keep-alive connections from a concurrency-64 benchmark are normal.
-        backlog=2048,
-        timeout_keep_alive=30,
-    )
+        "backlog": 2048,
+        "timeout_keep_alive": 30,
+    }

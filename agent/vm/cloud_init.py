@@ -1,8 +1,9 @@
 """The cloud-init NoCloud seed for a replica: meta-data, user-data and the cidata ISO.
 
 user-data mounts the host's model share (virtiofs tag "models") read-only at /models and
-writes/enables/starts vllm.service from images/guest/vllm.service.in, serving the model on
-the spec's port (8000) with tensor parallelism equal to the GPU count.
+writes/enables/starts fabric-engine.service, the unit agent/vm/runtime_units.py renders for
+the spec's runtime (common/runtimes.py), serving the model on the spec's port (8000) with
+tensor parallelism equal to the GPU count where the runtime has that flag.
 
 No secret ever goes into a seed: nothing is read from the environment, engine flags that
 carry credentials are refused, and the rendered text is checked against the secret values
@@ -12,17 +13,16 @@ present in this process's environment before it is written.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
+from agent.vm import runtime_units
 from agent.vm.base import VmSpec
 from common.errors import InvalidInput, Refused
 
-SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN")
 MODELS_TAG = "models"
 
@@ -57,27 +57,11 @@ def guest_model_path(spec: VmSpec, models_dir: Path | None = None) -> str:
     return "/models/" + path.name
 
 
-def render_vllm_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
-    for arg in spec.extra_args:
-        if "\n" in arg or any(arg == f or arg.startswith(f + "=") for f in SECRET_FLAGS):
-            raise InvalidInput(
-                f"extra_args: {arg.split('=', 1)[0]!r} is not allowed in a guest image "
-                "(no credentials or newlines in engine flags)"
-            )
-    extra = list(spec.extra_args)
-    if spec.max_model_len:
-        extra = ["--max-model-len", str(spec.max_model_len), *extra]
-    template = (images_dir() / "guest/vllm.service.in").read_text()
-    values = {
-        "@MODEL_PATH@": shlex.quote(guest_model_path(spec, models_dir)),
-        "@SERVED_NAME@": shlex.quote(spec.model_name),
-        "@PORT@": str(spec.port),
-        "@TP@": str(max(1, len(spec.gpus))),
-        "@EXTRA_ARGS@": "".join(" " + shlex.quote(a) for a in extra),
-    }
-    for key, value in values.items():
-        template = template.replace(key, value)
-    return template
+def render_engine_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
+    return runtime_units.render_unit(
+        images_dir(), spec.runtime, model_path=guest_model_path(spec, models_dir), served_name=spec.model_name,
+        port=spec.port, tensor_parallel=max(1, len(spec.gpus)), max_model_len=spec.max_model_len,
+        extra_args=tuple(spec.extra_args))
 
 
 def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -> tuple[str, str]:
@@ -88,10 +72,10 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -
     config["mounts"] = [[MODELS_TAG, "/models", "virtiofs", "ro,nofail", "0", "0"]]
     config["write_files"] = [
         {
-            "path": "/etc/systemd/system/vllm.service",
+            "path": f"/etc/systemd/system/{runtime_units.UNIT_NAME}",
             "owner": "root:root",
             "permissions": "0644",
-            "content": render_vllm_unit(spec, models_dir),
+            "content": render_engine_unit(spec, models_dir),
         }
     ]
     config["runcmd"] = [
@@ -100,7 +84,7 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -
         ["sh", "-c", "mountpoint -q /models || mount /models"],
         ["systemctl", "daemon-reload"],
         ["systemctl", "enable", "--now", "qemu-guest-agent.service"],
-        ["systemctl", "enable", "--now", "vllm.service"],
+        ["systemctl", "enable", "--now", runtime_units.UNIT_NAME],
     ]
     user = "#cloud-config\n" + yaml.dump(config, Dumper=_BlockDumper, sort_keys=False, width=1000)
     check_no_secrets(meta + user)

@@ -52,6 +52,10 @@ def engine_argv(base: list[str], spec: VmSpec, host: str, port: int) -> list[str
     a value of "true" (or "") is a bare flag such as --legacy-metric-names, "false" omits it."""
     argv = [*base, "--host", host, "--port", str(port), "--model", spec.model_name,
             "--replica-id", spec.replica_id]
+    if spec.runtime != "vllm":
+        # Health and metrics where that runtime serves them; Triton and TEI take their fixed
+        # metrics port (8002, 9000), so one host holds one such dry-run replica at a time.
+        argv += ["--runtime", spec.runtime]
     if spec.max_model_len and "max_model_len" not in spec.engine_args:
         argv += ["--max-model-len", str(spec.max_model_len)]
     for key, value in sorted(spec.engine_args.items()):

@@ -112,6 +112,9 @@ class LabDriver:
             knobs += [f"--{k}", str(v)]
         cmd = ["ip", "netns", "exec", rec.netns, *default_engine_command(), "--host", "0.0.0.0",
                "--port", str(rec.port), "--model", rec.model, "--replica-id", rec.replica_id, *knobs]
+        if spec is not None and spec.runtime != "vllm":
+            # The replica answers health and metrics where that runtime would (common/runtimes.py).
+            cmd += ["--runtime", spec.runtime]
         with open(self.dir / f"{rec.replica_id}.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, close_fds=True)

@@ -28,6 +28,7 @@ import httpx
 from common import keyspace
 from common.agent_api import VmCreateRequest
 from common.errors import FabricError, TransientError
+from common.runtimes import health_path
 from common.schemas import InferenceDeployment, Node, Replica
 from common.store.base import Store
 from controlplane.orchestration_state import (
@@ -101,7 +102,7 @@ class ReconcileWorker:
         if not r.host:
             return None
         try:
-            resp = await self._http.get(f"http://{r.host}:{r.port}/health")
+            resp = await self._http.get(f"http://{r.host}:{r.port}{health_path(r.runtime)}")
         except httpx.HTTPError as exc:
             return rp.Probe(False, type(exc).__name__)
         return rp.Probe(resp.status_code == 200, f"HTTP {resp.status_code}")
@@ -184,8 +185,10 @@ class ReconcileWorker:
 
     async def create(self, snap: Snapshot, dep: InferenceDeployment, action: rp.CreateReplica,
                      errors: list[str]) -> None:
+        profile = snap.template(dep, action.revision)[0]
         replica = Replica(replica_id=f"{dep.name}-{action.ordinal}-{secrets.token_hex(3)}", deployment=dep.name,
                           ordinal=action.ordinal, revision=action.revision, node=action.node, gpus=list(action.gpus),
+                          runtime=profile.runtime if profile else "vllm",
                           phase="Pending", message=action.reason, created_at=self.clock())
         put_replica(self.store, replica)
         if not reserve_gpus(self.store, action.node, action.gpus, replica.replica_id, dep.name, self.clock()):

@@ -4,7 +4,8 @@ One tick reads the store once (load_routing_snapshot: nodes, endpoints, replicas
 then:
   1. scrape every Ready, non-draining replica's /metrics concurrently (MetricsScraper: one
      kept-alive connection per engine, at most SCRAPE_CONCURRENCY in flight, SCRAPE_TIMEOUT_S
-     each), parse the vLLM lines (prometheus_client's parser sees each series once, see
+     each; port and path by the replica's runtime), parse that runtime's lines (runtime_metrics;
+     prometheus_client's parser sees each series once, see
      metrics_parse; skipped when an engine's lines equal its last scrape's), and
      turn them into ReplicaObservations (a failed scrape is ok=False, never zeros). The plan uses
      these fresh observations directly. The store gets an observation only when it differs
@@ -56,10 +57,11 @@ from controlplane.routing.metrics_parse import (
     MetricsParseError,
     SeriesCache,
     failed_observation,
+    metric_lines,
     observe,
-    parse_vllm_lines,
-    vllm_lines,
+    parse_lines,
 )
+from controlplane.routing.runtime_metrics import names_for, scrape_target
 from controlplane.routing.scrape import MetricsScraper, ScrapeError
 from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan, plan_routing
 from controlplane.scheduler import SchedulerSettings, node_online
@@ -76,7 +78,7 @@ PROTO = "tcp"
 @dataclass
 class RoutingMemory:
     samples: dict[str, tuple[EngineSample, float]] = field(default_factory=dict)
-    pages: dict[str, tuple[str, EngineSample]] = field(default_factory=dict)  # replica -> (vLLM lines, parse)
+    pages: dict[str, tuple[str, EngineSample]] = field(default_factory=dict)  # replica -> (kept lines, parse)
     pushed: dict[tuple[str, str], tuple] = field(default_factory=dict)  # (endpoint, node) -> backends
     plans: dict[str, RoutingPlan] = field(default_factory=dict)
 
@@ -96,6 +98,7 @@ def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
         return False  # still failing: the first failure was written, the age refresh keeps it current
     return (
         stored.queue_depth != new.queue_depth
+        or stored.missing != new.missing
         or stored.running != new.running
         or abs(stored.kv_cache_usage - new.kv_cache_usage) >= KV_TOLERANCE
         or _rate_moved(stored.ttft_p50_s, new.ttft_p50_s, RATE_TOLERANCE)
@@ -125,20 +128,22 @@ class RoutingWorker:
 
     # -- scraping ---------------------------------------------------------------------------------
 
-    def _sample(self, replica_id: str, text: str) -> EngineSample:
-        lines = vllm_lines(text)
+    def _sample(self, replica_id: str, text: str, runtime: str = "vllm") -> EngineSample:
+        names = names_for(runtime)
+        lines = metric_lines(text, names)
         cached = self.memory.pages.get(replica_id)
         if cached is not None and cached[0] == lines:
-            return cached[1]  # the same vLLM lines as last time: the same sample
-        sample = parse_vllm_lines(lines, self.series)
+            return cached[1]  # the same lines as last time: the same sample
+        sample = parse_lines(lines, names, self.series)
         self.memory.pages[replica_id] = (lines, sample)
         return sample
 
     async def _scrape(self, r: Replica) -> ReplicaObservation:
         try:
-            text = await self.scraper.get_text(r.host, r.port, "/metrics")
+            port, path = scrape_target(r.runtime, r.port)
+            text = await self.scraper.get_text(r.host, port, path)
             now = self.clock()
-            sample = self._sample(r.replica_id, text)
+            sample = self._sample(r.replica_id, text, r.runtime)
         except (ScrapeError, MetricsParseError) as exc:
             obs = failed_observation(r.replica_id, f"{type(exc).__name__}: {exc}"[:200], self.clock())
             if self.metrics:
@@ -162,7 +167,7 @@ class RoutingWorker:
         for memo in (self.memory.samples, self.memory.pages):
             for rid in [rid for rid in memo if rid not in live]:
                 del memo[rid]
-        self.scraper.keep_only({(r.host, r.port) for r in ready})
+        self.scraper.keep_only({(r.host, scrape_target(r.runtime, r.port)[0]) for r in ready})
 
     def write_observations(self) -> None:
         # One by one, after the scrapes: a fenced write that fails (lease lost) stops the pass

@@ -1,6 +1,8 @@
-"""vLLM /metrics text -> a typed sample, and two samples -> the observation routing uses.
+"""An engine's /metrics text -> a typed sample, and two samples -> the observation routing uses.
 
-Parsed with ``prometheus_client``'s text parser. Both KV-cache gauge names are accepted:
+Which metric names carry which reading is a ``MetricNames`` per runtime (vLLM's here, the
+others in runtime_metrics); a reading a page lacks is listed in the sample's ``missing`` and
+the observation's, so a strategy never reads an absent gauge as zero load. Parsed with ``prometheus_client``'s text parser. Both KV-cache gauge names are accepted:
 ``vllm:kv_cache_usage_perc`` (vLLM 0.7 and later) and ``vllm:gpu_cache_usage_perc`` (earlier).
 Series are summed over labels (one engine may serve several ``model_name`` labels).
 
@@ -11,7 +13,7 @@ Failures are finished requests whose ``finished_reason`` is ``abort`` or ``error
 
 Fast path: a real vLLM page is hundreds of lines (latency histograms, process and GC metrics) and
 ``prometheus_client``'s parser costs 10-20 us per line (it scans labels character by character),
-so ``vllm_lines`` first keeps only the samples (and their ``# TYPE`` lines) of the families read
+so ``metric_lines`` first keeps only the samples (and their ``# TYPE`` lines) of the families read
 here. With a ``SeriesCache`` (the routing controller keeps one) the parser then sees each series
 (name and label set) once and later scrapes only have their values read; the controller also
 skips the parse when an engine's kept lines equal its previous scrape's.
@@ -28,10 +30,11 @@ from common.schemas import ReplicaObservation
 
 KV_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 FAILED_REASONS = ("abort", "error")
+READINGS = ("queue", "running", "kv_cache", "ttft", "tokens", "failures")
 
 
 class MetricsParseError(ValueError):
-    """The page is not Prometheus text or lacks every vLLM gauge."""
+    """The page is not Prometheus text or lacks every gauge of its runtime."""
 
 
 @dataclass(frozen=True)
@@ -46,22 +49,64 @@ class EngineSample:
     finished: float = 0.0
     failed: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()  # READINGS this page did not carry
 
 
-# The families parse_vllm_metrics reads; a line is kept when it starts with one of their names
-# (samples with any suffix) or is one of their # TYPE lines. HELP text is not read. A longer name
-# that shares a prefix (say vllm:num_requests_waiting_by_reason) is kept too and ignored below.
-_FAMILIES = (
-    "vllm:num_requests_waiting", "vllm:num_requests_running", *KV_NAMES,
-    "vllm:time_to_first_token_seconds", "vllm:generation_tokens", "vllm:request_success",
+@dataclass(frozen=True)
+class MetricNames:
+    """Where one runtime puts each reading (sample names as they appear on its page; a counter
+    is matched with and without ``_total``). Empty means the runtime has no such metric."""
+
+    runtime: str
+    waiting: tuple[str, ...] = ()
+    running: tuple[str, ...] = ()
+    kv_usage: tuple[str, ...] = ()  # 0..1; the first one present wins
+    kv_label: tuple[str, str] | None = None  # (label, value) a KV sample must carry
+    ttft: str | None = None  # histogram in seconds (its _bucket/_sum/_count samples)
+    tokens: tuple[str, ...] = ()  # generated-token counters
+    finished: tuple[str, ...] = ()  # finished-request counters, failures among them by label
+    failed_reasons: tuple[str, ...] = ()  # finished_reason values of ``finished`` that are failures
+    failures: tuple[str, ...] = ()  # failed-request counters, counted as finished too
+
+    def lacks(self) -> tuple[str, ...]:
+        """Readings this runtime never reports."""
+        has = {"queue": self.waiting, "running": self.running, "kv_cache": self.kv_usage, "ttft": self.ttft,
+               "tokens": self.tokens, "failures": self.failures or self.failed_reasons}
+        return tuple(r for r in READINGS if not has[r])
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        names = (*self.waiting, *self.running, *self.kv_usage, *((self.ttft,) if self.ttft else ()),
+                 *self.tokens, *self.finished, *self.failures)
+        return tuple(dict.fromkeys(n.removesuffix("_total") for n in names))
+
+    @property
+    def gauges(self) -> frozenset[str]:
+        return frozenset((*self.waiting, *self.running, *self.kv_usage))
+
+
+VLLM_NAMES = MetricNames(
+    "vllm", waiting=("vllm:num_requests_waiting",), running=("vllm:num_requests_running",), kv_usage=KV_NAMES,
+    ttft="vllm:time_to_first_token_seconds", tokens=("vllm:generation_tokens_total",),
+    finished=("vllm:request_success_total",), failed_reasons=FAILED_REASONS,
 )
-_KEEP = _FAMILIES + tuple(f"# TYPE {f}" for f in _FAMILIES)
-_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", *KV_NAMES)
+
+
+def _keep_prefixes(names: MetricNames) -> tuple[str, ...]:
+    # A line is kept when it starts with a family name (samples with any suffix) or is one of
+    # their # TYPE lines. HELP text is not read. A longer name sharing a prefix (say
+    # vllm:num_requests_waiting_by_reason) is kept too and ignored by the parse.
+    return names.families + tuple(f"# TYPE {f}" for f in names.families)
+
+
+def metric_lines(text: str, names: MetricNames = VLLM_NAMES) -> str:
+    """Only the lines of ``text`` that parse_lines reads for this runtime (the parser's input)."""
+    keep = _keep_prefixes(names)
+    return "\n".join(line for line in text.split("\n") if line.startswith(keep)) + "\n"
 
 
 def vllm_lines(text: str) -> str:
-    """Only the lines of ``text`` that parse_vllm_metrics reads (the parser's input)."""
-    return "\n".join(line for line in text.split("\n") if line.startswith(_KEEP)) + "\n"
+    return metric_lines(text, VLLM_NAMES)
 
 
 class SeriesCache:
@@ -114,7 +159,11 @@ class SeriesCache:
 
 def parse_vllm_metrics(text: str, cache: SeriesCache | None = None) -> EngineSample:
     """A vLLM /metrics page -> EngineSample (MetricsParseError when it has no vLLM gauge)."""
-    return parse_vllm_lines(vllm_lines(text), cache)
+    return parse_lines(metric_lines(text, VLLM_NAMES), VLLM_NAMES, cache)
+
+
+def parse_vllm_lines(text: str, cache: SeriesCache | None = None) -> EngineSample:
+    return parse_lines(text, VLLM_NAMES, cache)
 
 
 def _parsed_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -125,42 +174,64 @@ def _parsed_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
         raise MetricsParseError(f"not Prometheus text: {exc}") from None
 
 
-def parse_vllm_lines(text: str, cache: SeriesCache | None = None) -> EngineSample:
-    """parse_vllm_metrics on text already reduced by ``vllm_lines`` (through ``cache`` if given)."""
+def _counter(name: str, names: tuple[str, ...]) -> bool:
+    return name in names or name + "_total" in names or name.removesuffix("_total") in names
+
+
+def parse_lines(text: str, names: MetricNames, cache: SeriesCache | None = None) -> EngineSample:
+    """Lines already reduced by ``metric_lines`` -> EngineSample, reading ``names``' metrics.
+    Series are summed over labels; a reading none of whose metrics appeared is in ``missing``."""
     gauges: dict[str, float] = {}
     buckets: dict[float, float] = {}
     ttft_sum = ttft_count = gen = finished = failed = 0.0
+    seen: set[str] = set()
+    ttft = names.ttft
     for name, labels, value in (cache.samples(text) if cache is not None else _parsed_samples(text)):
         if math.isnan(value):
             continue
-        if name in _GAUGES:
+        if name in names.gauges:
+            if name in names.kv_usage and names.kv_label and labels.get(names.kv_label[0]) != names.kv_label[1]:
+                continue
             gauges[name] = gauges.get(name, 0.0) + value
-        elif name == "vllm:time_to_first_token_seconds_bucket":
+        elif ttft and name == ttft + "_bucket":
             le = float(labels.get("le", "inf"))
             buckets[le] = buckets.get(le, 0.0) + value
-        elif name == "vllm:time_to_first_token_seconds_sum":
+            seen.add("ttft")
+        elif ttft and name == ttft + "_sum":
             ttft_sum += value
-        elif name == "vllm:time_to_first_token_seconds_count":
+        elif ttft and name == ttft + "_count":
             ttft_count += value
-        elif name == "vllm:generation_tokens_total":
+            seen.add("ttft")
+        elif _counter(name, names.tokens):
             gen += value
-        elif name == "vllm:request_success_total":
+            seen.add("tokens")
+        elif _counter(name, names.finished):
             finished += value
-            if labels.get("finished_reason") in FAILED_REASONS:
+            if labels.get("finished_reason") in names.failed_reasons:
                 failed += value
-    if "vllm:num_requests_waiting" not in gauges and not any(k in gauges for k in KV_NAMES):
-        raise MetricsParseError("no vLLM gauges (vllm:num_requests_waiting, vllm:kv_cache_usage_perc)")
-    kv = next((gauges[k] for k in KV_NAMES if k in gauges), 0.0)
+            if names.failed_reasons:
+                seen.add("failures")
+        elif _counter(name, names.failures):
+            finished += value
+            failed += value
+            seen.add("failures")
+    if not any(g in gauges for g in (*names.waiting, *names.kv_usage)):
+        wanted = ", ".join((*names.waiting, *names.kv_usage)) or "none"
+        raise MetricsParseError(f"no {names.runtime} gauges ({wanted})")
+    for reading, group in (("queue", names.waiting), ("running", names.running), ("kv_cache", names.kv_usage)):
+        if any(g in gauges for g in group):
+            seen.add(reading)
     return EngineSample(
-        waiting=gauges.get("vllm:num_requests_waiting", 0.0),
-        running=gauges.get("vllm:num_requests_running", 0.0),
-        kv_cache_usage=kv,
+        waiting=next((gauges[k] for k in names.waiting if k in gauges), 0.0),
+        running=next((gauges[k] for k in names.running if k in gauges), 0.0),
+        kv_cache_usage=next((gauges[k] for k in names.kv_usage if k in gauges), 0.0),
         ttft_sum=ttft_sum,
         ttft_count=ttft_count,
         ttft_buckets=tuple(sorted(buckets.items())),
         generation_tokens=gen,
         finished=finished,
         failed=failed,
+        missing=tuple(r for r in READINGS if r not in seen),
     )
 
 
@@ -220,6 +291,7 @@ def observe(
         failed_total=sample.failed,
         ttft_sum_s=sample.ttft_sum,
         ttft_count=sample.ttft_count,
+        missing=list(sample.missing),
     )
 
 

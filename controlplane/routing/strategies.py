@@ -89,6 +89,10 @@ def _queue(c: Candidate) -> float:
 
 
 def _free_kv(c: Candidate) -> float:
+    """Free KV cache; a runtime that does not report KV use is scored by its queue instead
+    (an absent gauge is never read as an empty cache)."""
+    if "kv_cache" in c.obs.missing:
+        return _queue(c)
     return 1.0 - min(1.0, max(0.0, c.obs.kv_cache_usage))
 
 
@@ -212,9 +216,24 @@ SIGNALS = {  # strategy -> (what the weight was computed from, observation field
 }
 
 
+MISSING_READING = {"queue_depth": "queue", "kv_cache_usage": "kv_cache", "ttft_p50_s": "ttft",
+                   "tokens_per_s": "tokens", "failure_ratio": "failures"}
+GAP_RULE = {  # what a strategy does when the runtime lacks its reading (docs/runtimes.md)
+    "kv_cache": "scored by queue instead",
+    "ttft": "no TTFT reading: scored as best, so replicas share equally",
+    "tokens": "no token counter: replicas share equally",
+    "failures": "no error counter: scored as no failures",
+    "queue": "no queue gauge: scored as an empty queue",
+}
+
+
 def _signal(strategy: str, obs: ReplicaObservation | None) -> str:
-    """' from queue 40' and the like, so a reason says which reading set the weight."""
+    """' from queue 40' and the like, so a reason says which reading set the weight; when the
+    runtime lacks that reading, says so and how the gap was treated."""
     label, field = SIGNALS.get(strategy, ("", ""))
+    gap = MISSING_READING.get(field)
+    if obs is not None and gap and gap in obs.missing:
+        return f" (runtime reports no {gap.replace('_', ' ')}: {GAP_RULE[gap]})"
     value = getattr(obs, field, None) if obs is not None and field else None
     return f" from {label} {value:.3g}" if value is not None else ""
 

@@ -101,3 +101,9 @@ def test_engine_argv_turns_knobs_into_flags():
 def test_default_engine_command_finds_the_console_script():
     cmd = default_engine_command()
     assert cmd[0].endswith("fabric-engine-sim") or cmd[-1] == "agent.engine_sim.cli"
+
+
+def test_engine_argv_names_the_runtime_so_health_and_metrics_match_it():
+    assert "--runtime" not in engine_argv(["sim"], spec("r-1"), "127.0.0.1", 8123)
+    argv = engine_argv(["sim"], spec("r-1", runtime="llama.cpp"), "127.0.0.1", 8123)
+    assert argv[argv.index("--runtime") + 1] == "llama.cpp"

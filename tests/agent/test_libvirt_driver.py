@@ -207,7 +207,7 @@ def test_seed_user_data_content(monkeypatch, tmp_path):
     import yaml
 
     config = yaml.safe_load(user)
-    unit = next(f for f in config["write_files"] if f["path"] == "/etc/systemd/system/vllm.service")[
+    unit = next(f for f in config["write_files"] if f["path"] == "/etc/systemd/system/fabric-engine.service")[
         "content"
     ]
     assert (
@@ -215,7 +215,7 @@ def test_seed_user_data_content(monkeypatch, tmp_path):
         "--port 8000 --tensor-parallel-size 4"
     ) in unit
     assert ["models", "/models", "virtiofs", "ro,nofail", "0", "0"] in config["mounts"]
-    assert ["systemctl", "enable", "--now", "vllm.service"] in config["runcmd"]
+    assert ["systemctl", "enable", "--now", "fabric-engine.service"] in config["runcmd"]
     assert yaml.safe_load(meta)["instance-id"] == "fabric-lv-d"
 
 

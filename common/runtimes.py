@@ -1,0 +1,101 @@
+"""The inference runtimes Fabric launches, in one table: how each is started in the guest,
+where it answers health, and where its Prometheus metrics are.
+
+Every runtime serves its API on the replica's port (8000). The agent renders the guest unit
+from `command_line`; fabricd probes `health_path` and scrapes `metrics_port`/`metrics_path`
+(controlplane/routing/runtime_metrics.py reads each runtime's own metric names); the engine
+simulator serves the same paths with `--runtime NAME`. Facts come from each project's docs:
+
+  vllm           `vllm serve`, GET /health, /metrics on the API port
+  tensorrt-llm   `trtllm-serve serve`, GET /health, /prometheus/metrics on the API port
+  triton         `tritonserver`, GET /v2/health/ready, /metrics on --metrics-port (8002)
+  llama.cpp      `llama-server` (needs --metrics), GET /health, /metrics on the API port
+  tei            `text-embeddings-router`, GET /health, /metrics on --prometheus-port (9000)
+
+Tensor parallelism is a flag only where the runtime has one (vLLM, TensorRT-LLM); Triton's
+is fixed when the engine is built, llama.cpp splits layers over every visible GPU by itself,
+and TEI runs one GPU. A context length (`max_model_len`) maps to the runtime's flag where it
+has one; a profile that sets it for a runtime without one is refused (common.schemas).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_PLACEHOLDER = re.compile(r"\{(model|name|port)\}")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    description: str
+    binary: str  # absolute path inside the baked guest image
+    health_path: str
+    metrics_path: str
+    metrics_port: int | None  # None: the API port
+    tensor_parallel_flag: str | None  # None: the runtime has no such flag
+    max_len_flag: str | None
+    args: tuple[str, ...]  # after the binary; {model}, {name}, {port} are filled in
+    service_user: str = "fabric"
+
+    def command_line(self, *, model_path: str, served_name: str, port: int, tensor_parallel: int,
+                     max_model_len: int | None = None, extra_args: tuple[str, ...] = ()) -> list[str]:
+        """argv of the guest's engine process (the binary first). Placeholders are filled in one
+        pass, so a value that itself contains "{port}" stays as written."""
+        values = {"model": model_path, "name": served_name, "port": str(port)}
+        argv = [self.binary, *(_PLACEHOLDER.sub(lambda m: values[m.group(1)], a) for a in self.args)]
+        if self.tensor_parallel_flag:
+            argv += [self.tensor_parallel_flag, str(max(1, tensor_parallel))]
+        if max_model_len:
+            if not self.max_len_flag:
+                raise ValueError(f"runtime {self.name} has no context-length flag (max_model_len)")
+            argv += [self.max_len_flag, str(max_model_len)]
+        return argv + list(extra_args)
+
+    def scrape_port(self, api_port: int) -> int:
+        return self.metrics_port or api_port
+
+
+TRITON_METRICS_PORT = 8002
+TEI_METRICS_PORT = 9000
+
+RUNTIME_TABLE: dict[str, Runtime] = {
+    r.name: r
+    for r in (
+        Runtime("vllm", "vLLM OpenAI-compatible server", "/opt/vllm/bin/vllm", "/health", "/metrics", None,
+                "--tensor-parallel-size", "--max-model-len",
+                ("serve", "{model}", "--served-model-name", "{name}", "--host", "0.0.0.0", "--port", "{port}"),
+                service_user="vllm"),
+        Runtime("tensorrt-llm", "TensorRT-LLM trtllm-serve", "/opt/trtllm/bin/trtllm-serve", "/health",
+                "/prometheus/metrics", None, "--tp_size", "--max_seq_len",
+                ("serve", "{model}", "--served_model_name", "{name}", "--host", "0.0.0.0", "--port", "{port}")),
+        # The model directory is a Triton model repository; HTTP on the API port, gRPC beside it.
+        Runtime("triton", "Triton Inference Server", "/opt/tritonserver/bin/tritonserver",
+                "/v2/health/ready", "/metrics", TRITON_METRICS_PORT, None, None,
+                ("--model-repository={model}", "--http-port={port}", "--grpc-port=8001",
+                 f"--metrics-port={TRITON_METRICS_PORT}", "--allow-metrics=true")),
+        # -m names the GGUF file; -ngl 999 offloads every layer to the GPUs; --metrics enables /metrics.
+        Runtime("llama.cpp", "llama.cpp llama-server", "/opt/llama.cpp/bin/llama-server", "/health", "/metrics",
+                None, None, "--ctx-size",
+                ("-m", "{model}", "--alias", "{name}", "--host", "0.0.0.0", "--port", "{port}", "--metrics",
+                 "-ngl", "999")),
+        Runtime("tei", "text-embeddings-inference router", "/opt/tei/bin/text-embeddings-router", "/health",
+                "/metrics", TEI_METRICS_PORT, None, None,
+                ("--model-id", "{model}", "--served-model-name", "{name}", "--hostname", "0.0.0.0",
+                 "--port", "{port}", f"--prometheus-port={TEI_METRICS_PORT}")),
+    )
+}
+RUNTIME_NAMES = tuple(RUNTIME_TABLE)
+
+
+def runtime(name: str) -> Runtime:
+    try:
+        return RUNTIME_TABLE[name]
+    except KeyError:
+        raise ValueError(f"runtime {name!r} is unknown; expected one of {', '.join(RUNTIME_NAMES)}") from None
+
+
+def health_path(name: str) -> str:
+    """The runtime's health path; an unknown name (a record from a newer release) reads as vLLM's."""
+    return RUNTIME_TABLE.get(name, RUNTIME_TABLE["vllm"]).health_path
