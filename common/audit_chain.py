@@ -4,10 +4,15 @@ Row n lives at ``keyspace.audit(f"{n:012d}")`` and carries ``prev`` (row n-1's h
 ``hash`` = SHA-256 over the canonical JSON of every other field. Appending is exact under
 several processes: a writer takes sequence n with create-if-absent; a loser reads the winner's
 row and tries n+1, so no two rows share a number and every row links to its predecessor.
-A tip hint (``keyspace.audit("tip")`` -> last seq) saves scanning; it may lag, never lead.
+A tip hint (``keyspace.audit("tip")`` -> "<last seq> <its hash>") saves scanning; it may lag,
+never lead.
 
 verify() recomputes every hash and link and names the first row that does not match, so an
-edited, inserted or deleted row is found. Rows hold outcome data only (kind, status, tokens,
+edited, inserted or deleted row is found. A chain cut short at its end still links, so verify()
+also compares it with a stored tip: the store's tip hint (a hint that leads the chain means rows
+were removed from its end), and optionally a tip kept outside the store (``Tip``, e.g. the file
+`fabric-gateway verify-audit --tip-file` maintains): the chain must still hold that row with
+that hash. Rows hold outcome data only (kind, status, tokens,
 latency, key id, endpoint); prompts and keys are never put in a row.
 """
 
@@ -47,7 +52,7 @@ class AuditChain:
 
     def _load_tip(self) -> None:
         kv = self.store.get(keyspace.audit(TIP))
-        seq = int(kv.value) if kv else 0
+        seq = parse_tip(kv.value).seq if kv else 0
         row = self.store.get(_row_key(seq)) if seq else None
         if row is None:
             self._seq, self._prev = 0, GENESIS
@@ -72,12 +77,23 @@ class AuditChain:
             if self.store.create(_row_key(seq), json.dumps(row, sort_keys=True)):
                 self._seq, self._prev = seq, row["hash"]
                 if update_tip:
-                    self.store.put(keyspace.audit(TIP), str(seq))
+                    self.store.put(keyspace.audit(TIP), f"{seq} {row['hash']}")
                 return row
             # Another writer took seq: follow the chain forward to the real tip.
             kv = self.store.get(_row_key(seq))
             if kv is not None:
                 self._seq, self._prev = seq, json.loads(kv.value)["hash"]
+
+
+@dataclass(frozen=True)
+class Tip:
+    seq: int
+    hash: str | None = None
+
+
+def parse_tip(value: str) -> Tip:
+    seq, _, digest = value.strip().partition(" ")
+    return Tip(int(seq), digest or None)
 
 
 @dataclass(frozen=True)
@@ -92,8 +108,31 @@ def read_rows(store: Store) -> list[dict]:
     return [json.loads(kv.value) for kv in store.list(keyspace.audit()) if not kv.key.endswith("/" + TIP)]
 
 
-def verify(store: Store) -> VerifyResult:
+def verify(store: Store, stored_tip: Tip | None = None) -> VerifyResult:
+    hint = store.get(keyspace.audit(TIP))  # before the rows: a row appended meanwhile makes it lag, not lead
     rows = read_rows(store)
+    result = _verify_links(rows)
+    if not result.ok:
+        return result
+    by_seq = {r["seq"]: r for r in rows}
+    for tip, where in ((parse_tip(hint.value) if hint else None, "the store's tip"), (stored_tip, "the stored tip")):
+        if tip is None or tip.seq == 0:
+            continue
+        row = by_seq.get(tip.seq)
+        if row is None:
+            return VerifyResult(False, len(rows), len(rows) + 1,
+                                f"the chain ends at row {len(rows)} but {where} is row {tip.seq}: rows were removed")
+        if tip.hash and row["hash"] != tip.hash:
+            return VerifyResult(False, len(rows), tip.seq, f"row {tip.seq} differs from {where}: the chain was rewritten")
+    return result
+
+
+def tip_of(rows_or_store) -> Tip:
+    rows = read_rows(rows_or_store) if not isinstance(rows_or_store, list) else rows_or_store
+    return Tip(rows[-1]["seq"], rows[-1]["hash"]) if rows else Tip(0)
+
+
+def _verify_links(rows: list[dict]) -> VerifyResult:
     prev = GENESIS
     for i, row in enumerate(rows, start=1):
         if row.get("seq") != i:

@@ -6,12 +6,21 @@ without writing, so concurrent callers in several processes can never over-admit
 orders the writes and a stale reader's cas fails.
 
 Values are small text: an exact counter is ``"<n>"``; a window is ``"<start> <n>"`` where start
-is the window's first second (a new window resets the count in the same cas).
+is the window's first second (a new window resets the count in the same cas). A window may be
+written under a lease (``lease=``) so a key nobody touches disappears after its window.
+
+A held counter (in-flight slots) is a JSON object ``{holder: n}``: each process counts its own
+slots under its holder name, and the total is the sum over LIVE holders only (``is_live``: the
+holder's lease key still exists). So a process that dies without releasing gives its slots back
+when its lease expires, while the one compare-and-swap per change keeps the total exact across
+processes. A change drops dead holders' entries; a key with no slot left is deleted.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.errors import TransientError
@@ -58,14 +67,55 @@ def _parse_window(kv, window_secs: int, now: float) -> tuple[int, int]:
     return (start, int(n)) if int(stored_start) == start else (start, 0)
 
 
-def window_reserve(store: Store, key: str, amount: int, limit: int | None, window_secs: int, now: float) -> Outcome:
-    """Add amount to the current fixed window unless it would pass limit."""
+def window_reserve(store: Store, key: str, amount: int, limit: int | None, window_secs: int, now: float,
+                   lease: int | None = None) -> Outcome:
+    """Add amount to the current fixed window unless it would pass limit. With a lease, the key
+    is (re)attached to it on every write; the caller keeps the lease alive past the window."""
     for _ in range(MAX_ATTEMPTS):
         kv = store.get(key)
         start, current = _parse_window(kv, window_secs, now)
         if limit is not None and amount > 0 and current + amount > limit:
             return Outcome(False, current, retry_after=max(1.0, math.ceil(start + window_secs - now)))
         new = max(0, current + amount)
-        if _write(store, key, f"{start} {new}", kv):
+        value = f"{start} {new}"
+        ok = store.create(key, value, lease=lease) if kv is None else store.cas(key, value, kv.mod_revision,
+                                                                                 lease=lease)
+        if ok:
             return Outcome(True, new)
     raise TransientError(f"window {key} is too contended; try again")
+
+
+def parse_held(value: str | None) -> dict[str, int]:
+    """A held counter's {holder: n}; anything else (an old plain count) holds nothing."""
+    if not value:
+        return {}
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(h): n for h, n in data.items() if isinstance(n, int) and n > 0}
+
+
+def held_reserve(store: Store, key: str, holder: str, amount: int, limit: int | None,
+                 is_live: Callable[[str], bool]) -> Outcome:
+    """Add amount to holder's slots unless the live total would pass limit (amount < 0 frees)."""
+    for _ in range(MAX_ATTEMPTS):
+        kv = store.get(key)
+        held = {h: n for h, n in parse_held(kv.value if kv else None).items() if h == holder or is_live(h)}
+        total = sum(held.values())
+        if limit is not None and amount > 0 and total + amount > limit:
+            return Outcome(False, total)
+        mine = held.get(holder, 0) + amount
+        if mine > 0:
+            held[holder] = mine
+        else:
+            held.pop(holder, None)
+        if not held:
+            ok = kv is None or store.delete(key, mod_revision=kv.mod_revision)
+        else:
+            ok = _write(store, key, json.dumps(held, sort_keys=True, separators=(",", ":")), kv)
+        if ok:
+            return Outcome(True, sum(held.values()))
+    raise TransientError(f"counter {key} is too contended; try again")

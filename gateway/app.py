@@ -4,34 +4,48 @@ Routes:
   /api/ai/openai/{endpoint}/{path...}   the OpenAI proxy (HTTP, or WebSocket when upgraded)
   /metrics                              Prometheus text
   /health                               liveness
-A call: read the body (capped), authenticate, audit ATTEMPT, resolve the endpoint, shed, check
-caps, reserve limits, proxy while watching for the client to leave, then settle tokens, free
-slots and audit SUCCESS/FAILED in a finally that a disconnect cannot skip.
+A call, in this order (nothing an unauthenticated caller sends is read before the credential):
+one decoding of the raw path (gateway.routes), authenticate from the headers (a refusal is
+audited and answered with Connection: close, body unread), read the body streaming under the
+cap of the route, parse it the way the engine will (off the event loop when large), check the
+key's model scope on the operation, audit ATTEMPT, resolve the endpoint (only then is its name a
+metric label), shed, check caps, reserve limits, and then proxy -- or, in dry run, answer
+synthetically having applied every check and limit. Tokens are settled, slots freed and
+SUCCESS/FAILED audited in a finally that a disconnect cannot skip.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from common.errors import FabricError, InvalidInput, LimitExceeded, PayloadTooLarge, Unauthorized
+from common.errors import FabricError, InvalidInput
 from common.store.base import Store
-from gateway import dry_run
+from gateway import batch_scope, dry_run
 from gateway.audit import AuditWriter
-from gateway.key_auth import Authenticator, Identity
+from gateway.http_io import (
+    ClientGone,
+    outcome_of,
+    read_body,
+    request_headers,
+    request_timeout,
+    run_unless_client_leaves,
+    send_error,
+    send_json,
+)
+from gateway.key_auth import Authenticator, Identity, check_model, presented_id
 from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, plan_admission
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import UpstreamBroke, UpstreamTimeout, forward, upstream_headers
-from gateway.request_body import BodyInfo, parse_body
+from gateway.request_body import BodyInfo, GenerationPolicy, parse_body
+from gateway.routes import PREFIX, Route, parse_route
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache, check_shed, order_targets
@@ -40,12 +54,8 @@ if TYPE_CHECKING:
     from common.http1_client import UpstreamPool
 
 log = logging.getLogger("fabric.gateway")
-PREFIX = "/api/ai/openai/"
 PRIORITIES = ("low", "normal", "high")
-
-
-class ClientGone(Exception):
-    pass
+OFF_LOOP_BYTES = 64 * 1024  # bodies above this are parsed in a thread, not on the event loop
 
 
 @dataclass
@@ -65,109 +75,10 @@ class GatewayState:
     def scheme(self) -> str:
         return "https" if self.settings.backend_tls.enabled else "http"
 
-
-def error_body(exc: FabricError) -> bytes:
-    # OpenAI's error shape ({message, type, code}) which also meets ours ({code, message}).
-    return json.dumps({"error": {"message": exc.message, "type": exc.code, "code": exc.code}}).encode()
-
-
-async def send_json(send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] = ()) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_error(send, exc: FabricError) -> None:
-    extra = []
-    if isinstance(exc, LimitExceeded):
-        extra.append((b"retry-after", str(max(1, round(exc.retry_after))).encode()))
-    await send_json(send, exc.status, error_body(exc), extra)
-
-
-async def read_body(receive, headers: dict[str, str], limit: int) -> bytes:
-    declared = headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the request body is over the gateway's limit of {limit} bytes "
-                              "(FABRIC_GATEWAY_MAX_BODY; FABRIC_GATEWAY_MAX_UPLOAD for /v1/files)")
-    chunks, size = [], 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"the request body is over the gateway's limit of {limit} bytes "
-                                  "(FABRIC_GATEWAY_MAX_BODY; FABRIC_GATEWAY_MAX_UPLOAD for /v1/files)")
-        chunks.append(chunk)
-        if not msg.get("more_body"):
-            return b"".join(chunks)
-
-
-PREFIX_B = PREFIX.encode()
-
-
-def upstream_target(scope, subpath: str) -> bytes:
-    """The upstream request-target: the raw path below /api/ai/openai/{endpoint} as the client
-    sent it (percent-escapes kept), plus the query string."""
-    raw = scope.get("raw_path")
-    if raw and raw.startswith(PREFIX_B):
-        target = b"/" + raw[len(PREFIX_B):].partition(b"/")[2]
-    else:
-        target = quote(subpath, safe="/:@!$&'()*+,;=-._~%").encode()
-    qs = scope.get("query_string")
-    return target + b"?" + qs if qs else target
-
-
-def request_timeout(headers: dict[str, str], default: float) -> float:
-    raw = headers.get("x-request-timeout")
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidInput("x-request-timeout must be a number of seconds from 1 to 300") from None
-    if not 1 <= value <= 300:
-        raise InvalidInput("x-request-timeout must be from 1 to 300 seconds")
-    return value
-
-
-def outcome_of(exc: Exception) -> str:
-    if isinstance(exc, Unauthorized):
-        return "unauthorized"
-    if isinstance(exc, LimitExceeded):
-        return "rate_limited"
-    if isinstance(exc, FabricError) and exc.status < 500:
-        return "refused"
-    return "upstream_error"
-
-
-async def run_unless_client_leaves(coro, receive):
-    """Run coro in this task; if the client disconnects first, cancel it (which closes the
-    upstream) and raise ClientGone. One watcher task per call, no asyncio.wait: the watcher
-    cancels this task directly. uvicorn's receive() also answers http.disconnect once the
-    response is complete, but by then coro has returned and the watcher is cancelled before it
-    runs (uvicorn's send never suspends after marking the response complete)."""
-    task = asyncio.current_task()
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        gone = True
-        task.cancel()
-
-    watcher = asyncio.get_running_loop().create_task(watch())
-    try:
-        return await coro
-    except asyncio.CancelledError:
-        if gone:
-            task.uncancel()
-            raise ClientGone() from None
-        raise
-    finally:
-        watcher.cancel()
+    @property
+    def generation(self) -> GenerationPolicy:
+        s = self.settings
+        return GenerationPolicy(s.default_max_tokens, s.max_generated_tokens, s.max_context)
 
 
 class GatewayApp:
@@ -183,8 +94,7 @@ class GatewayApp:
         if kind == "http":
             path = scope["path"]
             if path.startswith(PREFIX):
-                endpoint, _, rest = path[len(PREFIX):].partition("/")
-                await self.call(scope, receive, send, unquote(endpoint), "/" + rest)
+                await self.call(scope, receive, send)
             elif path == "/metrics":
                 body = self.state.metrics.exposition()
                 await send({"type": "http.response.start", "status": 200,
@@ -205,64 +115,79 @@ class GatewayApp:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
+                await asyncio.to_thread(self.state.limits.slots.register)
+                self.state.limits.slots.start_renewing()
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
+                await self.state.limits.slots.stop()
+                await self.state.auth.oidc.jwks.close()
                 self.state.client.close()
                 self.state.audit.close()
                 self.state.tracer.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def call(self, scope, receive, send, endpoint: str, subpath: str) -> None:
+    async def call(self, scope, receive, send) -> None:
         st = self.state
         t0 = time.perf_counter()
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         request_id = f"{self._id_prefix}{next(self._id_seq):016x}"
-        label, status, tokens, outcome = "unknown", 500, None, "error"
+        label, status, tokens, outcome, endpoint = "unknown", 500, None, "error", ""
         identity: Identity | None = None
         admission: Admission | None = None
         info = BodyInfo()
+        body_read = False
         try:
+            route = parse_route(scope.get("raw_path") or scope["path"].encode(), scope.get("query_string", b""),
+                                scope["method"])
+            endpoint = route.endpoint
+            headers = request_headers(scope["headers"])
+            identity = await self._identify(headers, endpoint, request_id)
             # Batch input files are uploaded whole; they get their own, larger cap.
-            cap = st.settings.max_upload if subpath.startswith("/v1/files") else st.settings.max_body
+            cap = st.settings.max_upload if route.is_upload else st.settings.max_body
             body = await read_body(receive, headers, cap)
-            info = parse_body(body, headers.get("content-type", ""))
-            identity = await st.auth.authenticate(headers, endpoint, info.model, subpath)
-            label = endpoint
+            body_read = True
+            info = await self._parse(body, headers.get("content-type", ""), route)
+            check_model(identity, info.model, route.path, scope["method"])
             st.audit.record("ATTEMPT", request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
                             endpoint=endpoint, model=info.model)
             deadline = request_timeout(headers, st.settings.total_deadline_secs)
             priority = headers.get("x-request-priority", "normal").lower()
             if priority not in PRIORITIES:
                 raise InvalidInput("x-request-priority must be low, normal or high")
-            if st.settings.dry_run:
-                status, tokens = await dry_run.respond(send, info, endpoint)
-                outcome = "success"
-                return
-            view = await st.upstreams.view(endpoint)
-            check_shed(view, st.settings.shed_queue, priority)
+            dry = st.settings.dry_run
+            view = await st.upstreams.view(endpoint, need_upstream=not dry)
+            label = endpoint  # resolved in the store: a bounded label from here on
+            if not dry:
+                check_shed(view, st.settings.shed_queue, priority, time.time())
             rec = identity.record
             facts = RequestFacts(
                 endpoint=endpoint, model=info.model or "unknown", tenant=identity.tenant,
                 project=headers.get("x-project-id"), user=headers.get("x-user-id"), gateway_id=st.gateway_id,
-                prompt_chars=info.prompt_chars, max_tokens=info.max_tokens,
+                prompt_chars=info.prompt_chars, max_tokens=info.max_tokens, choices=info.choices,
                 key_id=rec.id if rec else None, request_quota=rec.request_quota if rec else None,
                 key_tokens_per_minute=rec.tokens_per_minute if rec else None,
                 key_max_concurrent=rec.max_concurrent if rec else None,
             )
             check_caps(st.settings, facts)
+            targets = order_targets(view, headers.get("x-session-id") or info.prompt_head or None, st.scheme)
+            fwd_headers = upstream_headers(scope["headers"], request_id.encode())
+            if rec is not None and rec.model and route.path.rstrip("/") == "/v1/batches" and not dry:
+                await batch_scope.check_batch(st.client, targets, fwd_headers, info.data, rec.model,
+                                              st.settings.max_upload)
             plan = plan_admission(st.settings, facts)
             if plan:
                 admission = await st.limits.admit(plan, facts.token_estimate)
-            targets = order_targets(view, headers.get("x-session-id") or info.prompt_head or None, st.scheme)
-            target = upstream_target(scope, subpath)
-            fwd_headers = upstream_headers(scope["headers"], request_id.encode())
+            if dry:
+                status, tokens = await dry_run.respond(send, info, endpoint)
+                outcome = "success"
+                return
             in_flight = st.metrics.in_flight_for(endpoint)
             in_flight.inc()
             try:
                 async with asyncio.timeout(deadline):
                     result = await run_unless_client_leaves(
-                        forward(st.client, send, targets, scope["method"], target, fwd_headers, body, info.stream),
+                        forward(st.client, send, targets, scope["method"], route.target, fwd_headers,
+                                info.body if info.body is not None else body, info.stream),
                         receive)
             finally:
                 in_flight.dec()
@@ -280,20 +205,37 @@ class GatewayApp:
             await self._send_fabric_error(send, UpstreamTimeout("the upstream deadline passed"))
         except FabricError as exc:
             status, outcome = exc.status, outcome_of(exc)
-            await self._send_fabric_error(send, exc)
+            await self._send_fabric_error(send, exc, close=not body_read)
         finally:
             await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0)
 
-    async def _send_fabric_error(self, send, exc: FabricError) -> None:
+    async def _identify(self, headers: dict[str, str], endpoint: str, request_id: str) -> Identity:
+        """Authenticate from the headers; a refusal is audited (the credential's non-secret
+        name only: a key's prefix, or "jwt"), rate-limited per process so a flood of bad keys
+        cannot flood the chain."""
         try:
-            await send_error(send, exc)
+            return await self.state.auth.identify(headers, endpoint)
+        except FabricError as exc:
+            self.state.audit.record_refusal(request_id=request_id, key_id=presented_id(headers), endpoint=endpoint,
+                                            status=exc.status, reason=exc.code)
+            raise
+
+    async def _parse(self, body: bytes, content_type: str, route: Route) -> BodyInfo:
+        policy = self.state.generation
+        if len(body) > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(parse_body, body, content_type, route, policy)
+        return parse_body(body, content_type, route, policy)
+
+    async def _send_fabric_error(self, send, exc: FabricError, close: bool = False) -> None:
+        try:
+            await send_error(send, exc, close)
         except (RuntimeError, OSError):
             log.debug("could not send an error body; the response had started")
 
     async def _finish(self, identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0):
         st = self.state
         elapsed = time.perf_counter() - t0
-        counted = tokens if tokens is not None else (info.max_tokens or 1)
+        counted = tokens if tokens is not None else admission.estimate if admission else 0
         if admission is not None:
             # Shielded: a client that leaves must still free its slot and settle its tokens.
             await asyncio.shield(self._settle(admission, counted if outcome == "success" else (tokens or 0)))

@@ -13,6 +13,7 @@ from gateway.limits import LimitKeeper
 from gateway.metrics import GatewayMetrics
 from gateway.oidc import OidcVerifier
 from gateway.settings import BackendTls, GatewaySettings
+from gateway.slots import SlotHolder
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache
 
@@ -38,12 +39,12 @@ def upstream_pool(settings: GatewaySettings) -> UpstreamPool:
 
 
 def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gateway_id: str) -> GatewayApp:
+    oidc = OidcVerifier(settings.oidc_providers, settings.accept_any_jwt_audience, settings.oidc_endpoints_claim)
     state = GatewayState(
         settings=settings,
         store=store,
-        auth=Authenticator(store, hmac_secret, OidcVerifier(settings.oidc_providers, settings.accept_any_jwt_audience),
-                           ttl_secs=settings.cache_ttl_secs),
-        limits=LimitKeeper(store),
+        auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs),
+        limits=LimitKeeper(store, SlotHolder(store, gateway_id, settings.slot_lease_secs)),
         upstreams=UpstreamCache(store, ttl_secs=settings.cache_ttl_secs),
         audit=AuditWriter(store),
         metrics=GatewayMetrics.create(),

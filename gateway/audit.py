@@ -3,6 +3,11 @@
 The request path only enqueues (microseconds); a single writer thread appends in enqueue order,
 so a call's ATTEMPT row always precedes its SUCCESS/FAILED row. flush() waits for the queue to
 drain (tests, shutdown). Rows carry outcome data only: no prompt, no key, no header values.
+
+Refused authentication is audited too (a FAILED row with the credential's non-secret name: a
+key's prefix or "jwt"), at most REFUSALS_PER_SEC rows a second per process; refusals above
+that are counted into the next row written (``reason`` "... (+N not audited)") so a flood of
+bad credentials cannot turn into a flood of store writes.
 """
 
 from __future__ import annotations
@@ -10,23 +15,41 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 from common.audit_chain import AuditChain
 from common.store.base import Store
 
 log = logging.getLogger("fabric.gateway.audit")
 _STOP = object()
+REFUSALS_PER_SEC = 20
 
 
 class AuditWriter:
     def __init__(self, store: Store):
         self._chain = AuditChain(store)
         self._queue: queue.Queue = queue.Queue()
+        self._tokens, self._refill_at, self._unaudited = float(REFUSALS_PER_SEC), time.monotonic(), 0
         self._thread = threading.Thread(target=self._run, name="gateway-audit", daemon=True)
         self._thread.start()
 
     def record(self, kind: str, **fields) -> None:
         self._queue.put((kind, fields))
+
+    def record_refusal(self, **fields) -> bool:
+        """A refused authentication, rate-limited; True when a row was queued."""
+        now = time.monotonic()
+        self._tokens = min(REFUSALS_PER_SEC, self._tokens + (now - self._refill_at) * REFUSALS_PER_SEC)
+        self._refill_at = now
+        if self._tokens < 1:
+            self._unaudited += 1
+            return False
+        self._tokens -= 1
+        if self._unaudited:
+            fields["reason"] = f"{fields.get('reason', '')} (+{self._unaudited} not audited)"
+            self._unaudited = 0
+        self.record("FAILED", **fields)
+        return True
 
     def _run(self) -> None:
         while True:

@@ -198,16 +198,48 @@ def supervise(socks: list[socket.socket], run_worker) -> None:
 def verify_audit(
     state_dir: Path = typer.Option(..., help="state directory"),
     store: str = typer.Option(None, help="store URL"),
+    tip_file: Path = typer.Option(None, help="a file outside the store holding the last verified tip "
+                                             "(seq and hash): the chain must still hold it; updated after a good run"),
 ) -> None:
-    """Recompute the audit hash chain; exit 1 naming the first tampered row."""
-    from common.audit_chain import verify
+    """Recompute the audit hash chain and compare it with the stored tips; exit 1 naming the first bad row."""
+    import json
+
+    from common.audit_chain import Tip, read_rows, tip_of, verify
     from common.store.base import open_store
 
-    result = verify(open_store(store, state_dir))
-    typer.echo(f'{{"ok": {str(result.ok).lower()}, "rows": {result.rows}, "bad_seq": '
-               f'{result.bad_seq if result.bad_seq is not None else "null"}, "reason": "{result.reason}"}}')
+    s = open_store(store, state_dir)
+    stored = None
+    if tip_file is not None and tip_file.exists():
+        try:
+            data = json.loads(tip_file.read_text())
+            stored = Tip(int(data["seq"]), str(data["hash"]))
+        except (ValueError, KeyError, TypeError):
+            typer.echo(f"fabric-gateway: {tip_file} is not a tip file written by verify-audit", err=True)
+            raise typer.Exit(2) from None
+    result = verify(s, stored)
+    typer.echo(json.dumps({"ok": result.ok, "rows": result.rows, "bad_seq": result.bad_seq, "reason": result.reason}))
     if not result.ok:
         sys.exit(1)
+    if tip_file is not None:
+        tip = tip_of(read_rows(s))
+        tmp = tip_file.with_suffix(tip_file.suffix + ".tmp")
+        tmp.write_text(json.dumps({"seq": tip.seq, "hash": tip.hash}))
+        tmp.replace(tip_file)
+
+
+@app.command("slots")
+def slots(
+    state_dir: Path = typer.Option(..., help="state directory"),
+    store: str = typer.Option(None, help="store URL"),
+) -> None:
+    """In-flight slots held in the store: each counter, its live total, and each holder (gateway
+    process) with its slots and whether its lease is alive. Prints JSON."""
+    import json
+
+    from common.store.base import open_store
+    from gateway.slots import slot_view
+
+    typer.echo(json.dumps(slot_view(open_store(store, state_dir)), indent=2))
 
 
 def main() -> None:

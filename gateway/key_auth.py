@@ -17,7 +17,7 @@ from common import apikeys
 from common.errors import Forbidden, Unauthorized
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
-from gateway.oidc import OidcVerifier, looks_like_jwt
+from gateway.oidc import OidcClaims, OidcVerifier, looks_like_jwt
 
 CACHE_MAX = 10_000
 
@@ -41,22 +41,38 @@ def bearer_token(headers: dict[str, str]) -> str:
     raise Unauthorized("missing API key: send Authorization: Bearer fvai_...", code="missing_api_key")
 
 
-def check_scope(record: ApiKeyRecord, endpoint: str, model: str | None, now: float, subpath: str = "") -> None:
-    """Pure: raise if this valid key may not call this endpoint/model now.
-
-    A model-scoped key may list models (no body names a model there), but not use files or
-    batches: their lines name models inside an uploaded file the gateway does not read."""
+def check_key(record: ApiKeyRecord, endpoint: str, now: float) -> None:
+    """Pure: raise if this valid key may not call this endpoint now (headers only: no body read)."""
     if apikeys.is_expired(record, now):
         raise Unauthorized("the API key has expired", code="expired_api_key")
     if record.endpoint != endpoint:
         raise Forbidden(f"the API key is not scoped to endpoint {endpoint!r}", code="endpoint_not_allowed")
-    if record.model and model != record.model:
-        if model is None and subpath.rstrip("/") == "/v1/models":
-            return
-        if model is None and subpath.startswith(("/v1/files", "/v1/batches")):
-            raise Forbidden(f"the API key only allows model {record.model!r}, and files and batches can name any "
-                            "model; use a key without a model scope for them", code="model_not_allowed")
-        raise Forbidden(f"the API key only allows model {record.model!r}", code="model_not_allowed")
+
+
+# Listings show every model's files and batches; a model-scoped key may not read them.
+LISTINGS = ("/v1/files", "/v1/batches")
+
+
+def check_model(identity: Identity, model: str | None, path: str, method: str) -> None:
+    """Pure: raise if the key's model scope forbids this operation. Checked on the operation, not
+    on what the body claims: listings that reveal other models' files are refused; uploading a
+    file and reading one by id are allowed; creating a batch is checked on the models inside its
+    input file (gateway.batch_scope) by the caller; every other call must name the key's model."""
+    scoped = identity.record.model if identity.record else None
+    if not scoped:
+        return
+    p = path.rstrip("/")
+    if p == "/v1/models" and model is None:
+        return
+    if method == "GET" and p in LISTINGS:
+        raise Forbidden(f"the API key only allows model {scoped!r}; listing {p} would show other models' "
+                        "files and batches", code="model_not_allowed")
+    if p.startswith(("/v1/files/", "/v1/batches/")):
+        return  # one file or batch by its (unguessable) id
+    if p in LISTINGS and method == "POST":
+        return  # an upload runs nothing; a batch is checked on the models in its input file
+    if model != scoped:
+        raise Forbidden(f"the API key only allows model {scoped!r}", code="model_not_allowed")
 
 
 @dataclass
@@ -78,8 +94,8 @@ class Authenticator:
         self._cache[prefix] = (now + self.ttl_secs, record)
         return record
 
-    async def authenticate(self, headers: dict[str, str], endpoint: str, model: str | None,
-                           subpath: str = "") -> Identity:
+    async def identify(self, headers: dict[str, str], endpoint: str) -> Identity:
+        """Who is calling, from the headers alone (run before any body byte is read)."""
         token = bearer_token(headers)
         if apikeys.looks_like_key(token):
             prefix = apikeys.parse_key(token)
@@ -87,9 +103,33 @@ class Authenticator:
             now = time.time()
             if record is None or not apikeys.secret_matches(record, token, self.hmac_secret, now):
                 raise Unauthorized("the API key is not valid", code="invalid_api_key")
-            check_scope(record, endpoint, model, now, subpath)
+            check_key(record, endpoint, now)
             return Identity("key", record.id, record.tenant, record)
         if looks_like_jwt(token) and self.oidc.providers:
-            claims = await asyncio.to_thread(self.oidc.verify, token)
+            claims = await self.oidc.verify(token)
+            check_oidc_endpoint(claims, endpoint, self.oidc.endpoints_claim)
             return Identity("oidc", claims.subject, claims.tenant)
         raise Unauthorized("the bearer token is not a Fabric API key or an accepted OIDC token", code="invalid_api_key")
+
+
+def presented_id(headers: dict[str, str]) -> str | None:
+    """A non-secret name for the credential a refused caller presented, for the audit row: the
+    key's prefix (an index, not a secret) or "jwt"; never the token itself."""
+    try:
+        token = bearer_token(headers)
+    except Unauthorized:
+        return None
+    if apikeys.looks_like_key(token):
+        try:
+            return "prefix:" + apikeys.parse_key(token)
+        except Unauthorized:
+            return "malformed-key"
+    return "jwt" if looks_like_jwt(token) else "unknown-token"
+
+
+def check_oidc_endpoint(claims: OidcClaims, endpoint: str, claim: str) -> None:
+    """Pure: an OIDC caller reaches only the endpoints its token's claim names ("*": all)."""
+    if claims.endpoints is None:
+        raise Forbidden(f"the JWT has no {claim!r} claim naming the endpoints it may call", code="endpoint_not_allowed")
+    if "*" not in claims.endpoints and endpoint not in claims.endpoints:
+        raise Forbidden(f"the JWT's {claim!r} claim does not name endpoint {endpoint!r}", code="endpoint_not_allowed")

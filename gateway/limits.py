@@ -10,19 +10,28 @@ finally so a client that leaves frees its slot.
 Only configured limits produce reservations, so an unlimited key costs no store round trip.
 Within one process, operations on one counter are serialised by an asyncio lock so the store's
 compare-and-swap only ever races with other processes.
+
+In-flight slots (streams, a key's max_concurrent) are held counters under this process's lease
+(gateway.slots), so a gateway that dies gives them back within the lease TTL. Windows (RPM, TPM,
+daily tokens) are written under a shared lease that outlives the window, so a counter named by a
+caller (x-user-id, x-project-id, a model) disappears once unused. A refusal names the limit and
+its configured value, never the fleet-wide count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
+import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 from common import counters, keyspace
-from common.errors import LimitExceeded, PayloadTooLarge
+from common.errors import LimitExceeded, NotFound, PayloadTooLarge
 from common.store.base import Store
 from gateway.settings import GatewaySettings
+from gateway.slots import SlotHolder, slots_prefix
 
 MINUTE = 60
 DAY = 86400
@@ -42,6 +51,7 @@ class RequestFacts:
     request_quota: int | None = None
     key_tokens_per_minute: int | None = None
     key_max_concurrent: int | None = None
+    choices: int = 1  # n / best_of: each sequence may generate max_tokens
 
     @property
     def prompt_tokens(self) -> int:
@@ -49,7 +59,7 @@ class RequestFacts:
 
     @property
     def token_estimate(self) -> int:
-        return self.prompt_tokens + (self.max_tokens or 1)
+        return self.prompt_tokens + (self.max_tokens or 0) * self.choices
 
 
 @dataclass(frozen=True)
@@ -83,9 +93,19 @@ def check_caps(settings: GatewaySettings, facts: RequestFacts) -> None:
         )
 
 
+_SAFE = re.compile(r"^[A-Za-z0-9._@:+-]{1,128}$")
+
+
+def key_part(value: str) -> str:
+    """A caller-chosen name as one safe key segment (a hash when it is long or odd)."""
+    if _SAFE.match(value):
+        return value
+    return "h-" + hashlib.blake2b(value.encode(), digest_size=12).hexdigest()
+
+
 def _scopes(facts: RequestFacts) -> dict[str, str | None]:
     # A scope whose value is absent (no tenant on the key, no x-project-id...) does not apply.
-    return {
+    values = {
         "GLOBAL": "all",
         "TENANT": facts.tenant,
         "PROJECT": facts.project,
@@ -93,6 +113,11 @@ def _scopes(facts: RequestFacts) -> dict[str, str | None]:
         "USER": facts.user,
         "GATEWAY": facts.gateway_id,
     }
+    return {k: key_part(v) if v is not None else None for k, v in values.items()}
+
+
+def _slot(name: str) -> str:
+    return slots_prefix() + name
 
 
 def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reservation]:
@@ -101,7 +126,7 @@ def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reser
         plan.append(Reservation(keyspace.counters(f"quota/{facts.key_id}"), 1, facts.request_quota, None,
                                 "the API key's request quota"))
     if facts.key_id and facts.key_max_concurrent:
-        plan.append(Reservation(keyspace.counters(f"inflight/key/{facts.key_id}"), 1, facts.key_max_concurrent,
+        plan.append(Reservation(_slot(f"inflight/key/{facts.key_id}"), 1, facts.key_max_concurrent,
                                 None, "the API key's max_concurrent", held=True))
     if facts.key_id and facts.key_tokens_per_minute:
         plan.append(Reservation(keyspace.counters(f"tpm/key/{facts.key_id}"), facts.token_estimate,
@@ -111,7 +136,7 @@ def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reser
         if value is None:
             continue
         if scope in settings.streams:
-            plan.append(Reservation(keyspace.counters(f"streams/{scope.lower()}/{value}"), 1,
+            plan.append(Reservation(_slot(f"streams/{scope.lower()}/{value}"), 1,
                                     settings.streams[scope], None, f"FABRIC_{scope}_STREAMS", held=True))
         if scope in settings.rpm:
             plan.append(Reservation(keyspace.counters(f"rpm/{scope.lower()}/{value}"), 1,
@@ -138,16 +163,46 @@ class LimitKeeper:
     """Applies admission plans against the store; one per gateway process."""
 
     store: Store
-    _locks: dict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    slots: SlotHolder
+    _locks: dict[str, list] = field(default_factory=dict)  # key -> [lock, users]; dropped when unused
+    _window_leases: dict[int, tuple[int, float]] = field(default_factory=dict)  # window -> (lease, use until)
+    _lease_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _window_lease(self, window_secs: int, now: float, renew: bool = False) -> int:
+        """A lease of twice the window, used for writes during its first window-length: a key
+        written at t covers a window ending by t + window, before the lease expires."""
+        with self._lease_lock:
+            hit = self._window_leases.get(window_secs)
+            if hit is None or now >= hit[1] or renew:
+                hit = (self.store.grant_lease(2 * window_secs).id, now + window_secs)
+                self._window_leases[window_secs] = hit
+            return hit[0]
 
     def _change(self, r: Reservation, amount: int, limit: int | None) -> counters.Outcome:
+        if r.held:
+            return self.slots.change(r.key, amount, limit)
         if r.window_secs is None:
             return counters.reserve(self.store, r.key, amount, limit)
-        return counters.window_reserve(self.store, r.key, amount, limit, r.window_secs, time.time())
+        now = time.time()
+        lease = self._window_lease(r.window_secs, now)
+        try:
+            return counters.window_reserve(self.store, r.key, amount, limit, r.window_secs, now, lease)
+        except NotFound:  # the lease was revoked or expired under us (a stalled process): a new one
+            lease = self._window_lease(r.window_secs, now, renew=True)
+            return counters.window_reserve(self.store, r.key, amount, limit, r.window_secs, now, lease)
 
     async def _apply(self, r: Reservation, amount: int, limit: int | None) -> counters.Outcome:
-        async with self._locks[r.key]:
-            return await asyncio.to_thread(self._change, r, amount, limit)
+        entry = self._locks.get(r.key)
+        if entry is None:
+            entry = self._locks[r.key] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                return await asyncio.to_thread(self._change, r, amount, limit)
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                del self._locks[r.key]
 
     async def admit(self, plan: list[Reservation], estimate: int) -> Admission:
         taken: list[Reservation] = []
@@ -157,11 +212,10 @@ class LimitKeeper:
                 for t in reversed(taken):
                     await self._apply(t, -t.amount, None)
                 retry = outcome.retry_after or 1.0
-                raise LimitExceeded(f"{r.what} is exhausted ({outcome.value}/{r.limit})", retry_after=retry,
+                raise LimitExceeded(f"{r.what} ({r.limit}) is reached; try again later", retry_after=retry,
                                     code="quota_exceeded" if "quota" in r.what else "rate_limited")
             taken.append(r)
         return Admission(taken, estimate)
-
     async def settle(self, admission: Admission, tokens: int) -> None:
         """Replace the token estimate with the real count in every token window."""
         if admission.settled:

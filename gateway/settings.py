@@ -40,6 +40,7 @@ class GatewaySettings:
     max_prompt_tokens: int | None = None
     max_generated_tokens: int | None = None
     max_context: int = 32768
+    default_max_tokens: int = 4096  # written into a generating body that names no cap
     max_body: int = 1024 * 1024
     max_upload: int = 100 * 1024 * 1024  # POST /v1/files (batch input), FABRIC_GATEWAY_MAX_UPLOAD
     idle_secs: float = 60.0
@@ -51,6 +52,8 @@ class GatewaySettings:
     otel_endpoint: str | None = None
     dry_run: bool = False
     cache_ttl_secs: float = 1.0
+    oidc_endpoints_claim: str = "fabric_endpoints"
+    slot_lease_secs: int = 10  # in-flight slots of a dead gateway come back within this
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -113,6 +116,13 @@ def _backend_tls(env: dict[str, str]) -> BackendTls:
     return BackendTls(enabled, *values)
 
 
+def _lease_secs(env: dict[str, str]) -> int:
+    secs = _number(env, "FABRIC_GATEWAY_SLOT_LEASE_SECS", 10)
+    if not 2 <= secs <= 300:
+        raise SettingsError("FABRIC_GATEWAY_SLOT_LEASE_SECS must be from 2 to 300 seconds")
+    return secs
+
+
 def load(env: dict[str, str] | None = None) -> GatewaySettings:
     env = dict(os.environ if env is None else env)
     rpm = {s: v for s in SCOPES if (v := _number(env, f"FABRIC_{s}_RPM"))}
@@ -126,6 +136,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         max_prompt_tokens=_number(env, "FABRIC_MAX_PROMPT_TOKENS"),
         max_generated_tokens=_number(env, "FABRIC_MAX_GENERATED_TOKENS"),
         max_context=_number(env, "FABRIC_MAX_CONTEXT", 32768),
+        default_max_tokens=_number(env, "FABRIC_DEFAULT_MAX_TOKENS", 4096),
         max_body=_number(env, "FABRIC_GATEWAY_MAX_BODY", 1024 * 1024),
         max_upload=_number(env, "FABRIC_GATEWAY_MAX_UPLOAD", 100 * 1024 * 1024),
         idle_secs=_number(env, "FABRIC_GATEWAY_IDLE_SECS", 60.0, float),
@@ -136,4 +147,6 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         otel_endpoint=env.get("FABRIC_OTEL_ENDPOINT", "").strip() or None,
         dry_run=_flag(env, "FABRIC_DRY_RUN"),
         cache_ttl_secs=_number(env, "FABRIC_GATEWAY_CACHE_SECS", 1.0, float),
+        oidc_endpoints_claim=env.get("FABRIC_OIDC_ENDPOINTS_CLAIM", "").strip() or "fabric_endpoints",
+        slot_lease_secs=_lease_secs(env),
     )

@@ -7,6 +7,14 @@ Order: the VIP first when the endpoint has one; the session's replica (x-session
 first 64 prompt characters, hashed with rendezvous hashing so a replica set change moves few
 sessions) right after it, or first when there is no VIP; then the other ready replicas, which
 are only used for the single connect-failure retry.
+
+A replica is a target only when ready, not draining, with an address, and -- when the endpoint
+sets ``allowed_sites`` or ``residency`` -- on a node whose site is allowed (the same rule as the
+routing controller's; a replica whose node or site is unknown is left out then).
+
+Shedding refuses a call when ANY ready replica's queue is over the priority-scaled
+FABRIC_SHED_QUEUE, counting only readings younger than MAX_READING_AGE (a stale or failed scrape
+says nothing about the queue now).
 """
 
 from __future__ import annotations
@@ -18,21 +26,33 @@ from dataclasses import dataclass, field
 
 from common import keyspace
 from common.errors import LimitExceeded, NotFound, TransientError
-from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
+from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
 from common.store.base import Store
 
 PRIORITY_FACTOR = {"low": 0.5, "normal": 1.0, "high": 2.0}
+MAX_READING_AGE = 30.0
+VIEW_CACHE_MAX = 1024  # endpoint names cached (existing or not); a flood of names cannot grow it
 
 
 @dataclass(frozen=True)
 class EndpointView:
     endpoint: InferenceEndpoint
     replicas: tuple[Replica, ...]  # ready, not draining, with an address
-    queue_depths: dict[str, float]  # replica id -> last scraped queue depth (ok scrapes only)
+    queue_depths: dict[str, tuple[float, float]]  # replica id -> (queue depth, scraped_at), ok scrapes only
 
 
-def eligible(replicas: list[Replica]) -> tuple[Replica, ...]:
-    return tuple(sorted((r for r in replicas if r.ready and not r.draining and r.host),
+def site_allowed(endpoint: InferenceEndpoint, site: str | None) -> bool:
+    if endpoint.allowed_sites and site not in endpoint.allowed_sites:
+        return False
+    return not (endpoint.residency and site != endpoint.residency)
+
+
+def eligible(replicas: list[Replica], endpoint: InferenceEndpoint | None = None,
+             sites: dict[str, str] | None = None) -> tuple[Replica, ...]:
+    """Pure: the replicas calls may go to; sites maps node id -> site."""
+    restricted = endpoint is not None and (endpoint.allowed_sites or endpoint.residency)
+    return tuple(sorted((r for r in replicas if r.ready and not r.draining and r.host
+                         and (not restricted or site_allowed(endpoint, (sites or {}).get(r.node)))),
                         key=lambda r: r.replica_id))
 
 
@@ -55,18 +75,23 @@ def _host(host: str | None) -> str:
     return f"[{host}]" if host and ":" in host else str(host)
 
 
-def should_shed(view: EndpointView, threshold: float | None, priority: str) -> bool:
-    """Pure: shed when every ready replica's queue is above the priority-scaled threshold.
-    Replicas without a fresh observation count as not full (no data is not a reason to refuse)."""
-    if not threshold or not view.replicas:
+def should_shed(view: EndpointView, threshold: float | None, priority: str, now: float) -> bool:
+    """Pure: shed when any ready replica's queue, read less than MAX_READING_AGE ago, is above
+    the priority-scaled threshold."""
+    if not threshold:
         return False
     limit = threshold * PRIORITY_FACTOR.get(priority, 1.0)
-    return all(view.queue_depths.get(r.replica_id, 0.0) > limit for r in view.replicas)
+    for r in view.replicas:
+        reading = view.queue_depths.get(r.replica_id)
+        if reading is not None and now - reading[1] < MAX_READING_AGE and reading[0] > limit:
+            return True
+    return False
 
 
-def check_shed(view: EndpointView, threshold: float | None, priority: str) -> None:
-    if should_shed(view, threshold, priority):
-        raise LimitExceeded("every replica's queue is full; try again shortly", retry_after=1.0, code="overloaded")
+def check_shed(view: EndpointView, threshold: float | None, priority: str, now: float) -> None:
+    if should_shed(view, threshold, priority, now):
+        raise LimitExceeded("a replica's queue is over FABRIC_SHED_QUEUE; try again shortly", retry_after=1.0,
+                            code="overloaded")
 
 
 def read_view(store: Store, name: str) -> EndpointView:
@@ -75,14 +100,20 @@ def read_view(store: Store, name: str) -> EndpointView:
         raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
     endpoint = InferenceEndpoint.model_validate_json(kv.value)
     replicas = [Replica.model_validate_json(r.value) for r in store.list(keyspace.replicas(endpoint.deployment))]
-    ready = eligible(replicas)
-    depths: dict[str, float] = {}
+    sites: dict[str, str] = {}
+    if endpoint.allowed_sites or endpoint.residency:
+        for node_id in {r.node for r in replicas}:
+            kv = store.get(keyspace.nodes(node_id))
+            if kv is not None:
+                sites[node_id] = Node.model_validate_json(kv.value).site
+    ready = eligible(replicas, endpoint, sites)
+    depths: dict[str, tuple[float, float]] = {}
     for r in ready:
         ob = store.get(keyspace.observations(r.replica_id))
         if ob is not None:
             obs = ReplicaObservation.model_validate_json(ob.value)
             if obs.ok:
-                depths[r.replica_id] = obs.queue_depth
+                depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
     return EndpointView(endpoint, ready, depths)
 
 
@@ -93,7 +124,8 @@ class UpstreamCache:
     _views: dict[str, tuple[float, EndpointView | None]] = field(default_factory=dict)
     _names: tuple[float, frozenset[str]] = (0.0, frozenset())
 
-    async def view(self, name: str) -> EndpointView:
+    async def view(self, name: str, need_upstream: bool = True) -> EndpointView:
+        """need_upstream=False (dry run): the endpoint must exist, replicas need not."""
         now = time.monotonic()
         hit = self._views.get(name)
         if hit is None or hit[0] <= now:
@@ -101,10 +133,12 @@ class UpstreamCache:
                 view: EndpointView | None = await asyncio.to_thread(read_view, self.store, name)
             except NotFound:
                 view = None
+            if len(self._views) >= VIEW_CACHE_MAX:
+                self._views.clear()
             self._views[name] = hit = (now + self.ttl_secs, view)
         if hit[1] is None:
             raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
-        if not hit[1].replicas and not hit[1].endpoint.status.vip:
+        if need_upstream and not hit[1].replicas and not hit[1].endpoint.status.vip:
             raise TransientError(f"endpoint {name!r} has no ready replica", code="no_ready_replica")
         return hit[1]
 

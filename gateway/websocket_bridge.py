@@ -4,7 +4,10 @@ The upstream socket is opened before the client's upgrade is accepted, so a refu
 answers 502 (and a refused key 401/403, a full stream cap 429) as a plain HTTP response through
 the ASGI websocket.http.response extension. After that, frames are pumped both ways until
 either side closes; the stream slot is held for exactly that long. The model scope of a key is
-checked against the ``model`` query parameter (a socket has no JSON body to read it from).
+checked against the ``model`` query parameter (a socket has no JSON body to read it from), read
+from the raw query string, which is also exactly what the upstream receives: the path comes from
+gateway.routes (an encoded '?' in the path is refused), a second ``model`` parameter is refused,
+and the upstream URI is the raw path plus the raw query.
 """
 
 from __future__ import annotations
@@ -13,19 +16,20 @@ import asyncio
 import contextlib
 import time
 import uuid
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from common.errors import FabricError, NotFound
-from gateway.app import error_body
+from common.errors import FabricError
 from gateway.assemble import backend_ssl
+from gateway.http_io import error_body, request_headers
+from gateway.key_auth import check_model, presented_id
 from gateway.limits import RequestFacts, plan_admission
 from gateway.proxy import UpstreamFailed
+from gateway.routes import BadPath, parse_route
 from gateway.upstreams import order_targets
 
-PREFIX = "/api/ai/openai/"
 NOT_FORWARDED = {"host", "authorization", "api-key", "x-api-key", "upgrade", "connection", "sec-websocket-key",
                  "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-accept", "content-length"}
 
@@ -61,25 +65,41 @@ async def _upstream_to_client(send, upstream) -> None:
         pass
 
 
+def query_model(query: bytes) -> str | None:
+    """The ``model`` parameter of a raw query string; a second one, or a non-ASCII query, is 400."""
+    try:
+        text = query.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadPath("the query string is not ASCII") from None
+    values = parse_qs(text, keep_blank_values=True).get("model", [])
+    if len(values) > 1:
+        raise BadPath("the query names model more than once")
+    return values[0] if values else None
+
+
 async def bridge(state, scope, receive, send) -> None:
     t0 = time.perf_counter()
-    path = scope["path"]
     request_id, identity, admission, status = uuid.uuid4().hex, None, None, 500
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    query = scope.get("query_string", b"").decode("latin-1")
-    model = (parse_qs(query).get("model") or [None])[0]
-    endpoint = ""
+    model, endpoint, label = None, "", "unknown"
     try:
         if (await receive())["type"] != "websocket.connect":
             return
-        if not path.startswith(PREFIX):
-            raise NotFound("no such route")
-        endpoint, _, rest = path[len(PREFIX):].partition("/")
-        endpoint = unquote(endpoint)
-        identity = await state.auth.authenticate(headers, endpoint, model)
+        query = scope.get("query_string", b"")
+        route = parse_route(scope.get("raw_path") or scope["path"].encode(), query, "GET")
+        endpoint = route.endpoint
+        headers = request_headers(scope["headers"])
+        model = query_model(query)
+        try:
+            identity = await state.auth.identify(headers, endpoint)
+        except FabricError as exc:
+            state.audit.record_refusal(request_id=request_id, key_id=presented_id(headers), endpoint=endpoint,
+                                       status=exc.status, reason=exc.code)
+            raise
+        check_model(identity, model, route.path, "GET")
         state.audit.record("ATTEMPT", request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
                            endpoint=endpoint, model=model)
         view = await state.upstreams.view(endpoint)
+        label = endpoint
         rec = identity.record
         facts = RequestFacts(endpoint=endpoint, model=model or "unknown", tenant=identity.tenant,
                              project=headers.get("x-project-id"), user=headers.get("x-user-id"),
@@ -92,7 +112,7 @@ async def bridge(state, scope, receive, send) -> None:
         tls = state.settings.backend_tls.enabled
         targets = order_targets(view, headers.get("x-session-id"), "wss" if tls else "ws")
         fwd = [(k, v) for k, v in headers.items() if k not in NOT_FORWARDED and not k.startswith("sec-websocket")]
-        uri = targets[0] + "/" + rest + ("?" + query if query else "")
+        uri = targets[0] + route.target.decode("ascii")
         try:
             upstream = await connect(uri, additional_headers=fwd, open_timeout=10,
                                      ssl=backend_ssl(state.settings.backend_tls) if tls else None)
@@ -122,4 +142,4 @@ async def bridge(state, scope, receive, send) -> None:
                                key_id=identity.subject, tenant=identity.tenant, endpoint=endpoint, model=model,
                                status=status, tokens=0, latency_ms=round((time.perf_counter() - t0) * 1000, 3),
                                reason="websocket")
-        state.metrics.outcome(endpoint if identity else "unknown", "success" if status == 101 else "refused")
+        state.metrics.outcome(label, "success" if status == 101 else "refused")

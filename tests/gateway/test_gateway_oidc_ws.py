@@ -51,7 +51,8 @@ class Idp:
         self.jwks_url = f"http://127.0.0.1:{self.server.server_address[1]}/jwks"
 
     def token(self, aud: str = "fabric-inference", iss: str = ISSUER, **claims) -> str:
-        body = {"iss": iss, "aud": aud, "sub": "alice", "exp": int(time.time()) + 600, **claims}
+        body = {"iss": iss, "aud": aud, "sub": "alice", "exp": int(time.time()) + 600, "fabric_endpoints": "*",
+                **claims}
         return jwt.encode(body, self.key, algorithm="RS256", headers={"kid": "k1"})
 
     def stop(self) -> None:
@@ -103,7 +104,10 @@ def env(tmp_path_factory):
               node="n", host="127.0.0.1", port=free_port(), ready=True, phase="Ready").model_dump_json())
     oidc_env = {"FABRIC_OIDC_ISSUER": ISSUER, "FABRIC_OIDC_JWKS_URL": idp.jwks_url, "FABRIC_USER_STREAMS": "1"}
     strict = GatewayProcess.start(state, url, oidc_env)
-    lax = GatewayProcess.start(state, url, {**oidc_env, "FABRIC_GATEWAY_ACCEPT_JWT": "1", "FABRIC_DRY_RUN": "1"})
+    store.put(keyspace.endpoints("nogpu"), InferenceEndpoint(name="nogpu", deployment="nogpu-dep",
+                                                             status=EndpointStatus(phase="Pending")).model_dump_json())
+    lax = GatewayProcess.start(state, url, {**oidc_env, "FABRIC_GATEWAY_ACCEPT_JWT": "1", "FABRIC_DRY_RUN": "1",
+                                            "FABRIC_MAX_GENERATED_TOKENS": "50"})
     yield {"store": store, "idp": idp, "echo": echo, "strict": strict, "lax": lax}
     for p in (strict, lax):
         p.stop()
@@ -131,6 +135,10 @@ def test_oidc_audience_issuer_and_tenant(env):
                         other, algorithm="RS256", headers={"kid": "k1"})
     assert chat(strict, forged) == 401
     assert chat(env["lax"], idp.token(aud="fabric-admin")) == 200  # FABRIC_GATEWAY_ACCEPT_JWT=1
+    # OIDC callers reach only the endpoints their token's claim names.
+    assert chat(strict, idp.token(fabric_endpoints=["chat", "other"])) == 200
+    assert chat(strict, idp.token(fabric_endpoints="other more")) == 403
+    assert chat(strict, idp.token(fabric_endpoints=None)) == 403
     deadline = time.monotonic() + 5
     tenants: set = set()
     while "acme" not in tenants and time.monotonic() < deadline:
@@ -140,15 +148,32 @@ def test_oidc_audience_issuer_and_tenant(env):
 
 
 def test_dry_run_answers_after_auth_with_two_sse_chunks_when_streaming(env):
-    _, key = make_key(env["store"], "nowhere")
-    c = openai.OpenAI(base_url=env["lax"].openai_base("nowhere"), api_key=key, max_retries=0)
+    # An endpoint with no replica yet (no GPU): dry run answers without an upstream.
+    _, key = make_key(env["store"], "nogpu")
+    c = openai.OpenAI(base_url=env["lax"].openai_base("nogpu"), api_key=key, max_retries=0)
     out = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert "dry run" in out.choices[0].message.content
     chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True))
     assert len(chunks) == 2
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=env["lax"].openai_base("nowhere"), api_key="fvai_000000000000_x",
+        openai.OpenAI(base_url=env["lax"].openai_base("nogpu"), api_key="fvai_000000000000_x",
                       max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    _, nowhere = make_key(env["store"], "nowhere")
+    with pytest.raises(openai.NotFoundError):  # an endpoint that does not exist is not a dry-run success
+        openai.OpenAI(base_url=env["lax"].openai_base("nowhere"), api_key=nowhere,
+                      max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+
+
+def test_dry_run_applies_every_cap_and_limit(env):
+    _, key = make_key(env["store"], "nogpu", request_quota=3)
+    c = openai.OpenAI(base_url=env["lax"].openai_base("nogpu"), api_key=key, max_retries=0)
+    with pytest.raises(openai.APIStatusError) as big:  # FABRIC_MAX_GENERATED_TOKENS=50 on the dry-run gateway
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=500)
+    assert big.value.status_code == 413
+    for _ in range(3):
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+    with pytest.raises(openai.RateLimitError):  # the key's quota of 3 is spent, dry run or not
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
 
 
 def ws_url(gw, endpoint: str) -> str:
@@ -187,3 +212,23 @@ def test_websocket_refusals(env):
         ws_connect(ws_url(env["strict"], "wsdead"), additional_headers={"Authorization": f"Bearer {key}"},
                    open_timeout=15)
     assert dead.value.response.status_code == 502
+
+
+def test_websocket_query_cannot_smuggle_a_second_model(env):
+    _, key = make_key(env["store"], "ws", model="sim-m")
+    hdr = {"Authorization": f"Bearer {key}"}
+    base = env["strict"].url.replace("http://", "ws://") + "/api/ai/openai/ws/v1/realtime"
+    seen = len(env["echo"].seen_paths)
+    # An encoded '?' in the path would have reached the upstream as a first, unchecked model.
+    for url in (base + "%3Fmodel%3Dother?model=sim-m", base + "?model=sim-m&model=other"):
+        with pytest.raises(InvalidStatus) as refused:
+            ws_connect(url, additional_headers=hdr, open_timeout=5)
+        assert refused.value.response.status_code == 400
+    with pytest.raises(InvalidStatus) as other:
+        ws_connect(base + "?model=other", additional_headers=hdr, open_timeout=5)
+    assert other.value.response.status_code == 403
+    assert len(env["echo"].seen_paths) == seen  # none of them reached the upstream
+    with ws_connect(base + "?model=sim-m&x=%20y", additional_headers=hdr, open_timeout=5) as ws:
+        ws.send("ok")
+        assert ws.recv(timeout=5) == "ok"
+    assert env["echo"].seen_paths[-1] == "/v1/realtime?model=sim-m&x=%20y"  # the raw query, as sent

@@ -14,6 +14,7 @@ from common.store.sqlite_store import SqliteStore
 from gateway import settings as gs
 from gateway.limits import RequestFacts, plan_admission
 from gateway.request_body import SseUsageScanner, parse_body
+from gateway.routes import parse_route
 from gateway.upstreams import EndpointView, order_targets, should_shed
 
 
@@ -90,7 +91,7 @@ def test_settings_refuse_partial_mtls_and_bad_numbers(tmp_path):
     assert s.rpm == {"TENANT": 10} and s.tpm == {} and s.streams == {"GATEWAY": 3} and s.max_context == 32768
 
 
-def _view(vip: str | None, n: int, depths: dict[str, float] | None = None) -> EndpointView:
+def _view(vip: str | None, n: int, depths: dict[str, tuple[float, float]] | None = None) -> EndpointView:
     ep = InferenceEndpoint(name="e", deployment="d", status=EndpointStatus(vip=vip))
     reps = tuple(Replica(replica_id=f"r{i}", deployment="d", ordinal=i, node="n", host=f"10.0.0.{i + 1}",
                          ready=True) for i in range(n))
@@ -106,11 +107,17 @@ def test_affinity_is_consistent_and_follows_the_vip():
     assert with_vip[0] == "http://10.9.9.9:8000" and with_vip[1] == order_targets(view, "s1")[0]
 
 
-def test_shedding_scales_with_priority():
-    view = _view(None, 2, {"r0": 3, "r1": 3})
-    assert should_shed(view, 2, "normal") and should_shed(view, 2, "low") and not should_shed(view, 2, "high")
-    assert not should_shed(_view(None, 2, {"r0": 3, "r1": 1}), 2, "normal")  # one replica has room
-    assert not should_shed(view, None, "low")
+def test_shedding_scales_with_priority_on_any_fresh_reading():
+    now = 1000.0
+    view = _view(None, 2, {"r0": (3, now), "r1": (1, now)})
+    # ANY ready replica over the threshold sheds (the product's rule), scaled by priority.
+    assert should_shed(view, 2, "normal", now) and should_shed(view, 2, "low", now)
+    assert not should_shed(view, 2, "high", now)
+    assert not should_shed(_view(None, 2, {"r0": (1, now), "r1": (1, now)}), 2, "low", now)
+    assert not should_shed(view, None, "low", now)
+    # A reading 30 s old or more says nothing about the queue now.
+    assert not should_shed(_view(None, 2, {"r0": (9, now - 30), "r1": (1, now)}), 2, "normal", now)
+    assert should_shed(_view(None, 2, {"r0": (9, now - 29), "r1": (1, now)}), 2, "normal", now)
 
 
 def test_limit_plan_only_names_configured_scopes():
@@ -123,7 +130,8 @@ def test_limit_plan_only_names_configured_scopes():
 
 def test_body_parsing_and_sse_usage_across_chunk_boundaries():
     info = parse_body(json.dumps({"model": "m", "messages": [{"role": "user", "content": "abcd" * 30}],
-                                  "max_tokens": 7, "stream": True}).encode(), "application/json")
+                                  "max_tokens": 7, "stream": True}).encode(), "application/json",
+                      parse_route(b"/api/ai/openai/e/v1/chat/completions", b"", "POST"))
     assert (info.model, info.stream, info.max_tokens, info.prompt_chars, len(info.prompt_head)) == ("m", True, 7, 120, 64)
     scanner = SseUsageScanner()
     event = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}\n\n'
