@@ -97,7 +97,9 @@ def test_max_concurrent_never_exceeded_upstream(env):
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        codes = asyncio.run(burst(env["gw"].openai_base("slow"), key, 200, max_tokens=8))
+        # 40 tokens at 40 tokens/s: each admitted call runs about a second, so the sampler (one
+        # /metrics fetch per pass, slow on a loaded machine) cannot miss every one of them.
+        codes = asyncio.run(burst(env["gw"].openai_base("slow"), key, 200, max_tokens=40))
     finally:
         stop.set()
         sampler.join()
