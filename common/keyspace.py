@@ -92,3 +92,8 @@ def rollouts(deployment: str = "", rollout_id: int | None = None) -> str:
     if not deployment:
         return f"{ROOT}/rollouts/"
     return f"{ROOT}/rollouts/{deployment}/" + ("" if rollout_id is None else f"{rollout_id:08d}")
+
+
+def batches(batch_id: str = "") -> str:
+    """Batch job records: /fabric/batches/{id} (the id is fabricd's, never the caller's)."""
+    return f"{ROOT}/batches/{batch_id}"

@@ -6,41 +6,19 @@ fabricd runs in-process here (uvicorn in a thread, real HTTP on loopback) so the
 
 from __future__ import annotations
 
-import threading
-import time
-
-import httpx
 import pytest
-import uvicorn
 
 from common import keyspace
 from common.store.base import open_store
-from controlplane.app import create_app
-from controlplane.auth import ensure_admin_password
-from controlplane.state import AppState, Settings
-from tests.support.servers import free_port
+from tests.support.inprocess_fabricd import serve_fabricd
 
 
 @pytest.fixture
 def served(tmp_path):
-    ensure_admin_password(tmp_path)
     store = open_store(None, tmp_path)
-    state = AppState(store=store, state_dir=tmp_path, settings=Settings(run_controllers=False))
-    state.controllers_running = True  # as if controlplane.controllers.start(state) had run
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    password = (tmp_path / "admin-password").read_text().strip()
-    token = httpx.post(f"http://127.0.0.1:{port}/api/auth/login",
-                       json={"username": "admin", "password": password}).json()["token"]
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}) as c:
-        yield c, store
-    server.should_exit = True
-    thread.join(10)
+    # as if controlplane.controllers.start(state) had run
+    with serve_fabricd(store, tmp_path, controllers_running=True) as (client, _state):
+        yield client, store
     store.close()
 
 

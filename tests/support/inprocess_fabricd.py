@@ -1,0 +1,45 @@
+"""fabricd's app served in-process (uvicorn in a thread, real HTTP on loopback) over a given
+store, for tests that also read or write the store directly (observed state the controllers
+would write, or a store of a kind the test chose)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from common.store.base import Store
+from controlplane.app import create_app
+from controlplane.auth import ensure_admin_password
+from controlplane.state import AppState, Settings
+from tests.support.servers import free_port
+
+
+@contextmanager
+def serve_fabricd(store: Store, state_dir: Path, *, controllers_running: bool = False,
+                  run_controllers: bool = False) -> Iterator[tuple[httpx.Client, AppState]]:
+    ensure_admin_password(state_dir)
+    state = AppState(store=store, state_dir=state_dir, settings=Settings(run_controllers=run_controllers))
+    state.controllers_running = controllers_running
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    password = (state_dir / "admin-password").read_text().strip()
+    token = httpx.post(f"http://127.0.0.1:{port}/api/auth/login",
+                       json={"username": "admin", "password": password}).json()["token"]
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
+                          timeout=30) as client:
+            yield client, state
+    finally:
+        server.should_exit = True
+        thread.join(10)
