@@ -132,6 +132,7 @@ class Rollout(BaseModel):
     share: int | None = None  # percent of new connections to the new set; None = no split
     window: dict[str, WindowBase] = Field(default_factory=dict)
     message: str = ""
+    rollback_reason: str = ""  # why it rolled back (a breach names the threshold), kept to the end
     reason: str = ""
     who: str = ""
     started_at: float = Field(default_factory=time.time)

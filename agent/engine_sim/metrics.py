@@ -89,7 +89,11 @@ class EngineMetrics:
             self._success.labels(model, reason)
 
     def observe_failed(self) -> None:
+        """A request failed on purpose: the runtime's error counter, and on the vLLM page an
+        aborted request (finished_reason "abort", as vLLM counts one), which fabricd's rollout
+        windows read as a failure. The other runtimes' pages leave "abort" out of success."""
         self._failed.inc()
+        self._success.labels(self._model, "abort").inc()
 
     def observe_first_token(self, ttft_s: float, prompt_tokens: int) -> None:
         self._ttft.observe(ttft_s)

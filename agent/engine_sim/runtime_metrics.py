@@ -82,8 +82,8 @@ class _Renamed(Collector):
                 out = Metric(new, family.documentation, family.type)
                 merged: dict[tuple[str, tuple], float] = {}
                 for sample in family.samples:
-                    if sample.name.endswith("_created"):
-                        continue
+                    if sample.name.endswith("_created") or sample.labels.get("finished_reason") == "abort":
+                        continue  # an aborted request is the runtime's failure counter (FAILED), not a success
                     name = new + sample.name[len(family.name):]
                     if self.runtime in NO_TOTAL_SUFFIX:
                         name = name.removesuffix("_total")

@@ -192,7 +192,10 @@ def explain_rollout(deployment: str, state: StateDep, _: AdminDep) -> dict:
         mine = [r for r in replicas if r.revision == rev]
         sets[label] = {"revision": rev, "target": rec.old_target if label == "old" else rec.new_target,
                        "replicas": len(mine), "ready": sum(1 for r in mine if is_ready(r)),
-                       "healthy": sum(1 for r in mine if healthy(r, now, rec.min_healthy_secs))}
+                       "healthy": sum(1 for r in mine if healthy(r, now, rec.min_healthy_secs)),
+                       "members": [{"replica_id": r.replica_id, "phase": r.phase, "ready": r.ready,
+                                    "draining": r.draining, "host": r.host, "port": r.port}
+                                   for r in sorted(mine, key=lambda r: r.ordinal)]}
     held = None if rec.step_started_at is None else round(now - rec.step_started_at, 1)
     body.update(rollout=rec.model_dump(mode="json"), phase=rec.phase, message=rec.message, sets=sets,
                 step_held_secs=held,

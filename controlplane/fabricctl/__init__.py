@@ -14,7 +14,8 @@ unexpected failure says so in one line (FABRIC_DEBUG=1 shows the traceback).
 
 Command groups by module: resources (model, profile, deploy, deployment, endpoint, events),
 keys (key), nodes (node, gpus), capacity (capacity, endpoint show with live weights),
-explain (explain placement|routing, deployment drain), login, config_cmd (config),
+explain (explain placement|routing, deployment drain), rollouts (deployment history|revise|
+rollout), login, config_cmd (config),
 completion. They build on controlplane.fabricctl.output (`session`, `emit_table`,
 `emit_object`, `col`).
 """
@@ -69,6 +70,7 @@ def build_app() -> typer.Typer:
         login,
         nodes,
         resources,
+        rollouts,
     )
     from controlplane.fabricctl.formats import AliasGroup
 
@@ -85,6 +87,9 @@ def build_app() -> typer.Typer:
     ai.add_typer(resources.profile_app, name="profile")
     ai.command("deploy")(resources.deploy)
     resources.deployment_app.command("drain")(explain.drain)
+    resources.deployment_app.command("history")(rollouts.history)
+    resources.deployment_app.command("revise")(rollouts.revise)
+    resources.deployment_app.command("rollout")(rollouts.rollout)
     ai.add_typer(resources.deployment_app, name="deployment")
     # `endpoint show` adds the live routing view (replicas, reasons, Maglev weights).
     resources.endpoint_app.registered_commands = [

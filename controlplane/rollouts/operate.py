@@ -59,6 +59,7 @@ def operate(rec: Rollout, action: str, now: float) -> Rollout:
         out.promote, out.message = True, "promoted by operator"
     else:
         out.phase, out.message = "RollingBack", "rolling back: asked by operator"
+        out.rollback_reason = "asked by operator"
         out.share = 0 if out.share is not None or out.strategy != "rolling" else None
     return out
 

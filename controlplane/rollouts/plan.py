@@ -158,7 +158,7 @@ class _Planner:
         if automatic:
             self.event("paused", f"rollout {rec.id} paused: {why}")
         self.event("rollback", f"rollout {rec.id}: rolling back to revision {rec.from_revision}: {why}")
-        rec.phase, rec.message = "RollingBack", f"rolling back: {why}"
+        rec.phase, rec.message, rec.rollback_reason = "RollingBack", f"rolling back: {why}", why
         self.rolling_back()
 
     def finish(self) -> None:
@@ -284,11 +284,12 @@ class _Planner:
         left = sum(1 for r in self.new if live(r) or r.phase == "Deleting")
         if left == 0 and rec.new_target == 0:
             rec.phase, rec.finished_at, rec.share = "RolledBack", self.now, None
-            rec.message = f"revision {rec.from_revision} serves again ({old_ready}/{n} ready)"
+            rec.message = f"revision {rec.from_revision} serves again ({old_ready}/{n} ready); " \
+                          f"rolled back: {rec.rollback_reason or 'asked'}"
             self.actions.append(Activate(rec.from_revision))  # idempotent; undoes a raced finish
             self.event("rolled-back", f"rollout {rec.id}: back on revision {rec.from_revision}")
             return
-        rec.message = (rec.message.split("; ")[0] + f"; {left} new replicas left, "
+        rec.message = (f"rolling back: {rec.rollback_reason or 'asked'}; {left} new replicas left, "
                        f"{old_ready}/{n} old ready")
 
     def run(self) -> list[Action]:

@@ -56,6 +56,19 @@ def test_counters_follow_requests(fast_engine: EngineProcess):
     assert delta("vllm:e2e_request_latency_seconds_count") == 2
 
 
+def test_injected_failures_count_as_finished_reason_abort(fast_engine: EngineProcess):
+    """fabricd's rollout windows read failed requests from this series."""
+    body = {"model": "sim-m", "messages": [{"role": "user", "content": "fail me"}], "max_tokens": 2}
+    assert httpx.post(fast_engine.url + "/sim/faults", json={"error_rate": 1.0}).status_code == 200
+    try:
+        for _ in range(3):
+            assert httpx.post(fast_engine.url + "/v1/chat/completions", json=body).status_code == 500
+    finally:
+        httpx.post(fast_engine.url + "/sim/faults", json={"error_rate": 0.0}).raise_for_status()
+    snap = samples(fast_engine.url)
+    assert value(snap, "vllm:request_success_total", model_name="sim-m", finished_reason="abort") == 3
+
+
 def test_synthetic_load_shows_in_gauges_and_state(fast_engine: EngineProcess):
     url = fast_engine.url
     try:
