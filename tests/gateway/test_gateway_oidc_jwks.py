@@ -1,0 +1,139 @@
+"""The JWKS cache through a real gateway and an identity provider on loopback: a withdrawn key
+stops verifying once the key set's Cache-Control max-age has passed, unknown kids cannot make the
+gateway hammer the provider, a provider that hangs never stalls API-key callers (no JWKS fetch
+in the thread pool that store calls share), and metric labels only ever name endpoints that
+exist."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
+
+ISSUER = "https://idp.jwks.test"
+SLOW_ISSUER = "https://slow.jwks.test"
+
+
+class RotatingIdp:
+    """Serves whichever keys are published now, with a Cache-Control max-age; counts fetches."""
+
+    def __init__(self, max_age: int, issuer: str = ISSUER, hang: bool = False) -> None:
+        self.keys = {kid: rsa.generate_private_key(public_exponent=65537, key_size=2048) for kid in ("k1", "k2")}
+        self.published = {"k1"}
+        self.fetches = 0
+        self.issuer = issuer
+        self.fetching, self.release = threading.Event(), threading.Event()
+        idp = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                idp.fetches += 1
+                idp.fetching.set()
+                if hang:
+                    idp.release.wait(30)
+                keys = [{**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(idp.keys[k].public_key())), "kid": k,
+                         "use": "sig", "alg": "RS256"} for k in sorted(idp.published)]
+                doc = json.dumps({"keys": keys}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("cache-control", f"public, max-age={max_age}")
+                self.send_header("content-length", str(len(doc)))
+                self.end_headers()
+                self.wfile.write(doc)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.jwks_url = f"http://127.0.0.1:{self.server.server_address[1]}/jwks"
+
+    def token(self, kid: str = "k1", signer: str | None = None, endpoints=("chat",)) -> str:
+        body = {"iss": self.issuer, "aud": "fabric-inference", "sub": "bob", "exp": int(time.time()) + 600,
+                "fabric_endpoints": list(endpoints)}
+        return jwt.encode(body, self.keys[signer or kid], algorithm="RS256", headers={"kid": kid})
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    state, url, store = sqlite_state(tmp_path_factory, "jwks")
+    idp = RotatingIdp(max_age=10)  # the gateway's floor for a key set's lifetime
+    slow = RotatingIdp(max_age=300, issuer=SLOW_ISSUER, hang=True)
+    engine = sim_engine()
+    publish_endpoint(store, "chat", [engine])
+    providers = json.dumps([{"issuer": ISSUER, "jwks_url": idp.jwks_url},
+                            {"issuer": SLOW_ISSUER, "jwks_url": slow.jwks_url}])
+    gw = GatewayProcess.start(state, url, {"FABRIC_OIDC_PROVIDERS": providers, "FABRIC_GATEWAY_CACHE_SECS": "0.2"})
+    yield {"gw": gw, "idp": idp, "slow": slow, "store": store}
+    slow.release.set()
+    gw.stop()
+    engine.stop()
+    idp.server.shutdown()
+    slow.server.shutdown()
+    store.close()
+
+
+def chat(gw, token: str, endpoint: str = "chat") -> int:
+    return httpx.post(gw.openai_base(endpoint) + "/chat/completions", headers={"authorization": f"Bearer {token}"},
+                      json={"model": "sim-m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                      timeout=15).status_code
+
+
+def test_unknown_kids_fetch_the_key_set_at_most_once_per_cooldown(env):
+    gw, idp = env["gw"], env["idp"]
+    assert chat(gw, idp.token("k1")) == 200
+    before = idp.fetches
+    for _ in range(30):  # random kids, each would have been a blocking JWKS fetch
+        assert chat(gw, idp.token(kid=f"rnd-{uuid.uuid4().hex[:8]}", signer="k1")) == 401
+    assert idp.fetches - before <= 1
+
+
+def test_a_withdrawn_key_stops_verifying_after_the_max_age(env):
+    gw, idp = env["gw"], env["idp"]
+    assert chat(gw, idp.token("k1")) == 200
+    idp.published = {"k2"}  # k1 withdrawn at the provider
+    deadline = time.monotonic() + 40
+    while chat(gw, idp.token("k1")) == 200:
+        assert time.monotonic() < deadline, "the withdrawn key still verifies"
+        time.sleep(0.5)
+    assert chat(gw, idp.token("k2")) == 200
+
+
+def test_a_hanging_identity_provider_never_stalls_api_key_callers(env):
+    gw, slow = env["gw"], env["slow"]
+    pending = [threading.Thread(target=chat, args=(gw, slow.token())) for _ in range(12)]
+    for t in pending:
+        t.start()
+    try:
+        assert slow.fetching.wait(15)
+        # While the provider still holds the JWKS fetch, new API keys (each a store read) answer.
+        for _ in range(3):
+            _, key = make_key(env["store"], "chat")
+            r = httpx.post(gw.openai_base("chat") + "/chat/completions", headers={"authorization": f"Bearer {key}"},
+                           json={"model": "sim-m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                           timeout=20)
+            assert r.status_code == 200
+        assert not slow.release.is_set() and slow.fetches == 1  # single-flight: one fetch for 12 callers
+    finally:
+        slow.release.set()
+        for t in pending:
+            t.join(30)
+
+
+def test_metric_labels_name_only_resolved_endpoints(env):
+    gw, idp = env["gw"], env["idp"]
+    idp.published = {"k1", "k2"}
+    for i in range(5):  # an authenticated caller allowed everywhere, naming endpoints that do not exist
+        assert chat(gw, idp.token("k2", endpoints=["*"]), endpoint=f"made-up-{i}") == 404
+    text = httpx.get(gw.url + "/metrics", timeout=5).text
+    assert "made-up-" not in text
+    assert 'endpoint="unknown"' in text
