@@ -62,6 +62,7 @@ def _root_callback(
 
 def build_app() -> typer.Typer:
     from controlplane.fabricctl import (
+        backup,
         capacity,
         completion,
         config_cmd,
@@ -102,6 +103,8 @@ def build_app() -> typer.Typer:
     ai.command("gpus")(nodes.gpus)
     ai.command("capacity")(capacity.capacity)
     ai.add_typer(explain.explain_app, name="explain")
+    ai.command("backup")(backup.backup)
+    ai.command("restore")(backup.restore)
     return root
 
 

@@ -53,6 +53,7 @@ class Cluster:
     logs: list[Path]  # [fabricd.log, agent.log]
     env: dict[str, str] | None = None
     files: list | None = None  # open log handles, closed by start_cluster
+    fabricd_args: tuple[str, ...] = ()  # extra `fabricd serve` flags, e.g. ("--store", "etcd://...")
 
     def api(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=15)
@@ -69,7 +70,8 @@ class Cluster:
         """Start fabricd again on the same state directory and port, its log appended."""
         assert self.procs[0].poll() is not None, "fabricd is still running"
         port = self.url.rsplit(":", 1)[1]
-        self.procs[0] = _start_fabricd(self.state_dir, port, self.logs[0], self.env or {}, self.files, "ab")
+        self.procs[0] = _start_fabricd(self.state_dir, port, self.logs[0], self.env or {}, self.files, "ab",
+                                       self.fabricd_args)
         _wait_fabricd(self.url, self.procs[0], self.logs[0])
 
 
@@ -90,10 +92,10 @@ def _log(path: Path, files: list, mode: str = "wb"):
 
 
 def _start_fabricd(state_dir: Path, port, log: Path, env: dict[str, str], files: list,
-                   mode: str = "wb") -> subprocess.Popen:
+                   mode: str = "wb", extra: tuple[str, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
         [str(BIN / "fabricd"), "serve", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{port}",
-         "--insecure", "--log-level", "info"],
+         "--insecure", "--log-level", "info", *extra],
         stdout=_log(log, files, mode), stderr=subprocess.STDOUT, env=env)
 
 
@@ -110,7 +112,8 @@ def _wait_fabricd(url: str, proc: subprocess.Popen, log: Path) -> None:
 
 
 @contextmanager
-def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None):
+def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None,
+                  fabricd_args: tuple[str, ...] = ()):
     env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", **(env or {})})
     state_dir = tmp / "fabricd"
     subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_dir)], check=True,
@@ -120,7 +123,7 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
     procs, logs, files = [], [], []
     fd_log = tmp / "fabricd.log"
     logs.append(fd_log)
-    procs.append(_start_fabricd(state_dir, fport, fd_log, env, files))
+    procs.append(_start_fabricd(state_dir, fport, fd_log, env, files, extra=fabricd_args))
     try:
         _wait_fabricd(url, procs[0], fd_log)
         with httpx.Client(base_url=url, timeout=5) as c:
@@ -137,7 +140,7 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
                 "--state-dir", str(tmp / "agent"), "--sysfs-root", str(tmp / "agent" / "sysfs"),
                 "--log-level", "warning"],
             stdout=_log(ag_log, files), stderr=subprocess.STDOUT, env=env))
-        cluster = Cluster(url, state_dir, token, procs, logs, env=env, files=files)
+        cluster = Cluster(url, state_dir, token, procs, logs, env=env, files=files, fabricd_args=fabricd_args)
         with cluster.api() as api:
             def registered():
                 if procs[1].poll() is not None:
