@@ -1,6 +1,6 @@
 # The two commands: `make run` (the lab) and `make test` (setup + the whole suite).
 PY := .venv/bin/python
-.PHONY: setup run test lint clean
+.PHONY: setup run test lint clean smoke
 
 setup:
 	bash scripts/setup.sh
@@ -11,6 +11,10 @@ run: setup
 test: setup
 	.venv/bin/lint-imports
 	$(PY) -m pytest -q tests
+
+# The CLI walk-through against a GPU-less fabricd (FABRIC_DRY_RUN=1); also part of `make test`.
+smoke: setup
+	$(PY) scripts/smoke-dry-run
 
 lint: setup
 	.venv/bin/ruff check .

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -106,6 +107,13 @@ def serve(
 
         ssl_args = uvicorn_tls_kwargs(crt, key, pki_dir(state_dir) / "ca.crt")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from controlplane.controllers import dry_run_from_env
+
+    try:
+        dry_run_from_env(os.environ)  # a bad value stops fabricd here, not in a controller thread
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         the_store = open_store(store, state_dir)
     except ValueError as exc:

@@ -6,6 +6,7 @@ One thread runs an asyncio loop with three periodic jobs, all leader-only:
   routing    every FABRIC_ROUTING_SECS (10 s): scrape /metrics, advance rollouts
              (controlplane.rollouts), weights, VIPs, Maglev pushes; a changed rollout record
              (an operator's promote, pause or rollback) runs it at once;
+  (FABRIC_DRY_RUN=1: reconcile is controlplane.dryrun's synthetic replicas and there is no sweep)
   sweep      with each reconcile: replicas of deployments that no longer exist, GPU reservations
              with no replica record, and Fabric-recorded VMs with no replica record. Only what
              Fabric recorded as its own is touched.
@@ -40,6 +41,7 @@ from common.errors import FabricError, TransientError
 from common.store.base import Store
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from controlplane import vip_pool
+from controlplane.dryrun.worker import DryRunWorker
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
@@ -59,6 +61,7 @@ class ControllerSettings:
     routing_s: float = 10.0
     leader_ttl_s: int = 15
     drain_grace_s: float = 30.0
+    dry_run: bool = False  # FABRIC_DRY_RUN=1: synthetic replicas, no agent (controlplane.dryrun)
 
     @classmethod
     def from_env(cls, env=None) -> ControllerSettings:
@@ -68,7 +71,17 @@ class ControllerSettings:
             routing_s=float(env.get("FABRIC_ROUTING_SECS", 10)),
             leader_ttl_s=int(env.get("FABRIC_LEADER_TTL_SECS", 15)),
             drain_grace_s=float(env.get("FABRIC_DRAIN_GRACE_SECS", 30)),
+            dry_run=dry_run_from_env(env),
         )
+
+
+def dry_run_from_env(env) -> bool:
+    raw = env.get("FABRIC_DRY_RUN", "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise ValueError(f"FABRIC_DRY_RUN={env.get('FABRIC_DRY_RUN')!r}: expected 1 (dry run) or 0")
 
 
 class ControllerMetrics:
@@ -226,8 +239,12 @@ class ControllerHandle:
         lock = LeaseLock(raw, LEADER_NAME, holder=leader_identity(), ttl=self.settings.leader_ttl_s)
         self.lock = lock
         store, agents = FencedStore(raw, lock), FencedAgents(self.agents, lock)
-        reconcile = ReconcileWorker(store, agents, rp.ReconcileSettings(
-            drain_grace_s=self.settings.drain_grace_s, scheduler=SchedulerSettings.from_env()))
+        if self.settings.dry_run:
+            log.info("FABRIC_DRY_RUN=1: no agents; every deployment gets synthetic replicas")
+            reconcile = DryRunWorker(store)
+        else:
+            reconcile = ReconcileWorker(store, agents, rp.ReconcileSettings(
+                drain_grace_s=self.settings.drain_grace_s, scheduler=SchedulerSettings.from_env()))
         rollouts = RolloutWorker(store, events_kept=getattr(self.state.settings, "events_kept", 1000))
         routing = RoutingWorker(store, agents, vip_pool.pool_from_env(), metrics=self.metrics, rollouts=rollouts)
         keeper = asyncio.create_task(self._keep_leading(lock))
@@ -251,7 +268,8 @@ class ControllerHandle:
                 if now >= next_reconcile and lock.held():
                     last_reconcile = now
                     await self._job("reconcile", lock, reconcile.tick)
-                    await self._job("sweep", lock, lambda: sweep(store, reconcile))
+                    if not self.settings.dry_run:  # nothing was placed on an agent to sweep
+                        await self._job("sweep", lock, lambda: sweep(store, reconcile))
                     # A reconcile that changed replicas wants fresh weights soon.
                     next_routing = min(next_routing, time.monotonic() + 1.0)
                     next_reconcile = time.monotonic() + self.settings.reconcile_s

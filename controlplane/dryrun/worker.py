@@ -1,0 +1,48 @@
+"""Applies controlplane.dryrun.plan each reconcile tick (the controllers use it in place of the
+reconcile worker when FABRIC_DRY_RUN=1). Every write goes through the fenced store it is given."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from common import keyspace
+from common.store.base import Store
+from controlplane.dryrun.plan import plan
+from controlplane.orchestration_state import load_snapshot, put_replica, update_deployment_status
+from controlplane.rollouts import records
+
+log = logging.getLogger("fabricd.dryrun")
+
+
+class DryRunWorker:
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time):
+        self.store = store
+        self.clock = clock
+
+    async def tick(self) -> None:
+        snap = load_snapshot(self.store)
+        now = self.clock()
+        for name in sorted(snap.deployments):
+            p = plan(snap.deployments[name], snap.replicas.get(name, []), now)
+            for rid in p.delete:
+                self.store.delete(keyspace.replicas(name, rid))
+                self.store.delete(keyspace.observations(rid))
+            if p.delete_deployment:
+                self.store.delete(keyspace.deployments(name))
+                records.forget(self.store, name)
+                log.info("deployment %s deleted (dry run)", name)
+                continue
+            for replica in p.create:
+                put_replica(self.store, replica)
+            for obs in p.observe:
+                self.store.put(keyspace.observations(obs.replica_id), obs.model_dump_json())
+            if p.status is not None:
+                update_deployment_status(self.store, name, **p.status)
+
+    def next_retry_at(self) -> float | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
