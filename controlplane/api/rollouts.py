@@ -101,8 +101,9 @@ def create_revision(name: str, body: RevisionRequest, state: StateDep, who: Admi
         raise Conflict(f"the template equals deployment {name!r}'s newest revision; nothing to write",
                        code="unchanged")
     rev = records.write_revision(state.store, name, template, who=who, reason=body.reason, now=time.time())
-    _event(state, name, "revision", f"revision {rev.revision}: model {template.model}, profile {template.profile}"
-                                    + (f", engine args {' '.join(template.engine_args)}" if template.engine_args else ""))
+    # Engine args may carry a secret (a token flag): the event names only how many there are.
+    _event(state, name, "revision", f"revision {rev.revision}: model {template.model}, profile {template.profile}, "
+                                    f"{len(template.engine_args)} engine args")
     return rev.model_dump(mode="json")
 
 
@@ -135,6 +136,7 @@ def start_rollout(name: str, body: RolloutRequest, state: StateDep, who: AdminDe
                     replicas=dep.replicas, who=who, now=time.time())
     if not records.create_rollout(state.store, rec):
         raise Conflict(f"another rollout of {name!r} started at the same time", code="rollout_active")
+    records.prune_rollouts(state.store, name)
     _event(state, name, "started", f"rollout {rid}: {rec.strategy} from revision {rec.from_revision} "
                                    f"to {rec.to_revision}, {rec.replicas} replicas")
     return rec.model_dump(mode="json")

@@ -2,6 +2,8 @@
 
 Revisions are written with create-if-absent at the next number, so two writers never produce
 the same revision and a record, once written, is never changed except ``superseded_at``.
+What a caller can grow is bounded: beyond KEEP_REVISIONS the oldest superseded revisions go,
+beyond KEEP_ROLLOUTS the oldest finished rollouts (the active one and revisions in use stay).
 Rollouts are numbered per deployment the same way; at most one is active (the API refuses a
 second one with 409; the create-if-absent on the next number closes the race between two).
 Updates of a rollout record are compare-and-swap against the version that was read.
@@ -20,6 +22,8 @@ from common.schemas import InferenceDeployment, Template
 from common.store.base import KV, Store
 
 CAS_RETRIES = 8
+KEEP_REVISIONS = 100  # beyond this, the oldest superseded revisions are dropped
+KEEP_ROLLOUTS = 50  # beyond this, the oldest finished rollouts are dropped
 
 
 def _parse(kv: KV, model):
@@ -52,6 +56,9 @@ def write_revision(store: Store, deployment: str, template: Template, *, who: st
         rev = Revision(deployment=deployment, revision=number, template=template, created_at=now,
                        who=who, reason=reason)
         if store.create(keyspace.revisions(deployment, number), rev.model_dump_json()):
+            surplus = len(existing) + 1 - KEEP_REVISIONS
+            for old in [r for r in existing if r.superseded_at is not None][:max(0, surplus)]:
+                store.delete(keyspace.revisions(deployment, old.revision))
             return rev
     raise Conflict(f"revisions of {deployment!r} changed too often; try again", code="contended")
 
@@ -90,6 +97,13 @@ def active_rollouts(store: Store) -> dict[str, tuple[Rollout, int]]:
 
 def create_rollout(store: Store, record: Rollout) -> bool:
     return store.create(keyspace.rollouts(record.deployment, record.id), record.model_dump_json())
+
+
+def prune_rollouts(store: Store, deployment: str) -> None:
+    """Keep the newest KEEP_ROLLOUTS records; only finished ones are dropped."""
+    recs = list_rollouts(store, deployment)
+    for rec, mod in [p for p in recs if not p[0].active][: max(0, len(recs) - KEEP_ROLLOUTS)]:
+        store.delete(keyspace.rollouts(deployment, rec.id), mod_revision=mod)
 
 
 def save_rollout(store: Store, record: Rollout, mod_revision: int) -> bool:

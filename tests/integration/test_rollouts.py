@@ -2,8 +2,10 @@
 dry-run driver and real fabric-engine-sim replicas whose /metrics the routing job scrapes.
 
 Story: a canary with a short step succeeds (revision 2 active, revision 1 superseded, every
-replica on revision 2); then a canary to revision 3 whose engine fails every request (POST
-/sim/faults) pauses and rolls back by itself, leaving revision 2 serving with its replicas."""
+replica on revision 2); then a canary to revision 3 is live at 20 % when fabricd is killed and
+started again: the new process continues the same step (same record, same step clock); its
+engine then fails every request (POST /sim/faults) and the rollout pauses and rolls back by
+itself, leaving revision 2 serving with its replicas."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ DEP, EP = "cq", "cq-openai"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rollouts")
-    with start_cluster(tmp, gpus=4, env={"FABRIC_ADDRESS_POOL": "10.96.0.9", "FABRIC_DRAIN_GRACE_SECS": "1"}) as c:
+    with start_cluster(tmp, gpus=4, env={"FABRIC_ADDRESS_POOL": "10.96.0.9", "FABRIC_DRAIN_GRACE_SECS": "1",
+                                           "FABRIC_LEADER_TTL_SECS": "3"}) as c:
         yield c
 
 
@@ -87,6 +90,14 @@ def test_canary_succeeds_then_a_failing_canary_rolls_back_by_itself(cluster):
         assert r.status_code == 201, r.text
         live = wait_for(lambda: (b := explain(api)).get("rollout", {}).get("share") == 20 and b, 60,
                         "the 20 % step to go live")
+        # fabricd killed mid-step: the restarted process continues the phase, never starts over.
+        cluster.kill_fabricd()
+        cluster.start_fabricd()
+        wait_for(lambda: api.get("/metrics").text.count('fabric_controller_leader 1.0') == 1, 30, "a leader again")
+        again = explain(api)
+        assert again["rollout"]["id"] == live["rollout"]["id"] and again["rollout"]["step"] == 0
+        assert again["rollout"]["step_started_at"] == live["rollout"]["step_started_at"]
+        assert again["phase"] == "Progressing" and again["rollout"]["share"] == 20
         canary = live["sets"]["new"]["members"][0]
         engine = f"http://{canary['host']}:{canary['port']}"
         weights = live["endpoints"][0]["weights"]
