@@ -13,16 +13,14 @@ import os
 import shutil
 import ssl
 import subprocess
-import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 
-from controlplane.lab.cluster import NODE_ID, LabConfig, down, status, up
+from controlplane.lab.cluster import NODE_ID, LabConfig, down, status
 from controlplane.lab.processes import running
+from tests.e2e.lab_harness import running_lab
 from tests.support.polling import wait_for as poll
-from tests.support.servers import free_port
 
 MODEL, PROFILE = "story-llm", "story-h100"
 ENDPOINT = f"{MODEL}-openai"
@@ -93,18 +91,8 @@ class Story:
 
 @pytest.fixture(scope="module")
 def story(tmp_path_factory) -> Story:
-    base = Path("/tmp") / f"fabric-e2e-{uuid.uuid4().hex[:6]}"
-    cfg = LabConfig(state_dir=base, api_port=free_port(), agent_port=free_port(), gateway_port=free_port(),
-                    pin_dir=Path(f"/sys/fs/bpf/fabric-e2e-{uuid.uuid4().hex[:6]}"))
-    try:
-        handle = up(cfg, echo=lambda *_: None)
-    except Exception:  # noqa: BLE001 - whatever broke, show the processes' logs with the failure
-        logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in (base / "logs").glob("*.log"))
-        down(cfg)
-        raise AssertionError(f"lab did not come up{logs}") from None
-    yield Story(cfg, handle.token)
-    down(cfg)
-    shutil.rmtree(base, ignore_errors=True)
+    with running_lab("e2e") as (cfg, handle):
+        yield Story(cfg, handle.token)
 
 
 def test_deploy_three_replicas_all_ready(story: Story):
