@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Fabric node agent")
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Fabric node agent", rich_markup_mode=None,
+                  pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
 
 
 def _register() -> None:
@@ -20,8 +21,10 @@ def _register() -> None:
 
 
 def main() -> None:
+    from common.cli_guard import run_guarded
+
     _register()
-    app()
+    run_guarded(lambda: app(prog_name="fabric-agent"), "fabric-agent")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ from common.pki import ensure_ca, issue_cert, pki_dir
 SERVER_CERT_NAME = "fabricd"
 DEFAULT_LISTEN = "127.0.0.1:8443"
 
-app = typer.Typer(help="Fabric control plane daemon.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(help="Fabric control plane daemon.", no_args_is_help=True, add_completion=False,
+                  rich_markup_mode=None, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]})
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -119,12 +121,32 @@ def serve(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    settings = Settings.from_env(insecure=insecure, run_controllers=controllers)
+    try:
+        settings = Settings.from_env(insecure=insecure, run_controllers=controllers)
+        check_controller_settings(controllers)
+    except ValueError as exc:
+        the_store.close()
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     state = AppState(store=the_store, state_dir=state_dir, settings=settings)
     try:
         uvicorn.run(create_app(state), host=host, port=port, log_level=log_level, **ssl_args)
     finally:
         the_store.close()
+
+
+def check_controller_settings(enabled: bool) -> None:
+    """Read the controllers' FABRIC_* settings before serving, so a bad value stops fabricd
+    with its name (ValueError) instead of failing the app's startup with a traceback."""
+    if not enabled:
+        return
+    try:
+        controllers = importlib.import_module("controlplane.controllers")
+    except ModuleNotFoundError as exc:
+        if exc.name != "controlplane.controllers":
+            raise
+        return
+    controllers.ControllerSettings.from_env()
 
 
 def _add_lab(root: typer.Typer) -> None:
@@ -139,8 +161,10 @@ def _add_lab(root: typer.Typer) -> None:
 
 
 def main() -> None:
+    from common.cli_guard import run_guarded
+
     _add_lab(app)
-    app(prog_name="fabricd")
+    run_guarded(lambda: app(prog_name="fabricd"), "fabricd")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge
 
 from common import keyspace
+from common.envvars import number
 from common.errors import FabricError, TransientError
 from common.store.base import Store
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
@@ -67,10 +68,10 @@ class ControllerSettings:
     def from_env(cls, env=None) -> ControllerSettings:
         env = os.environ if env is None else env
         return cls(
-            reconcile_s=float(env.get("FABRIC_RECONCILE_SECS", 15)),
-            routing_s=float(env.get("FABRIC_ROUTING_SECS", 10)),
-            leader_ttl_s=int(env.get("FABRIC_LEADER_TTL_SECS", 15)),
-            drain_grace_s=float(env.get("FABRIC_DRAIN_GRACE_SECS", 30)),
+            reconcile_s=number(env, "FABRIC_RECONCILE_SECS", 15.0),
+            routing_s=number(env, "FABRIC_ROUTING_SECS", 10.0),
+            leader_ttl_s=number(env, "FABRIC_LEADER_TTL_SECS", 15, int),
+            drain_grace_s=number(env, "FABRIC_DRAIN_GRACE_SECS", 30.0),
             dry_run=dry_run_from_env(env),
         )
 

@@ -6,9 +6,8 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
-from controlplane.lab.cluster import LabConfig, down, up
+from controlplane.lab.cluster import LabConfig, down, lab_state_dir, up
 from controlplane.lab.demo import DemoError, run_demo
 
 
@@ -16,7 +15,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("make run builds network namespaces and loads BPF: run it as root", file=sys.stderr)
         return 2
-    cfg = LabConfig(state_dir=Path(os.environ.get("FABRIC_LAB_STATE", ".state/lab")).resolve())
+    cfg = LabConfig(state_dir=lab_state_dir())
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     code = 0

@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
+from common.envvars import number
 from common.store.base import Store
 
 DEFAULT_TOKEN_TTL_S = 12 * 3600
@@ -32,9 +33,9 @@ class Settings:
         env = dict(os.environ) if env is None else env
         values: dict = {}
         if env.get("FABRIC_TOKEN_TTL"):
-            values["token_ttl_s"] = int(env["FABRIC_TOKEN_TTL"])
+            values["token_ttl_s"] = number(env, "FABRIC_TOKEN_TTL", 0, int)
         if env.get("FABRIC_EVENTS_KEPT"):
-            values["events_kept"] = int(env["FABRIC_EVENTS_KEPT"])
+            values["events_kept"] = number(env, "FABRIC_EVENTS_KEPT", 0, int)
         values.update(overrides)
         return cls(**values)
 

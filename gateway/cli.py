@@ -25,7 +25,9 @@ import typer
 from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Fabric authenticated OpenAI gateway")
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Fabric authenticated OpenAI gateway",
+                  rich_markup_mode=None, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]})
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -68,6 +70,9 @@ def serve(
         raise typer.BadParameter("--insecure serves plain HTTP and only binds a loopback address")
     if (tls_cert is None) != (tls_key is None):
         raise typer.BadParameter("--tls-cert and --tls-key go together")
+    for flag, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not path.is_file():
+            raise typer.BadParameter(f"{flag} {path} does not exist")
     try:
         settings = settings_mod.load()
         hmac_secret = load_hmac_secret()
@@ -243,7 +248,9 @@ def slots(
 
 
 def main() -> None:
-    app()
+    from common.cli_guard import run_guarded
+
+    run_guarded(lambda: app(prog_name="fabric-gateway"), "fabric-gateway")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ class RequestFacts:
 class Reservation:
     key: str
     amount: int
-    limit: int
+    limit: int | None  # None: counted, never refused
     window_secs: int | None  # None: an exact counter; else a fixed window of that length
     what: str  # names the limit in a refusal; never a secret
     held: bool = False  # an in-flight slot, released when the call ends
@@ -122,8 +122,9 @@ def _slot(name: str) -> str:
 
 def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reservation]:
     plan: list[Reservation] = []
-    if facts.key_id and facts.request_quota:
-        plan.append(Reservation(keyspace.counters(f"quota/{facts.key_id}"), 1, facts.request_quota, None,
+    if facts.key_id:
+        # Every key's requests are counted (fabricctl's USED column); the quota, when set, caps it.
+        plan.append(Reservation(keyspace.counters(f"quota/{facts.key_id}"), 1, facts.request_quota or None, None,
                                 "the API key's request quota"))
     if facts.key_id and facts.key_max_concurrent:
         plan.append(Reservation(_slot(f"inflight/key/{facts.key_id}"), 1, facts.key_max_concurrent,

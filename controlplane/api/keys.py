@@ -2,11 +2,17 @@
 
     POST   /api/ai/keys                 create; the answer holds the plaintext key, shown this once
     GET    /api/ai/keys                 every key (never a digest)
-    GET    /api/ai/keys/{id}
-    DELETE /api/ai/keys/{id}
-    POST   /api/ai/keys/{id}/rotate     {"overlap_secs": 3600}: a new secret; the current one
+    GET    /api/ai/keys/{ref}
+    DELETE /api/ai/keys/{ref}
+    POST   /api/ai/keys/{ref}/rotate    {"overlap_secs": 3600}: a new secret; the current one
                                         keeps working for overlap_secs
     GET    /api/ai/audit/verify         recompute the gateway audit hash chain
+
+{ref} is a key's id or its name; a name used on several endpoints is ambiguous (409, use the id).
+A name is unique per endpoint (409 already_exists). A key scoped to a model must name what the
+endpoint's deployment serves (its model or its own name); any other scope could never match a
+request, so it is refused at create (422 naming `model`). requests_used counts every key's
+requests through the gateway, with or without a quota.
 
 Digests use FABRIC_KEY_HMAC_SECRET(_FILE) (common.apikeys); fabricd and every gateway must
 share it. It is read on first use and kept on the app state, never in a module global.
@@ -14,14 +20,15 @@ share it. It is read on first use and kept on the app state, never in a module g
 
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from common import apikeys, audit_chain, counters, keyspace
-from common.errors import NotFound, TransientError
-from common.schemas import check_name
+from common.errors import Conflict, InvalidInput, NotFound, TransientError
+from common.schemas import ApiKeyRecord, check_name
 from controlplane.auth import require_admin
 from controlplane.state import AppState, StateDep
 
@@ -63,11 +70,44 @@ def _usage(state: AppState, record) -> dict:
     return view
 
 
+def served_models(state: AppState, endpoint: dict) -> set[str]:
+    """The model names a request through this endpoint can carry: its deployment's model and name."""
+    kv = state.store.get(keyspace.deployments(str(endpoint.get("deployment", ""))))
+    if kv is None:
+        return set()
+    dep = json.loads(kv.value)
+    return {str(dep.get("model", "")), str(dep.get("name", ""))} - {""}
+
+
+def resolve(state: AppState, ref: str) -> ApiKeyRecord:
+    """A key by id, else by name (unique per endpoint; the same name on two endpoints is ambiguous)."""
+    try:
+        return apikeys.get_key(state.store, ref)
+    except NotFound:
+        pass
+    named = [r for r in apikeys.list_keys(state.store) if r.name == ref]
+    if not named:
+        raise NotFound(f"no key with id or name {ref!r}")
+    if len(named) > 1:
+        where = ", ".join(sorted(f"{r.id} (endpoint {r.endpoint})" for r in named))
+        raise Conflict(f"key name {ref!r} is used on several endpoints: {where}; give the id", code="ambiguous")
+    return named[0]
+
+
 @router.post("/keys", status_code=201)
 def create_key(body: KeyCreate, request: Request, state: StateDep) -> dict:
     check_name(body.endpoint, "endpoint")
-    if state.store.get(keyspace.endpoints(body.endpoint)) is None:
+    ep_kv = state.store.get(keyspace.endpoints(body.endpoint))
+    if ep_kv is None:
         raise NotFound(f"endpoint {body.endpoint!r} does not exist")
+    if any(r.name == body.name and r.endpoint == body.endpoint for r in apikeys.list_keys(state.store)):
+        raise Conflict(f"endpoint {body.endpoint!r} already has a key named {body.name!r}; rotate or delete it",
+                       code="already_exists")
+    if body.model is not None:
+        served = served_models(state, json.loads(ep_kv.value))
+        if body.model not in served:
+            raise InvalidInput(f"model: endpoint {body.endpoint!r} serves {', '.join(sorted(served)) or 'nothing'}; "
+                               f"a key scoped to {body.model!r} could never be used", code="model_not_served")
     spec = apikeys.KeySpec(**body.model_dump())
     record, plaintext = apikeys.create_key(state.store, spec, hmac_secret(request))
     return {**_usage(state, record), "key": plaintext}
@@ -78,21 +118,22 @@ def list_keys(state: StateDep) -> list[dict]:
     return [_usage(state, r) for r in apikeys.list_keys(state.store)]
 
 
-@router.get("/keys/{key_id}")
-def get_key(key_id: str, state: StateDep) -> dict:
-    return _usage(state, apikeys.get_key(state.store, key_id))
+@router.get("/keys/{ref}")
+def get_key(ref: str, state: StateDep) -> dict:
+    return _usage(state, resolve(state, ref))
 
 
-@router.delete("/keys/{key_id}")
-def delete_key(key_id: str, state: StateDep) -> dict:
-    apikeys.delete_key(state.store, key_id)
-    return {"id": key_id, "deleted": True}
+@router.delete("/keys/{ref}")
+def delete_key(ref: str, state: StateDep) -> dict:
+    record = resolve(state, ref)
+    apikeys.delete_key(state.store, record.id)
+    return {"id": record.id, "name": record.name, "deleted": True}
 
 
-@router.post("/keys/{key_id}/rotate")
-def rotate_key(key_id: str, request: Request, state: StateDep, body: KeyRotate | None = None) -> dict:
+@router.post("/keys/{ref}/rotate")
+def rotate_key(ref: str, request: Request, state: StateDep, body: KeyRotate | None = None) -> dict:
     overlap = (body or KeyRotate()).overlap_secs
-    record, plaintext = apikeys.rotate_key(state.store, key_id, hmac_secret(request), overlap)
+    record, plaintext = apikeys.rotate_key(state.store, resolve(state, ref).id, hmac_secret(request), overlap)
     return {**_usage(state, record), "key": plaintext}
 
 

@@ -103,11 +103,11 @@ def save(cfg: ConfigFile) -> None:
 
 
 def check_url(url: str, source: str) -> str:
-    parts = urlsplit(url)
     try:
+        parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        parts = parts._replace(scheme="")
+        parts = urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{source} {url!r} is not a URL fabricctl can use; expected https://HOST:PORT "
                           f"(e.g. {DEFAULT_URL})")

@@ -2,7 +2,8 @@
 
     key create NAME --endpoint E [--model M --tenant T --ttl-secs N --request-quota N
                                   --tokens-per-minute N --max-concurrent N]
-    key list | key show ID | key rotate ID [--overlap-secs N] | key delete ID
+    key list | key show KEY | key rotate KEY [--overlap-secs N] | key delete KEY
+                                      (KEY: the id or the name; names are unique per endpoint)
 
 create and rotate print the plaintext key once; it cannot be shown again.
 """
@@ -49,7 +50,9 @@ def key_create(
     body = {"name": name, "endpoint": endpoint, "model": model, "tenant": tenant, "ttl_secs": ttl_secs,
             "request_quota": request_quota, "tokens_per_minute": tokens_per_minute,
             "max_concurrent": max_concurrent}
-    with session() as c:
+    with session({"name": "NAME", "endpoint": "--endpoint", "model": "--model", "tenant": "--tenant",
+                  "ttl_secs": "--ttl-secs", "request_quota": "--request-quota",
+                  "tokens_per_minute": "--tokens-per-minute", "max_concurrent": "--max-concurrent"}) as c:
         created = c.post("/api/ai/keys", {k: v for k, v in body.items() if v is not None})
     _print_secret(created, as_json)
 
@@ -88,4 +91,4 @@ def key_delete(key_id: str = KEY_ARG, as_json: bool = JSON_OPT) -> None:
     if as_json:
         emit_object(result or {}, True)
     else:
-        typer.echo(f"key {key_id} deleted")
+        typer.echo(f"key {result['id'] if result else key_id} deleted")

@@ -1,8 +1,12 @@
 """`fabricd lab up|down|status|demo`: the whole cluster on this machine, in namespaces.
 
-`up` returns once fabricd, the agent and the gateway answer and the node has registered;
-the processes keep running in the background until `down`. `make run` is `up`, the demo,
-then waiting for Ctrl-C and `down`.
+The lab keeps its state in one absolute place, $FABRIC_LAB_STATE or /var/lib/fabric/lab
+(controlplane.lab.cluster.lab_state_dir), so every command works from any directory and `down`
+stops what `up` started wherever either ran. `up` returns once fabricd, the agent and the
+gateway answer and the node has registered; the processes keep running in the background until
+`down`, which prints each thing it removed. `demo` can run again: it reuses the objects it made.
+`make run` is `up`, the demo, then waiting for Ctrl-C and `down`.
+Run lab commands under `flock /tmp/fabric-lab.lock` when several people share the machine.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from controlplane.lab.cluster import LabConfig
+from controlplane.lab.cluster import LabConfig, lab_state_dir
 from controlplane.lab.cluster import down as lab_down
 from controlplane.lab.cluster import status as lab_status
 from controlplane.lab.cluster import up as lab_up
@@ -20,11 +24,12 @@ from controlplane.lab.cluster import up as lab_up
 lab_app = typer.Typer(help="The lab: a whole Fabric cluster in network namespaces on this machine.",
                       no_args_is_help=True, add_completion=False)
 
-StateOpt = typer.Option(Path(".state/lab"), "--state-dir", help="where the lab keeps its state and logs")
+StateOpt = typer.Option(None, "--state-dir",
+                        help="where the lab keeps its state and logs (default $FABRIC_LAB_STATE, else /var/lib/fabric/lab)")
 
 
-def _cfg(state_dir: Path) -> LabConfig:
-    return LabConfig(state_dir=state_dir.resolve())
+def _cfg(state_dir: Path | None) -> LabConfig:
+    return LabConfig(state_dir=state_dir.resolve() if state_dir else lab_state_dir())
 
 
 def _need_root() -> None:
@@ -37,41 +42,49 @@ def _need_root() -> None:
 def up(state_dir: Path = StateOpt) -> None:
     """Clean stale pieces, then build the topology and start fabricd, the agent and the gateway."""
     _need_root()
+    cfg = _cfg(state_dir)
     try:
-        handle = lab_up(_cfg(state_dir), echo=typer.echo)
+        handle = lab_up(cfg, echo=typer.echo)
     except RuntimeError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {exc}\nlogs: {cfg.state_dir / 'logs'}; clean up with `fabricd lab down`", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"lab is up. For fabricctl: source {handle.config.state_dir / 'env'}")
+    typer.echo(f"lab is up (state in {cfg.state_dir}). For fabricctl: source {handle.config.state_dir / 'env'}")
 
 
 @lab_app.command()
 def down(state_dir: Path = StateOpt) -> None:
-    """Stop the lab's processes and remove its namespaces, links and pinned maps."""
+    """Stop the lab's processes and remove its namespaces, links and pinned maps; print each."""
     _need_root()
-    removed = lab_down(_cfg(state_dir))
+    cfg = _cfg(state_dir)
+    removed = lab_down(cfg)
     for item in removed:
         typer.echo(f"removed {item}")
-    left = lab_status(_cfg(state_dir))
+    left = lab_status(cfg)
     if left:
         typer.echo("still present: " + ", ".join(left), err=True)
         raise typer.Exit(1)
-    typer.echo("lab is down; nothing left behind")
+    typer.echo("lab is down; nothing left behind" if removed else f"lab was already down (state {cfg.state_dir})")
 
 
 @lab_app.command()
 def status(state_dir: Path = StateOpt) -> None:
     """List what of the lab exists (namespaces, links, processes, pinned maps)."""
-    left = lab_status(_cfg(state_dir))
+    cfg = _cfg(state_dir)
+    left = lab_status(cfg)
     for item in left:
         typer.echo(item)
     if not left:
-        typer.echo("lab is down")
+        typer.echo(f"lab is down (state {cfg.state_dir})")
 
 
 @lab_app.command()
 def demo(state_dir: Path = StateOpt) -> None:
-    """Run the newcomer's demo against a lab that is up."""
-    from controlplane.lab.demo import run_demo
+    """Run the newcomer's demo against a lab that is up (again: it reuses what it made)."""
+    from controlplane.lab.demo import DemoError, run_demo
 
-    run_demo(_cfg(state_dir), echo=typer.echo)
+    cfg = _cfg(state_dir)
+    try:
+        run_demo(cfg, echo=typer.echo)
+    except DemoError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None

@@ -9,7 +9,9 @@ cluster CA, starts the three processes, waits until each answers, logs in and wr
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import shlex
 import shutil
 import ssl
 import subprocess
@@ -26,6 +28,30 @@ from controlplane.lab.topology import down as topo_down
 from controlplane.lab.topology import up as topo_up
 
 NODE_ID = "lab-node-0"
+DEFAULT_STATE = Path("/var/lib/fabric/lab")
+
+
+def lab_state_dir(env: dict[str, str] | None = None) -> Path:
+    """Where the lab lives, the same from every directory: $FABRIC_LAB_STATE (made absolute),
+    else /var/lib/fabric/lab."""
+    env = dict(os.environ) if env is None else env
+    return Path(env["FABRIC_LAB_STATE"]).expanduser().resolve() if env.get("FABRIC_LAB_STATE") else DEFAULT_STATE
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file 0600 from creation (it holds the admin token)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def env_file_text(op_env: dict[str, str], bin_dir: str) -> str:
+    """The operator's `source`-able environment: the venv's bin first on PATH, so `fabricctl` is
+    the one this lab runs, then FABRIC_URL, FABRIC_TOKEN and FABRIC_CA (values shell-quoted)."""
+    lines = [f"export PATH={shlex.quote(bin_dir)}:\"$PATH\"\n"]
+    lines += [f"export {k}={shlex.quote(v)}\n" for k, v in op_env.items()]
+    return "".join(lines)
 
 
 @dataclass(frozen=True)
@@ -174,8 +200,8 @@ def up(cfg: LabConfig, echo=print) -> LabHandle:
     _wait_http(f"{cfg.gateway_url}/metrics", cfg.ca, "fabric-gateway", log=cfg.state_dir / "logs" / "gateway.log")
     _wait_node(cfg, token)
     op_env = {"FABRIC_URL": cfg.url, "FABRIC_TOKEN": token, "FABRIC_CA": str(cfg.ca)}
-    (cfg.state_dir / "env").write_text("".join(f"export {k}={v}\n" for k, v in op_env.items()))
-    (cfg.state_dir / "lab.json").write_text(json.dumps({"gateway": cfg.gateway_url, **op_env}))
+    write_private(cfg.state_dir / "env", env_file_text(op_env, str(Path(processes.bin_path("fabricctl")).parent)))
+    write_private(cfg.state_dir / "lab.json", json.dumps({"gateway": cfg.gateway_url, **op_env}))
     return LabHandle(cfg, token, op_env)
 
 

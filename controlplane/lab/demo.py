@@ -1,7 +1,9 @@
 """The newcomer's demo: drive the lab with the same fabricctl an operator types, and show it work.
 
 Every step prints the command it runs and that command's real output. Waits are bounded and
-say what they wait for; a step that fails stops the demo with the reason.
+say what they wait for; a step that fails stops the demo with the reason. The demo can run
+again on the same lab: an object it made before is reused (and its replica count set back),
+and its key, whose secret cannot be shown twice, is rotated to get a fresh secret.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import subprocess
 import time
 
 from controlplane.lab import processes
-from controlplane.lab.cluster import NODE_ID, LabConfig
+from controlplane.lab.cluster import NODE_ID, LabConfig, write_private
 
 MODEL, PROFILE, ROUTING = "demo-llm", "lab-h100", "least_queue"
 ENDPOINT = f"{MODEL}-openai"
@@ -24,7 +26,13 @@ class DemoError(RuntimeError):
 
 
 def _env(cfg: LabConfig) -> dict[str, str]:
-    data = json.loads((cfg.state_dir / "lab.json").read_text())
+    path = cfg.state_dir / "lab.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DemoError(f"the lab is not up ({path} is missing); run `fabricd lab up` first") from None
+    except (OSError, ValueError) as exc:
+        raise DemoError(f"cannot read {path}: {exc}; run `fabricd lab up` again") from None
     return {**os.environ, "FABRIC_URL": data["FABRIC_URL"], "FABRIC_TOKEN": data["FABRIC_TOKEN"],
             "FABRIC_CA": data["FABRIC_CA"]}
 
@@ -43,6 +51,27 @@ def ctl(cfg: LabConfig, *args: str, echo=print, quiet: bool = False) -> str:
 
 def ctl_json(cfg: LabConfig, *args: str) -> dict | list:
     return json.loads(ctl(cfg, *args, "--json", quiet=True))
+
+
+def exists(cfg: LabConfig, kind: str, name: str) -> dict | None:
+    """The object if the lab already has it (from an earlier demo), else None."""
+    res = subprocess.run([processes.bin_path("fabricctl"), "ai", kind, "show", name, "-o", "json"],
+                         capture_output=True, text=True, env=_env(cfg), timeout=60)
+    if res.returncode == 0:
+        return json.loads(res.stdout)
+    if "not found" in res.stderr or "no key" in res.stderr:
+        return None
+    raise DemoError(f"fabricctl ai {kind} show {name} failed: {res.stderr.strip()}")
+
+
+def ensure(cfg: LabConfig, kind: str, name: str, *create: str, echo=print) -> dict | None:
+    """Run the create command unless the object exists; say which."""
+    found = exists(cfg, kind, name)
+    if found is None:
+        ctl(cfg, *create, echo=echo)
+    else:
+        echo(f"\n$ fabricctl ai {' '.join(shlex.quote(a) for a in create)}\n(already there from an earlier demo: reused)")
+    return found
 
 
 def wait_for(what: str, check, timeout: float, echo=print, every: float = 1.0):
@@ -72,26 +101,31 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     ctl(cfg, "gpus", echo=echo)
 
     echo("\n== 2. A model, a profile, and a deployment of 3 replicas")
-    ctl(cfg, "model", "add", MODEL, "--source", "hf://Qwen/Qwen3-8B", echo=echo)
-    ctl(cfg, "profile", "add", PROFILE, "--runtime", "vllm", "--gpu", "1", "--vram", "24", "--cpu", "1",
-        "--memory", "1", echo=echo)
-    ctl(cfg, "deploy", MODEL, "--profile", PROFILE, "--replicas", "3", echo=echo)
+    ensure(cfg, "model", MODEL, "model", "add", MODEL, "--source", "hf://Qwen/Qwen3-8B", echo=echo)
+    ensure(cfg, "profile", PROFILE, "profile", "add", PROFILE, "--runtime", "vllm", "--gpu", "1", "--vram", "24",
+           "--cpu", "1", "--memory", "1", echo=echo)
+    dep = ensure(cfg, "deployment", MODEL, "deploy", MODEL, "--profile", PROFILE, "--replicas", "3", echo=echo)
+    if dep is not None and dep.get("replicas") != 3:
+        ctl(cfg, "deployment", "scale", MODEL, "--replicas", "3", echo=echo)
     wait_for("3 ready replicas", lambda: ctl_json(cfg, "deployment", "show", MODEL)["status"]["ready_replicas"] >= 3,
              120, echo)
     ctl(cfg, "deployment", "show", MODEL, echo=echo)
 
     echo(f"\n== 3. An OpenAI endpoint with {ROUTING} routing gets a VIP")
-    ctl(cfg, "endpoint", "expose", MODEL, "--openai-compatible", "--routing", ROUTING, echo=echo)
+    ensure(cfg, "endpoint", ENDPOINT, "endpoint", "expose", MODEL, "--openai-compatible", "--routing", ROUTING,
+           echo=echo)
     vip = wait_for("a VIP and live Maglev weights",
                    lambda: (ctl_json(cfg, "endpoint", "show", ENDPOINT).get("status") or {}).get("vip"), 60, echo)
     port = ctl_json(cfg, "endpoint", "show", ENDPOINT).get("port", 8000)
 
     echo("\n== 4. An API key for the gateway")
-    key_out = ctl_json(cfg, "key", "create", "demo-key", "--endpoint", ENDPOINT)
+    if exists(cfg, "key", "demo-key") is None:
+        key_out = ctl_json(cfg, "key", "create", "demo-key", "--endpoint", ENDPOINT)
+    else:  # its secret was shown once, by the earlier demo: rotate for a fresh one
+        key_out = ctl_json(cfg, "key", "rotate", "demo-key", "--overlap-secs", "0")
     key = key_out.get("key") or key_out.get("api_key") or key_out.get("secret")
     echo(f"created key {key_out.get('id', '')} (the secret is shown once; kept in {cfg.state_dir / 'demo-key'})")
-    (cfg.state_dir / "demo-key").write_text(key)
-    (cfg.state_dir / "demo-key").chmod(0o600)
+    write_private(cfg.state_dir / "demo-key", key)
 
     echo("\n== 5. A chat completion through the Maglev VIP from the client namespace (no key)")
     curl = ["curl", "-s", "--max-time", "20", f"http://{vip}:{port}/v1/chat/completions",

@@ -7,7 +7,8 @@
                                               real chat completions through the VIP from the client
                                               namespace; prints which replica answered each
 
-Reads FABRIC_URL/FABRIC_TOKEN/FABRIC_CA from the lab's state (default .state/lab/lab.json).
+Reads FABRIC_URL/FABRIC_TOKEN/FABRIC_CA from the lab's state ($FABRIC_LAB_STATE, else
+/var/lib/fabric/lab: the same from any directory). A lab that is down is one error line.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from pathlib import Path
 
 import httpx
 
+from common.cli_guard import run_guarded
+from controlplane.lab.cluster import lab_state_dir
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--state-dir", default=".state/lab")
+    ap.add_argument("--state-dir", default=None, help="the lab's state (default $FABRIC_LAB_STATE or /var/lib/fabric/lab)")
     ap.add_argument("--deployment", default="demo-llm")
     ap.add_argument("--endpoint", default=None)
     ap.add_argument("--replica", type=int, default=None, help="replica ordinal for --queue")
@@ -37,7 +41,11 @@ def main() -> None:
     ap.add_argument("--watch", type=float, default=0, help="then show the weights every 2 s for this many seconds")
     args = ap.parse_args()
 
-    lab = json.loads((Path(args.state_dir) / "lab.json").read_text())
+    state = Path(args.state_dir).resolve() if args.state_dir else lab_state_dir()
+    try:
+        lab = json.loads((state / "lab.json").read_text())
+    except FileNotFoundError:
+        sys.exit(f"error: the lab is not up ({state / 'lab.json'} is missing); run `fabricd lab up` first")
     ctx = ssl.create_default_context(cafile=lab["FABRIC_CA"])
     api = httpx.Client(base_url=lab["FABRIC_URL"], verify=ctx, timeout=10,
                        headers={"Authorization": f"Bearer {lab['FABRIC_TOKEN']}"})
@@ -89,4 +97,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_guarded(main, "lab-load")

@@ -38,7 +38,7 @@ def _matching_pids(state: Path) -> set[int]:
             pids.add(int(p.read_text().strip()))
         except ValueError:
             pass
-    mine = _ancestors()
+    mine = ancestors()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) in mine:
             continue
@@ -53,7 +53,7 @@ def _matching_pids(state: Path) -> set[int]:
     return pids
 
 
-def _ancestors() -> set[int]:
+def ancestors() -> set[int]:
     out, pid = set(), os.getpid()
     while pid > 1:
         out.add(pid)

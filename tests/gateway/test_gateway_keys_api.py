@@ -10,6 +10,7 @@ import subprocess
 import openai
 import pytest
 
+from common import keyspace
 from common.store.base import open_store
 from tests.controlplane.conftest import BIN, login, start_fabricd
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, publish_endpoint, sim_engine
@@ -93,3 +94,37 @@ def test_missing_or_empty_hmac_secret_file_is_an_error_not_a_fallback(tmp_path):
                            "--listen", "127.0.0.1:1"], capture_output=True, text=True, timeout=60,
                           env={"PATH": os.environ["PATH"], "FABRIC_KEY_HMAC_SECRET_FILE": str(empty)})
     assert proc.returncode == 2 and "empty" in proc.stderr
+
+
+def test_key_names_unique_per_endpoint_refs_by_name_model_scope_and_usage(stack, tmp_path):
+    server, store, gw = stack
+    from common.schemas import InferenceDeployment
+
+    store.put(keyspace.deployments("chat-dep"),
+              InferenceDeployment(name="chat-dep", model="sim-m", profile="p").model_dump_json())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    env.update(FABRIC_URL=server.url, XDG_CONFIG_HOME=str(tmp_path), FABRIC_TOKEN=login(server))
+
+    def ctl(*args, rc=0):
+        proc = subprocess.run([str(BIN / "fabricctl"), "ai", "key", *args], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert proc.returncode == rc, proc.stderr
+        assert "Traceback" not in proc.stderr
+        return proc
+
+    refused = ctl("create", "wrong-model", "--endpoint", "chat", "--model", "gpt-4", rc=1).stderr
+    assert "--model: endpoint 'chat' serves chat-dep, sim-m" in refused and "never be used" in refused
+    created = json.loads(ctl("create", "named", "--endpoint", "chat", "--model", "sim-m", "-o", "json").stdout)
+    assert "already has a key named 'named'" in ctl("create", "named", "--endpoint", "chat", rc=1).stderr
+
+    # No quota: still counted.
+    c = openai.OpenAI(base_url=gw.openai_base("chat"), api_key=created["key"], max_retries=0)
+    for _ in range(3):
+        c.chat.completions.create(model="sim-m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    shown = json.loads(ctl("show", "named", "-o", "json").stdout)
+    assert shown["id"] == created["id"] and shown["requests_used"] == 3 and shown["request_quota"] is None
+
+    rotated = json.loads(ctl("rotate", "named", "--overlap-secs", "0", "-o", "json").stdout)
+    assert rotated["id"] == created["id"] and rotated["key"] != created["key"]
+    assert f"key {created['id']} deleted" in ctl("delete", "named").stdout
+    assert "no key with id or name 'named'" in ctl("show", "named", rc=1).stderr

@@ -128,6 +128,16 @@ def test_limit_plan_only_names_configured_scopes():
     assert plan[1].amount == 20  # 40 chars / 4 + max_tokens
 
 
+def test_every_key_is_counted_even_without_a_quota():
+    facts = RequestFacts(endpoint="e", model="m", tenant=None, project="p", user=None, gateway_id="g",
+                         prompt_chars=40, max_tokens=10, key_id="k")
+    [usage] = plan_admission(gs.load({}), facts)
+    assert (usage.key, usage.amount, usage.limit) == ("/fabric/counters/quota/k", 1, None)
+    anonymous = RequestFacts(endpoint="e", model="m", tenant=None, project="p", user=None, gateway_id="g",
+                             prompt_chars=40, max_tokens=10)
+    assert plan_admission(gs.load({}), anonymous) == []
+
+
 def test_body_parsing_and_sse_usage_across_chunk_boundaries():
     info = parse_body(json.dumps({"model": "m", "messages": [{"role": "user", "content": "abcd" * 30}],
                                   "max_tokens": 7, "stream": True}).encode(), "application/json",

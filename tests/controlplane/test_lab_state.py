@@ -1,0 +1,42 @@
+"""Where the lab keeps its state, and the operator's env file (no root, no lab needed)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+from controlplane.lab.cluster import DEFAULT_STATE, env_file_text, lab_state_dir, write_private
+from tests.controlplane.conftest import BIN
+
+
+def test_the_state_dir_is_absolute_whatever_the_directory(tmp_path, monkeypatch):
+    assert lab_state_dir({}) == DEFAULT_STATE == Path("/var/lib/fabric/lab")
+    monkeypatch.chdir(tmp_path)
+    assert lab_state_dir({"FABRIC_LAB_STATE": "rel/lab"}) == tmp_path / "rel" / "lab"
+
+
+def test_env_file_is_private_and_puts_fabricctl_on_path(tmp_path):
+    env_file = tmp_path / "env"
+    write_private(env_file, env_file_text({"FABRIC_URL": "https://127.0.0.1:8443", "FABRIC_TOKEN": "t0k'en",
+                                           "FABRIC_CA": str(tmp_path / "ca.crt")}, str(BIN)))
+    assert stat.S_IMODE(os.stat(env_file).st_mode) == 0o600
+    # A shell with a PATH that lacks the venv finds fabricctl after sourcing, with the values intact.
+    out = subprocess.run(["bash", "-c", f"source {env_file}; command -v fabricctl; printf %s \"$FABRIC_TOKEN\""],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                         check=True).stdout.splitlines()
+    assert out == [str(BIN / "fabricctl"), "t0k'en"]
+
+
+def test_lab_commands_without_a_lab_say_so_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    env["FABRIC_LAB_STATE"] = str(tmp_path / "nolab")
+    for args, words in ((["demo"], "the lab is not up"), (["status"], "lab is down")):
+        proc = subprocess.run([str(BIN / "fabricd"), "lab", *args], capture_output=True, text=True, env=env,
+                              cwd=tmp_path)
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert words in proc.stdout + proc.stderr
+    load = subprocess.run([str(Path(__file__).parents[2] / "scripts" / "lab-load"), "--queue", "1",
+                           "--replica", "0"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert load.returncode != 0 and "Traceback" not in load.stderr and "the lab is not up" in load.stderr

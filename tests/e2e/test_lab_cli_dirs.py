@@ -1,0 +1,61 @@
+"""The lab through its real console scripts from different directories: `fabricd lab up` in one,
+`status`, `demo` (twice: it is re-runnable) and `down` in another; down stops what up started and
+names it, and nothing is left. Uses the lab's fixed names and ports, so it holds the lab lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.lab.cluster import LabConfig, status
+from controlplane.lab.processes import running
+from tests.support.lab_lock import lab_lock, lab_unavailable
+
+BIN = Path(sys.executable).parent
+
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(lab_unavailable() is not None, reason=lab_unavailable() or "")]
+
+
+def lab(cwd: Path, env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(BIN / "fabricd"), "lab", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    return proc
+
+
+def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
+    state = tmp_path / "lab-state"
+    here, there = tmp_path / "a", tmp_path / "b"
+    here.mkdir()
+    there.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    env["FABRIC_LAB_STATE"] = str(state)
+    cfg = LabConfig(state_dir=state)
+    with lab_lock():
+        try:
+            up = lab(here, env, "up")
+            assert up.returncode == 0, up.stdout + up.stderr
+            shown = lab(there, env, "status").stdout
+            assert shown.count("process ") == 3 and "netns fabric-lab-node" in shown
+            for _ in range(2):
+                demo = lab(there, env, "demo")
+                assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr
+            assert "already there from an earlier demo: reused" in demo.stdout
+            env_file = state / "env"
+            assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+            # The hint works: a shell whose PATH lacks the venv sources env and runs fabricctl.
+            ctl = subprocess.run(["bash", "-c", f"source {env_file}; fabricctl ai endpoint list -o name"],
+                                 cwd=there, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+            assert ctl.stdout.split() == ["endpoint/demo-llm-openai"], ctl.stderr
+        finally:
+            down = lab(there, env, "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert down.stdout.count("removed process ") == 3 and "removed netns fabric-lab-node" in down.stdout
+        assert "nothing left behind" in down.stdout
+        assert status(cfg) == [] and running(state) == []
+        assert "lab is down" in lab(here, env, "status").stdout
