@@ -23,8 +23,18 @@ and one httpx pool over N scraped engines re-scans every connection for every qu
 - TLS with an ``ssl.SSLContext`` (FABRIC_BACKEND_TLS, mTLS) through asyncio's own TLS.
 
 A reused keep-alive connection that the upstream had already closed (the classic keep-alive
-race: it closed just as we wrote) fails with no response byte; that one case is retried once
-on a fresh connection, like other HTTP clients do. Everything else is the caller's policy.
+race: it closed just as we wrote) fails with no response byte; that case is retried once on a
+fresh connection only for an idempotent method (GET, HEAD, OPTIONS, PUT, DELETE): a POST may
+have been acted on (a generation started, a batch created), so it is never replayed -- it fails
+with UpstreamClosedError, as Go's net/http does. Everything else is the caller's policy.
+
+Guards against an upstream that misbehaves (it cannot desynchronise the pool or hold a caller):
+- the response head is limited to MAX_HEADERS header lines and MAX_HEAD_BYTES bytes, and must
+  arrive whole within the idle timeout (not per byte: a trickle cannot stretch it);
+- a byte that arrives on an idle pooled socket (nothing was asked) poisons it: the socket is
+  closed and never handed to the next caller, so a stray "response" cannot answer its request;
+- a connect timeout is an UpstreamConnectError (nothing was sent), so callers retry it like a
+  refused connection.
 """
 
 from __future__ import annotations
@@ -40,6 +50,9 @@ import httptools
 
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
+MAX_HEADERS = 100
+MAX_HEAD_BYTES = 64 * 1024
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
 class UpstreamError(Exception):
@@ -52,6 +65,10 @@ class UpstreamConnectError(UpstreamError):
 
 class UpstreamTimeoutError(UpstreamError):
     """Connect timeout, or the upstream was silent longer than the idle timeout."""
+
+
+class UpstreamConnectTimeout(UpstreamConnectError, UpstreamTimeoutError):
+    """The connection did not open in time: nothing was sent, so it may be tried elsewhere."""
 
 
 class UpstreamClosedError(UpstreamError):
@@ -72,10 +89,12 @@ class _Conn(asyncio.Protocol):
         "complete",
         "error",
         "got_bytes",
+        "head_bytes",
         "head_only",
         "headers",
         "headers_done",
         "idle_since",
+        "in_use",
         "interim",
         "keep_alive",
         "key",
@@ -99,11 +118,13 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.reused = False
+        self.in_use = True
         self._reset()
 
     def _reset(self) -> None:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
         self.headers_done = False
         self.complete = False
         self.interim = False
@@ -128,12 +149,28 @@ class _Conn(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
+        if not self.in_use:
+            # Nothing was asked on this idle pooled socket: whatever this is, it must never be
+            # read as the answer to the next request. Poison the socket.
+            self.closed = True
+            self.transport.abort()
+            return
         self.got_bytes = True
+        if not self.headers_done:
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(UpstreamClosedError(f"malformed upstream response: {exc}"))
+            # An exception in a parser callback (the header count) arrives as its __context__.
+            cause = exc.__context__ if isinstance(exc.__context__, _HeadTooLarge) else None
+            self._fail(UpstreamClosedError(str(cause) if cause else f"malformed upstream response: {exc}"))
+            self.closed = True
             self.transport.abort()
+        else:
+            if not self.headers_done and self.head_bytes > MAX_HEAD_BYTES:
+                self._fail(UpstreamClosedError(f"the upstream response head is over {MAX_HEAD_BYTES} bytes"))
+                self.closed = True
+                self.transport.abort()
         self._wake()
 
     def eof_received(self):
@@ -158,6 +195,8 @@ class _Conn(asyncio.Protocol):
 
     # --- httptools callbacks -------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            raise _HeadTooLarge(f"the upstream response head has more than {MAX_HEADERS} headers")
         name = name.lower()
         if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
             self.length_known = True
@@ -214,6 +253,10 @@ class _Conn(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
+
+
+class _HeadTooLarge(Exception):
+    pass
 
 
 def _expire(fut: asyncio.Future) -> None:
@@ -298,6 +341,7 @@ class UpstreamPool:
 
     def _put(self, conn: _Conn) -> None:
         conn._reset()
+        conn.in_use = False
         conn.reused = True
         conn.idle_since = time.monotonic()
         idle = self._idle.setdefault(conn.key, [])
@@ -314,6 +358,7 @@ class UpstreamPool:
         while idle:
             conn = idle.pop()
             if not conn.closed and conn.idle_since >= oldest_ok:
+                conn.in_use = True
                 return conn
             conn.abort()
         return None
@@ -330,7 +375,7 @@ class UpstreamPool:
                     lambda: _Conn(loop, self, key), host, port, ssl=tls,
                     server_hostname=host if tls is not None else None)
         except TimeoutError:
-            raise UpstreamTimeoutError(f"connect to {host}:{port} timed out") from None
+            raise UpstreamConnectTimeout(f"connect to {host}:{port} timed out") from None
         except (OSError, ssl.SSLError) as exc:
             raise UpstreamConnectError(f"connect to {host}:{port} failed: {exc}") from None
         self.opened += 1
@@ -358,13 +403,18 @@ class UpstreamPool:
             conn.head_only = method == "HEAD"
             try:
                 conn.transport.write(data)
+                # The whole head within the idle timeout: a trickle of bytes cannot stretch it.
+                head_deadline = conn.loop.time() + self.idle_timeout
                 while not conn.headers_done:
                     if conn.error is not None:
                         raise conn.error
-                    await conn.wait(self.idle_timeout)
+                    left = head_deadline - conn.loop.time()
+                    if left <= 0:
+                        raise UpstreamTimeoutError("the upstream did not send a whole response head in time")
+                    await conn.wait(left)
             except _Stale:
                 conn.abort()
-                if attempt == 0:
+                if attempt == 0 and method in IDEMPOTENT:
                     continue
                 raise UpstreamClosedError("the upstream closed the connection before answering") from None
             except BaseException:

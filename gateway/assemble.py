@@ -34,6 +34,11 @@ def upstream_pool(settings: GatewaySettings) -> UpstreamPool:
     are dropped after 4 s, under uvicorn's (and so vLLM's) 5 s keep-alive, so a reused socket is
     rarely one the upstream is closing."""
     ctx = backend_ssl(settings.backend_tls)
+    if settings.upstream_client == "aiohttp":  # the side-by-side measurement (scripts/bench-gateway)
+        from gateway.upstream_aiohttp import AiohttpPool
+
+        return AiohttpPool(ctx if isinstance(ctx, ssl.SSLContext) else None, connect_timeout=5.0,
+                           idle_timeout=settings.idle_secs, keepalive_secs=4.0)
     return UpstreamPool(ctx if isinstance(ctx, ssl.SSLContext) else None, connect_timeout=5.0,
                         idle_timeout=settings.idle_secs, keepalive_secs=4.0)
 

@@ -54,6 +54,7 @@ class GatewaySettings:
     cache_ttl_secs: float = 1.0
     oidc_endpoints_claim: str = "fabric_endpoints"
     slot_lease_secs: int = 10  # in-flight slots of a dead gateway come back within this
+    upstream_client: str = "http1"  # or "aiohttp" (needs aiohttp importable; for measurement)
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -116,6 +117,18 @@ def _backend_tls(env: dict[str, str]) -> BackendTls:
     return BackendTls(enabled, *values)
 
 
+def _upstream_client(env: dict[str, str]) -> str:
+    value = env.get("FABRIC_GATEWAY_UPSTREAM_CLIENT", "").strip() or "http1"
+    if value not in ("http1", "aiohttp"):
+        raise SettingsError("FABRIC_GATEWAY_UPSTREAM_CLIENT must be http1 or aiohttp")
+    if value == "aiohttp":
+        try:
+            import aiohttp  # noqa: F401
+        except ImportError:
+            raise SettingsError("FABRIC_GATEWAY_UPSTREAM_CLIENT=aiohttp but aiohttp is not importable") from None
+    return value
+
+
 def _lease_secs(env: dict[str, str]) -> int:
     secs = _number(env, "FABRIC_GATEWAY_SLOT_LEASE_SECS", 10)
     if not 2 <= secs <= 300:
@@ -149,4 +162,5 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         cache_ttl_secs=_number(env, "FABRIC_GATEWAY_CACHE_SECS", 1.0, float),
         oidc_endpoints_claim=env.get("FABRIC_OIDC_ENDPOINTS_CLAIM", "").strip() or "fabric_endpoints",
         slot_lease_secs=_lease_secs(env),
+        upstream_client=_upstream_client(env),
     )

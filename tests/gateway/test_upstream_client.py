@@ -2,7 +2,9 @@
 on the wire is the test's choice): Content-Length and chunked bodies, streaming without
 buffering, keep-alive reuse, Connection: close, a stale kept-alive socket, the idle and
 connect timeouts, a response closed early (the client left) closing the upstream socket, and
-keep_only dropping the idle sockets of other origins."""
+keep_only dropping the idle sockets of other origins. And an upstream that misbehaves: heads over
+the header limits, a trickled head, unsolicited bytes on an idle pooled socket, a POST on a
+stale socket (never replayed), a connect timeout (tried on the next target)."""
 
 from __future__ import annotations
 
@@ -175,7 +177,7 @@ def test_connection_close_and_read_until_eof_bodies_are_not_reused():
     asyncio.run(main())
 
 
-def test_a_stale_kept_alive_socket_is_retried_on_a_fresh_one():
+def test_a_stale_kept_alive_socket_is_retried_only_for_idempotent_methods():
     async def main():
         async def one_then_close(server, reader, writer):
             await server.read_request(reader)
@@ -187,11 +189,123 @@ def test_a_stale_kept_alive_socket_is_retried_on_a_fresh_one():
         async with RawServer(one_then_close) as srv:
             pool = UpstreamPool()
             for _ in range(2):
-                resp = await pool.request("http", "127.0.0.1", srv.port, "POST", b"/", [], b"x")
+                resp = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
                 assert b"".join(await read_all(resp)) == b"ok"
                 resp.close()
             assert srv.connections == 2
+            # A POST may have been acted on: on the (stale) kept-alive socket it fails, and is not
+            # replayed on a fresh one.
+            with pytest.raises(UpstreamClosedError):
+                await pool.request("http", "127.0.0.1", srv.port, "POST", b"/", [], b"x")
+            assert srv.connections == 2
             pool.close()
+
+    asyncio.run(main())
+
+
+def test_unsolicited_bytes_on_an_idle_socket_never_answer_the_next_request():
+    async def main():
+        async def then_stray(server, reader, writer):
+            if server.connections > 1:  # a fresh connection answers honestly
+                while True:
+                    await server.read_request(reader)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok2")
+                    await writer.drain()
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok1")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            # Nothing was asked: a whole stray "response" on the idle kept-alive socket.
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!")
+            await writer.drain()
+            while True:
+                await server.read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok2")
+                await writer.drain()
+
+        async with RawServer(then_stray) as srv:
+            pool = UpstreamPool()
+            resp = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+            assert b"".join(await read_all(resp)) == b"ok1"
+            resp.close()
+            await asyncio.sleep(0.3)
+            resp = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+            assert b"".join(await read_all(resp)) == b"ok2"
+            resp.close()
+            pool.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(300)) + b"Content-Length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 200_000 + b"\r\nContent-Length: 0\r\n\r\n",
+])
+def test_response_heads_over_the_limits_are_refused(head):
+    async def main():
+        async def huge(server, reader, writer):
+            await server.read_request(reader)
+            writer.write(head)
+            await writer.drain()
+            await reader.read(1)
+
+        async with RawServer(huge) as srv:
+            pool = UpstreamPool()
+            with pytest.raises(UpstreamClosedError, match="head"):
+                await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_a_trickled_response_head_times_out_as_a_whole():
+    async def main():
+        async def trickle(server, reader, writer):
+            await server.read_request(reader)
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"s" * 200:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.05)  # always within the idle timeout of one gap
+
+        async with RawServer(trickle) as srv:
+            pool = UpstreamPool(idle_timeout=0.5)
+            with pytest.raises(UpstreamTimeoutError):
+                await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_a_connect_timeout_is_a_connect_failure_and_moves_to_the_next_target():
+    from gateway.proxy import _open
+
+    async def main():
+        # A listener that never accepts, its backlog already full: a new SYN is dropped.
+        black = socket.socket()
+        black.bind(("127.0.0.1", 0))
+        black.listen(0)
+        fillers = []
+        for _ in range(4):
+            f = socket.socket()
+            f.setblocking(False)
+            try:
+                f.connect(black.getsockname())
+            except BlockingIOError:
+                pass
+            fillers.append(f)
+        async with RawServer(keepalive_ok) as srv:
+            pool = UpstreamPool(connect_timeout=0.5)
+            with pytest.raises(UpstreamConnectError):
+                await pool.request("http", "127.0.0.1", black.getsockname()[1], "GET", b"/", [], b"")
+            targets = [f"http://127.0.0.1:{black.getsockname()[1]}", f"http://127.0.0.1:{srv.port}"]
+            resp = await _open(pool, targets, "POST", b"/", [], b"{}", False)
+            assert resp.status == 200 and srv.connections == 1
+            await read_all(resp)
+            resp.close()
+            pool.close()
+        for f in fillers:
+            f.close()
+        black.close()
 
     asyncio.run(main())
 
