@@ -8,6 +8,9 @@ Semantics (etcd's, so the SQLite backend can be swapped for etcd without surpris
     (GPU reservations, VIPs, leader locks) are taken this way.
   - ``cas`` writes only when the key's current mod_revision equals the one given; it is how
     counters and read-modify-write updates stay exact under several processes.
+  - ``create_all`` creates several absent keys in one transaction at one revision, or none of
+    them (an etcd txn; one SQLite transaction): how the audit writer appends a batch of rows
+    with one commit instead of one per row.
   - A key attached to a lease disappears when the lease expires (TTL seconds without refresh)
     or is revoked.
   - ``watch`` long-polls: it returns the events under a prefix with revision > after_revision,
@@ -62,6 +65,11 @@ class Store(Protocol):
 
     def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
         """Write only if the key exists with this mod_revision; True on success."""
+        ...
+
+    def create_all(self, items: list[tuple[str, str]]) -> bool:
+        """Create every (key, value) if none of the keys exists, at one revision; else write
+        nothing and return False."""
         ...
 
     def delete(self, key: str, *, mod_revision: int | None = None) -> bool:

@@ -133,6 +133,17 @@ class EtcdStore:
         )
         return bool(result.get("succeeded", False))
 
+    def create_all(self, items: list[tuple[str, str]]) -> bool:
+        if not items:
+            return True
+        result = self._post("/kv/txn", {
+            "compare": [{"key": _b64(k), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}
+                        for k, _ in items],
+            "success": [{"request_put": self._put_request(k, v, None)} for k, v in items],
+            "failure": [],
+        })
+        return bool(result.get("succeeded", False))
+
     def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
         # An absent key compares as mod_revision 0 in etcd; the contract says "exists", so refuse 0.
         if mod_revision <= 0:

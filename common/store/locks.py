@@ -171,6 +171,10 @@ class FencedStore:
         self.lock.check(f"create {key}")
         return self.inner.create(key, value, lease=lease)
 
+    def create_all(self, items: list[tuple[str, str]]) -> bool:
+        self.lock.check(f"create {len(items)} keys")
+        return self.inner.create_all(items)
+
     def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
         self.lock.check(f"cas {key}")
         return self.inner.cas(key, value, mod_revision, lease=lease)

@@ -160,6 +160,18 @@ class SqliteStore:
             _upsert(db, key, value, rev, rev, lease)
             return True
 
+    def create_all(self, items: list[tuple[str, str]]) -> bool:
+        if not items:
+            return True
+        with self._write() as db:
+            for key, _ in items:
+                if db.execute("SELECT 1 FROM kv WHERE key = ?", (key,)).fetchone():
+                    return False
+            rev = _bump(db)
+            for key, value in items:
+                _upsert(db, key, value, rev, rev, None)
+            return True
+
     def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
         with self._write() as db:
             _check_lease(db, lease)

@@ -69,6 +69,17 @@ def test_create_if_absent(store, ns):
     assert store.get(key).value == "third"
 
 
+def test_create_all_is_all_or_nothing_at_one_revision(store, ns):
+    items = [(ns + f"batch/{i}", f"v{i}") for i in range(3)]
+    assert store.create_all(items) is True
+    kvs = store.list(ns + "batch/")
+    assert [kv.value for kv in kvs] == ["v0", "v1", "v2"] and len({kv.mod_revision for kv in kvs}) == 1
+    # One key already there: nothing of the second batch is written.
+    assert store.create_all([(ns + "batch/3", "x"), (ns + "batch/1", "y")]) is False
+    assert store.get(ns + "batch/3") is None and store.get(ns + "batch/1").value == "v1"
+    assert store.create_all([]) is True
+
+
 def test_cas(store, ns):
     key = ns + "counter"
     assert store.cas(key, "1", 0) is False  # absent key: cas never creates
