@@ -172,7 +172,8 @@ class GatewayApp:
             check_caps(st.settings, facts)
             targets = order_targets(view, headers.get("x-session-id") or info.prompt_head or None, st.scheme)
             fwd_headers = upstream_headers(scope["headers"], request_id.encode())
-            if rec is not None and rec.model and route.path.rstrip("/") == "/v1/batches" and not dry:
+            creates_batch = scope["method"] == "POST" and route.path.rstrip("/") == "/v1/batches"
+            if rec is not None and rec.model and creates_batch and not dry:
                 await batch_scope.check_batch(st.client, targets, fwd_headers, info.data, rec.model,
                                               st.settings.max_upload)
             plan = plan_admission(st.settings, facts)
