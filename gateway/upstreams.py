@@ -8,6 +8,12 @@ first 64 prompt characters, hashed with rendezvous hashing so a replica set chan
 sessions) right after it, or first when there is no VIP; then the other ready replicas, which
 are only used for the single connect-failure retry.
 
+During a canary or blue/green rollout (common.rollouts, the deployment's active record with a
+share) the rendezvous hashing is weighted: the new revision's replicas together get ``share`` %
+of the sessions, the others the rest, so calls that pick a replica directly (no VIP) follow the
+same split as the Maglev table. A replica at weight 0 (the new set before its first step or
+switch, or during a rollback) is never first, only a last retry.
+
 A replica is a target only when ready, not draining, with an address, and -- when the endpoint
 sets ``allowed_sites`` or ``residency`` -- on a node whose site is allowed (the same rule as the
 routing controller's; a replica whose node or site is unknown is left out then).
@@ -21,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from dataclasses import dataclass, field
 
 from common import keyspace
 from common.errors import LimitExceeded, NotFound, TransientError
+from common.rollouts import Rollout
 from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
 from common.store.base import Store
 
@@ -39,6 +47,7 @@ class EndpointView:
     endpoint: InferenceEndpoint
     replicas: tuple[Replica, ...]  # ready, not draining, with an address
     queue_depths: dict[str, tuple[float, float]]  # replica id -> (queue depth, scraped_at), ok scrapes only
+    weights: dict[str, float] = field(default_factory=dict)  # replica id -> rollout weight; empty: all equal
 
 
 def site_allowed(endpoint: InferenceEndpoint, site: str | None) -> bool:
@@ -60,10 +69,35 @@ def _score(session: str, replica_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{session}\0{replica_id}".encode(), digest_size=8).digest(), "big")
 
 
+def _weighted_score(session: str, replica_id: str, weight: float) -> float:
+    """Weighted rendezvous hashing: each replica wins sessions in proportion to its weight."""
+    if weight <= 0:
+        return -math.inf
+    u = (_score(session, replica_id) + 0.5) / 2**64
+    return -weight / math.log(u)
+
+
+def rollout_weights(replicas: tuple[Replica, ...], record: Rollout | None) -> dict[str, float]:
+    """Pure: per-replica weights for a rollout's share (empty when there is no split)."""
+    if record is None or not record.active or record.share is None:
+        return {}
+    new = [r for r in replicas if r.revision == record.to_revision]
+    old = [r for r in replicas if r.revision != record.to_revision]
+    if not new or not old:
+        return {}
+    out = {r.replica_id: record.share / len(new) for r in new}
+    out.update({r.replica_id: (100 - record.share) / len(old) for r in old})
+    return out
+
+
 def order_targets(view: EndpointView, session: str | None, scheme: str = "http") -> list[str]:
     """Pure: base URLs to try, best first."""
     reps = list(view.replicas)
-    if session and len(reps) > 1:
+    if view.weights and len(reps) > 1:
+        key = session or ""
+        reps.sort(key=lambda r: _weighted_score(key, r.replica_id, view.weights.get(r.replica_id, 0.0)),
+                  reverse=True)
+    elif session and len(reps) > 1:
         reps.sort(key=lambda r: _score(session, r.replica_id), reverse=True)
     urls = [f"{scheme}://{_host(r.host)}:{r.port}" for r in reps]
     if view.endpoint.status.vip:
@@ -114,7 +148,18 @@ def read_view(store: Store, name: str) -> EndpointView:
             obs = ReplicaObservation.model_validate_json(ob.value)
             if obs.ok:
                 depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
-    return EndpointView(endpoint, ready, depths)
+    return EndpointView(endpoint, ready, depths, rollout_weights(ready, _active_rollout(store, endpoint.deployment)))
+
+
+def _active_rollout(store: Store, deployment: str) -> Rollout | None:
+    kvs = store.list(keyspace.rollouts(deployment))
+    if not kvs:
+        return None
+    try:
+        record = Rollout.model_validate_json(max(kvs, key=lambda kv: kv.key).value)
+    except ValueError:
+        return None
+    return record if record.active else None
 
 
 @dataclass
