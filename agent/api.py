@@ -7,6 +7,7 @@
     PUT    /v1/maglev/services/{vip}/{port}/{proto}  the whole backend set of one service
     GET    /v1/maglev/services[/{vip}/{port}/{proto}]
     DELETE /v1/maglev/services/{vip}/{port}/{proto}  404 when absent
+    POST   /v1/gpus/{bdf}/mig, DELETE /v1/gpus/{bdf}/mig/{gi}/{ci}   MIG instances (agent/mig_routes.py)
     GET    /v1/health, GET /metrics
 
 Who may call: TLS admits only certificates from the cluster CA (the server demands one), and
@@ -31,6 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 
+from agent.mig_routes import mig_router
 from agent.state import AgentState, as_dict, read_inventory
 from agent.vm.base import VmSpec, VmStatus
 from common.agent_api import (
@@ -208,6 +210,10 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
 
     @app.post("/v1/vms", response_model=VmInfo, status_code=201)
     def create_vm(req: VmCreateRequest) -> VmInfo:
+        if req.mig_slices and state.vm_driver.name not in ("lab", "dry-run"):
+            # A MIG instance cannot be passed through VFIO to a VM (that needs NVIDIA vGPU).
+            raise Refused(f"the {state.vm_driver.name} driver cannot give a VM a MIG slice "
+                          f"({', '.join(req.mig_slices)}); slices serve lab and dry-run replicas only")
         if req.gpus and state.binder is not None:
             known = {g.pci for g in read_inventory(state.inventory).gpus}
             missing = [b for b in req.gpus if b not in known]
@@ -303,4 +309,5 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     def metrics() -> Response:
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(mig_router())
     return app

@@ -78,6 +78,8 @@ class VmCreateRequest(WireModel):
     model_source: str = Field(..., min_length=1, max_length=1024)
     runtime: str = "vllm"
     gpus: list[str] = Field(default_factory=list, max_length=8)
+    mig_slices: list[str] = Field(default_factory=list, max_length=1,
+                                  description="a MIG slice id (PARENT--PROFILE--N) the replica runs on")
     gpu_memory_mib: int = Field(0, ge=0)
     cpu: int = Field(1, ge=1, le=512)
     memory_gib: float = Field(1, gt=0, le=8192)
@@ -108,6 +110,16 @@ class VmCreateRequest(WireModel):
     @classmethod
     def _gpus(cls, v: list[str]) -> list[str]:
         return [check_bdf(b) for b in v]
+
+    @field_validator("mig_slices")
+    @classmethod
+    def _slices(cls, v: list[str]) -> list[str]:
+        for s in v:
+            parent, _, rest = s.partition("--")
+            check_bdf(parent)
+            if not re.match(r"^[1-7]g\.[0-9]+gb--[0-9]$", rest):
+                raise ValueError(f"mig slice {s!r}: expected PARENT--PROFILE--N")
+        return v
 
     @field_validator("engine_args")
     @classmethod

@@ -97,3 +97,10 @@ def rollouts(deployment: str = "", rollout_id: int | None = None) -> str:
 def batches(batch_id: str = "") -> str:
     """Batch job records: /fabric/batches/{id} (the id is fabricd's, never the caller's)."""
     return f"{ROOT}/batches/{batch_id}"
+
+
+def mig_slices(node_id: str = "", slice_id: str = "") -> str:
+    """MIG slice records: /fabric/mig/{node}/{slice id} (slice id PARENT--PROFILE--N)."""
+    if not node_id:
+        return f"{ROOT}/mig/"
+    return f"{ROOT}/mig/{node_id}/{slice_id}"

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from common.mig_catalog import canonical_name
 from common.runtimes import RUNTIME_NAMES, RUNTIME_TABLE
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -123,6 +124,19 @@ class GpuRequest(Spec):
     count: int = Field(1, ge=1, le=8, description="whole GPUs per replica, 1-8")
     vram_gib: float = Field(..., gt=0, description="minimum memory per GPU in GiB")
     model: str | None = Field(None, description="GPU model name filter, e.g. H100")
+    mig_profile: str | None = Field(None, description="run on a MIG slice of this profile (1g.10gb, 2g.20gb, "
+                                                      "3g.40gb, 7g.80gb) instead of a whole GPU")
+
+    @field_validator("mig_profile")
+    @classmethod
+    def _mig_profile(cls, v: str | None) -> str | None:
+        return None if v is None else canonical_name(v)
+
+    @model_validator(mode="after")
+    def _one_slice(self) -> GpuRequest:
+        if self.mig_profile and self.count != 1:
+            raise ValueError("gpu.count must be 1 with gpu.mig_profile (a replica runs on one MIG slice)")
+        return self
 
 
 class InferenceProfile(Resource):
@@ -217,6 +231,8 @@ class GpuInfo(BaseModel):
     power_w: float = 0
     ecc_uncorrected: int = 0
     mig_mode: bool = False
+    mig_profile: str | None = Field(None, description="set on a MIG slice: its profile (pci is the slice id)")
+    mig_parent: str | None = Field(None, description="set on a MIG slice: the parent GPU's PCI address")
 
 
 class Node(Spec):

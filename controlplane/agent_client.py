@@ -90,6 +90,13 @@ class AgentClient:
     async def release_gpu(self, bdf: str) -> GpuBindResult:
         return GpuBindResult.model_validate((await self._call("POST", f"/v1/gpus/{bdf}/release")).json())
 
+    # MIG instances (the agent refuses unless it runs with FABRIC_PCI_MIG=1)
+    async def create_mig(self, bdf: str, profile: str) -> dict:
+        return (await self._call("POST", f"/v1/gpus/{bdf}/mig", json={"profile": profile})).json()
+
+    async def destroy_mig(self, bdf: str, gpu_instance_id: int, compute_instance_id: int) -> None:
+        await self._call("DELETE", f"/v1/gpus/{bdf}/mig/{gpu_instance_id}/{compute_instance_id}", missing_ok=True)
+
     # VMs
     async def create_vm(self, req: VmCreateRequest) -> VmInfo:
         resp = await self._call("POST", "/v1/vms", json=req.model_dump(mode="json"))

@@ -31,6 +31,8 @@ from common.schemas import (
     ReplicaObservation,
 )
 from common.store.base import KV, Store
+from controlplane.mig.catalog import MigSlice
+from controlplane.mig.inventory import nodes_with_slices
 from controlplane.scheduler import Committed, committed_resources
 
 MANAGED_VMS = f"{keyspace.ROOT}/managed/vms/"
@@ -183,6 +185,9 @@ def load_snapshot(store: Store) -> Snapshot:
         if rec is not None and (newest is None or rec.id > newest.id):
             snap.rollouts[rec.deployment] = rec
     snap.rollouts = {d: r for d, r in snap.rollouts.items() if r.active}
+    # MIG slices are schedulable GPUs of their node; their parents are not (controlplane.mig).
+    slices = [s for s in (_parse(kv, MigSlice) for kv in store.list(keyspace.mig_slices())) if s is not None]
+    snap.nodes = nodes_with_slices(snap.nodes, slices)
     prefix = keyspace.gpu_reservations()
     for kv in store.list(prefix):
         node, _, pci = kv.key[len(prefix):].partition("/")

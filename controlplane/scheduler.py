@@ -117,6 +117,11 @@ def node_online(node: Node, now: float, settings: SchedulerSettings) -> bool:
 
 
 def _gpu_problem(gpu: GpuInfo, profile: InferenceProfile, settings: SchedulerSettings) -> str | None:
+    wanted = profile.gpu.mig_profile
+    if wanted and gpu.mig_profile != wanted:
+        return f"not a {wanted} MIG slice"
+    if not wanted and gpu.mig_profile:
+        return "a MIG slice"
     if gpu.mig_mode:
         return "in MIG mode"
     if profile.gpu.model and profile.gpu.model.lower() not in gpu.name.lower():

@@ -69,6 +69,7 @@ def build_app() -> typer.Typer:
         explain,
         keys,
         login,
+        mig,
         nodes,
         resources,
         rollouts,
@@ -99,6 +100,10 @@ def build_app() -> typer.Typer:
     ai.add_typer(resources.endpoint_app, name="endpoint")
     ai.command("events")(resources.events)
     ai.add_typer(keys.key_app, name="key")
+    have = {c.name for c in nodes.node_app.registered_commands}
+    for name, command in (("mig-create", mig.mig_create), ("mig-delete", mig.mig_delete), ("mig-list", mig.mig_list)):
+        if name not in have:  # build_app may run more than once in one process
+            nodes.node_app.command(name)(command)
     ai.add_typer(nodes.node_app, name="node")
     ai.command("gpus")(nodes.gpus)
     ai.command("capacity")(capacity.capacity)

@@ -223,14 +223,17 @@ class ReconcileWorker:
         if node is None or profile is None or model is None:
             return
         agent = self.agent(node)
+        slices = {g.pci for g in node.gpus if g.mig_profile}  # MIG slices are not bound through VFIO
+        whole = [pci for pci in replica.gpus if pci not in slices]
         try:
-            for pci in replica.gpus:
+            for pci in whole:
                 await agent.bind_gpu(pci)
             self.store.put(managed_vm_key(node.id, replica.replica_id), json.dumps({"deployment": dep.name}))
             gpu_mib = max((g.memory_total_mib for g in node.gpus if g.pci in replica.gpus), default=0)
             vm = await agent.create_vm(VmCreateRequest(
                 replica_id=replica.replica_id, deployment=dep.name, model_name=model.name,
-                model_source=model.source, runtime=profile.runtime, gpus=list(replica.gpus),
+                model_source=model.source, runtime=profile.runtime, gpus=whole,
+                mig_slices=[pci for pci in replica.gpus if pci in slices],
                 gpu_memory_mib=gpu_mib, cpu=profile.cpu, memory_gib=profile.memory_gib,
                 max_model_len=profile.max_model_len, extra_args=list(profile.extra_args) + engine_args))
         except TransientError as exc:
@@ -255,7 +258,8 @@ class ReconcileWorker:
                 await agent.delete_vm(r.replica_id)
                 self.store.delete(managed_vm_key(node.id, r.replica_id))
                 for pci in r.gpus:
-                    await agent.release_gpu(pci)
+                    if "--" not in pci:  # a MIG slice id (PARENT--PROFILE--N) was never bound
+                        await agent.release_gpu(pci)
                     self.store.delete(keyspace.gpu_reservations(node.id, pci))
             except FabricError as exc:
                 errors.append(f"cannot remove {r.replica_id} on {node.id} yet: {exc.message}")

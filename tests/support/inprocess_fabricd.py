@@ -22,9 +22,11 @@ from tests.support.servers import free_port
 
 @contextmanager
 def serve_fabricd(store: Store, state_dir: Path, *, controllers_running: bool = False,
-                  run_controllers: bool = False) -> Iterator[tuple[httpx.Client, AppState]]:
+                  run_controllers: bool = False, insecure: bool = False) -> Iterator[tuple[httpx.Client, AppState]]:
+    """``insecure`` lets fabricd call agents over plain HTTP on loopback (fabricd serve --insecure)."""
     ensure_admin_password(state_dir)
-    state = AppState(store=store, state_dir=state_dir, settings=Settings(run_controllers=run_controllers))
+    state = AppState(store=store, state_dir=state_dir,
+                     settings=Settings(run_controllers=run_controllers, insecure=insecure))
     state.controllers_running = controllers_running
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
