@@ -124,3 +124,34 @@ def test_canary_succeeds_then_a_failing_canary_rolls_back_by_itself(cluster):
         assert dep["revision"] == 2
         revs = {r["revision"]: r for r in api.get(f"/api/ai/deployments/{DEP}/revisions").json()}
         assert revs[2]["superseded_at"] is None and revs[3]["superseded_at"] is None
+
+
+def test_rolling_update_keeps_two_routed_replicas_throughout(cluster):
+    """Rolling from revision 2 to 4 (max_surge 1, max_unavailable 0, 1 s healthy): replicas are
+    replaced one at a time and the endpoint routes to two ready replicas at every sample."""
+    with cluster.api() as api:
+        assert api.post(f"/api/ai/deployments/{DEP}/revisions", json={"engine_args": ["--seed", "4"]}
+                        ).status_code == 201
+        r = api.post(f"/api/ai/deployments/{DEP}/rollouts", json={
+            "to_revision": 4, "strategy": "rolling", "max_surge": 1, "max_unavailable": 0, "min_healthy_secs": 1})
+        assert r.status_code == 201, r.text
+        lowest, most = 99, 0
+
+        def done():
+            nonlocal lowest, most
+            routed = [x for x in api.get(f"/api/ai/explain/routing/{EP}").json()["replicas"] if x["included"]]
+            reps = replicas(api)
+            lowest, most = min(lowest, len(routed)), max(most, len([x for x in reps if not x["draining"]]))
+            body = explain(api)
+            return body.get("phase") == "Succeeded" and body
+        try:
+            body = wait_for(done, 120, "the rolling update to finish", interval=0.2)
+        except AssertionError:
+            raise AssertionError(f"{explain(api)}\n{cluster.tail()}") from None
+        assert lowest >= 2, lowest  # never fewer than N routed (max_unavailable 0)
+        assert most <= 3, most  # never more than N + max_surge live
+        assert body["revision"] == 4
+        revs = {r["revision"]: r for r in api.get(f"/api/ai/deployments/{DEP}/revisions").json()}
+        assert revs[2]["superseded_at"] is not None and revs[4]["superseded_at"] is None
+        wait_for(lambda: len(replicas(api)) == 2 and all(
+            m["ready"] for m in explain(api)["sets"]["new"]["members"]), 60, "two revision-4 replicas only")
