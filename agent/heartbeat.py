@@ -88,6 +88,7 @@ def build_report(state: AgentState, address: str, gpus: list[GpuInfo], inventory
         taints=list(state.taints), gpus=gpus, cpu_free=resources.cpu_free,
         memory_free_gib=resources.memory_free_gib, cached_models=models,
         vm_driver=state.vm_driver.name, inventory_message=inventory_message,
+        model_jobs=state.models is not None,
     )
 
 

@@ -220,6 +220,7 @@ class NodeReport(WireModel):
     memory_free_gib: float = Field(0, ge=0)
     cached_models: list[str] = Field(default_factory=list)
     vm_driver: str = "libvirt"
+    model_jobs: bool = False
     inventory_message: str = ""
 
     @field_validator("id")

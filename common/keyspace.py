@@ -7,6 +7,13 @@ def models(name: str = "") -> str:
     return f"{ROOT}/models/{name}"
 
 
+def model_jobs(model: str = "", node: str = "") -> str:
+    """One job per (model, node): /fabric/model-jobs/{model}/{node}."""
+    if not model:
+        return f"{ROOT}/model-jobs/"
+    return f"{ROOT}/model-jobs/{model}/{node}"
+
+
 def profiles(name: str = "") -> str:
     return f"{ROOT}/profiles/{name}"
 

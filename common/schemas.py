@@ -108,16 +108,39 @@ class Resource(Spec):
         return check_name(v)
 
 
+class ModelStatus(Status):
+    digest: str | None = Field(None, description="SHA-256 of the manifest, once a node has verified it")
+    revision: str | None = Field(None, description="the commit sha the revision resolved to (hf:// sources)")
+
+
 class ModelArtifact(Resource):
     source: str
     license: str | None = None
     residency: str | None = None
-    status: Status = Field(default_factory=lambda: Status(phase="Registered", message="model registered"))
+    digest: str | None = Field(None, description="expected digest: SHA-256 of the sorted manifest")
+    require_checksum: bool = Field(False, description="refuse to go Ready without a matching expected digest")
+    signature: str | None = Field(None, description="HMAC-SHA256 hex of the digest under FABRIC_MODEL_SIGNING_KEY")
+    size_bytes: int | None = Field(None, ge=0, description="declared size; refused when the node has less free")
+    status: ModelStatus = Field(default_factory=lambda: ModelStatus(phase="Registered", message="model registered"))
 
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
         return check_source(v)
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[0-9a-f]{64}$", v):
+            raise ValueError(f"digest {v!r}: expected 64 lowercase hex characters (SHA-256)")
+        return v
+
+    @field_validator("signature")
+    @classmethod
+    def _signature(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[0-9a-fA-F]{64}$", v):
+            raise ValueError("signature: expected 64 hex characters (HMAC-SHA256 of the digest)")
+        return v
 
 
 class GpuRequest(Spec):
@@ -246,6 +269,7 @@ class Node(Spec):
     memory_free_gib: float = 0
     cached_models: list[str] = Field(default_factory=list)
     vm_driver: str = "libvirt"
+    model_jobs: bool = Field(False, description="its agent materializes models (replicas wait for Ready)")
     inventory_message: str = ""
     last_heartbeat: float = 0
 

@@ -28,11 +28,13 @@ from common.agent_api import (
     VmList,
 )
 from common.errors import FabricError, Refused, TransientError, error_for_status
+from common.model_api import AgentJobRequest, AgentJobView, CacheList, VerifyRequest, VerifyResult
 from common.pki import client_ssl_context, pki_dir
 from common.schemas import Node
 
 DEFAULT_TIMEOUT_S = 10.0
 CLIENT_CERT_NAME = "fabricd"
+VERIFY_TIMEOUT_S = 1800.0
 
 
 def error_from_response(resp: httpx.Response, what: str) -> FabricError:
@@ -65,10 +67,11 @@ class AgentClient:
         await self.aclose()
 
     async def _call(self, method: str, path: str, *, json: Any = None,
-                    missing_ok: bool = False) -> httpx.Response | None:
+                    missing_ok: bool = False, timeout: float | None = None) -> httpx.Response | None:
         what = f"{method} {path}"
         try:
-            resp = await self._http.request(method, path, json=json)
+            resp = await self._http.request(method, path, json=json,
+                                            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
         except httpx.TimeoutException as exc:
             raise TransientError(f"agent {self.base_url} timed out on {what}") from exc
         except httpx.TransportError as exc:
@@ -128,6 +131,23 @@ class AgentClient:
     async def delete_service(self, vip: str, port: int, proto: str) -> bool:
         path = f"/v1/maglev/services/{vip}/{port}/{proto}"
         return await self._call("DELETE", path, missing_ok=True) is not None
+
+    # Models
+    async def submit_model_job(self, req: AgentJobRequest) -> AgentJobView:
+        resp = await self._call("POST", "/v1/models/jobs", json=req.model_dump(mode="json"))
+        return AgentJobView.model_validate(resp.json())
+
+    async def model_cache(self) -> CacheList:
+        return CacheList.model_validate((await self._call("GET", "/v1/models/cache")).json())
+
+    async def evict_model(self, digest: str) -> bool:
+        return await self._call("DELETE", f"/v1/models/cache/{digest}", missing_ok=True) is not None
+
+    async def verify_model(self, req: VerifyRequest) -> VerifyResult:
+        # Hashing a large model takes minutes: wait for it (VERIFY_TIMEOUT_S), not the default.
+        resp = await self._call("POST", "/v1/models/verify", json=req.model_dump(mode="json"),
+                                timeout=VERIFY_TIMEOUT_S)
+        return VerifyResult.model_validate(resp.json())
 
     async def health(self) -> AgentHealth:
         return AgentHealth.model_validate((await self._call("GET", "/v1/health")).json())

@@ -1,11 +1,13 @@
 """fabricd's background controllers: `start(state) -> handle`, `handle.stop()`.
 
-One thread runs an asyncio loop with three periodic jobs, all leader-only:
+One thread runs an asyncio loop with four periodic jobs, all leader-only:
   reconcile  every FABRIC_RECONCILE_SECS (15 s) and soon after a deployment or endpoint changes
              (a store.watch long-poll wakes it): replicas, health, scale, drain, delete;
   routing    every FABRIC_ROUTING_SECS (10 s): scrape /metrics, advance rollouts
              (controlplane.rollouts), weights, VIPs, Maglev pushes; a changed rollout record
              (an operator's promote, pause or rollback) runs it at once;
+  models     every FABRIC_MODEL_JOBS_SECS (2 s): drive unfinished model jobs on the agents
+             (controlplane.models.worker); a job turning Ready wakes the reconcile job;
   (FABRIC_DRY_RUN=1: reconcile is controlplane.dryrun's synthetic replicas and there is no sweep)
   sweep      with each reconcile: replicas of deployments that no longer exist, GPU reservations
              with no replica record, and Fabric-recorded VMs with no replica record. Only what
@@ -45,6 +47,7 @@ from controlplane import vip_pool
 from controlplane.dryrun.worker import DryRunWorker
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
 from controlplane.reconcile import plan as rp
+from controlplane.models.worker import ModelWorker
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.rollouts.apply import RolloutWorker
 from controlplane.routing.controller import RoutingWorker
@@ -62,6 +65,7 @@ class ControllerSettings:
     routing_s: float = 10.0
     leader_ttl_s: int = 15
     drain_grace_s: float = 30.0
+    models_s: float = 2.0  # model jobs: poll the agents for progress
     dry_run: bool = False  # FABRIC_DRY_RUN=1: synthetic replicas, no agent (controlplane.dryrun)
 
     @classmethod
@@ -72,6 +76,7 @@ class ControllerSettings:
             routing_s=number(env, "FABRIC_ROUTING_SECS", 10.0),
             leader_ttl_s=number(env, "FABRIC_LEADER_TTL_SECS", 15, int),
             drain_grace_s=number(env, "FABRIC_DRAIN_GRACE_SECS", 30.0),
+            models_s=number(env, "FABRIC_MODEL_JOBS_SECS", 2.0),
             dry_run=dry_run_from_env(env),
         )
 
@@ -248,8 +253,9 @@ class ControllerHandle:
                 drain_grace_s=self.settings.drain_grace_s, scheduler=SchedulerSettings.from_env()))
         rollouts = RolloutWorker(store, events_kept=getattr(self.state.settings, "events_kept", 1000))
         routing = RoutingWorker(store, agents, vip_pool.pool_from_env(), metrics=self.metrics, rollouts=rollouts)
+        models = ModelWorker(store, agents)
         keeper = asyncio.create_task(self._keep_leading(lock))
-        next_reconcile = next_routing = last_reconcile = last_routing = 0.0
+        next_reconcile = next_routing = last_reconcile = last_routing = next_models = 0.0
         fence_seen: int | None = None
         try:
             while not self._stop.is_set():
@@ -281,8 +287,13 @@ class ControllerHandle:
                     last_routing = time.monotonic()
                     await self._job("routing", lock, routing.tick)
                     next_routing = time.monotonic() + self.settings.routing_s
+                if time.monotonic() >= next_models and lock.held():
+                    await self._job("models", lock, models.tick)
+                    next_models = time.monotonic() + self.settings.models_s
+                    if models.became_ready:  # replicas waiting for that model can start now
+                        next_reconcile = min(next_reconcile, time.monotonic())
                 # Not leading: the keeper wakes us when we take the lock.
-                horizon = min(next_reconcile, next_routing) if lock.held() else now + self.settings.leader_ttl_s
+                horizon = min(next_reconcile, next_routing, next_models) if lock.held() else now + self.settings.leader_ttl_s
                 wait = max(0.05, horizon - time.monotonic())
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=wait)

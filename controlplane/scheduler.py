@@ -12,7 +12,7 @@ Filters, in order (the first that fails is the node's rejection reason):
               replicas already on it hold (``committed``), must cover the profile's cpu and
               memory_gib. Dry-run nodes are no exception: they start no VM, but a replica there
               stands for one that would, so a simulated node fills up like a real one.
-Scores: model already cached (+100), the deployment's preferred site (+50), spread: -30 per
+Scores: model already cached (+100; by its digest once one is known, see ``model_cached``), the deployment's preferred site (+50), spread: -30 per
 replica of the deployment already in the node's failure domain and -10 more per one on the node.
 Ties break on node id, and GPUs are chosen in PCI order, so the same inputs give the same plan.
 
@@ -156,6 +156,15 @@ def _site_problem(node: Node, deployment: InferenceDeployment, model: ModelArtif
     return None
 
 
+def model_cached(model: ModelArtifact, node: Node) -> bool:
+    """Whether the node holds the model's bytes: by digest (what a node verified, or the digest the
+    model expects) when one is known; by name or source only from agents without a model cache."""
+    digests = {d for d in (model.status.digest, model.digest) if d}
+    if digests:
+        return bool(digests & set(node.cached_models))
+    return model.name in node.cached_models or model.source in node.cached_models
+
+
 def judge_node(
     node: Node,
     deployment: InferenceDeployment,
@@ -199,7 +208,7 @@ def judge_node(
             f"needs {profile.memory_gib:g}",
         )
     score, parts = 0, []
-    if model.name in node.cached_models or model.source in node.cached_models:
+    if model_cached(model, node):
         score += SCORE_CACHED
         parts.append("model cached")
     if deployment.preferred_site and node.site == deployment.preferred_site:

@@ -37,12 +37,13 @@ from common.schemas import (
     InferenceEndpoint,
     InferenceProfile,
     ModelArtifact,
-    Status,
+    ModelStatus,
 )
 from common.store.base import Store
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.rollouts import records
+from controlplane.models.records import check_local_source, delete_jobs
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
@@ -118,7 +119,8 @@ def list_models(state: StateDep) -> list[dict]:
 
 @router.post("/models", status_code=201)
 def create_model(body: ModelArtifact, state: StateDep) -> dict:
-    model = _fresh(body, Status(phase="Registered", message="model registered"))
+    check_local_source(body.source)
+    model = _fresh(body, ModelStatus(phase="Registered", message="model registered"))
     return _create(state, keyspace.models(model.name), "model", model, f"model {model.name} from {model.source}")
 
 
@@ -131,7 +133,9 @@ def get_model(name: str, state: StateDep) -> dict:
 def delete_model(name: str, state: StateDep) -> Deleted:
     _get(state.store, keyspace.models(name), "model", name)
     refuse_if_used("model", name, "deployment", users_of(_list(state.store, keyspace.deployments()), "model", name))
-    return _delete(state, keyspace.models(name), "model", name)
+    deleted = _delete(state, keyspace.models(name), "model", name)
+    delete_jobs(state.store, name)  # the cached bytes stay until evicted
+    return deleted
 
 
 # -- profiles -------------------------------------------------------------------------------------

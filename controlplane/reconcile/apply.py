@@ -31,6 +31,7 @@ from common.errors import FabricError, TransientError
 from common.runtimes import health_path
 from common.schemas import InferenceDeployment, Node, Replica
 from common.store.base import Store
+from controlplane.models.gate import model_gate
 from controlplane.orchestration_state import (
     Snapshot,
     get_replica,
@@ -222,6 +223,12 @@ class ReconcileWorker:
         profile, model, engine_args = snap.template(dep, replica.revision)
         if node is None or profile is None or model is None:
             return
+        gate = model_gate(self.store, model, node)
+        if not gate.ready:
+            # The VM waits for verified bytes on this node; the replica shows the job's progress.
+            errors.append(gate.message)
+            self._update(dep.name, replica.replica_id, message=gate.message)
+            return
         agent = self.agent(node)
         slices = {g.pci for g in node.gpus if g.mig_profile}  # MIG slices are not bound through VFIO
         whole = [pci for pci in replica.gpus if pci not in slices]
@@ -235,7 +242,8 @@ class ReconcileWorker:
                 model_source=model.source, runtime=profile.runtime, gpus=whole,
                 mig_slices=[pci for pci in replica.gpus if pci in slices],
                 gpu_memory_mib=gpu_mib, cpu=profile.cpu, memory_gib=profile.memory_gib,
-                max_model_len=profile.max_model_len, extra_args=list(profile.extra_args) + engine_args))
+                max_model_len=profile.max_model_len, extra_args=list(profile.extra_args) + engine_args,
+                model_digest=gate.digest))
         except TransientError as exc:
             errors.append(exc.message)  # names the agent, the last error and the next try
             self._update(dep.name, replica.replica_id, message=f"waiting: {exc.message}")

@@ -24,7 +24,7 @@ def served(tmp_path):
 
 def test_delete_marks_deleting_and_leaves_the_record_for_the_reconciler(served):
     api, store = served
-    api.post("/api/ai/models", json={"name": "m", "source": "/models/m"}).raise_for_status()
+    api.post("/api/ai/models", json={"name": "m", "source": "/srv/models/m"}).raise_for_status()
     api.post("/api/ai/profiles", json={"name": "p", "gpu": {"count": 1, "vram_gib": 8}, "cpu": 1,
                                        "memory_gib": 1}).raise_for_status()
     api.post("/api/ai/deployments", json={"name": "d", "model": "m", "profile": "p"}).raise_for_status()

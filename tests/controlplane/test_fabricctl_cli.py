@@ -100,8 +100,8 @@ def test_server_errors_print_the_message_and_exit_non_zero(ctl_env, args, words)
 
 
 def test_duplicate_is_reported(ctl_env):
-    ctl(ctl_env, "ai", "model", "add", "twice", "--source", "/models/x")
-    proc = ctl(ctl_env, "ai", "model", "add", "twice", "--source", "/models/x", ok=False)
+    ctl(ctl_env, "ai", "model", "add", "twice", "--source", "/srv/models/x")
+    proc = ctl(ctl_env, "ai", "model", "add", "twice", "--source", "/srv/models/x", ok=False)
     assert proc.returncode == 1 and "already exists" in proc.stderr
 
 

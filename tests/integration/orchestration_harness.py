@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 
 from agent.vm.dryrun_driver import DryRunDriver
+from controlplane.lab.hf_mirror import HfMirror, MirrorConfig
+from controlplane.lab.tiny_model import write_tiny_model
 from tests.support.polling import clean_env, wait_for
 from tests.support.servers import free_port
 
@@ -114,7 +116,13 @@ def _wait_fabricd(url: str, proc: subprocess.Popen, log: Path) -> None:
 @contextmanager
 def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None,
                   fabricd_args: tuple[str, ...] = ()):
-    env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", **(env or {})})
+    # The agent materializes models before their replicas start: a loopback mirror serves the
+    # repository deploy() names, as a tiny safetensors model.
+    write_tiny_model(tmp / "hf-mirror" / "Qwen" / "Qwen3-8B")
+    mirror = HfMirror(MirrorConfig(tmp / "hf-mirror")).start()
+    env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_MODEL_JOBS_SECS": "0.5",
+                     "HF_ENDPOINT": mirror.url, **(env or {})})
+    env.pop("HF_TOKEN", None)
     state_dir = tmp / "fabricd"
     subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_dir)], check=True,
                    capture_output=True, env=env)
@@ -154,6 +162,7 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
         stop_engines(tmp / "agent")
         for f in files:
             f.close()
+        mirror.stop()
 
 
 def stop_engines(agent_dir: Path) -> None:

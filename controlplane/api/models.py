@@ -1,0 +1,267 @@
+"""Model supply chain API (admin token): jobs, status, materialize, verify, cache eviction.
+
+  GET  /api/ai/model-jobs                   every job record (one per model and node)
+  GET  /api/ai/models/{name}/status         phase, digest, resolved commit, bytes done/total,
+                                            files, and per node: job state, progress, cached
+  POST /api/ai/models/{name}/materialize    {"nodes": [..]} (default: every online node) records
+                                            a job per node and returns at once (202); a Failed
+                                            job is retried (attempt and retries + 1)
+  POST /api/ai/models/{name}/verify         the agents hash and scan the cached bytes again and
+                                            apply the model's checksum and signature rules; a
+                                            node that fails has its job set Failed
+  POST /api/ai/models/cache/evict           {"budget_bytes": N, "nodes": [..]} or
+                                            FABRIC_MODEL_CACHE_BYTES: per node, deletes least
+                                            recently used digests no deployment's model names
+                                            until the cache fits; the model records remain
+The jobs run outside the request: controlplane.models.worker drives them on the agents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+
+from common import keyspace
+from common.errors import Conflict, FabricError, InvalidInput, NotFound, TransientError
+from common.model_api import ModelJob, VerifyRequest
+from common.schemas import InferenceDeployment, ModelArtifact, Node
+from controlplane.auth import require_admin
+from controlplane.events import record_event
+from controlplane.models import plan
+from controlplane.models.records import create_job, delete_jobs, get_job, list_jobs, load_model, put_job
+from controlplane.models.worker import refresh_model_status
+from controlplane.scheduler import SchedulerSettings, node_online
+from controlplane.state import AppState, StateDep
+
+router = APIRouter(prefix="/api/ai", tags=["models"], dependencies=[Depends(require_admin)])
+
+
+class MaterializeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    nodes: list[str] | None = Field(None, description="nodes to materialize on (default: every online node)")
+
+
+class VerifyModelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EvictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    budget_bytes: int | None = Field(None, ge=0, description="per-node cache budget (default FABRIC_MODEL_CACHE_BYTES)")
+    nodes: list[str] | None = None
+
+
+def _model(state: AppState, name: str) -> ModelArtifact:
+    model = load_model(state.store, name)
+    if model is None:
+        raise NotFound(f"model {name!r} not found")
+    return model
+
+
+def _nodes(state: AppState) -> dict[str, Node]:
+    return {n.id: n for n in (Node.model_validate_json(kv.value) for kv in state.store.list(keyspace.nodes()))}
+
+
+@contextlib.asynccontextmanager
+async def _agents(state: AppState):
+    if state.agents is not None:
+        yield state.agents
+        return
+    from controlplane.agent_client import AgentClients
+
+    clients = AgentClients(state.state_dir, insecure=state.settings.insecure)
+    try:
+        yield clients
+    finally:
+        await clients.aclose()
+
+
+def _job_view(job: ModelJob) -> dict:
+    return {"id": job.id, **job.model_dump(mode="json")}
+
+
+@router.get("/model-jobs")
+def model_jobs(state: StateDep) -> list[dict]:
+    return [_job_view(j) for j in list_jobs(state.store)]
+
+
+@router.get("/models/{name}/status")
+def model_status(name: str, state: StateDep) -> dict:
+    model = _model(state, name)
+    jobs = list_jobs(state.store, name)
+    nodes = _nodes(state)
+    best = max(jobs, key=lambda j: (plan.STATE_ORDER.get(j.state, 0), j.bytes_done), default=None)
+    return {
+        "name": name, "source": model.source, "state": model.status.phase, "message": model.status.message,
+        "digest": model.status.digest, "revision": model.status.revision,
+        "bytes_done": best.bytes_done if best else 0, "bytes_total": best.bytes_total if best else 0,
+        "files": best.files if best else 0,
+        "nodes": [{"node": j.node, "state": j.state, "message": j.message, "bytes_done": j.bytes_done,
+                   "bytes_total": j.bytes_total, "files": j.files, "digest": j.digest, "retries": j.retries,
+                   "joined": j.joined,
+                   "cached": bool(j.digest and j.node in nodes and j.digest in nodes[j.node].cached_models)}
+                  for j in jobs],
+    }
+
+
+@router.post("/models/{name}/materialize", status_code=202)
+def materialize(name: str, state: StateDep, body: MaterializeRequest | None = None) -> dict:
+    model = _model(state, name)
+    nodes = _nodes(state)
+    body = body or MaterializeRequest()
+    if body.nodes is not None:
+        unknown = [n for n in body.nodes if n not in nodes]
+        if unknown:
+            raise InvalidInput(f"unknown nodes: {', '.join(unknown)}", code="unknown_node")
+        targets = sorted(set(body.nodes))
+    else:
+        now, settings = time.time(), SchedulerSettings.from_env()
+        targets = sorted(n.id for n in nodes.values() if node_online(n, now, settings) and not n.taints)
+    if not targets:
+        raise Conflict("no online, untainted node to materialize on", code="no_nodes")
+    out = []
+    for node in targets:
+        job = create_job(state.store, name, node)
+        if job.state == "Failed":
+            job = _retry(state, job)
+        out.append(_job_view(job))
+    record_event(state.store, "model", name, "materialize",
+                 f"model {name} materializing on {', '.join(targets)}", keep=state.settings.events_kept)
+    refresh_model_status(state.store, model)
+    return {"model": name, "jobs": out}
+
+
+def _retry(state: AppState, job: ModelJob) -> ModelJob:
+    for _ in range(8):
+        found = get_job(state.store, job.model, job.node)
+        if found is None:
+            return create_job(state.store, job.model, job.node)
+        current, revision = found
+        if current.state != "Failed":
+            return current
+        now = time.time()
+        retried = current.model_copy(update={
+            "state": "Registered", "message": f"retry {current.attempt + 1} requested", "attempt": current.attempt + 1,
+            "retries": current.retries + 1, "bytes_done": 0, "joined": None, "updated_at": now,
+            "history": [*current.history, {"state": "Registered", "at": now, "message": "retry requested"}]})
+        if put_job(state.store, retried, revision):
+            return retried
+    raise Conflict(f"model job {job.id} changed too often; try again", code="contended")
+
+
+@router.post("/models/{name}/verify")
+async def verify(name: str, state: StateDep) -> dict:
+    model = _model(state, name)
+    nodes = _nodes(state)
+    ready = [j for j in list_jobs(state.store, name) if j.state == "Ready" and j.digest]
+    if not ready:
+        raise Conflict(f"model {name!r} is not Ready on any node; materialize it first", code="not_ready")
+    results = []
+    async with _agents(state) as agents:
+        for job in ready:
+            node = nodes.get(job.node)
+            if node is None:
+                results.append({"node": job.node, "ok": False, "message": "node is not registered"})
+                continue
+            try:
+                res = await agents.for_node(node).verify_model(VerifyRequest(
+                    digest=job.digest, expected_digest=model.digest, require_checksum=model.require_checksum,
+                    signature=model.signature))
+            except TransientError as exc:
+                results.append({"node": job.node, "ok": None, "message": f"agent unreachable: {exc.message}"})
+                continue
+            except FabricError as exc:
+                res = None
+                message = exc.message
+            if res is not None:
+                message = res.message
+            ok = res is not None and res.ok
+            if not ok:
+                _fail(state, job, f"verify: {message}")
+            results.append({"node": job.node, "ok": ok, "digest": job.digest, "message": message})
+    refresh_model_status(state.store, model)
+    return {"model": name, "results": results}
+
+
+def _fail(state: AppState, job: ModelJob, message: str) -> None:
+    found = get_job(state.store, job.model, job.node)
+    if found is None:
+        return
+    current, revision = found
+    now = time.time()
+    put_job(state.store, current.model_copy(update={
+        "state": "Failed", "message": message, "updated_at": now,
+        "history": [*current.history, {"state": "Failed", "at": now, "message": message}]}), revision)
+
+
+def _budget(body: EvictRequest) -> int:
+    if body.budget_bytes is not None:
+        return body.budget_bytes
+    raw = os.environ.get("FABRIC_MODEL_CACHE_BYTES", "").strip()
+    if not raw:
+        raise InvalidInput("give budget_bytes or set FABRIC_MODEL_CACHE_BYTES", code="no_budget")
+    if not raw.isdigit():
+        raise InvalidInput(f"FABRIC_MODEL_CACHE_BYTES={raw!r} is not a whole number of bytes", code="bad_budget")
+    return int(raw)
+
+
+def referenced_digests(state: AppState) -> dict[str, list[str]]:
+    """digest -> names of the models a deployment uses that have (or expect) that digest."""
+    used = {InferenceDeployment.model_validate_json(kv.value).model
+            for kv in state.store.list(keyspace.deployments())}
+    out: dict[str, list[str]] = {}
+    for name in used:
+        model = load_model(state.store, name)
+        digests = {j.digest for j in list_jobs(state.store, name) if j.digest}
+        if model is not None:
+            digests |= {d for d in (model.digest, model.status.digest) if d}
+        for d in digests:
+            out.setdefault(d, []).append(name)
+    return out
+
+
+@router.post("/models/cache/evict")
+async def evict(body: EvictRequest, state: StateDep) -> dict:
+    budget = _budget(body)
+    nodes = _nodes(state)
+    chosen = sorted(body.nodes) if body.nodes is not None else sorted(nodes)
+    unknown = [n for n in chosen if n not in nodes]
+    if unknown:
+        raise InvalidInput(f"unknown nodes: {', '.join(unknown)}", code="unknown_node")
+    errors, entries = [], {}
+    async with _agents(state) as agents:
+        for node_id in chosen:
+            try:
+                entries[node_id] = (await agents.for_node(nodes[node_id]).model_cache()).entries
+            except FabricError as exc:
+                errors.append(f"{node_id}: {exc.message}")
+        result = plan.plan_eviction(entries, referenced_digests(state), budget)
+        evicted = []
+        for e in result.evict:
+            try:
+                await agents.for_node(nodes[e.node]).evict_model(e.digest)
+            except FabricError as exc:
+                errors.append(f"{e.node}: could not evict {e.digest}: {exc.message}")
+                continue
+            evicted.append(e)
+            for job in list_jobs(state.store):
+                if job.node == e.node and job.digest == e.digest:
+                    delete_jobs(state.store, job.model, job.node)
+    for model_name in {j.model for j in list_jobs(state.store)} | {
+            m.name for m in (ModelArtifact.model_validate_json(kv.value) for kv in state.store.list(keyspace.models()))}:
+        model = load_model(state.store, model_name)
+        if model is not None:
+            refresh_model_status(state.store, model)
+    if evicted:
+        record_event(state.store, "model", "cache", "evicted",
+                     f"evicted {len(evicted)} digests to fit {budget} bytes per node", keep=state.settings.events_kept)
+
+    def rows(items):
+        return [{"node": e.node, "digest": e.digest, "size_bytes": e.size_bytes, "reason": e.reason} for e in items]
+
+    return {"budget_bytes": budget, "evicted": rows(evicted), "kept": rows(result.kept),
+            "over_budget": result.over_budget, "errors": errors}

@@ -1,0 +1,87 @@
+"""Model job records in the store: /fabric/model-jobs/{model}/{node} holds one ``ModelJob``.
+
+Writes use compare-and-swap on the record's revision (the API's materialize and the model
+controller both write it); creation uses create-if-absent, so two fabricd processes recording
+the same job make one record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from common import keyspace
+from common.errors import InvalidInput
+from common.model_api import ModelJob, local_source_path
+from common.schemas import ModelArtifact
+from common.store.base import Store
+
+CAS_RETRIES = 8
+
+
+def check_local_source(source: str, env: dict[str, str] | None = None) -> None:
+    """A local source must resolve (realpath) under FABRIC_MODEL_DIR (default /srv/models): 422
+    otherwise. The agent checks again on its host, where the path lives."""
+    if source.startswith("hf://"):
+        return
+    env = os.environ if env is None else env
+    try:
+        local_source_path(source, env.get("FABRIC_MODEL_DIR") or "/srv/models")
+    except ValueError as exc:
+        raise InvalidInput(str(exc), code="bad_source") from None
+
+
+def get_job(store: Store, model: str, node: str) -> tuple[ModelJob, int] | None:
+    kv = store.get(keyspace.model_jobs(model, node))
+    if kv is None:
+        return None
+    return ModelJob.model_validate_json(kv.value), kv.mod_revision
+
+
+def list_jobs(store: Store, model: str | None = None) -> list[ModelJob]:
+    prefix = keyspace.model_jobs(model, "") if model else keyspace.model_jobs()
+    return sorted((ModelJob.model_validate_json(kv.value) for kv in store.list(prefix)),
+                  key=lambda j: (j.model, j.node))
+
+
+def create_job(store: Store, model: str, node: str, now: float | None = None) -> ModelJob:
+    """Record a job (Registered) unless one exists; returns the one in the store."""
+    now = time.time() if now is None else now
+    job = ModelJob(model=model, node=node, created_at=now, updated_at=now,
+                   history=[{"state": "Registered", "at": now, "message": "job recorded"}])
+    if store.create(keyspace.model_jobs(model, node), job.model_dump_json()):
+        return job
+    found = get_job(store, model, node)
+    return found[0] if found else job
+
+
+def put_job(store: Store, job: ModelJob, revision: int) -> bool:
+    return store.cas(keyspace.model_jobs(job.model, job.node), job.model_dump_json(), revision)
+
+
+def delete_jobs(store: Store, model: str, node: str | None = None) -> None:
+    for kv in store.list(keyspace.model_jobs(model, "")):
+        if node is None or kv.key.endswith(f"/{node}"):
+            store.delete(kv.key)
+
+
+def update_model_status(store: Store, name: str, **fields) -> None:
+    """Set fields of a model's status (CAS; the model may be deleted meanwhile)."""
+    key = keyspace.models(name)
+    for _ in range(CAS_RETRIES):
+        kv = store.get(key)
+        if kv is None:
+            return
+        record = json.loads(kv.value)
+        status = record.setdefault("status", {})
+        if all(status.get(k) == v for k, v in fields.items()):
+            return
+        status.update(fields)
+        if store.cas(key, json.dumps(record), kv.mod_revision):
+            return
+
+
+def load_model(store: Store, name: str) -> ModelArtifact | None:
+    kv = store.get(keyspace.models(name))
+    return None if kv is None else ModelArtifact.model_validate_json(kv.value)
