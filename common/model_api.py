@@ -151,14 +151,16 @@ class ModelJob(BaseModel):
         return self.state in TERMINAL
 
 
-def gib(n: int) -> str:
-    return f"{n / 2**30:.1f}"
+def amount(done: int, total: int) -> str:
+    """``3.1/16.4 GiB`` (MiB below 1 GiB)."""
+    unit, div = ("GiB", 2**30) if total >= 2**30 else ("MiB", 2**20)
+    return f"{done / div:.1f}/{total / div:.1f} {unit}"
 
 
 def progress_text(model: str, state: str, done: int, total: int, message: str = "") -> str:
     """One line for a replica waiting on its model: ``model demo: Downloading 3.1/16.4 GiB``."""
-    if state == "Downloading" and total:
-        return f"model {model}: Downloading {gib(done)}/{gib(total)} GiB"
+    if state in ("Downloading", "Verifying") and total:
+        return f"model {model}: {state} {amount(done, total)}"
     if state == "Failed":
         return f"model {model}: Failed: {message}"
     return f"model {model}: {state}"

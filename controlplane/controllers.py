@@ -45,9 +45,9 @@ from common.store.base import Store
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from controlplane import vip_pool
 from controlplane.dryrun.worker import DryRunWorker
+from controlplane.models.worker import ModelWorker
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
 from controlplane.reconcile import plan as rp
-from controlplane.models.worker import ModelWorker
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.rollouts.apply import RolloutWorker
 from controlplane.routing.controller import RoutingWorker

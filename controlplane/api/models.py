@@ -192,10 +192,7 @@ def _fail(state: AppState, job: ModelJob, message: str) -> None:
     if found is None:
         return
     current, revision = found
-    now = time.time()
-    put_job(state.store, current.model_copy(update={
-        "state": "Failed", "message": message, "updated_at": now,
-        "history": [*current.history, {"state": "Failed", "at": now, "message": message}]}), revision)
+    put_job(state.store, plan.failed(current, message, time.time()), revision)
 
 
 def _budget(body: EvictRequest) -> int:

@@ -70,6 +70,7 @@ def build_app() -> typer.Typer:
         keys,
         login,
         mig,
+        models,
         nodes,
         resources,
         rollouts,
@@ -85,6 +86,7 @@ def build_app() -> typer.Typer:
     root.add_typer(config_cmd.config_app, name="config")
     root.command("completion")(completion.completion)
     ai.command("login")(login.login)
+    models.register(resources.model_app)  # status, materialize, jobs, verify, evict
     ai.add_typer(resources.model_app, name="model")
     ai.add_typer(resources.profile_app, name="profile")
     ai.command("deploy")(resources.deploy)

@@ -67,11 +67,17 @@ def model_add(
     source: str = typer.Option(..., "--source", help="hf://ORG/NAME[@REV], file:///PATH or /PATH"),
     license: str = typer.Option(None, "--license", help="the model's license, e.g. apache-2.0"),
     tenant: str = typer.Option(None, "--tenant", help="owning tenant"),
+    digest: str = typer.Option(None, "--digest", help="expected digest (SHA-256 of the sorted manifest)"),
+    require_checksum: bool = typer.Option(False, "--require-checksum", help="refuse Ready without a matching --digest"),
+    signature: str = typer.Option(None, "--signature", help="HMAC-SHA256 hex of the digest (FABRIC_MODEL_SIGNING_KEY)"),
+    size_bytes: int = typer.Option(None, "--size-bytes", help="declared size; refused on nodes with less free disk"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Register a model artifact."""
-    body = {"name": name, "source": source, "license": license, "tenant": tenant}
-    with session({"name": "NAME", "source": "--source", "license": "--license", "tenant": "--tenant"}) as c:
+    body = {"name": name, "source": source, "license": license, "tenant": tenant, "digest": digest,
+            "require_checksum": require_checksum or None, "signature": signature, "size_bytes": size_bytes}
+    with session({"name": "NAME", "source": "--source", "license": "--license", "tenant": "--tenant",
+                  "digest": "--digest", "signature": "--signature", "size_bytes": "--size-bytes"}) as c:
         created = c.post("/api/ai/models", {k: v for k, v in body.items() if v is not None})
     emit_object(created, as_json) if as_json else typer.echo(f"model {name} added")
 

@@ -45,6 +45,12 @@ def merge(job: ModelJob, view: AgentJobView, now: float) -> ModelJob | None:
     return job.model_copy(update={**fields, "history": [*job.history, *new], "updated_at": now})
 
 
+def failed(job: ModelJob, message: str, now: float) -> ModelJob:
+    """The job Failed with ``message``, the transition appended to its history."""
+    return job.model_copy(update={"state": "Failed", "message": message, "updated_at": now,
+                                  "history": [*job.history, {"state": "Failed", "at": now, "message": message}]})
+
+
 @dataclass(frozen=True)
 class Gate:
     ready: bool

@@ -62,10 +62,8 @@ class ModelWorker:
         except TransientError as exc:
             return self._note(job, f"waiting for the agent on {node.id}: {exc.message}")
         except FabricError as exc:
-            return self._write(job, lambda j: j.model_copy(update={
-                "state": "Failed", "message": f"agent on {node.id} refused the job: {exc.message}",
-                "history": [*j.history, {"state": "Failed", "at": self.clock(), "message": exc.message}],
-                "updated_at": self.clock()}))
+            message = f"agent on {node.id} refused the job: {exc.message}"
+            return self._write(job, lambda j: plan.failed(j, message, self.clock()))
         self._write(job, lambda j: plan.merge(j, view, self.clock()))
 
     def _note(self, job: ModelJob, message: str) -> None:

@@ -56,6 +56,7 @@ class Cluster:
     env: dict[str, str] | None = None
     files: list | None = None  # open log handles, closed by start_cluster
     fabricd_args: tuple[str, ...] = ()  # extra `fabricd serve` flags, e.g. ("--store", "etcd://...")
+    mirror: HfMirror | None = None  # the loopback HF mirror the agent downloads from
 
     def api(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=15)
@@ -148,7 +149,8 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
                 "--state-dir", str(tmp / "agent"), "--sysfs-root", str(tmp / "agent" / "sysfs"),
                 "--log-level", "warning"],
             stdout=_log(ag_log, files), stderr=subprocess.STDOUT, env=env))
-        cluster = Cluster(url, state_dir, token, procs, logs, env=env, files=files, fabricd_args=fabricd_args)
+        cluster = Cluster(url, state_dir, token, procs, logs, env=env, files=files, fabricd_args=fabricd_args,
+                          mirror=mirror)
         with cluster.api() as api:
             def registered():
                 if procs[1].poll() is not None:
