@@ -15,6 +15,7 @@ import shlex
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,12 +55,18 @@ def env_file_text(op_env: dict[str, str], bin_dir: str) -> str:
     return "".join(lines)
 
 
+# The lab's model: a tiny safetensors model the lab's loopback HF mirror serves under this name.
+LAB_MODEL_REPO = "fabric-lab/tiny-chat"
+LAB_MODEL_SOURCE = f"hf://{LAB_MODEL_REPO}"
+
+
 @dataclass(frozen=True)
 class LabConfig:
     state_dir: Path
     api_port: int = 8443
     agent_port: int = 9443
     gateway_port: int = 8444
+    mirror_port: int = 8445
     gpus: int = 8
     gpu_name: str = "h100"
     pin_dir: Path = Path("/sys/fs/bpf/fabric-lab")
@@ -74,6 +81,10 @@ class LabConfig:
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def mirror_url(self) -> str:
+        return f"http://127.0.0.1:{self.mirror_port}"
 
     @property
     def gateway_url(self) -> str:
@@ -106,6 +117,19 @@ def _wait_http(url: str, ca: Path, what: str, timeout: float = 60.0, log: Path |
         time.sleep(0.3)
     tail = log.read_text()[-2000:] if log and log.exists() else ""
     raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s ({last})\n{tail}")
+
+
+def _wait_plain_http(url: str, what: str, timeout: float = 30.0, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    tail = log.read_text()[-2000:] if log and log.exists() else ""
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s\n{tail}")
 
 
 def service_env(cfg: LabConfig) -> dict[str, str]:
@@ -170,6 +194,13 @@ def up(cfg: LabConfig, echo=print) -> LabHandle:
         "--listen", f"127.0.0.1:{cfg.api_port}"], env)
     _wait_http(f"{cfg.url}/openapi.json", cfg.ca, "fabricd", log=cfg.state_dir / "logs" / "fabricd.log")
 
+    echo(f"lab: starting a Hugging Face mirror on {cfg.mirror_url} serving {LAB_MODEL_REPO}")
+    processes.start(cfg.state_dir, "hf-mirror", [
+        sys.executable, "-m", "controlplane.lab.hf_mirror", "serve", "--root", str(cfg.state_dir / "hf-mirror"),
+        "--listen", f"127.0.0.1:{cfg.mirror_port}", "--tiny", LAB_MODEL_REPO], {"PYTHONUNBUFFERED": "1"})
+    _wait_plain_http(f"{cfg.mirror_url}/api/models/{LAB_MODEL_REPO}", "the HF mirror",
+                     log=cfg.state_dir / "logs" / "hf-mirror.log")
+
     echo(f"lab: starting fabric-agent {NODE_ID} (lab VM driver, {cfg.gpus} simulated {cfg.gpu_name} GPUs)")
     agent_cmd = [
         processes.bin_path("fabric-agent"), "serve", "--node-id", NODE_ID,
@@ -184,7 +215,8 @@ def up(cfg: LabConfig, echo=print) -> LabHandle:
     ]
     for iface in t.xdp_ifaces:
         agent_cmd += ["--dataplane-iface", iface]
-    processes.start(cfg.state_dir, "agent", agent_cmd, {"PYTHONUNBUFFERED": "1"})
+    # The agent downloads models from the lab's mirror (HF_ENDPOINT, the library's own setting).
+    processes.start(cfg.state_dir, "agent", agent_cmd, {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": cfg.mirror_url})
 
     echo(f"lab: starting fabric-gateway on {cfg.gateway_url}")
     processes.start(cfg.state_dir, "gateway", [

@@ -15,7 +15,7 @@ import subprocess
 import time
 
 from controlplane.lab import processes
-from controlplane.lab.cluster import NODE_ID, LabConfig, write_private
+from controlplane.lab.cluster import LAB_MODEL_SOURCE, NODE_ID, LabConfig, write_private
 
 MODEL, PROFILE, ROUTING = "demo-llm", "lab-h100", "least_queue"
 ENDPOINT = f"{MODEL}-openai"
@@ -100,8 +100,13 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     ctl(cfg, "node", "list", echo=echo)
     ctl(cfg, "gpus", echo=echo)
 
-    echo("\n== 2. A model, a profile, and a deployment of 3 replicas")
-    ensure(cfg, "model", MODEL, "model", "add", MODEL, "--source", "hf://Qwen/Qwen3-8B", echo=echo)
+    echo("\n== 2. A model: registered, then downloaded from the lab's HF mirror and verified on the node")
+    ensure(cfg, "model", MODEL, "model", "add", MODEL, "--source", LAB_MODEL_SOURCE, echo=echo)
+    ctl(cfg, "model", "status", MODEL, echo=echo)
+    ctl(cfg, "model", "materialize", MODEL, "--wait", echo=echo)
+    ctl(cfg, "model", "jobs", echo=echo)
+
+    echo("\n== 3. A profile and a deployment of 3 replicas (their VMs mount the verified model)")
     ensure(cfg, "profile", PROFILE, "profile", "add", PROFILE, "--runtime", "vllm", "--gpu", "1", "--vram", "24",
            "--cpu", "1", "--memory", "1", echo=echo)
     dep = ensure(cfg, "deployment", MODEL, "deploy", MODEL, "--profile", PROFILE, "--replicas", "3", echo=echo)
@@ -111,14 +116,14 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
              120, echo)
     ctl(cfg, "deployment", "show", MODEL, echo=echo)
 
-    echo(f"\n== 3. An OpenAI endpoint with {ROUTING} routing gets a VIP")
+    echo(f"\n== 4. An OpenAI endpoint with {ROUTING} routing gets a VIP")
     ensure(cfg, "endpoint", ENDPOINT, "endpoint", "expose", MODEL, "--openai-compatible", "--routing", ROUTING,
            echo=echo)
     vip = wait_for("a VIP and live Maglev weights",
                    lambda: (ctl_json(cfg, "endpoint", "show", ENDPOINT).get("status") or {}).get("vip"), 60, echo)
     port = ctl_json(cfg, "endpoint", "show", ENDPOINT).get("port", 8000)
 
-    echo("\n== 4. An API key for the gateway")
+    echo("\n== 5. An API key for the gateway")
     if exists(cfg, "key", "demo-key") is None:
         key_out = ctl_json(cfg, "key", "create", "demo-key", "--endpoint", ENDPOINT)
     else:  # its secret was shown once, by the earlier demo: rotate for a fresh one
@@ -127,7 +132,7 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     echo(f"created key {key_out.get('id', '')} (the secret is shown once; kept in {cfg.state_dir / 'demo-key'})")
     write_private(cfg.state_dir / "demo-key", key)
 
-    echo("\n== 5. A chat completion through the Maglev VIP from the client namespace (no key)")
+    echo("\n== 6. A chat completion through the Maglev VIP from the client namespace (no key)")
     curl = ["curl", "-s", "--max-time", "20", f"http://{vip}:{port}/v1/chat/completions",
             "-H", "content-type: application/json", "-d", chat_body(), "-D", "-"]
     echo(f"$ ip netns exec {cfg.topology.client_ns} curl -s http://{vip}:{port}/v1/chat/completions ...")
@@ -138,7 +143,7 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     res = wait_for("the VIP to answer", vip_answer, 30, echo)
     echo(_short_response(res.stdout))
 
-    echo("\n== 6. The same through the authenticated gateway with the key")
+    echo("\n== 7. The same through the authenticated gateway with the key")
     gw = f"{cfg.gateway_url}/api/ai/openai/{ENDPOINT}/v1/chat/completions"
     echo(f"$ curl --cacert $FABRIC_CA {gw} -H 'Authorization: Bearer fvai_...' ...")
     res = subprocess.run(["curl", "-s", "--max-time", "20", "--cacert", str(cfg.ca), gw, "-D", "-",
@@ -148,7 +153,7 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
         raise DemoError(f"gateway call failed: {res.stdout[-500:]} {res.stderr[-300:]}")
     echo(_short_response(res.stdout))
 
-    echo("\n== 7. The endpoint with its live weights")
+    echo("\n== 8. The endpoint with its live weights")
     ctl(cfg, "endpoint", "show", ENDPOINT, echo=echo)
 
     env_file = cfg.state_dir / "env"

@@ -12,8 +12,8 @@ request carries ``Authorization: Bearer {token}``. Errors carry ``X-Error-Code``
 Hub does, so the client raises its own typed errors. ``rate`` (bytes/s per response) slows
 downloads for resume tests; ``requests`` records (method, path, Range) of each call.
 
-The lab (`make run`) and the tests run it; `python -m controlplane.lab.hf_mirror --root DIR
---listen 127.0.0.1:PORT` serves one by hand. It is a test double for the Hub's download
+The lab (`make run`) and the tests run it; `python -m controlplane.lab.hf_mirror serve
+--root DIR --listen 127.0.0.1:PORT` serves one by hand. It is a test double for the Hub's download
 protocol only: no uploads, no xet, no auth beyond the gated check.
 """
 
@@ -24,6 +24,7 @@ import hashlib
 import json
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,7 +39,8 @@ class MirrorConfig:
     root: Path
     gated: dict[str, str] = field(default_factory=dict)  # repo -> token that may read it
     rate: float | None = None  # bytes per second per response, None: as fast as possible
-    requests: list[tuple[str, str, str]] = field(default_factory=list)
+    # The last calls (method, path, Range), bounded: a lab mirror runs for hours.
+    requests: deque[tuple[str, str, str]] = field(default_factory=lambda: deque(maxlen=10000))
 
 
 def _files(repo_dir: Path) -> list[Path]:
@@ -229,11 +231,13 @@ class HfMirror:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="serve a Hugging Face-compatible mirror of a local directory")
+    p.add_argument("command", choices=["serve"], help="serve the mirror (the lab finds its processes by it)")
     p.add_argument("--root", type=Path, required=True, help="directory holding ORG/NAME/ repositories")
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (loopback)")
     p.add_argument("--tiny", metavar="ORG/NAME", help="first write a tiny safetensors model there")
     args = p.parse_args(argv)
-    if args.tiny:
+    if args.tiny and not (args.root / args.tiny).is_dir():
+        # Written once: rewriting would change the commit a stored model may already be pinned to.
         from controlplane.lab.tiny_model import write_tiny_model
 
         write_tiny_model(args.root / args.tiny)

@@ -17,7 +17,7 @@ def running_lab(tag: str, **settings):
     """(LabConfig, the handle `up` returned); ``settings`` go to LabConfig."""
     base = Path("/tmp") / f"fabric-{tag}-{uuid.uuid4().hex[:6]}"
     cfg = LabConfig(state_dir=base, api_port=free_port(), agent_port=free_port(), gateway_port=free_port(),
-                    pin_dir=Path(f"/sys/fs/bpf/fabric-{tag}-{uuid.uuid4().hex[:6]}"), **settings)
+                    mirror_port=free_port(), pin_dir=Path(f"/sys/fs/bpf/fabric-{tag}-{uuid.uuid4().hex[:6]}"), **settings)
     try:
         handle = up(cfg, echo=lambda *_: None)
     except Exception:  # noqa: BLE001 - whatever broke, show the processes' logs with the failure

@@ -15,7 +15,7 @@ import subprocess
 import httpx
 import pytest
 
-from controlplane.lab.cluster import LabConfig
+from controlplane.lab.cluster import LAB_MODEL_SOURCE, LabConfig
 from tests.e2e.lab_harness import running_lab
 from tests.e2e.test_lab_story import Story, _why_not
 from tests.support.polling import wait_for
@@ -62,7 +62,7 @@ def connect(cfg: LabConfig, vip: str, n: int) -> int:
 
 def test_canary_at_20_percent_through_the_vip(lab):
     cfg, api, agent = lab
-    assert api.post("/api/ai/models", json={"name": DEP, "source": "hf://Qwen/Qwen3-8B"}).status_code == 201
+    assert api.post("/api/ai/models", json={"name": DEP, "source": LAB_MODEL_SOURCE}).status_code == 201
     assert api.post("/api/ai/profiles", json={"name": PROFILE, "runtime": "vllm", "cpu": 1, "memory_gib": 1,
                                               "gpu": {"count": 1, "vram_gib": 24}}).status_code == 201
     assert api.post("/api/ai/deployments", json={"name": DEP, "model": DEP, "profile": PROFILE,

@@ -17,7 +17,7 @@ import subprocess
 import httpx
 import pytest
 
-from controlplane.lab.cluster import NODE_ID, LabConfig, down, status
+from controlplane.lab.cluster import LAB_MODEL_SOURCE, NODE_ID, LabConfig, down, status
 from controlplane.lab.processes import running
 from tests.e2e.lab_harness import running_lab
 from tests.support.polling import wait_for as poll
@@ -97,7 +97,7 @@ def story(tmp_path_factory) -> Story:
 
 def test_deploy_three_replicas_all_ready(story: Story):
     api = story.api
-    assert api.post("/api/ai/models", json={"name": MODEL, "source": "hf://Qwen/Qwen3-8B"}).status_code == 201
+    assert api.post("/api/ai/models", json={"name": MODEL, "source": LAB_MODEL_SOURCE}).status_code == 201
     assert api.post("/api/ai/profiles", json={"name": PROFILE, "runtime": "vllm", "cpu": 1, "memory_gib": 1,
                                               "gpu": {"count": 1, "vram_gib": 24}}).status_code == 201
     assert api.post("/api/ai/deployments", json={"name": MODEL, "model": MODEL, "profile": PROFILE,
