@@ -49,7 +49,7 @@ from common.agent_api import (
     check_bdf,
     check_vm_id,
 )
-from common.errors import FabricError, Forbidden, InvalidInput, NotFound, Refused
+from common.errors import Conflict, FabricError, Forbidden, InvalidInput, NotFound, Refused
 from common.peer_cert import CN_KEY, scope_tls
 
 DEFAULT_ALLOWED_CLIENT_CNS = ("fabricd",)
@@ -223,8 +223,8 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         if req.model_digest is not None:
             path = state.models.cache.path_for(req.model_digest) if state.models is not None else None
             if path is None:
-                raise Refused(f"model digest {req.model_digest} is not ready on node {state.node_id}; "
-                              "materialize the model first")
+                raise Conflict(f"model digest {req.model_digest} is not ready on node {state.node_id}; "
+                               "materialize the model first", code="model_not_ready")
             state.models.cache.touch(req.model_digest)
             model_dir = str(path)
         with state.lock:
