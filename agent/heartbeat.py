@@ -82,12 +82,12 @@ def cached_models(models_dir: Path | None) -> list[str]:
 
 
 def build_report(state: AgentState, address: str, gpus: list[GpuInfo], inventory_message: str,
-                 resources: HostResources, models: list[str]) -> NodeReport:
+                 resources: HostResources, models: list[str], nvswitches: tuple[str, ...] = ()) -> NodeReport:
     return NodeReport(
         id=state.node_id, address=address, site=state.site, failure_domain=state.failure_domain,
         taints=list(state.taints), gpus=gpus, cpu_free=resources.cpu_free,
         memory_free_gib=resources.memory_free_gib, cached_models=models,
-        vm_driver=state.vm_driver.name, inventory_message=inventory_message,
+        vm_driver=state.vm_driver.name, inventory_message=inventory_message, nvswitches=list(nvswitches),
         model_jobs=state.models is not None,
     )
 

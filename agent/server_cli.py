@@ -15,6 +15,7 @@ over the fake NVML module and a fake sysfs tree under the state directory.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import ssl
@@ -97,11 +98,17 @@ def advertised_address(listen_host: str, port: int, tls: bool, advertise: str | 
 def _inventory_and_binder(state_dir: Path, vm_driver: str, fake_gpus: int, fake_gpu_name: str,
                           fake_gpu_mem_gib: float, sysfs_root: Path):
     from agent.hw.gpu_inventory import NvmlInventory
+    from agent.hw.host_inventory import HostInventory
     from agent.hw.vfio import VfioBinder
 
     if fake_gpus <= 0:
-        binder = None if vm_driver == "dry-run" else VfioBinder(sysfs_root, state_dir=state_dir)
-        return NvmlInventory(), binder
+        from agent.hw.gpu_holders import NvidiaSmiDaemons
+
+        # FABRIC_VFIO_KEEP_BOUND=1: released GPUs stay on vfio-pci for the next VM (docs/gpu-hosts.md).
+        keep = os.environ.get("FABRIC_VFIO_KEEP_BOUND", "").strip() == "1"
+        binder = None if vm_driver == "dry-run" else VfioBinder(
+            sysfs_root, state_dir=state_dir, daemons=NvidiaSmiDaemons(), keep_bound=keep)
+        return HostInventory(NvmlInventory(), sysfs_root, state_file=state_dir / "gpu-inventory.json"), binder
     from agent.hw.nvml_fake import PROFILES, FakeNvml, make_gpus
     from agent.hw.sysfs_fake import FakeSysfs
 
@@ -121,7 +128,8 @@ def _inventory_and_binder(state_dir: Path, vm_driver: str, fake_gpus: int, fake_
     fake = FakeSysfs(root)
     for i, gpu in enumerate(inventory.read().gpus):
         fake.add_gpu(gpu.pci, group=20 + i, audio=True)
-    return inventory, VfioBinder(fake.root, kernel=fake.kernel, state_dir=state_dir)
+    return inventory, VfioBinder(fake.root, kernel=fake.kernel, state_dir=state_dir, daemons=fake.daemons,
+                                 proc_root=fake.proc, vfio_ids=frozenset())
 
 
 def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict, libvirt: dict):
@@ -242,6 +250,13 @@ def serve(
                                         help="network namespace holding --dataplane-iface (the lab's node)"),
     node_ip: str = typer.Option(None, "--node-ip", help="source NAT address for remote backends"),
     sysfs_root: Annotated[Path, typer.Option("--sysfs-root")] = Path("/sys"),
+    hugepages: str = typer.Option("auto", "--hugepages",
+                                  help="libvirt guests: auto (1G pages if reserved, else 2M, else none) | 1G | 2M | off"),
+    numa: str = typer.Option("auto", "--numa", help="libvirt guests: pin vCPUs and memory to the GPUs' NUMA node "
+                             "(auto) or not (off)"),
+    readonly_share: str = typer.Option("auto", "--readonly-share",
+                                       help="model share: auto | virtiofs (<readonly/>, libvirt 11 + virtiofsd "
+                                       "1.13) | bind (read-only bind mount)"),
     heartbeat_secs: float = typer.Option(10.0, "--heartbeat-secs", min=0.1),
     cpus: int = typer.Option(0, "--cpus", help="CPUs offered to replicas (default: what the host reports)"),
     memory_gib: float = typer.Option(0, "--memory-gib", help="memory offered to replicas (default: what the host reports)"),
@@ -277,7 +292,8 @@ def serve(
     dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface, dataplane_netns)
     models = _model_jobs(state_dir)
     state = AgentState(node_id=node_id, models=models, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
-        "image": golden_image, "models_dir": models_dir, "bridge": bridge}),
+        "image": golden_image, "models_dir": models_dir, "bridge": bridge, "hugepages": hugepages, "numa": numa,
+        "readonly_share": readonly_share, "sysfs_root": sysfs_root, "binder": binder}),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
                        site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir)
     stop = threading.Event()

@@ -71,6 +71,7 @@ class AgentState:
 class InventoryView:
     gpus: list[GpuInfo]
     message: str
+    nvswitches: tuple[str, ...] = ()  # HGX NVSwitch functions (agent.hw.host_inventory)
 
 
 def read_inventory(source: InventorySource) -> InventoryView:
@@ -80,7 +81,7 @@ def read_inventory(source: InventorySource) -> InventoryView:
     except Exception as exc:  # noqa: BLE001 - a broken driver must not take the agent down; say why instead
         return InventoryView([], f"GPU inventory failed: {type(exc).__name__}: {exc}")
     gpus = [g if isinstance(g, GpuInfo) else GpuInfo.model_validate(_as_dict(g)) for g in inv.gpus]
-    return InventoryView(gpus, getattr(inv, "message", "") or "")
+    return InventoryView(gpus, getattr(inv, "message", "") or "", tuple(getattr(inv, "nvswitches", ()) or ()))
 
 
 def _as_dict(obj: Any) -> dict:

@@ -222,6 +222,7 @@ class NodeReport(WireModel):
     vm_driver: str = "libvirt"
     model_jobs: bool = False
     inventory_message: str = ""
+    nvswitches: list[str] = Field(default_factory=list, description="HGX NVSwitch PCI addresses")
 
     @field_validator("id")
     @classmethod

@@ -256,6 +256,18 @@ class GpuInfo(BaseModel):
     mig_mode: bool = False
     mig_profile: str | None = Field(None, description="set on a MIG slice: its profile (pci is the slice id)")
     mig_parent: str | None = Field(None, description="set on a MIG slice: the parent GPU's PCI address")
+    # Where the reading came from and what sysfs says (agent.hw.host_inventory). A GPU bound
+    # to vfio-pci is invisible to NVML: it is reported from sysfs with readings_live False, and
+    # fabricd keeps its last live readings; a live reading of 0 is a real 0.
+    driver: str = Field("", description="host driver: nvidia, vfio-pci, none; '' unknown")
+    state: str = Field("ok", description="ok | lost (fell off the bus, Xid 79: not placeable)")
+    readings_live: bool = True
+    iommu_group: str = ""
+    numa_node: int = -1
+    pci_id: str = Field("", description="vendor:device, e.g. 10de:2330")
+    bar64_mib: int = Field(0, description="total of the 64-bit BARs (sizes the guest MMIO window)")
+    remapped_rows_pending: bool = False  # a row remap waits for a GPU reset
+    remapped_rows_failed: bool = False  # row remapping failed: the GPU needs service
 
 
 class Node(Spec):
@@ -271,6 +283,7 @@ class Node(Spec):
     vm_driver: str = "libvirt"
     model_jobs: bool = Field(False, description="its agent materializes models (replicas wait for Ready)")
     inventory_message: str = ""
+    nvswitches: list[str] = Field(default_factory=list, description="HGX NVSwitch PCI addresses")
     last_heartbeat: float = 0
 
     @field_validator("id")

@@ -6,7 +6,11 @@ Filters, in order (the first that fails is the node's rejection reason):
   site        deployment.allowed_sites and the model's residency (a site name)
   gpus        ``gpu.count`` free GPUs on this one node, each with at least the profile's VRAM,
               the GPU model filter, under FABRIC_MAX_GPU_TEMP_C and, with FABRIC_REJECT_ECC=1,
-              without uncorrected ECC errors; MIG-mode GPUs are not whole GPUs
+              without uncorrected ECC errors or a pending/failed row remap; MIG-mode and lost
+              GPUs are not whole GPUs. An IOMMU group is one unit (VFIO gives a group to one VM):
+              a replica takes whole groups whose GPUs add up to exactly ``gpu.count``, and a group
+              with one GPU taken is taken. On an HGX board (the node reports NVSwitches) only 1 GPU
+              or the whole board (full passthrough with the NVSwitches) is a valid shape
   resources   the CPU and memory the node offers to replicas (its allocatable: the agent reports
               its CPU count and MemAvailable, or `serve --cpus/--memory-gib`), less what the
               replicas already on it hold (``committed``), must cover the profile's cpu and
@@ -122,6 +126,8 @@ def _gpu_problem(gpu: GpuInfo, profile: InferenceProfile, settings: SchedulerSet
         return f"not a {wanted} MIG slice"
     if not wanted and gpu.mig_profile:
         return "a MIG slice"
+    if gpu.state != "ok":
+        return f"{gpu.state} (fell off the bus?)" if gpu.state == "lost" else gpu.state
     if gpu.mig_mode:
         return "in MIG mode"
     if profile.gpu.model and profile.gpu.model.lower() not in gpu.name.lower():
@@ -132,20 +138,76 @@ def _gpu_problem(gpu: GpuInfo, profile: InferenceProfile, settings: SchedulerSet
         return f"hotter than {settings.max_gpu_temp_c:g} C"
     if settings.reject_ecc and gpu.ecc_uncorrected > 0:
         return "has ECC errors"
+    if settings.reject_ecc and gpu.remapped_rows_failed:
+        return "row remapping failed"
+    if settings.reject_ecc and gpu.remapped_rows_pending:
+        return "row remap pending (needs a GPU reset)"
     return None
 
 
 def free_gpus(node: Node, profile: InferenceProfile, reserved: Collection[str], settings: SchedulerSettings):
-    """(usable PCI addresses in PCI order, counts of why the others are unusable)."""
-    usable: list[str] = []
+    """(usable PCI addresses in PCI order, counts of why the others are unusable).
+
+    A GPU is usable only when every GPU of its IOMMU group is (a group moves to one VM whole)."""
+    problems: dict[str, str | None] = {}
+    for gpu in node.gpus:
+        problems[gpu.pci] = "reserved" if gpu.pci in reserved else _gpu_problem(gpu, profile, settings)
     why: dict[str, int] = {}
+    usable: list[str] = []
     for gpu in sorted(node.gpus, key=lambda g: g.pci):
-        problem = "reserved" if gpu.pci in reserved else _gpu_problem(gpu, profile, settings)
+        problem = problems[gpu.pci]
+        if problem is None:
+            mates = [g.pci for g in node.gpus if gpu.iommu_group and g.iommu_group == gpu.iommu_group]
+            if any(problems[m] for m in mates):
+                problem = f"sharing IOMMU group {gpu.iommu_group} with an unusable GPU"
         if problem:
             why[problem] = why.get(problem, 0) + 1
         else:
             usable.append(gpu.pci)
     return usable, why
+
+
+def choose_groups(node: Node, usable: Sequence[str], need: int) -> tuple[tuple[str, ...], str | None]:
+    """Whole IOMMU groups from ``usable`` adding up to exactly ``need`` GPUs (first fit in PCI
+    order, then the smallest groups), or () with why not."""
+    group_of = {g.pci: (g.iommu_group or g.pci) for g in node.gpus}
+    groups: dict[str, list[str]] = {}
+    for pci in usable:
+        groups.setdefault(group_of.get(pci, pci), []).append(pci)
+    units = sorted(groups.values(), key=lambda members: members[0])
+    chosen = _subset_with_size(units, need)
+    if chosen is None:
+        sizes = ", ".join(str(len(u)) for u in units)
+        return (), (f"no whole IOMMU groups add up to {need} GPU(s): free groups hold {sizes} GPU(s) "
+                    "(GPUs in one group go to one VM together)")
+    return tuple(sorted(pci for unit in chosen for pci in unit)), None
+
+
+def _subset_with_size(units: list[list[str]], need: int) -> list[list[str]] | None:
+    # Groups hold 1-2 GPUs on real boards and a node has at most 8-16: a small exact search.
+    best: list[list[str]] | None = None
+
+    def walk(i: int, picked: list[list[str]], count: int) -> bool:
+        nonlocal best
+        if count == need:
+            best = list(picked)
+            return True
+        if i == len(units) or count > need:
+            return False
+        return walk(i + 1, picked + [units[i]], count + len(units[i])) or walk(i + 1, picked, count)
+
+    walk(0, [], 0)
+    return best
+
+
+def hgx_shape_problem(node: Node, need: int) -> str | None:
+    """On a board with NVSwitches, only 1 GPU or every GPU (full passthrough) works: a partial
+    multi-GPU VM has no fabric manager to train its NVLinks (CUDA init fails: system not ready)."""
+    board = len([g for g in node.gpus if not g.mig_parent])
+    if not node.nvswitches or need <= 1 or need == board:
+        return None
+    return (f"HGX board with {len(node.nvswitches)} NVSwitches: a VM gets 1 GPU or all {board} "
+            f"(full passthrough with the NVSwitches), not {need}; shared-NVSwitch partitions are not supported")
 
 
 def _site_problem(node: Node, deployment: InferenceDeployment, model: ModelArtifact) -> str | None:
@@ -186,6 +248,9 @@ def judge_node(
         return NodeVerdict(node.id, False, site_problem)
     usable, why = free_gpus(node, profile, reserved, settings)
     need = profile.gpu.count
+    shape = hgx_shape_problem(node, need)
+    if shape:
+        return NodeVerdict(node.id, False, shape)
     if len(usable) < need:
         detail = ", ".join(f"{n} {w}" for w, n in sorted(why.items()))
         return NodeVerdict(
@@ -194,6 +259,9 @@ def judge_node(
             f"no free matching GPU group: needs {need} with >= {profile.gpu.vram_gib:g} GiB, "
             f"{len(usable)} free of {len(node.gpus)}" + (f" ({detail})" if detail else ""),
         )
+    chosen, group_problem = choose_groups(node, usable, need)
+    if group_problem:
+        return NodeVerdict(node.id, False, group_problem)
     cpu_free = node.cpu_free - committed.cpu
     if cpu_free < profile.cpu:
         return NodeVerdict(
@@ -220,7 +288,7 @@ def judge_node(
         score -= PENALTY_SAME_DOMAIN * same_domain + PENALTY_SAME_NODE * same_node
         parts.append(f"{same_domain} replica(s) in its failure domain")
     reason = f"fits with score {score}" + (f" ({'; '.join(parts)})" if parts else "")
-    return NodeVerdict(node.id, True, reason, score, tuple(usable[:need]))
+    return NodeVerdict(node.id, True, reason, score, chosen)
 
 
 def place(

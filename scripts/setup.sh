@@ -10,6 +10,7 @@ APT_PACKAGES=(
   linux-headers-amd64 etcd-server libvirt-dev pkg-config gcc
   iproute2 iputils-ping curl ca-certificates nginx-light shellcheck procps
   qemu-utils
+  libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86 ovmf
 )
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -42,6 +43,11 @@ if [ ! -e "$kdir/build" ]; then
     say "WARNING: no kernel headers found under /usr/src; BPF tests will be skipped"
   fi
 fi
+
+# The QEMU driver for the libvirt tests (real define-time validation, and the boot test).
+# Debian 12 has no separate virtiofsd package: QEMU 7.2 ships its C daemon as
+# /usr/lib/qemu/virtiofsd. Without systemd (a container-like VM) nothing starts libvirtd.
+scripts/libvirtd-up.sh
 
 mountpoint -q /sys/fs/bpf 2>/dev/null || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
 

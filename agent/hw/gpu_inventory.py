@@ -85,9 +85,18 @@ class NvmlInventory:
 
     def _read_devices(self, nvml: Any, error_cls: type[BaseException]) -> Inventory:
         count = nvml.nvmlDeviceGetCount()
-        gpus = [self._read_one(nvml, error_cls, index) for index in range(count)]
+        gpus, lost = [], []
+        for index in range(count):
+            try:
+                gpus.append(self._read_one(nvml, error_cls, index))
+            except error_cls as exc:
+                # One GPU that fell off the bus (Xid 79: GPU_IS_LOST) must not blank the others.
+                lost.append(f"GPU {index}: {exc}")
         noun = "GPU" if count == 1 else "GPUs"
-        return Inventory(gpus, f"{count} NVIDIA {noun} found" if count else "NVML found no NVIDIA GPUs")
+        message = f"{count} NVIDIA {noun} found" if count else "NVML found no NVIDIA GPUs"
+        if lost:
+            message += f"; unreadable: {', '.join(lost)}"
+        return Inventory(gpus, message)
 
     def _read_one(self, nvml: Any, error_cls: type[BaseException], index: int) -> GpuInfo:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -102,6 +111,9 @@ class NvmlInventory:
 
         mig = optional(nvml.nvmlDeviceGetMigMode, default=None)
         mig_enable = getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+        # (correctable rows, uncorrectable rows, pending, failure): H100/H200's memory health signal
+        rows = optional(nvml.nvmlDeviceGetRemappedRows, default=None) if hasattr(
+            nvml, "nvmlDeviceGetRemappedRows") else None
         return GpuInfo(
             index=index,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
@@ -115,10 +127,14 @@ class NvmlInventory:
                 optional(
                     nvml.nvmlDeviceGetTotalEccErrors,
                     nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                    nvml.NVML_VOLATILE_ECC,
+                    # The lifetime counter: the volatile one resets on every driver reload.
+                    getattr(nvml, "NVML_AGGREGATE_ECC", 1),
                 )
             ),
             mig_mode=bool(mig is not None and mig[0] == mig_enable),
+            driver="nvidia",
+            remapped_rows_pending=bool(rows and rows[2]),
+            remapped_rows_failed=bool(rows and rows[3]),
         )
 
 

@@ -17,7 +17,8 @@ from agent.hw.gpu_inventory import normalise_pci
 
 log = logging.getLogger(__name__)
 
-QUERY = "pci.bus_id,temperature.gpu,power.draw,ecc.errors.uncorrected.volatile.total"
+# The aggregate (lifetime) ECC count: the volatile one resets on every driver reload.
+QUERY = "pci.bus_id,temperature.gpu,power.draw,ecc.errors.uncorrected.aggregate.total"
 
 
 @dataclass(frozen=True)

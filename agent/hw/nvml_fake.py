@@ -10,6 +10,7 @@ Profiles mirror real boards: H100 SXM 80 GiB and H200 141 GiB (NVML reports memo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -17,9 +18,11 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
 NVML_TEMPERATURE_GPU = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
 
@@ -29,6 +32,7 @@ _ERROR_TEXT = {
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
 }
 
 
@@ -52,8 +56,11 @@ class FakeGpu:
     memory_used_mib: int = 0
     temperature_c: int | None = 35  # None: NVML says not supported
     power_mw: int | None = 70_000
-    ecc_uncorrected: int | None = 0
+    ecc_uncorrected: int | None = 0  # the volatile counter: reset by every driver reload
+    ecc_aggregate: int | None = 0  # the lifetime counter (survives reloads)
     mig_mode: int | None = NVML_DEVICE_MIG_DISABLE
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure
+    lost: bool = False  # Xid 79: every call on it answers GPU_IS_LOST
 
 
 PROFILES: dict[str, tuple[str, int]] = {
@@ -102,6 +109,9 @@ class FakeNvml:
     gpus: list[FakeGpu] = field(default_factory=list)
     init_error: int | None = None
     initialised: bool = False
+    # With a FakeSysfs, NVML sees only GPUs the nvidia driver owns, like the real library:
+    # a GPU bound to vfio-pci disappears from the count.
+    sysfs: Any = None
 
     NVMLError = NVMLError
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
@@ -110,6 +120,8 @@ class FakeNvml:
     NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
+    NVML_AGGREGATE_ECC = NVML_AGGREGATE_ECC
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
     NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
 
     def nvmlInit(self) -> None:
@@ -125,17 +137,26 @@ class FakeNvml:
         self._check()
         return "550.90.07"
 
+    def _visible(self) -> list[FakeGpu]:
+        if self.sysfs is None:
+            return self.gpus
+        return [g for g in self.gpus if self.sysfs.driver_of(_sysfs_bdf(g.bus_id)) == "nvidia" or g.lost]
+
     def nvmlDeviceGetCount(self) -> int:
         self._check()
-        return len(self.gpus)
+        return len(self._visible())
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         self._check()
-        if not 0 <= index < len(self.gpus):
+        visible = self._visible()
+        if not 0 <= index < len(visible):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        return self.gpus[index]
+        if visible[index].lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        return visible[index]
 
     def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
+        _alive(handle)
         return handle.uuid
 
     def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
@@ -156,7 +177,14 @@ class FakeNvml:
         return _supported(handle.power_mw)
 
     def nvmlDeviceGetTotalEccErrors(self, handle: FakeGpu, error_type: int, counter: int) -> int:
-        return _supported(handle.ecc_uncorrected)
+        _alive(handle)
+        return _supported(handle.ecc_aggregate if counter == NVML_AGGREGATE_ECC else handle.ecc_uncorrected)
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeGpu) -> tuple[int, int, int, int]:
+        _alive(handle)
+        if handle.remapped_rows is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return handle.remapped_rows
 
     def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> list[int]:
         mode = _supported(handle.mig_mode)
@@ -165,6 +193,16 @@ class FakeNvml:
     def _check(self) -> None:
         if not self.initialised:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+
+def _alive(handle: FakeGpu) -> None:
+    if handle.lost:
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+
+
+def _sysfs_bdf(bus_id: str) -> str:
+    domain, bus, rest = bus_id.split(":")
+    return f"{int(domain, 16):04x}:{bus.lower()}:{rest.lower()}"
 
 
 def _supported(value: int | None) -> int:

@@ -17,6 +17,18 @@ for the user to let go). Tests and the lab build hosts with it:
 
 Simulations: hold(bdf, who) / let_go(bdf), stick(path_suffix) to make writes to a path
 block until unstick(), and set_sriov(bdf, n).
+
+What real GPU hosts have and the fake models (each a behaviour a test relies on):
+- `numa_node` and `resource` (BAR sizes; H100 BAR1 128 GiB, H200 256 GiB, 64-bit flags);
+- `proc/driver/nvidia/gpus/<bdf>/information` with the GPU's device minor while nvidia owns
+  it, and `drm/cardN` + `renderDN` when `modeset=True` (nvidia_drm modeset=1);
+- `persistenced()`: nvidia-persistenced holding every nvidia-bound GPU until persistence is
+  disabled for that GPU (`FakeGpuDaemons.disable_persistence`, what `nvidia-smi -i BDF -pm 0`
+  does); `hold(..., "pid N (nv-hostengine)")` is a holder that does not let go (DCGM);
+- `add_foreign()`: a NIC or NVMe in a GPU's IOMMU group (a switch without ACS);
+- `vfio_ids`: ids claimed by vfio-pci at probe (a host booted with `vfio-pci.ids=`);
+- `add_nvswitch()`: HGX NVSwitch functions (class 0x0680, each in its own group);
+- `lose(bdf)`: Xid 79, the GPU fell off the bus (config space reads 0xffff, no driver).
 """
 
 from __future__ import annotations
@@ -33,7 +45,15 @@ AUDIO_CLASS = "0x040300"
 BRIDGE_CLASS = "0x060400"
 NVIDIA_VENDOR = "0x10de"
 
-DEFAULT_DRIVERS = ("nvidia", "snd_hda_intel", "pcieport", "vfio-pci", "ast")
+NVSWITCH_CLASS = "0x068000"
+NIC_CLASS = "0x020000"
+NVME_CLASS = "0x010802"
+DEFAULT_DRIVERS = ("nvidia", "snd_hda_intel", "pcieport", "vfio-pci", "ast", "mlx5_core", "nvme", "nvidia-nvswitch")
+GIB = 1 << 30
+MEM64_PREF = 0x0014220C  # IORESOURCE_MEM | PREFETCH | MEM_64 | SIZEALIGN, as a 64-bit prefetchable BAR shows
+MEM32 = 0x00040200
+# BAR0 16 MiB registers, BAR1 (VRAM aperture), BAR3 32 MiB, per board (device id -> BAR1 GiB).
+BAR1_GIB = {"0x2330": 128, "0x2335": 256, "0x20b2": 128, "0x27b8": 32}
 
 
 @dataclass
@@ -54,6 +74,10 @@ class FakeSysfs:
     root: Path
     native: dict[str, str] = field(default_factory=dict)  # bdf -> the driver its id table matches
     held: dict[str, list[str]] = field(default_factory=dict)
+    vfio_ids: set[str] = field(default_factory=set)  # "10de:2330": vfio-pci claims these at probe
+    modeset: bool = False  # nvidia_drm modeset=1: nvidia-bound GPUs get /dev/dri nodes
+    persistence: set[str] = field(default_factory=set)  # GPUs nvidia-persistenced holds open
+    _minors: dict[str, int] = field(default_factory=dict)
     _stuck: dict[str, threading.Event] = field(default_factory=dict)
     _released: threading.Condition = field(default_factory=threading.Condition)
 
@@ -68,6 +92,15 @@ class FakeSysfs:
     @property
     def kernel(self) -> FakeKernel:
         return FakeKernel(self)
+
+    @property
+    def proc(self) -> Path:
+        """The fake /proc beside the tree (driver/nvidia/gpus/<bdf>/information)."""
+        return self.root.parent / (self.root.name + "-proc")
+
+    @property
+    def daemons(self) -> FakeGpuDaemons:
+        return FakeGpuDaemons(self)
 
     # -- building a host ----------------------------------------------------
 
@@ -93,6 +126,8 @@ class FakeSysfs:
         vendor: str = NVIDIA_VENDOR,
         device_id: str = "0x2330",
         sriov_total: int = 0,
+        numa_node: int = -1,
+        bars: tuple[tuple[int, int], ...] = (),  # (size bytes, flags) for BAR0.. in order
     ) -> None:
         dev = self.root / "bus/pci/devices" / bdf
         dev.mkdir(parents=True, exist_ok=True)
@@ -100,6 +135,8 @@ class FakeSysfs:
         (dev / "vendor").write_text(vendor + "\n")
         (dev / "device").write_text(device_id + "\n")
         (dev / "driver_override").write_text("(null)\n")
+        (dev / "numa_node").write_text(f"{numa_node}\n")
+        (dev / "resource").write_text(_resource_text(bars))
         if sriov_total:
             (dev / "sriov_totalvfs").write_text(f"{sriov_total}\n")
             (dev / "sriov_numvfs").write_text("0\n")
@@ -121,10 +158,17 @@ class FakeSysfs:
         bridge: str | None = None,
         driver: str = "nvidia",
         sriov_total: int = 0,
+        device_id: str = "0x2330",
+        numa_node: int = 0,
     ) -> None:
         """A GPU as its own function 0, optionally with an HDMI audio function .1 and an
         upstream PCIe bridge in the same IOMMU group (as on boards without ACS)."""
-        self.add_device(bdf, pci_class=GPU_CLASS, driver=driver, group=group, sriov_total=sriov_total)
+        bar1 = BAR1_GIB.get(device_id, 64) * GIB
+        bars = ((16 << 20, MEM32), (bar1, MEM64_PREF), (0, 0), (32 << 20, MEM64_PREF))
+        if ("10de:" + device_id.removeprefix("0x")) in self.vfio_ids:
+            driver = "vfio-pci"  # claimed at boot, before nvidia loads
+        self.add_device(bdf, pci_class=GPU_CLASS, driver=driver, group=group, sriov_total=sriov_total,
+                        device_id=device_id, numa_node=numa_node, bars=bars)
         if audio:
             self.add_device(bdf[:-1] + "1", pci_class=AUDIO_CLASS, driver="snd_hda_intel", group=group)
         if bridge:
@@ -137,7 +181,48 @@ class FakeSysfs:
                 device_id="0x347a",
             )
 
+    def add_nvswitch(self, bdf: str, *, group: int, numa_node: int = 0) -> None:
+        """An HGX NVSwitch (H100/H200 boards have four), in its own IOMMU group."""
+        self.add_device(bdf, pci_class=NVSWITCH_CLASS, driver="nvidia-nvswitch", group=group, device_id="0x22a3",
+                        numa_node=numa_node, bars=((32 << 20, MEM64_PREF),))
+
+    def add_foreign(self, bdf: str, *, group: int, kind: str = "nic") -> None:
+        """A non-NVIDIA device sharing a GPU's IOMMU group (behind a PCIe switch without ACS)."""
+        pci_class, driver, device = (NIC_CLASS, "mlx5_core", "0x101b") if kind == "nic" else (
+            NVME_CLASS, "nvme", "0xa808")
+        self.add_device(bdf, pci_class=pci_class, driver=driver, group=group,
+                        vendor="0x15b3" if kind == "nic" else "0x144d", device_id=device)
+
     # -- simulations --------------------------------------------------------
+
+    def persistenced(self) -> None:
+        """nvidia-persistenced starts: it opens every nvidia-bound GPU and keeps it open."""
+        for bdf, driver in list(self.native.items()):
+            if self.driver_of(bdf) == "nvidia" and driver == "nvidia":
+                self.persistence.add(bdf)
+                self.hold(bdf, "pid 812 (nvidia-persiste)")
+
+    def disable_persistence(self, bdf: str) -> None:
+        if bdf in self.persistence:
+            self.persistence.discard(bdf)
+            with self._released:
+                rest = [h for h in self.held.get(bdf, []) if "nvidia-persiste" not in h]
+                if rest:
+                    self.held[bdf] = rest
+                else:
+                    self.held.pop(bdf, None)
+                self._released.notify_all()
+
+    def lose(self, bdf: str) -> None:
+        """Xid 79: the GPU fell off the bus. Config space reads all ones; the driver lets go."""
+        dev = self._device(bdf)
+        (dev / "vendor").write_text("0xffff\n")
+        (dev / "device").write_text("0xffff\n")
+        driver = self.driver_of(bdf)
+        if driver != "none":
+            (dev / "driver").unlink()
+            (self.root / "bus/pci/drivers" / driver / bdf).unlink()
+            self._driver_detached(bdf, driver)
 
     def hold(self, bdf: str, who: str = "pid 4242 (qemu-system-x86)") -> None:
         with self._released:
@@ -202,6 +287,29 @@ class FakeSysfs:
         drv = self.root / "bus/pci/drivers" / driver
         (dev / "driver").symlink_to(drv)
         (drv / bdf).symlink_to(dev)
+        if driver == "nvidia":
+            # The nvidia driver numbers GPUs as it binds them: /dev/nvidiaN.
+            minor = self._minors.setdefault(bdf, len(self._minors))
+            info = self.proc / "driver/nvidia/gpus" / bdf
+            info.mkdir(parents=True, exist_ok=True)
+            (info / "information").write_text(
+                f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 130\nDevice Minor: \t {minor}\n"
+                f"Bus Location: \t {bdf}\n")
+            if self.modeset:
+                (dev / "drm" / f"card{minor + 1}").mkdir(parents=True, exist_ok=True)
+                (dev / "drm" / f"renderD{128 + minor}").mkdir(parents=True, exist_ok=True)
+
+    def _driver_detached(self, bdf: str, driver: str) -> None:
+        if driver == "nvidia":
+            info = self.proc / "driver/nvidia/gpus" / bdf
+            if info.is_dir():
+                (info / "information").unlink()
+                info.rmdir()
+            drm = self._device(bdf) / "drm"
+            if drm.is_dir():
+                for child in drm.iterdir():
+                    child.rmdir()
+                drm.rmdir()
 
     def _unbind(self, driver: str, bdf: str) -> None:
         if self.driver_of(bdf) != driver:
@@ -211,6 +319,7 @@ class FakeSysfs:
             self._released.wait_for(lambda: not self.held.get(bdf), timeout=300)
         (self._device(bdf) / "driver").unlink()
         (self.root / "bus/pci/drivers" / driver / bdf).unlink()
+        self._driver_detached(bdf, driver)
 
     def _bind(self, driver: str, bdf: str) -> None:
         dev = self._device(bdf)
@@ -227,6 +336,9 @@ class FakeSysfs:
             return  # the kernel leaves a bound device alone
         override = (dev / "driver_override").read_text().strip()
         wanted = self.native.get(bdf) if override == "(null)" else override
+        pci_id = (dev / "vendor").read_text().strip()[2:] + ":" + (dev / "device").read_text().strip()[2:]
+        if override == "(null)" and pci_id in self.vfio_ids:
+            wanted = "vfio-pci"  # vfio-pci.ids= puts these ids in vfio-pci's match table
         if wanted and (self.root / "bus/pci/drivers" / wanted).is_dir():
             self._link_driver(bdf, wanted)
 
@@ -239,3 +351,35 @@ class FakeSysfs:
             link.unlink()
         for i in range(count):
             (dev / f"virtfn{i}").symlink_to(dev)
+
+
+@dataclass
+class FakeGpuDaemons:
+    """The GpuDaemons the binder uses, for a FakeSysfs: `nvidia-smi -i BDF -pm 0|1`."""
+
+    sysfs: FakeSysfs
+    calls: list[str] = field(default_factory=list)
+
+    def set_persistence(self, bdf: str, enabled: bool) -> str | None:
+        self.calls.append(f"{bdf} -pm {int(enabled)}")
+        if self.sysfs.driver_of(bdf) != "nvidia":
+            return f"{bdf} is not on the nvidia driver"
+        if enabled:
+            self.sysfs.persistence.add(bdf)
+            self.sysfs.hold(bdf, "pid 812 (nvidia-persiste)")
+        else:
+            self.sysfs.disable_persistence(bdf)
+        return None
+
+
+def _resource_text(bars: tuple[tuple[int, int], ...]) -> str:
+    """A sysfs `resource` file: 13 lines of start end flags (6 BARs, ROM, bridge windows)."""
+    lines, base = [], 0x2000_0000_0000
+    for size, flags in bars:
+        if size:
+            lines.append(f"0x{base:016x} 0x{base + size - 1:016x} 0x{flags:016x}")
+            base += max(size, 1 << 30)
+        else:
+            lines.append(f"0x{0:016x} 0x{0:016x} 0x{0:016x}")
+    lines += [f"0x{0:016x} 0x{0:016x} 0x{0:016x}"] * (13 - len(lines))
+    return "\n".join(lines) + "\n"

@@ -3,8 +3,20 @@
 Bind, per non-bridge function of the GPU's IOMMU group (a GPU's HDMI audio function
 must move too, or VFIO refuses the group; PCI bridges, class 0x0604, stay):
     write "vfio-pci" to driver_override, unbind from the current driver, drivers_probe.
+Before the first write, persistence mode is turned off for each nvidia-bound GPU
+(`nvidia-smi -i BDF -pm 0`, agent.hw.gpu_holders) so nvidia-persistenced lets go; holders are
+found per GPU (its /dev/nvidiaN, /dev/dri nodes, /dev/vfio/N), never "any NVIDIA user".
 Release writes an empty driver_override, unbinds from vfio-pci and reprobes, so the
-kernel matches the device's own driver again (nvidia, snd_hda_intel).
+kernel matches the device's own driver again (nvidia, snd_hda_intel), turns persistence back
+on where we turned it off, and checks the functions' health (present, config space readable,
+on the expected driver, nvidia initialised it). Release means "no longer ours", not
+"back on nvidia": on a host booted with `vfio-pci.ids=` those ids stay on vfio-pci (only our
+override is cleared), and with keep_bound (FABRIC_VFIO_KEEP_BOUND=1) GPUs stay bound between
+VMs instead of bouncing through the host driver.
+
+A group that holds a non-NVIDIA device other than a PCI bridge (a NIC or NVMe behind a PCIe
+switch without ACS) is refused with the group's members listed: moving it would take that
+device from the host.
 
 Refusals (common.errors.Refused, never a half-done guess): no IOMMU groups on the host
 (IOMMU off in firmware or kernel cmdline), SR-IOV virtual functions enabled on a
@@ -22,18 +34,28 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from agent.hw.gpu_holders import GpuDaemons, LinuxKernelIO, holder_hints
+from agent.hw.pci_sysfs import link_name, read_attr
+from agent.hw.vfio_plan import (  # noqa: F401 - re-exported: callers import the plan types from here
+    VFIO_DRIVER,
+    BindResult,
+    FunctionFacts,
+    FunctionPlan,
+    GroupFacts,
+    Plan,
+    Write,
+    plan_bind,
+    plan_release,
+    read_vfio_ids,
+)
 from common.errors import NotFound, Refused
 
 log = logging.getLogger(__name__)
 
-VFIO_DRIVER = "vfio-pci"
-BRIDGE_CLASS_PREFIX = "0x0604"
 
 
 class KernelIO(Protocol):
@@ -46,160 +68,6 @@ class KernelIO(Protocol):
         ...
 
 
-class LinuxKernelIO:
-    """The real kernel: plain sysfs writes; holders found through /proc/*/fd.
-
-    A device is held when a process has its VFIO group (/dev/vfio/N, e.g. a QEMU still
-    running) or an NVIDIA device node open (CUDA work, nvidia-persistenced). We cannot map
-    /dev/nvidiaN to one GPU cheaply, so any open /dev/nvidia[0-9]* counts for NVIDIA-bound
-    GPUs: conservative, and the bounded wait keeps it from blocking forever.
-    """
-
-    def __init__(self, sysfs_root: Path = Path("/sys"), proc_root: Path = Path("/proc")):
-        self.sysfs_root = sysfs_root
-        self.proc_root = proc_root
-
-    def write(self, path: Path, value: str) -> None:
-        with open(path, "w") as handle:
-            handle.write(value)
-
-    def holders(self, bdf: str) -> list[str]:
-        device = self.sysfs_root / "bus/pci/devices" / bdf
-        targets: set[str] = set()
-        group = _link_name(device / "iommu_group")
-        if group:
-            targets.add(f"/dev/vfio/{group}")
-        if _link_name(device / "driver") == "nvidia":
-            targets.add("/dev/nvidia")
-        found = []
-        for proc in self.proc_root.glob("[0-9]*"):
-            try:
-                for fd in (proc / "fd").iterdir():
-                    target = os.readlink(fd)
-                    if target in targets or (
-                        "/dev/nvidia" in targets
-                        and target[11:12].isdigit()
-                        and target.startswith("/dev/nvidia")
-                    ):
-                        comm = (proc / "comm").read_text().strip()
-                        found.append(f"pid {proc.name} ({comm})")
-                        break
-            except OSError:
-                continue  # the process went away or is not ours to read
-        return found
-
-
-@dataclass
-class BindResult:
-    bdf: str
-    functions: list[str]
-    original_drivers: dict[str, str]  # bind: driver each function had; release: driver it returned to
-    message: str
-
-
-@dataclass(frozen=True)
-class FunctionFacts:
-    bdf: str
-    driver: str  # "none" when unbound
-    override: str  # "" when unset
-    pci_class: str
-    sriov_numvfs: int
-
-
-@dataclass(frozen=True)
-class GroupFacts:
-    bdf: str
-    group: str | None
-    host_has_groups: bool
-    vfio_driver_present: bool
-    functions: list[FunctionFacts] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Write:
-    path: str  # relative to the sysfs root
-    value: str
-
-
-@dataclass(frozen=True)
-class FunctionPlan:
-    bdf: str
-    needs_free: bool  # must have no holders before its unbind
-    writes: list[Write]
-
-
-@dataclass(frozen=True)
-class Plan:
-    functions: list[str]
-    steps: list[FunctionPlan]
-    refusal: str | None = None
-
-
-def _moving(facts: GroupFacts) -> tuple[list[FunctionFacts], str | None]:
-    """The group's functions that change driver (bridges stay) and why the group may not move."""
-    moving = [f for f in facts.functions if not f.pci_class.startswith(BRIDGE_CLASS_PREFIX)]
-    return moving, _common_refusal(facts)
-
-
-def plan_bind(facts: GroupFacts) -> Plan:
-    """Pure: what to write to move the group to vfio-pci (empty steps when already there)."""
-    moving, refusal = _moving(facts)
-    names = [f.bdf for f in moving]
-    if refusal:
-        return Plan(names, [], refusal)
-    if not facts.vfio_driver_present:
-        return Plan(names, [], "the vfio-pci driver is not loaded on this host (run: modprobe vfio-pci)")
-    steps = []
-    for fn in moving:
-        if fn.driver == VFIO_DRIVER and fn.override == VFIO_DRIVER:
-            continue
-        writes = [Write(f"bus/pci/devices/{fn.bdf}/driver_override", VFIO_DRIVER)]
-        if fn.driver not in ("none", VFIO_DRIVER):
-            writes.append(Write(f"bus/pci/drivers/{fn.driver}/unbind", fn.bdf))
-        if fn.driver != VFIO_DRIVER:
-            writes.append(Write("bus/pci/drivers_probe", fn.bdf))
-        steps.append(FunctionPlan(fn.bdf, fn.driver not in ("none", VFIO_DRIVER), writes))
-    return Plan(names, steps)
-
-
-def plan_release(facts: GroupFacts) -> Plan:
-    """Pure: what to write so each function's own driver takes it back."""
-    moving, refusal = _moving(facts)
-    names = [f.bdf for f in moving]
-    if refusal:
-        return Plan(names, [], refusal)
-    steps = []
-    for fn in moving:
-        if fn.driver not in (VFIO_DRIVER, "none") and fn.override != VFIO_DRIVER:
-            continue  # already with its own driver
-        writes = []
-        if fn.override == VFIO_DRIVER:
-            # An empty write clears driver_override (the kernel then shows "(null)").
-            writes.append(Write(f"bus/pci/devices/{fn.bdf}/driver_override", "\n"))
-        if fn.driver == VFIO_DRIVER:
-            writes.append(Write(f"bus/pci/drivers/{VFIO_DRIVER}/unbind", fn.bdf))
-        writes.append(Write("bus/pci/drivers_probe", fn.bdf))
-        steps.append(FunctionPlan(fn.bdf, fn.driver == VFIO_DRIVER, writes))
-    return Plan(names, steps)
-
-
-def _common_refusal(facts: GroupFacts) -> str | None:
-    if not facts.host_has_groups:
-        return (
-            "this host has no IOMMU groups: enable VT-d/AMD-Vi in firmware and boot with "
-            "intel_iommu=on iommu=pt (or amd_iommu=on)"
-        )
-    if facts.group is None:
-        return f"{facts.bdf} is in no IOMMU group, so it cannot be given to a VM"
-    for fn in facts.functions:
-        if fn.sriov_numvfs > 0:
-            return (
-                f"{fn.bdf} has {fn.sriov_numvfs} SR-IOV virtual functions enabled; "
-                "disable them (echo 0 > sriov_numvfs) before passing the whole device through"
-            )
-    return None
-
-
 class VfioBinder:
     def __init__(
         self,
@@ -210,13 +78,22 @@ class VfioBinder:
         kernel: KernelIO | None = None,
         state_dir: Path | None = None,
         poll_s: float = 0.1,
+        daemons: GpuDaemons | None = None,
+        vfio_ids: frozenset[str] | None = None,
+        keep_bound: bool = False,
+        proc_root: Path = Path("/proc"),
     ):
         self.root = Path(sysfs_root)
         self.timeout_s = timeout_s
         self.hold_wait_s = hold_wait_s
-        self.kernel = kernel or LinuxKernelIO(self.root)
+        self.kernel = kernel or LinuxKernelIO(self.root, Path(proc_root))
         self.state_dir = state_dir
         self.poll_s = poll_s
+        self.daemons = daemons
+        self.proc_root = Path(proc_root)
+        self.vfio_ids = vfio_ids if vfio_ids is not None else read_vfio_ids(self.proc_root)
+        self.keep_bound = keep_bound
+        self._persistence_off: set[str] = set()
         self._stuck_memory: dict[str, str] = {}
         self._lock = threading.Lock()  # one bind/release at a time per binder
 
@@ -224,13 +101,15 @@ class VfioBinder:
 
     def status(self, bdf: str) -> str:
         device = self._device(bdf)
-        return _link_name(device / "driver") or "none"
+        return link_name(device / "driver") or "none"
 
     def bind(self, bdf: str) -> BindResult:
         with self._lock:
             facts = self._facts(bdf)
             plan = plan_bind(facts)
             originals = {f.bdf: f.driver for f in facts.functions if f.bdf in plan.functions}
+            if not plan.refusal:
+                self._persistence_down(facts, plan)
             self._apply(bdf, plan, "bind")
             for fn in plan.functions:
                 if self.status(fn) != VFIO_DRIVER:
@@ -248,15 +127,74 @@ class VfioBinder:
             plan = plan_release(facts)
             self._apply(bdf, plan, "release")
             now = {fn: self.status(fn) for fn in plan.functions}
-            still = [fn for fn, drv in now.items() if drv == VFIO_DRIVER]
+            expected = {f.bdf: self._expected_after_release(f) for f in facts.functions if f.bdf in now}
+            still = [fn for fn, drv in now.items() if drv == VFIO_DRIVER and expected[fn] != VFIO_DRIVER]
             if still:
                 raise Refused(f"{', '.join(still)} stayed on vfio-pci after release")
-            message = (
-                f"released {', '.join(plan.functions)} to their own drivers"
-                if plan.steps
-                else f"{bdf} was not bound to vfio-pci"
-            )
+            self._persistence_up(now)
+            was_bound = any(f.driver == VFIO_DRIVER or f.override == VFIO_DRIVER
+                            for f in facts.functions if f.bdf in now)
+            if not was_bound:
+                message = f"{bdf} was not bound to vfio-pci"
+            elif facts.keep_bound:
+                message = f"kept {', '.join(plan.functions)} on vfio-pci for the next VM (FABRIC_VFIO_KEEP_BOUND=1)"
+            elif any(expected[fn] == VFIO_DRIVER for fn in now):
+                ids = sorted({f.pci_id for f in facts.functions if f.pci_id in self.vfio_ids})
+                message = (f"released {', '.join(plan.functions)}: {', '.join(ids)} stay on vfio-pci "
+                           "(this host assigns them to vfio-pci with vfio-pci.ids=)")
+            else:
+                message = f"released {', '.join(plan.functions)} to their own drivers"
+            problems = self.health(plan.functions, expected)
+            if problems:
+                log.error("post-release health check for %s: %s", bdf, problems)
+                message += f"; health check failed: {problems}"
             return BindResult(bdf, plan.functions, now, message)
+
+    def health(self, functions: list[str], expected: dict[str, str]) -> str:
+        """Empty when every function is present, readable, on its expected driver, free of
+        holders where it stays on vfio-pci, and (for nvidia) initialised; else what is wrong."""
+        problems = []
+        for fn in functions:
+            device = self.root / "bus/pci/devices" / fn
+            vendor = read_attr(device / "vendor").lower()
+            if not device.exists() or vendor in ("", "0xffff"):
+                problems.append(f"{fn} does not answer on the bus (config space reads {vendor or 'nothing'})")
+                continue
+            driver = self.status(fn)
+            if expected.get(fn) and driver != expected[fn]:
+                problems.append(f"{fn} is on {driver}, expected {expected[fn]}")
+            elif driver == "nvidia" and not (self.proc_root / "driver/nvidia/gpus" / fn / "information").exists():
+                problems.append(f"{fn} is bound to nvidia but the driver did not initialise it")
+            elif driver == VFIO_DRIVER and self.kernel.holders(fn):
+                problems.append(f"{fn} is still held by {', '.join(self.kernel.holders(fn))}")
+        return "; ".join(problems)
+
+    def _expected_after_release(self, fn: FunctionFacts) -> str:
+        if self.keep_bound or fn.pci_id in self.vfio_ids:
+            return VFIO_DRIVER if fn.driver == VFIO_DRIVER else fn.driver
+        if fn.driver == VFIO_DRIVER or fn.override == VFIO_DRIVER:
+            return ""  # whatever its own driver is; checked by "not on vfio-pci" above
+        return fn.driver
+
+    def _persistence_down(self, facts: GroupFacts, plan: Plan) -> None:
+        if self.daemons is None:
+            return
+        for step in plan.steps:
+            fn = next(f for f in facts.functions if f.bdf == step.bdf)
+            if fn.driver == "nvidia" and fn.pci_class.startswith("0x03"):
+                problem = self.daemons.set_persistence(fn.bdf, False)
+                if problem:
+                    log.warning("could not disable persistence on %s: %s", fn.bdf, problem)
+                else:
+                    self._persistence_off.add(fn.bdf)
+
+    def _persistence_up(self, now: dict[str, str]) -> None:
+        for fn, driver in now.items():
+            if fn in self._persistence_off and driver == "nvidia" and self.daemons is not None:
+                self._persistence_off.discard(fn)
+                problem = self.daemons.set_persistence(fn, True)
+                if problem:
+                    log.warning("could not re-enable persistence on %s: %s", fn, problem)
 
     def stuck(self) -> dict[str, str]:
         """Recorded stuck writes: function address -> what was being written."""
@@ -289,7 +227,7 @@ class VfioBinder:
         device = self._device(bdf)
         groups_dir = self.root / "kernel/iommu_groups"
         host_has_groups = groups_dir.is_dir() and any(groups_dir.iterdir())
-        group = _link_name(device / "iommu_group")
+        group = link_name(device / "iommu_group")
         members = [bdf]
         if group and host_has_groups:
             members = sorted(p.name for p in (groups_dir / group / "devices").iterdir())
@@ -300,18 +238,22 @@ class VfioBinder:
             host_has_groups=host_has_groups,
             vfio_driver_present=(self.root / "bus/pci/drivers" / VFIO_DRIVER).is_dir(),
             functions=functions,
+            vfio_ids=self.vfio_ids,
+            keep_bound=self.keep_bound,
         )
 
     def _function(self, bdf: str) -> FunctionFacts:
         device = self.root / "bus/pci/devices" / bdf
-        override = _read(device / "driver_override")
-        numvfs = _read(device / "sriov_numvfs")
+        override = read_attr(device / "driver_override")
+        numvfs = read_attr(device / "sriov_numvfs")
         return FunctionFacts(
             bdf=bdf,
-            driver=_link_name(device / "driver") or "none",
+            driver=link_name(device / "driver") or "none",
             override="" if override in ("", "(null)") else override,
-            pci_class=_read(device / "class"),
+            pci_class=read_attr(device / "class"),
             sriov_numvfs=int(numvfs) if numvfs.isdigit() else 0,
+            vendor=read_attr(device / "vendor").lower(),
+            device=read_attr(device / "device").lower(),
         )
 
     # -- applying -----------------------------------------------------------
@@ -343,9 +285,12 @@ class VfioBinder:
             threading.Event().wait(self.poll_s)
             holders = self.kernel.holders(fn)
         if holders:
+            pm = " after persistence mode was disabled for it (nvidia-smi -i BDF -pm 0)" if (
+                fn in self._persistence_off) else ""
+            hints = holder_hints(holders)
             raise Refused(
-                f"cannot {action} {bdf}: {fn} is still in use by {', '.join(holders)} "
-                f"after waiting {self.hold_wait_s:g}s; stop it first"
+                f"cannot {action} {bdf}: {fn} is still in use by {', '.join(holders)}{pm} "
+                f"after waiting {self.hold_wait_s:g}s; stop it first" + (f" ({hints})" if hints else "")
             )
 
     def _write(self, fn: str, write: Write) -> None:
@@ -381,17 +326,3 @@ class VfioBinder:
         if self.state_dir:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             (self.state_dir / f"stuck-{fn}.json").write_text(json.dumps({"bdf": fn, "write": what}))
-
-
-def _link_name(path: Path) -> str | None:
-    try:
-        return Path(os.readlink(path)).name
-    except OSError:
-        return None
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""

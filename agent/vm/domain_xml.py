@@ -1,16 +1,25 @@
-"""libvirt domain XML for one GPU replica: a pure function of the spec and host paths.
+"""libvirt domain XML for one GPU replica: a pure function of the spec, host paths and the
+host's tuning (agent.vm.host_tuning).
 
 Choices (docs/gpu-hosts.md says why in more words):
 - q35 + UEFI (OVMF pflash, per-VM NVRAM from the vars template): large-BAR GPUs need a
   PCIe topology and 64-bit MMIO, which SeaBIOS/i440fx do not give.
 - host-passthrough CPU with <maxphysaddr mode='passthrough'/>: the guest sees the host's
   physical address bits, so a 64-bit MMIO window of hundreds of GiB fits.
-- one pcie-root-port per GPU, the GPU's hostdev behind it at function 0. managed='no':
-  the agent binds/releases through agent.hw.vfio (with its refusals), libvirt must not.
+- one pcie-root-port per passed-through function (GPUs, then an HGX board's NVSwitches), the
+  device at function 0 behind it. managed='no': the agent binds/releases through
+  agent.hw.vfio (with its refusals), libvirt must not.
 - 64-bit MMIO window via `-fw_cfg opt/ovmf/X-PciMmio64Mb`: OVMF sizes its aperture from
-  this; q35's <pcihole64> only moves QEMU's hole and OVMF ignores it for placement.
-- virtiofs share of the model directory, read-only, tag "models" (the guest mounts it ro at
-  /models). virtiofs needs shared guest memory: memfd, or hugepages when asked.
+  this; q35's <pcihole64> only moves QEMU's hole and OVMF ignores it for placement. Sized
+  from the BAR sizes sysfs reports when known, else estimated from GPU memory.
+- NUMA: with a node chosen, every vCPU is pinned (cputune, round-robin over the node's CPUs,
+  the emulator threads on the node), memory is bound there (numatune strict) and the guest
+  gets one NUMA cell (so the guest kernel and NCCL see a real topology).
+- memory: memfd backing, with hugetlb pages of the chosen size when the host has them;
+  shared access (virtiofsd maps guest RAM); no balloon (VFIO pins all RAM, a balloon
+  could only lie about it).
+- virtiofs share of the model directory, tag "models"; <readonly/> only where libvirt and
+  virtiofsd support it, otherwise the source is a read-only bind mount and the guest mounts ro.
 - a tap NIC (created by agent.net.bridge on the fabric bridge, managed='no') with the
   replica's MAC; the cidata seed as a read-only SATA cdrom.
 """
@@ -23,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.vm.base import VmSpec
+from agent.vm.host_tuning import HostTuning
 from common.errors import InvalidInput
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
@@ -74,6 +84,16 @@ def mmio64_mib(gpu_count: int, gpu_memory_mib: int) -> int:
     return max(MIN_MMIO64_MIB, _pow2_at_least(per_gpu * gpu_count))
 
 
+def guest_mmio64_mib(bars64_mib: list[int]) -> int:
+    """The OVMF 64-bit aperture from the 64-bit BAR totals sysfs reports for each passed-through
+    function: twice their sum (power-of-two alignment of each BAR and root-port window), rounded
+    up to a power of two, at least MIN_MMIO64_MIB. 0 when nothing has a 64-bit BAR."""
+    total = sum(bars64_mib)
+    if total <= 0:
+        return 0
+    return max(MIN_MMIO64_MIB, _pow2_at_least(2 * total))
+
+
 def _pow2_at_least(value: int) -> int:
     return 1 << max(0, (value - 1).bit_length())
 
@@ -87,13 +107,14 @@ def build_domain_xml(
     bridge: str,
     models_dir: Path,
     firmware: Firmware = Firmware(),
-    hugepages: bool = False,
+    tuning: HostTuning = HostTuning(),
     tap: str | None = None,
     domain_type: str = "kvm",
 ) -> str:
     if spec.cpu < 1 or spec.memory_gib <= 0:
         raise InvalidInput("cpu and memory_gib must be positive")
     bdfs = [parse_bdf(g) for g in spec.gpus]
+    switches = [parse_bdf(s) for s in tuning.nvswitches]
     dom = ET.Element("domain", {"type": domain_type})
     _sub(dom, "name", text=domain_name(spec.replica_id))
     meta = _sub(_sub(dom, "metadata"), f"{{{FABRIC_NS}}}replica")
@@ -108,13 +129,15 @@ def build_domain_xml(
 
     _sub(dom, "memory", {"unit": "KiB"}, text=str(int(spec.memory_gib * 1024 * 1024)))
     _sub(dom, "vcpu", {"placement": "static"}, text=str(spec.cpu))
+    _numa_pinning(dom, spec, tuning)
     backing = _sub(dom, "memoryBacking")
-    if hugepages:
-        _sub(backing, "hugepages")
-        _sub(backing, "locked")  # VFIO pins guest memory anyway; locked keeps it out of swap accounting
-    else:
-        _sub(backing, "source", {"type": "memfd"})
+    if tuning.hugepage_kib:
+        pages = _sub(backing, "hugepages")
+        _sub(pages, "page", {"size": str(tuning.hugepage_kib), "unit": "KiB"})
+    _sub(backing, "source", {"type": "memfd"})  # hugetlb-backed memfd when pages are set
     _sub(backing, "access", {"mode": "shared"})  # virtiofsd maps guest memory
+    if tuning.hugepage_kib:
+        _sub(backing, "locked")  # VFIO pins guest memory anyway; locked keeps it out of swap accounting
 
     os_el = _sub(dom, "os")
     _sub(os_el, "type", {"arch": "x86_64", "machine": "q35"}, text="hvm")
@@ -128,6 +151,12 @@ def build_domain_xml(
     _sub(features, "apic")
     cpu = _sub(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
     _sub(cpu, "maxphysaddr", {"mode": "passthrough"})
+    if tuning.numa_node is not None:
+        cells = _sub(cpu, "numa")
+        last = spec.cpu - 1
+        _sub(cells, "cell", {"id": "0", "cpus": f"0-{last}" if last else "0",
+                             "memory": str(int(spec.memory_gib * 1024 * 1024)), "unit": "KiB",
+                             "memAccess": "shared"})
     _sub(dom, "clock", {"offset": "utc"})
     _sub(dom, "on_poweroff", text="destroy")
     _sub(dom, "on_reboot", text="restart")
@@ -149,14 +178,15 @@ def build_domain_xml(
     _sub(share, "driver", {"type": "virtiofs"})
     _sub(share, "source", {"dir": str(models_dir)})
     _sub(share, "target", {"dir": "models"})
-    _sub(share, "readonly")
+    if tuning.virtiofs_readonly:
+        _sub(share, "readonly")
 
     nic = _sub(dev, "interface", {"type": "ethernet"})
     _sub(nic, "mac", {"address": mac})
     _sub(nic, "target", {"dev": tap or tap_name(spec.replica_id), "managed": "no"})
     _sub(nic, "model", {"type": "virtio"})
 
-    for i, (domain, bus, slot, function) in enumerate(bdfs):
+    for i, (domain, bus, slot, function) in enumerate(bdfs + switches):
         port_index = i + 1  # pcie-root is index 0; each GPU gets its own root port and bus
         _sub(dev, "controller", {"type": "pci", "index": str(port_index), "model": "pcie-root-port"})
         host = _sub(dev, "hostdev", {"mode": "subsystem", "type": "pci", "managed": "no"})
@@ -186,8 +216,9 @@ def build_domain_xml(
     _sub(channel, "target", {"type": "virtio", "name": "org.qemu.guest_agent.0"})
     _sub(dev, "serial", {"type": "pty"})
     _sub(dev, "console", {"type": "pty"})
+    _sub(dev, "memballoon", {"model": "none"})
 
-    window = mmio64_mib(len(bdfs), spec.gpu_memory_mib)
+    window = tuning.mmio64_mib or mmio64_mib(len(bdfs), spec.gpu_memory_mib)
     if window:
         cmdline = _sub(dom, f"{{{QEMU_NS}}}commandline")
         _sub(cmdline, f"{{{QEMU_NS}}}arg", {"value": "-fw_cfg"})
@@ -195,6 +226,31 @@ def build_domain_xml(
 
     ET.indent(dom, space="  ")
     return ET.tostring(dom, encoding="unicode") + "\n"
+
+
+def _numa_pinning(dom: ET.Element, spec: VmSpec, tuning: HostTuning) -> None:
+    if tuning.numa_node is None or not tuning.host_cpus:
+        return
+    tune = _sub(dom, "cputune")
+    for vcpu in range(spec.cpu):
+        _sub(tune, "vcpupin", {"vcpu": str(vcpu), "cpuset": str(tuning.host_cpus[vcpu % len(tuning.host_cpus)])})
+    _sub(tune, "emulatorpin", {"cpuset": _cpuset(tuning.host_cpus)})
+    numatune = _sub(dom, "numatune")
+    _sub(numatune, "memory", {"mode": "strict", "nodeset": str(tuning.numa_node)})
+
+
+def _cpuset(cpus: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5'."""
+    parts, ordered = [], sorted(set(cpus))
+    start = prev = ordered[0]
+    for cpu in ordered[1:] + [None]:
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(parts)
 
 
 def _sub(

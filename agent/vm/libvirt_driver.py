@@ -20,11 +20,23 @@ from pathlib import Path
 
 import libvirt
 
+from agent.hw.pci_sysfs import nvidia_functions
 from agent.net.bridge import BridgeNetwork
+from agent.state import GpuBinder
 from agent.vm.base import VmSpec, VmState, VmStatus
 from agent.vm.cloud_init import build_seed, write_seed_iso
 from agent.vm.domain_xml import Firmware, build_domain_xml, domain_name, mac_for, tap_name
+from agent.vm.host_tuning import (
+    HUGEPAGE_CHOICES,
+    HostTuning,
+    plan_tuning,
+    read_hugepage_pools,
+    read_node_cpus,
+    read_virtiofsd_version,
+    readonly_share_supported,
+)
 from agent.vm.overlay import create_overlay
+from agent.vm.ro_bind import ensure_ro_bind, remove_ro_bind
 from common.errors import InvalidInput, NotFound, Refused, TransientError
 
 log = logging.getLogger(__name__)
@@ -62,17 +74,34 @@ class LibvirtDriver:
         state_dir: Path,
         bridge: str = "fabric0",
         models_dir: Path,
-        hugepages: bool = False,
+        hugepages: str = "auto",
+        numa: str = "auto",
+        readonly_share: str = "auto",
+        sysfs_root: Path = Path("/sys"),
+        binder: GpuBinder | None = None,
         firmware: Firmware | None = None,
         network: BridgeNetwork | None = None,
         domain_type: str = "kvm",
     ):
+        """hugepages auto|1G|2M|off and numa auto|off: agent.vm.host_tuning. readonly_share:
+        auto (virtiofs <readonly/> where libvirt and virtiofsd support it, else a read-only bind
+        mount), virtiofs or bind. binder: binds an HGX board's NVSwitches for full passthrough."""
         self.uri = uri
         self.image = Path(image)
         self.state_dir = Path(state_dir)
         self.bridge = bridge
         self.models_dir = Path(models_dir)
+        if readonly_share not in ("auto", "virtiofs", "bind"):
+            raise InvalidInput(f"readonly_share {readonly_share!r}: expected auto, virtiofs or bind")
+        if hugepages not in HUGEPAGE_CHOICES or numa not in ("auto", "off"):
+            raise InvalidInput(f"hugepages {hugepages!r} / numa {numa!r}: expected one of "
+                               f"{', '.join(HUGEPAGE_CHOICES)} / auto or off")
         self.hugepages = hugepages
+        self.numa = numa
+        self.readonly_share = readonly_share
+        self.sysfs_root = Path(sysfs_root)
+        self.binder = binder
+        self._readonly: tuple[bool, str] | None = None
         self.firmware = firmware or Firmware()
         self.network = network or BridgeNetwork(bridge)
         self.domain_type = domain_type
@@ -117,6 +146,8 @@ class LibvirtDriver:
         existed = self.undefine(vm_id) or existed
         paths = self.paths(vm_id)
         removed = [_unlink(paths.overlay), _unlink(paths.seed), _unlink(paths.nvram)]
+        removed.append(remove_ro_bind(self.share_dir(vm_id)))
+        self._release_nvswitches()
         removed.append(self.network.delete_tap(tap_name(vm_id)))
         return existed or any(removed)
 
@@ -130,17 +161,38 @@ class LibvirtDriver:
             self.state_dir / f"{name}_VARS.fd",
         )
 
-    def domain_xml(self, spec: VmSpec) -> str:
+    def share_dir(self, vm_id: str) -> Path:
+        """Where the read-only bind mount of the model directory goes (bind mode)."""
+        return self.state_dir / "ro-models" / domain_name(vm_id)
+
+    def readonly_mode(self) -> tuple[bool, str]:
+        """(virtiofs <readonly/> usable, why), decided once from the versions found."""
+        if self._readonly is None:
+            if self.readonly_share == "auto":
+                self._readonly = readonly_share_supported(self._connection().getLibVersion(),
+                                                          read_virtiofsd_version())
+            else:
+                self._readonly = (self.readonly_share == "virtiofs", f"readonly_share={self.readonly_share}")
+        return self._readonly
+
+    def tuning(self, spec: VmSpec) -> HostTuning:
+        return plan_tuning(spec.gpus, nvidia_functions(self.sysfs_root), hugepages=self.hugepages, numa=self.numa,
+                           pools=read_hugepage_pools(self.sysfs_root), node_cpus=read_node_cpus(self.sysfs_root),
+                           readonly=self.readonly_mode())
+
+    def domain_xml(self, spec: VmSpec, tuning: HostTuning | None = None) -> str:
         paths = self.paths(spec.replica_id)
+        tuning = tuning or self.tuning(spec)
+        models = Path(spec.model_dir) if spec.model_dir else self.models_dir
         return build_domain_xml(
             spec,
             overlay=paths.overlay,
             seed_iso=paths.seed,
             mac=mac_for(spec.replica_id),
             bridge=self.bridge,
-            models_dir=Path(spec.model_dir) if spec.model_dir else self.models_dir,
+            models_dir=models if tuning.virtiofs_readonly else self.share_dir(spec.replica_id),
             firmware=Firmware(self.firmware.loader, self.firmware.vars_template, paths.nvram),
-            hugepages=self.hugepages,
+            tuning=tuning,
             tap=tap_name(spec.replica_id),
             domain_type=self.domain_type,
         )
@@ -149,7 +201,16 @@ class LibvirtDriver:
         """Overlay, seed, tap, then the domain definition (not started)."""
         _check_id(spec.replica_id)
         paths = self.paths(spec.replica_id)
-        xml = self.domain_xml(spec)  # validates the spec before anything is written
+        tuning = self.tuning(spec)
+        xml = self.domain_xml(spec, tuning)  # validates the spec before anything is written
+        log.info("domain %s: %s", domain_name(spec.replica_id), tuning.note)
+        if not tuning.virtiofs_readonly:
+            ensure_ro_bind(Path(spec.model_dir) if spec.model_dir else self.models_dir,
+                           self.share_dir(spec.replica_id))
+        for switch in tuning.nvswitches:
+            if self.binder is None:
+                raise Refused("full passthrough on an HGX board needs the VFIO binder for the NVSwitches")
+            self.binder.bind(switch)
         create_overlay(self.image, paths.overlay)
         meta, user = build_seed(spec, hostname=domain_name(spec.replica_id),
                                 models_dir=None if spec.model_dir else self.models_dir)
@@ -204,6 +265,15 @@ class LibvirtDriver:
         return True
 
     # -- internals ------------------------------------------------------------
+
+    def _release_nvswitches(self) -> None:
+        """Full passthrough gives every NVSwitch to the one VM holding the whole board: once no
+        domain of ours is left, switches we bound go back to the host."""
+        if self.binder is None or self.list():
+            return
+        for fn in nvidia_functions(self.sysfs_root):
+            if fn.is_nvswitch and fn.driver == "vfio-pci":
+                self.binder.release(fn.bdf)
 
     def _connection(self) -> libvirt.virConnect:
         with self._lock:

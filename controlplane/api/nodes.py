@@ -10,8 +10,9 @@
 "node" means the caller proved it is that node (controlplane/node_identity.py: a client
 certificate from the cluster CA whose CN is the node id). A node is offline when its last
 heartbeat is older than 60 s (controlplane.scheduler.node_online); GET shows why.
-Heartbeat readings of 0 (temperature, power, ECC) mean unknown and keep the stored value, so
-a node without nvidia-smi never erases readings it sent before.
+Heartbeat temperature/power of 0 mean unknown and keep the stored value; ECC counts and row-remap
+flags of a GPU nobody can read (readings_live false: bound to vfio-pci, or lost) keep the stored
+values, while live ones replace them, 0 included, so a count can return to 0.
 """
 
 from __future__ import annotations
@@ -66,18 +67,25 @@ class CertificateRequest(BaseModel):
 # -- pure decisions -------------------------------------------------------------------------------
 
 def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
-    """The node record after a registration or heartbeat: the report wins, except that a
-    reading of 0 (unknown) keeps the stored reading of the same GPU (matched by PCI address)."""
+    """The node record after a registration or heartbeat: the report wins, except that
+    - a temperature or power of 0 (unknown: no sensor, no nvidia-smi) keeps the stored reading;
+    - a GPU whose readings are not live (bound to vfio-pci, or lost: nobody can read it) keeps
+      its stored ECC count and row-remap flags. Live ECC counts and flags replace the stored
+      ones, 0 included, so they can return to 0.
+    GPUs are matched by PCI address."""
     previous = {g.pci: g for g in stored.gpus} if stored else {}
     gpus = []
     for gpu in report.gpus:
         old = previous.get(gpu.pci)
         if old is not None:
-            gpu = gpu.model_copy(update={
+            update: dict[str, object] = {
                 "temperature_c": gpu.temperature_c or old.temperature_c,
                 "power_w": gpu.power_w or old.power_w,
-                "ecc_uncorrected": gpu.ecc_uncorrected or old.ecc_uncorrected,
-            })
+            }
+            if not gpu.readings_live:
+                update.update(ecc_uncorrected=old.ecc_uncorrected, remapped_rows_pending=old.remapped_rows_pending,
+                              remapped_rows_failed=old.remapped_rows_failed)
+            gpu = gpu.model_copy(update=update)
         gpus.append(gpu)
     return Node(**{**report.model_dump(exclude={"gpus"}), "gpus": gpus, "last_heartbeat": now})
 

@@ -20,6 +20,10 @@ from agent.vm.domain_xml import (
     mmio64_mib,
     tap_name,
 )
+from agent.vm.host_tuning import HostTuning
+
+# A tuned host: 1 GiB pages, the GPUs on NUMA node 1 (CPUs 16-31), a read-only virtiofs share.
+TUNED = HostTuning(hugepage_kib=1_048_576, numa_node=1, host_cpus=tuple(range(16, 32)), virtiofs_readonly=True)
 from common.errors import InvalidInput
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -62,7 +66,7 @@ def render(spec: VmSpec, hugepages: bool) -> str:
         bridge="fabric0",
         models_dir=Path("/srv/models"),
         firmware=Firmware(),
-        hugepages=hugepages,
+        tuning=TUNED if hugepages else HostTuning(),
     )
 
 
@@ -91,8 +95,16 @@ def test_structure_of_a_two_gpu_domain():
     cpu = root.find("cpu")
     assert cpu.get("mode") == "host-passthrough"
     assert cpu.find("maxphysaddr").get("mode") == "passthrough"
-    assert root.find("memoryBacking/hugepages") is not None
+    assert root.find("memoryBacking/hugepages/page").get("size") == "1048576"
     assert root.find("memoryBacking/locked") is not None
+    assert root.find("memoryBacking/source").get("type") == "memfd"
+    pins = root.findall("cputune/vcpupin")
+    assert [p.get("cpuset") for p in pins] == [str(c) for c in range(16, 32)]
+    assert root.find("cputune/emulatorpin").get("cpuset") == "16-31"
+    assert root.find("numatune/memory").attrib == {"mode": "strict", "nodeset": "1"}
+    cell = root.find("cpu/numa/cell")
+    assert cell.get("cpus") == "0-15" and cell.get("memAccess") == "shared"
+    assert root.find("devices/memballoon").get("model") == "none"
     assert root.find("memory").text == str(128 * 1024 * 1024)
 
     ports = [c for c in root.findall("devices/controller") if c.get("model") == "pcie-root-port"]
@@ -134,6 +146,9 @@ def test_no_gpus_no_mmio_window_and_memfd_backing():
     assert root.find(f"{{{QEMU_NS}}}commandline") is None
     assert root.find("memoryBacking/source").get("type") == "memfd"
     assert root.find("memoryBacking/locked") is None
+    assert root.find("memoryBacking/hugepages") is None
+    assert root.find("cputune") is None and root.find("numatune") is None and root.find("cpu/numa") is None
+    assert root.find("devices/filesystem/readonly") is None  # no read-only virtiofs here: a ro bind instead
 
 
 def test_mmio_window_covers_large_bars():
@@ -156,3 +171,21 @@ def test_bad_pci_address_is_invalid_input():
     spec = VmSpec(replica_id="r", deployment="d", model_name="m", model_source="/m", gpus=("3b:00",))
     with pytest.raises(InvalidInput, match="3b:00"):
         render(spec, hugepages=False)
+
+
+def test_hgx_full_passthrough_puts_nvswitches_behind_their_own_root_ports():
+    gpus = tuple(f"0000:{b:02x}:00.0" for b in (0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb))
+    switches = tuple(f"0000:{b:02x}:00.0" for b in (0x05, 0x06, 0x07, 0x08))
+    spec = VmSpec(replica_id="hgx", deployment="d", model_name="m", model_source="/srv/models/m", gpus=gpus,
+                  gpu_memory_mib=143_771, cpu=8, memory_gib=64)
+    xml = build_domain_xml(spec, overlay=STATE / "o.qcow2", seed_iso=STATE / "s.iso", mac=mac_for("hgx"),
+                           bridge="fabric0", models_dir=Path("/srv/models"),
+                           tuning=HostTuning(nvswitches=switches, mmio64_mib=8 << 20))
+    root = ET.fromstring(xml)
+    sources = [h.find("source/address") for h in root.findall("devices/hostdev")]
+    assert len(sources) == 12
+    assert [f"0000:{int(a.get('bus'), 16):02x}:00.0" for a in sources[8:]] == list(switches)
+    buses = [int(h.find("address").get("bus"), 16) for h in root.findall("devices/hostdev")]
+    assert buses == list(range(1, 13))
+    args = [a.get("value") for a in root.findall(f"{{{QEMU_NS}}}commandline/{{{QEMU_NS}}}arg")]
+    assert args[1] == f"name=opt/ovmf/X-PciMmio64Mb,string={8 << 20}"  # sized from sysfs BARs

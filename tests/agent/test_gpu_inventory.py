@@ -45,7 +45,8 @@ def test_h100_profile_inventory():
 def test_h200_mig_and_ecc():
     fake = FakeNvml(make_gpus(1, "h200", first_bus=0xC1))
     fake.gpus[0].mig_mode = nvml_fake.NVML_DEVICE_MIG_ENABLE
-    fake.gpus[0].ecc_uncorrected = 3
+    fake.gpus[0].ecc_aggregate = 3
+    fake.gpus[0].ecc_uncorrected = 0  # a driver reload reset the volatile counter
     (gpu,) = NvmlInventory(fake).read().gpus
     assert gpu.memory_total_mib // 1024 == 140  # 141 GB board
     assert gpu.pci == "0000:c1:00.0"
@@ -56,7 +57,7 @@ def test_h200_mig_and_ecc():
 def test_unsupported_readings_are_zero_meaning_unknown():
     fake = FakeNvml(make_gpus(1, "l4"))
     g = fake.gpus[0]
-    g.temperature_c = g.power_mw = g.ecc_uncorrected = g.mig_mode = None
+    g.temperature_c = g.power_mw = g.ecc_uncorrected = g.ecc_aggregate = g.mig_mode = None
     (gpu,) = NvmlInventory(fake).read().gpus
     assert (gpu.temperature_c, gpu.power_w, gpu.ecc_uncorrected, gpu.mig_mode) == (0, 0, 0, False)
 

@@ -29,6 +29,7 @@ from agent.vm.cloud_init import build_seed
 from agent.vm.domain_xml import mac_for, tap_name
 from agent.vm.libvirt_driver import LibvirtDriver
 from agent.vm.overlay import backing_file
+from agent.vm.ro_bind import mount_options
 from common.errors import InvalidInput, NotFound
 
 pytestmark = [
@@ -162,7 +163,16 @@ def test_lifecycle_steps_and_round_trip(host):
     ):
         assert stored.find(path).attrib == ours.find(path).attrib, path
     assert stored.find("os/loader").text == ours.find("os/loader").text
-    assert stored.find("devices/filesystem/readonly") is not None
+    # libvirt 9 cannot export virtiofs read-only: the share is a read-only bind mount instead.
+    ro_ok, _why = driver.readonly_mode()
+    share = driver.share_dir("lv-b")
+    if not ro_ok:
+        assert stored.find("devices/filesystem/readonly") is None
+        assert stored.find("devices/filesystem/source").get("dir") == str(share)
+        assert mount_options(share.resolve(), Path("/proc/self/mountinfo").read_text()).split(",")[0] == "ro"
+        with pytest.raises(OSError):
+            (share / "written-by-guest").write_text("x")  # EROFS from the host kernel
+        assert (share / "meta-llama/Llama-3.1-8B").is_dir()
     hostdevs = stored.findall("devices/hostdev")
     assert [h.find("source/address").get("bus") for h in hostdevs] == ["0x3b", "0xc1"]
     assert all(h.get("managed") == "no" for h in hostdevs)
@@ -173,6 +183,7 @@ def test_lifecycle_steps_and_round_trip(host):
     assert driver.undefine("lv-b") is True and driver.state("lv-b") == "absent"
     assert driver.undefine("lv-b") is False
     driver.delete("lv-b")
+    assert not share.exists()  # unmounted and removed
 
 
 def test_failed_create_leaves_nothing(tmp_path, netns):

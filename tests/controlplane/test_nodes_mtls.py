@@ -186,9 +186,15 @@ def test_zero_readings_keep_what_fabricd_holds(fabricd, admin, node_a):
     with as_node(fabricd, node_a) as c:
         c.post("/api/ai/nodes/node-a/heartbeat", json=report(
             "node-a", gpus=[gpu("0000:3b:00.0", temperature_c=61, power_w=300, ecc_uncorrected=2).model_dump()]))
+        # Bound to vfio-pci: nobody can read it, so everything fabricd holds stays.
+        c.post("/api/ai/nodes/node-a/heartbeat", json=report("node-a", gpus=[
+            gpu("0000:3b:00.0", readings_live=False, driver="vfio-pci").model_dump()]))
+        g = admin.get("/api/ai/nodes/node-a").json()["gpus"][0]
+        assert (g["temperature_c"], g["power_w"], g["ecc_uncorrected"]) == (61, 300, 2)
+        # Live again: temperature/power 0 still mean "no sensor", but an ECC count of 0 is a real 0.
         c.post("/api/ai/nodes/node-a/heartbeat", json=report("node-a", gpus=[gpu("0000:3b:00.0").model_dump()]))
     g = admin.get("/api/ai/nodes/node-a").json()["gpus"][0]
-    assert (g["temperature_c"], g["power_w"], g["ecc_uncorrected"]) == (61, 300, 2)
+    assert (g["temperature_c"], g["power_w"], g["ecc_uncorrected"]) == (61, 300, 0)
 
 
 def test_gpus_show_allocation_from_reservations(fabricd, admin, node_a):
@@ -340,3 +346,14 @@ def test_insecure_loopback_fabricd_accepts_a_node_naming_itself(tmp_path):
             assert r.status_code == 401
     finally:
         store.close()
+
+
+def test_merge_ecc_returns_to_zero_when_live_and_is_kept_when_not():
+    stored = Node(id="n1", address="https://x:1", last_heartbeat=1,
+                  gpus=[gpu("0000:01:00.0", ecc_uncorrected=4, remapped_rows_pending=True)])
+    live = merge_report(stored, NodeReport(id="n1", address="https://x:1", gpus=[gpu("0000:01:00.0")]), now=2)
+    assert live.gpus[0].ecc_uncorrected == 0 and not live.gpus[0].remapped_rows_pending
+    bound = merge_report(stored, NodeReport(id="n1", address="https://x:1", gpus=[
+        gpu("0000:01:00.0", readings_live=False, driver="vfio-pci")]), now=2)
+    assert bound.gpus[0].ecc_uncorrected == 4 and bound.gpus[0].remapped_rows_pending
+    assert bound.gpus[0].driver == "vfio-pci"
