@@ -16,6 +16,7 @@ from agent.state import AgentState
 from agent.vm.base import VmSpec
 from agent.vm.cloud_init import build_seed
 from agent.vm.domain_xml import build_domain_xml
+from agent.vm.host_tuning import HostTuning  # <readonly/> where libvirt/virtiofsd support it
 
 SPEC = VmSpec(replica_id="r-1", deployment="chat", model_name="demo", model_source="hf://org/demo",
               gpus=("0000:3b:00.0",), gpu_memory_mib=81_559, cpu=2, memory_gib=4)
@@ -26,7 +27,7 @@ def test_guest_mounts_the_digest_directory_read_only_and_serves_it(tmp_path):
     digest_dir.mkdir(parents=True)
     spec = dataclasses.replace(SPEC, model_dir=str(digest_dir))
     xml = build_domain_xml(spec, overlay=tmp_path / "o.qcow2", seed_iso=tmp_path / "s.iso", mac="52:54:00:00:00:01",
-                           bridge="fabric0", models_dir=digest_dir)
+                           bridge="fabric0", models_dir=digest_dir, tuning=HostTuning(virtiofs_readonly=True))
     share = ET.fromstring(xml).find("devices/filesystem")
     assert share.find("source").get("dir") == str(digest_dir)
     assert share.find("readonly") is not None and share.find("target").get("dir") == "models"
