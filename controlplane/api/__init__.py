@@ -15,7 +15,7 @@ import importlib
 
 from fastapi import APIRouter
 
-OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models")
+OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models", "apply")
 
 
 def routers() -> list[APIRouter]:

@@ -66,6 +66,7 @@ def build_app() -> typer.Typer:
         capacity,
         completion,
         config_cmd,
+        declarative,
         explain,
         keys,
         login,
@@ -110,6 +111,7 @@ def build_app() -> typer.Typer:
     ai.command("gpus")(nodes.gpus)
     ai.command("capacity")(capacity.capacity)
     ai.add_typer(explain.explain_app, name="explain")
+    declarative.register(ai)
     ai.command("backup")(backup.backup)
     ai.command("restore")(backup.restore)
     return root

@@ -71,6 +71,7 @@ def _cases(state: Path, tmp: Path) -> list[tuple[list[str], dict[str, str], int,
         (["fabricctl", "ai", "login", "--password-file", "/no/pw"], {}, 2, "--password-file /no/pw"),
         (["fabricctl", "ai", "model", "list", "-o", "xml"], {}, 2, "'xml' is not one of"),
         (["fabricctl", "ai", "nosuch"], {}, 2, "No such command 'nosuch'"),
+        (["fabricctl", "ai", "apply", "-f", "/no/such.yaml"], {}, 2, "-f /no/such.yaml: no such file"),
     ]
 
 

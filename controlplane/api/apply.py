@@ -1,0 +1,147 @@
+"""Declarative apply over the REST API (documents and kinds: controlplane.api.documents).
+
+    GET  /api/ai/kinds                          the kinds apply knows: name, plural, aliases
+    GET  /api/ai/documents/{kind}               every record of a kind as a document
+    GET  /api/ai/documents/{kind}/{name}        one
+    POST /api/ai/apply  {"documents": [...], "sources": ["file#1", ...], "dry_run": false}
+         -> {"dry_run", "results": [{kind, name, action, diff: [{field, from, to}]}]}
+         action: created | updated | unchanged (with dry_run: the same words, nothing written)
+
+Every document is validated, and every change checked against what may change in place, before
+the first write: a bad document (422) or a forbidden change (409 "immutable") writes nothing.
+Then documents are applied in dependency order (models, profiles, deployments, endpoints) through
+the same code as the REST create routes and scale, so events, revisions and checks are the same;
+a write refused then (a missing reference) stops there, with the earlier ones applied.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+
+from common.errors import Conflict, InvalidInput, NotFound
+from common.store.base import Store
+from controlplane.api import documents as docs
+from controlplane.auth import require_admin
+from controlplane.events import record_event
+from controlplane.state import AppState, StateDep
+
+router = APIRouter(prefix="/api/ai", tags=["apply"])
+AdminDep = Annotated[str, Depends(require_admin)]
+UPDATE_RETRIES = 20
+MAX_DOCUMENTS = 500
+
+
+class ApplyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    documents: list[dict] = Field(..., max_length=MAX_DOCUMENTS)
+    sources: list[str] | None = None
+    dry_run: bool = False
+
+
+def _kind(name: str) -> docs.Kind:
+    try:
+        return docs.find_kind(name)
+    except docs.DocumentError as exc:
+        raise InvalidInput(str(exc), code="unknown_kind") from None
+
+
+def _stored(store: Store, kind: docs.Kind, name: str) -> dict | None:
+    kv = store.get(kind.key(name))
+    return json.loads(kv.value) if kv else None
+
+
+@router.get("/kinds")
+def kinds(_: AdminDep) -> list[dict]:
+    return [{"kind": k.name, "plural": k.plural, "aliases": list(k.aliases)} for k in docs.KINDS]
+
+
+@router.get("/documents/{kind}")
+def list_documents(kind: str, state: StateDep, _: AdminDep) -> list[dict]:
+    k = _kind(kind)
+    return [docs.to_document(k, json.loads(kv.value)) for kv in state.store.list(k.key(""))]
+
+
+@router.get("/documents/{kind}/{name}")
+def get_document(kind: str, name: str, state: StateDep, _: AdminDep) -> dict:
+    k = _kind(kind)
+    record = _stored(state.store, k, name)
+    if record is None:
+        raise NotFound(f"{k.name} {name!r} not found")
+    return docs.to_document(k, record)
+
+
+def _call(target: str, **available):
+    """Call "module:function" with the arguments its signature names."""
+    module, func = target.split(":")
+    fn = getattr(importlib.import_module(module), func)
+    wanted = inspect.signature(fn).parameters
+    return fn(**{k: v for k, v in available.items() if k in wanted})
+
+
+def scale(state: AppState, name: str, changes: dict) -> dict:
+    from controlplane.api.resources import ScaleRequest, scale_deployment
+
+    return scale_deployment(name, ScaleRequest(replicas=changes["replicas"]), state)
+
+
+def merge_update(state: AppState, kind: docs.Kind, name: str, changes: dict) -> dict:
+    """Write the changed fields into the stored record by compare-and-swap (status untouched)."""
+    key = kind.key(name)
+    for _ in range(UPDATE_RETRIES):
+        kv = state.store.get(key)
+        if kv is None:
+            raise NotFound(f"{kind.name} {name!r} was deleted meanwhile")
+        record = {**json.loads(kv.value), **changes}
+        if state.store.cas(key, json.dumps(record), kv.mod_revision):
+            record_event(state.store, kind.plural.rstrip("s"), name, "updated",
+                         f"{kind.name} {name}: {', '.join(sorted(changes))} changed by apply",
+                         tenant=record.get("tenant"), keep=state.settings.events_kept)
+            return record
+    raise Conflict(f"{kind.name} {name!r} changed too often while applying; try again", code="contended")
+
+
+@router.post("/apply")
+def apply(body: ApplyRequest, state: StateDep, who: AdminDep) -> dict:
+    sources = body.sources or []
+    parsed: list[docs.Parsed] = []
+    for i, doc in enumerate(body.documents):
+        where = sources[i] if i < len(sources) else f"document {i + 1}"
+        try:
+            parsed.append(docs.parse_document(doc, where))
+        except docs.DocumentError as exc:
+            raise InvalidInput(str(exc), code="invalid_document") from None
+    seen: set[tuple[str, str]] = set()
+    for p in parsed:
+        if (p.kind.name, p.name) in seen:
+            raise InvalidInput(f"{p.kind.name} {p.name} appears twice; keep one document for it")
+        seen.add((p.kind.name, p.name))
+    parsed.sort(key=docs.order_key)
+
+    plan = []  # (parsed, stored or None, diff)
+    for p in parsed:
+        stored = _stored(state.store, p.kind, p.name)
+        diff = docs.spec_diff(p.given, stored) if stored is not None else []
+        why = docs.refusal(p.kind, p.name, diff) if diff else None
+        if why:
+            raise Conflict(why, code="immutable")
+        plan.append((p, stored, diff))
+
+    results = []
+    for p, stored, diff in plan:
+        action = "created" if stored is None else ("updated" if diff else "unchanged")
+        if not body.dry_run and action == "created":
+            _call(p.kind.create, body=p.kind.schema.model_validate(p.body), state=state, who=who)
+        elif not body.dry_run and action == "updated":
+            changes = {d["field"]: d["to"] for d in diff}
+            if p.kind.update:
+                _call(p.kind.update, state=state, name=p.name, changes=changes)
+            else:
+                merge_update(state, p.kind, p.name, changes)
+        results.append({"kind": p.kind.name, "name": p.name, "action": action, "diff": diff})
+    return {"dry_run": body.dry_run, "results": results}
