@@ -133,6 +133,10 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     gpu_gauge = Gauge("fabric_agent_gpus", "GPUs in the inventory", registry=state.registry)
     vm_gauge = Gauge("fabric_agent_vms", "VMs (replicas) the driver tracks", ["state"],
                      registry=state.registry)
+    if state.dataplane is not None and hasattr(state.dataplane, "flow_misses"):
+        from agent.dataplane.metrics import DataplaneCollector
+
+        state.registry.register(DataplaneCollector(state.dataplane))
 
     # Registered before _count so that _count (the outer one) also counts refused callers.
     @app.middleware("http")

@@ -151,13 +151,17 @@ def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict, libvirt:
     return LibvirtDriver(libvirt_uri, state_dir=state_dir / "libvirt", **libvirt)
 
 
-def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, ifaces: list[str], netns: str | None):
+def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, ifaces: list[str], netns: str | None,
+               flow_entries: int | None = None):
     if not enabled:
         return None, "started with --no-dataplane"
     try:
         from agent.dataplane import Dataplane
+        from agent.dataplane.settings import DataplaneSettings
 
-        dp = Dataplane(str(pin_dir), node_ip)
+        # FABRIC_UDP_FLOW_SECS / FABRIC_MISS_INSERTS; attach writes them with node_ip
+        dp = Dataplane(str(pin_dir), node_ip, flow_entries=flow_entries, route_netns=netns,
+                       settings=DataplaneSettings.from_env())
         for iface in ifaces:
             dp.attach(iface, netns)
         return dp, ""
@@ -249,6 +253,9 @@ def serve(
     dataplane_netns: str = typer.Option(None, "--dataplane-netns",
                                         help="network namespace holding --dataplane-iface (the lab's node)"),
     node_ip: str = typer.Option(None, "--node-ip", help="source NAT address for remote backends"),
+    flow_entries: int = typer.Option(None, "--flow-entries", envvar="FABRIC_FLOW_ENTRIES",
+                                     help="entries per flow table (forward and reverse) for new maps; "
+                                          "default 1048576 (~200 MiB of kernel memory, printed at attach)"),
     sysfs_root: Annotated[Path, typer.Option("--sysfs-root")] = Path("/sys"),
     hugepages: str = typer.Option("auto", "--hugepages",
                                   help="libvirt guests: auto (1G pages if reserved, else 2M, else none) | 1G | 2M | off"),
@@ -289,7 +296,8 @@ def serve(
     inventory, binder = _inventory_and_binder(state_dir, vm_driver, fake_gpus, fake_gpu_name,
                                               fake_gpu_mem_gib, sysfs_root)
     lab = {"node_netns": lab_netns, "bridge": lab_bridge, "subnet": lab_subnet, "gateway": lab_gateway}
-    dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface, dataplane_netns)
+    dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface, dataplane_netns,
+                                flow_entries)
     models = _model_jobs(state_dir)
     state = AgentState(node_id=node_id, models=models, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
         "image": golden_image, "models_dir": models_dir, "bridge": bridge, "hugepages": hugepages, "numa": numa,

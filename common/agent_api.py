@@ -178,6 +178,7 @@ class MaglevBackendStats(WireModel):
     share: float = 0
     packets: int = 0
     bytes: int = 0
+    active_flows: int = Field(0, description="connection-table flows not yet ended; a drain is over at 0")
 
 
 class MaglevServiceView(WireModel):

@@ -48,12 +48,9 @@ def attach_programs(iface: str, netns: str | None, xdp_fn, tc_fd: int, source_na
             except NetlinkError as exc:
                 if exc.code != errno.EEXIST:
                     raise
-            try:
-                ipr.tc("del-filter", "bpf", idx, TC_HANDLE, parent=TC_EGRESS_PARENT, prio=TC_PRIO)
-            except NetlinkError as exc:
-                if exc.code not in (errno.ENOENT, errno.EINVAL):
-                    raise
-            ipr.tc("add-filter", "bpf", idx, TC_HANDLE, fd=tc_fd, name=TC_FILTER_NAME,
+            # "replace" swaps the program of the existing filter (same prio and
+            # handle) in one netlink request, or adds it: no window without reverse NAT.
+            ipr.tc("replace-filter", "bpf", idx, TC_HANDLE, fd=tc_fd, name=TC_FILTER_NAME,
                    parent=TC_EGRESS_PARENT, prio=TC_PRIO, classid=1, direct_action=True)
         if source_nat:
             # Source-NATed packets arrive carrying node_ip, a local address: the
@@ -81,6 +78,36 @@ def detach_programs(iface: str, netns: str | None) -> None:
                     raise
 
     run_in_netns(netns, body)
+
+
+def tc_filter_ids(iface: str, netns: str | None) -> list[tuple[int, int]]:
+    """(prio, BPF program id) of the bpf filters on the device's clsact egress."""
+
+    def body() -> list[tuple[int, int]]:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            out = []
+            for msg in ipr.get_filters(index=_index(ipr, iface), parent=TC_EGRESS_PARENT):
+                opts = msg.get_attr("TCA_OPTIONS")
+                prog_id = opts.get_attr("TCA_BPF_ID") if opts else None
+                if prog_id is not None:
+                    out.append((msg["info"] >> 16, prog_id))
+            return out
+
+    return run_in_netns(netns, body)
+
+
+def node_addresses(netns: str | None) -> list[str]:
+    """Every IPv4 address of the namespace (None: the caller's own)."""
+
+    def body() -> list[str]:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            return [msg.get_attr("IFA_ADDRESS") for msg in ipr.get_addr(family=2)]
+
+    return run_in_netns(netns, body)
 
 
 def route_is_via_bridge(ip: str, netns: str | None) -> bool:

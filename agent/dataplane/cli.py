@@ -7,6 +7,7 @@ shows and changes is what the XDP program is forwarding with right now.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,13 +23,19 @@ PinDir = typer.Option("/sys/fs/bpf/fabric", "--pin-dir", envvar="FABRIC_PIN_DIR"
 NodeIp = typer.Option(None, "--node-ip", envvar="FABRIC_NODE_IP", help="source address for routed backends")
 BackendOpt = typer.Option(..., "--backend", help="IP:PORT=WEIGHT (0-32), repeat")
 DrainingOpt = typer.Option(None, "--draining", help="IP:PORT taking no new flows")
-TableSize = typer.Option(65537, "--table-size", help="Maglev table size the maps were made with")
+TableSize = typer.Option(None, "--table-size",
+                         help="Maglev table size (prime) for new maps; existing maps keep theirs (default 65537)")
+FlowEntries = typer.Option(None, "--flow-entries", envvar="FABRIC_FLOW_ENTRIES",
+                           help="entries of each flow table for new maps; existing maps keep theirs (default 1048576)")
 
 
-def _open(pin_dir: str, node_ip: str | None, table_size: int):
+def _open(pin_dir: str, node_ip: str | None, table_size: int | None, flow_entries: int | None = None):
     from agent.dataplane.dataplane import Dataplane
+    from agent.dataplane.settings import DataplaneSettings
 
-    return Dataplane(pin_dir=pin_dir, node_ip=node_ip, table_size=table_size)
+    settings = DataplaneSettings.from_env()
+    return Dataplane(pin_dir=pin_dir, node_ip=node_ip, table_size=table_size, flow_entries=flow_entries,
+                     settings=settings)
 
 
 def _fail(exc: FabricError) -> None:
@@ -37,10 +44,10 @@ def _fail(exc: FabricError) -> None:
 
 
 @contextmanager
-def _maps(pin_dir: str, node_ip: str | None, table_size: int) -> Iterator:
+def _maps(pin_dir: str, node_ip: str | None, table_size: int | None, flow_entries: int | None = None) -> Iterator:
     """The opened dataplane, closed afterwards; a FabricError on the way becomes exit code 2."""
     try:
-        dp = _open(pin_dir, node_ip, table_size)
+        dp = _open(pin_dir, node_ip, table_size, flow_entries)
         try:
             yield dp
         finally:
@@ -57,25 +64,22 @@ def _service(spec: str):
 
 
 @maglev_app.command()
-def show(pin_dir: str = PinDir, table_size: int = TableSize,
-         as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """Services, backends, weights, slot shares, packet and verdict counters."""
-    dp = _open(pin_dir, None, table_size)
-    try:
+def show(pin_dir: str = PinDir, as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Services, backends, weights, slot shares, active flows, packet and verdict counters."""
+    with _maps(pin_dir, None, None) as dp:
         services = dp.list_services()
         verdicts = dp.verdict_counters()
-    finally:
-        dp.close()
     if as_json:
         typer.echo(json.dumps({"services": [s.model_dump() for s in services], "verdicts": verdicts}, indent=2))
         return
     for svc in services:
         state = " (no backends: new flows dropped)" if svc.no_backends else ""
-        typer.echo(f"{svc.vip}:{svc.port}/{svc.proto} ring {svc.active_ring}{state}")
+        typer.echo(f"{svc.vip}:{svc.port}/{svc.proto} ring {svc.active_ring}{state}"
+                   f"  misses syn {svc.misses.syn} other {svc.misses.other}")
         for b in svc.backends:
             flags = ",".join(f for f, on in (("draining", b.draining), ("snat", b.source_nat)) if on)
             typer.echo(f"  {b.address:<22} weight {b.weight:>2}  slots {b.slots:>6} ({b.share:6.2%})"
-                       f"  packets {b.packets:>10}  bytes {b.bytes:>12}  {flags}")
+                       f"  active {b.active_flows:>7}  packets {b.packets:>10}  bytes {b.bytes:>12}  {flags}")
     typer.echo("verdicts: " + " ".join(f"{k}={v}" for k, v in verdicts.items() if v))
 
 
@@ -94,22 +98,21 @@ def set_service(
     service: str = typer.Argument(..., help="VIP:PORT/PROTO"),
     backend: list[str] = BackendOpt,
     draining: list[str] | None = DrainingOpt,
-    pin_dir: str = PinDir, node_ip: str | None = NodeIp, table_size: int = TableSize,
+    pin_dir: str = PinDir, table_size: int | None = TableSize, flow_entries: int | None = FlowEntries,
 ) -> None:
-    """Create or replace a service's backends."""
+    """Create or replace a service's backends (source NAT follows the node_ip attach wrote)."""
     backends = _parse_backends(backend)
     addr = _service(service)
-    with _maps(pin_dir, node_ip, table_size) as dp:
+    with _maps(pin_dir, None, table_size, flow_entries) as dp:
         changed = dp.put_service(addr.vip, addr.port, addr.proto, backends, draining or [])
     typer.echo(f"{addr}: {'updated' if changed else 'unchanged'}")
 
 
 @maglev_app.command()
-def delete(service: str = typer.Argument(..., help="VIP:PORT/PROTO"), pin_dir: str = PinDir,
-           table_size: int = TableSize) -> None:
+def delete(service: str = typer.Argument(..., help="VIP:PORT/PROTO"), pin_dir: str = PinDir) -> None:
     """Remove a service (established flows to it stop being forwarded)."""
     addr = _service(service)
-    with _maps(pin_dir, None, table_size) as dp:
+    with _maps(pin_dir, None, None) as dp:
         found = dp.delete_service(addr.vip, addr.port, addr.proto)
     if not found:
         typer.echo(f"{addr}: not found", err=True)
@@ -119,17 +122,32 @@ def delete(service: str = typer.Argument(..., help="VIP:PORT/PROTO"), pin_dir: s
 
 @maglev_app.command()
 def attach(iface: str = typer.Option(..., "--iface"), netns: str | None = typer.Option(None, "--netns"),
-           pin_dir: str = PinDir, node_ip: str | None = NodeIp, table_size: int = TableSize) -> None:
-    """Attach XDP (ingress) and the TC reverse-NAT program (egress) to IFACE."""
-    with _maps(pin_dir, node_ip, table_size) as dp:
+           pin_dir: str = PinDir, node_ip: str | None = NodeIp, table_size: int | None = TableSize,
+           flow_entries: int | None = FlowEntries) -> None:
+    """Attach XDP (ingress) and the TC reverse-NAT program (egress) to IFACE; writes node_ip
+    and the flow settings (FABRIC_UDP_FLOW_SECS, FABRIC_MISS_INSERTS)."""
+    with _maps(pin_dir, node_ip, table_size, flow_entries) as dp:
         dp.attach(iface, netns)
-    typer.echo(f"attached to {iface}" + (f" in {netns}" if netns else ""))
+        memory = dp.flow_table_bytes()
+        entries = dp.flow_entries
+    typer.echo(f"attached to {iface}" + (f" in {netns}" if netns else "")
+               + f"; flow tables {entries} entries x 2 (forward, reverse): {memory / 2**20:.1f} MiB of kernel memory")
 
 
 @maglev_app.command()
 def detach(iface: str = typer.Option(..., "--iface"), netns: str | None = typer.Option(None, "--netns"),
-           pin_dir: str = PinDir, table_size: int = TableSize) -> None:
-    """Detach both programs from IFACE."""
-    with _maps(pin_dir, None, table_size) as dp:
-        dp.detach(iface, netns)
-    typer.echo(f"detached from {iface}" + (f" in {netns}" if netns else ""))
+           pin_dir: str = PinDir) -> None:
+    """Detach both programs from IFACE; pins of an older layout under PIN_DIR are removed."""
+    from agent.dataplane.attach import detach_programs
+    from agent.dataplane.pins import remove_stale_pins, writer_lock
+
+    try:
+        detach_programs(iface, netns)
+        removed = []
+        if os.path.isdir(pin_dir):
+            with writer_lock(pin_dir):
+                removed = remove_stale_pins(pin_dir)
+    except FabricError as exc:
+        _fail(exc)
+    typer.echo(f"detached from {iface}" + (f" in {netns}" if netns else "")
+               + (f"; removed stale pins: {', '.join(removed)}" if removed else ""))

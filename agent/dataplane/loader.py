@@ -4,6 +4,7 @@ Maps are declared pinned (BPF_TABLE_PINNED): the first load creates them under
 pin_dir, later loads (a restarted agent, the CLI) re-open the same maps, so
 flows and tables survive the process. pin_dir must be on a bpffs in the host's
 mount namespace (`ip netns exec` mounts a fresh one: pins made there vanish).
+Pins are reused only when their layout record matches (pins.py).
 """
 
 from __future__ import annotations
@@ -12,22 +13,39 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.dataplane.pins import LAYOUT_VERSION, Meta
 from common.errors import InvalidInput
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "dataplane" / "bpf"
 MAX_SERVICES = 32
 MAX_BACKENDS = 4096
-FLOW_ENTRIES = 65536
+# Forward and reverse flow tables hold this many entries each. 1M: a busy node
+# keeps ~100k long-lived streaming connections plus a minute of new ones at
+# ~10k/s with room to spare, so a bounded flood of spoofed flows must be several
+# times the live set before it evicts anything; it costs about 200 MiB of
+# kernel memory (printed at attach).
+FLOW_ENTRIES = 1 << 20
+MIN_FLOW_ENTRIES = 1024
+MAX_FLOW_ENTRIES = 1 << 24
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Compile-time sizes; the config map records table_size so a mismatch is caught."""
+    """Compile-time sizes; recorded in the meta map so a mismatch is caught."""
 
     table_size: int
     max_services: int = MAX_SERVICES
     max_backends: int = MAX_BACKENDS
     flow_entries: int = FLOW_ENTRIES
+
+    def __post_init__(self) -> None:
+        if not MIN_FLOW_ENTRIES <= self.flow_entries <= MAX_FLOW_ENTRIES:
+            raise InvalidInput(f"flow entries must be {MIN_FLOW_ENTRIES}-{MAX_FLOW_ENTRIES}, got {self.flow_entries}")
+
+    @property
+    def meta(self) -> Meta:
+        return Meta(layout_version=LAYOUT_VERSION, table_size=self.table_size, flow_entries=self.flow_entries,
+                    max_services=self.max_services, max_backends=self.max_backends)
 
     def cflags(self, pin_dir: str) -> list[str]:
         return [
@@ -37,6 +55,7 @@ class Layout:
             f"-DMAX_SERVICES={self.max_services}",
             f"-DMAX_BACKENDS={self.max_backends}",
             f"-DFLOW_ENTRIES={self.flow_entries}",
+            f"-DLAYOUT_VERSION={LAYOUT_VERSION}",
             "-Wno-unused-value",
             "-Wno-pointer-sign",
             "-Wno-compare-distinct-pointer-types",
@@ -53,17 +72,28 @@ class LoadedProgram:
 
 
 def ensure_pin_dir(pin_dir: str) -> None:
-    if not pin_dir.startswith("/sys/fs/bpf/"):
+    if not pin_dir.startswith("/sys/fs/bpf/") or "/../" in pin_dir or pin_dir.endswith("/.."):
         raise InvalidInput(f"pin_dir must be under /sys/fs/bpf, got {pin_dir}")
     os.makedirs(pin_dir, exist_ok=True)
 
 
-def load(pin_dir: str, table_size: int) -> LoadedProgram:
+def load(pin_dir: str, layout: Layout) -> LoadedProgram:
+    """Compile and load; the caller has checked the pins' record and holds the writer lock."""
     from bcc import BPF  # Debian python3-bpfcc; imported late so pure modules load anywhere
 
-    layout = Layout(table_size=table_size)
-    ensure_pin_dir(pin_dir)
     bpf = BPF(src_file=str(BPF_DIR / "maglev.c"), cflags=layout.cflags(pin_dir))
     xdp = bpf.load_func("xdp_maglev", BPF.XDP)
     tc = bpf.load_func("tc_reverse_nat", BPF.SCHED_CLS)
     return LoadedProgram(bpf=bpf, xdp=xdp, tc=tc, layout=layout, pin_dir=pin_dir)
+
+
+def map_memory_bytes(table) -> int:
+    """Kernel memory a loaded map accounts for (fdinfo's memlock)."""
+    try:
+        with open(f"/proc/self/fdinfo/{table.map_fd}") as f:
+            for line in f:
+                if line.startswith("memlock:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

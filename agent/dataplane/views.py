@@ -15,6 +15,12 @@ class BackendView(BaseModel):
     share: float  # slots / table size
     packets: int  # forwarded packets (all CPUs)
     bytes: int
+    active_flows: int = 0  # flows in the connection table not yet ended (drains wait for 0)
+
+
+class FlowMisses(BaseModel):
+    syn: int = 0  # SYNs that picked a backend
+    other: int = 0  # non-SYN packets (and UDP) that found no entry
 
 
 class ServiceView(BaseModel):
@@ -24,3 +30,4 @@ class ServiceView(BaseModel):
     active_ring: int
     no_backends: bool
     backends: list[BackendView]
+    misses: FlowMisses = FlowMisses()

@@ -4,12 +4,24 @@
  * backend chosen by the connection table, else by the service's Maglev ring;
  * backends marked BACKEND_SNAT also get source NAT to node_ip. Replies of
  * source-NAT flows (addressed to node_ip:snat_port) are reverse-NATed here too,
- * before the stack would take them as local traffic. Everything else passes
- * untouched. After NAT the packet goes up with XDP_PASS so the kernel's routing
- * picks the egress device and MAC.
+ * before the stack would take them as local traffic. ICMP echo to a VIP is
+ * answered, ICMP errors about VIP flows are translated (icmp.h). Everything
+ * else passes untouched. After NAT the packet goes up with XDP_PASS so the
+ * kernel's routing picks the egress device and MAC.
  *
  * tc_reverse_nat (TC clsact egress of the same device): replies from backends
  * reached without source NAT get their source put back to VIP:port.
+ *
+ * Connection lifecycle (docs/dataplane.md):
+ *   TCP SYN          picks from the current table, replaces any entry its tuple had
+ *   RST / FIN miss   forwarded by the table, never recorded
+ *   other miss       forwarded by the table, recorded under a per-CPU insert budget
+ *   UDP              recorded; an entry silent for udp_flow_secs is picked again
+ *   established      kept while its backend is in the service (draining included),
+ *                    picked again once the backend left it
+ * Every flow has two entries: the forward one (client 5-tuple) and a reverse one
+ * (reply 5-tuple) that holds all the reply needs, so losing either entry to LRU
+ * eviction costs at most a re-pick, never a wrong translation.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -19,12 +31,21 @@
 #include "parse.h"
 #include "nat.h"
 #include "maps.h"
+#include "icmp.h"
 
 /* Source ports for source-NAT flows: above Linux's default ephemeral range so
- * they do not collide with the node's own connections. */
+ * they do not collide with the node's own connections. A flow's port is a pure
+ * function of its 5-tuple and a probe number. */
 #define SNAT_PORT_MIN 61000
 #define SNAT_PORT_COUNT 4536
-#define SNAT_TRIES 4
+#define SNAT_TRIES 16
+#define PICK_TRIES 4
+#define NS_PER_SEC 1000000000ULL
+
+/* How a packet that found no (usable) entry is handled. */
+#define MISS_RECORD 0     /* SYN, UDP, re-pick of a known flow: always recorded */
+#define MISS_BUDGET 1     /* other TCP: recorded while the CPU's insert budget lasts */
+#define MISS_NO_RECORD 2  /* RST / FIN: never recorded */
 
 static __always_inline int count(__u32 verdict, int action)
 {
@@ -32,6 +53,12 @@ static __always_inline int count(__u32 verdict, int action)
     if (n)
         *n += 1;
     return action;
+}
+
+static __always_inline struct config *get_config(void)
+{
+    __u32 zero = 0;
+    return config.lookup(&zero);
 }
 
 static __always_inline __u32 flow_hash(struct flow_key *k)
@@ -50,19 +77,6 @@ static __always_inline __u32 flow_hash(struct flow_key *k)
     return h;
 }
 
-/* Pick a free node_ip source port for a new source-NAT flow, 0 if none. */
-static __always_inline __be16 snat_port(struct flow_key *reply, __u32 hash)
-{
-    #pragma unroll
-    for (int i = 0; i < SNAT_TRIES; i++) {
-        __u16 port = SNAT_PORT_MIN + (hash + i * 7919u) % SNAT_PORT_COUNT;
-        reply->dport = bpf_htons(port);
-        if (!reverse_flows.lookup(reply))
-            return reply->dport;
-    }
-    return 0;
-}
-
 static __always_inline void account(__u32 backend_id, __u64 bytes)
 {
     struct backend_stats *s = backend_stats.lookup(&backend_id);
@@ -72,84 +86,268 @@ static __always_inline void account(__u32 backend_id, __u64 bytes)
     }
 }
 
-/* New flow: Maglev pick, then record it (and, for source NAT, the reverse
- * entry the reply is found by). Replies of flows without source NAT need no
- * reverse entry: tc_reverse_nat finds the forward entry through backend_addrs. */
-static __always_inline int new_flow(struct service *svc, struct flow_key *fk, struct flow *out, __u32 *verdict)
+/* The 5-tuple a packet carries (key of `flows` for a forward packet, of
+ * `reverse_flows` for a reply). */
+static __always_inline void packet_key(struct flow_key *key, struct iphdr *ip, struct l4_ports *ports)
 {
-    if (svc->flags & SERVICE_NO_BACKENDS) {
-        *verdict = VERDICT_DROP_NO_BACKEND;
-        return -1;
+    key->src = ip->saddr;
+    key->dst = ip->daddr;
+    key->sport = ports->source;
+    key->dport = ports->dest;
+    key->proto = ip->protocol;
+}
+
+/* The 5-tuple of the packet answering a quoted one (an ICMP error quotes the
+ * packet it is about; its flow is the other direction). */
+static __always_inline void answer_key(struct flow_key *key, struct iphdr *in, struct l4_ports *iports)
+{
+    key->src = in->daddr;
+    key->dst = in->saddr;
+    key->sport = iports->dest;
+    key->dport = iports->source;
+    key->proto = in->protocol;
+}
+
+static __always_inline int rev_is_flow(struct reverse_flow *r, struct flow_key *fk, __u32 snat)
+{
+    return r->snat == snat && r->client == fk->src && r->cport == fk->sport && r->vip == fk->dst &&
+           r->vport == fk->dport;
+}
+
+static __always_inline void rev_of(struct reverse_flow *rev, struct flow_key *fk, __u32 snat)
+{
+    rev->vip = fk->dst;
+    rev->vport = fk->dport;
+    rev->client = fk->src;
+    rev->cport = fk->sport;
+    rev->snat = snat;
+}
+
+/* The reply 5-tuple of a flow (the reverse entry's key); reply->dport is left
+ * for the caller when the flow is source-NATed. */
+static __always_inline void reply_key(struct flow_key *reply, struct flow_key *fk, struct flow *f, __be32 node_ip)
+{
+    reply->src = f->backend_ip;
+    reply->sport = f->backend_port;
+    reply->proto = fk->proto;
+    if (f->snat_port) {
+        reply->dst = node_ip;
+        reply->dport = f->snat_port;
+    } else {
+        reply->dst = fk->src;
+        reply->dport = fk->sport;
     }
-    __u32 hash = flow_hash(fk);
+}
+
+static __always_inline __be16 snat_probe(__u32 hash, __u32 i)
+{
+    return bpf_htons(SNAT_PORT_MIN + (hash + i * 7919u) % SNAT_PORT_COUNT);
+}
+
+/* The port of this flow's own surviving reverse entry on its probe sequence, or 0. */
+static __always_inline __be16 snat_find(struct flow_key *fk, struct flow_key *reply, __u32 hash)
+{
+#pragma clang loop unroll(disable)
+    for (__u32 i = 0; i < SNAT_TRIES; i++) {
+        reply->dport = snat_probe(hash, i);
+        struct reverse_flow *have = reverse_flows.lookup(reply);
+        if (have && rev_is_flow(have, fk, 1))
+            return reply->dport;
+    }
+    return 0;
+}
+
+/* Claim the first free port of the probe sequence with BPF_NOEXIST (two CPUs
+ * can never both take one), or 0 when every probe is taken. */
+static __always_inline __be16 snat_claim(struct flow_key *fk, struct flow_key *reply, __u32 hash)
+{
+    struct reverse_flow rev = {};
+    rev_of(&rev, fk, 1);
+#pragma clang loop unroll(disable)
+    for (__u32 i = 0; i < SNAT_TRIES; i++) {
+        reply->dport = snat_probe(hash, i);
+        if (reverse_flows.insert(reply, &rev) == 0)
+            return reply->dport;
+        struct reverse_flow *have = reverse_flows.lookup(reply);
+        if (have && rev_is_flow(have, fk, 1))  /* claimed by this flow on another CPU */
+            return reply->dport;
+    }
+    return 0;
+}
+
+/* Non-SYN packets may record a flow only within the CPU's budget per second. */
+static __always_inline int take_insert_budget(struct config *cfg)
+{
+    __u32 zero = 0;
+    struct insert_budget *b = insert_budget.lookup(&zero);
+    if (!b)
+        return 0;
+    __u64 now = bpf_ktime_get_ns();
+    if (now - b->window_start >= NS_PER_SEC) {
+        b->window_start = now;
+        b->used = 0;
+    }
+    __u64 limit = cfg && cfg->miss_inserts ? cfg->miss_inserts : MISS_INSERTS_DEFAULT;
+    if (b->used >= limit)
+        return 0;
+    b->used += 1;
+    return 1;
+}
+
+/* Maglev pick from the service's active ring; a draining or freed backend met
+ * there (the ring switch follows the backend writes) sends the pick on to the
+ * next slot. 0 with *out filled, or -1. */
+static __always_inline int pick(struct service *svc, __u32 hash, struct flow *out)
+{
+    if (svc->flags & SERVICE_NO_BACKENDS)
+        return -1;
     __u32 ring_id = svc->id * 2 + (svc->active & 1);
     struct ring *ring = rings.lookup(&ring_id);
-    if (!ring) {
-        *verdict = VERDICT_DROP_NO_BACKEND;
+    if (!ring)
         return -1;
-    }
     __u32 slot = hash % TABLE_SIZE;
-    /* the verifier loses the modulo's bound; hide it from the compiler and check */
-    asm volatile("" : "+r"(slot));
-    if (slot >= TABLE_SIZE) {
-        *verdict = VERDICT_DROP_NO_BACKEND;
-        return -1;
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < PICK_TRIES; i++) {
+        /* the verifier loses the modulo's bound; hide it from the compiler and check */
+        asm volatile("" : "+r"(slot));
+        if (slot >= TABLE_SIZE)
+            return -1;
+        __u32 backend_id = ring->backend[slot];
+        struct backend *b = backends.lookup(&backend_id);
+        if (b && (b->flags & BACKEND_IN_USE) && !(b->flags & BACKEND_DRAINING)) {
+            out->backend_id = backend_id;
+            out->service_id = svc->id;
+            out->backend_ip = b->ip;
+            out->backend_port = b->port;
+            out->snat_port = (b->flags & BACKEND_SNAT) ? 1 : 0;  /* the port comes later */
+            out->flags = 0;
+            out->last_seen = bpf_ktime_get_ns();
+            return 0;
+        }
+        slot = slot + 1 == TABLE_SIZE ? 0 : slot + 1;
     }
-    __u32 backend_id = ring->backend[slot];
-    struct backend *b = backends.lookup(&backend_id);
-    if (!b || !(b->flags & BACKEND_IN_USE)) {
-        *verdict = VERDICT_DROP_NO_BACKEND;
-        return -1;
-    }
-    out->backend_id = backend_id;
-    out->service_id = svc->id;
-    out->backend_ip = b->ip;
-    out->backend_port = b->port;
-    out->snat_port = 0;
+    return -1;
+}
 
-    if (b->flags & BACKEND_SNAT) {
-        __u32 zero = 0;
-        struct config *cfg = config.lookup(&zero);
-        if (!cfg || !cfg->node_ip) {
-            *verdict = VERDICT_DROP_SNAT_EXHAUSTED;
-            return -1;
-        }
-        struct flow_key reply = {};
-        reply.src = b->ip;
-        reply.sport = b->port;
-        reply.proto = fk->proto;
+/* No usable entry: pick from the table and, by `mode`, record the flow (forward
+ * and reverse entries). Returns the verdict to count, with *out the flow to
+ * forward by, or a DROP verdict. */
+static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, struct flow *out, int mode,
+                                  struct config *cfg, __u32 verdict)
+{
+    __u32 hash = flow_hash(fk);
+    if (pick(svc, hash, out) < 0)
+        return VERDICT_DROP_NO_BACKEND;
+    struct flow_key reply = {};
+    if (out->snat_port) {
+        if (!cfg || !cfg->node_ip)
+            return VERDICT_DROP_SNAT_EXHAUSTED;
+        out->snat_port = 0;
+        reply_key(&reply, fk, out, cfg->node_ip);
         reply.dst = cfg->node_ip;
-        out->snat_port = snat_port(&reply, hash);
-        if (!out->snat_port) {
-            *verdict = VERDICT_DROP_SNAT_EXHAUSTED;
-            return -1;
+        /* this flow's own surviving reverse entry: same port, so the backend
+         * sees the same connection; recording it again needs no budget */
+        out->snat_port = snat_find(fk, &reply, hash);
+        if (out->snat_port) {
+            if (mode != MISS_NO_RECORD)
+                flows.update(fk, out);
+            return mode == MISS_NO_RECORD ? VERDICT_FWD_UNTRACKED : verdict;
         }
-        struct reverse_flow rev = {};
-        rev.vip = fk->dst;
-        rev.vport = fk->dport;
-        rev.client = fk->src;
-        rev.cport = fk->sport;
-        rev.snat = 1;
-        reverse_flows.update(&reply, &rev);
+        if (mode == MISS_NO_RECORD || (mode == MISS_BUDGET && !take_insert_budget(cfg)))
+            return VERDICT_DROP_UNTRACKED_SNAT;  /* a reply could not be translated back */
+        out->snat_port = snat_claim(fk, &reply, hash);
+        if (!out->snat_port)
+            return VERDICT_DROP_SNAT_EXHAUSTED;
+        flows.update(fk, out);
+        return verdict;
     }
+    if (mode == MISS_NO_RECORD)
+        return VERDICT_FWD_UNTRACKED;
+    if (mode == MISS_BUDGET && !take_insert_budget(cfg))
+        return VERDICT_FWD_UNTRACKED;
+    struct reverse_flow rev = {};
+    rev_of(&rev, fk, 0);
+    reply_key(&reply, fk, out, 0);
+    reverse_flows.update(&reply, &rev);
     flows.update(fk, out);
-    *verdict = VERDICT_FWD_NEW_FLOW;
+    return verdict;
+}
+
+/* Established flow: make sure its reverse entry is still there and its own
+ * (an evicted one is written again; a source-NAT port that another flow took
+ * meanwhile is given up for a fresh one). 0, or -1 when no port is left. */
+static __always_inline int keep_reverse(struct flow_key *fk, struct flow *f, struct config *cfg)
+{
+    struct flow_key reply = {};
+    __be32 node_ip = cfg ? cfg->node_ip : 0;
+    if (f->snat_port && !node_ip)
+        return -1;
+    reply_key(&reply, fk, f, node_ip);
+    __u32 snat = f->snat_port ? 1 : 0;
+    struct reverse_flow *have = reverse_flows.lookup(&reply);
+    if (have && rev_is_flow(have, fk, snat))
+        return 0;
+    struct reverse_flow rev = {};
+    rev_of(&rev, fk, snat);
+    if (!snat) {
+        reverse_flows.update(&reply, &rev);
+        return 0;
+    }
+    if (!have && reverse_flows.insert(&reply, &rev) == 0)
+        return 0;
+    __u32 hash = flow_hash(fk);
+    __be16 port = snat_find(fk, &reply, hash);
+    if (!port)
+        port = snat_claim(fk, &reply, hash);
+    if (!port)
+        return -1;
+    f->snat_port = port;
     return 0;
+}
+
+/* Whether an established flow's backend still belongs to its service. */
+static __always_inline int backend_member(struct flow *f)
+{
+    __u32 id = f->backend_id;
+    struct backend *b = backends.lookup(&id);
+    if (b && (b->flags & BACKEND_IN_USE) && b->ip == f->backend_ip && b->port == f->backend_port &&
+        b->service == f->service_id)
+        return 1;
+    /* the id changed hands (service re-created): ask by address */
+    struct backend_addr ba = {};
+    ba.ip = f->backend_ip;
+    ba.port = f->backend_port;
+    __u32 *mask = backend_addrs.lookup(&ba);
+    return mask && f->service_id < 32 && ((*mask >> f->service_id) & 1);
 }
 
 /* Reply to node_ip:snat_port from a source-NAT backend: restore VIP -> client. */
 static __always_inline int snat_reply(struct iphdr *ip, struct l4_ports *ports, __u16 *check)
 {
     struct flow_key key = {};
-    key.src = ip->saddr;
-    key.dst = ip->daddr;
-    key.sport = ports->source;
-    key.dport = ports->dest;
-    key.proto = ip->protocol;
+    packet_key(&key, ip, ports);
     struct reverse_flow *rev = reverse_flows.lookup(&key);
     if (!rev || !rev->snat)
         return -1;
     dnat_snat(ip, &ports->source, &ports->dest, check, ip->protocol, rev->vip, rev->vport, rev->client, rev->cport);
+    return 0;
+}
+
+/* ICMP error from a source-NAT backend about a packet the node sent it. */
+static __always_inline int snat_icmp_error(struct iphdr *ip, void *data_end)
+{
+    struct icmphdr *icmp;
+    struct iphdr *in;
+    struct l4_ports *iports;
+    if (icmp_quote(ip, data_end, &icmp, &in, &iports) < 0)
+        return -1;
+    struct flow_key key = {};
+    answer_key(&key, in, iports);
+    struct reverse_flow *rev = reverse_flows.lookup(&key);
+    if (!rev || !rev->snat)
+        return -1;
+    __be32 osrc = ip->saddr == in->daddr ? rev->vip : ip->saddr;
+    icmp_rewrite(ip, icmp, in, iports, data_end, osrc, rev->client, rev->client, rev->cport, rev->vip, rev->vport);
     return 0;
 }
 
@@ -168,10 +366,14 @@ static __always_inline int vip_filter_hit(__be32 daddr)
  * addressed to node_ip, else the node's own or routed traffic, untouched. */
 static __always_inline int not_vip(struct iphdr *ip, void *data_end)
 {
-    __u32 zero = 0;
-    struct config *cfg = config.lookup(&zero);
+    struct config *cfg = get_config();
     if (!cfg || !cfg->node_ip || ip->daddr != cfg->node_ip || ip->ihl != 5 || is_fragment(ip))
         return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
+    if (ip->protocol == IPPROTO_ICMP) {
+        if (snat_icmp_error(ip, data_end) < 0)
+            return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
+        return count(VERDICT_REPLY_ICMP_ERROR, XDP_PASS);
+    }
     if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
         return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
     struct l4_ports *ports = (void *)(ip + 1);
@@ -195,6 +397,39 @@ static __always_inline int vip_verdict(struct iphdr *ip, void *data_end, __u32 v
     return count(verdict, action);
 }
 
+/* ICMP to a VIP: echo answered; an error about a VIP flow goes to its backend. */
+static __always_inline int icmp_to_vip(struct ethhdr *eth, struct iphdr *ip, void *data_end)
+{
+    __be32 daddr = ip->daddr;
+    if (!vips.lookup(&daddr))
+        return not_vip(ip, data_end);
+    if (icmp_echo_reply(eth, ip, data_end) == 0)
+        return count(VERDICT_REPLY_ICMP_ECHO, XDP_PASS);
+    struct icmphdr *icmp;
+    struct iphdr *in;
+    struct l4_ports *iports;
+    if (icmp_quote(ip, data_end, &icmp, &in, &iports) < 0 || in->saddr != daddr)
+        return count(VERDICT_PASS_NOT_TCP_UDP, XDP_PASS);
+    /* the quoted packet went VIP -> client: its flow is client -> VIP */
+    struct flow_key fk = {};
+    answer_key(&fk, in, iports);
+    struct flow *f = flows.lookup(&fk);
+    if (!f)
+        return count(VERDICT_PASS_NOT_TCP_UDP, XDP_PASS);
+    __be32 idst = fk.src;
+    __be16 idport = fk.sport;
+    if (f->snat_port) {
+        struct config *cfg = get_config();
+        if (!cfg || !cfg->node_ip)
+            return count(VERDICT_PASS_NOT_TCP_UDP, XDP_PASS);
+        idst = cfg->node_ip;
+        idport = f->snat_port;
+    }
+    icmp_rewrite(ip, icmp, in, iports, data_end, ip->saddr, f->backend_ip, f->backend_ip, f->backend_port, idst,
+                 idport);
+    return count(VERDICT_FWD_ICMP_ERROR, XDP_PASS);
+}
+
 int xdp_maglev(struct xdp_md *ctx)
 {
     void *data = (void *)(long)ctx->data;
@@ -215,6 +450,8 @@ int xdp_maglev(struct xdp_md *ctx)
     /* From here on the address may still be a filter collision: every exit
      * other than a connection-table or service hit confirms it in vips. */
     __u8 proto = ip->protocol;
+    if (proto == IPPROTO_ICMP)
+        return icmp_to_vip(eth, ip, data_end);
     if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
         return vip_verdict(ip, data_end, VERDICT_PASS_NOT_TCP_UDP, XDP_PASS);
     /* Options shift the L4 header and fragments lack ports: neither can be
@@ -232,20 +469,22 @@ int xdp_maglev(struct xdp_md *ctx)
         return vip_verdict(ip, data_end, VERDICT_DROP_TRUNCATED, XDP_DROP);
 
     struct flow_key fk = {};
-    fk.src = ip->saddr;
-    fk.dst = daddr;
-    fk.sport = ports->source;
-    fk.dport = ports->dest;
-    fk.proto = proto;
+    packet_key(&fk, ip, ports);
 
-    struct service_key sk = {};
-    sk.vip = daddr;
-    sk.port = fk.dport;
-    sk.proto = proto;
+    int syn = 0, closing = 0;
+    if (proto == IPPROTO_TCP) {
+        struct tcphdr *tcp = (void *)ports;  /* l4_min_len checked the whole header */
+        syn = tcp->syn && !tcp->ack;
+        closing = tcp->rst || tcp->fin;
+    }
 
+    struct config *cfg = get_config();
+    struct service *svc = 0;
     __u32 verdict = VERDICT_FWD_ESTABLISHED;
-    struct flow chosen;
-    struct flow *known = flows.lookup(&fk);
+    int mode = proto == IPPROTO_UDP ? MISS_RECORD : closing ? MISS_NO_RECORD : MISS_BUDGET;
+    struct flow chosen = {};
+    /* a SYN always picks from the current table: an entry its tuple had is stale */
+    struct flow *known = syn ? 0 : flows.lookup(&fk);
     if (known) {
         /* established: the service must still exist (a deleted service stops
          * forwarding its flows); its slot says so without a hash lookup */
@@ -253,23 +492,60 @@ int xdp_maglev(struct xdp_md *ctx)
         struct service_key *slot = service_slots.lookup(&sid);
         if (!slot || slot->vip != daddr || slot->port != fk.dport || slot->proto != proto ||
             slot->pad != SLOT_IN_USE) {
-            struct service *svc = services.lookup(&sk);
+            struct service_key sk = {};
+            sk.vip = daddr;
+            sk.port = fk.dport;
+            sk.proto = proto;
+            svc = services.lookup(&sk);
             if (!svc)
-                return vip_verdict(ip, data_end, VERDICT_DROP_UNKNOWN_PORT, XDP_DROP);
+                return vip_verdict(ip, data_end, VERDICT_PASS_UNKNOWN_PORT, XDP_PASS);
             known->service_id = svc->id;  /* re-created under another id: keep the flow */
         }
-        chosen = *known;
-    } else {
-        struct service *svc = services.lookup(&sk);
+        __u64 now = bpf_ktime_get_ns();
+        __u64 udp_ns = (cfg && cfg->udp_flow_secs ? cfg->udp_flow_secs : UDP_FLOW_SECS_DEFAULT) * NS_PER_SEC;
+        if (!backend_member(known) || (proto == IPPROTO_UDP && now - known->last_seen > udp_ns)) {
+            known = 0;  /* its backend left the service, or the UDP flow went silent: pick again */
+            verdict = VERDICT_FWD_REPICKED;
+            if (mode == MISS_BUDGET)
+                mode = MISS_RECORD;  /* a known flow, not a flood */
+        } else {
+            known->last_seen = now;
+            if (closing)
+                known->flags |= FLOW_CLOSED;
+            if (keep_reverse(&fk, known, cfg) < 0)
+                return count(VERDICT_DROP_SNAT_EXHAUSTED, XDP_DROP);
+            chosen = *known;
+        }
+    }
+    if (!known) {
+        if (!svc) {
+            struct service_key sk = {};
+            sk.vip = daddr;
+            sk.port = fk.dport;
+            sk.proto = proto;
+            svc = services.lookup(&sk);
+        }
         if (!svc)
-            return vip_verdict(ip, data_end, VERDICT_DROP_UNKNOWN_PORT, XDP_DROP);
-        if (new_flow(svc, &fk, &chosen, &verdict) < 0)
+            return vip_verdict(ip, data_end, VERDICT_PASS_UNKNOWN_PORT, XDP_PASS);
+        __u32 sid = svc->id;
+        struct flow_misses *m = flow_misses.lookup(&sid);
+        if (m) {
+            if (syn)
+                m->syn += 1;
+            else
+                m->other += 1;
+        }
+        if (verdict != VERDICT_FWD_REPICKED)
+            verdict = syn || proto == IPPROTO_UDP ? VERDICT_FWD_NEW_FLOW : VERDICT_FWD_MISS_RECORDED;
+        if (syn)
+            mode = MISS_RECORD;
+        verdict = miss(svc, &fk, &chosen, mode, cfg, verdict);
+        if (verdict == VERDICT_DROP_NO_BACKEND || verdict == VERDICT_DROP_SNAT_EXHAUSTED ||
+            verdict == VERDICT_DROP_UNTRACKED_SNAT)
             return count(verdict, XDP_DROP);
     }
 
     if (chosen.snat_port) {
-        __u32 zero = 0;
-        struct config *cfg = config.lookup(&zero);
         if (!cfg || !cfg->node_ip)
             return count(VERDICT_DROP_SNAT_EXHAUSTED, XDP_DROP);
         dnat_snat(ip, &ports->source, &ports->dest, check, proto, cfg->node_ip, chosen.snat_port,
@@ -286,6 +562,35 @@ int xdp_maglev(struct xdp_md *ctx)
 #define IP_SRC_OFF (IP_OFF + offsetof(struct iphdr, saddr))
 #define L4_OFF (IP_OFF + sizeof(struct iphdr))
 
+/* An ICMP error leaving for a client about a packet that client sent to a
+ * backend (path MTU, unreachable): quote and source become the VIP's. */
+static __always_inline int tc_icmp_error(struct __sk_buff *skb)
+{
+    if (bpf_skb_pull_data(skb, ETH_HLEN + sizeof(struct iphdr) + ICMP_QUOTE_MIN + 20) < 0)
+        bpf_skb_pull_data(skb, ETH_HLEN + sizeof(struct iphdr) + ICMP_QUOTE_MIN);
+    void *data = (void *)(long)skb->data;
+    void *data_end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > data_end)
+        return TC_ACT_OK;
+    struct iphdr *ip = (void *)(eth + 1);
+    if ((void *)(ip + 1) > data_end)
+        return TC_ACT_OK;
+    struct icmphdr *icmp;
+    struct iphdr *in;
+    struct l4_ports *iports;
+    if (icmp_quote(ip, data_end, &icmp, &in, &iports) < 0)
+        return TC_ACT_OK;
+    struct flow_key key = {};
+    answer_key(&key, in, iports);
+    struct reverse_flow *rev = reverse_flows.lookup(&key);
+    if (!rev || rev->snat)
+        return TC_ACT_OK;
+    __be32 osrc = ip->saddr == in->daddr ? rev->vip : ip->saddr;
+    icmp_rewrite(ip, icmp, in, iports, data_end, osrc, ip->daddr, in->saddr, iports->source, rev->vip, rev->vport);
+    return count(VERDICT_REPLY_ICMP_ERROR, TC_ACT_OK);
+}
+
 int tc_reverse_nat(struct __sk_buff *skb)
 {
     void *data = (void *)(long)skb->data;
@@ -297,49 +602,25 @@ int tc_reverse_nat(struct __sk_buff *skb)
     if ((void *)(ip + 1) > data_end || ip->ihl != 5 || is_fragment(ip))
         return TC_ACT_OK;
     __u8 proto = ip->protocol;
+    if (proto == IPPROTO_ICMP)
+        return tc_icmp_error(skb);
     if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
         return TC_ACT_OK;
     struct l4_ports *ports = (void *)(ip + 1);
     if ((void *)(ports + 1) > data_end)
         return TC_ACT_OK;
 
-    /* A reply of a flow without source NAT: its source is a backend address;
-     * backend_addrs names the services that address serves (or served), and the
-     * flow table must hold client -> that VIP:port on exactly this backend. */
-    struct backend_addr ba = {};
-    ba.ip = ip->saddr;
-    ba.port = ports->source;
-    __u32 *mask = backend_addrs.lookup(&ba);
-    if (!mask)
-        return TC_ACT_OK;
-    __u32 services_left = *mask;
+    /* A reply of a flow without source NAT: its reverse entry holds the VIP:port. */
     struct flow_key key = {};
-    key.src = ip->daddr;
-    key.sport = ports->dest;
-    key.proto = proto;
-    __be32 new_ip = 0;
-    __be16 new_port = 0;
-    for (__u32 sid = 0; sid < MAX_SERVICES && services_left; sid++, services_left >>= 1) {
-        if (!(services_left & 1))
-            continue;
-        __u32 id = sid;
-        struct service_key *slot = service_slots.lookup(&id);
-        if (!slot || slot->pad != SLOT_IN_USE || slot->proto != proto)
-            continue;
-        key.dst = slot->vip;
-        key.dport = slot->port;
-        struct flow *f = flows.lookup(&key);
-        if (f && !f->snat_port && f->backend_ip == ba.ip && f->backend_port == ba.port) {
-            new_ip = slot->vip;
-            new_port = slot->port;
-            break;
-        }
-    }
-    if (!new_ip)
+    packet_key(&key, ip, ports);
+    struct reverse_flow *rev = reverse_flows.lookup(&key);
+    if (!rev || rev->snat)
         return TC_ACT_OK;
+    __be32 new_ip = rev->vip;
+    __be16 new_port = rev->vport;
 
-    __be32 old_ip = ba.ip;
-    __be16 old_port = ba.port;
+    __be32 old_ip = ip->saddr;
+    __be16 old_port = ports->source;
     int l4_csum = L4_OFF + l4_csum_offset(proto);
     /* the skb helpers also handle CHECKSUM_PARTIAL packets from local senders */
     __u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
@@ -348,5 +629,5 @@ int tc_reverse_nat(struct __sk_buff *skb)
     bpf_skb_store_bytes(skb, IP_SRC_OFF, &new_ip, sizeof(new_ip), 0);
     bpf_l4_csum_replace(skb, l4_csum, old_port, new_port, mangled | sizeof(new_port));
     bpf_skb_store_bytes(skb, L4_OFF + offsetof(struct l4_ports, source), &new_port, sizeof(new_port), 0);
-    return TC_ACT_OK;
+    return count(VERDICT_TC_REPLY, TC_ACT_OK);
 }

@@ -1,13 +1,15 @@
 /* Every map of the dataplane, pinned under PIN_DIR so a restarted agent
  * re-opens the same maps and established flows keep forwarding.
- * PIN_DIR, TABLE_SIZE, MAX_SERVICES, MAX_BACKENDS and FLOW_ENTRIES come from the
- * loader (agent/dataplane/loader.py) as -D flags; BCC turns the structs below
- * into the ctypes Key/Leaf types agent/dataplane/dataplane.py writes.
+ * PIN_DIR, TABLE_SIZE, MAX_SERVICES, MAX_BACKENDS, FLOW_ENTRIES and
+ * LAYOUT_VERSION come from the loader (agent/dataplane/loader.py) as -D flags;
+ * BCC turns the structs below into the ctypes Key/Leaf types
+ * agent/dataplane/dataplane.py writes. BCC does not check a pinned map's type or
+ * size, so the loader compares `meta` with its own layout before it loads.
  *
  * Fast-path budget (docs/dataplane.md): a non-VIP packet costs one array read
- * (vip_filter) and a counter; an established flow one hash lookup (flows) plus
- * array reads (service_slots, counters); a new flow inserts one entry (two only
- * when source NAT needs the reverse one).
+ * (vip_filter) and a counter; an established flow two hash lookups (flows and
+ * its reverse entry, which keeps the reply's translation alive) plus array
+ * reads; a new flow inserts two entries (forward and reverse).
  */
 #ifndef FABRIC_MAPS_H
 #define FABRIC_MAPS_H
@@ -72,14 +74,23 @@ struct flow_key {
     __u8 pad[3];
 };
 
+#define FLOW_CLOSED 1  /* the client sent FIN or RST: no longer counted as active */
+
 struct flow {
     __be32 backend_ip;
     __be16 backend_port;
     __be16 snat_port;  /* 0 when the flow is not source-NATed */
-    __u16 backend_id;  /* for backend_stats */
+    __u16 backend_id;  /* for backend_stats; backends[backend_id] must still be this address */
     __u16 service_id;  /* service_slots[service_id] says whether the service still exists */
+    __u32 flags;       /* FLOW_* */
+    __u64 last_seen;   /* bpf_ktime_get_ns() of the last client packet (UDP expiry, active counts) */
 };
 
+/* Reverse entry: keyed by the reply's 5-tuple (backend -> client, or backend ->
+ * node_ip:snat_port), it holds everything the reply needs, so a reply is
+ * translated even when the forward entry was evicted. It records the whole
+ * forward flow (client, cport, vip, vport; proto from the key), so a surviving
+ * entry is recognised as its own flow's and never handed to another flow. */
 struct reverse_flow {
     __be32 vip;
     __be32 client;
@@ -105,9 +116,36 @@ struct vip_filter {
     __u64 words[VIP_FILTER_BITS / 64];
 };
 
+/* Written only by attach or an explicit setting (never by a mere opener). */
 struct config {
-    __be32 node_ip;    /* source address for source-NAT flows; 0 disables SNAT */
-    __u32 table_size;  /* TABLE_SIZE the maps were made with; a reload must match */
+    __be32 node_ip;          /* source address for source-NAT flows; 0 disables SNAT */
+    __u32 table_size;        /* TABLE_SIZE the maps were made with (also in meta) */
+    __u32 udp_flow_secs;     /* UDP entries silent this long are picked again; 0 = UDP_FLOW_SECS_DEFAULT */
+    __u32 miss_inserts;      /* non-SYN misses recorded per CPU per second; 0 = MISS_INSERTS_DEFAULT */
+};
+#define UDP_FLOW_SECS_DEFAULT 30
+#define MISS_INSERTS_DEFAULT 10000
+
+/* meta: what layout made these pins; the loader refuses to reuse pins of another. */
+struct meta {
+    __u32 layout_version;
+    __u32 table_size;
+    __u32 flow_entries;
+    __u32 max_services;
+    __u32 max_backends;
+};
+
+/* Per-CPU insert budget for non-SYN misses (flood throttle). */
+struct insert_budget {
+    __u64 window_start;  /* ns */
+    __u64 used;
+};
+
+/* Connection-table misses of one service: a SYN (or first UDP datagram) that
+ * picked, and a non-SYN packet that found no entry (eviction, flood, restart). */
+struct flow_misses {
+    __u64 syn;
+    __u64 other;
 };
 
 /* services: VIP:port/proto -> service id, active ring and flags */
@@ -126,15 +164,20 @@ BPF_TABLE_PINNED("array", __u32, struct backend, backends, MAX_BACKENDS, PIN(bac
 BPF_TABLE_PINNED("percpu_array", __u32, struct backend_stats, backend_stats, MAX_BACKENDS, PIN(backend_stats));
 /* verdict_stats: VERDICT_* -> packets, per CPU */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, verdict_stats, VERDICT_MAX, PIN(verdict_stats));
-/* flows: client -> VIP 5-tuple -> chosen backend and service (LRU connection table;
- * pinned as flows_v2 since the value layout changed) */
-BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow, flows, FLOW_ENTRIES, PIN(flows_v2));
-/* backend_addrs: backend IP:port -> bitmask of service ids it serves or served
- * (the TC reply path finds the flow from it; MAX_SERVICES <= 32) */
+/* flows: client -> VIP 5-tuple -> chosen backend and service (LRU connection table) */
+BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow, flows, FLOW_ENTRIES, PIN(flows));
+/* backend_addrs: backend IP:port -> bitmask of the service ids it belongs to now, draining
+ * included (an established flow whose backend id changed hands checks membership here; MAX_SERVICES <= 32) */
 BPF_TABLE_PINNED("hash", struct backend_addr, __u32, backend_addrs, BACKEND_ADDRS, PIN(backend_addrs));
-/* reverse_flows: source-NAT flows only: backend -> node_ip:snat_port 5-tuple -> VIP and client to restore */
+/* reverse_flows: reply 5-tuple (backend -> client, or backend -> node_ip:snat_port) -> the flow to restore */
 BPF_TABLE_PINNED("lru_hash", struct flow_key, struct reverse_flow, reverse_flows, FLOW_ENTRIES, PIN(reverse_flows));
-/* config: single entry, node-wide settings */
+/* config: single entry, node-wide settings (attach or an explicit setting writes it) */
 BPF_TABLE_PINNED("array", __u32, struct config, config, 1, PIN(config));
+/* meta: single entry, the layout these pins were made with (written once, at creation) */
+BPF_TABLE_PINNED("array", __u32, struct meta, meta, 1, PIN(meta));
+/* insert_budget: single entry per CPU, non-SYN misses recorded in the current second */
+BPF_TABLE_PINNED("percpu_array", __u32, struct insert_budget, insert_budget, 1, PIN(insert_budget));
+/* flow_misses: service id -> connection-table misses (SYN / other), per CPU */
+BPF_TABLE_PINNED("percpu_array", __u32, struct flow_misses, flow_misses, MAX_SERVICES, PIN(flow_misses));
 
 #endif

@@ -8,16 +8,24 @@
 
 #define VERDICT_PASS_NOT_IPV4 0          /* ARP, IPv6, anything not IPv4: untouched */
 #define VERDICT_PASS_NOT_VIP 1           /* IPv4 to an address that is no VIP */
-#define VERDICT_PASS_NOT_TCP_UDP 2       /* ICMP and other protocols, even to a VIP */
+#define VERDICT_PASS_NOT_TCP_UDP 2       /* protocols other than TCP/UDP/ICMP to a VIP, untouched */
 #define VERDICT_DROP_TRUNCATED 3         /* Ethernet, IPv4 or L4 header cut short */
 #define VERDICT_DROP_IP_OPTIONS 4        /* IPv4 header with options to a VIP */
 #define VERDICT_DROP_FRAGMENT 5          /* IPv4 fragment to a VIP (no ports to hash) */
-#define VERDICT_DROP_UNKNOWN_PORT 6      /* VIP address, but no service on this port/proto */
+#define VERDICT_PASS_UNKNOWN_PORT 6      /* VIP address, but no service on this port/proto: to the stack */
 #define VERDICT_DROP_NO_BACKEND 7        /* service has no backend with weight above 0 */
 #define VERDICT_DROP_SNAT_EXHAUSTED 8    /* no free source port for a source-NAT flow */
-#define VERDICT_FWD_NEW_FLOW 9           /* Maglev picked a backend; flow recorded */
+#define VERDICT_FWD_NEW_FLOW 9           /* SYN (or first UDP datagram): Maglev pick, flow recorded */
 #define VERDICT_FWD_ESTABLISHED 10       /* connection table hit */
 #define VERDICT_REPLY_SNAT 11            /* reply of a source-NAT flow, reverse-NATed in XDP */
-#define VERDICT_MAX 12
+#define VERDICT_FWD_MISS_RECORDED 12     /* non-SYN miss: forwarded by the table, recorded (insert budget) */
+#define VERDICT_FWD_UNTRACKED 13         /* RST/FIN miss, or non-SYN miss over the insert budget: forwarded, not recorded */
+#define VERDICT_FWD_REPICKED 14          /* flow whose backend left the service (or expired UDP): picked again */
+#define VERDICT_DROP_UNTRACKED_SNAT 15   /* unrecorded miss to a source-NAT backend: no port it could use */
+#define VERDICT_TC_REPLY 16              /* TC: reply source restored to VIP:port from its reverse entry */
+#define VERDICT_REPLY_ICMP_ECHO 17       /* ICMP echo request to a VIP turned into its reply (routed back) */
+#define VERDICT_FWD_ICMP_ERROR 18        /* ICMP error about a VIP flow, sent on to its backend */
+#define VERDICT_REPLY_ICMP_ERROR 19      /* ICMP error about a packet a client sent a backend, translated for the client */
+#define VERDICT_MAX 20
 
 #endif

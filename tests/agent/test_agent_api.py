@@ -271,7 +271,7 @@ def test_maglev_api_over_the_real_bpf_maps(cluster, tmp_path):
     from agent.dataplane import Dataplane
 
     pin_dir = new_pin_dir()
-    dp = Dataplane(pin_dir=pin_dir)
+    dp = Dataplane(pin_dir=pin_dir, flow_entries=65536)
     state = AgentState(node_id=NODE, vm_driver=DryRunDriver(tmp_path / "dry"),
                        inventory=NvmlInventory(nvml_module=FakeNvml(gpus=[])), dataplane=dp)
     try:
@@ -288,6 +288,15 @@ def test_maglev_api_over_the_real_bpf_maps(cluster, tmp_path):
             slots = {s["address"]: s["slots"] for s in view["stats"]}
             # A draining backend takes no new flows: it owns no slot of the active table.
             assert slots["10.1.0.11:8000"] == 0 and slots["10.1.0.12:8000"] == 65537
+            assert {s["address"]: s["active_flows"] for s in view["stats"]} == {"10.1.0.11:8000": 0,
+                                                                                 "10.1.0.12:8000": 0}
+            # a VIP that is an address of this node is refused, naming why
+            refused = c.put("/v1/maglev/services/127.0.0.1/8000/tcp", json={"backends": {"10.1.0.11:8000": 1}})
+            assert refused.status_code in (400, 422) and "address of this node" in refused.text
+            metrics = c.get("/metrics").text
+            assert 'fabric_dataplane_flow_misses_total{kind="syn",port="8000",proto="tcp",vip="10.77.0.1"} 0.0' \
+                in metrics
+            assert 'fabric_dataplane_verdicts_total{verdict="fwd_new_flow"}' in metrics
             assert c.delete(path).status_code == 204
             assert c.get(path).status_code == 404
     finally:

@@ -14,7 +14,7 @@ from agent.dataplane import Dataplane
 
 def main() -> None:
     pin_dir, node_ip, netns, *ifaces = sys.argv[1:]
-    dp = Dataplane(pin_dir=pin_dir, node_ip=node_ip, route_netns=netns)
+    dp = Dataplane(pin_dir=pin_dir, node_ip=node_ip, route_netns=netns, flow_entries=65536)
     for iface in ifaces:
         dp.attach(iface, netns)
     ops = {

@@ -28,16 +28,40 @@ ROUTED_BACKEND = "10.2.0.2:8080"
 HERE = Path(__file__).resolve().parent
 
 SERVER = r"""
-import sys
+import sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 NAME = sys.argv[1].encode()
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        # /pause/S: the name, then S seconds of silence, then the name again (a
+        # streamed response waiting for its next token while the client says nothing)
+        pause = float(self.path.split("/")[2]) if self.path.startswith("/pause/") else None
+        body = NAME if pause is None else NAME + b"|" + NAME
         self.send_response(200)
-        self.send_header("Content-Length", str(len(NAME)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        if pause is None:
+            self.wfile.write(body)
+            return
+        self.wfile.write(NAME + b"|")
+        self.wfile.flush()
+        time.sleep(pause)
         self.wfile.write(NAME)
+    def do_POST(self):
+        # an upload: answers with the number of bytes it received
+        left, got = int(self.headers["Content-Length"]), 0
+        while left:
+            chunk = self.rfile.read(min(left, 65536))
+            if not chunk:
+                break
+            got += len(chunk)
+            left -= len(chunk)
+        body = str(got).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
     def log_message(self, *a):
         pass
 ThreadingHTTPServer.daemon_threads = True
@@ -106,6 +130,27 @@ class NsLab:
         for addr in [self.backend_address(i) for i in range(1, self.backends + 1)] + [ROUTED_BACKEND]:
             self._wait_listening(addr)
 
+    def add_small_mtu_backend(self, mtu: int = 1200) -> str:
+        """Backend m (10.5.0.2:8080) on its own bridge br1 whose links have a smaller MTU,
+        advertising the larger MSS a tunnel or middle link would hide: the client's full-size
+        segments need the node's "fragmentation needed" to reach it, translated for the VIP."""
+        node, m = self.node, self.ns("m")
+        sh("ip", "netns", "add", m)
+        self.namespaces.append(m)
+        sh("ip", "-n", m, "link", "set", "lo", "up")
+        sh("ip", "-n", node, "link", "add", "br1", "type", "bridge")
+        sh("ip", "-n", node, "addr", "add", "10.5.0.1/24", "dev", "br1")
+        sh("ip", "link", "add", "vm1", "netns", node, "mtu", str(mtu), "type", "veth", "peer", "name", "eth0",
+           "netns", m, "mtu", str(mtu))
+        sh("ip", "-n", node, "link", "set", "vm1", "master", "br1", "up")
+        sh("ip", "-n", node, "link", "set", "br1", "up")
+        sh("ip", "-n", m, "addr", "add", "10.5.0.2/24", "dev", "eth0")
+        sh("ip", "-n", m, "link", "set", "eth0", "up")
+        sh("ip", "-n", m, "route", "add", "default", "via", "10.5.0.1", "advmss", "1460")
+        self._serve(m, "m")
+        self._wait_listening("10.5.0.2:8080")
+        return "10.5.0.2:8080"
+
     def _serve(self, ns: str, name: str) -> None:
         proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER, name],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -152,6 +197,11 @@ class NsLab:
 def http_get(sock: socket.socket) -> str:
     """One keep-alive GET on an open connection; the body (the backend's name)."""
     sock.sendall(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")
+    return read_response(sock)
+
+
+def read_response(sock: socket.socket) -> str:
+    """The body of the next HTTP response on the connection."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(4096)

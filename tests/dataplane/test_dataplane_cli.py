@@ -14,7 +14,7 @@ runner = CliRunner()
 def test_set_show_delete(pin_dir):
     pin = ["--pin-dir", pin_dir]
     result = runner.invoke(maglev_app, ["set", "10.9.0.100:80/tcp", "--backend", "10.1.0.11:8080=1",
-                                        "--backend", "10.1.0.12:8080=3", *pin])
+                                        "--backend", "10.1.0.12:8080=3", "--flow-entries", "65536", *pin])
     assert result.exit_code == 0, result.output
     assert "updated" in result.output
 

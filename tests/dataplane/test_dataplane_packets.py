@@ -12,7 +12,7 @@ from scapy.all import ARP, ICMP, IP, TCP, UDP, Ether, IPOption_RR, IPv6, Raw
 
 from agent.dataplane import Dataplane, Verdict
 from agent.dataplane.testrun import XDP_DROP, XDP_PASS, run_xdp
-from tests.support.bpf import new_pin_dir
+from tests.support.bpf import new_pin_dir, open_dataplane
 
 VIP = "10.9.0.100"
 ZERO_VIP = "10.9.0.101"
@@ -26,8 +26,7 @@ TC_ACT_OK = 0
 
 def _make_dataplane(node_ip: str | None):
     pin_dir = new_pin_dir()
-    dp = Dataplane(pin_dir=pin_dir, node_ip=node_ip)
-    return dp, pin_dir
+    return open_dataplane(pin_dir, node_ip), pin_dir
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +109,17 @@ UNTOUCHED = [
     Case("non-VIP IPv4", _tcp(dst="10.5.5.5"), XDP_PASS, Verdict.PASS_NOT_VIP),
     Case("ARP", L2 / ARP(psrc=CLIENT, pdst=VIP), XDP_PASS, Verdict.PASS_NOT_IPV4),
     Case("IPv6", L2 / IPv6(src="fd00::2", dst="fd00::1") / TCP(dport=80), XDP_PASS, Verdict.PASS_NOT_IPV4),
-    Case("ICMP to a VIP", L2 / IP(src=CLIENT, dst=VIP) / ICMP(), XDP_PASS, Verdict.PASS_NOT_TCP_UDP),
+    Case("ICMP timestamp to a VIP", L2 / IP(src=CLIENT, dst=VIP) / ICMP(type=13), XDP_PASS, Verdict.PASS_NOT_TCP_UDP),
+    Case("GRE to a VIP", L2 / IP(src=CLIENT, dst=VIP, proto=47) / Raw(b"\0" * 8), XDP_PASS, Verdict.PASS_NOT_TCP_UDP),
+    Case("VIP on an unknown port goes to the stack", _tcp(dport=81), XDP_PASS, Verdict.PASS_UNKNOWN_PORT),
+    Case("UDP to the TCP-only port goes to the stack", L2 / IP(src=CLIENT, dst=VIP) / UDP(sport=5, dport=80),
+         XDP_PASS, Verdict.PASS_UNKNOWN_PORT),
     Case("fragment to a non-VIP", L2 / IP(src=CLIENT, dst="10.5.5.5", frag=3, proto=6) / Raw(b"x" * 8),
          XDP_PASS, Verdict.PASS_NOT_VIP),
     Case("IP options to a non-VIP", _tcp(dst="10.5.5.5", options=[IPOption_RR()]), XDP_PASS, Verdict.PASS_NOT_VIP),
 ]
 
 DROPPED = [
-    Case("VIP on an unknown port", _tcp(dport=81), XDP_DROP, Verdict.DROP_UNKNOWN_PORT),
-    Case("UDP to the TCP-only port", L2 / IP(src=CLIENT, dst=VIP) / UDP(sport=5, dport=80), XDP_DROP,
-         Verdict.DROP_UNKNOWN_PORT),
     Case("Ethernet header alone", bytes(_tcp())[:14], XDP_DROP, Verdict.DROP_TRUNCATED),
     Case("truncated IPv4", bytes(_tcp())[:14 + 12], XDP_DROP, Verdict.DROP_TRUNCATED),
     Case("truncated TCP", bytes(_tcp())[:14 + 20 + 10], XDP_DROP, Verdict.DROP_TRUNCATED),

@@ -22,3 +22,18 @@ def bpf_missing() -> str | None:
 def new_pin_dir() -> str:
     """A fresh bpffs directory name for one test's pinned maps (the caller removes it)."""
     return f"/sys/fs/bpf/fabric-test-{uuid.uuid4().hex[:8]}"
+
+
+# Tests make small flow tables: the agent's default (1M entries x 2) costs ~200 MiB each.
+TEST_FLOW_ENTRIES = 65536
+
+
+def open_dataplane(pin_dir: str, node_ip: str | None = None, **kwargs):
+    """A Dataplane on pin_dir with test-sized flow tables; node_ip written as attach would."""
+    from agent.dataplane import Dataplane
+
+    kwargs.setdefault("flow_entries", TEST_FLOW_ENTRIES)
+    plane = Dataplane(pin_dir=pin_dir, **kwargs)
+    if node_ip:
+        plane.configure(node_ip=node_ip)
+    return plane
