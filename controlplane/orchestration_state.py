@@ -90,7 +90,11 @@ class Snapshot:
 
     def committed(self) -> dict[str, Committed]:
         """node id -> CPU and memory its replicas (every deployment, every phase) hold."""
-        return committed_resources(self.all_replicas(), self.deployments, self.profiles)
+        def profile_of(r: Replica):  # a replica holds what its own revision's profile asks for
+            dep = self.deployments.get(r.deployment)
+            return None if dep is None else self.template(dep, r.revision)[0]
+
+        return committed_resources(self.all_replicas(), self.deployments, self.profiles, profile_of)
 
 
 def json_field(kv: KV | None, name: str) -> str | None:

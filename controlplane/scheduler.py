@@ -31,7 +31,7 @@ gone hold nothing (nothing says how much they hold).
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.schemas import GpuInfo, InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica
@@ -77,12 +77,17 @@ def committed_resources(
     replicas: Iterable[Replica],
     deployments: Mapping[str, InferenceDeployment],
     profiles: Mapping[str, InferenceProfile],
+    profile_of: Callable[[Replica], InferenceProfile | None] | None = None,
 ) -> dict[str, Committed]:
-    """node id -> what the given replicas hold there (their deployment's profile cpu/memory_gib)."""
+    """node id -> what the given replicas hold there (their deployment's profile cpu/memory_gib;
+    ``profile_of`` names another per replica, e.g. its own revision's during a rollout)."""
     out: dict[str, Committed] = {}
     for r in replicas:
         dep = deployments.get(r.deployment)
-        profile = profiles.get(dep.profile) if dep is not None else None
+        if profile_of is not None:
+            profile = profile_of(r)
+        else:
+            profile = profiles.get(dep.profile) if dep is not None else None
         if profile is None or not r.node:
             continue
         out[r.node] = out.get(r.node, NOTHING_COMMITTED).plus(profile)

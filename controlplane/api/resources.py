@@ -133,6 +133,7 @@ def get_model(name: str, state: StateDep) -> dict:
 def delete_model(name: str, state: StateDep) -> Deleted:
     _get(state.store, keyspace.models(name), "model", name)
     refuse_if_used("model", name, "deployment", users_of(_list(state.store, keyspace.deployments()), "model", name))
+    refuse_if_used("model", name, "rollout of", records.rollout_users(state.store, "model", name))
     deleted = _delete(state, keyspace.models(name), "model", name)
     delete_jobs(state.store, name)  # the cached bytes stay until evicted
     return deleted
@@ -163,6 +164,7 @@ def delete_profile(name: str, state: StateDep) -> Deleted:
     _get(state.store, keyspace.profiles(name), "profile", name)
     refuse_if_used("profile", name, "deployment",
                    users_of(_list(state.store, keyspace.deployments()), "profile", name))
+    refuse_if_used("profile", name, "rollout of", records.rollout_users(state.store, "profile", name))
     return _delete(state, keyspace.profiles(name), "profile", name)
 
 

@@ -95,6 +95,19 @@ def active_rollouts(store: Store) -> dict[str, tuple[Rollout, int]]:
     return {d: p for d, p in newest.items() if p[0].active}
 
 
+def rollout_users(store: Store, field: str, name: str) -> list[str]:
+    """Deployments whose active rollout moves to or from a revision whose template's ``field``
+    (model or profile) is ``name``: deleting it would strand that rollout."""
+    out = []
+    for dep, (rec, _mod) in active_rollouts(store).items():
+        for number in (rec.from_revision, rec.to_revision):
+            rev = get_revision(store, dep, number)
+            if rev is not None and getattr(rev.template, field) == name:
+                out.append(dep)
+                break
+    return sorted(out)
+
+
 def create_rollout(store: Store, record: Rollout) -> bool:
     return store.create(keyspace.rollouts(record.deployment, record.id), record.model_dump_json())
 

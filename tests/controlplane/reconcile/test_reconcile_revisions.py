@@ -52,3 +52,18 @@ def test_ready_since_is_set_once():
                  {"qwen-0-abc": OK}, NOW)
     assert [a.ready_since for a in fresh.actions if isinstance(a, UpdateHealth)] == [NOW]
     assert not [a for a in p.actions if isinstance(a, UpdateHealth) and a.ready_since]
+
+
+def test_each_replica_commits_its_own_revisions_profile():
+    from common.rollouts import Revision
+    from common.schemas import Template
+    from controlplane.orchestration_state import Snapshot
+
+    snap = Snapshot(deployments={"qwen": deployment(2)}, profiles={"p24": profile(cpu=8, mem=32), "p48": BIG},
+                    replicas={"qwen": [replica(0), of(2, replica(1))]},
+                    revisions={"qwen": {2: Revision(deployment="qwen", revision=2,
+                                                    template=Template(model="qwen", profile="p48"))}})
+    big = BIG.model_copy(update={"cpu": 16, "memory_gib": 64})
+    snap.profiles["p48"] = big
+    held = snap.committed()["n1"]
+    assert (held.replicas, held.cpu, held.memory_gib) == (2, 8 + 16, 32 + 64)

@@ -96,6 +96,17 @@ def test_bad_rollouts_are_422(api, body, words):
     assert api.get(f"{path}/rollouts").json() == []
 
 
+def test_a_profile_an_active_rollout_moves_to_cannot_be_deleted(api):
+    path = base(api, "roprof")
+    assert api.post("/api/ai/profiles", json={"name": "p-roprof-2", **PROFILE}).status_code == 201
+    assert api.post(f"{path}/revisions", json={"profile": "p-roprof-2"}).status_code == 201
+    assert api.post(f"{path}/rollouts", json={"strategy": "canary"}).status_code == 201
+    refused = error(api.delete("/api/ai/profiles/p-roprof-2"), 409)
+    assert refused["code"] == "in_use" and "rollout of d-roprof" in refused["message"]
+    assert api.post(f"{path}/rollouts/1/rollback").status_code == 200  # still active while rolling back
+    assert error(api.delete("/api/ai/profiles/p-roprof-2"), 409)["code"] == "in_use"
+
+
 def test_rollout_to_the_running_revision_is_409(api):
     path = base(api, "rosame")
     assert error(api.post(f"{path}/rollouts", json={"to_revision": 1}), 409)["code"] == "same_revision"
