@@ -29,6 +29,7 @@ replica count the deployment wanted when the rollout began.
               new replicas go as old ones are Ready; RolledBack when no new replica is left. Old
               replicas are never removed by a rollback.
   pause       targets and share stay; resume restarts the current step's clock and window.
+  N = 0       nothing runs: the rollout succeeds at once (the new template applies on scale-up).
 """
 
 from __future__ import annotations
@@ -300,6 +301,8 @@ class _Planner:
             self.rolling_back()
         elif rec.phase == "Paused":
             pass
+        elif self.n == 0 and not any(live(r) for r in self.old):
+            self.finish()  # nothing runs: the new template applies from the next scale-up
         elif rec.strategy == "rolling":
             self.rolling()
         elif rec.strategy == "canary":

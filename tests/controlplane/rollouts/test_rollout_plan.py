@@ -299,3 +299,9 @@ def test_start_refuses_the_running_revision_and_an_immovable_rolling_update():
     with pytest.raises(InvalidInput):
         operate.start(RolloutRequest(max_surge=0, max_unavailable=1), rollout_id=1, deployment="d",
                       from_revision=1, to_revision=2, replicas=1, who="a", now=NOW)
+
+
+@pytest.mark.parametrize("strategy", ["rolling", "canary", "blue-green"])
+def test_a_deployment_scaled_to_zero_switches_revision_at_once(strategy):
+    r = step(record(strategy, replicas=0), [])
+    assert r.record.phase == "Succeeded" and r.activate == [2] and r.record.new_target == 0
