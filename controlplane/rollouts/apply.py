@@ -55,7 +55,8 @@ class RolloutWorker:
                     saved = a.record
                 elif isinstance(a, Event):
                     log.info("%s: %s", dep, a.message)
-                    record_event(self.store, "rollout", dep, a.action, a.message, keep=self.events_kept, now=now)
+                    # Each its own clock reading: events of one pass keep their order in the log.
+                    record_event(self.store, "rollout", dep, a.action, a.message, keep=self.events_kept)
             if saved.active:
                 out[dep] = saved
         self.active = out

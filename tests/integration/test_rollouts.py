@@ -9,10 +9,12 @@ itself, leaving revision 2 serving with its replicas."""
 
 from __future__ import annotations
 
+import subprocess
+
 import httpx
 import pytest
 
-from tests.integration.orchestration_harness import deploy, start_cluster
+from tests.integration.orchestration_harness import BIN, deploy, start_cluster
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -132,9 +134,13 @@ def test_rolling_update_keeps_two_routed_replicas_throughout(cluster):
     with cluster.api() as api:
         assert api.post(f"/api/ai/deployments/{DEP}/revisions", json={"engine_args": ["--seed", "4"]}
                         ).status_code == 201
-        r = api.post(f"/api/ai/deployments/{DEP}/rollouts", json={
-            "to_revision": 4, "strategy": "rolling", "max_surge": 1, "max_unavailable": 0, "min_healthy_secs": 1})
-        assert r.status_code == 201, r.text
+        # Started and followed by the CLI: -w returns 0 once the rollout Succeeded.
+        env = {**(cluster.env or {}), "FABRIC_URL": cluster.url, "FABRIC_TOKEN": cluster.token,
+               "HOME": str(cluster.state_dir), "XDG_CONFIG_HOME": str(cluster.state_dir / "xdg")}
+        cli = subprocess.Popen([str(BIN / "fabricctl"), "ai", "deployment", "rollout", DEP, "--to-revision", "4",
+                                "--strategy", "rolling", "--max-surge", "1", "--max-unavailable", "0",
+                                "--min-healthy-secs", "1", "-w"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
         lowest, most = 99, 0
 
         def done():
@@ -148,6 +154,9 @@ def test_rolling_update_keeps_two_routed_replicas_throughout(cluster):
             body = wait_for(done, 120, "the rolling update to finish", interval=0.2)
         except AssertionError:
             raise AssertionError(f"{explain(api)}\n{cluster.tail()}") from None
+        out, err = cli.communicate(timeout=30)
+        assert cli.returncode == 0, err
+        assert "rollout 3 of cq started (rolling to revision 4)" in out and "Succeeded" in out.splitlines()[-1]
         assert lowest >= 2, lowest  # never fewer than N routed (max_unavailable 0)
         assert most <= 3, most  # never more than N + max_surge live
         assert body["revision"] == 4
