@@ -125,6 +125,8 @@ class GatewayApp:
                 await self.state.auth.oidc.jwks.close()
                 self.state.client.close()
                 self.state.audit.close()
+                if self.state.limits.usage is not None:
+                    self.state.limits.usage.close()
                 self.state.tracer.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -179,6 +181,7 @@ class GatewayApp:
             plan = plan_admission(st.settings, facts)
             if plan:
                 admission = await st.limits.admit(plan, facts.token_estimate)
+            st.limits.count_use(facts)
             if dry:
                 status, tokens = await dry_run.respond(send, info, endpoint)
                 outcome = "success"

@@ -16,6 +16,7 @@ from gateway.settings import BackendTls, GatewaySettings
 from gateway.slots import SlotHolder
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache
+from gateway.usage import UsageCounter
 
 
 def backend_ssl(tls: BackendTls) -> ssl.SSLContext | bool:
@@ -49,7 +50,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         settings=settings,
         store=store,
         auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs),
-        limits=LimitKeeper(store, SlotHolder(store, gateway_id, settings.slot_lease_secs)),
+        limits=LimitKeeper(store, SlotHolder(store, gateway_id, settings.slot_lease_secs), UsageCounter(store)),
         upstreams=UpstreamCache(store, ttl_secs=settings.cache_ttl_secs),
         audit=AuditWriter(store),
         metrics=GatewayMetrics.create(),

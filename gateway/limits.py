@@ -32,6 +32,7 @@ from common.errors import LimitExceeded, NotFound, PayloadTooLarge
 from common.store.base import Store
 from gateway.settings import GatewaySettings
 from gateway.slots import SlotHolder, slots_prefix
+from gateway.usage import UsageCounter, usage_key
 
 MINUTE = 60
 DAY = 86400
@@ -122,9 +123,10 @@ def _slot(name: str) -> str:
 
 def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reservation]:
     plan: list[Reservation] = []
-    if facts.key_id:
-        # Every key's requests are counted (fabricctl's USED column); the quota, when set, caps it.
-        plan.append(Reservation(keyspace.counters(f"quota/{facts.key_id}"), 1, facts.request_quota or None, None,
+    if facts.key_id and facts.request_quota:
+        # Every key's requests are counted (fabricctl's USED column); with a quota the count is
+        # an exact reservation, without one gateway.usage counts it off the hot path.
+        plan.append(Reservation(usage_key(facts.key_id), 1, facts.request_quota, None,
                                 "the API key's request quota"))
     if facts.key_id and facts.key_max_concurrent:
         plan.append(Reservation(_slot(f"inflight/key/{facts.key_id}"), 1, facts.key_max_concurrent,
@@ -165,6 +167,7 @@ class LimitKeeper:
 
     store: Store
     slots: SlotHolder
+    usage: UsageCounter | None = None  # counts keys without a quota (their USED), off the hot path
     _locks: dict[str, list] = field(default_factory=dict)  # key -> [lock, users]; dropped when unused
     _window_leases: dict[int, tuple[int, float]] = field(default_factory=dict)  # window -> (lease, use until)
     _lease_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -204,6 +207,12 @@ class LimitKeeper:
             entry[1] -= 1
             if not entry[1]:
                 del self._locks[r.key]
+
+    def count_use(self, facts: RequestFacts) -> None:
+        """A key without a request quota: count its call in the background (with a quota the
+        admission's reservation already counted it)."""
+        if facts.key_id and not facts.request_quota and self.usage is not None:
+            self.usage.count(facts.key_id)
 
     async def admit(self, plan: list[Reservation], estimate: int) -> Admission:
         taken: list[Reservation] = []

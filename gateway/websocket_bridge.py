@@ -109,6 +109,7 @@ async def bridge(state, scope, receive, send) -> None:
         plan = [r for r in plan_admission(state.settings, facts) if not r.tokens]
         if plan:
             admission = await state.limits.admit(plan, 0)
+        state.limits.count_use(facts)
         tls = state.settings.backend_tls.enabled
         targets = order_targets(view, headers.get("x-session-id"), "wss" if tls else "ws")
         fwd = [(k, v) for k, v in headers.items() if k not in NOT_FORWARDED and not k.startswith("sec-websocket")]

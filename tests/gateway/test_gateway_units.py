@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -16,6 +17,7 @@ from gateway.limits import RequestFacts, plan_admission
 from gateway.request_body import SseUsageScanner, parse_body
 from gateway.routes import parse_route
 from gateway.upstreams import EndpointView, order_targets, should_shed
+from gateway.usage import UsageCounter
 
 
 @pytest.fixture
@@ -128,11 +130,23 @@ def test_limit_plan_only_names_configured_scopes():
     assert plan[1].amount == 20  # 40 chars / 4 + max_tokens
 
 
-def test_every_key_is_counted_even_without_a_quota():
+def test_every_key_is_counted_even_without_a_quota(store):
+    # Without a quota the count is not an admission step (no store write on the hot path): the
+    # plan is empty and gateway.usage adds the calls up in the background, into the same counter
+    # a quota reserves on.
     facts = RequestFacts(endpoint="e", model="m", tenant=None, project="p", user=None, gateway_id="g",
                          prompt_chars=40, max_tokens=10, key_id="k")
-    [usage] = plan_admission(gs.load({}), facts)
-    assert (usage.key, usage.amount, usage.limit) == ("/fabric/counters/quota/k", 1, None)
+    assert plan_admission(gs.load({}), facts) == []
+    [quota] = plan_admission(gs.load({}), replace(facts, request_quota=5))
+    assert (quota.key, quota.amount, quota.limit) == ("/fabric/counters/quota/k", 1, 5)
+    usage = UsageCounter(store)
+    for _ in range(7):
+        usage.count("k")
+    usage.count("other")
+    usage.flush()
+    assert counters.read(store, "/fabric/counters/quota/k") == 7
+    assert counters.read(store, "/fabric/counters/quota/other") == 1
+    usage.close()
     anonymous = RequestFacts(endpoint="e", model="m", tenant=None, project="p", user=None, gateway_id="g",
                              prompt_chars=40, max_tokens=10)
     assert plan_admission(gs.load({}), anonymous) == []
