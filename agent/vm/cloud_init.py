@@ -3,7 +3,9 @@
 user-data mounts the host's model share (virtiofs tag "models") read-only at /models and
 writes/enables/starts fabric-engine.service, the unit agent/vm/runtime_units.py renders for
 the spec's runtime (common/runtimes.py), serving the model on the spec's port (8000) with
-tensor parallelism equal to the GPU count where the runtime has that flag.
+tensor and pipeline parallel sizes chosen from the model's config.json and the GPU count
+(agent.vm.parallelism; refused with the reason when no split works). A oneshot unit retries
+the share's mount and the engine unit is ordered after it and the GPU daemons.
 
 No secret ever goes into a seed: nothing is read from the environment, engine flags that
 carry credentials are refused, and the rendered text is checked against the secret values
@@ -21,6 +23,7 @@ import yaml
 
 from agent.vm import runtime_units
 from agent.vm.base import VmSpec
+from agent.vm.parallelism import choose_parallel, read_model_config
 from common.errors import InvalidInput, Refused
 
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN")
@@ -57,11 +60,42 @@ def guest_model_path(spec: VmSpec, models_dir: Path | None = None) -> str:
     return "/models/" + path.name
 
 
+def host_model_dir(spec: VmSpec, models_dir: Path | None) -> Path | None:
+    """The model's directory on the host (what the guest sees at its model path), if known."""
+    if spec.model_dir is not None:
+        return Path(spec.model_dir)
+    if models_dir is None:
+        return None
+    return Path(models_dir) / guest_model_path(spec, models_dir).removeprefix("/models").lstrip("/")
+
+
 def render_engine_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
+    host_dir = host_model_dir(spec, models_dir)
+    config = read_model_config(host_dir) if host_dir is not None else None
+    plan = choose_parallel(config, len(spec.gpus), pipeline_ok=spec.runtime == "vllm")
+    extra = tuple(spec.extra_args)
+    if plan.pipeline > 1:
+        extra = ("--pipeline-parallel-size", str(plan.pipeline), *extra)
     return runtime_units.render_unit(
         images_dir(), spec.runtime, model_path=guest_model_path(spec, models_dir), served_name=spec.model_name,
-        port=spec.port, tensor_parallel=max(1, len(spec.gpus)), max_model_len=spec.max_model_len,
-        extra_args=tuple(spec.extra_args))
+        port=spec.port, tensor_parallel=plan.tensor, max_model_len=spec.max_model_len, extra_args=extra)
+
+
+# The share can appear after cloud-init's mounts module ran (virtiofsd slow to start, a
+# transient error): retry for up to 5 minutes; the engine unit Requires= this one.
+MOUNT_UNIT = """[Unit]
+Description=Mount the host's model share read-only at /models (retried)
+After=local-fs.target
+Before=fabric-engine.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'for i in $(seq 1 60); do mountpoint -q /models && exit 0; mount /models && exit 0; sleep 5; done; exit 1'
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -> tuple[str, str]:
@@ -76,15 +110,18 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -
             "owner": "root:root",
             "permissions": "0644",
             "content": render_engine_unit(spec, models_dir),
-        }
+        },
+        {"path": "/etc/systemd/system/fabric-models.service", "owner": "root:root", "permissions": "0644",
+         "content": MOUNT_UNIT},
     ]
     config["runcmd"] = [
         ["mkdir", "-p", "/models"],
-        # In case the mounts module ran before the share appeared; the fstab entry says ro.
-        ["sh", "-c", "mountpoint -q /models || mount /models"],
         ["systemctl", "daemon-reload"],
+        # Retried until the share is there; the fstab entry says ro (the host side is read-only too).
+        ["systemctl", "enable", "--now", "--no-block", "fabric-models.service"],
         ["systemctl", "enable", "--now", "qemu-guest-agent.service"],
-        ["systemctl", "enable", "--now", runtime_units.UNIT_NAME],
+        # --no-block: the engine waits for the share (Requires=) without holding cloud-init up.
+        ["systemctl", "enable", "--now", "--no-block", runtime_units.UNIT_NAME],
     ]
     user = "#cloud-config\n" + yaml.dump(config, Dumper=_BlockDumper, sort_keys=False, width=1000)
     check_no_secrets(meta + user)
