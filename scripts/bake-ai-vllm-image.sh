@@ -9,7 +9,12 @@
 # prebuilt tree (e.g. copied out of NVIDIA's or Hugging Face's container) to /opt/tritonserver
 # or /opt/tei, and the guest script checks that its binary runs.
 #
-# SRC is only read (converted into a new file); DST is written as DST.partial and renamed
+# Versions default to images/guest/versions.env (exact driver, CUDA and vLLM versions).
+# The root partition and filesystem are grown with virt-resize --expand into a new image of
+# --size, so the 15-20 GB of driver, CUDA and vLLM fit; the guest kernel and the driver
+# packages are held so unattended upgrades cannot leave the guest without nvidia.ko.
+#
+# SRC is only read (virt-resize copies it into a new file); DST is written as DST.partial and renamed
 # when every step succeeded, then DST.sha256 is written beside it. --dry-run prints every
 # step and runs none of them (it needs neither virt-customize nor qemu-img).
 # No credentials are used or stored: no Hugging Face token, no API key goes into the image.
@@ -18,16 +23,21 @@ set -euo pipefail
 usage() {
   cat <<'USAGE'
 usage: bake-ai-vllm-image.sh [--dry-run] [--force] [--size SIZE] [--nvidia-driver VER]
-                             [--cuda VER] [--runtime NAME] [--runtime-version VER]
+                             [--cuda VER] [--open-kernel-modules] [--fabric-manager]
+                             [--runtime NAME] [--runtime-version VER]
                              [--runtime-dir DIR] SRC.qcow2 DST.qcow2
+  Defaults come from images/guest/versions.env.
   --dry-run              print every step without running it
   --force                overwrite DST if it exists
-  --size SIZE            grow the image to SIZE (default 60G)
-  --nvidia-driver VER    NVIDIA server driver branch (default 550)
-  --cuda VER             CUDA toolkit package version (default 12-4)
+  --size SIZE            the image's size; root partition and filesystem grow to fill it (default 60G)
+  --nvidia-driver VER    exact NVIDIA driver version, e.g. 550.127.08 (branch = first field)
+  --cuda VER             CUDA toolkit package version (e.g. 12-4)
+  --open-kernel-modules  the open GPU kernel modules (nvidia-driver-BRANCH-server-open)
+  --fabric-manager       nvidia-fabricmanager and libnvidia-nscq of the same version, enabled
+                         (HGX boards: an 8-GPU VM with its NVSwitches needs them in the guest)
   --runtime NAME         vllm, tensorrt-llm, triton, llama.cpp or tei (default vllm)
   --runtime-version VER  the runtime's version (PyPI for vllm/tensorrt-llm, a git tag for
-                         llama.cpp), or "latest" (default latest)
+                         llama.cpp), or "latest" (default: vllm from versions.env, others latest)
   --vllm VERSION         same as --runtime vllm --runtime-version VERSION
   --runtime-dir DIR      triton/tei only (required): a prebuilt tree with bin/tritonserver
                          or bin/text-embeddings-router, uploaded to /opt/tritonserver or /opt/tei
@@ -36,13 +46,21 @@ USAGE
 
 die() { echo "bake: $*" >&2; exit 1; }
 
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+IMAGES="${FABRIC_IMAGES_DIR:-$(dirname "${HERE}")/images}"
+[ -f "${IMAGES}/guest/versions.env" ] || die "missing ${IMAGES}/guest/versions.env"
+# shellcheck source=/dev/null
+. "${IMAGES}/guest/versions.env"
+
 DRY_RUN=0
 FORCE=0
 SIZE=60G
-NVIDIA_DRIVER=550
-CUDA=12-4
+NVIDIA_DRIVER=${FABRIC_NVIDIA_VERSION}
+CUDA=${FABRIC_CUDA}
+OPEN_MODULES=0
+FABRIC_MANAGER=0
 RUNTIME=vllm
-RUNTIME_VERSION=latest
+RUNTIME_VERSION=
 RUNTIME_DIR=
 POSITIONAL=()
 while [ "$#" -gt 0 ]; do
@@ -52,6 +70,8 @@ while [ "$#" -gt 0 ]; do
     --size) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; SIZE=$2; shift ;;
     --nvidia-driver) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; NVIDIA_DRIVER=$2; shift ;;
     --cuda) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; CUDA=$2; shift ;;
+    --open-kernel-modules) OPEN_MODULES=1 ;;
+    --fabric-manager) FABRIC_MANAGER=1 ;;
     --vllm) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME=vllm; RUNTIME_VERSION=$2; shift ;;
     --runtime) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME=$2; shift ;;
     --runtime-version) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME_VERSION=$2; shift ;;
@@ -71,8 +91,16 @@ SRC=${POSITIONAL[0]}
 DST=${POSITIONAL[1]}
 PARTIAL="${DST}.partial"
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-IMAGES="${FABRIC_IMAGES_DIR:-$(dirname "${HERE}")/images}"
+case "${NVIDIA_DRIVER}" in
+  [0-9]*.[0-9]*) ;;
+  *) die "--nvidia-driver ${NVIDIA_DRIVER}: give an exact version like ${FABRIC_NVIDIA_VERSION}, not a branch" ;;
+esac
+case "${NVIDIA_DRIVER}${CUDA}" in
+  *[!0-9.-]*) die "--nvidia-driver/--cuda: digits, '.' and '-' only" ;;
+esac
+if [ -z "${RUNTIME_VERSION}" ]; then
+  if [ "${RUNTIME}" = vllm ]; then RUNTIME_VERSION=${FABRIC_VLLM_VERSION}; else RUNTIME_VERSION=latest; fi
+fi
 
 # Where each runtime lives in the guest (common/runtimes.py has the same paths).
 case "${RUNTIME}" in
@@ -105,8 +133,10 @@ done
 
 if [ "${DRY_RUN}" -ne 1 ]; then
   command -v qemu-img >/dev/null || die "qemu-img not found: apt-get install qemu-utils"
-  command -v virt-customize >/dev/null ||
-    die "virt-customize not found: apt-get install libguestfs-tools (Debian/Ubuntu) or dnf install guestfs-tools"
+  for tool in virt-customize virt-resize; do
+    command -v "${tool}" >/dev/null ||
+      die "${tool} not found: apt-get install libguestfs-tools (Debian/Ubuntu) or dnf install guestfs-tools"
+  done
 fi
 
 STEP=0
@@ -133,21 +163,24 @@ trap cleanup EXIT
 
 [ "${DRY_RUN}" -eq 1 ] && echo "bake: dry run, nothing is executed"
 
-step "copy ${SRC} into a new qcow2 (the source is only read)"
-run qemu-img convert -O qcow2 "${SRC}" "${PARTIAL}"
+step "create an empty ${SIZE} qcow2 for the image"
+run qemu-img create -q -f qcow2 "${PARTIAL}" "${SIZE}"
 
-step "grow the image to ${SIZE} (cloud-init grows the root filesystem at first boot)"
-run qemu-img resize "${PARTIAL}" "${SIZE}"
+step "copy ${SRC} into it, growing ${FABRIC_ROOT_PARTITION} and its filesystem to fill ${SIZE} (the source is only read)"
+run virt-resize --expand "${FABRIC_ROOT_PARTITION}" --output-format qcow2 "${SRC}" "${PARTIAL}"
 
 if [ -n "${PREBUILT:-}" ]; then
   step "upload the prebuilt ${RUNTIME} tree ${RUNTIME_DIR} to ${OPT_DIR}"
   run virt-customize -a "${PARTIAL}" --mkdir "${OPT_DIR}" --copy-in "${RUNTIME_DIR}/.:${OPT_DIR}"
 fi
 
-step "install NVIDIA driver ${NVIDIA_DRIVER} and CUDA ${CUDA} for the guest kernel, ${RUNTIME} ${RUNTIME_VERSION} in ${OPT_DIR} (checked by running it)"
+flavour="NVIDIA driver ${NVIDIA_DRIVER}"
+[ "${OPEN_MODULES}" -eq 1 ] && flavour+=" (open kernel modules)"
+[ "${FABRIC_MANAGER}" -eq 1 ] && flavour+=" + fabric manager"
+step "install ${flavour} and CUDA ${CUDA} for the guest kernel (held with the kernel), ${RUNTIME} ${RUNTIME_VERSION} in ${OPT_DIR} (checked by importing/running it)"
 run virt-customize -a "${PARTIAL}" --network \
   --upload "${IMAGES}/guest/install-guest.sh:/tmp/install-guest.sh" \
-  --run-command "FABRIC_NVIDIA_DRIVER=${NVIDIA_DRIVER} FABRIC_CUDA=${CUDA} FABRIC_RUNTIME=${RUNTIME} FABRIC_RUNTIME_VERSION=${RUNTIME_VERSION} bash /tmp/install-guest.sh" \
+  --run-command "FABRIC_NVIDIA_VERSION=${NVIDIA_DRIVER} FABRIC_CUDA=${CUDA} FABRIC_NVIDIA_OPEN=${OPEN_MODULES} FABRIC_FABRIC_MANAGER=${FABRIC_MANAGER} FABRIC_MIN_FREE_GIB=${FABRIC_MIN_FREE_GIB} FABRIC_RUNTIME=${RUNTIME} FABRIC_RUNTIME_VERSION=${RUNTIME_VERSION} bash /tmp/install-guest.sh" \
   --delete /tmp/install-guest.sh
 
 step "add the guest pieces the VM driver expects (cloud-init config, engine unit template)"

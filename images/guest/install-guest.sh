@@ -2,8 +2,10 @@
 # Runs INSIDE the image being baked (virt-customize --run-command), never on the host.
 # Installs the NVIDIA driver built for the guest's own kernel, CUDA, one inference runtime
 # (common/runtimes.py paths), the qemu guest agent, and the runtime's service user.
-# Parameters come from the environment:
-#   FABRIC_NVIDIA_DRIVER (e.g. 550), FABRIC_CUDA (e.g. 12-4),
+# Parameters come from the environment (defaults in images/guest/versions.env):
+#   FABRIC_NVIDIA_VERSION (exact, e.g. 550.127.08), FABRIC_CUDA (e.g. 12-4),
+#   FABRIC_NVIDIA_OPEN=1 (open kernel modules), FABRIC_FABRIC_MANAGER=1 (fabric manager + NSCQ),
+#   FABRIC_MIN_FREE_GIB (refuse to start with less free space on /),
 #   FABRIC_RUNTIME (vllm, tensorrt-llm, triton, llama.cpp, tei; default vllm),
 #   FABRIC_RUNTIME_VERSION (e.g. 0.6.3, a llama.cpp tag such as b4500, or "latest");
 #   FABRIC_VLLM_VERSION is still read when FABRIC_RUNTIME_VERSION is unset.
@@ -14,8 +16,18 @@ set -euo pipefail
 
 FABRIC_RUNTIME=${FABRIC_RUNTIME:-vllm}
 FABRIC_RUNTIME_VERSION=${FABRIC_RUNTIME_VERSION:-${FABRIC_VLLM_VERSION:-latest}}
-: "${FABRIC_NVIDIA_DRIVER:?}" "${FABRIC_CUDA:?}"
+: "${FABRIC_NVIDIA_VERSION:?}" "${FABRIC_CUDA:?}"
+FABRIC_NVIDIA_OPEN=${FABRIC_NVIDIA_OPEN:-0}
+FABRIC_FABRIC_MANAGER=${FABRIC_FABRIC_MANAGER:-0}
+BRANCH=${FABRIC_NVIDIA_VERSION%%.*}
 export DEBIAN_FRONTEND=noninteractive
+
+# The bake grew the root filesystem (virt-resize --expand); make sure it really has room.
+free_gib=$(df --output=avail -BG / | tail -n1 | tr -dc 0-9)
+if [ "${free_gib}" -lt "${FABRIC_MIN_FREE_GIB:-25}" ]; then
+  echo "install-guest: only ${free_gib} GiB free on /, need ${FABRIC_MIN_FREE_GIB:-25} (was the root partition grown?)" >&2
+  exit 1
+fi
 
 # The appliance runs its own kernel, so `uname -r` is wrong here: build for every kernel
 # the image has installed (an Ubuntu cloud image has one).
@@ -41,8 +53,29 @@ curl -fsSL -o /tmp/cuda-keyring.deb \
 dpkg -i /tmp/cuda-keyring.deb
 rm -f /tmp/cuda-keyring.deb
 apt-get update
-apt-get install -y --no-install-recommends \
-  "nvidia-driver-${FABRIC_NVIDIA_DRIVER}-server" "cuda-toolkit-${FABRIC_CUDA}"
+
+# apt wants the full Debian version; find the one whose upstream part is exactly ours.
+pinned() {  # PACKAGE -> PACKAGE=FULL_VERSION, or fail naming what is missing
+  local full
+  full=$(apt-cache madison "$1" | awk -v v="${FABRIC_NVIDIA_VERSION}" '$3 ~ ("^" v "-") {print $3; exit}')
+  [ -n "${full}" ] || { echo "install-guest: no $1 ${FABRIC_NVIDIA_VERSION} in the repositories" >&2; exit 1; }
+  echo "$1=${full}"
+}
+driver="nvidia-driver-${BRANCH}-server"
+[ "${FABRIC_NVIDIA_OPEN}" = 1 ] && driver="nvidia-driver-${BRANCH}-server-open"
+packages=("$(pinned "${driver}")")
+if [ "${FABRIC_FABRIC_MANAGER}" = 1 ]; then
+  packages+=("$(pinned "nvidia-fabricmanager-${BRANCH}")" "$(pinned "libnvidia-nscq-${BRANCH}")")
+fi
+apt-get install -y --no-install-recommends "${packages[@]}" "cuda-toolkit-${FABRIC_CUDA}"
+# Hold the driver and the kernel it was built for: an unattended kernel upgrade would boot a
+# kernel without nvidia.ko. Upgrades are a new bake.
+mapfile -t kernel_packages < <(dpkg-query -W -f='${Package}\n' 'linux-image-*' 'linux-headers-*' \
+  'linux-modules-*' 'linux-generic*' 'linux-virtual*' 'linux-kvm*' 2>/dev/null | sort -u)
+apt-mark hold "${packages[@]%%=*}" "${kernel_packages[@]}"
+if [ "${FABRIC_FABRIC_MANAGER}" = 1 ]; then
+  systemctl enable nvidia-fabricmanager.service
+fi
 for k in "${kernels[@]}"; do
   dkms autoinstall -k "${k}"
   # Prove the module exists for the guest kernel, not just for the appliance.
@@ -69,7 +102,8 @@ case "${FABRIC_RUNTIME}" in
   vllm)
     service_user vllm
     pip_runtime /opt/vllm vllm
-    /opt/vllm/bin/vllm serve --help >/dev/null
+    # Importing both proves the wheels match this Python and each other (serve --help did not).
+    /opt/vllm/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
     ;;
   tensorrt-llm)
     service_user fabric

@@ -58,8 +58,8 @@ def test_dry_run_prints_every_step_and_runs_none(tmp_path):
     steps = [line for line in out.splitlines() if line.startswith("==> step")]
     assert len(steps) == 7
     for fragment in (
-        "qemu-img convert -O qcow2",
-        "qemu-img resize",
+        "qemu-img create -q -f qcow2",
+        "virt-resize --expand /dev/sda1 --output-format qcow2",
         "virt-customize -a",
         "install-guest.sh",
         "FABRIC_RUNTIME=vllm FABRIC_RUNTIME_VERSION=0.6.3",
@@ -114,9 +114,10 @@ def test_real_run_with_stand_in_virt_customize(tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     log = tmp_path / "virt-customize.log"
-    fake = bindir / "virt-customize"
-    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
-    fake.chmod(0o755)
+    for tool in ("virt-customize", "virt-resize"):
+        fake = bindir / tool
+        fake.write_text(f'#!/bin/sh\necho "{tool} $@" >> {log}\n')
+        fake.chmod(0o755)
     dst = tmp_path / "golden.qcow2"
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
     done = bake("--size", "128M", str(src), str(dst), env=env)
@@ -130,7 +131,11 @@ def test_real_run_with_stand_in_virt_customize(tmp_path):
         ).returncode
         == 0
     )
-    assert len(log.read_text().splitlines()) == 3
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("virt-resize --expand /dev/sda1 --output-format qcow2 ")
+    assert lines[0].endswith(f"{src} {dst}.partial")  # grown into the new image, SRC only read
+    assert [line.split()[0] for line in lines[1:]] == ["virt-customize"] * 3
+    assert "FABRIC_NVIDIA_VERSION=550.127.08" in lines[1] and "FABRIC_RUNTIME_VERSION=0.6.3.post1" in lines[1]
     assert not Path(f"{dst}.partial").exists()
 
 
@@ -177,3 +182,31 @@ def test_runtime_flags_are_checked(tmp_path, args, message):
     src.write_bytes(b"x")
     done = bake("--dry-run", *args, str(src), str(tmp_path / "g.qcow2"))
     assert done.returncode != 0 and message in done.stderr
+
+
+def test_versions_have_one_home_and_flags_override_them(tmp_path):
+    versions = dict(line.split("#")[0].strip().split("=", 1) for line in
+                    (REPO / "images/guest/versions.env").read_text().splitlines()
+                    if "=" in line and not line.startswith("#"))
+    src = tmp_path / "u.qcow2"
+    src.write_bytes(b"x")
+    out = bake("--dry-run", str(src), str(tmp_path / "g.qcow2")).stdout.replace("\\ ", " ")
+    assert f"FABRIC_NVIDIA_VERSION={versions['FABRIC_NVIDIA_VERSION']}" in out
+    assert f"FABRIC_RUNTIME_VERSION={versions['FABRIC_VLLM_VERSION']}" in out
+    assert f"FABRIC_CUDA={versions['FABRIC_CUDA']}" in out
+    assert "FABRIC_NVIDIA_OPEN=0 FABRIC_FABRIC_MANAGER=0" in out
+    out = bake("--dry-run", "--nvidia-driver", "560.35.03", "--open-kernel-modules", "--fabric-manager",
+               "--vllm", "0.7.0", str(src), str(tmp_path / "g.qcow2")).stdout.replace("\\ ", " ")
+    assert "FABRIC_NVIDIA_VERSION=560.35.03" in out and "FABRIC_RUNTIME_VERSION=0.7.0" in out
+    assert "FABRIC_NVIDIA_OPEN=1 FABRIC_FABRIC_MANAGER=1" in out and "fabric manager" in out
+    branch_only = bake("--dry-run", "--nvidia-driver", "550", str(src), str(tmp_path / "g.qcow2"))
+    assert branch_only.returncode == 1 and "exact version" in branch_only.stderr
+
+
+def test_guest_script_pins_holds_and_imports():
+    text = GUEST_SCRIPT.read_text()
+    assert "apt-cache madison" in text and "apt-mark hold" in text  # exact versions, kernel held
+    assert "nvidia-fabricmanager-${BRANCH}" in text and "libnvidia-nscq-${BRANCH}" in text
+    assert "server-open" in text and "linux-headers-${k}" in text
+    assert 'import vllm, torch' in text and "vllm serve --help" not in text
+    assert "df --output=avail" in text  # refuses to install into a root that was not grown
