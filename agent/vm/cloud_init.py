@@ -120,8 +120,8 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -
         # Retried until the share is there; the fstab entry says ro (the host side is read-only too).
         ["systemctl", "enable", "--now", "--no-block", "fabric-models.service"],
         ["systemctl", "enable", "--now", "qemu-guest-agent.service"],
-        # --no-block: the engine waits for the share (Requires=) without holding cloud-init up.
-        ["systemctl", "enable", "--now", "--no-block", runtime_units.UNIT_NAME],
+        # Starts once the share is mounted (Requires=fabric-models.service).
+        ["systemctl", "enable", "--now", runtime_units.UNIT_NAME],
     ]
     user = "#cloud-config\n" + yaml.dump(config, Dumper=_BlockDumper, sort_keys=False, width=1000)
     check_no_secrets(meta + user)
