@@ -57,6 +57,21 @@ def vips(address: str = "") -> str:
     return f"{ROOT}/vips/{address}"
 
 
+def quotas(tenant: str = "") -> str:
+    """A tenant's quota (max_gpus): /fabric/quotas/{tenant}."""
+    return f"{ROOT}/quotas/{tenant}"
+
+
+def scaling(deployment: str = "") -> str:
+    """The autoscaler's memory for one deployment (how long each condition has held)."""
+    return f"{ROOT}/scaling/{deployment}"
+
+
+def demand(endpoint: str = "") -> str:
+    """When the gateway last saw a call for an endpoint with no ready replica (cold start)."""
+    return f"{ROOT}/demand/{endpoint}"
+
+
 def api_keys(key_id: str = "") -> str:
     return f"{ROOT}/keys/{key_id}"
 

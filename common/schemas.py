@@ -13,12 +13,13 @@ import re
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from common.mig_catalog import canonical_name
 from common.runtimes import RUNTIME_NAMES, RUNTIME_TABLE
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 HF_SOURCE = re.compile(r"^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
 
 RUNTIMES = RUNTIME_NAMES  # vllm, tensorrt-llm, triton, llama.cpp, tei (common/runtimes.py)
@@ -48,15 +49,11 @@ def check_name(value: str, what: str = "name") -> str:
 def check_runtime(value: str, env: dict[str, str] | None = None) -> str:
     """Known runtimes launch by default; FABRIC_DENY_RUNTIMES blocks names and
     FABRIC_ALLOW_RUNTIMES, when set, is a strict allowlist."""
-    env = os.environ if env is None else env
     if value not in RUNTIMES:
         raise ValueError(f"runtime {value!r} is unknown; expected one of {', '.join(RUNTIMES)}")
-    deny = {r.strip() for r in env.get("FABRIC_DENY_RUNTIMES", "").split(",") if r.strip()}
-    if value in deny:
-        raise ValueError(f"runtime {value!r} is blocked by FABRIC_DENY_RUNTIMES")
-    allow = {r.strip() for r in env.get("FABRIC_ALLOW_RUNTIMES", "").split(",") if r.strip()}
-    if allow and value not in allow:
-        raise ValueError(f"runtime {value!r} is not in FABRIC_ALLOW_RUNTIMES ({', '.join(sorted(allow))})")
+    refusal = runtime_refusal(value, env)
+    if refusal is not None:
+        raise ValueError(refusal)
     return value
 
 
@@ -172,20 +169,79 @@ class InferenceProfile(Resource):
 
     @field_validator("runtime")
     @classmethod
-    def _runtime(cls, v: str) -> str:
+    def _runtime(cls, v: str, info: ValidationInfo) -> str:
+        # A stored profile loads as it was accepted, even if its runtime is denied since: the
+        # reconciler reports its deployments Failed with the reason (runtime_refusal).
+        if info.context and info.context.get("stored"):
+            return v
         return check_runtime(v)
 
     @model_validator(mode="after")
     def _context_length_flag(self) -> InferenceProfile:
-        if self.max_model_len and not RUNTIME_TABLE[self.runtime].max_len_flag:
+        runtime = RUNTIME_TABLE.get(self.runtime)  # None only for a stored record of an unknown runtime
+        if self.max_model_len and runtime is not None and not runtime.max_len_flag:
             raise ValueError(f"max_model_len: runtime {self.runtime} has no context-length flag "
                              "(its engine fixes the length when the model is built); leave it unset")
         return self
 
 
+def runtime_refusal(runtime: str, env: dict[str, str] | None = None) -> str | None:
+    """Why a stored profile's runtime may not launch now (FABRIC_DENY/ALLOW_RUNTIMES), or None."""
+    env = os.environ if env is None else env
+    deny = {r.strip() for r in env.get("FABRIC_DENY_RUNTIMES", "").split(",") if r.strip()}
+    if runtime in deny:
+        return f"runtime {runtime} is denied by FABRIC_DENY_RUNTIMES"
+    allow = {r.strip() for r in env.get("FABRIC_ALLOW_RUNTIMES", "").split(",") if r.strip()}
+    if allow and runtime not in allow:
+        return f"runtime {runtime} is not in FABRIC_ALLOW_RUNTIMES ({', '.join(sorted(allow))})"
+    if runtime not in RUNTIMES:
+        return f"runtime {runtime} is unknown"
+    return None
+
+
 class DeploymentStatus(Status):
     ready_replicas: int = 0
     replicas: int = 0
+    scaling: str = Field("", description="the autoscaler's last decision and its reason")
+
+
+class AutoscalingSpec(Spec):
+    """When the autoscaler adds or removes replicas (controlplane.scaling.decide)."""
+
+    enabled: bool = True
+    min_replicas: int = Field(1, ge=0, le=64)
+    max_replicas: int = Field(4, ge=1, le=64)
+    scale_out_queue: float = Field(20, ge=0, description="mean waiting requests per ready replica")
+    scale_out_seconds: float = Field(30, ge=0, le=3600)
+    scale_out_ttft_ms: float | None = Field(None, gt=0, description="mean time to first token, ms")
+    scale_in_queue: float = Field(1, ge=0)
+    scale_in_seconds: float = Field(300, ge=0, le=86400)
+    scale_to_zero: bool = False
+    cooldown_seconds: float = Field(60, ge=0, le=3600, description="no change against the last one within this")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        if self.scale_in_queue > self.scale_out_queue:
+            raise ValueError(f"scale_in_queue ({self.scale_in_queue:g}) is above scale_out_queue "
+                             f"({self.scale_out_queue:g}): the autoscaler would flap")
+        return self
+
+
+class TenantQuota(Spec):
+    """How many whole GPUs a tenant's deployments may hold together (replicas x gpu.count)."""
+
+    tenant: str
+    max_gpus: int = Field(..., ge=0, le=100000)
+    updated_at: float = Field(default_factory=time.time)
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, v: str) -> str:
+        if not TENANT.match(v):
+            raise ValueError(f"tenant {v!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
 
 
 class Template(Spec):
@@ -211,6 +267,7 @@ class InferenceDeployment(Template, Resource):
     revision: int = 1
     preferred_site: str | None = None
     allowed_sites: list[str] = Field(default_factory=list)
+    autoscaling: AutoscalingSpec | None = None
     status: DeploymentStatus = Field(default_factory=DeploymentStatus)
 
 
@@ -315,6 +372,7 @@ class Replica(BaseModel):
     ready: bool = False
     ready_since: float | None = None
     draining: bool = False
+    drain_started: float | None = None
     drain_deadline: float | None = None
     health_failures: int = 0
     message: str = ""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import socket
 import sys
 from pathlib import Path
@@ -86,8 +85,14 @@ def serve(
     from common.store.base import open_store
     from controlplane.app import create_app
     from controlplane.auth import admin_password_path
-    from controlplane.state import AppState, Settings
+    from controlplane.settings import SettingsError, load
+    from controlplane.state import AppState
 
+    try:
+        config = load(insecure=insecure, run_controllers=controllers)
+    except SettingsError as exc:
+        typer.echo(f"error: fabricd will not start with these settings: {exc}", err=True)
+        raise typer.Exit(2) from None
     host, port = parse_listen(listen)
     refusal = insecure_refusal(host, insecure)
     if refusal:
@@ -109,44 +114,16 @@ def serve(
 
         ssl_args = uvicorn_tls_kwargs(crt, key, pki_dir(state_dir) / "ca.crt")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from controlplane.controllers import dry_run_from_env
-
-    try:
-        dry_run_from_env(os.environ)  # a bad value stops fabricd here, not in a controller thread
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
     try:
         the_store = open_store(store, state_dir)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    try:
-        settings = Settings.from_env(insecure=insecure, run_controllers=controllers)
-        check_controller_settings(controllers)
-    except ValueError as exc:
-        the_store.close()
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    state = AppState(store=the_store, state_dir=state_dir, settings=settings)
+    state = AppState(store=the_store, state_dir=state_dir, settings=config.api, config=config)
     try:
         uvicorn.run(create_app(state), host=host, port=port, log_level=log_level, **ssl_args)
     finally:
         the_store.close()
-
-
-def check_controller_settings(enabled: bool) -> None:
-    """Read the controllers' FABRIC_* settings before serving, so a bad value stops fabricd
-    with its name (ValueError) instead of failing the app's startup with a traceback."""
-    if not enabled:
-        return
-    try:
-        controllers = importlib.import_module("controlplane.controllers")
-    except ModuleNotFoundError as exc:
-        if exc.name != "controlplane.controllers":
-            raise
-        return
-    controllers.ControllerSettings.from_env()
 
 
 def _add_lab(root: typer.Typer) -> None:

@@ -1,6 +1,6 @@
 """fabricd's background controllers: `start(state) -> handle`, `handle.stop()`.
 
-One thread runs an asyncio loop with four periodic jobs, all leader-only:
+One thread runs an asyncio loop with five periodic jobs, all leader-only:
   reconcile  every FABRIC_RECONCILE_SECS (15 s) and soon after a deployment or endpoint changes
              (a store.watch long-poll wakes it): replicas, health, scale, drain, delete;
   routing    every FABRIC_ROUTING_SECS (10 s): scrape /metrics, advance rollouts
@@ -8,6 +8,8 @@ One thread runs an asyncio loop with four periodic jobs, all leader-only:
              (an operator's promote, pause or rollback) runs it at once;
   models     every FABRIC_MODEL_JOBS_SECS (2 s): drive unfinished model jobs on the agents
              (controlplane.models.worker); a job turning Ready wakes the reconcile job;
+  autoscale  every FABRIC_AUTOSCALE_SECS (15 s): controlplane.scaling decides each autoscaled
+             deployment's replica count from the stored observations;
   (FABRIC_DRY_RUN=1: reconcile is controlplane.dryrun's synthetic replicas and there is no sweep)
   sweep      with each reconcile: replicas of deployments that no longer exist, GPU reservations
              with no replica record, and Fabric-recorded VMs with no replica record. Only what
@@ -45,12 +47,15 @@ from common.store.base import Store
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from controlplane import vip_pool
 from controlplane.dryrun.worker import DryRunWorker
+from controlplane.events import EventSink
 from controlplane.models.worker import ModelWorker
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
+from controlplane.reconcile.events import ReconcileEvents
 from controlplane.rollouts.apply import RolloutWorker
 from controlplane.routing.controller import RoutingWorker
+from controlplane.scaling.loop import AutoscaleWorker
 from controlplane.scheduler import SchedulerSettings
 
 log = logging.getLogger("fabricd.controllers")
@@ -63,6 +68,7 @@ WAKE_GAP_S = 1.0
 class ControllerSettings:
     reconcile_s: float = 15.0
     routing_s: float = 10.0
+    autoscale_s: float = 15.0
     leader_ttl_s: int = 15
     drain_grace_s: float = 30.0
     models_s: float = 2.0  # model jobs: poll the agents for progress
@@ -74,6 +80,7 @@ class ControllerSettings:
         return cls(
             reconcile_s=number(env, "FABRIC_RECONCILE_SECS", 15.0),
             routing_s=number(env, "FABRIC_ROUTING_SECS", 10.0),
+            autoscale_s=number(env, "FABRIC_AUTOSCALE_SECS", 15.0),
             leader_ttl_s=number(env, "FABRIC_LEADER_TTL_SECS", 15, int),
             drain_grace_s=number(env, "FABRIC_DRAIN_GRACE_SECS", 30.0),
             models_s=number(env, "FABRIC_MODEL_JOBS_SECS", 2.0),
@@ -245,17 +252,24 @@ class ControllerHandle:
         lock = LeaseLock(raw, LEADER_NAME, holder=leader_identity(), ttl=self.settings.leader_ttl_s)
         self.lock = lock
         store, agents = FencedStore(raw, lock), FencedAgents(self.agents, lock)
+        config = getattr(self.state, "config", None)  # controlplane.settings.FabricdSettings
+        api = self.state.settings
+        events = EventSink(store, keep=api.events_kept, max_age_s=api.events_max_age_s)
         if self.settings.dry_run:
             log.info("FABRIC_DRY_RUN=1: no agents; every deployment gets synthetic replicas")
             reconcile = DryRunWorker(store)
         else:
             reconcile = ReconcileWorker(store, agents, rp.ReconcileSettings(
-                drain_grace_s=self.settings.drain_grace_s, scheduler=SchedulerSettings.from_env()))
-        rollouts = RolloutWorker(store, events_kept=getattr(self.state.settings, "events_kept", 1000))
-        routing = RoutingWorker(store, agents, vip_pool.pool_from_env(), metrics=self.metrics, rollouts=rollouts)
+                drain_grace_s=self.settings.drain_grace_s, drain_settle_s=self.settings.routing_s + 1,
+                scheduler=config.scheduler if config else SchedulerSettings.from_env()),
+                events=ReconcileEvents(events))
+        rollouts = RolloutWorker(store, events_kept=api.events_kept)
+        routing = RoutingWorker(store, agents, config.pool if config else vip_pool.pool_from_env(),
+                                metrics=self.metrics, rollouts=rollouts, events=events)
         models = ModelWorker(store, agents)
+        autoscale = AutoscaleWorker(store, events=events)
         keeper = asyncio.create_task(self._keep_leading(lock))
-        next_reconcile = next_routing = last_reconcile = last_routing = next_models = 0.0
+        next_reconcile = next_routing = last_reconcile = last_routing = next_models = next_autoscale = 0.0
         fence_seen: int | None = None
         try:
             while not self._stop.is_set():
@@ -271,7 +285,7 @@ class ControllerHandle:
                     # Newly leader: what we pushed before may have been replaced by another leader.
                     fence_seen = lock.fence
                     routing.forget_pushes()
-                    next_reconcile = next_routing = now
+                    next_reconcile = next_routing = next_autoscale = now
                 if now >= next_reconcile and lock.held():
                     last_reconcile = now
                     await self._job("reconcile", lock, reconcile.tick)
@@ -292,8 +306,12 @@ class ControllerHandle:
                     next_models = time.monotonic() + self.settings.models_s
                     if models.became_ready:  # replicas waiting for that model can start now
                         next_reconcile = min(next_reconcile, time.monotonic())
+                if time.monotonic() >= next_autoscale and lock.held():
+                    await self._job("autoscale", lock, autoscale.tick)
+                    next_autoscale = time.monotonic() + self.settings.autoscale_s
                 # Not leading: the keeper wakes us when we take the lock.
-                horizon = min(next_reconcile, next_routing, next_models) if lock.held() else now + self.settings.leader_ttl_s
+                horizon = (min(next_reconcile, next_routing, next_models, next_autoscale) if lock.held()
+                           else now + self.settings.leader_ttl_s)
                 wait = max(0.05, horizon - time.monotonic())
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=wait)
@@ -350,4 +368,6 @@ class ControllerHandle:
 
 
 def start(state, *, settings: ControllerSettings | None = None, agents=None) -> ControllerHandle:
-    return ControllerHandle(state, settings or ControllerSettings.from_env(), agents).start()
+    config = getattr(state, "config", None)
+    settings = settings or (config.controllers if config is not None else ControllerSettings.from_env())
+    return ControllerHandle(state, settings, agents).start()

@@ -1,21 +1,31 @@
-"""The event log: what happened to which resource, for people (`fabricctl ai events`).
+"""The event log: what happened to which object and why, for people (`fabricctl ai events`).
 
-Every create, delete and scale the API accepts is recorded here, and controllers record what
-they do (placement, failures) through the same `record_event`. Events are stored one key each
-under keyspace.events(), keyed by nanosecond time plus a random suffix so a prefix listing is
-chronological and two fabricd processes never overwrite each other. The log is bounded: when it
-grows past `keep` entries the oldest are deleted.
+Every create, delete and scale the API accepts is recorded here, and the controllers record
+what they decide and what fails (placement, replica lifecycle, VIPs, weight changes, scaling,
+quota refusals, agent errors) through the same ``record_event``. An event names its object by
+``kind`` and ``name`` (``object`` is "kind/name"), says why in ``reason`` (the stored ``action``:
+created, ReplicaReady, ProbeFailed, ScaledOut, QuotaRefused, ...), how bad in ``type`` (Normal
+or Warning) and what in ``message``.
+
+Events are stored one key each under keyspace.events(), keyed by nanosecond time plus a random
+suffix, so a prefix listing is chronological and two fabricd processes never overwrite each
+other. The log is bounded on every store: each write drops the oldest events beyond ``keep``
+(FABRIC_EVENTS_KEPT, 1000) and those older than ``max_age_s`` (FABRIC_EVENTS_MAX_AGE_SECS,
+7 days). Controllers rate-limit themselves (one event per change, never per tick).
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, computed_field
 
 from common import keyspace
 from common.store.base import Store
+
+DEFAULT_MAX_AGE_S = 7 * 86400.0
 
 # Kinds the event log knows without having seen them; a filter on any other kind that no stored
 # event carries is refused (`--kind bogus` is a typo, not an empty answer). Modules that record
@@ -35,15 +45,31 @@ def unknown_kind(store: Store, kind: str) -> str | None:
 
 class EventRecord(BaseModel):
     time: float = Field(..., description="unix seconds")
-    kind: str = Field(..., description="resource kind: model, profile, deployment, endpoint, ...")
-    name: str = Field(..., description="resource name")
-    action: str = Field(..., description="created, deleted, deleting, scaled, failed, ...")
+    kind: str = Field(..., description="object kind: model, profile, deployment, endpoint, replica, node, ...")
+    name: str = Field(..., description="object name (a replica's id is also its VM's name)")
+    action: str = Field(..., description="why: created, deleted, scaled, ReplicaReady, ProbeFailed, ScaledOut, ...")
     message: str = ""
+    type: Literal["Normal", "Warning"] = "Normal"
     tenant: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def object(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def reason(self) -> str:
+        return self.action
 
 
 def event_key(now: float) -> str:
     return keyspace.events(f"{int(now * 1e9):020d}-{secrets.token_hex(4)}")
+
+
+def _key_time(key: str) -> float:
+    stamp = key.rsplit("/", 1)[-1].partition("-")[0]
+    return int(stamp) / 1e9 if stamp.isdigit() else 0.0
 
 
 def record_event(
@@ -55,25 +81,60 @@ def record_event(
     *,
     tenant: str | None = None,
     keep: int = 1000,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
     now: float | None = None,
+    type: str = "Normal",
 ) -> EventRecord:
     event = EventRecord(time=time.time() if now is None else now, kind=kind, name=name,
-                        action=action, message=message, tenant=tenant)
-    store.put(event_key(event.time), event.model_dump_json())
-    _trim(store, keep)
+                        action=action, message=message, tenant=tenant, type=type)
+    store.put(event_key(event.time), event.model_dump_json(exclude={"object", "reason"}))
+    trim(store, keep, max_age_s, now=event.time)
     return event
 
 
-def _trim(store: Store, keep: int) -> None:
+def trim(store: Store, keep: int, max_age_s: float = DEFAULT_MAX_AGE_S, *, now: float | None = None) -> int:
+    """Delete events beyond the newest ``keep`` and those older than ``max_age_s``; how many."""
+    now = time.time() if now is None else now
     kvs = store.list(keyspace.events())
-    for kv in kvs[: max(0, len(kvs) - keep)]:
+    surplus = max(0, len(kvs) - keep)
+    doomed = [kv for i, kv in enumerate(kvs) if i < surplus or _key_time(kv.key) < now - max_age_s]
+    for kv in doomed:
         store.delete(kv.key)
+    return len(doomed)
+
+
+def matches_object(event: EventRecord, obj: str) -> bool:
+    """``obj`` is a name ("qwen-0-ab12cd") or kind/name ("replica/qwen-0-ab12cd")."""
+    return obj in (event.name, event.object)
 
 
 def recent_events(
-    store: Store, limit: int = 100, *, kind: str | None = None, name: str | None = None
+    store: Store, limit: int = 100, *, kind: str | None = None, name: str | None = None,
+    obj: str | None = None, since: float | None = None,
 ) -> list[EventRecord]:
-    """The newest `limit` events matching the filters, oldest first."""
-    events = [EventRecord.model_validate_json(kv.value) for kv in store.list(keyspace.events())]
-    matching = [e for e in events if (kind is None or e.kind == kind) and (name is None or e.name == name)]
+    """The newest ``limit`` events matching the filters, oldest first (``since``: unix seconds,
+    events strictly after it)."""
+    events = []
+    for kv in store.list(keyspace.events()):
+        if since is not None and _key_time(kv.key) <= since - 1e-6:
+            continue
+        try:
+            events.append(EventRecord.model_validate_json(kv.value))
+        except ValidationError:
+            continue
+    matching = [e for e in events
+                if (kind is None or e.kind == kind) and (name is None or e.name == name)
+                and (obj is None or matches_object(e, obj)) and (since is None or e.time > since)]
     return matching[-limit:] if limit > 0 else []
+
+
+class EventSink:
+    """record_event with the log's bounds bound in, for the controllers."""
+
+    def __init__(self, store: Store, *, keep: int = 1000, max_age_s: float = DEFAULT_MAX_AGE_S):
+        self.store, self.keep, self.max_age_s = store, keep, max_age_s
+
+    def __call__(self, kind: str, name: str, reason: str, message: str, *, tenant: str | None = None,
+                 warning: bool = False, now: float | None = None) -> EventRecord:
+        return record_event(self.store, kind, name, reason, message, tenant=tenant, keep=self.keep,
+                            max_age_s=self.max_age_s, now=now, type="Warning" if warning else "Normal")

@@ -2,8 +2,9 @@
 
 ``load_snapshot(store)`` reads nodes, models, profiles, deployments, endpoints, replicas,
 observations and GPU reservations once, so a tick (or an explain request) plans from one
-consistent-enough picture. Records that fail validation are skipped rather than crashing a
-loop; they are the API's to refuse. ``load_routing_snapshot(store, cache=...)`` reads only what
+consistent-enough picture. Records load as they were stored (a profile whose runtime was
+denied later still loads); records that fail validation are skipped rather than crashing a
+loop. ``load_routing_snapshot(store, cache=...)`` reads only what
 the routing job plans from (nodes, endpoints, replicas, observations: one list per prefix), and
 with a ParseCache it re-validates only records whose mod_revision changed since the last call.
 
@@ -110,7 +111,9 @@ def json_field(kv: KV | None, name: str) -> str | None:
 
 def _parse(kv: KV, model: type[BaseModel]):
     try:
-        return model.model_validate_json(kv.value)
+        # "stored": a record loads as it was accepted (a profile whose runtime is denied since
+        # still loads; the reconciler says why its deployment cannot run).
+        return model.model_validate_json(kv.value, context={"stored": True})
     except ValidationError:
         return None
 

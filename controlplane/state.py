@@ -25,6 +25,7 @@ DEFAULT_EVENTS_KEPT = 1000
 class Settings:
     token_ttl_s: int = DEFAULT_TOKEN_TTL_S  # lifetime of an admin bearer token
     events_kept: int = DEFAULT_EVENTS_KEPT  # older events are trimmed from the store
+    events_max_age_s: float = 7 * 86400.0  # and events older than this
     insecure: bool = False  # serving plain HTTP on loopback (fabricd serve --insecure)
     run_controllers: bool = True  # False: an API-only process (fabricd serve --no-controllers)
 
@@ -54,6 +55,9 @@ class AppState:
     # Agent clients for API routes that call agents (model verify, cache eviction); None: made
     # from state_dir's PKI per request. Tests hand in their own.
     agents: object | None = None
+    # Every FABRIC_* setting, validated at start (controlplane.settings.load); None in tests that
+    # build an AppState by hand (the controllers then read the environment themselves).
+    config: object | None = None
 
 
 def get_state(request: Request) -> AppState:

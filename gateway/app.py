@@ -30,6 +30,7 @@ from common.errors import FabricError, InvalidInput
 from common.store.base import Store
 from gateway import batch_scope, dry_run
 from gateway.audit import AuditWriter
+from gateway.cold_start import ColdStart
 from gateway.http_io import (
     ClientGone,
     outcome_of,
@@ -71,6 +72,7 @@ class GatewayState:
     client: UpstreamPool
     tracer: Tracer
     gateway_id: str
+    cold_start: ColdStart | None = None  # records demand and holds/refuses with no ready replica
 
     @property
     def scheme(self) -> str:
@@ -158,7 +160,10 @@ class GatewayApp:
             if priority not in PRIORITIES:
                 raise InvalidInput("x-request-priority must be low, normal or high")
             dry = st.settings.dry_run
-            view = await st.upstreams.view(endpoint, need_upstream=not dry)
+            if st.cold_start is not None and not dry:
+                view = await st.cold_start.view(endpoint)
+            else:
+                view = await st.upstreams.view(endpoint, need_upstream=not dry)
             label = endpoint  # resolved in the store: a bounded label from here on
             if not dry:
                 check_shed(view, st.settings.shed_queue, priority, time.time())

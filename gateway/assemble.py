@@ -8,6 +8,7 @@ from common.http1_client import UpstreamPool
 from common.store.base import Store
 from gateway.app import GatewayApp, GatewayState
 from gateway.audit import AuditWriter
+from gateway.cold_start import ColdStart
 from gateway.key_auth import Authenticator
 from gateway.limits import LimitKeeper
 from gateway.metrics import GatewayMetrics
@@ -51,11 +52,12 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         store=store,
         auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs),
         limits=LimitKeeper(store, SlotHolder(store, gateway_id, settings.slot_lease_secs), UsageCounter(store)),
-        upstreams=UpstreamCache(store, ttl_secs=settings.cache_ttl_secs),
+        upstreams=(upstreams := UpstreamCache(store, ttl_secs=settings.cache_ttl_secs)),
         audit=AuditWriter(store),
         metrics=GatewayMetrics.create(),
         client=upstream_pool(settings),
         tracer=Tracer(settings.otel_endpoint),
         gateway_id=gateway_id,
+        cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
     )
     return GatewayApp(state)

@@ -58,8 +58,9 @@ async def send_error(send, exc: FabricError, close: bool = False) -> None:
     """close: the body was not read, so the connection cannot carry another request (the server
     closes it after this response instead of reading what the client still sends)."""
     extra = [(b"connection", b"close")] if close else []
-    if isinstance(exc, LimitExceeded):
-        extra.append((b"retry-after", str(max(1, round(exc.retry_after))).encode()))
+    retry_after = getattr(exc, "retry_after", None)  # LimitExceeded, cold_start.ModelLoading
+    if retry_after is not None:
+        extra.append((b"retry-after", str(max(1, round(retry_after))).encode()))
     await send_json(send, exc.status, error_body(exc), extra)
 
 

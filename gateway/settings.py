@@ -52,6 +52,7 @@ class GatewaySettings:
     otel_endpoint: str | None = None
     dry_run: bool = False
     cache_ttl_secs: float = 1.0
+    hold_secs: float = 0.0  # FABRIC_GATEWAY_HOLD_SECS: hold a call for a replica (cold start), 0-600
     oidc_endpoints_claim: str = "fabric_endpoints"
     slot_lease_secs: int = 10  # in-flight slots of a dead gateway come back within this
     upstream_client: str = "http1"  # or "aiohttp" (needs aiohttp importable; for measurement)
@@ -160,7 +161,15 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         otel_endpoint=env.get("FABRIC_OTEL_ENDPOINT", "").strip() or None,
         dry_run=_flag(env, "FABRIC_DRY_RUN"),
         cache_ttl_secs=_number(env, "FABRIC_GATEWAY_CACHE_SECS", 1.0, float),
+        hold_secs=_hold_secs(env),
         oidc_endpoints_claim=env.get("FABRIC_OIDC_ENDPOINTS_CLAIM", "").strip() or "fabric_endpoints",
         slot_lease_secs=_lease_secs(env),
         upstream_client=_upstream_client(env),
     )
+
+
+def _hold_secs(env: dict[str, str]) -> float:
+    value = _number(env, "FABRIC_GATEWAY_HOLD_SECS", 0.0, float)
+    if not 0 <= value <= 600:  # also refuses NaN
+        raise SettingsError(f"FABRIC_GATEWAY_HOLD_SECS={value:g}: expected 0 to 600 seconds")
+    return value

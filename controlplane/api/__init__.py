@@ -2,7 +2,8 @@
 
 Always present: auth (POST /api/auth/login), resources (models, profiles, deployments,
 endpoints) and events. Other modules join by existing: `controlplane.api.keys`,
-`controlplane.api.nodes`, `controlplane.api.orchestration` and `controlplane.api.rollouts` are included when importable,
+`controlplane.api.nodes`, `controlplane.api.orchestration`, `controlplane.api.rollouts`,
+`controlplane.api.scaling` and `controlplane.api.quotas` are included when importable,
 each exposing an APIRouter named `router`. Such a module declares its own auth, normally
 `dependencies=[Depends(controlplane.auth.require_admin)]` (node heartbeats, say, may use mTLS
 instead). A module that is absent is skipped; one that fails to import for another reason
@@ -15,7 +16,8 @@ import importlib
 
 from fastapi import APIRouter
 
-OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models", "apply")
+OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models", "apply",
+                    "scaling", "quotas")
 
 
 def routers() -> list[APIRouter]:

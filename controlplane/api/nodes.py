@@ -179,7 +179,8 @@ def register_node(report: NodeReport, request: Request, response: Response,
     if created:
         record_event(state.store, "node", node.id, "registered",
                      f"node {node.id} registered with {len(node.gpus)} GPUs ({node.vm_driver} driver)",
-                     keep=state.settings.events_kept)
+                     keep=state.settings.events_kept,
+                 max_age_s=state.settings.events_max_age_s)
     response.status_code = 201 if created else 200
     return node_view(node, node.last_heartbeat)
 
@@ -214,7 +215,8 @@ def issue_node_certificate(node_id: str, state: StateDep,
         key.unlink(missing_ok=True)
     record_event(state.store, "node", node_id, "certificate-issued",
                  f"certificate for node {node_id} issued (SANs: {', '.join(hosts)})",
-                 keep=state.settings.events_kept)
+                 keep=state.settings.events_kept,
+                 max_age_s=state.settings.events_max_age_s)
     return issued
 
 

@@ -14,6 +14,8 @@ Choices the issue leaves open (also in docs/api.md):
   - Deleting a deployment while controllers run in this process marks it phase "Deleting"
     (202) and the reconciler removes its replicas, then the record; with no controllers the
     record is deleted at once (200).
+  - A tenant's GPU quota (controlplane.tenancy.quotas) is checked on create and on a scale up:
+    over it is 409 naming the tenant, the quota and the use; scaling down is always allowed.
   - A new endpoint is stored with phase "Pending"; the orchestration controller assigns its VIP.
     Deleting an endpoint deletes the record; that controller releases the VIP it held.
 Every create, delete and scale is recorded with controlplane.events.record_event.
@@ -42,9 +44,10 @@ from common.schemas import (
 from common.store.base import Store
 from controlplane.auth import require_admin
 from controlplane.events import record_event
-from controlplane.rollouts import records
 from controlplane.models.records import check_local_source, delete_jobs
+from controlplane.rollouts import records
 from controlplane.state import AppState, StateDep
+from controlplane.tenancy import quotas
 
 router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
 AdminDep = Annotated[str, Depends(require_admin)]
@@ -80,15 +83,25 @@ def _create(state: AppState, key: str, kind: str, resource, message: str) -> dic
     if not state.store.create(key, resource.model_dump_json()):
         raise Conflict(f"{kind} {resource.name!r} already exists", code="already_exists")
     record_event(state.store, kind, resource.name, "created", message,
-                 tenant=resource.tenant, keep=state.settings.events_kept)
+                 tenant=resource.tenant, keep=state.settings.events_kept,
+                 max_age_s=state.settings.events_max_age_s)
     return resource.model_dump(mode="json")
 
 
 def _delete(state: AppState, key: str, kind: str, name: str) -> Deleted:
     if not state.store.delete(key):
         raise NotFound(f"{kind} {name!r} not found")
-    record_event(state.store, kind, name, "deleted", f"{kind} {name} deleted", keep=state.settings.events_kept)
+    record_event(state.store, kind, name, "deleted", f"{kind} {name} deleted", keep=state.settings.events_kept,
+                 max_age_s=state.settings.events_max_age_s)
     return Deleted(kind=kind, name=name)
+
+
+def _refuse_over_quota(state: AppState, name: str, refusal: quotas.QuotaRefusal | None) -> None:
+    """409 naming the tenant, its quota and its use (the check is controlplane.tenancy.quotas)."""
+    if refusal is not None:
+        record_event(state.store, "deployment", name, "QuotaRefused", refusal.message, tenant=refusal.tenant,
+                     keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s, type="Warning")
+    quotas.refuse_over_quota(refusal)
 
 
 # -- pure decisions ------------------------------------------------------------------------------
@@ -183,6 +196,8 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: AdminDep)
     ) if state.store.get(key) is None]
     if missing:
         raise InvalidInput("; ".join(missing), code="missing_reference")
+    _refuse_over_quota(state, body.name, quotas.check_deployment_change(
+        state.store, body.name, body.tenant, body.profile, 0, body.replicas))
     dep = _fresh(body, DeploymentStatus(phase="Pending", message="waiting for placement"))
     dep = dep.model_copy(update={"revision": 1})
     message = f"deployment {dep.name}: model {dep.model}, profile {dep.profile}, {dep.replicas} replicas"
@@ -211,11 +226,15 @@ def scale_deployment(name: str, body: ScaleRequest, state: StateDep) -> dict:
         if record.get("status", {}).get("phase") == "Deleting":
             raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
         before = record.get("replicas")
+        if body.replicas > (before or 0):
+            _refuse_over_quota(state, name, quotas.check_deployment_change(
+                state.store, name, record.get("tenant"), record.get("profile", ""), before or 0, body.replicas))
         record["replicas"] = body.replicas
         if state.store.cas(key, json.dumps(record), kv.mod_revision):
             record_event(state.store, "deployment", name, "scaled",
                          f"deployment {name} scaled from {before} to {body.replicas} replicas",
-                         tenant=record.get("tenant"), keep=state.settings.events_kept)
+                         tenant=record.get("tenant"), keep=state.settings.events_kept,
+                 max_age_s=state.settings.events_max_age_s)
             return record
     raise Conflict(f"deployment {name!r} changed too often while scaling; try again", code="contended")
 
@@ -242,7 +261,8 @@ def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
         record["status"]["message"] = "deletion requested; removing replicas"
         if state.store.cas(key, json.dumps(record), kv.mod_revision):
             record_event(state.store, "deployment", name, "deleting", f"deployment {name} deletion requested",
-                         tenant=record.get("tenant"), keep=state.settings.events_kept)
+                         tenant=record.get("tenant"), keep=state.settings.events_kept,
+                 max_age_s=state.settings.events_max_age_s)
             response.status_code = 202
             return record
     raise Conflict(f"deployment {name!r} changed too often while deleting; try again", code="contended")

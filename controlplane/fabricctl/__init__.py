@@ -15,7 +15,8 @@ unexpected failure says so in one line (FABRIC_DEBUG=1 shows the traceback).
 Command groups by module: resources (model, profile, deploy, deployment, endpoint, events),
 keys (key), nodes (node, gpus), capacity (capacity, endpoint show with live weights),
 explain (explain placement|routing, deployment drain), rollouts (deployment history|revise|
-rollout), login, config_cmd (config),
+rollout), scaling (deployment autoscale, quota), observe (explain failure|scaling), login,
+config_cmd (config),
 completion. They build on controlplane.fabricctl.output (`session`, `emit_table`,
 `emit_object`, `col`).
 """
@@ -73,8 +74,10 @@ def build_app() -> typer.Typer:
         mig,
         models,
         nodes,
+        observe,
         resources,
         rollouts,
+        scaling,
     )
     from controlplane.fabricctl.formats import AliasGroup
 
@@ -95,6 +98,7 @@ def build_app() -> typer.Typer:
     resources.deployment_app.command("history")(rollouts.history)
     resources.deployment_app.command("revise")(rollouts.revise)
     resources.deployment_app.command("rollout")(rollouts.rollout)
+    resources.deployment_app.command("autoscale")(scaling.autoscale)
     ai.add_typer(resources.deployment_app, name="deployment")
     # `endpoint show` adds the live routing view (replicas, reasons, Maglev weights).
     resources.endpoint_app.registered_commands = [
@@ -102,6 +106,7 @@ def build_app() -> typer.Typer:
     resources.endpoint_app.command("show")(capacity.endpoint_show)
     ai.add_typer(resources.endpoint_app, name="endpoint")
     ai.command("events")(resources.events)
+    ai.add_typer(scaling.quota_app, name="quota")
     ai.add_typer(keys.key_app, name="key")
     have = {c.name for c in nodes.node_app.registered_commands}
     for name, command in (("mig-create", mig.mig_create), ("mig-delete", mig.mig_delete), ("mig-list", mig.mig_list)):
@@ -110,6 +115,8 @@ def build_app() -> typer.Typer:
     ai.add_typer(nodes.node_app, name="node")
     ai.command("gpus")(nodes.gpus)
     ai.command("capacity")(capacity.capacity)
+    explain.explain_app.command("failure")(observe.failure)
+    explain.explain_app.command("scaling")(observe.scaling)
     ai.add_typer(explain.explain_app, name="explain")
     declarative.register(ai)
     ai.command("backup")(backup.backup)

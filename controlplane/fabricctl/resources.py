@@ -269,12 +269,16 @@ def events(
     limit: int = typer.Option(50, "--limit", help="at most this many (1-1000)"),
     kind: str = typer.Option(None, "--kind", help="model, profile, deployment, endpoint, node, key, ..."),
     name: str = typer.Option(None, "--name", help="only events of the resource with this name"),
+    obj: str = typer.Option(None, "--object", help="only events of this object: NAME or KIND/NAME"),
+    since: str = typer.Option(None, "--since", help="only events after this: unix seconds or an age (90s, 10m, 2h)"),
     watch: bool = typer.Option(False, "--watch", "-w", help="then keep printing new events as they happen"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Recent events: every create, delete and scale, and what controllers did."""
-    with session({"kind": "--kind", "limit": "--limit", "name": "--name"}) as c:
+    with session({"kind": "--kind", "limit": "--limit", "name": "--name", "object": "--object",
+                  "since": "--since"}) as c:
         revision = start_revision(c, "events") if watch else 0
-        emit_table(c.get("/api/ai/events", limit=limit, kind=kind, name=name), EVENT_COLUMNS, as_json)
+        rows = c.get("/api/ai/events", limit=limit, kind=kind, name=name, object=obj, since=since)
+        emit_table(rows, EVENT_COLUMNS, as_json)
         if watch:
             follow_events(c, kind, name, EVENT_COLUMNS, revision)

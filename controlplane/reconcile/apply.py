@@ -29,8 +29,9 @@ from common import keyspace
 from common.agent_api import VmCreateRequest
 from common.errors import FabricError, TransientError
 from common.runtimes import health_path
-from common.schemas import InferenceDeployment, Node, Replica
+from common.schemas import InferenceDeployment, Node, Replica, runtime_refusal
 from common.store.base import Store
+from controlplane.events import EventSink
 from controlplane.models.gate import model_gate
 from controlplane.orchestration_state import (
     Snapshot,
@@ -43,7 +44,9 @@ from controlplane.orchestration_state import (
 )
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
+from controlplane.reconcile.events import ReconcileEvents
 from controlplane.rollouts import records
+from controlplane.scaling.loop import with_note
 
 log = logging.getLogger("fabricd.reconcile")
 HEALTH_TIMEOUT_S = 2.0
@@ -77,13 +80,15 @@ class ReconcileWorker:
     (``for_node(node)`` returning an async agent client)."""
 
     def __init__(self, store: Store, agents, settings: rp.ReconcileSettings, *,
-                 clock: Callable[[], float] = time.time, on_tick: Callable[[str], None] | None = None):
+                 clock: Callable[[], float] = time.time, on_tick: Callable[[str], None] | None = None,
+                 events: ReconcileEvents | None = None):
         self.store = store
         self.agents = agents
         self.settings = settings
         self.clock = clock
         self.on_tick = on_tick or (lambda outcome: None)
         self.backoff = AgentBackoff(clock=clock)
+        self.events = events or ReconcileEvents(EventSink(store))
         self._http = httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S)
 
     def agent(self, node: Node) -> BackoffAgent:
@@ -131,16 +136,17 @@ class ReconcileWorker:
         # Retry teardowns left over from an unreachable agent before planning anything new.
         for r in [r for r in replicas if r.phase == "Deleting"]:
             await self.teardown(r, node_of.get(r.node), "retrying deletion", errors)
+        now = self.clock()
+        drained = rp.drained_replicas(replicas, snap.observations, now, self.settings.drain_settle_s)
         if dep.status.phase == "Deleting":
-            for r in [r for r in replicas if r.phase != "Deleting"]:
-                await self.teardown(r, node_of.get(r.node), "deployment deleted", errors)
-            if not errors:
-                self.store.delete(keyspace.deployments(dep.name))
-                records.forget(self.store, dep.name)
-                log.info("deployment %s deleted", dep.name)
-            else:
-                update_deployment_status(self.store, dep.name, phase="Deleting",
-                                         message="deleting replicas; " + "; ".join(errors))
+            await self.delete_deployment(snap, dep, replicas, drained, errors)
+            return
+        profile = snap.profiles.get(dep.profile)
+        refusal = runtime_refusal(profile.runtime) if profile is not None else None
+        if refusal is not None:  # existing replicas are left as they are; nothing new starts
+            ready = sum(1 for r in replicas if r.ready)
+            update_deployment_status(self.store, dep.name, phase="Failed", message=refusal,
+                                     ready_replicas=ready, replicas=len(replicas))
             return
         for r in [r for r in replicas if r.phase == "Pending" and not r.host]:
             await self.resume_create(snap, dep, r, errors)
@@ -153,19 +159,17 @@ class ReconcileWorker:
         templates = {rev: snap.template(dep, rev)[:2] for rev in snap.revisions.get(dep.name, {})}
         plan = rp.plan(dep, snap.profiles.get(dep.profile), snap.models.get(dep.model), replicas,
                        list(node_of.values()), probes, self.clock(), reservations=snap.reserved_by_node(),
-                       committed=snap.committed(), settings=self.settings, targets=targets, templates=templates)
+                       committed=snap.committed(), settings=self.settings, targets=targets, templates=templates,
+                       work=rp.replica_work(replicas, snap.observations, now), drained=drained)
         by_id = {r.replica_id: r for r in replicas}
         for action in plan.actions:
             if isinstance(action, rp.UpdateHealth):
+                self.events.health(dep, by_id.get(action.replica_id), action)
                 since = {"ready_since": action.ready_since} if action.ready_since or not action.ready else {}
                 self._update(dep.name, action.replica_id, ready=action.ready, **since,
                              health_failures=action.health_failures, phase=action.phase, message=action.message)
-            elif isinstance(action, rp.StartDrain):
-                self._update(dep.name, action.replica_id, draining=True, drain_deadline=action.deadline,
-                             phase="Draining", message=action.reason)
-            elif isinstance(action, rp.DeleteReplica):
-                r = by_id[action.replica_id]
-                await self.teardown(r, node_of.get(r.node), action.reason, errors)
+            elif isinstance(action, (rp.StartDrain, rp.DeleteReplica)):
+                await self._remove(dep, by_id[action.replica_id], action, node_of, errors)
             elif isinstance(action, rp.CreateReplica):
                 await self.create(snap, dep, action, errors)
             elif isinstance(action, rp.SetStatus):
@@ -174,8 +178,43 @@ class ReconcileWorker:
                 phase = action.phase
                 if errors and phase not in ("Failed",):
                     phase = "Pending" if action.ready_replicas < dep.replicas else phase
-                update_deployment_status(self.store, dep.name, phase=phase, message=message,
+                update_deployment_status(self.store, dep.name, phase=phase,
+                                         message=with_note(message, dep.status.scaling),
                                          ready_replicas=action.ready_replicas, replicas=action.replicas)
+
+    async def _remove(self, dep: InferenceDeployment, r: Replica, action, node_of, errors: list[str]) -> None:
+        """StartDrain (weight 0 from the next routing tick) or DeleteReplica (teardown)."""
+        if isinstance(action, rp.StartDrain):
+            self.events.replica(dep, r.replica_id, "DrainStarted", f"{action.reason}; deleted when idle or "
+                                f"after the grace ({action.deadline - self.clock():.0f}s)")
+            self._update(dep.name, r.replica_id, draining=True, drain_started=self.clock(),
+                         drain_deadline=action.deadline, phase="Draining", message=action.reason)
+            return
+        if await self.teardown(r, node_of.get(r.node), action.reason, errors):
+            warn = "health failed" in action.reason or "not ready after" in action.reason
+            self.events.replica(dep, r.replica_id, "ReplicaReplaced" if warn else "ReplicaDeleted", action.reason,
+                                warning=warn)
+
+    async def delete_deployment(self, snap: Snapshot, dep: InferenceDeployment, replicas: list[Replica],
+                                drained: set[str], errors: list[str]) -> None:
+        """Drain ready replicas (weight 0, in-flight work or the grace), remove the rest, then the record."""
+        probes = await self.probe_all(replicas)
+        ready_ids = {rid for rid, p in probes.items() if p.ok}
+        by_id = {r.replica_id: r for r in replicas}
+        for action in rp.plan_deletion(replicas, ready_ids, self.clock(), self.settings.drain_grace_s, drained):
+            await self._remove(dep, by_id[action.replica_id], action, snap.nodes, errors)
+        left = [r for r in replicas if get_replica(self.store, dep.name, r.replica_id) is not None]
+        if not left and not errors:
+            self.store.delete(keyspace.deployments(dep.name))
+            records.forget(self.store, dep.name)
+            self.store.delete(keyspace.scaling(dep.name))
+            self.events.deployment(dep, "Deleted", f"deployment {dep.name} deleted; its replicas are gone")
+            log.info("deployment %s deleted", dep.name)
+            return
+        draining = sum(1 for r in left if r.draining or r.replica_id in ready_ids)
+        message = f"deleting: draining {draining} of {len(left)} replicas (idle or after the grace)"
+        update_deployment_status(self.store, dep.name, phase="Deleting",
+                                 message=message + ("; " + "; ".join(errors) if errors else ""))
 
     def _update(self, deployment: str, replica_id: str, **fields) -> None:
         current = get_replica(self.store, deployment, replica_id)
@@ -199,6 +238,7 @@ class ReconcileWorker:
         # Deployments reconciled later in this tick plan from the same snapshot: let them see the
         # CPU and memory this replica now holds on its node.
         snap.replicas.setdefault(dep.name, []).append(replica)
+        self.events.placed(dep, replica, action.reason)
         await self.start_vm(snap, dep, replica, errors)
 
     async def resume_create(self, snap: Snapshot, dep: InferenceDeployment, replica: Replica,
@@ -246,10 +286,13 @@ class ReconcileWorker:
                 model_digest=gate.digest))
         except TransientError as exc:
             errors.append(exc.message)  # names the agent, the last error and the next try
+            self.events.agent_error(dep, replica.replica_id, node.id, exc, "starting the VM")
             self._update(dep.name, replica.replica_id, message=f"waiting: {exc.message}")
             return
         except FabricError as exc:
             errors.append(f"agent on {node.id} refused replica {replica.replica_id}: {exc.message}")
+            self.events.replica(dep, replica.replica_id, "AgentRefused", f"agent on {node.id}: {exc.message}",
+                                warning=True)
             self._update(dep.name, replica.replica_id, phase="Deleting", message=exc.message)
             return
         self._update(dep.name, replica.replica_id, vm_id=vm.id, host=vm.host, port=vm.port, phase="Starting",
@@ -271,6 +314,8 @@ class ReconcileWorker:
                     self.store.delete(keyspace.gpu_reservations(node.id, pci))
             except FabricError as exc:
                 errors.append(f"cannot remove {r.replica_id} on {node.id} yet: {exc.message}")
+                if isinstance(exc, TransientError):
+                    self.events.teardown_error(r, node.id, exc)
                 self._update(r.deployment, r.replica_id, phase="Deleting", ready=False,
                              message=f"{reason}; waiting for agent: {exc.message}")
                 return False

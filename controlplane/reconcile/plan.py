@@ -18,8 +18,12 @@ Rules:
     (profile, model)}) for placing a revision other than the deployment's own; a replica of a
     revision with no target is surplus;
   - scale-down drains first (weight 0, ``draining``) and deletes once the grace has passed;
-    replicas that are not Ready go first, then the highest ordinals;
-  - a drain deadline that has passed deletes the replica;
+    replicas that are not Ready go first, then the one with the least work (running + waiting
+    requests in its last scrape; unknown counts as most), then the highest ordinal;
+  - a drain deadline that has passed deletes the replica, and so does a draining replica whose
+    engine reported nothing running or waiting after its weight 0 reached the agents (``drained``,
+    computed by the applier from the observations);
+  - a deployment being deleted drains the same way (``plan_deletion``);
   - each replica the plan creates adds its GPUs to the reservations and its profile's CPU and
     memory to ``committed`` before the next one is placed. A replica the plan deletes still holds
     both until the apply has removed it (its record and reservations go only after the agent
@@ -31,7 +35,15 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from common.schemas import InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica
+from common.schemas import (
+    InferenceDeployment,
+    InferenceProfile,
+    ModelArtifact,
+    Node,
+    Replica,
+    ReplicaObservation,
+)
+from controlplane.routing.strategies import MAX_SCRAPE_AGE_S
 from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online, place
 
 FAILURES_TO_REPLACE = 3
@@ -48,6 +60,9 @@ class Probe:
 @dataclass(frozen=True)
 class ReconcileSettings:
     drain_grace_s: float = 30.0
+    # A draining replica counts as idle only from a scrape this long after the drain started, so
+    # the routing job (one period) has pushed its weight 0 and no new request can be in flight.
+    drain_settle_s: float = 11.0
     start_timeout_s: float = 900.0
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
@@ -134,6 +149,8 @@ def plan(
     settings: ReconcileSettings = ReconcileSettings(),
     targets: Mapping[int, int] | None = None,
     templates: Mapping[int, tuple[InferenceProfile | None, ModelArtifact | None]] | None = None,
+    work: Mapping[str, float] | None = None,
+    drained: Collection[str] = (),
 ) -> ReconcilePlan:
     out = ReconcilePlan(deployment.name)
     total = len(replicas)
@@ -158,8 +175,9 @@ def plan(
             gone.add(r.replica_id)  # the loop keeps retrying its deletion
             continue
         if r.draining:
-            if r.drain_deadline is not None and now >= r.drain_deadline:
-                out.actions.append(DeleteReplica(r.replica_id, "drain grace elapsed"))
+            done = drain_done(r, now, drained)
+            if done:
+                out.actions.append(DeleteReplica(r.replica_id, done))
                 gone.add(r.replica_id)
             continue
         probe = observations.get(r.replica_id)
@@ -218,18 +236,21 @@ def plan(
     desired = sum(targets.values())
     revisions = sorted(set(targets) | {r.revision for r in live})
 
-    # 3. Scale down each revision to its target: drain the surplus (not-ready first, then the
-    #    highest ordinals).
+    # 3. Scale down each revision to its target: drain the surplus (not-ready first, then the one
+    #    with the least work, then the highest ordinals).
+    load = work or {}
     for rev in revisions:
         mine = [r for r in live if r.revision == rev]
         want = targets.get(rev, 0)
         if len(mine) <= want:
             continue
         why = f"scale down to {want}" if len(targets) == 1 else f"revision {rev} scales down to {want}"
-        victims = sorted(mine, key=lambda r: (r.replica_id not in ready_ids, r.ordinal), reverse=True)
+        victims = sorted(mine, key=lambda r: (r.replica_id in ready_ids, load.get(r.replica_id, float("inf")),
+                                              -r.ordinal))
         for r in victims[: len(mine) - want]:
             if r.replica_id in ready_ids:
-                out.actions.append(StartDrain(r.replica_id, now + settings.drain_grace_s, why))
+                least = f"; least work ({load[r.replica_id]:g} requests)" if r.replica_id in load else ""
+                out.actions.append(StartDrain(r.replica_id, now + settings.drain_grace_s, why + least))
             else:
                 out.actions.append(DeleteReplica(r.replica_id, f"{why}; it was not ready"))
                 gone.add(r.replica_id)
@@ -276,4 +297,57 @@ def plan(
     if notes:
         message += "; " + "; ".join(notes)
     out.actions.append(SetStatus(phase, message, ready, count))
+    return out
+
+
+def drain_done(r: Replica, now: float, drained: Collection[str]) -> str:
+    """Why a draining replica may be deleted now, or "" while it must wait."""
+    if r.replica_id in drained:
+        return "drained: no requests running or waiting"
+    if r.drain_deadline is not None and now >= r.drain_deadline:
+        return "drain grace elapsed"
+    return ""
+
+
+def plan_deletion(replicas: Sequence[Replica], ready_ids: Collection[str], now: float, grace_s: float,
+                  drained: Collection[str] = ()) -> list[Action]:
+    """A deployment being deleted: ready replicas drain (weight 0, wait for in-flight work or the
+    grace), the others go at once; the record goes when no replica is left (the applier)."""
+    actions: list[Action] = []
+    for r in sorted(replicas, key=lambda r: r.ordinal):
+        if r.phase == "Deleting":
+            continue
+        if r.draining:
+            done = drain_done(r, now, drained)
+            if done:
+                actions.append(DeleteReplica(r.replica_id, f"deployment deleted; {done}"))
+        elif r.replica_id in ready_ids:
+            actions.append(StartDrain(r.replica_id, now + grace_s, "deployment deleted"))
+        else:
+            actions.append(DeleteReplica(r.replica_id, "deployment deleted; it was not ready"))
+    return actions
+
+
+def replica_work(replicas: Sequence[Replica], observations: Mapping[str, ReplicaObservation],
+                 now: float) -> dict[str, float]:
+    """replica id -> requests running + waiting in its last ok scrape within the routing window."""
+    out = {}
+    for r in replicas:
+        o = observations.get(r.replica_id)
+        if o is not None and o.ok and now - o.scraped_at <= MAX_SCRAPE_AGE_S:
+            out[r.replica_id] = o.running + o.queue_depth
+    return out
+
+
+def drained_replicas(replicas: Sequence[Replica], observations: Mapping[str, ReplicaObservation],
+                     now: float, settle_s: float) -> set[str]:
+    """Draining replicas whose engine reported nothing running or waiting in an ok scrape taken
+    at least ``settle_s`` after the drain started (after their weight 0 reached the agents)."""
+    out = set()
+    for r in replicas:
+        o = observations.get(r.replica_id)
+        if (r.draining and r.drain_started is not None and o is not None and o.ok
+                and o.scraped_at >= r.drain_started + settle_s and now - o.scraped_at <= MAX_SCRAPE_AGE_S
+                and o.running == 0 and o.queue_depth == 0):
+            out.add(r.replica_id)
     return out

@@ -2,7 +2,7 @@
 
 One tick reads the store once (load_routing_snapshot: nodes, endpoints, replicas, observations),
 then:
-  1. scrape every Ready, non-draining replica's /metrics concurrently (MetricsScraper: one
+  1. scrape every Ready replica's /metrics (draining ones too, for their running count) concurrently (MetricsScraper: one
      kept-alive connection per engine, at most SCRAPE_CONCURRENCY in flight, SCRAPE_TIMEOUT_S
      each; port and path by the replica's runtime), parse that runtime's lines (runtime_metrics;
      prometheus_client's parser sees each series once, see
@@ -14,7 +14,8 @@ then:
      30 s eligibility window) old, so readers of the store (gateway shedding, explain, metrics)
      see every queue change and never a live replica's observation past its eligibility window;
   1b. advance the active rollouts (controlplane.rollouts.apply) on those fresh observations;
-  2. for every endpoint: take its VIP (vip_pool.allocate, create-if-absent), compute the routing
+  2. for every endpoint: take its VIP (vip_pool.allocate, create-if-absent; an event when taken),
+     record an event when its weights change, compute the routing
      plan (with the rollout's weight split, controlplane.rollouts.weights), and PUT the service
      on every online agent, concurrently, when the backends or weights
      changed since the last push (an agent without a dataplane answers 400 and is skipped);
@@ -42,6 +43,7 @@ from common.errors import Conflict, FabricError, Refused
 from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
 from common.store.base import Store
 from controlplane import vip_pool
+from controlplane.events import EventSink
 from controlplane.orchestration_state import (
     MANAGED_SERVICES,
     ParseCache,
@@ -81,6 +83,7 @@ class RoutingMemory:
     pages: dict[str, tuple[str, EngineSample]] = field(default_factory=dict)  # replica -> (kept lines, parse)
     pushed: dict[tuple[str, str], tuple] = field(default_factory=dict)  # (endpoint, node) -> backends
     plans: dict[str, RoutingPlan] = field(default_factory=dict)
+    weights: dict[str, tuple] = field(default_factory=dict)  # endpoint -> weights last recorded as an event
 
 
 def _rate_moved(old: float | None, new: float | None, tolerance: float) -> bool:
@@ -109,9 +112,11 @@ def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
 
 class RoutingWorker:
     def __init__(self, store: Store, agents, pool: vip_pool.AddressPool, *,
-                 clock: Callable[[], float] = time.time, metrics=None, rollouts: RolloutWorker | None = None):
+                 clock: Callable[[], float] = time.time, metrics=None, rollouts: RolloutWorker | None = None,
+                 events: EventSink | None = None):
         self.store = store
         self.rollouts = rollouts
+        self.events = events or EventSink(store)
         self.agents = agents
         self.pool = pool
         self.clock = clock
@@ -157,7 +162,9 @@ class RoutingWorker:
     async def scrape_all(self, snap: Snapshot) -> None:
         """Scrape every eligible replica; ``snap.observations`` gets the fresh observations and
         ``write_observations`` later stores those that changed materially."""
-        ready = [r for r in snap.all_replicas() if r.ready and r.host and not r.draining]
+        # Draining replicas too: their running count says when the drain may end (the plan
+        # gives them no weight whatever they report).
+        ready = [r for r in snap.all_replicas() if r.ready and r.host and r.phase != "Deleting"]
         for obs in await asyncio.gather(*(self._scrape(r) for r in ready)):
             stored = snap.observations.get(obs.replica_id)
             snap.observations[obs.replica_id] = obs
@@ -210,8 +217,12 @@ class RoutingWorker:
         except Conflict as exc:
             self._set_status(ep, phase="Pending", message=exc.message)
             return
+        if ep.status.vip != vip:
+            self.events("endpoint", ep.name, "VipTaken", f"VIP {vip}:{ep.port} from the address pool",
+                        tenant=ep.tenant)
         plan = self.plan(snap, ep)
         self.memory.plans[ep.name] = plan
+        self._record_weights(ep, plan)
         backends = plan.backends
         notes: list[str] = []
         if backends:
@@ -242,6 +253,15 @@ class RoutingWorker:
         if self.metrics:
             for e in plan.entries:
                 self.metrics.weight.labels(ep.name, e.replica_id).set(e.weight)
+
+    def _record_weights(self, ep: InferenceEndpoint, plan: RoutingPlan) -> None:
+        """One event per change of the endpoint's weights (never per tick)."""
+        weights = tuple((e.replica_id, e.weight) for e in plan.entries if e.included)
+        if self.memory.weights.get(ep.name) == weights:
+            return
+        self.memory.weights[ep.name] = weights
+        text = ", ".join(f"{rid}={w}" for rid, w in weights) or "no replica routed"
+        self.events("endpoint", ep.name, "WeightsChanged", f"{plan.strategy}: {text}", tenant=ep.tenant)
 
     async def _push(self, node: Node, ep: InferenceEndpoint, vip: str, spec: MaglevServiceSpec,
                     backends: tuple) -> str | None:
@@ -295,6 +315,8 @@ class RoutingWorker:
                 continue
             if vip_pool.release(self.store, vip, owner):
                 log.info("released VIP %s of deleted endpoint %s", vip, owner)
+                self.events("endpoint", owner, "VipReleased", f"VIP {vip} back to the pool; the endpoint is gone")
+                self.memory.weights.pop(owner, None)
             for key in [k for k in self.memory.pushed if k[0] == owner]:
                 del self.memory.pushed[key]
             self.memory.plans.pop(owner, None)

@@ -1,0 +1,44 @@
+"""Tenant GPU quotas (controlplane.tenancy.quotas).
+
+  POST /api/ai/quotas   {"tenant": "acme", "max_gpus": 8}   set (create or replace) a tenant's quota
+  GET  /api/ai/quotas                                        every quota with the GPUs in use
+
+Lowering a quota below what the tenant already holds is allowed: nothing is taken away, only
+growth (create, scale up, autoscaler scale-out) is refused until use is back under it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import APIRouter, Depends
+
+from common import keyspace
+from common.schemas import TenantQuota
+from controlplane.auth import require_admin
+from controlplane.events import record_event
+from controlplane.state import StateDep
+from controlplane.tenancy import quotas
+
+router = APIRouter(prefix="/api/ai", tags=["quotas"], dependencies=[Depends(require_admin)])
+
+
+def _with_use(state, quota: TenantQuota) -> dict:
+    counts = quotas.gpu_counts(state.store)
+    records = [json.loads(kv.value) for kv in state.store.list(keyspace.deployments())]
+    return {**quota.model_dump(mode="json"), "used_gpus": quotas.usage(records, quota.tenant, counts)}
+
+
+@router.post("/quotas")
+def set_quota(body: TenantQuota, state: StateDep) -> dict:
+    quota = body.model_copy(update={"updated_at": time.time()})
+    state.store.put(keyspace.quotas(quota.tenant), quota.model_dump_json())
+    record_event(state.store, "tenant", quota.tenant, "QuotaSet", f"tenant {quota.tenant} max_gpus {quota.max_gpus}",
+                 tenant=quota.tenant, keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+    return _with_use(state, quota)
+
+
+@router.get("/quotas")
+def list_quotas(state: StateDep) -> list[dict]:
+    return [_with_use(state, q) for _, q in sorted(quotas.load_all(state.store).items())]

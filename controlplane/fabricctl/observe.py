@@ -1,0 +1,48 @@
+"""`fabricctl ai explain failure REPLICA` and `fabricctl ai explain scaling DEPLOYMENT`."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from controlplane.fabricctl.output import col, emit_json, emit_table, session
+
+JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
+
+
+def _when(e: dict) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
+
+
+EVENT_COLUMNS = [("TIME", _when), col("TYPE", "type"), col("OBJECT", "object"), col("REASON", "reason"),
+                 col("MESSAGE", "message")]
+
+
+def failure(replica: str, as_json: bool = JSON_OPT) -> None:
+    """REPLICA's (or its VM's) recorded history: failed probes, start timeouts, agent errors."""
+    with session() as c:
+        data = c.get(f"/api/ai/explain/failure/{replica}")
+    if as_json:
+        emit_json(data)
+        return
+    current = data.get("current")
+    state = f"{current['phase']} on {current['node']}" if current else "gone"
+    typer.echo(f"replica {replica}: {state}; {data['failures']} failures recorded; last: {data['summary']}")
+    emit_table(data.get("history", []), EVENT_COLUMNS, False)
+
+
+def scaling(deployment: str, as_json: bool = JSON_OPT) -> None:
+    """What the autoscaler decides for DEPLOYMENT now, the signal and how long each condition held."""
+    with session() as c:
+        data = c.get(f"/api/ai/explain/scaling/{deployment}")
+    if as_json:
+        emit_json(data)
+        return
+    sig = data["signal"]
+    typer.echo(f"{deployment}: {data['decision']['summary']}")
+    typer.echo(f"replicas {sig['desired']} desired, {sig['ready']} ready, {sig['fresh']} with fresh metrics; "
+               f"queue {sig['queue_depth']}, TTFT {sig['ttft_ms']} ms")
+    rows = [{"condition": k, **v} for k, v in (data.get("conditions") or {}).items()]
+    emit_table(rows, [col("CONDITION", "condition"), col("VALUE", "value"), col("THRESHOLD", "threshold"),
+                      col("HOLDING", "holding"), col("HELD_S", "held_s"), col("NEEDED_S", "needed_s")], False)

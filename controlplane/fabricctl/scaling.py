@@ -1,0 +1,61 @@
+"""`fabricctl ai deployment autoscale` and `fabricctl ai quota set|list`.
+
+autoscale reads the deployment's current autoscaling spec and changes only the flags given, so
+`--disable` alone keeps the thresholds for a later `--enable`.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from controlplane.fabricctl.output import col, emit_json, emit_object, emit_table, session
+
+JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
+quota_app = typer.Typer(help="Tenant GPU quotas.", no_args_is_help=True)
+QUOTA_COLUMNS = [col("TENANT", "tenant"), col("MAX_GPUS", "max_gpus"), col("USED_GPUS", "used_gpus")]
+
+
+def autoscale(
+    name: str,
+    enable: bool = typer.Option(None, "--enable/--disable", help="turn the autoscaler on or off"),
+    min_replicas: int = typer.Option(None, "--min", help="fewest replicas while serving"),
+    max_replicas: int = typer.Option(None, "--max", help="most replicas"),
+    scale_out_queue: float = typer.Option(None, "--scale-out-queue", help="mean waiting requests per replica"),
+    scale_out_seconds: float = typer.Option(None, "--scale-out-seconds", help="how long the queue must stay above"),
+    scale_out_ttft_ms: float = typer.Option(None, "--scale-out-ttft-ms", help="mean time to first token, ms"),
+    scale_in_queue: float = typer.Option(None, "--scale-in-queue", help="queue under which to scale in"),
+    scale_in_seconds: float = typer.Option(None, "--scale-in-seconds", help="how long the queue must stay below"),
+    scale_to_zero: bool = typer.Option(None, "--scale-to-zero/--no-scale-to-zero",
+                                       help="park at 0 replicas when idle; the next gateway call starts one"),
+    cooldown_seconds: float = typer.Option(None, "--cooldown-seconds", help="no change against the last within"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Set DEPLOYMENT's autoscaling (only the flags given change)."""
+    given = {"enabled": enable, "min_replicas": min_replicas, "max_replicas": max_replicas,
+             "scale_out_queue": scale_out_queue, "scale_out_seconds": scale_out_seconds,
+             "scale_out_ttft_ms": scale_out_ttft_ms, "scale_in_queue": scale_in_queue,
+             "scale_in_seconds": scale_in_seconds, "scale_to_zero": scale_to_zero,
+             "cooldown_seconds": cooldown_seconds}
+    with session() as c:
+        current = c.get(f"/api/ai/deployments/{name}").get("autoscaling") or {}
+        spec = {**current, **{k: v for k, v in given.items() if v is not None}}
+        record = c.put(f"/api/ai/deployments/{name}/autoscaling", spec)
+    if as_json:
+        emit_json(record)
+        return
+    emit_object({"deployment": name, **record.get("autoscaling", {})}, False)
+
+
+@quota_app.command("set")
+def quota_set(tenant: str, max_gpus: int = typer.Option(..., "--max-gpus", help="whole GPUs the tenant may hold"),
+              as_json: bool = JSON_OPT) -> None:
+    """Set TENANT's GPU quota (replicas x profile gpu.count over its deployments)."""
+    with session() as c:
+        emit_object(c.post("/api/ai/quotas", {"tenant": tenant, "max_gpus": max_gpus}), as_json)
+
+
+@quota_app.command("list")
+def quota_list(as_json: bool = JSON_OPT) -> None:
+    """Every tenant quota with the GPUs in use."""
+    with session() as c:
+        emit_table(c.get("/api/ai/quotas"), QUOTA_COLUMNS, as_json)

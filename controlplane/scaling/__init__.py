@@ -1,0 +1,1 @@
+"""Autoscaling: the pure decision (decide) and the loop that applies it (loop)."""

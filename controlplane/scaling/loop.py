@@ -1,0 +1,133 @@
+"""The autoscaler loop: read the store, run decide for every autoscaled deployment, apply.
+
+Runs every FABRIC_AUTOSCALE_SECS (15 s) as one of controlplane.controllers' leader-only jobs, so
+its store is the FencedStore: each write checks the leader lease right before it happens.
+Applying a decision is one compare-and-swap of the deployment record (``replicas`` and the
+status note), against the record the decision was made from: if an operator scaled meanwhile,
+nothing is written and the next tick decides again. The reconciler then creates replicas, or
+drains the one with the least work (controlplane.reconcile_plan).
+
+What lands where:
+  - ``status.scaling`` holds the decision ("scale out to 3: queue 31 > 20 for 30s"), and
+    ``status.message`` ends with "; autoscaler: " and that decision (the reconciler keeps that
+    tail, see ``with_note``). Both are written when the decision's code changes or it scales,
+    not every tick, so a steady deployment causes no writes;
+  - the memory (when each condition started holding, the last change) under
+    keyspace.scaling(name), written only when it changes, so a new leader continues the timers;
+  - an event per change of decision code (scaled out/in, quota refusal, holds), never per tick.
+``plan_for`` is shared with GET /api/ai/explain/scaling/{name}: the explanation is what the next
+tick would decide.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+
+from common import keyspace
+from common.schemas import InferenceDeployment
+from common.store.base import Store
+from controlplane.events import EventSink
+from controlplane.orchestration_state import Snapshot, load_snapshot
+from controlplane.scaling.decide import Decision, Memory, Observations, QuotaView, decide
+from controlplane.tenancy import quotas
+
+log = logging.getLogger("fabricd.scaling")
+NOTE_SEP = "; autoscaler: "
+REASONS = {"scale_out": "ScaledOut", "scale_in": "ScaledIn"}
+
+
+def with_note(message: str, note: str) -> str:
+    """The status message with the autoscaler's note as its tail (replacing an older one)."""
+    base = message.split(NOTE_SEP, 1)[0]
+    return f"{base}{NOTE_SEP}{note}" if note else base
+
+
+def load_memory(store: Store, name: str) -> Memory:
+    kv = store.get(keyspace.scaling(name))
+    if kv is None:
+        return Memory()
+    try:
+        return Memory(**json.loads(kv.value))
+    except (ValueError, TypeError):
+        return Memory()
+
+
+def demand_at(store: Store, snap: Snapshot, deployment: str) -> float | None:
+    """The latest gateway call recorded for any endpoint of the deployment."""
+    latest = None
+    for ep in snap.endpoints.values():
+        if ep.deployment != deployment:
+            continue
+        kv = store.get(keyspace.demand(ep.name))
+        try:
+            at = float(json.loads(kv.value)["at"]) if kv is not None else None
+        except (ValueError, KeyError, TypeError):
+            at = None
+        if at is not None and (latest is None or at > latest):
+            latest = at
+    return latest
+
+
+def quota_view(store: Store, snap: Snapshot, dep: InferenceDeployment) -> QuotaView | None:
+    quota = quotas.load_quota(store, dep.tenant)
+    if quota is None:
+        return None
+    counts = quotas.gpu_counts(store)
+    records = [d.model_dump() for d in snap.deployments.values()]
+    return QuotaView(dep.tenant, quota.max_gpus, quotas.usage(records, dep.tenant, counts),
+                     counts.get(dep.profile, 1))
+
+
+def plan_for(store: Store, snap: Snapshot, dep: InferenceDeployment, now: float) -> tuple[Decision, Memory]:
+    """The decision the next tick makes for ``dep``, and the memory it was made from."""
+    memory = load_memory(store, dep.name)
+    obs = Observations(replicas=snap.replicas.get(dep.name, []), metrics=snap.observations,
+                       demand_at=demand_at(store, snap, dep.name), quota=quota_view(store, snap, dep))
+    return decide(dep, dep.autoscaling, obs, now, memory), memory
+
+
+class AutoscaleWorker:
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, events: EventSink | None = None):
+        self.store = store
+        self.clock = clock
+        self.events = events or EventSink(store)
+
+    async def tick(self) -> None:
+        snap = load_snapshot(self.store)
+        for name in sorted(snap.deployments):
+            dep = snap.deployments[name]
+            if dep.autoscaling is None:
+                continue
+            self.apply(snap, dep, snap.deployment_revisions[name])
+
+    def apply(self, snap: Snapshot, dep: InferenceDeployment, mod_revision: int) -> Decision:
+        now = self.clock()
+        decision, memory = plan_for(self.store, snap, dep, now)
+        changed = decision.action != "hold" or decision.code != memory.last_code
+        if changed and not self._write(dep, mod_revision, decision):
+            return decision  # the record changed since the snapshot: decide again next tick
+        if decision.memory != memory:
+            self.store.put(keyspace.scaling(dep.name), json.dumps(asdict(decision.memory)))
+        if changed:
+            reason = REASONS.get(decision.action, "QuotaRefused" if decision.code == "quota" else "ScalingHeld")
+            self.events("deployment", dep.name, reason, f"autoscaler: {decision.summary}", tenant=dep.tenant,
+                        now=now, warning=decision.code in ("quota", "stale_metrics"))
+            log.info("deployment %s: %s", dep.name, decision.summary)
+        return decision
+
+    def _write(self, dep: InferenceDeployment, mod_revision: int, decision: Decision) -> bool:
+        kv = self.store.get(keyspace.deployments(dep.name))
+        if kv is None or kv.mod_revision != mod_revision:
+            return False
+        record = json.loads(kv.value)
+        status = record.setdefault("status", {})
+        note = "" if decision.code == "disabled" else decision.summary
+        status["scaling"] = note
+        status["message"] = with_note(status.get("message", ""), note)
+        if decision.action != "hold":
+            record["replicas"] = decision.replicas
+        return self.store.cas(kv.key, json.dumps(record), kv.mod_revision)

@@ -1,0 +1,150 @@
+"""Every FABRIC_* setting fabricd reads, parsed and validated once at start: ``load(env)``.
+
+``fabricd serve`` calls ``load`` before it binds anything; a bad value stops it with a message
+naming each bad variable and why (exit status 2), instead of a live API over dead controllers.
+The result, one ``FabricdSettings``, travels in AppState.config to the API and the controllers.
+
+  FABRIC_RECONCILE_SECS (15)  FABRIC_ROUTING_SECS (10)  FABRIC_AUTOSCALE_SECS (15)   periods, 0.05-3600
+  FABRIC_MODEL_JOBS_SECS (2)                             model jobs period, 0.05-3600
+  FABRIC_LEADER_TTL_SECS (15)                            leader lease TTL, whole seconds 2-300
+  FABRIC_DRAIN_GRACE_SECS (30)                           drain grace, 0-86400
+  FABRIC_DRY_RUN (0)                                     1: synthetic replicas, no agent (controlplane.dryrun)
+  FABRIC_ADDRESS_POOL / FABRIC_SERVICE_CIDR              VIP pool (controlplane.vip_pool syntax, IPv4)
+  FABRIC_AVOID_BUGGY_IPS (1)                             boolean
+  FABRIC_MAX_GPU_TEMP_C, FABRIC_REJECT_ECC               scheduler filters
+  FABRIC_DENY_RUNTIMES, FABRIC_ALLOW_RUNTIMES            comma-separated known runtime names
+  FABRIC_TOKEN_TTL (43200)                               admin token lifetime, seconds 60-2592000
+  FABRIC_EVENTS_KEPT (1000), FABRIC_EVENTS_MAX_AGE_SECS (604800)   event log bounds
+  FABRIC_KEY_HMAC_SECRET_FILE                            when set, must be a readable non-empty file
+  FABRIC_MODEL_CACHE_BYTES, FABRIC_MAX_BATCHES           whole numbers (>= 0, 1-10000000)
+  FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY             1 or 0;  FABRIC_MODEL_DIR  an absolute path
+Booleans accept 1/0, true/false, yes/no, on/off (any case); empty means the default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from common.apikeys import HmacSecretError, load_hmac_secret
+from common.errors import FabricError
+from common.schemas import RUNTIMES
+
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class SettingsError(ValueError):
+    """One or more FABRIC_* values are unusable; the message names each variable."""
+
+
+@dataclass
+class _Reader:
+    env: Mapping[str, str]
+    errors: list[str] = field(default_factory=list)
+
+    def raw(self, name: str) -> str:
+        return self.env.get(name, "").strip()
+
+    def bad(self, name: str, why: str) -> None:
+        self.errors.append(f"{name}={self.raw(name)!r} {why}")
+
+    def number(self, name: str, default: float, lo: float, hi: float, *, integer: bool = False):
+        text = self.raw(name)
+        if not text:
+            return default
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            self.bad(name, f"is not {'an integer' if integer else 'a number'} (expected from {lo:g} to {hi:g})")
+            return default
+        if not lo <= value <= hi:  # also refuses NaN
+            self.bad(name, f"is out of range: expected from {lo:g} to {hi:g}")
+            return default
+        return value
+
+    def optional_number(self, name: str, lo: float, hi: float) -> float | None:
+        return self.number(name, None, lo, hi) if self.raw(name) else None
+
+    def boolean(self, name: str, default: bool) -> bool:
+        text = self.raw(name).lower()
+        if not text:
+            return default
+        if text in TRUE or text in FALSE:
+            return text in TRUE
+        self.bad(name, "is not a yes/no value: expected 1/0, true/false, yes/no or on/off")
+        return default
+
+    def runtimes(self, name: str) -> tuple[str, ...]:
+        names = tuple(r.strip() for r in self.raw(name).split(",") if r.strip())
+        unknown = [r for r in names if r not in RUNTIMES]
+        if unknown:
+            self.bad(name, f"names unknown runtime {', '.join(unknown)}; known: {', '.join(RUNTIMES)}")
+        return names
+
+    def check(self, names: str, fn: Callable[[], object]):
+        try:
+            return fn()
+        except (FabricError, ValueError) as exc:
+            self.errors.append(f"{names} is refused: {getattr(exc, 'message', exc)}")
+            return None
+
+
+@dataclass(frozen=True)
+class FabricdSettings:
+    api: object  # controlplane.state.Settings
+    controllers: object  # controlplane.controllers.ControllerSettings
+    scheduler: object  # controlplane.scheduler.SchedulerSettings
+    pool: object  # controlplane.vip_pool.AddressPool
+    deny_runtimes: tuple[str, ...] = ()
+    allow_runtimes: tuple[str, ...] = ()
+
+
+def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettings:
+    """Parse and validate every setting; SettingsError naming each bad variable."""
+    from controlplane import vip_pool
+    from controlplane.controllers import ControllerSettings, dry_run_from_env
+    from controlplane.scheduler import SchedulerSettings
+    from controlplane.state import DEFAULT_EVENTS_KEPT, DEFAULT_TOKEN_TTL_S, Settings
+
+    env = os.environ if env is None else env
+    r = _Reader(env)
+    controllers = ControllerSettings(
+        reconcile_s=r.number("FABRIC_RECONCILE_SECS", 15.0, 0.05, 3600),
+        routing_s=r.number("FABRIC_ROUTING_SECS", 10.0, 0.05, 3600),
+        autoscale_s=r.number("FABRIC_AUTOSCALE_SECS", 15.0, 0.05, 3600),
+        leader_ttl_s=r.number("FABRIC_LEADER_TTL_SECS", 15, 2, 300, integer=True),
+        drain_grace_s=r.number("FABRIC_DRAIN_GRACE_SECS", 30.0, 0, 86400),
+        models_s=r.number("FABRIC_MODEL_JOBS_SECS", 2.0, 0.05, 3600),
+        dry_run=bool(r.check(f"FABRIC_DRY_RUN={r.raw('FABRIC_DRY_RUN')!r}", lambda: dry_run_from_env(env))),
+    )
+    temp = r.optional_number("FABRIC_MAX_GPU_TEMP_C", 1, 150)
+    scheduler = SchedulerSettings(max_gpu_temp_c=temp, reject_ecc=r.boolean("FABRIC_REJECT_ECC", False))
+    avoid = r.boolean("FABRIC_AVOID_BUGGY_IPS", True)
+    pool_var = "FABRIC_ADDRESS_POOL" if r.raw("FABRIC_ADDRESS_POOL") else "FABRIC_SERVICE_CIDR"
+    pool_text = r.raw(pool_var) or vip_pool.DEFAULT_SERVICE_CIDR
+    pool = r.check(f"{pool_var}={pool_text!r}", lambda: vip_pool.parse_pool(pool_text, avoid_buggy=avoid))
+    deny, allow = r.runtimes("FABRIC_DENY_RUNTIMES"), r.runtimes("FABRIC_ALLOW_RUNTIMES")
+    api = Settings(
+        token_ttl_s=r.number("FABRIC_TOKEN_TTL", DEFAULT_TOKEN_TTL_S, 60, 30 * 86400, integer=True),
+        events_kept=r.number("FABRIC_EVENTS_KEPT", DEFAULT_EVENTS_KEPT, 10, 1_000_000, integer=True),
+        events_max_age_s=r.number("FABRIC_EVENTS_MAX_AGE_SECS", 7 * 86400.0, 60, 365 * 86400),
+        **api_overrides,
+    )
+    # Read where they are used (model cache eviction, batches, MIG, model records): checked here
+    # so a bad value stops fabricd at start rather than failing a request later.
+    r.number("FABRIC_MODEL_CACHE_BYTES", 0, 0, 2**62, integer=True)
+    r.number("FABRIC_MAX_BATCHES", 10_000, 1, 10_000_000, integer=True)
+    for flag in ("FABRIC_PCI_MIG", "FABRIC_PCI_MIG_RECORD_ONLY"):
+        if r.raw(flag) not in ("", "0", "1"):
+            r.bad(flag, "is not 1 or 0")
+    if r.raw("FABRIC_MODEL_DIR") and not r.raw("FABRIC_MODEL_DIR").startswith("/"):
+        r.bad("FABRIC_MODEL_DIR", "is not an absolute path")
+    if r.raw("FABRIC_KEY_HMAC_SECRET_FILE"):
+        try:
+            load_hmac_secret(env)
+        except HmacSecretError as exc:
+            r.errors.append(str(exc))
+    if r.errors:
+        raise SettingsError("; ".join(r.errors))
+    return FabricdSettings(api, controllers, scheduler, pool, deny, allow)

@@ -1,0 +1,156 @@
+"""AutoscaleWorker against a real SQLite store: decisions are applied with compare-and-swap,
+recorded on the deployment (status.scaling and the tail of status.message) and in the event log
+once per change, the memory survives a new worker (a new leader), a quota refusal is recorded,
+and a deployment scaled by an operator meanwhile is left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from common import keyspace
+from common.schemas import (
+    AutoscalingSpec,
+    InferenceDeployment,
+    InferenceEndpoint,
+    InferenceProfile,
+    Replica,
+    ReplicaObservation,
+    TenantQuota,
+)
+from common.store.sqlite_store import SqliteStore
+from controlplane.events import recent_events
+from controlplane.orchestration_state import load_snapshot
+from controlplane.scaling.loop import AutoscaleWorker, load_memory, with_note
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(tmp_path / "fabric.db")
+    yield s
+    s.close()
+
+
+def seed(store, *, replicas=1, queue=30.0, tenant=None, gpus=1, spec=None, now=1000.0):
+    store.put(keyspace.profiles("p"), InferenceProfile(name="p", gpu={"count": gpus, "vram_gib": 24}, cpu=1,
+                                                       memory_gib=1).model_dump_json())
+    spec = spec or AutoscalingSpec(min_replicas=1, max_replicas=3, scale_out_queue=20, scale_out_seconds=10,
+                                   scale_in_queue=1, scale_in_seconds=10, cooldown_seconds=0)
+    dep = InferenceDeployment(name="d", model="m", profile="p", replicas=replicas, tenant=tenant, autoscaling=spec)
+    dep.status.message = "1/1 replicas ready"
+    store.put(keyspace.deployments("d"), dep.model_dump_json())
+    for i in range(replicas):
+        rid = f"d-{i}"
+        store.put(keyspace.replicas("d", rid), Replica(replica_id=rid, deployment="d", ordinal=i, node="n",
+                                                       ready=True, phase="Ready", host="127.0.0.1").model_dump_json())
+        observe(store, rid, queue, now)
+
+
+def observe(store, rid: str, queue: float, at: float) -> None:
+    store.put(keyspace.observations(rid), ReplicaObservation(replica_id=rid, scraped_at=at, ok=True,
+                                                             queue_depth=queue).model_dump_json())
+
+
+def dep(store) -> dict:
+    return json.loads(store.get(keyspace.deployments("d")).value)
+
+
+def run(worker):
+    asyncio.run(worker.tick())
+
+
+def test_queue_held_scales_out_once_and_says_why(store):
+    clock = Clock()
+    seed(store, queue=30)
+    run(AutoscaleWorker(store, clock=clock))
+    d = dep(store)
+    assert d["replicas"] == 1 and d["status"]["scaling"].startswith("hold: queue 30 > 20 for 0s of 10s")
+    assert d["status"]["message"] == "1/1 replicas ready; autoscaler: " + d["status"]["scaling"]
+    clock.t += 11
+    observe(store, "d-0", 30, clock.t)
+    run(AutoscaleWorker(store, clock=clock))  # a new worker (a new leader) continues the timer
+    d = dep(store)
+    assert d["replicas"] == 2
+    assert d["status"]["scaling"] == "scale out to 2: queue 30 > 20 for 11s (>= 10s)"
+    assert load_memory(store, "d").last_action == "scale_out"
+    reasons = [e.reason for e in recent_events(store, kind="deployment", name="d")]
+    assert reasons == ["ScalingHeld", "ScaledOut"]
+    clock.t += 1
+    run(AutoscaleWorker(store, clock=clock))  # the new replica is not ready yet: a new decision, recorded
+    assert dep(store)["status"]["scaling"].startswith("hold: 1/2 replicas ready")
+    # Ticks that decide the same thing again write nothing and record nothing.
+    revision = store.get(keyspace.deployments("d")).mod_revision
+    clock.t += 5
+    run(AutoscaleWorker(store, clock=clock))
+    run(AutoscaleWorker(store, clock=clock))
+    assert store.get(keyspace.deployments("d")).mod_revision == revision
+    assert [e.reason for e in recent_events(store, kind="deployment", name="d")] == reasons + ["ScalingHeld"]
+
+
+def test_quota_refusal_is_recorded_on_the_deployment(store):
+    clock = Clock()
+    seed(store, queue=30, tenant="acme", gpus=2)
+    store.put(keyspace.quotas("acme"), TenantQuota(tenant="acme", max_gpus=3).model_dump_json())
+    worker = AutoscaleWorker(store, clock=clock)
+    run(worker)
+    clock.t += 11
+    observe(store, "d-0", 30, clock.t)
+    run(worker)
+    d = dep(store)
+    assert d["replicas"] == 1
+    assert "tenant 'acme' GPU quota is 3 (max_gpus); it uses 2 and this needs 2 more" in d["status"]["message"]
+    refusals = [e for e in recent_events(store, name="d") if e.reason == "QuotaRefused"]
+    assert len(refusals) == 1 and refusals[0].type == "Warning"
+
+
+def test_an_operator_scale_meanwhile_wins(store):
+    clock = Clock()
+    seed(store, queue=30, spec=AutoscalingSpec(scale_out_queue=20, scale_out_seconds=0, scale_in_queue=1,
+                                               cooldown_seconds=0))
+    worker = AutoscaleWorker(store, clock=clock)
+    snap = load_snapshot(store)
+    record = dep(store)
+    record["replicas"] = 3  # the operator's scale lands between the snapshot and the write
+    store.put(keyspace.deployments("d"), json.dumps(record))
+    decision = worker.apply(snap, snap.deployments["d"], snap.deployment_revisions["d"])
+    assert decision.action == "scale_out" and decision.replicas == 2
+    assert dep(store)["replicas"] == 3
+
+
+def test_idle_scales_to_zero_and_demand_wakes_it(store):
+    clock = Clock()
+    spec = AutoscalingSpec(min_replicas=1, max_replicas=2, scale_out_queue=20, scale_in_queue=1, scale_in_seconds=5,
+                           scale_to_zero=True, cooldown_seconds=0)
+    seed(store, queue=0, spec=spec)
+    store.put(keyspace.endpoints("e"), InferenceEndpoint(name="e", deployment="d").model_dump_json())
+    worker = AutoscaleWorker(store, clock=clock)
+    run(worker)
+    clock.t += 6
+    observe(store, "d-0", 0, clock.t)
+    run(worker)
+    assert dep(store)["replicas"] == 0
+    store.delete(keyspace.replicas("d", "d-0"))
+    run(worker)
+    assert dep(store)["status"]["scaling"].startswith("hold: scaled to zero")
+    clock.t += 1
+    store.put(keyspace.demand("e"), json.dumps({"at": clock.t}))  # what the gateway writes
+    run(worker)
+    d = dep(store)
+    assert d["replicas"] == 1 and "a call arrived with 0 replicas" in d["status"]["scaling"]
+
+
+def test_with_note_replaces_the_previous_note():
+    assert with_note("2/2 ready", "hold: steady") == "2/2 ready; autoscaler: hold: steady"
+    assert with_note("2/2 ready; autoscaler: hold: steady", "scale in to 1: idle") == \
+        "2/2 ready; autoscaler: scale in to 1: idle"
+    assert with_note("2/2 ready; autoscaler: hold: steady", "") == "2/2 ready"

@@ -1,0 +1,54 @@
+"""controlplane.settings.load: every FABRIC_* value fabricd reads is checked at start, and a bad
+one is named with why (fabricd serve then exits 2, see test_api_quotas_scaling)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.settings import SettingsError, load
+
+
+@pytest.mark.parametrize("name, value, why", [
+    ("FABRIC_ADDRESS_POOL", "fd00::/64", "FABRIC_ADDRESS_POOL='fd00::/64'"),
+    ("FABRIC_SERVICE_CIDR", "10.0.0.0/33", "FABRIC_SERVICE_CIDR='10.0.0.0/33'"),
+    ("FABRIC_RECONCILE_SECS", "soon", "is not a number"),
+    ("FABRIC_ROUTING_SECS", "0", "expected from 0.05 to 3600"),
+    ("FABRIC_AUTOSCALE_SECS", "nan", "expected from 0.05"),
+    ("FABRIC_LEADER_TTL_SECS", "1.5", "is not an integer"),
+    ("FABRIC_DRAIN_GRACE_SECS", "-1", "expected from 0"),
+    ("FABRIC_MAX_GPU_TEMP_C", "hot", "is not a number"),
+    ("FABRIC_REJECT_ECC", "maybe", "expected 1/0"),
+    ("FABRIC_AVOID_BUGGY_IPS", "2", "expected 1/0"),
+    ("FABRIC_DENY_RUNTIMES", "vllm,tritn", "unknown runtime tritn"),
+    ("FABRIC_ALLOW_RUNTIMES", "docker", "unknown runtime docker"),
+    ("FABRIC_TOKEN_TTL", "5", "expected from 60"),
+    ("FABRIC_EVENTS_KEPT", "-3", "expected from 10"),
+    ("FABRIC_EVENTS_MAX_AGE_SECS", "x", "is not a number"),
+    ("FABRIC_KEY_HMAC_SECRET_FILE", "/nonexistent/secret", "does not exist"),
+    ("FABRIC_MODEL_JOBS_SECS", "0", "out of range"),
+    ("FABRIC_DRY_RUN", "maybe", "expected 1 (dry run) or 0"),
+    ("FABRIC_MODEL_CACHE_BYTES", "10GB", "is not an integer"),
+    ("FABRIC_MAX_BATCHES", "0", "out of range"),
+    ("FABRIC_PCI_MIG", "true", "is not 1 or 0"),
+    ("FABRIC_MODEL_DIR", "models", "is not an absolute path"),
+])
+def test_bad_values_are_named(name, value, why):
+    with pytest.raises(SettingsError) as err:
+        load({name: value})
+    assert name in str(err.value) and why in str(err.value)
+
+
+def test_defaults_and_good_values():
+    s = load({})
+    assert (s.controllers.reconcile_s, s.controllers.routing_s, s.controllers.autoscale_s) == (15.0, 10.0, 15.0)
+    s = load({"FABRIC_AUTOSCALE_SECS": "2.5", "FABRIC_ADDRESS_POOL": "10.96.0.7", "FABRIC_REJECT_ECC": "true",
+              "FABRIC_DENY_RUNTIMES": "triton", "FABRIC_EVENTS_KEPT": "50"}, insecure=True)
+    assert s.controllers.autoscale_s == 2.5 and s.scheduler.reject_ecc is True
+    assert s.deny_runtimes == ("triton",) and s.api.events_kept == 50 and s.api.insecure is True
+    assert [e.text for e in s.pool.entries] == ["10.96.0.7"]
+
+
+def test_every_bad_value_is_reported_at_once():
+    with pytest.raises(SettingsError) as err:
+        load({"FABRIC_RECONCILE_SECS": "x", "FABRIC_ADDRESS_POOL": "nope"})
+    assert "FABRIC_RECONCILE_SECS" in str(err.value) and "FABRIC_ADDRESS_POOL" in str(err.value)

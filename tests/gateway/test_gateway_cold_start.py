@@ -1,0 +1,110 @@
+"""Cold start through a real fabric-gateway process: a call for an endpoint with no ready replica
+records demand in the store and gets 503 + Retry-After + an OpenAI-style "model_loading" error;
+with FABRIC_GATEWAY_HOLD_SECS the call waits until a replica is Ready; the official openai
+client, retrying on its own, gets its answer once a replica is up."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from common import keyspace
+from common.schemas import EndpointStatus, InferenceEndpoint
+from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = sim_engine()
+    yield e
+    e.stop()
+
+
+def parked(store, name: str) -> None:
+    """An endpoint whose deployment is at zero replicas (what the autoscaler leaves)."""
+    ep = InferenceEndpoint(name=name, deployment=f"{name}-dep", status=EndpointStatus(phase="Ready"))
+    store.put(keyspace.endpoints(name), ep.model_dump_json())
+    for kv in store.list(keyspace.replicas(f"{name}-dep")):
+        store.delete(kv.key)
+
+
+def chat(gw: GatewayProcess, endpoint: str, key: str) -> httpx.Response:
+    return httpx.post(f"{gw.openai_base(endpoint)}/chat/completions", timeout=30,
+                      headers={"Authorization": f"Bearer {key}"},
+                      json={"model": "sim-m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+
+
+def test_no_replica_records_demand_and_answers_model_loading(tmp_path_factory, engine):
+    state, url, store = sqlite_state(tmp_path_factory, "cold")
+    gw = GatewayProcess.start(state, url)
+    try:
+        parked(store, "cold")
+        _, key = make_key(store, "cold")
+        before = time.time()
+        resp = chat(gw, "cold", key)
+        assert resp.status_code == 503, resp.text
+        assert resp.headers["retry-after"] == "5"
+        err = resp.json()["error"]
+        assert err["code"] == "model_loading" and err["type"] == "model_loading"
+        assert "is loading" in err["message"]
+        demand = json.loads(store.get(keyspace.demand("cold")).value)
+        assert demand["at"] >= before
+        # An unknown endpoint (or an unauthenticated caller) records nothing.
+        assert chat(gw, "nope", key).status_code in (401, 403, 404)
+        assert store.get(keyspace.demand("nope")) is None
+        # Once a replica is Ready the same call is served.
+        publish_endpoint(store, "cold", [engine])
+        time.sleep(1.2)  # the gateway's 1 s view cache
+        assert chat(gw, "cold", key).status_code == 200
+    finally:
+        gw.stop()
+        store.close()
+
+
+def test_hold_waits_for_a_replica_and_the_openai_client_gets_its_answer(tmp_path_factory, engine):
+    state, url, store = sqlite_state(tmp_path_factory, "hold")
+    gw = GatewayProcess.start(state, url, env={"FABRIC_GATEWAY_HOLD_SECS": "20"})
+    try:
+        parked(store, "hold")
+        _, key = make_key(store, "hold")
+
+        def autoscaler_stand_in():
+            # What fabricd does when it sees the demand: a replica becomes Ready a bit later.
+            deadline = time.monotonic() + 15
+            while store.get(keyspace.demand("hold")) is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)
+            publish_endpoint(store, "hold", [engine])
+
+        t = threading.Thread(target=autoscaler_stand_in)
+        t.start()
+        client = openai.OpenAI(base_url=gw.openai_base("hold"), api_key=key, max_retries=0, timeout=30)
+        out = client.chat.completions.create(model="sim-m", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=4)
+        t.join()
+        assert out.choices[0].message.content
+    finally:
+        gw.stop()
+        store.close()
+
+
+def test_openai_client_retries_through_model_loading(tmp_path_factory, engine):
+    state, url, store = sqlite_state(tmp_path_factory, "retry")
+    gw = GatewayProcess.start(state, url)
+    try:
+        parked(store, "retry")
+        _, key = make_key(store, "retry")
+        threading.Timer(2.0, publish_endpoint, args=(store, "retry", [engine])).start()
+        client = openai.OpenAI(base_url=gw.openai_base("retry"), api_key=key, max_retries=5, timeout=30)
+        raw = client.chat.completions.with_raw_response.create(
+            model="sim-m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert raw.http_response.status_code == 200 and raw.retries_taken >= 1
+        assert raw.parse().choices[0].message.content
+    finally:
+        gw.stop()
+        store.close()
