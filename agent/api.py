@@ -297,7 +297,7 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     if state.models is not None:
         from agent.models.routes import add_model_routes
 
-        add_model_routes(app, state.models, state.node_id)
+        add_model_routes(app, state.models, state.node_id, state.registry)
 
     # health and metrics ---------------------------------------------------------------------
     @app.get("/v1/health", response_model=AgentHealth)
@@ -311,6 +311,9 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
 
     @app.get("/metrics")
     def metrics() -> Response:
+        refresh = getattr(app.state, "refresh_model_metrics", None)
+        if refresh is not None:
+            refresh()
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(mig_router())

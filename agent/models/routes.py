@@ -5,6 +5,8 @@
     GET    /v1/models/cache           cached digests with size, last use, path; free bytes
     DELETE /v1/models/cache/{digest}  evict one digest (never a local source): 204, 404
     POST   /v1/models/verify          hash and scan a cached digest again, apply the model's rules
+Metrics (refreshed at each /metrics scrape): fabric_agent_model_jobs{state},
+fabric_agent_model_cache_bytes, fabric_agent_model_cache_digests.
 Handlers are sync: hashing and deleting block, and FastAPI runs them in its thread pool.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, Gauge
 
 from agent.models.checks import CheckFailed, build_manifest, check_policy, scan
 from agent.models.jobs import ModelJobs
@@ -34,8 +37,27 @@ def _digest(value: str) -> str:
         raise InvalidInput(str(exc)) from None
 
 
-def add_model_routes(app: FastAPI, jobs: ModelJobs, node_id: str) -> None:
+def add_model_routes(app: FastAPI, jobs: ModelJobs, node_id: str, registry: CollectorRegistry) -> None:
     cache = jobs.cache
+    job_gauge = Gauge("fabric_agent_model_jobs", "Model jobs on this node by state", ["state"], registry=registry)
+    cache_gauge = Gauge("fabric_agent_model_cache_bytes", "Bytes of verified models in the cache (by-digest)",
+                        registry=registry)
+    digests_gauge = Gauge("fabric_agent_model_cache_digests", "Verified model digests on this node",
+                          registry=registry)
+
+    def refresh_metrics() -> None:
+        """Read at scrape time: the job records and the cache on disk are the truth."""
+        counts: dict[str, int] = {}
+        for view in jobs.list():
+            counts[view.state] = counts.get(view.state, 0) + 1
+        job_gauge.clear()
+        for state, n in counts.items():
+            job_gauge.labels(state).set(n)
+        entries = cache.entries()
+        cache_gauge.set(sum(e.size_bytes for e in entries if not e.local))
+        digests_gauge.set(len(entries))
+
+    app.state.refresh_model_metrics = refresh_metrics
 
     @app.post("/v1/models/jobs", response_model=AgentJobView, status_code=202)
     def submit_job(req: AgentJobRequest) -> AgentJobView:

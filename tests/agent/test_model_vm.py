@@ -78,6 +78,8 @@ def test_vm_create_needs_the_digest_on_this_node(tmp_path):
         assert ok.status_code == 201, ok.text
         assert c.get("/v1/models/jobs/nope").status_code == 404
         assert c.delete("/v1/models/cache/" + "c" * 64).status_code == 404
+        metrics = c.get("/metrics").text
+        assert "fabric_agent_model_cache_digests 1.0" in metrics
     assert vms.created[0].model_dir == str(cache.by_digest / ("b" * 64))
     assert (cache.last_used / ("b" * 64)).exists()  # a VM using it counts for LRU
 
