@@ -52,6 +52,27 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+class _HashCache:
+    """SHA-256 per (path, size, mtime): a model info or HEAD must not re-read gigabytes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[tuple[str, int, int], str] = {}
+
+    def sha256(self, path: Path) -> str:
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with self._lock:
+            if key in self._known:
+                return self._known[key]
+        digest = file_sha256(path)
+        with self._lock:
+            if len(self._known) > 100_000:
+                self._known.clear()
+            self._known[key] = digest
+        return digest
+
+
 def commit_of(repo_dir: Path) -> str:
     """The repository's one commit: SHA-1 over its file names, sizes and modification times."""
     h = hashlib.sha1()
@@ -130,7 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
         siblings = []
         for p in _files(repo_dir):
             size = p.stat().st_size
-            sha = file_sha256(p)
+            sha = self.server.hashes.sha256(p)
             siblings.append({"rfilename": p.relative_to(repo_dir).as_posix(), "size": size,
                              "blobId": hashlib.sha1(sha.encode()).hexdigest(),
                              "lfs": {"sha256": sha, "size": size, "pointerSize": 134}})
@@ -165,7 +186,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 return
         self.send_response(206 if start else 200)
-        self.send_header("ETag", f'"{file_sha256(path)}"')
+        self.send_header("ETag", f'"{self.server.hashes.sha256(path)}"')
         self.send_header("X-Repo-Commit", commit)
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Type", "application/octet-stream")
@@ -198,6 +219,14 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     cfg: MirrorConfig
+    hashes: _HashCache
+
+    def handle_error(self, request, client_address) -> None:
+        # A client that goes away mid-answer (a killed agent, a timeout) is routine here.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
 
 
 class HfMirror:
@@ -207,6 +236,7 @@ class HfMirror:
         self.cfg = cfg
         self.server = _Server((host, port), _Handler)
         self.server.cfg = cfg
+        self.server.hashes = _HashCache()
         self._thread = threading.Thread(target=self.server.serve_forever, name="hf-mirror", daemon=True)
 
     @property
