@@ -17,6 +17,7 @@ SUCCESS/FAILED audited in a finally that a disconnect cannot skip.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import os
@@ -58,6 +59,7 @@ log = logging.getLogger("fabric.gateway")
 PRIORITIES = ("low", "normal", "high")
 OFF_LOOP_BYTES = 64 * 1024  # bodies above this are parsed in a thread, not on the event loop
 ROUTE_CACHE_MAX = 4096
+GC_GEN0_THRESHOLD = 20_000  # net allocations between young collections (Python's default: 700)
 
 
 @dataclass
@@ -82,6 +84,16 @@ class GatewayState:
     def generation(self) -> GenerationPolicy:
         s = self.settings
         return GenerationPolicy(s.default_max_tokens, s.max_generated_tokens, s.max_context)
+
+
+def quiet_gc() -> None:
+    """Move everything made at start (modules, settings, pydantic and prometheus objects) out of
+    the collector's reach and collect the young generations less often. Measured at 64 clients:
+    one full collection scanning the start-up heap paused the loop 77 ms (every call in flight
+    waits it out: the p99), and young collections ran about every 80 calls."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
 
 
 class GatewayApp:
@@ -119,6 +131,7 @@ class GatewayApp:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
+                quiet_gc()
                 await asyncio.to_thread(self.state.limits.slots.register)
                 self.state.limits.slots.start_renewing()
                 await send({"type": "lifespan.startup.complete"})
