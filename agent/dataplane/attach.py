@@ -80,24 +80,6 @@ def detach_programs(iface: str, netns: str | None) -> None:
     run_in_netns(netns, body)
 
 
-def tc_filter_ids(iface: str, netns: str | None) -> list[tuple[int, int]]:
-    """(prio, BPF program id) of the bpf filters on the device's clsact egress."""
-
-    def body() -> list[tuple[int, int]]:
-        from pyroute2 import IPRoute
-
-        with IPRoute() as ipr:
-            out = []
-            for msg in ipr.get_filters(index=_index(ipr, iface), parent=TC_EGRESS_PARENT):
-                opts = msg.get_attr("TCA_OPTIONS")
-                prog_id = opts.get_attr("TCA_BPF_ID") if opts else None
-                if prog_id is not None:
-                    out.append((msg["info"] >> 16, prog_id))
-            return out
-
-    return run_in_netns(netns, body)
-
-
 def node_addresses(netns: str | None) -> list[str]:
     """Every IPv4 address of the namespace (None: the caller's own)."""
 

@@ -6,6 +6,7 @@ draining ones are kept, and the NAT survives losing either of its two entries.""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import sys
@@ -194,6 +195,23 @@ def test_removed_backend_flows_are_repicked_draining_ones_kept_and_counted(dp):
     dp.put_service(VIP, 80, "tcp", {B: 1})  # A removed: its flows go where the table says
     _send(dp, _tcp(on_a, "A", payload=b"x"), "fwd_repicked", B)
     _send(dp, _tcp(on_a, "A", payload=b"x"), "fwd_established", B)
+
+
+def test_a_pick_that_meets_a_draining_backend_moves_on(dp):
+    """The ring switch follows the backend writes: a ring that still lists a
+    backend already marked draining must not give it new flows."""
+    dp.put_service(VIP, 80, "tcp", {A: 1, B: 1})
+    bid = dp._service_state(dp._read_services()[next(a for a in dp._read_services() if a.vip == VIP and
+                                                       a.port == 80)], dp._read_backends()).backend_ids[A]
+    entry = dp._backends[ctypes.c_uint32(bid)]
+    entry.flags |= 2  # BACKEND_DRAINING, the ring untouched
+    dp._backends[ctypes.c_uint32(bid)] = entry
+    try:
+        picks = {_backend_of(_run(dp, bytes(_tcp(sport, "S")))[0].output) for sport in range(34900, 34940)}
+        assert picks == {B}
+    finally:
+        entry.flags &= ~2
+        dp._backends[ctypes.c_uint32(bid)] = entry
 
 
 def test_evicted_forward_entry_keeps_replies_and_is_recorded_again(dp):

@@ -5,6 +5,7 @@ by attach or an explicit setting, VIPs on the node's own addresses refused."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from agent.dataplane import Dataplane
 from agent.dataplane.addresses import ip_to_map, port_to_map
 from agent.dataplane.cli import maglev_app
 from agent.dataplane.pins import LAYOUT_VERSION, read_meta, remove_stale_pins
@@ -23,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def test_two_writer_processes_never_collide(pin_dir):
-    open_dataplane(pin_dir).close()  # create the maps once (test-sized)
+    # both create-or-open the same (absent) pins, then write at the same moment
     env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
     procs = [subprocess.Popen([sys.executable, str(HERE / "writer_proc.py"), pin_dir, str(first), "8"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -77,6 +79,14 @@ def test_layout_mismatch_is_refused_and_opening_keeps_the_recorded_sizes(pin_dir
     assert remove_stale_pins(pin_dir) == []  # the current layout stays
 
 
+def tc_filter_ids(iface: str, netns: str) -> list[tuple[int, int]]:
+    """(pref, BPF program id) of the bpf filters on the device's egress (pyroute2 does not decode the id)."""
+    out = subprocess.run(["tc", "-n", netns, "-j", "filter", "show", "dev", iface, "egress"],
+                         check=True, capture_output=True, text=True).stdout
+    return [(f["pref"], f["options"]["prog"]["id"]) for f in json.loads(out)
+            if f.get("kind") == "bpf" and "options" in f]
+
+
 def test_pins_of_an_older_layout_are_refused_and_removed_by_detach(pin_dir, tmp_path):
     open_dataplane(pin_dir).close()
     os.unlink(os.path.join(pin_dir, "meta"))  # as an agent before layout records left them
@@ -89,35 +99,39 @@ def test_pins_of_an_older_layout_are_refused_and_removed_by_detach(pin_dir, tmp_
         result = CliRunner().invoke(maglev_app, ["detach", "--iface", "d0", "--netns", ns, "--pin-dir", pin_dir])
         assert result.exit_code == 0, result.output
         assert "removed stale pins" in result.output
+        assert os.listdir(pin_dir) == []
+        # a fresh start works; a second agent's attach replaces the TC filter in place
+        first, second = open_dataplane(pin_dir), None
+        try:
+            first.attach("d0", ns)
+            [(prio, first_id)] = tc_filter_ids("d0", ns)
+            second = open_dataplane(pin_dir)
+            second.attach("d0", ns)
+            [(prio_after, second_id)] = tc_filter_ids("d0", ns)  # one filter: replaced, not added
+            assert prio_after == prio and second_id != first_id
+        finally:
+            first.close()
+            if second is not None:
+                second.close()
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
-    assert os.listdir(pin_dir) == []
-    open_dataplane(pin_dir).close()  # a fresh start works
 
 
-def test_node_ip_is_written_only_by_attach_or_an_explicit_setting(pin_dir):
+def test_node_ip_is_written_only_by_attach_or_an_explicit_setting_and_vips_avoid_node_addresses(pin_dir):
     dp = open_dataplane(pin_dir, "10.2.0.1")
     try:
         assert dp.live_node_ip() == "10.2.0.1"
-        other = open_dataplane(pin_dir, node_ip=None)
-        reader = type(other)(pin_dir=pin_dir, node_ip="10.7.7.7")  # an opener naming another node_ip
+        opener = Dataplane(pin_dir=pin_dir, node_ip="10.7.7.7")  # opening (the CLI) writes no node_ip
         try:
-            assert other.live_node_ip() == reader.live_node_ip() == "10.2.0.1"
+            assert opener.live_node_ip() == dp.live_node_ip() == "10.2.0.1"
         finally:
-            other.close()
-            reader.close()
-        dp.configure(node_ip="10.2.0.9")
-        assert dp.live_node_ip() == "10.2.0.9"
-    finally:
-        dp.close()
-
-
-def test_vip_on_an_address_of_the_node_is_refused(pin_dir):
-    dp = open_dataplane(pin_dir, "10.2.0.1")
-    try:
+            opener.close()
+        # a VIP on an address of the node would take the node's own traffic (SSH)
         for vip in ("127.0.0.1", "10.2.0.1"):
             with pytest.raises(InvalidInput, match="address of this node"):
                 dp.put_service(vip, 22, "tcp", {"10.1.0.11:22": 1})
         assert dp.list_services() == []
+        dp.configure(node_ip="10.2.0.9")  # the explicit setting
+        assert dp.live_node_ip() == "10.2.0.9"
     finally:
         dp.close()

@@ -12,7 +12,7 @@ from agent.dataplane import Dataplane
 
 def main() -> None:
     pin_dir, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    dp = Dataplane(pin_dir=pin_dir)
+    dp = Dataplane(pin_dir=pin_dir, flow_entries=65536)
     print("ready", flush=True)
     sys.stdin.readline()  # both processes start writing together
     for i in range(count):
