@@ -4,6 +4,8 @@
     POST   /v1/gpus/{bdf}/bind | /release            VFIO bind/release of a whole GPU and its group
     GET    /v1/vms, POST /v1/vms                     list / create (idempotent by replica id)
     GET    /v1/vms/{id}, DELETE /v1/vms/{id}         status / delete (404 when absent)
+    GET    /v1/vms/{id}/logs?offset=&limit=         the engine log (lab/dry-run: its output; libvirt: the
+                                              serial console), agent/vm/engine_log.py
     PUT    /v1/maglev/services/{vip}/{port}/{proto}  the whole backend set of one service
     GET    /v1/maglev/services[/{vip}/{port}/{proto}]
     DELETE /v1/maglev/services/{vip}/{port}/{proto}  404 when absent
@@ -25,9 +27,10 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Collection, Mapping
+from dataclasses import asdict
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
@@ -35,6 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_late
 from agent.mig_routes import mig_router
 from agent.state import AgentState, as_dict, read_inventory
 from agent.vm.base import VmSpec, VmStatus
+from agent.vm.engine_log import MAX_CHUNK, read_chunk
 from common.agent_api import (
     AgentHealth,
     GpuBindResult,
@@ -246,6 +250,17 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         if status is None or status.state == "absent":
             raise NotFound(f"vm {vm_id} does not exist on node {state.node_id}")
         return _vm_info(status)
+
+    @app.get("/v1/vms/{vm_id}/logs")
+    def vm_logs(vm_id: str, offset: int = Query(-65536), limit: int = Query(65536, ge=1, le=MAX_CHUNK)) -> dict:
+        vm_id = _vm_id(vm_id)
+        log_path = getattr(state.vm_driver, "log_path", None)
+        if log_path is None:
+            raise Refused(f"the {state.vm_driver.name} driver on node {state.node_id} keeps no engine log")
+        path = log_path(vm_id)
+        if path is None or not path.exists():
+            raise NotFound(f"no engine log for vm {vm_id} on node {state.node_id}")
+        return asdict(read_chunk(path, offset, limit))
 
     @app.delete("/v1/vms/{vm_id}", status_code=204)
     def delete_vm(vm_id: str) -> Response:

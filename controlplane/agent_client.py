@@ -112,6 +112,10 @@ class AgentClient:
     async def list_vms(self) -> list[VmInfo]:
         return VmList.model_validate((await self._call("GET", "/v1/vms")).json()).vms
 
+    async def vm_logs(self, vm_id: str, offset: int, limit: int) -> dict:
+        """A chunk of the VM's engine log: {text, offset, next_offset, size} (agent/vm/engine_log.py)."""
+        return (await self._call("GET", f"/v1/vms/{vm_id}/logs?offset={offset}&limit={limit}")).json()
+
     async def delete_vm(self, vm_id: str) -> bool:
         return await self._call("DELETE", f"/v1/vms/{vm_id}", missing_ok=True) is not None
 

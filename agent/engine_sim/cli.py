@@ -67,7 +67,12 @@ def config_from_args(argv: list[str] | None = None) -> EngineConfig:
 def main(argv: list[str] | None = None) -> None:
     from agent.engine_sim.server import run
 
-    run(config_from_args(argv if argv is not None else sys.argv[1:]))
+    config = config_from_args(argv if argv is not None else sys.argv[1:])
+    # One line to the log on start, as a real engine's first output would be (it is what
+    # `fabricctl ai logs` shows for a lab or dry-run replica before any warning).
+    print(f"fabric-engine-sim: serving {config.model} on {config.host}:{config.port} "
+          f"(replica {config.replica_id or '-'})", flush=True)
+    run(config)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,7 @@ def build_domain_xml(
     tuning: HostTuning = HostTuning(),
     tap: str | None = None,
     domain_type: str = "kvm",
+    console_log: Path | None = None,
 ) -> str:
     if spec.cpu < 1 or spec.memory_gib <= 0:
         raise InvalidInput("cpu and memory_gib must be positive")
@@ -214,7 +215,9 @@ def build_domain_xml(
 
     channel = _sub(dev, "channel", {"type": "unix"})  # qemu-guest-agent: how we learn the guest IP
     _sub(channel, "target", {"type": "virtio", "name": "org.qemu.guest_agent.0"})
-    _sub(dev, "serial", {"type": "pty"})
+    serial = _sub(dev, "serial", {"type": "pty"})
+    if console_log is not None:  # libvirt copies the serial console here: the replica's engine log
+        _sub(serial, "log", {"file": str(console_log), "append": "on"})
     _sub(dev, "console", {"type": "pty"})
     _sub(dev, "memballoon", {"model": "none"})
 

@@ -129,8 +129,9 @@ class DryRunDriver:
             port = free_loopback_port(self.host)
             argv = engine_argv(self.engine_command, spec, self.host, port)
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+                with open(self.log_path(spec.replica_id), "ab") as log:
+                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as exc:
                 raise TransientError(f"cannot start the engine sim for {spec.replica_id}: {exc}") from exc
             self._children[spec.replica_id] = proc
@@ -152,7 +153,12 @@ class DryRunDriver:
                 return False
             self._stop(rec)
             self.records.remove(vm_id)
+            self.log_path(vm_id).unlink(missing_ok=True)
             return True
+
+    def log_path(self, vm_id: str) -> Path:
+        """Where the engine's output goes (served by GET /v1/vms/{id}/logs)."""
+        return self.state_dir / f"{vm_id}.log"
 
     def _stop(self, rec: EngineRecord) -> None:
         child = self._children.pop(rec.replica_id, None)

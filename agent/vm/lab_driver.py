@@ -155,6 +155,10 @@ class LabDriver:
         rec = self.records.load(vm_id)
         return self._status(rec) if rec else None
 
+    def log_path(self, vm_id: str) -> Path:
+        """The replica's engine output (served by GET /v1/vms/{id}/logs)."""
+        return self.dir / f"{vm_id}.log"
+
     def list(self) -> list[VmStatus]:
         return [self._status(r) for r in self.records.all()]
 

@@ -126,6 +126,11 @@ class LibvirtDriver:
             spec.replica_id, "failed", message=f"{paths.overlay} vanished"
         )
 
+    def log_path(self, vm_id: str) -> Path:
+        """The guest's serial console as libvirt logs it (the domain XML's <serial><log file>)."""
+        _check_id(vm_id)
+        return self.state_dir / "console" / f"{domain_name(vm_id)}.log"
+
     def get(self, vm_id: str) -> VmStatus | None:
         dom = self._lookup(vm_id)
         if dom is None:
@@ -191,6 +196,7 @@ class LibvirtDriver:
             mac=mac_for(spec.replica_id),
             bridge=self.bridge,
             models_dir=models if tuning.virtiofs_readonly else self.share_dir(spec.replica_id),
+            console_log=self.log_path(spec.replica_id),
             firmware=Firmware(self.firmware.loader, self.firmware.vars_template, paths.nvram),
             tuning=tuning,
             tap=tap_name(spec.replica_id),
@@ -216,6 +222,7 @@ class LibvirtDriver:
                                 models_dir=None if spec.model_dir else self.models_dir)
         write_seed_iso(self.state_dir, meta, user, name=paths.seed.name)
         self.network.create_tap(tap_name(spec.replica_id))
+        self.log_path(spec.replica_id).parent.mkdir(parents=True, exist_ok=True)
         try:
             self._connection().defineXML(xml)
         except libvirt.libvirtError as exc:

@@ -75,6 +75,7 @@ def build_app() -> typer.Typer:
         models,
         nodes,
         observe,
+        replicas,
         resources,
         rollouts,
         scaling,
@@ -119,6 +120,7 @@ def build_app() -> typer.Typer:
     explain.explain_app.command("scaling")(observe.scaling)
     ai.add_typer(explain.explain_app, name="explain")
     declarative.register(ai)
+    replicas.register(ai)
     ai.command("backup")(backup.backup)
     ai.command("restore")(backup.restore)
     return root

@@ -44,9 +44,14 @@ def drain(name: str = typer.Argument(..., metavar="NAME", help="a deployment"), 
           replica: str = typer.Option(None, "--replica", help="drain only this replica (it is replaced)"),
           as_json: bool = JSON_OPT) -> None:
     """Stop new traffic to a deployment's replicas (weight 0), then delete them after the grace."""
-    with session() as c:
+    with session({"grace_secs": "--grace-secs", "replica": "--replica"}) as c:
         data = c.post(f"/api/ai/deployments/{name}/drain", {"grace_secs": grace_secs, "replica": replica})
+        draining = [r for r in c.get("/api/ai/replicas", deployment=name) if r.get("draining")]
     if as_json:
         emit_json(data)
         return
     typer.echo(data.get("message") or f"draining {name}")
+    for r in draining:
+        left = r.get("drain_left_s")
+        typer.echo(f"  {r['replica_id']}: weight 0, deleted in {left:g}s" if left is not None
+                   else f"  {r['replica_id']}: draining")

@@ -189,3 +189,11 @@ def test_hgx_full_passthrough_puts_nvswitches_behind_their_own_root_ports():
     assert buses == list(range(1, 13))
     args = [a.get("value") for a in root.findall(f"{{{QEMU_NS}}}commandline/{{{QEMU_NS}}}arg")]
     assert args[1] == f"name=opt/ovmf/X-PciMmio64Mb,string={8 << 20}"  # sized from sysfs BARs
+
+
+def test_serial_console_is_logged_to_the_replica_log_when_asked():
+    assert ET.fromstring(render(one_h200(), hugepages=False)).find("devices/serial/log") is None
+    xml = build_domain_xml(one_h200(), overlay=STATE / "o.qcow2", seed_iso=STATE / "s.iso", mac=mac_for("x"),
+                           bridge="fabric0", models_dir=Path("/srv/models"), console_log=STATE / "console" / "x.log")
+    log = ET.fromstring(xml).find("devices/serial/log")
+    assert (log.get("file"), log.get("append")) == (str(STATE / "console" / "x.log"), "on")

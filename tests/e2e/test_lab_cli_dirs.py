@@ -52,6 +52,12 @@ def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
             ctl = subprocess.run(["bash", "-c", f"source {env_file}; fabricctl ai endpoint list -o name"],
                                  cwd=there, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
             assert ctl.stdout.split() == ["endpoint/demo-llm-openai"], ctl.stderr
+            # A lab replica's engine output, served by the agent through fabricd.
+            script = (f"source {env_file}; "
+                      "fabricctl ai logs $(fabricctl ai replica list -o name | head -1 | cut -d/ -f2)")
+            logs = subprocess.run(["bash", "-c", script],
+                                  cwd=there, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+            assert "fabric-engine-sim: serving demo-llm" in logs.stdout, logs.stderr
         finally:
             down = lab(there, env, "down")
         assert down.returncode == 0, down.stdout + down.stderr
