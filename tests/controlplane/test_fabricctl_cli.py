@@ -125,7 +125,7 @@ def test_unreachable_server_and_untrusted_ca(ctl_env, server, tmp_path):
 
 
 def test_output_formats(ctl_env):
-    ctl(ctl_env, "ai", "model", "add", "fmt", "--source", "/models/fmt", "--license", "mit")
+    ctl(ctl_env, "ai", "model", "add", "fmt", "--source", "hf://org/fmt", "--license", "mit")
     assert yaml.safe_load(ctl(ctl_env, "ai", "models", "show", "fmt", "-o", "yaml").stdout)["license"] == "mit"
     names = ctl(ctl_env, "ai", "models", "ls", "-o", "name").stdout.split()
     assert "model/fmt" in names
