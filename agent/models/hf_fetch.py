@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +151,20 @@ class HfFetcher:
             raise self._explain(exc, resolved.repo, resolved.revision) from None
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, final)
+
+    def download_all(self, resolved: Resolved, staging: Path, workers: int = 4) -> None:
+        """Every file not already finished in ``staging`` (partials under ``.fabric/partial/``),
+        several at once as huggingface_hub's snapshot_download does. The first error is raised
+        once the others have stopped; their partial files stay for the resume."""
+        todo = [f for f in resolved.files if not _done(f, staging / f.name)]
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for _ in pool.map(lambda f: self.download(resolved, f, staging / ".fabric" / "partial" / f.name,
+                                                      staging / f.name), todo):
+                pass
+
+
+def _done(file: RemoteFile, final: Path) -> bool:
+    return final.exists() and (file.size is None or final.stat().st_size == file.size)
 
 
 def library_version() -> str:

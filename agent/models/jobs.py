@@ -56,6 +56,7 @@ class ModelSettings:
     signing_key: bytes | None = None  # FABRIC_MODEL_SIGNING_KEY
     retries: int = 3  # FABRIC_MODEL_RETRIES
     retry_base_s: float = 1.0
+    download_workers: int = 4  # FABRIC_MODEL_DOWNLOAD_WORKERS: files fetched at once
     env: dict[str, str] = field(default_factory=dict)  # HF_ENDPOINT, HF_TOKEN, FABRIC_HF_TOKEN_FILE
 
     @classmethod
@@ -77,6 +78,7 @@ class ModelSettings:
                    max_files=number("FABRIC_MODEL_MAX_FILES", DEFAULT_MAX_FILES),
                    signing_key=key.encode() if key else None,
                    retries=number("FABRIC_MODEL_RETRIES", 3),
+                   download_workers=number("FABRIC_MODEL_DOWNLOAD_WORKERS", 4) or 1,
                    env={k: v for k, v in env.items() if k in ("HF_ENDPOINT", "HF_TOKEN", "FABRIC_HF_TOKEN_FILE")})
 
 
@@ -296,11 +298,7 @@ class ModelJobs:
                                            f"{free} are free under {self.cache.root}")
 
     def _download(self, fetcher: HfFetcher, resolved: Resolved, staging: Path) -> None:
-        for f in resolved.files:
-            final = staging / f.name
-            if final.exists() and (f.size is None or final.stat().st_size == f.size):
-                continue  # finished before a restart
-            fetcher.download(resolved, f, staging / ".fabric" / "partial" / f.name, final)
+        fetcher.download_all(resolved, staging, self.settings.download_workers)
 
     def _verify(self, rec: _Record, root: Path, resolved: Resolved | None) -> Manifest:
         self._hashed[rec.view.job_id] = 0
