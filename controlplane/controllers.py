@@ -107,6 +107,9 @@ class ControllerMetrics:
                                      "Maglev service puts sent to agents (only on change)", registry=registry)
         self.weight = Gauge("fabric_routing_weight", "Current Maglev weight per endpoint replica",
                             ["endpoint", "replica"], registry=registry)
+        self.autoscale_decisions = Counter("fabric_autoscaler_decisions_total",
+                                           "Autoscaler decisions applied or recorded, by action and code",
+                                           ["action", "code"], registry=registry)
         self.leader = Gauge("fabric_controller_leader", "1 while this process holds the orchestration lease",
                             registry=registry)
 
@@ -267,7 +270,7 @@ class ControllerHandle:
         routing = RoutingWorker(store, agents, config.pool if config else vip_pool.pool_from_env(),
                                 metrics=self.metrics, rollouts=rollouts, events=events)
         models = ModelWorker(store, agents)
-        autoscale = AutoscaleWorker(store, events=events)
+        autoscale = AutoscaleWorker(store, events=events, metrics=self.metrics)
         keeper = asyncio.create_task(self._keep_leading(lock))
         next_reconcile = next_routing = last_reconcile = last_routing = next_models = next_autoscale = 0.0
         fence_seen: int | None = None
@@ -309,6 +312,9 @@ class ControllerHandle:
                 if time.monotonic() >= next_autoscale and lock.held():
                     await self._job("autoscale", lock, autoscale.tick)
                     next_autoscale = time.monotonic() + self.settings.autoscale_s
+                    due = autoscale.next_due()  # a condition completes its hold before the next period
+                    if due is not None:
+                        next_autoscale = min(next_autoscale, time.monotonic() + max(0.05, due - time.time()))
                 # Not leading: the keeper wakes us when we take the lock.
                 horizon = (min(next_reconcile, next_routing, next_models, next_autoscale) if lock.held()
                            else now + self.settings.leader_ttl_s)

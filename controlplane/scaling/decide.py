@@ -76,6 +76,7 @@ class Signal:
     stale: tuple[str, ...]  # ready replicas without a fresh ok scrape
     out_held_s: float
     in_held_s: float
+    newest_scrape: float | None = None  # the latest scrape time among the fresh readings
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Decision:
     reason: str
     signal: Signal
     memory: Memory
+    due_at: float | None = None  # when a condition now holding has held long enough (the next look)
 
     @property
     def summary(self) -> str:
@@ -106,15 +108,19 @@ def read_signal(deployment: InferenceDeployment, obs: Observations, now: float, 
     ttft_ms = 1000 * sum(ttfts) / len(ttfts) if ttfts else None
     return Signal(deployment.replicas, len(ready), len(fresh), queue, ttft_ms, stale,
                   now - memory.out_since if memory.out_since is not None else 0.0,
-                  now - memory.in_since if memory.in_since is not None else 0.0)
+                  now - memory.in_since if memory.in_since is not None else 0.0,
+                  max((o.scraped_at for o in fresh), default=None))
 
 
 def _timers(spec: AutoscalingSpec, sig: Signal, memory: Memory, now: float) -> Memory:
+    """A condition that starts holding is dated by the newest scrape it was read from (when the
+    queue was seen, not when this tick ran); never earlier than the queue could have crossed."""
+    seen = min(now, sig.newest_scrape) if sig.newest_scrape is not None else now
     out_cond = sig.queue_depth is not None and sig.queue_depth > spec.scale_out_queue
     in_cond = sig.queue_depth is not None and sig.queue_depth < spec.scale_in_queue and not sig.stale
     return replace(memory,
-                   out_since=(memory.out_since if memory.out_since is not None else now) if out_cond else None,
-                   in_since=(memory.in_since if memory.in_since is not None else now) if in_cond else None)
+                   out_since=(memory.out_since if memory.out_since is not None else seen) if out_cond else None,
+                   in_since=(memory.in_since if memory.in_since is not None else seen) if in_cond else None)
 
 
 def _fmt(x: float | None, unit: str = "") -> str:
@@ -183,8 +189,9 @@ def decide(deployment: InferenceDeployment, spec: AutoscalingSpec | None, observ
                           f"(cooldown {spec.cooldown_seconds:g}s)", mem)
         return out_to(desired + 1, "queue_high" if queue_out else "ttft_high", why)
     if mem.out_since is not None:
-        return result("hold", desired, "queue_high_pending", f"{queue_note} > {spec.scale_out_queue:g} for "
-                      f"{out_held:.0f}s of {spec.scale_out_seconds:g}s", mem)
+        return replace(result("hold", desired, "queue_high_pending", f"{queue_note} > {spec.scale_out_queue:g} for "
+                      f"{out_held:.0f}s of {spec.scale_out_seconds:g}s", mem),
+                       due_at=mem.out_since + spec.scale_out_seconds)
 
     if sig0.stale:
         return result("hold", desired, "stale_metrics", f"not scaling in: no fresh metrics (ok scrape within "
@@ -194,8 +201,9 @@ def decide(deployment: InferenceDeployment, spec: AutoscalingSpec | None, observ
                       f"{spec.scale_out_queue:g}", mem)
     in_held = now - mem.in_since
     if in_held < spec.scale_in_seconds:
-        return result("hold", desired, "queue_low_pending", f"{queue_note} < {spec.scale_in_queue:g} for "
-                      f"{in_held:.0f}s of {spec.scale_in_seconds:g}s", mem)
+        return replace(result("hold", desired, "queue_low_pending", f"{queue_note} < {spec.scale_in_queue:g} "
+                              f"for {in_held:.0f}s of {spec.scale_in_seconds:g}s", mem),
+                       due_at=mem.in_since + spec.scale_in_seconds)
     if desired <= floor:
         return result("hold", desired, "at_min", f"{queue_note} < {spec.scale_in_queue:g}, but already at "
                       f"{'0 (scale_to_zero)' if floor == 0 else f'min_replicas {floor}'}", mem)

@@ -91,18 +91,29 @@ def plan_for(store: Store, snap: Snapshot, dep: InferenceDeployment, now: float)
 
 
 class AutoscaleWorker:
-    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, events: EventSink | None = None):
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, events: EventSink | None = None,
+                 metrics=None):
         self.store = store
+        self.metrics = metrics  # ControllerMetrics: fabric_autoscaler_decisions_total{action,code}
         self.clock = clock
         self.events = events or EventSink(store)
+        self.due_at: float | None = None
 
     async def tick(self) -> None:
         snap = load_snapshot(self.store)
+        self.due_at = None
         for name in sorted(snap.deployments):
             dep = snap.deployments[name]
             if dep.autoscaling is None:
                 continue
-            self.apply(snap, dep, snap.deployment_revisions[name])
+            decision = self.apply(snap, dep, snap.deployment_revisions[name])
+            if decision.due_at is not None:
+                self.due_at = decision.due_at if self.due_at is None else min(self.due_at, decision.due_at)
+
+    def next_due(self) -> float | None:
+        """When (wall clock) a condition that is holding will have held long enough: the loop runs
+        the next tick then instead of up to one period later."""
+        return self.due_at
 
     def apply(self, snap: Snapshot, dep: InferenceDeployment, mod_revision: int) -> Decision:
         now = self.clock()
@@ -112,6 +123,8 @@ class AutoscaleWorker:
             return decision  # the record changed since the snapshot: decide again next tick
         if decision.memory != memory:
             self.store.put(keyspace.scaling(dep.name), json.dumps(asdict(decision.memory)))
+        if changed and self.metrics is not None:
+            self.metrics.autoscale_decisions.labels(decision.action, decision.code).inc()
         if changed:
             reason = REASONS.get(decision.action, "QuotaRefused" if decision.code == "quota" else "ScalingHeld")
             self.events("deployment", dep.name, reason, f"autoscaler: {decision.summary}", tenant=dep.tenant,

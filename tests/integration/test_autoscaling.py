@@ -77,6 +77,8 @@ def test_scale_out_in_to_zero_and_back_through_the_gateway(cluster, tmp_path):
         dep = api.get(f"/api/ai/deployments/{DEP}").json()
         assert dep["replicas"] == 2
         assert "ScaledOut" in reasons(api, object=f"deployment/{DEP}")
+        assert 'fabric_autoscaler_decisions_total{action="scale_out",code="queue_high"} 1.0' in \
+            api.get("/metrics").text
         explain = api.get(f"/api/ai/explain/scaling/{DEP}").json()
         assert explain["signal"]["ready"] == 2 and explain["conditions"]["scale_out_queue"]["threshold"] == 5
         # At max_replicas with the queue still high, the autoscaler holds and says so.

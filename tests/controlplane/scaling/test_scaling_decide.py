@@ -177,3 +177,13 @@ def test_spec_refuses_bounds_that_would_flap():
         AutoscalingSpec(min_replicas=5, max_replicas=2)
     with pytest.raises(ValueError, match="flap"):
         AutoscalingSpec(scale_in_queue=30, scale_out_queue=20)
+
+
+def test_a_new_hold_is_dated_by_the_scrape_and_says_when_it_is_due():
+    dep, spec, obs = build(Case("d", 2, [30, 25], ("", 0, ""), ages=[4, 2]))
+    d = decide(dep, spec, obs, NOW)
+    assert d.code == "queue_high_pending" and d.memory.out_since == NOW - 2  # the newest scrape
+    assert d.due_at == NOW - 2 + 30
+    dep, spec, obs = build(Case("i", 2, [0, 0], ("", 0, "")))
+    d = decide(dep, spec, obs, NOW, Memory(in_since=NOW - 20))
+    assert d.code == "queue_low_pending" and d.due_at == NOW - 20 + 60
