@@ -10,7 +10,7 @@
     GET    /v1/maglev/services[/{vip}/{port}/{proto}]
     DELETE /v1/maglev/services/{vip}/{port}/{proto}  404 when absent
     POST   /v1/gpus/{bdf}/mig, DELETE /v1/gpus/{bdf}/mig/{gi}/{ci}   MIG instances (agent/mig_routes.py)
-    GET    /v1/health, GET /metrics
+    GET    /v1/health, GET /healthz (common.health's shape), GET /metrics
 
 Who may call: TLS admits only certificates from the cluster CA (the server demands one), and
 every node holds such a certificate, so the app also checks the certificate's common name
@@ -54,6 +54,7 @@ from common.agent_api import (
     check_vm_id,
 )
 from common.errors import Conflict, FabricError, Forbidden, InvalidInput, NotFound, Refused
+from common.health import healthz_body
 from common.peer_cert import CN_KEY, scope_tls
 
 DEFAULT_ALLOWED_CLIENT_CNS = ("fabricd",)
@@ -323,6 +324,15 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         return AgentHealth(node_id=state.node_id, ok=True, vm_driver=state.vm_driver.name,
                            dataplane=state.dataplane is not None, gpus=len(inv.gpus), vms=len(vms),
                            message="; ".join(notes) or "ok")
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        """Liveness in the shape every Fabric process shares (common.health)."""
+        status, body = healthz_body("fabric-agent", {
+            "vm_driver": f"ok: {state.vm_driver.name}",
+            "dataplane": "ok: loaded" if state.dataplane is not None else f"off: {state.dataplane_message or 'not loaded'}",
+        })
+        return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     def metrics() -> Response:

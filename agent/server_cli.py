@@ -281,6 +281,9 @@ def serve(
     from common.schemas import check_name
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from common.health import quiet_probes
+
+    quiet_probes()  # health checks and scrapes log at DEBUG
     try:
         check_name(node_id, "--node-id")
     except ValueError as exc:

@@ -15,8 +15,10 @@ import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
+from common.health import healthz_body
 from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
 from controlplane.errors_http import install_error_handlers
@@ -82,7 +84,15 @@ def create_app(state: AppState) -> FastAPI:
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", tags=["health"])
-    def healthz() -> dict:
-        return {"ok": True}
+    def healthz() -> JSONResponse:
+        """Liveness in the shape every Fabric process shares (common.health)."""
+        try:
+            state.store.revision()
+            store = "ok"
+        except Exception as exc:  # noqa: BLE001 - any store failure is what this check reports
+            store = f"failed: {type(exc).__name__}"
+        status, body = healthz_body("fabricd", {
+            "store": store, "controllers": "ok: running" if state.controllers_running else "off"})
+        return JSONResponse(body, status_code=status)
 
     return app

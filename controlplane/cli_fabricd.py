@@ -114,6 +114,9 @@ def serve(
 
         ssl_args = uvicorn_tls_kwargs(crt, key, pki_dir(state_dir) / "ca.crt")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from common.health import quiet_probes
+
+    quiet_probes()  # health checks and scrapes log at DEBUG
     try:
         the_store = open_store(store, state_dir)
     except ValueError as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import json
 import logging
 import os
 import time
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.errors import FabricError, InvalidInput
+from common.health import healthz_body
 from common.store.base import Store
 from gateway import batch_scope, dry_run
 from gateway.audit import AuditWriter
@@ -59,6 +61,8 @@ log = logging.getLogger("fabric.gateway")
 PRIORITIES = ("low", "normal", "high")
 OFF_LOOP_BYTES = 64 * 1024  # bodies above this are parsed in a thread, not on the event loop
 ROUTE_CACHE_MAX = 4096
+# /health and /healthz: the shape every Fabric process shares (common.health), made once.
+HEALTHZ = json.dumps(healthz_body("fabric-gateway")[1]).encode()
 GC_GEN0_THRESHOLD = 20_000  # net allocations between young collections (Python's default: 700)
 
 
@@ -117,7 +121,7 @@ class GatewayApp:
                             "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})
                 await send({"type": "http.response.body", "body": body})
             elif path in ("/health", "/healthz"):
-                await send_json(send, 200, b'{"status":"ok"}')
+                await send_json(send, 200, HEALTHZ)
             else:
                 await send_json(send, 404, b'{"error":{"code":"not_found","message":"no such route","type":"not_found"}}')
         elif kind == "websocket":

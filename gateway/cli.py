@@ -64,6 +64,9 @@ def serve(
     from gateway.assemble import create_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from common.health import quiet_probes
+
+    quiet_probes()  # health checks and scrapes log at DEBUG
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied call is noise on the hot path
     host, port = split_listen(listen)
     if insecure and not is_loopback(host):
