@@ -30,7 +30,7 @@ def _progress(job: dict) -> str:
     return f"{job.get('bytes_done', 0) / div:.1f}/{total / div:.1f} {unit}"
 
 
-def status(name: str, as_json: bool = JSON_OPT) -> None:
+def status(name: str = typer.Argument(..., metavar="NAME", help="the model's name"), as_json: bool = JSON_OPT) -> None:
     """A model's state, digest, progress and its cache state on each node."""
     with session() as c:
         s = c.get(f"/api/ai/models/{name}/status")
@@ -61,7 +61,7 @@ def _follow(c, name: str, timeout: float) -> dict:
 
 
 def materialize(
-    name: str,
+    name: str = typer.Argument(..., metavar="NAME", help="the model's name"),
     node: list[str] = typer.Option(None, "--node", help="materialize on this node (repeatable; default: every "
                                                         "online node)"),
     wait: bool = typer.Option(False, "--wait", help="follow the job with a progress bar until Ready or Failed"),
@@ -101,7 +101,7 @@ def jobs(as_json: bool = JSON_OPT) -> None:
         emit_table(c.get("/api/ai/model-jobs"), JOB_COLUMNS, as_json, kind="model-job")
 
 
-def verify(name: str, as_json: bool = JSON_OPT) -> None:
+def verify(name: str = typer.Argument(..., metavar="NAME", help="the model's name"), as_json: bool = JSON_OPT) -> None:
     """Hash and scan the cached bytes again on every node where the model is Ready."""
     with session() as c:
         result = c.post(f"/api/ai/models/{name}/verify", {})

@@ -19,7 +19,7 @@ EVENT_COLUMNS = [("TIME", _when), col("TYPE", "type"), col("OBJECT", "object"), 
                  col("MESSAGE", "message")]
 
 
-def failure(replica: str, as_json: bool = JSON_OPT) -> None:
+def failure(replica: str = typer.Argument(..., metavar="REPLICA", help="a replica id"), as_json: bool = JSON_OPT) -> None:
     """REPLICA's (or its VM's) recorded history: failed probes, start timeouts, agent errors."""
     with session() as c:
         data = c.get(f"/api/ai/explain/failure/{replica}")
@@ -32,7 +32,7 @@ def failure(replica: str, as_json: bool = JSON_OPT) -> None:
     emit_table(data.get("history", []), EVENT_COLUMNS, False)
 
 
-def scaling(deployment: str, as_json: bool = JSON_OPT) -> None:
+def scaling(deployment: str = typer.Argument(..., metavar="DEPLOYMENT", help="a deployment"), as_json: bool = JSON_OPT) -> None:
     """What the autoscaler decides for DEPLOYMENT now, the signal and how long each condition held."""
     with session() as c:
         data = c.get(f"/api/ai/explain/scaling/{deployment}")

@@ -16,7 +16,7 @@ QUOTA_COLUMNS = [col("TENANT", "tenant"), col("MAX_GPUS", "max_gpus"), col("USED
 
 
 def autoscale(
-    name: str,
+    name: str = typer.Argument(..., metavar="NAME", help="the deployment's name"),
     enable: bool = typer.Option(None, "--enable/--disable", help="turn the autoscaler on or off"),
     min_replicas: int = typer.Option(None, "--min", help="fewest replicas while serving"),
     max_replicas: int = typer.Option(None, "--max", help="most replicas"),
@@ -47,7 +47,7 @@ def autoscale(
 
 
 @quota_app.command("set")
-def quota_set(tenant: str, max_gpus: int = typer.Option(..., "--max-gpus", help="whole GPUs the tenant may hold"),
+def quota_set(tenant: str = typer.Argument(..., metavar="TENANT", help="the tenant"), max_gpus: int = typer.Option(..., "--max-gpus", help="whole GPUs the tenant may hold"),
               as_json: bool = JSON_OPT) -> None:
     """Set TENANT's GPU quota (replicas x profile gpu.count over its deployments)."""
     with session() as c:
