@@ -114,6 +114,9 @@ class HfFetcher:
             return FetchFailed(f"{self.endpoint} answered HTTP {status} for {repo}", transient=transient)
         if isinstance(exc, (OSError, ValueError)) and "Consistency check failed" in str(exc):
             return FetchFailed(f"a file of {repo} arrived with the wrong size; retrying", transient=True)
+        if isinstance(exc, ValueError):  # the library refused the repo id or revision as written
+            return FetchFailed(f"{repo}@{revision} is not a valid repository and revision: {type(exc).__name__}",
+                               transient=False)
         # Connection refused, timeouts, a connection cut mid-body: the partial file stays.
         return FetchFailed(f"cannot reach {self.endpoint}: {type(exc).__name__}", transient=True)
 

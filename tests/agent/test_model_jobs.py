@@ -195,3 +195,10 @@ def test_symlink_inside_a_local_model_is_refused_without_reading_its_target(tmp_
     jobs.submit(request(str(model), job="sym.n"))
     view = finish(jobs, "sym.n")
     assert view.state == "Failed" and "passwd.safetensors is a symlink" in view.message
+
+
+def test_a_repository_id_the_library_refuses_fails_at_once(tmp_path):
+    jobs = jobs_for(tmp_path, "http://127.0.0.1:9")
+    jobs.submit(request("hf://a/b--..c"))
+    view = finish(jobs, "tiny.node-a")
+    assert view.state == "Failed" and "not a valid repository" in view.message and view.retries == 0
