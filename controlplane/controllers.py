@@ -112,6 +112,8 @@ class ControllerMetrics:
                                            ["action", "code"], registry=registry)
         self.leader = Gauge("fabric_controller_leader", "1 while this process holds the orchestration lease",
                             registry=registry)
+        self.model_jobs = Gauge("fabric_model_jobs", "Model jobs by state (one per model and node)", ["state"],
+                                registry=registry)
 
 
 def leader_identity() -> str:
@@ -269,7 +271,7 @@ class ControllerHandle:
         rollouts = RolloutWorker(store, events_kept=api.events_kept)
         routing = RoutingWorker(store, agents, config.pool if config else vip_pool.pool_from_env(),
                                 metrics=self.metrics, rollouts=rollouts, events=events)
-        models = ModelWorker(store, agents)
+        models = ModelWorker(store, agents, jobs_gauge=self.metrics.model_jobs)
         autoscale = AutoscaleWorker(store, events=events, metrics=self.metrics)
         keeper = asyncio.create_task(self._keep_leading(lock))
         next_reconcile = next_routing = last_reconcile = last_routing = next_models = next_autoscale = 0.0

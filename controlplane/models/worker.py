@@ -26,10 +26,11 @@ log = logging.getLogger("fabricd.models")
 
 
 class ModelWorker:
-    def __init__(self, store: Store, agents, *, clock: Callable[[], float] = time.time):
+    def __init__(self, store: Store, agents, *, clock: Callable[[], float] = time.time, jobs_gauge=None):
         self.store = store
         self.agents = agents
         self.clock = clock
+        self.jobs_gauge = jobs_gauge  # fabric_model_jobs{state}, set each pass
         self.became_ready = False  # set by tick(): some job turned Ready in that pass
 
     def _models(self) -> dict[str, ModelArtifact]:
@@ -42,6 +43,10 @@ class ModelWorker:
     async def tick(self) -> None:
         self.became_ready = False
         jobs = list_jobs(self.store)
+        if self.jobs_gauge is not None:
+            self.jobs_gauge.clear()
+            for state in {j.state for j in jobs}:
+                self.jobs_gauge.labels(state).set(sum(1 for j in jobs if j.state == state))
         if not any(not j.terminal for j in jobs):
             return
         models, nodes = self._models(), self._nodes()

@@ -79,6 +79,8 @@ def test_replicas_wait_for_the_model_and_the_cache_is_managed(tmp_path):
                      "the replica to start once the model is Ready")
             wait_for(lambda: status(api, "slow")["nodes"][0]["cached"], 15, "the heartbeat to report the digest")
 
+            metrics = api.get("/metrics").text
+            assert 'fabric_model_jobs{state="Ready"} 1.0' in metrics
             verified = api.post("/api/ai/models/slow/verify").json()
             assert [r["ok"] for r in verified["results"]] == [True]
 
