@@ -45,11 +45,13 @@ def status(name: str = typer.Argument(..., metavar="NAME", help="the model's nam
 
 
 def _follow(c, name: str, timeout: float) -> dict:
+    from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     deadline = time.monotonic() + timeout
+    # The bar goes to stderr: stdout keeps only the result line, for scripts.
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
-                  transient=False) as bar:
+                  transient=False, console=Console(stderr=True)) as bar:
         task = bar.add_task(f"{name}: Registered", total=None)
         while True:
             s = c.get(f"/api/ai/models/{name}/status")
