@@ -58,7 +58,8 @@ def _stored(store: Store, kind: docs.Kind, name: str) -> dict | None:
 
 @router.get("/kinds")
 def kinds(_: AdminDep) -> list[dict]:
-    return [{"kind": k.name, "plural": k.plural, "aliases": list(k.aliases)} for k in docs.KINDS]
+    return [{"kind": k.name, "plural": k.plural, "aliases": list(k.aliases), "deletable": k.deletable}
+            for k in docs.KINDS]
 
 
 @router.get("/documents/{kind}")
@@ -84,10 +85,36 @@ def _call(target: str, **available):
     return fn(**{k: v for k, v in available.items() if k in wanted})
 
 
-def scale(state: AppState, name: str, changes: dict) -> dict:
-    from controlplane.api.resources import ScaleRequest, scale_deployment
+def update_deployment(state: AppState, name: str, changes: dict) -> dict:
+    """replicas through the scale route, autoscaling through the autoscaling route: the same
+    checks (quota, Deleting) and events as the imperative commands."""
+    record: dict = {}
+    if "replicas" in changes:
+        from controlplane.api.resources import ScaleRequest, scale_deployment
 
-    return scale_deployment(name, ScaleRequest(replicas=changes["replicas"]), state)
+        record = scale_deployment(name, ScaleRequest(replicas=changes["replicas"]), state)
+    if "autoscaling" in changes:
+        if changes["autoscaling"] is None:
+            record = merge_update(state, docs.find_kind("deployments"), name, {"autoscaling": None})
+        else:
+            from common.schemas import AutoscalingSpec
+            from controlplane.api.scaling import put_autoscaling
+
+            record = put_autoscaling(name, AutoscalingSpec.model_validate(changes["autoscaling"]), state)
+    return record
+
+
+def set_quota(body, state: AppState) -> dict:
+    from controlplane.api.quotas import set_quota as set_route
+
+    return set_route(body, state)
+
+
+def update_quota(state: AppState, name: str, changes: dict) -> dict:
+    from common.schemas import TenantQuota
+    from controlplane.api.quotas import set_quota as set_route
+
+    return set_route(TenantQuota(tenant=name, **changes), state)
 
 
 def merge_update(state: AppState, kind: docs.Kind, name: str, changes: dict) -> dict:

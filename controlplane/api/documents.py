@@ -8,9 +8,10 @@ A document has the kubectl shape; `status` is shown by get and ignored by apply:
     metadata: {name: demo-llm, tenant: acme}      # tenant only when set
     spec: {model: demo-llm, profile: lab-h100, replicas: 3}
 
-Adding a kind is one entry in KINDS (later kinds: autoscaling, rollouts, quotas): its schema,
-where its records live, the REST path fabricctl deletes through, how to create one, which spec
-fields may change in place (and how), and the fields the server owns. Entries are in dependency
+Adding a kind is one entry in KINDS (TenantQuota joined that way; a deployment's autoscaling is a
+field of InferenceDeployment): its schema, where its records live, whether fabricctl can delete
+it, how to create one, which spec fields may change in place (and how), and the fields the server
+owns. Entries are in dependency
 order: apply creates in this order, delete -f removes in reverse.
 
 Apply is create-or-update with patch semantics: only the fields a document sets are compared
@@ -26,7 +27,13 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from common import keyspace
-from common.schemas import InferenceDeployment, InferenceEndpoint, InferenceProfile, ModelArtifact
+from common.schemas import (
+    InferenceDeployment,
+    InferenceEndpoint,
+    InferenceProfile,
+    ModelArtifact,
+    TenantQuota,
+)
 
 API_VERSION = "fabric/v1"
 METADATA_FIELDS = ("name", "tenant")
@@ -44,6 +51,9 @@ class Kind:
     server_fields: frozenset[str] = frozenset({"status", "created_at"})  # never in a document's spec
     aliases: tuple[str, ...] = ()
     immutable_hint: dict[str, str] = field(default_factory=dict)  # field -> what to do instead
+    name_field: str = "name"  # the record field metadata.name maps to
+    deletable: bool = True  # DELETE /api/ai/{plural}/{name} exists
+    has_tenant: bool = True  # metadata.tenant maps to the record's tenant
 
 
 KINDS: tuple[Kind, ...] = (
@@ -54,8 +64,8 @@ KINDS: tuple[Kind, ...] = (
          server_fields=frozenset({"created_at"}),
          immutable_hint={"*": "a profile is fixed once made: add a new profile and roll the deployment to it"}),
     Kind("InferenceDeployment", "deployments", InferenceDeployment, keyspace.deployments,
-         "controlplane.api.resources:create_deployment", mutable=frozenset({"replicas"}),
-         update="controlplane.api.apply:scale", server_fields=frozenset({"status", "created_at", "revision"}),
+         "controlplane.api.resources:create_deployment", mutable=frozenset({"replicas", "autoscaling"}),
+         update="controlplane.api.apply:update_deployment", server_fields=frozenset({"status", "created_at", "revision"}),
          aliases=("deployment", "deployments", "deploy", "dep"),
          immutable_hint={"model": "write a revision and roll it out (fabricctl ai deployment revise ...)",
                          "profile": "write a revision and roll it out (fabricctl ai deployment revise ...)",
@@ -64,6 +74,10 @@ KINDS: tuple[Kind, ...] = (
          "controlplane.api.resources:create_endpoint",
          mutable=frozenset({"routing", "preferred_site", "allowed_sites", "residency"}),
          aliases=("endpoint", "endpoints", "ep")),
+    Kind("TenantQuota", "quotas", TenantQuota, keyspace.quotas, "controlplane.api.apply:set_quota",
+         mutable=frozenset({"max_gpus"}), update="controlplane.api.apply:update_quota",
+         server_fields=frozenset({"updated_at"}), aliases=("quota", "quotas"), name_field="tenant",
+         deletable=False, has_tenant=False),
 )
 
 
@@ -82,8 +96,11 @@ def find_kind(name: str) -> Kind:
 
 def to_document(kind: Kind, record: dict) -> dict:
     """The stored record as a document: metadata, spec without server fields, status as is."""
-    metadata = {f: record[f] for f in METADATA_FIELDS if record.get(f) is not None}
-    spec = {k: v for k, v in record.items() if k not in METADATA_FIELDS and k not in kind.server_fields}
+    metadata = {"name": record.get(kind.name_field)}
+    if kind.has_tenant and record.get("tenant") is not None:
+        metadata["tenant"] = record["tenant"]
+    owned = {kind.name_field, *(("tenant",) if kind.has_tenant else ()), *kind.server_fields}
+    spec = {k: v for k, v in record.items() if k not in owned}
     doc = {"apiVersion": API_VERSION, "kind": kind.name, "metadata": metadata, "spec": spec}
     if "status" in record and "status" in kind.server_fields:
         doc["status"] = record["status"]
@@ -113,25 +130,28 @@ def parse_document(doc: object, where: str) -> Parsed:
         raise DocumentError(f"{where}: metadata and spec must be mappings")
     if not metadata.get("name"):
         raise DocumentError(f"{where}: metadata.name is required")
-    extra = set(metadata) - set(METADATA_FIELDS)
+    allowed = METADATA_FIELDS if kind.has_tenant else ("name",)
+    extra = set(metadata) - set(allowed)
     if extra:
-        raise DocumentError(f"{where}: metadata.{min(extra)} is not a field (metadata has name, tenant)")
+        raise DocumentError(f"{where}: metadata.{min(extra)} is not a field (metadata has {', '.join(allowed)})")
     owned = set(spec) & kind.server_fields
     if owned:
         raise DocumentError(f"{where}: spec.{min(owned)} is set by the server, not by a document")
-    body = {**spec, **{k: v for k, v in metadata.items() if v is not None}}
+    body = {**spec, kind.name_field: metadata["name"]}
+    if kind.has_tenant and metadata.get("tenant") is not None:
+        body["tenant"] = metadata["tenant"]
     try:
         model = kind.schema.model_validate(body)
     except ValueError as exc:
         errors = getattr(exc, "errors", list)()
         first = errors[0] if errors else {"loc": (), "msg": str(exc)}
         loc = ".".join(str(p) for p in first.get("loc", ()))
-        section = "metadata" if loc.split(".")[0] in METADATA_FIELDS else "spec"
+        section = "metadata" if loc.split(".")[0] in (*METADATA_FIELDS, kind.name_field) else "spec"
         msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
         raise DocumentError(f"{where} ({kind.name} {metadata['name']}): {section}.{loc}: {msg}") from None
     normalised = model.model_dump(mode="json")
     given = {k: normalised[k] for k in spec if k in normalised}
-    if "tenant" in metadata:
+    if kind.has_tenant and "tenant" in metadata:
         given["tenant"] = normalised.get("tenant")
     return Parsed(kind, str(metadata["name"]), {k: v for k, v in body.items()}, given)
 

@@ -42,7 +42,10 @@ TABLES = {
     "deployments": (resources.DEPLOYMENT_COLUMNS, resources.DEPLOYMENT_WIDE),
     "endpoints": (resources.ENDPOINT_COLUMNS, resources.ENDPOINT_WIDE),
 }
-GENERIC = ([col("NAME", "name"), col("PHASE", "status.phase"), col("MESSAGE", "status.message")], [])
+# Any other kind is shown from its documents: the name and the spec as key=value.
+GENERIC = ([col("NAME", "metadata.name"),
+            ("SPEC", lambda d: " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                                        for k, v in (d.get("spec") or {}).items()))], [])
 
 
 def read_documents(paths: list[str]) -> tuple[list[dict], list[str]]:
@@ -137,10 +140,16 @@ def get(
                 typer.echo("\n---\n".join(dump_yaml(d) for d in data) if data else "")
             else:
                 emit_json(data)
-        else:
+        elif k["plural"] in TABLES:
             rows = [c.get(f"/api/ai/{k['plural']}/{name}")] if name else c.get(f"/api/ai/{k['plural']}")
-            columns, wide = TABLES.get(k["plural"], GENERIC)
+            columns, wide = TABLES[k["plural"]]
             emit_table(rows, columns, False, wide=wide, kind=k["kind"].lower())
+        else:
+            path = f"/api/ai/documents/{k['plural']}" + (f"/{name}" if name else "")
+            rows = [c.get(path)] if name else c.get(path)
+            if fmt == "name":
+                rows = [{"name": r["metadata"]["name"]} for r in rows]
+            emit_table(rows, GENERIC[0], False, kind=k["kind"].lower())
         if watch:
             follow_records(c, k["plural"], k["kind"].lower(), name, TABLES.get(k["plural"], GENERIC)[0], revision)
 
@@ -163,6 +172,9 @@ def delete(
                 fail(f"a {k['kind']} document has no metadata.name", 2)
             targets.append((order[k["kind"]], k, str(name)))
         for _, k, name in sorted(targets, key=lambda t: -t[0]):
+            if not k.get("deletable", True):
+                typer.echo(f"{k['kind'].lower()}/{name} skipped: a {k['kind']} cannot be deleted through the API")
+                continue
             try:
                 result = c.delete(f"/api/ai/{k['plural']}/{name}")
             except ClientError as exc:

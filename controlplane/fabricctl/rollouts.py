@@ -5,7 +5,7 @@
     fabricctl ai deployment rollout NAME [--to-revision N] [--strategy rolling|canary|blue-green]
         [--canary-percent P | --steps 5:300,20:600,50:900,100] [--max-surge S] [--max-unavailable U]
         [--min-healthy-secs S] [--error-rate-max R] [--ttft-ms-max MS] [--rollback-window-secs S]
-        [--auto-promote] [-w]
+        [--auto-promote] [-w|--wait [--timeout S]]
     fabricctl ai deployment rollout status|pause|resume|promote|rollback NAME [-w]
 
 `rollout` reads its first argument as an action when a deployment name follows it, else as the
@@ -85,8 +85,9 @@ def _line(data: dict) -> str:
            f"{data.get('phase')}{share}: {data.get('message')}"
 
 
-def _follow(c, name: str, as_json: bool) -> None:
+def _follow(c, name: str, as_json: bool, timeout: float | None = None) -> None:
     last = None
+    deadline = time.monotonic() + timeout if timeout else None
     while True:
         data = c.get(f"/api/ai/explain/rollout/{name}")
         line = _line(data)
@@ -97,6 +98,9 @@ def _follow(c, name: str, as_json: bool) -> None:
             if as_json:
                 emit_json(data)
             raise typer.Exit(0 if data["phase"] == "Succeeded" else 1)
+        if deadline is not None and time.monotonic() >= deadline:
+            typer.echo(f"error: timed out after {timeout:g}s waiting for the rollout of {name}: {line}", err=True)
+            raise typer.Exit(1)
         time.sleep(POLL_S)
 
 
@@ -115,7 +119,9 @@ def rollout(
     ttft_ms_max: float = typer.Option(None, "--ttft-ms-max", help="roll back above this mean TTFT"),
     rollback_window_secs: float = typer.Option(None, "--rollback-window-secs", help="blue/green: old set kept"),
     auto_promote: bool = typer.Option(False, "--auto-promote", help="blue/green: switch once the new set is ready"),
-    follow: bool = typer.Option(False, "-w", "--watch", help="follow until Succeeded (exit 0) or RolledBack (1)"),
+    follow: bool = typer.Option(False, "-w", "--watch", "--wait",
+                                help="follow until Succeeded (exit 0) or RolledBack (1)"),
+    timeout: float = typer.Option(None, "--timeout", min=1, help="with --wait: give up after this many seconds (exit 1)"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Start a rollout of NAME, or show/steer its current one (status|pause|resume|promote|rollback NAME)."""
@@ -127,7 +133,7 @@ def rollout(
                 rec = _newest(c, name)
                 c.post(f"/api/ai/deployments/{name}/rollouts/{rec['id']}/{target}", {})
             if follow:
-                _follow(c, name, as_json)
+                _follow(c, name, as_json, timeout)
             data = c.get(f"/api/ai/explain/rollout/{name}")
         emit_json(data) if as_json else typer.echo(_line(data) if data.get("rollout") else data.get("message"))
         return
@@ -145,7 +151,7 @@ def rollout(
         if follow:
             if not as_json:
                 typer.echo(f"rollout {rec['id']} of {target} started ({rec['strategy']} to revision {rec['to_revision']})")
-            _follow(c, target, as_json)
+            _follow(c, target, as_json, timeout)
     emit_object(rec, as_json) if as_json else typer.echo(
         f"rollout {rec['id']} of {target} started: {rec['strategy']} from revision {rec['from_revision']} "
         f"to {rec['to_revision']}")

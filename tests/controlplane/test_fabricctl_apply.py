@@ -77,6 +77,25 @@ def test_apply_get_round_trip_update_dry_run_and_delete(env, tmp_path):
     assert "not found (skipped)" in ctl(env, "delete", "-f", str(EXAMPLE)).stdout
 
 
+def test_quota_and_autoscaling_kinds(env, tmp_path):
+    ctl(env, "apply", "-f", str(EXAMPLE))
+    tenant = EXAMPLE.with_name("tenant-acme.yaml")
+    assert ctl(env, "apply", "-f", str(tenant)).stdout.splitlines() == [
+        "modelartifact/acme-chat created", "inferencedeployment/acme-chat created", "tenantquota/acme created"]
+    quota = ctl(env, "get", "quota", "acme", "-o", "yaml").stdout
+    assert yaml.safe_load(quota)["spec"] == {"max_gpus": 4}
+    assert ctl(env, "apply", "-f", "-", stdin=quota).stdout.strip() == "tenantquota/acme unchanged"
+    assert "acme  max_gpus=4" in ctl(env, "get", "quotas").stdout
+    edited = tenant.read_text().replace("max_gpus: 4", "max_gpus: 6").replace("max_replicas: 3", "max_replicas: 2")
+    (tmp_path / "t.yaml").write_text(edited)
+    out = ctl(env, "apply", "-f", str(tmp_path / "t.yaml")).stdout
+    assert "tenantquota/acme updated\n  max_gpus: 4 -> 6" in out and "inferencedeployment/acme-chat updated" in out
+    dep = yaml.safe_load(ctl(env, "get", "deployment", "acme-chat", "-o", "yaml").stdout)
+    assert dep["metadata"] == {"name": "acme-chat", "tenant": "acme"} and dep["spec"]["autoscaling"]["max_replicas"] == 2
+    assert "tenantquota/acme skipped" in ctl(env, "delete", "-f", str(tenant)).stdout
+    ctl(env, "delete", "-f", str(EXAMPLE))
+
+
 @pytest.mark.parametrize("text, words", [
     ("kind: Gadget\nmetadata: {name: x}\nspec: {}\n", "unknown kind 'Gadget'"),
     ("kind: ModelArtifact\nmetadata: {}\nspec: {source: /m}\n", "metadata.name is required"),
