@@ -1,0 +1,70 @@
+"""A background writer that takes items from the request path for the price of a deque append.
+
+The hot path only appends (no lock, no condition variable, no thread wake-up per call); one
+thread wakes every ``interval`` seconds, takes everything queued (up to ``batch`` items at a
+time) and hands it to ``apply`` in order. Profiling at 64 clients showed a queue.Queue per
+writer waking its thread on every put (Condition.notify/wait) costing more than the writes it
+batched. ``flush()`` waits until every item added before it was applied (tests, shutdown);
+``close()`` applies what is left and stops the thread. An exception from ``apply`` is logged
+and the batch dropped (the store may be down; the calls already finished).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+log = logging.getLogger("fabric.gateway.writer")
+
+
+class BatchWriter:
+    def __init__(self, apply: Callable[[list], None], *, name: str, interval: float = 0.01, batch: int = 512):
+        self._apply = apply
+        self._interval = interval
+        self._batch = batch
+        self._items: deque = deque()
+        self._added = 0  # items added (only the request thread writes it)
+        self._done = 0  # items applied or dropped (only the writer thread writes it)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def add(self, item) -> None:
+        self._items.append(item)
+        self._added += 1
+
+    def _drain(self) -> bool:
+        if not self._items:
+            return False
+        n = min(len(self._items), self._batch)
+        items = [self._items.popleft() for _ in range(n)]
+        try:
+            self._apply(items)
+        except Exception:
+            log.exception("%s: %d items could not be written", self._thread.name, len(items))
+        finally:
+            self._done += n
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._drain():
+                self._stop.wait(self._interval)
+        while self._drain():
+            pass
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._items)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        target, deadline = self._added, time.monotonic() + timeout
+        while self._done < target and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
