@@ -501,15 +501,19 @@ int xdp_maglev(struct xdp_md *ctx)
                 return vip_verdict(ip, data_end, VERDICT_PASS_UNKNOWN_PORT, XDP_PASS);
             known->service_id = svc->id;  /* re-created under another id: keep the flow */
         }
-        __u64 now = bpf_ktime_get_ns();
-        __u64 udp_ns = (cfg && cfg->udp_flow_secs ? cfg->udp_flow_secs : UDP_FLOW_SECS_DEFAULT) * NS_PER_SEC;
-        if (!backend_member(known) || (proto == IPPROTO_UDP && now - known->last_seen > udp_ns)) {
+        int expired = 0;
+        if (proto == IPPROTO_UDP) {  /* only UDP reads the clock: TCP flows end by FIN/RST or eviction */
+            __u64 now = bpf_ktime_get_ns();
+            __u64 udp_ns = (cfg && cfg->udp_flow_secs ? cfg->udp_flow_secs : UDP_FLOW_SECS_DEFAULT) * NS_PER_SEC;
+            expired = now - known->last_seen > udp_ns;
+            known->last_seen = now;
+        }
+        if (expired || !backend_member(known)) {
             known = 0;  /* its backend left the service, or the UDP flow went silent: pick again */
             verdict = VERDICT_FWD_REPICKED;
             if (mode == MISS_BUDGET)
                 mode = MISS_RECORD;  /* a known flow, not a flood */
         } else {
-            known->last_seen = now;
             if (closing)
                 known->flags |= FLOW_CLOSED;
             if (keep_reverse(&fk, known, cfg) < 0)

@@ -83,7 +83,7 @@ struct flow {
     __u16 backend_id;  /* for backend_stats; backends[backend_id] must still be this address */
     __u16 service_id;  /* service_slots[service_id] says whether the service still exists */
     __u32 flags;       /* FLOW_* */
-    __u64 last_seen;   /* bpf_ktime_get_ns() of the last client packet (UDP expiry, active counts) */
+    __u64 last_seen;   /* bpf_ktime_get_ns() of the first packet, and of the last one for UDP (expiry) */
 };
 
 /* Reverse entry: keyed by the reply's 5-tuple (backend -> client, or backend ->
