@@ -22,7 +22,7 @@ def fabricctl(cluster, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_replicas_run_on_slices_and_the_parent_stays_whole_gpu_free(tmp_path):
-    with start_cluster(tmp_path, gpus=2) as cluster, cluster.api() as api:
+    with start_cluster(tmp_path, gpus=2, env={"FABRIC_DRAIN_GRACE_SECS": "1"}) as cluster, cluster.api() as api:
         gpus = sorted(g["pci"] for g in api.get("/api/ai/nodes/node-a").json()["gpus"])
         parent, other = gpus
         for _ in range(2):
