@@ -21,6 +21,7 @@ skips the parse when an engine's kept lines equal its previous scrape's.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -92,6 +93,7 @@ VLLM_NAMES = MetricNames(
 )
 
 
+@functools.cache
 def _keep_prefixes(names: MetricNames) -> tuple[str, ...]:
     # A line is kept when it starts with a family name (samples with any suffix) or is one of
     # their # TYPE lines. HELP text is not read. A longer name sharing a prefix (say
