@@ -94,6 +94,7 @@ class VfioBinder:
         self.vfio_ids = vfio_ids if vfio_ids is not None else read_vfio_ids(self.proc_root)
         self.keep_bound = keep_bound
         self._persistence_off: set[str] = set()
+        self._pm_problems: dict[str, str] = {}  # bdf -> why persistence could not be turned off
         self._stuck_memory: dict[str, str] = {}
         self._lock = threading.Lock()  # one bind/release at a time per binder
 
@@ -185,7 +186,9 @@ class VfioBinder:
                 problem = self.daemons.set_persistence(fn.bdf, False)
                 if problem:
                     log.warning("could not disable persistence on %s: %s", fn.bdf, problem)
+                    self._pm_problems[fn.bdf] = problem
                 else:
+                    self._pm_problems.pop(fn.bdf, None)
                     self._persistence_off.add(fn.bdf)
 
     def _persistence_up(self, now: dict[str, str]) -> None:
@@ -287,6 +290,8 @@ class VfioBinder:
         if holders:
             pm = " after persistence mode was disabled for it (nvidia-smi -i BDF -pm 0)" if (
                 fn in self._persistence_off) else ""
+            if fn in self._pm_problems:
+                pm = f" (persistence mode could not be disabled: {self._pm_problems[fn]})"
             hints = holder_hints(holders)
             raise Refused(
                 f"cannot {action} {bdf}: {fn} is still in use by {', '.join(holders)}{pm} "

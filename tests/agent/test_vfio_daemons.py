@@ -153,3 +153,36 @@ def test_linux_holders_are_per_gpu_minor_and_drm_nodes(tmp_path):
     kernel = LinuxKernelIO(fake.root, proc)
     assert kernel.holders(GPU0) == ["pid 901 (python3)"]  # nvidiactl and GPU1's node do not count
     assert kernel.holders(GPU1) == ["pid 812 (nvidia-persiste)"]
+
+
+def test_nvidia_smi_daemons_runs_the_per_gpu_persistence_switch(tmp_path, monkeypatch):
+    from agent.hw.gpu_holders import NvidiaSmiDaemons
+
+    log = tmp_path / "calls"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {log}\n[ "$2" = "0000:ff:00.0" ] && {{ echo "No devices found"; exit 6; }}\nexit 0\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    daemons = NvidiaSmiDaemons()
+    assert daemons.set_persistence(GPU0, False) is None
+    assert daemons.set_persistence(GPU0, True) is None
+    assert log.read_text().splitlines() == [f"-i {GPU0} -pm 0", f"-i {GPU0} -pm 1"]
+    problem = daemons.set_persistence("0000:ff:00.0", False)
+    assert "exited 6" in problem and "No devices found" in problem
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert "not installed" in NvidiaSmiDaemons().set_persistence(GPU0, False)
+
+
+def test_when_persistence_cannot_be_disabled_the_message_says_why(host):
+    host.persistenced()
+
+    class Broken:
+        def set_persistence(self, bdf, enabled):
+            return "nvidia-smi is not installed"
+
+    b = VfioBinder(host.root, kernel=host.kernel, daemons=Broken(), proc_root=host.proc, vfio_ids=frozenset(),
+                   timeout_s=2, hold_wait_s=0.2, poll_s=0.05)
+    with pytest.raises(Refused) as err:
+        b.bind(GPU0)
+    msg = err.value.message
+    assert "nvidia-persiste" in msg and "could not be disabled: nvidia-smi is not installed" in msg
