@@ -162,7 +162,7 @@ def free_gpus(node: Node, profile: InferenceProfile, reserved: Collection[str], 
     for gpu in sorted(node.gpus, key=lambda g: g.pci):
         problem = problems[gpu.pci]
         if problem is None:
-            mates = [g.pci for g in node.gpus if gpu.iommu_group and g.iommu_group == gpu.iommu_group]
+            mates = [g.pci for g in node.gpus if _group(gpu) and _group(g) == _group(gpu)]
             if any(problems[m] for m in mates):
                 problem = f"sharing IOMMU group {gpu.iommu_group} with an unusable GPU"
         if problem:
@@ -172,10 +172,15 @@ def free_gpus(node: Node, profile: InferenceProfile, reserved: Collection[str], 
     return usable, why
 
 
+def _group(gpu: GpuInfo) -> str:
+    """The IOMMU group a GPU moves with; a MIG slice is not passed through, so it has none."""
+    return "" if gpu.mig_parent else gpu.iommu_group
+
+
 def choose_groups(node: Node, usable: Sequence[str], need: int) -> tuple[tuple[str, ...], str | None]:
     """Whole IOMMU groups from ``usable`` adding up to exactly ``need`` GPUs (first fit in PCI
     order, then the smallest groups), or () with why not."""
-    group_of = {g.pci: (g.iommu_group or g.pci) for g in node.gpus}
+    group_of = {g.pci: (_group(g) or g.pci) for g in node.gpus}
     groups: dict[str, list[str]] = {}
     for pci in usable:
         groups.setdefault(group_of.get(pci, pci), []).append(pci)

@@ -57,3 +57,17 @@ def test_hgx_board_takes_one_gpu_or_the_whole_board():
         plan = run([board], count=count)
         assert plan.node is None and "HGX board with 4 NVSwitches" in plan.rejected["a"]
     assert run([node("b", 8)], count=4).node == "b"  # PCIe boards take any shape
+
+
+def test_mig_slices_are_not_tied_to_their_parents_iommu_group():
+    from common.schemas import InferenceProfile
+
+    parent = grouped(0, 7, mig_mode=True)
+    slices = [parent.model_copy(update={"pci": f"0000:10:00.0--1g.10gb--{i}", "mig_mode": False,
+                                        "mig_profile": "1g.10gb", "mig_parent": parent.pci,
+                                        "memory_total_mib": 10240}) for i in range(2)]
+    n = node("a", gpus=[parent, *slices])
+    prof = InferenceProfile.model_validate({**profile().model_dump(), "gpu": {"count": 1, "vram_gib": 8,
+                                                                              "mig_profile": "1g.10gb"}})
+    plan = place(deployment(), prof, model(), [n], {}, NOW, SchedulerSettings())
+    assert plan.gpus == ("0000:10:00.0--1g.10gb--0",), plan.message
