@@ -78,5 +78,6 @@ def test_gpu_less_replica_starts_on_qemu_and_delete_leaves_nothing(workdir):
         driver.delete(spec.replica_id)
         subprocess.run(["ip", "link", "del", network.bridge], capture_output=True)
     assert driver.get(spec.replica_id) is None
-    assert not share.exists() and sorted((workdir / "vms").glob("*")) == []
+    # The console log (agent.vm.libvirt_driver.log_path) is kept on purpose for `fabricctl ai logs`.
+    assert not share.exists() and [p.name for p in (workdir / "vms").iterdir()] in ([], ["console"])
     assert spec.replica_id not in subprocess.run(["pgrep", "-a", "virtiofsd"], capture_output=True, text=True).stdout
