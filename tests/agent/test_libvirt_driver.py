@@ -248,3 +248,34 @@ def test_host_model_path_must_be_in_the_share(tmp_path):
         build_seed(s, hostname="fabric-lv-f", models_dir=tmp_path)
     ok = VmSpec(replica_id="lv-f", deployment="d", model_name="m", model_source=f"file://{tmp_path}/org/m")
     assert "serve /models/org/m " in build_seed(ok, hostname="fabric-lv-f", models_dir=tmp_path)[1]
+
+
+def test_hgx_full_passthrough_binds_the_nvswitches_and_delete_gives_them_back(tmp_path, netns):
+    from agent.hw.sysfs_fake import FakeSysfs
+    from agent.hw.vfio import VfioBinder
+
+    fake = FakeSysfs(tmp_path / "sys")
+    gpus = tuple(f"0000:{0x10 + i:02x}:00.0" for i in range(8))
+    for i, bdf in enumerate(gpus):
+        fake.add_gpu(bdf, group=i, device_id="0x2335", numa_node=0)
+    switches = [f"0000:{0x05 + i:02x}:00.0" for i in range(4)]
+    for i, bdf in enumerate(switches):
+        fake.add_nvswitch(bdf, group=40 + i)
+    binder = VfioBinder(fake.root, kernel=fake.kernel, daemons=fake.daemons, proc_root=fake.proc,
+                        vfio_ids=frozenset(), hold_wait_s=0.2, poll_s=0.05)
+    golden = tmp_path / "golden.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(golden), "1G"], check=True)
+    (tmp_path / "models/meta-llama/Llama-3.1-8B").mkdir(parents=True)
+    driver = LibvirtDriver("test:///default", image=golden, state_dir=tmp_path / "vms", models_dir=tmp_path / "models",
+                           network=BridgeNetwork("fabric0", netns=netns), sysfs_root=fake.root, binder=binder)
+    with pytest.raises(InvalidInput, match="1 GPU or all 8"):
+        driver.create(spec("hgx-half", gpus=gpus[:4]))
+    assert all(fake.driver_of(s) == "nvidia-nvswitch" for s in switches)
+    try:
+        driver.create(spec("hgx-full", gpus=gpus))
+        assert all(fake.driver_of(s) == "vfio-pci" for s in switches)
+        stored = ET.fromstring(libvirt.open("test:///default").lookupByName("fabric-hgx-full").XMLDesc(0))
+        assert len(stored.findall("devices/hostdev")) == 12
+    finally:
+        driver.delete("hgx-full")
+    assert all(fake.driver_of(s) == "nvidia-nvswitch" for s in switches)
