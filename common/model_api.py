@@ -152,8 +152,8 @@ class ModelJob(BaseModel):
 
 
 def amount(done: int, total: int) -> str:
-    """``3.1/16.4 GiB`` (MiB below 1 GiB)."""
-    unit, div = ("GiB", 2**30) if total >= 2**30 else ("MiB", 2**20)
+    """``3.1/16.4 GiB`` (MiB below 1 GiB, KiB below 1 MiB)."""
+    unit, div = next((u, d) for u, d in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if total >= d or u == "KiB")
     return f"{done / div:.1f}/{total / div:.1f} {unit}"
 
 

@@ -32,7 +32,15 @@ from common.schemas import InferenceDeployment, ModelArtifact, Node
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.models import plan
-from controlplane.models.records import create_job, delete_jobs, get_job, list_jobs, load_model, put_job
+from controlplane.models.records import (
+    create_job,
+    delete_jobs,
+    get_job,
+    list_jobs,
+    load_model,
+    put_job,
+    restart_job,
+)
 from controlplane.models.worker import refresh_model_status
 from controlplane.scheduler import SchedulerSettings, node_online
 from controlplane.state import AppState, StateDep
@@ -136,21 +144,10 @@ def materialize(name: str, state: StateDep, body: MaterializeRequest | None = No
 
 
 def _retry(state: AppState, job: ModelJob) -> ModelJob:
-    for _ in range(8):
-        found = get_job(state.store, job.model, job.node)
-        if found is None:
-            return create_job(state.store, job.model, job.node)
-        current, revision = found
-        if current.state != "Failed":
-            return current
-        now = time.time()
-        retried = current.model_copy(update={
-            "state": "Registered", "message": f"retry {current.attempt + 1} requested", "attempt": current.attempt + 1,
-            "retries": current.retries + 1, "bytes_done": 0, "joined": None, "updated_at": now,
-            "history": [*current.history, {"state": "Registered", "at": now, "message": "retry requested"}]})
-        if put_job(state.store, retried, revision):
-            return retried
-    raise Conflict(f"model job {job.id} changed too often; try again", code="contended")
+    restarted = restart_job(state.store, job.model, job.node, ("Failed",), f"retry {job.attempt + 1} requested")
+    if restarted is None:
+        raise Conflict(f"model job {job.id} changed too often; try again", code="contended")
+    return restarted
 
 
 @router.post("/models/{name}/verify")

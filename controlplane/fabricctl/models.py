@@ -11,6 +11,7 @@ import time
 
 import typer
 
+from common.model_api import amount
 from controlplane.fabricctl.output import col, emit_object, emit_table, fail, output_format, session
 
 JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
@@ -23,11 +24,7 @@ NODE_COLUMNS = [col("NODE", "node"), col("STATE", "state"), ("PROGRESS", lambda 
 
 def _progress(job: dict) -> str:
     total = job.get("bytes_total") or 0
-    if not total:
-        return "-"
-    unit = "GiB" if total >= 2**28 else "MiB"
-    div = 2**30 if unit == "GiB" else 2**20
-    return f"{job.get('bytes_done', 0) / div:.1f}/{total / div:.1f} {unit}"
+    return amount(job.get("bytes_done", 0), total) if total else "-"
 
 
 def status(name: str = typer.Argument(..., metavar="NAME", help="the model's name"), as_json: bool = JSON_OPT) -> None:

@@ -12,14 +12,16 @@ from __future__ import annotations
 from common.schemas import ModelArtifact, Node
 from common.store.base import Store
 from controlplane.models import plan
-from controlplane.models.records import create_job, get_job
+from controlplane.models.records import create_job, get_job, restart_job
 
 
 def model_gate(store: Store, model: ModelArtifact, node: Node) -> plan.Gate:
     if not node.model_jobs:
         return plan.Gate(True, f"node {node.id} does not run model jobs", None)
     found = get_job(store, model.name, node.id)
-    decision = plan.gate(model, found[0] if found else None)
+    decision = plan.gate(model, found[0] if found else None, node)
     if decision.record_job:
         create_job(store, model.name, node.id)
+    if decision.restart_job:
+        restart_job(store, model.name, node.id, ("Ready",), "the node no longer holds the digest; fetching again")
     return decision

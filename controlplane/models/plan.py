@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from common.model_api import AgentJobRequest, AgentJobView, CacheEntry, ModelJob, job_id, progress_text
-from common.schemas import ModelArtifact
+from common.schemas import ModelArtifact, Node
 
 STATE_ORDER = {s: i for i, s in enumerate(("Failed", "Registered", "Resolving", "Downloading", "Verifying",
                                            "Scanning", "Ready"))}
@@ -51,18 +51,35 @@ def failed(job: ModelJob, message: str, now: float) -> ModelJob:
                                   "history": [*job.history, {"state": "Failed", "at": now, "message": message}]})
 
 
+def retried(job: ModelJob, reason: str, now: float) -> ModelJob:
+    """A new attempt of the job (Registered again, attempt and retries + 1)."""
+    return job.model_copy(update={
+        "state": "Registered", "message": reason, "attempt": job.attempt + 1, "retries": job.retries + 1,
+        "bytes_done": 0, "joined": None, "digest": None, "path": None, "updated_at": now,
+        "history": [*job.history, {"state": "Registered", "at": now, "message": reason}]})
+
+
+# A heartbeat this much newer than a job's Ready that lacks its digest means the node lost the bytes.
+HEARTBEAT_MARGIN_S = 2.0
+
+
 @dataclass(frozen=True)
 class Gate:
     ready: bool
     message: str
     digest: str | None = None
     record_job: bool = False  # no job exists yet on that node: record one
+    restart_job: bool = False  # the job says Ready but the node no longer holds the digest
 
 
-def gate(model: ModelArtifact, job: ModelJob | None) -> Gate:
+def gate(model: ModelArtifact, job: ModelJob | None, node: Node | None = None) -> Gate:
     if job is None:
         return Gate(False, f"model {model.name}: Registered (recording a job on this node)", record_job=True)
     if job.state == "Ready" and job.digest:
+        if (node is not None and job.digest not in node.cached_models
+                and node.last_heartbeat > job.updated_at + HEARTBEAT_MARGIN_S):
+            return Gate(False, f"model {model.name}: node {node.id} no longer holds digest {job.digest[:12]}; "
+                               "materializing it again", restart_job=True)
         return Gate(True, f"model {model.name}: Ready", job.digest)
     return Gate(False, progress_text(model.name, job.state, job.bytes_done, job.bytes_total, job.message))
 

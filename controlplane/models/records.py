@@ -56,6 +56,24 @@ def create_job(store: Store, model: str, node: str, now: float | None = None) ->
     return found[0] if found else job
 
 
+def restart_job(store: Store, model: str, node: str, from_states: tuple[str, ...], reason: str,
+                now: float | None = None) -> ModelJob | None:
+    """Start a new attempt of the job if it is in one of ``from_states`` (CAS); the job as stored."""
+    from controlplane.models.plan import retried
+
+    for _ in range(CAS_RETRIES):
+        found = get_job(store, model, node)
+        if found is None:
+            return None
+        current, revision = found
+        if current.state not in from_states:
+            return current
+        updated = retried(current, reason, time.time() if now is None else now)
+        if put_job(store, updated, revision):
+            return updated
+    return None
+
+
 def put_job(store: Store, job: ModelJob, revision: int) -> bool:
     return store.cas(keyspace.model_jobs(job.model, job.node), job.model_dump_json(), revision)
 

@@ -23,6 +23,7 @@ from tests.support.polling import clean_env, wait_for
 from tests.support.servers import free_port
 
 BIN = Path(sys.executable).parent
+MIRRORED_REPOS = ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B")
 AGENT_FALLBACK = "import typer; from agent.server_cli import serve; typer.run(serve)"
 
 
@@ -118,8 +119,9 @@ def _wait_fabricd(url: str, proc: subprocess.Popen, log: Path) -> None:
 def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None,
                   fabricd_args: tuple[str, ...] = ()):
     # The agent materializes models before their replicas start: a loopback mirror serves the
-    # repository deploy() names, as a tiny safetensors model.
-    write_tiny_model(tmp / "hf-mirror" / "Qwen" / "Qwen3-8B")
+    # repositories these tests name, each as a tiny safetensors model.
+    for repo in MIRRORED_REPOS:
+        write_tiny_model(tmp / "hf-mirror" / repo)
     mirror = HfMirror(MirrorConfig(tmp / "hf-mirror")).start()
     env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_MODEL_JOBS_SECS": "0.5",
                      "HF_ENDPOINT": mirror.url, **(env or {})})

@@ -91,3 +91,17 @@ def test_scheduler_cache_preference_uses_digests():
     assert not model_cached(model().model_copy(update={"status": ModelStatus(digest=D2)}), node)
     assert model_cached(model(digest=D1), node)  # the expected digest counts too
     assert model_cached(model(), node)  # no digest known yet: the name (older agents)
+
+
+def test_gate_notices_a_node_that_lost_the_bytes():
+    m = model()
+    ready = job(state="Ready", digest=D1, updated_at=100.0)
+    holds = Node(id="n1", address="https://n1:9443", cached_models=[D1], last_heartbeat=200.0)
+    lost = holds.model_copy(update={"cached_models": []})
+    early = lost.model_copy(update={"last_heartbeat": 101.0})  # a report that may predate the Ready
+    assert plan.gate(m, ready, holds).ready
+    assert plan.gate(m, ready, early).ready
+    gone = plan.gate(m, ready, lost)
+    assert not gone.ready and gone.restart_job and "no longer holds" in gone.message
+    again = plan.retried(ready, "fetch again", now=300.0)
+    assert again.state == "Registered" and again.attempt == 1 and again.retries == 1 and again.digest is None
