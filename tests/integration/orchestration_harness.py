@@ -115,14 +115,18 @@ def _wait_fabricd(url: str, proc: subprocess.Popen, log: Path) -> None:
         wait_for(up, 30, "fabricd /healthz")
 
 
+def model_mirror(tmp: Path) -> HfMirror:
+    """A started loopback HF mirror of MIRRORED_REPOS (tiny safetensors models): the agent
+    materializes a model before its replicas start, so agents get HF_ENDPOINT = mirror.url."""
+    for repo in MIRRORED_REPOS:
+        write_tiny_model(tmp / "hf-mirror" / repo)
+    return HfMirror(MirrorConfig(tmp / "hf-mirror")).start()
+
+
 @contextmanager
 def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None,
                   fabricd_args: tuple[str, ...] = ()):
-    # The agent materializes models before their replicas start: a loopback mirror serves the
-    # repositories these tests name, each as a tiny safetensors model.
-    for repo in MIRRORED_REPOS:
-        write_tiny_model(tmp / "hf-mirror" / repo)
-    mirror = HfMirror(MirrorConfig(tmp / "hf-mirror")).start()
+    mirror = model_mirror(tmp)
     env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_MODEL_JOBS_SECS": "0.5",
                      "HF_ENDPOINT": mirror.url, **(env or {})})
     env.pop("HF_TOKEN", None)

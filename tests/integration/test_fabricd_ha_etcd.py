@@ -34,6 +34,7 @@ from tests.integration.orchestration_harness import (
     _wait_fabricd,
     agent_command,
     deploy,
+    model_mirror,
     stop_engines,
 )
 from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
@@ -98,8 +99,9 @@ def check_no_duplicates(store, n: int) -> tuple[dict[str, dict], dict[str, str]]
 def test_leader_killed_survivor_takes_over_and_scales(tmp_path):
     with EtcdServer() as etcd:
         store = open_store(etcd.url)
+        mirror = model_mirror(tmp_path)
         env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_LEADER_TTL_SECS": "3",
-                         "FABRIC_ADDRESS_POOL": POOL})
+                         "FABRIC_ADDRESS_POOL": POOL, "HF_ENDPOINT": mirror.url})
         # One `fabricd init`, copied: both processes share the admin password and the CA.
         state_a, state_b = tmp_path / "fabricd-a", tmp_path / "fabricd-b"
         subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_a)], check=True,
@@ -143,6 +145,7 @@ def test_leader_killed_survivor_takes_over_and_scales(tmp_path):
             for f in files:
                 f.close()
             store.close()
+            mirror.stop()
 
 
 def login(url: str, password: str) -> httpx.Client:
