@@ -153,3 +153,17 @@ def test_help_version_and_completion(ctl_env, tmp_path):
     # The completion script's own protocol: bash asks with COMP_WORDS/COMP_CWORD.
     env = {**ctl_env, "COMP_WORDS": "fabricctl ai dep", "COMP_CWORD": "2", "_FABRICCTL_COMPLETE": "complete_bash"}
     assert set(ctl(env, ).stdout.split()) >= {"deploy", "deployment"}
+
+
+def test_login_saves_to_the_context_and_warns_when_fabric_token_overrides(ctl_env, server, tmp_path):
+    env = {**ctl_env, "XDG_CONFIG_HOME": str(tmp_path), "FABRIC_TOKEN": "expired-or-not"}
+    proc = ctl(env, "ai", "login", "--password-file", str(server.state_dir / "admin-password"))
+    assert "warning: FABRIC_TOKEN is set" in proc.stderr and "token saved to context default" in proc.stdout
+    saved = yaml.safe_load((tmp_path / "fabric" / "config").read_text())
+    assert saved["current-context"] == "default"
+    assert saved["contexts"]["default"]["url"] == server.url and saved["contexts"]["default"]["token"]
+    # Without the variable the saved context is used: URL, CA and token all come from it.
+    env = {k: v for k, v in env.items() if k not in ("FABRIC_TOKEN", "FABRIC_URL", "FABRIC_CA")}
+    assert ctl(env, "ai", "model", "list", "-o", "json").returncode == 0
+    assert "Traceback" not in ctl(env, "config", "view").stderr
+    assert "REDACTED" in ctl(env, "config", "view").stdout
