@@ -4,7 +4,6 @@ scapy builds (every checksum recomputed: outer IP, ICMP, quoted IP, quoted TCP).
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,8 +15,6 @@ from agent.dataplane.testrun import XDP_PASS, run_xdp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_packets import L2, TC_ACT_OK, _backend_of, _run, _valid
 
-from tests.support.bpf import new_pin_dir, open_dataplane
-
 CLIENT = "10.0.0.2"
 ROUTER = "10.0.0.1"  # the node's address toward the client, or a router on the way
 VIP = "10.9.8.1"
@@ -27,23 +24,18 @@ SNAT_VIP = "10.9.8.2"
 ROUTED = "10.3.0.5:8080"
 
 
-def _plane(node_ip: str | None, vip: str, backend: str):
-    pin_dir = new_pin_dir()
-    plane = open_dataplane(pin_dir, node_ip)
-    plane.put_service(vip, 80, "tcp", {backend: 1})
-    yield plane
-    plane.close()
-    shutil.rmtree(pin_dir, ignore_errors=True)
+@pytest.fixture(scope="module")
+def dp(plain_plane):
+    plain_plane.put_service(VIP, 80, "tcp", {BACKEND: 1})
+    yield plain_plane
+    plain_plane.delete_service(VIP, 80, "tcp")
 
 
 @pytest.fixture(scope="module")
-def dp(require_bpf):
-    yield from _plane(None, VIP, BACKEND)
-
-
-@pytest.fixture(scope="module")
-def sdp(require_bpf):
-    yield from _plane(NODE_IP, SNAT_VIP, ROUTED)
+def sdp(snat_plane):
+    snat_plane.put_service(SNAT_VIP, 80, "tcp", {ROUTED: 1})
+    yield snat_plane
+    snat_plane.delete_service(SNAT_VIP, 80, "tcp")
 
 
 def _quote(src: str, sport: int, dst: str, dport: int) -> bytes:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,8 +23,6 @@ from agent.dataplane.testrun import XDP_DROP, XDP_PASS, run_xdp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_packets import L2, TC_ACT_OK, _backend_of, _dnat, _run, _valid
 
-from tests.support.bpf import new_pin_dir, open_dataplane
-
 CLIENT = "10.0.0.2"
 VIP = "10.9.7.1"
 A, B = "10.1.0.11:8080", "10.1.0.12:8080"
@@ -34,24 +31,14 @@ SNAT_VIP = "10.9.7.2"
 ROUTED = "10.3.0.5:8080"  # no bridge route on this host: source-NATed
 
 
-def _plane(node_ip: str | None):
-    pin_dir = new_pin_dir()
-    plane = open_dataplane(pin_dir, node_ip)
-    yield plane
-    plane.close()
-    shutil.rmtree(pin_dir, ignore_errors=True)
+@pytest.fixture
+def dp(plain_plane):
+    return plain_plane
 
 
-@pytest.fixture(scope="module")
-def dp(require_bpf):
-    """No node_ip: every backend is reached without source NAT."""
-    yield from _plane(None)
-
-
-@pytest.fixture(scope="module")
-def sdp(require_bpf):
-    """node_ip set: backends without a bridge route (all, on this host) are source-NATed."""
-    yield from _plane(NODE_IP)
+@pytest.fixture
+def sdp(snat_plane):
+    return snat_plane
 
 
 @contextmanager
