@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from common.health import healthz_body
+from controlplane import console
 from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
 from controlplane.errors_http import install_error_handlers
@@ -78,6 +79,7 @@ def create_app(state: AppState) -> FastAPI:
 
     for router in routers():
         app.include_router(router)
+    console.install(app)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

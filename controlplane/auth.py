@@ -9,6 +9,10 @@
   fabricd process sharing a store verifies every other's tokens. Whoever can read the store can
   forge tokens; the store is already admin-level state (it holds every desired state).
 - `require_admin` is the route dependency: 401 for a missing, malformed, forged or expired token.
+- A read-only "viewer" login exists beside admin: `fabricd init` also writes
+  {state_dir}/viewer-password (0600); its tokens carry `"role": "viewer"`, and `require_admin`
+  answers 403 "read_only" to any method other than GET/HEAD made with one. Delete the file to
+  turn viewer logins off. Tokens without a role claim (issued before roles) are admin tokens.
 
 Neither the password nor tokens ever reach a log line or an error message.
 """
@@ -26,12 +30,16 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from common import keyspace
-from common.errors import Unauthorized
+from common.errors import Forbidden, Unauthorized
 from common.store.base import Store
 from controlplane.state import StateDep
 
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_FILE = "admin-password"
+VIEWER_USER = "viewer"
+VIEWER_PASSWORD_FILE = "viewer-password"
+PASSWORD_FILES = {ADMIN_USER: ADMIN_PASSWORD_FILE, VIEWER_USER: VIEWER_PASSWORD_FILE}
+READ_METHODS = frozenset({"GET", "HEAD"})
 TOKEN_AUDIENCE = "fabric-admin"
 TOKEN_ISSUER = "fabricd"
 SECRET_KEY = keyspace.auth("token-secret")
@@ -43,7 +51,12 @@ def admin_password_path(state_dir: Path) -> Path:
 
 def ensure_admin_password(state_dir: Path) -> tuple[Path, bool]:
     """Write a random admin password (0600) unless one exists; returns (path, created)."""
-    path = admin_password_path(state_dir)
+    return ensure_password(state_dir, ADMIN_USER)
+
+
+def ensure_password(state_dir: Path, user: str) -> tuple[Path, bool]:
+    """Write a random password (0600) for `user` (admin or viewer) unless one exists."""
+    path = Path(state_dir) / PASSWORD_FILES[user]
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     if path.exists():
         return path, False
@@ -54,11 +67,15 @@ def ensure_admin_password(state_dir: Path) -> tuple[Path, bool]:
 
 
 def read_admin_password(state_dir: Path) -> str:
-    path = admin_password_path(state_dir)
+    return read_password(state_dir, ADMIN_USER)
+
+
+def read_password(state_dir: Path, user: str) -> str:
+    path = Path(state_dir) / PASSWORD_FILES[user]
     try:
         return path.read_text().strip()
     except FileNotFoundError:
-        raise Unauthorized("no admin password on this fabricd; run `fabricd init --state-dir DIR`") from None
+        raise Unauthorized(f"no {user} password on this fabricd; run `fabricd init --state-dir DIR`") from None
 
 
 def ensure_token_secret(store: Store) -> bytes:
@@ -70,16 +87,22 @@ def ensure_token_secret(store: Store) -> bytes:
     return bytes.fromhex(kv.value)
 
 
-def issue_token(secret: bytes, subject: str, ttl_s: int, now: float | None = None) -> tuple[str, float]:
+def issue_token(secret: bytes, subject: str, ttl_s: int, now: float | None = None,
+                role: str = ADMIN_USER) -> tuple[str, float]:
     now = time.time() if now is None else now
     expires_at = float(int(now) + ttl_s)
-    claims = {"sub": subject, "aud": TOKEN_AUDIENCE, "iss": TOKEN_ISSUER,
+    claims = {"sub": subject, "aud": TOKEN_AUDIENCE, "iss": TOKEN_ISSUER, "role": role,
               "iat": int(now), "exp": int(expires_at), "jti": secrets.token_hex(8)}
     return jwt.encode(claims, secret, algorithm="HS256"), expires_at
 
 
 def verify_token(secret: bytes, token: str, now: float | None = None) -> str:
     """Return the token's subject; raise Unauthorized (never echoing the token) when it is not valid."""
+    return verify_claims(secret, token, now)[0]
+
+
+def verify_claims(secret: bytes, token: str, now: float | None = None) -> tuple[str, str]:
+    """(subject, role) of a valid token; role is "admin" or "viewer"."""
     options = {"require": ["exp", "sub", "aud", "iss"]}
     try:
         if now is None:
@@ -94,15 +117,26 @@ def verify_token(secret: bytes, token: str, now: float | None = None) -> str:
         raise Unauthorized("token expired; log in again", code="token_expired") from None
     except jwt.PyJWTError:
         raise Unauthorized("invalid token", code="invalid_token") from None
-    return str(claims["sub"])
+    role = str(claims.get("role", ADMIN_USER))
+    if role not in PASSWORD_FILES:
+        raise Unauthorized("invalid token", code="invalid_token")
+    return str(claims["sub"]), role
 
 
-def check_password(state_dir: Path, username: str, password: str) -> None:
-    expected = read_admin_password(state_dir)
-    user_ok = hmac.compare_digest(username.encode(), ADMIN_USER.encode())
-    pass_ok = hmac.compare_digest(password.encode(), expected.encode())
-    if not (user_ok and pass_ok):
+def check_password(state_dir: Path, username: str, password: str) -> str:
+    """The role `username` signs in as (admin or viewer); Unauthorized for anything else."""
+    user = username if username in PASSWORD_FILES else ADMIN_USER
+    try:
+        expected = read_password(state_dir, user)
+    except Unauthorized:
+        if user == ADMIN_USER:
+            raise
+        expected = None  # viewer logins are off: compare anyway so timing says nothing
+    user_ok = hmac.compare_digest(username.encode(), user.encode())
+    pass_ok = hmac.compare_digest(password.encode(), (expected or secrets.token_hex(16)).encode())
+    if not (user_ok and pass_ok and expected is not None):
         raise Unauthorized("wrong username or password", code="bad_credentials")
+    return user
 
 
 def bearer_from(request: Request) -> str:
@@ -114,10 +148,22 @@ def bearer_from(request: Request) -> str:
 
 
 def require_admin(request: Request, state: StateDep) -> str:
-    """Route dependency: the authenticated operator's name, or 401."""
+    """Route dependency: the authenticated operator's name, or 401; 403 for a viewer's write."""
     if state.token_secret is None:
         state.token_secret = ensure_token_secret(state.store)
-    return verify_token(state.token_secret, bearer_from(request))
+    subject, role = verify_claims(state.token_secret, bearer_from(request))
+    if role != ADMIN_USER and request.method not in READ_METHODS:
+        raise Forbidden(f"the {role} account is read-only; sign in as admin to change anything", code="read_only")
+    return subject
+
+
+def login_token(state, username: str, password: str) -> tuple[str, float, str]:
+    """(token, expires_at, role) for a correct login: shared by the API and the console."""
+    role = check_password(state.state_dir, username, password)
+    if state.token_secret is None:
+        state.token_secret = ensure_token_secret(state.store)
+    token, expires_at = issue_token(state.token_secret, username, state.settings.token_ttl_s, role=role)
+    return token, expires_at, role
 
 
 class LoginRequest(BaseModel):
@@ -136,8 +182,5 @@ router = APIRouter(prefix="/api/auth", tags=["auth"])
 
 @router.post("/login", response_model=LoginResponse)
 def login(body: LoginRequest, state: StateDep) -> LoginResponse:
-    check_password(state.state_dir, body.username, body.password)
-    if state.token_secret is None:
-        state.token_secret = ensure_token_secret(state.store)
-    token, expires_at = issue_token(state.token_secret, body.username, state.settings.token_ttl_s)
+    token, expires_at, _ = login_token(state, body.username, body.password)
     return LoginResponse(token=token, expires_at=expires_at)

@@ -55,16 +55,18 @@ def init(
     san: list[str] = typer.Option([], "--san", help="extra host name or IP for the server certificate"),
 ) -> None:
     """Create the admin password, the cluster CA and fabricd's server certificate."""
-    from controlplane.auth import ensure_admin_password
+    from controlplane.auth import VIEWER_USER, ensure_admin_password, ensure_password
 
     state_dir.mkdir(parents=True, exist_ok=True)
     password_path, created = ensure_admin_password(state_dir)
+    viewer_path, viewer_created = ensure_password(state_dir, VIEWER_USER)
     ca_crt, _ = ensure_ca(state_dir)
     crt = pki_dir(state_dir) / f"{SERVER_CERT_NAME}.crt"
     if san or not crt.exists():
         hosts = ["127.0.0.1", "localhost", socket.gethostname(), *san]
         crt, _ = issue_cert(state_dir, SERVER_CERT_NAME, server=True, client=True, hosts=list(dict.fromkeys(hosts)))
     typer.echo(f"admin password: {password_path} ({'created' if created else 'kept'})")
+    typer.echo(f"viewer password: {viewer_path} ({'created' if viewer_created else 'kept'}; read-only login)")
     typer.echo(f"cluster CA:     {ca_crt}")
     typer.echo(f"server cert:    {crt}")
 

@@ -44,13 +44,16 @@ fabricd_env = clean_env  # the name tests/controlplane imports
 
 
 @contextmanager
-def start_fabricd(tmp: Path, *, insecure: bool = True, env: dict[str, str] | None = None):
+def start_fabricd(tmp: Path, *, insecure: bool = True, env: dict[str, str] | None = None,
+                  controllers: bool = False):
     state_dir = tmp / "state"
     subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_dir)], check=True,
                    capture_output=True, env=fabricd_env(env))
     port = free_port()
     cmd = [str(BIN / "fabricd"), "serve", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{port}",
-           "--no-controllers", "--log-level", "warning"]
+           "--log-level", "warning"]
+    if not controllers:
+        cmd.append("--no-controllers")
     if insecure:
         cmd.append("--insecure")
     with open(tmp / "fabricd.log", "wb") as log:  # the child keeps its own copy of the descriptor

@@ -1,0 +1,26 @@
+"""The web console at /app/ai: server-rendered Jinja2 pages with htmx, served by fabricd.
+
+    install(app)   mounts /app/ai/static (vendored htmx, CSS) and the page and action routes
+
+Every read and every write goes through the REST API in-process (controlplane.console.backend),
+with the signed-in operator's own token, so the console can do nothing the API would not let
+that operator do, and every rule lives in one place. See docs/console.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+STATIC_DIR = Path(__file__).parent / "static"
+PREFIX = "/app/ai"
+
+
+def install(app: FastAPI) -> None:
+    from controlplane.console import actions, pages
+
+    app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
+    app.include_router(pages.router)
+    app.include_router(actions.router)
