@@ -154,12 +154,20 @@ def capacity(state: StateDep) -> dict:
     nodes, sites = [], {}
     for node in sorted(snap.nodes.values(), key=lambda n: n.id):
         held = committed.get(node.id, NOTHING_COMMITTED)
-        total = len(node.gpus)
-        gpus_held = len([g for g in node.gpus if g.pci in reserved.get(node.id, set())])
+        # Whole GPUs; a GPU cut into MIG slices is counted once and is not free for whole-GPU use,
+        # its slices are counted apart (controlplane/mig).
+        mine = reserved.get(node.id, set())
+        whole = [g for g in node.gpus if not g.mig_profile]
+        slices = [g for g in node.gpus if g.mig_profile]
+        total = len(whole)
+        gpus_held = len([g for g in whole if g.pci in mine or g.mig_mode])
         online = node_online(node, now, settings)
-        free = total - gpus_held if online and not node.taints else 0
+        usable = online and not node.taints
+        free = total - gpus_held if usable else 0
+        slices_free = len([g for g in slices if g.pci not in mine]) if usable else 0
         nodes.append({"node": node.id, "site": node.site, "online": online, "taints": node.taints,
                       "gpus_total": total, "gpus_reserved": gpus_held, "gpus_free": free,
+                      "mig_slices": len(slices), "mig_slices_free": slices_free,
                       "replicas": held.replicas,
                       "cpu_allocatable": node.cpu_free, "cpu_committed": held.cpu,
                       "cpu_free": node.cpu_free - held.cpu,

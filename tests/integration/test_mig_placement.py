@@ -30,7 +30,7 @@ def test_replicas_run_on_slices_and_the_parent_stays_whole_gpu_free(tmp_path):
             assert made.returncode == 0, made.stderr
         slices = [s["id"] for s in api.get("/api/ai/nodes/node-a/mig").json()]
         assert slices == [f"{parent}--1g.10gb--0", f"{parent}--1g.10gb--1"]
-        assert api.post("/api/ai/models", json={"name": "tiny", "source": "hf://Qwen/Qwen3-0.6B"}).status_code == 201
+        assert api.post("/api/ai/models", json={"name": "tiny", "source": "hf://Qwen/Qwen3-8B"}).status_code == 201
         for name, gpu in (("slice", {"count": 1, "vram_gib": 8, "mig_profile": "1g.10gb"}),
                           ("whole", {"count": 1, "vram_gib": 8})):
             assert api.post("/api/ai/profiles", json={"name": name, "gpu": gpu, "cpu": 1,
@@ -46,7 +46,12 @@ def test_replicas_run_on_slices_and_the_parent_stays_whole_gpu_free(tmp_path):
             wait_for(lambda: ready("on-slices") == 2, 90, "2 replicas on MIG slices")
             wait_for(lambda: ready("on-gpus") == 1, 60, "1 whole-GPU replica")
         except AssertionError:
-            raise AssertionError(cluster.tail()) from None
+            states = {d: api.get(f"/api/ai/deployments/{d}").json()["status"] for d in ("on-slices", "on-gpus")}
+            raise AssertionError(f"{states}\n{cluster.tail()[-3000:]}") from None
+        node_cap = api.get("/api/ai/capacity").json()["nodes"][0]
+        # The sliced GPU is not free for whole-GPU use; its two slices are both held.
+        assert {k: node_cap[k] for k in ("gpus_total", "gpus_free", "mig_slices", "mig_slices_free")} == {
+            "gpus_total": 2, "gpus_free": 0, "mig_slices": 2, "mig_slices_free": 0}
         placement = api.get("/api/ai/explain/placement/on-slices").json()
         assert sorted(g for r in placement["replicas"] for g in r["gpus"]) == slices
         whole = api.get("/api/ai/explain/placement/on-gpus").json()
