@@ -72,6 +72,7 @@ class LabConfig:
     pin_dir: Path = Path("/sys/fs/bpf/fabric-lab")
     reconcile_secs: float = 2.0
     routing_secs: float = 2.0
+    autoscale_secs: float = 15.0
     topology: LabTopology = field(default_factory=LabTopology)
 
     @property
@@ -140,6 +141,7 @@ def service_env(cfg: LabConfig) -> dict[str, str]:
         "FABRIC_KEY_HMAC_SECRET_FILE": str(cfg.state_dir / "key-hmac-secret"),
         "FABRIC_RECONCILE_SECS": str(cfg.reconcile_secs),
         "FABRIC_ROUTING_SECS": str(cfg.routing_secs),
+        "FABRIC_AUTOSCALE_SECS": str(cfg.autoscale_secs),
         "PYTHONUNBUFFERED": "1",
     }
 

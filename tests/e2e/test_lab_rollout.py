@@ -49,9 +49,9 @@ def served(addr: str) -> float:
                if line.startswith("vllm:request_success_total{"))
 
 
-def connect(cfg: LabConfig, vip: str, n: int) -> int:
+def connect(cfg: LabConfig, vip: str, n: int, model: str = DEP) -> int:
     """n new TCP connections (one request each) from the client namespace; how many got 200."""
-    body = json.dumps({"model": DEP, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+    body = json.dumps({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
     script = (f"ok=0; for i in $(seq {n}); do c=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 "
               f"-H 'content-type: application/json' -d '{body}' http://{vip}:8000/v1/chat/completions); "
               f"[ \"$c\" = 200 ] && ok=$((ok+1)); done; echo $ok")
