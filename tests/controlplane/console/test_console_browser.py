@@ -1,0 +1,152 @@
+"""The console in a real browser: Playwright driving Debian's chromium (/usr/bin/chromium, from
+scripts/setup.sh; Playwright's own browser download is not used) against the real fabricd of
+conftest.py. Each page is photographed into SCREENSHOTS (.state/screenshots/console by default,
+FABRIC_CONSOLE_SCREENSHOTS to choose; docs/console.md links a committed set).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from tests.controlplane.console.conftest import CONSOLE, wait_for
+
+CHROMIUM = "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parents[3]
+SCREENSHOTS = Path(os.environ.get("FABRIC_CONSOLE_SCREENSHOTS", REPO / ".state" / "screenshots" / "console"))
+NAV = [("Models", "models"), ("Profiles", "profiles"), ("Deployments", "deployments"), ("Endpoints", "endpoints"),
+       ("API keys", "keys"), ("Nodes & GPUs", "nodes"), ("Events", "events")]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+def new_page(browser, width: int = 1280, height: int = 900):
+    # fabricd's certificate comes from the cluster's own CA, which this browser profile does not know.
+    ctx = browser.new_context(ignore_https_errors=True, viewport={"width": width, "height": height})
+    return ctx, ctx.new_page()
+
+
+def sign_in(page, cluster, username: str = "admin", password: str | None = None) -> None:
+    page.goto(f"{cluster.url}{CONSOLE}")
+    expect(page).to_have_url(f"{cluster.url}{CONSOLE}/login")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password or cluster.server.password)
+    page.get_by_label("Password").press("Enter")  # keyboard submit
+    expect(page.get_by_test_id("whoami")).to_contain_text(username)
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def test_sign_in_and_every_page_with_real_data(browser, cluster):
+    ctx, page = new_page(browser)
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.goto(f"{cluster.url}{CONSOLE}/login")
+    shot(page, "login")
+    sign_in(page, cluster)
+    expect(page.get_by_test_id("capacity-gpus")).to_contain_text("free of 2")
+    shot(page, "overview")
+    for label, name in NAV:
+        page.get_by_role("link", name=label, exact=True).click()
+        expect(page.get_by_role("link", name=label, exact=True)).to_have_attribute("aria-current", "page")
+        if name == "endpoints":  # the weights chart arrives through htmx
+            expect(page.locator("[data-testid=weights-chat-openai] svg g[data-replica]")).to_have_count(3)
+        shot(page, name)
+    expect(page.get_by_role("cell", name="gpu-node-1").first).to_be_visible()
+    assert not errors, errors  # no script or CSP errors
+    ctx.close()
+
+
+def test_weights_chart_follows_the_cluster_without_a_reload(browser, cluster):
+    ctx, page = new_page(browser)
+    sign_in(page, cluster)
+    page.goto(f"{cluster.url}{CONSOLE}/endpoints")
+    bars = page.locator("[data-testid=weights-chat-openai] svg g[data-replica]")
+    expect(bars).to_have_count(3)
+    with cluster.api() as api:
+        assert api.post("/api/ai/deployments/chat/scale", json={"replicas": 2}).status_code == 200
+        try:
+            expect(bars).to_have_count(2, timeout=30_000)  # the htmx poll redraws it
+        finally:
+            api.post("/api/ai/deployments/chat/scale", json={"replicas": 3})
+            wait_for("3 ready", lambda: api.get("/api/ai/deployments/chat").json()["status"]["ready_replicas"] == 3)
+    ctx.close()
+
+
+def test_scale_from_the_console_and_watch_the_count(browser, cluster):
+    ctx, page = new_page(browser)
+    sign_in(page, cluster)
+    page.goto(f"{cluster.url}{CONSOLE}/deployments")
+    page.get_by_label("Replicas").first.fill("1")
+    page.get_by_role("button", name="Scale chat", exact=True).click()
+    expect(page.get_by_test_id("message")).to_contain_text("scaled to 1")
+    replicas = page.get_by_test_id("replicas-chat")
+    for _ in range(60):
+        page.reload()
+        if "1 ready of 1 desired" in replicas.inner_text():
+            break
+        page.wait_for_timeout(500)
+    expect(replicas).to_contain_text("1 ready of 1 desired")
+    shot(page, "deployments-scaled")
+    page.get_by_label("Replicas").first.fill("3")
+    page.get_by_role("button", name="Scale chat", exact=True).click()
+    expect(page.get_by_test_id("message")).to_contain_text("scaled to 3")
+    with cluster.api() as api:
+        wait_for("3 ready", lambda: api.get("/api/ai/deployments/chat").json()["status"]["ready_replicas"] == 3)
+    ctx.close()
+
+
+def test_create_a_key_and_see_the_secret_once(browser, cluster):
+    ctx, page = new_page(browser)
+    sign_in(page, cluster)
+    page.goto(f"{cluster.url}{CONSOLE}/keys")
+    page.get_by_label("Name").fill("browser-key")
+    page.get_by_role("button", name="Create key").click()
+    secret = page.get_by_test_id("secret-value").input_value()
+    assert len(secret) > 20
+    shot(page, "keys-secret-once")
+    page.goto(f"{cluster.url}{CONSOLE}/keys")
+    expect(page.get_by_test_id("key-browser-key")).to_be_visible()
+    expect(page.get_by_test_id("secret")).to_have_count(0)
+    assert secret not in page.content()
+    # A write without the CSRF token, from the signed-in page itself, is refused.
+    status = page.evaluate("""async () => (await fetch('/app/ai/keys', {method: 'POST',
+        headers: {'content-type': 'application/x-www-form-urlencoded'},
+        body: 'name=no-csrf&endpoint=chat-openai'})).status""")
+    assert status == 403
+    ctx.close()
+
+
+def test_viewer_has_no_write_buttons(browser, cluster):
+    ctx, page = new_page(browser)
+    sign_in(page, cluster, "viewer", cluster.viewer_password)
+    expect(page.get_by_test_id("whoami")).to_contain_text("read-only")
+    page.goto(f"{cluster.url}{CONSOLE}/deployments")
+    expect(page.get_by_role("button", name="Scale chat", exact=True)).to_have_count(0)
+    page.goto(f"{cluster.url}{CONSOLE}/keys")
+    expect(page.get_by_role("button", name="Create key")).to_have_count(0)
+    shot(page, "keys-viewer")
+    ctx.close()
+
+
+def test_phone_width_has_no_sideways_page_scroll(browser, cluster):
+    ctx, page = new_page(browser, 390, 844)
+    sign_in(page, cluster)
+    for name in ("overview", "endpoints", "nodes"):
+        page.goto(f"{cluster.url}{CONSOLE}" + ("" if name == "overview" else f"/{name}"))
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 391, f"{name} is {width}px wide on a 390px phone"
+        shot(page, f"phone-{name}")
+    ctx.close()
