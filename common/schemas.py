@@ -115,7 +115,9 @@ class ModelArtifact(Resource):
     license: str | None = None
     residency: str | None = None
     digest: str | None = Field(None, description="expected digest: SHA-256 of the sorted manifest")
-    require_checksum: bool = Field(False, description="refuse to go Ready without a matching expected digest")
+    # None (not set) means false; a None default keeps records written before this field equal to
+    # new ones wherever unset fields are compared (backup/restore diffs).
+    require_checksum: bool | None = Field(None, description="refuse to go Ready without a matching expected digest")
     signature: str | None = Field(None, description="HMAC-SHA256 hex of the digest under FABRIC_MODEL_SIGNING_KEY")
     size_bytes: int | None = Field(None, ge=0, description="declared size; refused when the node has less free")
     status: ModelStatus = Field(default_factory=lambda: ModelStatus(phase="Registered", message="model registered"))

@@ -166,7 +166,7 @@ async def verify(name: str, state: StateDep) -> dict:
                 continue
             try:
                 res = await agents.for_node(node).verify_model(VerifyRequest(
-                    digest=job.digest, expected_digest=model.digest, require_checksum=model.require_checksum,
+                    digest=job.digest, expected_digest=model.digest, require_checksum=bool(model.require_checksum),
                     signature=model.signature))
             except TransientError as exc:
                 results.append({"node": job.node, "ok": None, "message": f"agent unreachable: {exc.message}"})
