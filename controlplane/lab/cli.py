@@ -49,6 +49,7 @@ def up(state_dir: Path = StateOpt) -> None:
         typer.echo(f"error: {exc}\nlogs: {cfg.state_dir / 'logs'}; clean up with `fabricd lab down`", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"lab is up (state in {cfg.state_dir}). For fabricctl: source {handle.config.state_dir / 'env'}")
+    typer.echo(cfg.console_hint())
 
 
 @lab_app.command()

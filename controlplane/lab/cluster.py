@@ -95,6 +95,11 @@ class LabConfig:
     def ca(self) -> Path:
         return pki_dir(self.fabricd_dir) / "ca.crt"
 
+    def console_hint(self) -> str:
+        """Where the web console is and how to sign in (password files, never the passwords)."""
+        return (f"console: {self.url}/app/ai  login admin (password in {self.fabricd_dir / 'admin-password'}) "
+                f"or read-only viewer ({self.fabricd_dir / 'viewer-password'}); the certificate is from {self.ca}")
+
 
 @dataclass(frozen=True)
 class LabHandle:

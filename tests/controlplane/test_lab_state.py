@@ -43,3 +43,16 @@ def test_lab_commands_without_a_lab_say_so_in_one_line(tmp_path):
     load = subprocess.run([str(Path(__file__).parents[2] / "scripts" / "lab-load"), "--queue", "1",
                            "--replica", "0"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert load.returncode != 0 and "Traceback" not in load.stderr and "the lab is not up" in load.stderr
+
+
+def test_console_hint_names_the_url_and_login_files_fabricd_init_makes(tmp_path):
+    from controlplane.lab.cluster import LabConfig
+
+    cfg = LabConfig(state_dir=tmp_path, api_port=18443)
+    subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(cfg.fabricd_dir)], check=True, capture_output=True)
+    hint = cfg.console_hint()
+    assert "https://127.0.0.1:18443/app/ai" in hint
+    for name in ("admin-password", "viewer-password"):
+        path = cfg.fabricd_dir / name
+        assert str(path) in hint and path.is_file()
+        assert path.read_text().strip() not in hint  # the file's path, never the password
