@@ -126,3 +126,8 @@ def mig_slices(node_id: str = "", slice_id: str = "") -> str:
     if not node_id:
         return f"{ROOT}/mig/"
     return f"{ROOT}/mig/{node_id}/{slice_id}"
+
+
+def model_aliases(name: str = "") -> str:
+    """A stable model name clients use, mapped to an endpoint (gateway root routing)."""
+    return f"{ROOT}/model-aliases/{name}"

@@ -48,8 +48,9 @@ from gateway.key_auth import Authenticator, Identity, check_model, presented_id
 from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, plan_admission
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import UpstreamBroke, UpstreamTimeout, forward, upstream_headers
-from gateway.request_body import BodyInfo, GenerationPolicy, parse_body
-from gateway.routes import PREFIX, Route, parse_route
+from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
+from gateway.model_routing import CatalogueCache, endpoint_without_model, models_page, resolve, visible_models
+from gateway.routes import PREFIX, Route, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache, check_shed, order_targets
@@ -79,6 +80,7 @@ class GatewayState:
     tracer: Tracer
     gateway_id: str
     cold_start: ColdStart | None = None  # records demand and holds/refuses with no ready replica
+    catalogue: CatalogueCache | None = None  # the root /v1: model -> endpoint (gateway.model_routing)
 
     @property
     def scheme(self) -> str:
@@ -113,7 +115,7 @@ class GatewayApp:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
-            if path.startswith(PREFIX):
+            if path.startswith(PREFIX) or is_root(path):
                 await self.call(scope, receive, send)
             elif path == "/metrics":
                 body = self.state.metrics.exposition()
@@ -163,12 +165,20 @@ class GatewayApp:
             route = self._route(scope)
             endpoint = route.endpoint
             headers = request_headers(scope["headers"])
-            identity = await self._identify(headers, endpoint, request_id)
+            identity = await self._identify(headers, endpoint or None, request_id)
             # Batch input files are uploaded whole; they get their own, larger cap.
             cap = st.settings.max_upload if route.is_upload else st.settings.max_body
             body = await read_body(receive, headers, cap)
             body_read = True
             info = await self._parse(body, headers.get("content-type", ""), route)
+            if not endpoint:  # the root /v1: the endpoint comes from the body's model
+                if scope["method"] == "GET" and route.path.rstrip("/") == "/v1/models":
+                    page = models_page(visible_models(await st.catalogue.get(), identity))
+                    await send_json(send, 200, page)
+                    status, outcome = 200, "success"
+                    return
+                route, info = await self._by_model(identity, route, info, body)
+                endpoint = route.endpoint
             check_model(identity, info.model, route.path, scope["method"])
             st.audit.record("ATTEMPT", request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
                             endpoint=endpoint, model=info.model)
@@ -248,7 +258,19 @@ class GatewayApp:
         qs = scope.get("query_string")
         return replace(route, target=route.target + b"?" + qs) if qs else route
 
-    async def _identify(self, headers: dict[str, str], endpoint: str, request_id: str) -> Identity:
+    async def _by_model(self, identity: Identity, route: Route, info: BodyInfo, body: bytes) -> tuple[Route, BodyInfo]:
+        """The root /v1's endpoint, from the body's model (gateway.model_routing); the forwarded
+        body names the model the replicas serve."""
+        if info.model is None and (route.kind in ("read", "upload") or info.data is None):
+            return replace(route, endpoint=endpoint_without_model(identity)), info
+        target = resolve(await self.state.catalogue.get(), identity, info.model)
+        if target.upstream_model != info.model:
+            sent = info.body if info.body is not None else body
+            info = replace(info, model=target.upstream_model, body=with_field(sent, info.data or {}, "model",
+                                                                               target.upstream_model))
+        return replace(route, endpoint=target.endpoint), info
+
+    async def _identify(self, headers: dict[str, str], endpoint: str | None, request_id: str) -> Identity:
         """Authenticate from the headers; a refusal is audited (the credential's non-secret
         name only: a key's prefix, or "jwt"), rate-limited per process so a flood of bad keys
         cannot flood the chain."""

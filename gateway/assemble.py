@@ -12,6 +12,7 @@ from gateway.cold_start import ColdStart
 from gateway.key_auth import Authenticator
 from gateway.limits import LimitKeeper
 from gateway.metrics import GatewayMetrics
+from gateway.model_routing import CatalogueCache
 from gateway.oidc import OidcVerifier
 from gateway.settings import BackendTls, GatewaySettings
 from gateway.slots import SlotHolder
@@ -59,5 +60,6 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         tracer=Tracer(settings.otel_endpoint),
         gateway_id=gateway_id,
         cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
+        catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
     )
     return GatewayApp(state)

@@ -28,6 +28,13 @@ class Identity:
     subject: str  # key id, or the JWT's sub
     tenant: str | None
     record: ApiKeyRecord | None = None
+    endpoints: tuple[str, ...] | None = None  # OIDC: the endpoints its claim names ("*": all)
+
+    def may_call(self, endpoint: str) -> bool:
+        """Pure: whether this caller may reach the endpoint (the rule identify applies)."""
+        if self.record is not None:
+            return self.record.endpoint == endpoint
+        return self.endpoints is not None and ("*" in self.endpoints or endpoint in self.endpoints)
 
 
 def bearer_token(headers: dict[str, str]) -> str:
@@ -94,8 +101,10 @@ class Authenticator:
         self._cache[prefix] = (now + self.ttl_secs, record)
         return record
 
-    async def identify(self, headers: dict[str, str], endpoint: str) -> Identity:
-        """Who is calling, from the headers alone (run before any body byte is read)."""
+    async def identify(self, headers: dict[str, str], endpoint: str | None) -> Identity:
+        """Who is calling, from the headers alone (run before any body byte is read). endpoint
+        None (the root /v1, routed by the body's model): the credential is checked, the endpoint
+        later with Identity.may_call."""
         token = bearer_token(headers)
         if apikeys.looks_like_key(token):
             prefix = apikeys.parse_key(token)
@@ -103,12 +112,18 @@ class Authenticator:
             now = time.time()
             if record is None or not apikeys.secret_matches(record, token, self.hmac_secret, now):
                 raise Unauthorized("the API key is not valid", code="invalid_api_key")
-            check_key(record, endpoint, now)
+            if endpoint is None:
+                if apikeys.is_expired(record, now):
+                    raise Unauthorized("the API key has expired", code="expired_api_key")
+            else:
+                check_key(record, endpoint, now)
             return Identity("key", record.id, record.tenant, record)
         if looks_like_jwt(token) and self.oidc.providers:
             claims = await self.oidc.verify(token)
-            check_oidc_endpoint(claims, endpoint, self.oidc.endpoints_claim)
-            return Identity("oidc", claims.subject, claims.tenant)
+            if endpoint is not None:
+                check_oidc_endpoint(claims, endpoint, self.oidc.endpoints_claim)
+            named = tuple(sorted(claims.endpoints)) if claims.endpoints is not None else None
+            return Identity("oidc", claims.subject, claims.tenant, endpoints=named)
         raise Unauthorized("the bearer token is not a Fabric API key or an accepted OIDC token", code="invalid_api_key")
 
 

@@ -133,14 +133,14 @@ def _choices(data: dict) -> int:
     return most
 
 
-def with_field(body: bytes, data: dict, name: str, value: int) -> bytes:
+def with_field(body: bytes, data: dict, name: str, value: int | str) -> bytes:
     """The body with one top-level field set. Spliced in before the closing brace when the body
     is UTF-8 text framed by '{...}' (nothing else changes; a later duplicate key wins in the
     engine's parser, so a client's own null or 0 for the field is overridden), else
     re-serialised."""
     stripped = body.strip(b" \t\r\n")
     if stripped.startswith(b"{") and stripped.endswith(b"}"):
-        return stripped[:-1] + (b"," if data else b"") + f'"{name}":{value}}}'.encode()
+        return stripped[:-1] + (b"," if data else b"") + f'"{name}":{json.dumps(value)}}}'.encode()
     return json.dumps({**data, name: value}).encode()
 
 

@@ -28,6 +28,7 @@ from common.schemas import DNS_LABEL
 
 PREFIX = "/api/ai/openai/"
 PREFIX_B = PREFIX.encode()
+ROOT_PREFIX = "/v1/"
 _BAD_ESCAPE = re.compile(rb"%(?:2f|5c|3f|23|2e|00)", re.IGNORECASE)
 
 # Which body field caps generation, per route, as vLLM reads it (first non-empty wins).
@@ -86,13 +87,24 @@ def route_kind(method: str, path: str) -> str:
 
 
 def parse_route(raw_path: bytes, query: bytes, method: str) -> Route:
-    """The route of a raw ASGI path (bytes starting with PREFIX); BadPath (400) when ambiguous."""
+    """The route of a raw ASGI path (bytes starting with PREFIX, or ROOT_PREFIX: the endpoint
+    is then "", chosen later by the body's model); BadPath (400) when ambiguous."""
+    if not raw_path.startswith(PREFIX_B):
+        return _sub_route("", raw_path, query, method)  # /v1/...: decoded by the same rules
     rest = raw_path[len(PREFIX_B):]
     seg, _, tail = rest.partition(b"/")
     endpoint = unquote(seg.decode("latin-1"))
     if not DNS_LABEL.match(endpoint):
         raise BadPath("the endpoint in the path is not a valid endpoint name")
-    raw_sub = b"/" + tail
+    return _sub_route(endpoint, b"/" + tail, query, method)
+
+
+def is_root(path: str) -> bool:
+    """The gateway root's OpenAI API (one base URL for every model)."""
+    return path == "/v1" or path.startswith(ROOT_PREFIX)
+
+
+def _sub_route(endpoint: str, raw_sub: bytes, query: bytes, method: str) -> Route:
     if _BAD_ESCAPE.search(raw_sub):
         raise BadPath("the path holds an encoded '/', '\\', '?', '#', '.' or NUL; send it unencoded")
     try:

@@ -87,6 +87,8 @@ async def bridge(state, scope, receive, send) -> None:
         query = scope.get("query_string", b"")
         route = parse_route(scope.get("raw_path") or scope["path"].encode(), query, "GET")
         endpoint = route.endpoint
+        if not endpoint:  # the root /v1 routes by a body's model; a WebSocket has none to read first
+            raise BadPath("WebSockets take the per-endpoint path /api/ai/openai/{endpoint}/v1/...")
         headers = request_headers(scope["headers"])
         model = query_model(query)
         try:

@@ -63,6 +63,7 @@ def _root_callback(
 
 def build_app() -> typer.Typer:
     from controlplane.fabricctl import (
+        aliases,
         backup,
         capacity,
         completion,
@@ -109,6 +110,7 @@ def build_app() -> typer.Typer:
     ai.command("events")(resources.events)
     ai.add_typer(scaling.quota_app, name="quota")
     ai.add_typer(keys.key_app, name="key")
+    ai.add_typer(aliases.alias_app, name="alias")
     have = {c.name for c in nodes.node_app.registered_commands}
     for name, command in (("mig-create", mig.mig_create), ("mig-delete", mig.mig_delete), ("mig-list", mig.mig_list)):
         if name not in have:  # build_app may run more than once in one process

@@ -1,0 +1,70 @@
+"""Model aliases for the gateway's root ``/v1/...`` (common.model_aliases), admin only.
+
+    POST   /api/ai/aliases          {name, endpoint, model_name?}: create or replace
+    GET    /api/ai/aliases          every alias
+    GET    /api/ai/aliases/{name}
+    DELETE /api/ai/aliases/{name}
+
+The endpoint must exist when the alias is made. An alias may not shadow a model a deployment
+serves (409): a name means one thing to every client.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Depends
+from pydantic import ValidationError
+
+from common import keyspace
+from common.errors import Conflict, InvalidInput, NotFound
+from common.model_aliases import ModelAlias
+from controlplane.auth import require_admin
+from controlplane.state import StateDep
+
+router = APIRouter(prefix="/api/ai", tags=["aliases"], dependencies=[Depends(require_admin)])
+
+
+def _served(store) -> set[str]:
+    return {str(json.loads(kv.value).get("model", "")) for kv in store.list(keyspace.deployments())} - {""}
+
+
+@router.post("/aliases", status_code=201)
+def put_alias(body: dict, state: StateDep) -> dict:
+    try:
+        alias = ModelAlias.model_validate({k: v for k, v in body.items() if k != "created_at"})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidInput(f"{where}: {first['msg']}", code="invalid_alias") from None
+    if state.store.get(keyspace.endpoints(alias.endpoint)) is None:
+        raise NotFound(f"endpoint {alias.endpoint!r} does not exist")
+    if alias.name in _served(state.store):
+        raise Conflict(f"{alias.name!r} is a model a deployment serves; an alias may not shadow it",
+                       code="alias_shadows_model")
+    state.store.put(keyspace.model_aliases(alias.name), alias.model_dump_json())
+    return alias.model_dump()
+
+
+@router.get("/aliases")
+def list_aliases(state: StateDep) -> list[dict]:
+    return [json.loads(kv.value) for kv in sorted(state.store.list(keyspace.model_aliases()), key=lambda kv: kv.key)]
+
+
+def _get(state, name: str):
+    kv = state.store.get(keyspace.model_aliases(name))
+    if kv is None:
+        raise NotFound(f"no alias named {name!r}")
+    return json.loads(kv.value)
+
+
+@router.get("/aliases/{name:path}")
+def get_alias(name: str, state: StateDep) -> dict:
+    return _get(state, name)
+
+
+@router.delete("/aliases/{name:path}")
+def delete_alias(name: str, state: StateDep) -> dict:
+    _get(state, name)
+    state.store.delete(keyspace.model_aliases(name))
+    return {"name": name, "deleted": True}

@@ -1,0 +1,127 @@
+"""One base URL for every model: which endpoint a root ``/v1/...`` call goes to, from the body's
+``model``, and which models a caller may see.
+
+A name resolves, in this order, to: an alias (common.model_aliases: its endpoint, and the model
+name to write into the forwarded body -- the alias's model_name, else the endpoint's deployment's
+model), else an endpoint whose deployment serves that model (the name the replicas serve). Only
+endpoints the caller may call count (Identity.may_call: a key's one endpoint, an OIDC token's
+claim), so an unknown name and another tenant's model get the same 404 ``model_not_found``
+that names nothing else. The key's model scope then applies to the resolved model as on the
+per-endpoint path.
+
+The catalogue (endpoints, deployments, aliases) is read from the store and cached for the
+gateway's cache TTL; resolving and listing are pure functions of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from common import keyspace
+from common.errors import InvalidInput, NotFound
+from common.store.base import Store
+from gateway.key_auth import Identity
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    endpoint: str
+    upstream_model: str  # the body's model as the replicas must receive it
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    endpoint_models: dict[str, str]  # endpoint -> the model its deployment serves
+    aliases: dict[str, tuple[str, str | None]]  # alias -> (endpoint, model_name)
+
+
+def model_not_found(model: str | None) -> NotFound:
+    shown = model if isinstance(model, str) and len(model) <= 128 else "(the requested model)"
+    return NotFound(f"the model {shown!r} does not exist or this caller may not use it", code="model_not_found")
+
+
+def resolve(cat: Catalogue, identity: Identity, model: str | None) -> ModelTarget:
+    """Pure: where this caller's call for ``model`` goes; model_not_found (404) otherwise."""
+    if not isinstance(model, str) or not model:
+        raise InvalidInput("the body must name a model: the gateway's /v1 routes by it", code="model_required")
+    alias = cat.aliases.get(model)
+    if alias is not None and identity.may_call(alias[0]):
+        return ModelTarget(alias[0], alias[1] or cat.endpoint_models.get(alias[0]) or model)
+    for endpoint in sorted(cat.endpoint_models):
+        if cat.endpoint_models[endpoint] == model and identity.may_call(endpoint):
+            return ModelTarget(endpoint, model)
+    raise model_not_found(model)
+
+
+def endpoint_without_model(identity: Identity) -> str:
+    """Pure: a root call with no model (a file or batch by id): the caller's only endpoint."""
+    if identity.record is not None:
+        return identity.record.endpoint
+    if identity.endpoints and len(identity.endpoints) == 1 and identity.endpoints[0] != "*":
+        return identity.endpoints[0]
+    raise InvalidInput("this call names no model and the caller may call several endpoints; use "
+                       "/api/ai/openai/{endpoint}/v1/...", code="model_required")
+
+
+def visible_models(cat: Catalogue, identity: Identity) -> list[str]:
+    """Pure: exactly the names this caller may use (a model-scoped key: those that resolve to its model)."""
+    names = {m for e, m in cat.endpoint_models.items() if identity.may_call(e)}
+    names |= set(a for a, (e, _) in cat.aliases.items() if identity.may_call(e))
+    scoped = identity.record.model if identity.record else None
+    if scoped:
+        names = {n for n in names if resolve(cat, identity, n).upstream_model == scoped}
+    return sorted(names)
+
+
+def models_page(names: list[str], created: int = 0) -> bytes:
+    data = [{"id": n, "object": "model", "created": created, "owned_by": "fabric"} for n in names]
+    return json.dumps({"object": "list", "data": data}).encode()
+
+
+def read_catalogue(store: Store) -> Catalogue:
+    deployments: dict[str, str] = {}
+    for kv in store.list(keyspace.deployments()):
+        try:
+            d = json.loads(kv.value)
+            deployments[str(d["name"])] = str(d["model"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    endpoint_models: dict[str, str] = {}
+    for kv in store.list(keyspace.endpoints()):
+        try:
+            e = json.loads(kv.value)
+            model = deployments.get(str(e["deployment"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if model:
+            endpoint_models[str(e["name"])] = model
+    aliases: dict[str, tuple[str, str | None]] = {}
+    for kv in store.list(keyspace.model_aliases()):
+        try:
+            a = json.loads(kv.value)
+            aliases[str(a["name"])] = (str(a["endpoint"]), a.get("model_name"))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return Catalogue(endpoint_models, aliases)
+
+
+@dataclass
+class CatalogueCache:
+    store: Store
+    ttl_secs: float = 1.0
+    _hit: tuple[float, Catalogue] | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def get(self) -> Catalogue:
+        hit = self._hit
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        async with self._lock:  # one store read per expiry, not one per waiting call
+            hit = self._hit
+            if hit is None or hit[0] <= time.monotonic():
+                cat = await asyncio.to_thread(read_catalogue, self.store)
+                self._hit = hit = (time.monotonic() + self.ttl_secs, cat)
+        return hit[1]
