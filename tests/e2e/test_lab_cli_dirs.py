@@ -36,12 +36,14 @@ def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
     env["FABRIC_LAB_STATE"] = str(state)
     cfg = LabConfig(state_dir=state)
+    started = 0
     with lab_lock():
         try:
             up = lab(here, env, "up")
             assert up.returncode == 0, up.stdout + up.stderr
             shown = lab(there, env, "status").stdout
-            assert shown.count("process ") == 3 and "netns fabric-lab-node" in shown
+            started = shown.count("process ")  # fabricd, the agent, the gateway (and the lab's helpers)
+            assert started >= 3 and "netns fabric-lab-node" in shown
             for _ in range(2):
                 demo = lab(there, env, "demo")
                 assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr
@@ -61,7 +63,7 @@ def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
         finally:
             down = lab(there, env, "down")
         assert down.returncode == 0, down.stdout + down.stderr
-        assert down.stdout.count("removed process ") == 3 and "removed netns fabric-lab-node" in down.stdout
+        assert down.stdout.count("removed process ") >= started and "removed netns fabric-lab-node" in down.stdout
         assert "nothing left behind" in down.stdout
         assert status(cfg) == [] and running(state) == []
         assert "lab is down" in lab(here, env, "status").stdout
