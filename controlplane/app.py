@@ -23,6 +23,7 @@ from controlplane import console
 from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
 from controlplane.errors_http import install_error_handlers
+from controlplane.gpu_metrics import GpuCollector
 from controlplane.state import AppState
 
 log = logging.getLogger("fabricd")
@@ -64,6 +65,7 @@ def create_app(state: AppState) -> FastAPI:
 
     requests_total = Counter("fabricd_http_requests_total", "HTTP requests by route template and status",
                              ["method", "route", "status"], registry=state.registry)
+    state.registry.register(GpuCollector(state.store))
     latency = Histogram("fabricd_http_request_seconds", "HTTP request latency by route template",
                         ["method", "route"], registry=state.registry)
 

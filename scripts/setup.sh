@@ -9,7 +9,7 @@ APT_PACKAGES=(
   python3 python3-venv python3-dev python3-bpfcc bpfcc-tools bpftool
   linux-headers-amd64 etcd-server libvirt-dev pkg-config gcc
   iproute2 iputils-ping curl ca-certificates nginx-light shellcheck procps
-  qemu-utils chromium
+  qemu-utils chromium prometheus
   libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86 ovmf
 )
 
