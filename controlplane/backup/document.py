@@ -162,6 +162,18 @@ def _identity(section: str, parsed: BaseModel) -> str | None:
     return getattr(parsed, "name", None)
 
 
+def _normalized(section: Section, record: dict | None) -> dict | None:
+    """A stored record in the form a validated backup record has (defaults of fields added since
+    it was written filled in), so only real differences count as conflicts."""
+    if record is None or section.schema is None:
+        return record
+    try:
+        parsed = section.schema.model_validate(record)
+    except ValidationError:
+        return record
+    return parsed.model_dump(mode="json", exclude={"status"} if "status" in type(parsed).model_fields else None)
+
+
 def _differs(old: dict, new: dict) -> tuple[str, ...]:
     keys = set(old) | set(new)
     return tuple(sorted(k for k in keys if k != "created_at" and old.get(k) != new.get(k)))
@@ -179,7 +191,7 @@ def plan_restore(doc: object, current: Mapping[str, Mapping[str, dict]]) -> Rest
             raise InvalidInput(f"section {section.name} must be an object of records")
         for name in sorted(records):
             record = _validate(section, name, records[name])
-            existing = current.get(section.name, {}).get(name)
+            existing = _normalized(section, current.get(section.name, {}).get(name))
             if existing is None:
                 action, differs = "create", ()
             else:
