@@ -55,5 +55,13 @@ def test_weights_chart_follows_an_engines_queue(tmp_path):
                 expect(weight_cell).not_to_have_text(str(before))
                 expect(page.locator(f"[data-testid=weights-{EP}]")).to_contain_text("queue 20")
                 page.screenshot(path=str(SCREENSHOTS / "endpoints-live-load.png"), full_page=True)
+                # The model was really materialized by the agent (from the loopback HF mirror).
+                page.get_by_role("link", name="Models", exact=True).click()
+                expect(page.locator("main")).to_contain_text("node-a: Ready")
+                expect(page.locator("main")).to_contain_text("100%")
+                page.screenshot(path=str(SCREENSHOTS / "models-live.png"), full_page=True)
+                page.get_by_role("link", name="Nodes & GPUs", exact=True).click()
+                expect(page.get_by_role("cell", name=f"{DEP}-", exact=False).first).to_be_visible()  # held GPUs
+                page.screenshot(path=str(SCREENSHOTS / "nodes-live.png"), full_page=True)
             finally:
                 browser.close()

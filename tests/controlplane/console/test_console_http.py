@@ -153,3 +153,18 @@ def test_sign_out_needs_the_token_and_ends_the_session(cluster):
         r = c.post(f"{CONSOLE}/logout", data={"csrf": csrf})
         assert r.status_code == 303
         assert c.get(CONSOLE, follow_redirects=False).status_code == 303
+
+
+def test_deployment_page_shows_a_rollout_and_its_step(cluster):
+    with signed_in(cluster) as c, cluster.api() as api:
+        r = api.post("/api/ai/deployments/chat-auto/revisions", json={"engine_args": ["--max-num-seqs", "8"],
+                                                                      "reason": "console test"})
+        assert r.status_code == 201, r.text
+        r = api.post("/api/ai/deployments/chat-auto/rollouts", json={})
+        assert r.status_code == 201, r.text
+        rollout = r.json()
+        html = c.get(f"{CONSOLE}/deployments").text
+        line = re.search(rf'data-testid="rollout-chat-auto-{rollout["id"]}">([^<]+)<', html)
+        assert line, html[-3000:]
+        assert f"rev {rollout['from_revision']} → {rollout['to_revision']}" in line.group(1)
+        assert "step " in line.group(1)
