@@ -94,6 +94,16 @@ async def _show_secret(request: Request, session, api: Api, answer: dict, verb: 
                 secret={"name": answer.get("name"), "id": answer.get("id"), "key": answer.get("key"), "verb": verb})
 
 
+async def _key_write(request: Request, session, path: str, body: dict, verb: str):
+    """Create or rotate: one API call whose answer carries the plaintext key, shown on this page only."""
+    api = Api(request, session)
+    try:
+        answer = await api.call("POST", path, json=body)
+        return await _show_secret(request, session, api, answer, verb)
+    except ApiError as exc:
+        return _failed(request, session, "keys", exc)
+
+
 @router.post("/keys")
 async def create_key(request: Request):
     session, form, refused = await _guarded(request)
@@ -105,12 +115,7 @@ async def create_key(request: Request):
             body["ttl_secs"] = int(form["ttl_secs"])
         except ValueError:
             return _failed(request, session, "keys", ApiError(422, "invalid", "ttl_secs: expected a whole number"))
-    api = Api(request, session)
-    try:
-        answer = await api.call("POST", "/api/ai/keys", json=body)
-        return await _show_secret(request, session, api, answer, "created")
-    except ApiError as exc:
-        return _failed(request, session, "keys", exc)
+    return await _key_write(request, session, "/api/ai/keys", body, "created")
 
 
 @router.post("/keys/{ref}/rotate")
@@ -118,12 +123,7 @@ async def rotate_key(request: Request, ref: str):
     session, _, refused = await _guarded(request)
     if refused is not None:
         return refused
-    api = Api(request, session)
-    try:
-        answer = await api.call("POST", f"/api/ai/keys/{quote(ref, safe='')}/rotate", json={})
-        return await _show_secret(request, session, api, answer, "rotated")
-    except ApiError as exc:
-        return _failed(request, session, "keys", exc)
+    return await _key_write(request, session, f"/api/ai/keys/{quote(ref, safe='')}/rotate", {}, "rotated")
 
 
 @router.post("/keys/{ref}/revoke")

@@ -112,7 +112,9 @@ async def nodes(request: Request):
     async def load(api: Api):
         items, gpus, capacity = await asyncio.gather(api.get("/api/ai/nodes"), api.get("/api/ai/gpus"),
                                                      api.get("/api/ai/capacity"))
-        return {"nodes": items, "gpus": gpus, "strip": views.capacity_strip(capacity)}
+        slices = await asyncio.gather(*(api.maybe(f"/api/ai/nodes/{n['id']}/mig", []) for n in items))
+        return {"nodes": items, "gpus": gpus, "strip": views.capacity_strip(capacity),
+                "slices": [s for per_node in slices for s in per_node]}
     return await _render(request, "nodes.html", "nodes", load)
 
 

@@ -1,7 +1,7 @@
 """A real fabricd for the console tests: TLS (the session cookie is Secure), dry-run replicas with
 the controllers running (so scaling really changes the replica count), seeded through the REST API
 with a model, a profile, two deployments (one autoscaled), an endpoint and one registered node
-(mTLS, as an agent registers) with two GPU readings.
+(mTLS, as an agent registers) with two GPU readings and a MIG slice on the first.
 """
 
 from __future__ import annotations
@@ -65,14 +65,17 @@ def _seed(server: Fabricd, api: httpx.Client, tmp) -> None:
         files[name] = tmp / name
         files[name].write_text(issued[field])
     gpus = [GpuInfo(index=i, uuid=f"GPU-{i}", name="NVIDIA H100", pci=f"0000:3b:0{i}.0", memory_total_mib=81559,
-                    memory_used_mib=1024 * (i + 1), temperature_c=41 + i, power_w=120 + i, ecc_uncorrected=i)
+                    memory_used_mib=1024 * (i + 1), temperature_c=41 + i, power_w=120 + i, ecc_uncorrected=i,
+                    mig_mode=i == 0)
             for i in range(2)]
     report = NodeReport(id="gpu-node-1", address="https://127.0.0.1:9443", gpus=gpus, cpu_free=32,
-                        memory_free_gib=256).model_dump(mode="json")
+                        memory_free_gib=256, vm_driver="dry-run").model_dump(mode="json")
     ctx = client_ssl_context(files["ca.crt"], files["n.crt"], files["n.key"])
     with httpx.Client(base_url=server.url, verify=ctx, timeout=10) as node:
         r = node.post("/api/ai/nodes", json=report)
         assert r.status_code in (200, 201), r.text
+    r = api.post("/api/ai/nodes/gpu-node-1/mig", json={"parent_bdf": "0000:3b:00.0", "profile": "1g.10gb"})
+    assert r.status_code == 201, r.text  # a simulated node's slice is a record
     wait_for("3 ready chat replicas",
              lambda: api.get("/api/ai/deployments/chat").json()["status"].get("ready_replicas") == 3)
     wait_for("a VIP on chat-openai", lambda: api.get("/api/ai/endpoints/chat-openai").json()["status"].get("vip"))

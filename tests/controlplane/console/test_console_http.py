@@ -15,7 +15,7 @@ PAGES = {
     "/deployments": ["chat-auto", "rev 1", "1–2 replicas"],
     "/endpoints": ["chat-openai", "/api/ai/openai/chat-openai", "hx-get"],
     "/keys": ["Create a key"],
-    "/nodes": ["gpu-node-1", "0000:3b:01.0", "42.0 °C", "NVIDIA H100"],
+    "/nodes": ["gpu-node-1", "0000:3b:01.0", "42.0 °C", "NVIDIA H100", "1g.10gb", "MIG slices"],
     "/events": ["deployment/chat", "created"],
 }
 
