@@ -53,7 +53,7 @@ from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.reconcile.events import ReconcileEvents
-from controlplane.rollouts.apply import RolloutWorker
+from controlplane.rollouts.apply import RolloutMetrics, RolloutWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.scaling.loop import AutoscaleWorker
 from controlplane.scheduler import SchedulerSettings
@@ -112,6 +112,7 @@ class ControllerMetrics:
                                            ["action", "code"], registry=registry)
         self.leader = Gauge("fabric_controller_leader", "1 while this process holds the orchestration lease",
                             registry=registry)
+        self.rollouts = RolloutMetrics(registry)
         self.model_jobs = Gauge("fabric_model_jobs", "Model jobs by state (one per model and node)", ["state"],
                                 registry=registry)
 
@@ -268,7 +269,7 @@ class ControllerHandle:
                 drain_grace_s=self.settings.drain_grace_s, drain_settle_s=self.settings.routing_s + 1,
                 scheduler=config.scheduler if config else SchedulerSettings.from_env()),
                 events=ReconcileEvents(events))
-        rollouts = RolloutWorker(store, events_kept=api.events_kept)
+        rollouts = RolloutWorker(store, events_kept=api.events_kept, metrics=self.metrics.rollouts)
         routing = RoutingWorker(store, agents, config.pool if config else vip_pool.pool_from_env(),
                                 metrics=self.metrics, rollouts=rollouts, events=events)
         models = ModelWorker(store, agents, jobs_gauge=self.metrics.model_jobs)

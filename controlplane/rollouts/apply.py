@@ -16,6 +16,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from prometheus_client import Counter, Gauge
+
 from common.rollouts import Rollout
 from common.schemas import Replica, ReplicaObservation
 from common.store.base import Store
@@ -26,11 +28,25 @@ from controlplane.rollouts.plan import Activate, Event, SaveRecord, Supersede, p
 log = logging.getLogger("fabricd.rollouts")
 
 
+class RolloutMetrics:
+    """fabric_rollout_share{deployment} (the new set's share while a rollout splits, gone when
+    it ends) and fabric_rollout_transitions_total{action} (one per event: step, switched, paused,
+    rollback, succeeded, rolled-back)."""
+
+    def __init__(self, registry):
+        self.share = Gauge("fabric_rollout_share", "Percent of new connections to the new revision",
+                           ["deployment"], registry=registry)
+        self.transitions = Counter("fabric_rollout_transitions_total", "Rollout transitions by action",
+                                   ["action"], registry=registry)
+
+
 class RolloutWorker:
-    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, events_kept: int = 1000):
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, events_kept: int = 1000,
+                 metrics: RolloutMetrics | None = None):
         self.store = store
         self.clock = clock
         self.events_kept = events_kept
+        self.metrics = metrics
         self.active: dict[str, Rollout] = {}  # what the last pass left, for the routing split
 
     def advance(self, replicas: Mapping[str, list[Replica]],
@@ -55,9 +71,20 @@ class RolloutWorker:
                     saved = a.record
                 elif isinstance(a, Event):
                     log.info("%s: %s", dep, a.message)
+                    if self.metrics is not None:
+                        self.metrics.transitions.labels(a.action).inc()
                     # Each its own clock reading: events of one pass keep their order in the log.
                     record_event(self.store, "rollout", dep, a.action, a.message, keep=self.events_kept)
             if saved.active:
                 out[dep] = saved
+        if self.metrics is not None:
+            for dep in set(self.active) - {d for d, r in out.items() if r.share is not None}:
+                try:
+                    self.metrics.share.remove(dep)
+                except KeyError:
+                    pass
+            for dep, rec in out.items():
+                if rec.share is not None:
+                    self.metrics.share.labels(dep).set(rec.share)
         self.active = out
         return out
