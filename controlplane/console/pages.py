@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
@@ -23,9 +24,9 @@ WEIGHTS_REFRESH_S = 3
 
 
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request, error: str = ""):
+async def login_page(request: Request):
     token = sessions.new_login_csrf()
-    resp = page(request, "login.html", None, login_csrf=token, error=error[:200])
+    resp = page(request, "login.html", None, login_csrf=token, error="")
     sessions.set_cookie(resp, sessions.LOGIN_CSRF_COOKIE, token, LOGIN_CSRF_MAX_AGE)
     return resp
 
@@ -75,7 +76,7 @@ async def deployments(request: Request, message: str = ""):
         rows = []
         for dep in items:
             mine = [r for r in replicas if r.get("deployment") == dep["name"]]
-            rollouts = await api.maybe(f"/api/ai/deployments/{dep['name']}/rollouts", [])
+            rollouts = await api.maybe(f"/api/ai/deployments/{quote(dep['name'], safe='')}/rollouts", [])
             rows.append({"dep": dep, "revisions": views.replicas_by_revision(mine),
                          "rollouts": rollouts[-3:] if isinstance(rollouts, list) else []})
         return {"rows": rows, "message": message[:300]}
@@ -94,7 +95,7 @@ async def endpoints(request: Request):
 @router.get("/endpoints/{name}/weights", response_class=HTMLResponse)
 async def endpoint_weights(request: Request, name: str):
     async def load(api: Api):
-        routing = await api.get(f"/api/ai/explain/routing/{name}")
+        routing = await api.get(f"/api/ai/explain/routing/{quote(name, safe='')}")
         return {"routing": routing, "bars": views.weight_bars(routing), "at": time.strftime("%H:%M:%S")}
     return await _render(request, "weights.html", "endpoints", load)
 
@@ -112,7 +113,8 @@ async def nodes(request: Request):
     async def load(api: Api):
         items, gpus, capacity = await asyncio.gather(api.get("/api/ai/nodes"), api.get("/api/ai/gpus"),
                                                      api.get("/api/ai/capacity"))
-        slices = await asyncio.gather(*(api.maybe(f"/api/ai/nodes/{n['id']}/mig", []) for n in items))
+        slices = await asyncio.gather(*(api.maybe(f"/api/ai/nodes/{quote(n['id'], safe='')}/mig", [])
+                                        for n in items))
         return {"nodes": items, "gpus": gpus, "strip": views.capacity_strip(capacity),
                 "slices": [s for per_node in slices for s in per_node]}
     return await _render(request, "nodes.html", "nodes", load)

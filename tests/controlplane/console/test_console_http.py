@@ -168,3 +168,19 @@ def test_deployment_page_shows_a_rollout_and_its_step(cluster):
         assert line, html[-3000:]
         assert f"rev {rollout['from_revision']} → {rollout['to_revision']}" in line.group(1)
         assert "step " in line.group(1)
+
+
+def test_names_from_the_store_are_escaped(cluster):
+    evil = '<img src=x onerror="alert(1)">'
+    with signed_in(cluster) as c, cluster.api() as api:
+        r = api.post("/api/ai/keys", json={"name": evil, "endpoint": "chat-openai"})
+        assert r.status_code == 201, r.text
+        html = c.get(f"{CONSOLE}/keys").text
+        assert evil not in html and "&lt;img src=x onerror=" in html
+        assert api.delete(f"/api/ai/keys/{r.json()['id']}").status_code == 200
+
+
+def test_a_path_name_cannot_smuggle_a_query_into_the_api_call(cluster):
+    with signed_in(cluster) as c:
+        r = c.get(f"{CONSOLE}/endpoints/chat-openai%3Fx=1/weights")
+        assert r.status_code == 404 and "chat-openai?x=1" in r.text  # the whole name, not a query
