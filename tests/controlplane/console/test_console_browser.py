@@ -133,6 +133,11 @@ def test_viewer_has_no_write_buttons(browser, cluster):
     ctx, page = new_page(browser)
     sign_in(page, cluster, "viewer", cluster.viewer_password)
     expect(page.get_by_test_id("whoami")).to_contain_text("read-only")
+    # Keyboard: the first Tab reaches the skip link, Enter moves focus to the content.
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
     page.goto(f"{cluster.url}{CONSOLE}/deployments")
     expect(page.get_by_role("button", name="Scale chat", exact=True)).to_have_count(0)
     page.goto(f"{cluster.url}{CONSOLE}/keys")
