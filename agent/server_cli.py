@@ -29,6 +29,7 @@ import typer
 from agent.state import AgentState
 from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
+from common.private_fs import private_dir, restrict_umask
 
 log = logging.getLogger("fabric-agent")
 
@@ -295,7 +296,14 @@ def serve(
     if plan.refusal:
         typer.echo(f"error: {plan.refusal}", err=True)
         raise typer.Exit(2)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    # 0700 and files 0600: the state dir holds the agent's records (and cloud-init seeds). Under
+    # libvirt, qemu runs as its own user and must reach its disks, so there the dir is 0711 (no
+    # listing) and files keep the usual umask; keys live in --pki-dir (fabricctl writes it 0700).
+    if vm_driver == "libvirt":
+        private_dir(state_dir, 0o711)
+    else:
+        restrict_umask()
+        private_dir(state_dir)
     inventory, binder = _inventory_and_binder(state_dir, vm_driver, fake_gpus, fake_gpu_name,
                                               fake_gpu_mem_gib, sysfs_root)
     lab = {"node_netns": lab_netns, "bridge": lab_bridge, "subnet": lab_subnet, "gateway": lab_gateway}

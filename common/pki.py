@@ -1,6 +1,6 @@
 """The cluster PKI: one CA made at `fabricd init`, certificates signed by it, TLS contexts.
 
-Layout under the state directory (keys are written 0600, certificates 0644):
+Layout under the state directory (the directory is 0700, keys 0600, certificates 0644):
     {state_dir}/pki/ca.crt, ca.key          the cluster CA (EC P-256), made once
     {state_dir}/pki/{name}.crt, {name}.key  leaf certificates (fabricd, agents, gateway)
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
+import re
 import ssl
 from pathlib import Path
 
@@ -22,6 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from common.private_fs import private_dir, write_private
 
 CA_DAYS = 3650
 LEAF_DAYS = 825
@@ -31,12 +33,7 @@ def pki_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "pki"
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    # Create with 0600 from the start so the key is never briefly world-readable.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, 0o600)
+_write_private = write_private  # keys: 0600 from creation, never briefly world-readable
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -51,8 +48,7 @@ def _now() -> datetime.datetime:
 
 def ensure_ca(state_dir: Path) -> tuple[Path, Path]:
     """Return (ca.crt, ca.key), creating the CA the first time only."""
-    d = pki_dir(state_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    d = private_dir(pki_dir(state_dir))
     crt, key_path = d / "ca.crt", d / "ca.key"
     if crt.exists() and key_path.exists():
         return crt, key_path
@@ -82,6 +78,25 @@ def ensure_ca(state_dir: Path) -> tuple[Path, Path]:
     _write_private(key_path, _key_pem(key))
     crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return crt, key_path
+
+
+MAX_SAN_HOSTS = 16
+_DNS_NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+
+
+def check_san_host(host: str) -> str:
+    """An IP address or an ASCII DNS name (no wildcard, no empty label), as a SAN may carry one.
+
+    Raises ValueError naming the host; internationalised names go in their xn-- (punycode) form."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    name = host.lower()
+    if not _DNS_NAME.match(name):
+        raise ValueError(f"host {host!r} is neither an IP address nor a DNS name (ASCII letters, digits, '-' and "
+                         "'.' between labels of 1-63; no wildcard; an internationalised name in its xn-- form)")
+    return name
 
 
 def _san(hosts: list[str]) -> x509.SubjectAlternativeName:

@@ -11,13 +11,21 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from common.mig_catalog import canonical_name
 from common.runtimes import RUNTIME_NAMES, RUNTIME_TABLE
 
+# Upper bounds on what a spec may ask for (docs/api.md "Limits"): far above any real machine,
+# low enough that arithmetic on them stays exact. cpu and memory match the agent's VM limits.
+MAX_CPU = 512
+MAX_MEMORY_GIB = 8192
+MAX_VRAM_GIB = 1024
+MAX_MODEL_LEN = 10_000_000
+MAX_MODEL_BYTES = 2**50  # 1 PiB
+MAX_QUEUE = 1_000_000
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 HF_SOURCE = re.compile(r"^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
@@ -84,8 +92,26 @@ def check_engine_args(args: list[str]) -> list[str]:
     return args
 
 
+def _is_number(annotation) -> bool:
+    """int, float, or an optional/union of them."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    return all(a in (int, float) for a in args) if args else annotation in (int, float)
+
+
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Every spec and request body: unknown fields refused, and numbers are numbers. Lax pydantic
+    would take `false` as 0 and "3" as 3, and JSON's Infinity, NaN and 1e400 (read as inf) would
+    be kept, then stored as null; all are refused as 422 naming the field."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value, info: ValidationInfo):
+        if isinstance(value, (bool, str)):
+            field = cls.model_fields.get(info.field_name or "")
+            if field is not None and _is_number(field.annotation):
+                raise ValueError(f"expected a number, not {'a boolean' if isinstance(value, bool) else 'a string'}")
+        return value
 
 
 class Status(BaseModel):
@@ -119,7 +145,7 @@ class ModelArtifact(Resource):
     # new ones wherever unset fields are compared (backup/restore diffs).
     require_checksum: bool | None = Field(None, description="refuse to go Ready without a matching expected digest")
     signature: str | None = Field(None, description="HMAC-SHA256 hex of the digest under FABRIC_MODEL_SIGNING_KEY")
-    size_bytes: int | None = Field(None, ge=0, description="declared size; refused when the node has less free")
+    size_bytes: int | None = Field(None, ge=0, le=MAX_MODEL_BYTES, description="declared size; refused when the node has less free")
     status: ModelStatus = Field(default_factory=lambda: ModelStatus(phase="Registered", message="model registered"))
 
     @field_validator("source")
@@ -144,7 +170,7 @@ class ModelArtifact(Resource):
 
 class GpuRequest(Spec):
     count: int = Field(1, ge=1, le=8, description="whole GPUs per replica, 1-8")
-    vram_gib: float = Field(..., gt=0, description="minimum memory per GPU in GiB")
+    vram_gib: float = Field(..., gt=0, le=MAX_VRAM_GIB, description="minimum memory per GPU in GiB")
     model: str | None = Field(None, description="GPU model name filter, e.g. H100")
     mig_profile: str | None = Field(None, description="run on a MIG slice of this profile (1g.10gb, 2g.20gb, "
                                                       "3g.40gb, 7g.80gb) instead of a whole GPU")
@@ -164,9 +190,9 @@ class GpuRequest(Spec):
 class InferenceProfile(Resource):
     runtime: str = "vllm"
     gpu: GpuRequest
-    cpu: int = Field(..., gt=0)
-    memory_gib: float = Field(..., gt=0)
-    max_model_len: int | None = Field(None, gt=0)
+    cpu: int = Field(..., gt=0, le=MAX_CPU, description=f"vCPUs per replica, 1-{MAX_CPU} (the agent's VM limit)")
+    memory_gib: float = Field(..., gt=0, le=MAX_MEMORY_GIB, description=f"GiB per replica, at most {MAX_MEMORY_GIB}")
+    max_model_len: int | None = Field(None, gt=0, le=MAX_MODEL_LEN)
     extra_args: list[str] = Field(default_factory=list)
 
     @field_validator("runtime")
@@ -213,10 +239,10 @@ class AutoscalingSpec(Spec):
     enabled: bool = True
     min_replicas: int = Field(1, ge=0, le=64)
     max_replicas: int = Field(4, ge=1, le=64)
-    scale_out_queue: float = Field(20, ge=0, description="mean waiting requests per ready replica")
+    scale_out_queue: float = Field(20, ge=0, le=MAX_QUEUE, description="mean waiting requests per ready replica")
     scale_out_seconds: float = Field(30, ge=0, le=3600)
-    scale_out_ttft_ms: float | None = Field(None, gt=0, description="mean time to first token, ms")
-    scale_in_queue: float = Field(1, ge=0)
+    scale_out_ttft_ms: float | None = Field(None, gt=0, le=3_600_000, description="mean time to first token, ms")
+    scale_in_queue: float = Field(1, ge=0, le=MAX_QUEUE)
     scale_in_seconds: float = Field(300, ge=0, le=86400)
     scale_to_zero: bool = False
     cooldown_seconds: float = Field(60, ge=0, le=3600, description="no change against the last one within this")

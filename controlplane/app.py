@@ -24,6 +24,7 @@ from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
 from controlplane.errors_http import install_error_handlers
 from controlplane.gpu_metrics import GpuCollector
+from controlplane.request_guard import RequestGuard
 from controlplane.state import AppState
 
 log = logging.getLogger("fabricd")
@@ -62,6 +63,8 @@ def create_app(state: AppState) -> FastAPI:
                   description="Fabric control plane: models, profiles, deployments, endpoints.")
     app.state.fabric = state
     install_error_handlers(app)
+    # Oversized bodies (413) and lone surrogates (422) are refused before any route reads them.
+    app.add_middleware(RequestGuard, max_body_bytes=state.settings.max_body_bytes)
 
     requests_total = Counter("fabricd_http_requests_total", "HTTP requests by route template and status",
                              ["method", "route", "status"], registry=state.registry)

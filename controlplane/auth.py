@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from common import keyspace
 from common.errors import Forbidden, Unauthorized
+from common.private_fs import private_dir
 from common.store.base import Store
 from controlplane.state import StateDep
 
@@ -57,7 +58,7 @@ def ensure_admin_password(state_dir: Path) -> tuple[Path, bool]:
 def ensure_password(state_dir: Path, user: str) -> tuple[Path, bool]:
     """Write a random password (0600) for `user` (admin or viewer) unless one exists."""
     path = Path(state_dir) / PASSWORD_FILES[user]
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    private_dir(Path(state_dir))
     if path.exists():
         return path, False
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -1,7 +1,7 @@
 """`fabricd`: the control-plane process.
 
   fabricd init  --state-dir DIR [--san HOST ...]
-      writes {DIR}/admin-password (0600, random), the cluster CA under {DIR}/pki and a server
+      writes {DIR} (0700) with {DIR}/admin-password (0600, random), the cluster CA under {DIR}/pki and a server
       certificate for fabricd (CN fabricd; SANs 127.0.0.1, localhost, this host's name, --san).
       Idempotent: an existing password and CA are kept; the server certificate is reissued only
       when missing or when --san is given.
@@ -25,6 +25,7 @@ import typer
 from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
 from common.pki import ensure_ca, issue_cert, pki_dir
+from common.private_fs import private_dir, restrict_umask
 
 SERVER_CERT_NAME = "fabricd"
 DEFAULT_LISTEN = "127.0.0.1:8443"
@@ -57,7 +58,8 @@ def init(
     """Create the admin password, the cluster CA and fabricd's server certificate."""
     from controlplane.auth import VIEWER_USER, ensure_admin_password, ensure_password
 
-    state_dir.mkdir(parents=True, exist_ok=True)
+    restrict_umask()  # everything init writes is secret or sits beside secrets
+    private_dir(state_dir)
     password_path, created = ensure_admin_password(state_dir)
     viewer_path, viewer_created = ensure_password(state_dir, VIEWER_USER)
     ca_crt, _ = ensure_ca(state_dir)
@@ -119,6 +121,10 @@ def serve(
     from common.health import quiet_probes
 
     quiet_probes()  # health checks and scrapes log at DEBUG
+    # The state dir holds the store (and in it the admin-token key), the CA key and passwords:
+    # 0700, and every file fabricd makes from here on (SQLite's -wal/-shm included) 0600.
+    restrict_umask()
+    private_dir(state_dir)
     try:
         the_store = open_store(store, state_dir)
     except ValueError as exc:

@@ -15,6 +15,7 @@ The result, one ``FabricdSettings``, travels in AppState.config to the API and t
   FABRIC_DENY_RUNTIMES, FABRIC_ALLOW_RUNTIMES            comma-separated known runtime names
   FABRIC_TOKEN_TTL (43200)                               admin token lifetime, seconds 60-2592000
   FABRIC_EVENTS_KEPT (1000), FABRIC_EVENTS_MAX_AGE_SECS (604800)   event log bounds
+  FABRIC_MAX_BODY_BYTES (1048576)                        request body limit (413 above), 1024-1073741824
   FABRIC_KEY_HMAC_SECRET_FILE                            when set, must be a readable non-empty file
   FABRIC_MODEL_CACHE_BYTES, FABRIC_MAX_BATCHES           whole numbers (>= 0, 1-10000000)
   FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY             1 or 0;  FABRIC_MODEL_DIR  an absolute path
@@ -105,7 +106,7 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
     from controlplane import vip_pool
     from controlplane.controllers import ControllerSettings, dry_run_from_env
     from controlplane.scheduler import SchedulerSettings
-    from controlplane.state import DEFAULT_EVENTS_KEPT, DEFAULT_TOKEN_TTL_S, Settings
+    from controlplane.state import DEFAULT_EVENTS_KEPT, DEFAULT_MAX_BODY_BYTES, DEFAULT_TOKEN_TTL_S, Settings
 
     env = os.environ if env is None else env
     r = _Reader(env)
@@ -129,6 +130,7 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
         token_ttl_s=r.number("FABRIC_TOKEN_TTL", DEFAULT_TOKEN_TTL_S, 60, 30 * 86400, integer=True),
         events_kept=r.number("FABRIC_EVENTS_KEPT", DEFAULT_EVENTS_KEPT, 10, 1_000_000, integer=True),
         events_max_age_s=r.number("FABRIC_EVENTS_MAX_AGE_SECS", 7 * 86400.0, 60, 365 * 86400),
+        max_body_bytes=r.number("FABRIC_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3, integer=True),
         **api_overrides,
     )
     # Read where they are used (model cache eviction, batches, MIG, model records): checked here

@@ -19,6 +19,7 @@ from common.store.base import Store
 
 DEFAULT_TOKEN_TTL_S = 12 * 3600
 DEFAULT_EVENTS_KEPT = 1000
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024  # fabricd refuses larger request bodies with 413
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Settings:
     events_max_age_s: float = 7 * 86400.0  # and events older than this
     insecure: bool = False  # serving plain HTTP on loopback (fabricd serve --insecure)
     run_controllers: bool = True  # False: an API-only process (fabricd serve --no-controllers)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413 (FABRIC_MAX_BODY_BYTES)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> Settings:

@@ -59,6 +59,7 @@ def serve(
     import uvicorn
 
     from common.apikeys import HmacSecretError, load_hmac_secret
+    from common.private_fs import private_dir, restrict_umask
     from common.store.base import open_store
     from gateway import settings as settings_mod
     from gateway.assemble import create_app
@@ -82,6 +83,9 @@ def serve(
     except (settings_mod.SettingsError, HmacSecretError) as exc:
         typer.echo(f"fabric-gateway: {exc}", err=True)
         raise typer.Exit(2) from None
+    # The state dir holds the store and the gateway's key: 0700, and every file made from here on 0600.
+    restrict_umask()
+    private_dir(state_dir)
     ssl_args = {}
     if not insecure:
         if tls_cert is None:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from common.errors import Conflict, NotFound, TransientError
+from common.private_fs import private_dir, touch_private
 from common.store.base import KV, Event, Lease
 
 BUSY_TIMEOUT_MS = 10_000
@@ -82,7 +83,14 @@ class SqliteStore:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The store holds secrets (the admin-token key): 0700 directory, 0600 file, and SQLite
+        # creates -wal and -shm with the database file's mode, so they are 0600 too.
+        private_dir(self.path.parent)
+        touch_private(self.path)
+        for suffix in ("-wal", "-shm"):
+            side = self.path.with_name(self.path.name + suffix)
+            if side.exists():
+                side.chmod(0o600)
         # One connection guarded by a lock: Python's sqlite3 objects are not shareable across
         # threads unguarded, and the write lock is process-wide in SQLite anyway.
         self._lock = threading.Lock()

@@ -24,31 +24,31 @@ import json
 import time
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from common import apikeys, audit_chain, counters, keyspace
 from common.errors import Conflict, InvalidInput, NotFound, TransientError
-from common.schemas import ApiKeyRecord, check_name
+from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
 from controlplane.auth import require_admin
 from controlplane.state import AppState, StateDep
+
+MAX_TTL_SECS = 10 * 365 * 86400
 
 router = APIRouter(prefix="/api/ai", tags=["keys"], dependencies=[Depends(require_admin)])
 
 
-class KeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyCreate(Spec):
     name: str = Field(..., min_length=1, max_length=128)
-    endpoint: str
+    endpoint: str = Field(..., pattern=DNS_LABEL.pattern, description="the endpoint's name (a DNS label)")
     model: str | None = None
     tenant: str | None = None
-    ttl_secs: int = Field(0, ge=0, description="0 means the key never expires")
-    request_quota: int | None = Field(None, ge=1, description="lifetime requests")
-    tokens_per_minute: int | None = Field(None, ge=1)
-    max_concurrent: int | None = Field(None, ge=1)
+    ttl_secs: int = Field(0, ge=0, le=MAX_TTL_SECS, description="0 means the key never expires; at most 10 years")
+    request_quota: int | None = Field(None, ge=1, le=10**15, description="lifetime requests")
+    tokens_per_minute: int | None = Field(None, ge=1, le=10**12)
+    max_concurrent: int | None = Field(None, ge=1, le=1_000_000)
 
 
-class KeyRotate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyRotate(Spec):
     overlap_secs: int = Field(apikeys.DEFAULT_OVERLAP_SECS, ge=0, le=30 * 86400)
 
 
@@ -96,7 +96,6 @@ def resolve(state: AppState, ref: str) -> ApiKeyRecord:
 
 @router.post("/keys", status_code=201)
 def create_key(body: KeyCreate, request: Request, state: StateDep) -> dict:
-    check_name(body.endpoint, "endpoint")
     ep_kv = state.store.get(keyspace.endpoints(body.endpoint))
     if ep_kv is None:
         raise NotFound(f"endpoint {body.endpoint!r} does not exist")

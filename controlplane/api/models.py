@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from common import keyspace
 from common.errors import Conflict, FabricError, InvalidInput, NotFound, TransientError
 from common.model_api import ModelJob, VerifyRequest
-from common.schemas import InferenceDeployment, ModelArtifact, Node
+from common.schemas import InferenceDeployment, ModelArtifact, Node, Spec
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.models import plan
@@ -57,9 +57,8 @@ class VerifyModelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class EvictRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    budget_bytes: int | None = Field(None, ge=0, description="per-node cache budget (default FABRIC_MODEL_CACHE_BYTES)")
+class EvictRequest(Spec):
+    budget_bytes: int | None = Field(None, ge=0, le=2**62, description="per-node cache budget (default FABRIC_MODEL_CACHE_BYTES)")
     nodes: list[str] | None = None
 
 

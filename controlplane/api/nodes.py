@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common import keyspace
 from common.agent_api import NodeCertificate, NodeReport
 from common.errors import Conflict, InvalidInput, NotFound, TransientError
-from common.pki import ensure_ca, issue_cert
+from common.pki import MAX_SAN_HOSTS, check_san_host, ensure_ca, issue_cert
 from common.schemas import GpuInfo, Node, check_name
 from controlplane.auth import require_admin
 from controlplane.events import record_event
@@ -61,7 +61,14 @@ class GpuView(GpuInfo):
 
 class CertificateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    hosts: list[str] = Field(default_factory=list, description="extra SANs the agent serves under")
+    hosts: list[str] = Field(default_factory=list, max_length=MAX_SAN_HOSTS,
+                             description=f"extra SANs the agent serves under: IP addresses or DNS names "
+                                         f"(no wildcard), at most {MAX_SAN_HOSTS}")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        return [check_san_host(h) for h in hosts]
 
 
 # -- pure decisions -------------------------------------------------------------------------------

@@ -23,10 +23,11 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from common import keyspace
 from common.errors import Conflict, NotFound
+from common.schemas import Spec
 from controlplane import vip_pool
 from controlplane.auth import require_admin
 from controlplane.orchestration_state import get_replica, load_snapshot, put_replica
@@ -39,8 +40,7 @@ router = APIRouter(prefix="/api/ai", tags=["orchestration"], dependencies=[Depen
 CAS_RETRIES = 8
 
 
-class DrainRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DrainRequest(Spec):
     grace_secs: float = Field(30.0, ge=0, le=86400, description="seconds at weight 0 before deletion")
     replica: str | None = Field(None, description="drain only this replica id")
 

@@ -28,7 +28,7 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from common import keyspace
 from common.errors import Conflict, InvalidInput, NotFound
@@ -40,6 +40,7 @@ from common.schemas import (
     InferenceProfile,
     ModelArtifact,
     ModelStatus,
+    Spec,
 )
 from common.store.base import Store
 from controlplane.auth import require_admin
@@ -55,8 +56,7 @@ AdminDep = Annotated[str, Depends(require_admin)]
 SCALE_RETRIES = 20
 
 
-class ScaleRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ScaleRequest(Spec):
     replicas: int = Field(..., ge=0, le=64)
 
 

@@ -9,12 +9,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from common.private_fs import private_dir, write_private
 from controlplane.fabricctl.output import col, emit_object, emit_table, session
 
 JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
@@ -34,13 +34,10 @@ GPU_COLUMNS = [col("NODE", "node"), col("PCI", "pci"), col("NAME", "name"),
 
 def write_node_files(out: Path, issued: dict) -> tuple[Path, Path, Path]:
     """Write NAME.crt, NAME.key (0600 from creation) and ca.crt under out."""
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)  # the node's key: 0600 in a 0700 directory
     name = issued["node_id"]
     crt, key, ca = out / f"{name}.crt", out / f"{name}.key", out / "ca.crt"
-    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(issued["key_pem"])
-    os.chmod(key, 0o600)
+    write_private(key, issued["key_pem"])
     crt.write_text(issued["cert_pem"])
     ca.write_text(issued["ca_pem"])
     return crt, key, ca

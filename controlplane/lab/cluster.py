@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from common.pki import ensure_ca, issue_cert, pki_dir
+from common.private_fs import private_dir, write_private
 from controlplane.lab import processes
 from controlplane.lab.topology import LabTopology, leftovers
 from controlplane.lab.topology import down as topo_down
@@ -39,12 +40,6 @@ def lab_state_dir(env: dict[str, str] | None = None) -> Path:
     return Path(env["FABRIC_LAB_STATE"]).expanduser().resolve() if env.get("FABRIC_LAB_STATE") else DEFAULT_STATE
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write a file 0600 from creation (it holds the admin token)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
 
 
 def env_file_text(op_env: dict[str, str], bin_dir: str) -> str:
@@ -174,7 +169,7 @@ def up(cfg: LabConfig, echo=print) -> LabHandle:
     down(cfg)
     # A lab starts from nothing: the store, certificates and records of an earlier run go too.
     shutil.rmtree(cfg.state_dir, ignore_errors=True)
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(cfg.state_dir)
     t = cfg.topology
     echo(f"lab: network namespaces {t.node_ns} (XDP on {', '.join(t.xdp_ifaces)}, bridge {t.bridge}) "
          f"and {t.client_ns}")
@@ -182,14 +177,13 @@ def up(cfg: LabConfig, echo=print) -> LabHandle:
     env = service_env(cfg)
     secret = cfg.state_dir / "key-hmac-secret"
     if not secret.exists():
-        secret.write_text(secrets.token_hex(32))
-        secret.chmod(0o600)
+        write_private(secret, secrets.token_hex(32))
     fd = cfg.fabricd_dir
     subprocess.run([processes.bin_path("fabricd"), "init", "--state-dir", str(fd)], check=True,
                    capture_output=True, env={**env})
     ensure_ca(fd)
     node_pki = cfg.state_dir / "agent-pki"
-    node_pki.mkdir(exist_ok=True)
+    private_dir(node_pki)
     crt, key = issue_cert(fd, NODE_ID, server=True, client=True, hosts=["127.0.0.1", "localhost"])
     shutil.copy(crt, node_pki / f"{NODE_ID}.crt")
     shutil.copy(key, node_pki / f"{NODE_ID}.key")

@@ -1,0 +1,100 @@
+"""Two refusals before any route runs, as one ASGI middleware (`RequestGuard`):
+
+  - a body over `max_body_bytes` (FABRIC_MAX_BODY_BYTES, default 1 MiB): 413 "payload_too_large",
+    from Content-Length before reading, or as soon as a chunked body passes the limit;
+  - a JSON body holding a lone UTF-16 surrogate ("\\ud800"): Python decodes it into a str no
+    store can encode, so it is refused as 422 "invalid" naming the field (`body.license`).
+    Only a body whose bytes contain a \\ud8xx-\\udfxx escape is parsed a second time.
+
+Everything else passes through untouched, with the (already read) body replayed to the app.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from controlplane.errors_http import error_body
+from controlplane.state import DEFAULT_MAX_BODY_BYTES
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE = re.compile(r"[\ud800-\udfff]")
+
+
+def surrogate_path(value, path: tuple = ("body",)) -> str | None:
+    """Dotted location of the first string (or key) holding a lone surrogate, else None."""
+    if isinstance(value, str):
+        return ".".join(str(p) for p in path) if _LONE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if _LONE.search(key):
+                return ".".join(str(p) for p in (*path, "(key)"))
+            found = surrogate_path(item, (*path, key))
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = surrogate_path(item, (*path, i))
+            if found:
+                return found
+    return None
+
+
+class RequestGuard:
+    def __init__(self, app, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return await self._refuse(send, 413, "payload_too_large", self._too_large())
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return await self._refuse(send, 413, "payload_too_large", self._too_large())
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if _SURROGATE_ESCAPE.search(body):
+            where = _lone_surrogate(body)
+            if where:
+                return await self._refuse(send, 422, "invalid", f"{where}: a lone UTF-16 surrogate is not text; "
+                                          "send valid Unicode")
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+    def _too_large(self) -> str:
+        return (f"the request body is over {self.max_body_bytes} bytes (FABRIC_MAX_BODY_BYTES); "
+                "send less, or page through the list")
+
+    @staticmethod
+    async def _refuse(send, status: int, code: str, message: str) -> None:
+        payload = json.dumps(error_body(code, message)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _lone_surrogate(body: bytes) -> str | None:
+    try:
+        return surrogate_path(json.loads(body))
+    except ValueError:
+        return None  # not JSON: the route's own parsing answers 400

@@ -1,0 +1,101 @@
+"""Hostile input over real HTTP against a real fabricd (issue 20's "found already" list): each
+of these answered 500, or was stored broken, before. Every refusal is 4xx with the error shape
+and names what was wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.controlplane.test_api_resources import MODEL, PROFILE, error, make_stack
+
+
+def test_key_for_an_endpoint_that_is_not_a_dns_label_is_422(api):
+    err = error(api.post("/api/ai/keys", json={"endpoint": "UPPER", "name": "k"}), 422)
+    assert "endpoint" in err["message"]
+
+
+@pytest.mark.parametrize("hosts", [["bücher.example"], ["*"], [""], ["a..b"], ["*.example.com"],
+                                   [f"h{i}.example" for i in range(17)]])
+def test_node_certificate_refuses_bad_or_too_many_hosts(api, hosts):
+    err = error(api.post("/api/ai/nodes/node-h/certificate", json={"hosts": hosts}), 422)
+    assert "hosts" in err["message"]
+
+
+def test_node_certificate_takes_ips_and_dns_names(api):
+    resp = api.post("/api/ai/nodes/node-ok/certificate", json={"hosts": ["10.0.0.7", "gpu-7.example", "xn--bcher-kva.example"]})
+    assert resp.status_code == 200, resp.text
+
+
+SURROGATE = '"\\ud800"'  # JSON text: a lone high surrogate
+
+
+@pytest.mark.parametrize("path,body,field", [
+    ("models", '{"name": "sur-m", "source": "hf://Qwen/Qwen3-8B", "license": %s}', "body.license"),
+    ("models", '{"name": "sur-r", "source": "hf://Qwen/Qwen3-8B", "residency": %s}', "body.residency"),
+    ("models", '{"name": "sur-t", "source": "hf://Qwen/Qwen3-8B", "tenant": %s}', "body.tenant"),
+    ("deployments", '{"name": "sur-d", "model": "m", "profile": "p", "preferred_site": %s}', "body.preferred_site"),
+    ("profiles", '{"name": "sur-p", "runtime": "vllm", "extra_args": ["--x", %s]}', "body.extra_args.1"),
+])
+def test_a_lone_surrogate_in_any_text_is_422_naming_the_field(api, path, body, field):
+    resp = api.post(f"/api/ai/{path}", content=body % SURROGATE, headers={"content-type": "application/json"})
+    err = error(resp, 422)
+    assert err["message"].startswith(field + ":"), err
+
+
+def test_a_surrogate_pair_is_text(api):
+    body = '{"name": "pair-m", "source": "hf://Qwen/Qwen3-8B", "license": "\\ud83d\\ude00"}'
+    resp = api.post("/api/ai/models", content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 201, resp.text
+    assert api.get("/api/ai/models/pair-m").json()["license"] == "\U0001F600"
+
+
+@pytest.mark.parametrize("raw", ["Infinity", "-Infinity", "NaN", "1e400"])
+def test_non_finite_numbers_are_refused_not_stored_as_null(api, raw):
+    body = ('{"name": "inf-p", "runtime": "vllm", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 8, "memory_gib": %s}'
+            % raw)
+    err = error(api.post("/api/ai/profiles", content=body, headers={"content-type": "application/json"}), 422)
+    assert "memory_gib" in err["message"]
+    error(api.get("/api/ai/profiles/inf-p"), 404)
+
+
+@pytest.mark.parametrize("value", [False, True, "2"])
+def test_booleans_and_strings_are_not_numbers(api, value):
+    make_stack(api, f"bool{'s' if isinstance(value, str) else int(value)}")
+    name = f"d-bool{'s' if isinstance(value, str) else int(value)}"
+    err = error(api.post(f"/api/ai/deployments/{name}/scale", json={"replicas": value}), 422)
+    assert "replicas" in err["message"]
+    assert api.get(f"/api/ai/deployments/{name}").json()["replicas"] == 1
+    err = error(api.post("/api/ai/profiles", json={**PROFILE, "name": "bool-p", "cpu": value}), 422)
+    assert "cpu" in err["message"]
+
+
+@pytest.mark.parametrize("path,body,field", [
+    ("profiles", {**PROFILE, "name": "huge-cpu", "cpu": 10**30}, "cpu"),
+    ("profiles", {**PROFILE, "name": "huge-mem", "memory_gib": 1e30}, "memory_gib"),
+    ("profiles", {**PROFILE, "name": "huge-vram", "gpu": {"count": 1, "vram_gib": 1e30}}, "vram_gib"),
+    ("models", {"name": "huge-size", **MODEL, "size_bytes": 10**30}, "size_bytes"),
+    ("keys", {"endpoint": "e", "name": "k", "ttl_secs": 10**20}, "ttl_secs"),
+    ("keys", {"endpoint": "e", "name": "k", "ttl_secs": 1e20}, "ttl_secs"),
+    ("keys", {"endpoint": "e", "name": "k", "request_quota": 10**30}, "request_quota"),
+])
+def test_absurd_values_are_bounded(api, path, body, field):
+    err = error(api.post(f"/api/ai/{path}", json=body), 422)
+    assert field in err["message"]
+
+
+def test_a_body_over_the_limit_is_413_and_nothing_is_stored(api):
+    big = {"name": "big-m", **MODEL, "license": "x" * (1024 * 1024 + 1)}
+    err = error(api.post("/api/ai/models", json=big), 413)
+    assert err["code"] == "payload_too_large" and "FABRIC_MAX_BODY_BYTES" in err["message"]
+    error(api.get("/api/ai/models/big-m"), 404)
+
+
+def test_a_chunked_body_over_the_limit_is_413(api):
+    def chunks():
+        yield b'{"name": "chunky", "source": "hf://Qwen/Qwen3-8B", "license": "'
+        for _ in range(40):
+            yield b"y" * 32768
+        yield b'"}'
+
+    resp = api.post("/api/ai/models", content=chunks(), headers={"content-type": "application/json"})
+    assert error(resp, 413)["code"] == "payload_too_large"
