@@ -51,8 +51,8 @@ def test_a_surrogate_pair_is_text(api):
 
 @pytest.mark.parametrize("raw", ["Infinity", "-Infinity", "NaN", "1e400"])
 def test_non_finite_numbers_are_refused_not_stored_as_null(api, raw):
-    body = ('{"name": "inf-p", "runtime": "vllm", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 8, "memory_gib": %s}'
-            % raw)
+    body = '{"name": "inf-p", "runtime": "vllm", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 8, "memory_gib": RAW}'
+    body = body.replace("RAW", raw)
     err = error(api.post("/api/ai/profiles", content=body, headers={"content-type": "application/json"}), 422)
     assert "memory_gib" in err["message"]
     error(api.get("/api/ai/profiles/inf-p"), 404)
