@@ -43,6 +43,10 @@ ROUTING_STRATEGIES = (
     "highest_throughput",
     "lowest_failure",
 )
+# How the gateway picks a replica (docs/gateway.md "Router"): affinity = the VIP first, else the
+# session's rendezvous hash; prefix = prefix-cache-aware scoring; round_robin and random pick a
+# replica directly (random behaves as the VIP's per-connection hash does: the bench's baseline).
+ROUTING_L7 = ("affinity", "prefix", "round_robin", "random")
 
 
 def check_name(value: str, what: str = "name") -> str:
@@ -307,6 +311,7 @@ class InferenceEndpoint(Resource):
     deployment: str
     openai_compatible: bool = True
     routing: str = "equal"
+    routing_l7: str = Field("affinity", description="the gateway's replica choice: " + ", ".join(ROUTING_L7))
     port: int = Field(8000, ge=1, le=65535, description="VIP port; replicas serve on :8000")
     preferred_site: str | None = None
     allowed_sites: list[str] = Field(default_factory=list)
@@ -323,6 +328,13 @@ class InferenceEndpoint(Resource):
     def _routing(cls, v: str) -> str:
         if v not in ROUTING_STRATEGIES:
             raise ValueError(f"routing {v!r} is unknown; expected one of {', '.join(ROUTING_STRATEGIES)}")
+        return v
+
+    @field_validator("routing_l7")
+    @classmethod
+    def _routing_l7(cls, v: str) -> str:
+        if v not in ROUTING_L7:
+            raise ValueError(f"routing_l7 {v!r} is unknown; expected one of {', '.join(ROUTING_L7)}")
         return v
 
 

@@ -23,12 +23,12 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from common.errors import FabricError, InvalidInput
+from common.errors import FabricError, InvalidInput, NotFound
 from common.health import healthz_body
 from common.store.base import Store
 from gateway import batch_scope, dry_run
@@ -47,13 +47,14 @@ from gateway.http_io import (
 from gateway.key_auth import Authenticator, Identity, check_model, presented_id
 from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, plan_admission
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import UpstreamBroke, UpstreamTimeout, forward, upstream_headers
-from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
 from gateway.model_routing import CatalogueCache, endpoint_without_model, models_page, resolve, visible_models
+from gateway.proxy import UpstreamBroke, UpstreamTimeout, forward, upstream_headers
+from gateway.replica_router import ReplicaRouter
+from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
 from gateway.routes import PREFIX, Route, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
-from gateway.upstreams import UpstreamCache, check_shed, order_targets
+from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_targets
 
 if TYPE_CHECKING:
     from common.http1_client import UpstreamPool
@@ -64,6 +65,7 @@ OFF_LOOP_BYTES = 64 * 1024  # bodies above this are parsed in a thread, not on t
 ROUTE_CACHE_MAX = 4096
 # /health and /healthz: the shape every Fabric process shares (common.health), made once.
 HEALTHZ = json.dumps(healthz_body("fabric-gateway")[1]).encode()
+EXPLAIN = "/api/ai/explain/request/"
 GC_GEN0_THRESHOLD = 20_000  # net allocations between young collections (Python's default: 700)
 
 
@@ -81,6 +83,7 @@ class GatewayState:
     gateway_id: str
     cold_start: ColdStart | None = None  # records demand and holds/refuses with no ready replica
     catalogue: CatalogueCache | None = None  # the root /v1: model -> endpoint (gateway.model_routing)
+    router: ReplicaRouter = field(default_factory=ReplicaRouter)  # routing_l7 choices and their explanations
 
     @property
     def scheme(self) -> str:
@@ -122,6 +125,8 @@ class GatewayApp:
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})
                 await send({"type": "http.response.body", "body": body})
+            elif path.startswith(EXPLAIN):
+                await self.explain(scope, send)
             elif path in ("/health", "/healthz"):
                 await send_json(send, 200, HEALTHZ)
             else:
@@ -204,7 +209,17 @@ class GatewayApp:
                 key_max_concurrent=rec.max_concurrent if rec else None,
             )
             check_caps(st.settings, facts)
-            targets = order_targets(view, headers.get("x-session-id") or info.prompt_head or None, st.scheme)
+            picked = None
+            if view.endpoint.routing_l7 != "affinity" and view.replicas and not dry:
+                picked, why = st.router.pick(view, info.data if route.kind == "generate" else None, time.time())
+                targets = replica_targets(view, picked, st.scheme)
+            else:
+                session = headers.get("x-session-id") or info.prompt_head or None
+                targets = order_targets(view, session, st.scheme)
+                why = {"mode": "affinity", "reason": "the endpoint's VIP" if view.endpoint.status.vip else
+                       "rendezvous hash of the session" if session else "replica order"}
+            st.router.remember(request_id, identity.subject, {"request_id": request_id, "endpoint": endpoint,
+                                                              "model": info.model, **why})
             fwd_headers = upstream_headers(scope["headers"], request_id.encode())
             creates_batch = scope["method"] == "POST" and route.path.rstrip("/") == "/v1/batches"
             if rec is not None and rec.model and creates_batch and not dry:
@@ -220,14 +235,19 @@ class GatewayApp:
                 return
             in_flight = st.metrics.in_flight_for(endpoint)
             in_flight.inc()
+            if picked:
+                st.router.started(picked)
             try:
                 async with asyncio.timeout(deadline):
                     result = await run_unless_client_leaves(
                         forward(st.client, send, targets, scope["method"], route.target, fwd_headers,
-                                info.body if info.body is not None else body, info.stream),
+                                info.body if info.body is not None else body, info.stream,
+                                [(b"x-fabric-request-id", request_id.encode())]),
                         receive)
             finally:
                 in_flight.dec()
+                if picked:
+                    st.router.finished(picked)
             status, tokens = result.status, result.tokens
             outcome = "success" if result.ok else "upstream_error"
             if result.ttft_s is not None:
@@ -245,6 +265,20 @@ class GatewayApp:
             await self._send_fabric_error(send, exc, close=not body_read)
         finally:
             await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0)
+
+    async def explain(self, scope, send) -> None:
+        """GET /api/ai/explain/request/{id}: which scores chose the replica; only for the
+        credential that made the call (any other: the same 404 as an unknown id)."""
+        request_id = scope["path"][len(EXPLAIN):]
+        try:
+            identity = await self.state.auth.identify(request_headers(scope["headers"]), None)
+            found = self.state.router.explanation(request_id, identity.subject)
+            if found is None:
+                raise NotFound("no explanation for this request id (kept 10 minutes, for its caller only)",
+                               code="not_found")
+            await send_json(send, 200, json.dumps(found).encode())
+        except FabricError as exc:
+            await self._send_fabric_error(send, exc)
 
     def _route(self, scope) -> Route:
         """parse_route, cached per (raw path, method): the same few paths repeat on every call."""

@@ -69,7 +69,7 @@ def endpoint_without_model(identity: Identity) -> str:
 def visible_models(cat: Catalogue, identity: Identity) -> list[str]:
     """Pure: exactly the names this caller may use (a model-scoped key: those that resolve to its model)."""
     names = {m for e, m in cat.endpoint_models.items() if identity.may_call(e)}
-    names |= set(a for a, (e, _) in cat.aliases.items() if identity.may_call(e))
+    names |= {a for a, (e, _) in cat.aliases.items() if identity.may_call(e)}
     scoped = identity.record.model if identity.record else None
     if scoped:
         names = {n for n in names if resolve(cat, identity, n).upstream_model == scoped}

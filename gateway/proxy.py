@@ -108,7 +108,7 @@ async def _open(pool: UpstreamPool, targets: list[str], method: str, target: byt
 
 
 async def forward(pool: UpstreamPool, send, targets: list[str], method: str, target: bytes,
-                  headers: list, body: bytes, streaming: bool) -> ProxyResult:
+                  headers: list, body: bytes, streaming: bool, extra: list | None = None) -> ProxyResult:
     t0 = time.perf_counter()
     resp = await _open(pool, targets, method, target, headers, body, streaming)
     try:
@@ -117,7 +117,7 @@ async def forward(pool: UpstreamPool, send, targets: list[str], method: str, tar
         scanner = SseUsageScanner() if sse else None
         keep = bytearray() if not sse and resp.header(b"content-encoding") is None else None
         await send({"type": "http.response.start", "status": resp.status,
-                    "headers": client_headers(resp.headers)})
+                    "headers": client_headers(resp.headers) + (extra or [])})
         ttft = None
         try:
             while True:

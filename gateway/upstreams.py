@@ -105,6 +105,13 @@ def order_targets(view: EndpointView, session: str | None, scheme: str = "http")
     return urls
 
 
+def replica_targets(view: EndpointView, first: str, scheme: str = "http") -> list[str]:
+    """Pure: base URLs with the chosen replica first, then the others (the connect-failure
+    retry); never the VIP, whose own hash would undo the choice."""
+    reps = sorted(view.replicas, key=lambda r: r.replica_id != first)
+    return [f"{scheme}://{_host(r.host)}:{r.port}" for r in reps]
+
+
 def _host(host: str | None) -> str:
     return f"[{host}]" if host and ":" in host else str(host)
 

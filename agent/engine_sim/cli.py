@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when > 0, outputs stop by themselves around this many tokens")
     p.add_argument("--kv-capacity-tokens", type=int, default=d.kv_capacity_tokens,
                    help="tokens the KV cache holds; usage = running tokens / this")
+    p.add_argument("--prefix-cache-blocks", type=int, default=d.prefix_cache_blocks,
+                   help="16-token blocks the prefix cache holds (0: off); hits skip their prefill")
     p.add_argument("--chars-per-token", type=int, default=d.chars_per_token)
     p.add_argument("--embedding-dim", type=int, default=d.embedding_dim)
     p.add_argument("--legacy-metric-names", action="store_true",

@@ -30,6 +30,7 @@ class EngineConfig:
     # stops there (finish_reason "stop") if max_tokens does not cut it first.
     natural_length: int = 0
     kv_capacity_tokens: int = 16384
+    prefix_cache_blocks: int = 0  # 16-token blocks the prefix cache holds; 0: no prefix caching
     chars_per_token: int = 4
     embedding_dim: int = 256
     legacy_metric_names: bool = False
@@ -56,6 +57,8 @@ class EngineConfig:
             problems.append("default_max_tokens must be >= 1")
         if self.natural_length < 0:
             problems.append("natural_length must be >= 0")
+        if self.prefix_cache_blocks < 0:
+            problems.append("prefix_cache_blocks must be >= 0")
         if self.kv_capacity_tokens < 1:
             problems.append("kv_capacity_tokens must be >= 1")
         if self.chars_per_token < 1:

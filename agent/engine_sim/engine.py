@@ -17,6 +17,7 @@ from agent.engine_sim.api_models import FaultsUpdate, LoadUpdate
 from agent.engine_sim.config import EngineConfig, Faults, SyntheticLoad
 from agent.engine_sim.generation_plan import MIN_SLEEP_S, GenerationPlan, kv_usage, token_delay
 from agent.engine_sim.metrics import EngineMetrics, LiveLoad
+from agent.engine_sim.prefix_cache import PrefixCache
 from agent.engine_sim.scheduler import SeqScheduler
 from agent.engine_sim.synthetic_output import token_text
 
@@ -29,6 +30,7 @@ class Engine:
         self.scheduler = SeqScheduler(max_num_seqs=config.max_num_seqs)
         self.metrics = EngineMetrics(config.model, self.live_load, config.legacy_metric_names)
         self._rng = random.Random(config.seed)
+        self.prefix_cache = PrefixCache(config.prefix_cache_blocks, chars_per_token=config.chars_per_token)
         self.started_at = time.time()
 
     def live_load(self) -> LiveLoad:
@@ -38,6 +40,16 @@ class Engine:
             waiting=snap.waiting + self.load.waiting,
             kv_usage=kv_usage(snap.held_tokens + self.load.kv_tokens, self.config.kv_capacity_tokens),
         )
+
+    def with_prefix_cache(self, plan: GenerationPlan, prompt_text: str) -> GenerationPlan:
+        """The plan with only the prompt's uncached tokens prefilled (and the cache counted)."""
+        if self.config.prefix_cache_blocks <= 0:
+            return plan
+        hit = self.prefix_cache.lookup_and_insert(prompt_text, plan.prompt_tokens)
+        self.metrics.observe_prefix_cache(plan.prompt_tokens, hit)
+        if not hit or not plan.prompt_tokens:
+            return plan
+        return dataclasses.replace(plan, prefill_s=plan.prefill_s * (plan.prompt_tokens - hit) / plan.prompt_tokens)
 
     def should_fail(self) -> bool:
         rate = self.faults.error_rate

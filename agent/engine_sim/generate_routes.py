@@ -88,7 +88,9 @@ def make_generate_routes(engine: Engine) -> list[Route]:
         if refused:
             return refused
         try:
-            plan = plan_generation(engine.config, req.prompt_text(), req.output_limit(), req.ignore_eos)
+            text = req.prompt_text()
+            plan = engine.with_prefix_cache(plan_generation(engine.config, text, req.output_limit(), req.ignore_eos),
+                                            text)
         except PlanRejected as err:
             return bad_request(err.message, err.param)
         if req.stream:
@@ -117,7 +119,8 @@ def make_generate_routes(engine: Engine) -> list[Route]:
         if refused:
             return refused
         try:
-            plan = plan_generation(engine.config, prompt, req.max_tokens, req.ignore_eos, prompt_tokens)
+            plan = engine.with_prefix_cache(
+                plan_generation(engine.config, prompt, req.max_tokens, req.ignore_eos, prompt_tokens), prompt)
         except PlanRejected as err:
             return bad_request(err.message, err.param)
         echo = prompt if req.echo else ""

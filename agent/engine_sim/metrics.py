@@ -76,6 +76,14 @@ class EngineMetrics:
         self._generation = Counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=self.registry
         ).labels(model)
+        self._cache_queries = Counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+            labels, registry=self.registry,
+        ).labels(model)
+        self._cache_hits = Counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+            labels, registry=self.registry,
+        ).labels(model)
         self._success = Counter(
             "vllm:request_success", "Count of successfully processed requests.",
             ["model_name", "finished_reason"], registry=self.registry,
@@ -98,6 +106,10 @@ class EngineMetrics:
     def observe_first_token(self, ttft_s: float, prompt_tokens: int) -> None:
         self._ttft.observe(ttft_s)
         self._prompt.inc(prompt_tokens)
+
+    def observe_prefix_cache(self, queried: int, hit: int) -> None:
+        self._cache_queries.inc(queried)
+        self._cache_hits.inc(hit)
 
     def observe_tokens(self, count: int) -> None:
         if count:

@@ -1,0 +1,178 @@
+"""Prefix-cache-aware replica choice (an endpoint's ``routing_l7: prefix``), pure.
+
+The rendered chat prompt (role tags plus contents, as a chat template lays it out) is cut into
+chunks of CHUNK_CHARS characters (about 16 tokens: one engine KV block); each chunk is named by a
+hash chained over every chunk before it, so one hash names one whole prefix -- a chunk-hash trie
+whose edges are implicit. Each node keeps, per replica, how many requests it sent there (hits),
+so a prefix that a randomizing picker spread over several replicas still points at the ones that
+served it most. The tree is bounded (max_nodes, least recently used dropped first; a lookup
+touches a path leaf-first, so ancestors outlive their descendants) and so is each node
+(max_replicas_per_node, the fewest hits dropped).
+
+Choice: every ready replica gets a score
+
+    affinity_weight * matched_chunks / prompt_chunks  -  load_weight * (queue + in_flight)
+
+(queue: the last fresh scraped queue depth; in_flight: this gateway's calls in flight to it), so
+a long shared prefix wins only while its replica is not much busier: load outvotes affinity.
+The imbalance guard then overrides affinity outright when the best-scored replica's load exceeds
+the least-loaded one's by BOTH ``abs_gap`` requests AND ``rel_gap`` times: the least-loaded
+replica is taken. Ties (a prefix nobody served yet) go to the least-loaded replica, then to the
+one the tree names least (so new system prompts spread over the caches), then by rendezvous hash
+of the first chunk. The
+caller records the replica actually chosen into the tree (``PrefixTree.record``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+CHUNK_CHARS = 64
+MAX_CHUNKS = 256  # ~4k tokens of prefix considered; bounds the cost per call
+
+
+def render_prompt(data: dict) -> str:
+    """The prompt as the engine's chat template would lay it out (role tags plus contents)."""
+    msgs = data.get("messages")
+    if isinstance(msgs, list):
+        return "".join(f"<|{m.get('role', '')}|>{_text(m.get('content'))}\n" for m in msgs if isinstance(m, dict))
+    return _text(data.get("prompt", data.get("input", "")))
+
+
+def _text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text(v.get("text", "") if isinstance(v, dict) else v) for v in value)
+    return ""
+
+
+def chunk_hashes(text: str, chunk_chars: int = CHUNK_CHARS, max_chunks: int = MAX_CHUNKS) -> list[bytes]:
+    """Chained hashes of the prompt's full chunks (a partial last chunk is never cached by an engine)."""
+    out, prev = [], b""
+    for start in range(0, min(len(text), chunk_chars * max_chunks) - chunk_chars + 1, chunk_chars):
+        prev = hashlib.blake2b(prev + text[start:start + chunk_chars].encode(), digest_size=12).digest()
+        out.append(prev)
+    return out
+
+
+@dataclass
+class PrefixTree:
+    max_nodes: int = 100_000
+    max_replicas_per_node: int = 4
+    _nodes: OrderedDict[bytes, dict[str, int]] = field(default_factory=OrderedDict)
+    _owned: dict[str, int] = field(default_factory=dict)  # replica -> nodes naming it (its cached share)
+
+    def match(self, hashes: list[bytes]) -> dict[str, tuple[int, int]]:
+        """replica -> (chunks of this prompt it served as a prefix, its hits on the deepest one)."""
+        out: dict[str, tuple[int, int]] = {}
+        for depth, h in enumerate(hashes, 1):
+            node = self._nodes.get(h)
+            if node is None:
+                break
+            for replica, hits in node.items():
+                out[replica] = (depth, hits)
+        return out
+
+    def record(self, hashes: list[bytes], replica: str) -> None:
+        for h in hashes:
+            node = self._nodes.get(h)
+            if node is None:
+                node = self._nodes[h] = {}
+            if replica not in node:
+                self._owned[replica] = self._owned.get(replica, 0) + 1
+            node[replica] = node.get(replica, 0) + 1
+            if len(node) > self.max_replicas_per_node:
+                self._drop(node, min((r for r in node if r != replica), key=lambda r: node[r]))
+        for h in reversed(hashes):  # leaf first: ancestors are the most recently used
+            self._nodes.move_to_end(h)
+        while len(self._nodes) > self.max_nodes:
+            _, node = self._nodes.popitem(last=False)
+            for r in list(node):
+                self._drop(node, r)
+
+    def _drop(self, node: dict[str, int], replica: str) -> None:
+        del node[replica]
+        left = self._owned.get(replica, 0) - 1
+        if left > 0:
+            self._owned[replica] = left
+        else:
+            self._owned.pop(replica, None)
+
+    def owned(self, replica: str) -> int:
+        """How many prefix nodes name this replica: its share of what the tree remembers."""
+        return self._owned.get(replica, 0)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+
+@dataclass(frozen=True)
+class PrefixPolicy:
+    affinity_weight: float = 1.0
+    load_weight: float = 0.1  # one request of load outweighs a tenth of a full prefix match
+    abs_gap: float = 4.0
+    rel_gap: float = 2.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    replica: str
+    queue: float  # the last fresh scraped queue depth (0 when none)
+    in_flight: int  # this gateway's calls to it now
+
+    @property
+    def load(self) -> float:
+        return self.queue + self.in_flight
+
+
+@dataclass(frozen=True)
+class Decision:
+    chosen: str
+    reason: str  # affinity | load | imbalance_guard | hash
+    chunks: int
+    scores: tuple[dict, ...]
+
+    def explain(self) -> dict:
+        return {"chosen": self.chosen, "reason": self.reason, "prompt_chunks": self.chunks,
+                "scores": list(self.scores)}
+
+
+def _tiebreak(first: bytes, replica: str) -> int:
+    return int.from_bytes(hashlib.blake2b(first + replica.encode(), digest_size=8).digest(), "big")
+
+
+def imbalanced(load: float, least: float, policy: PrefixPolicy) -> bool:
+    """Pure: both gaps are needed -- an absolute one (small counts are noise) and a relative one
+    (a few more on a busy replica is no imbalance)."""
+    return load - least >= policy.abs_gap and load >= policy.rel_gap * max(least, 1.0)
+
+
+def choose(candidates: list[Candidate], hashes: list[bytes], tree: PrefixTree,
+           policy: PrefixPolicy = PrefixPolicy()) -> Decision:
+    """Pure (reads the tree): the replica for a prompt with these chunk hashes."""
+    if not candidates:
+        raise ValueError("no candidate replica")
+    matched = tree.match(hashes)
+    n = max(len(hashes), 1)
+    first = hashes[0] if hashes else b""
+    rows = []
+    for c in candidates:
+        depth, hits = matched.get(c.replica, (0, 0))
+        score = policy.affinity_weight * depth / n - policy.load_weight * c.load
+        rows.append((score, hits, -c.load, -tree.owned(c.replica), _tiebreak(first, c.replica), c, depth))
+    rows.sort(key=lambda r: r[:5], reverse=True)
+    best = rows[0]
+    least = min(rows, key=lambda r: (r[5].load, -r[3], -r[4]))
+    if best[6] and imbalanced(best[5].load, least[5].load, policy):
+        chosen, reason = least[5], "imbalance_guard"
+    elif best[6]:
+        chosen, reason = best[5], "affinity"
+    else:  # no affinity won: load decided, or the replica remembering the least, or the hash
+        chosen = best[5]
+        reason = "load" if matched or chosen.load < max(r[5].load for r in rows) else "hash"
+    scores = tuple({"replica": r[5].replica, "score": round(r[0], 4), "matched_chunks": r[6], "hits": r[1],
+                    "queue": r[5].queue, "in_flight": r[5].in_flight, "prefix_nodes": -r[3]} for r in rows)
+    return Decision(chosen.replica, reason, len(hashes), scores)

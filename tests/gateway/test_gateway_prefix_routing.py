@@ -1,0 +1,82 @@
+"""routing_l7: prefix through real processes: a gateway in front of three fabric-engine-sim
+replicas with prefix caches. Conversations sharing a system prompt stay on the replica whose
+cache holds it (the engines' own vllm:prefix_cache_* counters say so), and
+GET /api/ai/explain/request/{id} says which scores chose the replica, to its caller only."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from agent.engine_sim.process import EngineProcess
+from common import keyspace
+from common.schemas import InferenceEndpoint
+from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sqlite_state
+
+SYSTEMS = [f"You are assistant number {i}. Follow the house style guide in every answer. " * 6 for i in range(2)]
+
+
+def _counter(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state, url, store = sqlite_state(tmp_path_factory, "prefix")
+    argv = ["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0", "--prefix-cache-blocks", "256"]
+    engines = [EngineProcess.start(argv) for _ in range(3)]
+    try:
+        publish_endpoint(store, "pfx", engines)
+        ep = InferenceEndpoint.model_validate_json(store.get(keyspace.endpoints("pfx")).value)
+        store.put(keyspace.endpoints("pfx"), ep.model_copy(update={"routing_l7": "prefix"}).model_dump_json())
+        gw = GatewayProcess.start(state, url)
+        try:
+            yield store, gw, engines
+        finally:
+            gw.stop()
+    finally:
+        for e in engines:
+            e.stop()
+        store.close()
+
+
+def test_shared_system_prompts_stay_on_the_replica_that_caches_them(stack):
+    store, gw, engines = stack
+    _, key = make_key(store, "pfx", name="pfx-k")
+    c = openai.OpenAI(base_url=gw.openai_base("pfx"), api_key=key, max_retries=0)
+    chosen: dict[int, set[str]] = {0: set(), 1: set()}
+    for turn in range(6):
+        for s, system in enumerate(SYSTEMS):
+            raw = c.chat.completions.with_raw_response.create(
+                model="sim-m", max_tokens=2,
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": f"question {turn}"}])
+            rid = raw.headers["x-fabric-request-id"]
+            why = httpx.get(f"{gw.url}/api/ai/explain/request/{rid}", headers={"authorization": f"Bearer {key}"}).json()
+            assert why["mode"] == "prefix" and why["endpoint"] == "pfx"
+            assert {row["replica"] for row in why["scores"]} == {"pfx-dep-0", "pfx-dep-1", "pfx-dep-2"}
+            if turn:
+                assert why["reason"] == "affinity", why
+            chosen[s].add(why["chosen"])
+    assert len(chosen[0]) == 1 and len(chosen[1]) == 1
+    queried = sum(_counter(e.url, "vllm:prefix_cache_queries_total") for e in engines)
+    hits = sum(_counter(e.url, "vllm:prefix_cache_hits_total") for e in engines)
+    assert queried > 0 and hits / queried > 0.7
+
+
+def test_explanations_are_for_their_caller_only(stack):
+    store, gw, _ = stack
+    _, key = make_key(store, "pfx", name="pfx-owner")
+    _, other = make_key(store, "pfx", name="pfx-other")
+    r = httpx.post(gw.openai_base("pfx") + "/chat/completions", headers={"authorization": f"Bearer {key}"},
+                   json={"model": "sim-m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    rid = r.headers["x-fabric-request-id"]
+    url = f"{gw.url}/api/ai/explain/request/{rid}"
+    assert httpx.get(url, headers={"authorization": f"Bearer {key}"}).status_code == 200
+    unknown = httpx.get(url[:-4] + "0000", headers={"authorization": f"Bearer {key}"})
+    foreign = httpx.get(url, headers={"authorization": f"Bearer {other}"})
+    assert unknown.status_code == foreign.status_code == 404 and unknown.json() == foreign.json()
+    assert httpx.get(url).status_code == 401
