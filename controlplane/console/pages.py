@@ -76,9 +76,12 @@ async def deployments(request: Request, message: str = ""):
         rows = []
         for dep in items:
             mine = [r for r in replicas if r.get("deployment") == dep["name"]]
-            rollouts = await api.maybe(f"/api/ai/deployments/{quote(dep['name'], safe='')}/rollouts", [])
+            name = quote(dep["name"], safe="")
+            rollouts = await api.maybe(f"/api/ai/deployments/{name}/rollouts", [])
+            scaling = await api.maybe(f"/api/ai/explain/scaling/{name}") if dep.get("autoscaling") else None
             rows.append({"dep": dep, "revisions": views.replicas_by_revision(mine),
-                         "rollouts": rollouts[-3:] if isinstance(rollouts, list) else []})
+                         "rollouts": rollouts[-3:] if isinstance(rollouts, list) else [],
+                         "decision": (scaling or {}).get("decision")})
         return {"rows": rows, "message": message[:300]}
     return await _render(request, "deployments.html", "deployments", load)
 

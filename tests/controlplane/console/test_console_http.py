@@ -12,7 +12,7 @@ PAGES = {
     "": ["GPUs", "chat", "free of 2"],
     "/models": ["hf://Qwen/Qwen3-8B"],
     "/profiles": ["h100-1", "24"],
-    "/deployments": ["chat-auto", "rev 1", "1–2 replicas"],
+    "/deployments": ["chat-auto", "rev 1", "1–2 replicas", 'data-testid="scaling-now-chat-auto"'],
     "/endpoints": ["chat-openai", "/api/ai/openai/chat-openai", "hx-get"],
     "/keys": ["Create a key"],
     "/nodes": ["gpu-node-1", "0000:3b:01.0", "42.0 °C", "NVIDIA H100", "1g.10gb", "MIG slices"],
