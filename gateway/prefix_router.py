@@ -29,6 +29,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from common.prompt_chunks import chained_chunk_hashes
+
 CHUNK_CHARS = 64
 MAX_CHUNKS = 256  # ~4k tokens of prefix considered; bounds the cost per call
 
@@ -51,11 +53,7 @@ def _text(value) -> str:
 
 def chunk_hashes(text: str, chunk_chars: int = CHUNK_CHARS, max_chunks: int = MAX_CHUNKS) -> list[bytes]:
     """Chained hashes of the prompt's full chunks (a partial last chunk is never cached by an engine)."""
-    out, prev = [], b""
-    for start in range(0, min(len(text), chunk_chars * max_chunks) - chunk_chars + 1, chunk_chars):
-        prev = hashlib.blake2b(prev + text[start:start + chunk_chars].encode(), digest_size=12).digest()
-        out.append(prev)
-    return out
+    return chained_chunk_hashes(text, chunk_chars, max_chunks)
 
 
 @dataclass

@@ -9,9 +9,10 @@ that missed are prefilled, so TTFT drops on hits.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from common.prompt_chunks import chained_chunk_hashes
 
 
 @dataclass
@@ -22,12 +23,7 @@ class PrefixCache:
     _blocks: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
 
     def block_hashes(self, text: str) -> list[bytes]:
-        size = self.block_tokens * self.chars_per_token
-        out, prev = [], b""
-        for start in range(0, len(text) - size + 1, size):
-            prev = hashlib.blake2b(prev + text[start:start + size].encode(), digest_size=12).digest()
-            out.append(prev)
-        return out
+        return chained_chunk_hashes(text, self.block_tokens * self.chars_per_token)
 
     def lookup_and_insert(self, text: str, prompt_tokens: int) -> int:
         """Tokens of this prompt already cached (its leading blocks); the prompt's blocks are then

@@ -8,7 +8,7 @@ fabricd stores them. `status` is dropped from every record: replicas, GPU reserv
 observations and events are rebuilt by the controllers, and model bytes stay on the nodes.
 
     {"format": "fabric-backup", "version": 1, "created_at": ..., "sections": {
-        "models": {"<name>": {...}}, "profiles": {...}, ..., "keys": {"<id>": {...}}}}
+        "models": {"<name>": {...}}, "profiles": {...}, ..., "keys": {"<id>": {...}}, "model_aliases": {...}}}
 
 Records are keyed by their store key below the section's prefix (a name, a key id, or
 "deployment/00000003" for a revision). A restore is planned against the target store's records:
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from common import keyspace
 from common.errors import InvalidInput
+from common.model_aliases import ModelAlias
 from common.rollouts import Revision
 from common.schemas import (
     ApiKeyRecord,
@@ -69,6 +70,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("revisions", keyspace.revisions(), Revision),
     Section("endpoints", keyspace.endpoints(), InferenceEndpoint),
     Section("keys", keyspace.api_keys(), ApiKeyRecord),
+    Section("model_aliases", keyspace.model_aliases(), ModelAlias),
 )
 BY_NAME = {s.name: s for s in SECTIONS}
 
@@ -213,7 +215,7 @@ def _check_references(plan: RestorePlan, current: Mapping[str, Mapping[str, dict
             refs = [("models", record["model"]), ("profiles", record["profile"])]
         elif section == "endpoints":
             refs = [("deployments", record["deployment"])]
-        elif section == "keys":
+        elif section in ("keys", "model_aliases"):
             refs = [("endpoints", record["endpoint"])]
         elif section == "revisions":
             template = record["template"]

@@ -1,0 +1,26 @@
+"""Model aliases travel in backups (controlplane.backup.document): built, validated, and checked
+against the endpoint they name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common import keyspace
+from common.errors import InvalidInput
+from controlplane.backup.document import build, plan_restore
+
+ALIAS = {"name": "team/chat", "endpoint": "chat", "model_name": "m", "created_at": 1.0}
+
+
+def test_an_alias_is_backed_up_and_restored_only_with_its_endpoint():
+    doc = build({"model_aliases": [(keyspace.model_aliases("team/chat"), json.dumps(ALIAS))]}, now=0)
+    assert doc["sections"]["model_aliases"] == {"team/chat": ALIAS}
+    plan = plan_restore(doc, {"endpoints": {"chat": {"name": "chat"}}})
+    assert plan.records[("model_aliases", "team/chat")]["endpoint"] == "chat"
+    with pytest.raises(InvalidInput, match="chat"):
+        plan_restore(doc, {})
+    bad = build({"model_aliases": [(keyspace.model_aliases("x"), json.dumps({**ALIAS, "name": "x", "bogus": 1}))]})
+    with pytest.raises(InvalidInput, match="bogus"):
+        plan_restore(bad, {"endpoints": {"chat": {}}})
