@@ -30,6 +30,25 @@ def browser():
         b.close()
 
 
+# WCAG contrast of every element that holds text, against the nearest opaque background above it.
+CONTRAST_JS = """() => {
+  const rgb = s => s.match(/[\\d.]+/g).map(Number);
+  const lum = ([r, g, b]) => { const f = c => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+                               return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const bg = el => { for (; el; el = el.parentElement) { const c = rgb(getComputedStyle(el).backgroundColor);
+                     if (c.length < 4 || c[3] > 0.99) return c.slice(0, 3); } return [255, 255, 255]; };
+  const worst = [];
+  for (const el of document.querySelectorAll('body *')) {
+    if (!el.offsetParent && el.tagName !== 'BODY') continue;
+    if (![...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim())) continue;
+    const a = lum(rgb(getComputedStyle(el).color)), b = lum(bg(el));
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    if (ratio < 4.5) worst.push(el.tagName + ' ' + el.textContent.trim().slice(0, 30) + ' ' + ratio.toFixed(2));
+  }
+  return worst;
+}"""
+
+
 def new_page(browser, width: int = 1280, height: int = 900):
     # fabricd's certificate comes from the cluster's own CA, which this browser profile does not know.
     ctx = browser.new_context(ignore_https_errors=True, viewport={"width": width, "height": height})
@@ -64,6 +83,7 @@ def test_sign_in_and_every_page_with_real_data(browser, cluster):
         if name == "endpoints":  # the weights chart arrives through htmx
             expect(page.locator("[data-testid=weights-chat-openai] svg g[data-replica]")).to_have_count(3)
         shot(page, name)
+        assert page.evaluate(CONTRAST_JS) == [], f"text below 4.5:1 contrast on {name}"
     expect(page.get_by_role("cell", name="gpu-node-1").first).to_be_visible()
     assert not errors, errors  # no script or CSP errors
     ctx.close()
