@@ -125,7 +125,8 @@ class Status(BaseModel):
 
 
 class Resource(Spec):
-    name: str
+    name: str = Field(..., json_schema_extra={"pattern": DNS_LABEL.pattern, "maxLength": 63},
+                      description="a DNS label: 1-63 lowercase letters, digits or '-'")
     tenant: str | None = None
     created_at: float = Field(default_factory=time.time)
 

@@ -19,10 +19,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from common.health import healthz_body
-from controlplane import console
+from controlplane import console, openapi_doc
 from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
-from controlplane.errors_http import install_error_handlers
+from controlplane.errors_http import install_error_handlers, internal_error
 from controlplane.gpu_metrics import GpuCollector
 from controlplane.request_guard import RequestGuard
 from controlplane.state import AppState
@@ -75,7 +75,12 @@ def create_app(state: AppState) -> FastAPI:
     @app.middleware("http")
     async def count_requests(request: Request, call_next):
         started = time.perf_counter()
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except Exception as exc:  # noqa: BLE001 - a bug: answered 500 here, logged once, counted
+            # Handled here rather than by Starlette's outermost handler, which re-raises after
+            # answering, so uvicorn logged the same traceback a second time.
+            response = internal_error(request, exc)
         # The matched route's template (e.g. /api/ai/models/{name}), set by the router.
         template = getattr(request.scope.get("route"), "path", "unmatched")
         latency.labels(request.method, template).observe(time.perf_counter() - started)
@@ -85,6 +90,7 @@ def create_app(state: AppState) -> FastAPI:
     for router in routers():
         app.include_router(router)
     console.install(app)
+    openapi_doc.install(app)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

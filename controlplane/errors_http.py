@@ -87,10 +87,15 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
                         headers=getattr(exc, "headers", None))
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """The 500 for a bug, logged once with its traceback (the app's middleware calls this)."""
     # Log the type and route only: exception text could echo request content.
     log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
     return JSONResponse(error_body("internal", "internal error"), status_code=500)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    return internal_error(request, exc)
 
 
 def install_error_handlers(app: FastAPI) -> None:

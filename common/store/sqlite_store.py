@@ -13,7 +13,8 @@ Invariants:
     on one file serialise on SQLite's write lock; busy_timeout makes them queue, not fail.
   - Expired leases are swept (lease row, its keys, delete events, one revision bump) inside the
     next write and before every read, so no caller ever sees a key whose lease has expired.
-  - Events older than the last EVENTS_KEPT revisions are pruned; a watch from before the pruned
+  - Events older than the last EVENTS_KEPT revisions, or beyond EVENTS_MAX_BYTES of copied values,
+    are pruned (every PRUNE_EVERY revisions); a watch from before the pruned
     point raises Conflict(code="compacted") just as etcd does after a compaction.
 """
 
@@ -31,6 +32,10 @@ from common.store.base import KV, Event, Lease
 
 BUSY_TIMEOUT_MS = 10_000
 EVENTS_KEPT = 10_000
+# The watch history copies each written value; beyond this many bytes of values the oldest
+# revisions go too (a few large values must not grow the file by EVENTS_KEPT copies of them).
+EVENTS_MAX_BYTES = 64 * 1024 * 1024
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024  # the WAL is truncated back to this after a checkpoint
 PRUNE_EVERY = 1_000  # revisions between prunes: pruning each write would double the write cost
 WATCH_POLL_S = 0.05
 
@@ -107,6 +112,7 @@ class SqliteStore:
             self._db.execute("PRAGMA journal_mode = WAL")
             # NORMAL in WAL mode survives process crashes; only an OS crash can lose the last commits.
             self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
             # Its own transaction: several processes may open a fresh file at once.
             self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
         except sqlite3.Error as exc:
@@ -351,11 +357,19 @@ def _bump(db: sqlite3.Connection) -> int:
     rev = _meta(db, "revision") + 1
     db.execute("UPDATE meta SET value = ? WHERE name = 'revision'", (rev,))
     if rev % PRUNE_EVERY == 0:
-        floor = rev - EVENTS_KEPT
+        floor = max(rev - EVENTS_KEPT, _bytes_floor(db))
         if floor > 0:
             db.execute("DELETE FROM events WHERE revision <= ?", (floor,))
             db.execute("UPDATE meta SET value = MAX(value, ?) WHERE name = 'compacted'", (floor,))
     return rev
+
+
+def _bytes_floor(db: sqlite3.Connection) -> int:
+    """The newest revision whose events, with all newer ones, hold over EVENTS_MAX_BYTES of values (0: none)."""
+    row = db.execute(
+        "SELECT revision FROM (SELECT revision, SUM(COALESCE(LENGTH(value), 0)) OVER (ORDER BY seq DESC) AS total"
+        " FROM events) WHERE total > ? ORDER BY revision DESC LIMIT 1", (EVENTS_MAX_BYTES,)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _check_lease(db: sqlite3.Connection, lease: int | None) -> None:

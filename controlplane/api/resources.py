@@ -19,6 +19,7 @@ Choices the issue leaves open (also in docs/api.md):
   - A new endpoint is stored with phase "Pending"; the orchestration controller assigns its VIP.
     Deleting an endpoint deletes the record; that controller releases the VIP it held.
 Every create, delete and scale is recorded with controlplane.events.record_event.
+The four lists page (controlplane.api.paging): ?limit (default 500, at most 1000) and ?continue.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from common.schemas import (
     Spec,
 )
 from common.store.base import Store
+from controlplane.api.paging import DEFAULT_LIMIT, ContinueQuery, LimitQuery, page
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.models.records import check_local_source, delete_jobs
@@ -126,8 +128,9 @@ def _fresh(resource, status):
 # -- models ---------------------------------------------------------------------------------------
 
 @router.get("/models")
-def list_models(state: StateDep) -> list[dict]:
-    return _list(state.store, keyspace.models())
+def list_models(state: StateDep, response: Response, limit: LimitQuery = DEFAULT_LIMIT,
+                after: ContinueQuery = None) -> list[dict]:
+    return page(state.store, keyspace.models(), response, limit, after)
 
 
 @router.post("/models", status_code=201)
@@ -155,8 +158,9 @@ def delete_model(name: str, state: StateDep) -> Deleted:
 # -- profiles -------------------------------------------------------------------------------------
 
 @router.get("/profiles")
-def list_profiles(state: StateDep) -> list[dict]:
-    return _list(state.store, keyspace.profiles())
+def list_profiles(state: StateDep, response: Response, limit: LimitQuery = DEFAULT_LIMIT,
+                  after: ContinueQuery = None) -> list[dict]:
+    return page(state.store, keyspace.profiles(), response, limit, after)
 
 
 @router.post("/profiles", status_code=201)
@@ -184,8 +188,9 @@ def delete_profile(name: str, state: StateDep) -> Deleted:
 # -- deployments ----------------------------------------------------------------------------------
 
 @router.get("/deployments")
-def list_deployments(state: StateDep) -> list[dict]:
-    return _list(state.store, keyspace.deployments())
+def list_deployments(state: StateDep, response: Response, limit: LimitQuery = DEFAULT_LIMIT,
+                     after: ContinueQuery = None) -> list[dict]:
+    return page(state.store, keyspace.deployments(), response, limit, after)
 
 
 @router.post("/deployments", status_code=201)
@@ -239,7 +244,8 @@ def scale_deployment(name: str, body: ScaleRequest, state: StateDep) -> dict:
     raise Conflict(f"deployment {name!r} changed too often while scaling; try again", code="contended")
 
 
-@router.delete("/deployments/{name}")
+@router.delete("/deployments/{name}", responses={202: {"description": "controllers run here: marked Deleting; "
+                                                                  "the reconciler removes its replicas, then the record"}})
 def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
     key = keyspace.deployments(name)
     _get(state.store, key, "deployment", name)
@@ -271,8 +277,9 @@ def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
 # -- endpoints ------------------------------------------------------------------------------------
 
 @router.get("/endpoints")
-def list_endpoints(state: StateDep) -> list[dict]:
-    return _list(state.store, keyspace.endpoints())
+def list_endpoints(state: StateDep, response: Response, limit: LimitQuery = DEFAULT_LIMIT,
+                   after: ContinueQuery = None) -> list[dict]:
+    return page(state.store, keyspace.endpoints(), response, limit, after)
 
 
 @router.post("/endpoints", status_code=201)

@@ -99,3 +99,34 @@ def test_a_chunked_body_over_the_limit_is_413(api):
 
     resp = api.post("/api/ai/models", content=chunks(), headers={"content-type": "application/json"})
     assert error(resp, 413)["code"] == "payload_too_large"
+
+
+def test_lists_are_bounded_and_page_with_continue(api):
+    names = [f"page-{i}" for i in range(5)]
+    for n in names:
+        assert api.post("/api/ai/models", json={"name": n, **MODEL}).status_code == 201
+    seen, after = [], "page-"  # every name before "page-" sorts first; start the walk there
+    while True:
+        resp = api.get("/api/ai/models", params={"limit": 2, "continue": after})
+        assert resp.status_code == 200 and len(resp.json()) <= 2
+        seen += [m["name"] for m in resp.json()]
+        after = resp.headers.get("x-fabric-continue")
+        if after is None:
+            break
+    assert [n for n in seen if n.startswith("page-")] == names
+    err = error(api.get("/api/ai/models", params={"limit": 100_000}), 422)
+    assert "limit" in err["message"]
+
+
+def test_openapi_lists_errors_security_and_name_rule(fabricd):
+    with fabricd.client() as anon:
+        spec = anon.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    create = spec["paths"]["/api/ai/models"]["post"]
+    assert create["security"] == [{"bearer": []}]
+    assert {"401", "404", "409", "413", "422", "500"} <= set(create["responses"])
+    assert create["responses"]["422"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/Error"
+    assert "security" not in spec["paths"]["/api/auth/login"]["post"]
+    assert spec["paths"]["/api/ai/deployments/{name}"]["delete"]["responses"]["202"]
+    model = spec["components"]["schemas"]["ModelArtifact"]
+    assert model["properties"]["name"]["pattern"] == "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"

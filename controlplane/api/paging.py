@@ -1,0 +1,34 @@
+"""Bounded list answers: `?limit=N&continue=TOKEN` on the resource lists.
+
+A list answers at most `limit` items (default DEFAULT_LIMIT, at most MAX_LIMIT), in key order.
+When more remain, the `X-Fabric-Continue` header carries the token to pass as `continue` for the
+next page (the last name returned); no header means the list is complete. The body stays a JSON
+array, so a client that never pages reads the first page exactly as before.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import Query, Response
+
+from common.store.base import Store
+
+DEFAULT_LIMIT = 500
+MAX_LIMIT = 1000
+CONTINUE_HEADER = "X-Fabric-Continue"
+
+LimitQuery = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"items per page (default {DEFAULT_LIMIT})")]
+ContinueQuery = Annotated[str | None, Query(alias="continue", max_length=512,
+                                            description=f"the {CONTINUE_HEADER} header of the previous page")]
+
+
+def page(store: Store, prefix: str, response: Response, limit: int = DEFAULT_LIMIT,
+         after: str | None = None) -> list[dict]:
+    """One page of the JSON values under `prefix`, names after `after`; sets the continue header."""
+    kvs = [kv for kv in store.list(prefix) if after is None or kv.key[len(prefix):] > after]
+    if len(kvs) > limit:
+        kvs = kvs[:limit]
+        response.headers[CONTINUE_HEADER] = kvs[-1].key[len(prefix):]
+    return [json.loads(kv.value) for kv in kvs]
