@@ -9,6 +9,7 @@ files, the key HMAC secret and the lab's env/token files are written here and no
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 DIR_MODE = 0o700
@@ -16,10 +17,12 @@ FILE_MODE = 0o600
 
 
 def private_dir(path: Path, mode: int = DIR_MODE) -> Path:
-    """Create `path` (and parents) and make it `mode` (0700); returns it."""
+    """Create `path` (and parents) and make it `mode` (0700); returns it. A sticky directory
+    (/tmp and the like: shared by design) is left as it is; the files in it are still 0600."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True, mode=mode)
-    os.chmod(path, mode)
+    if not path.stat().st_mode & stat.S_ISVTX:
+        os.chmod(path, mode)
     return path
 
 

@@ -88,9 +88,11 @@ class SqliteStore:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        # The store holds secrets (the admin-token key): 0700 directory, 0600 file, and SQLite
-        # creates -wal and -shm with the database file's mode, so they are 0600 too.
-        private_dir(self.path.parent)
+        # The store holds secrets (the admin-token key): 0600 file in a 0700 directory, and SQLite
+        # creates -wal and -shm with the database file's mode, so they are 0600 too. An existing
+        # directory keeps its mode (it may be /tmp); fabricd and the gateway make their state dir 0700.
+        if not self.path.parent.exists():
+            private_dir(self.path.parent)
         touch_private(self.path)
         for suffix in ("-wal", "-shm"):
             side = self.path.with_name(self.path.name + suffix)

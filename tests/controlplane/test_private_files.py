@@ -35,14 +35,27 @@ def test_fabricd_state_is_private_after_init_and_serve(tmp_path):
 
 
 def test_a_store_made_before_the_rule_is_tightened(tmp_path):
+    from common.private_fs import private_dir
     from common.store.sqlite_store import SqliteStore
 
     d = tmp_path / "old"
-    d.mkdir(mode=0o755)
+    d.mkdir(mode=0o700)
     (d / "fabric.db").touch(mode=0o644)
     (d / "fabric.db").chmod(0o644)
     SqliteStore(d / "fabric.db").put("/k", "v")
     assert _loose(d) == []
+    shared = tmp_path / "shared"  # a directory the store did not make (say /tmp) keeps its mode
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o1777)
+    store = SqliteStore(shared / "fabric.db")  # kept open: closing the last connection removes -wal/-shm
+    store.put("/k", "v")
+    private_dir(shared)  # a sticky, shared directory is left as it is
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in shared.iterdir()} == {
+        "fabric.db": 0o600, "fabric.db-wal": 0o600, "fabric.db-shm": 0o600}
+    made = tmp_path / "new" / "deeper"
+    SqliteStore(made / "fabric.db")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
 
 
 def test_agent_state_dir_is_private(tmp_path):
