@@ -202,3 +202,31 @@ def test_a_repository_id_the_library_refuses_fails_at_once(tmp_path):
     jobs.submit(request("hf://a/b--..c"))
     view = finish(jobs, "tiny.node-a")
     assert view.state == "Failed" and "not a valid repository" in view.message and view.retries == 0
+
+
+def test_the_library_writes_each_piece_as_received_not_regrouped_into_10_mib(tmp_path):
+    # HfFetcher sets huggingface_hub's DOWNLOAD_CHUNK_SIZE to None: http_get then writes what the
+    # socket hands over instead of copying it into 10 MiB groups first (the download's bottleneck).
+    from huggingface_hub.file_download import http_get
+
+    from agent.models.hf_fetch import HfFetcher
+
+    class Recorder:
+        def __init__(self):
+            self.sizes: list[int] = []
+
+        def write(self, data: bytes) -> int:
+            self.sizes.append(len(data))
+            return len(data)
+
+        def tell(self) -> int:
+            return sum(self.sizes)
+
+    with mirror(tmp_path, extra_bytes=12_000_000) as m:
+        fetcher = HfFetcher({"HF_ENDPOINT": m.url})
+        resolved = fetcher.resolve(REPO, "main")
+        big = max(resolved.files, key=lambda f: f.size or 0)
+        out = Recorder()
+        http_get(f"{m.url}/{REPO}/resolve/{resolved.revision}/{big.name}", out, expected_size=big.size)
+    assert sum(out.sizes) == big.size > 10 << 20
+    assert len(out.sizes) > 2 and max(out.sizes) < 10 << 20

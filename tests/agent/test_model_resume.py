@@ -42,8 +42,8 @@ def start_agent(state: Path, port: int, endpoint: str, log: Path) -> subprocess.
 def test_agent_killed_mid_download_resumes_the_partial_file(tmp_path):
     state, port = tmp_path / "agent", free_port()
     log = tmp_path / "agent.log"
-    # huggingface_hub writes in 10 MiB chunks, so the big file must be larger than one chunk for a
-    # partial file to exist on disk when the agent dies.
+    # The agent is killed once 10 MiB of the big file are on disk (the library writes each piece as
+    # received), so the file must be well over 10 MiB for the kill to land mid-download.
     with mirror(tmp_path, rate=6_000_000, extra_bytes=24_000_000) as m:
         url = f"http://127.0.0.1:{port}"
         agent = start_agent(state, port, m.url, log)
