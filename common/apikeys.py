@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import keyspace
-from common.errors import InvalidInput, NotFound, Unauthorized
+from common.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
 
@@ -145,11 +145,38 @@ def rotated(record: ApiKeyRecord, hmac_secret: bytes, overlap_secs: int, now: fl
 # --- records in the store -------------------------------------------------------------------
 
 
+def index_items(record: ApiKeyRecord) -> list[tuple[str, str]]:
+    """The index keys a record owns: prefix -> id (the gateway's lookup) and (endpoint, name) -> id
+    (names are unique per endpoint)."""
+    return [(keyspace.api_key_prefixes(record.prefix), record.id),
+            (keyspace.api_key_names(record.endpoint, record.name), record.id)]
+
+
+def _drop_stale_name(store: Store, record: ApiKeyRecord) -> bool:
+    """Remove a name index entry whose key record is gone (a delete that stopped half-way);
+    True if the name is free to claim again."""
+    kv = store.get(keyspace.api_key_names(record.endpoint, record.name))
+    if kv is None:
+        return True
+    if store.get(keyspace.api_keys(kv.value)) is not None:
+        return False
+    return store.delete(kv.key, mod_revision=kv.mod_revision) or store.get(kv.key) is None
+
+
 def save_new(store: Store, record: ApiKeyRecord) -> None:
-    # The prefix index is taken with create-if-absent so two keys can never share a prefix.
-    if not store.create(keyspace.api_key_prefixes(record.prefix), record.id):
-        raise InvalidInput("key prefix collision; try again")
-    store.put(keyspace.api_keys(record.id), record.model_dump_json())
+    """Write the record and both index keys in one create-all transaction: of concurrent creates
+    of the same (endpoint, name) exactly one wins, and a loser writes nothing. Raises Conflict
+    (already_exists) when the name is held, InvalidInput on a (random) prefix collision."""
+    items = [*index_items(record), (keyspace.api_keys(record.id), record.model_dump_json())]
+    for _ in range(3):
+        if store.create_all(items):
+            return
+        if not _drop_stale_name(store, record):
+            raise Conflict(f"endpoint {record.endpoint!r} already has a key named {record.name!r}; rotate or "
+                           "delete it", code="already_exists")
+        if store.get(keyspace.api_key_prefixes(record.prefix)) is not None:
+            raise InvalidInput("key prefix collision; try again")
+    raise InvalidInput(f"key name {record.name!r} is being changed concurrently; try again")
 
 
 def create_key(store: Store, spec: KeySpec, hmac_secret: bytes) -> tuple[ApiKeyRecord, str]:
@@ -178,9 +205,14 @@ def list_keys(store: Store) -> list[ApiKeyRecord]:
 
 
 def delete_key(store: Store, key_id: str) -> None:
+    """The record first (the key stops working), then its index entries, each only while it
+    still points at this id (never a successor's claim on the same name)."""
     record = get_key(store, key_id)
     store.delete(keyspace.api_keys(key_id))
-    store.delete(keyspace.api_key_prefixes(record.prefix))
+    for key, owner in index_items(record):
+        kv = store.get(key)
+        if kv is not None and kv.value == owner:
+            store.delete(key, mod_revision=kv.mod_revision)
 
 
 def rotate_key(

@@ -1,5 +1,7 @@
 """Where each resource lives in the store. One place, so no two modules spell a key differently."""
 
+from urllib.parse import quote
+
 ROOT = "/fabric"
 
 
@@ -79,6 +81,14 @@ def api_keys(key_id: str = "") -> str:
 def api_key_prefixes(prefix: str = "") -> str:
     """Index prefix -> key id for the gateway's lookup."""
     return f"{ROOT}/key-prefixes/{prefix}"
+
+
+def api_key_names(endpoint: str = "", name: str = "") -> str:
+    """Index (endpoint, key name) -> key id, taken with create-if-absent so a name is unique per
+    endpoint: /fabric/key-names/{endpoint}/{name, percent-encoded}."""
+    if not endpoint:
+        return f"{ROOT}/key-names/"
+    return f"{ROOT}/key-names/{endpoint}/{quote(name, safe='')}"
 
 
 def events(seq: str = "") -> str:

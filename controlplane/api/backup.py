@@ -98,8 +98,9 @@ def restore(state: StateDep, doc: Any = Body(...), apply: bool = Query(False),
         else:
             store.put(key, value)
         if change.section == "keys":
-            prefix_key = keyspace.api_key_prefixes(plan.records[(change.section, change.name)]["prefix"])
-            store.create(prefix_key, change.name)
+            rec = plan.records[(change.section, change.name)]
+            store.create(keyspace.api_key_prefixes(rec["prefix"]), change.name)
+            store.create(keyspace.api_key_names(rec["endpoint"], rec["name"]), change.name)
         written.append(f"{change.section}/{change.name}")
     record_event(store, "backup", "restore", "restored",
                  f"restore wrote {len(written)} record(s)" + (f"; {len(raced)} appeared meanwhile and were kept: "

@@ -9,7 +9,9 @@
     GET    /api/ai/audit/verify         recompute the gateway audit hash chain
 
 {ref} is a key's id or its name; a name used on several endpoints is ambiguous (409, use the id).
-A name is unique per endpoint (409 already_exists). A key scoped to a model must name what the
+A name is unique per endpoint (409 already_exists): the name is claimed through an index key
+(keyspace.api_key_names) created in the same create-all transaction as the record, so of
+concurrent creates of one name exactly one wins and the others write nothing. A key scoped to a model must name what the
 endpoint's deployment serves (its model or its own name); any other scope could never match a
 request, so it is refused at create (422 naming `model`). requests_used counts every key's
 requests through the gateway, with or without a quota.
@@ -100,6 +102,8 @@ def create_key(body: KeyCreate, request: Request, state: StateDep) -> dict:
     if ep_kv is None:
         raise NotFound(f"endpoint {body.endpoint!r} does not exist")
     if any(r.name == body.name and r.endpoint == body.endpoint for r in apikeys.list_keys(state.store)):
+        # Fast path, and the guard for keys stored before the name index; the exact claim is
+        # apikeys.save_new's create-all.
         raise Conflict(f"endpoint {body.endpoint!r} already has a key named {body.name!r}; rotate or delete it",
                        code="already_exists")
     if body.model is not None:

@@ -15,7 +15,9 @@ Choices the issue leaves open (also in docs/api.md):
     (202) and the reconciler removes its replicas, then the record; with no controllers the
     record is deleted at once (200).
   - A tenant's GPU quota (controlplane.tenancy.quotas) is checked on create and on a scale up:
-    over it is 409 naming the tenant, the quota and the use; scaling down is always allowed.
+    over it is 409 naming the tenant, the quota and the use; scaling down is always allowed. The
+    check and the write run under the tenant's admission lock (controlplane.tenancy.admission),
+    so concurrent creates and scales of one tenant can never together exceed its quota.
   - A new endpoint is stored with phase "Pending"; the orchestration controller assigns its VIP.
     Deleting an endpoint deletes the record; that controller releases the VIP it held.
 Every create, delete and scale is recorded with controlplane.events.record_event.
@@ -50,7 +52,7 @@ from controlplane.events import record_event
 from controlplane.models.records import check_local_source, delete_jobs
 from controlplane.rollouts import records
 from controlplane.state import AppState, StateDep
-from controlplane.tenancy import quotas
+from controlplane.tenancy import admission, quotas
 
 router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
 AdminDep = Annotated[str, Depends(require_admin)]
@@ -201,13 +203,16 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: AdminDep)
     ) if state.store.get(key) is None]
     if missing:
         raise InvalidInput("; ".join(missing), code="missing_reference")
-    _refuse_over_quota(state, body.name, quotas.check_deployment_change(
-        state.store, body.name, body.tenant, body.profile, 0, body.replicas))
     dep = _fresh(body, DeploymentStatus(phase="Pending", message="waiting for placement"))
     dep = dep.model_copy(update={"revision": 1})
     message = f"deployment {dep.name}: model {dep.model}, profile {dep.profile}, {dep.replicas} replicas"
-    # Leftovers of an earlier deployment of the same name go first; revision 1 follows the record.
-    created = _create(state, keyspace.deployments(dep.name), "deployment", dep, message)
+    # The quota check and the write are one step per tenant (controlplane.tenancy.admission).
+    with admission.tenant_admission(state.store, body.tenant) as guard:
+        _refuse_over_quota(state, body.name, quotas.check_deployment_change(
+            state.store, body.name, body.tenant, body.profile, 0, body.replicas))
+        admission.still_held(guard)
+        # Leftovers of an earlier deployment of the same name go first; revision 1 follows the record.
+        created = _create(state, keyspace.deployments(dep.name), "deployment", dep, message)
     records.forget(state.store, dep.name)
     records.write_revision(state.store, dep.name, records.template_of(dep), who=who, reason="created",
                            now=dep.created_at)
@@ -221,6 +226,15 @@ def get_deployment(name: str, state: StateDep) -> dict:
 
 @router.post("/deployments/{name}/scale")
 def scale_deployment(name: str, body: ScaleRequest, state: StateDep) -> dict:
+    kv = state.store.get(keyspace.deployments(name))
+    if kv is None:
+        raise NotFound(f"deployment {name!r} not found")
+    # The quota check and the write are one step per tenant (controlplane.tenancy.admission).
+    with admission.tenant_admission(state.store, json.loads(kv.value).get("tenant")) as guard:
+        return _scale(state, name, body, guard)
+
+
+def _scale(state: AppState, name: str, body: ScaleRequest, guard) -> dict:
     key = keyspace.deployments(name)
     # Read-modify-write with compare-and-swap: the reconciler writes status to the same record.
     for _ in range(SCALE_RETRIES):
@@ -235,6 +249,7 @@ def scale_deployment(name: str, body: ScaleRequest, state: StateDep) -> dict:
             _refuse_over_quota(state, name, quotas.check_deployment_change(
                 state.store, name, record.get("tenant"), record.get("profile", ""), before or 0, body.replicas))
         record["replicas"] = body.replicas
+        admission.still_held(guard)
         if state.store.cas(key, json.dumps(record), kv.mod_revision):
             record_event(state.store, "deployment", name, "scaled",
                          f"deployment {name} scaled from {before} to {body.replicas} replicas",

@@ -4,7 +4,9 @@ Runs every FABRIC_AUTOSCALE_SECS (15 s) as one of controlplane.controllers' lead
 its store is the FencedStore: each write checks the leader lease right before it happens.
 Applying a decision is one compare-and-swap of the deployment record (``replicas`` and the
 status note), against the record the decision was made from: if an operator scaled meanwhile,
-nothing is written and the next tick decides again. The reconciler then creates replicas, or
+nothing is written and the next tick decides again. A scale-out of a tenant's deployment also
+re-checks the GPU quota on fresh reads under the tenant's admission lock and writes before
+releasing it (controlplane.tenancy.admission), so it cannot race an API create or scale. The reconciler then creates replicas, or
 drains the one with the least work (controlplane.reconcile_plan).
 
 What lands where:
@@ -28,14 +30,16 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from common import keyspace
+from common.errors import TransientError
 from common.schemas import InferenceDeployment
 from common.store.base import Store
 from controlplane.events import EventSink
 from controlplane.orchestration_state import Snapshot, load_snapshot
 from controlplane.scaling.decide import Decision, Memory, Observations, QuotaView, decide
-from controlplane.tenancy import quotas
+from controlplane.tenancy import admission, quotas
 
 log = logging.getLogger("fabricd.scaling")
+ADMISSION_WAIT_S = 2.0  # a tick does not wait long for a busy tenant; the next tick retries
 NOTE_SEP = "; autoscaler: "
 REASONS = {"scale_out": "ScaledOut", "scale_in": "ScaledIn"}
 
@@ -133,6 +137,23 @@ class AutoscaleWorker:
         return decision
 
     def _write(self, dep: InferenceDeployment, mod_revision: int, decision: Decision) -> bool:
+        if decision.action != "scale_out" or dep.tenant is None:
+            return self._cas(dep, mod_revision, decision)
+        # A scale-out adds GPUs: check the quota again on fresh reads under the tenant's admission
+        # lock, and write before releasing it (controlplane.tenancy.admission).
+        try:
+            with admission.tenant_admission(self.store, dep.tenant, wait_s=ADMISSION_WAIT_S) as guard:
+                refusal = quotas.check_deployment_change(self.store, dep.name, dep.tenant, dep.profile,
+                                                         dep.replicas, decision.replicas)
+                if refusal is not None:
+                    return False  # another change took the room: the next tick decides a quota hold
+                admission.still_held(guard)
+                return self._cas(dep, mod_revision, decision)
+        except TransientError as exc:
+            log.info("deployment %s: scale-out deferred: %s", dep.name, exc)
+            return False
+
+    def _cas(self, dep: InferenceDeployment, mod_revision: int, decision: Decision) -> bool:
         kv = self.store.get(keyspace.deployments(dep.name))
         if kv is None or kv.mod_revision != mod_revision:
             return False

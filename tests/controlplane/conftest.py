@@ -45,7 +45,7 @@ fabricd_env = clean_env  # the name tests/controlplane imports
 
 @contextmanager
 def start_fabricd(tmp: Path, *, insecure: bool = True, env: dict[str, str] | None = None,
-                  controllers: bool = False):
+                  controllers: bool = False, store: str | None = None):
     state_dir = tmp / "state"
     subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_dir)], check=True,
                    capture_output=True, env=fabricd_env(env))
@@ -54,6 +54,8 @@ def start_fabricd(tmp: Path, *, insecure: bool = True, env: dict[str, str] | Non
            "--log-level", "warning"]
     if not controllers:
         cmd.append("--no-controllers")
+    if store is not None:  # e.g. several fabricd processes sharing one store
+        cmd += ["--store", store]
     if insecure:
         cmd.append("--insecure")
     with open(tmp / "fabricd.log", "wb") as log:  # the child keeps its own copy of the descriptor

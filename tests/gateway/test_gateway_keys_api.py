@@ -128,3 +128,38 @@ def test_key_names_unique_per_endpoint_refs_by_name_model_scope_and_usage(stack,
     assert rotated["id"] == created["id"] and rotated["key"] != created["key"]
     assert f"key {created['id']} deleted" in ctl("delete", "named").stdout
     assert "no key with id or name 'named'" in ctl("show", "named", rc=1).stderr
+
+
+def test_concurrent_creates_of_one_key_name_admit_exactly_one(stack):
+    """The name claim is atomic (an index key created with the record in one create-all): of 12
+    simultaneous creates over HTTP exactly one is 201, the rest 409, and nothing of the losers is
+    stored; after a delete the index is gone and the name is free again."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, store, _ = stack
+    token = login(server)
+    gate = threading.Barrier(12)
+
+    def create(_):
+        with server.client(token) as api:
+            gate.wait()
+            return api.post("/api/ai/keys", json={"name": "racy", "endpoint": "chat"})
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(create, range(12)))
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [201] + [409] * 11, [r.text for r in answers]
+    assert all(r.json()["error"]["code"] == "already_exists" for r in answers if r.status_code == 409)
+    winner = next(r.json() for r in answers if r.status_code == 201)
+    named = [kv for kv in store.list(keyspace.api_keys()) if json.loads(kv.value)["name"] == "racy"]
+    assert [json.loads(kv.value)["id"] for kv in named] == [winner["id"]]
+    assert store.get(keyspace.api_key_names("chat", "racy")).value == winner["id"]
+    assert [kv.value for kv in store.list(keyspace.api_key_prefixes())].count(winner["id"]) == 1
+    with server.client(token) as api:
+        assert api.delete("/api/ai/keys/racy").status_code == 200
+        assert store.get(keyspace.api_key_names("chat", "racy")) is None
+        again = api.post("/api/ai/keys", json={"name": "racy", "endpoint": "chat"})
+        assert again.status_code == 201, again.text
+        assert store.get(keyspace.api_key_names("chat", "racy")).value == again.json()["id"]
+        assert api.delete(f"/api/ai/keys/{again.json()['id']}").status_code == 200

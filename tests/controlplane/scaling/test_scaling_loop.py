@@ -127,6 +127,43 @@ def test_an_operator_scale_meanwhile_wins(store):
     assert dep(store)["replicas"] == 3
 
 
+def test_a_scale_out_rechecks_the_quota_fresh_under_the_tenant_lock(store):
+    """A deployment of the same tenant created after the snapshot took the room: the decision
+    (made from the snapshot) says scale out, but the write re-checks on fresh reads and refuses."""
+    seed(store, queue=30, tenant="acme", spec=AutoscalingSpec(scale_out_queue=20, scale_out_seconds=0,
+                                                              scale_in_queue=1, cooldown_seconds=0))
+    store.put(keyspace.quotas("acme"), TenantQuota(tenant="acme", max_gpus=2).model_dump_json())
+    worker = AutoscaleWorker(store, clock=Clock())
+    snap = load_snapshot(store)
+    other = InferenceDeployment(name="other", model="m", profile="p", replicas=1, tenant="acme")
+    store.put(keyspace.deployments("other"), other.model_dump_json())
+    decision = worker.apply(snap, snap.deployments["d"], snap.deployment_revisions["d"])
+    assert decision.action == "scale_out" and decision.replicas == 2
+    assert dep(store)["replicas"] == 1  # 1 + 1 held already; a second replica of d would be 3 > 2
+
+
+def test_a_scale_out_waits_for_a_busy_tenant_and_defers(store, monkeypatch):
+    from common.store.locks import LeaseLock
+    from controlplane.scaling import loop
+    from controlplane.tenancy import admission
+
+    monkeypatch.setattr(loop, "ADMISSION_WAIT_S", 0.1)
+    seed(store, queue=30, tenant="acme", spec=AutoscalingSpec(scale_out_queue=20, scale_out_seconds=0,
+                                                              scale_in_queue=1, cooldown_seconds=0))
+    store.put(keyspace.quotas("acme"), TenantQuota(tenant="acme", max_gpus=8).model_dump_json())
+    busy = LeaseLock(store, admission.lock_name("acme"), holder="api-create", ttl=30)
+    assert busy.try_acquire()
+    worker = AutoscaleWorker(store, clock=Clock())
+    snap = load_snapshot(store)
+    worker.apply(snap, snap.deployments["d"], snap.deployment_revisions["d"])
+    assert dep(store)["replicas"] == 1  # not written while another admission holds the tenant
+    busy.release()
+    snap = load_snapshot(store)
+    worker.apply(snap, snap.deployments["d"], snap.deployment_revisions["d"])
+    assert dep(store)["replicas"] == 2
+    assert store.get(keyspace.locks(admission.lock_name("acme"))) is None  # released after the write
+
+
 def test_idle_scales_to_zero_and_demand_wakes_it(store):
     clock = Clock()
     spec = AutoscalingSpec(min_replicas=1, max_replicas=2, scale_out_queue=20, scale_in_queue=1, scale_in_seconds=5,
