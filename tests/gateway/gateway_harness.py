@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,9 +101,10 @@ def publish_endpoint(store: Store, name: str, engines: list[EngineProcess], depl
 
 
 def make_key(store: Store, endpoint: str, **fields) -> tuple[str, str]:
-    """Returns (key id, plaintext)."""
-    record, plaintext = apikeys.create_key(store, apikeys.KeySpec(name=fields.pop("name", "k"), endpoint=endpoint,
-                                                                  **fields), HMAC_SECRET.encode())
+    """Returns (key id, plaintext). Key names are unique per endpoint, so the default is a fresh one."""
+    name = fields.pop("name", None) or f"k-{uuid.uuid4().hex[:8]}"
+    record, plaintext = apikeys.create_key(store, apikeys.KeySpec(name=name, endpoint=endpoint, **fields),
+                                           HMAC_SECRET.encode())
     return record.id, plaintext
 
 
