@@ -9,7 +9,7 @@ import random
 import pytest
 
 from agent.maglev import build_maglev_indices
-from common.maglev_quota import DEFAULT_SIZE, MAX_WEIGHT
+from common.maglev_quota import DEFAULT_SIZE, MAX_WEIGHT, slot_quotas
 from controlplane.rollouts.split import apportion, split
 from controlplane.rollouts.weights import apply_rollout
 from controlplane.routing.strategies import RoutingEntry, RoutingPlan
@@ -61,7 +61,13 @@ def test_ends_of_the_range():
 
 def test_a_share_no_weights_can_express_reports_its_error():
     s = split({"a:1": 1}, {"b:1": 1}, 33)  # 33:67 needs a weight above 32 with one replica a side
-    assert 1 < s.slot_error < 0.01 * DEFAULT_SIZE  # the nearest expressible share, and it says so
+    # the nearest share any pair of weights 1-32 can give, found by trying every pair
+    target = 0.33 * DEFAULT_SIZE
+    best = min(abs(slot_quotas({"a:1": a, "b:1": b}, DEFAULT_SIZE)["a:1"] - target)
+               for a in range(1, MAX_WEIGHT + 1) for b in range(1, MAX_WEIGHT + 1))
+    assert best > 1  # no pair lands within one slot: the case really is inexpressible
+    assert s.slot_error == pytest.approx(best)  # split found that nearest share, and says how far
+    assert s.new_slots == slot_quotas(s.weights, DEFAULT_SIZE)["a:1"]
 
 
 @pytest.mark.parametrize("total,base", [(3, {"a": 1, "b": 1, "c": 1}), (64, {"a": 1, "b": 31}),
