@@ -10,6 +10,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from common import envvars
+
 SCOPES = ("GLOBAL", "TENANT", "PROJECT", "MODEL", "USER", "GATEWAY")
 
 
@@ -60,16 +62,10 @@ class GatewaySettings:
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
     """A non-negative int (or float, with cast=float) from env; unset or 0 means the default."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
     try:
-        v = cast(raw)
-    except ValueError:
-        what = "an integer" if cast is int else "a number"
-        raise SettingsError(f"{name}={raw!r} is not {what}") from None
-    if v < 0:
-        raise SettingsError(f"{name} must not be negative")
+        v = envvars.number(env, name, None, cast)
+    except envvars.EnvError as exc:
+        raise SettingsError(str(exc)) from None
     return v or default
 
 
