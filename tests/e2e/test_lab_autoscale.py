@@ -13,10 +13,11 @@ import pytest
 from controlplane.lab.cluster import LAB_MODEL_SOURCE
 from tests.e2e.lab_harness import running_lab
 from tests.e2e.test_lab_rollout import connect, table
-from tests.e2e.test_lab_story import Story, _why_not
+from tests.e2e.test_lab_story import Story
+from tests.support.lab_lock import lab_unavailable
 from tests.support.polling import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")]
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(lab_unavailable() is not None, reason=lab_unavailable() or "")]
 
 DEP, PROFILE, EP = "auto-llm", "auto-h100", "auto-llm-openai"
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import shutil
 import ssl
 import subprocess
 
@@ -20,25 +18,14 @@ import pytest
 from controlplane.lab.cluster import LAB_MODEL_SOURCE, NODE_ID, LabConfig, down, status
 from controlplane.lab.processes import running
 from tests.e2e.lab_harness import running_lab
+from tests.support.lab_lock import lab_unavailable
 from tests.support.polling import wait_for as poll
 
 MODEL, PROFILE = "story-llm", "story-h100"
 ENDPOINT = f"{MODEL}-openai"
 
 
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "the lab needs root (network namespaces, XDP)"
-    if shutil.which("ip") is None or shutil.which("curl") is None:
-        return "iproute2 and curl are needed"
-    try:
-        import bcc  # noqa: F401
-    except ImportError:
-        return "BCC (python3-bpfcc) is not importable"
-    return None
-
-
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")]
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(lab_unavailable() is not None, reason=lab_unavailable() or "")]
 
 
 def wait_for(what: str, check, timeout: float = 90.0, every: float = 0.25):
