@@ -12,15 +12,19 @@ touches the host's own interfaces.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.dataplane.netns import run_in_netns
+from tests.support.bpf import new_pin_dir
 
 VIP = "10.9.0.100"
 NODE_IP = "10.2.0.1"
@@ -248,3 +252,21 @@ class AgentProcess:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+
+@contextmanager
+def agent_lab() -> Iterator[NsLab]:
+    """An NsLab with a real fabric-agent serving its node namespace (pins in a fresh directory),
+    all removed on exit."""
+    lab = NsLab()
+    pin_dir = new_pin_dir()
+    agent = AgentProcess(pin_dir, lab.node, ["ni", "nr"])
+    try:
+        lab.build()
+        agent.start()
+        lab.agent = agent
+        yield lab
+    finally:
+        agent.kill()
+        lab.close()
+        shutil.rmtree(pin_dir, ignore_errors=True)

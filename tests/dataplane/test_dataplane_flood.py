@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dataplane_nslab import ROUTED_BACKEND, VIP, AgentProcess, NsLab, http_get, read_response
+from dataplane_nslab import ROUTED_BACKEND, VIP, NsLab, agent_lab, http_get, read_response
 
 from agent.dataplane.netns import run_in_netns
-from tests.support.bpf import new_pin_dir
 
 WEIGHTS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 2, "10.1.0.13:8080": 4}
 NAMES = {"b1", "b2", "b3"}
@@ -37,18 +36,8 @@ PAUSE_SECS = 3
 def lab(require_bpf):
     if shutil.which("ip") is None:
         pytest.skip("needs iproute2's ip")
-    lab = NsLab()
-    pin_dir = new_pin_dir()
-    agent = AgentProcess(pin_dir, lab.node, ["ni", "nr"])
-    try:
-        lab.build()
-        agent.start()
-        lab.agent = agent
+    with agent_lab() as lab:
         yield lab
-    finally:
-        agent.kill()
-        lab.close()
-        shutil.rmtree(pin_dir, ignore_errors=True)
 
 
 def _csum(data: bytes) -> int:

@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dataplane_nslab import ROUTED_BACKEND, AgentProcess, NsLab, http_get
-
-from tests.support.bpf import new_pin_dir
+from dataplane_nslab import ROUTED_BACKEND, agent_lab, http_get
 
 NAMES = {"10.1.0.11:8080": "b1", "10.1.0.12:8080": "b2", "10.1.0.13:8080": "b3", ROUTED_BACKEND: "r"}
 WEIGHTS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 2, "10.1.0.13:8080": 4}
@@ -24,18 +22,8 @@ WEIGHTS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 2, "10.1.0.13:8080": 4}
 def lab(require_bpf):
     if shutil.which("ip") is None:
         pytest.skip("needs iproute2's ip")
-    lab = NsLab()
-    pin_dir = new_pin_dir()
-    agent = AgentProcess(pin_dir, lab.node, ["ni", "nr"])
-    try:
-        lab.build()
-        agent.start()
-        lab.agent = agent
+    with agent_lab() as lab:
         yield lab
-    finally:
-        agent.kill()
-        lab.close()
-        shutil.rmtree(pin_dir, ignore_errors=True)
 
 
 def _shares(names: list[str]) -> dict[str, float]:
