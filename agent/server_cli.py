@@ -239,7 +239,8 @@ def serve(
     golden_image: Annotated[Path | None, typer.Option(
         "--golden-image", help="baked qcow2 (scripts/bake-ai-vllm-image.sh); never written")] = None,
     bridge: str = typer.Option("fabric0", "--bridge", help="bridge the guests' taps join"),
-    site: str = typer.Option("default", "--site"),
+    site: str = typer.Option("", "--site", envvar="FABRIC_SITE",
+                             help="the site this node is in (docs/sites.md); unset: no site"),
     failure_domain: str = typer.Option("default", "--failure-domain"),
     taint: Annotated[list[str] | None,
                      typer.Option("--taint", help="repeatable; a tainted node takes no replicas")] = None,

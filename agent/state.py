@@ -56,7 +56,7 @@ class AgentState:
     binder: GpuBinder | None = None  # None: this driver never binds GPUs (dry-run, lab)
     dataplane: DataplaneLike | None = None  # None: --no-dataplane or BPF unavailable
     dataplane_message: str = ""
-    site: str = "default"
+    site: str = ""  # FABRIC_SITE; '' is no site
     failure_domain: str = "default"
     taints: list[str] = field(default_factory=list)
     models_dir: Path | None = None  # cached models are the directories under it

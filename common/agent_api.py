@@ -213,7 +213,7 @@ class NodeReport(WireModel):
 
     id: str
     address: str = Field(..., description="agent base URL, https://HOST:PORT")
-    site: str = "default"
+    site: str = ""  # FABRIC_SITE; '' is no site
     failure_domain: str = "default"
     taints: list[str] = Field(default_factory=list)
     gpus: list[GpuInfo] = Field(default_factory=list)

@@ -300,6 +300,10 @@ class InferenceDeployment(Template, Resource):
     revision: int = 1
     preferred_site: str | None = None
     allowed_sites: list[str] = Field(default_factory=list)
+    residency: str | None = Field(None, description="copied from the model at create; replicas only on sites "
+                                  "of this residency")
+    minimum_sites: int = Field(0, ge=0, le=64, description="spread the first replicas over at least this many sites")
+    max_replicas_per_site: int | None = Field(None, ge=1, le=64, description="at most this many replicas on one site")
     autoscaling: AutoscalingSpec | None = None
     status: DeploymentStatus = Field(default_factory=DeploymentStatus)
 
@@ -371,7 +375,7 @@ class GpuInfo(BaseModel):
 class Node(Spec):
     id: str
     address: str = Field(..., description="agent base URL, https://HOST:PORT")
-    site: str = "default"
+    site: str = Field("", description="the agent's FABRIC_SITE; '' is no site (excluded where sites are restricted)")
     failure_domain: str = "default"
     taints: list[str] = Field(default_factory=list)
     gpus: list[GpuInfo] = Field(default_factory=list)
@@ -389,10 +393,52 @@ class Node(Spec):
     def _id(cls, v: str) -> str:
         return check_name(v, "node id")
 
+    @field_validator("site")
+    @classmethod
+    def _site(cls, v: str) -> str:
+        return v if v == "" else check_name(v, "site")
+
 
 class Site(Resource):
+    """A place replicas run (nodes report it: FABRIC_SITE on the agent). docs/sites.md."""
+
     region: str = ""
     description: str = ""
+    residency: str | None = Field(None, description="the data-residency zone this site is in (e.g. india); "
+                                  "models, deployments and endpoints with that residency may use it")
+    cost_tier: float = Field(1.0, ge=0, le=1000, description="relative cost; lower is cheaper (cost_optimized)")
+    failover_sites: list[str] = Field(default_factory=list, description="where site_local spills when this "
+                                      "site is the preferred one and it is saturated")
+    peer_url: str | None = Field(None, description="that site's fabricd, https://HOST:PORT (model replicate)")
+    fail_closed_unix: float | None = Field(None, ge=0, description="a disconnected site may serve its last "
+                                           "snapshot until this Unix time (recorded; see docs/sites.md)")
+
+    @field_validator("residency")
+    @classmethod
+    def _residency(cls, v: str | None) -> str | None:
+        return None if v is None else check_name(v, "residency")
+
+    @field_validator("failover_sites")
+    @classmethod
+    def _failover(cls, v: list[str]) -> list[str]:
+        if len(v) > 16:
+            raise ValueError(f"failover_sites has {len(v)} entries; at most 16")
+        return [check_name(s, "failover site") for s in v]
+
+    @field_validator("peer_url")
+    @classmethod
+    def _peer(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.match(r"^https?://[A-Za-z0-9.\-\[\]:]+(:[0-9]{1,5})?/?$", v) or len(v) > 256:
+            raise ValueError(f"peer_url {v[:80]!r}: expected http(s)://HOST[:PORT] with no path")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _not_self(self) -> Site:
+        if self.name in self.failover_sites:
+            raise ValueError(f"failover_sites: site {self.name} cannot fail over to itself")
+        return self
 
 
 ReplicaPhase = Literal["Pending", "Starting", "Ready", "Unhealthy", "Draining", "Deleting", "Failed"]

@@ -30,6 +30,7 @@ from common.schemas import (
     Node,
     Replica,
     ReplicaObservation,
+    Site,
 )
 from common.store.base import KV, Store
 from controlplane.mig.catalog import MigSlice
@@ -70,6 +71,7 @@ class Snapshot:
     reservations: list[Reservation] = field(default_factory=list)
     revisions: dict[str, dict[int, Revision]] = field(default_factory=dict)  # by deployment, number
     rollouts: dict[str, Rollout] = field(default_factory=dict)  # the active one per deployment
+    sites: dict[str, Site] = field(default_factory=dict)  # site records by name (residency, failover, cost)
 
     def template(self, dep: InferenceDeployment, revision: int):
         """(profile, model, engine_args) replicas of ``revision`` run: the deployment's own for its
@@ -174,6 +176,7 @@ def load_snapshot(store: Store) -> Snapshot:
             snap.deployments[dep.name] = dep
             snap.deployment_revisions[dep.name] = kv.mod_revision
     snap.endpoints = _named(store, keyspace.endpoints(), InferenceEndpoint)
+    snap.sites = _named(store, keyspace.sites(), Site)
     for kv in store.list(keyspace.replicas()):
         rep = _parse(kv, Replica)
         if rep is not None:
@@ -221,6 +224,7 @@ def load_routing_snapshot(store: Store, cache: ParseCache | None = None) -> Snap
 
     snap.nodes = {n.id: n for n in parse(keyspace.nodes(), Node)}
     snap.endpoints = {e.name: e for e in parse(keyspace.endpoints(), InferenceEndpoint)}
+    snap.sites = {s.name: s for s in parse(keyspace.sites(), Site)}
     for rep in parse(keyspace.replicas(), Replica):
         snap.replicas.setdefault(rep.deployment, []).append(rep)
     snap.observations = {o.replica_id: o for o in parse(keyspace.observations(), ReplicaObservation)}

@@ -3,7 +3,12 @@
 Filters, in order (the first that fails is the node's rejection reason):
   online      heartbeat younger than ``offline_after_s`` (60 s)
   taints      a tainted node takes nothing
-  site        deployment.allowed_sites and the model's residency (a site name)
+  site        deployment.allowed_sites, the deployment's residency (copied from the model at
+              create) and the model's residency (common.sites.site_problem: a node with no site
+              is excluded when any is set; a site is in residency R when its record says R or
+              it is named R); then ``max_replicas_per_site`` (the site already holds that many
+              of the deployment's replicas) and ``minimum_sites`` (while the deployment's
+              replicas span fewer sites than that, a site already used takes no more)
   gpus        ``gpu.count`` free GPUs on this one node, each with at least the profile's VRAM,
               the GPU model filter, under FABRIC_MAX_GPU_TEMP_C and, with FABRIC_REJECT_ECC=1,
               without uncorrected ECC errors or a pending/failed row remap; MIG-mode and lost
@@ -34,7 +39,8 @@ import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from common.schemas import GpuInfo, InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica
+from common.schemas import GpuInfo, InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica, Site
+from common.sites import site_problem
 
 SCORE_CACHED = 100
 SCORE_PREFERRED_SITE = 50
@@ -220,11 +226,22 @@ def hgx_shape_problem(node: Node, need: int) -> str | None:
             f"(full passthrough with the NVSwitches), not {need}; shared-NVSwitch partitions are not supported")
 
 
-def _site_problem(node: Node, deployment: InferenceDeployment, model: ModelArtifact) -> str | None:
-    if deployment.allowed_sites and node.site not in deployment.allowed_sites:
-        return f"site {node.site!r} is not in allowed sites {', '.join(deployment.allowed_sites)}"
-    if model.residency and node.site != model.residency:
-        return f"site {node.site!r} is outside the model's residency {model.residency!r}"
+def _site_problem(node: Node, deployment: InferenceDeployment, model: ModelArtifact, replicas: Sequence[Replica],
+                  site_of: Mapping[str, str], sites: Mapping[str, Site]) -> str | None:
+    for residency, whose in ((deployment.residency, "deployment"), (model.residency, "model")):
+        problem = site_problem(node.site, deployment.allowed_sites, residency, sites)
+        if problem:
+            return problem + (f" (the {whose}'s)" if residency and "residency" in problem else "")
+    held: dict[str, int] = {}
+    for r in replicas:
+        held[site_of.get(r.node, "")] = held.get(site_of.get(r.node, ""), 0) + 1
+    cap = deployment.max_replicas_per_site
+    if cap is not None and held.get(node.site, 0) >= cap:
+        return f"site {node.site!r} already holds {held[node.site]} replica(s): max_replicas_per_site is {cap}"
+    used = {s for s, n in held.items() if n}
+    if deployment.minimum_sites and len(used) < deployment.minimum_sites and node.site in used:
+        return (f"site {node.site!r} already holds a replica and minimum_sites {deployment.minimum_sites} wants "
+                f"another site first ({len(used)} used so far)")
     return None
 
 
@@ -248,14 +265,16 @@ def judge_node(
     now: float,
     settings: SchedulerSettings,
     committed: Committed = NOTHING_COMMITTED,
+    sites: Mapping[str, Site] | None = None,
+    site_of: Mapping[str, str] | None = None,
 ) -> NodeVerdict:
     if not node_online(node, now, settings):
         return NodeVerdict(node.id, False, f"offline: last heartbeat {now - node.last_heartbeat:.0f}s ago")
     if node.taints:
         return NodeVerdict(node.id, False, f"tainted: {', '.join(node.taints)}")
-    site_problem = _site_problem(node, deployment, model)
-    if site_problem:
-        return NodeVerdict(node.id, False, site_problem)
+    where = _site_problem(node, deployment, model, replicas, site_of or {}, sites or {})
+    if where:
+        return NodeVerdict(node.id, False, where)
     usable, why = free_gpus(node, profile, reserved, settings)
     need = profile.gpu.count
     shape = hgx_shape_problem(node, need)
@@ -313,15 +332,18 @@ def place(
     replicas: Sequence[Replica] = (),
     exclude: Collection[str] = (),
     committed: Mapping[str, Committed] | None = None,
+    sites: Mapping[str, Site] | None = None,
 ) -> PlacementPlan:
     """Choose a node and GPUs for one new replica of ``deployment``.
 
     ``reservations`` maps node id -> PCI addresses already reserved; ``replicas`` are the
     deployment's live replicas (for spread); ``exclude`` names nodes not to use (replacing a
     replica away from its node); ``committed`` maps node id -> the CPU and memory the replicas
-    already there hold (``committed_resources``), subtracted from what the node offers."""
+    already there hold (``committed_resources``), subtracted from what the node offers; ``sites``
+    maps site name -> its record (residency)."""
     committed = committed or {}
     domains = {n.id: n.failure_domain for n in nodes}
+    site_of = {n.id: n.site for n in nodes}
     verdicts: list[NodeVerdict] = []
     for node in sorted(nodes, key=lambda n: n.id):
         if node.id in exclude:
@@ -329,7 +351,7 @@ def place(
             continue
         verdicts.append(
             judge_node(node, deployment, profile, model, reservations.get(node.id, ()), replicas, domains, now,
-                       settings, committed.get(node.id, NOTHING_COMMITTED))
+                       settings, committed.get(node.id, NOTHING_COMMITTED), sites, site_of)
         )
     fits = [v for v in verdicts if v.eligible]
     if not fits:

@@ -15,8 +15,11 @@ same split as the Maglev table. A replica at weight 0 (the new set before its fi
 switch, or during a rollback) is never first, only a last retry.
 
 A replica is a target only when ready, not draining, with an address, and -- when the endpoint
-sets ``allowed_sites`` or ``residency`` -- on a node whose site is allowed (the same rule as the
-routing controller's; a replica whose node or site is unknown is left out then).
+sets ``allowed_sites`` or ``residency`` -- on a node whose site is allowed (common.sites, the
+routing controller's rule; a replica whose node or site is unknown is left out then). A
+``site_local`` endpoint with a preferred site keeps only the sites common.sites.spill says serve
+now, judged on the scraped queue depths (the preferred site, plus its failover sites once every
+preferred replica has SATURATED_QUEUE waiting).
 
 Shedding refuses a call when ANY ready replica's queue is over the priority-scaled
 FABRIC_SHED_QUEUE, counting only readings younger than MAX_READING_AGE (a stale or failed scrape
@@ -29,12 +32,14 @@ import asyncio
 import hashlib
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common import keyspace
 from common.errors import LimitExceeded, NotFound, TransientError
 from common.rollouts import Rollout
-from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
+from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation, Site
+from common.sites import saturated, site_problem, spill
 from common.store.base import Store
 
 PRIORITY_FACTOR = {"low": 0.5, "normal": 1.0, "high": 2.0}
@@ -50,19 +55,33 @@ class EndpointView:
     weights: dict[str, float] = field(default_factory=dict)  # replica id -> rollout weight; empty: all equal
 
 
-def site_allowed(endpoint: InferenceEndpoint, site: str | None) -> bool:
-    if endpoint.allowed_sites and site not in endpoint.allowed_sites:
-        return False
-    return not (endpoint.residency and site != endpoint.residency)
-
-
 def eligible(replicas: list[Replica], endpoint: InferenceEndpoint | None = None,
-             sites: dict[str, str] | None = None) -> tuple[Replica, ...]:
-    """Pure: the replicas calls may go to; sites maps node id -> site."""
-    restricted = endpoint is not None and (endpoint.allowed_sites or endpoint.residency)
-    return tuple(sorted((r for r in replicas if r.ready and not r.draining and r.host
-                         and (not restricted or site_allowed(endpoint, (sites or {}).get(r.node)))),
-                        key=lambda r: r.replica_id))
+             sites: dict[str, str] | None = None, site_records: Mapping[str, Site] | None = None,
+             depths: Mapping[str, tuple[float, float]] | None = None, now: float | None = None) -> tuple[Replica, ...]:
+    """Pure: the replicas calls may go to. ``sites`` maps node id -> site, ``site_records`` site
+    name -> record; ``depths`` (replica id -> (queue, scraped_at)) decide site_local's spill.
+    The same rules as the routing planner's (common.sites)."""
+    sites, records = sites or {}, site_records or {}
+    out = [r for r in replicas if r.ready and not r.draining and r.host]
+    if endpoint is not None:
+        out = [r for r in out
+               if site_problem(sites.get(r.node), endpoint.allowed_sites, endpoint.residency, records) is None]
+        if endpoint.routing == "site_local" and endpoint.preferred_site:
+            out = _local(out, endpoint, sites, records, depths or {}, time.time() if now is None else now)
+    return tuple(sorted(out, key=lambda r: r.replica_id))
+
+
+def _local(replicas: list[Replica], endpoint: InferenceEndpoint, sites: Mapping[str, str],
+           records: Mapping[str, Site], depths: Mapping[str, tuple[float, float]], now: float) -> list[Replica]:
+    full: dict[str, bool] = {}
+    for r in replicas:
+        site = sites.get(r.node)
+        reading = depths.get(r.replica_id)
+        queue = reading[0] if reading is not None and now - reading[1] < MAX_READING_AGE else 0.0
+        if site:
+            full[site] = full.get(site, True) and saturated(queue)
+    decision = spill(endpoint.preferred_site, records, [sites.get(r.node) for r in replicas], full)
+    return [r for r in replicas if decision.excludes(sites.get(r.node)) is None]
 
 
 def _score(session: str, replica_id: str) -> int:
@@ -142,19 +161,26 @@ def read_view(store: Store, name: str) -> EndpointView:
     endpoint = InferenceEndpoint.model_validate_json(kv.value)
     replicas = [Replica.model_validate_json(r.value) for r in store.list(keyspace.replicas(endpoint.deployment))]
     sites: dict[str, str] = {}
-    if endpoint.allowed_sites or endpoint.residency:
+    records: dict[str, Site] = {}
+    if endpoint.allowed_sites or endpoint.residency or endpoint.routing == "site_local":
         for node_id in {r.node for r in replicas}:
             kv = store.get(keyspace.nodes(node_id))
             if kv is not None:
                 sites[node_id] = Node.model_validate_json(kv.value).site
-    ready = eligible(replicas, endpoint, sites)
+        for kv in store.list(keyspace.sites()):
+            site = Site.model_validate_json(kv.value)
+            records[site.name] = site
     depths: dict[str, tuple[float, float]] = {}
-    for r in ready:
+    for r in replicas:
+        if not (r.ready and not r.draining and r.host):
+            continue
         ob = store.get(keyspace.observations(r.replica_id))
         if ob is not None:
             obs = ReplicaObservation.model_validate_json(ob.value)
             if obs.ok:
                 depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
+    ready = eligible(replicas, endpoint, sites, records, depths)
+    depths = {rid: d for rid, d in depths.items() if rid in {r.replica_id for r in ready}}
     return EndpointView(endpoint, ready, depths, rollout_weights(ready, _active_rollout(store, endpoint.deployment)))
 
 

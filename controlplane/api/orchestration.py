@@ -64,7 +64,7 @@ def explain_placement(deployment: str, state: StateDep) -> dict:
         return body
     live = [r for r in replicas if not r.draining and r.phase != "Deleting"]
     plan = place(dep, profile, model, list(snap.nodes.values()), snap.reserved_by_node(), time.time(),
-                 SchedulerSettings.from_env(), replicas=live, committed=snap.committed())
+                 SchedulerSettings.from_env(), replicas=live, committed=snap.committed(), sites=snap.sites)
     body.update(
         node=plan.node, gpus=list(plan.gpus), message=plan.message,
         nodes=[{"node": v.node, "eligible": v.eligible, "chosen": v.node == plan.node, "score": v.score,
@@ -79,7 +79,8 @@ def explain_routing(endpoint: str, state: StateDep) -> dict:
     ep = snap.endpoints.get(endpoint)
     if ep is None:
         raise NotFound(f"endpoint {endpoint!r} not found")
-    plan = plan_routing(ep, snap.replicas.get(ep.deployment, []), snap.observations, snap.nodes, time.time())
+    plan = plan_routing(ep, snap.replicas.get(ep.deployment, []), snap.observations, snap.nodes, time.time(),
+                        sites=snap.sites)
     return {
         "endpoint": endpoint, "deployment": ep.deployment, "strategy": plan.strategy, "vip": ep.status.vip,
         "port": ep.port,

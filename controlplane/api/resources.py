@@ -203,6 +203,7 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: AdminDep)
     ) if state.store.get(key) is None]
     if missing:
         raise InvalidInput("; ".join(missing), code="missing_reference")
+    body = _with_model_residency(state.store, body)
     dep = _fresh(body, DeploymentStatus(phase="Pending", message="waiting for placement"))
     dep = dep.model_copy(update={"revision": 1})
     message = f"deployment {dep.name}: model {dep.model}, profile {dep.profile}, {dep.replicas} replicas"
@@ -217,6 +218,16 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: AdminDep)
     records.write_revision(state.store, dep.name, records.template_of(dep), who=who, reason="created",
                            now=dep.created_at)
     return created
+
+
+def _with_model_residency(store: Store, body: InferenceDeployment) -> InferenceDeployment:
+    """The model's residency is copied onto the deployment (docs/sites.md); a different one is 422."""
+    kv = store.get(keyspace.models(body.model))
+    residency = json.loads(kv.value).get("residency") if kv is not None else None
+    if residency and body.residency and body.residency != residency:
+        raise InvalidInput(f"residency {body.residency!r} differs from model {body.model}'s residency {residency!r}",
+                           code="residency_conflict")
+    return body.model_copy(update={"residency": body.residency or residency})
 
 
 @router.get("/deployments/{name}")

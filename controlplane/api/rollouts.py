@@ -205,7 +205,7 @@ def explain_rollout(deployment: str, state: StateDep, _: AdminDep) -> dict:
                         "mean_ttft_ms": window.mean_ttft_ms, "min_requests": rec.thresholds.min_requests})
     endpoints = []
     for ep in sorted((e for e in snap.endpoints.values() if e.deployment == deployment), key=lambda e: e.name):
-        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now)
+        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now, sites=snap.sites)
         plan, split = apply_rollout(plan, replicas, rec, now)
         endpoints.append({"endpoint": ep.name, "share_percent": rec.share,
                           "table_share": None if split is None else split.table_share,

@@ -80,6 +80,7 @@ def build_app() -> typer.Typer:
         resources,
         rollouts,
         scaling,
+        sites,
     )
     from controlplane.fabricctl.formats import AliasGroup
 
@@ -109,6 +110,7 @@ def build_app() -> typer.Typer:
     ai.add_typer(resources.endpoint_app, name="endpoint")
     ai.command("events")(resources.events)
     ai.add_typer(scaling.quota_app, name="quota")
+    ai.add_typer(sites.site_app, name="site")
     ai.add_typer(keys.key_app, name="key")
     ai.add_typer(aliases.alias_app, name="alias")
     have = {c.name for c in nodes.node_app.registered_commands}

@@ -160,7 +160,8 @@ class ReconcileWorker:
         plan = rp.plan(dep, snap.profiles.get(dep.profile), snap.models.get(dep.model), replicas,
                        list(node_of.values()), probes, self.clock(), reservations=snap.reserved_by_node(),
                        committed=snap.committed(), settings=self.settings, targets=targets, templates=templates,
-                       work=rp.replica_work(replicas, snap.observations, now), drained=drained)
+                       work=rp.replica_work(replicas, snap.observations, now), drained=drained,
+                       sites=snap.sites)
         by_id = {r.replica_id: r for r in replicas}
         for action in plan.actions:
             if isinstance(action, rp.UpdateHealth):

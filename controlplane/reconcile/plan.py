@@ -42,6 +42,7 @@ from common.schemas import (
     Node,
     Replica,
     ReplicaObservation,
+    Site,
 )
 from controlplane.routing.strategies import MAX_SCRAPE_AGE_S
 from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online, place
@@ -151,6 +152,7 @@ def plan(
     templates: Mapping[int, tuple[InferenceProfile | None, ModelArtifact | None]] | None = None,
     work: Mapping[str, float] | None = None,
     drained: Collection[str] = (),
+    sites: Mapping[str, Site] | None = None,
 ) -> ReconcilePlan:
     out = ReconcilePlan(deployment.name)
     total = len(replicas)
@@ -224,7 +226,7 @@ def plan(
         if r_profile is None or r_model is None:
             continue
         trial = place(deployment, r_profile, r_model, nodes, reservations, now, settings.scheduler,
-                      replicas=others, exclude={r.node}, committed=committed)
+                      replicas=others, exclude={r.node}, committed=committed, sites=sites)
         if trial.node is None:
             notes.append(f"{r.replica_id} is on offline node {r.node} and kept: no other node can take it")
             continue
@@ -273,7 +275,7 @@ def plan(
             continue
         for ordinal in first_unused_ordinals(used, missing):
             trial = place(deployment, r_profile, r_model, nodes, reservations, now, settings.scheduler,
-                          replicas=placed, committed=committed)
+                          replicas=placed, committed=committed, sites=sites)
             if trial.node is None:
                 pending_message = trial.message
                 break

@@ -206,7 +206,7 @@ class RoutingWorker:
 
     def plan(self, snap: Snapshot, ep: InferenceEndpoint) -> RoutingPlan:
         replicas, now = snap.replicas.get(ep.deployment, []), self.clock()
-        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now)
+        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now, sites=snap.sites)
         if self.rollouts is not None:
             plan, _ = apply_rollout(plan, replicas, self.rollouts.active.get(ep.deployment), now)
         return plan

@@ -3,7 +3,11 @@
 Eligible means Ready, not draining, and scraped successfully within ``max_age_s`` (30 s); a
 failed or stale scrape excludes the replica rather than reading its zeros as idle. When the
 endpoint sets ``allowed_sites`` or ``residency`` a replica outside them (or with no site) is
-excluded for every strategy.
+excluded for every strategy (common.sites.site_problem, the gateway's rule too). ``site_local``
+with a ``preferred_site`` then keeps only the sites common.sites.spill says serve now: the
+preferred site while it has room, plus its failover sites once it is saturated.
+``cost_optimized`` reads each replica's site's ``cost_tier`` (lower is cheaper; a site without a
+record is tier 1).
 
 Each strategy maps a candidate to a score in [0, 1] (1 is best), and the weight is
 ``1 + round(31 * score)``. Relative strategies (TTFT, throughput, cost, energy) compare each
@@ -22,7 +26,8 @@ import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
+from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation, Site
+from common.sites import saturated, site_problem, spill
 
 MAX_WEIGHT = 32
 MIN_WEIGHT = 1
@@ -117,8 +122,8 @@ def s_weighted_capacity(cands, endpoint):
 
 
 def s_site_local(cands, endpoint):
-    """Preferred-site replicas get the upper band (8-32 by capacity), others 1-8, so traffic
-    spills to other sites only as the preferred one fills up."""
+    """Preferred-site replicas get the upper band (8-32 by capacity), the others left serving
+    (failover sites, once the preferred one is saturated) 1-8."""
     out = []
     for c in cands:
         cap = (_queue(c) + _free_kv(c)) / 2
@@ -181,16 +186,15 @@ def is_ipv4(host: str | None) -> bool:
 
 def exclusion(
     replica: Replica, obs: ReplicaObservation | None, site: str | None, endpoint: InferenceEndpoint,
-    now: float, max_age_s: float = MAX_SCRAPE_AGE_S,
+    now: float, max_age_s: float = MAX_SCRAPE_AGE_S, sites: Mapping[str, Site] | None = None,
 ) -> str | None:
     if not replica.ready:
         return f"not ready ({replica.phase})"
     if replica.draining:
         return "draining"
-    if endpoint.allowed_sites and site not in endpoint.allowed_sites:
-        return f"site {site!r} is not in allowed sites"
-    if endpoint.residency and site != endpoint.residency:
-        return f"site {site!r} is outside residency {endpoint.residency!r}"
+    where = site_problem(site, endpoint.allowed_sites, endpoint.residency, sites or {})
+    if where:
+        return where
     if obs is None:
         return "never scraped"
     if not obs.ok:
@@ -238,6 +242,25 @@ def _signal(strategy: str, obs: ReplicaObservation | None) -> str:
     return f" from {label} {value:.3g}" if value is not None else ""
 
 
+def _local_sites(cands: list[Candidate], endpoint: InferenceEndpoint, sites: Mapping[str, Site],
+                 excluded: list[RoutingEntry], by_id: Mapping[str, Replica]) -> list[Candidate]:
+    """site_local: the candidates on sites that serve now; the others join ``excluded``."""
+    full: dict[str, bool] = {}
+    for c in cands:
+        if c.site:
+            full[c.site] = full.get(c.site, True) and saturated(c.obs.queue_depth, c.obs.kv_cache_usage)
+    decision = spill(endpoint.preferred_site, sites, [c.site for c in cands], full)
+    kept = []
+    for c in cands:
+        why = decision.excludes(c.site)
+        if why is None:
+            kept.append(c)
+            continue
+        r = by_id[c.replica_id]
+        excluded.append(RoutingEntry(c.replica_id, False, why, 0, r.host, r.port, False, _metrics(c.obs)))
+    return kept
+
+
 def plan_routing(
     endpoint: InferenceEndpoint,
     replicas: Sequence[Replica],
@@ -245,13 +268,13 @@ def plan_routing(
     nodes: Mapping[str, Node],
     now: float,
     *,
-    cost_tiers: Mapping[str, float] | None = None,
+    sites: Mapping[str, Site] | None = None,
     max_age_s: float = MAX_SCRAPE_AGE_S,
 ) -> RoutingPlan:
     """Weights for one endpoint's replicas, with the reason for each inclusion or exclusion.
 
-    ``cost_tiers`` maps site name -> cost tier (lower is cheaper; unknown sites are tier 1)."""
-    cost_tiers = cost_tiers or {}
+    ``sites`` maps site name -> its record (residency, failover sites, cost tier)."""
+    sites = sites or {}
     excluded: list[RoutingEntry] = []
     cands: list[Candidate] = []
     by_id: dict[str, Replica] = {}
@@ -259,7 +282,7 @@ def plan_routing(
         node = nodes.get(r.node)
         site = node.site if node else None
         obs = observations.get(r.replica_id)
-        why = exclusion(r, obs, site, endpoint, now, max_age_s)
+        why = exclusion(r, obs, site, endpoint, now, max_age_s, sites)
         if why:
             excluded.append(RoutingEntry(r.replica_id, False, why, 0, r.host, r.port, False, _metrics(obs)))
             continue
@@ -267,8 +290,11 @@ def plan_routing(
         if node is not None:
             draws = [g.power_w for g in node.gpus if g.pci in r.gpus and g.power_w > 0]
             power = sum(draws) if draws and len(draws) == len(r.gpus) else None
-        cands.append(Candidate(r.replica_id, obs, site, cost_tiers.get(site or "", 1.0), power))
+        tier = sites[site].cost_tier if site and site in sites else 1.0
+        cands.append(Candidate(r.replica_id, obs, site, tier, power))
         by_id[r.replica_id] = r
+    if endpoint.routing == "site_local":
+        cands = _local_sites(cands, endpoint, sites, excluded, by_id)
     chosen = weights(endpoint.routing, cands, endpoint) if cands else {}
     included = []
     for c in cands:

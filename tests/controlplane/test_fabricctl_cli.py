@@ -167,3 +167,14 @@ def test_login_saves_to_the_context_and_warns_when_fabric_token_overrides(ctl_en
     assert ctl(env, "ai", "model", "list", "-o", "json").returncode == 0
     assert "Traceback" not in ctl(env, "config", "view").stderr
     assert "REDACTED" in ctl(env, "config", "view").stdout
+
+
+def test_site_add_list_show_delete(ctl_env):
+    out = ctl(ctl_env, "ai", "site", "add", "dublin", "--residency", "eu", "--cost-tier", "0.5",
+              "--failover", "cork", "--json").stdout
+    assert json.loads(out)["failover_sites"] == ["cork"]
+    table = ctl(ctl_env, "ai", "site", "list").stdout.splitlines()
+    assert table[0].split()[:3] == ["NAME", "RESIDENCY", "COST_TIER"] and table[1].split()[:3] == ["dublin", "eu", "0.5"]
+    assert "site dublin deleted" in ctl(ctl_env, "ai", "site", "delete", "dublin").stdout
+    gone = ctl(ctl_env, "ai", "site", "show", "dublin", ok=False)
+    assert gone.returncode != 0 and "not found" in gone.stderr

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from common.schemas import InferenceEndpoint, ReplicaObservation
+from common.schemas import InferenceEndpoint, ReplicaObservation, Site
 from controlplane.routing.metrics_parse import (
     MetricsParseError,
     failed_observation,
@@ -79,9 +79,9 @@ IDS = [r.replica_id for r in REPS]
 
 
 def weights_for(routing, obs, **kw):
-    cost = kw.pop("cost_tiers", None)
+    sites = kw.pop("sites", None)
     nodes = kw.pop("nodes", NODES)
-    plan = plan_routing(ep(routing, **kw), REPS, {o.replica_id: o for o in obs}, nodes, NOW, cost_tiers=cost)
+    plan = plan_routing(ep(routing, **kw), REPS, {o.replica_id: o for o in obs}, nodes, NOW, sites=sites)
     return [plan.weights.get(i) for i in IDS]
 
 
@@ -94,9 +94,13 @@ def weights_for(routing, obs, **kw):
         ("most_free_vram", [ob(IDS[0], kv=0.0), ob(IDS[1], kv=0.5), ob(IDS[2], kv=1.0)], {}, [32, 17, 1]),
         ("weighted_capacity", [ob(IDS[0]), ob(IDS[1], queue=1, kv=0.5), ob(IDS[2], queue=1, kv=1.0)], {},
          [32, 17, 9]),
+        # us has room (n2 idle): eu, not a failover site of us, takes nothing (common.sites.spill)
         ("site_local", [ob(IDS[0]), ob(IDS[1]), ob(IDS[2], kv=1.0, queue=3)], {"preferred_site": "us"},
-         [8, 32, 11]),
-        ("cost_optimized", [ob(i) for i in IDS], {"cost_tiers": {"eu": 1, "us": 4}}, [32, 9, 9]),
+         [None, 32, 11]),
+        ("site_local", [ob(IDS[0]), ob(IDS[1]), ob(IDS[2])], {}, [32, 32, 32]),  # no preferred site
+        ("cost_optimized", [ob(i) for i in IDS],
+         {"sites": {"eu": Site(name="eu", cost_tier=1), "us": Site(name="us", cost_tier=4)}}, [32, 9, 9]),
+        ("cost_optimized", [ob(i) for i in IDS], {}, [32, 32, 32]),  # no site records: all tier 1
         ("energy_optimized", [ob(IDS[0], kv=0.2), ob(IDS[1], kv=0.6), ob(IDS[2], kv=0.6)], {}, [26, 13, 13]),
         ("highest_throughput", [ob(IDS[0], tps=1000), ob(IDS[1], tps=500), ob(IDS[2])], {}, [32, 17, 1]),
         ("highest_throughput", [ob(i) for i in IDS], {}, [32, 32, 32]),
@@ -114,7 +118,8 @@ def test_every_strategy_is_covered_and_bounded():
     extreme = [ob(IDS[0], queue=1e9, kv=5, ttft=1e9, tps=0, fail=1), ob(IDS[1], queue=-1, kv=-1, ttft=1e-9, tps=1e9),
                ob(IDS[2])]
     for routing in STRATEGIES:
-        assert all(1 <= w <= 32 for w in weights_for(routing, extreme, preferred_site="us")), routing
+        got = [w for w in weights_for(routing, extreme, preferred_site="us") if w is not None]
+        assert got and all(1 <= w <= 32 for w in got), routing
     assert (to_weight(-3), to_weight(0.5), to_weight(7)) == (1, 17, 32)
 
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from common import audit_chain, keyspace
-from common.schemas import EndpointStatus, InferenceEndpoint, Node, Replica, ReplicaObservation
+from common.schemas import EndpointStatus, InferenceEndpoint, Node, Replica, ReplicaObservation, Site
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 
@@ -24,7 +24,13 @@ def env(tmp_path_factory):
     eu, us = sim_engine("--replica-id", "eu-rep"), sim_engine("--replica-id", "us-rep")
     publish_endpoint(store, "shed2", [eu, us])
     publish_endpoint(store, "batchy", [eu])
-    for name, extra in (("sited", {"allowed_sites": ["eu"]}), ("resident", {"residency": "eu"})):
+    # "zoned": residency through the site records (eu is in europe, us in usa); "local": site_local
+    # with eu preferred and room there (us is its failover site but takes nothing yet)
+    store.put(keyspace.sites("eu"), Site(name="eu", residency="europe", failover_sites=["us"]).model_dump_json())
+    store.put(keyspace.sites("us"), Site(name="us", residency="usa").model_dump_json())
+    for name, extra in (("sited", {"allowed_sites": ["eu"]}), ("resident", {"residency": "eu"}),
+                        ("zoned", {"residency": "europe"}),
+                        ("local", {"routing": "site_local", "preferred_site": "eu", "routing_l7": "round_robin"})):
         ep = InferenceEndpoint(name=name, deployment=f"{name}-dep", status=EndpointStatus(phase="Ready"), **extra)
         store.put(keyspace.endpoints(name), ep.model_dump_json())
         for i, (engine, node) in enumerate(((eu, "node-eu"), (us, "node-us"), (us, "node-gone"))):
@@ -65,7 +71,7 @@ def test_shed_when_any_replica_is_over_with_a_fresh_reading(env):
     assert post(env, "shed2", key, "s").status_code == 200
 
 
-@pytest.mark.parametrize("endpoint", ["sited", "resident"])
+@pytest.mark.parametrize("endpoint", ["sited", "resident", "zoned", "local"])
 def test_routing_stays_inside_allowed_sites_and_residency(env, endpoint):
     _, key = make_key(env["store"], endpoint)
     seen = set()

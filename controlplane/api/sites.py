@@ -1,0 +1,84 @@
+"""Sites (common.schemas.Site; docs/sites.md). Admin only.
+
+    GET    /api/ai/sites          every site record, with the nodes that report it
+    POST   /api/ai/sites          record a site (create, or replace the record of that name)
+    GET    /api/ai/sites/{id}     one site, with its nodes
+    DELETE /api/ai/sites/{id}     forget a site record
+
+A site exists for scheduling as soon as a node reports it (FABRIC_SITE on the agent); its record
+adds what a node cannot say: residency, cost tier, failover sites, peer_url, fail_closed_unix.
+Deleting the record leaves the nodes where they are (their site then has no residency, tier 1,
+no failover). A record naming an unrecorded failover site is accepted: sites may be recorded in
+any order.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Response
+
+from common import keyspace
+from common.errors import NotFound
+from common.schemas import Node, Site
+from controlplane.auth import require_admin
+from controlplane.events import record_event
+from controlplane.state import AppState, StateDep
+
+router = APIRouter(prefix="/api/ai", tags=["sites"], dependencies=[Depends(require_admin)])
+
+
+def _nodes_by_site(state: AppState) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for kv in state.store.list(keyspace.nodes()):
+        try:
+            node = Node.model_validate_json(kv.value)
+        except ValueError:
+            continue
+        out.setdefault(node.site, []).append(node.id)
+    return {site: sorted(ids) for site, ids in out.items()}
+
+
+def _view(site: Site, nodes: dict[str, list[str]]) -> dict:
+    return {**site.model_dump(mode="json"), "nodes": nodes.get(site.name, [])}
+
+
+def _event(state: AppState, name: str, action: str, message: str, tenant: str | None = None) -> None:
+    record_event(state.store, "site", name, action, message, tenant=tenant, keep=state.settings.events_kept,
+                 max_age_s=state.settings.events_max_age_s)
+
+
+@router.get("/sites")
+def list_sites(state: StateDep) -> list[dict]:
+    nodes = _nodes_by_site(state)
+    sites = [Site.model_validate_json(kv.value) for kv in state.store.list(keyspace.sites())]
+    return [_view(s, nodes) for s in sorted(sites, key=lambda s: s.name)]
+
+
+@router.post("/sites", status_code=201)
+def put_site(body: Site, state: StateDep, response: Response) -> dict:
+    site = body.model_copy(update={"created_at": time.time()})
+    existed = state.store.get(keyspace.sites(site.name)) is not None
+    state.store.put(keyspace.sites(site.name), site.model_dump_json())
+    if existed:
+        response.status_code = 200
+    detail = f"residency {site.residency or '-'}, cost tier {site.cost_tier:g}, failover " \
+             f"{', '.join(site.failover_sites) or '-'}"
+    _event(state, site.name, "updated" if existed else "created", f"site {site.name}: {detail}", site.tenant)
+    return _view(site, _nodes_by_site(state))
+
+
+@router.get("/sites/{name}")
+def get_site(name: str, state: StateDep) -> dict:
+    kv = state.store.get(keyspace.sites(name))
+    if kv is None:
+        raise NotFound(f"site {name!r} not found", code="site_not_found")
+    return _view(Site.model_validate_json(kv.value), _nodes_by_site(state))
+
+
+@router.delete("/sites/{name}")
+def delete_site(name: str, state: StateDep) -> dict:
+    if not state.store.delete(keyspace.sites(name)):
+        raise NotFound(f"site {name!r} not found", code="site_not_found")
+    _event(state, name, "deleted", f"site {name} deleted")
+    return {"kind": "site", "name": name, "deleted": True}
