@@ -10,7 +10,7 @@ run: setup
 
 test: setup
 	.venv/bin/lint-imports
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # The CLI walk-through against a GPU-less fabricd (FABRIC_DRY_RUN=1); also part of `make test`.
 smoke: setup
