@@ -141,3 +141,18 @@ def mig_slices(node_id: str = "", slice_id: str = "") -> str:
 def model_aliases(name: str = "") -> str:
     """A stable model name clients use, mapped to an endpoint (gateway root routing)."""
     return f"{ROOT}/model-aliases/{name}"
+
+
+def users(name: str = "") -> str:
+    """Local control-plane users (controlplane.tenancy.users): role, tenant, an Argon2 hash."""
+    return f"{ROOT}/users/{name}"
+
+
+def policies(tenant: str = "") -> str:
+    """Per-tenant deploy policies (controlplane.tenancy.policies)."""
+    return f"{ROOT}/policies/{tenant}"
+
+
+def key_policies(endpoint: str = "") -> str:
+    """Per-endpoint API key policies (controlplane.tenancy.key_policies)."""
+    return f"{ROOT}/key-policies/{endpoint}"

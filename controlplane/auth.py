@@ -13,6 +13,13 @@
   {state_dir}/viewer-password (0600); its tokens carry `"role": "viewer"`, and `require_admin`
   answers 403 "read_only" to any method other than GET/HEAD made with one. Delete the file to
   turn viewer logins off. Tokens without a role claim (issued before roles) are admin tokens.
+- Local users (controlplane.tenancy.users: `fabricctl ai user add NAME --role R --tenant T`) log
+  in the same way; their tokens also carry a `tenant` claim. OIDC logins (POST /api/auth/oidc,
+  controlplane.tenancy.oidc_login) exchange an identity provider's ID token for the same token.
+- `require_admin` (the name predates roles) is the route dependency that enforces THE table of
+  who may call what (controlplane.tenancy.route_rules): 401 without a valid token, 403 for a role
+  or a tenant-bound user the route's rule refuses, 404 for another tenant's object; the caller
+  is kept on request.state for the handler (`PrincipalDep`).
 
 Neither the password nor tokens ever reach a log line or an error message.
 """
@@ -24,9 +31,10 @@ import os
 import secrets
 import time
 from pathlib import Path
+from typing import Annotated
 
 import jwt
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict
 
 from common import keyspace
@@ -34,13 +42,14 @@ from common.errors import Forbidden, Unauthorized
 from common.private_fs import private_dir
 from common.store.base import Store
 from controlplane.state import StateDep
+from controlplane.tenancy import owners, route_rules, users
+from controlplane.tenancy.principal import ROLES, Principal
 
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_FILE = "admin-password"
 VIEWER_USER = "viewer"
 VIEWER_PASSWORD_FILE = "viewer-password"
 PASSWORD_FILES = {ADMIN_USER: ADMIN_PASSWORD_FILE, VIEWER_USER: VIEWER_PASSWORD_FILE}
-READ_METHODS = frozenset({"GET", "HEAD"})
 TOKEN_AUDIENCE = "fabric-admin"
 TOKEN_ISSUER = "fabricd"
 SECRET_KEY = keyspace.auth("token-secret")
@@ -89,11 +98,13 @@ def ensure_token_secret(store: Store) -> bytes:
 
 
 def issue_token(secret: bytes, subject: str, ttl_s: int, now: float | None = None,
-                role: str = ADMIN_USER) -> tuple[str, float]:
+                role: str = ADMIN_USER, tenant: str | None = None) -> tuple[str, float]:
     now = time.time() if now is None else now
     expires_at = float(int(now) + ttl_s)
     claims = {"sub": subject, "aud": TOKEN_AUDIENCE, "iss": TOKEN_ISSUER, "role": role,
               "iat": int(now), "exp": int(expires_at), "jti": secrets.token_hex(8)}
+    if tenant is not None:
+        claims["tenant"] = tenant
     return jwt.encode(claims, secret, algorithm="HS256"), expires_at
 
 
@@ -103,7 +114,13 @@ def verify_token(secret: bytes, token: str, now: float | None = None) -> str:
 
 
 def verify_claims(secret: bytes, token: str, now: float | None = None) -> tuple[str, str]:
-    """(subject, role) of a valid token; role is "admin" or "viewer"."""
+    """(subject, role) of a valid token; role is admin, operator or viewer."""
+    principal = verify_principal(secret, token, now)
+    return principal.subject, principal.role
+
+
+def verify_principal(secret: bytes, token: str, now: float | None = None) -> Principal:
+    """The caller a valid token names (subject, role, tenant); Unauthorized otherwise."""
     options = {"require": ["exp", "sub", "aud", "iss"]}
     try:
         if now is None:
@@ -119,13 +136,15 @@ def verify_claims(secret: bytes, token: str, now: float | None = None) -> tuple[
     except jwt.PyJWTError:
         raise Unauthorized("invalid token", code="invalid_token") from None
     role = str(claims.get("role", ADMIN_USER))
-    if role not in PASSWORD_FILES:
+    tenant = claims.get("tenant")
+    if role not in ROLES or not (tenant is None or isinstance(tenant, str)):
         raise Unauthorized("invalid token", code="invalid_token")
-    return str(claims["sub"]), role
+    return Principal(str(claims["sub"]), role, None if role == ADMIN_USER else tenant)
 
 
 def check_password(state_dir: Path, username: str, password: str) -> str:
-    """The role `username` signs in as (admin or viewer); Unauthorized for anything else."""
+    """The role `username` signs in as (admin or viewer, the file-backed logins); Unauthorized
+    for anything else."""
     user = username if username in PASSWORD_FILES else ADMIN_USER
     try:
         expected = read_password(state_dir, user)
@@ -148,23 +167,62 @@ def bearer_from(request: Request) -> str:
     return token.strip()
 
 
+def route_template(request: Request) -> str:
+    return getattr(request.scope.get("route"), "path", "")
+
+
 def require_admin(request: Request, state: StateDep) -> str:
-    """Route dependency: the authenticated operator's name, or 401; 403 for a viewer's write."""
+    """Route dependency enforcing the route's rule (controlplane.tenancy.route_rules): the
+    caller's name; 401 without a valid token, 403 when the rule refuses the caller, 404 when an
+    OWNED rule's object is not the caller's tenant's. A route with no rule is refused."""
+    rule = route_rules.rule_for(request.method, route_template(request))
+    if rule is None or rule.auth != route_rules.TOKEN_AUTH:
+        raise Forbidden("this route has no access rule for user tokens (controlplane.tenancy.route_rules)",
+                        code="no_rule")
     if state.token_secret is None:
         state.token_secret = ensure_token_secret(state.store)
-    subject, role = verify_claims(state.token_secret, bearer_from(request))
-    if role != ADMIN_USER and request.method not in READ_METHODS:
-        raise Forbidden(f"the {role} account is read-only; sign in as admin to change anything", code="read_only")
-    return subject
+    principal = verify_principal(state.token_secret, bearer_from(request))
+    refusal = route_rules.decide(rule, principal)
+    if refusal is not None:
+        raise Forbidden(refusal.message, code=refusal.code)
+    if rule.tenant == route_rules.OWNED:
+        owners.check_owned(state.store, principal, rule.kind, str(request.path_params.get(rule.param, "")),
+                           write=rule.writes)
+    request.state.principal = principal
+    return principal.subject
+
+
+def current_principal(request: Request, _: Annotated[str, Depends(require_admin)]) -> Principal:
+    """Route parameter: the caller require_admin admitted (its tenant scopes lists and creates)."""
+    return request.state.principal
+
+
+PrincipalDep = Annotated[Principal, Depends(current_principal)]
+
+
+def password_principal(state, username: str, password: str) -> Principal:
+    """Who a username and password sign in as: the file-backed admin or viewer, else a local
+    user (controlplane.tenancy.users); Unauthorized "bad_credentials" for anything else."""
+    if username in PASSWORD_FILES:
+        return Principal(username, check_password(state.state_dir, username, password))
+    principal = users.verify(state.store, username, password)
+    if principal is None:
+        raise Unauthorized("wrong username or password", code="bad_credentials")
+    return principal
+
+
+def token_for(state, principal: Principal) -> tuple[str, float]:
+    if state.token_secret is None:
+        state.token_secret = ensure_token_secret(state.store)
+    return issue_token(state.token_secret, principal.subject, state.settings.token_ttl_s,
+                       role=principal.role, tenant=principal.tenant)
 
 
 def login_token(state, username: str, password: str) -> tuple[str, float, str]:
     """(token, expires_at, role) for a correct login: shared by the API and the console."""
-    role = check_password(state.state_dir, username, password)
-    if state.token_secret is None:
-        state.token_secret = ensure_token_secret(state.store)
-    token, expires_at = issue_token(state.token_secret, username, state.settings.token_ttl_s, role=role)
-    return token, expires_at, role
+    principal = password_principal(state, username, password)
+    token, expires_at = token_for(state, principal)
+    return token, expires_at, principal.role
 
 
 class LoginRequest(BaseModel):
@@ -176,6 +234,8 @@ class LoginRequest(BaseModel):
 class LoginResponse(BaseModel):
     token: str
     expires_at: float
+    role: str = ADMIN_USER
+    tenant: str | None = None
 
 
 router = APIRouter(prefix="/api/auth", tags=["auth"])
@@ -183,5 +243,12 @@ router = APIRouter(prefix="/api/auth", tags=["auth"])
 
 @router.post("/login", response_model=LoginResponse)
 def login(body: LoginRequest, state: StateDep) -> LoginResponse:
-    token, expires_at, _ = login_token(state, body.username, body.password)
-    return LoginResponse(token=token, expires_at=expires_at)
+    principal = password_principal(state, body.username, body.password)
+    token, expires_at = token_for(state, principal)
+    return LoginResponse(token=token, expires_at=expires_at, role=principal.role, tenant=principal.tenant)
+
+
+@router.get("/whoami", dependencies=[Depends(require_admin)])
+def whoami(principal: PrincipalDep) -> dict:
+    """The caller this token names: subject, role and tenant (none: cluster-wide)."""
+    return {"subject": principal.subject, "role": principal.role, "tenant": principal.tenant}

@@ -110,10 +110,10 @@ def matches_object(event: EventRecord, obj: str) -> bool:
 
 def recent_events(
     store: Store, limit: int = 100, *, kind: str | None = None, name: str | None = None,
-    obj: str | None = None, since: float | None = None,
+    obj: str | None = None, since: float | None = None, tenant: str | None = None,
 ) -> list[EventRecord]:
     """The newest ``limit`` events matching the filters, oldest first (``since``: unix seconds,
-    events strictly after it)."""
+    events strictly after it; ``tenant``: only that tenant's events, for a tenant-bound caller)."""
     events = []
     for kv in store.list(keyspace.events()):
         if since is not None and _key_time(kv.key) <= since - 1e-6:
@@ -124,7 +124,8 @@ def recent_events(
             continue
     matching = [e for e in events
                 if (kind is None or e.kind == kind) and (name is None or e.name == name)
-                and (obj is None or matches_object(e, obj)) and (since is None or e.time > since)]
+                and (obj is None or matches_object(e, obj)) and (since is None or e.time > since)
+                and (tenant is None or e.tenant == tenant)]
     return matching[-limit:] if limit > 0 else []
 
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from common.errors import Conflict, InvalidInput, NotFound
 from common.store.base import Store
 from controlplane.api import documents as docs
-from controlplane.auth import require_admin
+from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.state import AppState, StateDep
 
@@ -134,7 +134,7 @@ def merge_update(state: AppState, kind: docs.Kind, name: str, changes: dict) -> 
 
 
 @router.post("/apply")
-def apply(body: ApplyRequest, state: StateDep, who: AdminDep) -> dict:
+def apply(body: ApplyRequest, state: StateDep, who: PrincipalDep) -> dict:
     sources = body.sources or []
     parsed: list[docs.Parsed] = []
     for i, doc in enumerate(body.documents):

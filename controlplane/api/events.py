@@ -30,7 +30,7 @@ from fastapi import APIRouter, Depends, Query
 from common import keyspace
 from common.errors import InvalidInput, NotFound
 from common.schemas import Replica
-from controlplane.auth import require_admin
+from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import EventRecord, recent_events, unknown_kind
 from controlplane.state import StateDep
 
@@ -64,6 +64,7 @@ MAX_WATCH_S = 60.0
 @router.get("/events", response_model=list[EventRecord])
 def list_events(
     state: StateDep,
+    who: PrincipalDep,
     limit: int = Query(100, ge=1, le=1000),
     kind: str | None = None,
     name: str | None = None,
@@ -75,7 +76,7 @@ def list_events(
         if why:
             raise InvalidInput(why, code="unknown_kind")
     return recent_events(state.store, limit, kind=kind, name=name, obj=object,
-                         since=parse_since(since, time.time()))
+                         since=parse_since(since, time.time()), tenant=who.tenant_filter)
 
 
 @router.get("/watch/{family}")

@@ -1,4 +1,4 @@
-"""Inference API keys, admin only.
+"""Inference API keys (who may call each route: controlplane.tenancy.route_rules).
 
     POST   /api/ai/keys                 create; the answer holds the plaintext key, shown this once
     GET    /api/ai/keys                 every key (never a digest)
@@ -16,6 +16,8 @@ endpoint's deployment serves (its model or its own name); any other scope could 
 request, so it is refused at create (422 naming `model`). requests_used counts every key's
 requests through the gateway, with or without a quota.
 
+A tenant-bound caller sees only its tenant's keys (a key's own tenant, else its endpoint's):
+others are absent (404), and a key it creates gets its tenant and must be on an endpoint of it.
 Digests use FABRIC_KEY_HMAC_SECRET(_FILE) (common.apikeys); fabricd and every gateway must
 share it. It is read on first use and kept on the app state, never in a module global.
 """
@@ -31,8 +33,10 @@ from pydantic import Field
 from common import apikeys, audit_chain, counters, keyspace
 from common.errors import Conflict, InvalidInput, NotFound, TransientError
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
-from controlplane.auth import require_admin
+from controlplane.auth import PrincipalDep, require_admin
 from controlplane.state import AppState, StateDep
+from controlplane.tenancy import owners
+from controlplane.tenancy.principal import Principal, claimed, visible
 
 MAX_TTL_SECS = 10 * 365 * 86400
 
@@ -81,13 +85,16 @@ def served_models(state: AppState, endpoint: dict) -> set[str]:
     return {str(dep.get("model", "")), str(dep.get("name", ""))} - {""}
 
 
-def resolve(state: AppState, ref: str) -> ApiKeyRecord:
-    """A key by id, else by name (unique per endpoint; the same name on two endpoints is ambiguous)."""
+def resolve(state: AppState, ref: str, who: Principal) -> ApiKeyRecord:
+    """A key by id, else by name (unique per endpoint; the same name on two endpoints is ambiguous),
+    among the keys `who` may see."""
     try:
-        return apikeys.get_key(state.store, ref)
+        record = apikeys.get_key(state.store, ref)
+        if visible(who, "key", owners.key_tenant(state.store, record)):
+            return record
     except NotFound:
         pass
-    named = [r for r in apikeys.list_keys(state.store) if r.name == ref]
+    named = [r for r in owners.keys_for(state.store, who) if r.name == ref]
     if not named:
         raise NotFound(f"no key with id or name {ref!r}")
     if len(named) > 1:
@@ -97,9 +104,10 @@ def resolve(state: AppState, ref: str) -> ApiKeyRecord:
 
 
 @router.post("/keys", status_code=201)
-def create_key(body: KeyCreate, request: Request, state: StateDep) -> dict:
+def create_key(body: KeyCreate, request: Request, state: StateDep, who: PrincipalDep) -> dict:
+    body = claimed(body, who)
     ep_kv = state.store.get(keyspace.endpoints(body.endpoint))
-    if ep_kv is None:
+    if ep_kv is None or not visible(who, "endpoint", json.loads(ep_kv.value).get("tenant")):
         raise NotFound(f"endpoint {body.endpoint!r} does not exist")
     if any(r.name == body.name and r.endpoint == body.endpoint for r in apikeys.list_keys(state.store)):
         # Fast path, and the guard for keys stored before the name index; the exact claim is
@@ -117,26 +125,27 @@ def create_key(body: KeyCreate, request: Request, state: StateDep) -> dict:
 
 
 @router.get("/keys")
-def list_keys(state: StateDep) -> list[dict]:
-    return [_usage(state, r) for r in apikeys.list_keys(state.store)]
+def list_keys(state: StateDep, who: PrincipalDep) -> list[dict]:
+    return [_usage(state, r) for r in owners.keys_for(state.store, who)]
 
 
 @router.get("/keys/{ref}")
-def get_key(ref: str, state: StateDep) -> dict:
-    return _usage(state, resolve(state, ref))
+def get_key(ref: str, state: StateDep, who: PrincipalDep) -> dict:
+    return _usage(state, resolve(state, ref, who))
 
 
 @router.delete("/keys/{ref}")
-def delete_key(ref: str, state: StateDep) -> dict:
-    record = resolve(state, ref)
+def delete_key(ref: str, state: StateDep, who: PrincipalDep) -> dict:
+    record = resolve(state, ref, who)
     apikeys.delete_key(state.store, record.id)
     return {"id": record.id, "name": record.name, "deleted": True}
 
 
 @router.post("/keys/{ref}/rotate")
-def rotate_key(ref: str, request: Request, state: StateDep, body: KeyRotate | None = None) -> dict:
+def rotate_key(ref: str, request: Request, state: StateDep, who: PrincipalDep,
+               body: KeyRotate | None = None) -> dict:
     overlap = (body or KeyRotate()).overlap_secs
-    record, plaintext = apikeys.rotate_key(state.store, resolve(state, ref).id, hmac_secret(request), overlap)
+    record, plaintext = apikeys.rotate_key(state.store, resolve(state, ref, who).id, hmac_secret(request), overlap)
     return {**_usage(state, record), "key": plaintext}
 
 

@@ -9,6 +9,7 @@ array, so a client that never pages reads the first page exactly as before.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Query, Response
@@ -25,10 +26,14 @@ ContinueQuery = Annotated[str | None, Query(alias="continue", max_length=512,
 
 
 def page(store: Store, prefix: str, response: Response, limit: int = DEFAULT_LIMIT,
-         after: str | None = None) -> list[dict]:
-    """One page of the JSON values under `prefix`, names after `after`; sets the continue header."""
-    kvs = [kv for kv in store.list(prefix) if after is None or kv.key[len(prefix):] > after]
-    if len(kvs) > limit:
-        kvs = kvs[:limit]
-        response.headers[CONTINUE_HEADER] = kvs[-1].key[len(prefix):]
-    return [json.loads(kv.value) for kv in kvs]
+         after: str | None = None, keep: Callable[[dict], bool] | None = None) -> list[dict]:
+    """One page of the JSON values under `prefix`, names after `after`; sets the continue header.
+    `keep` (a tenant's filter) drops records before the page is cut, so pages stay full."""
+    rows = [(kv.key[len(prefix):], json.loads(kv.value)) for kv in store.list(prefix)
+            if after is None or kv.key[len(prefix):] > after]
+    if keep is not None:
+        rows = [(name, value) for name, value in rows if keep(value)]
+    if len(rows) > limit:
+        rows = rows[:limit]
+        response.headers[CONTINUE_HEADER] = rows[-1][0]
+    return [value for _, value in rows]

@@ -21,6 +21,9 @@ Choices the issue leaves open (also in docs/api.md):
   - A new endpoint is stored with phase "Pending"; the orchestration controller assigns its VIP.
     Deleting an endpoint deletes the record; that controller releases the VIP it held.
 Every create, delete and scale is recorded with controlplane.events.record_event.
+Tenancy (controlplane.tenancy, rules in route_rules): a tenant-bound caller's lists hold only
+what it may see, its creates get its tenant (naming another is 403 "tenant_mismatch"), and a
+reference it may not see reads as missing (422 missing_reference, like a name that is absent).
 The four lists page (controlplane.api.paging): ?limit (default 500, at most 1000) and ?continue.
 """
 
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, Field
@@ -47,15 +49,15 @@ from common.schemas import (
 )
 from common.store.base import Store
 from controlplane.api.paging import DEFAULT_LIMIT, ContinueQuery, LimitQuery, page
-from controlplane.auth import require_admin
+from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.models.records import check_local_source, delete_jobs
 from controlplane.rollouts import records
 from controlplane.state import AppState, StateDep
-from controlplane.tenancy import admission, quotas
+from controlplane.tenancy import admission, owners, quotas
+from controlplane.tenancy.principal import Principal, claimed, visible
 
 router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
-AdminDep = Annotated[str, Depends(require_admin)]
 
 SCALE_RETRIES = 20
 
@@ -92,12 +94,23 @@ def _create(state: AppState, key: str, kind: str, resource, message: str) -> dic
     return resource.model_dump(mode="json")
 
 
-def _delete(state: AppState, key: str, kind: str, name: str) -> Deleted:
+def _delete(state: AppState, key: str, kind: str, name: str, tenant: str | None = None) -> Deleted:
     if not state.store.delete(key):
         raise NotFound(f"{kind} {name!r} not found")
-    record_event(state.store, kind, name, "deleted", f"{kind} {name} deleted", keep=state.settings.events_kept,
-                 max_age_s=state.settings.events_max_age_s)
+    record_event(state.store, kind, name, "deleted", f"{kind} {name} deleted", tenant=tenant,
+                 keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
     return Deleted(kind=kind, name=name)
+
+
+def _keep(who: Principal, kind: str):
+    """A list's tenant filter (None for a cluster-wide caller: everything)."""
+    return owners.visible_record(who, kind) if who.bound else None
+
+
+def reference_missing(store: Store, who: Principal, kind: str, name: str) -> bool:
+    """True when `name` is absent, or (for a tenant-bound caller) not its tenant's to see."""
+    kv = store.get(owners.KEYSPACES[kind](name))
+    return kv is None or not visible(who, kind, json.loads(kv.value).get("tenant"))
 
 
 def _refuse_over_quota(state: AppState, name: str, refusal: quotas.QuotaRefusal | None) -> None:
@@ -130,13 +143,14 @@ def _fresh(resource, status):
 # -- models ---------------------------------------------------------------------------------------
 
 @router.get("/models")
-def list_models(state: StateDep, response: Response, limit: LimitQuery = DEFAULT_LIMIT,
+def list_models(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                 after: ContinueQuery = None) -> list[dict]:
-    return page(state.store, keyspace.models(), response, limit, after)
+    return page(state.store, keyspace.models(), response, limit, after, _keep(who, "model"))
 
 
 @router.post("/models", status_code=201)
-def create_model(body: ModelArtifact, state: StateDep) -> dict:
+def create_model(body: ModelArtifact, state: StateDep, who: PrincipalDep) -> dict:
+    body = claimed(body, who)
     check_local_source(body.source)
     model = _fresh(body, ModelStatus(phase="Registered", message="model registered"))
     return _create(state, keyspace.models(model.name), "model", model, f"model {model.name} from {model.source}")
@@ -149,10 +163,10 @@ def get_model(name: str, state: StateDep) -> dict:
 
 @router.delete("/models/{name}", response_model=Deleted)
 def delete_model(name: str, state: StateDep) -> Deleted:
-    _get(state.store, keyspace.models(name), "model", name)
+    tenant = _get(state.store, keyspace.models(name), "model", name).get("tenant")
     refuse_if_used("model", name, "deployment", users_of(_list(state.store, keyspace.deployments()), "model", name))
     refuse_if_used("model", name, "rollout of", records.rollout_users(state.store, "model", name))
-    deleted = _delete(state, keyspace.models(name), "model", name)
+    deleted = _delete(state, keyspace.models(name), "model", name, tenant)
     delete_jobs(state.store, name)  # the cached bytes stay until evicted
     return deleted
 
@@ -160,14 +174,14 @@ def delete_model(name: str, state: StateDep) -> Deleted:
 # -- profiles -------------------------------------------------------------------------------------
 
 @router.get("/profiles")
-def list_profiles(state: StateDep, response: Response, limit: LimitQuery = DEFAULT_LIMIT,
+def list_profiles(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                   after: ContinueQuery = None) -> list[dict]:
-    return page(state.store, keyspace.profiles(), response, limit, after)
+    return page(state.store, keyspace.profiles(), response, limit, after, _keep(who, "profile"))
 
 
 @router.post("/profiles", status_code=201)
-def create_profile(body: InferenceProfile, state: StateDep) -> dict:
-    profile = body.model_copy(update={"created_at": time.time()})
+def create_profile(body: InferenceProfile, state: StateDep, who: PrincipalDep) -> dict:
+    profile = claimed(body, who).model_copy(update={"created_at": time.time()})
     gpu = profile.gpu
     message = f"profile {profile.name}: {profile.runtime}, {gpu.count} GPU x {gpu.vram_gib:g} GiB"
     return _create(state, keyspace.profiles(profile.name), "profile", profile, message)
@@ -180,27 +194,26 @@ def get_profile(name: str, state: StateDep) -> dict:
 
 @router.delete("/profiles/{name}", response_model=Deleted)
 def delete_profile(name: str, state: StateDep) -> Deleted:
-    _get(state.store, keyspace.profiles(name), "profile", name)
+    tenant = _get(state.store, keyspace.profiles(name), "profile", name).get("tenant")
     refuse_if_used("profile", name, "deployment",
                    users_of(_list(state.store, keyspace.deployments()), "profile", name))
     refuse_if_used("profile", name, "rollout of", records.rollout_users(state.store, "profile", name))
-    return _delete(state, keyspace.profiles(name), "profile", name)
+    return _delete(state, keyspace.profiles(name), "profile", name, tenant)
 
 
 # -- deployments ----------------------------------------------------------------------------------
 
 @router.get("/deployments")
-def list_deployments(state: StateDep, response: Response, limit: LimitQuery = DEFAULT_LIMIT,
+def list_deployments(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                      after: ContinueQuery = None) -> list[dict]:
-    return page(state.store, keyspace.deployments(), response, limit, after)
+    return page(state.store, keyspace.deployments(), response, limit, after, _keep(who, "deployment"))
 
 
 @router.post("/deployments", status_code=201)
-def create_deployment(body: InferenceDeployment, state: StateDep, who: AdminDep) -> dict:
-    missing = [f"{kind} {ref!r} does not exist" for kind, ref, key in (
-        ("model", body.model, keyspace.models(body.model)),
-        ("profile", body.profile, keyspace.profiles(body.profile)),
-    ) if state.store.get(key) is None]
+def create_deployment(body: InferenceDeployment, state: StateDep, who: PrincipalDep) -> dict:
+    body = claimed(body, who)
+    missing = [f"{kind} {ref!r} does not exist" for kind, ref in (("model", body.model), ("profile", body.profile))
+               if reference_missing(state.store, who, kind, ref)]
     if missing:
         raise InvalidInput("; ".join(missing), code="missing_reference")
     body = _with_model_residency(state.store, body)
@@ -215,7 +228,7 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: AdminDep)
         # Leftovers of an earlier deployment of the same name go first; revision 1 follows the record.
         created = _create(state, keyspace.deployments(dep.name), "deployment", dep, message)
     records.forget(state.store, dep.name)
-    records.write_revision(state.store, dep.name, records.template_of(dep), who=who, reason="created",
+    records.write_revision(state.store, dep.name, records.template_of(dep), who=who.subject, reason="created",
                            now=dep.created_at)
     return created
 
@@ -274,10 +287,10 @@ def _scale(state: AppState, name: str, body: ScaleRequest, guard) -> dict:
                                                                   "the reconciler removes its replicas, then the record"}})
 def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
     key = keyspace.deployments(name)
-    _get(state.store, key, "deployment", name)
+    tenant = _get(state.store, key, "deployment", name).get("tenant")
     refuse_if_used("deployment", name, "endpoint", users_of(_list(state.store, keyspace.endpoints()), "deployment", name))
     if not state.controllers_running:
-        deleted = _delete(state, key, "deployment", name).model_dump()
+        deleted = _delete(state, key, "deployment", name, tenant).model_dump()
         records.forget(state.store, name)
         return deleted
     for _ in range(SCALE_RETRIES):
@@ -303,14 +316,15 @@ def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
 # -- endpoints ------------------------------------------------------------------------------------
 
 @router.get("/endpoints")
-def list_endpoints(state: StateDep, response: Response, limit: LimitQuery = DEFAULT_LIMIT,
+def list_endpoints(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                    after: ContinueQuery = None) -> list[dict]:
-    return page(state.store, keyspace.endpoints(), response, limit, after)
+    return page(state.store, keyspace.endpoints(), response, limit, after, _keep(who, "endpoint"))
 
 
 @router.post("/endpoints", status_code=201)
-def create_endpoint(body: InferenceEndpoint, state: StateDep) -> dict:
-    if state.store.get(keyspace.deployments(body.deployment)) is None:
+def create_endpoint(body: InferenceEndpoint, state: StateDep, who: PrincipalDep) -> dict:
+    body = claimed(body, who)
+    if reference_missing(state.store, who, "deployment", body.deployment):
         raise InvalidInput(f"deployment {body.deployment!r} does not exist", code="missing_reference")
     ep = _fresh(body, EndpointStatus(phase="Pending", message="waiting for a VIP"))
     message = f"endpoint {ep.name} exposes deployment {ep.deployment} (routing {ep.routing})"
@@ -324,4 +338,5 @@ def get_endpoint(name: str, state: StateDep) -> dict:
 
 @router.delete("/endpoints/{name}", response_model=Deleted)
 def delete_endpoint(name: str, state: StateDep) -> Deleted:
-    return _delete(state, keyspace.endpoints(name), "endpoint", name)
+    tenant = _get(state.store, keyspace.endpoints(name), "endpoint", name).get("tenant")
+    return _delete(state, keyspace.endpoints(name), "endpoint", name, tenant)

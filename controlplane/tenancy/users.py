@@ -1,0 +1,106 @@
+"""Local users of the control plane: name, role, tenant and an Argon2id password hash.
+
+Stored at keyspace.users(name) with create-if-absent (two creates of one name: one wins, 409).
+The password is hashed with argon2-cffi's defaults (Argon2id, a random salt per hash) and never
+stored, logged, echoed or put in an event; a user record shown by the API drops the hash.
+``admin`` and ``viewer`` are the file-backed logins of `fabricd init` (controlplane.auth) and
+cannot be user names. A login for a name with no record still runs one hash verification
+(against a fixed dummy hash), so the answer's timing does not say which names exist.
+"""
+
+from __future__ import annotations
+
+import time
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from pydantic import BaseModel, Field, field_validator
+
+from common import keyspace
+from common.errors import Conflict, InvalidInput, NotFound
+from common.schemas import DNS_LABEL, TENANT, Spec
+from common.store.base import Store
+from controlplane.tenancy.principal import ADMIN, ROLES, Principal
+
+RESERVED = frozenset({"admin", "viewer"})
+MIN_PASSWORD, MAX_PASSWORD = 12, 1024
+_HASHER = PasswordHasher()
+_DUMMY_HASH = _HASHER.hash("fabric-no-such-user-dummy")
+
+
+class UserCreate(Spec):
+    name: str = Field(..., description="a DNS label; not admin or viewer")
+    role: str = Field(..., description="admin, operator or viewer")
+    tenant: str | None = Field(None, description="the tenant this user is bound to (none: cluster-wide)")
+    password: str = Field(..., min_length=MIN_PASSWORD, max_length=MAX_PASSWORD, repr=False)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not DNS_LABEL.match(v):
+            raise ValueError("a DNS label: 1-63 lowercase letters, digits or '-'")
+        if v in RESERVED:
+            raise ValueError(f"{v!r} is fabricd's own login (`fabricd init`); pick another name")
+        return v
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, v: str) -> str:
+        if v not in ROLES:
+            raise ValueError(f"role {v!r}: one of {', '.join(ROLES)}")
+        return v
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, v: str | None) -> str | None:
+        if v is not None and not TENANT.match(v):
+            raise ValueError(f"tenant {v!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
+
+
+class UserRecord(BaseModel):
+    name: str
+    role: str
+    tenant: str | None = None
+    password_hash: str = Field(..., repr=False)
+    created_at: float = Field(default_factory=time.time)
+
+    def public(self) -> dict:
+        return self.model_dump(exclude={"password_hash"})
+
+    def principal(self) -> Principal:
+        return Principal(self.name, self.role, None if self.role == ADMIN else self.tenant)
+
+
+def create(store: Store, body: UserCreate) -> UserRecord:
+    if body.role == ADMIN and body.tenant is not None:
+        raise InvalidInput("tenant: an admin sees every tenant; leave tenant out or pick operator or viewer",
+                           code="admin_with_tenant")
+    record = UserRecord(name=body.name, role=body.role, tenant=body.tenant, password_hash=_HASHER.hash(body.password))
+    if not store.create(keyspace.users(body.name), record.model_dump_json()):
+        raise Conflict(f"user {body.name!r} already exists", code="already_exists")
+    return record
+
+
+def get(store: Store, name: str) -> UserRecord | None:
+    kv = store.get(keyspace.users(name))
+    return None if kv is None else UserRecord.model_validate_json(kv.value)
+
+
+def list_all(store: Store) -> list[UserRecord]:
+    return [UserRecord.model_validate_json(kv.value) for kv in store.list(keyspace.users())]
+
+
+def delete(store: Store, name: str) -> None:
+    if not store.delete(keyspace.users(name)):
+        raise NotFound(f"user {name!r} not found")
+
+
+def verify(store: Store, name: str, password: str) -> Principal | None:
+    """The user's principal when the password is right; None otherwise (same work either way)."""
+    record = get(store, name) if DNS_LABEL.match(name) else None
+    try:
+        _HASHER.verify(record.password_hash if record else _DUMMY_HASH, password)
+    except (VerifyMismatchError, VerificationError, InvalidHashError):
+        return None
+    return record.principal() if record else None
