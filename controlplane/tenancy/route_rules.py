@@ -147,6 +147,11 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/ai/replicas"): read(),
     ("GET", "/api/ai/replicas/{replica_id}"): read(),
     ("GET", "/api/ai/replicas/{replica_id}/logs"): read(),
+    # -- sites (controlplane.api.sites) -------------------------------------------------------------
+    ("GET", "/api/ai/sites"): read(),
+    ("POST", "/api/ai/sites"): admin(),
+    ("GET", "/api/ai/sites/{name}"): read(),
+    ("DELETE", "/api/ai/sites/{name}"): admin(),
     # -- batches, aliases -----------------------------------------------------------------------
     ("POST", "/api/ai/batches"): write(),
     ("GET", "/api/ai/batches"): read(),
