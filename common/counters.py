@@ -67,6 +67,20 @@ def _parse_window(kv, window_secs: int, now: float) -> tuple[int, int]:
     return (start, int(n)) if int(stored_start) == start else (start, 0)
 
 
+def window_read(store: Store, key: str, window_secs: int, now: float) -> int:
+    """The count of the window containing ``now`` (0 when the stored one is older)."""
+    return _parse_window(store.get(key), window_secs, now)[1]
+
+
+def window_value(value: str, window_secs: int, now: float) -> int:
+    """The count a stored window value holds for the window containing ``now`` (0: another one)."""
+    stored_start, _, n = value.partition(" ")
+    try:
+        return int(n) if int(stored_start) == int(now // window_secs) * window_secs else 0
+    except ValueError:
+        return 0
+
+
 def window_reserve(store: Store, key: str, amount: int, limit: int | None, window_secs: int, now: float,
                    lease: int | None = None) -> Outcome:
     """Add amount to the current fixed window unless it would pass limit. With a lease, the key

@@ -156,3 +156,9 @@ def policies(tenant: str = "") -> str:
 def key_policies(endpoint: str = "") -> str:
     """Per-endpoint API key policies (controlplane.tenancy.key_policies)."""
     return f"{ROOT}/key-policies/{endpoint}"
+
+
+def replica_lifetimes(replica_id: str = "") -> str:
+    """When each replica held its GPUs and was ready (controlplane.tenancy.lifetimes), kept after
+    the replica is gone so finops can integrate GPU-seconds over a window."""
+    return f"{ROOT}/replica-lifetimes/{replica_id}"

@@ -16,6 +16,7 @@ service someone else made on the agent.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ValidationError
@@ -36,6 +37,7 @@ from common.store.base import KV, Store
 from controlplane.mig.catalog import MigSlice
 from controlplane.mig.inventory import nodes_with_slices
 from controlplane.scheduler import Committed, committed_resources
+from controlplane.tenancy import lifetimes
 
 MANAGED_VMS = f"{keyspace.ROOT}/managed/vms/"
 MANAGED_SERVICES = f"{keyspace.ROOT}/managed/services/"
@@ -232,8 +234,16 @@ def load_routing_snapshot(store: Store, cache: ParseCache | None = None) -> Snap
     return snap
 
 
-def put_replica(store: Store, replica: Replica) -> None:
+def put_replica(store: Store, replica: Replica, now: float | None = None) -> None:
+    """Write a replica record; its lifetime ledger entry follows (controlplane.tenancy.lifetimes)."""
     store.put(keyspace.replicas(replica.deployment, replica.replica_id), replica.model_dump_json())
+    lifetimes.note(store, replica, time.time() if now is None else now)
+
+
+def delete_replica(store: Store, deployment: str, replica_id: str, now: float | None = None) -> None:
+    """Delete a replica record and end its lifetime (its GPUs are released with it)."""
+    store.delete(keyspace.replicas(deployment, replica_id))
+    lifetimes.note(store, None, time.time() if now is None else now, replica_id=replica_id)
 
 
 def get_replica(store: Store, deployment: str, replica_id: str) -> Replica | None:

@@ -55,6 +55,7 @@ from gateway.routes import PREFIX, Route, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_targets
+from gateway.usage import TokenCounter
 
 if TYPE_CHECKING:
     from common.http1_client import UpstreamPool
@@ -84,6 +85,7 @@ class GatewayState:
     cold_start: ColdStart | None = None  # records demand and holds/refuses with no ready replica
     catalogue: CatalogueCache | None = None  # the root /v1: model -> endpoint (gateway.model_routing)
     router: ReplicaRouter = field(default_factory=ReplicaRouter)  # routing_l7 choices and their explanations
+    tokens: TokenCounter | None = None  # tokens per endpoint and tenant for finops (common.token_windows)
 
     @property
     def scheme(self) -> str:
@@ -153,6 +155,8 @@ class GatewayApp:
                 self.state.audit.close()
                 if self.state.limits.usage is not None:
                     self.state.limits.usage.close()
+                if self.state.tokens is not None:
+                    self.state.tokens.close()
                 self.state.tracer.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -341,6 +345,8 @@ class GatewayApp:
                             tokens=tokens or 0, latency_ms=round(elapsed * 1000, 3), reason=outcome)
         st.metrics.outcome(label, outcome, elapsed)
         if tokens:
+            if st.tokens is not None and endpoint:
+                st.tokens.count(endpoint, identity.tenant if identity is not None else None, tokens)
             models = await st.upstreams.known_models() if label != "unknown" else frozenset()
             st.metrics.tokens_for(label, info.model if info.model in models else "unknown").inc(tokens)
         st.tracer.span(endpoint=label, status=status, tokens=tokens or 0, seconds=elapsed)

@@ -18,7 +18,7 @@ from gateway.settings import BackendTls, GatewaySettings
 from gateway.slots import SlotHolder
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache
-from gateway.usage import UsageCounter
+from gateway.usage import TokenCounter, UsageCounter
 
 
 def backend_ssl(tls: BackendTls) -> ssl.SSLContext | bool:
@@ -61,5 +61,6 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         gateway_id=gateway_id,
         cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
+        tokens=TokenCounter(store),
     )
     return GatewayApp(state)

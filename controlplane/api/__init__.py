@@ -17,7 +17,7 @@ import importlib
 from fastapi import APIRouter
 
 OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models", "apply",
-                    "scaling", "quotas", "replicas", "aliases", "sites")
+                    "scaling", "quotas", "replicas", "aliases", "sites", "finops")
 
 
 def routers() -> list[APIRouter]:

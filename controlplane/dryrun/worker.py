@@ -10,7 +10,12 @@ from collections.abc import Callable
 from common import keyspace
 from common.store.base import Store
 from controlplane.dryrun.plan import plan
-from controlplane.orchestration_state import load_snapshot, put_replica, update_deployment_status
+from controlplane.orchestration_state import (
+    delete_replica,
+    load_snapshot,
+    put_replica,
+    update_deployment_status,
+)
 from controlplane.rollouts import records
 
 log = logging.getLogger("fabricd.dryrun")
@@ -27,7 +32,7 @@ class DryRunWorker:
         for name in sorted(snap.deployments):
             p = plan(snap.deployments[name], snap.replicas.get(name, []), now)
             for rid in p.delete:
-                self.store.delete(keyspace.replicas(name, rid))
+                delete_replica(self.store, name, rid)
                 self.store.delete(keyspace.observations(rid))
             if p.delete_deployment:
                 self.store.delete(keyspace.deployments(name))

@@ -70,6 +70,7 @@ def build_app() -> typer.Typer:
         config_cmd,
         declarative,
         explain,
+        finops,
         keys,
         login,
         mig,
@@ -120,6 +121,7 @@ def build_app() -> typer.Typer:
     ai.add_typer(nodes.node_app, name="node")
     ai.command("gpus")(nodes.gpus)
     ai.command("capacity")(capacity.capacity)
+    ai.command("finops")(finops.finops)
     explain.explain_app.command("failure")(observe.failure)
     explain.explain_app.command("scaling")(observe.scaling)
     ai.add_typer(explain.explain_app, name="explain")

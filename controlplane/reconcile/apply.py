@@ -35,6 +35,7 @@ from controlplane.events import EventSink
 from controlplane.models.gate import model_gate
 from controlplane.orchestration_state import (
     Snapshot,
+    delete_replica,
     get_replica,
     json_field,
     load_snapshot,
@@ -220,7 +221,7 @@ class ReconcileWorker:
     def _update(self, deployment: str, replica_id: str, **fields) -> None:
         current = get_replica(self.store, deployment, replica_id)
         if current is not None and any(getattr(current, k) != v for k, v in fields.items()):
-            put_replica(self.store, current.model_copy(update=fields))
+            put_replica(self.store, current.model_copy(update=fields), self.clock())
 
     # -- create -----------------------------------------------------------------------------------
 
@@ -231,9 +232,9 @@ class ReconcileWorker:
                           ordinal=action.ordinal, revision=action.revision, node=action.node, gpus=list(action.gpus),
                           runtime=profile.runtime if profile else "vllm",
                           phase="Pending", message=action.reason, created_at=self.clock())
-        put_replica(self.store, replica)
+        put_replica(self.store, replica, self.clock())
         if not reserve_gpus(self.store, action.node, action.gpus, replica.replica_id, dep.name, self.clock()):
-            self.store.delete(keyspace.replicas(dep.name, replica.replica_id))
+            delete_replica(self.store, dep.name, replica.replica_id, self.clock())
             errors.append(f"a GPU on {action.node} was taken meanwhile; placing again next tick")
             return
         # Deployments reconciled later in this tick plan from the same snapshot: let them see the
@@ -252,7 +253,7 @@ class ReconcileWorker:
             for pci in replica.gpus:
                 if _reserved_for(self.store, replica.node, pci) == replica.replica_id:
                     self.store.delete(keyspace.gpu_reservations(replica.node, pci))
-            self.store.delete(keyspace.replicas(dep.name, replica.replica_id))
+            delete_replica(self.store, dep.name, replica.replica_id, self.clock())
             errors.append(f"a GPU of {replica.replica_id} on {replica.node} is held by another replica; "
                           "placing it again")
             return
@@ -324,6 +325,6 @@ class ReconcileWorker:
             # The node record is gone: nothing to release there, only our reservations.
             for pci in r.gpus:
                 self.store.delete(keyspace.gpu_reservations(r.node, pci))
-        self.store.delete(keyspace.replicas(r.deployment, r.replica_id))
+        delete_replica(self.store, r.deployment, r.replica_id, self.clock())
         self.store.delete(keyspace.observations(r.replica_id))
         return True

@@ -1,6 +1,32 @@
-"""/api/ai/sites through a real fabricd, and the model's residency copied onto a deployment."""
+"""/api/ai/sites and /api/ai/finops through fabricd's app on loopback (real HTTP, a real SQLite
+store the test also writes observed state into), and the model's residency copied onto a
+deployment."""
 
 from __future__ import annotations
+
+import time
+
+import pytest
+
+from common import token_windows
+from common.schemas import InferenceDeployment, InferenceEndpoint, Replica
+from common.store import open_store
+from controlplane.orchestration_state import delete_replica, put_replica
+from tests.support.inprocess_fabricd import serve_fabricd
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sites")
+    store = open_store(f"sqlite://{tmp}/fabric.db")
+    with serve_fabricd(store, tmp) as (client, _state):
+        yield client, store
+    store.close()
+
+
+@pytest.fixture
+def api(served):
+    return served[0]
 
 
 def test_site_crud_and_bad_input(api):
@@ -32,3 +58,31 @@ def test_deployment_takes_the_model_residency(api):
     r = api.post("/api/ai/deployments", json={"name": "elsewhere", "model": "resident", "profile": "p1",
                                               "residency": "eu", "minimum_sites": 2, "max_replicas_per_site": 1})
     assert r.status_code == 422 and r.json()["error"]["code"] == "residency_conflict"
+
+
+def test_finops_from_the_ledger_and_the_gateway_token_windows(served, monkeypatch):
+    api, store = served
+    now = time.time()
+    store.put("/fabric/deployments/billed", InferenceDeployment(name="billed", model="m", profile="p",
+                                                                tenant="acme").model_dump_json())
+    store.put("/fabric/endpoints/billed-ep", InferenceEndpoint(name="billed-ep", deployment="billed").model_dump_json())
+    # One replica, 2 GPUs: created 100 s ago, ready 50 s ago, deleted 10 s ago (through the same
+    # writes the reconciler makes, so the ledger records them).
+    r = Replica(replica_id="billed-0", deployment="billed", ordinal=0, node="n", gpus=["a", "b"],
+                created_at=now - 100)
+    put_replica(store, r, now - 100)
+    put_replica(store, r.model_copy(update={"ready": True, "ready_since": now - 50}), now - 50)
+    delete_replica(store, "billed", "billed-0", now - 10)
+    token_windows.add(store, "endpoint", "billed-ep", 700, now)
+    token_windows.add(store, "tenant", "acme", 700, now)
+    monkeypatch.setenv("FABRIC_TOKEN_BUDGET", "500")
+    out = api.get("/api/ai/finops", params={"window": 3600}).json()
+    row = {d["deployment"]: d for d in out["deployments"]}["billed"]
+    assert row["gpu_seconds_reserved"] == pytest.approx(180, abs=0.01)
+    assert row["gpu_seconds_ready"] == pytest.approx(80, abs=0.01)
+    assert row["tokens"] == 700 and row["alert"] and row["tenant"] == "acme"
+    assert {t["tenant"]: t for t in out["tenants"]}["acme"]["tokens"] == 700
+    # window 60: [end-60, now-10] x 2 GPUs, where end is when fabricd answered (a little after now)
+    got = api.get("/api/ai/finops", params={"window": 60}).json()["deployments"][0]["gpu_seconds_reserved"]
+    assert 2 * (50 - (time.time() - now)) - 0.01 <= got <= 100
+    assert api.get("/api/ai/finops", params={"window": 0}).status_code == 422

@@ -178,3 +178,5 @@ def test_site_add_list_show_delete(ctl_env):
     assert "site dublin deleted" in ctl(ctl_env, "ai", "site", "delete", "dublin").stdout
     gone = ctl(ctl_env, "ai", "site", "show", "dublin", ok=False)
     assert gone.returncode != 0 and "not found" in gone.stderr
+    report = json.loads(ctl(ctl_env, "ai", "finops", "--window", "120", "--json").stdout)
+    assert report["window"]["seconds"] == 120 and report["alert"] is False

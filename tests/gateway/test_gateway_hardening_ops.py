@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from common import audit_chain, keyspace
+from common import audit_chain, keyspace, token_windows
 from common.schemas import EndpointStatus, InferenceEndpoint, Node, Replica, ReplicaObservation, Site
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
@@ -80,6 +80,23 @@ def test_routing_stays_inside_allowed_sites_and_residency(env, endpoint):
         assert r.status_code == 200
         seen.add(r.headers["x-fabric-replica"])
     assert seen == {"eu-rep"}
+
+
+def test_tokens_are_counted_per_endpoint_and_tenant_for_finops(env):
+    store = env["store"]
+    _, key = make_key(store, "sited", tenant="acme")
+    before = token_windows.current(store, time.time())
+    r = post(env, "sited", key, "finops")
+    assert r.status_code == 200
+    used = r.json()["usage"]["total_tokens"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the gateway writes its counts every 50 ms
+        now = token_windows.current(store, time.time())
+        if now["tenant"].get("acme", 0) - before["tenant"].get("acme", 0) >= used:
+            break
+        time.sleep(0.05)
+    assert now["tenant"].get("acme", 0) - before["tenant"].get("acme", 0) == used
+    assert now["endpoint"]["sited"] - before["endpoint"].get("sited", 0) >= used
 
 
 def test_model_scoped_key_batches_are_checked_on_their_input_file(env):

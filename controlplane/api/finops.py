@@ -1,0 +1,54 @@
+"""Chargeback: GET /api/ai/finops[?window=SECONDS] (controlplane.tenancy.finops). Admin only.
+
+Per deployment and per tenant: GPU-seconds reserved and ready over the last ``window`` seconds
+(default 3600, at most 31 days), integrated from the replica lifetime ledger; the tokens the
+gateways counted in the current token window (the clock hour, common.token_windows), per
+deployment (summed over its endpoints) and per tenant; ``alert`` where tokens exceed
+FABRIC_TOKEN_BUDGET (unset or 0: no alert).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from common import keyspace, token_windows
+from common.envvars import number
+from common.schemas import Replica
+from controlplane.auth import require_admin
+from controlplane.state import StateDep
+from controlplane.tenancy import finops, lifetimes
+
+router = APIRouter(prefix="/api/ai", tags=["finops"], dependencies=[Depends(require_admin)])
+
+
+def _records(store, prefix: str) -> list[dict]:
+    out = []
+    for kv in store.list(prefix):
+        try:
+            out.append(json.loads(kv.value))
+        except ValueError:
+            continue
+    return out
+
+
+@router.get("/finops")
+def get_finops(state: StateDep, window: Annotated[float, Query(gt=0, le=finops.MAX_WINDOW_S,
+                                                                 description="seconds back from now")] = 3600) -> dict:
+    store, now = state.store, time.time()
+    budget = int(number(os.environ, "FABRIC_TOKEN_BUDGET", 0, int))  # validated at start (settings)
+    tenants = {d["name"]: d.get("tenant") for d in _records(store, keyspace.deployments()) if "name" in d}
+    replicas = [Replica.model_validate(r) for r in _records(store, keyspace.replicas())]
+    counted = token_windows.current(store, now)
+    dep_tokens: dict[str, int] = {}
+    for ep in _records(store, keyspace.endpoints()):
+        n = counted["endpoint"].get(token_windows.segment(ep.get("name", "")), 0)
+        if n and ep.get("deployment"):
+            dep_tokens[ep["deployment"]] = dep_tokens.get(ep["deployment"], 0) + n
+    return finops.report(lifetimes.load(store, now), replicas, tenants, dep_tokens, counted["tenant"], now=now,
+                         window_s=window, budget=budget,
+                         token_window=(token_windows.window_start(now), token_windows.WINDOW_SECS))

@@ -1,0 +1,107 @@
+"""The replica lifetime ledger: when each replica held its GPUs and when it was ready.
+
+A replica's record disappears with the replica, so finops could only ever see the living ones.
+Every write of a replica record (controlplane.orchestration_state.put_replica) and every
+deletion (delete_replica) also updates ``/fabric/replica-lifetimes/{replica_id}``:
+
+  created_at    the replica record's creation (its GPUs are reserved from then)
+  ready_spans   [start, end] pairs; end None while it is ready now. A span opens at the record's
+                ``ready_since`` (or the write's time) when it becomes ready, and closes when a
+                write says not ready (or draining) or the replica is deleted
+  ended_at      when the record was deleted (its GPUs are released then)
+  gpus, deployment, tenant   what it held and for whom (tenant read from the deployment once)
+
+Writes are compare-and-swap and only when something changes, so a steady replica costs one read
+per write of its record. Lifetimes that ended more than RETENTION_S ago are pruned when finops
+reads them. At most MAX_SPANS spans are kept per replica (the oldest two merge), so a flapping
+replica cannot grow its record without bound.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, Field
+
+from common import keyspace
+from common.schemas import Replica
+from common.store.base import Store
+
+RETENTION_S = 31 * 86400.0
+MAX_SPANS = 256
+ATTEMPTS = 10
+
+
+class Lifetime(BaseModel):
+    replica_id: str
+    deployment: str
+    tenant: str | None = None
+    gpus: int = 0
+    created_at: float
+    ready_spans: list[list[float | None]] = Field(default_factory=list)
+    ended_at: float | None = None
+
+
+def _tenant(store: Store, deployment: str) -> str | None:
+    kv = store.get(keyspace.deployments(deployment))
+    if kv is None:
+        return None
+    try:
+        return json.loads(kv.value).get("tenant")
+    except ValueError:
+        return None
+
+
+def _open(life: Lifetime) -> bool:
+    return bool(life.ready_spans) and life.ready_spans[-1][1] is None
+
+
+def advance(life: Lifetime, replica: Replica | None, now: float) -> Lifetime:
+    """Pure: the lifetime after a write of ``replica`` (None: the record was deleted) at ``now``."""
+    spans = [list(s) for s in life.ready_spans]
+    ready = replica is not None and replica.ready and not replica.draining
+    if ready and not (spans and spans[-1][1] is None):
+        start = replica.ready_since if replica.ready_since is not None else now
+        spans.append([max(start, spans[-1][1] if spans else start, life.created_at), None])
+    elif not ready and spans and spans[-1][1] is None:
+        spans[-1][1] = max(now, spans[-1][0])
+    while len(spans) > MAX_SPANS:
+        spans[0:2] = [[spans[0][0], spans[1][1]]]
+    ended = now if replica is None and life.ended_at is None else life.ended_at
+    gpus = len(replica.gpus) if replica is not None else life.gpus
+    return life.model_copy(update={"ready_spans": spans, "ended_at": ended, "gpus": gpus})
+
+
+def note(store: Store, replica: Replica | None, now: float, *, replica_id: str = "", deployment: str = "") -> None:
+    """Record a write (``replica``) or the deletion (None, with ``replica_id``) of a replica."""
+    rid = replica.replica_id if replica is not None else replica_id
+    key = keyspace.replica_lifetimes(rid)
+    for _ in range(ATTEMPTS):
+        kv = store.get(key)
+        if kv is None:
+            if replica is None:
+                return  # never recorded (a replica from before the ledger): nothing to close
+            life = Lifetime(replica_id=rid, deployment=replica.deployment, tenant=_tenant(store, replica.deployment),
+                            gpus=len(replica.gpus), created_at=replica.created_at)
+            if store.create(key, advance(life, replica, now).model_dump_json()):
+                return
+            continue
+        life = Lifetime.model_validate_json(kv.value)
+        new = advance(life, replica, now)
+        if new == life or store.cas(key, new.model_dump_json(), kv.mod_revision):
+            return
+
+
+def load(store: Store, now: float) -> list[Lifetime]:
+    """Every lifetime; those that ended more than RETENTION_S ago are deleted instead."""
+    out = []
+    for kv in store.list(keyspace.replica_lifetimes()):
+        try:
+            life = Lifetime.model_validate_json(kv.value)
+        except ValueError:
+            continue
+        if life.ended_at is not None and now - life.ended_at > RETENTION_S:
+            store.delete(kv.key, mod_revision=kv.mod_revision)
+            continue
+        out.append(life)
+    return out
