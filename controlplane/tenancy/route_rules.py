@@ -152,6 +152,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/api/ai/sites"): admin(),
     ("GET", "/api/ai/sites/{name}"): read(),
     ("DELETE", "/api/ai/sites/{name}"): admin(),
+    # -- finops (controlplane.api.finops): cluster-wide chargeback ---------------------------------
+    ("GET", "/api/ai/finops"): read(),
     # -- batches, aliases -----------------------------------------------------------------------
     ("POST", "/api/ai/batches"): write(),
     ("GET", "/api/ai/batches"): read(),
