@@ -4,7 +4,8 @@ Always present: auth (POST /api/auth/login), resources (models, profiles, deploy
 endpoints) and events. Other modules join by existing: `controlplane.api.keys`,
 `controlplane.api.nodes`, `controlplane.api.orchestration`, `controlplane.api.rollouts`,
 `controlplane.api.scaling` and `controlplane.api.quotas` are included when importable,
-each exposing an APIRouter named `router`. Such a module declares its own auth, normally
+each exposing an APIRouter named `router` (and maybe `public_routers`, whose routes
+authenticate without a user token: the route table names them PUBLIC). Such a module declares its own auth, normally
 `dependencies=[Depends(controlplane.auth.require_admin)]` (node heartbeats, say, may use mTLS
 instead). A module that is absent is skipped; one that fails to import for another reason
 (a missing dependency, a syntax error) fails fabricd's start loudly rather than hiding routes.
@@ -17,7 +18,7 @@ import importlib
 from fastapi import APIRouter
 
 OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models", "apply",
-                    "scaling", "quotas", "replicas", "aliases", "sites", "finops")
+                    "scaling", "quotas", "replicas", "aliases", "sites", "finops", "tenancy")
 
 
 def routers() -> list[APIRouter]:
@@ -34,4 +35,5 @@ def routers() -> list[APIRouter]:
                 raise
             continue
         found.append(module.router)
+        found.extend(getattr(module, "public_routers", ()))  # routes authenticated otherwise
     return found

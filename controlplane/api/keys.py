@@ -18,6 +18,7 @@ requests through the gateway, with or without a quota.
 
 A tenant-bound caller sees only its tenant's keys (a key's own tenant, else its endpoint's):
 others are absent (404), and a key it creates gets its tenant and must be on an endpoint of it.
+An endpoint's key policy (controlplane.tenancy.key_policies) is checked at create and rotate.
 Digests use FABRIC_KEY_HMAC_SECRET(_FILE) (common.apikeys); fabricd and every gateway must
 share it. It is read on first use and kept on the app state, never in a module global.
 """
@@ -35,7 +36,7 @@ from common.errors import Conflict, InvalidInput, NotFound, TransientError
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.state import AppState, StateDep
-from controlplane.tenancy import owners
+from controlplane.tenancy import key_policies, owners
 from controlplane.tenancy.principal import Principal, claimed, visible
 
 MAX_TTL_SECS = 10 * 365 * 86400
@@ -67,6 +68,11 @@ def hmac_secret(request: Request) -> bytes:
             raise TransientError(f"API keys are unavailable on this fabricd: {exc}", code="no_hmac_secret") from None
         request.app.state.key_hmac_secret = secret
     return secret
+
+
+def _shape(key) -> key_policies.KeyShape:
+    """What the endpoint's key policy judges, from a create body or a stored record."""
+    return key_policies.KeyShape(key.ttl_secs, key.model, key.tenant, key.request_quota)
 
 
 def _usage(state: AppState, record) -> dict:
@@ -119,6 +125,7 @@ def create_key(body: KeyCreate, request: Request, state: StateDep, who: Principa
         if body.model not in served:
             raise InvalidInput(f"model: endpoint {body.endpoint!r} serves {', '.join(sorted(served)) or 'nothing'}; "
                                f"a key scoped to {body.model!r} could never be used", code="model_not_served")
+    key_policies.enforce(state.store, body.endpoint, _shape(body))
     spec = apikeys.KeySpec(**body.model_dump())
     record, plaintext = apikeys.create_key(state.store, spec, hmac_secret(request))
     return {**_usage(state, record), "key": plaintext}
@@ -145,7 +152,9 @@ def delete_key(ref: str, state: StateDep, who: PrincipalDep) -> dict:
 def rotate_key(ref: str, request: Request, state: StateDep, who: PrincipalDep,
                body: KeyRotate | None = None) -> dict:
     overlap = (body or KeyRotate()).overlap_secs
-    record, plaintext = apikeys.rotate_key(state.store, resolve(state, ref, who).id, hmac_secret(request), overlap)
+    current = resolve(state, ref, who)
+    key_policies.enforce(state.store, current.endpoint, _shape(current), rotating=True)
+    record, plaintext = apikeys.rotate_key(state.store, current.id, hmac_secret(request), overlap)
     return {**_usage(state, record), "key": plaintext}
 
 

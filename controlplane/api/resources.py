@@ -18,6 +18,8 @@ Choices the issue leaves open (also in docs/api.md):
     over it is 409 naming the tenant, the quota and the use; scaling down is always allowed. The
     check and the write run under the tenant's admission lock (controlplane.tenancy.admission),
     so concurrent creates and scales of one tenant can never together exceed its quota.
+  - A tenant's deploy policy (controlplane.tenancy.policies) is checked on create and on a scale
+    up: refused is 403 "policy_refused" naming each reason.
   - A new endpoint is stored with phase "Pending"; the orchestration controller assigns its VIP.
     Deleting an endpoint deletes the record; that controller releases the VIP it held.
 Every create, delete and scale is recorded with controlplane.events.record_event.
@@ -54,7 +56,7 @@ from controlplane.events import record_event
 from controlplane.models.records import check_local_source, delete_jobs
 from controlplane.rollouts import records
 from controlplane.state import AppState, StateDep
-from controlplane.tenancy import admission, owners, quotas
+from controlplane.tenancy import admission, owners, policies, quotas
 from controlplane.tenancy.principal import Principal, claimed, visible
 
 router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
@@ -216,6 +218,7 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: Principal
                if reference_missing(state.store, who, kind, ref)]
     if missing:
         raise InvalidInput("; ".join(missing), code="missing_reference")
+    policies.enforce(state.store, body.tenant, body.model)
     body = _with_model_residency(state.store, body)
     dep = _fresh(body, DeploymentStatus(phase="Pending", message="waiting for placement"))
     dep = dep.model_copy(update={"revision": 1})
@@ -270,6 +273,7 @@ def _scale(state: AppState, name: str, body: ScaleRequest, guard) -> dict:
             raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
         before = record.get("replicas")
         if body.replicas > (before or 0):
+            policies.enforce(state.store, record.get("tenant"), str(record.get("model", "")))
             _refuse_over_quota(state, name, quotas.check_deployment_change(
                 state.store, name, record.get("tenant"), record.get("profile", ""), before or 0, body.replicas))
         record["replicas"] = body.replicas

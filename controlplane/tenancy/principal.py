@@ -55,12 +55,18 @@ def writable(principal: Principal, tenant: str | None) -> bool:
     return not principal.bound or tenant == principal.tenant
 
 
-def claimed(body, principal: Principal):
-    """A create's body (any pydantic model with ``tenant``) with the tenant its creator may give
-    it: a bound principal's own when the body names none or the same; another is 403."""
-    if not principal.bound:
-        return body
-    if body.tenant not in (None, principal.tenant):
+def claimed_tenant(principal: Principal | None, asked: str | None) -> str | None:
+    """The tenant a new object (or an admission check) gets: a bound principal's own when it asks
+    for none or the same; another tenant is 403 "tenant_mismatch". None: no user (a webhook)."""
+    if principal is None or not principal.bound:
+        return asked
+    if asked not in (None, principal.tenant):
         raise Forbidden(f"tenant: you act for tenant {principal.tenant!r} and cannot create objects of "
-                        f"tenant {body.tenant!r}", code="tenant_mismatch")
-    return body.model_copy(update={"tenant": principal.tenant})
+                        f"tenant {asked!r}", code="tenant_mismatch")
+    return principal.tenant
+
+
+def claimed(body, principal: Principal):
+    """A create's body (any pydantic model with ``tenant``) with its claimed tenant."""
+    tenant = claimed_tenant(principal, body.tenant)
+    return body if tenant == body.tenant else body.model_copy(update={"tenant": tenant})

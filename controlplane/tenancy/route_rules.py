@@ -172,6 +172,16 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/ai/documents/{kind}/{name}"): read(),
     ("POST", "/api/ai/apply"): admin(),
     # -- tenancy: quotas, users, policies, key policies, admission -------------------------------
+    ("POST", "/api/ai/users"): admin(),
+    ("GET", "/api/ai/users"): admin(),
+    ("GET", "/api/ai/users/{name}"): admin(),
+    ("DELETE", "/api/ai/users/{name}"): admin(),
+    ("POST", "/api/ai/policies"): admin(),
+    ("GET", "/api/ai/policies"): read(FILTERED),
+    ("PUT", "/api/ai/key-policies/{endpoint}"): admin(),
+    ("GET", "/api/ai/key-policies/{endpoint}"): read(owned("endpoint", "endpoint")),
+    ("POST", "/api/ai/admit"): read(BODY),  # a check: it changes nothing
+    ("POST", "/api/ai/admit/{token}"): PUBLIC,  # the token in the path is the credential
     ("POST", "/api/ai/quotas"): admin(),
     ("GET", "/api/ai/quotas"): read(),
     ("POST", "/api/ai/backup"): admin(),

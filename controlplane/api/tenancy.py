@@ -1,0 +1,142 @@
+"""Users, tenant policies, key policies and admission (who may call each: tenancy/route_rules.py).
+
+    POST   /api/ai/users                 {"name", "role", "tenant", "password"} (admin); never echoes it
+    GET    /api/ai/users[/{name}]        without password hashes (admin)
+    DELETE /api/ai/users/{name}          (admin); tokens already issued live until they expire
+    POST   /api/ai/policies              a tenant's deploy policy, replacing its last (admin)
+    GET    /api/ai/policies              every policy; a tenant-bound caller sees its own
+    PUT    /api/ai/key-policies/{endpoint}   the endpoint's key policy (admin)
+    GET    /api/ai/key-policies/{endpoint}   404 when it has none
+    POST   /api/ai/admit                 a deployment body or an AdmissionReview: would it be admitted?
+    POST   /api/ai/admit/{token}         the same without a user token, when FABRIC_ADMIT_TOKEN is set;
+                                         any other token (or none set) is 404, compared in constant time
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+
+from fastapi import APIRouter, Body, Depends, Request
+
+from common import keyspace
+from common.errors import NotFound
+from controlplane.auth import PrincipalDep, require_admin
+from controlplane.events import record_event
+from controlplane.state import AppState, StateDep
+from controlplane.tenancy import admit, key_policies, policies, users
+from controlplane.tenancy.key_policies import KeyPolicy, KeyPolicyBody
+from controlplane.tenancy.policies import TenantPolicy
+from controlplane.tenancy.principal import Principal, claimed_tenant
+
+ADMIT_TOKEN_ENV = "FABRIC_ADMIT_TOKEN"
+
+router = APIRouter(prefix="/api/ai", tags=["tenancy"], dependencies=[Depends(require_admin)])
+webhook = APIRouter(prefix="/api/ai", tags=["tenancy"])
+public_routers = (webhook,)
+
+
+def _event(state: AppState, kind: str, name: str, action: str, message: str, tenant: str | None = None) -> None:
+    record_event(state.store, kind, name, action, message, tenant=tenant, keep=state.settings.events_kept,
+                 max_age_s=state.settings.events_max_age_s)
+
+
+# -- users -------------------------------------------------------------------------------------------
+
+@router.post("/users", status_code=201)
+def create_user(body: users.UserCreate, state: StateDep) -> dict:
+    record = users.create(state.store, body)
+    _event(state, "user", record.name, "created", f"user {record.name}: role {record.role}, tenant "
+           f"{record.tenant or '-'}", record.tenant)
+    return record.public()
+
+
+@router.get("/users")
+def list_users(state: StateDep) -> list[dict]:
+    return [u.public() for u in users.list_all(state.store)]
+
+
+@router.get("/users/{name}")
+def get_user(name: str, state: StateDep) -> dict:
+    record = users.get(state.store, name)
+    if record is None:
+        raise NotFound(f"user {name!r} not found")
+    return record.public()
+
+
+@router.delete("/users/{name}")
+def delete_user(name: str, state: StateDep) -> dict:
+    users.delete(state.store, name)
+    _event(state, "user", name, "deleted", f"user {name} deleted")
+    return {"kind": "user", "name": name, "deleted": True}
+
+
+# -- tenant policies ---------------------------------------------------------------------------------
+
+@router.post("/policies", status_code=201)
+def put_policy(body: TenantPolicy, state: StateDep) -> dict:
+    state.store.put(keyspace.policies(body.tenant), body.model_dump_json())
+    _event(state, "policy", body.tenant, "updated", f"tenant {body.tenant} deploy policy set", body.tenant)
+    return body.model_dump(mode="json")
+
+
+@router.get("/policies")
+def list_policies(state: StateDep, who: PrincipalDep) -> list[dict]:
+    return [p.model_dump(mode="json") for p in policies.list_all(state.store)
+            if not who.bound or p.tenant == who.tenant]
+
+
+# -- key policies ------------------------------------------------------------------------------------
+
+@router.put("/key-policies/{endpoint}")
+def put_key_policy(endpoint: str, body: KeyPolicyBody, state: StateDep) -> dict:
+    if state.store.get(keyspace.endpoints(endpoint)) is None:
+        raise NotFound(f"endpoint {endpoint!r} not found")
+    policy = KeyPolicy(endpoint=endpoint, **body.model_dump())
+    state.store.put(keyspace.key_policies(endpoint), policy.model_dump_json())
+    _event(state, "endpoint", endpoint, "key-policy", f"endpoint {endpoint} key policy set")
+    return policy.model_dump(mode="json")
+
+
+@router.get("/key-policies/{endpoint}")
+def get_key_policy(endpoint: str, state: StateDep) -> dict:
+    policy = key_policies.load(state.store, endpoint)
+    if policy is None:
+        raise NotFound(f"endpoint {endpoint!r} has no key policy")
+    return policy.model_dump(mode="json")
+
+
+# -- admission ---------------------------------------------------------------------------------------
+
+def _admit(state: AppState, body: dict, who: Principal | None) -> dict:
+    if admit.is_review(body):
+        uid, _, deployment = admit.review_request(body)
+        if deployment is None:
+            return admit.review_response(uid, admit.Verdict(True, ()))
+        deployment["tenant"] = claimed_tenant(who, deployment.get("tenant"))
+        return admit.review_response(uid, admit.review(state.store, deployment))
+    body = {**body, "tenant": claimed_tenant(who, body.get("tenant"))}
+    verdict = admit.review(state.store, body)
+    return {"allowed": verdict.allowed, "reasons": list(verdict.reasons), "name": verdict.name}
+
+
+@router.post("/admit")
+def admit_with_token(state: StateDep, who: PrincipalDep, body: dict = Body(...)) -> dict:
+    return _admit(state, body, who)
+
+
+def _admit_token(request: Request) -> str:
+    token = getattr(request.app.state, "admit_token", None)
+    if token is None:
+        token = os.environ.get(ADMIT_TOKEN_ENV, "").strip()
+        request.app.state.admit_token = token
+    return token
+
+
+@webhook.post("/admit/{token}")
+def admit_webhook(token: str, request: Request, state: StateDep, body: dict = Body(...)) -> dict:
+    expected = _admit_token(request)
+    # Constant time, and the same 404 whether no token is configured or this one is wrong.
+    if not hmac.compare_digest(token.encode(), (expected or os.urandom(16).hex()).encode()) or not expected:
+        raise NotFound("not found")
+    return _admit(state, body, None)

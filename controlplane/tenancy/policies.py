@@ -1,0 +1,125 @@
+"""Per-tenant deploy policies: which models and sources a tenant may deploy, and when (UTC hours).
+
+A policy (keyspace.policies(tenant)) holds ``allowed_models`` (model names; absent: any),
+``allowed_source_prefixes`` (a model's source must start with one; absent: any) and an optional
+``deploy_hour_start``/``deploy_hour_end`` window in whole UTC hours, start included, end
+excluded: both absent means always; start after end wraps past midnight (22 -> 6 is 22:00-05:59);
+start equal to end is refused (say "always" by leaving both out). A tenant without a policy, and
+a deployment without a tenant, deploy as before. ``refusals`` is the pure planner; deployment
+create, scale-up and POST /api/ai/admit run it (scaling down is always allowed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from common import keyspace
+from common.errors import Forbidden
+from common.schemas import TENANT, Spec
+from common.store.base import Store
+
+MAX_NAMES = 1000
+
+
+class TenantPolicy(Spec):
+    tenant: str
+    allowed_models: list[str] | None = Field(None, max_length=MAX_NAMES, description="model names; absent: any")
+    allowed_source_prefixes: list[str] | None = Field(
+        None, max_length=MAX_NAMES, description="e.g. hf://my-org/ or file:///models/; absent: any")
+    deploy_hour_start: int | None = Field(None, ge=0, le=23, description="UTC hour deploys may start (included)")
+    deploy_hour_end: int | None = Field(None, ge=0, le=23, description="UTC hour deploys stop (excluded)")
+    updated_at: float = Field(default_factory=time.time)
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, v: str) -> str:
+        if not TENANT.match(v):
+            raise ValueError(f"tenant {v!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
+
+    @model_validator(mode="after")
+    def _window(self) -> TenantPolicy:
+        start, end = self.deploy_hour_start, self.deploy_hour_end
+        if (start is None) != (end is None):
+            raise ValueError("deploy_hour_start and deploy_hour_end: give both, or neither (always)")
+        if start is not None and start == end:
+            raise ValueError(f"deploy_hour_start equals deploy_hour_end ({start}): an empty window; "
+                             "leave both out to allow deploys at any hour")
+        return self
+
+
+def hour_allowed(start: int | None, end: int | None, hour: int) -> bool:
+    """Pure: is UTC ``hour`` inside [start, end)? A window with start > end wraps past midnight."""
+    if start is None or end is None:
+        return True
+    if start < end:
+        return start <= hour < end
+    return hour >= start or hour < end
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """What a policy judges: the model's name and source, and the UTC hour of the change."""
+
+    tenant: str | None
+    model: str
+    source: str | None
+    hour: int
+
+
+def refusals(policy: TenantPolicy | None, deploy: Deploy) -> list[str]:
+    """Pure: why the policy refuses this deploy (empty: allowed)."""
+    if policy is None or deploy.tenant is None:
+        return []
+    why = []
+    if policy.allowed_models is not None and deploy.model not in policy.allowed_models:
+        why.append(f"model {deploy.model!r} is not in tenant {deploy.tenant!r}'s allowed_models")
+    prefixes = policy.allowed_source_prefixes
+    if prefixes is not None and not any((deploy.source or "").startswith(p) for p in prefixes):
+        why.append(f"model {deploy.model!r} comes from {deploy.source!r}, outside tenant {deploy.tenant!r}'s "
+                   f"allowed_source_prefixes ({', '.join(prefixes) or 'none'})")
+    if not hour_allowed(policy.deploy_hour_start, policy.deploy_hour_end, deploy.hour):
+        why.append(f"tenant {deploy.tenant!r} deploys only from {policy.deploy_hour_start:02d}:00 to "
+                   f"{policy.deploy_hour_end:02d}:00 UTC; it is {deploy.hour:02d}:xx UTC")
+    return why
+
+
+def load(store: Store, tenant: str | None) -> TenantPolicy | None:
+    if tenant is None:
+        return None
+    kv = store.get(keyspace.policies(tenant))
+    if kv is None:
+        return None
+    try:
+        return TenantPolicy.model_validate_json(kv.value)
+    except ValidationError:
+        return None
+
+
+def list_all(store: Store) -> list[TenantPolicy]:
+    out = []
+    for kv in store.list(keyspace.policies()):
+        try:
+            out.append(TenantPolicy.model_validate_json(kv.value))
+        except ValidationError:
+            continue
+    return out
+
+
+def deploy_of(store: Store, tenant: str | None, model: str, now: float | None = None) -> Deploy:
+    """The Deploy a policy judges, with the model's source read from the store."""
+    kv = store.get(keyspace.models(model))
+    source = json.loads(kv.value).get("source") if kv is not None else None
+    hour = time.gmtime(time.time() if now is None else now).tm_hour
+    return Deploy(tenant, model, source, hour)
+
+
+def enforce(store: Store, tenant: str | None, model: str) -> None:
+    """403 "policy_refused" naming every reason, for create and scale-up."""
+    why = refusals(load(store, tenant), deploy_of(store, tenant, model))
+    if why:
+        raise Forbidden("; ".join(why), code="policy_refused")
