@@ -162,3 +162,10 @@ def replica_lifetimes(replica_id: str = "") -> str:
     """When each replica held its GPUs and was ready (controlplane.tenancy.lifetimes), kept after
     the replica is gone so finops can integrate GPU-seconds over a window."""
     return f"{ROOT}/replica-lifetimes/{replica_id}"
+
+
+def model_sites(model: str = "", site: str = "") -> str:
+    """Where a model's bytes are, per site (controlplane.models.replicate): /fabric/model-sites/{model}/{site}."""
+    if not model:
+        return f"{ROOT}/model-sites/"
+    return f"{ROOT}/model-sites/{model}/{site}"

@@ -6,6 +6,8 @@
     store can encode, so it is refused as 422 "invalid" naming the field (`body.license`).
     Only a body whose bytes contain a \\ud8xx-\\udfxx escape is parsed a second time.
 
+A model blob upload (PUT /api/ai/models/{name}/blobs/{digest}) is not buffered: it streams to
+disk under its own limit and token (controlplane.api.model_blobs).
 Everything else passes through untouched, with the (already read) body replayed to the app.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 
+from controlplane.api.model_blobs import BLOB_PATH
 from controlplane.errors_http import error_body
 from controlplane.state import DEFAULT_MAX_BODY_BYTES
 
@@ -47,6 +50,9 @@ class RequestGuard:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        if scope["method"] == "PUT" and BLOB_PATH.match(scope.get("path", "")):
+            # Model blobs stream to disk under their own limit (controlplane.api.model_blobs).
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:

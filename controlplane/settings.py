@@ -19,6 +19,7 @@ The result, one ``FabricdSettings``, travels in AppState.config to the API and t
   FABRIC_KEY_HMAC_SECRET_FILE                            when set, must be a readable non-empty file
   FABRIC_MODEL_CACHE_BYTES, FABRIC_MAX_BATCHES           whole numbers (>= 0, 1-10000000)
   FABRIC_TOKEN_BUDGET (0: none)                          finops alert above this many tokens a window
+  FABRIC_MAX_BLOB_BYTES (1 TiB)                          largest model blob a peer site may send
   FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY             1 or 0;  FABRIC_MODEL_DIR  an absolute path
 Booleans accept 1/0, true/false, yes/no, on/off (any case); empty means the default.
 """
@@ -139,6 +140,7 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
     r.number("FABRIC_MODEL_CACHE_BYTES", 0, 0, 2**62, integer=True)
     r.number("FABRIC_MAX_BATCHES", 10_000, 1, 10_000_000, integer=True)
     r.number("FABRIC_TOKEN_BUDGET", 0, 0, 2**62, integer=True)
+    r.number("FABRIC_MAX_BLOB_BYTES", 1 << 40, 1, 2**62, integer=True)
     for flag in ("FABRIC_PCI_MIG", "FABRIC_PCI_MIG_RECORD_ONLY"):
         if r.raw(flag) not in ("", "0", "1"):
             r.bad(flag, "is not 1 or 0")

@@ -18,7 +18,8 @@ import importlib
 from fastapi import APIRouter
 
 OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models", "apply",
-                    "scaling", "quotas", "replicas", "aliases", "sites", "finops", "tenancy")
+                    "scaling", "quotas", "replicas", "aliases", "sites", "finops", "tenancy",
+                    "model_copy", "model_blobs")
 
 
 def routers() -> list[APIRouter]:

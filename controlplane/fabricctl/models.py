@@ -1,4 +1,4 @@
-"""`fabricctl ai model status|materialize|jobs|verify|evict`: the model supply chain.
+"""`fabricctl ai model status|materialize|jobs|verify|evict|replicate`: the model supply chain.
 
 `materialize NAME --wait` follows the job through the API with a progress bar (rich, on
 stderr) until the model is Ready (exit 0) or Failed (exit 1, the job's message on stderr);
@@ -133,6 +133,21 @@ def evict(
         typer.echo(f"error: {err}", err=True)
 
 
+def replicate(
+    name: str = typer.Argument(..., metavar="NAME", help="the model's name"),
+    site: str = typer.Option(..., "--site", help="the site that should hold the model's bytes"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Make the model's bytes present at SITE (a node there has them, or push to its peer fabricd).
+
+    Exit 1 while it stays Pending; the reason is printed."""
+    with session() as c:
+        result = c.post(f"/api/ai/models/{name}/replicate", {"site": site})
+    emit_object(result, as_json)
+    if result.get("phase") != "Ready":
+        raise typer.Exit(1)
+
+
 def register(model_app: typer.Typer) -> None:
-    for fn in (status, materialize, jobs, verify, evict):
+    for fn in (status, materialize, jobs, verify, evict, replicate):
         model_app.command(fn.__name__)(fn)

@@ -121,6 +121,11 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/api/ai/models/{name}/materialize"): write(owned("model", "name")),
     ("POST", "/api/ai/models/{name}/verify"): write(owned("model", "name")),
     ("POST", "/api/ai/models/cache/evict"): admin(),
+    # -- site-to-site model copy (controlplane.api.model_copy, controlplane.api.model_blobs) -------
+    ("POST", "/api/ai/models/{name}/replicate"): write(owned("model", "name")),
+    ("GET", "/api/ai/models/{name}/sites"): read(owned("model", "name")),
+    # the receiving fabricd: authenticated by FABRIC_REPLICATE_TOKEN (404 when unset), not a user token
+    ("PUT", "/api/ai/models/{name}/blobs/{digest}"): PUBLIC,
     # -- keys and audit -------------------------------------------------------------------------
     ("POST", "/api/ai/keys"): write(BODY),
     ("GET", "/api/ai/keys"): read(FILTERED),
