@@ -98,6 +98,11 @@ class KeySpec:
     request_quota: int | None = None
     tokens_per_minute: int | None = None
     max_concurrent: int | None = None
+    priority: str | None = None
+    fallbacks: tuple[str, ...] = ()
+
+
+PRIORITIES = ("low", "normal", "high")
 
 
 def build_record(spec: KeySpec, hmac_secret: bytes, now: float | None = None) -> tuple[ApiKeyRecord, str]:
@@ -109,6 +114,8 @@ def build_record(spec: KeySpec, hmac_secret: bytes, now: float | None = None) ->
         v = getattr(spec, field)
         if v is not None and v < 1:
             raise InvalidInput(f"{field} must be at least 1 when set")
+    if spec.priority is not None and spec.priority not in PRIORITIES:
+        raise InvalidInput("priority must be low, normal or high")
     plaintext, prefix = new_plaintext()
     record = ApiKeyRecord(
         id=uuid.uuid4().hex[:16],
@@ -123,6 +130,8 @@ def build_record(spec: KeySpec, hmac_secret: bytes, now: float | None = None) ->
         request_quota=spec.request_quota,
         tokens_per_minute=spec.tokens_per_minute,
         max_concurrent=spec.max_concurrent,
+        priority=spec.priority,
+        fallbacks=list(spec.fallbacks),
         created_at=now,
     )
     return record, plaintext

@@ -141,8 +141,27 @@ class ModelStatus(Status):
     revision: str | None = Field(None, description="the commit sha the revision resolved to (hf:// sources)")
 
 
+class LoraAdapter(BaseModel):
+    """A LoRA adapter of a model: clients and keys name it as a model; vLLM loads it on demand."""
+
+    name: str = Field(..., description="the model name clients use for it (a DNS label)")
+    source: str = Field(..., description="as a model's: hf://ORG/NAME[@REVISION], file:///PATH or a path")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v, "adapter name")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        return check_source(v)
+
+
 class ModelArtifact(Resource):
     source: str
+    adapters: list[LoraAdapter] = Field(default_factory=list, max_length=256)
+    max_loaded_adapters: int = Field(4, ge=1, le=256, description="adapters loaded at once per replica")
     license: str | None = None
     residency: str | None = None
     digest: str | None = Field(None, description="expected digest: SHA-256 of the sorted manifest")
@@ -157,6 +176,14 @@ class ModelArtifact(Resource):
     @classmethod
     def _source(cls, v: str) -> str:
         return check_source(v)
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapters(cls, v: list[LoraAdapter], info: ValidationInfo) -> list[LoraAdapter]:
+        names = [a.name for a in v]
+        if len(set(names)) != len(names) or info.data.get("name") in names:
+            raise ValueError("adapter names must be unique and differ from the model's name")
+        return v
 
     @field_validator("digest")
     @classmethod
@@ -312,8 +339,46 @@ class EndpointStatus(Status):
     vip: str | None = None
 
 
+class ProviderKey(BaseModel):
+    """One API key of an external provider: a file on the gateway host (re-read when it changes)."""
+
+    file: str = Field(..., min_length=1, max_length=4096, description="absolute path of a file holding the key")
+    weight: int = Field(1, ge=1, le=1000, description="share of calls relative to the other keys")
+
+    @field_validator("file")
+    @classmethod
+    def _file(cls, v: str) -> str:
+        if not v.startswith("/") or "\0" in v:
+            raise ValueError("key file must be an absolute path")
+        return v
+
+
+class ExternalProvider(BaseModel):
+    """An OpenAI-compatible API outside the cluster that an endpoint forwards to."""
+
+    url: str = Field(..., max_length=2048, description="base URL ending where /v1 ends, e.g. https://api.example/v1")
+    model: str = Field(..., min_length=1, max_length=256, description="the provider's model name")
+    keys: list[ProviderKey] = Field(..., min_length=1, max_length=16)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        scheme, sep, rest = v.partition("://")
+        host = rest.split("/", 1)[0]
+        if scheme not in ("http", "https") or not sep or not host or "@" in host or any(c in v for c in " ?#\0"):
+            raise ValueError("url must be http(s)://host[:port][/path] without credentials, query or fragment")
+        return v.rstrip("/")
+
+
 class InferenceEndpoint(Resource):
     deployment: str
+    spillover: list[str] = Field(default_factory=list, max_length=8,
+                                 description="further deployments, in preference order, used when the ones "
+                                             "before are saturated")
+    external: ExternalProvider | None = Field(None, description="forward to an OpenAI-compatible API outside "
+                                                                "the cluster instead of replicas")
+    fallbacks: list[str] = Field(default_factory=list, max_length=8,
+                                 description="external endpoints used only when this one has no capacity left")
     openai_compatible: bool = True
     routing: str = "equal"
     routing_l7: str = Field("affinity", description="the gateway's replica choice: " + ", ".join(ROUTING_L7))
@@ -327,6 +392,15 @@ class InferenceEndpoint(Resource):
     @classmethod
     def _deployment(cls, v: str) -> str:
         return check_name(v, "deployment")
+
+    @field_validator("spillover", "fallbacks")
+    @classmethod
+    def _names(cls, v: list[str], info) -> list[str]:
+        for name in v:
+            check_name(name, info.field_name)
+        if len(set(v)) != len(v):
+            raise ValueError(f"{info.field_name} names an entry twice")
+        return v
 
     @field_validator("routing")
     @classmethod
@@ -505,4 +579,7 @@ class ApiKeyRecord(BaseModel):
     request_quota: int | None = None
     tokens_per_minute: int | None = None
     max_concurrent: int | None = None
+    priority: str | None = Field(None, description="the band of calls without x-request-priority")
+    fallbacks: list[str] = Field(default_factory=list, description="external endpoints this key's prompts may "
+                                                                   "leave the cluster for")
     created_at: float = Field(default_factory=time.time)

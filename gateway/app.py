@@ -28,12 +28,17 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from common.errors import FabricError, InvalidInput, NotFound
+from common.errors import FabricError, Forbidden, InvalidInput, NotFound
 from common.health import healthz_body
 from common.store.base import Store
 from gateway import batch_scope, dry_run
+from gateway.adapters import AdapterRouter
 from gateway.audit import AuditWriter
+from gateway.bands import QueueRefused
+from gateway.capacity import replica_saturated
 from gateway.cold_start import ColdStart
+from gateway.dispatch import Dispatcher, Placement, needed
+from gateway.external import ExternalRouter
 from gateway.http_io import (
     ClientGone,
     outcome_of,
@@ -54,7 +59,7 @@ from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_fi
 from gateway.routes import PREFIX, Route, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
-from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_targets
+from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_target, replica_targets
 from gateway.usage import TokenCounter
 
 if TYPE_CHECKING:
@@ -86,6 +91,9 @@ class GatewayState:
     catalogue: CatalogueCache | None = None  # the root /v1: model -> endpoint (gateway.model_routing)
     router: ReplicaRouter = field(default_factory=ReplicaRouter)  # routing_l7 choices and their explanations
     tokens: TokenCounter | None = None  # tokens per endpoint and tenant for finops (common.token_windows)
+    dispatcher: Dispatcher | None = None  # spillover, bands, fallbacks (gateway.dispatch)
+    external: ExternalRouter = field(default_factory=ExternalRouter)  # provider keys and breakers
+    adapters: AdapterRouter = field(default_factory=AdapterRouter)  # LoRA adapters loaded per replica
 
     @property
     def scheme(self) -> str:
@@ -192,8 +200,10 @@ class GatewayApp:
             st.audit.record("ATTEMPT", request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
                             endpoint=endpoint, model=info.model)
             deadline = request_timeout(headers, st.settings.total_deadline_secs)
-            priority = headers.get("x-request-priority", "normal").lower()
-            if priority not in PRIORITIES:
+            priority = headers.get("x-request-priority")
+            if priority is None:  # the key's default band, else normal
+                priority = identity.record.priority if identity.record and identity.record.priority else "normal"
+            elif (priority := priority.lower()) not in PRIORITIES:
                 raise InvalidInput("x-request-priority must be low, normal or high")
             dry = st.settings.dry_run
             if st.cold_start is not None and not dry:
@@ -203,6 +213,13 @@ class GatewayApp:
             label = endpoint  # resolved in the store: a bounded label from here on
             if not dry:
                 check_shed(view, st.settings.shed_queue, priority, time.time())
+            placement: Placement | None = None
+            d = st.dispatcher
+            if not dry and d is not None and needed(view, d.measure, d.room is not None):
+                placement = await self._place(view, identity, priority, request_id, endpoint, info.model)
+                view = placement.view
+                if placement.external is not None:
+                    endpoint = placement.external.name  # limits, audit and spans name where the prompt went
             rec = identity.record
             facts = RequestFacts(
                 endpoint=endpoint, model=info.model or "unknown", tenant=identity.tenant,
@@ -213,8 +230,15 @@ class GatewayApp:
                 key_max_concurrent=rec.max_concurrent if rec else None,
             )
             check_caps(st.settings, facts)
-            picked = None
-            if view.endpoint.routing_l7 != "affinity" and view.replicas and not dry:
+            picked = adapter = None
+            external = placement.external if placement is not None else None
+            if external is not None:
+                targets, why = [], {"mode": "external", "reason": "an external provider"}
+            elif view.adapters and info.model in view.adapters and view.replicas and not dry:
+                adapter = info.model
+                picked, why = await self._adapter_replica(view, adapter)
+                targets = replica_targets(view, picked, st.scheme)
+            elif view.endpoint.routing_l7 != "affinity" and view.replicas and not dry:
                 picked, why = st.router.pick(view, info.data if route.kind == "generate" else None, time.time())
                 targets = replica_targets(view, picked, st.scheme)
             else:
@@ -222,10 +246,14 @@ class GatewayApp:
                 targets = order_targets(view, session, st.scheme)
                 why = {"mode": "affinity", "reason": "the endpoint's VIP" if view.endpoint.status.vip else
                        "rendezvous hash of the session" if session else "replica order"}
-            st.router.remember(request_id, identity.subject, {"request_id": request_id, "endpoint": endpoint,
-                                                              "model": info.model, **why})
+            explained = {"request_id": request_id, "endpoint": endpoint, "model": info.model, "band": priority,
+                         **why, **(placement.notes if placement is not None else {})}
+            st.router.remember(request_id, identity.subject, explained)
             fwd_headers = upstream_headers(scope["headers"], request_id.encode())
             creates_batch = scope["method"] == "POST" and route.path.rstrip("/") == "/v1/batches"
+            if rec is not None and rec.model and creates_batch and external is not None:
+                raise Forbidden("a model-scoped key cannot create batches at an external provider",
+                                code="model_not_allowed")
             if rec is not None and rec.model and creates_batch and not dry:
                 await batch_scope.check_batch(st.client, targets, fwd_headers, info.data, rec.model,
                                               st.settings.max_upload)
@@ -242,12 +270,20 @@ class GatewayApp:
             if picked:
                 st.router.started(picked)
             try:
+                sent = info.body if info.body is not None else body
+                marks = [(b"x-fabric-request-id", request_id.encode())]
                 async with asyncio.timeout(deadline):
-                    result = await run_unless_client_leaves(
-                        forward(st.client, send, targets, scope["method"], route.target, fwd_headers,
-                                info.body if info.body is not None else body, info.stream,
-                                [(b"x-fabric-request-id", request_id.encode())]),
-                        receive)
+                    if external is not None:
+                        call = st.external.forward(send, external, scope["method"], route.target, fwd_headers, sent,
+                                                   info.data, explained, marks)
+                    elif adapter:
+                        call = st.adapters.forward(st.client, send, self._urls(view), picked, adapter,
+                                                   lambda: self._adapter_replica(view, adapter), scope["method"],
+                                                   route.target, fwd_headers, sent, info.stream, marks, explained)
+                    else:
+                        call = forward(st.client, send, targets, scope["method"], route.target, fwd_headers, sent,
+                                       info.stream, marks)
+                    result = await run_unless_client_leaves(call, receive)
             finally:
                 in_flight.dec()
                 if picked:
@@ -266,9 +302,35 @@ class GatewayApp:
             await self._send_fabric_error(send, UpstreamTimeout("the upstream deadline passed"))
         except FabricError as exc:
             status, outcome = exc.status, outcome_of(exc)
-            await self._send_fabric_error(send, exc, close=not body_read)
+            await self._send_fabric_error(send, exc, close=not body_read, request_id=request_id)
         finally:
             await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0)
+
+    def _urls(self, view) -> dict[str, str]:
+        return {r.replica_id: replica_target(r, self.state.scheme) for r in view.replicas}
+
+    async def _adapter_replica(self, view, adapter: str) -> tuple[str, dict]:
+        """gateway.adapters: a replica of the view's pool holding the adapter (loading it there,
+        unloading the least recently used idle one when the replica is full)."""
+        st = self.state
+        now = time.time()
+        measure = st.dispatcher.measure if st.dispatcher is not None else None
+        saturated = {r.replica_id for r in view.replicas
+                     if measure is not None and replica_saturated(view.readings.get(r.replica_id), measure, now)}
+        return await st.adapters.place(st.client, self._urls(view), adapter, view.max_adapters, saturated,
+                                       st.router.in_flight)
+
+    async def _place(self, view, identity: Identity, band: str, request_id: str, endpoint: str,
+                     model: str | None) -> Placement:
+        """gateway.dispatch's choice; a call refused by its band (full, displaced, timed out) is
+        explained too."""
+        try:
+            return await self.state.dispatcher.place(view, identity, band, request_id)
+        except QueueRefused as exc:
+            self.state.router.remember(request_id, identity.subject, {
+                "request_id": request_id, "endpoint": endpoint, "model": model, "band": band, "mode": "queue",
+                "reason": exc.message, "displaced": exc.code == "displaced", "refused": exc.code})
+            raise
 
     async def explain(self, scope, send) -> None:
         """GET /api/ai/explain/request/{id}: which scores chose the replica; only for the
@@ -325,9 +387,10 @@ class GatewayApp:
             return await asyncio.to_thread(parse_body, body, content_type, route, policy)
         return parse_body(body, content_type, route, policy)
 
-    async def _send_fabric_error(self, send, exc: FabricError, close: bool = False) -> None:
+    async def _send_fabric_error(self, send, exc: FabricError, close: bool = False,
+                                 request_id: str | None = None) -> None:
         try:
-            await send_error(send, exc, close)
+            await send_error(send, exc, close, request_id)
         except (RuntimeError, OSError):
             log.debug("could not send an error body; the response had started")
 

@@ -8,7 +8,11 @@ from common.http1_client import UpstreamPool
 from common.store.base import Store
 from gateway.app import GatewayApp, GatewayState
 from gateway.audit import AuditWriter
+from gateway.bands import QueuePolicy, WaitingRoom
+from gateway.capacity import Saturation
 from gateway.cold_start import ColdStart
+from gateway.dispatch import Dispatcher
+from gateway.external import ExternalRouter
 from gateway.key_auth import Authenticator
 from gateway.limits import LimitKeeper
 from gateway.metrics import GatewayMetrics
@@ -46,21 +50,36 @@ def upstream_pool(settings: GatewaySettings) -> UpstreamPool:
                         idle_timeout=settings.idle_secs, keepalive_secs=4.0)
 
 
+def dispatcher(settings: GatewaySettings, upstreams: UpstreamCache, metrics: GatewayMetrics) -> Dispatcher:
+    """Spillover, fallbacks and (with a saturation measure) the priority bands' waiting room."""
+    measure = Saturation(settings.saturation_queue, settings.saturation_kv)
+    room = None
+    if measure.measured:
+        policy = QueuePolicy(settings.band_queue, settings.band_total, settings.band_ttl_secs)
+        room = WaitingRoom(policy, on_displaced=lambda ep: metrics.count(metrics.displaced, ep))
+    return Dispatcher(upstreams, measure, room, on_spill=lambda ep: metrics.count(metrics.spilled, ep),
+                      on_fallback=lambda ep: metrics.count(metrics.fallbacks, ep))
+
+
 def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gateway_id: str) -> GatewayApp:
+    metrics = GatewayMetrics.create()
+    upstreams = UpstreamCache(store, ttl_secs=settings.cache_ttl_secs)
     oidc = OidcVerifier(settings.oidc_providers, settings.accept_any_jwt_audience, settings.oidc_endpoints_claim)
     state = GatewayState(
         settings=settings,
         store=store,
         auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs),
         limits=LimitKeeper(store, SlotHolder(store, gateway_id, settings.slot_lease_secs), UsageCounter(store)),
-        upstreams=(upstreams := UpstreamCache(store, ttl_secs=settings.cache_ttl_secs)),
+        upstreams=upstreams,
         audit=AuditWriter(store),
-        metrics=GatewayMetrics.create(),
+        metrics=metrics,
         client=upstream_pool(settings),
         tracer=Tracer(settings.otel_endpoint),
         gateway_id=gateway_id,
         cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
         tokens=TokenCounter(store),
+        dispatcher=dispatcher(settings, upstreams, metrics),
+        external=ExternalRouter(settings.idle_secs, on_key_state=metrics.key_state),
     )
     return GatewayApp(state)

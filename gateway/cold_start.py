@@ -75,7 +75,8 @@ class ColdStart:
             if exc.code != "no_ready_replica":
                 raise
             return None
-        return view if view.replicas else None
+        ep = view.endpoint  # a pool to spill to, a fallback or a provider is capacity too (gateway.dispatch)
+        return view if view.replicas or ep.external or ep.fallbacks or any(p for _, p in view.spill_pools) else None
 
     async def record_demand(self, endpoint: str) -> None:
         now = time.monotonic()

@@ -54,10 +54,13 @@ async def send_json(send, status: int, body: bytes, extra: list[tuple[bytes, byt
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send, exc: FabricError, close: bool = False) -> None:
+async def send_error(send, exc: FabricError, close: bool = False, request_id: str | None = None) -> None:
     """close: the body was not read, so the connection cannot carry another request (the server
-    closes it after this response instead of reading what the client still sends)."""
+    closes it after this response instead of reading what the client still sends). request_id:
+    named in x-fabric-request-id, so a refusal can be explained (GET /api/ai/explain/request/)."""
     extra = [(b"connection", b"close")] if close else []
+    if request_id is not None:
+        extra.append((b"x-fabric-request-id", request_id.encode()))
     retry_after = getattr(exc, "retry_after", None)  # LimitExceeded, cold_start.ModelLoading
     if retry_after is not None:
         extra.append((b"retry-after", str(max(1, round(retry_after))).encode()))

@@ -36,6 +36,13 @@ class Identity:
             return self.record.endpoint == endpoint
         return self.endpoints is not None and ("*" in self.endpoints or endpoint in self.endpoints)
 
+    def may_leave(self, fallback: str) -> bool:
+        """Pure: whether this caller's prompts may go to an external fallback endpoint: a key that
+        names it in ``fallbacks`` (or is its own endpoint), an OIDC token whose claim names it."""
+        if self.record is not None:
+            return fallback in self.record.fallbacks or self.record.endpoint == fallback
+        return self.may_call(fallback)
+
 
 def bearer_token(headers: dict[str, str]) -> str:
     auth = headers.get("authorization", "")

@@ -24,6 +24,10 @@ class GatewayMetrics:
     ttft: Histogram
     latency: Histogram
     in_flight: Gauge
+    displaced: Counter
+    spilled: Counter
+    fallbacks: Counter
+    provider_keys: Gauge
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
 
     @classmethod
@@ -42,6 +46,14 @@ class GatewayMetrics:
             # livesum: with several worker processes (multiprocess mode) the live workers' sum.
             in_flight=Gauge("fabric_gateway_in_flight", "Calls being proxied now", ["endpoint"], registry=reg,
                             multiprocess_mode="livesum"),
+            displaced=Counter("fabric_gateway_displaced", "Waiting calls displaced by a higher band",
+                              ["endpoint"], registry=reg),
+            spilled=Counter("fabric_gateway_spilled", "Calls sent to a spillover pool", ["endpoint"], registry=reg),
+            fallbacks=Counter("fabric_gateway_fallbacks", "Calls sent to an external fallback", ["endpoint"],
+                              registry=reg),
+            # 0 closed, 1 half_open, 2 open, 3 refused (401); key is the key's index, never its text
+            provider_keys=Gauge("fabric_gateway_provider_key_state", "Breaker state of each external provider key",
+                                ["endpoint", "key"], registry=reg, multiprocess_mode="mostrecent"),
         )
 
     def _child(self, metric, *labels):
@@ -59,6 +71,12 @@ class GatewayMetrics:
 
     def tokens_for(self, endpoint: str, model: str):
         return self._child(self.tokens, endpoint, model)
+
+    def count(self, metric: Counter, endpoint: str) -> None:
+        self._child(metric, endpoint).inc()
+
+    def key_state(self, endpoint: str, key: int, value: int) -> None:
+        self._child(self.provider_keys, endpoint, str(key)).set(value)
 
     def outcome(self, endpoint: str, outcome: str, seconds: float | None = None) -> None:
         outcome = outcome if outcome in OUTCOMES else "error"

@@ -36,6 +36,7 @@ class ModelTarget:
 class Catalogue:
     endpoint_models: dict[str, str]  # endpoint -> the model its deployment serves
     aliases: dict[str, tuple[str, str | None]]  # alias -> (endpoint, model_name)
+    adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter -> its base model
 
 
 def model_not_found(model: str | None) -> NotFound:
@@ -50,8 +51,9 @@ def resolve(cat: Catalogue, identity: Identity, model: str | None) -> ModelTarge
     alias = cat.aliases.get(model)
     if alias is not None and identity.may_call(alias[0]):
         return ModelTarget(alias[0], alias[1] or cat.endpoint_models.get(alias[0]) or model)
+    base = cat.adapters.get(model, model)  # an adapter goes where its base model is served, by its own name
     for endpoint in sorted(cat.endpoint_models):
-        if cat.endpoint_models[endpoint] == model and identity.may_call(endpoint):
+        if cat.endpoint_models[endpoint] == base and identity.may_call(endpoint):
             return ModelTarget(endpoint, model)
     raise model_not_found(model)
 
@@ -70,6 +72,7 @@ def visible_models(cat: Catalogue, identity: Identity) -> list[str]:
     """Pure: exactly the names this caller may use (a model-scoped key: those that resolve to its model)."""
     names = {m for e, m in cat.endpoint_models.items() if identity.may_call(e)}
     names |= {a for a, (e, _) in cat.aliases.items() if identity.may_call(e)}
+    names |= {a for a, base in cat.adapters.items() if base in names}
     scoped = identity.record.model if identity.record else None
     if scoped:
         names = {n for n in names if resolve(cat, identity, n).upstream_model == scoped}
@@ -105,7 +108,14 @@ def read_catalogue(store: Store) -> Catalogue:
             aliases[str(a["name"])] = (str(a["endpoint"]), a.get("model_name"))
         except (ValueError, KeyError, TypeError):
             continue
-    return Catalogue(endpoint_models, aliases)
+    adapters: dict[str, str] = {}
+    for kv in store.list(keyspace.models()):
+        try:
+            m = json.loads(kv.value)
+            adapters.update({str(a["name"]): str(m["name"]) for a in m.get("adapters") or []})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return Catalogue(endpoint_models, aliases, adapters)
 
 
 @dataclass

@@ -90,7 +90,7 @@ def split_target(url: str) -> tuple[str, str, int]:
 _SPLIT: dict[str, tuple[str, str, int]] = {}
 
 
-async def _open(pool: UpstreamPool, targets: list[str], method: str, target: bytes,
+async def open_response(pool: UpstreamPool, targets: list[str], method: str, target: bytes,
                 headers: list, body: bytes, streaming: bool) -> UpstreamResponse:
     tries = targets[:1] if streaming else targets[:2]
     for i, base in enumerate(tries):
@@ -110,7 +110,12 @@ async def _open(pool: UpstreamPool, targets: list[str], method: str, target: byt
 async def forward(pool: UpstreamPool, send, targets: list[str], method: str, target: bytes,
                   headers: list, body: bytes, streaming: bool, extra: list | None = None) -> ProxyResult:
     t0 = time.perf_counter()
-    resp = await _open(pool, targets, method, target, headers, body, streaming)
+    resp = await open_response(pool, targets, method, target, headers, body, streaming)
+    return await relay(resp, send, t0, extra)
+
+
+async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = None) -> ProxyResult:
+    """Send an opened upstream response to the client as it arrives; closes it in any case."""
     try:
         ctype = resp.header(b"content-type") or b""
         sse = ctype.startswith(b"text/event-stream")

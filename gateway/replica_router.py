@@ -69,6 +69,11 @@ class ReplicaRouter:
             tree.record(hashes, decision.chosen)  # the replica actually chosen
         return decision.chosen, {"mode": mode, **decision.explain()}
 
+    @property
+    def in_flight(self) -> dict[str, int]:
+        """This process's calls in flight per replica (read-only use)."""
+        return self._in_flight
+
     def started(self, replica: str) -> None:
         self._in_flight[replica] = self._in_flight.get(replica, 0) + 1
 

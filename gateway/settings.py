@@ -48,6 +48,11 @@ class GatewaySettings:
     idle_secs: float = 60.0
     total_deadline_secs: float = 120.0
     shed_queue: float | None = None
+    saturation_queue: float | None = None  # FABRIC_SATURATION_QUEUE: healthy queue depth (gateway.capacity)
+    saturation_kv: float | None = None  # FABRIC_SATURATION_KV: KV cache use ceiling, 0-1
+    band_queue: int = 64  # FABRIC_BAND_QUEUE: waiting calls per band and endpoint (gateway.bands)
+    band_total: int = 128  # FABRIC_BAND_TOTAL: waiting calls over all bands of an endpoint
+    band_ttl_secs: float = 30.0  # FABRIC_BAND_TTL_SECS: longest wait
     accept_any_jwt_audience: bool = False
     oidc_providers: tuple[OidcProvider, ...] = ()
     backend_tls: BackendTls = field(default_factory=BackendTls)
@@ -67,6 +72,13 @@ def _number(env: dict[str, str], name: str, default=None, cast=int):
     except envvars.EnvError as exc:
         raise SettingsError(str(exc)) from None
     return v or default
+
+
+def _fraction(env: dict[str, str], name: str) -> float | None:
+    value = _number(env, name, None, float)
+    if value is not None and value > 1:
+        raise SettingsError(f"{name} must be a fraction between 0 and 1, got {value}")
+    return value
 
 
 def _flag(env: dict[str, str], name: str) -> bool:
@@ -151,6 +163,11 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         max_upload=_number(env, "FABRIC_GATEWAY_MAX_UPLOAD", 100 * 1024 * 1024),
         idle_secs=_number(env, "FABRIC_GATEWAY_IDLE_SECS", 60.0, float),
         shed_queue=_number(env, "FABRIC_SHED_QUEUE", None, float),
+        saturation_queue=_number(env, "FABRIC_SATURATION_QUEUE", None, float),
+        saturation_kv=_fraction(env, "FABRIC_SATURATION_KV"),
+        band_queue=_number(env, "FABRIC_BAND_QUEUE", 64),
+        band_total=_number(env, "FABRIC_BAND_TOTAL", 128),
+        band_ttl_secs=_number(env, "FABRIC_BAND_TTL_SECS", 30.0, float),
         accept_any_jwt_audience=_flag(env, "FABRIC_GATEWAY_ACCEPT_JWT"),
         oidc_providers=_oidc(env),
         backend_tls=_backend_tls(env),

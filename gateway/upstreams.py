@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import time
 from collections.abc import Mapping
@@ -38,12 +39,12 @@ from dataclasses import dataclass, field
 from common import keyspace
 from common.errors import LimitExceeded, NotFound, TransientError
 from common.rollouts import Rollout
-from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation, Site
+from common.schemas import InferenceEndpoint, ModelArtifact, Node, Replica, ReplicaObservation, Site
 from common.sites import saturated, site_problem, spill
 from common.store.base import Store
+from gateway.capacity import MAX_READING_AGE, Reading
 
 PRIORITY_FACTOR = {"low": 0.5, "normal": 1.0, "high": 2.0}
-MAX_READING_AGE = 30.0
 VIEW_CACHE_MAX = 1024  # endpoint names cached (existing or not); a flood of names cannot grow it
 
 
@@ -53,6 +54,16 @@ class EndpointView:
     replicas: tuple[Replica, ...]  # ready, not draining, with an address
     queue_depths: dict[str, tuple[float, float]]  # replica id -> (queue depth, scraped_at), ok scrapes only
     weights: dict[str, float] = field(default_factory=dict)  # replica id -> rollout weight; empty: all equal
+    readings: dict[str, Reading] = field(default_factory=dict)  # replica id -> queue, KV use (every pool)
+    # (deployment, its eligible replicas) for the endpoint's spillover deployments, in order;
+    # empty when it names none (the first pool is always deployment/replicas above).
+    spill_pools: tuple[tuple[str, tuple[Replica, ...]], ...] = ()
+    adapters: frozenset[str] = frozenset()  # the served model's LoRA adapters (gateway.adapters)
+    max_adapters: int = 4  # loaded at once per replica
+
+    @property
+    def pools(self) -> list[tuple[str, tuple[Replica, ...]]]:
+        return [(self.endpoint.deployment, self.replicas), *self.spill_pools]
 
 
 def eligible(replicas: list[Replica], endpoint: InferenceEndpoint | None = None,
@@ -128,7 +139,11 @@ def replica_targets(view: EndpointView, first: str, scheme: str = "http") -> lis
     """Pure: base URLs with the chosen replica first, then the others (the connect-failure
     retry); never the VIP, whose own hash would undo the choice."""
     reps = sorted(view.replicas, key=lambda r: r.replica_id != first)
-    return [f"{scheme}://{_host(r.host)}:{r.port}" for r in reps]
+    return [replica_target(r, scheme) for r in reps]
+
+
+def replica_target(r: Replica, scheme: str = "http") -> str:
+    return f"{scheme}://{_host(r.host)}:{r.port}"
 
 
 def _host(host: str | None) -> str:
@@ -159,7 +174,31 @@ def read_view(store: Store, name: str) -> EndpointView:
     if kv is None:
         raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
     endpoint = InferenceEndpoint.model_validate_json(kv.value)
-    replicas = [Replica.model_validate_json(r.value) for r in store.list(keyspace.replicas(endpoint.deployment))]
+    ready, depths, readings = _pool(store, endpoint, endpoint.deployment)
+    pools = []
+    for d in endpoint.spillover:
+        pool, _, pool_readings = _pool(store, endpoint, d)
+        pools.append((d, pool))
+        readings.update(pool_readings)
+    adapters, cap = _adapters(store, endpoint.deployment)
+    return EndpointView(endpoint, ready, depths, rollout_weights(ready, _active_rollout(store, endpoint.deployment)),
+                        readings, tuple(pools), adapters, cap)
+
+
+def _adapters(store: Store, deployment: str) -> tuple[frozenset[str], int]:
+    """The LoRA adapters of the deployment's model and how many a replica holds at once."""
+    dep = store.get(keyspace.deployments(deployment))
+    model = store.get(keyspace.models(str(json.loads(dep.value).get("model", "")))) if dep else None
+    if model is None:
+        return frozenset(), 4
+    m = ModelArtifact.model_validate_json(model.value)
+    return frozenset(a.name for a in m.adapters), m.max_loaded_adapters
+
+
+def _pool(store: Store, endpoint: InferenceEndpoint, deployment: str
+          ) -> tuple[tuple[Replica, ...], dict[str, tuple[float, float]], dict[str, Reading]]:
+    """One deployment's replicas that calls of this endpoint may go to, with their readings."""
+    replicas = [Replica.model_validate_json(r.value) for r in store.list(keyspace.replicas(deployment))]
     sites: dict[str, str] = {}
     records: dict[str, Site] = {}
     if endpoint.allowed_sites or endpoint.residency or endpoint.routing == "site_local":
@@ -171,6 +210,7 @@ def read_view(store: Store, name: str) -> EndpointView:
             site = Site.model_validate_json(kv.value)
             records[site.name] = site
     depths: dict[str, tuple[float, float]] = {}
+    readings: dict[str, Reading] = {}
     for r in replicas:
         if not (r.ready and not r.draining and r.host):
             continue
@@ -179,9 +219,10 @@ def read_view(store: Store, name: str) -> EndpointView:
             obs = ReplicaObservation.model_validate_json(ob.value)
             if obs.ok:
                 depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
+                readings[r.replica_id] = Reading(obs.queue_depth, obs.kv_cache_usage, obs.scraped_at)
     ready = eligible(replicas, endpoint, sites, records, depths)
-    depths = {rid: d for rid, d in depths.items() if rid in {r.replica_id for r in ready}}
-    return EndpointView(endpoint, ready, depths, rollout_weights(ready, _active_rollout(store, endpoint.deployment)))
+    keep = {r.replica_id for r in ready}
+    return (ready, {k: v for k, v in depths.items() if k in keep}, {k: v for k, v in readings.items() if k in keep})
 
 
 def _active_rollout(store: Store, deployment: str) -> Rollout | None:
@@ -216,7 +257,9 @@ class UpstreamCache:
             self._views[name] = hit = (now + self.ttl_secs, view)
         if hit[1] is None:
             raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
-        if need_upstream and not hit[1].replicas and not hit[1].endpoint.status.vip:
+        ep = hit[1].endpoint
+        if need_upstream and not hit[1].replicas and not ep.status.vip and ep.external is None \
+                and not ep.spillover and not ep.fallbacks:
             raise TransientError(f"endpoint {name!r} has no ready replica", code="no_ready_replica")
         return hit[1]
 

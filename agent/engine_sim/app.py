@@ -16,6 +16,7 @@ from agent.engine_sim.config import EngineConfig
 from agent.engine_sim.control_routes import make_control_routes, metrics_routes
 from agent.engine_sim.engine import Engine
 from agent.engine_sim.generate_routes import make_generate_routes
+from agent.engine_sim.lora_routes import make_lora_routes
 from agent.engine_sim.pooling_routes import make_pooling_routes
 
 REPLICA_HEADER = "x-fabric-replica"
@@ -49,7 +50,7 @@ def create_metrics_app(engine: Engine) -> Starlette:
 def create_app(config: EngineConfig) -> Starlette:
     engine = Engine(config)
     routes = [*make_generate_routes(engine), *make_pooling_routes(engine), *make_control_routes(engine),
-              *make_batch_routes(engine)]
+              *make_batch_routes(engine), *make_lora_routes(engine.lora)]
     app = Starlette(routes=routes, middleware=[Middleware(ReplicaHeader, replica_id=config.replica_id)])
     app.state.engine = engine
     return app

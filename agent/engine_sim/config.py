@@ -31,6 +31,7 @@ class EngineConfig:
     natural_length: int = 0
     kv_capacity_tokens: int = 16384
     prefix_cache_blocks: int = 0  # 16-token blocks the prefix cache holds; 0: no prefix caching
+    max_loras: int = 4  # LoRA adapters loaded at once (vLLM --max-loras; lora_routes)
     chars_per_token: int = 4
     embedding_dim: int = 256
     legacy_metric_names: bool = False
@@ -57,6 +58,8 @@ class EngineConfig:
             problems.append("default_max_tokens must be >= 1")
         if self.natural_length < 0:
             problems.append("natural_length must be >= 0")
+        if self.max_loras < 1:
+            problems.append("max_loras must be >= 1")
         if self.prefix_cache_blocks < 0:
             problems.append("prefix_cache_blocks must be >= 0")
         if self.kv_capacity_tokens < 1:

@@ -49,7 +49,9 @@ def make_control_routes(engine: Engine) -> list[Route]:
             "parent": None,
             "max_model_len": config.max_model_len,
         }
-        return JsonBytes(fmt.to_json({"object": "list", "data": [card]}))
+        adapters = [{**card, "id": name, "root": path, "parent": config.model}
+                    for name, path in engine.lora.loaded.items()]
+        return JsonBytes(fmt.to_json({"object": "list", "data": [card, *adapters]}))
 
     async def health(_: Request) -> Response:
         # vLLM answers an empty 200; a failing engine answers 503.
@@ -67,6 +69,7 @@ def make_control_routes(engine: Engine) -> list[Route]:
             "synthetic_load": dataclasses.asdict(engine.load),
             "scheduler": dataclasses.asdict(real),
             "reported": dataclasses.asdict(live),
+            "lora": {"loaded": list(engine.lora.loaded), "loads": engine.lora.loads, "unloads": engine.lora.unloads},
         }
 
     async def state(_: Request) -> Response:

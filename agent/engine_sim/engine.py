@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from agent.engine_sim.api_models import FaultsUpdate, LoadUpdate
 from agent.engine_sim.config import EngineConfig, Faults, SyntheticLoad
 from agent.engine_sim.generation_plan import MIN_SLEEP_S, GenerationPlan, kv_usage, token_delay
+from agent.engine_sim.lora_routes import LoraState
 from agent.engine_sim.metrics import EngineMetrics, LiveLoad
 from agent.engine_sim.prefix_cache import PrefixCache
 from agent.engine_sim.scheduler import SeqScheduler
@@ -32,6 +33,11 @@ class Engine:
         self._rng = random.Random(config.seed)
         self.prefix_cache = PrefixCache(config.prefix_cache_blocks, chars_per_token=config.chars_per_token)
         self.started_at = time.time()
+        self.lora = LoraState(config.max_loras)
+
+    def serves(self, model: str) -> bool:
+        """The base model, or a LoRA adapter loaded now."""
+        return model == self.config.model or model in self.lora.loaded
 
     def live_load(self) -> LiveLoad:
         snap = self.scheduler.snapshot()

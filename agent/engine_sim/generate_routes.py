@@ -28,7 +28,7 @@ _SSE_HEADERS = {"cache-control": "no-cache"}
 
 def check_common(engine: Engine, model: str, n: int = 1) -> Response | None:
     """The refusals shared by every generate and pooling route, checked before any work."""
-    if model != engine.config.model:
+    if not engine.serves(model):
         return openai_error(404, f"The model `{model}` does not exist.", "NotFoundError", "model_not_found", "model")
     if n != 1:
         return bad_request("the simulator supports n=1 only", "n")
@@ -101,7 +101,7 @@ def make_generate_routes(engine: Engine) -> list[Route]:
             )
         text = await _collect(engine, plan, arrived)
         body = fmt.chat_completion(
-            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.config.model, text,
+            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model, text,
             plan.finish_reason, fmt.usage(plan.prompt_tokens, plan.completion_tokens),
         )
         return JsonBytes(fmt.to_json(body))
@@ -132,7 +132,7 @@ def make_generate_routes(engine: Engine) -> list[Route]:
             )
         text = echo + await _collect(engine, plan, arrived)
         body = fmt.completion(
-            f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.config.model, text,
+            f"cmpl-{uuid.uuid4().hex}", int(time.time()), req.model, text,
             plan.finish_reason, fmt.usage(plan.prompt_tokens, plan.completion_tokens),
         )
         return JsonBytes(fmt.to_json(body))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import Field
@@ -53,6 +54,11 @@ class KeyCreate(Spec):
     request_quota: int | None = Field(None, ge=1, le=10**15, description="lifetime requests")
     tokens_per_minute: int | None = Field(None, ge=1, le=10**12)
     max_concurrent: int | None = Field(None, ge=1, le=1_000_000)
+    priority: Literal["low", "normal", "high"] | None = Field(None, description="band of calls without "
+                                                                             "x-request-priority")
+    fallbacks: list[Annotated[str, Field(pattern=DNS_LABEL.pattern)]] = Field(
+        default_factory=list, max_length=8, description="external endpoints this key's prompts may leave the "
+                                                        "cluster for")
 
 
 class KeyRotate(Spec):
@@ -83,12 +89,15 @@ def _usage(state: AppState, record) -> dict:
 
 
 def served_models(state: AppState, endpoint: dict) -> set[str]:
-    """The model names a request through this endpoint can carry: its deployment's model and name."""
+    """The model names a request through this endpoint can carry: its deployment's model and name,
+    and the model's LoRA adapters."""
     kv = state.store.get(keyspace.deployments(str(endpoint.get("deployment", ""))))
     if kv is None:
         return set()
     dep = json.loads(kv.value)
-    return {str(dep.get("model", "")), str(dep.get("name", ""))} - {""}
+    model = state.store.get(keyspace.models(str(dep.get("model", ""))))
+    adapters = {str(a.get("name", "")) for a in json.loads(model.value).get("adapters", [])} if model else set()
+    return {str(dep.get("model", "")), str(dep.get("name", "")), *adapters} - {""}
 
 
 def resolve(state: AppState, ref: str, who: Principal) -> ApiKeyRecord:

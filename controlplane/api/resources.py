@@ -328,8 +328,15 @@ def list_endpoints(state: StateDep, response: Response, who: PrincipalDep, limit
 @router.post("/endpoints", status_code=201)
 def create_endpoint(body: InferenceEndpoint, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
-    if reference_missing(state.store, who, "deployment", body.deployment):
-        raise InvalidInput(f"deployment {body.deployment!r} does not exist", code="missing_reference")
+    # An external endpoint forwards to its provider; its deployment is a name only (never read).
+    for dep in ([] if body.external else [body.deployment]) + body.spillover:
+        if reference_missing(state.store, who, "deployment", dep):
+            raise InvalidInput(f"deployment {dep!r} does not exist", code="missing_reference")
+    for name in body.fallbacks:
+        kv = state.store.get(keyspace.endpoints(name))
+        if reference_missing(state.store, who, "endpoint", name) or \
+                InferenceEndpoint.model_validate_json(kv.value).external is None:
+            raise InvalidInput(f"fallbacks: {name!r} is not an external endpoint", code="missing_reference")
     ep = _fresh(body, EndpointStatus(phase="Pending", message="waiting for a VIP"))
     message = f"endpoint {ep.name} exposes deployment {ep.deployment} (routing {ep.routing})"
     return _create(state, keyspace.endpoints(ep.name), "endpoint", ep, message)

@@ -102,6 +102,21 @@ def test_endpoint_for_missing_deployment_is_422(api):
     assert "deployment 'never' does not exist" in err["message"]
 
 
+def test_external_endpoints_spillover_and_fallbacks_are_checked(api):
+    ext = {"name": "ext-prov", "deployment": "unused", "external": {
+        "url": "https://provider.example/v1", "model": "big-model", "keys": [{"file": "/etc/fabric/k1", "weight": 3}]}}
+    assert api.post("/api/ai/endpoints", json=ext).status_code == 201  # no deployment behind it
+    bad_url = {**ext, "name": "ext-bad", "external": {**ext["external"], "url": "https://user:pw@h/v1"}}
+    assert "without credentials" in error(api.post("/api/ai/endpoints", json=bad_url), 422)["message"]
+    make_stack(api, "spill")
+    lost = {"name": "sp-1", "deployment": "d-spill", "spillover": ["ghost"]}
+    assert "'ghost' does not exist" in error(api.post("/api/ai/endpoints", json=lost), 422)["message"]
+    inside = {"name": "sp-2", "deployment": "d-spill", "fallbacks": ["sp-1x"]}
+    assert "not an external endpoint" in error(api.post("/api/ai/endpoints", json=inside), 422)["message"]
+    ok = {"name": "sp-3", "deployment": "d-spill", "fallbacks": ["ext-prov"]}
+    assert api.post("/api/ai/endpoints", json=ok).status_code == 201
+
+
 def test_deleting_a_model_or_profile_in_use_is_409_naming_the_deployment(api):
     make_stack(api, "inuse")
     err = error(api.delete("/api/ai/models/m-inuse"), 409)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +82,23 @@ def sim_engine(*extra: str, tokens_per_s: int = 0) -> EngineProcess:
     """A fabric-engine-sim serving model sim-m with instant prefill (tokens_per_s 0: instant decode too)."""
     return EngineProcess.start(["--model", "sim-m", "--tokens-per-s", str(tokens_per_s), "--prefill-tokens-per-s", "0",
                                 *extra])
+
+
+@contextmanager
+def gateway_over(state: Path, url: str, store: Store, engines: list[EngineProcess],
+                 env: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
+    """A gateway on the store; on exit it, the engines and the store are stopped (also when
+    setting up before the yield failed)."""
+    try:
+        gw = GatewayProcess.start(state, url, env=env)
+        try:
+            yield gw
+        finally:
+            gw.stop()
+    finally:
+        for e in engines:
+            e.stop()
+        store.close()
 
 
 def sqlite_state(tmp_path_factory, name: str) -> tuple[Path, str, Store]:

@@ -12,7 +12,7 @@ import pytest
 from agent.engine_sim.process import EngineProcess
 from common import keyspace
 from common.schemas import InferenceEndpoint
-from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sqlite_state
+from tests.gateway.gateway_harness import gateway_over, make_key, publish_endpoint, sqlite_state
 
 SYSTEMS = [f"You are assistant number {i}. Follow the house style guide in every answer. " * 6 for i in range(2)]
 
@@ -29,19 +29,11 @@ def stack(tmp_path_factory):
     state, url, store = sqlite_state(tmp_path_factory, "prefix")
     argv = ["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0", "--prefix-cache-blocks", "256"]
     engines = [EngineProcess.start(argv) for _ in range(3)]
-    try:
-        publish_endpoint(store, "pfx", engines)
-        ep = InferenceEndpoint.model_validate_json(store.get(keyspace.endpoints("pfx")).value)
-        store.put(keyspace.endpoints("pfx"), ep.model_copy(update={"routing_l7": "prefix"}).model_dump_json())
-        gw = GatewayProcess.start(state, url)
-        try:
-            yield store, gw, engines
-        finally:
-            gw.stop()
-    finally:
-        for e in engines:
-            e.stop()
-        store.close()
+    publish_endpoint(store, "pfx", engines)
+    ep = InferenceEndpoint.model_validate_json(store.get(keyspace.endpoints("pfx")).value)
+    store.put(keyspace.endpoints("pfx"), ep.model_copy(update={"routing_l7": "prefix"}).model_dump_json())
+    with gateway_over(state, url, store, engines) as gw:
+        yield store, gw, engines
 
 
 def test_shared_system_prompts_stay_on_the_replica_that_caches_them(stack):

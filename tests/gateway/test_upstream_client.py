@@ -277,7 +277,7 @@ def test_a_trickled_response_head_times_out_as_a_whole():
 
 
 def test_a_connect_timeout_is_a_connect_failure_and_moves_to_the_next_target():
-    from gateway.proxy import _open
+    from gateway.proxy import open_response
 
     async def main():
         # A listener that never accepts, its backlog already full: a new SYN is dropped.
@@ -298,7 +298,7 @@ def test_a_connect_timeout_is_a_connect_failure_and_moves_to_the_next_target():
             with pytest.raises(UpstreamConnectError):
                 await pool.request("http", "127.0.0.1", black.getsockname()[1], "GET", b"/", [], b"")
             targets = [f"http://127.0.0.1:{black.getsockname()[1]}", f"http://127.0.0.1:{srv.port}"]
-            resp = await _open(pool, targets, "POST", b"/", [], b"{}", False)
+            resp = await open_response(pool, targets, "POST", b"/", [], b"{}", False)
             assert resp.status == 200 and srv.connections == 1
             await read_all(resp)
             resp.close()
