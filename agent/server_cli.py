@@ -288,6 +288,8 @@ def serve(
     quiet_probes()  # health checks and scrapes log at DEBUG
     try:
         check_name(node_id, "--node-id")
+        if site:
+            check_name(site, "--site (FABRIC_SITE)")
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if vm_driver not in VM_DRIVERS:

@@ -213,7 +213,7 @@ class NodeReport(WireModel):
 
     id: str
     address: str = Field(..., description="agent base URL, https://HOST:PORT")
-    site: str = ""  # FABRIC_SITE; '' is no site
+    site: str = Field("", description="FABRIC_SITE; '' is no site")
     failure_domain: str = "default"
     taints: list[str] = Field(default_factory=list)
     gpus: list[GpuInfo] = Field(default_factory=list)
@@ -236,6 +236,11 @@ class NodeReport(WireModel):
         if not v.startswith(("https://", "http://")):
             raise ValueError(f"address {v!r}: expected https://HOST:PORT")
         return v.rstrip("/")
+
+    @field_validator("site")
+    @classmethod
+    def _site(cls, v: str) -> str:
+        return v if v == "" else check_name(v, "site")
 
 
 class NodeCertificate(WireModel):

@@ -243,8 +243,8 @@ def _signal(strategy: str, obs: ReplicaObservation | None) -> str:
 
 
 def _local_sites(cands: list[Candidate], endpoint: InferenceEndpoint, sites: Mapping[str, Site],
-                 excluded: list[RoutingEntry], by_id: Mapping[str, Replica]) -> list[Candidate]:
-    """site_local: the candidates on sites that serve now; the others join ``excluded``."""
+                 excluded: list[RoutingEntry], by_id: Mapping[str, Replica]) -> tuple[list[Candidate], str]:
+    """site_local: the candidates on sites that serve now (the others join ``excluded``), and why."""
     full: dict[str, bool] = {}
     for c in cands:
         if c.site:
@@ -258,7 +258,7 @@ def _local_sites(cands: list[Candidate], endpoint: InferenceEndpoint, sites: Map
             continue
         r = by_id[c.replica_id]
         excluded.append(RoutingEntry(c.replica_id, False, why, 0, r.host, r.port, False, _metrics(c.obs)))
-    return kept
+    return kept, decision.reason
 
 
 def plan_routing(
@@ -293,15 +293,17 @@ def plan_routing(
         tier = sites[site].cost_tier if site and site in sites else 1.0
         cands.append(Candidate(r.replica_id, obs, site, tier, power))
         by_id[r.replica_id] = r
+    spill_note = ""
     if endpoint.routing == "site_local":
-        cands = _local_sites(cands, endpoint, sites, excluded, by_id)
+        cands, why = _local_sites(cands, endpoint, sites, excluded, by_id)
+        spill_note = f" ({why})"
     chosen = weights(endpoint.routing, cands, endpoint) if cands else {}
     included = []
     for c in cands:
         r = by_id[c.replica_id]
         node = nodes.get(r.node)
         maglev = is_ipv4(r.host) and not (node is not None and node.vm_driver == "dry-run")
-        reason = f"{endpoint.routing}: weight {chosen[c.replica_id]}{_signal(endpoint.routing, c.obs)}"
+        reason = f"{endpoint.routing}: weight {chosen[c.replica_id]}{_signal(endpoint.routing, c.obs)}{spill_note}"
         if not maglev:
             reason += " (gateway only: dry-run or hostname backend)"
         included.append(

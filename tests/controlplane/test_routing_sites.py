@@ -46,6 +46,7 @@ def test_saturated_preferred_site_spills_only_to_its_failover_sites(full):
     assert w[0] is not None and w[1] is not None  # eu-1 keeps serving, eu-2 (its failover) joins
     assert w[2] is None and w[3] is None  # us-1 is not a failover site; the site-less node never serves
     assert "spilling to failover site(s) eu-2" in reasons(p)["qwen-2"]
+    assert "spilling to failover site(s) eu-2" in reasons(p)["qwen-1"]  # the included say why too
 
 
 def test_saturated_without_failover_replica_spills_nowhere():
