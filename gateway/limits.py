@@ -135,7 +135,8 @@ def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reser
         plan.append(Reservation(keyspace.counters(f"tpm/key/{facts.key_id}"), facts.token_estimate,
                                 facts.key_tokens_per_minute, MINUTE, "the API key's tokens_per_minute",
                                 tokens=True))
-    for scope, value in _scopes(facts).items():
+    scoped = settings.streams or settings.rpm or settings.tpm  # most gateways set none: skip the key names
+    for scope, value in (_scopes(facts) if scoped else {}).items():
         if value is None:
             continue
         if scope in settings.streams:
