@@ -49,6 +49,7 @@ def get_finops(state: StateDep, window: Annotated[float, Query(gt=0, le=finops.M
         n = counted["endpoint"].get(token_windows.segment(ep.get("name", "")), 0)
         if n and ep.get("deployment"):
             dep_tokens[ep["deployment"]] = dep_tokens.get(ep["deployment"], 0) + n
-    return finops.report(lifetimes.load(store, now), replicas, tenants, dep_tokens, counted["tenant"], now=now,
+    lives = lifetimes.load(store, now, live={r.replica_id for r in replicas})
+    return finops.report(lives, replicas, tenants, dep_tokens, counted["tenant"], now=now,
                          window_s=window, budget=budget,
                          token_window=(token_windows.window_start(now), token_windows.WINDOW_SECS))

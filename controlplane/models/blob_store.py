@@ -22,6 +22,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from pathlib import Path
 
 from common.errors import Conflict, InvalidInput
@@ -30,6 +31,7 @@ from common.schemas import check_name
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 STAGING = ".fabric-staging"
+STALE_S = 86400.0  # an upload or assembly untouched this long is a leftover of a dead process
 
 
 def check_digest(digest: str) -> str:
@@ -56,6 +58,7 @@ class BlobUpload:
         self.max_bytes = max_bytes
         staging = root / STAGING
         staging.mkdir(parents=True, exist_ok=True)
+        sweep(staging)
         self.path = staging / f"blob-{secrets.token_hex(8)}"
         self._file = open(self.path, "xb")  # noqa: SIM115 (closed in finish/abort)
         self._hash = hashlib.sha256()
@@ -83,6 +86,17 @@ class BlobUpload:
         if not self._file.closed:
             self._file.close()
         self.path.unlink(missing_ok=True)
+
+
+def sweep(staging: Path, now: float | None = None) -> None:
+    """Remove what a fabricd that died mid-upload left in staging (older than STALE_S)."""
+    now = time.time() if now is None else now
+    for entry in staging.iterdir():
+        try:
+            if now - entry.lstat().st_mtime > STALE_S:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        except OSError:
+            continue
 
 
 def assemble(root: Path, model: str, digest: str, manifest_text: str) -> Path:

@@ -92,8 +92,11 @@ def note(store: Store, replica: Replica | None, now: float, *, replica_id: str =
             return
 
 
-def load(store: Store, now: float) -> list[Lifetime]:
-    """Every lifetime; those that ended more than RETENTION_S ago are deleted instead."""
+def load(store: Store, now: float, live: set[str] | None = None) -> list[Lifetime]:
+    """Every lifetime; those that ended more than RETENTION_S ago are deleted instead. With
+    ``live`` (the replica ids whose records exist), a lifetime still open for a replica whose record
+    is gone without a delete_replica (a store restored from a backup, a record removed by hand) is
+    ended now, so it stops counting."""
     out = []
     for kv in store.list(keyspace.replica_lifetimes()):
         try:
@@ -103,5 +106,9 @@ def load(store: Store, now: float) -> list[Lifetime]:
         if life.ended_at is not None and now - life.ended_at > RETENTION_S:
             store.delete(kv.key, mod_revision=kv.mod_revision)
             continue
+        if live is not None and life.ended_at is None and life.replica_id not in live:
+            ended = advance(life, None, now)
+            if store.cas(kv.key, ended.model_dump_json(), kv.mod_revision):
+                life = ended
         out.append(life)
     return out

@@ -12,6 +12,7 @@ from common import token_windows
 from common.schemas import InferenceDeployment, InferenceEndpoint, Replica
 from common.store import open_store
 from controlplane.orchestration_state import delete_replica, put_replica
+from controlplane.tenancy.lifetimes import Lifetime
 from tests.support.inprocess_fabricd import serve_fabricd
 
 
@@ -86,3 +87,14 @@ def test_finops_from_the_ledger_and_the_gateway_token_windows(served, monkeypatc
     got = api.get("/api/ai/finops", params={"window": 60}).json()["deployments"][0]["gpu_seconds_reserved"]
     assert 2 * (50 - (time.time() - now)) - 0.01 <= got <= 100
     assert api.get("/api/ai/finops", params={"window": 0}).status_code == 422
+
+
+def test_finops_ends_a_lifetime_whose_replica_record_vanished(served):
+    api, store = served
+    ghost = Replica(replica_id="ghost-0", deployment="ghost", ordinal=0, node="n", gpus=["a"],
+                    created_at=time.time() - 30)
+    put_replica(store, ghost)
+    store.delete("/fabric/replicas/ghost/ghost-0")  # gone without delete_replica (a restore, a hand edit)
+    api.get("/api/ai/finops")
+    life = Lifetime.model_validate_json(store.get("/fabric/replica-lifetimes/ghost-0").value)
+    assert life.ended_at is not None  # it stops counting

@@ -110,3 +110,21 @@ def test_pure_decisions_and_a_sender_without_token(tmp_path):
     hf = ModelArtifact(name="m", source="hf://org/m")
     with pytest.raises(replicate.PushFailed, match="hf://"):
         replicate.push(hf, None, "http://p:1", TOKEN, str(tmp_path))
+
+
+def test_staging_leftovers_of_a_dead_upload_are_swept(tmp_path):
+    import os
+    import time
+
+    from controlplane.models import blob_store
+
+    staging = tmp_path / blob_store.STAGING
+    (staging / "dir-old").mkdir(parents=True)
+    old, fresh = staging / "blob-old", staging / "blob-new"
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"y")
+    long_ago = time.time() - blob_store.STALE_S - 60
+    for path in (old, staging / "dir-old"):
+        os.utime(path, (long_ago, long_ago))
+    blob_store.sweep(staging)
+    assert sorted(p.name for p in staging.iterdir()) == ["blob-new"]  # an upload in progress stays
