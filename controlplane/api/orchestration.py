@@ -45,6 +45,15 @@ class DrainRequest(Spec):
     replica: str | None = Field(None, description="drain only this replica id")
 
 
+def _by_site(replicas, nodes) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in replicas:
+        node = nodes.get(r.node)
+        site = node.site if node is not None else ""
+        out[site] = out.get(site, 0) + 1
+    return out
+
+
 @router.get("/explain/placement/{deployment}")
 def explain_placement(deployment: str, state: StateDep) -> dict:
     snap = load_snapshot(state.store)
@@ -56,6 +65,12 @@ def explain_placement(deployment: str, state: StateDep) -> dict:
         "deployment": deployment,
         "replicas": [{"replica_id": r.replica_id, "ordinal": r.ordinal, "node": r.node, "gpus": r.gpus,
                       "phase": r.phase} for r in sorted(replicas, key=lambda r: r.ordinal)],
+        # the site rules every node below was judged by (docs/sites.md)
+        "sites": {"allowed_sites": dep.allowed_sites, "residency": dep.residency,
+                  "model_residency": getattr(snap.models.get(dep.model), "residency", None),
+                  "preferred_site": dep.preferred_site, "minimum_sites": dep.minimum_sites,
+                  "max_replicas_per_site": dep.max_replicas_per_site,
+                  "replicas_by_site": _by_site(replicas, snap.nodes)},
     }
     profile, model = snap.profiles.get(dep.profile), snap.models.get(dep.model)
     if profile is None or model is None:

@@ -56,6 +56,8 @@ def test_deployment_takes_the_model_residency(api):
                                        "memory_gib": 16})
     r = api.post("/api/ai/deployments", json={"name": "resident", "model": "resident", "profile": "p1"})
     assert r.status_code == 201 and r.json()["residency"] == "india"
+    rules = api.get("/api/ai/explain/placement/resident").json()["sites"]
+    assert rules["residency"] == "india" and rules["model_residency"] == "india" and rules["minimum_sites"] == 0
     r = api.post("/api/ai/deployments", json={"name": "elsewhere", "model": "resident", "profile": "p1",
                                               "residency": "eu", "minimum_sites": 2, "max_replicas_per_site": 1})
     assert r.status_code == 422 and r.json()["error"]["code"] == "residency_conflict"
