@@ -11,6 +11,8 @@ APT_PACKAGES=(
   iproute2 iputils-ping curl ca-certificates nginx-light shellcheck procps
   qemu-utils chromium prometheus
   libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86 ovmf
+  # the GPU-less boot proof's guest (tests/support/tiny_guest.py): kernel, busybox, DHCP on libvirt's network
+  linux-image-amd64 busybox-static dnsmasq-base cpio
 )
 
 say() { printf '[setup] %s\n' "$*"; }

@@ -22,6 +22,10 @@ Choices (docs/gpu-hosts.md says why in more words):
   virtiofsd support it, otherwise the source is a read-only bind mount and the guest mounts ro.
 - a tap NIC (created by agent.net.bridge on the fabric bridge, managed='no') with the
   replica's MAC; the cidata seed as a read-only SATA cdrom.
+- GPU-less proof variant (scripts/vm-boot-check): `boot=DirectBoot(...)` boots a kernel and
+  initramfs directly (no OVMF, no NVRAM; SeaBIOS hands over to the kernel) and
+  `domain_type='qemu'` (TCG) replaces the host-passthrough CPU, which TCG cannot provide, with
+  `<cpu mode='maximum'>`. Production keeps kvm + OVMF.
 """
 
 from __future__ import annotations
@@ -49,6 +53,15 @@ class Firmware:
     loader: Path = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
     vars_template: Path = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
     nvram: Path | None = None  # per-VM copy; libvirt creates it from the template
+
+
+@dataclass(frozen=True)
+class DirectBoot:
+    """Boot this kernel and initramfs directly instead of the firmware and the disk's loader."""
+
+    kernel: Path
+    initrd: Path
+    cmdline: str = ""
 
 
 def domain_name(replica_id: str) -> str:
@@ -111,7 +124,12 @@ def build_domain_xml(
     tap: str | None = None,
     domain_type: str = "kvm",
     console_log: Path | None = None,
+    boot: DirectBoot | None = None,
 ) -> str:
+    if domain_type not in ("kvm", "qemu"):
+        raise InvalidInput(f"domain_type {domain_type!r}: expected kvm or qemu (TCG)")
+    if boot is not None and "\n" in boot.cmdline:
+        raise InvalidInput("kernel command line: no newlines")
     if spec.cpu < 1 or spec.memory_gib <= 0:
         raise InvalidInput("cpu and memory_gib must be positive")
     bdfs = [parse_bdf(g) for g in spec.gpus]
@@ -142,16 +160,24 @@ def build_domain_xml(
 
     os_el = _sub(dom, "os")
     _sub(os_el, "type", {"arch": "x86_64", "machine": "q35"}, text="hvm")
-    _sub(os_el, "loader", {"readonly": "yes", "secure": "no", "type": "pflash"}, text=str(firmware.loader))
-    nvram = firmware.nvram or overlay.with_name(f"{domain_name(spec.replica_id)}_VARS.fd")
-    _sub(os_el, "nvram", {"template": str(firmware.vars_template)}, text=str(nvram))
-    _sub(os_el, "boot", {"dev": "hd"})
+    if boot is not None:
+        _sub(os_el, "kernel", text=str(boot.kernel))
+        _sub(os_el, "initrd", text=str(boot.initrd))
+        _sub(os_el, "cmdline", text=boot.cmdline)
+    else:
+        _sub(os_el, "loader", {"readonly": "yes", "secure": "no", "type": "pflash"}, text=str(firmware.loader))
+        nvram = firmware.nvram or overlay.with_name(f"{domain_name(spec.replica_id)}_VARS.fd")
+        _sub(os_el, "nvram", {"template": str(firmware.vars_template)}, text=str(nvram))
+        _sub(os_el, "boot", {"dev": "hd"})
 
     features = _sub(dom, "features")
     _sub(features, "acpi")
     _sub(features, "apic")
-    cpu = _sub(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
-    _sub(cpu, "maxphysaddr", {"mode": "passthrough"})
+    if domain_type == "qemu":  # TCG has no host CPU to pass through; "maximum" is QEMU's -cpu max
+        cpu = _sub(dom, "cpu", {"mode": "maximum", "check": "none"})
+    else:
+        cpu = _sub(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
+        _sub(cpu, "maxphysaddr", {"mode": "passthrough"})
     if tuning.numa_node is not None:
         cells = _sub(cpu, "numa")
         last = spec.cpu - 1

@@ -7,7 +7,8 @@ bound to vfio-pci (agent.hw.vfio); the XML uses managed='no' so libvirt never re
 
 The engine's address is known only once the guest has one: we ask libvirt for the
 interface addresses (DHCP lease, then ARP, then the guest agent) matching the replica's
-MAC, and report host=None with a message until then.
+MAC, then read the host's ARP table ourselves (libvirt 9.0's ARP source fails on recent
+kernels, agent.net.arp_table), and report host=None with a message until then.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from pathlib import Path
 import libvirt
 
 from agent.hw.pci_sysfs import nvidia_functions
+from agent.net.arp_table import read_arp_address
 from agent.net.bridge import BridgeNetwork
 from agent.state import GpuBinder
 from agent.vm.base import VmSpec, VmState, VmStatus
 from agent.vm.cloud_init import build_seed, write_seed_iso
-from agent.vm.domain_xml import Firmware, build_domain_xml, domain_name, mac_for, tap_name
+from agent.vm.domain_xml import DirectBoot, Firmware, build_domain_xml, domain_name, mac_for, tap_name
 from agent.vm.host_tuning import (
     HUGEPAGE_CHOICES,
     HostTuning,
@@ -82,10 +84,13 @@ class LibvirtDriver:
         firmware: Firmware | None = None,
         network: BridgeNetwork | None = None,
         domain_type: str = "kvm",
+        boot: DirectBoot | None = None,
     ):
         """hugepages auto|1G|2M|off and numa auto|off: agent.vm.host_tuning. readonly_share:
         auto (virtiofs <readonly/> where libvirt and virtiofsd support it, else a read-only bind
-        mount), virtiofs or bind. binder: binds an HGX board's NVSwitches for full passthrough."""
+        mount), virtiofs or bind. binder: binds an HGX board's NVSwitches for full passthrough.
+        domain_type kvm, or qemu (TCG) and boot (a kernel + initramfs instead of OVMF): the
+        GPU-less boot proof (scripts/vm-boot-check) on hosts whose KVM cannot run a stock guest."""
         self.uri = uri
         self.image = Path(image)
         self.state_dir = Path(state_dir)
@@ -105,6 +110,7 @@ class LibvirtDriver:
         self.firmware = firmware or Firmware()
         self.network = network or BridgeNetwork(bridge)
         self.domain_type = domain_type
+        self.boot = boot
         self._conn: libvirt.virConnect | None = None
         self._lock = threading.Lock()
 
@@ -201,6 +207,7 @@ class LibvirtDriver:
             tuning=tuning,
             tap=tap_name(spec.replica_id),
             domain_type=self.domain_type,
+            boot=self.boot,
         )
 
     def define(self, spec: VmSpec) -> None:
@@ -319,7 +326,7 @@ class LibvirtDriver:
         port = _metadata_port(dom)
         if vm_state != "running":
             return VmStatus(vm_id, vm_state, None, port, f"domain {dom.name()} is {vm_state}")
-        host = guest_address(dom, mac_for(vm_id))
+        host = guest_address(dom, mac_for(vm_id)) or read_arp_address(mac_for(vm_id), self.bridge)
         if host is None:
             return VmStatus(
                 vm_id,

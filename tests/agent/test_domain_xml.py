@@ -14,6 +14,7 @@ import pytest
 from agent.vm.base import VmSpec
 from agent.vm.domain_xml import (
     QEMU_NS,
+    DirectBoot,
     Firmware,
     build_domain_xml,
     mac_for,
@@ -197,3 +198,38 @@ def test_serial_console_is_logged_to_the_replica_log_when_asked():
                            bridge="fabric0", models_dir=Path("/srv/models"), console_log=STATE / "console" / "x.log")
     log = ET.fromstring(xml).find("devices/serial/log")
     assert (log.get("file"), log.get("append")) == (str(STATE / "console" / "x.log"), "on")
+
+
+def test_direct_kernel_boot_on_tcg_has_no_firmware_and_no_host_cpu():
+    """The GPU-less boot proof's variant (scripts/vm-boot-check): kernel + initramfs, TCG."""
+    spec = VmSpec(replica_id="boot", deployment="d", model_name="m", model_source="/srv/models/m")
+    boot = DirectBoot(Path("/img/vmlinuz"), Path("/img/initrd.img"), "console=ttyS0 root=/dev/vda")
+    root = ET.fromstring(build_domain_xml(spec, overlay=STATE / "o.qcow2", seed_iso=STATE / "s.iso",
+                                          mac=mac_for("boot"), bridge="br", models_dir=Path("/m"),
+                                          domain_type="qemu", boot=boot))
+    assert root.get("type") == "qemu"
+    assert (root.findtext("os/kernel"), root.findtext("os/initrd"), root.findtext("os/cmdline")) == (
+        "/img/vmlinuz", "/img/initrd.img", "console=ttyS0 root=/dev/vda")
+    assert root.find("os/loader") is None and root.find("os/nvram") is None and root.find("os/boot") is None
+    assert root.find("cpu").get("mode") == "maximum" and root.find("cpu/maxphysaddr") is None
+    # Everything else is the production shape: seed cdrom, virtiofs share, tap NIC, no balloon.
+    assert root.find("devices/filesystem/driver").get("type") == "virtiofs"
+    assert root.find("devices/disk[@device='cdrom']/source").get("file") == str(STATE / "s.iso")
+    assert root.find("devices/interface").get("type") == "ethernet"
+
+
+def test_kvm_default_keeps_ovmf_and_host_passthrough():
+    spec = VmSpec(replica_id="boot", deployment="d", model_name="m", model_source="/srv/models/m")
+    root = ET.fromstring(render(spec, hugepages=False))
+    assert root.get("type") == "kvm" and root.find("os/kernel") is None
+    assert root.find("os/loader").get("type") == "pflash"
+    assert root.find("cpu").get("mode") == "host-passthrough" and root.find("cpu/maxphysaddr") is not None
+
+
+@pytest.mark.parametrize("kwargs", [{"domain_type": "xen"},
+                                    {"boot": DirectBoot(Path("/k"), Path("/i"), "a\nb")}])
+def test_bad_virt_type_or_cmdline_is_invalid_input(kwargs):
+    spec = VmSpec(replica_id="boot", deployment="d", model_name="m", model_source="/srv/models/m")
+    with pytest.raises(InvalidInput):
+        build_domain_xml(spec, overlay=STATE / "o.qcow2", seed_iso=STATE / "s.iso", mac=mac_for("boot"),
+                         bridge="br", models_dir=Path("/m"), **kwargs)

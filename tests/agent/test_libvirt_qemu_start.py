@@ -3,10 +3,11 @@ LibvirtDriver: QEMU takes the whole XML at start (q35 + OVMF pflash with an NVRA
 template, memfd shared memory, virtiofsd spawned on the read-only bind mount of the model
 directory, the seed cdrom, the tap on a bridge), and delete leaves nothing behind.
 
-The guest OS does not boot here: this machine's /dev/kvm is PVM (kvm-pvm), which runs only
-PVM-enabled guest kernels, so OVMF stops at its first instruction KVM must emulate and
-QEMU pauses the VM ("emulation failure"). The boot proof needs a host with VT-x/AMD-V
-(docs/gpu-hosts.md says what is missing).
+The guest OS does not boot here under KVM: this machine's /dev/kvm is PVM (kvm-pvm), which
+runs only PVM-enabled guest kernels, so OVMF stops at its first instruction KVM must emulate
+and QEMU pauses the VM ("emulation failure"). A real boot under TCG (direct kernel boot, our
+seed, virtiofs, the engine unit, /health) is tests/agent/test_vm_boot.py (bounded) and
+scripts/vm-boot-check (in full); docs/gpu-hosts.md says what each proves.
 
 The bridge and the tap live in the host's namespace (libvirtd opens the tap there), uniquely
 named, with no address and no traffic; both are removed at the end.
