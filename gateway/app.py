@@ -328,8 +328,9 @@ class GatewayApp:
             return await self.state.dispatcher.place(view, identity, band, request_id)
         except QueueRefused as exc:
             self.state.router.remember(request_id, identity.subject, {
-                "request_id": request_id, "endpoint": endpoint, "model": model, "band": band, "mode": "queue",
-                "reason": exc.message, "displaced": exc.code == "displaced", "refused": exc.code})
+                "request_id": request_id, "endpoint": endpoint, "model": model, **getattr(exc, "notes", {}),
+                "band": band, "mode": "queue", "reason": exc.message, "displaced": exc.code == "displaced",
+                "refused": exc.code})
             raise
 
     async def explain(self, scope, send) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from common.errors import NotFound, TransientError
 from common.schemas import InferenceEndpoint
-from gateway.bands import WaitingRoom
+from gateway.bands import QueueRefused, WaitingRoom
 from gateway.capacity import Saturation, choose_pool
 from gateway.key_auth import Identity
 from gateway.upstreams import EndpointView, UpstreamCache
@@ -85,7 +85,12 @@ class Dispatcher:
             if waited or self.room is None or not self.measure.measured or not has_replicas:
                 break
             notes["band"] = band
-            notes["queued_s"] = round(await self.room.wait(ep.name, band, request_id, self._has_room(ep.name)), 3)
+            try:
+                waited_s = await self.room.wait(ep.name, band, request_id, self._has_room(ep.name))
+            except QueueRefused as exc:
+                exc.notes = notes  # what was tried before the wait (pools, fallbacks), for explain
+                raise
+            notes["queued_s"] = round(waited_s, 3)
             waited = True
             view = await self.upstreams.view(ep.name, need_upstream=False)
         if not view.replicas and not ep.status.vip:

@@ -211,5 +211,6 @@ def test_fallback_only_when_the_cluster_is_full_and_only_for_keys_that_allow_it(
     r = call(gw, staying)  # may not leave: waits in its band, then times out
     assert r.status_code == 503 and r.json()["error"]["code"] == "queue_timeout" and len(provider.seen) == seen + 1
     why = explain(gw, staying, r)
-    assert why["refused"] == "queue_timeout" and why["band"] == "normal"
+    assert why["refused"] == "queue_timeout" and why["band"] == "normal" and why["fallbacks_not_allowed"] == ["ext"]
+    assert [p["saturated"] for p in why["pools"]] == [True, True]
     load(store)
