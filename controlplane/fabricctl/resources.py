@@ -220,14 +220,20 @@ def endpoint_expose(
     routing: str = typer.Option("equal", "--routing", help="equal, least_queue, lowest_ttft, ..."),
     name: str = typer.Option(None, "--name", help="endpoint name (default: DEPLOYMENT-openai)"),
     port: int = typer.Option(None, "--port", help="VIP port (default 8000)"),
+    spill_to: list[str] = typer.Option(None, "--spill-to", help="a deployment used when the ones before are "
+                                                              "saturated (repeat, in preference order)"),
+    fallback: list[str] = typer.Option(None, "--fallback", help="an external endpoint used when the cluster has "
+                                                              "no capacity left (repeat)"),
     wait: bool = WAIT_OPT,
     timeout: float = TIMEOUT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Expose a deployment behind a VIP."""
     body = {"name": name or f"{deployment}-openai", "deployment": deployment,
-            "openai_compatible": openai_compatible, "routing": routing, "port": port}
-    with session({"name": "--name", "deployment": "DEPLOYMENT", "routing": "--routing", "port": "--port"}) as c:
+            "openai_compatible": openai_compatible, "routing": routing, "port": port,
+            "spillover": spill_to or None, "fallbacks": fallback or None}
+    with session({"name": "--name", "deployment": "DEPLOYMENT", "routing": "--routing", "port": "--port",
+                  "spillover": "--spill-to", "fallbacks": "--fallback"}) as c:
         created = c.post("/api/ai/endpoints", {k: v for k, v in body.items() if v is not None})
         if wait:
             created = wait_until(c, "endpoints", created["name"], endpoint_ready, timeout) or created

@@ -90,6 +90,8 @@ def test_the_getting_started_story(ctl_env):
          "--gpu: must be at least 1, got 0"),
         (["ai", "deploy", "ghost", "--profile", "none"], "model 'ghost' does not exist"),
         (["ai", "endpoint", "expose", "ghost", "--openai-compatible", "--routing", "random"], "--routing: "),
+        (["ai", "endpoint", "expose", "ghost", "--spill-to", "BAD_NAME"], "--spill-to: "),
+        (["ai", "endpoint", "expose", "ghost", "--fallback", "BAD_NAME"], "--fallback: "),
         (["ai", "events", "--kind", "bogus"], "--kind: unknown kind 'bogus'"),
     ],
 )
