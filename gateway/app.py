@@ -160,6 +160,7 @@ class GatewayApp:
                 await self.state.limits.slots.stop()
                 await self.state.auth.oidc.jwks.close()
                 self.state.client.close()
+                self.state.external.close()
                 self.state.audit.close()
                 if self.state.limits.usage is not None:
                     self.state.limits.usage.close()

@@ -56,7 +56,8 @@ def dispatcher(settings: GatewaySettings, upstreams: UpstreamCache, metrics: Gat
     room = None
     if measure.measured:
         policy = QueuePolicy(settings.band_queue, settings.band_total, settings.band_ttl_secs)
-        room = WaitingRoom(policy, on_displaced=lambda ep: metrics.count(metrics.displaced, ep))
+        room = WaitingRoom(policy, on_displaced=lambda ep: metrics.count(metrics.displaced, ep),
+                           on_depth=metrics.waiting_in)
     return Dispatcher(upstreams, measure, room, on_spill=lambda ep: metrics.count(metrics.spilled, ep),
                       on_fallback=lambda ep: metrics.count(metrics.fallbacks, ep))
 

@@ -98,6 +98,7 @@ class WaitingRoom:
 
     policy: QueuePolicy
     on_displaced: Callable[[str], None] = lambda endpoint: None
+    on_depth: Callable[[str, str, int], None] = lambda endpoint, band, n: None  # the waiting gauge
     _endpoints: dict[str, _Endpoint] = field(default_factory=dict)
 
     def depth(self, endpoint: str) -> dict[str, int]:
@@ -124,6 +125,7 @@ class WaitingRoom:
         fut = asyncio.get_running_loop().create_future()
         ep.waiting.append(entry)
         ep.futures[request_id] = fut
+        self._report(endpoint, ep)
         if ep.pump is None or ep.pump.done():
             ep.pump = asyncio.create_task(self._pump(endpoint, ep, has_room))
         try:
@@ -131,7 +133,12 @@ class WaitingRoom:
         finally:
             if request_id in ep.futures:  # cancelled while waiting
                 self._drop(ep, entry, None)
+            self._report(endpoint, ep)
         return time.monotonic() - t0
+
+    def _report(self, endpoint: str, ep: _Endpoint) -> None:
+        for band in BANDS:
+            self.on_depth(endpoint, band, sum(1 for q in ep.waiting if q.band == band))
 
     def _drop(self, ep: _Endpoint, entry: Queued, exc: BaseException | None) -> None:
         ep.waiting = [q for q in ep.waiting if q.request_id != entry.request_id]

@@ -164,6 +164,10 @@ class ExternalRouter:
             self._pool = UpstreamPool(None, connect_timeout=5.0, idle_timeout=self.idle_secs)
         return self._pool
 
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
     def _report(self, ep: str, ring: KeyRing, i: int) -> None:
         if self.on_key_state is not None:
             self.on_key_state(ep, i, STATE_VALUE.get(ring.keys[i].breaker.state, 0))

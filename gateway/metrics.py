@@ -25,6 +25,7 @@ class GatewayMetrics:
     latency: Histogram
     in_flight: Gauge
     displaced: Counter
+    waiting: Gauge
     spilled: Counter
     fallbacks: Counter
     provider_keys: Gauge
@@ -48,6 +49,8 @@ class GatewayMetrics:
                             multiprocess_mode="livesum"),
             displaced=Counter("fabric_gateway_displaced", "Waiting calls displaced by a higher band",
                               ["endpoint"], registry=reg),
+            waiting=Gauge("fabric_gateway_waiting", "Calls waiting in their priority band", ["endpoint", "band"],
+                          registry=reg, multiprocess_mode="livesum"),
             spilled=Counter("fabric_gateway_spilled", "Calls sent to a spillover pool", ["endpoint"], registry=reg),
             fallbacks=Counter("fabric_gateway_fallbacks", "Calls sent to an external fallback", ["endpoint"],
                               registry=reg),
@@ -74,6 +77,9 @@ class GatewayMetrics:
 
     def count(self, metric: Counter, endpoint: str) -> None:
         self._child(metric, endpoint).inc()
+
+    def waiting_in(self, endpoint: str, band: str, n: int) -> None:
+        self._child(self.waiting, endpoint, band).set(n)
 
     def key_state(self, endpoint: str, key: int, value: int) -> None:
         self._child(self.provider_keys, endpoint, str(key)).set(value)

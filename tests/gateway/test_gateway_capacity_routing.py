@@ -79,7 +79,7 @@ def stack(tmp_path_factory):
         store.put(keyspace.endpoints("ext"), ext.model_dump_json())
         gw = GatewayProcess.start(state, url, env={
             "FABRIC_SATURATION_QUEUE": "2", "FABRIC_GATEWAY_CACHE_SECS": "0.1", "FABRIC_BAND_QUEUE": "2",
-            "FABRIC_BAND_TOTAL": "2", "FABRIC_BAND_TTL_SECS": "1.5"})
+            "FABRIC_BAND_TOTAL": "2", "FABRIC_BAND_TTL_SECS": "5"})
         try:
             yield store, gw, provider, keys
         finally:
@@ -119,6 +119,14 @@ def metric(gw, name: str) -> float:
     return 0.0
 
 
+def waiting(gw, band: str, n: int) -> None:
+    """Until the gateway reports n calls waiting in the band (its fabric_gateway_waiting gauge)."""
+    deadline = time.monotonic() + 20
+    while metric(gw, f'fabric_gateway_waiting{{band="{band}",endpoint="cap"}}') != n:
+        assert time.monotonic() < deadline, f"never {n} waiting in {band}"
+        time.sleep(0.05)
+
+
 SATURATED_MAIN = {"cap_main_0": 5, "cap_main_1": 5}
 SATURATED_ALL = {**SATURATED_MAIN, "cap_spill_0": 5}
 
@@ -149,10 +157,10 @@ def test_a_higher_band_displaces_the_newest_lower_call(stack):
 
     first = threading.Thread(target=run, args=("low-1",))
     first.start()
-    time.sleep(0.3)
+    waiting(gw, "low", 1)
     second = threading.Thread(target=run, args=("low-2",))
     second.start()
-    time.sleep(0.3)  # both low calls wait: the total (2) is reached
+    waiting(gw, "low", 2)  # both low calls wait: the total (2) is reached
     high = threading.Thread(target=run, args=("high", "high"))
     high.start()
     second.join(10)
