@@ -148,6 +148,8 @@ class BootRun:
             "virtiofsd": self.replica_id in "".join(l for l in procs.splitlines() if "virtiofsd" in l),
             "dnsmasq": any("dnsmasq" in l and self.net_name in l for l in procs.splitlines()),
             "qemu": any("qemu-system" in l and domain_name(self.replica_id) in l for l in procs.splitlines()),
+            "libvirt_logs": sorted(p.name for p in Path("/var/log/libvirt/qemu").glob(
+                f"{domain_name(self.replica_id)}[.-]*log")),
         }
 
     def close(self) -> None:
@@ -158,6 +160,10 @@ class BootRun:
                 self.network.destroy()  # transient: destroying it undefines it, removes bridge and dnsmasq
             except libvirt.libvirtError:
                 pass
+            # libvirt's own per-domain logs (QEMU's and virtiofsd's): a host keeps them for its
+            # operators, a test run leaves none behind.
+            for log in Path("/var/log/libvirt/qemu").glob(f"{domain_name(self.replica_id)}[.-]*log"):
+                log.unlink(missing_ok=True)
 
 
 def seed_findings(console: str, run: BootRun) -> dict[str, bool]:
