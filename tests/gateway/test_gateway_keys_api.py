@@ -47,6 +47,12 @@ def test_keys_api_create_list_rotate_delete_never_shows_a_hash(stack):
         assert api.post("/api/ai/keys", json={"name": "k2", "endpoint": "nope"}).status_code == 404
         bad = api.post("/api/ai/keys", json={"name": "k2", "endpoint": "chat", "max_concurrent": 0})
         assert bad.status_code == 422 and "max_concurrent" in bad.text
+        bad = api.post("/api/ai/keys", json={"name": "k2", "endpoint": "chat", "priority": "urgent"})
+        assert bad.status_code == 422 and "priority" in bad.text
+        banded = api.post("/api/ai/keys", json={"name": "k3", "endpoint": "chat", "priority": "low",
+                                                "fallbacks": ["ext-a"]}).json()
+        assert (banded["priority"], banded["fallbacks"]) == ("low", ["ext-a"])
+        assert api.delete(f"/api/ai/keys/{banded['id']}").status_code == 200
         rotated = api.post(f"/api/ai/keys/{body['id']}/rotate", json={}).json()
         assert rotated["key"] != body["key"] and rotated["rotating"] is True
         assert api.get("/api/ai/audit/verify").json()["ok"] is True
