@@ -35,14 +35,14 @@ from typing import Annotated
 
 import jwt
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from common import keyspace
 from common.errors import Forbidden, Unauthorized
 from common.private_fs import private_dir
 from common.store.base import Store
 from controlplane.state import StateDep
-from controlplane.tenancy import owners, route_rules, users
+from controlplane.tenancy import oidc_login, owners, route_rules, users
 from controlplane.tenancy.principal import ROLES, Principal
 
 ADMIN_USER = "admin"
@@ -244,6 +244,19 @@ router = APIRouter(prefix="/api/auth", tags=["auth"])
 @router.post("/login", response_model=LoginResponse)
 def login(body: LoginRequest, state: StateDep) -> LoginResponse:
     principal = password_principal(state, body.username, body.password)
+    token, expires_at = token_for(state, principal)
+    return LoginResponse(token=token, expires_at=expires_at, role=principal.role, tenant=principal.tenant)
+
+
+class OidcLoginRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id_token: str = Field(..., min_length=1, max_length=16384)
+
+
+@router.post("/oidc", response_model=LoginResponse)
+def login_oidc(body: OidcLoginRequest, request: Request, state: StateDep) -> LoginResponse:
+    """Exchange the identity provider's ID token for a fabricd token (tenancy/oidc_login.py)."""
+    principal = oidc_login.login_of(request.app.state, os.environ).verify(body.id_token)
     token, expires_at = token_for(state, principal)
     return LoginResponse(token=token, expires_at=expires_at, role=principal.role, tenant=principal.tenant)
 

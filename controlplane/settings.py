@@ -21,6 +21,8 @@ The result, one ``FabricdSettings``, travels in AppState.config to the API and t
   FABRIC_TOKEN_BUDGET (0: none)                          finops alert above this many tokens a window
   FABRIC_MAX_BLOB_BYTES (1 TiB)                          largest model blob a peer site may send
   FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY             1 or 0;  FABRIC_MODEL_DIR  an absolute path
+  FABRIC_LOGIN_OIDC_ISSUER/_JWKS_URL/_CLIENT_ID          all three or none (controlplane.tenancy.oidc_login)
+  FABRIC_ADMIT_TOKEN                                     when set, at least 16 characters (POST /api/ai/admit/{token})
 Booleans accept 1/0, true/false, yes/no, on/off (any case); empty means the default.
 """
 
@@ -33,8 +35,10 @@ from dataclasses import dataclass, field
 from common.apikeys import HmacSecretError, load_hmac_secret
 from common.errors import FabricError
 from common.schemas import RUNTIMES
+from controlplane.tenancy import oidc_login
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+MIN_ADMIT_TOKEN = 16
 
 
 class SettingsError(ValueError):
@@ -146,6 +150,13 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
             r.bad(flag, "is not 1 or 0")
     if r.raw("FABRIC_MODEL_DIR") and not r.raw("FABRIC_MODEL_DIR").startswith("/"):
         r.bad("FABRIC_MODEL_DIR", "is not an absolute path")
+    try:
+        oidc_login.settings_from_env(env)
+    except ValueError as exc:
+        r.errors.append(str(exc))
+    if r.raw("FABRIC_ADMIT_TOKEN") and len(r.raw("FABRIC_ADMIT_TOKEN")) < MIN_ADMIT_TOKEN:
+        # Never r.bad: its message quotes the value, and this one is a secret.
+        r.errors.append(f"FABRIC_ADMIT_TOKEN is shorter than {MIN_ADMIT_TOKEN} characters; use a long random string")
     if r.raw("FABRIC_KEY_HMAC_SECRET_FILE"):
         try:
             load_hmac_secret(env)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -28,17 +27,13 @@ import httpx
 import jwt
 
 from common.errors import Unauthorized
+from common.jwks import ALGORITHMS, MIN_TTL, parse_key_set, ttl_of
 from gateway.settings import OidcProvider
 
 INFERENCE_AUDIENCE = "fabric-inference"
-ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA"]
-DEFAULT_TTL = 300.0
-MIN_TTL, MAX_TTL = 10.0, 86400.0
 REFRESH_AHEAD = 0.8  # refresh in the background once 80% of the TTL has passed
 UNKNOWN_KID_COOLDOWN = 30.0
 FETCH_TIMEOUT = 5.0
-MAX_KEYS = 100
-_MAX_AGE = re.compile(r"max-age\s*=\s*(\d+)", re.IGNORECASE)
 
 
 def looks_like_jwt(token: str) -> bool:
@@ -51,17 +46,6 @@ class OidcClaims:
     tenant: str
     issuer: str
     endpoints: frozenset[str] | None = None  # None: the token names no endpoints
-
-
-def ttl_of(cache_control: str | None, now_ttl: float = DEFAULT_TTL) -> float:
-    """Pure: the key set's lifetime from a Cache-Control header (no-store/no-cache: the minimum)."""
-    if not cache_control:
-        return now_ttl
-    cc = cache_control.lower()
-    if "no-store" in cc or "no-cache" in cc:
-        return MIN_TTL
-    m = _MAX_AGE.search(cc)
-    return min(MAX_TTL, max(MIN_TTL, float(m.group(1)))) if m else now_ttl
 
 
 def endpoints_of(claims: dict, claim: str) -> frozenset[str] | None:
@@ -103,14 +87,7 @@ class JwksCache:
         self._last_fetch[provider.issuer] = time.monotonic()
         r = await self._http.get(provider.jwks_url)
         r.raise_for_status()
-        doc = json.loads(r.content)
-        keys: dict[str, jwt.PyJWK] = {}
-        for item in (doc.get("keys") or [])[:MAX_KEYS]:
-            try:
-                k = jwt.PyJWK(item)
-            except (jwt.PyJWTError, jwt.PyJWKError, ValueError, TypeError, KeyError):
-                continue  # a key we cannot use (an unknown type, an encryption key) is skipped
-            keys[str(item.get("kid", ""))] = k
+        keys = parse_key_set(json.loads(r.content))
         ks = KeySet(keys, time.monotonic(), max(self.min_ttl, ttl_of(r.headers.get("cache-control"))))
         self._sets[provider.issuer] = ks
         return ks

@@ -24,11 +24,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from common import keyspace
 from common.errors import Conflict, InvalidInput, NotFound
 from common.rollouts import Revision, Rollout, RolloutRequest
 from common.schemas import Template, check_engine_args, check_name
-from controlplane.auth import require_admin
+from controlplane.api.resources import reference_missing
+from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.orchestration_state import load_deployment, load_snapshot
 from controlplane.rollouts import operate as ops
@@ -37,6 +37,7 @@ from controlplane.rollouts.plan import healthy, is_ready, window_of
 from controlplane.rollouts.weights import apply_rollout
 from controlplane.routing.strategies import plan_routing
 from controlplane.state import StateDep
+from controlplane.tenancy import policies
 
 router = APIRouter(prefix="/api/ai", tags=["rollouts"])
 AdminDep = Annotated[str, Depends(require_admin)]
@@ -80,7 +81,8 @@ def list_revisions(name: str, state: StateDep, _: AdminDep) -> list[dict]:
 
 
 @router.post("/deployments/{name}/revisions", status_code=201)
-def create_revision(name: str, body: RevisionRequest, state: StateDep, who: AdminDep) -> dict:
+def create_revision(name: str, body: RevisionRequest, state: StateDep, caller: PrincipalDep) -> dict:
+    who = caller.subject
     dep = _deployment(state, name)
     if dep.status.phase == "Deleting":
         raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
@@ -92,11 +94,14 @@ def create_revision(name: str, body: RevisionRequest, state: StateDep, who: Admi
                             else list(newest.engine_args))
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    missing = [f"{kind} {ref!r} does not exist" for kind, ref, key in (
-        ("model", template.model, keyspace.models(template.model)),
-        ("profile", template.profile, keyspace.profiles(template.profile))) if state.store.get(key) is None]
+    # Another tenant's model or profile reads as missing, as on create (controlplane.tenancy).
+    missing = [f"{kind} {ref!r} does not exist" for kind, ref in (("model", template.model),
+                                                                  ("profile", template.profile))
+               if reference_missing(state.store, caller, kind, ref)]
     if missing:
         raise InvalidInput("; ".join(missing), code="missing_reference")
+    if template.model != newest.model:
+        policies.enforce(state.store, dep.tenant, template.model)
     if template == newest:
         raise Conflict(f"the template equals deployment {name!r}'s newest revision; nothing to write",
                        code="unchanged")

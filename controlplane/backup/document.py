@@ -70,6 +70,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("revisions", keyspace.revisions(), Revision),
     Section("endpoints", keyspace.endpoints(), InferenceEndpoint),
     Section("keys", keyspace.api_keys(), ApiKeyRecord),
+    Section("key_policies", keyspace.key_policies(), None),
     Section("model_aliases", keyspace.model_aliases(), ModelAlias),
 )
 BY_NAME = {s.name: s for s in SECTIONS}

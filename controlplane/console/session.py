@@ -37,7 +37,8 @@ class Session:
 
     @property
     def can_write(self) -> bool:
-        return self.role == "admin"
+        """Admins and operators see write buttons; the API still decides (tenancy/route_rules.py)."""
+        return self.role in ("admin", "operator")
 
 
 def _secret(state: AppState) -> bytes:

@@ -82,6 +82,7 @@ def build_app() -> typer.Typer:
         rollouts,
         scaling,
         sites,
+        tenancy,
     )
     from controlplane.fabricctl.formats import AliasGroup
 
@@ -113,6 +114,10 @@ def build_app() -> typer.Typer:
     ai.add_typer(scaling.quota_app, name="quota")
     ai.add_typer(sites.site_app, name="site")
     ai.add_typer(keys.key_app, name="key")
+    ai.add_typer(tenancy.user_app, name="user")
+    ai.add_typer(tenancy.policy_app, name="policy")
+    ai.add_typer(tenancy.key_policy_app, name="key-policy")
+    ai.command("admit")(tenancy.admit)
     ai.add_typer(aliases.alias_app, name="alias")
     have = {c.name for c in nodes.node_app.registered_commands}
     for name, command in (("mig-create", mig.mig_create), ("mig-delete", mig.mig_delete), ("mig-list", mig.mig_list)):

@@ -1,5 +1,6 @@
-"""`fabricctl ai login`: trade the admin password for a bearer token and save it in the current
-context of ~/.config/fabric/config (0600), creating the context from the URL and CA in use.
+"""`fabricctl ai login`: trade a password (admin, viewer or a local user's: --username) or an
+identity provider's ID token (--id-token-file, OIDC) for a bearer token and save it in the
+current context of ~/.config/fabric/config (0600), creating the context from the URL and CA in use.
 
 The password comes from --password-file, FABRIC_PASSWORD or a prompt, never the command line,
 so it stays out of shell history and `ps`. An exported FABRIC_TOKEN overrides the saved token
@@ -42,8 +43,20 @@ def login(
                                                                      "STATE_DIR/admin-password"),
     print_token: bool = typer.Option(False, "--print-token", help="print only the token (for export FABRIC_TOKEN=...)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON for scripts"),
+    id_token_file: Path = typer.Option(None, "--id-token-file", help="sign in with your identity provider's "
+                                                                     "ID token in this file (OIDC) instead"),
 ) -> None:
     """Log in and save the token in the current context for later commands."""
+    if id_token_file is not None:
+        try:
+            id_token = id_token_file.read_text().strip()
+        except OSError as exc:
+            fail(f"--id-token-file {id_token_file}: {exc.strerror}", 2)
+        with session() as c:
+            result = c.post("/api/auth/oidc", {"id_token": id_token})
+        username = f"{result.get('role')} (OIDC)"
+        _saved(result, username, as_json, print_token)
+        return
     if password_file is not None:
         try:
             password = password_file.read_text().strip()
@@ -55,6 +68,10 @@ def login(
         password = typer.prompt("password", hide_input=True)
     with session() as c:
         result = c.post("/api/auth/login", {"username": username, "password": password})
+    _saved(result, username, as_json, print_token)
+
+
+def _saved(result: dict, username: str, as_json: bool, print_token: bool) -> None:
     path, context = save_token(result["token"])
     if os.environ.get("FABRIC_TOKEN"):
         typer.echo("warning: FABRIC_TOKEN is set in this shell and overrides the saved token; "

@@ -80,6 +80,7 @@ NODE = Rule(auth=NODE_AUTH)
 RULES: dict[tuple[str, str], Rule] = {
     # -- auth and health -----------------------------------------------------------------------
     ("POST", "/api/auth/login"): PUBLIC,
+    ("POST", "/api/auth/oidc"): PUBLIC,  # the identity provider's ID token is the credential
     ("GET", "/api/auth/whoami"): read(FILTERED),
     ("GET", "/healthz"): PUBLIC,
     # -- models, profiles, deployments, endpoints (controlplane.api.resources) ------------------

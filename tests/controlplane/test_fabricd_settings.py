@@ -31,6 +31,8 @@ from controlplane.settings import SettingsError, load
     ("FABRIC_MAX_BATCHES", "0", "out of range"),
     ("FABRIC_PCI_MIG", "true", "is not 1 or 0"),
     ("FABRIC_MODEL_DIR", "models", "is not an absolute path"),
+    ("FABRIC_LOGIN_OIDC_ISSUER", "https://idp.test", "missing FABRIC_LOGIN_OIDC_JWKS_URL, FABRIC_LOGIN_OIDC_CLIENT_ID"),
+    ("FABRIC_ADMIT_TOKEN", "short-secret", "shorter than 16 characters"),
 ])
 def test_bad_values_are_named(name, value, why):
     with pytest.raises(SettingsError) as err:
@@ -52,3 +54,10 @@ def test_every_bad_value_is_reported_at_once():
     with pytest.raises(SettingsError) as err:
         load({"FABRIC_RECONCILE_SECS": "x", "FABRIC_ADDRESS_POOL": "nope"})
     assert "FABRIC_RECONCILE_SECS" in str(err.value) and "FABRIC_ADDRESS_POOL" in str(err.value)
+
+
+def test_secrets_and_the_inference_audience_are_refused_without_echo():
+    with pytest.raises(SettingsError) as err:
+        load({"FABRIC_ADMIT_TOKEN": "tiny-secret", "FABRIC_LOGIN_OIDC_ISSUER": "https://idp.test",
+              "FABRIC_LOGIN_OIDC_JWKS_URL": "https://idp.test/jwks", "FABRIC_LOGIN_OIDC_CLIENT_ID": "fabric-inference"})
+    assert "tiny-secret" not in str(err.value) and "may not be 'fabric-inference'" in str(err.value)

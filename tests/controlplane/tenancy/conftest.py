@@ -14,8 +14,11 @@ import pytest
 from common.store.base import open_store
 from controlplane.auth import ensure_token_secret, issue_token
 from tests.controlplane.conftest import login, start_fabricd
+from tests.support.oidc_idp import RotatingIdp
 
 HMAC_SECRET = "tenancy-tests-hmac-secret-0123456789abcdef"
+OIDC_ISSUER = "https://login.idp.test"
+OIDC_CLIENT = "fabricd-console"
 MODEL = {"source": "hf://Qwen/Qwen3-8B"}
 PROFILE = {"runtime": "vllm", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 8, "memory_gib": 32}
 
@@ -36,8 +39,17 @@ CALLERS = (Caller("anonymous", None), Caller("viewer", "viewer"), Caller("operat
 
 
 @pytest.fixture(scope="package")
-def tenancy_fabricd(tmp_path_factory):
-    env = {"FABRIC_KEY_HMAC_SECRET": HMAC_SECRET, "FABRIC_ADMIT_TOKEN": "admit-secret-path-token-0123456789"}
+def idp():
+    provider = RotatingIdp(max_age=300, issuer=OIDC_ISSUER)
+    yield provider
+    provider.stop()
+
+
+@pytest.fixture(scope="package")
+def tenancy_fabricd(tmp_path_factory, idp):
+    env = {"FABRIC_KEY_HMAC_SECRET": HMAC_SECRET, "FABRIC_ADMIT_TOKEN": "admit-secret-path-token-0123456789",
+           "FABRIC_LOGIN_OIDC_ISSUER": OIDC_ISSUER, "FABRIC_LOGIN_OIDC_JWKS_URL": idp.jwks_url,
+           "FABRIC_LOGIN_OIDC_CLIENT_ID": OIDC_CLIENT}
     with start_fabricd(tmp_path_factory.mktemp("tenancy"), env=env) as server:
         yield server
 

@@ -87,6 +87,8 @@ def test_lists_hold_only_the_callers_tenant_and_the_shared_catalog(tenancy_fabri
         assert other.status_code == 403 and other.json()["error"]["code"] == "tenant_mismatch"
         dep = a.post("/api/ai/deployments", json={"name": "d-own-a", "model": "m-own-a", "profile": "shared-p"})
         assert dep.status_code == 201, dep.text
+        revise = a.post("/api/ai/deployments/d-own-a/revisions", json={"model": b["model"]})
+        assert revise.status_code == 422 and revise.json()["error"]["code"] == "missing_reference"
         models = {m["name"] for m in a.get("/api/ai/models").json()}
         assert {"m-own-a", "shared-m"} <= models and b["model"] not in models
         assert {d["name"] for d in a.get("/api/ai/deployments").json()} == {"d-own-a"}
