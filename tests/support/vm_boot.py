@@ -123,6 +123,8 @@ class BootRun:
                 except OSError as exc:
                     why = f"/health on {host}: {exc}"
             time.sleep(1)
+        if not self.console().strip():
+            why = "the guest printed nothing on its console"  # e.g. a stock kernel under PVM KVM
         return host, None, f"timeout after {timeout_s:.0f}s ({why})"
 
     def get_json(self, path: str) -> dict:
