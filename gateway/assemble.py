@@ -81,6 +81,6 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
         tokens=TokenCounter(store),
         dispatcher=dispatcher(settings, upstreams, metrics),
-        external=ExternalRouter(settings.idle_secs, on_key_state=metrics.key_state),
+        external=ExternalRouter(settings.idle_secs, settings.provider_key_dir, on_key_state=metrics.key_state),
     )
     return GatewayApp(state)

@@ -6,7 +6,9 @@ path below ``/v1`` is appended to the provider's URL. Keys:
 
 - each is a file on the gateway host, stat'ed at most once a second and re-read when it changes
   (rotation: write the new key into the file); a changed key starts with a fresh breaker. A file
-  that is missing, empty, over 8 KiB or holds anything but printable ASCII is not used.
+  that is missing, empty, over 8 KiB or holds anything but printable ASCII is not used, nor one
+  whose real path is outside FABRIC_PROVIDER_KEY_DIR: whoever may create an endpoint names the
+  file and the URL its content is sent to, so only that directory's files can ever leave.
 - a key is drawn by weight among those whose breaker lets a call through (gateway.breaker);
   429, 5xx and connect failures open its breaker, 401 marks it refused, and the call moves to the
   next usable key before any byte reached the client. Which key was refused is reported by its
@@ -59,7 +61,15 @@ def provider_path(base: bytes, target: bytes) -> bytes:
     return base + (target[3:] if target.startswith(b"/v1") else target)
 
 
-def _read_key(path: str) -> str | None:
+def inside(path: str, root: str) -> bool:
+    """Whether path's real path (symlinks resolved) is under root's."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return os.path.commonpath([real, base]) == base and real != base
+
+
+def _read_key(path: str, root: str) -> str | None:
+    if not inside(path, root):
+        return None
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_KEY_BYTES + 1)
@@ -75,6 +85,7 @@ def _read_key(path: str) -> str | None:
 class _Key:
     file: str
     weight: int
+    root: str
     text: str | None = None
     stamp: tuple | None = None
     checked: float = -1e18
@@ -90,7 +101,8 @@ class _Key:
         except OSError:
             stamp = None
         if stamp != self.stamp:
-            self.stamp, self.text, self.breaker = stamp, _read_key(self.file) if stamp else None, breaker.Breaker()
+            self.stamp, self.text, self.breaker = stamp, _read_key(self.file, self.root) if stamp else None, \
+                breaker.Breaker()
 
 
 @dataclass
@@ -99,8 +111,9 @@ class KeyRing:
     spec: tuple
 
     @classmethod
-    def of(cls, provider: ExternalProvider) -> KeyRing:
-        return cls([_Key(k.file, k.weight) for k in provider.keys], tuple((k.file, k.weight) for k in provider.keys))
+    def of(cls, provider: ExternalProvider, root: str) -> KeyRing:
+        return cls([_Key(k.file, k.weight, root) for k in provider.keys],
+                   tuple((k.file, k.weight) for k in provider.keys))
 
     def label(self, i: int) -> str:
         return f"#{i} ({os.path.basename(self.keys[i].file)})"
@@ -145,6 +158,7 @@ class ExternalRouter:
     """Per gateway process: the key rings of external endpoints and their client pool."""
 
     idle_secs: float = 60.0
+    key_dir: str = "/etc/fabric/provider-keys"  # FABRIC_PROVIDER_KEY_DIR: key files are read only here
     on_key_state: object = None  # callable(endpoint, key index, state) for the metric
     _rings: dict[str, KeyRing] = field(default_factory=dict)
     _pool: UpstreamPool | None = None
@@ -155,7 +169,7 @@ class ExternalRouter:
         ring = self._rings.get(ep.name)
         spec = tuple((k.file, k.weight) for k in prov.keys)
         if ring is None or ring.spec != spec:
-            ring = self._rings[ep.name] = KeyRing.of(prov)
+            ring = self._rings[ep.name] = KeyRing.of(prov, self.key_dir)
         return ring
 
     @property

@@ -53,6 +53,7 @@ class GatewaySettings:
     band_queue: int = 64  # FABRIC_BAND_QUEUE: waiting calls per band and endpoint (gateway.bands)
     band_total: int = 128  # FABRIC_BAND_TOTAL: waiting calls over all bands of an endpoint
     band_ttl_secs: float = 30.0  # FABRIC_BAND_TTL_SECS: longest wait
+    provider_key_dir: str = "/etc/fabric/provider-keys"  # FABRIC_PROVIDER_KEY_DIR (gateway.external)
     accept_any_jwt_audience: bool = False
     oidc_providers: tuple[OidcProvider, ...] = ()
     backend_tls: BackendTls = field(default_factory=BackendTls)
@@ -168,6 +169,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         band_queue=_number(env, "FABRIC_BAND_QUEUE", 64),
         band_total=_number(env, "FABRIC_BAND_TOTAL", 128),
         band_ttl_secs=_number(env, "FABRIC_BAND_TTL_SECS", 30.0, float),
+        provider_key_dir=env.get("FABRIC_PROVIDER_KEY_DIR", "").strip() or "/etc/fabric/provider-keys",
         accept_any_jwt_audience=_flag(env, "FABRIC_GATEWAY_ACCEPT_JWT"),
         oidc_providers=_oidc(env),
         backend_tls=_backend_tls(env),

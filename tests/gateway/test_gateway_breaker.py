@@ -44,3 +44,20 @@ def test_refused_stays_refused():
                                        (None, None)])
 def test_retry_after(raw, secs):
     assert retry_after_secs(raw) == secs
+
+
+def test_key_files_are_read_only_inside_the_key_dir(tmp_path):
+    from gateway.external import _read_key, inside
+
+    root = tmp_path / "keys"
+    root.mkdir()
+    (root / "ok").write_text(" sk-abc \n")
+    (tmp_path / "secret").write_text("s3cret")
+    (root / "link").symlink_to(tmp_path / "secret")
+    (root / "bin").write_bytes(b"sk-\x00abc")
+    assert inside(str(root / "ok"), str(root)) and not inside(str(root), str(root))
+    assert not inside(str(root / ".." / "secret"), str(root)) and not inside(str(root / "link"), str(root))
+    assert _read_key(str(root / "ok"), str(root)) == "sk-abc"
+    assert _read_key(str(root / "link"), str(root)) is None  # a symlink out is refused
+    assert _read_key(str(root / "bin"), str(root)) is None  # not printable ASCII
+    assert _read_key(str(root / "missing"), str(root)) is None

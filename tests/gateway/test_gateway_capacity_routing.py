@@ -67,6 +67,9 @@ def stack(tmp_path_factory):
     keys = tmp_path_factory.mktemp("provider-keys")
     (keys / "key-a").write_text("key-a\n")
     (keys / "key-b").write_text("key-b\n")
+    outside = tmp_path_factory.mktemp("elsewhere") / "secret"
+    outside.write_text("not-a-provider-key\n")
+    (keys / "escape").symlink_to(outside)
     try:
         publish_endpoint(store, "cap", [engines[r] for r in MAIN], deployment="cap-main")
         publish_endpoint(store, "capspill", [engines[r] for r in SPILL], deployment="cap-spill")
@@ -75,11 +78,12 @@ def stack(tmp_path_factory):
                                                                    "fallbacks": ["ext"]}).model_dump_json())
         ext = InferenceEndpoint(name="ext", deployment="ext", external=ExternalProvider(
             url=provider.url, model="provider-model",
-            keys=[ProviderKey(file=str(keys / "key-a")), ProviderKey(file=str(keys / "key-b"))]))
+            keys=[ProviderKey(file=str(keys / "key-a")), ProviderKey(file=str(keys / "key-b")),
+                  ProviderKey(file=str(outside)), ProviderKey(file=str(keys / "escape"))]))
         store.put(keyspace.endpoints("ext"), ext.model_dump_json())
         gw = GatewayProcess.start(state, url, env={
             "FABRIC_SATURATION_QUEUE": "2", "FABRIC_GATEWAY_CACHE_SECS": "0.1", "FABRIC_BAND_QUEUE": "2",
-            "FABRIC_BAND_TOTAL": "2", "FABRIC_BAND_TTL_SECS": "5"})
+            "FABRIC_BAND_TOTAL": "2", "FABRIC_BAND_TTL_SECS": "5", "FABRIC_PROVIDER_KEY_DIR": str(keys)})
         try:
             yield store, gw, provider, keys
         finally:
@@ -187,6 +191,9 @@ def test_provider_keys_breakers_refusal_and_rotation(stack):
     assert metric(gw, 'fabric_gateway_provider_key_state{endpoint="ext",key="0"}') == 2  # open
     assert metric(gw, 'fabric_gateway_provider_key_state{endpoint="ext",key="1"}') == 3  # refused
     assert "key-b" in gw.log_text() and "Bearer" not in gw.log_text()
+    # Files outside FABRIC_PROVIDER_KEY_DIR (directly or through a symlink) are never read.
+    assert [k["state"] for k in why["keys"][2:]] == ["unreadable", "unreadable"]
+    assert not any(s["key"] == "not-a-provider-key" for s in provider.seen)
     provider.answers["key-a"] = 200
     time.sleep(1.1)  # key-a's Retry-After: its breaker lets one trial through
     r = call(gw, key, endpoint="ext")
