@@ -27,7 +27,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from common.errors import LimitExceeded
+from common.errors import LimitExceeded, NotFound
 from common.http1_client import UpstreamError, UpstreamPool, UpstreamTimeoutError
 from common.schemas import ExternalProvider, InferenceEndpoint
 from gateway import breaker
@@ -56,9 +56,10 @@ def split_url(url: str) -> tuple[str, str, int, bytes]:
     return scheme, host.strip("[]"), int(port) if colon else default, (slash + path).rstrip("/").encode()
 
 
-def provider_path(base: bytes, target: bytes) -> bytes:
-    """The provider's path: its base URL's path plus what follows /v1 in the call's path."""
-    return base + (target[3:] if target.startswith(b"/v1") else target)
+def provider_path(base: bytes, target: bytes) -> bytes | None:
+    """The provider's path: its base URL's path plus what follows /v1 in the call's path; None
+    for a path outside /v1/ (only the OpenAI API is forwarded, never another path of the host)."""
+    return base + target[3:] if target.startswith(b"/v1/") else None
 
 
 def inside(path: str, root: str) -> bool:
@@ -192,6 +193,8 @@ class ExternalRouter:
         ring = self.ring(ep)
         scheme, host, port, base = split_url(prov.url)
         path = provider_path(base, target)
+        if path is None:
+            raise NotFound("an external endpoint serves only /v1/... paths", code="not_found")
         if data is not None and "model" in data and data.get("model") != prov.model:
             body = with_field(body, data, "model", prov.model)
         notes["provider_model"] = prov.model

@@ -38,7 +38,7 @@ from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, Field
 
 from common import keyspace
-from common.errors import Conflict, InvalidInput, NotFound
+from common.errors import Conflict, Forbidden, InvalidInput, NotFound
 from common.schemas import (
     DeploymentStatus,
     EndpointStatus,
@@ -328,6 +328,9 @@ def list_endpoints(state: StateDep, response: Response, who: PrincipalDep, limit
 @router.post("/endpoints", status_code=201)
 def create_endpoint(body: InferenceEndpoint, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
+    if body.external is not None and who.bound:
+        # Its URL and key files are the gateway host's outbound reach: cluster-wide admins only.
+        raise Forbidden("only a cluster-wide admin may create an external endpoint", code="forbidden")
     # An external endpoint forwards to its provider; its deployment is a name only (never read).
     for dep in ([] if body.external else [body.deployment]) + body.spillover:
         if reference_missing(state.store, who, "deployment", dep):

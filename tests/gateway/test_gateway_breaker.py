@@ -61,3 +61,13 @@ def test_key_files_are_read_only_inside_the_key_dir(tmp_path):
     assert _read_key(str(root / "link"), str(root)) is None  # a symlink out is refused
     assert _read_key(str(root / "bin"), str(root)) is None  # not printable ASCII
     assert _read_key(str(root / "missing"), str(root)) is None
+
+
+def test_only_v1_paths_reach_a_provider():
+    from gateway.external import provider_path, split_url
+
+    assert split_url("https://api.example/v1") == ("https", "api.example", 443, b"/v1")
+    assert split_url("http://[::1]:8080") == ("http", "::1", 8080, b"")
+    assert provider_path(b"/v1", b"/v1/chat/completions") == b"/v1/chat/completions"
+    assert provider_path(b"/openai/v1", b"/v1/models?x=1") == b"/openai/v1/models?x=1"
+    assert provider_path(b"/v1", b"/health") is None and provider_path(b"/v3", b"/v1x/kv") is None

@@ -70,6 +70,10 @@ def test_another_tenants_objects_read_exactly_as_absent(tenancy_fabricd, world):
         assert ref.status_code == 422 and ref.json()["error"]["code"] == "missing_reference"
         ep = a.post("/api/ai/endpoints", json={"name": "e-steal", "deployment": b["deployment"]})
         assert ep.status_code == 422
+        # An external endpoint's URL and key files are the gateway host's reach: cluster admins only.
+        ext = a.post("/api/ai/endpoints", json={"name": "e-out", "deployment": "x", "external": {
+            "url": "http://127.0.0.1:2379/v3", "model": "m", "keys": [{"file": "/etc/fabric/provider-keys/k"}]}})
+        assert ext.status_code == 403 and ext.json()["error"]["code"] == "forbidden"
         key = a.post("/api/ai/keys", json={"name": "k-steal", "endpoint": b["endpoint"]})
         assert key.status_code == 404
     with tenancy_fabricd.client(logins["ops-b"]["token"]) as owner:  # nothing of b's changed
