@@ -77,7 +77,7 @@ def init(
 def serve(
     state_dir: Path = typer.Option(..., "--state-dir", help="directory written by `fabricd init`"),
     listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT"),
-    store: str = typer.Option(None, "--store", help="sqlite:///PATH or etcd://HOST:PORT (default: SQLite in the state dir)"),
+    store: str = typer.Option(None, "--store", help="sqlite:///PATH or etcd://HOST:PORT[,HOST:PORT...] (one per cluster member; default: SQLite in the state dir)"),
     insecure: bool = typer.Option(False, "--insecure", help="plain HTTP, loopback only"),
     controllers: bool = typer.Option(True, "--controllers/--no-controllers",
                                      help="run the background controllers in this process"),

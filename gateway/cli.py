@@ -41,7 +41,7 @@ def split_listen(listen: str) -> tuple[str, int]:
 def serve(
     state_dir: Path = typer.Option(..., help="state directory (cluster CA, embedded store)"),
     listen: str = typer.Option("127.0.0.1:8443", help="HOST:PORT to serve on"),
-    store: str = typer.Option(None, help="store URL: sqlite:///PATH or etcd://HOST:PORT (default: embedded)"),
+    store: str = typer.Option(None, help="store URL: sqlite:///PATH or etcd://HOST:PORT[,HOST:PORT...] (default: embedded)"),
     tls_cert: Path = typer.Option(None, help="serving certificate (default: issued from the cluster CA)"),
     tls_key: Path = typer.Option(None, help="key of --tls-cert"),
     insecure: bool = typer.Option(False, help="plain HTTP, loopback only"),

@@ -109,9 +109,11 @@ def open_store(url: str | None, state_dir: str | Path | None = None) -> Store:
     if url.startswith("etcd://"):
         from common.store.etcd_store import EtcdStore
 
-        hostport = url[len("etcd://"):].rstrip("/")
-        host, _, port = hostport.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"store URL {url!r}: expected etcd://HOST:PORT")
-        return EtcdStore(host, int(port))
-    raise ValueError(f"store URL {url!r}: expected sqlite:///PATH or etcd://HOST:PORT")
+        endpoints = []
+        for hostport in url[len("etcd://"):].rstrip("/").split(","):
+            host, _, port = hostport.strip().rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"store URL {url!r}: expected etcd://HOST:PORT[,HOST:PORT...]")
+            endpoints.append((host, int(port)))
+        return EtcdStore(endpoints[0][0], endpoints[0][1], endpoints=endpoints)
+    raise ValueError(f"store URL {url!r}: expected sqlite:///PATH or etcd://HOST:PORT[,HOST:PORT...]")

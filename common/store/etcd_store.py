@@ -11,6 +11,13 @@ through the etcd3gw client's own ``post``/``get_url`` and builds the payloads it
 Watch opens one streaming HTTP request of its own, reads until the first batch of events or the
 deadline, and closes it: no background threads, no pooled connection left half-read.
 Unreachable etcd raises TransientError; a write naming an unknown lease raises NotFound.
+
+A cluster is reached through several endpoints (``etcd://h1:p1,h2:p2,h3:p3``). Calls go to the
+current endpoint; one whose connection is refused or cannot be opened (the request never left
+this process, so nothing can have been applied) is skipped and the call goes to the next, which
+becomes current. A failure after the request was sent (a reset, a read timeout, an etcd error
+such as "no leader") is not retried here, where a create or a cas could run twice: it raises
+TransientError naming the endpoint, and the next call starts from the next endpoint.
 """
 
 from __future__ import annotations
@@ -68,32 +75,79 @@ def _kv(item: dict[str, Any]) -> KV:
     )
 
 
-class EtcdStore:
-    """Store backend on an etcd v3 server (3.4+) reached over its HTTP/JSON gateway."""
+def _never_sent(exc: BaseException) -> bool:
+    """True when etcd3gw's connection error wraps a refused or unopened connection: the request
+    never reached etcd, so sending it to another member cannot apply it twice."""
+    cause = exc.__context__
+    if isinstance(cause, requests.exceptions.ConnectTimeout):
+        return True
+    if isinstance(cause, requests.exceptions.ConnectionError) and cause.args:
+        reason = getattr(cause.args[0], "reason", cause.args[0])
+        return isinstance(reason, urllib3.exceptions.NewConnectionError)
+    return False
 
-    def __init__(self, host: str, port: int, *, timeout: float = REQUEST_TIMEOUT_S):
-        self.host = host
-        self.port = port
+
+class EtcdStore:
+    """Store backend on an etcd v3 cluster (3.4+) reached over its HTTP/JSON gateway."""
+
+    def __init__(self, host: str, port: int, *, timeout: float = REQUEST_TIMEOUT_S,
+                 endpoints: list[tuple[str, int]] | None = None):
+        self._endpoints = list(endpoints or [(host, port)])
         self._timeout = timeout
         # api_path fixed to /v3/ (etcd >= 3.4) so no discovery round trip happens at first use.
-        self._client = etcd3gw.client(host=host, port=port, timeout=timeout, api_path="/v3/")
+        self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout, api_path="/v3/")
+                         for h, p in self._endpoints]
+        self._current = 0
+
+    @property
+    def host(self) -> str:
+        return self._endpoints[self._current][0]
+
+    @property
+    def port(self) -> int:
+        return self._endpoints[self._current][1]
+
+    @property
+    def _client(self):
+        return self._clients[self._current]
+
+    def _where(self) -> str:
+        return f"etcd at {self.host}:{self.port}"
+
+    def _advance(self) -> None:
+        self._current = (self._current + 1) % len(self._clients)
 
     # -- transport ----------------------------------------------------------------------
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return self._client.post(self._client.get_url(path), json=payload)
-        except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError) as exc:
-            raise TransientError(f"etcd at {self.host}:{self.port} unreachable") from exc
-        except etcd_exc.Etcd3Exception as exc:
-            detail = str(exc.detail_text or "")
-            if "lease not found" in detail:
-                raise NotFound("lease not found (expired or revoked)") from exc
-            if "compacted" in detail:
-                raise Conflict("requested revision was compacted", code="compacted") from exc
-            raise TransientError(f"etcd at {self.host}:{self.port} failed: {detail[:200]}") from exc
-        except requests.RequestException as exc:
-            raise TransientError(f"etcd at {self.host}:{self.port} unreachable") from exc
+        for attempt in range(len(self._clients)):
+            client, where = self._client, self._where()
+            try:
+                return client.post(client.get_url(path), json=payload)
+            except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError) as exc:
+                self._advance()
+                never_sent = _never_sent(exc)
+                if never_sent and attempt + 1 < len(self._clients):
+                    continue
+                what = "unreachable" if never_sent else "did not answer in time (no quorum or overloaded?)"
+                raise TransientError(f"{where} {what}{self._cluster_note()}") from exc
+            except etcd_exc.Etcd3Exception as exc:
+                detail = str(exc.detail_text or "")
+                if "lease not found" in detail:
+                    raise NotFound("lease not found (expired or revoked)") from exc
+                if "compacted" in detail:
+                    raise Conflict("requested revision was compacted", code="compacted") from exc
+                self._advance()
+                raise TransientError(f"{where} failed: {detail[:200]}{self._cluster_note()}") from exc
+            except requests.RequestException as exc:
+                self._advance()
+                raise TransientError(f"{where} unreachable{self._cluster_note()}") from exc
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def _cluster_note(self) -> str:
+        if len(self._endpoints) == 1:
+            return ""
+        return f" (store: etcd cluster of {len(self._endpoints)} endpoints)"
 
     def _txn(self, compare: dict[str, Any], success: dict[str, Any]) -> dict[str, Any]:
         return self._post("/kv/txn", {"compare": [compare], "success": [success], "failure": []})
@@ -199,25 +253,28 @@ class EtcdStore:
     def watch(self, prefix: str, after_revision: int, timeout: float) -> list[Event]:
         create = _range_request(prefix) | {"start_revision": str(after_revision + 1)}
         deadline = time.monotonic() + max(0.0, timeout)
-        url = self._client.get_url("/watch")
+        url, where = self._client.get_url("/watch"), self._where()
         try:
             with requests.Session() as session, session.post(
                 url, json={"create_request": create}, stream=True,
                 timeout=(self._timeout, max(0.05, timeout)),
             ) as resp:
                 if resp.status_code != 200:
-                    raise TransientError(f"etcd watch failed with HTTP {resp.status_code}")
+                    self._advance()
+                    raise TransientError(f"{where}: watch failed with HTTP {resp.status_code}")
                 return _read_first_events(resp, deadline)
         except requests.exceptions.ConnectionError as exc:
             # A read timeout on a streamed body surfaces as ConnectionError wrapping ReadTimeoutError.
             if exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError):
                 return []
-            raise TransientError(f"etcd at {self.host}:{self.port} unreachable") from exc
+            self._advance()
+            raise TransientError(f"{where} unreachable{self._cluster_note()}") from exc
         except requests.exceptions.Timeout:
             return []
 
     def close(self) -> None:
-        self._client.session.close()
+        for client in self._clients:
+            client.session.close()
 
 
 def _read_first_events(resp: requests.Response, deadline: float) -> list[Event]:
