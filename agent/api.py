@@ -39,6 +39,7 @@ from agent.mig_routes import mig_router
 from agent.state import AgentState, as_dict, read_inventory
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.engine_log import MAX_CHUNK, read_chunk
+from common import runtime_metrics
 from common.agent_api import (
     AgentHealth,
     GpuBindResult,
@@ -130,7 +131,8 @@ def caller_refusal(scope: Mapping[str, Any], allowed: Collection[str]) -> str | 
 
 
 def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAULT_ALLOWED_CLIENT_CNS) -> FastAPI:
-    app = FastAPI(title="fabric-agent", docs_url=None, redoc_url=None)
+    runtime = runtime_metrics.install(state.registry)
+    app = FastAPI(title="fabric-agent", docs_url=None, redoc_url=None, lifespan=runtime_metrics.lifespan(runtime))
     app.state.agent = state
     allowed = frozenset(allowed_client_cns)
     requests = Counter("fabric_agent_requests", "Agent API requests", ["route", "code"],

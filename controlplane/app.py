@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
+from common import runtime_metrics
 from common.health import healthz_body
 from controlplane import console, openapi_doc
 from controlplane.api import routers
@@ -44,8 +45,11 @@ def create_app(state: AppState) -> FastAPI:
     if state.token_secret is None:
         state.token_secret = ensure_token_secret(state.store)
 
+    runtime = runtime_metrics.install(state.registry)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        runtime.bind()
         controllers = _load_controllers() if state.settings.run_controllers else None
         handle = None
         if controllers is not None:

@@ -152,6 +152,7 @@ class GatewayApp:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
+                self.state.metrics.runtime.bind()
                 quiet_gc()
                 await asyncio.to_thread(self.state.limits.slots.register)
                 self.state.limits.slots.start_renewing()

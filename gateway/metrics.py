@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from common import runtime_metrics
+
 OUTCOMES = ("success", "upstream_error", "client_closed", "refused", "unauthorized", "rate_limited", "error")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -29,6 +31,7 @@ class GatewayMetrics:
     spilled: Counter
     fallbacks: Counter
     provider_keys: Gauge
+    runtime: runtime_metrics.RuntimeCollector
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
 
     @classmethod
@@ -57,6 +60,8 @@ class GatewayMetrics:
             # 0 closed, 1 half_open, 2 open, 3 refused (401); key is the key's index, never its text
             provider_keys=Gauge("fabric_gateway_provider_key_state", "Breaker state of each external provider key",
                                 ["endpoint", "key"], registry=reg, multiprocess_mode="mostrecent"),
+            # RSS, fds, threads, asyncio tasks of this process (not summed in multiprocess mode)
+            runtime=runtime_metrics.install(reg),
         )
 
     def _child(self, metric, *labels):

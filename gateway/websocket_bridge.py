@@ -1,7 +1,8 @@
 """WebSocket calls on the proxy path: authenticated like HTTP, then bridged to the upstream.
 
-The upstream socket is opened before the client's upgrade is accepted, so a refused upstream
-answers 502 (and a refused key 401/403, a full stream cap 429) as a plain HTTP response through
+The upstream socket is opened before the client's upgrade is accepted (on the first target, and
+on the next once if that one does not open: a VIP nobody answers falls back to a ready replica),
+so a refused upstream answers 502 (and a refused key 401/403, a full stream cap 429) as a plain HTTP response through
 the ASGI websocket.http.response extension. After that, frames are pumped both ways until
 either side closes; the stream slot is held for exactly that long. The model scope of a key is
 checked against the ``model`` query parameter (a socket has no JSON body to read it from), read
@@ -77,6 +78,20 @@ def query_model(query: bytes) -> str | None:
     return values[0] if values else None
 
 
+async def _open_upstream(targets: list[str], target: str, fwd: list, ssl_ctx):
+    """Open the upstream WebSocket on the first target; a failure to open (nothing was relayed
+    yet) moves to the next target once, as the HTTP proxy does: a VIP that does not answer
+    falls back to a ready replica."""
+    tries = targets[:2]
+    for i, base in enumerate(tries):
+        try:
+            return await connect(base + target, additional_headers=fwd, open_timeout=10, ssl=ssl_ctx)
+        except Exception as exc:  # noqa: BLE001 - any failure to open (TLS, handshake, refusal) is the upstream's
+            if i + 1 == len(tries):
+                raise UpstreamFailed(f"the upstream refused the WebSocket ({type(exc).__name__})") from None
+    raise UpstreamFailed("the endpoint has no upstream to try")
+
+
 async def bridge(state, scope, receive, send) -> None:
     t0 = time.perf_counter()
     request_id, identity, admission, status = uuid.uuid4().hex, None, None, 500
@@ -115,12 +130,8 @@ async def bridge(state, scope, receive, send) -> None:
         tls = state.settings.backend_tls.enabled
         targets = order_targets(view, headers.get("x-session-id"), "wss" if tls else "ws")
         fwd = [(k, v) for k, v in headers.items() if k not in NOT_FORWARDED and not k.startswith("sec-websocket")]
-        uri = targets[0] + route.target.decode("ascii")
-        try:
-            upstream = await connect(uri, additional_headers=fwd, open_timeout=10,
-                                     ssl=backend_ssl(state.settings.backend_tls) if tls else None)
-        except Exception as exc:  # noqa: BLE001 - any failure to open (TLS, handshake, refusal) is the upstream's
-            raise UpstreamFailed(f"the upstream refused the WebSocket ({type(exc).__name__})") from None
+        upstream = await _open_upstream(targets, route.target.decode("ascii"), fwd,
+                                        backend_ssl(state.settings.backend_tls) if tls else None)
         async with upstream:
             await send({"type": "websocket.accept"})
             status = 101

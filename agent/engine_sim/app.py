@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.routing import WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from agent.engine_sim.batch_routes import make_batch_routes
 from agent.engine_sim.config import EngineConfig
@@ -42,6 +44,23 @@ class ReplicaHeader:
         await self.app(scope, receive, send_tagged)
 
 
+async def realtime_echo(ws: WebSocket) -> None:
+    """`/v1/realtime`: a WebSocket that echoes every text or binary message back (the gateway's
+    WebSocket bridge and the soak's WebSocket traffic need an upstream that speaks one)."""
+    await ws.accept()
+    try:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            if msg.get("text") is not None:
+                await ws.send_text(msg["text"])
+            elif msg.get("bytes") is not None:
+                await ws.send_bytes(msg["bytes"])
+    except WebSocketDisconnect:
+        return
+
+
 def create_metrics_app(engine: Engine) -> Starlette:
     """The app on the runtime's separate metrics port (Triton 8002, TEI 9000)."""
     return Starlette(routes=metrics_routes(engine))
@@ -50,7 +69,8 @@ def create_metrics_app(engine: Engine) -> Starlette:
 def create_app(config: EngineConfig) -> Starlette:
     engine = Engine(config)
     routes = [*make_generate_routes(engine), *make_pooling_routes(engine), *make_control_routes(engine),
-              *make_batch_routes(engine), *make_lora_routes(engine.lora)]
+              *make_batch_routes(engine), *make_lora_routes(engine.lora),
+              WebSocketRoute("/v1/realtime", realtime_echo)]
     app = Starlette(routes=routes, middleware=[Middleware(ReplicaHeader, replica_id=config.replica_id)])
     app.state.engine = engine
     return app

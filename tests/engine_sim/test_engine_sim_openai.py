@@ -122,3 +122,13 @@ def test_every_response_names_the_replica(fast_engine):
     assert httpx.get(fast_engine.url + "/health").headers["x-fabric-replica"] == "replica-a"
     bad = httpx.post(fast_engine.url + "/v1/chat/completions", json={})
     assert bad.headers["x-fabric-replica"] == "replica-a"
+
+
+def test_realtime_websocket_echoes_text_and_bytes(fast_engine):
+    from websockets.sync.client import connect
+
+    with connect(fast_engine.url.replace("http://", "ws://") + "/v1/realtime?model=sim-m") as ws:
+        ws.send("hello")
+        assert ws.recv(timeout=5) == "hello"
+        ws.send(b"\x00\xff")
+        assert ws.recv(timeout=5) == b"\x00\xff"

@@ -39,8 +39,9 @@ class GatewayProcess:
 
     @classmethod
     def start(cls, state_dir: Path, store_url: str, env: dict[str, str] | None = None,
-              gateway_id: str = "gw-test", args: list[str] | None = None) -> GatewayProcess:
-        port = free_port()
+              gateway_id: str = "gw-test", args: list[str] | None = None,
+              port: int | None = None) -> GatewayProcess:
+        port = port or free_port()
         log_path = state_dir / f"gateway-{port}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
         full_env.update(BASE_ENV)
@@ -48,7 +49,7 @@ class GatewayProcess:
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--state-dir", str(state_dir), "--store", store_url,
                "--listen", f"127.0.0.1:{port}", "--insecure", "--gateway-id", gateway_id, "--log-level", "info",
                *(args or [])]
-        with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                                     cwd=str(Path(__file__).resolve().parents[2]))
         gw = cls(proc, port, log_path)

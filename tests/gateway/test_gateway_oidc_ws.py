@@ -102,6 +102,9 @@ def env(tmp_path_factory):
     store.put(keyspace.endpoints("wsdead"), dead.model_dump_json())
     store.put(keyspace.replicas("wsdead-dep", "d-0"), Replica(replica_id="d-0", deployment="wsdead-dep", ordinal=0,
               node="n", host="127.0.0.1", port=free_port(), ready=True, phase="Ready").model_dump_json())
+    # a VIP nothing answers (no dataplane here) in front of a ready echo replica
+    vip = InferenceEndpoint(name="wsvip", deployment="ws-dep", status=EndpointStatus(phase="Ready", vip="127.0.100.9"))
+    store.put(keyspace.endpoints("wsvip"), vip.model_dump_json())
     oidc_env = {"FABRIC_OIDC_ISSUER": ISSUER, "FABRIC_OIDC_JWKS_URL": idp.jwks_url, "FABRIC_USER_STREAMS": "1"}
     strict = GatewayProcess.start(state, url, oidc_env)
     store.put(keyspace.endpoints("nogpu"), InferenceEndpoint(name="nogpu", deployment="nogpu-dep",
@@ -201,6 +204,14 @@ def test_websocket_echo_through_the_bridge_holds_a_stream_slot(env):
         except InvalidStatus:
             time.sleep(0.05)
     assert reopened
+
+
+def test_websocket_falls_back_from_a_dead_vip_to_a_ready_replica(env):
+    _, key = make_key(env["store"], "wsvip")
+    with ws_connect(ws_url(env["strict"], "wsvip"), additional_headers={"Authorization": f"Bearer {key}"},
+                    open_timeout=15) as ws:
+        ws.send("via the replica")
+        assert ws.recv(timeout=5) == "via the replica"
 
 
 def test_websocket_refusals(env):

@@ -14,7 +14,6 @@ nothing is duplicated: reservations, replica ids, the VIP (same address, allocat
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -38,7 +37,7 @@ from tests.integration.orchestration_harness import (
     stop_engines,
 )
 from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
-from tests.support.polling import clean_env, wait_for
+from tests.support.polling import clean_env, scrape_gauge, wait_for
 from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.e2e,
@@ -56,12 +55,7 @@ def holder_pid(view) -> int | None:
 
 
 def leader_gauge(url: str) -> float | None:
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=5).text
-    except httpx.TransportError:
-        return None
-    m = re.search(r"^fabric_controller_leader (\S+)$", text, re.MULTILINE)
-    return float(m.group(1)) if m else None
+    return scrape_gauge(url, "fabric_controller_leader")
 
 
 def ready(api) -> dict[str, dict]:

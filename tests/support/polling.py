@@ -23,3 +23,17 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
     env.update(extra or {})
     return env
+
+
+def scrape_gauge(url: str, name: str) -> float | None:
+    """The unlabelled sample NAME on URL's /metrics, or None (no answer, no such sample)."""
+    import re
+
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else None

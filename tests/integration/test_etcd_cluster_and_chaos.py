@@ -1,5 +1,8 @@
-"""fabricd, its agent and two gateways on a real three-member etcd cluster whose members are
-SIGKILLed and restarted under load: a follower, then the leader, then two at once (no quorum).
+"""The loopback rig (tests.support.chaos_rig: two fabricd, an agent with real engine-sim replicas
+and two gateways on a real three-member etcd cluster), shared by two suites in this module.
+
+etcd members SIGKILLed and restarted under load: a follower, then the leader, then two at once
+(no quorum).
 
 Load while members die: a writer creating profiles through fabricd's API (a 503 is retried with the
 same name; a 409 on a retry means the first try was applied), a reader, a scaler moving the
@@ -10,6 +13,9 @@ VIP allocated once, exactly ``quota`` calls admitted across both gateways, the a
 verifies, and reads answered 200 while a quorum was up. With two members down, a write is
 answered 503 naming the etcd cluster (not a 500, not a hang), and succeeds again once they are
 back.
+
+Then the short chaos run (tests.support.chaos; scripts/chaos runs every injection): a subset of
+the injections under streaming load, each with its client view and invariants checked.
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ import httpx
 import pytest
 
 from common import audit_chain, keyspace
-from common.store.base import open_store
-from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key
-from tests.integration.orchestration_harness import deploy, start_cluster
+from tests.gateway.gateway_harness import make_key
+from tests.support import chaos
+from tests.support.chaos_rig import DEP, EP, start_rig
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.etcd_server import ETCD_BINARY, etcd_available
 from tests.support.polling import wait_for
@@ -32,45 +38,20 @@ from tests.support.polling import wait_for
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not etcd_available(), reason=f"etcd binary not found at {ETCD_BINARY}")]
 
-DEP, EP = "quorum", "quorum-ep"
-# Loopback VIPs: nothing serves them here (no dataplane), so the gateway falls to the replicas at
-# once; an off-host pool would route the VIP attempt out of this machine.
-POOL = "127.0.100.1-127.0.100.4"
 QUOTA = 30
 
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("etcd3")
-    with EtcdCluster(3) as etcd:
-        env = {"FABRIC_ADDRESS_POOL": POOL, "FABRIC_LEADER_TTL_SECS": "3"}
-        with start_cluster(tmp, gpus=6, env=env, fabricd_args=("--store", etcd.url)) as cluster:
-            store = open_store(etcd.url)
-            gws = []
-            try:
-                with cluster.api() as api:
-                    deploy(api, DEP, EP, 2)
-                    wait_for(lambda: len(ready(api)) == 2, 90, "2 ready replicas")
-                    wait_for(lambda: api.get(f"/api/ai/endpoints/{EP}").json()["status"].get("vip"), 30, "the VIP")
-                gws = [GatewayProcess.start(tmp, etcd.url, gateway_id=f"gw-{n}") for n in "ab"]
-                yield etcd, cluster, store, gws
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}\n{cluster.tail()}") from None
-            finally:
-                for gw in gws:
-                    gw.stop()
-                store.close()
-
-
-def ready(api) -> list[dict]:
-    return [r for r in api.get(f"/api/ai/deployments/{DEP}/metrics").json()["replicas"] if r["ready"]]
+    with start_rig(tmp_path_factory.mktemp("etcd3")) as rig:
+        yield rig
 
 
 class Load:
     """Background writer, reader, scaler and gateway callers; each records what it saw."""
 
-    def __init__(self, cluster, gws, key: str):
-        self.cluster, self.gws, self.key = cluster, gws, key
+    def __init__(self, rig, key: str):
+        self.rig, self.gws, self.key = rig, rig.gateways, key
         self.stop = threading.Event()
         self.acked: list[str] = []
         self.codes: dict[str, list[tuple[float, int]]] = {"write": [], "read": [], "scale": [], "chat": []}
@@ -91,7 +72,7 @@ class Load:
         self.codes[kind].append((time.monotonic(), code))
 
     def writer(self):
-        with self.cluster.api() as api:
+        with self.rig.api() as api:
             i = 0
             while not self.stop.is_set():
                 name, retried = f"w{i}", False
@@ -108,13 +89,13 @@ class Load:
                 time.sleep(0.05)
 
     def reader(self):
-        with self.cluster.api() as api:
+        with self.rig.api() as api:
             while not self.stop.is_set():
                 self._note("read", _status(api.get, f"/api/ai/deployments/{DEP}"))
                 time.sleep(0.1)
 
     def scaler(self):
-        with self.cluster.api() as api:
+        with self.rig.api() as api:
             n = 2
             while not self.stop.is_set():
                 n = 4 if n == 2 else 2
@@ -145,7 +126,7 @@ def _status(method, *args, **kwargs) -> int:
     return r.status_code
 
 
-def fault(etcd: EtcdCluster, victim: int, api) -> list[int]:
+def fault(etcd: EtcdCluster, victim: int, api: httpx.Client) -> list[int]:
     """SIGKILL member VICTIM, wait for a leader among the rest, read through fabricd, restart it."""
     etcd.kill(victim)
     wait_for(lambda: etcd.leader() is not None, 20, "a leader among the two live members")
@@ -158,13 +139,11 @@ def fault(etcd: EtcdCluster, victim: int, api) -> list[int]:
 
 
 def test_member_faults_under_load_lose_nothing_and_admit_exactly(rig):
-    etcd, cluster, store, gws = rig
+    etcd, store = rig.etcd, rig.store
     _, key = make_key(store, EP, request_quota=QUOTA)
-    assert HMAC_SECRET  # the gateways verify the key with the harness's secret (BASE_ENV)
-    vip = None
-    with cluster.api() as api:
+    with rig.api() as api:
         vip = api.get(f"/api/ai/endpoints/{EP}").json()["status"]["vip"]
-        with Load(cluster, gws, key) as load:
+        with Load(rig, key) as load:
             time.sleep(1.5)
             # a follower first, member 0 when it is one: the store's first endpoint dies either here
             # or as the leader next, so fabricd and the gateways must fail over to another member
@@ -188,10 +167,10 @@ def test_member_faults_under_load_lose_nothing_and_admit_exactly(rig):
         missing = [n for n in load.acked if n not in names]
         assert not missing, f"acknowledged but lost: {missing}"
 
-        # settle on 3 replicas; no GPU reserved twice, each reservation held by its replica
-        assert api.post(f"/api/ai/deployments/{DEP}/scale", json={"replicas": 3}).status_code == 200
-        wait_for(lambda: len(ready(api)) == 3 and len(store.list(keyspace.replicas(DEP))) == 3, 90,
-                 "3 ready replicas")
+        # settle on 2 replicas; no GPU reserved twice, each reservation held by its replica
+        assert api.post(f"/api/ai/deployments/{DEP}/scale", json={"replicas": 2}).status_code == 200
+        wait_for(lambda: len(rig.ready_replicas(api)) == 2 and len(store.list(keyspace.replicas(DEP))) == 2, 90,
+                 "2 ready replicas")
         check_allocations(store, vip)
 
         # no over-admission: exactly QUOTA calls admitted over both gateways, the rest 429
@@ -216,11 +195,11 @@ def check_allocations(store, vip: str) -> None:
 
 
 def test_without_quorum_writes_are_refused_with_a_503_naming_the_store(rig):
-    etcd, cluster, _, _ = rig
+    etcd = rig.etcd
     leader = etcd.leader()
     down = [i for i in range(3) if i != leader][:1] + [leader]
     body = {"name": "no-quorum", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 1, "memory_gib": 1}
-    with cluster.api() as api:
+    with rig.api() as api:
         api.timeout = httpx.Timeout(60)
         for i in down:
             etcd.kill(i)
@@ -237,3 +216,27 @@ def test_without_quorum_writes_are_refused_with_a_503_naming_the_store(rig):
         r = wait_for(lambda: (x := api.post("/api/ai/profiles", json=body)).status_code != 503 and x, 30,
                      "a write once the quorum is back")
         assert r.status_code == 201, r.text
+
+
+# The short chaos run (scripts/chaos runs all six injections): three whose client-visible effect
+# is known exactly, on the same rig, after the etcd tests left it whole. Left to the script for
+# time: the gateway and agent SIGKILLs (their restart is most of a step; a gateway SIGKILL under
+# streaming load is also tests/gateway/test_gateway_slot_leases.py) and the engine health failure.
+SHORT = ["fabricd_leader_sigkill", "etcd_leader_drop", "engine_stall"]
+
+
+def test_short_chaos_run_recovers_with_every_invariant(rig):
+    rows = {r["injection"]: r for r in chaos.run(rig, SHORT, settle_s=1.0)}
+    print(json.dumps(list(rows.values()), indent=1))
+    for name, row in rows.items():
+        inv = row["invariants"]
+        assert inv["reservations"] and inv["vips"] and inv["limits"] and inv["audit"], (name, inv)
+        assert row["client_recovery_s"] is not None, f"{name}: the client never recovered: {row}"
+        assert row["component_recovery_s"] is not None, f"{name}: the component never recovered: {row}"
+        assert row["client_calls"] > 0, row
+    # the data path does not go through fabricd: the client sees nothing
+    assert rows["fabricd_leader_sigkill"]["client_errors"] == 0, rows["fabricd_leader_sigkill"]
+    # while etcd elects a new leader the gateways' store calls fail: a clean 503, nothing else
+    assert set(rows["etcd_leader_drop"]["client_error_kinds"]) <= {"http 503"}, rows["etcd_leader_drop"]
+    # a stalled engine keeps its health: the calls it holds run into the client's timeout, nothing else
+    assert set(rows["engine_stall"]["client_error_kinds"]) <= {"timeout"}, rows["engine_stall"]

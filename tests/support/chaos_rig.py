@@ -1,0 +1,191 @@
+"""The loopback rig the chaos run and the etcd-cluster tests share: real processes, no netns.
+
+A three-member etcd cluster; two `fabricd serve --store etcd://A,B,C` (controllers on, one leader
+by the store lock, copies of one state dir); one `fabric-agent` (dry-run driver: each replica a
+real fabric-engine-sim process, fake GPUs) heartbeating to fabricd "b"; two `fabric-gateway`
+processes on the same cluster; a loopback HF mirror. One deployment with an endpoint is deployed
+and Ready when ``start_rig`` yields. The VIP is allocated from a loopback pool (127.0.100.x) that
+nothing serves here (no dataplane), so the endpoint routes round_robin: the gateway picks the
+replica itself and never goes through the VIP.
+
+Every process can be SIGKILLed and started again on the same ports and state (``kill_*`` /
+``restart_*``), which is what the chaos injections and the etcd tests do.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from common.store.base import Store, open_store
+from common.store.locks import lock_view
+from controlplane.controllers import LEADER_NAME
+from tests.gateway.gateway_harness import GatewayProcess
+from tests.integration.orchestration_harness import (
+    BIN,
+    _log,
+    _start_fabricd,
+    _stop,
+    _wait_fabricd,
+    agent_command,
+    deploy,
+    model_mirror,
+    stop_engines,
+)
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.polling import clean_env, wait_for
+from tests.support.servers import free_port
+
+DEP, EP = "chaos", "chaos-ep"
+POOL = "127.0.100.1-127.0.100.4"
+NODE = "node-a"
+
+
+@dataclass
+class Rig:
+    tmp: Path
+    etcd: EtcdCluster
+    store: Store
+    env: dict[str, str]
+    ports: dict[str, int]
+    fabricd: dict[str, subprocess.Popen] = field(default_factory=dict)
+    agent: subprocess.Popen | None = None
+    agent_port: int = 0
+    gateways: list[GatewayProcess] = field(default_factory=list)
+    token: str = ""
+    files: list = field(default_factory=list)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def serving(self) -> str:
+        """A fabricd that answers now ("a" first): one may be restarting after an injection."""
+        for name in ("a", "b"):
+            try:
+                if self.fabricd[name].poll() is None and httpx.get(f"{self.url(name)}/healthz", timeout=2).status_code == 200:
+                    return name
+            except httpx.TransportError:
+                continue
+        raise AssertionError("no fabricd answers")
+
+    def api(self, name: str | None = None) -> httpx.Client:
+        name = name or self.serving()
+        return httpx.Client(base_url=self.url(name), headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+
+    def log(self, name: str) -> Path:
+        return self.tmp / f"{name}.log"
+
+    def tail(self) -> str:
+        names = ["fabricd-a", "fabricd-b", "agent"]
+        text = "\n".join(f"--- {n}\n{self.log(n).read_text(errors='replace')[-2500:]}"
+                         for n in names if self.log(n).exists())
+        return text + "\n" + "\n".join(f"--- gateway {g.port}\n{g.log_text()[-1500:]}" for g in self.gateways)
+
+    # -- fabricd ------------------------------------------------------------------------
+
+    def start_fabricd(self, name: str, mode: str = "wb", *, wait: bool = True) -> None:
+        self.fabricd[name] = _start_fabricd(self.tmp / f"fabricd-{name}", self.ports[name], self.log(f"fabricd-{name}"),
+                                            self.env, self.files, mode, ("--store", self.etcd.url))
+        if wait:
+            _wait_fabricd(self.url(name), self.fabricd[name], self.log(f"fabricd-{name}"))
+
+    def leader(self) -> str | None:
+        """Which fabricd ("a"/"b") the store's leader lock names, by pid."""
+        holder = lock_view(self.store, LEADER_NAME).holder
+        if holder is None:
+            return None
+        pid = int(holder.split(":")[-2])
+        return next((n for n, p in self.fabricd.items() if p.pid == pid and p.poll() is None), None)
+
+    def kill_fabricd(self, name: str) -> None:
+        self.fabricd[name].send_signal(signal.SIGKILL)
+        self.fabricd[name].wait(15)
+
+    # -- agent --------------------------------------------------------------------------
+
+    def start_agent(self, mode: str = "wb") -> None:
+        self.agent = subprocess.Popen(
+            agent_command() + [
+                "--node-id", NODE, "--listen", f"127.0.0.1:{self.agent_port}", "--control-plane", self.url("b"),
+                "--insecure", "--vm-driver", "dry-run", "--fake-gpus", "6", "--no-dataplane",
+                "--heartbeat-secs", "1", "--cpus", "64", "--memory-gib", "256",
+                "--state-dir", str(self.tmp / "agent"), "--sysfs-root", str(self.tmp / "agent" / "sysfs"),
+                "--log-level", "warning"],
+            stdout=_log(self.log("agent"), self.files, mode), stderr=subprocess.STDOUT, env=self.env)
+
+    def agent_up(self) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.agent_port}/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    # -- gateways -----------------------------------------------------------------------
+
+    def restart_gateway(self, i: int) -> None:
+        old = self.gateways[i]
+        self.gateways[i] = GatewayProcess.start(self.tmp, self.etcd.url, gateway_id=f"gw-{i}", port=old.port)
+
+    def ready_replicas(self, api: httpx.Client) -> list[dict]:
+        return [r for r in api.get(f"/api/ai/deployments/{DEP}/metrics").json()["replicas"] if r["ready"]]
+
+
+@contextmanager
+def start_rig(tmp: Path, replicas: int = 2):
+    with EtcdCluster(3) as etcd:
+        mirror = model_mirror(tmp)
+        env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_LEADER_TTL_SECS": "3",
+                         "FABRIC_MODEL_JOBS_SECS": "0.5", "FABRIC_ADDRESS_POOL": POOL, "HF_ENDPOINT": mirror.url})
+        env.pop("HF_TOKEN", None)
+        subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(tmp / "fabricd-a")], check=True,
+                       capture_output=True, env=env)
+        # one init, copied: both share the admin password, the CA and the HMAC secret
+        shutil.copytree(tmp / "fabricd-a", tmp / "fabricd-b")
+        rig = Rig(tmp, etcd, open_store(etcd.url), env, {"a": free_port(), "b": free_port()}, agent_port=free_port())
+        try:
+            rig.start_fabricd("a")
+            rig.start_fabricd("b")
+            password = (tmp / "fabricd-a" / "admin-password").read_text().strip()
+            rig.token = httpx.post(f"{rig.url('a')}/api/auth/login", json={"username": "admin", "password": password},
+                                   timeout=10).json()["token"]
+            rig.start_agent()
+            with rig.api() as api:
+                wait_for(lambda: api.get(f"/api/ai/nodes/{NODE}").status_code == 200, 30, "the node to register")
+                # round_robin: the gateway picks a replica itself (affinity would send each call to
+                # the VIP first, which only the lab's dataplane serves)
+                deploy(api, DEP, EP, replicas, routing_l7="round_robin")
+                wait_for(lambda: len(rig.ready_replicas(api)) == replicas, 90, f"{replicas} ready replicas")
+                wait_for(lambda: api.get(f"/api/ai/endpoints/{EP}").json()["status"].get("vip"), 30, "the VIP")
+            rig.gateways = [GatewayProcess.start(tmp, etcd.url, gateway_id=f"gw-{i}") for i in range(2)]
+            wait_for(rig.leader, 30, "a fabricd to hold the leader lock")
+            yield rig
+        except (AssertionError, RuntimeError) as exc:
+            raise AssertionError(f"{exc}\n{rig.tail()}") from None
+        finally:
+            for gw in rig.gateways:
+                gw.stop()
+            if rig.agent is not None:
+                _stop(rig.agent)
+            for proc in rig.fabricd.values():
+                _stop(proc)
+            stop_engines(tmp / "agent")
+            for f in rig.files:
+                f.close()
+            rig.store.close()
+            mirror.stop()
+
+
+def wait_until(predicate, timeout: float) -> float | None:
+    """Seconds until PREDICATE held (polled every 0.1 s), or None if it did not within TIMEOUT."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if predicate():
+            return round(time.monotonic() - t0, 2)
+        time.sleep(0.1)
+    return None
