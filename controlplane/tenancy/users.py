@@ -6,10 +6,13 @@ stored, logged, echoed or put in an event; a user record shown by the API drops 
 ``admin`` and ``viewer`` are the file-backed logins of `fabricd init` (controlplane.auth) and
 cannot be user names. A login for a name with no record still runs one hash verification
 (against a fixed dummy hash), so the answer's timing does not say which names exist.
+Each hash takes 64 MiB (Argon2id's memory cost, the library default); at most HASH_SLOTS run at
+once per process, so a flood of logins queues instead of taking the thread pool's worth of memory.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 from argon2 import PasswordHasher
@@ -24,8 +27,15 @@ from controlplane.tenancy.principal import ADMIN, ROLES, Principal
 
 RESERVED = frozenset({"admin", "viewer"})
 MIN_PASSWORD, MAX_PASSWORD = 12, 1024
+HASH_SLOTS = 4
 _HASHER = PasswordHasher()
 _DUMMY_HASH = _HASHER.hash("fabric-no-such-user-dummy")
+_SLOTS = threading.BoundedSemaphore(HASH_SLOTS)
+
+
+def _hash(password: str) -> str:
+    with _SLOTS:
+        return _HASHER.hash(password)
 
 
 class UserCreate(Spec):
@@ -76,7 +86,7 @@ def create(store: Store, body: UserCreate) -> UserRecord:
     if body.role == ADMIN and body.tenant is not None:
         raise InvalidInput("tenant: an admin sees every tenant; leave tenant out or pick operator or viewer",
                            code="admin_with_tenant")
-    record = UserRecord(name=body.name, role=body.role, tenant=body.tenant, password_hash=_HASHER.hash(body.password))
+    record = UserRecord(name=body.name, role=body.role, tenant=body.tenant, password_hash=_hash(body.password))
     if not store.create(keyspace.users(body.name), record.model_dump_json()):
         raise Conflict(f"user {body.name!r} already exists", code="already_exists")
     return record
@@ -100,7 +110,8 @@ def verify(store: Store, name: str, password: str) -> Principal | None:
     """The user's principal when the password is right; None otherwise (same work either way)."""
     record = get(store, name) if DNS_LABEL.match(name) else None
     try:
-        _HASHER.verify(record.password_hash if record else _DUMMY_HASH, password)
+        with _SLOTS:
+            _HASHER.verify(record.password_hash if record else _DUMMY_HASH, password)
     except (VerifyMismatchError, VerificationError, InvalidHashError):
         return None
     return record.principal() if record else None
