@@ -67,8 +67,9 @@ def create_app(state: AppState) -> FastAPI:
                   description="Fabric control plane: models, profiles, deployments, endpoints.")
     app.state.fabric = state
     install_error_handlers(app)
-    # Oversized bodies (413) and lone surrogates (422) are refused before any route reads them.
-    app.add_middleware(RequestGuard, max_body_bytes=state.settings.max_body_bytes)
+    # Calls without valid credentials (401), oversized bodies (413) and lone surrogates (422) are
+    # refused before any route reads them.
+    app.add_middleware(RequestGuard, max_body_bytes=state.settings.max_body_bytes, state=state)
 
     requests_total = Counter("fabricd_http_requests_total", "HTTP requests by route template and status",
                              ["method", "route", "status"], registry=state.registry)

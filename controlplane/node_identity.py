@@ -30,6 +30,9 @@ from common.peer_cert import CN_KEY, TLS_EXT, PeerCertH11Protocol, peer_tls_exte
 from common.pki import server_ssl_context
 from controlplane.state import AppState, get_state
 
+NODE_CERT_REQUIRED = ("a node certificate from the cluster CA is required to act as a node "
+                      "(issue one with `fabricctl ai node add NAME`)")
+
 # Re-exported: callers that served fabricd with these before they moved to common.peer_cert.
 __all__ = ["CN_KEY", "TLS_EXT", "PeerCertH11Protocol", "authenticate_node", "peer_node_cn",
            "peer_tls_extension", "require_node", "uvicorn_tls_kwargs"]
@@ -66,8 +69,7 @@ def authenticate_node(request: Request, state: AppState, claimed: str) -> str:
     if cn is None:
         if request.url.scheme == "http" and state.settings.insecure and _loopback(request):
             return claimed
-        raise Unauthorized("a node certificate from the cluster CA is required to act as a node "
-                           "(issue one with `fabricctl ai node add NAME`)", code="no_node_certificate")
+        raise Unauthorized(NODE_CERT_REQUIRED, code="no_node_certificate")
     if cn != claimed:
         raise Forbidden(f"this certificate does not belong to node {claimed}", code="wrong_node")
     return cn

@@ -1,5 +1,12 @@
-"""Two refusals before any route runs, as one ASGI middleware (`RequestGuard`):
+"""Three refusals before any route runs, as one ASGI middleware (`RequestGuard`):
 
+  - a call to /api/ (other than the login) without credentials, or with a bearer token that does
+    not verify: 401, before the body is read, so nobody unauthenticated learns how bodies are
+    parsed or validated (a malformed body used to answer 400, an invalid one 422, before the
+    route's own 401). Credentials are a bearer token or a cluster client certificate (a node;
+    its route checks which node), or, in the insecure lab mode only (plain HTTP, loopback), a
+    node naming itself on a node route. Routes the table (controlplane.tenancy.route_rules)
+    calls PUBLIC check their own secret, or none, and pass. Roles (403) stay with the routes;
   - a body over `max_body_bytes` (FABRIC_MAX_BODY_BYTES, default 1 MiB): 413 "payload_too_large",
     from Content-Length before reading, or as soon as a chunked body passes the limit;
   - a JSON body holding a lone UTF-16 surrogate ("\\ud800"): Python decodes it into a str no
@@ -16,9 +23,29 @@ from __future__ import annotations
 import json
 import re
 
+from common.errors import Unauthorized
+from common.peer_cert import scope_client_cn
 from controlplane.api.model_blobs import BLOB_PATH
+from controlplane.auth import verify_claims
 from controlplane.errors_http import error_body
-from controlplane.state import DEFAULT_MAX_BODY_BYTES
+from controlplane.node_identity import NODE_CERT_REQUIRED
+from controlplane.state import DEFAULT_MAX_BODY_BYTES, AppState
+from controlplane.tenancy.route_rules import NODE_AUTH, PUBLIC_AUTH, RULES
+
+
+def _routes(auth: str) -> list[tuple[str, re.Pattern]]:
+    """(method, path pattern) of every route whose rule authenticates with ``auth``."""
+    return [(method, re.compile("^" + re.sub(r"\\\{\w+(?::\w+)?\\\}", "[^/]+", re.escape(path)) + "/?$"))
+            for (method, path), rule in RULES.items() if rule.auth == auth]
+
+
+PUBLIC_ROUTES = _routes(PUBLIC_AUTH)  # no user token: login, health, routes that check their own secret
+NODE_ROUTES = _routes(NODE_AUTH)  # a node acts as itself (controlplane.node_identity)
+
+
+def _matches(routes: list[tuple[str, re.Pattern]], method: str, path: str) -> bool:
+    method = "GET" if method == "HEAD" else method
+    return any(m == method and pattern.match(path) for m, pattern in routes)
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _LONE = re.compile(r"[\ud800-\udfff]")
@@ -43,12 +70,41 @@ def surrogate_path(value, path: tuple = ("body",)) -> str | None:
     return None
 
 
+def credential_refusal(scope, secret: bytes | None, insecure: bool) -> tuple[str, str] | None:
+    """(code, message) of the 401 for a call that shows no valid credentials, else None."""
+    path, method = scope.get("path", ""), scope.get("method", "")
+    if not path.startswith("/api/") or _matches(PUBLIC_ROUTES, method, path):
+        return None
+    header = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
+    kind, _, token = header.partition(" ")
+    if kind.lower() == "bearer" and token.strip():
+        if secret is None:
+            return None  # not loaded yet: the route's own check answers
+        try:
+            verify_claims(secret, token.strip())
+        except Unauthorized as exc:
+            return exc.code, exc.message
+        return None
+    if scope_client_cn(scope) is not None:
+        return None
+    if _matches(NODE_ROUTES, method, path):
+        if insecure and scope.get("scheme") == "http":
+            return None  # the lab's all-in-one mode: controlplane.node_identity decides
+        return "no_node_certificate", NODE_CERT_REQUIRED
+    return "no_token", "missing bearer token; log in with POST /api/auth/login"
+
+
 class RequestGuard:
-    def __init__(self, app, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    def __init__(self, app, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, state: AppState | None = None):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.state = state
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.state is not None:
+            refusal = credential_refusal(scope, self.state.token_secret, self.state.settings.insecure)
+            if refusal is not None:
+                return await self._refuse(send, 401, *refusal, extra=[(b"www-authenticate", b"Bearer")])
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
         if scope["method"] == "PUT" and BLOB_PATH.match(scope.get("path", "")):
@@ -90,12 +146,12 @@ class RequestGuard:
                 "send less, or page through the list")
 
     @staticmethod
-    async def _refuse(send, status: int, code: str, message: str) -> None:
+    async def _refuse(send, status: int, code: str, message: str, extra: list | None = None) -> None:
         payload = json.dumps(error_body(code, message)).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode()),
-                                (b"connection", b"close")]})
+                                (b"connection", b"close"), *(extra or [])]})
         await send({"type": "http.response.body", "body": payload})
 
 

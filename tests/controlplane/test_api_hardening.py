@@ -130,3 +130,15 @@ def test_openapi_lists_errors_security_and_name_rule(fabricd):
     assert spec["paths"]["/api/ai/deployments/{name}"]["delete"]["responses"]["202"]
     model = spec["components"]["schemas"]["ModelArtifact"]
     assert model["properties"]["name"]["pattern"] == "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer not-a-token"}, {"Authorization": "Basic eDp5"}])
+@pytest.mark.parametrize("body", [b"{not json", b'{"name": ""}'])
+def test_no_valid_credentials_is_401_before_the_body_is_read(fabricd, headers, body):
+    # Found by the schemathesis fuzz (tests/controlplane/test_api_fuzz.py): a malformed body
+    # answered 400 and an invalid one 422 to callers without credentials.
+    with fabricd.client() as c:
+        resp = c.post("/api/ai/profiles", content=body, headers={**headers, "content-type": "application/json"})
+    assert resp.status_code == 401, resp.text
+    assert resp.json()["error"]["code"] in ("no_token", "invalid_token")
+    assert "name" not in resp.text
