@@ -43,6 +43,7 @@ def install(app: FastAPI) -> None:
                         responses[status] = {"description": why, **ref}
                 if path.startswith("/api/") and path not in PUBLIC:
                     op["security"] = [{"bearer": []}]
+        add_links(doc)
         schemas = components["schemas"]
         for unused in ("HTTPValidationError", "ValidationError"):
             schemas.pop(unused, None)
@@ -50,3 +51,53 @@ def install(app: FastAPI) -> None:
         return doc
 
     app.openapi = openapi
+
+
+def _body_schema(doc: dict, op: dict, where: str) -> dict:
+    if where == "request":
+        content = op.get("requestBody", {}).get("content", {})
+    else:
+        content = next((r.get("content", {}) for s, r in op.get("responses", {}).items() if s.startswith("2")), {})
+    schema = content.get("application/json", {}).get("schema", {})
+    ref = schema.get("$ref", "")
+    if ref.startswith("#/components/schemas/"):
+        schema = doc.get("components", {}).get("schemas", {}).get(ref.rsplit("/", 1)[1], {})
+    return schema.get("properties", {})
+
+
+def _created_id(doc: dict, op: dict) -> str | None:
+    """The runtime expression naming what a create made: the response's id when it has one (keys,
+    batches), else the name (or id) the request chose."""
+    if "id" in _body_schema(doc, op, "response"):
+        return "$response.body#/id"
+    request = _body_schema(doc, op, "request")
+    for field in ("name", "id"):
+        if field in request:
+            return f"$request.body#/{field}"
+    return None
+
+
+def add_links(doc: dict) -> None:
+    """OpenAPI links from every create to the operations below it (see the module docstring)."""
+    paths = doc.get("paths", {})
+    for collection, ops in paths.items():
+        create = ops.get("post")
+        if create is None or "{" in collection or not collection.startswith("/api/ai/"):
+            continue
+        expression = _created_id(doc, create)
+        if expression is None:
+            continue
+        links = {}
+        for path, below in paths.items():
+            if not path.startswith(collection + "/{"):
+                continue
+            param = path[len(collection) + 2:].split("}", 1)[0]
+            for method, op in below.items():
+                name = f"{method.upper()} {path}"
+                links[name] = {"operationId": op["operationId"], "parameters": {param: expression},
+                               "description": f"{name} on the object this call created"}
+        if not links:
+            continue
+        for status, response in create.get("responses", {}).items():
+            if status.startswith("2"):
+                response["links"] = links
