@@ -34,6 +34,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent.mig_routes import mig_router
 from agent.state import AgentState, as_dict, read_inventory
@@ -56,6 +57,7 @@ from common.agent_api import (
 )
 from common.errors import Conflict, FabricError, Forbidden, InvalidInput, NotFound, Refused
 from common.health import healthz_body
+from common.openapi_errors import add_error_responses
 from common.peer_cert import CN_KEY, scope_tls
 
 DEFAULT_ALLOWED_CLIENT_CNS = ("fabricd",)
@@ -164,6 +166,17 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     @app.exception_handler(FabricError)
     async def _fabric_error(_req: Request, exc: FabricError):
         return JSONResponse(exc.to_body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        # Starlette's own answers (a body that is not JSON, an unknown route, a wrong method) in
+        # the one error shape, not {"detail": ...}: found by the schemathesis fuzz.
+        message = exc.detail if isinstance(exc.detail, str) else "error"
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.method} {request.url.path}"
+        code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        return JSONResponse({"error": {"code": code, "message": message}}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, exc: RequestValidationError):
@@ -336,7 +349,7 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         })
         return JSONResponse(body, status_code=status)
 
-    @app.get("/metrics")
+    @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
         refresh = getattr(app.state, "refresh_model_metrics", None)
         if refresh is not None:
@@ -344,4 +357,23 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(mig_router())
+    _document_errors(app)
     return app
+
+
+AGENT_ERRORS = {"400": "a malformed request", "403": "the caller's certificate "
+                "may not call this agent (only the control plane's)", "404": "no such GPU, VM or service",
+                "409": "conflict with the node's current state", "422": "invalid input; the message names "
+                "each field", "503": "the driver or dataplane is not available here"}
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Every operation of the agent's OpenAPI lists the errors it can answer, in the one shape."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            add_error_responses(build(), AGENT_ERRORS)
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -5,7 +5,10 @@
     422, 500 (an operation's own documented answers are kept);
   - a bearer security scheme ("bearer", the token from POST /api/auth/login), required by every
     /api/ operation except the login itself; nodes may instead present their cluster certificate
-    (mutual TLS, which OpenAPI 3.0 cannot express beside bearer; docs/api.md says so).
+    (mutual TLS, which OpenAPI 3.0 cannot express beside bearer; docs/api.md says so);
+  - links from each create (POST /api/ai/X) to the operations on what it made (/api/ai/X/{id}...),
+    the path parameter taken from the created object's id or the request's name, so a client (or
+    a stateful fuzzer such as schemathesis) can follow create -> read -> change -> delete.
 """
 
 from __future__ import annotations
@@ -13,12 +16,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-ERROR_SCHEMA = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
-        "code": {"type": "string"}, "message": {"type": "string"},
-        "fields": {"type": "array", "items": {"type": "object"}}}}},
-}
+from common.openapi_errors import add_error_responses
+
 ERRORS = {"400": "the body is not JSON", "401": "no or bad token", "403": "not allowed (viewer, or a node "
           "acting for another)", "404": "no such object or route", "409": "conflict with the current state",
           "413": "the body is over FABRIC_MAX_BODY_BYTES", "422": "invalid input; the message names each field",
@@ -31,22 +30,13 @@ def install(app: FastAPI) -> None:
         if app.openapi_schema:
             return app.openapi_schema
         doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        components = doc.setdefault("components", {})
-        components.setdefault("schemas", {})["Error"] = ERROR_SCHEMA
-        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}
-        ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        add_error_responses(doc, ERRORS)
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}
         for path, ops in doc.get("paths", {}).items():
-            for op in ops.values():
-                responses = op.setdefault("responses", {})
-                for status, why in ERRORS.items():
-                    if status == "422" or status not in responses:
-                        responses[status] = {"description": why, **ref}
-                if path.startswith("/api/") and path not in PUBLIC:
+            if path.startswith("/api/") and path not in PUBLIC:
+                for op in ops.values():
                     op["security"] = [{"bearer": []}]
         add_links(doc)
-        schemas = components["schemas"]
-        for unused in ("HTTPValidationError", "ValidationError"):
-            schemas.pop(unused, None)
         app.openapi_schema = doc
         return doc
 
