@@ -23,6 +23,7 @@ from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
 from tests.support.bpf import bpf_missing, new_pin_dir
+from tests.support.memory_dataplane import MemoryDataplane
 from tests.support.servers import serve_in_thread
 
 NODE = "node-a"
@@ -34,27 +35,6 @@ def agent_tls(pki_state: Path) -> dict:
     # As `fabric-agent serve` serves: the protocol shows the client certificate to the app.
     return {"ssl_certfile": str(crt), "ssl_keyfile": str(key), "ssl_ca_certs": str(ca),
             "ssl_cert_reqs": int(ssl.CERT_REQUIRED), "http": PeerCertH11Protocol}
-
-
-class MemoryDataplane:
-    """The agent.dataplane.Dataplane surface, in memory (the BPF one is tested in tests/dataplane)."""
-
-    def __init__(self):
-        self.services: dict[tuple[str, int, str], dict] = {}
-
-    def put_service(self, vip, port, proto, backends, draining=()):
-        self.services[(vip, port, proto)] = {"vip": vip, "port": port, "proto": proto,
-                                             "backends": dict(backends), "draining": list(draining)}
-        return True
-
-    def delete_service(self, vip, port, proto):
-        return self.services.pop((vip, port, proto), None) is not None
-
-    def get_service(self, vip, port, proto):
-        return self.services.get((vip, port, proto))
-
-    def list_services(self):
-        return list(self.services.values())
 
 
 @pytest.fixture(scope="module")

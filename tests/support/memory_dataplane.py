@@ -1,0 +1,23 @@
+"""The agent.dataplane.Dataplane surface in memory, for agent API tests where the BPF one is beside
+the point (the BPF dataplane has its own tests in tests/dataplane)."""
+
+from __future__ import annotations
+
+
+class MemoryDataplane:
+    def __init__(self):
+        self.services: dict[tuple[str, int, str], dict] = {}
+
+    def put_service(self, vip, port, proto, backends, draining=()):
+        self.services[(vip, port, proto)] = {"vip": vip, "port": port, "proto": proto,
+                                             "backends": dict(backends), "draining": list(draining)}
+        return True
+
+    def delete_service(self, vip, port, proto):
+        return self.services.pop((vip, port, proto), None) is not None
+
+    def get_service(self, vip, port, proto):
+        return self.services.get((vip, port, proto))
+
+    def list_services(self):
+        return list(self.services.values())
