@@ -4,8 +4,9 @@
     ({"error": {"code", "message"}}; a 422 also carries "fields"): 400, 401, 403, 404, 409, 413,
     422, 500 (an operation's own documented answers are kept);
   - a bearer security scheme ("bearer", the token from POST /api/auth/login), required by every
-    /api/ operation except the login itself; nodes may instead present their cluster certificate
-    (mutual TLS, which OpenAPI 3.0 cannot express beside bearer; docs/api.md says so);
+    /api/ operation whose rule (controlplane.tenancy.route_rules) takes a user token: not the
+    login, the node routes (a node presents its cluster certificate: mutual TLS, which OpenAPI
+    3.0 cannot express beside bearer; docs/api.md says so) nor routes checking their own secret;
   - links from each create (POST /api/ai/X) to the operations on what it made (/api/ai/X/{id}...),
     the path parameter taken from the created object's id or the request's name, so a client (or
     a stateful fuzzer such as schemathesis) can follow create -> read -> change -> delete.
@@ -17,12 +18,12 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from common.openapi_errors import add_error_responses
+from controlplane.tenancy.route_rules import TOKEN_AUTH, rule_for
 
 ERRORS = {"400": "the body is not JSON", "401": "no or bad token", "403": "not allowed (viewer, or a node "
           "acting for another)", "404": "no such object or route", "409": "conflict with the current state",
           "413": "the body is over FABRIC_MAX_BODY_BYTES", "422": "invalid input; the message names each field",
           "500": "a bug (logged)"}
-PUBLIC = {"/api/auth/login"}
 
 
 def install(app: FastAPI) -> None:
@@ -33,8 +34,9 @@ def install(app: FastAPI) -> None:
         add_error_responses(doc, ERRORS)
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}
         for path, ops in doc.get("paths", {}).items():
-            if path.startswith("/api/") and path not in PUBLIC:
-                for op in ops.values():
+            for method, op in ops.items():
+                rule = rule_for(method.upper(), path)
+                if path.startswith("/api/") and (rule is None or rule.auth == TOKEN_AUTH):
                     op["security"] = [{"bearer": []}]
         add_links(doc)
         app.openapi_schema = doc
