@@ -34,8 +34,10 @@ from controlplane.tenancy.route_rules import NODE_AUTH, PUBLIC_AUTH, RULES
 
 
 def _routes(auth: str) -> list[tuple[str, re.Pattern]]:
-    """(method, path pattern) of every route whose rule authenticates with ``auth``."""
-    return [(method, re.compile("^" + re.sub(r"\\\{\w+(?::\w+)?\\\}", "[^/]+", re.escape(path)) + "/?$"))
+    """(method, path pattern) of every route whose rule authenticates with ``auth``. A parameter
+    matches anything, slashes included (a decoded %2F): such a path reaches the router, whose
+    404 says more than a 401 would, and the route checks its own credentials anyway."""
+    return [(method, re.compile("^" + re.sub(r"\\\{\w+(?::\w+)?\\\}", ".+", re.escape(path)) + "/?$"))
             for (method, path), rule in RULES.items() if rule.auth == auth]
 
 
