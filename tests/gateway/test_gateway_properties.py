@@ -31,7 +31,7 @@ from gateway.request_body import GenerationPolicy, parse_body, with_field
 from gateway.routes import ANY_GENERATION_FIELDS, GENERATION_FIELDS, PREFIX_B, Route, parse_route
 from gateway.settings import GatewaySettings
 
-FAST = settings(max_examples=100, derandomize=True, deadline=None, database=None,
+FAST = settings(max_examples=60, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 # Path pieces an attacker would try: escapes of every structural character, dots, unicode.
