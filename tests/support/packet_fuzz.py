@@ -39,6 +39,7 @@ BACKENDS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 3}
 DNS = {"10.1.0.21:5353": 1}
 XDP_ACTIONS = {XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT}
 TC_ACTIONS = {0, 2}  # TC_ACT_OK, TC_ACT_SHOT
+IP_HEADER = {b"\x08\x00": 20, b"\x86\xdd": 40}  # EtherType -> the header a test skb must hold
 # Verdicts after which a flow (and for source NAT a reverse entry) may have been recorded.
 RECORDING = {Verdict.FWD_NEW_FLOW, Verdict.FWD_MISS_RECORDED, Verdict.FWD_REPICKED, Verdict.FWD_ESTABLISHED}
 FORWARDING = {v for v in Verdict if v.name.startswith(("FWD_", "REPLY_"))}
@@ -205,10 +206,10 @@ def fuzz(plane, seed: int, count: int, max_problems: int = 20) -> Report:
         try:
             tc_result = run_xdp(plane._prog.tc.fd, frame.data)
         except OSError as exc:
-            # The kernel builds an skb only around a whole IPv4 header (so does the stack that
-            # hands packets to TC): shorter IPv4 frames never reach the program.
+            # The kernel builds a test skb only around a whole IPv4 or IPv6 header (so does the
+            # stack that hands packets to TC): shorter IP frames never reach the program.
             tc["refused by the kernel"] += 1
-            if not (frame.data[12:14] == b"\x08\x00" and len(frame.data) < 34) and not problem:
+            if not (len(frame.data) < 14 + IP_HEADER.get(frame.data[12:14], 0)) and not problem:
                 problem = f"TC test run failed: {exc}"
             tc_result = None
         if tc_result is not None:
