@@ -57,6 +57,7 @@ from common.agent_api import (
 )
 from common.errors import Conflict, FabricError, Forbidden, InvalidInput, NotFound, Refused
 from common.health import healthz_body
+from common.http_allow import allow_headers
 from common.openapi_errors import add_error_responses
 from common.peer_cert import CN_KEY, scope_tls
 
@@ -175,8 +176,11 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.method} {request.url.path}"
         code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = allow_headers(request, headers)
         return JSONResponse({"error": {"code": code, "message": message}}, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, exc: RequestValidationError):

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.errors import FabricError, LimitExceeded, Unauthorized
+from common.http_allow import allow_headers
 
 log = logging.getLogger("fabricd.errors")
 
@@ -83,8 +84,10 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     message = exc.detail if isinstance(exc.detail, str) else code
     if exc.status_code == 404 and message == "Not Found":
         message = f"no route {request.method} {request.url.path}"
-    return JSONResponse(error_body(code, message), status_code=exc.status_code,
-                        headers=getattr(exc, "headers", None))
+    headers = getattr(exc, "headers", None)
+    if exc.status_code == 405:
+        headers = allow_headers(request, headers)
+    return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=headers)
 
 
 def internal_error(request: Request, exc: Exception) -> JSONResponse:

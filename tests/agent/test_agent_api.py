@@ -282,3 +282,9 @@ def test_maglev_api_over_the_real_bpf_maps(cluster, tmp_path):
     finally:
         dp.close()
         shutil.rmtree(pin_dir, ignore_errors=True)
+
+
+def test_a_405_allows_every_method_the_path_serves(client):
+    resp = client.request("OPTIONS", "/v1/vms")
+    assert resp.status_code == 405 and resp.json()["error"]["code"] == "method_not_allowed"
+    assert {"GET", "POST"} <= set(resp.headers["allow"].split(", "))

@@ -142,3 +142,12 @@ def test_no_valid_credentials_is_401_before_the_body_is_read(fabricd, headers, b
     assert resp.status_code == 401, resp.text
     assert resp.json()["error"]["code"] in ("no_token", "invalid_token")
     assert "name" not in resp.text
+
+
+def test_a_405_allows_every_method_the_path_serves(api):
+    # Found by the schemathesis fuzz: the Allow header named only the first matching route's method.
+    resp = api.request("OPTIONS", "/api/ai/models")
+    assert resp.status_code == 405 and resp.json()["error"]["code"] == "method_not_allowed"
+    assert {"GET", "POST"} <= set(resp.headers["allow"].split(", "))
+    resp = api.request("PATCH", "/api/ai/models/some-model")
+    assert resp.status_code == 405 and {"GET", "DELETE"} <= set(resp.headers["allow"].split(", "))
