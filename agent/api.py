@@ -75,7 +75,7 @@ def _spec(req: VmCreateRequest, model_dir: str | None = None) -> VmSpec:
         model_source=req.model_source, runtime=req.runtime, gpus=tuple(req.gpus),
         gpu_memory_mib=req.gpu_memory_mib, cpu=req.cpu, memory_gib=req.memory_gib, port=req.port,
         max_model_len=req.max_model_len, extra_args=tuple(req.extra_args),
-        engine_args=dict(req.engine_args), model_dir=model_dir,
+        engine_args=dict(req.engine_args), model_dir=model_dir, dsr_vips=tuple(req.dsr_vips),
     )
 
 
@@ -105,7 +105,8 @@ def _service_view(obj: Any, vip: str = "", port: int = 0, proto: str = "") -> Ma
         backends = {b.address: b.weight for b in stats}
         draining = sorted(b.address for b in stats if b.draining)
     return MaglevServiceView(vip=str(d.get("vip", vip)), port=int(d.get("port", port)),
-                             proto=d.get("proto", proto), backends=backends, draining=draining, stats=stats)
+                             proto=d.get("proto", proto), backends=backends, draining=draining,
+                             forwarding=d.get("forwarding", "nat"), stats=stats)
 
 
 def _bind_result(bdf: str, result: Any, before: str, after: str) -> GpuBindResult:
@@ -307,7 +308,8 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         if unknown:
             raise InvalidInput(f"draining names backends not in the set: {', '.join(unknown)}")
         dp = _dataplane()
-        dp.put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining))
+        dp.put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining),
+                       forwarding=spec.forwarding)
         written = dp.get_service(vip, port, proto)  # read back: what the maps now hold
         if written is not None:
             return _service_view(written, vip, port, proto)

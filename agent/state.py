@@ -39,7 +39,8 @@ class GpuBinder(Protocol):
 
 
 class DataplaneLike(Protocol):
-    def put_service(self, vip: str, port: int, proto: str, backends: dict[str, int], draining=()) -> bool: ...
+    def put_service(self, vip: str, port: int, proto: str, backends: dict[str, int], draining=(),
+                    forwarding: str = "nat") -> bool: ...
 
     def delete_service(self, vip: str, port: int, proto: str) -> bool: ...
 

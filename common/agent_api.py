@@ -23,6 +23,7 @@ VM_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,126}$")
 ENGINE_ARG = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 
 Proto = Literal["tcp", "udp"]
+Forwarding = Literal["nat", "dsr-ipip"]  # how the XDP program reaches a service's backends (docs/dataplane.md)
 VmStateName = Literal["running", "starting", "stopped", "failed", "absent"]
 
 
@@ -88,6 +89,19 @@ class VmCreateRequest(WireModel):
     extra_args: list[str] = Field(default_factory=list)
     engine_args: dict[str, str] = Field(default_factory=dict)
     model_digest: str | None = Field(None, description="the verified model directory the guest mounts at /models")
+    dsr_vips: list[str] = Field(default_factory=list, max_length=32,
+                                description="VIPs of dsr-ipip services this replica answers for: the guest "
+                                            "decapsulates IPIP and holds them on loopback (docs/dataplane.md)")
+
+    @field_validator("dsr_vips")
+    @classmethod
+    def _dsr_vips(cls, v: list[str]) -> list[str]:
+        for vip in v:
+            try:
+                ipaddress.IPv4Address(vip)
+            except ValueError:
+                raise ValueError(f"dsr_vips: {vip!r} is not an IPv4 address") from None
+        return v
 
     @field_validator("model_digest")
     @classmethod
@@ -149,6 +163,9 @@ class MaglevServiceSpec(WireModel):
 
     backends: dict[str, int] = Field(default_factory=dict, description='{"IP:PORT": weight 0-32}')
     draining: list[str] = Field(default_factory=list, description="backends taking no new flows")
+    forwarding: Forwarding = Field("nat", description="nat (default): DNAT here, replies translated back here; "
+                                   "dsr-ipip: IPIP to the backend (VIP on its loopback, same port), "
+                                   "replies go straight to the client")
 
     @field_validator("backends")
     @classmethod
@@ -187,6 +204,7 @@ class MaglevServiceView(WireModel):
     proto: Proto
     backends: dict[str, int] = Field(default_factory=dict)
     draining: list[str] = Field(default_factory=list)
+    forwarding: Forwarding = "nat"
     stats: list[MaglevBackendStats] = Field(default_factory=list, description="from the live maps, when read")
 
 

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   python3 python3-venv python3-dev python3-bpfcc bpfcc-tools bpftool
   linux-headers-amd64 etcd-server libvirt-dev pkg-config gcc
-  iproute2 iputils-ping curl ca-certificates nginx-light shellcheck procps
+  iproute2 iputils-ping curl ca-certificates nginx-light shellcheck procps ethtool iperf3
   qemu-utils chromium prometheus
   libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86 ovmf
   # the GPU-less boot proof's guest (tests/support/tiny_guest.py): kernel, busybox, DHCP on libvirt's network

@@ -14,7 +14,9 @@ from agent.dataplane.netns import run_in_netns
 from common.errors import NotFound
 
 TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
+TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress
 TC_FILTER_NAME = "fabric_reverse_nat"
+TC_REPLY_FILTER_NAME = "fabric_reply_redirect"
 TC_PRIO = 1
 TC_HANDLE = 1
 
@@ -24,6 +26,17 @@ def _index(ipr, iface: str) -> int:
     if not found:
         raise NotFound(f"interface {iface} not found")
     return found[0]
+
+
+def _ensure_clsact(ipr, idx: int) -> None:
+    """Add the clsact qdisc; one already there (EEXIST) is taken as it is."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    try:
+        ipr.tc("add", "clsact", idx)
+    except NetlinkError as exc:
+        if exc.code != errno.EEXIST:
+            raise
 
 
 def _write_sysctl(path: str, value: str) -> None:
@@ -37,17 +50,12 @@ def attach_programs(iface: str, netns: str | None, xdp_fn, tc_fd: int, source_na
     def body() -> None:
         from bcc import BPF
         from pyroute2 import IPRoute
-        from pyroute2.netlink.exceptions import NetlinkError
 
         with IPRoute() as ipr:
             idx = _index(ipr, iface)
             # A newer program replaces the old one in one step: no gap in forwarding.
             BPF.attach_xdp(iface, xdp_fn, 0)
-            try:
-                ipr.tc("add", "clsact", idx)
-            except NetlinkError as exc:
-                if exc.code != errno.EEXIST:
-                    raise
+            _ensure_clsact(ipr, idx)
             # "replace" swaps the program of the existing filter (same prio and
             # handle) in one netlink request, or adds it: no window without reverse NAT.
             ipr.tc("replace-filter", "bpf", idx, TC_HANDLE, fd=tc_fd, name=TC_FILTER_NAME,
@@ -58,6 +66,47 @@ def attach_programs(iface: str, netns: str | None, xdp_fn, tc_fd: int, source_na
             # reverse-path filter is off for this device.
             _write_sysctl(f"/proc/sys/net/ipv4/conf/{iface}/accept_local", "1")
             _write_sysctl(f"/proc/sys/net/ipv4/conf/{iface}/rp_filter", "0")
+
+    run_in_netns(netns, body)
+
+
+def _bridges(ipr) -> list[int]:
+    out = []
+    for msg in ipr.get_links():
+        info = msg.get_attr("IFLA_LINKINFO")
+        if info and info.get_attr("IFLA_INFO_KIND") == "bridge":
+            out.append(msg["index"])
+    return out
+
+
+def attach_bridge_ingress(netns: str | None, tc_reply_fd: int) -> None:
+    """tc_reply_redirect on the clsact ingress of every bridge of the namespace:
+    replies of local backends enter the node's stack there (replaced in place)."""
+
+    def body() -> None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            for idx in _bridges(ipr):
+                _ensure_clsact(ipr, idx)
+                ipr.tc("replace-filter", "bpf", idx, TC_HANDLE, fd=tc_reply_fd, name=TC_REPLY_FILTER_NAME,
+                       parent=TC_INGRESS_PARENT, prio=TC_PRIO, classid=1, direct_action=True)
+
+    run_in_netns(netns, body)
+
+
+def detach_bridge_ingress(netns: str | None) -> None:
+    def body() -> None:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with IPRoute() as ipr:
+            for idx in _bridges(ipr):
+                try:
+                    ipr.tc("del-filter", "bpf", idx, TC_HANDLE, parent=TC_INGRESS_PARENT, prio=TC_PRIO)
+                except NetlinkError as exc:
+                    if exc.code not in (errno.ENOENT, errno.EINVAL):
+                        raise
 
     run_in_netns(netns, body)
 

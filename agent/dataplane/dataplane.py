@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from agent.dataplane import attach as attach_mod
+from agent.dataplane import egress as egress_mod
 from agent.dataplane.addresses import (
     ServiceAddress,
     ip_from_map,
@@ -50,21 +51,24 @@ from agent.dataplane.loader import (
     map_memory_bytes,
 )
 from agent.dataplane.pins import check_layout, read_meta, writer_lock
-from agent.dataplane.plan import BackendState, allocate_ids, plan_service
+from agent.dataplane.plan import FORWARDING_MODES, BackendState, allocate_ids, plan_service
 from agent.dataplane.reading import (
     BACKEND_DRAINING,
     BACKEND_IN_USE,
     BACKEND_SNAT,
+    SERVICE_DSR,
     SERVICE_NO_BACKENDS,
     MapReader,
 )
 from agent.dataplane.settings import DataplaneSettings
+from agent.dataplane.verdicts import Xmit
 from agent.maglev import MAX_WEIGHT, build_maglev_indices
 from common.errors import Conflict, InvalidInput
 
 log = logging.getLogger(__name__)
 
 SLOT_IN_USE = 1
+CONFIG_XDP_FORWARD = 1  # maps.h
 DEFAULT_TABLE_SIZE = 65537
 # vip_filter in dataplane/bpf/maps.h
 VIP_FILTER_BITS = 4096
@@ -80,7 +84,8 @@ def vip_filter_bit(map_ip: int) -> int:
 class Dataplane(MapReader):
     def __init__(self, pin_dir: str = "/sys/fs/bpf/fabric", node_ip: str | None = None,
                  table_size: int | None = None, *, flow_entries: int | None = None,
-                 route_netns: str | None = None, settings: DataplaneSettings | None = None):
+                 route_netns: str | None = None, settings: DataplaneSettings | None = None,
+                 percpu_lru: bool = True):
         """Load the programs, creating or re-opening the pinned maps under pin_dir.
 
         table_size / flow_entries: the sizes to create the maps with (defaults
@@ -99,7 +104,8 @@ class Dataplane(MapReader):
         with writer_lock(pin_dir):
             have = read_meta(pin_dir)
             layout = Layout(table_size=table_size or (have.table_size if have else DEFAULT_TABLE_SIZE),
-                            flow_entries=flow_entries or (have.flow_entries if have else FLOW_ENTRIES))
+                            flow_entries=flow_entries or (have.flow_entries if have else FLOW_ENTRIES),
+                            percpu_lru=percpu_lru)
             if have is not None:
                 check_layout(pin_dir, have, layout.meta)
             self._prog = load(pin_dir, layout)
@@ -120,6 +126,9 @@ class Dataplane(MapReader):
             self._flows = bpf[b"flows"]
             self._reverse = bpf[b"reverse_flows"]
             self._misses = bpf[b"flow_misses"]
+            self._egress_devs = bpf[b"egress_devs"]
+            self._bridge_ports = bpf[b"bridge_ports"]
+            self._xmit = bpf[b"xmit_stats"]
             if have is None:
                 self._write_meta(layout)
             self._sync_derived()
@@ -146,6 +155,7 @@ class Dataplane(MapReader):
                 self.settings = settings
                 cfg.udp_flow_secs = settings.udp_flow_secs
                 cfg.miss_inserts = settings.miss_inserts
+                cfg.flags = CONFIG_XDP_FORWARD if settings.xdp_forward else 0
             self._config[key] = cfg
 
     def live_node_ip(self) -> str | None:
@@ -163,13 +173,54 @@ class Dataplane(MapReader):
         with writer_lock(self.pin_dir):
             attach_mod.attach_programs(iface, netns, self._prog.xdp, self._prog.tc.fd,
                                        source_nat=bool(self.live_node_ip()))
+            # replies of local backends enter through the bridges: translated and redirected there
+            attach_mod.attach_bridge_ingress(netns, self._prog.tc_reply.fd)
         if self._route_netns is None:
             self._route_netns = netns
+        with writer_lock(self.pin_dir):
+            self._refresh_egress()
         log.info("dataplane attached to %s%s: flow tables %d entries x 2, %.1f MiB of kernel memory",
                  iface, f" in {netns}" if netns else "", self.flow_entries, self.flow_table_bytes() / 2**20)
 
     def detach(self, iface: str, netns: str | None = None) -> None:
         attach_mod.detach_programs(iface, netns)
+        attach_mod.detach_bridge_ingress(netns)
+
+    def forwarding(self) -> bool:
+        """Whether the live config forwards in BPF (FABRIC_XDP_FORWARD at attach)."""
+        return bool(self._config[ctypes.c_uint32(0)].flags & CONFIG_XDP_FORWARD)
+
+    def refresh_egress(self) -> None:
+        """Re-read the devices and bridge FDB of the attached namespace into
+        egress_devs / bridge_ports (egress.py); also done by attach and every put_service."""
+        with writer_lock(self.pin_dir):
+            self._refresh_egress()
+
+    def _refresh_egress(self) -> None:
+        if not self.forwarding():
+            return
+        plan = egress_mod.plan_egress(*egress_mod.read_namespace(self._route_netns))
+        want_devs = {k: v for k, v in plan.devices.items()}
+        for key in list(self._egress_devs.keys()):
+            if key.value not in want_devs:
+                del self._egress_devs[key]
+        for ifindex, kind in want_devs.items():
+            self._egress_devs[ctypes.c_uint32(ifindex)] = ctypes.c_uint32(kind)
+        want_ports = {}
+        for (bridge, mac), port in plan.ports.items():
+            key = self._bridge_ports.Key()
+            key.bridge = bridge
+            ctypes.memmove(key.mac, egress_mod.mac_bytes(mac), 6)
+            want_ports[bytes(key)] = (key, port)
+        for key in list(self._bridge_ports.keys()):
+            if bytes(key) not in want_ports:
+                del self._bridge_ports[key]
+        for key, port in want_ports.values():
+            self._bridge_ports[key] = ctypes.c_uint32(port)
+
+    def xmit_counters(self) -> dict[str, int]:
+        """How translated packets left the node (Xmit codes), summed over CPUs."""
+        return {x.name.lower(): int(sum(self._xmit[ctypes.c_uint32(x.value)])) for x in Xmit}
 
     @property
     def xdp_fd(self) -> int:
@@ -197,15 +248,22 @@ class Dataplane(MapReader):
 
     # -- updates --------------------------------------------------------------
 
-    def _wanted(self, backends: Mapping[str, int], draining: Iterable[str]) -> dict[str, BackendState]:
+    def _wanted(self, backends: Mapping[str, int], draining: Iterable[str], addr: ServiceAddress,
+                forwarding: str) -> dict[str, BackendState]:
+        if forwarding not in FORWARDING_MODES:
+            raise InvalidInput(f"forwarding must be one of {', '.join(FORWARDING_MODES)}, got {forwarding!r}")
+        dsr = forwarding == "dsr-ipip"
         draining = {f"{ip}:{port}" for ip, port in (parse_backend(d) for d in draining)}
         wanted = {}
-        node_ip = self.live_node_ip()
+        node_ip = None if dsr else self.live_node_ip()  # DSR backends answer clients themselves: no SNAT
         for text, weight in backends.items():
             ip, port = parse_backend(text)
             if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= MAX_WEIGHT:
                 raise InvalidInput(f"weight of backend {ip}:{port} must be an integer 0-{MAX_WEIGHT}, got {weight!r}")
             key = f"{ip}:{port}"
+            if dsr and port != addr.port:
+                raise InvalidInput(f"backend {key}: forwarding dsr-ipip keeps the VIP's port (the backend answers "
+                                   f"from {addr.vip}:{addr.port} itself), so its port must be {addr.port}")
             snat = bool(node_ip) and not attach_mod.route_is_via_bridge(ip, self._route_netns)
             wanted[key] = BackendState(weight=weight, draining=key in draining, snat=snat)
         return wanted
@@ -221,19 +279,24 @@ class Dataplane(MapReader):
                                "node's own traffic; choose an address the node does not hold")
 
     def put_service(self, vip: str, port: int, proto: str, backends: Mapping[str, int],
-                    draining: Iterable[str] = ()) -> bool:
-        """Create or update a service; True if the maps changed."""
+                    draining: Iterable[str] = (), forwarding: str = "nat") -> bool:
+        """Create or update a service; True if the maps changed. forwarding: "nat"
+        (DNAT, replies translated back here) or "dsr-ipip" (encapsulated to the
+        backend, which owns the VIP and answers the client directly); flows
+        keep the mode they were picked with."""
         addr = service_address(vip, port, proto)
         self._refuse_node_address(addr)
         with writer_lock(self.pin_dir):
-            return self._put_service(addr, self._wanted(backends, draining))
+            changed = self._put_service(addr, self._wanted(backends, draining, addr, forwarding), forwarding)
+            self._refresh_egress()  # a new backend's MAC may have appeared behind a bridge
+            return changed
 
-    def _put_service(self, addr: ServiceAddress, wanted: dict[str, BackendState]) -> bool:
+    def _put_service(self, addr: ServiceAddress, wanted: dict[str, BackendState], forwarding: str = "nat") -> bool:
         services = self._read_services()
         all_backends = self._read_backends()
         existing = services.get(addr)
         current = self._service_state(existing, all_backends) if existing is not None else None
-        plan = plan_service(current, wanted)
+        plan = plan_service(current, wanted, forwarding)
         if not plan.changed:
             return False
 
@@ -268,7 +331,7 @@ class Dataplane(MapReader):
         entry = self._services.Leaf()
         entry.id = service_id
         entry.active = inactive if not plan.no_backends else active
-        entry.flags = SERVICE_NO_BACKENDS if plan.no_backends else 0
+        entry.flags = (SERVICE_NO_BACKENDS if plan.no_backends else 0) | (SERVICE_DSR if forwarding == "dsr-ipip" else 0)
         self._services[self._service_key(addr)] = entry  # the switch: one map update
         if current is None:
             self._vip_ref(addr.vip, +1)

@@ -37,6 +37,8 @@ class Layout:
     max_services: int = MAX_SERVICES
     max_backends: int = MAX_BACKENDS
     flow_entries: int = FLOW_ENTRIES
+    # one LRU list per CPU (BPF_F_NO_COMMON_LRU); False only for the benchmark's ablation
+    percpu_lru: bool = True
 
     def __post_init__(self) -> None:
         if not MIN_FLOW_ENTRIES <= self.flow_entries <= MAX_FLOW_ENTRIES:
@@ -56,6 +58,7 @@ class Layout:
             f"-DMAX_BACKENDS={self.max_backends}",
             f"-DFLOW_ENTRIES={self.flow_entries}",
             f"-DLAYOUT_VERSION={LAYOUT_VERSION}",
+            f"-DFLOW_LRU_FLAGS={2 if self.percpu_lru else 0}",  # BPF_F_NO_COMMON_LRU
             "-Wno-unused-value",
             "-Wno-pointer-sign",
             "-Wno-compare-distinct-pointer-types",
@@ -67,6 +70,7 @@ class LoadedProgram:
     bpf: object  # bcc.BPF; typed loosely so importing this module needs no BCC
     xdp: object  # bcc function handle of xdp_maglev
     tc: object  # bcc function handle of tc_reverse_nat
+    tc_reply: object  # bcc function handle of tc_reply_redirect
     layout: Layout
     pin_dir: str
 
@@ -84,7 +88,8 @@ def load(pin_dir: str, layout: Layout) -> LoadedProgram:
     bpf = BPF(src_file=str(BPF_DIR / "maglev.c"), cflags=layout.cflags(pin_dir))
     xdp = bpf.load_func("xdp_maglev", BPF.XDP)
     tc = bpf.load_func("tc_reverse_nat", BPF.SCHED_CLS)
-    return LoadedProgram(bpf=bpf, xdp=xdp, tc=tc, layout=layout, pin_dir=pin_dir)
+    tc_reply = bpf.load_func("tc_reply_redirect", BPF.SCHED_CLS)
+    return LoadedProgram(bpf=bpf, xdp=xdp, tc=tc, tc_reply=tc_reply, layout=layout, pin_dir=pin_dir)
 
 
 def map_memory_bytes(table) -> int:

@@ -20,6 +20,9 @@ class BackendState:
     snat: bool
 
 
+FORWARDING_MODES = ("nat", "dsr-ipip")
+
+
 @dataclass(frozen=True)
 class ServiceState:
     service_id: int
@@ -27,6 +30,7 @@ class ServiceState:
     no_backends: bool
     backends: dict[str, BackendState]  # "IP:PORT" -> state
     backend_ids: dict[str, int]  # "IP:PORT" -> backend id
+    forwarding: str = "nat"  # FORWARDING_MODES
 
 
 @dataclass
@@ -42,14 +46,15 @@ class ServicePlan:
         return not self.table_weights
 
 
-def plan_service(current: ServiceState | None, wanted: dict[str, BackendState]) -> ServicePlan:
+def plan_service(current: ServiceState | None, wanted: dict[str, BackendState],
+                 forwarding: str = "nat") -> ServicePlan:
     table_weights = {k: b.weight for k, b in sorted(wanted.items()) if b.weight > 0 and not b.draining}
     if current is None:
         return ServicePlan(changed=True, table_weights=table_weights, add=sorted(wanted))
     keep = {k: current.backend_ids[k] for k in sorted(wanted) if k in current.backend_ids}
     add = sorted(k for k in wanted if k not in current.backend_ids)
     free = sorted(i for k, i in current.backend_ids.items() if k not in wanted)
-    changed = current.backends != wanted
+    changed = current.backends != wanted or current.forwarding != forwarding
     return ServicePlan(changed=changed, table_weights=table_weights, keep=keep, add=add, free=free)
 
 

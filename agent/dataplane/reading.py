@@ -31,6 +31,7 @@ BACKEND_SNAT = 1
 BACKEND_DRAINING = 2
 BACKEND_IN_USE = 4
 SERVICE_NO_BACKENDS = 1
+SERVICE_DSR = 2
 
 
 class MapReader:
@@ -61,7 +62,7 @@ class MapReader:
                                        snat=bool(b.flags & BACKEND_SNAT))
             ids[key] = bid
         return ServiceState(service_id=svc.id, active=svc.active, no_backends=bool(svc.flags & SERVICE_NO_BACKENDS),
-                            backends=states, backend_ids=ids)
+                            backends=states, backend_ids=ids, forwarding=_forwarding(svc))
 
     def _service_key(self, addr: ServiceAddress):
         key = self._services.Key()
@@ -106,7 +107,8 @@ class MapReader:
             ))
         views.sort(key=lambda v: v.address)
         return ServiceView(vip=addr.vip, port=addr.port, proto=addr.proto, active_ring=svc.active,
-                           no_backends=no_backends, backends=views, misses=self._service_misses(svc.id))
+                           no_backends=no_backends, backends=views, misses=self._service_misses(svc.id),
+                           forwarding=_forwarding(svc))
 
     def get_service(self, vip: str, port: int, proto: str) -> ServiceView | None:
         addr = service_address(vip, port, proto)
@@ -133,6 +135,10 @@ class MapReader:
         for verdict in Verdict:
             out[verdict.name.lower()] = int(sum(self._verdicts[ctypes.c_uint32(verdict.value)]))
         return out
+
+
+def _forwarding(svc) -> str:
+    return "dsr-ipip" if svc.flags & SERVICE_DSR else "nat"
 
 
 def _items(table) -> list:

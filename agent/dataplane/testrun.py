@@ -52,12 +52,14 @@ def _libbpf() -> ctypes.CDLL:
     return lib
 
 
-def run_xdp(prog_fd: int, packet: bytes, repeat: int = 1, meta: int = 0) -> RunResult:
+def run_xdp(prog_fd: int, packet: bytes, repeat: int = 1, meta: int = 0, ingress_ifindex: int = 0) -> RunResult:
     """Run an XDP program once (or `repeat` times) on `packet`.
 
     The kernel refuses inputs shorter than an Ethernet header; `meta` (a
     multiple of 4, at most 32) turns the first bytes into XDP metadata so the
     program sees a shorter packet, which is how truncated Ethernet is tested.
+    ingress_ifindex: the device (of the caller's network namespace) the packet
+    arrives on, as the fib lookup sees it (default: loopback).
     """
     lib = _libbpf()
     data_in = ctypes.create_string_buffer(packet, len(packet))
@@ -70,8 +72,8 @@ def run_xdp(prog_fd: int, packet: bytes, repeat: int = 1, meta: int = 0) -> RunR
     opts.data_size_out = out_len
     opts.repeat = repeat
     ctx = None
-    if meta:
-        ctx = _XdpMd(data=meta, data_end=len(packet))
+    if meta or ingress_ifindex:
+        ctx = _XdpMd(data=meta, data_end=len(packet), ingress_ifindex=ingress_ifindex)
         opts.ctx_in = ctypes.cast(ctypes.pointer(ctx), ctypes.c_void_p)
         opts.ctx_size_in = ctypes.sizeof(_XdpMd)
     if lib.bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)) != 0:

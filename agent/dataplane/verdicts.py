@@ -39,7 +39,23 @@ class Verdict(IntEnum):
 VERDICT_MAX = 20
 
 
-def parse_verdicts_header(path: Path = VERDICTS_HEADER) -> dict[str, int]:
-    """Every `#define VERDICT_<NAME> <n>` of the header, VERDICT_MAX included."""
-    pattern = re.compile(r"^#define\s+VERDICT_(\w+)\s+(\d+)\b", re.MULTILINE)
+class Xmit(IntEnum):
+    """How a translated packet left the node (XMIT_* in verdicts.h, counted in xmit_stats)."""
+
+    STACK = 0
+    REDIRECT = 1
+    TX = 2
+    NO_ROUTE = 3
+    NO_NEIGH = 4
+    FRAG_NEEDED = 5
+    UNKNOWN_DEV = 6
+    TTL = 7
+
+
+XMIT_MAX = 8
+
+
+def parse_verdicts_header(path: Path = VERDICTS_HEADER, prefix: str = "VERDICT") -> dict[str, int]:
+    """Every `#define <PREFIX>_<NAME> <n>` of the header, <PREFIX>_MAX included."""
+    pattern = re.compile(rf"^#define\s+{prefix}_(\w+)\s+(\d+)\b", re.MULTILINE)
     return {name: int(value) for name, value in pattern.findall(path.read_text())}

@@ -31,3 +31,4 @@ class ServiceView(BaseModel):
     no_backends: bool
     backends: list[BackendView]
     misses: FlowMisses = FlowMisses()
+    forwarding: str = "nat"  # "nat" or "dsr-ipip"

@@ -33,6 +33,7 @@ class VmSpec:
     extra_args: tuple[str, ...] = ()
     engine_args: dict[str, str] = field(default_factory=dict)  # lab/dry-run engine knobs
     model_dir: str | None = None  # the verified digest directory; the guest sees it read-only at /models
+    dsr_vips: tuple[str, ...] = ()  # VIPs of dsr-ipip services: decapsulate IPIP, hold them on loopback
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ present in this process's environment before it is written.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import subprocess
@@ -114,6 +115,8 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -
         {"path": "/etc/systemd/system/fabric-models.service", "owner": "root:root", "permissions": "0644",
          "content": MOUNT_UNIT},
     ]
+    if spec.dsr_vips:
+        config["write_files"] += dsr_files(spec.dsr_vips)
     config["runcmd"] = [
         ["mkdir", "-p", "/models"],
         ["systemctl", "daemon-reload"],
@@ -123,9 +126,43 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -
         # Starts once the share is mounted (Requires=fabric-models.service).
         ["systemctl", "enable", "--now", runtime_units.UNIT_NAME],
     ]
+    if spec.dsr_vips:
+        config["runcmd"].insert(1, ["sysctl", "--system"])
+        config["runcmd"].append(["systemctl", "enable", "--now", DSR_UNIT])
     user = "#cloud-config\n" + yaml.dump(config, Dumper=_BlockDumper, sort_keys=False, width=1000)
     check_no_secrets(meta + user)
     return meta, user
+
+
+DSR_UNIT = "fabric-dsr.service"
+# The VIP must not be answered for on the wire (ARP), and the decapsulated packet arrives
+# on tunl0 from a client the guest routes through eth0 (no reverse-path check).
+DSR_SYSCTLS = """net.ipv4.conf.all.arp_ignore = 1
+net.ipv4.conf.all.arp_announce = 2
+net.ipv4.conf.all.rp_filter = 0
+net.ipv4.conf.default.rp_filter = 0
+net.ipv4.conf.tunl0.rp_filter = 0
+"""
+
+
+def dsr_files(vips: tuple[str, ...]) -> list[dict]:
+    """dsr-ipip in the guest (docs/dataplane.md): the ipip module's tunl0 decapsulates what the
+    node's XDP program encapsulated, the VIPs sit on loopback, replies go straight to clients."""
+    checked = [str(ipaddress.IPv4Address(v)) for v in vips]  # nothing but addresses reaches the unit
+    lines = ["[Unit]", "Description=Fabric dsr-ipip: tunl0 up, service VIPs on loopback",
+             "Before=" + runtime_units.UNIT_NAME, "", "[Service]", "Type=oneshot", "RemainAfterExit=yes",
+             "ExecStart=/sbin/modprobe ipip", "ExecStart=/sbin/ip link set tunl0 up",
+             "ExecStart=/sbin/sysctl -q -w net.ipv4.conf.tunl0.rp_filter=0"]
+    lines += [f"ExecStart=/sbin/ip addr replace {vip}/32 dev lo" for vip in checked]
+    lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
+    return [
+        {"path": "/etc/modules-load.d/fabric-dsr.conf", "owner": "root:root", "permissions": "0644",
+         "content": "ipip\n"},
+        {"path": "/etc/sysctl.d/60-fabric-dsr.conf", "owner": "root:root", "permissions": "0644",
+         "content": DSR_SYSCTLS},
+        {"path": f"/etc/systemd/system/{DSR_UNIT}", "owner": "root:root", "permissions": "0644",
+         "content": "\n".join(lines)},
+    ]
 
 
 class _BlockDumper(yaml.SafeDumper):

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.dataplane.decap import enable_dsr_backend
+from agent.dataplane.veth import prepare_veth_end
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.dryrun_driver import default_engine_command
 from agent.vm.records import RecordDir, engine_alive
@@ -143,6 +145,9 @@ class LabDriver:
                 _ip("addr", "add", f"{address}/{prefixlen}", "dev", "eth0", netns=ns)
                 _ip("link", "set", "eth0", "up", netns=ns)
                 _ip("route", "add", "default", "via", self.net.gateway, netns=ns)
+                prepare_veth_end(ns, "eth0")  # the node's XDP redirects into it (docs/dataplane.md)
+                if spec.dsr_vips:  # this kernel has no ipip driver: the replica decapsulates in XDP
+                    enable_dsr_backend(ns, "eth0", address, list(spec.dsr_vips))
             except TransientError:
                 self._teardown(ns, veth)
                 raise

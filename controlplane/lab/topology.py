@@ -20,6 +20,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.dataplane.veth import prepare_veth_end
+
 
 @dataclass(frozen=True)
 class LabTopology:
@@ -86,6 +88,10 @@ def up(t: LabTopology) -> None:
     _run(n + ["link", "set", t.uplink_if, "up"])
     for dst in (t.replica_subnet, t.vip_pool):
         _run(ip + ["route", "replace", dst, "via", t.uplink_addr, "dev", t.host_if])
+    # The XDP program forwards by redirect into these veths (docs/dataplane.md "Forwarding"):
+    # their far ends run GRO (NAPI) and send complete checksums. fl-host is the lab's own veth.
+    prepare_veth_end(t.client_ns, "eth0")
+    prepare_veth_end(None, t.host_if)
     # The node answers for the VIP pool towards the client (XDP rewrites before routing, but
     # the client needs a route to the pool: its default route covers it).
 

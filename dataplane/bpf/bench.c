@@ -9,17 +9,18 @@
 #include <uapi/linux/bpf.h>
 
 #define BENCH_LEN 64
+#define WORKING_SET 65536
 
 struct bench_input {
     __u8 bytes[BENCH_LEN];
-    __u32 vary;   /* 1: new source port/address each pass */
+    __u32 vary;   /* 1: new source port/address each pass; 2: cycle through WORKING_SET of them */
     __u32 pad;
 };
 
 /* bench_input: the packet to restore before every pass */
 BPF_ARRAY(bench_input, struct bench_input, 1);
-/* bench_seq: pass counter for distinct flows (one for all CPUs: runs are serial) */
-BPF_ARRAY(bench_seq, __u32, 1);
+/* bench_seq: pass counter for distinct flows (one per CPU: both CPUs run at once) */
+BPF_PERCPU_ARRAY(bench_seq, __u32, 1);
 /* bench_target: the program under test, slot 0 */
 BPF_PROG_ARRAY(bench_target, 1);
 
@@ -36,6 +37,12 @@ int xdp_bench(struct xdp_md *ctx)
         __u32 *seq = bench_seq.lookup(&zero);
         if (seq) {
             __u32 n = ++*seq;
+            /* each CPU its own flows (both CPUs run at once, as RSS would spread them) */
+            __u32 cpu = bpf_get_smp_processor_id() & 0x7F;
+            if (in->vary == 2)  /* a rotating working set of WORKING_SET flows per CPU (set up first) */
+                n = (n & (WORKING_SET - 1)) | (cpu << 16);
+            else
+                n = (n & 0x7FFFFF) | (cpu << 23);
             /* IPv4 source (bytes 26-29) low half and TCP source port (34-35):
              * 2^24 distinct flows; both checksums updated (RFC 1624) */
             __u16 old_src, old_sport, new_src, new_sport, ip_check, tcp_check;

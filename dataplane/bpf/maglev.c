@@ -32,6 +32,7 @@
 #include "nat.h"
 #include "maps.h"
 #include "icmp.h"
+#include "xmit.h"
 
 /* Source ports for source-NAT flows: above Linux's default ephemeral range so
  * they do not collide with the node's own connections. A flow's port is a pure
@@ -175,6 +176,92 @@ static __always_inline __be16 snat_claim(struct flow_key *fk, struct flow_key *r
     return 0;
 }
 
+/* -- leaving the node (xmit.h) -- */
+
+static __always_inline void xmit_count(__u32 code)
+{
+    __u64 *n = xmit_stats.lookup(&code);
+    if (n)
+        *n += 1;
+}
+
+static __always_inline int xdp_forwarding(struct config *cfg)
+{
+    return cfg && (cfg->flags & CONFIG_XDP_FORWARD);
+}
+
+/* Where a packet from src to dst leaves: XMIT_REDIRECT with *out filled, or
+ * the XMIT_* reason it stays with the stack. `xdp`: the egress must take XDP
+ * frames (TC can redirect to any device, bridges included). tot_len: the L3
+ * length to check against the egress MTU (0: the skb's own, GSO aware). */
+static __always_inline __u32 route(void *ctx, __u8 ttl, __u8 tos, __u8 proto, __be32 src, __be32 dst,
+                                   __u16 tot_len, __u32 in_ifindex, int xdp, struct egress *out)
+{
+    if (ttl <= 1)
+        return XMIT_TTL;
+    struct bpf_fib_lookup fib = {};
+    fib.family = AF_INET;
+    fib.tos = tos;
+    fib.l4_protocol = proto;
+    fib.tot_len = tot_len;
+    fib.ipv4_src = src;
+    fib.ipv4_dst = dst;
+    fib.ifindex = in_ifindex;
+    long rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+    if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+        return XMIT_NO_NEIGH;
+    if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+        return XMIT_FRAG_NEEDED;
+    if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+        return XMIT_NO_ROUTE;
+    __u32 oif = fib.ifindex;
+    if (xdp) {
+        __u32 *kind = egress_devs.lookup(&oif);
+        if (!kind)
+            return XMIT_UNKNOWN_DEV;
+        if (*kind == EGRESS_BRIDGE) {
+            struct port_key pk = {};
+            pk.bridge = oif;
+            __builtin_memcpy(pk.mac, fib.dmac, ETH_ALEN);
+            __u32 *port = bridge_ports.lookup(&pk);
+            if (!port)
+                return XMIT_UNKNOWN_DEV;
+            oif = *port;
+        } else if (*kind != EGRESS_DIRECT) {
+            return XMIT_UNKNOWN_DEV;
+        }
+    }
+    out->ifindex = oif;
+    __builtin_memcpy(out->smac, fib.smac, ETH_ALEN);
+    __builtin_memcpy(out->dmac, fib.dmac, ETH_ALEN);
+    return XMIT_REDIRECT;
+}
+
+/* The XDP action for a translated packet (eth/ip point into ctx's frame). */
+static __always_inline int xmit_xdp(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, struct config *cfg)
+{
+    if (!xdp_forwarding(cfg)) {
+        xmit_count(XMIT_STACK);
+        return XDP_PASS;
+    }
+    struct egress e = {};
+    __u32 why = route(ctx, ip->ttl, ip->tos, ip->protocol, ip->saddr, ip->daddr, bpf_ntohs(ip->tot_len),
+                      ctx->ingress_ifindex, 1, &e);
+    if (why != XMIT_REDIRECT) {
+        xmit_count(why);
+        return XDP_PASS;
+    }
+    ttl_dec(ip);
+    __builtin_memcpy(eth->h_dest, e.dmac, ETH_ALEN);
+    __builtin_memcpy(eth->h_source, e.smac, ETH_ALEN);
+    if (e.ifindex == ctx->ingress_ifindex) {
+        xmit_count(XMIT_TX);
+        return XDP_TX;
+    }
+    xmit_count(XMIT_REDIRECT);
+    return bpf_redirect(e.ifindex, 0);
+}
+
 /* Non-SYN packets may record a flow only within the CPU's budget per second. */
 static __always_inline int take_insert_budget(struct config *cfg)
 {
@@ -220,7 +307,7 @@ static __always_inline int pick(struct service *svc, __u32 hash, struct flow *ou
             out->backend_ip = b->ip;
             out->backend_port = b->port;
             out->snat_port = (b->flags & BACKEND_SNAT) ? 1 : 0;  /* the port comes later */
-            out->flags = 0;
+            out->flags = (svc->flags & SERVICE_DSR) ? FLOW_DSR : 0;
             out->last_seen = bpf_ktime_get_ns();
             return 0;
         }
@@ -238,6 +325,14 @@ static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, stru
     __u32 hash = flow_hash(fk);
     if (pick(svc, hash, out) < 0)
         return VERDICT_DROP_NO_BACKEND;
+    if (out->flags & FLOW_DSR) {
+        /* replies bypass the node: no reverse entry, no source NAT */
+        out->snat_port = 0;
+        if (mode == MISS_NO_RECORD || (mode == MISS_BUDGET && !take_insert_budget(cfg)))
+            return VERDICT_FWD_UNTRACKED;
+        flows.update(fk, out);
+        return verdict;
+    }
     struct flow_key reply = {};
     if (out->snat_port) {
         if (!cfg || !cfg->node_ip)
@@ -278,6 +373,8 @@ static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, stru
  * meanwhile is given up for a fresh one). 0, or -1 when no port is left. */
 static __always_inline int keep_reverse(struct flow_key *fk, struct flow *f, struct config *cfg)
 {
+    if (f->flags & FLOW_DSR)
+        return 0;
     struct flow_key reply = {};
     __be32 node_ip = cfg ? cfg->node_ip : 0;
     if (f->snat_port && !node_ip)
@@ -364,7 +461,7 @@ static __always_inline int vip_filter_hit(__be32 daddr)
 
 /* IPv4 to an address that is no VIP: the reply of a source-NAT flow when
  * addressed to node_ip, else the node's own or routed traffic, untouched. */
-static __always_inline int not_vip(struct iphdr *ip, void *data_end)
+static __always_inline int not_vip(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, void *data_end)
 {
     struct config *cfg = get_config();
     if (!cfg || !cfg->node_ip || ip->daddr != cfg->node_ip || ip->ihl != 5 || is_fragment(ip))
@@ -385,24 +482,25 @@ static __always_inline int not_vip(struct iphdr *ip, void *data_end)
         return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
     if (snat_reply(ip, ports, check) < 0)
         return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
-    return count(VERDICT_REPLY_SNAT, XDP_PASS);
+    return count(VERDICT_REPLY_SNAT, xmit_xdp(ctx, eth, ip, cfg));
 }
 
 /* The destination passed the filter: a VIP gets `verdict`, a collision is not_vip. */
-static __always_inline int vip_verdict(struct iphdr *ip, void *data_end, __u32 verdict, int action)
+static __always_inline int vip_verdict(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, void *data_end,
+                                       __u32 verdict, int action)
 {
     __be32 daddr = ip->daddr;
     if (!vips.lookup(&daddr))
-        return not_vip(ip, data_end);
+        return not_vip(ctx, eth, ip, data_end);
     return count(verdict, action);
 }
 
 /* ICMP to a VIP: echo answered; an error about a VIP flow goes to its backend. */
-static __always_inline int icmp_to_vip(struct ethhdr *eth, struct iphdr *ip, void *data_end)
+static __always_inline int icmp_to_vip(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, void *data_end)
 {
     __be32 daddr = ip->daddr;
     if (!vips.lookup(&daddr))
-        return not_vip(ip, data_end);
+        return not_vip(ctx, eth, ip, data_end);
     if (icmp_echo_reply(eth, ip, data_end) == 0)
         return count(VERDICT_REPLY_ICMP_ECHO, XDP_PASS);
     struct icmphdr *icmp;
@@ -430,6 +528,53 @@ static __always_inline int icmp_to_vip(struct ethhdr *eth, struct iphdr *ip, voi
     return count(VERDICT_FWD_ICMP_ERROR, XDP_PASS);
 }
 
+/* dsr-ipip: the packet goes to the backend unchanged inside an outer IPv4
+ * header (protocol 4). The outer source is the client's address, so the
+ * backend's reverse-path check and RSS see the client; the backend decapsulates
+ * (tunl0), owns the VIP on loopback and answers the client directly. */
+static __always_inline int dsr_out(struct xdp_md *ctx, __be32 backend_ip, struct config *cfg, __u32 verdict)
+{
+    void *data = (void *)(long)ctx->data;
+    void *data_end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *inner = (void *)(eth + 1);
+    if ((void *)(inner + 1) > data_end)
+        return count(VERDICT_DROP_TRUNCATED, XDP_DROP);
+    __u8 macs[2 * ETH_ALEN];
+    __builtin_memcpy(macs, eth, sizeof(macs));
+    __be32 client = inner->saddr;
+    __u8 tos = inner->tos;
+    __u16 inner_len = bpf_ntohs(inner->tot_len);
+    if (bpf_xdp_adjust_head(ctx, -(int)sizeof(struct iphdr)))
+        return count(VERDICT_DROP_TRUNCATED, XDP_DROP);
+    data = (void *)(long)ctx->data;
+    data_end = (void *)(long)ctx->data_end;
+    eth = data;
+    struct iphdr *outer = (void *)(eth + 1);
+    if ((void *)(outer + 1) > data_end)
+        return count(VERDICT_DROP_TRUNCATED, XDP_DROP);
+    __builtin_memcpy(eth, macs, sizeof(macs));
+    eth->h_proto = bpf_htons(ETH_P_IP);
+    outer->version = 4;
+    outer->ihl = 5;
+    outer->tos = tos;
+    outer->tot_len = bpf_htons(inner_len + sizeof(struct iphdr));
+    outer->id = 0;
+    outer->frag_off = 0;
+    outer->ttl = 64;
+    outer->protocol = IPPROTO_IPIP;
+    outer->check = 0;
+    outer->saddr = client;
+    outer->daddr = backend_ip;
+    __u16 *w = (void *)outer;
+    __u32 sum = 0;
+#pragma clang loop unroll(full)
+    for (int i = 0; i < 10; i++)
+        sum += w[i];
+    outer->check = ~csum_fold32(sum);
+    return count(verdict, xmit_xdp(ctx, eth, outer, cfg));
+}
+
 int xdp_maglev(struct xdp_md *ctx)
 {
     void *data = (void *)(long)ctx->data;
@@ -446,27 +591,27 @@ int xdp_maglev(struct xdp_md *ctx)
 
     __be32 daddr = ip->daddr;
     if (!vip_filter_hit(daddr))
-        return not_vip(ip, data_end);
+        return not_vip(ctx, eth, ip, data_end);
     /* From here on the address may still be a filter collision: every exit
      * other than a connection-table or service hit confirms it in vips. */
     __u8 proto = ip->protocol;
     if (proto == IPPROTO_ICMP)
-        return icmp_to_vip(eth, ip, data_end);
+        return icmp_to_vip(ctx, eth, ip, data_end);
     if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
-        return vip_verdict(ip, data_end, VERDICT_PASS_NOT_TCP_UDP, XDP_PASS);
+        return vip_verdict(ctx, eth, ip, data_end, VERDICT_PASS_NOT_TCP_UDP, XDP_PASS);
     /* Options shift the L4 header and fragments lack ports: neither can be
      * hashed consistently, so they never reach a backend. */
     if (ip->ihl != 5)
-        return vip_verdict(ip, data_end, VERDICT_DROP_IP_OPTIONS, XDP_DROP);
+        return vip_verdict(ctx, eth, ip, data_end, VERDICT_DROP_IP_OPTIONS, XDP_DROP);
     if (is_fragment(ip))
-        return vip_verdict(ip, data_end, VERDICT_DROP_FRAGMENT, XDP_DROP);
+        return vip_verdict(ctx, eth, ip, data_end, VERDICT_DROP_FRAGMENT, XDP_DROP);
 
     struct l4_ports *ports = (void *)(ip + 1);
     if ((void *)ports + l4_min_len(proto) > data_end)
-        return vip_verdict(ip, data_end, VERDICT_DROP_TRUNCATED, XDP_DROP);
+        return vip_verdict(ctx, eth, ip, data_end, VERDICT_DROP_TRUNCATED, XDP_DROP);
     __u16 *check = (void *)ports + l4_csum_offset(proto);
     if ((void *)(check + 1) > data_end)
-        return vip_verdict(ip, data_end, VERDICT_DROP_TRUNCATED, XDP_DROP);
+        return vip_verdict(ctx, eth, ip, data_end, VERDICT_DROP_TRUNCATED, XDP_DROP);
 
     struct flow_key fk = {};
     packet_key(&fk, ip, ports);
@@ -498,7 +643,7 @@ int xdp_maglev(struct xdp_md *ctx)
             sk.proto = proto;
             svc = services.lookup(&sk);
             if (!svc)
-                return vip_verdict(ip, data_end, VERDICT_PASS_UNKNOWN_PORT, XDP_PASS);
+                return vip_verdict(ctx, eth, ip, data_end, VERDICT_PASS_UNKNOWN_PORT, XDP_PASS);
             known->service_id = svc->id;  /* re-created under another id: keep the flow */
         }
         int expired = 0;
@@ -530,7 +675,7 @@ int xdp_maglev(struct xdp_md *ctx)
             svc = services.lookup(&sk);
         }
         if (!svc)
-            return vip_verdict(ip, data_end, VERDICT_PASS_UNKNOWN_PORT, XDP_PASS);
+            return vip_verdict(ctx, eth, ip, data_end, VERDICT_PASS_UNKNOWN_PORT, XDP_PASS);
         __u32 sid = svc->id;
         struct flow_misses *m = flow_misses.lookup(&sid);
         if (m) {
@@ -549,6 +694,9 @@ int xdp_maglev(struct xdp_md *ctx)
             return count(verdict, XDP_DROP);
     }
 
+    account(chosen.backend_id, data_end - data);
+    if (chosen.flags & FLOW_DSR)
+        return dsr_out(ctx, chosen.backend_ip, cfg, verdict);
     if (chosen.snat_port) {
         if (!cfg || !cfg->node_ip)
             return count(VERDICT_DROP_SNAT_EXHAUSTED, XDP_DROP);
@@ -557,14 +705,27 @@ int xdp_maglev(struct xdp_md *ctx)
     } else {
         dnat(ip, &ports->dest, check, proto, chosen.backend_ip, chosen.backend_port);
     }
-    account(chosen.backend_id, data_end - data);
-    return count(verdict, XDP_PASS);
+    return count(verdict, xmit_xdp(ctx, eth, ip, cfg));
 }
 
 #define IP_OFF ETH_HLEN
 #define IP_CSUM_OFF (IP_OFF + offsetof(struct iphdr, check))
 #define IP_SRC_OFF (IP_OFF + offsetof(struct iphdr, saddr))
 #define L4_OFF (IP_OFF + sizeof(struct iphdr))
+
+/* Put a reply's source back to VIP:port (skb helpers: they also handle
+ * CHECKSUM_PARTIAL packets from local senders). Packet pointers are stale after. */
+static __always_inline void restore_vip(struct __sk_buff *skb, __u8 proto, __be32 old_ip, __be16 old_port,
+                                        __be32 new_ip, __be16 new_port)
+{
+    int l4_csum = L4_OFF + l4_csum_offset(proto);
+    __u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+    bpf_l4_csum_replace(skb, l4_csum, old_ip, new_ip, BPF_F_PSEUDO_HDR | mangled | sizeof(new_ip));
+    bpf_l3_csum_replace(skb, IP_CSUM_OFF, old_ip, new_ip, sizeof(new_ip));
+    bpf_skb_store_bytes(skb, IP_SRC_OFF, &new_ip, sizeof(new_ip), 0);
+    bpf_l4_csum_replace(skb, l4_csum, old_port, new_port, mangled | sizeof(new_port));
+    bpf_skb_store_bytes(skb, L4_OFF + offsetof(struct l4_ports, source), &new_port, sizeof(new_port), 0);
+}
 
 /* An ICMP error leaving for a client about a packet that client sent to a
  * backend (path MTU, unreachable): quote and source become the VIP's. */
@@ -595,43 +756,87 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb)
     return count(VERDICT_REPLY_ICMP_ERROR, TC_ACT_OK);
 }
 
-int tc_reverse_nat(struct __sk_buff *skb)
+/* The IPv4 header of a TC packet that may be a reply (no options, no fragment), or 0. */
+static __always_inline struct iphdr *tc_ipv4(struct __sk_buff *skb)
 {
     void *data = (void *)(long)skb->data;
     void *data_end = (void *)(long)skb->data_end;
     struct ethhdr *eth = data;
     if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-        return TC_ACT_OK;
+        return 0;
     struct iphdr *ip = (void *)(eth + 1);
     if ((void *)(ip + 1) > data_end || ip->ihl != 5 || is_fragment(ip))
+        return 0;
+    return ip;
+}
+
+/* A TCP/UDP reply of a flow without source NAT: its reverse entry (which holds
+ * the VIP:port), with *ports set; or 0. */
+static __always_inline struct reverse_flow *nat_reply(struct __sk_buff *skb, struct iphdr *ip,
+                                                      struct l4_ports **ports)
+{
+    void *data_end = (void *)(long)skb->data_end;
+    if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+        return 0;
+    struct l4_ports *p = (void *)(ip + 1);
+    if ((void *)(p + 1) > data_end)
+        return 0;
+    *ports = p;
+    struct flow_key key = {};
+    packet_key(&key, ip, p);
+    struct reverse_flow *rev = reverse_flows.lookup(&key);
+    return rev && !rev->snat ? rev : 0;
+}
+
+int tc_reverse_nat(struct __sk_buff *skb)
+{
+    struct iphdr *ip = tc_ipv4(skb);
+    if (!ip)
+        return TC_ACT_OK;
+    if (ip->protocol == IPPROTO_ICMP)
+        return tc_icmp_error(skb);
+    struct l4_ports *ports = 0;
+    struct reverse_flow *rev = nat_reply(skb, ip, &ports);
+    if (!rev || !ports)
+        return TC_ACT_OK;
+    restore_vip(skb, ip->protocol, ip->saddr, ports->source, rev->vip, rev->vport);
+    return count(VERDICT_TC_REPLY, TC_ACT_OK);
+}
+
+/* tc_reply_redirect (TC clsact ingress of the bridges local backends sit
+ * behind): a reply of a flow without source NAT is translated here and sent
+ * straight out of the client-facing device when the fib lookup resolves; else
+ * it goes on untouched and tc_reverse_nat translates it on the way out. */
+int tc_reply_redirect(struct __sk_buff *skb)
+{
+    struct config *cfg = get_config();
+    if (!xdp_forwarding(cfg))
+        return TC_ACT_OK;
+    struct iphdr *ip = tc_ipv4(skb);
+    if (!ip)
+        return TC_ACT_OK;
+    struct l4_ports *ports = 0;
+    struct reverse_flow *rev = nat_reply(skb, ip, &ports);
+    if (!rev || !ports)
         return TC_ACT_OK;
     __u8 proto = ip->protocol;
-    if (proto == IPPROTO_ICMP)
-        return tc_icmp_error(skb);
-    if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
-        return TC_ACT_OK;
-    struct l4_ports *ports = (void *)(ip + 1);
-    if ((void *)(ports + 1) > data_end)
-        return TC_ACT_OK;
-
-    /* A reply of a flow without source NAT: its reverse entry holds the VIP:port. */
-    struct flow_key key = {};
-    packet_key(&key, ip, ports);
-    struct reverse_flow *rev = reverse_flows.lookup(&key);
-    if (!rev || rev->snat)
-        return TC_ACT_OK;
-    __be32 new_ip = rev->vip;
-    __be16 new_port = rev->vport;
-
-    __be32 old_ip = ip->saddr;
-    __be16 old_port = ports->source;
-    int l4_csum = L4_OFF + l4_csum_offset(proto);
-    /* the skb helpers also handle CHECKSUM_PARTIAL packets from local senders */
-    __u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
-    bpf_l4_csum_replace(skb, l4_csum, old_ip, new_ip, BPF_F_PSEUDO_HDR | mangled | sizeof(new_ip));
-    bpf_l3_csum_replace(skb, IP_CSUM_OFF, old_ip, new_ip, sizeof(new_ip));
-    bpf_skb_store_bytes(skb, IP_SRC_OFF, &new_ip, sizeof(new_ip), 0);
-    bpf_l4_csum_replace(skb, l4_csum, old_port, new_port, mangled | sizeof(new_port));
-    bpf_skb_store_bytes(skb, L4_OFF + offsetof(struct l4_ports, source), &new_port, sizeof(new_port), 0);
-    return count(VERDICT_TC_REPLY, TC_ACT_OK);
+    __be32 vip = rev->vip;
+    __be16 vport = rev->vport;
+    struct egress e = {};
+    __u32 why = route(skb, ip->ttl, ip->tos, proto, vip, ip->daddr, 0, skb->ifindex, 0, &e);
+    if (why != XMIT_REDIRECT) {
+        xmit_count(why);
+        return TC_ACT_OK;  /* untouched: the egress program translates it after the stack */
+    }
+    __be16 old_ttl_proto = *(__be16 *)&ip->ttl;
+    __be16 new_ttl_proto = old_ttl_proto;
+    ((__u8 *)&new_ttl_proto)[0] -= 1;
+    restore_vip(skb, proto, ip->saddr, ports->source, vip, vport);
+    bpf_l3_csum_replace(skb, IP_CSUM_OFF, old_ttl_proto, new_ttl_proto, sizeof(new_ttl_proto));
+    bpf_skb_store_bytes(skb, IP_OFF + offsetof(struct iphdr, ttl), &new_ttl_proto, sizeof(new_ttl_proto), 0);
+    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), e.dmac, ETH_ALEN, 0);
+    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), e.smac, ETH_ALEN, 0);
+    xmit_count(XMIT_REDIRECT);
+    count(VERDICT_TC_REPLY, 0);
+    return bpf_redirect(e.ifindex, 0);
 }

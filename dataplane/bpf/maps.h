@@ -22,12 +22,23 @@
 #error "backend_addrs keeps service ids in a 32-bit mask"
 #endif
 #define BACKEND_ADDRS (MAX_BACKENDS * 2)
+#define EGRESS_DEVS 1024
+#define BRIDGE_PORTS 16384
+
+/* The two flow tables keep one LRU list per CPU (BPF_F_NO_COMMON_LRU): an insert
+ * or a hit touches only its own CPU's list and lock, so CPUs never contend on the
+ * LRU, and a flood on one CPU's queue evicts only that CPU's flows. The kernel
+ * gives each CPU FLOW_ENTRIES / CPUs entries (docs/dataplane.md, per-CPU flow state). */
+#ifndef FLOW_LRU_FLAGS
+#define FLOW_LRU_FLAGS BPF_F_NO_COMMON_LRU
+#endif
 
 #define BACKEND_SNAT 1      /* reach this backend with source NAT to node_ip */
 #define BACKEND_DRAINING 2  /* no new flows; established flows continue */
 #define BACKEND_IN_USE 4    /* slot of the backends array is allocated */
 
 #define SERVICE_NO_BACKENDS 1  /* every backend has weight 0 or drains */
+#define SERVICE_DSR 2          /* forwarding: dsr-ipip (encapsulate to the backend, no DNAT, replies bypass us) */
 
 struct service_key {
     __be32 vip;
@@ -75,6 +86,7 @@ struct flow_key {
 };
 
 #define FLOW_CLOSED 1  /* the client sent FIN or RST: no longer counted as active */
+#define FLOW_DSR 2     /* picked while its service was dsr-ipip: encapsulated, never translated */
 
 struct flow {
     __be32 backend_ip;
@@ -122,7 +134,9 @@ struct config {
     __u32 table_size;        /* TABLE_SIZE the maps were made with (also in meta) */
     __u32 udp_flow_secs;     /* UDP entries silent this long are picked again; 0 = UDP_FLOW_SECS_DEFAULT */
     __u32 miss_inserts;      /* non-SYN misses recorded per CPU per second; 0 = MISS_INSERTS_DEFAULT */
+    __u32 flags;             /* CONFIG_* */
 };
+#define CONFIG_XDP_FORWARD 1  /* translated packets leave by fib lookup + redirect, not through the stack */
 #define UDP_FLOW_SECS_DEFAULT 30
 #define MISS_INSERTS_DEFAULT 10000
 
@@ -165,12 +179,13 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct backend_stats, backend_stats, MAX
 /* verdict_stats: VERDICT_* -> packets, per CPU */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, verdict_stats, VERDICT_MAX, PIN(verdict_stats));
 /* flows: client -> VIP 5-tuple -> chosen backend and service (LRU connection table) */
-BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow, flows, FLOW_ENTRIES, PIN(flows));
+BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow, flows, FLOW_ENTRIES, PIN(flows), FLOW_LRU_FLAGS);
 /* backend_addrs: backend IP:port -> bitmask of the service ids it belongs to now, draining
  * included (an established flow whose backend id changed hands checks membership here; MAX_SERVICES <= 32) */
 BPF_TABLE_PINNED("hash", struct backend_addr, __u32, backend_addrs, BACKEND_ADDRS, PIN(backend_addrs));
 /* reverse_flows: reply 5-tuple (backend -> client, or backend -> node_ip:snat_port) -> the flow to restore */
-BPF_TABLE_PINNED("lru_hash", struct flow_key, struct reverse_flow, reverse_flows, FLOW_ENTRIES, PIN(reverse_flows));
+BPF_TABLE_PINNED("lru_hash", struct flow_key, struct reverse_flow, reverse_flows, FLOW_ENTRIES, PIN(reverse_flows),
+                 FLOW_LRU_FLAGS);
 /* config: single entry, node-wide settings (attach or an explicit setting writes it) */
 BPF_TABLE_PINNED("array", __u32, struct config, config, 1, PIN(config));
 /* meta: single entry, the layout these pins were made with (written once, at creation) */
@@ -179,5 +194,23 @@ BPF_TABLE_PINNED("array", __u32, struct meta, meta, 1, PIN(meta));
 BPF_TABLE_PINNED("percpu_array", __u32, struct insert_budget, insert_budget, 1, PIN(insert_budget));
 /* flow_misses: service id -> connection-table misses (SYN / other), per CPU */
 BPF_TABLE_PINNED("percpu_array", __u32, struct flow_misses, flow_misses, MAX_SERVICES, PIN(flow_misses));
+
+/* egress_devs value: how a device the fib lookup names can take a packet from XDP. */
+#define EGRESS_DIRECT 1  /* takes XDP frames itself (veth with NAPI on its peer, tap, NIC) */
+#define EGRESS_BRIDGE 2  /* a bridge (no XDP transmit): redirect to the port that holds the MAC */
+
+/* bridge_ports key: a MAC behind a bridge, as the bridge's forwarding database knows it. */
+struct port_key {
+    __u32 bridge;   /* ifindex of the bridge */
+    __u8 mac[6];
+    __u16 pad;
+};
+
+/* egress_devs: ifindex -> EGRESS_* for the devices of the node's namespace (the agent writes it) */
+BPF_TABLE_PINNED("hash", __u32, __u32, egress_devs, EGRESS_DEVS, PIN(egress_devs));
+/* bridge_ports: bridge ifindex + MAC -> ifindex of the bridge port behind which the MAC sits */
+BPF_TABLE_PINNED("hash", struct port_key, __u32, bridge_ports, BRIDGE_PORTS, PIN(bridge_ports));
+/* xmit_stats: XMIT_* -> packets, per CPU (how translated packets left the node) */
+BPF_TABLE_PINNED("percpu_array", __u32, __u64, xmit_stats, XMIT_MAX, PIN(xmit_stats));
 
 #endif

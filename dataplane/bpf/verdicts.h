@@ -28,4 +28,17 @@
 #define VERDICT_REPLY_ICMP_ERROR 19      /* ICMP error about a packet a client sent a backend, translated for the client */
 #define VERDICT_MAX 20
 
+/* How a translated packet left the node (xmit_stats, one counter per code;
+ * mirrored by agent.dataplane.Xmit). XDP counts forward packets and source-NAT
+ * replies, TC counts replies of local backends. */
+#define XMIT_STACK 0          /* forwarding in BPF is off: handed to the kernel stack */
+#define XMIT_REDIRECT 1       /* fib lookup resolved: sent out of another device (bpf_redirect) */
+#define XMIT_TX 2             /* fib lookup resolved to the ingress device itself: XDP_TX */
+#define XMIT_NO_ROUTE 3       /* no forwarding route (local, unreachable, forwarding disabled): stack */
+#define XMIT_NO_NEIGH 4       /* route found, neighbour not resolved yet: the stack resolves it */
+#define XMIT_FRAG_NEEDED 5    /* larger than the egress MTU: the stack fragments or sends the ICMP error */
+#define XMIT_UNKNOWN_DEV 6    /* egress device (or the bridge port of the MAC) not known to take XDP frames */
+#define XMIT_TTL 7            /* TTL would expire: the stack sends time exceeded */
+#define XMIT_MAX 8
+
 #endif

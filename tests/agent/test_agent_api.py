@@ -191,6 +191,8 @@ def test_maglev_service_put_get_list_delete(client):
     assert put.status_code == 200, put.text
     got = client.get(path).json()
     assert got["backends"] == spec["backends"] and got["draining"] == ["10.0.0.3:8000"]
+    assert got["forwarding"] == "nat"  # the default
+    assert client.put(path, json=spec | {"forwarding": "dsr-ipip"}).json()["forwarding"] == "dsr-ipip"
     assert [s["vip"] for s in client.get("/v1/maglev/services").json()["services"]] == ["10.200.0.10"]
     assert client.delete(path).status_code == 204
     assert client.get(path).status_code == 404
@@ -204,6 +206,7 @@ def test_maglev_service_put_get_list_delete(client):
     ("/v1/maglev/services/10.200.0.10/8000/sctp", {"backends": {}}, "proto"),
     ("/v1/maglev/services/10.200.0.10/8000/tcp", {"backends": {"10.0.0.2:80": 1}, "draining": ["10.0.0.9:80"]},
      "draining"),
+    ("/v1/maglev/services/10.200.0.10/8000/tcp", {"backends": {}, "forwarding": "dsr"}, "forwarding"),
 ])
 def test_maglev_bad_input_is_422_naming_it(client, path, spec, needle):
     r = client.put(path, json=spec)

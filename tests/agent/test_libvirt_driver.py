@@ -279,3 +279,26 @@ def test_hgx_full_passthrough_binds_the_nvswitches_and_delete_gives_them_back(tm
     finally:
         driver.delete("hgx-full")
     assert all(fake.driver_of(s) == "nvidia-nvswitch" for s in switches)
+
+
+def test_seed_sets_up_dsr_ipip_only_when_asked(tmp_path):
+    import yaml
+
+    plain = VmSpec(replica_id="lv-g", deployment="d", model_name="m", model_source=f"file://{tmp_path}/org/m")
+    config = yaml.safe_load(build_seed(plain, hostname="fabric-lv-g", models_dir=tmp_path)[1])
+    assert not any("dsr" in f["path"] for f in config["write_files"])
+    dsr = VmSpec(replica_id="lv-g", deployment="d", model_name="m", model_source=f"file://{tmp_path}/org/m",
+                 dsr_vips=("10.96.0.7",))
+    config = yaml.safe_load(build_seed(dsr, hostname="fabric-lv-g", models_dir=tmp_path)[1])
+    files = {f["path"]: f["content"] for f in config["write_files"]}
+    unit = files["/etc/systemd/system/fabric-dsr.service"]
+    assert "ExecStart=/sbin/ip link set tunl0 up" in unit
+    assert "ExecStart=/sbin/ip addr replace 10.96.0.7/32 dev lo" in unit
+    assert files["/etc/modules-load.d/fabric-dsr.conf"] == "ipip\n"
+    assert "net.ipv4.conf.all.arp_ignore = 1" in files["/etc/sysctl.d/60-fabric-dsr.conf"]
+    assert ["systemctl", "enable", "--now", "fabric-dsr.service"] in config["runcmd"]
+    # nothing but an address reaches the unit's command lines
+    bad = VmSpec(replica_id="lv-g", deployment="d", model_name="m", model_source=f"file://{tmp_path}/org/m",
+                 dsr_vips=("10.96.0.7 dev eth0; reboot",))
+    with pytest.raises(ValueError):
+        build_seed(bad, hostname="fabric-lv-g", models_dir=tmp_path)

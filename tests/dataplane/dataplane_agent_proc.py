@@ -19,9 +19,11 @@ def main() -> None:
         dp.attach(iface, netns)
     ops = {
         "ping": lambda: "pong",
-        "put": lambda port, backends, draining=(): dp.put_service("10.9.0.100", port, "tcp", backends, draining),
+        "put": lambda port, backends, draining=(), forwarding="nat": dp.put_service(
+            "10.9.0.100", port, "tcp", backends, draining, forwarding),
         "delete": lambda port: dp.delete_service("10.9.0.100", port, "tcp"),
         "verdicts": dp.verdict_counters,
+        "xmit": dp.xmit_counters,
         "detach": lambda: [dp.detach(i, netns) for i in ifaces],
     }
     for line in sys.stdin:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.dataplane.netns import run_in_netns
+from agent.dataplane.veth import prepare_veth_end
 from tests.support.bpf import new_pin_dir
 
 VIP = "10.9.0.100"
@@ -128,6 +129,10 @@ class NsLab:
         sh("ip", "-n", r, "addr", "add", "10.2.0.2/24", "dev", "eth0")
         sh("ip", "-n", r, "link", "set", "eth0", "up")
         sh("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        # XDP redirects into a veth only when its peer runs NAPI (GRO), and senders whose packets
+        # meet XDP must send complete checksums (agent/dataplane/veth.py), as the lab does
+        for role in ["c", "r"] + [f"b{i}" for i in range(1, self.backends + 1)]:
+            prepare_veth_end(self.ns(role), "eth0")
         for i in range(1, self.backends + 1):
             self._serve(self.ns(f"b{i}"), f"b{i}")
         self._serve(r, "r")
@@ -150,6 +155,7 @@ class NsLab:
         sh("ip", "-n", node, "link", "set", "br1", "up")
         sh("ip", "-n", m, "addr", "add", "10.5.0.2/24", "dev", "eth0")
         sh("ip", "-n", m, "link", "set", "eth0", "up")
+        prepare_veth_end(m, "eth0")
         sh("ip", "-n", m, "route", "add", "default", "via", "10.5.0.1", "advmss", "1460")
         self._serve(m, "m")
         self._wait_listening("10.5.0.2:8080")

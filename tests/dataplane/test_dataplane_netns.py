@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dataplane_nslab import ROUTED_BACKEND, agent_lab, http_get
+from dataplane_nslab import ROUTED_BACKEND, VIP, agent_lab, http_get
 
 NAMES = {"10.1.0.11:8080": "b1", "10.1.0.12:8080": "b2", "10.1.0.13:8080": "b3", ROUTED_BACKEND: "r"}
 WEIGHTS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 2, "10.1.0.13:8080": 4}
@@ -43,6 +43,19 @@ def test_700_connections_follow_weights_1_2_4(lab):
     # Fixed source ports below the ephemeral range: 700 random flows miss 5 pp by chance in about
     # 1-4 % of runs (binomial spread), a fixed sample of 700 flows answers the same every run.
     _assert_balanced(lab.names(700, first_source_port=20000), WEIGHTS, 0.05)
+
+
+def test_traffic_is_forwarded_in_bpf_both_ways(lab):
+    """Requests leave the XDP program by redirect into the backend's bridge port, replies
+    by the bridge's TC program straight to the client link: neither crosses the stack."""
+    lab.agent.call("put", 80, WEIGHTS)
+    before = lab.agent.call("xmit")
+    assert sorted(set(lab.names(30))) == ["b1", "b2", "b3"]
+    after = lab.agent.call("xmit")
+    moved = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    # each connection is at least 4 packets each way (SYN, ACK, request, FIN...)
+    assert moved.get("redirect", 0) >= 30 * 8, moved
+    assert moved.get("stack", 0) == 0, moved
 
 
 def test_routed_backend_is_reached_through_source_nat(lab):
@@ -95,3 +108,18 @@ def test_agent_restart_keeps_open_connection_and_balance(lab):
         _assert_balanced(lab.names(700), WEIGHTS, 0.05)
     finally:
         held.close()
+
+
+def test_dsr_service_reaches_a_backend_that_answers_the_client_directly(lab):
+    """dsr-ipip: the node encapsulates, b1 decapsulates (its own XDP: this kernel has no
+    IPIP driver) and answers from the VIP it holds on loopback; the node only routes the
+    replies (no reverse translation: tc_reply does not move)."""
+    from agent.dataplane.decap import enable_dsr_backend
+
+    enable_dsr_backend(lab.ns("b1"), "eth0", "10.1.0.11", [VIP])
+    assert lab.agent.call("put", 8080, {"10.1.0.11:8080": 1}, [], "dsr-ipip") is True
+    before = lab.agent.call("verdicts")
+    assert lab.names(5, port=8080) == ["b1"] * 5
+    after = lab.agent.call("verdicts")
+    assert after["fwd_new_flow"] - before["fwd_new_flow"] == 5
+    assert after["tc_reply"] == before["tc_reply"]

@@ -8,8 +8,8 @@ class MemoryDataplane:
     def __init__(self):
         self.services: dict[tuple[str, int, str], dict] = {}
 
-    def put_service(self, vip, port, proto, backends, draining=()):
-        self.services[(vip, port, proto)] = {"vip": vip, "port": port, "proto": proto,
+    def put_service(self, vip, port, proto, backends, draining=(), forwarding="nat"):
+        self.services[(vip, port, proto)] = {"vip": vip, "port": port, "proto": proto, "forwarding": forwarding,
                                              "backends": dict(backends), "draining": list(draining)}
         return True
 

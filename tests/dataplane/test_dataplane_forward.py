@@ -1,0 +1,220 @@
+"""Forwarding in BPF (docs/dataplane.md "Forwarding"): after translation the
+fib lookup picks the egress and the frame leaves by XDP_REDIRECT / XDP_TX with
+its MACs and TTL rewritten; what only the stack can do (unresolved neighbour,
+a frame over the egress MTU, TTL expiry, a bridge port the FDB does not name)
+goes up with XDP_PASS, translated. dsr-ipip services are encapsulated instead
+of translated. The TC reply program redirects replies of local backends.
+
+Packet tables through BPF_PROG_TEST_RUN run inside a namespace this module
+makes, whose routes, neighbours and bridge FDB are fixed:
+
+    ni  10.0.0.1/24  (ingress; client 10.0.0.2 and backend 10.0.0.50 known on it)
+    nb  10.1.0.1/24  mtu 1400; 10.1.0.11 known, 10.1.0.12 unknown
+    br0 10.3.0.1/24  port vp; 10.3.0.11 known with an FDB entry on vp, 10.3.0.12 known without one
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from scapy.all import IP, TCP, Ether, Raw
+
+from agent.dataplane.netns import run_in_netns
+from agent.dataplane.settings import DataplaneSettings
+from agent.dataplane.testrun import XDP_PASS, XDP_REDIRECT, XDP_TX, run_xdp
+from tests.support.bpf import new_pin_dir, open_dataplane
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_dataplane_packets import _valid
+
+VIP = "10.9.0.100"
+CLIENT = "10.0.0.2"
+CLIENT_MAC = "02:00:00:00:00:02"
+MACS = {"10.1.0.11": "02:00:00:00:01:11", "10.3.0.11": "02:00:00:00:03:11", "10.3.0.12": "02:00:00:00:03:12",
+        "10.0.0.50": "02:00:00:00:00:50"}
+L2 = Ether(dst="02:00:00:00:00:01", src=CLIENT_MAC)
+BACKEND_L2 = Ether(dst="02:00:00:00:00:01", src="02:00:00:00:01:11")
+TC_ACT_OK, TC_ACT_REDIRECT = 0, 7
+# port -> backend (one service each, so every case knows where it goes)
+SERVICES = {80: "10.1.0.11:8080", 81: "10.1.0.12:8080", 82: "10.3.0.11:8080", 83: "10.3.0.12:8080",
+            84: "10.0.0.50:8080"}
+DSR_PORT, DSR_BACKEND = 85, "10.1.0.11:85"
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=30)
+
+
+@dataclass
+class Net:
+    ns: str
+    peer: str
+    links: dict[str, tuple[int, str]]  # name -> (ifindex, MAC)
+
+
+def _build(ns: str, peer: str) -> Net:
+    sh("ip", "netns", "add", ns)
+    sh("ip", "netns", "add", peer)
+    n = ["ip", "-n", ns]
+    sh(*n, "link", "set", "lo", "up")
+    sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    for name, addr, mtu in (("ni", "10.0.0.1/24", "1500"), ("nb", "10.1.0.1/24", "1400"), ("vp", None, "1500")):
+        sh("ip", "link", "add", name, "netns", ns, "mtu", mtu, "type", "veth", "peer", "name", f"p{name}",
+           "netns", peer)
+        if addr:
+            sh(*n, "addr", "add", addr, "dev", name)
+        sh(*n, "link", "set", name, "up")
+    sh(*n, "link", "add", "br0", "type", "bridge")
+    sh(*n, "link", "set", "vp", "master", "br0")
+    sh(*n, "addr", "add", "10.3.0.1/24", "dev", "br0")
+    sh(*n, "link", "set", "br0", "up")
+    for ip, dev in ((CLIENT, "ni"), ("10.0.0.50", "ni"), ("10.1.0.11", "nb"), ("10.3.0.11", "br0"),
+                    ("10.3.0.12", "br0")):
+        sh(*n, "neigh", "replace", ip, "lladdr", MACS.get(ip, CLIENT_MAC), "dev", dev, "nud", "permanent")
+    sh("bridge", "-n", ns, "fdb", "replace", MACS["10.3.0.11"], "dev", "vp", "master", "static")
+
+    def links():
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            return {m.get_attr("IFLA_IFNAME"): (m["index"], m.get_attr("IFLA_ADDRESS")) for m in ipr.get_links()}
+
+    return Net(ns=ns, peer=peer, links=run_in_netns(ns, links))
+
+
+@pytest.fixture(scope="module")
+def net(require_bpf):
+    suffix = uuid.uuid4().hex[:6]
+    ns, peer = f"fabf-{suffix}", f"fabfp-{suffix}"
+    try:
+        yield _build(ns, peer)
+    finally:
+        for name in (ns, peer):
+            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def plane(net):
+    pin_dir = new_pin_dir()
+    dp = open_dataplane(pin_dir, route_netns=net.ns)
+    dp.configure(settings=DataplaneSettings(xdp_forward=True))
+    for port, backend in SERVICES.items():
+        dp.put_service(VIP, port, "tcp", {backend: 1})  # each put refreshes egress_devs and bridge_ports
+    dp.put_service(VIP, DSR_PORT, "tcp", {DSR_BACKEND: 1}, forwarding="dsr-ipip")
+    yield dp
+    dp.close()
+    shutil.rmtree(pin_dir, ignore_errors=True)
+
+
+def _xdp(net: Net, dp, raw: bytes):
+    before = dp.xmit_counters()
+    result = run_in_netns(net.ns, lambda: run_xdp(dp.xdp_fd, raw, ingress_ifindex=net.links["ni"][0]))
+    after = dp.xmit_counters()
+    return result, {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def _expected(sent, backend: str, dmac: str | None, smac: str | None, ttl_drop: int):
+    ip, port = backend.split(":")
+    out = sent.copy()
+    out[IP].dst = ip
+    out[TCP].dport = int(port)
+    out[IP].ttl -= ttl_drop
+    if dmac:
+        out[Ether].dst, out[Ether].src = dmac, smac
+    del out[IP].chksum, out[TCP].chksum
+    return bytes(Ether(bytes(out)))
+
+
+@dataclass(frozen=True)
+class Case:
+    desc: str
+    port: int
+    action: int
+    xmit: str
+    egress: str | None  # the device whose MAC becomes the source; None: MACs untouched
+    ttl: int = 64
+    size: int = 10
+
+
+CASES = [
+    Case("resolved neighbour on another device: redirect, MACs and TTL rewritten", 80, XDP_REDIRECT, "redirect", "nb"),
+    Case("route without a resolved neighbour: the stack resolves it", 81, XDP_PASS, "no_neigh", None),
+    Case("behind a bridge, FDB names the port: redirect to the port", 82, XDP_REDIRECT, "redirect", "br0"),
+    Case("behind a bridge, MAC in no FDB entry: the stack bridges it", 83, XDP_PASS, "unknown_dev", None),
+    Case("egress is the ingress device: XDP_TX", 84, XDP_TX, "tx", "ni"),
+    Case("TTL 1: the stack sends time exceeded", 80, XDP_PASS, "ttl", None, ttl=1),
+    Case("over the egress MTU (1400): the stack fragments or answers", 80, XDP_PASS, "frag_needed", None, size=1400),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.desc for c in CASES])
+def test_translated_packets_leave_by_the_fib(net, plane, case):
+    sent = L2 / IP(src=CLIENT, dst=VIP, ttl=case.ttl) / TCP(sport=40000 + case.port, dport=case.port, flags="S") \
+        / Raw(b"x" * case.size)
+    result, xmit = _xdp(net, plane, bytes(sent))
+    assert (result.retval, xmit) == (case.action, {case.xmit: 1})
+    backend = SERVICES[case.port]
+    dmac = MACS[backend.split(":")[0]] if case.egress else None
+    smac = net.links[case.egress][1] if case.egress else None
+    assert result.output == _expected(sent, backend, dmac, smac, 1 if case.egress else 0)
+    assert _valid(result.output)
+
+
+def test_dsr_service_is_encapsulated_not_translated(net, plane):
+    inner = IP(src=CLIENT, dst=VIP) / TCP(sport=41000, dport=DSR_PORT, flags="S") / Raw(b"hello")
+    result, xmit = _xdp(net, plane, bytes(L2 / inner))
+    assert (result.retval, xmit) == (XDP_REDIRECT, {"redirect": 1})
+    out = Ether(result.output)
+    assert (out.dst, out.src) == (MACS["10.1.0.11"], net.links["nb"][1])
+    assert (out[IP].proto, out[IP].src, out[IP].dst, out[IP].ttl) == (4, CLIENT, "10.1.0.11", 63)
+    assert bytes(out[IP].payload) == bytes(inner)  # the client's packet, untouched
+    assert _valid(result.output)
+    # established: the same flow is encapsulated to the same backend without a reverse entry
+    again, _ = _xdp(net, plane, bytes(L2 / IP(src=CLIENT, dst=VIP) / TCP(sport=41000, dport=DSR_PORT, flags="A")))
+    assert again.retval == XDP_REDIRECT and Ether(again.output)[IP].dst == "10.1.0.11"
+    assert plane.verdict_counters()["fwd_established"] >= 1
+
+
+def test_dsr_refuses_a_backend_port_other_than_the_vips(plane):
+    from common.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="must be 86"):
+        plane.put_service(VIP, 86, "tcp", {"10.1.0.11:8080": 1}, forwarding="dsr-ipip")
+    with pytest.raises(InvalidInput, match="forwarding must be one of"):
+        plane.put_service(VIP, 86, "tcp", {"10.1.0.11:86": 1}, forwarding="dsr")
+
+
+def test_reply_of_a_local_backend_is_translated_and_redirected_by_tc(net, plane):
+    # the flow exists (a SYN recorded it); its reply arrives on the bridge side
+    sent = L2 / IP(src=CLIENT, dst=VIP) / TCP(sport=42000, dport=80, flags="S")
+    assert _xdp(net, plane, bytes(sent))[0].retval == XDP_REDIRECT
+    reply = BACKEND_L2 / IP(src="10.1.0.11", dst=CLIENT, ttl=64) / TCP(sport=8080, dport=42000, flags="SA") / Raw(b"r")
+    before = plane.xmit_counters()
+    result = run_in_netns(net.ns, lambda: run_xdp(plane._prog.tc_reply.fd, bytes(reply)))
+    assert result.retval == TC_ACT_REDIRECT
+    assert plane.xmit_counters()["redirect"] == before["redirect"] + 1
+    out = Ether(result.output)
+    assert (out.dst, out.src) == (CLIENT_MAC, net.links["ni"][1])
+    assert (out[IP].src, out[TCP].sport, out[IP].ttl) == (VIP, 80, 63)
+    assert _valid(result.output)
+    # no flow: untouched, for the stack (and the egress program) as before
+    stranger = bytes(BACKEND_L2 / IP(src="10.1.0.11", dst=CLIENT) / TCP(sport=8080, dport=42999, flags="A"))
+    result = run_in_netns(net.ns, lambda: run_xdp(plane._prog.tc_reply.fd, stranger))
+    assert (result.retval, result.output) == (TC_ACT_OK, stranger)
+
+
+def test_forwarding_off_hands_translated_packets_to_the_stack(net, plane):
+    plane.configure(settings=DataplaneSettings(xdp_forward=False))
+    try:
+        sent = L2 / IP(src=CLIENT, dst=VIP) / TCP(sport=43000, dport=80, flags="S")
+        result, xmit = _xdp(net, plane, bytes(sent))
+        assert (result.retval, xmit) == (XDP_PASS, {"stack": 1})
+        assert result.output == _expected(sent, SERVICES[80], None, None, 0)
+    finally:
+        plane.configure(settings=DataplaneSettings(xdp_forward=True))
