@@ -33,7 +33,7 @@ from tests.support import chaos
 from tests.support.chaos_rig import DEP, EP, start_rig
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.etcd_server import ETCD_BINARY, etcd_available
-from tests.support.polling import wait_for
+from tests.support.polling import scrape_gauge, wait_for
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not etcd_available(), reason=f"etcd binary not found at {ETCD_BINARY}")]
@@ -253,3 +253,14 @@ def test_short_chaos_run_recovers_with_every_invariant(rig):
     assert set(rows["etcd_leader_drop"]["client_error_kinds"]) <= {"http 503"}, rows["etcd_leader_drop"]
     # a stalled engine keeps its health: the calls it holds run into the client's timeout, nothing else
     assert set(rows["engine_stall"]["client_error_kinds"]) <= {"timeout"}, rows["engine_stall"]
+
+
+def test_every_process_exposes_its_runtime_gauges(rig):
+    """What scripts/soak samples: fabricd, the agent and both gateways report their asyncio tasks
+    (at least the serving loop's own), RSS and open fds on /metrics."""
+    urls = [rig.url(rig.serving()), f"http://127.0.0.1:{rig.agent_port}", *(g.url for g in rig.gateways)]
+    for url in urls:
+        assert (scrape_gauge(url, "fabric_process_asyncio_tasks") or 0) >= 1, url
+        assert (scrape_gauge(url, "fabric_process_resident_memory_bytes") or 0) > 10 * 2**20, url
+        assert (scrape_gauge(url, "fabric_process_open_fds") or 0) > 3, url
+
