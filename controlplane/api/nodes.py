@@ -178,7 +178,8 @@ def get_node(node_id: str, state: StateDep) -> NodeView:
     return node_view(node, time.time())
 
 
-@router.post("/nodes", response_model=NodeView)
+@router.post("/nodes", response_model=NodeView,
+             responses={201: {"model": NodeView, "description": "the node registered for the first time"}})
 def register_node(report: NodeReport, request: Request, response: Response,
                   state: StateDep) -> NodeView:
     authenticate_node(request, state, report.id)

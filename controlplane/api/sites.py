@@ -55,7 +55,7 @@ def list_sites(state: StateDep) -> list[dict]:
     return [_view(s, nodes) for s in sorted(sites, key=lambda s: s.name)]
 
 
-@router.post("/sites", status_code=201)
+@router.post("/sites", status_code=201, responses={200: {"description": "the site existed and was replaced"}})
 def put_site(body: Site, state: StateDep, response: Response) -> dict:
     site = body.model_copy(update={"created_at": time.time()})
     existed = state.store.get(keyspace.sites(site.name)) is not None

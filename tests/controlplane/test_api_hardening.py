@@ -151,3 +151,13 @@ def test_a_405_allows_every_method_the_path_serves(api):
     assert {"GET", "POST"} <= set(resp.headers["allow"].split(", "))
     resp = api.request("PATCH", "/api/ai/models/some-model")
     assert resp.status_code == 405 and {"GET", "DELETE"} <= set(resp.headers["allow"].split(", "))
+
+
+def test_creates_that_may_replace_document_both_answers(fabricd):
+    # Found by scripts/fuzz-api: POST /api/ai/sites answered an undocumented 200 for an existing site.
+    with fabricd.client() as anon:
+        spec = anon.get("/openapi.json").json()
+    assert {"200", "201"} <= set(spec["paths"]["/api/ai/sites"]["post"]["responses"])
+    assert {"200", "201"} <= set(spec["paths"]["/api/ai/nodes"]["post"]["responses"])
+    links = spec["paths"]["/api/ai/models"]["post"]["responses"]["201"]["links"]
+    assert links["GET /api/ai/models/{name}"]["parameters"] == {"name": "$request.body#/name"}
