@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -26,6 +27,26 @@ OPT_OUT_ENV = "FABRIC_TEST_ALLOW_SKIPS"
 pytest_plugins = ["pytester"]
 
 _skips: list[tuple[str, str, str | None]] = []  # (nodeid, reason, allowed label or None)
+
+
+# fabricd's default VIP pool (controlplane.vip_pool.DEFAULT_SERVICE_CIDR). A gateway or client in a
+# test that dials a VIP no namespace of the test serves would otherwise follow the host's default
+# route off the machine; an `unreachable` route (a high metric, so the lab's more specific routes
+# still win) makes such a dial fail at once, on this host. Removed at the end when this run added it.
+GUARDED_CIDR = "10.96.0.0/16"
+GUARD_METRIC = "4242"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vip_pool_stays_on_this_host():
+    argv = ["ip", "route", "{}", "unreachable", GUARDED_CIDR, "metric", GUARD_METRIC]
+    try:
+        added = subprocess.run([a.replace("{}", "add") for a in argv], capture_output=True).returncode == 0
+    except FileNotFoundError:  # no iproute2: make setup installs it; the BPF tests will say so
+        added = False
+    yield
+    if added:
+        subprocess.run([a.replace("{}", "del") for a in argv], capture_output=True)
 
 
 def allowed_label(reason: str) -> str | None:
