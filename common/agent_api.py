@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from common.schemas import GpuInfo, check_name
+from common.schemas import Forwarding, GpuInfo, check_name
 
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # Replica ids become file names (dry-run pid files) and libvirt domain names: keep them plain.
@@ -23,7 +23,6 @@ VM_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,126}$")
 ENGINE_ARG = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 
 Proto = Literal["tcp", "udp"]
-Forwarding = Literal["nat", "dsr-ipip"]  # how the XDP program reaches a service's backends (docs/dataplane.md)
 VmStateName = Literal["running", "starting", "stopped", "failed", "absent"]
 
 

@@ -47,6 +47,8 @@ ROUTING_STRATEGIES = (
 # session's rendezvous hash; prefix = prefix-cache-aware scoring; round_robin and random pick a
 # replica directly (random behaves as the VIP's per-connection hash does: the bench's baseline).
 ROUTING_L7 = ("affinity", "prefix", "round_robin", "random")
+Forwarding = Literal["nat", "dsr-ipip"]  # how the XDP program reaches a service's backends (docs/dataplane.md)
+REPLICA_PORT = 8000  # every runtime serves its API here (common.runtimes)
 
 
 def check_name(value: str, what: str = "name") -> str:
@@ -382,7 +384,10 @@ class InferenceEndpoint(Resource):
     openai_compatible: bool = True
     routing: str = "equal"
     routing_l7: str = Field("affinity", description="the gateway's replica choice: " + ", ".join(ROUTING_L7))
-    port: int = Field(8000, ge=1, le=65535, description="VIP port; replicas serve on :8000")
+    port: int = Field(REPLICA_PORT, ge=1, le=65535, description="VIP port; replicas serve on :8000")
+    forwarding: Forwarding = Field("nat", description="how the node's XDP program reaches the replicas: nat "
+                                   "(default) or dsr-ipip (IPIP to the replica, replies straight to the client; "
+                                   "needs port 8000, the replicas' own port)")
     preferred_site: str | None = None
     allowed_sites: list[str] = Field(default_factory=list)
     residency: str | None = None
@@ -414,6 +419,20 @@ class InferenceEndpoint(Resource):
     def _routing_l7(cls, v: str) -> str:
         if v not in ROUTING_L7:
             raise ValueError(f"routing_l7 {v!r} is unknown; expected one of {', '.join(ROUTING_L7)}")
+        return v
+
+    @field_validator("forwarding")
+    @classmethod
+    def _dsr(cls, v: str, info: ValidationInfo) -> str:
+        """What the agent would refuse for dsr-ipip, refused here before anything is written
+        (port and external are declared before forwarding, so info.data holds them)."""
+        if v == "dsr-ipip":
+            if info.data.get("external") is not None:
+                raise ValueError("dsr-ipip needs replicas; an external endpoint has none")
+            port = info.data.get("port", REPLICA_PORT)
+            if port != REPLICA_PORT:
+                raise ValueError(f"dsr-ipip keeps the VIP's port on the replica, which serves on {REPLICA_PORT}; "
+                                 f"port {port} needs forwarding nat")
         return v
 
 
@@ -528,7 +547,9 @@ class Replica(BaseModel):
     runtime: str = Field("vllm", description="the profile's runtime when it was created (health and metrics paths)")
     vm_id: str | None = None
     host: str | None = Field(None, description="address the engine serves on (IP or hostname)")
-    port: int = 8000
+    port: int = REPLICA_PORT
+    dsr_vips: list[str] = Field(default_factory=list, description="VIPs its VM was created to answer for "
+                                "(dsr-ipip endpoints); only those endpoints route to it through Maglev")
     phase: ReplicaPhase = "Pending"
     ready: bool = False
     ready_since: float | None = None

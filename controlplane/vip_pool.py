@@ -22,11 +22,12 @@ import ipaddress
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from common import keyspace
 from common.errors import Conflict, InvalidInput
+from common.schemas import InferenceEndpoint
 from common.store.base import Store
 from controlplane.orchestration_state import json_field
 
@@ -123,6 +124,13 @@ def allocations(store: Store) -> dict[str, str]:
     for kv in store.list(prefix):
         out[kv.key[len(prefix):]] = json_field(kv, "endpoint") or ""
     return out
+
+
+def dsr_vips(deployment: str, endpoints: Iterable[InferenceEndpoint], owners: Mapping[str, str]) -> list[str]:
+    """The VIPs a new replica of ``deployment`` must answer for: those of the dsr-ipip endpoints
+    exposing it that already hold one (``owners``: address -> endpoint, from ``allocations``)."""
+    wanted = {ep.name for ep in endpoints if ep.deployment == deployment and ep.forwarding == "dsr-ipip"}
+    return sorted((vip for vip, owner in owners.items() if owner in wanted), key=ipaddress.IPv4Address)
 
 
 def allocate(store: Store, endpoint: str, pool: AddressPool, *, now: float | None = None) -> str:

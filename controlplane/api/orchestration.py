@@ -98,7 +98,7 @@ def explain_routing(endpoint: str, state: StateDep) -> dict:
                         sites=snap.sites)
     return {
         "endpoint": endpoint, "deployment": ep.deployment, "strategy": plan.strategy, "vip": ep.status.vip,
-        "port": ep.port,
+        "port": ep.port, "forwarding": ep.forwarding,
         "replicas": [{"replica_id": e.replica_id, "included": e.included, "reason": e.reason, "weight": e.weight,
                       "host": e.host, "port": e.port, "maglev": e.in_maglev, "metrics": e.metrics}
                      for e in plan.entries],

@@ -35,7 +35,8 @@ def routing(endpoint: str = typer.Argument(..., metavar="ENDPOINT", help="an end
     if as_json:
         emit_json(data)
         return
-    typer.echo(f"endpoint {endpoint}  VIP {data.get('vip')}  strategy {data.get('strategy', '')}")
+    typer.echo(f"endpoint {endpoint}  VIP {data.get('vip')}  strategy {data.get('strategy', '')}  "
+               f"forwarding {data.get('forwarding', 'nat')}")
     emit_table(data.get("replicas", []), [col("REPLICA", "replica_id"), col("INCLUDED", "included"),
                                           col("WEIGHT", "weight"), col("REASON", "reason")], False)
 

@@ -220,6 +220,8 @@ def endpoint_expose(
     routing: str = typer.Option("equal", "--routing", help="equal, least_queue, lowest_ttft, ..."),
     name: str = typer.Option(None, "--name", help="endpoint name (default: DEPLOYMENT-openai)"),
     port: int = typer.Option(None, "--port", help="VIP port (default 8000)"),
+    forwarding: str = typer.Option("nat", "--forwarding", help="nat (default) or dsr-ipip: replies go from the "
+                                                             "replicas straight to the client (port 8000 only)"),
     spill_to: list[str] = typer.Option(None, "--spill-to", help="a deployment used when the ones before are "
                                                               "saturated (repeat, in preference order)"),
     fallback: list[str] = typer.Option(None, "--fallback", help="an external endpoint used when the cluster has "
@@ -231,9 +233,9 @@ def endpoint_expose(
     """Expose a deployment behind a VIP."""
     body = {"name": name or f"{deployment}-openai", "deployment": deployment,
             "openai_compatible": openai_compatible, "routing": routing, "port": port,
-            "spillover": spill_to or None, "fallbacks": fallback or None}
+            "forwarding": forwarding, "spillover": spill_to or None, "fallbacks": fallback or None}
     with session({"name": "--name", "deployment": "DEPLOYMENT", "routing": "--routing", "port": "--port",
-                  "spillover": "--spill-to", "fallbacks": "--fallback"}) as c:
+                  "forwarding": "--forwarding", "spillover": "--spill-to", "fallbacks": "--fallback"}) as c:
         created = c.post("/api/ai/endpoints", {k: v for k, v in body.items() if v is not None})
         if wait:
             created = wait_until(c, "endpoints", created["name"], endpoint_ready, timeout) or created
@@ -241,7 +243,7 @@ def endpoint_expose(
         emit_object(created, True)
     else:
         typer.echo(f"endpoint {created['name']} created for deployment {deployment} "
-                   f"(routing {routing}); its VIP is assigned shortly: fabricctl ai endpoint show {created['name']}")
+                   f"(routing {routing}, forwarding {forwarding}); its VIP is assigned shortly: fabricctl ai endpoint show {created['name']}")
 
 
 @endpoint_app.command("list")

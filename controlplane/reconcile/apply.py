@@ -31,6 +31,7 @@ from common.errors import FabricError, TransientError
 from common.runtimes import health_path
 from common.schemas import InferenceDeployment, Node, Replica, runtime_refusal
 from common.store.base import Store
+from controlplane import vip_pool
 from controlplane.events import EventSink
 from controlplane.models.gate import model_gate
 from controlplane.orchestration_state import (
@@ -279,13 +280,14 @@ class ReconcileWorker:
                 await agent.bind_gpu(pci)
             self.store.put(managed_vm_key(node.id, replica.replica_id), json.dumps({"deployment": dep.name}))
             gpu_mib = max((g.memory_total_mib for g in node.gpus if g.pci in replica.gpus), default=0)
+            dsr = vip_pool.dsr_vips(dep.name, snap.endpoints.values(), vip_pool.allocations(self.store))
             vm = await agent.create_vm(VmCreateRequest(
                 replica_id=replica.replica_id, deployment=dep.name, model_name=model.name,
                 model_source=model.source, runtime=profile.runtime, gpus=whole,
                 mig_slices=[pci for pci in replica.gpus if pci in slices],
                 gpu_memory_mib=gpu_mib, cpu=profile.cpu, memory_gib=profile.memory_gib,
                 max_model_len=profile.max_model_len, extra_args=list(profile.extra_args) + engine_args,
-                model_digest=gate.digest))
+                model_digest=gate.digest, dsr_vips=dsr))
         except TransientError as exc:
             errors.append(exc.message)  # names the agent, the last error and the next try
             self.events.agent_error(dep, replica.replica_id, node.id, exc, "starting the VM")
@@ -297,8 +299,8 @@ class ReconcileWorker:
                                 warning=True)
             self._update(dep.name, replica.replica_id, phase="Deleting", message=exc.message)
             return
-        self._update(dep.name, replica.replica_id, vm_id=vm.id, host=vm.host, port=vm.port, phase="Starting",
-                     message=f"VM {vm.state} on {node.id}; waiting for /health")
+        self._update(dep.name, replica.replica_id, vm_id=vm.id, host=vm.host, port=vm.port, dsr_vips=dsr,
+                     phase="Starting", message=f"VM {vm.state} on {node.id}; waiting for /health")
 
     # -- teardown ---------------------------------------------------------------------------------
 

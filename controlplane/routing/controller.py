@@ -17,8 +17,9 @@ then:
   2. for every endpoint: take its VIP (vip_pool.allocate, create-if-absent; an event when taken),
      record an event when its weights change, compute the routing
      plan (with the rollout's weight split, controlplane.rollouts.weights), and PUT the service
-     on every online agent, concurrently, when the backends or weights
-     changed since the last push (an agent without a dataplane answers 400 and is skipped);
+     on every online agent, concurrently, with the endpoint's forwarding mode, when the
+     backends, weights or mode changed since the last push (an agent without a dataplane
+     answers 400 and is skipped);
   3. for every VIP whose endpoint is gone: DELETE the service on every registered agent (404
      counts as absent); only when all agents answered is the VIP released. An unreachable agent
      keeps the VIP, retried next tick.
@@ -81,7 +82,7 @@ PROTO = "tcp"
 class RoutingMemory:
     samples: dict[str, tuple[EngineSample, float]] = field(default_factory=dict)
     pages: dict[str, tuple[str, EngineSample]] = field(default_factory=dict)  # replica -> (kept lines, parse)
-    pushed: dict[tuple[str, str], tuple] = field(default_factory=dict)  # (endpoint, node) -> backends
+    pushed: dict[tuple[str, str], tuple] = field(default_factory=dict)  # (endpoint, node) -> (backends, forwarding)
     plans: dict[str, RoutingPlan] = field(default_factory=dict)
     weights: dict[str, tuple] = field(default_factory=dict)  # endpoint -> weights last recorded as an event
 
@@ -204,9 +205,9 @@ class RoutingWorker:
         self.write_observations()
         await self.release_orphans(snap)
 
-    def plan(self, snap: Snapshot, ep: InferenceEndpoint) -> RoutingPlan:
+    def plan(self, snap: Snapshot, ep: InferenceEndpoint, vip: str | None = None) -> RoutingPlan:
         replicas, now = snap.replicas.get(ep.deployment, []), self.clock()
-        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now, sites=snap.sites)
+        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now, sites=snap.sites, vip=vip)
         if self.rollouts is not None:
             plan, _ = apply_rollout(plan, replicas, self.rollouts.active.get(ep.deployment), now)
         return plan
@@ -220,12 +221,12 @@ class RoutingWorker:
         if ep.status.vip != vip:
             self.events("endpoint", ep.name, "VipTaken", f"VIP {vip}:{ep.port} from the address pool",
                         tenant=ep.tenant)
-        plan = self.plan(snap, ep)
+        plan = self.plan(snap, ep, vip)
         self.memory.plans[ep.name] = plan
         self._record_weights(ep, plan)
-        backends = plan.backends
+        backends = (plan.backends, ep.forwarding)  # a change of either is pushed
         notes: list[str] = []
-        if backends:
+        if plan.backends:
             key, record = managed_service_key(vip, ep.port, PROTO), json.dumps({"endpoint": ep.name})
             if self._managed.get(key) != record:
                 self.store.put(key, record)
@@ -234,7 +235,8 @@ class RoutingWorker:
             targets = [node for node in snap.nodes.values()
                        if node_online(node, now, settings) and self.memory.pushed.get((ep.name, node.id)) != backends]
             if targets:  # only push when weights change; to every agent at once
-                spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in backends})
+                spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in plan.backends},
+                                         forwarding=ep.forwarding)
                 results = await asyncio.gather(*(self._push(node, ep, vip, spec, backends) for node in targets),
                                                return_exceptions=True)
                 for result in results:
@@ -243,9 +245,9 @@ class RoutingWorker:
                     if result:
                         notes.append(result)
         included = sum(1 for e in plan.entries if e.included)
-        message = f"VIP {vip}:{ep.port}; {included}/{len(plan.entries)} replicas routed ({ep.routing})"
-        if plan.entries and not backends and included:
-            message += "; no IP backends for Maglev (dry-run or hostname replicas), gateway only"
+        message = f"VIP {vip}:{ep.port} ({ep.forwarding}); {included}/{len(plan.entries)} replicas routed ({ep.routing})"
+        if plan.entries and not plan.backends and included:
+            message += "; no IP backends for Maglev (dry-run or hostname replicas, or dsr-ipip ones without the VIP), gateway only"
         if notes:
             message += "; " + "; ".join(notes)
         phase = "Ready" if included else "Pending"

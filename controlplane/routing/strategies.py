@@ -261,6 +261,21 @@ def _local_sites(cands: list[Candidate], endpoint: InferenceEndpoint, sites: Map
     return kept, decision.reason
 
 
+def dsr_problem(endpoint: InferenceEndpoint, r: Replica, vip: str | None) -> str | None:
+    """Why a replica cannot be a dsr-ipip backend of ``endpoint`` (None: it can, or nat).
+
+    Its VM must hold the VIP (decapsulation and the VIP on loopback are set up when it is
+    created, from VmCreateRequest.dsr_vips) and serve on the VIP's port (the agent refuses
+    another port)."""
+    if endpoint.forwarding != "dsr-ipip":
+        return None
+    if vip is None or vip not in r.dsr_vips:
+        return f"its VM was created without VIP {vip or '(none yet)'} for dsr-ipip; a replacement replica gets it"
+    if r.port != endpoint.port:
+        return f"dsr-ipip needs the replica on port {endpoint.port}, it serves on {r.port}"
+    return None
+
+
 def plan_routing(
     endpoint: InferenceEndpoint,
     replicas: Sequence[Replica],
@@ -270,11 +285,14 @@ def plan_routing(
     *,
     sites: Mapping[str, Site] | None = None,
     max_age_s: float = MAX_SCRAPE_AGE_S,
+    vip: str | None = None,
 ) -> RoutingPlan:
     """Weights for one endpoint's replicas, with the reason for each inclusion or exclusion.
 
-    ``sites`` maps site name -> its record (residency, failover sites, cost tier)."""
+    ``sites`` maps site name -> its record (residency, failover sites, cost tier); ``vip`` is
+    the endpoint's VIP (default: its status's), which a dsr-ipip backend must have been made with."""
     sites = sites or {}
+    vip = vip or endpoint.status.vip
     excluded: list[RoutingEntry] = []
     cands: list[Candidate] = []
     by_id: dict[str, Replica] = {}
@@ -306,6 +324,9 @@ def plan_routing(
         reason = f"{endpoint.routing}: weight {chosen[c.replica_id]}{_signal(endpoint.routing, c.obs)}{spill_note}"
         if not maglev:
             reason += " (gateway only: dry-run or hostname backend)"
+        elif (why := dsr_problem(endpoint, r, vip)) is not None:
+            maglev = False
+            reason += f" (gateway only: {why})"
         included.append(
             RoutingEntry(c.replica_id, True, reason, chosen[c.replica_id], r.host, r.port, maglev, _metrics(c.obs))
         )

@@ -63,6 +63,9 @@ def test_unknown_name_is_404(api, path):
         ("profiles", {**PROFILE, "name": "nocpu", "cpu": 0}, "body.cpu", "greater than 0"),
         ("profiles", {"name": "missing"}, "body.gpu", "Field required"),
         ("endpoints", {"name": "rs", "deployment": "x", "routing": "fastest"}, "body.routing", "fastest"),
+        ("endpoints", {"name": "fw", "deployment": "x", "forwarding": "dsr"}, "body.forwarding", "'dsr-ipip'"),
+        ("endpoints", {"name": "fw", "deployment": "x", "forwarding": "dsr-ipip", "port": 80}, "body.forwarding",
+         "port 80 needs forwarding nat"),
     ],
 )
 def test_invalid_body_is_422_naming_the_field(api, path, body, field, words):
@@ -115,6 +118,20 @@ def test_external_endpoints_spillover_and_fallbacks_are_checked(api):
     assert "not an external endpoint" in error(api.post("/api/ai/endpoints", json=inside), 422)["message"]
     ok = {"name": "sp-3", "deployment": "d-spill", "fallbacks": ["ext-prov"]}
     assert api.post("/api/ai/endpoints", json=ok).status_code == 201
+
+
+def test_endpoint_forwarding_is_kept_shown_by_explain_and_a_refusal_writes_nothing(api):
+    make_stack(api, "fw")
+    bad = {"name": "d-fw-80", "deployment": "d-fw", "forwarding": "dsr-ipip", "port": 80}
+    assert "port 80" in error(api.post("/api/ai/endpoints", json=bad), 422)["message"]
+    assert api.get("/api/ai/endpoints/d-fw-80").status_code == 404
+    ext = {"name": "ext-dsr", "deployment": "d-fw", "forwarding": "dsr-ipip", "external": {
+        "url": "https://provider.example/v1", "model": "m", "keys": [{"file": "/etc/fabric/k1"}]}}
+    assert "external endpoint has none" in error(api.post("/api/ai/endpoints", json=ext), 422)["message"]
+    resp = api.post("/api/ai/endpoints", json={"name": "d-fw-dsr", "deployment": "d-fw", "forwarding": "dsr-ipip"})
+    assert resp.status_code == 201 and resp.json()["forwarding"] == "dsr-ipip"
+    assert api.get("/api/ai/explain/routing/d-fw-dsr").json()["forwarding"] == "dsr-ipip"
+    assert api.post("/api/ai/endpoints", json={"name": "d-fw-nat", "deployment": "d-fw"}).json()["forwarding"] == "nat"
 
 
 def test_deleting_a_model_or_profile_in_use_is_409_naming_the_deployment(api):

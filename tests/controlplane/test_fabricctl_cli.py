@@ -45,8 +45,9 @@ def test_the_getting_started_story(ctl_env):
     ctl(ctl_env, "ai", "profile", "add", "edge-24g", "--gpu", "1", "--vram", "24", "--cpu", "8", "--memory", "32")
     out = ctl(ctl_env, "ai", "deploy", "qwen3-8b", "--profile", "edge-24g", "--replicas", "2").stdout
     assert "deployment qwen3-8b created" in out
-    out = ctl(ctl_env, "ai", "endpoint", "expose", "qwen3-8b", "--openai-compatible", "--routing", "least_queue").stdout
-    assert "qwen3-8b-openai" in out
+    out = ctl(ctl_env, "ai", "endpoint", "expose", "qwen3-8b", "--openai-compatible", "--routing", "least_queue",
+              "--forwarding", "dsr-ipip").stdout
+    assert "qwen3-8b-openai" in out and "forwarding dsr-ipip" in out
 
     table = ctl(ctl_env, "ai", "deployment", "list").stdout.splitlines()
     assert table[0].split()[:4] == ["NAME", "MODEL", "PROFILE", "REPLICAS"]
@@ -59,7 +60,8 @@ def test_the_getting_started_story(ctl_env):
     assert any(line.split() == ["status.phase", "Pending"] for line in human.splitlines())
 
     endpoints = json.loads(ctl(ctl_env, "ai", "endpoint", "list", "--json").stdout)
-    assert [(e["name"], e["routing"]) for e in endpoints] == [("qwen3-8b-openai", "least_queue")]
+    assert [(e["name"], e["routing"], e["forwarding"]) for e in endpoints] == [
+        ("qwen3-8b-openai", "least_queue", "dsr-ipip")]
     assert "edge-24g" in ctl(ctl_env, "ai", "profile", "list").stdout
     assert json.loads(ctl(ctl_env, "ai", "model", "show", "qwen3-8b", "--json").stdout)["source"] == "hf://Qwen/Qwen3-8B"
 
@@ -92,6 +94,8 @@ def test_the_getting_started_story(ctl_env):
         (["ai", "endpoint", "expose", "ghost", "--openai-compatible", "--routing", "random"], "--routing: "),
         (["ai", "endpoint", "expose", "ghost", "--spill-to", "BAD_NAME"], "--spill-to: "),
         (["ai", "endpoint", "expose", "ghost", "--fallback", "BAD_NAME"], "--fallback: "),
+        (["ai", "endpoint", "expose", "ghost", "--forwarding", "dsr"], "--forwarding: "),
+        (["ai", "endpoint", "expose", "ghost", "--forwarding", "dsr-ipip", "--port", "80"], "--forwarding: dsr-ipip"),
         (["ai", "events", "--kind", "bogus"], "--kind: unknown kind 'bogus'"),
     ],
 )
