@@ -93,3 +93,27 @@ def test_replica_namespace_serves_is_adopted_after_restart_and_is_deleted_whole(
     st3 = again.create(VmSpec(replica_id="m-2-ghi", deployment="m", model_name="lab-model", model_source="x"))
     assert st3.host == "10.252.7.12"
     assert again.delete("m-1-def") and again.delete("m-2-ghi")
+
+
+def test_a_replica_made_with_dsr_vips_decapsulates_and_holds_the_vips_in_its_namespace(node):
+    """What VmCreateRequest.dsr_vips (set by fabricd for a dsr-ipip endpoint) does to a lab replica:
+    the IPIP decap program on its eth0, the VIP on its loopback, ARP kept off the VIP; a replica
+    made without it has none of these (the packets themselves: tests/dataplane/test_dataplane_netns.py)."""
+    net, state = node
+    driver = LabDriver(net, state)
+    vip = "10.252.9.5"
+    dsr = driver.create(VmSpec(replica_id="d-0-abc", deployment="d", model_name="lab-model", model_source="x",
+                               dsr_vips=(vip,)))
+    plain = driver.create(VmSpec(replica_id="d-1-def", deployment="d", model_name="lab-model", model_source="x"))
+
+    def look(replica_id: str, *cmd: str) -> str:
+        return subprocess.run(["ip", "netns", "exec", f"{net.prefix}r-{replica_id}", *cmd], capture_output=True,
+                              text=True, check=True).stdout
+
+    assert f"{vip}/32" in look("d-0-abc", "ip", "-o", "addr", "show", "dev", "lo")
+    assert "prog/xdp" in look("d-0-abc", "ip", "-d", "link", "show", "dev", "eth0")
+    assert look("d-0-abc", "sysctl", "-n", "net.ipv4.conf.all.arp_ignore").strip() == "1"
+    assert vip not in look("d-1-def", "ip", "-o", "addr", "show", "dev", "lo")
+    assert "prog/xdp" not in look("d-1-def", "ip", "-d", "link", "show", "dev", "eth0")
+    assert dsr.host != plain.host
+    assert driver.delete("d-0-abc") and driver.delete("d-1-def")
