@@ -28,6 +28,15 @@ MAX_MODEL_BYTES = 2**50  # 1 PiB
 MAX_QUEUE = 1_000_000
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def tenant_name(v: str) -> str:
+    """A tenant name as every record that names one accepts it (pydantic validators call this)."""
+    if not TENANT.match(v):
+        raise ValueError(f"tenant {v!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return v
+
+
 HF_SOURCE = re.compile(r"^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
 
 RUNTIMES = RUNTIME_NAMES  # vllm, tensorrt-llm, triton, llama.cpp, tei (common/runtimes.py)
@@ -301,9 +310,7 @@ class TenantQuota(Spec):
     @field_validator("tenant")
     @classmethod
     def _tenant(cls, v: str) -> str:
-        if not TENANT.match(v):
-            raise ValueError(f"tenant {v!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
-        return v
+        return tenant_name(v)
 
 
 class Template(Spec):

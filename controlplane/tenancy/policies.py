@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from common import keyspace
 from common.errors import Forbidden
-from common.schemas import TENANT, Spec
+from common.schemas import Spec, tenant_name
 from common.store.base import Store
 
 MAX_NAMES = 1000
@@ -37,9 +37,7 @@ class TenantPolicy(Spec):
     @field_validator("tenant")
     @classmethod
     def _tenant(cls, v: str) -> str:
-        if not TENANT.match(v):
-            raise ValueError(f"tenant {v!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
-        return v
+        return tenant_name(v)
 
     @model_validator(mode="after")
     def _window(self) -> TenantPolicy:
