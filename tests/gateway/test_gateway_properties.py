@@ -115,7 +115,9 @@ def test_any_body_is_parsed_or_refused_with_a_4xx(raw, content_type, route):
         assert exc.message
         return
     assert info.prompt_chars >= 0 and len(info.prompt_head) <= 64
-    assert 1 <= info.choices <= 128
+    data = info.data or {}
+    asked = [data[f] for f in ("n", "best_of") if route.kind == "generate" and data.get(f) is not None]
+    assert info.choices == max([1, *asked])  # the most sequences the engine will generate
     if route.kind == "generate" and raw:
         assert info.max_tokens is not None and info.max_tokens >= 0
         sent = info.body if info.body is not None else raw
@@ -132,7 +134,9 @@ def test_a_rewritten_body_carries_exactly_the_counted_cap(data, route):
         return
     if info.body is not None:
         assert info.max_tokens is not None
-        assert 1 <= info.max_tokens <= POLICY.max_generated_tokens
+        prompt_tokens = (info.prompt_chars + 3) // 4
+        assert info.max_tokens == max(1, min(POLICY.default_max_tokens, POLICY.max_generated_tokens,
+                                             POLICY.max_context - prompt_tokens))
         assert info.max_tokens + (info.prompt_chars + 3) // 4 <= POLICY.max_context or info.max_tokens == 1
         assert _engine_cap(info.body, route) == info.max_tokens
         assert {k: v for k, v in json.loads(info.body).items() if k not in ANY_GENERATION_FIELDS} == \
@@ -154,7 +158,7 @@ def test_with_field_sets_exactly_one_field(data, name, value, pad):
 def test_default_cap_stays_under_every_limit_and_shrinks_as_the_prompt_grows(default, most, context, prompt, more):
     policy = GenerationPolicy(default, most, context)
     cap = policy.default_for(prompt)
-    assert 1 <= cap <= default
+    assert cap == max(1, min(default, most or default, context - prompt))
     if most:
         assert cap <= most
     if prompt < context:
