@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from common import keyspace
 from common.errors import Conflict, InvalidInput, NotFound
-from common.schemas import DNS_LABEL, TENANT, Spec
+from common.schemas import DNS_LABEL, Spec, tenant_name
 from common.store.base import Store
 from controlplane.tenancy.principal import ADMIN, ROLES, Principal
 
@@ -63,9 +63,7 @@ class UserCreate(Spec):
     @field_validator("tenant")
     @classmethod
     def _tenant(cls, v: str | None) -> str | None:
-        if v is not None and not TENANT.match(v):
-            raise ValueError(f"tenant {v!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
-        return v
+        return None if v is None else tenant_name(v)
 
 
 class UserRecord(BaseModel):
