@@ -50,14 +50,17 @@ def upstream_pool(settings: GatewaySettings) -> UpstreamPool:
                         idle_timeout=settings.idle_secs, keepalive_secs=4.0)
 
 
-def dispatcher(settings: GatewaySettings, upstreams: UpstreamCache, metrics: GatewayMetrics) -> Dispatcher:
-    """Spillover, fallbacks and (with a saturation measure) the priority bands' waiting room."""
+def dispatcher(settings: GatewaySettings, upstreams: UpstreamCache, metrics: GatewayMetrics,
+               slots: SlotHolder | None = None) -> Dispatcher:
+    """Spillover, fallbacks and (with a saturation measure) the priority bands' waiting room, which
+    holds this process's share of the band bounds among the live gateways (``slots``' leases)."""
     measure = Saturation(settings.saturation_queue, settings.saturation_kv)
     room = None
     if measure.measured:
         policy = QueuePolicy(settings.band_queue, settings.band_total, settings.band_ttl_secs)
         room = WaitingRoom(policy, on_displaced=lambda ep: metrics.count(metrics.displaced, ep),
-                           on_depth=metrics.waiting_in)
+                           on_depth=metrics.waiting_in,
+                           gateways=slots.live_count_async if slots is not None else None)
     return Dispatcher(upstreams, measure, room, on_spill=lambda ep: metrics.count(metrics.spilled, ep),
                       on_fallback=lambda ep: metrics.count(metrics.fallbacks, ep))
 
@@ -66,11 +69,12 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
     metrics = GatewayMetrics.create()
     upstreams = UpstreamCache(store, ttl_secs=settings.cache_ttl_secs)
     oidc = OidcVerifier(settings.oidc_providers, settings.accept_any_jwt_audience, settings.oidc_endpoints_claim)
+    slots = SlotHolder(store, gateway_id, settings.slot_lease_secs)
     state = GatewayState(
         settings=settings,
         store=store,
         auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs),
-        limits=LimitKeeper(store, SlotHolder(store, gateway_id, settings.slot_lease_secs), UsageCounter(store)),
+        limits=LimitKeeper(store, slots, UsageCounter(store)),
         upstreams=upstreams,
         audit=AuditWriter(store),
         metrics=metrics,
@@ -80,7 +84,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
         tokens=TokenCounter(store),
-        dispatcher=dispatcher(settings, upstreams, metrics),
+        dispatcher=dispatcher(settings, upstreams, metrics, slots),
         external=ExternalRouter(settings.idle_secs, settings.provider_key_dir, on_key_state=metrics.key_state),
     )
     return GatewayApp(state)

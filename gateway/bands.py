@@ -13,6 +13,18 @@ process, one queue per endpoint.
   is refused (503 ``queue_full``).
 - A call waiting longer than ``ttl`` leaves with 503 ``queue_timeout``.
 - Released highest band first, oldest first within a band.
+
+Several gateway processes: ``per_band`` and ``total`` are fleet bounds, and each process holds
+its share of them, ``QueuePolicy.share(n)`` with n = the live gateway processes (the holders
+registered under a store lease, gateway.slots; read at most once a second). Each share is the
+bound divided by n, rounded down and at least 1, so the processes together never hold more than
+the bound (while n <= the bound) however the calls are spread, and displacement stays exact
+and immediate: the call displaced is a connection this process holds. Why not one fleet-wide
+queue: a higher-band call would then have to displace a call held by another process through
+the store (a round trip, and a window where both admit), and admission would cost a store read
+and write on every saturated call. The cost of the share: a process whose clients are many
+more than the others' refuses while others have room, so spread clients evenly across gateways
+(the gateways sit behind one address). docs/gateway.md, "Priority bands".
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.errors import LimitExceeded
 
@@ -41,6 +53,13 @@ class QueuePolicy:
     total: int = 128
     ttl: float = 30.0
     release_per_tick: int = 4  # calls let go per tick (TICK s) while some pool has room
+
+    def share(self, gateways: int) -> QueuePolicy:
+        """This process's part of the fleet bounds when ``gateways`` processes are live."""
+        n = max(1, gateways)
+        if n == 1:
+            return self
+        return replace(self, per_band=max(1, self.per_band // n), total=max(1, self.total // n))
 
 
 @dataclass(frozen=True)
@@ -94,9 +113,11 @@ class _Endpoint:
 @dataclass
 class WaitingRoom:
     """Per gateway process. ``has_room(endpoint)`` says whether some pool of the endpoint is no
-    longer saturated (read from the cached view, so a tick costs no store call)."""
+    longer saturated (read from the cached view, so a tick costs no store call). ``gateways()``
+    counts the live gateway processes (this one included): the room holds ``policy.share()``."""
 
     policy: QueuePolicy
+    gateways: Callable[[], Awaitable[int]] | None = None
     on_displaced: Callable[[str], None] = lambda endpoint: None
     on_depth: Callable[[str, str, int], None] = lambda endpoint, band, n: None  # the waiting gauge
     _endpoints: dict[str, _Endpoint] = field(default_factory=dict)
@@ -109,11 +130,13 @@ class WaitingRoom:
                    has_room: Callable[[], Awaitable[bool]]) -> float:
         """Wait until released (returns seconds waited) or raise QueueRefused (full, displaced,
         timed out). A caller that is cancelled leaves the queue."""
+        policy = await self.current_policy()
         ep = self._endpoints.setdefault(endpoint, _Endpoint())
-        decision = plan_enqueue(ep.waiting, band, self.policy)
+        decision = plan_enqueue(ep.waiting, band, policy)
         retry = max(1.0, self.policy.ttl / 4)
         if not decision.admitted:
-            raise QueueRefused(f"the endpoint is saturated and its queue is full ({decision.reason})",
+            shared = "" if policy is self.policy else f"; this gateway's share of {self.policy.total}"
+            raise QueueRefused(f"the endpoint is saturated and its queue is full ({decision.reason}{shared})",
                                retry_after=retry)
         if decision.displaced is not None:
             self._drop(ep, decision.displaced, QueueRefused(
@@ -135,6 +158,10 @@ class WaitingRoom:
                 self._drop(ep, entry, None)
             self._report(endpoint, ep)
         return time.monotonic() - t0
+
+    async def current_policy(self) -> QueuePolicy:
+        """The bounds this process applies now (its share of the fleet's)."""
+        return self.policy.share(await self.gateways()) if self.gateways is not None else self.policy
 
     def _report(self, endpoint: str, ep: _Endpoint) -> None:
         for band in BANDS:

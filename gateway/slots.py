@@ -88,17 +88,31 @@ class SlotHolder:
     def is_live(self, holder: str) -> bool:
         if holder == self.name:
             return True
-        now = time.monotonic()
-        if now - self._live_at > LIVE_CACHE_SECS:
-            prefix = holders_prefix()
-            self._live = frozenset(kv.key[len(prefix):] for kv in self.store.list(prefix))
-            self._live_at = now
+        self._refresh_live()
         if holder in self._live:
             return True
         alive = self.store.get(holders_prefix() + holder) is not None  # registered after our listing?
         if alive:
             self._live = self._live | {holder}
         return alive
+
+    def live_count(self) -> int:
+        """How many gateway processes hold a live lease (this one counts even before it registered);
+        from the listing is_live keeps, so at most one store read a second (gateway.bands' share)."""
+        self._refresh_live()
+        return len(self._live | {self.name})
+
+    async def live_count_async(self) -> int:
+        if time.monotonic() - self._live_at <= LIVE_CACHE_SECS:
+            return len(self._live | {self.name})
+        return await asyncio.to_thread(self.live_count)
+
+    def _refresh_live(self) -> None:
+        now = time.monotonic()
+        if now - self._live_at > LIVE_CACHE_SECS:
+            prefix = holders_prefix()
+            self._live = frozenset(kv.key[len(prefix):] for kv in self.store.list(prefix))
+            self._live_at = now
 
     def change(self, key: str, amount: int, limit: int | None) -> counters.Outcome:
         return counters.held_reserve(self.store, key, self.name, amount, limit, self.is_live)

@@ -84,3 +84,63 @@ def test_waiting_room_displaces_times_out_and_releases():
         assert late.value.code == "queue_timeout" and room.depth("ep")["normal"] == 0
 
     asyncio.run(scenario())
+
+
+def test_policy_share_divides_the_fleet_bounds():
+    policy = QueuePolicy(per_band=64, total=128)
+    assert policy.share(1) is policy
+    assert (policy.share(3).per_band, policy.share(3).total) == (21, 42)
+    assert (QueuePolicy(per_band=2, total=3).share(5).per_band, QueuePolicy(per_band=2, total=3).share(5).total) == (1, 1)
+
+
+def test_two_gateways_on_one_store_hold_the_total_between_them(tmp_path):
+    """Two gateway instances assembled as fabric-gateway does (gateway.assemble.create_app) on one
+    SQLite store: each holds its share of FABRIC_BAND_TOTAL, so the calls waiting at both never
+    exceed it; displacement stays within the process; when one gateway's lease goes, the other
+    takes the whole bound."""
+    from common.store import open_store
+    from gateway import settings as gateway_settings
+    from gateway.assemble import create_app
+
+    store = open_store(f"sqlite://{tmp_path}/fabric.db")
+    env = {"FABRIC_SATURATION_QUEUE": "4", "FABRIC_BAND_QUEUE": "4", "FABRIC_BAND_TOTAL": "4",
+           "FABRIC_BAND_TTL_SECS": "30"}
+    apps = [create_app(gateway_settings.load(env), store, b"k" * 32, f"gw-{n}") for n in "ab"]
+    rooms = [app.state.dispatcher.room for app in apps]
+    holders = [app.state.limits.slots for app in apps]
+
+    async def scenario():
+        for h in holders:
+            await asyncio.to_thread(h.register)
+
+        async def closed():
+            return False
+
+        waiting = [asyncio.create_task(room.wait("ep", "low", f"{g}-l{i}", closed))
+                   for g, room in zip("ab", rooms) for i in range(2)]
+        await asyncio.sleep(0.02)
+        assert [r.depth("ep")["low"] for r in rooms] == [2, 2]  # 4 of 4 across the two
+        with pytest.raises(QueueRefused) as full:  # a's share (2) is full and nothing is lower
+            await rooms[0].wait("ep", "low", "a-l3", closed)
+        assert full.value.code == "queue_full" and "share of 4" in full.value.message
+        high = asyncio.create_task(rooms[1].wait("ep", "high", "b-h1", closed))  # displaces b's newest low
+        await asyncio.sleep(0.02)
+        with pytest.raises(QueueRefused) as displaced:
+            await waiting[3]
+        assert displaced.value.code == "displaced"
+        assert rooms[1].depth("ep") == {"low": 1, "normal": 0, "high": 1}
+        assert sum(sum(r.depth("ep").values()) for r in rooms) == 4  # never more than the total
+        await asyncio.to_thread(holders[1].revoke)  # b is gone: a may hold the whole bound
+        await asyncio.sleep(1.1)  # past the cached listing of live gateways
+        extra = [asyncio.create_task(rooms[0].wait("ep", "low", f"a-x{i}", closed)) for i in range(2)]
+        await asyncio.sleep(0.02)
+        assert rooms[0].depth("ep")["low"] == 4
+        for t in [*waiting[:3], high, *extra]:
+            t.cancel()
+        await asyncio.gather(*waiting[:3], high, *extra, return_exceptions=True)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        holders[0].revoke()
+        store.close()
