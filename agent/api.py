@@ -37,6 +37,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_late
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent.mig_routes import mig_router
+from agent.models import adapter_sets
+from agent.models.checks import CheckFailed
 from agent.state import AgentState, as_dict, read_inventory
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.engine_log import MAX_CHUNK, read_chunk
@@ -69,14 +71,33 @@ def _vm_info(status: VmStatus) -> VmInfo:
                   message=status.message)
 
 
-def _spec(req: VmCreateRequest, model_dir: str | None = None) -> VmSpec:
+def _spec(req: VmCreateRequest, model_dir: str | None = None, adapters: tuple | None = None) -> VmSpec:
+    adapters_dir, max_rank = adapters or (None, None)
     return VmSpec(
         replica_id=req.replica_id, deployment=req.deployment, model_name=req.model_name,
         model_source=req.model_source, runtime=req.runtime, gpus=tuple(req.gpus),
         gpu_memory_mib=req.gpu_memory_mib, cpu=req.cpu, memory_gib=req.memory_gib, port=req.port,
         max_model_len=req.max_model_len, extra_args=tuple(req.extra_args),
         engine_args=dict(req.engine_args), model_dir=model_dir, dsr_vips=tuple(req.dsr_vips),
+        adapters_dir=adapters_dir, max_loras=(req.max_loras or len(req.adapter_digests)) if adapters_dir else None,
+        max_lora_rank=max_rank,
     )
+
+
+def _adapter_set(state: AgentState, req: VmCreateRequest) -> tuple[str, int | None] | None:
+    """The directory the replica sees at /adapters (agent.models.adapter_sets) and the LoRA rank
+    vLLM must accept; None without adapters, or for a runtime with no runtime LoRA API."""
+    if not req.adapter_digests or req.runtime != "vllm":
+        return None
+    if state.models is None:
+        raise Conflict(f"node {state.node_id} has no model cache to hold adapters", code="model_not_ready")
+    try:
+        path = adapter_sets.build(state.models.cache, req.adapter_digests, state.models.settings.max_files)
+        return str(path), adapter_sets.max_lora_rank(path)
+    except adapter_sets.AdapterMissing as exc:
+        raise Conflict(str(exc), code="model_not_ready") from None
+    except (CheckFailed, ValueError) as exc:
+        raise InvalidInput(str(exc.message if isinstance(exc, CheckFailed) else exc), code="bad_adapter") from None
 
 
 def _service_key(vip: str, port: int, proto: str) -> tuple[str, int, str]:
@@ -256,8 +277,9 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
                                "materialize the model first", code="model_not_ready")
             state.models.cache.touch(req.model_digest)
             model_dir = str(path)
+        adapters = _adapter_set(state, req)
         with state.lock:
-            return _vm_info(state.vm_driver.create(_spec(req, model_dir)))
+            return _vm_info(state.vm_driver.create(_spec(req, model_dir, adapters)))
 
     def _vm_id(vm_id: str) -> str:
         try:

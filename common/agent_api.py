@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from common.model_api import check_adapter_name, check_digest
 from common.schemas import Forwarding, GpuInfo, check_name
 
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -88,6 +89,10 @@ class VmCreateRequest(WireModel):
     extra_args: list[str] = Field(default_factory=list)
     engine_args: dict[str, str] = Field(default_factory=dict)
     model_digest: str | None = Field(None, description="the verified model directory the guest mounts at /models")
+    adapter_digests: dict[str, str] = Field(default_factory=dict, max_length=256,
+                                            description="LoRA adapter name -> its verified digest on the node; "
+                                                        "the guest sees them at /adapters/{name}")
+    max_loras: int | None = Field(None, ge=1, le=256, description="adapters loaded at once (vLLM --max-loras)")
     dsr_vips: list[str] = Field(default_factory=list, max_length=32,
                                 description="VIPs of dsr-ipip services this replica answers for: the guest "
                                             "decapsulates IPIP and holds them on loopback (docs/dataplane.md)")
@@ -100,6 +105,14 @@ class VmCreateRequest(WireModel):
                 ipaddress.IPv4Address(vip)
             except ValueError:
                 raise ValueError(f"dsr_vips: {vip!r} is not an IPv4 address") from None
+        return v
+
+    @field_validator("adapter_digests")
+    @classmethod
+    def _adapter_digests(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, digest in v.items():
+            check_adapter_name(name)
+            check_digest(digest)
         return v
 
     @field_validator("model_digest")

@@ -10,6 +10,11 @@ agent to run it (``AgentJobRequest``); the agent runs it, keeps its own durable 
 answers with an ``AgentJobView``; fabricd writes every state the agent passed through into the
 store record (``history``). A local source skips Downloading. Secrets never appear here: the
 Hugging Face token stays in the agent's environment.
+
+A model's LoRA adapters travel with its job (``AgentJobRequest.adapters``): the agent fetches
+and checks each one after the model, the same way (resolve, download, per-file hashes, digest,
+scan), into the same cache, and the job is Ready only once all are; the view names each
+adapter's digest (``adapters``), which the VM create passes on (``VmCreateRequest.adapter_digests``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,15 @@ TERMINAL = ("Ready", "Failed")
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 # Job ids become file names on the agent: MODEL.NODE, both DNS labels.
 JOB_ID = re.compile(r"^[a-z0-9][a-z0-9.-]{0,127}$")
+# Adapter names become directory names in the guest's /adapters: DNS labels only.
+ADAPTER_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+MAX_ADAPTERS = 256
+
+
+def check_adapter_name(value: str) -> str:
+    if not ADAPTER_NAME.match(value):
+        raise ValueError(f"adapter name {value!r}: expected a DNS label (lowercase letters, digits, '-')")
+    return value
 
 
 def check_digest(value: str | None) -> str | None:
@@ -44,6 +58,36 @@ class Transition(BaseModel):
     message: str = ""
 
 
+class AdapterSource(BaseModel):
+    """One LoRA adapter of the job's model: fetched and checked like the model, after it."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    source: str = Field(..., min_length=1, max_length=1024)
+    revision: str | None = Field(None, max_length=200, description="commit sha once resolved by another node")
+    expected_digest: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_adapter_name(v)
+
+    @field_validator("expected_digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        return check_digest(v)
+
+
+class AdapterFetched(BaseModel):
+    """An adapter's verified bytes on the node: its digest directory in the cache."""
+
+    source: str
+    digest: str
+    revision: str | None = None
+    size_bytes: int = 0
+    files: int = 0
+
+
 class AgentJobRequest(BaseModel):
     """What fabricd asks an agent to materialize (POST /v1/models/jobs; idempotent by id+attempt)."""
 
@@ -57,6 +101,14 @@ class AgentJobRequest(BaseModel):
     require_checksum: bool = False
     signature: str | None = Field(None, max_length=128)
     size_bytes: int | None = Field(None, ge=0)
+    adapters: list[AdapterSource] = Field(default_factory=list, max_length=MAX_ADAPTERS)
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapters(cls, v: list[AdapterSource]) -> list[AdapterSource]:
+        if len({a.name for a in v}) != len(v):
+            raise ValueError("adapter names must be unique")
+        return v
 
     @field_validator("job_id")
     @classmethod
@@ -87,6 +139,7 @@ class AgentJobView(BaseModel):
     safetensors: int = 0
     retries: int = Field(0, description="transient fetch errors retried in this attempt")
     joined: str | None = Field(None, description="the job whose download this one follows")
+    adapters: dict[str, AdapterFetched] = Field(default_factory=dict, description="adapter name -> its bytes")
     history: list[Transition] = Field(default_factory=list)
 
 
@@ -138,6 +191,7 @@ class ModelJob(BaseModel):
     bytes_total: int = 0
     files: int = 0
     joined: str | None = None
+    adapters: dict[str, AdapterFetched] = Field(default_factory=dict)
     history: list[Transition] = Field(default_factory=list)
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)

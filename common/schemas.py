@@ -80,6 +80,12 @@ def check_runtime(value: str, env: dict[str, str] | None = None) -> str:
     return value
 
 
+def check_sha256(value: str | None, what: str) -> str | None:
+    if value is not None and not re.match(r"^[0-9a-f]{64}$", value):
+        raise ValueError(f"{what} {value!r}: expected 64 lowercase hex characters (SHA-256)")
+    return value
+
+
 def check_source(value: str) -> str:
     if value.startswith("hf://"):
         if not HF_SOURCE.match(value):
@@ -150,6 +156,8 @@ class Resource(Spec):
 class ModelStatus(Status):
     digest: str | None = Field(None, description="SHA-256 of the manifest, once a node has verified it")
     revision: str | None = Field(None, description="the commit sha the revision resolved to (hf:// sources)")
+    adapter_revisions: dict[str, str] = Field(default_factory=dict,
+                                              description="adapter name -> the commit its hf:// revision resolved to")
 
 
 class LoraAdapter(BaseModel):
@@ -157,11 +165,17 @@ class LoraAdapter(BaseModel):
 
     name: str = Field(..., description="the model name clients use for it (a DNS label)")
     source: str = Field(..., description="as a model's: hf://ORG/NAME[@REVISION], file:///PATH or a path")
+    digest: str | None = Field(None, description="expected digest of the adapter's files (as a model's)")
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return check_name(v, "adapter name")
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        return check_sha256(v, "adapter digest")
 
     @field_validator("source")
     @classmethod
@@ -199,9 +213,7 @@ class ModelArtifact(Resource):
     @field_validator("digest")
     @classmethod
     def _digest(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[0-9a-f]{64}$", v):
-            raise ValueError(f"digest {v!r}: expected 64 lowercase hex characters (SHA-256)")
-        return v
+        return check_sha256(v, "digest")
 
     @field_validator("signature")
     @classmethod

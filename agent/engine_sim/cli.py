@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="16-token blocks the prefix cache holds (0: off); hits skip their prefill")
     p.add_argument("--max-loras", type=int, default=d.max_loras,
                    help="LoRA adapters loaded at once through /v1/load_lora_adapter")
+    p.add_argument("--lora-root", default=None,
+                   help="the directory this replica sees as /adapters (a lab or dry-run replica has no "
+                        "guest mount): lora_path /adapters/NAME is read from DIR/NAME")
     p.add_argument("--chars-per-token", type=int, default=d.chars_per_token)
     p.add_argument("--embedding-dim", type=int, default=d.embedding_dim)
     p.add_argument("--legacy-metric-names", action="store_true",

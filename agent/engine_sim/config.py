@@ -32,6 +32,7 @@ class EngineConfig:
     kv_capacity_tokens: int = 16384
     prefix_cache_blocks: int = 0  # 16-token blocks the prefix cache holds; 0: no prefix caching
     max_loras: int = 4  # LoRA adapters loaded at once (vLLM --max-loras; lora_routes)
+    lora_root: str | None = None  # what the replica sees as /adapters (lora_routes); None: paths as given
     chars_per_token: int = 4
     embedding_dim: int = 256
     legacy_metric_names: bool = False

@@ -33,7 +33,7 @@ class Engine:
         self._rng = random.Random(config.seed)
         self.prefix_cache = PrefixCache(config.prefix_cache_blocks, chars_per_token=config.chars_per_token)
         self.started_at = time.time()
-        self.lora = LoraState(config.max_loras)
+        self.lora = LoraState(config.max_loras, root=config.lora_root)
 
     def serves(self, model: str) -> bool:
         """The base model, or a LoRA adapter loaded now."""

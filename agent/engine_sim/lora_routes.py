@@ -8,12 +8,19 @@ A loaded adapter is a model name for the generate and pooling routes and is list
 GET /v1/models with ``parent`` = the base model. ``--max-loras N`` bounds the adapters loaded
 at once (a load past it is refused 400: the gateway must unload one first, which is what it is
 tested for); ``loads`` and ``unloads`` count in /sim/state.
+
+Like vLLM, a load reads the adapter's files: ``lora_path`` must be a directory holding
+``adapter_config.json``, else 400 "No adapter found". A lab or dry-run replica has no guest
+mount, so ``--lora-root DIR`` says what it sees as /adapters (the agent passes the adapter set,
+agent.models.adapter_sets): ``/adapters/NAME`` is read from ``DIR/NAME``, and any other path,
+or one with ``..``, is not found. A fetch that never happened therefore fails the load loudly.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -22,6 +29,7 @@ from starlette.routing import Route
 from agent.engine_sim.http_util import bad_request, openai_error
 
 MAX_NAME = 256
+GUEST_ROOT = "/adapters"
 
 
 @dataclass
@@ -30,6 +38,22 @@ class LoraState:
     loaded: dict[str, str] = field(default_factory=dict)  # name -> path, in load order
     loads: int = 0
     unloads: int = 0
+    root: str | None = None  # what this replica sees as /adapters
+
+    def files(self, lora_path: str) -> Path | None:
+        """The adapter directory ``lora_path`` names here, when it holds an adapter_config.json."""
+        if self.root is not None:
+            rest = lora_path.removeprefix(GUEST_ROOT + "/")
+            parts = rest.split("/")
+            if rest == lora_path or any(p in ("", ".", "..") for p in parts) or "\x00" in rest:
+                return None
+            path = Path(self.root, *parts)
+        else:
+            path = Path(lora_path)
+        try:
+            return path if (path / "adapter_config.json").is_file() else None
+        except (OSError, ValueError):
+            return None
 
 
 async def _body(request: Request) -> dict | None:
@@ -49,6 +73,9 @@ def make_lora_routes(state: LoraState) -> list[Route]:
         if name in state.loaded:
             return openai_error(400, f"The lora adapter '{name}' has already been loaded.", "BadRequestError",
                                 "invalid_value", "lora_name")
+        if state.files(path) is None:
+            return openai_error(400, f"Loading lora {name} failed: No adapter found for {path}",
+                                "BadRequestError", "invalid_value", "lora_path")
         if len(state.loaded) >= state.max_loras:
             return openai_error(400, f"max_loras ({state.max_loras}) adapters are loaded; unload one first",
                                 "BadRequestError", "invalid_value", "lora_name")

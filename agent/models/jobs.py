@@ -16,6 +16,12 @@ Transient fetch errors (connection lost, 5xx) are retried ``retries`` times with
 pause, counted in the record; refusals (a check, a gated repository, no disk) fail at once.
 Staging directories of refused jobs are deleted; those of jobs that failed on the network are
 kept so the next attempt resumes.
+
+Adapters: a job's ``adapters`` (LoRA adapters of the model) are fetched after the model, one by
+one, each through the same states and checks (its messages start "adapter NAME:"), into the same
+cache (by-digest/, joined and cached by source like any model); the job is Ready only once every
+adapter is, and its view names each adapter's digest. ``bytes_total`` grows as each adapter is
+resolved (each adapter's size is known only then).
 """
 
 from __future__ import annotations
@@ -44,7 +50,14 @@ from agent.models.checks import (
     scan_names,
 )
 from agent.models.hf_fetch import FetchFailed, HfFetcher, Resolved, parse_hf_source
-from common.model_api import TERMINAL, AgentJobRequest, AgentJobView, Transition, local_source_path
+from common.model_api import (
+    TERMINAL,
+    AdapterFetched,
+    AgentJobRequest,
+    AgentJobView,
+    Transition,
+    local_source_path,
+)
 
 log = logging.getLogger("fabric-agent.models")
 
@@ -85,7 +98,8 @@ class ModelSettings:
 class _Record(BaseModel):
     request: AgentJobRequest
     view: AgentJobView
-    source_key: str | None = None
+    source_key: str | None = None  # the source being fetched now (progress reads its staging size)
+    done_before: int = 0  # bytes of the job's sources finished before it (the model, earlier adapters)
 
 
 class _Claim:
@@ -181,6 +195,7 @@ class ModelJobs:
         if v.state == "Downloading" and rec.source_key:
             staged = self.cache.staging / rec.source_key
             done = dir_size(staged) if staged.exists() else 0
+            done += rec.done_before
             v.bytes_done = min(done, v.bytes_total) if v.bytes_total else done
         elif v.state == "Verifying" and job_id in self._hashed:
             v.bytes_done = self._hashed[job_id]
@@ -208,12 +223,24 @@ class ModelJobs:
         rec = self._load(job_id)
         if rec is None:
             return
+        req = rec.request
         try:
-            self._set(rec, "Resolving", f"resolving {rec.request.source}")
-            if rec.request.source.startswith("hf://"):
-                self._run_hf_with_retries(rec)
-            else:
-                self._run_local(rec)
+            self._set(rec, "Resolving", f"resolving {req.source}")
+            rec.done_before = 0
+            got = self._fetch(rec, _Want("", req.source, req.revision, req.expected_digest, req.require_checksum,
+                                         req.signature, req.size_bytes))
+            fetched: dict[str, AdapterFetched] = {}
+            done = got.size
+            for a in req.adapters:  # after the model, one by one, the same way (module docstring)
+                rec.done_before = done
+                self._set(rec, "Resolving", f"adapter {a.name}: resolving {a.source}")
+                one = self._fetch(rec, _Want(f"adapter {a.name}: ", a.source, a.revision, a.expected_digest))
+                fetched[a.name] = AdapterFetched(source=a.source, digest=one.digest, revision=one.revision,
+                                                 size_bytes=one.size, files=one.files)
+                done += one.size
+            self._ready(rec, got, fetched)
+        except _Stopping:
+            return  # the record keeps its state; the next agent start resumes the job
         except CheckFailed as exc:
             self._set(rec, "Failed", f"{exc.stage}: {exc.message}")
         except FetchFailed as exc:
@@ -223,21 +250,33 @@ class ModelJobs:
         finally:
             self._hashed.pop(job_id, None)
 
-    def _run_hf_with_retries(self, rec: _Record) -> None:
+    def _fetch(self, rec: _Record, want: _Want) -> _Got:
+        """One source; a refusal names the adapter it is about (``want.label``)."""
+        try:
+            if want.source.startswith("hf://"):
+                return self._hf_with_retries(rec, want)
+            return self._local(rec, want)
+        except CheckFailed as exc:
+            raise CheckFailed(exc.stage, f"{want.label}{exc.message}") from None
+        except FetchFailed as exc:
+            raise FetchFailed(f"{want.label}{exc.message}", transient=exc.transient) from None
+
+    def _hf_with_retries(self, rec: _Record, want: _Want) -> _Got:
         retries = self.settings.retries
         for n in range(retries + 1):
             try:
-                return self._run_hf(rec)
+                return self._hf(rec, want)
             except FetchFailed as exc:
                 if not exc.transient or n == retries:
                     if exc.transient:
                         raise FetchFailed(f"{exc.message} (gave up after {retries} retries)", transient=True) from None
                     raise
                 pause = self.settings.retry_base_s * 2**n
-                self._set(rec, message=f"{exc.message}; retry {n + 1} of {retries} in {pause:g}s",
+                self._set(rec, message=f"{want.label}{exc.message}; retry {n + 1} of {retries} in {pause:g}s",
                           retries=rec.view.retries + 1)
                 if self._stop.wait(pause):
-                    return
+                    raise _Stopping()
+        raise _Stopping()  # unreachable: the last pass returns or raises
 
     @contextmanager
     def _claim(self, rec: _Record, key: str) -> Iterator[None]:
@@ -262,36 +301,37 @@ class ModelJobs:
             claim.owner = None
             claim.lock.release()
 
-    def _run_hf(self, rec: _Record) -> None:
-        req = rec.request
-        repo, rev = parse_hf_source(req.source)
-        rev = req.revision or rev
+    def _hf(self, rec: _Record, want: _Want) -> _Got:
+        repo, rev = parse_hf_source(want.source)
+        rev = want.revision or rev
         fetcher = self.fetcher()
         resolved = fetcher.resolve(repo, rev)
         scan_names([f.name for f in resolved.files], self.settings.max_files)
         key = _source_key("hf", f"{repo}@{resolved.revision}")
         rec.source_key = key
-        self._set(rec, message=f"{repo}@{rev} is commit {resolved.revision}: {len(resolved.files)} files, "
-                               f"{resolved.size} bytes", revision=resolved.revision,
-                  bytes_total=max(resolved.size, req.size_bytes or 0), files=len(resolved.files))
+        size = max(resolved.size, want.size_bytes or 0)
+        about = {"revision": resolved.revision, "files": len(resolved.files)} if want.is_model else {}
+        self._set(rec, message=f"{want.label}{repo}@{rev} is commit {resolved.revision}: {len(resolved.files)} "
+                               f"files, {resolved.size} bytes", bytes_total=rec.done_before + size, **about)
         with self._claim(rec, key):
             digest = self.cache.digest_of_source(key)
             if digest is not None:
-                return self._from_cache(rec, digest)
+                return self._from_cache(rec, want, digest, resolved)
             staging = self.cache.staging / key
             self._check_disk(rec, staging)
-            self._set(rec, "Downloading", f"downloading {len(resolved.files)} files from {fetcher.endpoint}",
-                      joined=None)
+            self._set(rec, "Downloading", f"{want.label}downloading {len(resolved.files)} files from "
+                                          f"{fetcher.endpoint}", joined=None)
             self._download(fetcher, resolved, staging)
-            manifest = self._verify(rec, staging, resolved)
-            self._set(rec, "Scanning", "scanning file names and types")
+            manifest = self._verify(rec, want, staging, resolved)
+            self._set(rec, "Scanning", f"{want.label}scanning file names and types")
             safetensors = scan(staging, self.settings.max_files)
             path = self.cache.publish(staging, manifest.digest, key)
-            self._ready(rec, manifest, path, safetensors)
+            return _Got(manifest.digest, path, len(manifest.entries), manifest.size, safetensors,
+                        resolved.revision, manifest)
 
     def _check_disk(self, rec: _Record, staging: Path) -> None:
         have = dir_size(staging) if staging.exists() else 0
-        need = max(rec.view.bytes_total - have, 0)
+        need = max(rec.view.bytes_total - rec.done_before - have, 0)
         free = self.cache.free_bytes()
         if free < need:
             raise CheckFailed("Resolving", f"not enough disk: the model needs {need} more bytes and "
@@ -300,61 +340,102 @@ class ModelJobs:
     def _download(self, fetcher: HfFetcher, resolved: Resolved, staging: Path) -> None:
         fetcher.download_all(resolved, staging, self.settings.download_workers)
 
-    def _verify(self, rec: _Record, root: Path, resolved: Resolved | None) -> Manifest:
-        self._hashed[rec.view.job_id] = 0
-        self._set(rec, "Verifying", "hashing every file", bytes_done=0)
+    def _verify(self, rec: _Record, want: _Want, root: Path, resolved: Resolved | None) -> Manifest:
+        jid = rec.view.job_id
+        self._hashed[jid] = rec.done_before
+        self._set(rec, "Verifying", f"{want.label}hashing every file", bytes_done=rec.done_before)
 
         def hashed(n: int) -> None:
-            self._hashed[rec.view.job_id] = self._hashed.get(rec.view.job_id, 0) + n
+            self._hashed[jid] = self._hashed.get(jid, 0) + n
 
         manifest = build_manifest(root, self.settings.max_files, on_bytes=hashed)
         if resolved is not None:
             listed = {f.name: f for f in resolved.files}
             for e in manifest.entries:
-                want = listed.get(e.path)
-                if want is None:
+                want_file = listed.get(e.path)
+                if want_file is None:
                     raise CheckFailed("Verifying", f"{e.path} is not in the repository's file list")
-                if want.sha256 and want.sha256 != e.sha256:
+                if want_file.sha256 and want_file.sha256 != e.sha256:
                     raise CheckFailed("Verifying", f"{e.path}: SHA-256 differs from the repository's")
             missing = sorted(set(listed) - {e.path for e in manifest.entries})
             if missing:
                 raise CheckFailed("Verifying", f"files missing after download: {', '.join(missing[:5])}")
-        self._policy(rec, manifest.digest)
+        self._policy(want, manifest.digest)
         return manifest
 
-    def _policy(self, rec: _Record, digest: str) -> None:
-        req = rec.request
-        check_policy(digest, expected_digest=req.expected_digest, require_checksum=req.require_checksum,
-                     signature=req.signature, signing_key=self.settings.signing_key)
+    def _policy(self, want: _Want, digest: str) -> None:
+        check_policy(digest, expected_digest=want.expected_digest, require_checksum=want.require_checksum,
+                     signature=want.signature, signing_key=self.settings.signing_key)
 
-    def _from_cache(self, rec: _Record, digest: str) -> None:
+    def _from_cache(self, rec: _Record, want: _Want, digest: str, resolved: Resolved) -> _Got:
         joined = rec.view.joined
-        self._set(rec, "Verifying", f"bytes already verified as {digest}" + (f" by job {joined}" if joined else ""))
-        self._policy(rec, digest)
+        self._set(rec, "Verifying", f"{want.label}bytes already verified as {digest}"
+                                    + (f" by job {joined}" if joined else ""))
+        self._policy(want, digest)
         path = self.cache.path_for(digest)
         self.cache.touch(digest)
-        self._set(rec, "Ready", f"ready: {digest}", digest=digest, path=str(path),
-                  bytes_done=rec.view.bytes_total)
+        return _Got(digest, path, len(resolved.files), resolved.size, None, resolved.revision, None)
 
-    def _run_local(self, rec: _Record) -> None:
+    def _local(self, rec: _Record, want: _Want) -> _Got:
         try:
-            path = Path(local_source_path(rec.request.source, self.settings.model_dir))
+            path = Path(local_source_path(want.source, self.settings.model_dir))
         except ValueError as exc:
             raise CheckFailed("Resolving", str(exc)) from None
         if not path.is_dir():
             raise CheckFailed("Resolving", f"local source {path} is not a directory on this node")
         key = _source_key("local", str(path))
         rec.source_key = key
-        self._set(rec, message=f"local source {path}; hashed in place, never copied")
+        self._set(rec, message=f"{want.label}local source {path}; hashed in place, never copied")
         with self._claim(rec, key):
-            manifest = self._verify(rec, path, None)
-            self._set(rec, "Scanning", "scanning file names and types")
+            manifest = self._verify(rec, want, path, None)
+            self._set(rec, "Scanning", f"{want.label}scanning file names and types")
             safetensors = scan(path, self.settings.max_files)
             self.cache.publish_local(path, manifest.digest, key)
-            self._ready(rec, manifest, path, safetensors)
+            return _Got(manifest.digest, path, len(manifest.entries), manifest.size, safetensors, None, manifest)
 
-    def _ready(self, rec: _Record, manifest: Manifest, path: Path, safetensors: int) -> None:
-        self._set(rec, "Ready", f"ready: {len(manifest.entries)} files ({safetensors} safetensors), "
-                                f"{manifest.size} bytes, digest {manifest.digest}",
-                  digest=manifest.digest, path=str(path), bytes_done=manifest.size, bytes_total=manifest.size,
-                  files=len(manifest.entries), safetensors=safetensors)
+    def _ready(self, rec: _Record, got: _Got, adapters: dict[str, AdapterFetched]) -> None:
+        extra = sum(a.size_bytes for a in adapters.values())
+        also = f"; {len(adapters)} adapters ({extra} bytes)" if adapters else ""
+        total = got.size + extra
+        if got.manifest is None:  # the model's bytes were in the cache already
+            self._set(rec, "Ready", f"ready: {got.digest}{also}", digest=got.digest, path=str(got.path),
+                      bytes_done=max(rec.view.bytes_total, total), adapters=adapters)
+            return
+        self._set(rec, "Ready", f"ready: {got.files} files ({got.safetensors} safetensors), "
+                                f"{got.size} bytes, digest {got.digest}{also}",
+                  digest=got.digest, path=str(got.path), bytes_done=total, bytes_total=total,
+                  files=got.files, safetensors=got.safetensors, adapters=adapters)
+
+
+class _Stopping(Exception):
+    """The agent is stopping during a retry pause: leave the job for the next start."""
+
+
+@dataclass(frozen=True)
+class _Want:
+    """One source of a job: the model's (label ""), or one of its adapters' (label "adapter NAME: ",
+    the prefix of every message about it). Adapters carry no checksum or signature rule of
+    their own beyond an expected digest."""
+
+    label: str
+    source: str
+    revision: str | None
+    expected_digest: str | None
+    require_checksum: bool = False
+    signature: str | None = None
+    size_bytes: int | None = None
+
+    @property
+    def is_model(self) -> bool:
+        return not self.label
+
+
+@dataclass(frozen=True)
+class _Got:
+    digest: str
+    path: Path
+    files: int
+    size: int
+    safetensors: int | None
+    revision: str | None
+    manifest: Manifest | None  # None: already verified (the cache held the source)

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Gauge
 
+from agent.models import adapter_sets
 from agent.models.checks import CheckFailed, build_manifest, check_policy, scan
 from agent.models.jobs import ModelJobs
 from common.errors import InvalidInput, NotFound
@@ -83,6 +84,7 @@ def add_model_routes(app: FastAPI, jobs: ModelJobs, node_id: str, registry: Coll
         if not cache.evict(_digest(digest)):
             raise NotFound(f"digest {digest} is not in the cache of node {node_id}")
         jobs.forget_digest(digest)
+        adapter_sets.remove_sets_with(cache, digest)  # a set sharing the adapter's files goes too
         return Response(status_code=204)
 
     @app.post("/v1/models/verify", response_model=VerifyResult)

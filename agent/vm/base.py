@@ -33,6 +33,11 @@ class VmSpec:
     extra_args: tuple[str, ...] = ()
     engine_args: dict[str, str] = field(default_factory=dict)  # lab/dry-run engine knobs
     model_dir: str | None = None  # the verified digest directory; the guest sees it read-only at /models
+    # The model's LoRA adapters (agent.models.adapter_sets): the guest sees this directory read-only
+    # at /adapters (one directory per adapter); vLLM starts with --enable-lora and these bounds.
+    adapters_dir: str | None = None
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
     dsr_vips: tuple[str, ...] = ()  # VIPs of dsr-ipip services: decapsulate IPIP, hold them on loopback
 
 

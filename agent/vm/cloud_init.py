@@ -5,7 +5,10 @@ writes/enables/starts fabric-engine.service, the unit agent/vm/runtime_units.py 
 the spec's runtime (common/runtimes.py), serving the model on the spec's port (8000) with
 tensor and pipeline parallel sizes chosen from the model's config.json and the GPU count
 (agent.vm.parallelism; refused with the reason when no split works). A oneshot unit retries
-the share's mount and the engine unit is ordered after it and the GPU daemons.
+the share's mount and the engine unit is ordered after it and the GPU daemons. A vLLM replica whose model has LoRA
+adapters also mounts their share (tag "adapters") read-only at /adapters, and vLLM starts with
+--enable-lora, --max-loras, --max-lora-rank and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, so the
+gateway's runtime load call finds ``/adapters/{name}``.
 
 No secret ever goes into a seed: nothing is read from the environment, engine flags that
 carry credentials are refused, and the rendered text is checked against the secret values
@@ -29,6 +32,7 @@ from common.errors import InvalidInput, Refused
 
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN")
 MODELS_TAG = "models"
+ADAPTERS_TAG = "adapters"
 
 
 def images_dir() -> Path:
@@ -77,26 +81,57 @@ def render_engine_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
     extra = tuple(spec.extra_args)
     if plan.pipeline > 1:
         extra = ("--pipeline-parallel-size", str(plan.pipeline), *extra)
+    extra = (*lora_args(spec), *extra)
     return runtime_units.render_unit(
         images_dir(), spec.runtime, model_path=guest_model_path(spec, models_dir), served_name=spec.model_name,
-        port=spec.port, tensor_parallel=plan.tensor, max_model_len=spec.max_model_len, extra_args=extra)
+        port=spec.port, tensor_parallel=plan.tensor, max_model_len=spec.max_model_len, extra_args=extra,
+        environment=LORA_ENV if has_adapters(spec) else None)
+
+
+# vLLM serves /v1/load_lora_adapter and /v1/unload_lora_adapter only with this set.
+LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def has_adapters(spec: VmSpec) -> bool:
+    """Adapters are shared (and LoRA enabled) for vLLM only: the one runtime with a runtime LoRA API."""
+    return spec.adapters_dir is not None and spec.runtime == "vllm"
+
+
+def lora_args(spec: VmSpec) -> tuple[str, ...]:
+    """--enable-lora with --max-loras (the model's max_loaded_adapters) and --max-lora-rank (the
+    largest rank of its adapters, when their adapter_config.json says)."""
+    if not has_adapters(spec):
+        return ()
+    args = ["--enable-lora", "--max-loras", str(spec.max_loras or 1)]
+    if spec.max_lora_rank:
+        args += ["--max-lora-rank", str(spec.max_lora_rank)]
+    return tuple(args)
 
 
 # The share can appear after cloud-init's mounts module ran (virtiofsd slow to start, a
 # transient error): retry for up to 5 minutes; the engine unit Requires= this one.
-MOUNT_UNIT = """[Unit]
-Description=Mount the host's model share read-only at /models (retried)
+MOUNT_STEP = ("ExecStart=/bin/sh -c 'for i in $(seq 1 60); do mountpoint -q {path} && exit 0; "
+              "mount {path} && exit 0; sleep 5; done; exit 1'")
+
+
+def mount_unit(paths: tuple[str, ...] = ("/models",)) -> str:
+    """The oneshot unit mounting each share (fstab entries) read-only, retried; the engine unit
+    Requires= it, so the engine never starts without its model (and adapters)."""
+    steps = "\n".join(MOUNT_STEP.format(path=p) for p in paths)
+    return f"""[Unit]
+Description=Mount the host's model share read-only at {' and '.join(paths)} (retried)
 After=local-fs.target
 Before=fabric-engine.service
 
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -c 'for i in $(seq 1 60); do mountpoint -q /models && exit 0; mount /models && exit 0; sleep 5; done; exit 1'
+{steps}
 
 [Install]
 WantedBy=multi-user.target
 """
+
 
 
 def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -> tuple[str, str]:
@@ -105,6 +140,10 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -
     config = yaml.safe_load(base_text) or {}
     config["hostname"] = hostname
     config["mounts"] = [[MODELS_TAG, "/models", "virtiofs", "ro,nofail", "0", "0"]]
+    mounts = ("/models",)
+    if has_adapters(spec):  # the adapter set's share (agent.models.adapter_sets), read-only too
+        config["mounts"].append([ADAPTERS_TAG, "/adapters", "virtiofs", "ro,nofail", "0", "0"])
+        mounts = ("/models", "/adapters")
     config["write_files"] = [
         {
             "path": f"/etc/systemd/system/{runtime_units.UNIT_NAME}",
@@ -113,12 +152,12 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -
             "content": render_engine_unit(spec, models_dir),
         },
         {"path": "/etc/systemd/system/fabric-models.service", "owner": "root:root", "permissions": "0644",
-         "content": MOUNT_UNIT},
+         "content": mount_unit(mounts)},
     ]
     if spec.dsr_vips:
         config["write_files"] += dsr_files(spec.dsr_vips)
     config["runcmd"] = [
-        ["mkdir", "-p", "/models"],
+        ["mkdir", "-p", *mounts],
         ["systemctl", "daemon-reload"],
         # Retried until the share is there; the fstab entry says ro (the host side is read-only too).
         ["systemctl", "enable", "--now", "--no-block", "fabric-models.service"],

@@ -20,6 +20,8 @@ Choices (docs/gpu-hosts.md says why in more words):
   could only lie about it).
 - virtiofs share of the model directory, tag "models"; <readonly/> only where libvirt and
   virtiofsd support it, otherwise the source is a read-only bind mount and the guest mounts ro.
+  The model's LoRA adapters (an adapter set, agent.models.adapter_sets) are a second share the
+  same way, tag "adapters".
 - a tap NIC (created by agent.net.bridge on the fabric bridge, managed='no') with the
   replica's MAC; the cidata seed as a read-only SATA cdrom.
 - GPU-less proof variant (scripts/vm-boot-check): `boot=DirectBoot(...)` boots a kernel and
@@ -125,7 +127,10 @@ def build_domain_xml(
     domain_type: str = "kvm",
     console_log: Path | None = None,
     boot: DirectBoot | None = None,
+    adapters_dir: Path | None = None,
 ) -> str:
+    """``adapters_dir``: the host directory shared read-only as tag "adapters" (the guest mounts
+    it at /adapters: the model's LoRA adapters), beside the model share."""
     if domain_type not in ("kvm", "qemu"):
         raise InvalidInput(f"domain_type {domain_type!r}: expected kvm or qemu (TCG)")
     if boot is not None and "\n" in boot.cmdline:
@@ -201,12 +206,9 @@ def build_domain_xml(
     _sub(cdrom, "target", {"dev": "sda", "bus": "sata"})
     _sub(cdrom, "readonly")
 
-    share = _sub(dev, "filesystem", {"type": "mount", "accessmode": "passthrough"})
-    _sub(share, "driver", {"type": "virtiofs"})
-    _sub(share, "source", {"dir": str(models_dir)})
-    _sub(share, "target", {"dir": "models"})
-    if tuning.virtiofs_readonly:
-        _sub(share, "readonly")
+    _share(dev, models_dir, "models", tuning.virtiofs_readonly)
+    if adapters_dir is not None:
+        _share(dev, adapters_dir, "adapters", tuning.virtiofs_readonly)
 
     nic = _sub(dev, "interface", {"type": "ethernet"})
     _sub(nic, "mac", {"address": mac})
@@ -255,6 +257,16 @@ def build_domain_xml(
 
     ET.indent(dom, space="  ")
     return ET.tostring(dom, encoding="unicode") + "\n"
+
+
+def _share(dev: ET.Element, source: Path, tag: str, readonly: bool) -> None:
+    """A virtiofs share of a host directory under ``tag`` (the guest mounts it read-only)."""
+    share = _sub(dev, "filesystem", {"type": "mount", "accessmode": "passthrough"})
+    _sub(share, "driver", {"type": "virtiofs"})
+    _sub(share, "source", {"dir": str(source)})
+    _sub(share, "target", {"dir": tag})
+    if readonly:
+        _sub(share, "readonly")
 
 
 def _numa_pinning(dom: ET.Element, spec: VmSpec, tuning: HostTuning) -> None:

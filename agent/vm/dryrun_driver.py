@@ -56,6 +56,8 @@ def engine_argv(base: list[str], spec: VmSpec, host: str, port: int) -> list[str
         # Health and metrics where that runtime serves them; Triton and TEI take their fixed
         # metrics port (8002, 9000), so one host holds one such dry-run replica at a time.
         argv += ["--runtime", spec.runtime]
+    if spec.adapters_dir:  # what the replica sees as /adapters (a VM mounts the share there)
+        argv += ["--lora-root", spec.adapters_dir, "--max-loras", str(spec.max_loras or 1)]
     if spec.max_model_len and "max_model_len" not in spec.engine_args:
         argv += ["--max-model-len", str(spec.max_model_len)]
     for key, value in sorted(spec.engine_args.items()):

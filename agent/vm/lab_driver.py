@@ -114,6 +114,8 @@ class LabDriver:
             knobs += [f"--{k}", str(v)]
         cmd = ["ip", "netns", "exec", rec.netns, *default_engine_command(), "--host", "0.0.0.0",
                "--port", str(rec.port), "--model", rec.model, "--replica-id", rec.replica_id, *knobs]
+        if spec is not None and spec.adapters_dir:  # the replica's /adapters (a VM mounts the share there)
+            cmd += ["--lora-root", spec.adapters_dir, "--max-loras", str(spec.max_loras or 1)]
         if spec is not None and spec.runtime != "vllm":
             # The replica answers health and metrics where that runtime would (common/runtimes.py).
             cmd += ["--runtime", spec.runtime]

@@ -26,7 +26,7 @@ from agent.net.arp_table import read_arp_address
 from agent.net.bridge import BridgeNetwork
 from agent.state import GpuBinder
 from agent.vm.base import VmSpec, VmState, VmStatus
-from agent.vm.cloud_init import build_seed, write_seed_iso
+from agent.vm.cloud_init import build_seed, has_adapters, write_seed_iso
 from agent.vm.domain_xml import DirectBoot, Firmware, build_domain_xml, domain_name, mac_for, tap_name
 from agent.vm.host_tuning import (
     HUGEPAGE_CHOICES,
@@ -158,6 +158,7 @@ class LibvirtDriver:
         paths = self.paths(vm_id)
         removed = [_unlink(paths.overlay), _unlink(paths.seed), _unlink(paths.nvram)]
         removed.append(remove_ro_bind(self.share_dir(vm_id)))
+        removed.append(remove_ro_bind(self.adapters_share_dir(vm_id)))
         self._release_nvswitches()
         removed.append(self.network.delete_tap(tap_name(vm_id)))
         return existed or any(removed)
@@ -208,7 +209,18 @@ class LibvirtDriver:
             tap=tap_name(spec.replica_id),
             domain_type=self.domain_type,
             boot=self.boot,
+            adapters_dir=self.adapters_source(spec, tuning),
         )
+
+    def adapters_source(self, spec: VmSpec, tuning: HostTuning) -> Path | None:
+        """The adapters share's host directory: the set itself, or its read-only bind mount."""
+        if not has_adapters(spec):
+            return None
+        return Path(spec.adapters_dir) if tuning.virtiofs_readonly else self.adapters_share_dir(spec.replica_id)
+
+    def adapters_share_dir(self, vm_id: str) -> Path:
+        """Where the read-only bind mount of the adapter set goes (bind mode)."""
+        return self.state_dir / "ro-adapters" / domain_name(vm_id)
 
     def define(self, spec: VmSpec) -> None:
         """Overlay, seed, tap, then the domain definition (not started)."""
@@ -220,6 +232,8 @@ class LibvirtDriver:
         if not tuning.virtiofs_readonly:
             ensure_ro_bind(Path(spec.model_dir) if spec.model_dir else self.models_dir,
                            self.share_dir(spec.replica_id))
+            if has_adapters(spec):
+                ensure_ro_bind(Path(spec.adapters_dir), self.adapters_share_dir(spec.replica_id))
         for switch in tuning.nvswitches:
             if self.binder is None:
                 raise Refused("full passthrough on an HGX board needs the VFIO binder for the NVSwitches")

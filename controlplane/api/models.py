@@ -209,9 +209,12 @@ def referenced_digests(state: AppState) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for name in used:
         model = load_model(state.store, name)
-        digests = {j.digest for j in list_jobs(state.store, name) if j.digest}
+        jobs = list_jobs(state.store, name)
+        digests = {j.digest for j in jobs if j.digest}
+        digests |= {a.digest for j in jobs for a in j.adapters.values()}  # its LoRA adapters' bytes
         if model is not None:
             digests |= {d for d in (model.digest, model.status.digest) if d}
+            digests |= {a.digest for a in model.adapters if a.digest}
         for d in digests:
             out.setdefault(d, []).append(name)
     return out

@@ -154,6 +154,8 @@ def list_models(state: StateDep, response: Response, who: PrincipalDep, limit: L
 def create_model(body: ModelArtifact, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
     check_local_source(body.source)
+    for adapter in body.adapters:
+        check_local_source(adapter.source)
     model = _fresh(body, ModelStatus(phase="Registered", message="model registered"))
     return _create(state, keyspace.models(model.name), "model", model, f"model {model.name} from {model.source}")
 

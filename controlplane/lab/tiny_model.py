@@ -1,5 +1,6 @@
 """A tiny model for the lab and the tests: a few safetensors shards written with the
-``safetensors`` package, an index and a config.json, laid out like a Hub repository."""
+``safetensors`` package, an index and a config.json, laid out like a Hub repository; and a tiny
+LoRA adapter of it, laid out as PEFT saves one."""
 
 from __future__ import annotations
 
@@ -33,5 +34,25 @@ def write_tiny_model(path: Path, *, shards: int = 2, hidden: int = 64, layers: i
     (path / "config.json").write_text(json.dumps({
         "architectures": ["TinyForCausalLM"], "model_type": "tiny", "hidden_size": hidden,
         "num_hidden_layers": shards * layers, "torch_dtype": "float16", "vocab_size": 256,
+    }, indent=1))
+    return path
+
+
+def write_tiny_adapter(path: Path, *, rank: int = 8, hidden: int = 64, layers: int = 2, seed: int = 1,
+                       base: str = "fab/tiny") -> Path:
+    """A LoRA adapter laid out as PEFT saves one (what vLLM's --enable-lora loads):
+    ``adapter_config.json`` (rank ``r``, alpha, target modules) and ``adapter_model.safetensors``
+    with the A and B matrices of each targeted layer."""
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for layer in range(layers):
+        stem = f"base_model.model.model.layers.{layer}.mlp"
+        tensors[f"{stem}.lora_A.weight"] = rng.standard_normal((rank, hidden)).astype(np.float16)
+        tensors[f"{stem}.lora_B.weight"] = np.zeros((hidden, rank), dtype=np.float16)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "base_model_name_or_path": base, "r": rank, "lora_alpha": 2 * rank,
+        "lora_dropout": 0.0, "target_modules": ["mlp"], "bias": "none", "task_type": "CAUSAL_LM",
     }, indent=1))
     return path

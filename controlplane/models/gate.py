@@ -23,5 +23,7 @@ def model_gate(store: Store, model: ModelArtifact, node: Node) -> plan.Gate:
     if decision.record_job:
         create_job(store, model.name, node.id)
     if decision.restart_job:
-        restart_job(store, model.name, node.id, ("Ready",), "the node no longer holds the digest; fetching again")
+        reason = ("the model's adapters changed; fetching them" if "adapters changed" in decision.message
+                  else "the node no longer holds the digest; fetching again")
+        restart_job(store, model.name, node.id, ("Ready",), reason)
     return decision

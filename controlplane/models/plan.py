@@ -7,7 +7,9 @@ the store, whether a replica may start, what eviction deletes, and a model's ove
                 through is appended to ``history`` (so each transition is in the store even
                 when one poll saw several), progress, digest, path, revision; None if unchanged
   gate          a replica's VM may be created on a node only when the model's job there is
-                Ready; otherwise the replica waits with the job's progress as its message
+                Ready and fetched the model's current adapters (a job whose adapters differ
+                is started again); otherwise the replica waits with the job's progress as
+                its message. A Ready gate names the adapters' digests for the VM create
   plan_eviction per node, least recently used first, the digests no deployment's model names,
                 until the node's cache fits the budget; local sources are never deleted
 """
@@ -15,9 +17,17 @@ the store, whether a replica may start, what eviction deletes, and a model's ove
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from common.model_api import AgentJobRequest, AgentJobView, CacheEntry, ModelJob, job_id, progress_text
+from common.model_api import (
+    AdapterSource,
+    AgentJobRequest,
+    AgentJobView,
+    CacheEntry,
+    ModelJob,
+    job_id,
+    progress_text,
+)
 from common.schemas import ModelArtifact, Node
 
 STATE_ORDER = {s: i for i, s in enumerate(("Failed", "Registered", "Resolving", "Downloading", "Verifying",
@@ -25,10 +35,24 @@ STATE_ORDER = {s: i for i, s in enumerate(("Failed", "Registered", "Resolving", 
 
 
 def request_for(model: ModelArtifact, job: ModelJob) -> AgentJobRequest:
+    """The model and its LoRA adapters, each at the commit a node already resolved (the job's
+    own, else the model's status), so every node fetches the same bytes."""
+    pinned = model.status.adapter_revisions
+    adapters = [AdapterSource(name=a.name, source=a.source, expected_digest=a.digest,
+                              revision=(job.adapters[a.name].revision if a.name in job.adapters
+                                        and job.adapters[a.name].source == a.source else None)
+                              or pinned.get(a.name))
+                for a in model.adapters]
     return AgentJobRequest(job_id=job_id(model.name, job.node), attempt=job.attempt, model=model.name,
                            source=model.source, revision=job.revision or model.status.revision,
                            expected_digest=model.digest, require_checksum=bool(model.require_checksum),
-                           signature=model.signature, size_bytes=model.size_bytes)
+                           signature=model.signature, size_bytes=model.size_bytes, adapters=adapters)
+
+
+def adapters_current(model: ModelArtifact, job: ModelJob) -> bool:
+    """The job fetched exactly the model's adapters (by name and source)."""
+    return ({a.name: a.source for a in model.adapters}
+            == {name: a.source for name, a in job.adapters.items()})
 
 
 def merge(job: ModelJob, view: AgentJobView, now: float) -> ModelJob | None:
@@ -39,6 +63,7 @@ def merge(job: ModelJob, view: AgentJobView, now: float) -> ModelJob | None:
     fields = {"state": view.state, "message": view.message, "revision": view.revision or job.revision,
               "digest": view.digest, "path": view.path, "bytes_done": view.bytes_done,
               "bytes_total": view.bytes_total, "files": view.files, "joined": view.joined,
+              "adapters": view.adapters,
               "retries": job.attempt + view.retries}
     if not new and all(getattr(job, k) == v for k, v in fields.items()):
         return None
@@ -55,7 +80,7 @@ def retried(job: ModelJob, reason: str, now: float) -> ModelJob:
     """A new attempt of the job (Registered again, attempt and retries + 1)."""
     return job.model_copy(update={
         "state": "Registered", "message": reason, "attempt": job.attempt + 1, "retries": job.retries + 1,
-        "bytes_done": 0, "joined": None, "digest": None, "path": None, "updated_at": now,
+        "bytes_done": 0, "joined": None, "digest": None, "path": None, "adapters": {}, "updated_at": now,
         "history": [*job.history, {"state": "Registered", "at": now, "message": reason}]})
 
 
@@ -70,6 +95,7 @@ class Gate:
     digest: str | None = None
     record_job: bool = False  # no job exists yet on that node: record one
     restart_job: bool = False  # the job says Ready but the node no longer holds the digest
+    adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter name -> its digest on the node
 
 
 def gate(model: ModelArtifact, job: ModelJob | None, node: Node | None = None) -> Gate:
@@ -80,7 +106,11 @@ def gate(model: ModelArtifact, job: ModelJob | None, node: Node | None = None) -
                 and node.last_heartbeat > job.updated_at + HEARTBEAT_MARGIN_S):
             return Gate(False, f"model {model.name}: node {node.id} no longer holds digest {job.digest[:12]}; "
                                "materializing it again", restart_job=True)
-        return Gate(True, f"model {model.name}: Ready", job.digest)
+        if not adapters_current(model, job):
+            return Gate(False, f"model {model.name}: its adapters changed since the job was Ready; "
+                               "fetching them", restart_job=True)
+        return Gate(True, f"model {model.name}: Ready", job.digest,
+                    adapters={name: a.digest for name, a in sorted(job.adapters.items())})
     return Gate(False, progress_text(model.name, job.state, job.bytes_done, job.bytes_total, job.message))
 
 

@@ -103,4 +103,13 @@ def refresh_model_status(store: Store, model: ModelArtifact) -> None:
     resolved = next((j.revision for j in jobs if j.revision), None)
     if resolved and not model.status.revision:
         fields["revision"] = resolved  # later nodes fetch this commit, not whatever main is then
+    sources = {a.name: a.source for a in model.adapters}
+    pinned = dict(model.status.adapter_revisions)
+    for j in jobs:  # the same for each adapter: the first commit a node resolved it to
+        for name, a in j.adapters.items():
+            if a.revision and sources.get(name) == a.source and name not in pinned:
+                pinned[name] = a.revision
+    pinned = {n: r for n, r in pinned.items() if n in sources}
+    if pinned != model.status.adapter_revisions:
+        fields["adapter_revisions"] = pinned
     update_model_status(store, model.name, **fields)

@@ -8,6 +8,7 @@ else and the MMIO argument is covered structurally in test_domain_xml.py.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import ipaddress
@@ -302,3 +303,34 @@ def test_seed_sets_up_dsr_ipip_only_when_asked(tmp_path):
                  dsr_vips=("10.96.0.7 dev eth0; reboot",))
     with pytest.raises(ValueError):
         build_seed(bad, hostname="fabric-lv-g", models_dir=tmp_path)
+
+
+def test_a_replica_with_adapters_gets_their_share_and_lora_flags(host, tmp_path):
+    """The model's LoRA adapter set is a second read-only virtiofs share (tag "adapters") in the
+    domain libvirt stores, and the seed mounts it at /adapters and starts vLLM with LoRA on."""
+    from controlplane.lab.tiny_model import write_tiny_adapter
+
+    driver, _golden, _network = host
+    adapters = tmp_path / "set"
+    write_tiny_adapter(adapters / "sql", rank=16)
+    s = dataclasses.replace(spec("lv-d"), adapters_dir=str(adapters), max_loras=4, max_lora_rank=16)
+    driver.define(s)
+    stored = ET.fromstring(libvirt.open("test:///default").lookupByName("fabric-lv-d").XMLDesc(0))
+    shares = {fs.find("target").get("dir"): fs for fs in stored.findall("devices/filesystem")}
+    assert set(shares) == {"models", "adapters"}
+    assert shares["adapters"].find("driver").get("type") == "virtiofs"
+    ro_ok, _why = driver.readonly_mode()
+    if ro_ok:
+        assert shares["adapters"].find("readonly") is not None
+        assert shares["adapters"].find("source").get("dir") == str(adapters)
+    else:  # a read-only bind mount of the set is what virtiofsd exports
+        bind = driver.adapters_share_dir("lv-d")
+        assert shares["adapters"].find("source").get("dir") == str(bind)
+        assert (bind / "sql" / "adapter_config.json").is_file()
+        with pytest.raises(OSError):
+            (bind / "written-by-guest").write_text("x")
+    user = iso_file(driver.paths("lv-d").seed, "user-data")
+    assert "--enable-lora --max-loras 4 --max-lora-rank 16" in user and "mount /adapters" in user
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in user
+    driver.delete("lv-d")
+    assert not driver.adapters_share_dir("lv-d").exists()

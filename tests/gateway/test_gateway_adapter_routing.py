@@ -11,6 +11,7 @@ import pytest
 
 from common import keyspace
 from common.schemas import InferenceDeployment, LoraAdapter, ModelArtifact
+from controlplane.lab.tiny_model import write_tiny_adapter
 from tests.gateway.gateway_harness import gateway_over, make_key, publish_endpoint, sim_engine, sqlite_state
 
 ADAPTERS = ["sql", "poem", "code", "legal", "med", "chem"]
@@ -19,7 +20,11 @@ ADAPTERS = ["sql", "poem", "code", "legal", "med", "chem"]
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     state, url, store = sqlite_state(tmp_path_factory, "lora")
-    engines = [sim_engine("--replica-id", f"lora-dep-{i}", "--max-loras", "2") for i in range(2)]
+    root = tmp_path_factory.mktemp("adapters")  # what the replicas see as /adapters
+    for name in [*ADAPTERS, "x"]:
+        write_tiny_adapter(root / name)
+    engines = [sim_engine("--replica-id", f"lora-dep-{i}", "--max-loras", "2", "--lora-root", str(root))
+               for i in range(2)]
     model = ModelArtifact(name="sim-m", source="hf://org/base", max_loaded_adapters=2,
                           adapters=[LoraAdapter(name=a, source=f"hf://org/{a}-lora") for a in ADAPTERS])
     store.put(keyspace.models("sim-m"), model.model_dump_json())

@@ -105,3 +105,34 @@ def test_gate_notices_a_node_that_lost_the_bytes():
     assert not gone.ready and gone.restart_job and "no longer holds" in gone.message
     again = plan.retried(ready, "fetch again", now=300.0)
     assert again.state == "Registered" and again.attempt == 1 and again.retries == 1 and again.digest is None
+
+
+def test_adapters_travel_with_the_job_and_gate_the_replica():
+    from common.model_api import AdapterFetched
+    from common.schemas import LoraAdapter
+
+    m = model(adapters=[LoraAdapter(name="sql", source="hf://org/sql-lora", digest=D3),
+                        LoraAdapter(name="poem", source="hf://org/poem-lora")],
+              status=ModelStatus(phase="Ready", adapter_revisions={"poem": "c0ffee"}))
+    req = plan.request_for(m, job(adapters={"sql": AdapterFetched(source="hf://org/sql-lora", digest=D3,
+                                                                  revision="beef")}))
+    # Each adapter at the commit already resolved: the job's own, else the one the model pinned.
+    assert [(a.name, a.revision, a.expected_digest) for a in req.adapters] == [
+        ("sql", "beef", D3), ("poem", "c0ffee", None)]
+    moved = plan.request_for(m, job(adapters={"sql": AdapterFetched(source="hf://org/other", digest=D3,
+                                                                    revision="beef")}))
+    assert moved.adapters[0].revision is None  # a different source: resolved again
+
+    view = AgentJobView(job_id="demo.n1", state="Ready", digest=D1, path="/p",
+                        adapters={"sql": AdapterFetched(source="hf://org/sql-lora", digest=D3),
+                                  "poem": AdapterFetched(source="hf://org/poem-lora", digest=D4)})
+    ready = plan.merge(job(), view, now=5.0)
+    assert {n: a.digest for n, a in ready.adapters.items()} == {"sql": D3, "poem": D4}
+    g = plan.gate(m, ready)
+    assert g.ready and g.digest == D1 and g.adapters == {"poem": D4, "sql": D3}
+    # An adapter added to the model after the job was Ready: fetch again before any new VM.
+    more = m.model_copy(update={"adapters": [*m.adapters, LoraAdapter(name="code", source="hf://org/code")]})
+    changed = plan.gate(more, ready)
+    assert not changed.ready and changed.restart_job and "adapters changed" in changed.message
+    assert plan.retried(ready, "adapters changed", now=6.0).adapters == {}
+    assert plan.gate(model(), job(state="Ready", digest=D1)).adapters == {}  # no adapters: as before
