@@ -71,13 +71,25 @@ def model_add(
     require_checksum: bool = typer.Option(False, "--require-checksum", help="refuse Ready without a matching --digest"),
     signature: str = typer.Option(None, "--signature", help="HMAC-SHA256 hex of the digest (FABRIC_MODEL_SIGNING_KEY)"),
     size_bytes: int = typer.Option(None, "--size-bytes", help="declared size; refused on nodes with less free disk"),
+    adapter: list[str] = typer.Option(None, "--adapter", help="a LoRA adapter NAME=SOURCE (repeatable), fetched "
+                                                               "with the model; NAME is a model name for clients"),
+    max_loaded_adapters: int = typer.Option(None, "--max-loaded-adapters",
+                                            help="adapters loaded at once per replica (default 4)"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Register a model artifact."""
+    adapters = []
+    for item in adapter or []:
+        adapter_name, sep, adapter_source = item.partition("=")
+        if not sep or not adapter_name or not adapter_source:
+            raise typer.BadParameter(f"{item!r}: expected NAME=SOURCE", param_hint="--adapter")
+        adapters.append({"name": adapter_name, "source": adapter_source})
     body = {"name": name, "source": source, "license": license, "tenant": tenant, "digest": digest,
-            "require_checksum": require_checksum or None, "signature": signature, "size_bytes": size_bytes}
+            "require_checksum": require_checksum or None, "signature": signature, "size_bytes": size_bytes,
+            "adapters": adapters or None, "max_loaded_adapters": max_loaded_adapters}
     with session({"name": "NAME", "source": "--source", "license": "--license", "tenant": "--tenant",
-                  "digest": "--digest", "signature": "--signature", "size_bytes": "--size-bytes"}) as c:
+                  "digest": "--digest", "signature": "--signature", "size_bytes": "--size-bytes",
+                  "adapters": "--adapter", "max_loaded_adapters": "--max-loaded-adapters"}) as c:
         created = c.post("/api/ai/models", {k: v for k, v in body.items() if v is not None})
     emit_object(created, as_json) if as_json else typer.echo(f"model {name} added")
 

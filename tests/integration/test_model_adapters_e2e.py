@@ -2,7 +2,7 @@
 (dry-run VMs: each replica a real fabric-engine-sim process), the loopback HF mirror with the real
 huggingface_hub client, and a real fabric-gateway.
 
-A model with two adapters is deployed: the agent fetches the model and the adapters (the stored
+A model with two adapters is added with fabricctl (--adapter NAME=SOURCE) and deployed: the agent fetches the model and the adapters (the stored
 job names each adapter's digest, the model pins each adapter's commit), the replica starts with
 the adapter set as what it sees at /adapters, and a call for an adapter through the gateway makes
 the engine load it from the fetched files (``lora_path`` /adapters/NAME). An adapter whose files
@@ -10,7 +10,9 @@ are gone from the node fails the load loudly (503 adapter_load_failed), never si
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -22,7 +24,7 @@ from common.store.base import open_store
 from controlplane.lab.hf_mirror import commit_of
 from controlplane.lab.tiny_model import write_tiny_adapter, write_tiny_model
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key
-from tests.integration.orchestration_harness import start_cluster
+from tests.integration.orchestration_harness import BIN, start_cluster
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -35,12 +37,22 @@ def test_adapters_are_fetched_shared_and_loaded_from_the_fetched_files(tmp_path)
         write_tiny_model(root / "fab" / "base", seed=5)
         sql = write_tiny_adapter(root / "fab" / "sql-lora", rank=16, base="fab/base")
         poem = write_tiny_adapter(root / "fab" / "poem-lora", rank=8, seed=2, base="fab/base")
+        cli_env = {**os.environ, "FABRIC_URL": cluster.url, "FABRIC_TOKEN": cluster.token}
+
+        def fabricctl(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([str(BIN / "fabricctl"), "ai", "model", "add", "base", "--source", "hf://fab/base",
+                                   *args], capture_output=True, text=True, env=cli_env)
+
+        bad = fabricctl("--adapter", "sql")
+        assert bad.returncode == 2 and "NAME=SOURCE" in bad.stderr
+        added = fabricctl("--adapter", "sql=hf://fab/sql-lora", "--adapter", "poem=hf://fab/poem-lora",
+                          "--max-loaded-adapters", "2")
+        assert added.returncode == 0, added.stderr
         with cluster.api() as api:
-            r = api.post("/api/ai/models", json={
-                "name": "base", "source": "hf://fab/base", "max_loaded_adapters": 2,
-                "adapters": [{"name": "sql", "source": "hf://fab/sql-lora"},
-                             {"name": "poem", "source": "hf://fab/poem-lora"}]})
-            assert r.status_code == 201, r.text
+            model = api.get("/api/ai/models/base").json()
+            assert [(a["name"], a["source"]) for a in model["adapters"]] == [("sql", "hf://fab/sql-lora"),
+                                                                             ("poem", "hf://fab/poem-lora")]
+            assert model["max_loaded_adapters"] == 2
             assert api.post("/api/ai/profiles", json={"name": "g1", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 1,
                                                       "memory_gib": 1}).status_code == 201
             r = api.post("/api/ai/deployments", json={"name": "base", "model": "base", "profile": "g1", "replicas": 1})
