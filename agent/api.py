@@ -38,7 +38,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent.mig_routes import mig_router
 from agent.models import adapter_sets
-from agent.models.checks import CheckFailed
 from agent.state import AgentState, as_dict, read_inventory
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.engine_log import MAX_CHUNK, read_chunk
@@ -85,19 +84,13 @@ def _spec(req: VmCreateRequest, model_dir: str | None = None, adapters: tuple | 
 
 
 def _adapter_set(state: AgentState, req: VmCreateRequest) -> tuple[str, int | None] | None:
-    """The directory the replica sees at /adapters (agent.models.adapter_sets) and the LoRA rank
-    vLLM must accept; None without adapters, or for a runtime with no runtime LoRA API."""
+    """What the replica sees at /adapters and the LoRA rank vLLM must accept (agent.models.adapter_sets);
+    None without adapters, or for a runtime with no runtime LoRA API (only vLLM has one)."""
     if not req.adapter_digests or req.runtime != "vllm":
         return None
     if state.models is None:
         raise Conflict(f"node {state.node_id} has no model cache to hold adapters", code="model_not_ready")
-    try:
-        path = adapter_sets.build(state.models.cache, req.adapter_digests, state.models.settings.max_files)
-        return str(path), adapter_sets.max_lora_rank(path)
-    except adapter_sets.AdapterMissing as exc:
-        raise Conflict(str(exc), code="model_not_ready") from None
-    except (CheckFailed, ValueError) as exc:
-        raise InvalidInput(str(exc.message if isinstance(exc, CheckFailed) else exc), code="bad_adapter") from None
+    return adapter_sets.for_vm(state.models.cache, req.adapter_digests, state.models.settings.max_files)
 
 
 def _service_key(vip: str, port: int, proto: str) -> tuple[str, int, str]:

@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agent.models.cache import ModelCache
+from common.errors import Conflict, InvalidInput
 from common.model_api import check_adapter_name, check_digest
-from common.model_manifest import DEFAULT_MAX_FILES, walk_files
+from common.model_manifest import DEFAULT_MAX_FILES, CheckFailed, walk_files
 
 # The values vLLM's LoRAConfig accepts for max_lora_rank.
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -89,6 +90,20 @@ def build(cache: ModelCache, digests: Mapping[str, str], max_files: int = DEFAUL
     for digest in digests.values():
         cache.touch(digest)
     return final
+
+
+def for_vm(cache: ModelCache, digests: Mapping[str, str], max_files: int = DEFAULT_MAX_FILES) -> tuple[str, int | None]:
+    """(the set's directory, its max_lora_rank) for a VM create: 409 when an adapter is not on
+    the node, 422 when its files or rank cannot be served."""
+    try:
+        path = build(cache, digests, max_files)
+        return str(path), max_lora_rank(path)
+    except AdapterMissing as exc:
+        raise Conflict(str(exc), code="model_not_ready") from None
+    except CheckFailed as exc:
+        raise InvalidInput(exc.message, code="bad_adapter") from None
+    except ValueError as exc:
+        raise InvalidInput(str(exc), code="bad_adapter") from None
 
 
 def remove_sets_with(cache: ModelCache, digest: str) -> list[str]:

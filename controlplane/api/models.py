@@ -107,9 +107,10 @@ def model_status(name: str, state: StateDep) -> dict:
         "digest": model.status.digest, "revision": model.status.revision,
         "bytes_done": best.bytes_done if best else 0, "bytes_total": best.bytes_total if best else 0,
         "files": best.files if best else 0,
+        "adapters": [a.name for a in model.adapters], "adapter_revisions": model.status.adapter_revisions,
         "nodes": [{"node": j.node, "state": j.state, "message": j.message, "bytes_done": j.bytes_done,
                    "bytes_total": j.bytes_total, "files": j.files, "digest": j.digest, "retries": j.retries,
-                   "joined": j.joined,
+                   "joined": j.joined, "adapters": {n: a.digest for n, a in sorted(j.adapters.items())},
                    "cached": bool(j.digest and j.node in nodes and j.digest in nodes[j.node].cached_models)}
                   for j in jobs],
     }

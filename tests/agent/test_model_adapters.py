@@ -120,6 +120,10 @@ def test_vm_create_shares_the_adapters_and_sizes_vllm_for_them(tmp_path):
         missing = c.post("/v1/vms", json={**body, "replica_id": "r-0", "adapter_digests": {"sql": "d" * 64}})
         assert missing.status_code == 409 and "adapter sql" in missing.json()["error"]["message"]
         assert c.post("/v1/vms", json={**body, "adapter_digests": {"../x": "d" * 64}}).status_code == 422
+        write_tiny_adapter(jobs.cache.by_digest / ("f" * 64), rank=1024)  # more than vLLM loads
+        huge = c.post("/v1/vms", json={**body, "replica_id": "r-9", "adapter_digests": {"big": "f" * 64}})
+        assert huge.status_code == 422 and huge.json()["error"]["code"] == "bad_adapter"
+        assert "adapter big has LoRA rank 1024" in huge.json()["error"]["message"]
         assert c.post("/v1/vms", json=body).status_code == 201
         other = c.post("/v1/vms", json={**body, "replica_id": "r-2", "runtime": "tensorrt-llm"})
         assert other.status_code == 201

@@ -67,6 +67,9 @@ def test_adapters_are_fetched_shared_and_loaded_from_the_fetched_files(tmp_path)
             pinned = wait_for(lambda: api.get("/api/ai/models/base").json()["status"]["adapter_revisions"] or None,
                               15, "the adapters' commits pinned on the model")
             assert pinned == {"sql": commit_of(sql), "poem": commit_of(poem)}
+            shown = api.get("/api/ai/models/base/status").json()
+            assert shown["adapters"] == ["sql", "poem"] and shown["nodes"][0]["adapters"] == {
+                "poem": build_manifest(poem).digest, "sql": build_manifest(sql).digest}
             replica = api.get("/api/ai/deployments/base/metrics").json()["replicas"][0]
             engine = f"http://{replica['host']}:{replica['port']}"
 
