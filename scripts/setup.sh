@@ -13,6 +13,8 @@ APT_PACKAGES=(
   libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86 ovmf
   # the GPU-less boot proof's guest (tests/support/tiny_guest.py): kernel, busybox, DHCP on libvirt's network
   linux-image-amd64 busybox-static dnsmasq-base cpio
+  # Katran, the benchmark's anchor (scripts/katran_anchor.py): built with clang | llc
+  clang llvm
 )
 
 say() { printf '[setup] %s\n' "$*"; }

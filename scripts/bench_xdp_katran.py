@@ -1,0 +1,186 @@
+"""Katran's balancer measured by scripts/bench-xdp's harness in the same run as Fabric's
+program: the same packets, the same bench.c wrapper (restore the bytes, vary the flow,
+tail-call the program), the same wrapper-around-XDP_PASS subtraction and the same
+same-run baseline, with dataplane/bench/katran_shim.c in front to pop the IPIP header
+each pass pushed (scripts/katran_anchor.py builds and configures Katran).
+
+Every timed call checks Katran's own counters (every pass XDP_TX, and for new flows
+every pass a SYN miss; no other miss) and the last pass's output (IPIP to a real of
+the ring, the inner packet the one sent).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import katran_anchor
+from scapy.all import IP, TCP, Ether
+
+from agent.dataplane.testrun import XDP_PASS, XDP_TX, run_xdp
+
+SHIM = Path(__file__).resolve().parents[1] / "dataplane" / "bench" / "katran_shim.c"
+GATEWAY_MAC = "02:00:00:00:fe:01"  # ctl_array[0]: the default router Katran sends every packet to
+# the verdicts (Katran's counter deltas) each kind of timed call must show, per pass
+FORWARD = ("tx", "total", "vip_packets")
+NEW_FLOW = (*FORWARD, "lru_misses", "syn_misses")
+NOT_VIP = ("pass", "total")
+
+
+@dataclass(frozen=True)
+class Harness:
+    """What bench-xdp shares: its wrapper (xdp_bench), the bare XDP_PASS program, the
+    wrap(prog_fd, packet, vary) that points the wrapper at a program, its packets."""
+    wrapper_fd: int
+    bare_fd: int
+    wrap: Callable[[int, bytes, int], None]
+    baseline_ns: int
+    established: bytes      # VIP, ACK
+    syn: bytes              # VIP, SYN
+    other: bytes            # not a VIP
+    backends: dict[str, int]
+    repeat: int
+    rounds: int
+    working_set: int
+    lru_per_cpu: int        # Fabric's per-CPU share of its flow table: Katran's per-CPU LRU size
+
+
+def inner_of(out: bytes, reals: set[str]) -> tuple[str, bytes]:
+    """(real, inner IP packet) of Katran's output; fails unless it is IPIP to the gateway."""
+    pkt = Ether(out)
+    assert pkt[Ether].dst == GATEWAY_MAC and pkt[IP].proto == 4, pkt.summary()
+    outer = pkt[IP]
+    assert outer.dst in reals, f"{outer.dst} is not a real of the ring"
+    header = IP(bytes(outer)[:20])
+    sent_sum, header.chksum = header.chksum, None
+    assert IP(bytes(header)).chksum == sent_sum, "outer IP checksum"
+    return outer.dst, bytes(outer.payload)
+
+
+def _fresh(ip: bytes) -> bytes:
+    pkt = IP(ip)
+    del pkt.chksum, pkt[TCP].chksum
+    return bytes(IP(bytes(pkt)))
+
+
+def figures(h: Harness) -> dict:
+    """Katran's figures, or {"unavailable": why} when it cannot be built or loaded here.
+    The caller runs pinned to one CPU: the LRU is per CPU and each case records its
+    flows in one call and times them in the next."""
+    work = Path(tempfile.mkdtemp(prefix="katran-"))
+    try:
+        obj = katran_anchor.build(work)
+        katran = katran_anchor.Katran(obj, h.lru_per_cpu)
+    except katran_anchor.KatranUnavailable as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        return {"unavailable": str(exc)}
+    try:
+        return _measure(h, katran)
+    finally:
+        katran.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def possible_cpus() -> int:
+    return katran_anchor._lib().libbpf_num_possible_cpus()
+
+
+def load_shim(wrapper_fd: int):
+    """The shim (BCC) in front of bench.c's wrapper; returns (BPF object, shim fd)."""
+    from bcc import BPF
+
+    shim = BPF(src_file=str(SHIM))
+    fn = shim.load_func("katran_shim", BPF.XDP)
+    shim[b"shim_next"][ctypes.c_int(0)] = ctypes.c_int(wrapper_fd)
+    return shim, fn.fd
+
+
+def _measure(h: Harness, katran: katran_anchor.Katran) -> dict:
+    ring = katran_anchor.maglev_ring(h.backends)
+    reals = set(ring)
+    vip_dst = Ether(h.established)[IP].dst
+    katran.put_vip(vip_dst, Ether(h.established)[TCP].dport, "tcp", ring, GATEWAY_MAC)
+    shim, shim_fd = load_shim(h.wrapper_fd)
+    sent_ip = bytes(Ether(h.established)[IP])
+
+    def timed(fd: int, raw: bytes, counted: tuple[str, ...], repeat: int = h.repeat) -> tuple[int, bytes]:
+        before = katran.counters()
+        result = run_xdp(fd, raw, repeat=repeat)
+        after = katran.counters()
+        seen = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+        assert seen == {k: repeat for k in counted}, seen
+        want = XDP_TX if "tx" in counted else XDP_PASS
+        assert result.retval == want, result.retval
+        return result.duration_ns, result.output
+
+    h.wrap(katran.prog_fd, h.established, 0)
+    chosen, inner = inner_of(run_xdp(shim_fd, h.established).output, reals)
+    assert inner == sent_ip, "Katran's inner packet differs from the one sent"
+    per_cpu = katran.lru_entries_per_cpu
+    h.wrap(katran.prog_fd, h.syn, 1)  # steady state: this CPU's LRU full before new flows are timed
+    timed(shim_fd, h.syn, NEW_FLOW, repeat=2 * per_cpu)
+
+    rounds: dict[str, list[int]] = {k: [] for k in ("wfix", "est", "wvary", "new", "wcold", "cold", "nonvip")}
+    for _ in range(h.rounds):
+        h.wrap(h.bare_fd, h.established, 0)
+        rounds["wfix"].append(timed(shim_fd, h.established, ())[0])
+        h.wrap(katran.prog_fd, h.established, 0)
+        run_xdp(shim_fd, h.established)  # the last round's new flows evicted it: recorded again, untimed
+        ns, out = timed(shim_fd, h.established, FORWARD)
+        assert inner_of(out, reals) == (chosen, sent_ip), "established flow moved to another real"
+        rounds["est"].append(ns)
+
+        h.wrap(h.bare_fd, h.established, 1)
+        rounds["wvary"].append(timed(shim_fd, h.established, ())[0])
+        h.wrap(katran.prog_fd, h.syn, 1)
+        ns, out = timed(shim_fd, h.syn, NEW_FLOW)  # every pass a distinct flow
+        _, inner = inner_of(out, reals)
+        assert IP(inner).src != "10.0.0.2" and inner == _fresh(inner), "new-flow inner packet"
+        rounds["new"].append(ns)
+
+        h.wrap(katran.prog_fd, h.syn, 2)  # cold: record a working set, then cycle through it
+        timed(shim_fd, h.syn, NEW_FLOW, repeat=h.working_set)
+        h.wrap(h.bare_fd, h.established, 2)
+        rounds["wcold"].append(timed(shim_fd, h.established, ())[0])
+        h.wrap(katran.prog_fd, h.established, 2)
+        ns, out = timed(shim_fd, h.established, FORWARD)
+        inner_of(out, reals)
+        rounds["cold"].append(ns)
+
+        ns, out = timed(katran.prog_fd, h.other, NOT_VIP)  # passed untouched: repeat is sound unwrapped
+        assert out == h.other
+        rounds["nonvip"].append(ns)
+    shim.cleanup()
+
+    med = {k: int(statistics.median(v)) for k, v in rounds.items()}
+    base = h.baseline_ns
+    ns = {"vip_established": med["est"] - med["wfix"] + base,
+          "vip_established_cold": med["cold"] - med["wcold"] + base,
+          "vip_new_flow": med["new"] - med["wvary"] + base,
+          "non_vip": med["nonvip"]}
+    out = {f"{k}_ns": v for k, v in ns.items()}
+    out.update({f"{k}_ratio": round(v / base, 2) for k, v in ns.items()})
+    out.update({
+        "baseline_pass_ns": base,
+        "lru_entries_per_cpu": per_cpu,
+        "source": katran_anchor.upstream(),
+        "build": "clang -O2 -emit-llvm | llc -march=bpf (katran/lib/Makefile-bpf), MAX_CONN_RATE lifted "
+                 "so every new flow is recorded (stock: 125000 new flows/s per CPU, then no LRU insert)",
+        "config": f"one TCP VIP, {len(set(ring))} reals, Maglev ring of {katran_anchor.RING_SIZE} "
+                  f"(Fabric's builder), one LRU per CPU, default gateway MAC in ctl_array",
+        "verdict": "XDP_TX: IPIP to the real, Ethernet to the gateway (Fabric: DNAT, fib lookup, redirect)",
+    })
+    return out
+
+
+def compare(ours: dict, katran: dict) -> dict:
+    """Fabric's ratio over Katran's per case: below 1 means Fabric is cheaper."""
+    if "unavailable" in katran:
+        return {}
+    keys = ("vip_established_ratio", "vip_established_cold_ratio", "vip_new_flow_ratio", "non_vip_ratio")
+    return {k.removesuffix("_ratio"): round(ours[k] / katran[k], 2) for k in keys}

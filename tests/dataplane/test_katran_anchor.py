@@ -1,0 +1,112 @@
+"""Katran, the benchmark's anchor (scripts/katran_anchor.py, scripts/bench_xdp_katran.py):
+built from the vendored sources, loaded and configured for one VIP, it forwards a VIP
+packet (XDP_TX, IPIP to a real of the ring, the packet sent inside) and passes anything
+else untouched; and the benchmark's measured path (shim -> bench.c wrapper -> Katran)
+runs every pass with those verdicts. So bench-xdp's Katran timings time a working balancer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from scapy.all import IP, TCP, Ether, Raw
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import bench_xdp_katran
+import katran_anchor
+
+from agent.dataplane.testrun import XDP_PASS, XDP_TX, run_xdp
+
+VIP = "10.9.0.100"
+BACKENDS = {f"10.1.0.{i}:8080": 1 + i % 3 for i in range(1, 11)}
+WORKING_SET = 65536  # bench.c
+
+
+def packet(dst: str, sport: int = 40000, flags: str = "A", dport: int = 80) -> bytes:
+    return bytes(Ether(dst="02:00:00:00:00:01", src="02:00:00:00:00:02") / IP(src="10.0.0.2", dst=dst)
+                 / TCP(sport=sport, dport=dport, flags=flags) / Raw(b"0123456789"))
+
+
+@pytest.fixture(scope="module")
+def one_cpu():
+    """The LRU is per CPU: a flow recorded by one run_xdp is found by the next on the same CPU."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    yield
+    os.sched_setaffinity(0, cpus)
+
+
+@pytest.fixture(scope="module")
+def katran(require_bpf, one_cpu):
+    work = tempfile.mkdtemp(prefix="katran-test-")
+    anchor = katran_anchor.Katran(katran_anchor.build(Path(work)), 4096)
+    ring = katran_anchor.maglev_ring(BACKENDS)
+    anchor.put_vip(VIP, 80, "tcp", ring, bench_xdp_katran.GATEWAY_MAC)
+    yield anchor, set(ring)
+    anchor.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_vendored_sources_are_pinned_and_licensed():
+    assert katran_anchor.upstream() == "facebookincubator/katran@19f08fec82fb7b5fb14d935a80057bdc0897c8de"
+    assert "GNU GENERAL PUBLIC LICENSE" in (katran_anchor.SOURCES / "LICENSE").read_text()
+
+
+def test_a_vip_packet_leaves_ipip_encapsulated_to_a_real_of_the_ring(katran):
+    anchor, reals = katran
+    before = anchor.counters()
+    for sport in range(40000, 40032):
+        sent = packet(VIP, sport=sport, flags="S")
+        result = run_xdp(anchor.prog_fd, sent)
+        assert result.retval == XDP_TX
+        real, inner = bench_xdp_katran.inner_of(result.output, reals)
+        assert inner == bytes(Ether(sent)[IP])
+        # the flow is recorded: its next packet goes to the same real
+        again = run_xdp(anchor.prog_fd, packet(VIP, sport=sport)).output
+        assert bench_xdp_katran.inner_of(again, reals)[0] == real
+    after = anchor.counters()
+    assert after["tx"] - before["tx"] == 64 and after["syn_misses"] - before["syn_misses"] == 32
+    assert after["non_syn_misses"] == before["non_syn_misses"]
+
+
+@pytest.mark.parametrize("sent", [packet("10.5.5.5"), packet(VIP, dport=81)], ids=["other-ip", "other-port"])
+def test_anything_else_passes_untouched(katran, sent):
+    anchor, _ = katran
+    result = run_xdp(anchor.prog_fd, sent)
+    assert (result.retval, result.output) == (XDP_PASS, sent)
+
+
+def test_the_benchmark_path_forwards_every_pass(require_bpf, one_cpu):
+    """figures() with a small repeat: its own per-call checks (Katran's counters, the last
+    output) are the assertions; a broken shim, wrapper or configuration fails them."""
+    from bcc import BPF
+
+    from agent.dataplane.loader import BPF_DIR
+
+    bench = BPF(src_file=str(BPF_DIR / "bench.c"))
+    wrapper, bare = bench.load_func("xdp_bench", BPF.XDP), bench.load_func("xdp_pass", BPF.XDP)
+    target, inputs = bench[b"bench_target"], bench[b"bench_input"]
+
+    def wrap(prog_fd: int, raw: bytes, vary: int) -> None:
+        import ctypes
+
+        target[ctypes.c_int(0)] = ctypes.c_int(prog_fd)
+        entry = inputs.Leaf()
+        ctypes.memmove(entry.bytes, raw, len(raw))
+        entry.vary = vary
+        inputs[ctypes.c_int(0)] = entry
+
+    baseline = run_xdp(bare.fd, packet(VIP), repeat=1000).duration_ns
+    out = bench_xdp_katran.figures(bench_xdp_katran.Harness(
+        wrapper.fd, bare.fd, wrap, max(1, baseline), packet(VIP), packet(VIP, flags="S"), packet("10.5.5.5"),
+        BACKENDS, repeat=2000, rounds=1, working_set=WORKING_SET, lru_per_cpu=4 * WORKING_SET))
+    bench.cleanup()
+    assert "unavailable" not in out, out
+    assert out["lru_entries_per_cpu"] == 4 * WORKING_SET
+    for case in ("vip_established", "vip_established_cold", "vip_new_flow", "non_vip"):
+        assert out[f"{case}_ns"] > 0 and out[f"{case}_ratio"] > 0, (case, out)
