@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import katran_anchor
 from scapy.all import IP, TCP, Ether
@@ -48,6 +49,8 @@ class Harness:
     rounds: int
     working_set: int
     lru_per_cpu: int        # Fabric's per-CPU share of its flow table: Katran's per-CPU LRU size
+    # fn(cpu) run at once on CPU 0 and CPU 1, results in CPU order (bench-xdp's on_both_cpus); None: skip
+    both_cpus: Callable[[Callable[[int], Any]], list] | None = None
 
 
 def inner_of(out: bytes, reals: set[str]) -> tuple[str, bytes]:
@@ -73,16 +76,18 @@ def figures(h: Harness) -> dict:
     The caller runs pinned to one CPU: the LRU is per CPU and each case records its
     flows in one call and times them in the next."""
     work = Path(tempfile.mkdtemp(prefix="katran-"))
+    loaded: list[katran_anchor.Katran] = []
     try:
-        obj = katran_anchor.build(work)
-        katran = katran_anchor.Katran(obj, h.lru_per_cpu)
+        lifted = katran_anchor.build(work)
+        stock = katran_anchor.build(work, defines=(), name="stock")
+        loaded.append(katran_anchor.Katran(lifted, h.lru_per_cpu))
+        loaded.append(katran_anchor.Katran(stock, h.lru_per_cpu, lrus_of=loaded[0]))
+        return _measure(h, *loaded)
     except katran_anchor.KatranUnavailable as exc:
-        shutil.rmtree(work, ignore_errors=True)
         return {"unavailable": str(exc)}
-    try:
-        return _measure(h, katran)
     finally:
-        katran.close()
+        for katran in reversed(loaded):
+            katran.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -100,18 +105,20 @@ def load_shim(wrapper_fd: int):
     return shim, fn.fd
 
 
-def _measure(h: Harness, katran: katran_anchor.Katran) -> dict:
+def _measure(h: Harness, katran: katran_anchor.Katran, stock: katran_anchor.Katran) -> dict:
+    """katran: MAX_CONN_RATE lifted; stock: as shipped, sharing katran's LRUs (the same full table)."""
     ring = katran_anchor.maglev_ring(h.backends)
     reals = set(ring)
-    vip_dst = Ether(h.established)[IP].dst
-    katran.put_vip(vip_dst, Ether(h.established)[TCP].dport, "tcp", ring, GATEWAY_MAC)
+    for anchor in (katran, stock):
+        anchor.put_vip(Ether(h.established)[IP].dst, Ether(h.established)[TCP].dport, "tcp", ring, GATEWAY_MAC)
     shim, shim_fd = load_shim(h.wrapper_fd)
     sent_ip = bytes(Ether(h.established)[IP])
 
-    def timed(fd: int, raw: bytes, counted: tuple[str, ...], repeat: int = h.repeat) -> tuple[int, bytes]:
-        before = katran.counters()
+    def timed(fd: int, raw: bytes, counted: tuple[str, ...], repeat: int = h.repeat,
+              anchor: katran_anchor.Katran = katran) -> tuple[int, bytes]:
+        before = anchor.counters()
         result = run_xdp(fd, raw, repeat=repeat)
-        after = katran.counters()
+        after = anchor.counters()
         seen = {k: after[k] - before[k] for k in after if after[k] != before[k]}
         assert seen == {k: repeat for k in counted}, seen
         want = XDP_TX if "tx" in counted else XDP_PASS
@@ -125,7 +132,8 @@ def _measure(h: Harness, katran: katran_anchor.Katran) -> dict:
     h.wrap(katran.prog_fd, h.syn, 1)  # steady state: this CPU's LRU full before new flows are timed
     timed(shim_fd, h.syn, NEW_FLOW, repeat=2 * per_cpu)
 
-    rounds: dict[str, list[int]] = {k: [] for k in ("wfix", "est", "wvary", "new", "wcold", "cold", "nonvip")}
+    rounds: dict[str, list[int]] = {k: [] for k in ("wfix", "est", "wvary", "new", "stock_new", "wcold", "cold",
+                                                     "nonvip")}
     for _ in range(h.rounds):
         h.wrap(h.bare_fd, h.established, 0)
         rounds["wfix"].append(timed(shim_fd, h.established, ())[0])
@@ -142,6 +150,10 @@ def _measure(h: Harness, katran: katran_anchor.Katran) -> dict:
         _, inner = inner_of(out, reals)
         assert IP(inner).src != "10.0.0.2" and inner == _fresh(inner), "new-flow inner packet"
         rounds["new"].append(ns)
+        h.wrap(stock.prog_fd, h.syn, 1)  # stock: past 125000 new flows/s per CPU it records none
+        ns, out = timed(shim_fd, h.syn, NEW_FLOW, anchor=stock)
+        inner_of(out, reals)
+        rounds["stock_new"].append(ns)
 
         h.wrap(katran.prog_fd, h.syn, 2)  # cold: record a working set, then cycle through it
         timed(shim_fd, h.syn, NEW_FLOW, repeat=h.working_set)
@@ -155,6 +167,7 @@ def _measure(h: Harness, katran: katran_anchor.Katran) -> dict:
         ns, out = timed(katran.prog_fd, h.other, NOT_VIP)  # passed untouched: repeat is sound unwrapped
         assert out == h.other
         rounds["nonvip"].append(ns)
+    both = _two_cpus(h, katran, shim_fd) if h.both_cpus else None
     shim.cleanup()
 
     med = {k: int(statistics.median(v)) for k, v in rounds.items()}
@@ -162,6 +175,7 @@ def _measure(h: Harness, katran: katran_anchor.Katran) -> dict:
     ns = {"vip_established": med["est"] - med["wfix"] + base,
           "vip_established_cold": med["cold"] - med["wcold"] + base,
           "vip_new_flow": med["new"] - med["wvary"] + base,
+          "vip_new_flow_stock": med["stock_new"] - med["wvary"] + base,
           "non_vip": med["nonvip"]}
     out = {f"{k}_ns": v for k, v in ns.items()}
     out.update({f"{k}_ratio": round(v / base, 2) for k, v in ns.items()})
@@ -170,7 +184,11 @@ def _measure(h: Harness, katran: katran_anchor.Katran) -> dict:
         "lru_entries_per_cpu": per_cpu,
         "source": katran_anchor.upstream(),
         "build": "clang -O2 -emit-llvm | llc -march=bpf (katran/lib/Makefile-bpf), MAX_CONN_RATE lifted "
-                 "so every new flow is recorded (stock: 125000 new flows/s per CPU, then no LRU insert)",
+                 "so every new flow is recorded, as Fabric records every one",
+        "both_cpus": both,
+        "vip_new_flow_stock": "the stock build (MAX_CONN_RATE 125000) on the same full table: past 125000 "
+                              "new flows per second per CPU it stops recording them (a SYN flood guard), so "
+                              "most of a timed run's SYNs skip the LRU insert",
         "config": f"one TCP VIP, {len(set(ring))} reals, Maglev ring of {katran_anchor.RING_SIZE} "
                   f"(Fabric's builder), one LRU per CPU, default gateway MAC in ctl_array",
         "verdict": "XDP_TX: IPIP to the real, Ethernet to the gateway (Fabric: DNAT, fib lookup, redirect)",
@@ -178,9 +196,45 @@ def _measure(h: Harness, katran: katran_anchor.Katran) -> dict:
     return out
 
 
+def _two_cpus(h: Harness, katran: katran_anchor.Katran, shim_fd: int) -> dict:
+    """bench-xdp's two_cpu_figures for Katran: established cold and new flow, both CPUs loaded
+    at once (each CPU its own flows and its own LRU), every pass's verdict checked in aggregate."""
+    ack, syn, run = h.established, h.syn, h.both_cpus
+    figures: dict[str, list[int]] = {"est_cold": [], "new": []}
+    for _ in range(h.rounds):
+        h.wrap(katran.prog_fd, syn, 2)
+        before = katran.counters()
+        run(lambda cpu: run_xdp(shim_fd, syn, repeat=h.working_set))
+        h.wrap(h.bare_fd, ack, 2)
+        wrapper_ns = run(lambda cpu: run_xdp(shim_fd, ack, repeat=h.repeat).duration_ns)
+        h.wrap(katran.prog_fd, ack, 2)
+        est = run(lambda cpu: run_xdp(shim_fd, ack, repeat=h.repeat).duration_ns)
+        h.wrap(h.bare_fd, syn, 1)
+        wrapper_vary_ns = run(lambda cpu: run_xdp(shim_fd, syn, repeat=h.repeat).duration_ns)
+        h.wrap(katran.prog_fd, syn, 1)
+        new = run(lambda cpu: run_xdp(shim_fd, syn, repeat=h.repeat).duration_ns)
+        after = katran.counters()
+        seen = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+        forwarded, created = 2 * (h.working_set + 2 * h.repeat), 2 * (h.working_set + h.repeat)
+        assert seen == {**{k: forwarded for k in FORWARD}, "lru_misses": created, "syn_misses": created}, seen
+        for cpu in (0, 1):
+            figures["est_cold"].append(est[cpu] - wrapper_ns[cpu] + h.baseline_ns)
+            figures["new"].append(new[cpu] - wrapper_vary_ns[cpu] + h.baseline_ns)
+    med = {k: int(statistics.median(v)) for k, v in figures.items()}
+    return {"vip_established_cold_ns": med["est_cold"],
+            "vip_established_cold_ratio": round(med["est_cold"] / h.baseline_ns, 2),
+            "vip_new_flow_ns": med["new"], "vip_new_flow_ratio": round(med["new"] / h.baseline_ns, 2)}
+
+
 def compare(ours: dict, katran: dict) -> dict:
     """Fabric's ratio over Katran's per case: below 1 means Fabric is cheaper."""
     if "unavailable" in katran:
         return {}
     keys = ("vip_established_ratio", "vip_established_cold_ratio", "vip_new_flow_ratio", "non_vip_ratio")
-    return {k.removesuffix("_ratio"): round(ours[k] / katran[k], 2) for k in keys}
+    out = {k.removesuffix("_ratio"): round(ours[k] / katran[k], 2) for k in keys}
+    out["vip_new_flow_vs_stock"] = round(ours["vip_new_flow_ratio"] / katran["vip_new_flow_stock_ratio"], 2)
+    if katran.get("both_cpus") and "percpu_lru" in ours.get("both_cpus", {}):
+        mine, theirs = ours["both_cpus"]["percpu_lru"], katran["both_cpus"]
+        for k in ("vip_established_cold_ratio", "vip_new_flow_ratio"):
+            out["both_cpus_" + k.removesuffix("_ratio")] = round(mine[k] / theirs[k], 2)
+    return out

@@ -38,12 +38,12 @@ class KatranUnavailable(RuntimeError):
     """Katran could not be built or loaded here; the message says exactly why."""
 
 
-def build(out_dir: Path, defines: tuple[str, ...] = (LIFTED_CONN_RATE,)) -> Path:
-    """balancer.bpf.o compiled with Katran's flags (-O2, BTF from -g, llc -march=bpf)."""
+def build(out_dir: Path, defines: tuple[str, ...] = (LIFTED_CONN_RATE,), name: str = "balancer.bpf") -> Path:
+    """out_dir/name.o: balancer.bpf.c compiled with Katran's flags (-O2, BTF from -g, llc -march=bpf)."""
     for tool in ("clang", "llc"):
         if shutil.which(tool) is None:
             raise KatranUnavailable(f"{tool} not found (Debian packages clang, llvm)")
-    obj = Path(out_dir) / "balancer.bpf.o"
+    obj = Path(out_dir) / f"{name}.o"
     cflags = ["-I", str(SOURCES), "-D__KERNEL__", *defines, "-Wno-unused-value", "-Wno-pointer-sign",
               "-Wno-compare-distinct-pointer-types", "-O2", "-emit-llvm", "-c", "-g"]
     src = SOURCES / "katran" / "lib" / "bpf" / "balancer.bpf.c"
@@ -97,15 +97,17 @@ def _addr16(ip: str) -> bytes:
 
 
 class Katran:
-    """One loaded balancer.bpf.o with its maps; close() frees it."""
+    """One loaded balancer.bpf.o with its maps; close() frees it. With `lrus_of`, its
+    per-CPU LRUs (the connection table) are this one's too: two builds, one table."""
 
-    def __init__(self, obj_path: Path, lru_entries_per_cpu: int):
+    def __init__(self, obj_path: Path, lru_entries_per_cpu: int, lrus_of: Katran | None = None):
         self._lib = lib = _lib()
         self._obj = lib.bpf_object__open_file(str(obj_path).encode(), None)
         if not self._obj:
             _check(-1, f"bpf_object__open_file({obj_path})")
         self._lru_fds: list[int] = []
-        self.lru_entries_per_cpu = lru_entries_per_cpu
+        self._owns_lrus = lrus_of is None
+        self.lru_entries_per_cpu = lru_entries_per_cpu if lrus_of is None else lrus_of.lru_entries_per_cpu
         try:
             # one VIP: its ring only (the stock map holds MAX_VIPS rings, 128 MiB); the
             # QUIC server-id array is never read for a TCP VIP. An array lookup costs the
@@ -124,9 +126,12 @@ class Katran:
             fallback = self._map("fallback_cache")
             key_size, value_size = lib.bpf_map__key_size(fallback), lib.bpf_map__value_size(fallback)
             for cpu in range(self.ncpus):  # KatranLb::initLrus: one LRU per CPU, total/ncpus each
-                fd = _check(lib.bpf_map_create(BPF_MAP_TYPE_LRU_HASH, b"katran_lru", key_size, value_size,
-                                               lru_entries_per_cpu, None), "creating a per-CPU LRU")
-                self._lru_fds.append(fd)
+                if lrus_of is None:
+                    fd = _check(lib.bpf_map_create(BPF_MAP_TYPE_LRU_HASH, b"katran_lru", key_size, value_size,
+                                                   lru_entries_per_cpu, None), "creating a per-CPU LRU")
+                    self._lru_fds.append(fd)
+                else:
+                    fd = lrus_of._lru_fds[cpu]
                 self._update("lru_mapping", ctypes.c_uint32(cpu), ctypes.c_uint32(fd))
         except BaseException:
             self.close()
@@ -182,7 +187,7 @@ class Katran:
         return out
 
     def close(self) -> None:
-        for fd in self._lru_fds:
+        for fd in self._lru_fds if self._owns_lrus else ():
             os.close(fd)
         self._lru_fds = []
         if self._obj:

@@ -14,22 +14,18 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from scapy.all import IP, TCP, Ether, Raw
+from scapy.all import IP, Ether
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import bench_xdp_katran
 import katran_anchor
+from xdp_bench_wrapper import BenchWrapper, on_both_cpus, packet
 
 from agent.dataplane.testrun import XDP_PASS, XDP_TX, run_xdp
 
 VIP = "10.9.0.100"
 BACKENDS = {f"10.1.0.{i}:8080": 1 + i % 3 for i in range(1, 11)}
 WORKING_SET = 65536  # bench.c
-
-
-def packet(dst: str, sport: int = 40000, flags: str = "A", dport: int = 80) -> bytes:
-    return bytes(Ether(dst="02:00:00:00:00:01", src="02:00:00:00:00:02") / IP(src="10.0.0.2", dst=dst)
-                 / TCP(sport=sport, dport=dport, flags=flags) / Raw(b"0123456789"))
 
 
 @pytest.fixture(scope="module")
@@ -84,29 +80,15 @@ def test_anything_else_passes_untouched(katran, sent):
 def test_the_benchmark_path_forwards_every_pass(require_bpf, one_cpu):
     """figures() with a small repeat: its own per-call checks (Katran's counters, the last
     output) are the assertions; a broken shim, wrapper or configuration fails them."""
-    from bcc import BPF
-
-    from agent.dataplane.loader import BPF_DIR
-
-    bench = BPF(src_file=str(BPF_DIR / "bench.c"))
-    wrapper, bare = bench.load_func("xdp_bench", BPF.XDP), bench.load_func("xdp_pass", BPF.XDP)
-    target, inputs = bench[b"bench_target"], bench[b"bench_input"]
-
-    def wrap(prog_fd: int, raw: bytes, vary: int) -> None:
-        import ctypes
-
-        target[ctypes.c_int(0)] = ctypes.c_int(prog_fd)
-        entry = inputs.Leaf()
-        ctypes.memmove(entry.bytes, raw, len(raw))
-        entry.vary = vary
-        inputs[ctypes.c_int(0)] = entry
-
-    baseline = run_xdp(bare.fd, packet(VIP), repeat=1000).duration_ns
+    harness = BenchWrapper()
+    baseline = run_xdp(harness.bare.fd, packet(VIP), repeat=1000).duration_ns
     out = bench_xdp_katran.figures(bench_xdp_katran.Harness(
-        wrapper.fd, bare.fd, wrap, max(1, baseline), packet(VIP), packet(VIP, flags="S"), packet("10.5.5.5"),
-        BACKENDS, repeat=2000, rounds=1, working_set=WORKING_SET, lru_per_cpu=4 * WORKING_SET))
-    bench.cleanup()
+        harness.wrapper.fd, harness.bare.fd, harness.wrap, max(1, baseline),
+        packet(VIP), packet(VIP, flags="S"), packet("10.5.5.5"), BACKENDS, repeat=2000, rounds=1, working_set=WORKING_SET, lru_per_cpu=4 * WORKING_SET,
+        both_cpus=on_both_cpus))
+    harness.close()
     assert "unavailable" not in out, out
     assert out["lru_entries_per_cpu"] == 4 * WORKING_SET
-    for case in ("vip_established", "vip_established_cold", "vip_new_flow", "non_vip"):
+    for case in ("vip_established", "vip_established_cold", "vip_new_flow", "vip_new_flow_stock", "non_vip"):
         assert out[f"{case}_ns"] > 0 and out[f"{case}_ratio"] > 0, (case, out)
+    assert out["both_cpus"]["vip_established_cold_ns"] > 0 and out["both_cpus"]["vip_new_flow_ns"] > 0
