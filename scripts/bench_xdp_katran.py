@@ -181,6 +181,8 @@ def _measure(h: Harness, katran: katran_anchor.Katran, stock: katran_anchor.Katr
     out.update({f"{k}_ratio": round(v / base, 2) for k, v in ns.items()})
     out.update({
         "baseline_pass_ns": base,
+        "wrapper_overhead_ns": med["wfix"] - base,  # shim + bench.c around XDP_PASS, subtracted above
+        "wrapper_vary_overhead_ns": med["wvary"] - base,
         "lru_entries_per_cpu": per_cpu,
         "source": katran_anchor.upstream(),
         "build": "clang -O2 -emit-llvm | llc -march=bpf (katran/lib/Makefile-bpf), MAX_CONN_RATE lifted "
