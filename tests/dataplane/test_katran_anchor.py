@@ -92,3 +92,10 @@ def test_the_benchmark_path_forwards_every_pass(require_bpf, one_cpu):
     for case in ("vip_established", "vip_established_cold", "vip_new_flow", "vip_new_flow_stock", "non_vip"):
         assert out[f"{case}_ns"] > 0 and out[f"{case}_ratio"] > 0, (case, out)
     assert out["both_cpus"]["vip_established_cold_ns"] > 0 and out["both_cpus"]["vip_new_flow_ns"] > 0
+
+
+def test_the_benchmark_says_exactly_why_katran_is_unavailable(monkeypatch):
+    """No clang on the PATH: figures() reports the reason instead of figures (bench-xdp's JSON)."""
+    monkeypatch.setattr(katran_anchor.shutil, "which", lambda tool: None if tool == "clang" else "/usr/bin/" + tool)
+    out = bench_xdp_katran.figures(None)  # the build fails before the harness is touched
+    assert out == {"unavailable": "clang not found (Debian packages clang, llvm)"}
