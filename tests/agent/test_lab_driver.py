@@ -15,6 +15,7 @@ import pytest
 
 from agent.vm.base import VmSpec
 from agent.vm.lab_driver import LabDriver, LabNetwork
+from controlplane.lab.tiny_model import write_tiny_adapter
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="needs root and iproute2 for network namespaces")
@@ -79,9 +80,17 @@ def test_replica_namespace_serves_is_adopted_after_restart_and_is_deleted_whole(
     pids_after = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
     assert pids_after == pids_before, "adoption must not start a second engine"
 
-    # A second replica gets the next address; the first keeps serving.
-    st2 = again.create(VmSpec(replica_id="m-1-def", deployment="m", model_name="lab-model", model_source="x"))
+    # A second replica gets the next address; the first keeps serving. This one's model has LoRA
+    # adapters: its engine sees their set as /adapters and loads from the files there only.
+    adapters = write_tiny_adapter(state / "adapter-set" / "sql").parent
+    st2 = again.create(VmSpec(replica_id="m-1-def", deployment="m", model_name="lab-model", model_source="x",
+                              adapters_dir=str(adapters), max_loras=2))
     assert st2.host == "10.252.7.11"
+    wait_models(st2.host)
+    load = "http://10.252.7.11:8000/v1/load_lora_adapter"
+    assert httpx.post(load, json={"lora_name": "sql", "lora_path": "/adapters/sql"}).status_code == 200
+    ghost = httpx.post(load, json={"lora_name": "ghost", "lora_path": "/adapters/ghost"})
+    assert ghost.status_code == 400 and "No adapter found" in ghost.text
 
     assert again.delete("m-0-abc") is True
     assert not Path("/var/run/netns", ns).exists()
