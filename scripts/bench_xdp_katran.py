@@ -3,6 +3,7 @@ program: the same packets, the same bench.c wrapper (restore the bytes, vary the
 tail-call the program), the same wrapper-around-XDP_PASS subtraction and the same
 same-run baseline, with dataplane/bench/katran_shim.c in front to pop the IPIP header
 each pass pushed (scripts/katran_anchor.py builds and configures Katran).
+bench-xdp calls start(), then round() after each of its own rounds, then finish().
 
 Every timed call checks Katran's own counters (every pass XDP_TX, and for new flows
 every pass a SYN miss; no other miss) and the last pass's output (IPIP to a real of
@@ -40,7 +41,6 @@ class Harness:
     wrapper_fd: int
     bare_fd: int
     wrap: Callable[[int, bytes, int], None]
-    baseline_ns: int
     established: bytes      # VIP, ACK
     syn: bytes              # VIP, SYN
     other: bytes            # not a VIP
@@ -71,24 +71,30 @@ def _fresh(ip: bytes) -> bytes:
     return bytes(IP(bytes(pkt)))
 
 
-def figures(h: Harness) -> dict:
-    """Katran's figures, or {"unavailable": why} when it cannot be built or loaded here.
-    The caller runs pinned to one CPU: the LRU is per CPU and each case records its
-    flows in one call and times them in the next."""
-    work = Path(tempfile.mkdtemp(prefix="katran-"))
-    loaded: list[katran_anchor.Katran] = []
+def start(h: Harness) -> KatranBench | str:
+    """Katran built, loaded, configured and its table filled; or why it cannot be, here."""
     try:
-        lifted = katran_anchor.build(work)
-        stock = katran_anchor.build(work, defines=(), name="stock")
-        loaded.append(katran_anchor.Katran(lifted, h.lru_per_cpu))
-        loaded.append(katran_anchor.Katran(stock, h.lru_per_cpu, lrus_of=loaded[0]))
-        return _measure(h, *loaded)
+        return KatranBench(h)
     except katran_anchor.KatranUnavailable as exc:
-        return {"unavailable": str(exc)}
+        return str(exc)
+
+
+def finish(bench: KatranBench | str, baseline_ns: int) -> dict:
+    """The JSON's "katran": figures against the same-run baseline, or {"unavailable": why}."""
+    if isinstance(bench, str):
+        return {"unavailable": bench}
+    try:
+        return bench.result(baseline_ns)
     finally:
-        for katran in reversed(loaded):
-            katran.close()
-        shutil.rmtree(work, ignore_errors=True)
+        bench.close()
+
+
+def figures(h: Harness, baseline_ns: int) -> dict:
+    """start, h.rounds rounds, finish: Katran measured on its own (bench-xdp interleaves the rounds)."""
+    bench = start(h)
+    for _ in range(h.rounds if not isinstance(bench, str) else 0):
+        bench.round()
+    return finish(bench, baseline_ns)
 
 
 def possible_cpus() -> int:
@@ -105,17 +111,50 @@ def load_shim(wrapper_fd: int):
     return shim, fn.fd
 
 
-def _measure(h: Harness, katran: katran_anchor.Katran, stock: katran_anchor.Katran) -> dict:
-    """katran: MAX_CONN_RATE lifted; stock: as shipped, sharing katran's LRUs (the same full table)."""
-    ring = katran_anchor.maglev_ring(h.backends)
-    reals = set(ring)
-    for anchor in (katran, stock):
-        anchor.put_vip(Ether(h.established)[IP].dst, Ether(h.established)[TCP].dport, "tcp", ring, GATEWAY_MAC)
-    shim, shim_fd = load_shim(h.wrapper_fd)
-    sent_ip = bytes(Ether(h.established)[IP])
+class KatranBench:
+    """Two builds loaded: `katran` (MAX_CONN_RATE lifted) and `stock` (as shipped, sharing
+    katran's LRUs: the same full table). The caller runs pinned to one CPU: the LRU is per
+    CPU and each case records its flows in one call and times them in the next."""
 
-    def timed(fd: int, raw: bytes, counted: tuple[str, ...], repeat: int = h.repeat,
-              anchor: katran_anchor.Katran = katran) -> tuple[int, bytes]:
+    def __init__(self, h: Harness):
+        self.h = h
+        self._work = Path(tempfile.mkdtemp(prefix="katran-"))
+        self._loaded: list[katran_anchor.Katran] = []
+        self._shim = None
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self) -> None:
+        h = self.h
+        lifted = katran_anchor.build(self._work)
+        stock = katran_anchor.build(self._work, defines=(), name="stock")
+        self.katran = katran_anchor.Katran(lifted, h.lru_per_cpu)
+        self._loaded.append(self.katran)
+        self.stock = katran_anchor.Katran(stock, h.lru_per_cpu, lrus_of=self.katran)
+        self._loaded.append(self.stock)
+        self.ring = katran_anchor.maglev_ring(h.backends)
+        self.reals = set(self.ring)
+        for anchor in self._loaded:
+            anchor.put_vip(Ether(h.established)[IP].dst, Ether(h.established)[TCP].dport, "tcp", self.ring,
+                           GATEWAY_MAC)
+        self._shim, self.shim_fd = load_shim(h.wrapper_fd)
+        self.sent_ip = bytes(Ether(h.established)[IP])
+        h.wrap(self.katran.prog_fd, h.established, 0)
+        self.chosen, inner = inner_of(run_xdp(self.shim_fd, h.established).output, self.reals)
+        assert inner == self.sent_ip, "Katran's inner packet differs from the one sent"
+        h.wrap(self.katran.prog_fd, h.syn, 1)  # steady state: this CPU's LRU full before new flows are timed
+        self._timed(self.shim_fd, h.syn, NEW_FLOW, repeat=2 * self.katran.lru_entries_per_cpu)
+        self.rounds: dict[str, list[int]] = {k: [] for k in ("wfix", "est", "wvary", "new", "stock_new", "wcold",
+                                                             "cold", "nonvip")}
+
+    def _timed(self, fd: int, raw: bytes, counted: tuple[str, ...], repeat: int | None = None,
+               anchor: katran_anchor.Katran | None = None) -> tuple[int, bytes]:
+        """Run; every pass must show `counted` in the anchor's counters (nothing else); ns, last output."""
+        anchor = anchor or self.katran
+        repeat = repeat or self.h.repeat
         before = anchor.counters()
         result = run_xdp(fd, raw, repeat=repeat)
         after = anchor.counters()
@@ -125,80 +164,83 @@ def _measure(h: Harness, katran: katran_anchor.Katran, stock: katran_anchor.Katr
         assert result.retval == want, result.retval
         return result.duration_ns, result.output
 
-    h.wrap(katran.prog_fd, h.established, 0)
-    chosen, inner = inner_of(run_xdp(shim_fd, h.established).output, reals)
-    assert inner == sent_ip, "Katran's inner packet differs from the one sent"
-    per_cpu = katran.lru_entries_per_cpu
-    h.wrap(katran.prog_fd, h.syn, 1)  # steady state: this CPU's LRU full before new flows are timed
-    timed(shim_fd, h.syn, NEW_FLOW, repeat=2 * per_cpu)
-
-    rounds: dict[str, list[int]] = {k: [] for k in ("wfix", "est", "wvary", "new", "stock_new", "wcold", "cold",
-                                                     "nonvip")}
-    for _ in range(h.rounds):
+    def round(self) -> None:
+        """Each case timed once (the harness's order), checked pass by pass and on its last output."""
+        h, k, timed, shim_fd, rounds = self.h, self.katran, self._timed, self.shim_fd, self.rounds
         h.wrap(h.bare_fd, h.established, 0)
         rounds["wfix"].append(timed(shim_fd, h.established, ())[0])
-        h.wrap(katran.prog_fd, h.established, 0)
+        h.wrap(k.prog_fd, h.established, 0)
         run_xdp(shim_fd, h.established)  # the last round's new flows evicted it: recorded again, untimed
         ns, out = timed(shim_fd, h.established, FORWARD)
-        assert inner_of(out, reals) == (chosen, sent_ip), "established flow moved to another real"
+        assert inner_of(out, self.reals) == (self.chosen, self.sent_ip), "established flow moved to another real"
         rounds["est"].append(ns)
 
         h.wrap(h.bare_fd, h.established, 1)
         rounds["wvary"].append(timed(shim_fd, h.established, ())[0])
-        h.wrap(katran.prog_fd, h.syn, 1)
+        h.wrap(k.prog_fd, h.syn, 1)
         ns, out = timed(shim_fd, h.syn, NEW_FLOW)  # every pass a distinct flow
-        _, inner = inner_of(out, reals)
+        _, inner = inner_of(out, self.reals)
         assert IP(inner).src != "10.0.0.2" and inner == _fresh(inner), "new-flow inner packet"
         rounds["new"].append(ns)
-        h.wrap(stock.prog_fd, h.syn, 1)  # stock: past 125000 new flows/s per CPU it records none
-        ns, out = timed(shim_fd, h.syn, NEW_FLOW, anchor=stock)
-        inner_of(out, reals)
+        h.wrap(self.stock.prog_fd, h.syn, 1)  # stock: past 125000 new flows/s per CPU it records none
+        ns, out = timed(shim_fd, h.syn, NEW_FLOW, anchor=self.stock)
+        inner_of(out, self.reals)
         rounds["stock_new"].append(ns)
 
-        h.wrap(katran.prog_fd, h.syn, 2)  # cold: record a working set, then cycle through it
+        h.wrap(k.prog_fd, h.syn, 2)  # cold: record a working set, then cycle through it
         timed(shim_fd, h.syn, NEW_FLOW, repeat=h.working_set)
         h.wrap(h.bare_fd, h.established, 2)
         rounds["wcold"].append(timed(shim_fd, h.established, ())[0])
-        h.wrap(katran.prog_fd, h.established, 2)
+        h.wrap(k.prog_fd, h.established, 2)
         ns, out = timed(shim_fd, h.established, FORWARD)
-        inner_of(out, reals)
+        inner_of(out, self.reals)
         rounds["cold"].append(ns)
 
-        ns, out = timed(katran.prog_fd, h.other, NOT_VIP)  # passed untouched: repeat is sound unwrapped
+        ns, out = timed(k.prog_fd, h.other, NOT_VIP)  # passed untouched: repeat is sound unwrapped
         assert out == h.other
         rounds["nonvip"].append(ns)
-    both = _two_cpus(h, katran, shim_fd) if h.both_cpus else None
-    shim.cleanup()
 
-    med = {k: int(statistics.median(v)) for k, v in rounds.items()}
-    base = h.baseline_ns
-    ns = {"vip_established": med["est"] - med["wfix"] + base,
-          "vip_established_cold": med["cold"] - med["wcold"] + base,
-          "vip_new_flow": med["new"] - med["wvary"] + base,
-          "vip_new_flow_stock": med["stock_new"] - med["wvary"] + base,
-          "non_vip": med["nonvip"]}
-    out = {f"{k}_ns": v for k, v in ns.items()}
-    out.update({f"{k}_ratio": round(v / base, 2) for k, v in ns.items()})
-    out.update({
-        "baseline_pass_ns": base,
-        "wrapper_overhead_ns": med["wfix"] - base,  # shim + bench.c around XDP_PASS, subtracted above
-        "wrapper_vary_overhead_ns": med["wvary"] - base,
-        "lru_entries_per_cpu": per_cpu,
-        "source": katran_anchor.upstream(),
-        "build": "clang -O2 -emit-llvm | llc -march=bpf (katran/lib/Makefile-bpf), MAX_CONN_RATE lifted "
-                 "so every new flow is recorded, as Fabric records every one",
-        "both_cpus": both,
-        "vip_new_flow_stock": "the stock build (MAX_CONN_RATE 125000) on the same full table: past 125000 "
-                              "new flows per second per CPU it stops recording them (a SYN flood guard), so "
-                              "most of a timed run's SYNs skip the LRU insert",
-        "config": f"one TCP VIP, {len(set(ring))} reals, Maglev ring of {katran_anchor.RING_SIZE} "
-                  f"(Fabric's builder), one LRU per CPU, default gateway MAC in ctl_array",
-        "verdict": "XDP_TX: IPIP to the real, Ethernet to the gateway (Fabric: DNAT, fib lookup, redirect)",
-    })
-    return out
+    def result(self, base: int) -> dict:
+        """Medians of the rounds, each case's wrapper cost replaced by the same-run baseline."""
+        both = _two_cpus(self.h, self.katran, self.shim_fd, base) if self.h.both_cpus else None
+        med = {k: int(statistics.median(v)) for k, v in self.rounds.items()}
+        ns = {"vip_established": med["est"] - med["wfix"] + base,
+              "vip_established_cold": med["cold"] - med["wcold"] + base,
+              "vip_new_flow": med["new"] - med["wvary"] + base,
+              "vip_new_flow_stock": med["stock_new"] - med["wvary"] + base,
+              "non_vip": med["nonvip"]}
+        out: dict = {f"{k}_ns": v for k, v in ns.items()}
+        out.update({f"{k}_ratio": round(v / base, 2) for k, v in ns.items()})
+        out.update({
+            "baseline_pass_ns": base,
+            "rounds": len(self.rounds["est"]),
+            "wrapper_overhead_ns": med["wfix"] - base,  # shim + bench.c around XDP_PASS, subtracted above
+            "wrapper_vary_overhead_ns": med["wvary"] - base,
+            "lru_entries_per_cpu": self.katran.lru_entries_per_cpu,
+            "source": katran_anchor.upstream(),
+            "build": "clang -O2 -emit-llvm | llc -march=bpf (katran/lib/Makefile-bpf), MAX_CONN_RATE lifted "
+                     "so every new flow is recorded, as Fabric records every one",
+            "both_cpus": both,
+            "vip_new_flow_stock": "the stock build (MAX_CONN_RATE 125000) on the same full table: past 125000 "
+                                  "new flows per second per CPU it stops recording them (a SYN flood guard), "
+                                  "so most of a timed run's SYNs skip the LRU insert",
+            "config": f"one TCP VIP, {len(self.reals)} reals, Maglev ring of {katran_anchor.RING_SIZE} "
+                      f"(Fabric's builder), one LRU per CPU, default gateway MAC in ctl_array",
+            "verdict": "XDP_TX: IPIP to the real, Ethernet to the gateway (Fabric: DNAT, fib lookup, redirect)",
+        })
+        return out
+
+    def close(self) -> None:
+        if self._shim is not None:
+            self._shim.cleanup()
+            self._shim = None
+        for anchor in reversed(self._loaded):
+            anchor.close()
+        self._loaded = []
+        shutil.rmtree(self._work, ignore_errors=True)
 
 
-def _two_cpus(h: Harness, katran: katran_anchor.Katran, shim_fd: int) -> dict:
+def _two_cpus(h: Harness, katran: katran_anchor.Katran, shim_fd: int, baseline_ns: int) -> dict:
     """bench-xdp's two_cpu_figures for Katran: established cold and new flow, both CPUs loaded
     at once (each CPU its own flows and its own LRU), every pass's verdict checked in aggregate."""
     ack, syn, run = h.established, h.syn, h.both_cpus
@@ -220,12 +262,12 @@ def _two_cpus(h: Harness, katran: katran_anchor.Katran, shim_fd: int) -> dict:
         forwarded, created = 2 * (h.working_set + 2 * h.repeat), 2 * (h.working_set + h.repeat)
         assert seen == {**{k: forwarded for k in FORWARD}, "lru_misses": created, "syn_misses": created}, seen
         for cpu in (0, 1):
-            figures["est_cold"].append(est[cpu] - wrapper_ns[cpu] + h.baseline_ns)
-            figures["new"].append(new[cpu] - wrapper_vary_ns[cpu] + h.baseline_ns)
+            figures["est_cold"].append(est[cpu] - wrapper_ns[cpu] + baseline_ns)
+            figures["new"].append(new[cpu] - wrapper_vary_ns[cpu] + baseline_ns)
     med = {k: int(statistics.median(v)) for k, v in figures.items()}
     return {"vip_established_cold_ns": med["est_cold"],
-            "vip_established_cold_ratio": round(med["est_cold"] / h.baseline_ns, 2),
-            "vip_new_flow_ns": med["new"], "vip_new_flow_ratio": round(med["new"] / h.baseline_ns, 2)}
+            "vip_established_cold_ratio": round(med["est_cold"] / baseline_ns, 2),
+            "vip_new_flow_ns": med["new"], "vip_new_flow_ratio": round(med["new"] / baseline_ns, 2)}
 
 
 def compare(ours: dict, katran: dict) -> dict:

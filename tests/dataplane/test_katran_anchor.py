@@ -83,9 +83,9 @@ def test_the_benchmark_path_forwards_every_pass(require_bpf, one_cpu):
     harness = BenchWrapper()
     baseline = run_xdp(harness.bare.fd, packet(VIP), repeat=1000).duration_ns
     out = bench_xdp_katran.figures(bench_xdp_katran.Harness(
-        harness.wrapper.fd, harness.bare.fd, harness.wrap, max(1, baseline),
+        harness.wrapper.fd, harness.bare.fd, harness.wrap,
         packet(VIP), packet(VIP, flags="S"), packet("10.5.5.5"), BACKENDS, repeat=2000, rounds=1, working_set=WORKING_SET, lru_per_cpu=4 * WORKING_SET,
-        both_cpus=on_both_cpus))
+        both_cpus=on_both_cpus), max(1, baseline))
     harness.close()
     assert "unavailable" not in out, out
     assert out["lru_entries_per_cpu"] == 4 * WORKING_SET
@@ -97,5 +97,5 @@ def test_the_benchmark_path_forwards_every_pass(require_bpf, one_cpu):
 def test_the_benchmark_says_exactly_why_katran_is_unavailable(monkeypatch):
     """No clang on the PATH: figures() reports the reason instead of figures (bench-xdp's JSON)."""
     monkeypatch.setattr(katran_anchor.shutil, "which", lambda tool: None if tool == "clang" else "/usr/bin/" + tool)
-    out = bench_xdp_katran.figures(None)  # the build fails before the harness is touched
+    out = bench_xdp_katran.figures(None, 1)  # the build fails before the harness is touched
     assert out == {"unavailable": "clang not found (Debian packages clang, llvm)"}
