@@ -343,7 +343,7 @@ class GatewayApp:
             identity = await self.state.auth.identify(request_headers(scope["headers"]), None)
             found = self.state.router.explanation(request_id, identity.subject)
             if found is None:
-                raise NotFound("no explanation for this request id (kept 10 minutes, for its caller only)",
+                raise NotFound("no explanation for this request id (kept 10 minutes by default, for its caller only)",
                                code="not_found")
             await send_json(send, 200, json.dumps(found).encode())
         except FabricError as exc:

@@ -18,6 +18,7 @@ from gateway.limits import LimitKeeper
 from gateway.metrics import GatewayMetrics
 from gateway.model_routing import CatalogueCache
 from gateway.oidc import OidcVerifier
+from gateway.replica_router import ReplicaRouter
 from gateway.settings import BackendTls, GatewaySettings
 from gateway.slots import SlotHolder
 from gateway.telemetry import Tracer
@@ -84,6 +85,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
         tokens=TokenCounter(store),
+        router=ReplicaRouter(explain_ttl=settings.explain_secs),
         dispatcher=dispatcher(settings, upstreams, metrics, slots),
         external=ExternalRouter(settings.idle_secs, settings.provider_key_dir, on_key_state=metrics.key_state),
     )

@@ -61,6 +61,7 @@ def serve(
     from common.apikeys import HmacSecretError, load_hmac_secret
     from common.private_fs import private_dir, restrict_umask
     from common.store.base import open_store
+    from gateway import heap_profile
     from gateway import settings as settings_mod
     from gateway.assemble import create_app
 
@@ -80,7 +81,8 @@ def serve(
     try:
         settings = settings_mod.load()
         hmac_secret = load_hmac_secret()
-    except (settings_mod.SettingsError, HmacSecretError) as exc:
+        profiler = heap_profile.from_env(state_dir)  # FABRIC_GATEWAY_TRACEMALLOC: off unless set
+    except (settings_mod.SettingsError, HmacSecretError, ValueError) as exc:
         typer.echo(f"fabric-gateway: {exc}", err=True)
         raise typer.Exit(2) from None
     # The state dir holds the store and the gateway's key: 0700, and every file made from here on 0600.
@@ -102,12 +104,14 @@ def serve(
                    lifespan="on", proxy_headers=False, **ssl_args)
     if workers == 1:
         asgi = create_app(settings, open_store(store, state_dir), hmac_secret, gid)
+        _profile(profiler, asgi)
         uvicorn.run(asgi, host=host, port=port, **uv_args)
         return
 
     def run_worker(sock: socket.socket) -> None:
         # Runs in the forked child: the store, its threads and the event loop are made here.
         asgi = create_app(settings, open_store(store, state_dir), hmac_secret, gid)
+        _profile(profiler, asgi)  # each worker answers SIGUSR2 with its own report
         uvicorn.Server(uvicorn.Config(asgi, **uv_args)).run(sockets=[sock])
 
     try:
@@ -115,10 +119,21 @@ def serve(
     except OSError as exc:
         typer.echo(f"fabric-gateway: cannot listen on {listen}: {exc}", err=True)
         raise typer.Exit(1) from None
+    if profiler is not None:
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the supervisor has no heap worth reporting
     try:
         supervise(socks, run_worker)
     finally:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+
+def _profile(profiler, asgi) -> None:
+    """FABRIC_GATEWAY_TRACEMALLOC: SIGUSR2 writes a heap report (gateway.heap_profile)."""
+    if profiler is not None:
+        from gateway.heap_profile import cache_sizes
+
+        profiler.caches = lambda: cache_sizes(asgi)
+        profiler.install()
 
 
 def default_workers() -> int:

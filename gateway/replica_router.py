@@ -28,6 +28,7 @@ EXPLAIN_TTL = 600.0
 class ReplicaRouter:
     policy: PrefixPolicy = field(default_factory=PrefixPolicy)
     max_nodes: int = 100_000
+    explain_ttl: float = EXPLAIN_TTL  # FABRIC_GATEWAY_EXPLAIN_SECS
     _trees: OrderedDict[str, PrefixTree] = field(default_factory=OrderedDict)
     _in_flight: dict[str, int] = field(default_factory=dict)
     _rr: dict[str, int] = field(default_factory=dict)
@@ -86,7 +87,7 @@ class ReplicaRouter:
 
     def remember(self, request_id: str, subject: str, explanation: dict, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        self._explained[request_id] = (now + EXPLAIN_TTL, subject, explanation)
+        self._explained[request_id] = (now + self.explain_ttl, subject, explanation)
         while len(self._explained) > MAX_EXPLANATIONS:
             self._explained.popitem(last=False)
         while self._explained:  # drop the expired from the old end

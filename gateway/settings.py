@@ -64,6 +64,7 @@ class GatewaySettings:
     oidc_endpoints_claim: str = "fabric_endpoints"
     slot_lease_secs: int = 10  # in-flight slots of a dead gateway come back within this
     upstream_client: str = "http1"  # or "aiohttp" (needs aiohttp importable; for measurement)
+    explain_secs: float = 600.0  # FABRIC_GATEWAY_EXPLAIN_SECS: how long a call's routing explanation is kept
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -180,6 +181,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         oidc_endpoints_claim=env.get("FABRIC_OIDC_ENDPOINTS_CLAIM", "").strip() or "fabric_endpoints",
         slot_lease_secs=_lease_secs(env),
         upstream_client=_upstream_client(env),
+        explain_secs=_explain_secs(env),
     )
 
 
@@ -187,4 +189,11 @@ def _hold_secs(env: dict[str, str]) -> float:
     value = _number(env, "FABRIC_GATEWAY_HOLD_SECS", 0.0, float)
     if not 0 <= value <= 600:  # also refuses NaN
         raise SettingsError(f"FABRIC_GATEWAY_HOLD_SECS={value:g}: expected 0 to 600 seconds")
+    return value
+
+
+def _explain_secs(env: dict[str, str]) -> float:
+    value = _number(env, "FABRIC_GATEWAY_EXPLAIN_SECS", 600.0, float)
+    if not 1 <= value <= 3600:  # also refuses NaN
+        raise SettingsError(f"FABRIC_GATEWAY_EXPLAIN_SECS={value:g}: expected 1 to 3600 seconds")
     return value

@@ -58,7 +58,11 @@ class GatewayProcess:
             if proc.poll() is not None:
                 raise RuntimeError(f"gateway exited: {log_path.read_text()[-2000:]}")
             try:
-                if httpx.get(gw.url + "/health", timeout=1).status_code == 200:
+                # One worker: uvicorn binds after start-up and logs "running on" once bound; until
+                # then a /health answer can come from another process holding the port (this one
+                # then exits). With --workers the supervisor binds before anything starts.
+                bound = "--workers" in (args or []) or "Uvicorn running on" in gw.log_text()
+                if bound and httpx.get(gw.url + "/health", timeout=1).status_code == 200:
                     return gw
             except httpx.TransportError:
                 pass

@@ -61,6 +61,7 @@ class Rig:
     gateways: list[GatewayProcess] = field(default_factory=list)
     token: str = ""
     files: list = field(default_factory=list)
+    gateway_env: dict[str, str] = field(default_factory=dict)  # extra FABRIC_GATEWAY_* for both gateways
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -130,14 +131,15 @@ class Rig:
 
     def restart_gateway(self, i: int) -> None:
         old = self.gateways[i]
-        self.gateways[i] = GatewayProcess.start(self.tmp, self.etcd.url, gateway_id=f"gw-{i}", port=old.port)
+        self.gateways[i] = GatewayProcess.start(self.tmp, self.etcd.url, self.gateway_env, gateway_id=f"gw-{i}",
+                                                port=old.port)
 
     def ready_replicas(self, api: httpx.Client) -> list[dict]:
         return [r for r in api.get(f"/api/ai/deployments/{DEP}/metrics").json()["replicas"] if r["ready"]]
 
 
 @contextmanager
-def start_rig(tmp: Path, replicas: int = 2):
+def start_rig(tmp: Path, replicas: int = 2, gateway_env: dict[str, str] | None = None):
     with EtcdCluster(3) as etcd:
         mirror = model_mirror(tmp)
         env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_LEADER_TTL_SECS": "3",
@@ -147,7 +149,8 @@ def start_rig(tmp: Path, replicas: int = 2):
                        capture_output=True, env=env)
         # one init, copied: both share the admin password, the CA and the HMAC secret
         shutil.copytree(tmp / "fabricd-a", tmp / "fabricd-b")
-        rig = Rig(tmp, etcd, open_store(etcd.url), env, {"a": free_port(), "b": free_port()}, agent_port=free_port())
+        rig = Rig(tmp, etcd, open_store(etcd.url), env, {"a": free_port(), "b": free_port()}, agent_port=free_port(),
+                  gateway_env=dict(gateway_env or {}))
         try:
             rig.start_fabricd("a")
             rig.start_fabricd("b")
@@ -162,7 +165,7 @@ def start_rig(tmp: Path, replicas: int = 2):
                 deploy(api, DEP, EP, replicas, routing_l7="round_robin")
                 wait_for(lambda: len(rig.ready_replicas(api)) == replicas, 90, f"{replicas} ready replicas")
                 wait_for(lambda: api.get(f"/api/ai/endpoints/{EP}").json()["status"].get("vip"), 30, "the VIP")
-            rig.gateways = [GatewayProcess.start(tmp, etcd.url, gateway_id=f"gw-{i}") for i in range(2)]
+            rig.gateways = [GatewayProcess.start(tmp, etcd.url, rig.gateway_env, gateway_id=f"gw-{i}") for i in range(2)]
             wait_for(rig.leader, 30, "a fabricd to hold the leader lock")
             yield rig
         except (AssertionError, RuntimeError) as exc:

@@ -14,6 +14,8 @@ the last sample. ``summarize`` reduces the samples to growth per process and err
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 import threading
 import time
@@ -150,8 +152,14 @@ def sample(rig: Rig, tally: Tally, t: float) -> dict:
     return {"t_s": round(t), "processes": procs, "store": store_size(rig), "calls": calls, "errors": errors}
 
 
+def heap_reports(rig: Rig) -> None:
+    """Ask each gateway for a heap report (FABRIC_GATEWAY_TRACEMALLOC: gateway.heap_profile)."""
+    for gw in rig.gateways:
+        os.kill(gw.proc.pid, signal.SIGUSR2)
+
+
 def run(rig: Rig, minutes: float, interval: float = 30.0, scale_every: float = 40.0,
-        rollout_every: float = 120.0, log=None) -> dict:
+        rollout_every: float = 120.0, log=None, heap: bool = False) -> dict:
     _, key = make_key(rig.store, EP)
     tally, stop = Tally(), threading.Event()
     pauses = {"chat": 0.2, "stream": 0.2, "embeddings": 0.3, "websocket": 1.0}
@@ -163,10 +171,14 @@ def run(rig: Rig, minutes: float, interval: float = 30.0, scale_every: float = 4
         th.start()
     t0 = time.monotonic()
     samples = []
+    if heap:
+        heap_reports(rig)  # the baseline every later report is compared with
     try:
         while time.monotonic() - t0 < minutes * 60:
             time.sleep(min(interval, max(0.0, minutes * 60 - (time.monotonic() - t0))))
             samples.append(sample(rig, tally, time.monotonic() - t0))
+            if heap:
+                heap_reports(rig)
             if log:
                 log(json.dumps(samples[-1]))
     finally:

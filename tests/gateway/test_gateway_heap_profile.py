@@ -1,0 +1,71 @@
+"""gateway.heap_profile: FABRIC_GATEWAY_TRACEMALLOC parsing, a report naming the site that grew,
+written 0600 in a 0700 directory, and SIGUSR2 writing one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import time
+import tracemalloc
+
+import pytest
+
+from gateway.heap_profile import HeapProfiler, frames_from_env, from_env
+
+
+def test_frames_from_env_is_off_unless_set_and_names_the_variable_when_bad():
+    assert frames_from_env({}) == 0
+    assert frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": "0"}) == 0
+    assert frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": "1"}) == 1
+    assert frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": "64"}) == 64
+    for bad in ("65", "-1", "yes", "1.5"):
+        with pytest.raises(ValueError, match="FABRIC_GATEWAY_TRACEMALLOC"):
+            frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": bad})
+    assert from_env(__import__("pathlib").Path("/nonexistent"), {}) is None
+
+
+def _grow(n: int) -> list:
+    return [bytearray(2048) for _ in range(n)]  # ~2 MB from this one line
+
+
+@pytest.fixture
+def profiler(tmp_path):
+    was = tracemalloc.is_tracing()
+    p = HeapProfiler(tmp_path / "heap-profile", 1, caches=lambda: {"explanations": 7})
+    p.start()
+    yield p
+    if not was:
+        tracemalloc.stop()
+
+
+def test_a_report_names_the_line_that_grew_and_is_private(profiler, tmp_path):
+    first = profiler.write()
+    kept = _grow(1000)
+    second = profiler.write()
+    assert stat.S_IMODE(os.stat(tmp_path / "heap-profile").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(second).st_mode) == 0o600
+    assert "growth_since_first" not in json.loads(first.read_text())
+    report = json.loads(second.read_text())
+    assert report["caches"] == {"explanations": 7}
+    top = report["growth_since_previous"][0]
+    assert top["where"][0].endswith(f"test_gateway_heap_profile.py:{_grow.__code__.co_firstlineno + 1}")
+    assert top["count_diff"] >= 1000 and top["kb_diff"] >= 2000
+    assert report["growth_since_first"][0]["where"] == top["where"]
+    del kept
+
+
+def test_sigusr2_writes_a_report(profiler, tmp_path):
+    old = signal.getsignal(signal.SIGUSR2)
+    try:
+        profiler.install()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not list((tmp_path / "heap-profile").glob("heap-*.json")):
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+    reports = list((tmp_path / "heap-profile").glob(f"heap-{os.getpid()}-*.json"))
+    assert len(reports) == 1
+    assert json.loads(reports[0].read_text())["pid"] == os.getpid()

@@ -1,0 +1,40 @@
+"""gateway.replica_router's explanations: bounded by count (MAX_EXPLANATIONS, oldest dropped
+first) and by age (explain_ttl, FABRIC_GATEWAY_EXPLAIN_SECS), so a soak's steady state has at most
+calls-per-TTL of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway import settings as gs
+from gateway.replica_router import EXPLAIN_TTL, MAX_EXPLANATIONS, ReplicaRouter
+
+
+def test_explanations_are_capped_at_max_explanations_oldest_first():
+    r = ReplicaRouter()
+    for i in range(MAX_EXPLANATIONS + 25):
+        r.remember(f"req-{i}", "key-1", {"i": i}, now=1000.0)
+    assert len(r._explained) == MAX_EXPLANATIONS == 10_000
+    assert r.explanation("req-24", "key-1", now=1000.0) is None  # the 25 oldest went
+    assert r.explanation("req-25", "key-1", now=1000.0) == {"i": 25}
+    assert r.explanation(f"req-{MAX_EXPLANATIONS + 24}", "key-1", now=1000.0) == {"i": MAX_EXPLANATIONS + 24}
+
+
+def test_explanations_expire_after_the_ttl_and_are_dropped_on_the_next_call():
+    r = ReplicaRouter(explain_ttl=60.0)
+    for i in range(100):  # one call a second for 100 s
+        r.remember(f"req-{i}", "key-1", {"i": i}, now=1000.0 + i)
+    # at t=1099 the calls made up to t=1039 have expired: exactly 60 are kept
+    assert len(r._explained) == 60
+    assert r.explanation("req-39", "key-1", now=1099.0) is None
+    assert r.explanation("req-40", "key-1", now=1099.0) == {"i": 40}
+    assert r.explanation("req-40", "key-2", now=1099.0) is None  # another caller: nothing
+    assert r.explanation("req-99", "key-1", now=1000.0 + 99 + 60) is None  # its own TTL passed
+
+
+def test_explain_secs_setting_defaults_to_the_ttl_and_is_bounded():
+    assert gs.load({}).explain_secs == EXPLAIN_TTL == 600.0
+    assert gs.load({"FABRIC_GATEWAY_EXPLAIN_SECS": "60"}).explain_secs == 60.0
+    for bad in ("0.5", "3601", "nan", "x"):
+        with pytest.raises(gs.SettingsError, match="FABRIC_GATEWAY_EXPLAIN_SECS"):
+            gs.load({"FABRIC_GATEWAY_EXPLAIN_SECS": bad})
