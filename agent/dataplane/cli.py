@@ -1,7 +1,10 @@
 """`fabric-agent maglev ...`: operator debugging on the live pinned maps.
 
 Every command opens the same pinned maps the agent uses (pin_dir), so what it
-shows and changes is what the XDP program is forwarding with right now.
+shows and changes is what the XDP program is forwarding with right now. show,
+set and delete open existing pins without compiling the BPF program (their
+types come from the kernel's BTF, pinned.py): milliseconds, not a clang run;
+attach compiles (it loads the programs), and so does a set that creates the maps.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ FlowEntries = typer.Option(None, "--flow-entries", envvar="FABRIC_FLOW_ENTRIES",
                            help="entries of each flow table for new maps; existing maps keep theirs (default 1048576)")
 
 
-def _open(pin_dir: str, node_ip: str | None, table_size: int | None, flow_entries: int | None = None):
+def _open(pin_dir: str, node_ip: str | None, table_size: int | None, flow_entries: int | None = None,
+          programs: bool = False):
+    """programs=False for the map commands: existing pins open without a BPF compile (pinned.py)."""
     from agent.dataplane.dataplane import Dataplane
     from agent.dataplane.settings import DataplaneSettings
 
     settings = DataplaneSettings.from_env()
     return Dataplane(pin_dir=pin_dir, node_ip=node_ip, table_size=table_size, flow_entries=flow_entries,
-                     settings=settings)
+                     settings=settings, programs=programs)
 
 
 def _fail(exc: FabricError) -> None:
@@ -44,10 +49,11 @@ def _fail(exc: FabricError) -> None:
 
 
 @contextmanager
-def _maps(pin_dir: str, node_ip: str | None, table_size: int | None, flow_entries: int | None = None) -> Iterator:
+def _maps(pin_dir: str, node_ip: str | None, table_size: int | None, flow_entries: int | None = None,
+          programs: bool = False) -> Iterator:
     """The opened dataplane, closed afterwards; a FabricError on the way becomes exit code 2."""
     try:
-        dp = _open(pin_dir, node_ip, table_size, flow_entries)
+        dp = _open(pin_dir, node_ip, table_size, flow_entries, programs)
         try:
             yield dp
         finally:
@@ -126,7 +132,7 @@ def attach(iface: str = typer.Option(..., "--iface"), netns: str | None = typer.
            flow_entries: int | None = FlowEntries) -> None:
     """Attach XDP (ingress) and the TC reverse-NAT program (egress) to IFACE; writes node_ip
     and the flow settings (FABRIC_UDP_FLOW_SECS, FABRIC_MISS_INSERTS)."""
-    with _maps(pin_dir, node_ip, table_size, flow_entries) as dp:
+    with _maps(pin_dir, node_ip, table_size, flow_entries, programs=True) as dp:
         dp.attach(iface, netns)
         memory = dp.flow_table_bytes()
         entries = dp.flow_entries

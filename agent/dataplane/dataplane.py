@@ -50,6 +50,7 @@ from agent.dataplane.loader import (
     load,
     map_memory_bytes,
 )
+from agent.dataplane.pinned import open_pinned
 from agent.dataplane.pins import check_layout, read_meta, writer_lock
 from agent.dataplane.plan import FORWARDING_MODES, BackendState, allocate_ids, plan_service
 from agent.dataplane.reading import (
@@ -76,6 +77,12 @@ VIP_FILTER_MULT = 0x9E3779B1
 VIP_FILTER_SHIFT = 20
 
 
+# the pins this class opens (dataplane/bpf/maps.h)
+MAP_NAMES = ["services", "vips", "rings", "backends", "backend_stats", "verdict_stats", "config", "meta",
+             "vip_filter", "service_slots", "backend_addrs", "flows", "reverse_flows", "flow_misses",
+             "egress_devs", "bridge_ports", "xmit_stats"]
+
+
 def vip_filter_bit(map_ip: int) -> int:
     """The filter bit of a VIP, as xdp_maglev computes it from the address in network order."""
     return ((map_ip * VIP_FILTER_MULT) & 0xFFFFFFFF) >> VIP_FILTER_SHIFT
@@ -85,7 +92,7 @@ class Dataplane(MapReader):
     def __init__(self, pin_dir: str = "/sys/fs/bpf/fabric", node_ip: str | None = None,
                  table_size: int | None = None, *, flow_entries: int | None = None,
                  route_netns: str | None = None, settings: DataplaneSettings | None = None,
-                 percpu_lru: bool = True):
+                 percpu_lru: bool = True, programs: bool = True):
         """Load the programs, creating or re-opening the pinned maps under pin_dir.
 
         table_size / flow_entries: the sizes to create the maps with (defaults
@@ -95,6 +102,9 @@ class Dataplane(MapReader):
         route_netns: the namespace whose routes tell local (bridge) backends from
         routed ones that need source NAT, and whose addresses no VIP may take;
         defaults to the namespace of the last attach, else the agent's own.
+        programs=False: only the maps are wanted (the CLI's show/set/delete):
+        existing pins are opened as they are, without compiling (pinned.py);
+        `attach` then refuses. Absent pins are created by compiling as before.
         """
         self.node_ip = parse_ipv4(node_ip, "node_ip") if node_ip else None
         self.settings = settings or DataplaneSettings()
@@ -108,10 +118,15 @@ class Dataplane(MapReader):
                             percpu_lru=percpu_lru)
             if have is not None:
                 check_layout(pin_dir, have, layout.meta)
-            self._prog = load(pin_dir, layout)
+            self._prog = None
+            maps = open_pinned(pin_dir, MAP_NAMES) if have is not None and not programs else None
+            if maps is None:
+                self._prog = load(pin_dir, layout)
+                maps = self._prog.bpf
+            self._maps = maps
             self.table_size = layout.table_size
             self.flow_entries = layout.flow_entries
-            bpf = self._prog.bpf  # table names as bytes: BCC warns on str
+            bpf = maps  # table names as bytes: BCC warns on str
             self._services = bpf[b"services"]
             self._vips = bpf[b"vips"]
             self._rings = bpf[b"rings"]
@@ -169,6 +184,8 @@ class Dataplane(MapReader):
     def attach(self, iface: str, netns: str | None = None) -> None:
         """Write node_ip and the settings, then attach (XDP replaced in one step,
         the TC filter replaced in place)."""
+        if self._prog is None:
+            raise Conflict("this handle opened the maps only (programs=False): open one with the programs to attach")
         self.configure(node_ip=self.node_ip, settings=self.settings)
         with writer_lock(self.pin_dir):
             attach_mod.attach_programs(iface, netns, self._prog.xdp, self._prog.tc.fd,
@@ -224,6 +241,8 @@ class Dataplane(MapReader):
 
     @property
     def xdp_fd(self) -> int:
+        if self._prog is None:
+            raise Conflict("this handle opened the maps only (programs=False)")
         return self._prog.xdp.fd
 
     def _sync_derived(self) -> None:
@@ -424,5 +443,5 @@ class Dataplane(MapReader):
 
     def close(self) -> None:
         """Drop this process's handles; pinned maps and attachments stay."""
-        self._prog.bpf.cleanup()
+        self._maps.cleanup()
 
