@@ -116,28 +116,32 @@ def test_two_gateways_on_one_store_hold_the_total_between_them(tmp_path):
         async def closed():
             return False
 
-        waiting = [asyncio.create_task(room.wait("ep", "low", f"{g}-l{i}", closed))
-                   for g, room in zip("ab", rooms) for i in range(2)]
-        await asyncio.sleep(0.02)
-        assert [r.depth("ep")["low"] for r in rooms] == [2, 2]  # 4 of 4 across the two
+        async def until(check):  # the rooms read the live gateways from the store in a thread
+            for _ in range(500):
+                if check():
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("the waiting rooms never reached the expected depths")
+
+        tasks = [asyncio.create_task(room.wait("ep", "low", f"{g}-l{i}", closed))
+                 for g, room in zip("ab", rooms) for i in range(2)]
+        await until(lambda: [r.depth("ep")["low"] for r in rooms] == [2, 2])  # 4 of 4 across the two
         with pytest.raises(QueueRefused) as full:  # a's share (2) is full and nothing is lower
             await rooms[0].wait("ep", "low", "a-l3", closed)
         assert full.value.code == "queue_full" and "share of 4" in full.value.message
-        high = asyncio.create_task(rooms[1].wait("ep", "high", "b-h1", closed))  # displaces b's newest low
-        await asyncio.sleep(0.02)
+        tasks.append(asyncio.create_task(rooms[1].wait("ep", "high", "b-h1", closed)))  # displaces b's newest
         with pytest.raises(QueueRefused) as displaced:
-            await waiting[3]
+            await tasks[3]
         assert displaced.value.code == "displaced"
-        assert rooms[1].depth("ep") == {"low": 1, "normal": 0, "high": 1}
+        await until(lambda: rooms[1].depth("ep") == {"low": 1, "normal": 0, "high": 1})
         assert sum(sum(r.depth("ep").values()) for r in rooms) == 4  # never more than the total
         await asyncio.to_thread(holders[1].revoke)  # b is gone: a may hold the whole bound
         await asyncio.sleep(1.1)  # past the cached listing of live gateways
-        extra = [asyncio.create_task(rooms[0].wait("ep", "low", f"a-x{i}", closed)) for i in range(2)]
-        await asyncio.sleep(0.02)
-        assert rooms[0].depth("ep")["low"] == 4
-        for t in [*waiting[:3], high, *extra]:
+        tasks += [asyncio.create_task(rooms[0].wait("ep", "low", f"a-x{i}", closed)) for i in range(2)]
+        await until(lambda: rooms[0].depth("ep")["low"] == 4)
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*waiting[:3], high, *extra, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     try:
         asyncio.run(scenario())
