@@ -69,6 +69,11 @@ class LabConfig:
     routing_secs: float = 2.0
     autoscale_secs: float = 15.0
     topology: LabTopology = field(default_factory=LabTopology)
+    # fabricd's and the gateway's store: None is SQLite in the state dir; "etcd://A,B,C" an etcd
+    # cluster someone else runs (the chaos run's), so a second fabricd and gateway can join it.
+    store: str | None = None
+    # the agent's connection-table size (None: the dataplane's default, 1Mi entries)
+    flow_entries: int | None = None
 
     @property
     def fabricd_dir(self) -> Path:
@@ -165,6 +170,45 @@ def status(cfg: LabConfig) -> list[str]:
     return left
 
 
+def fabricd_command(cfg: LabConfig, state_dir: Path, port: int) -> list[str]:
+    store = ["--store", cfg.store] if cfg.store else []
+    return [processes.bin_path("fabricd"), "serve", "--state-dir", str(state_dir),
+            "--listen", f"127.0.0.1:{port}", *store]
+
+
+def gateway_command(cfg: LabConfig, port: int, gateway_id: str | None = None) -> list[str]:
+    extra = (["--store", cfg.store] if cfg.store else []) + (["--gateway-id", gateway_id] if gateway_id else [])
+    return [processes.bin_path("fabric-gateway"), "serve", "--state-dir", str(cfg.fabricd_dir),
+            "--listen", f"127.0.0.1:{port}", *extra]
+
+
+def agent_command(cfg: LabConfig) -> list[str]:
+    t = cfg.topology
+    cmd = [
+        processes.bin_path("fabric-agent"), "serve", "--node-id", NODE_ID,
+        "--listen", f"127.0.0.1:{cfg.agent_port}", "--control-plane", cfg.url,
+        "--state-dir", str(cfg.state_dir / "agent"), "--pki-dir", str(cfg.state_dir / "agent-pki"),
+        "--vm-driver", "lab", "--fake-gpus", str(cfg.gpus), "--fake-gpu-name", cfg.gpu_name,
+        "--pin-dir", str(cfg.pin_dir), "--dataplane-netns", t.node_ns,
+        "--lab-netns", t.node_ns, "--lab-bridge", t.bridge, "--lab-subnet", t.replica_subnet,
+        "--lab-gateway", t.bridge_addr, "--heartbeat-secs", "2",
+        # A simulated 8-GPU server offers the CPU and memory such a server would.
+        "--cpus", "128", "--memory-gib", "1024",
+    ]
+    for iface in t.xdp_ifaces:
+        cmd += ["--dataplane-iface", iface]
+    if cfg.flow_entries:
+        cmd += ["--flow-entries", str(cfg.flow_entries)]
+    return cmd
+
+
+def start_agent(cfg: LabConfig) -> int:
+    """Start (or start again, after a crash) the lab's agent; its pid. The agent downloads
+    models from the lab's mirror (HF_ENDPOINT, the library's own setting)."""
+    return processes.start(cfg.state_dir, "agent", agent_command(cfg),
+                           {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": cfg.mirror_url})
+
+
 def up(cfg: LabConfig, echo=print) -> LabHandle:
     down(cfg)
     # A lab starts from nothing: the store, certificates and records of an earlier run go too.
@@ -190,9 +234,7 @@ def up(cfg: LabConfig, echo=print) -> LabHandle:
     shutil.copy(cfg.ca, node_pki / "ca.crt")
 
     echo(f"lab: starting fabricd on {cfg.url}")
-    processes.start(cfg.state_dir, "fabricd", [
-        processes.bin_path("fabricd"), "serve", "--state-dir", str(fd),
-        "--listen", f"127.0.0.1:{cfg.api_port}"], env)
+    processes.start(cfg.state_dir, "fabricd", fabricd_command(cfg, fd, cfg.api_port), env)
     _wait_http(f"{cfg.url}/openapi.json", cfg.ca, "fabricd", log=cfg.state_dir / "logs" / "fabricd.log")
 
     echo(f"lab: starting a Hugging Face mirror on {cfg.mirror_url} serving {LAB_MODEL_REPO}")
@@ -203,26 +245,10 @@ def up(cfg: LabConfig, echo=print) -> LabHandle:
                      log=cfg.state_dir / "logs" / "hf-mirror.log")
 
     echo(f"lab: starting fabric-agent {NODE_ID} (lab VM driver, {cfg.gpus} simulated {cfg.gpu_name} GPUs)")
-    agent_cmd = [
-        processes.bin_path("fabric-agent"), "serve", "--node-id", NODE_ID,
-        "--listen", f"127.0.0.1:{cfg.agent_port}", "--control-plane", cfg.url,
-        "--state-dir", str(cfg.state_dir / "agent"), "--pki-dir", str(node_pki),
-        "--vm-driver", "lab", "--fake-gpus", str(cfg.gpus), "--fake-gpu-name", cfg.gpu_name,
-        "--pin-dir", str(cfg.pin_dir), "--dataplane-netns", t.node_ns,
-        "--lab-netns", t.node_ns, "--lab-bridge", t.bridge, "--lab-subnet", t.replica_subnet,
-        "--lab-gateway", t.bridge_addr, "--heartbeat-secs", "2",
-        # A simulated 8-GPU server offers the CPU and memory such a server would.
-        "--cpus", "128", "--memory-gib", "1024",
-    ]
-    for iface in t.xdp_ifaces:
-        agent_cmd += ["--dataplane-iface", iface]
-    # The agent downloads models from the lab's mirror (HF_ENDPOINT, the library's own setting).
-    processes.start(cfg.state_dir, "agent", agent_cmd, {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": cfg.mirror_url})
+    start_agent(cfg)
 
     echo(f"lab: starting fabric-gateway on {cfg.gateway_url}")
-    processes.start(cfg.state_dir, "gateway", [
-        processes.bin_path("fabric-gateway"), "serve", "--state-dir", str(fd),
-        "--listen", f"127.0.0.1:{cfg.gateway_port}"], env)
+    processes.start(cfg.state_dir, "gateway", gateway_command(cfg, cfg.gateway_port), env)
 
     password = (fd / "admin-password").read_text().strip()
     ctx = ssl.create_default_context(cafile=str(cfg.ca))

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dataplane_nslab import ROUTED_BACKEND, VIP, NsLab, agent_lab, http_get, read_response
 
 from agent.dataplane.netns import run_in_netns
+from tests.support.syn_scan import checksum as _csum
 
 WEIGHTS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 2, "10.1.0.13:8080": 4}
 NAMES = {"b1", "b2", "b3"}
@@ -44,15 +45,6 @@ def lab(require_bpf):
         pytest.skip("needs iproute2's ip")
     with agent_lab() as lab:
         yield lab
-
-
-def _csum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
 
 
 def _spoofed(src: bytes, sport: int, flags: int, dst_mac: bytes, src_mac: bytes) -> bytes:

@@ -1,17 +1,25 @@
-"""Chaos run on the loopback rig (tests.support.chaos_rig): faults injected in turn under steady
-streaming load through both gateways, each measured and followed by invariant checks.
+"""Chaos run: faults injected in turn under steady streaming load, each measured and followed by
+invariant checks. Two rigs: the loopback rig (tests.support.chaos_rig: load through both gateways)
+and the lab (tests.support.chaos_lab: load through both gateways and, from the client namespace,
+straight through the VIP and the XDP Maglev program; tests.support.chaos_vip adds the flow-table
+scan and the Maglev invariant there).
 
-For every injection one row: what the client saw (failed streams, how many, first-to-last
-failure span, the error kinds), the component's own recovery time (its process answering again,
+For every injection one row: what the clients saw (failed streams, how many, first-to-last
+failure span, the error kinds; in total and per path, "gateway" and "vip"), the component's own recovery time (its process answering again,
 a new lock holder, a healthy etcd), the time until the client saw successes again, and the
 invariants after it:
   reservations  every GPU reservation names a replica that holds that GPU, and the reverse
   vips          every allocated VIP names an endpoint that exists
-  maglev        every Maglev service the agent programs names an endpoint (n/a without dataplane)
+  maglev        every Maglev service in the agent's live maps names an endpoint that has it as its VIP,
+                its ring holds only ready replicas, and every served endpoint has one (n/a without
+                dataplane)
   limits        a fresh key with a quota of 6, hit 12 times over both gateways: exactly 6 admitted
   audit         the gateways' audit hash chain verifies
 
-``run(rig, names, hold_s)`` returns the rows; scripts/chaos prints them as JSON.
+``run(rig, names, settle_s)`` returns the rows; scripts/chaos prints them as JSON. A rig gives:
+dep/ep/node, api(), leader(), kill_fabricd/start_fabricd, kill_agent/start_agent/agent_up,
+kill_gateway/restart_gateway, chat_urls(), gateway_verify, new_key(), ready_replicas(), etcd,
+store, and ``vip`` (empty: no dataplane).
 """
 
 from __future__ import annotations
@@ -21,13 +29,15 @@ import json
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import httpx
 
 from common import audit_chain, keyspace
-from tests.gateway.gateway_harness import make_key
-from tests.support.chaos_rig import DEP, EP, NODE, Rig, wait_until
+from tests.support.chaos_rig import wait_until
+from tests.support.chaos_vip import VipLoad, fill_flow_table, maglev_ok
+from tests.support.vip_stream import stream_once as _stream
 
 CLIENT_TIMEOUT_S = 5.0
 
@@ -42,11 +52,14 @@ class Call:
 
 @dataclass
 class StreamLoad:
-    """WORKERS threads, each streaming chat completions through the gateways in turn."""
+    """WORKERS threads, each streaming chat completions through the gateways (URLS) in turn."""
 
-    rig: Rig
+    urls: list[str]
+    model: str
     key: str
+    verify: object = True
     workers: int = 3
+    path: str = "gateway"
     calls: list[Call] = field(default_factory=list)
     inflight: dict[int, float] = field(default_factory=dict)  # worker -> start of its open call
     stop: threading.Event = field(default_factory=threading.Event)
@@ -64,15 +77,15 @@ class StreamLoad:
             t.join(CLIENT_TIMEOUT_S * 3)
 
     def _work(self, worker: int) -> None:
-        body = {"model": DEP, "stream": True, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        body = {"model": self.model, "stream": True, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
         headers = {"authorization": f"Bearer {self.key}"}
-        with httpx.Client(timeout=CLIENT_TIMEOUT_S, headers=headers) as http:
+        with httpx.Client(timeout=CLIENT_TIMEOUT_S, headers=headers, verify=self.verify) as http:
             i = worker
             while not self.stop.is_set():
-                gw = self.rig.gateways[i % len(self.rig.gateways)]
+                url = self.urls[i % len(self.urls)]
                 i += 1
                 t0 = self.inflight[worker] = time.monotonic()
-                ok, error = _stream(http, gw.openai_base(EP) + "/chat/completions", body)
+                ok, error = _stream(http, url, body)
                 self.calls.append(Call(t0, time.monotonic(), ok, error))
                 self.inflight.pop(worker, None)
                 if not ok:
@@ -82,34 +95,21 @@ class StreamLoad:
         return [c for c in list(self.calls) if c.end >= t]
 
 
-def _stream(http: httpx.Client, url: str, body: dict) -> tuple[bool, str]:
-    try:
-        with http.stream("POST", url, json=body) as r:
-            if r.status_code != 200:
-                return False, f"http {r.status_code}"
-            text = "".join(r.iter_text())
-            return ("data: [DONE]" in text), ("" if "data: [DONE]" in text else "stream cut")
-    except httpx.TimeoutException:
-        return False, "timeout"
-    except httpx.TransportError as exc:
-        return False, type(exc).__name__
-
-
 # -- injections: each does its fault and its repair, returns the component's recovery seconds --
 
 
-def kill_agent(rig: Rig) -> float | None:
-    rig.agent.kill()
-    rig.agent.wait(10)
+def kill_agent(rig) -> float | None:
+    rig.kill_agent()
     time.sleep(1.0)  # a supervisor's restart delay
+    restarted = time.time()
     rig.start_agent("ab")
-    with rig.api("b") as api:
+    with rig.api() as api:
         took = wait_until(lambda: rig.agent_up() and
-                          api.get(f"/api/ai/nodes/{NODE}").json().get("last_heartbeat", 0) > time.time() - 1.5, 30)
+                          api.get(f"/api/ai/nodes/{rig.node}").json().get("last_heartbeat", 0) > restarted, 120)
     return None if took is None else round(took + 1.0, 2)
 
 
-def kill_fabricd_leader(rig: Rig) -> float | None:
+def kill_fabricd_leader(rig) -> float | None:
     wait_until(lambda: rig.leader() is not None, 30)  # an earlier step may have left it in transition
     leader = rig.leader()
     survivor = "b" if leader == "a" else "a"
@@ -119,22 +119,21 @@ def kill_fabricd_leader(rig: Rig) -> float | None:
     return took
 
 
-def kill_gateway(rig: Rig) -> float | None:
-    rig.gateways[0].proc.kill()
-    rig.gateways[0].proc.wait(10)
+def kill_gateway(rig) -> float | None:
+    rig.kill_gateway(0)
     time.sleep(1.0)
     t = time.monotonic()
     rig.restart_gateway(0)
     return round(time.monotonic() - t + 1.0, 2)
 
 
-def _engine(rig: Rig) -> str:
+def _engine(rig) -> str:
     with rig.api() as api:
         rep = min(rig.ready_replicas(api), key=lambda r: r["replica_id"])
     return f"http://{rep['host']}:{rep['port']}"
 
 
-def stall_engine(rig: Rig, hold_s: float = 3.0) -> float | None:
+def stall_engine(rig, hold_s: float = 3.0) -> float | None:
     engine = _engine(rig)
     httpx.post(f"{engine}/sim/faults", json={"added_latency_ms": 60_000}, timeout=5).raise_for_status()
     time.sleep(hold_s)
@@ -142,16 +141,18 @@ def stall_engine(rig: Rig, hold_s: float = 3.0) -> float | None:
     return 0.0
 
 
-def fail_engine_health(rig: Rig) -> float | None:
+def fail_engine_health(rig) -> float | None:
     """The engine's /health answers 503: the replica leaves the ready set and the controllers
-    replace it; recovery is two Ready replicas again, the failed engine not among them."""
+    replace it; recovery is as many Ready replicas as before, the failed engine not among them."""
     engine = _engine(rig)
+    with rig.api() as api:
+        wanted = len(rig.ready_replicas(api))
     t = time.monotonic()
     httpx.post(f"{engine}/sim/faults", json={"fail_health": True}, timeout=5).raise_for_status()
     with rig.api() as api:
         def replaced() -> bool:
             ready = rig.ready_replicas(api)
-            return len(ready) == 2 and all(f"http://{r['host']}:{r['port']}" != engine for r in ready)
+            return len(ready) == wanted and all(f"http://{r['host']}:{r['port']}" != engine for r in ready)
         took = wait_until(replaced, 60)
     try:  # if it was not replaced, give the engine its health back so the next step starts clean
         httpx.post(f"{engine}/sim/faults", json={"fail_health": False}, timeout=5)
@@ -160,7 +161,7 @@ def fail_engine_health(rig: Rig) -> float | None:
     return None if took is None else round(time.monotonic() - t, 2)
 
 
-def drop_etcd_leader(rig: Rig, hold_s: float = 2.0) -> float | None:
+def drop_etcd_leader(rig, hold_s: float = 2.0) -> float | None:
     leader = rig.etcd.leader()
     t = time.monotonic()
     rig.etcd.kill(leader)
@@ -178,13 +179,15 @@ INJECTIONS = {
     "engine_stall": stall_engine,
     "engine_health_fail": fail_engine_health,
     "etcd_leader_drop": drop_etcd_leader,
+    "flow_table_scan": fill_flow_table,  # the lab only: it needs the XDP dataplane
 }
+NEEDS_DATAPLANE = {"flow_table_scan"}
 
 
 # -- invariants ---------------------------------------------------------------------------
 
 
-def invariants(rig: Rig) -> dict[str, object]:
+def invariants(rig) -> dict[str, object]:
     store = rig.store
     replicas = {json.loads(kv.value)["replica_id"]: json.loads(kv.value) for kv in store.list(keyspace.replicas())}
     held = {f"{r['node']}/{g}": rid for rid, r in replicas.items() for g in r.get("gpus", [])}
@@ -196,26 +199,27 @@ def invariants(rig: Rig) -> dict[str, object]:
     return {
         "reservations": reserved == held,
         "vips": all(ep in endpoints for ep in vips.values()) and len(set(vips.values())) == len(vips),
-        "maglev": "n/a (loopback rig: no dataplane)",
+        "maglev": maglev_ok(rig) if rig.vip else "n/a (loopback rig: no dataplane)",
         "limits": limits_exact(rig),
         "audit": audit_ok(rig),
     }
 
 
-def limits_exact(rig: Rig, quota: int = 6) -> bool:
-    _, key = make_key(rig.store, EP, request_quota=quota)
-    body = {"model": DEP, "max_tokens": 1, "messages": [{"role": "user", "content": "q"}]}
+def limits_exact(rig, quota: int = 6) -> bool:
+    key = rig.new_key(request_quota=quota)
+    body = {"model": rig.dep, "max_tokens": 1, "messages": [{"role": "user", "content": "q"}]}
+    urls = rig.chat_urls()
 
     async def burst() -> list[int]:
-        async with httpx.AsyncClient(timeout=30, headers={"authorization": f"Bearer {key}"}) as http:
-            return await asyncio.gather(*(http.post(rig.gateways[i % 2].openai_base(EP) + "/chat/completions",
-                                                    json=body) for i in range(2 * quota)))
+        async with httpx.AsyncClient(timeout=30, headers={"authorization": f"Bearer {key}"},
+                                     verify=rig.gateway_verify) as http:
+            return await asyncio.gather(*(http.post(urls[i % len(urls)], json=body) for i in range(2 * quota)))
 
     codes = [r.status_code for r in asyncio.run(burst())]
     return codes.count(200) == quota and codes.count(429) == quota
 
 
-def audit_ok(rig: Rig) -> bool:
+def audit_ok(rig) -> bool:
     # rows are appended in batches: give the gateways a moment to flush before verifying
     return wait_until(lambda: audit_chain.verify(rig.store).ok, 10) is not None
 
@@ -223,20 +227,25 @@ def audit_ok(rig: Rig) -> bool:
 # -- the run ------------------------------------------------------------------------------
 
 
-def measure(load: StreamLoad, t_inject: float, settle_s: float) -> dict[str, object]:
-    """Client view since T_INJECT. Waits (at most 30 s) until every call open when the injection
-    ended has finished and SETTLE_S of unbroken successes followed the last failure."""
+def measure(loads: list, t_inject: float, settle_s: float) -> dict[str, object]:
+    """Client view since T_INJECT over every load (each has .path, .inflight and .since(t)). Waits
+    (at most 30 s) until every call open when the injection ended has finished and, on each path,
+    SETTLE_S of unbroken successes followed its last failure. The totals, then per path."""
     t_end = time.monotonic()
 
-    def settled() -> bool:
+    def path_settled(load) -> bool:
         if any(start < t_end for start in list(load.inflight.values())):
             return False
         calls = load.since(t_inject)
-        failed = [c for c in calls if not c.ok]
-        last_fail = max((c.end for c in failed), default=t_inject)
+        last_fail = max((c.end for c in calls if not c.ok), default=t_inject)
         return any(c.ok and c.start >= last_fail for c in calls) and time.monotonic() - last_fail >= settle_s
-    wait_until(settled, 30)
-    calls = load.since(t_inject)
+    wait_until(lambda: all(path_settled(load) for load in loads), 30)
+    by_path = {load.path: summarize(load.since(t_inject), t_inject) for load in loads}
+    total = summarize([c for load in loads for c in load.since(t_inject)], t_inject)
+    return {**total, "paths": by_path} if len(loads) > 1 else total
+
+
+def summarize(calls: list, t_inject: float) -> dict[str, object]:
     failed = [c for c in calls if not c.ok]
     oks_after = [c.end for c in calls if c.ok and (not failed or c.start >= max(f.end for f in failed))]
     kinds: dict[str, int] = {}
@@ -252,16 +261,25 @@ def measure(load: StreamLoad, t_inject: float, settle_s: float) -> dict[str, obj
     }
 
 
-def run(rig: Rig, names: list[str], settle_s: float = 2.0) -> list[dict[str, object]]:
-    _, key = make_key(rig.store, EP)
+def run(rig, names: list[str], settle_s: float = 2.0) -> list[dict[str, object]]:
+    """Every injection in NAMES in turn under load through the gateways and, when the rig has a
+    VIP with a dataplane behind it, straight through the VIP from the client namespace."""
+    key = rig.new_key()
     rows = []
-    with StreamLoad(rig, key) as load:
+    with ExitStack() as stack:
+        loads = [stack.enter_context(StreamLoad(rig.chat_urls(), rig.dep, key, rig.gateway_verify))]
+        if rig.vip:
+            loads.append(stack.enter_context(VipLoad(rig.cfg.topology.client_ns, rig.vip, rig.dep)))
         time.sleep(1.0)
         for name in names:
             t = time.monotonic()
             component = INJECTIONS[name](rig)
-            row: dict[str, object] = {"injection": name, "component_recovery_s": component}
-            row.update(measure(load, t, settle_s))
+            row: dict[str, object] = {"injection": name}
+            if isinstance(component, dict):  # an injection that reports more than one figure
+                row.update(component)
+            else:
+                row["component_recovery_s"] = component
+            row.update(measure(loads, t, settle_s))
             row["invariants"] = invariants(rig)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ import httpx
 from common.store.base import Store, open_store
 from common.store.locks import lock_view
 from controlplane.controllers import LEADER_NAME
-from tests.gateway.gateway_harness import GatewayProcess
+from tests.gateway.gateway_harness import GatewayProcess, make_key
 from tests.integration.orchestration_harness import (
     BIN,
     _log,
@@ -62,6 +62,12 @@ class Rig:
     token: str = ""
     files: list = field(default_factory=list)
     gateway_env: dict[str, str] = field(default_factory=dict)  # extra FABRIC_GATEWAY_* for both gateways
+    # what tests.support.chaos asks of any rig
+    dep: str = DEP
+    ep: str = EP
+    node: str = NODE
+    vip: str = ""  # no dataplane here: no load or invariant through a VIP
+    gateway_verify: bool = True
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -121,6 +127,10 @@ class Rig:
                 "--log-level", "warning"],
             stdout=_log(self.log("agent"), self.files, mode), stderr=subprocess.STDOUT, env=self.env)
 
+    def kill_agent(self) -> None:
+        self.agent.kill()
+        self.agent.wait(10)
+
     def agent_up(self) -> bool:
         try:
             return httpx.get(f"http://127.0.0.1:{self.agent_port}/healthz", timeout=2).status_code == 200
@@ -128,6 +138,17 @@ class Rig:
             return False
 
     # -- gateways -----------------------------------------------------------------------
+
+    def kill_gateway(self, i: int) -> None:
+        self.gateways[i].proc.kill()
+        self.gateways[i].proc.wait(10)
+
+    def chat_urls(self) -> list[str]:
+        return [g.openai_base(EP) + "/chat/completions" for g in self.gateways]
+
+    def new_key(self, request_quota: int | None = None) -> str:
+        fields = {"request_quota": request_quota} if request_quota else {}
+        return make_key(self.store, EP, **fields)[1]
 
     def restart_gateway(self, i: int) -> None:
         old = self.gateways[i]
