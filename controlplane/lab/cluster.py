@@ -53,6 +53,8 @@ def env_file_text(op_env: dict[str, str], bin_dir: str) -> str:
 # The lab's model: a tiny safetensors model the lab's loopback HF mirror serves under this name.
 LAB_MODEL_REPO = "fabric-lab/tiny-chat"
 LAB_MODEL_SOURCE = f"hf://{LAB_MODEL_REPO}"
+LAB_ADAPTER_REPO = "fabric-lab/tiny-chat-sql-lora"  # a LoRA adapter of the lab model (docs/models.md)
+LAB_ADAPTER_SOURCE = f"hf://{LAB_ADAPTER_REPO}"
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,8 @@ def up(cfg: LabConfig, echo=print) -> LabHandle:
     echo(f"lab: starting a Hugging Face mirror on {cfg.mirror_url} serving {LAB_MODEL_REPO}")
     processes.start(cfg.state_dir, "hf-mirror", [
         sys.executable, "-m", "controlplane.lab.hf_mirror", "serve", "--root", str(cfg.state_dir / "hf-mirror"),
-        "--listen", f"127.0.0.1:{cfg.mirror_port}", "--tiny", LAB_MODEL_REPO], {"PYTHONUNBUFFERED": "1"})
+        "--listen", f"127.0.0.1:{cfg.mirror_port}", "--tiny", LAB_MODEL_REPO, "--tiny-adapter", LAB_ADAPTER_REPO],
+        {"PYTHONUNBUFFERED": "1"})
     _wait_plain_http(f"{cfg.mirror_url}/api/models/{LAB_MODEL_REPO}", "the HF mirror",
                      log=cfg.state_dir / "logs" / "hf-mirror.log")
 

@@ -15,9 +15,10 @@ import subprocess
 import time
 
 from controlplane.lab import processes
-from controlplane.lab.cluster import LAB_MODEL_SOURCE, NODE_ID, LabConfig, write_private
+from controlplane.lab.cluster import LAB_ADAPTER_SOURCE, LAB_MODEL_SOURCE, NODE_ID, LabConfig, write_private
 
 MODEL, PROFILE, ROUTING = "demo-llm", "lab-h100", "least_queue"
+ADAPTER = "demo-sql"  # a LoRA adapter of MODEL: a model name for clients, loaded on demand
 ENDPOINT = f"{MODEL}-openai"
 
 
@@ -91,8 +92,8 @@ def in_client_ns(cfg: LabConfig, cmd: list[str], timeout: float = 30) -> subproc
                           text=True, timeout=timeout)
 
 
-def chat_body(content: str = "Say hello to Fabric") -> str:
-    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 12})
+def chat_body(content: str = "Say hello to Fabric", model: str = MODEL) -> str:
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 12})
 
 
 def run_demo(cfg: LabConfig, echo=print) -> dict:
@@ -100,8 +101,10 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     ctl(cfg, "node", "list", echo=echo)
     ctl(cfg, "gpus", echo=echo)
 
-    echo("\n== 2. A model: registered, then downloaded from the lab's HF mirror and verified on the node")
-    ensure(cfg, "model", MODEL, "model", "add", MODEL, "--source", LAB_MODEL_SOURCE, echo=echo)
+    echo("\n== 2. A model with a LoRA adapter: registered, then both downloaded from the lab's HF mirror and "
+         "verified on the node")
+    ensure(cfg, "model", MODEL, "model", "add", MODEL, "--source", LAB_MODEL_SOURCE,
+           "--adapter", f"{ADAPTER}={LAB_ADAPTER_SOURCE}", echo=echo)
     ctl(cfg, "model", "status", MODEL, echo=echo)
     ctl(cfg, "model", "materialize", MODEL, "--wait", echo=echo)
     ctl(cfg, "model", "jobs", echo=echo)
@@ -152,6 +155,15 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     if " 200" not in res.stdout:
         raise DemoError(f"gateway call failed: {res.stdout[-500:]} {res.stderr[-300:]}")
     echo(_short_response(res.stdout))
+    if any(a.get("name") == ADAPTER for a in ctl_json(cfg, "model", "show", MODEL).get("adapters") or []):
+        echo(f"\n$ curl ... -d '{{\"model\": \"{ADAPTER}\", ...}}'   (the LoRA adapter: the replica loads it "
+             "from the files the node fetched, seen at /adapters)")
+        res = subprocess.run(["curl", "-s", "--max-time", "20", "--cacert", str(cfg.ca), gw, "-D", "-",
+                              "-H", f"Authorization: Bearer {key}", "-H", "content-type: application/json",
+                              "-d", chat_body(model=ADAPTER)], capture_output=True, text=True, timeout=30)
+        if " 200" not in res.stdout:
+            raise DemoError(f"the adapter call failed: {res.stdout[-500:]} {res.stderr[-300:]}")
+        echo(_short_response(res.stdout))
 
     echo("\n== 8. The endpoint with its live weights")
     ctl(cfg, "endpoint", "show", ENDPOINT, echo=echo)

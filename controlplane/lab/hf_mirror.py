@@ -265,12 +265,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--root", type=Path, required=True, help="directory holding ORG/NAME/ repositories")
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (loopback)")
     p.add_argument("--tiny", metavar="ORG/NAME", help="first write a tiny safetensors model there")
+    p.add_argument("--tiny-adapter", metavar="ORG/NAME", action="append", default=[],
+                   help="first write a tiny LoRA adapter there (repeatable)")
     args = p.parse_args(argv)
-    if args.tiny and not (args.root / args.tiny).is_dir():
-        # Written once: rewriting would change the commit a stored model may already be pinned to.
-        from controlplane.lab.tiny_model import write_tiny_model
+    # Written once: rewriting would change the commit a stored model may already be pinned to.
+    from controlplane.lab.tiny_model import write_tiny_adapter, write_tiny_model
 
+    if args.tiny and not (args.root / args.tiny).is_dir():
         write_tiny_model(args.root / args.tiny)
+    for repo in args.tiny_adapter:
+        if not (args.root / repo).is_dir():
+            write_tiny_adapter(args.root / repo, base=args.tiny or "")
     host, _, port = args.listen.rpartition(":")
     mirror = HfMirror(MirrorConfig(args.root), host, int(port))
     print(f"hf mirror of {args.root} at {mirror.url}", flush=True)

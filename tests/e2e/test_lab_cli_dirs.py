@@ -48,6 +48,7 @@ def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
                 demo = lab(there, env, "demo")
                 assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr
             assert "already there from an earlier demo: reused" in demo.stdout
+            assert "(the LoRA adapter: the replica loads it" in demo.stdout  # and it answered 200
             env_file = state / "env"
             assert oct(env_file.stat().st_mode & 0o777) == "0o600"
             # The hint works: a shell whose PATH lacks the venv sources env and runs fabricctl.
