@@ -72,6 +72,8 @@ ROUTE_CACHE_MAX = 4096
 # /health and /healthz: the shape every Fabric process shares (common.health), made once.
 HEALTHZ = json.dumps(healthz_body("fabric-gateway")[1]).encode()
 EXPLAIN = "/api/ai/explain/request/"
+GUARD = "fabric.disconnect_guard"  # gateway.http_server's: cancels the call when the client leaves
+_NONE: dict = {}
 GC_GEN0_THRESHOLD = 20_000  # net allocations between young collections (Python's default: 700)
 
 
@@ -285,7 +287,7 @@ class GatewayApp:
                     else:
                         call = forward(st.client, send, targets, scope["method"], route.target, fwd_headers, sent,
                                        info.stream, marks)
-                    result = await run_unless_client_leaves(call, receive)
+                    result = await run_unless_client_leaves(call, receive, scope.get("extensions", _NONE).get(GUARD))
             finally:
                 in_flight.dec()
                 if picked:

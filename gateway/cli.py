@@ -98,9 +98,13 @@ def serve(
                                                hosts=sorted({host, "127.0.0.1", "localhost", socket.gethostname()}))
         ssl_args = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
     gid = gateway_id or f"{socket.gethostname()}:{port}"
+    from gateway.http_server import GatewayHttpProtocol
+
     # proxy_headers off: the gateway never reads the client address, and the middleware is a
-    # layer on every call.
-    uv_args = dict(loop="uvloop", http="httptools", ws="websockets", access_log=False, log_level=log_level,
+    # layer on every call. http: the gateway's own HTTP/1.1 protocol (gateway.http_server);
+    # FABRIC_GATEWAY_HTTP_SERVER=uvicorn falls back to uvicorn's (side-by-side measurement, a way out).
+    http_proto = "httptools" if settings.http_server == "uvicorn" else GatewayHttpProtocol
+    uv_args = dict(loop="uvloop", http=http_proto, ws="websockets", access_log=False, log_level=log_level,
                    lifespan="on", proxy_headers=False, **ssl_args)
     if workers == 1:
         asgi = create_app(settings, open_store(store, state_dir), hmac_secret, gid)

@@ -110,13 +110,25 @@ def outcome_of(exc: Exception) -> str:
     return "upstream_error"
 
 
-async def run_unless_client_leaves(coro, receive):
+async def run_unless_client_leaves(coro, receive, guard=None):
     """Run coro in this task; if the client disconnects first, cancel it (which closes the
-    upstream) and raise ClientGone. One watcher task per call, no asyncio.wait: the watcher
-    cancels this task directly. uvicorn's receive() also answers http.disconnect once the
+    upstream) and raise ClientGone. guard: the server's disconnect guard (gateway.http_server
+    puts one in scope["extensions"]), which cancels this task itself. Without one: one watcher
+    task per call, no asyncio.wait: the watcher cancels this task directly. uvicorn's receive() also answers http.disconnect once the
     response is complete, but by then coro has returned and the watcher is cancelled before it
     runs (uvicorn's send never suspends after marking the response complete)."""
     task = asyncio.current_task()
+    if guard is not None:
+        guard.watch(task)
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if guard.disconnected:
+                task.uncancel()
+                raise ClientGone() from None
+            raise
+        finally:
+            guard.watch(None)
     gone = False
 
     async def watch() -> None:

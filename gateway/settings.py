@@ -65,6 +65,7 @@ class GatewaySettings:
     slot_lease_secs: int = 10  # in-flight slots of a dead gateway come back within this
     upstream_client: str = "http1"  # or "aiohttp" (needs aiohttp importable; for measurement)
     explain_secs: float = 600.0  # FABRIC_GATEWAY_EXPLAIN_SECS: how long a call's routing explanation is kept
+    http_server: str = "gateway"  # gateway.http_server, or "uvicorn" (its own protocol: measurement, a way out)
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -182,7 +183,15 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         slot_lease_secs=_lease_secs(env),
         upstream_client=_upstream_client(env),
         explain_secs=_explain_secs(env),
+        http_server=_http_server(env),
     )
+
+
+def _http_server(env: dict[str, str]) -> str:
+    value = env.get("FABRIC_GATEWAY_HTTP_SERVER", "").strip() or "gateway"
+    if value not in ("gateway", "uvicorn"):
+        raise SettingsError("FABRIC_GATEWAY_HTTP_SERVER must be gateway or uvicorn")
+    return value
 
 
 def _hold_secs(env: dict[str, str]) -> float:
