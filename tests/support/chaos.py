@@ -105,7 +105,7 @@ def kill_agent(rig) -> float | None:
     rig.start_agent("ab")
     with rig.api() as api:
         took = wait_until(lambda: rig.agent_up() and
-                          api.get(f"/api/ai/nodes/{rig.node}").json().get("last_heartbeat", 0) > restarted, 120)
+                          api.get(f"/api/ai/nodes/{rig.node}").json().get("last_heartbeat", 0) > restarted, 180)
     return None if took is None else round(took + 1.0, 2)
 
 
@@ -273,8 +273,11 @@ def run(rig, names: list[str], settle_s: float = 2.0) -> list[dict[str, object]]
         time.sleep(1.0)
         for name in names:
             t = time.monotonic()
-            component = INJECTIONS[name](rig)
             row: dict[str, object] = {"injection": name}
+            try:
+                component = INJECTIONS[name](rig)
+            except Exception as exc:  # noqa: BLE001 - a step that broke is a row that says so; go on
+                component, row["injection_error"] = None, f"{type(exc).__name__}: {exc}"[:500]
             if isinstance(component, dict):  # an injection that reports more than one figure
                 row.update(component)
             else:

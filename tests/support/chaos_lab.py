@@ -231,8 +231,8 @@ def start_lab_rig(base: Path, replicas: int = 2, dep: str = "chaos-llm"):
             wait_vip_served(rig, replicas)
             wait_for(rig.leader, 30, "a fabricd to hold the leader lock")
             yield rig
-        except (AssertionError, RuntimeError) as exc:
-            raise AssertionError(f"{exc}\n{rig.tail() if rig else ''}") from None
+        except Exception as exc:  # whatever broke, the lab's logs come with it
+            raise AssertionError(f"{type(exc).__name__}: {exc}\n{rig.tail() if rig else ''}") from exc
         finally:
             down(cfg)
             store.close()

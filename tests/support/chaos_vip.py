@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from common import keyspace
 from tests.support.chaos_rig import wait_until
 
@@ -179,7 +181,10 @@ def maglev_problems(rig) -> list[str]:
         if r.get("ready") and r.get("host"):
             ready.setdefault(r["deployment"], set()).add(f"{r['host']}:{r.get('port', VIP_PORT)}")
     problems = []
-    services = rig.maglev_services()
+    try:
+        services = rig.maglev_services()
+    except httpx.HTTPError as exc:
+        return [f"the agent does not answer for its maps: {type(exc).__name__}: {exc}"]
     for svc in services:
         ep = by_vip.get(svc["vip"])
         if ep is None:
