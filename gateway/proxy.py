@@ -27,7 +27,7 @@ from common.http1_client import (
     UpstreamResponse,
     UpstreamTimeoutError,
 )
-from gateway.request_body import SseUsageScanner, usage_tokens
+from gateway.request_body import SseUsageScanner, loads, usage_tokens
 
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
@@ -155,7 +155,7 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
         tokens = scanner.tokens if scanner is not None else None
         if keep and b'"usage"' in keep:
             try:
-                tokens = usage_tokens(json.loads(keep))
+                tokens = usage_tokens(loads(keep))
             except ValueError:
                 tokens = None
         ok = resp.status < 400

@@ -162,3 +162,20 @@ def test_body_parsing_and_sse_usage_across_chunk_boundaries():
     scanner.feed(b'data: {"choices":[{"delta":{}}]}\n\n' + event[:20])
     scanner.feed(event[20:])
     assert scanner.tokens == 7
+
+
+def test_loads_answers_what_json_answers():
+    """request_body.loads takes orjson's fast path but accepts and parses exactly what json does
+    (the engine's reading), including what orjson alone refuses."""
+    import json
+    import math
+
+    from gateway.request_body import loads
+
+    for body in (b'{"a": 1, "a": 2, "n": 1.5e300, "s": "\\u00e9"}', b'{"big": 123456789012345678901234567890, "neg": -9223372036854775809}',
+                 b'{"m": 1e400}', b'\xef\xbb\xbf{"bom": 1}',
+                 b'{"x": NaN, "y": -Infinity}', b'{"s": "\\ud800"}', b'[1, {"b": [true, null]}]'):
+        got, want = loads(body), json.loads(body)
+        assert repr(got) == repr(want) or (math.isnan(got["x"]) and math.isnan(want["x"]))
+    with pytest.raises(ValueError):
+        loads(b'{"a": ')
