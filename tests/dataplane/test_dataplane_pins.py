@@ -43,7 +43,7 @@ def test_two_writer_processes_never_collide(pin_dir):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    dp = open_dataplane(pin_dir)
+    dp = open_dataplane(pin_dir, programs=False)  # reads only: no compile
     try:
         services = dp._read_services()
         assert len(services) == 16
@@ -71,7 +71,7 @@ def test_layout_mismatch_is_refused_and_opening_keeps_the_recorded_sizes(pin_dir
         open_dataplane(pin_dir, table_size=65537)
     with pytest.raises(Conflict, match="flow_entries"):
         open_dataplane(pin_dir, flow_entries=4096)
-    dp = open_dataplane(pin_dir, flow_entries=None)  # no sizes named: the recorded ones
+    dp = open_dataplane(pin_dir, flow_entries=None, programs=False)  # no sizes named: the recorded ones
     try:
         assert (dp.table_size, dp.flow_entries) == (1021, TEST_FLOW_ENTRIES)
     finally:
@@ -121,7 +121,7 @@ def test_node_ip_is_written_only_by_attach_or_an_explicit_setting_and_vips_avoid
     dp = open_dataplane(pin_dir, "10.2.0.1")
     try:
         assert dp.live_node_ip() == "10.2.0.1"
-        opener = Dataplane(pin_dir=pin_dir, node_ip="10.7.7.7")  # opening (the CLI) writes no node_ip
+        opener = Dataplane(pin_dir=pin_dir, node_ip="10.7.7.7", programs=False)  # opening (the CLI) writes no node_ip
         try:
             assert opener.live_node_ip() == dp.live_node_ip() == "10.2.0.1"
         finally:
