@@ -6,6 +6,7 @@ state directory and port while the agent and its engines keep running."""
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -27,9 +28,11 @@ MIRRORED_REPOS = ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B")
 AGENT_FALLBACK = "import typer; from agent.server_cli import serve; typer.run(serve)"
 
 
+@functools.cache
 def agent_command() -> list[str]:
     """The `fabric-agent` console script; its `serve` code directly if the script cannot start
-    (the CLI module imports the dataplane's debugging commands, which may be absent)."""
+    (the CLI module imports the dataplane's debugging commands, which may be absent). Probed
+    once per test session (a `--help` run costs 1-4 s of imports; ~15 clusters start)."""
     probe = subprocess.run([str(BIN / "fabric-agent"), "--help"], capture_output=True, check=False)
     if probe.returncode == 0:
         return [str(BIN / "fabric-agent"), "serve"]
