@@ -37,6 +37,26 @@ GUARDED_CIDR = "10.96.0.0/16"
 GUARD_METRIC = "4242"
 
 
+@pytest.fixture(scope="session")
+def require_bpf():
+    """Skip (a failure here, see above) where the real BPF dataplane cannot run."""
+    from tests.support.bpf import bpf_missing
+
+    reason = bpf_missing()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def plain_plane(require_bpf):
+    """One compiled dataplane for the session, no node_ip (every backend reached without
+    source NAT): the dataplane packet tables and the agent API's maps test share it
+    (each compile costs 5-8 s); tests that add services there remove them."""
+    from tests.support.bpf import shared_plane
+
+    yield from shared_plane(None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def vip_pool_stays_on_this_host():
     argv = ["ip", "route", "{}", "unreachable", GUARDED_CIDR, "metric", GUARD_METRIC]

@@ -22,7 +22,6 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
-from tests.support.bpf import bpf_missing, new_pin_dir
 from tests.support.memory_dataplane import MemoryDataplane
 from tests.support.servers import serve_in_thread
 
@@ -245,16 +244,11 @@ def test_advertised_address():
 
 # -- the real BPF dataplane behind the API ------------------------------------------------------------
 
-def test_maglev_api_over_the_real_bpf_maps(cluster, tmp_path):
-    reason = bpf_missing()
-    if reason:
-        pytest.skip(reason)
-    import shutil
-
+def test_maglev_api_over_the_real_bpf_maps(cluster, tmp_path, plain_plane):
     from agent.dataplane import Dataplane
 
-    pin_dir = new_pin_dir()
-    dp = Dataplane(pin_dir=pin_dir, flow_entries=65536)
+    # the session's compiled maps (no compile of its own), opened as the CLI does
+    dp = Dataplane(pin_dir=plain_plane.pin_dir, programs=False)
     state = AgentState(node_id=NODE, vm_driver=DryRunDriver(tmp_path / "dry"),
                        inventory=NvmlInventory(nvml_module=FakeNvml(gpus=[])), dataplane=dp)
     try:
@@ -284,7 +278,6 @@ def test_maglev_api_over_the_real_bpf_maps(cluster, tmp_path):
             assert c.get(path).status_code == 404
     finally:
         dp.close()
-        shutil.rmtree(pin_dir, ignore_errors=True)
 
 
 def test_a_405_allows_every_method_the_path_serves(client):

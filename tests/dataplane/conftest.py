@@ -6,14 +6,7 @@ import shutil
 
 import pytest
 
-from tests.support.bpf import bpf_missing, new_pin_dir, open_dataplane
-
-
-@pytest.fixture(scope="session")
-def require_bpf():
-    reason = bpf_missing()
-    if reason:
-        pytest.skip(reason)
+from tests.support.bpf import new_pin_dir, shared_plane
 
 
 @pytest.fixture
@@ -23,26 +16,13 @@ def pin_dir(require_bpf):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _shared_plane(node_ip: str | None):
-    path = new_pin_dir()
-    plane = open_dataplane(path, node_ip)
-    yield plane
-    plane.close()
-    shutil.rmtree(path, ignore_errors=True)
-
-
 # One compiled program per kind for the packet-table modules that add their own
-# VIPs (each compile costs seconds): lifecycle and ICMP tests share them.
+# VIPs (each compile costs seconds): lifecycle and ICMP tests share them. require_bpf
+# and plain_plane (no node_ip) are in tests/conftest.py: the agent API test shares it.
 SHARED_NODE_IP = "10.2.0.1"
-
-
-@pytest.fixture(scope="session")
-def plain_plane(require_bpf):
-    """No node_ip: every backend is reached without source NAT."""
-    yield from _shared_plane(None)
 
 
 @pytest.fixture(scope="session")
 def snat_plane(require_bpf):
     """node_ip 10.2.0.1: backends without a bridge route (all, on this host) are source-NATed."""
-    yield from _shared_plane(SHARED_NODE_IP)
+    yield from shared_plane(SHARED_NODE_IP)

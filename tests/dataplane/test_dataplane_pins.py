@@ -87,9 +87,13 @@ def tc_filter_ids(iface: str, netns: str) -> list[tuple[int, int]]:
             if f.get("kind") == "bpf" and "options" in f]
 
 
-def test_pins_of_an_older_layout_are_refused_and_removed_by_detach(pin_dir, tmp_path):
-    open_dataplane(pin_dir).close()
-    os.unlink(os.path.join(pin_dir, "meta"))  # as an agent before layout records left them
+def test_pins_of_an_older_layout_are_refused_and_removed_by_detach(pin_dir, tmp_path, plain_plane):
+    # pins without a layout record, as an agent before records left them: the session's maps
+    # linked into pin_dir without their meta (no compile of their own; detach unlinks only these)
+    os.makedirs(pin_dir)
+    for name in os.listdir(plain_plane.pin_dir):
+        if name != "meta":
+            os.link(os.path.join(plain_plane.pin_dir, name), os.path.join(pin_dir, name))
     with pytest.raises(Conflict, match="older fabric-agent"):
         open_dataplane(pin_dir)
     ns = f"fabpin-{os.getpid()}"

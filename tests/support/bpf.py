@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 
 
@@ -37,3 +38,12 @@ def open_dataplane(pin_dir: str, node_ip: str | None = None, **kwargs):
     if node_ip:
         plane.configure(node_ip=node_ip)
     return plane
+
+
+def shared_plane(node_ip: str | None):
+    """A session-long Dataplane on its own pin dir (one compile), removed afterwards."""
+    path = new_pin_dir()
+    plane = open_dataplane(path, node_ip)
+    yield plane
+    plane.close()
+    shutil.rmtree(path, ignore_errors=True)
