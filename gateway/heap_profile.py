@@ -1,10 +1,14 @@
 """Opt-in heap profile of a gateway process, for finding what grows (scripts/soak --heap-profile).
 
 ``FABRIC_GATEWAY_TRACEMALLOC=N`` (N frames per allocation site, 1-64; unset or 0: off) starts
-tracemalloc when the process starts. Each SIGUSR2 then writes one report into
-``<state-dir>/heap-profile/`` (0700, the file 0600): the traced size, the top allocation sites,
-the sites that grew since the first report and since the previous one, the gc-tracked objects by
-type (and their change) and the sizes of the gateway's own caches. Only the process's owner (or
+tracemalloc when the process starts; ``native`` turns the reports on without tracemalloc (whose
+own tables and per-allocation cost change what is measured). Each SIGUSR2 then writes one report
+into ``<state-dir>/heap-profile/`` (0700, the file 0600): with tracemalloc the traced size, the
+top allocation sites and the sites that grew since the first report and since the previous one;
+always the gc-tracked objects by type (and their change), the sizes of the gateway's own caches,
+resident memory by kind of mapping and glibc malloc's figures (common.process_memory), and the
+RSS before and after ``malloc_trim(0)`` (memory malloc held free and gave back: the report's one
+side effect, harmless). Only the process's owner (or
 root) can send the signal and read the files; nothing is served over HTTP. A report holds code
 locations, type names and counts, never a value (no prompt, key or header).
 
@@ -26,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.private_fs import private_dir, write_private
+from common.process_memory import malloc_stats, malloc_trim, rss_by_mapping
+from common.runtime_metrics import rss_bytes
 
 log = logging.getLogger("fabric.gateway")
 ENV = "FABRIC_GATEWAY_TRACEMALLOC"
@@ -35,13 +41,16 @@ _SKIP = (tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(Fal
          tracemalloc.Filter(False, "<frozen importlib._bootstrap_external>"), tracemalloc.Filter(False, "<unknown>"))
 
 
-def frames_from_env(env: dict[str, str]) -> int:
-    """N from FABRIC_GATEWAY_TRACEMALLOC (0: off); ValueError naming the variable when bad."""
+def frames_from_env(env: dict[str, str]) -> int | None:
+    """N from FABRIC_GATEWAY_TRACEMALLOC: None off, 0 reports without tracemalloc ("native");
+    ValueError naming the variable when bad."""
     raw = env.get(ENV, "").strip()
     if raw in ("", "0"):
+        return None
+    if raw == "native":
         return 0
     if not raw.isdigit() or not 1 <= int(raw) <= MAX_FRAMES:
-        raise ValueError(f"{ENV}={raw!r}: expected a number of frames from 1 to {MAX_FRAMES} (0: off)")
+        raise ValueError(f"{ENV}={raw!r}: expected native or a number of frames from 1 to {MAX_FRAMES} (0: off)")
     return int(raw)
 
 
@@ -79,23 +88,29 @@ class HeapProfiler:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        if not tracemalloc.is_tracing():
+        if self.frames and not tracemalloc.is_tracing():
             tracemalloc.start(self.frames)
 
     def report(self) -> dict:
         gc.collect()  # what is left is reachable: garbage waiting for a collection is no leak
         types = object_types()  # before the snapshot, whose traces are tuples too
-        snap = tracemalloc.take_snapshot().filter_traces(_SKIP)
-        stats = {s.traceback: (s.size, s.count) for s in snap.statistics("traceback" if self.frames > 1 else "lineno")}
-        del snap  # only the per-site sums are kept between reports
-        current, peak = tracemalloc.get_traced_memory()
-        out = {"t": time.time(), "pid": os.getpid(), "traced_kb": round(current / 1024, 1),
-               "traced_peak_kb": round(peak / 1024, 1), "gc_objects": sum(types.values()),
-               "gc_counts": gc.get_count(), "caches": self.caches() if self.caches else {},
-               "top": _rows(stats, None)}
-        if self._first is not None:
-            out["growth_since_first"] = _rows(stats, self._first)
-            out["growth_since_previous"] = _rows(stats, self._prev)
+        stats = None
+        if self.frames and tracemalloc.is_tracing():
+            snap = tracemalloc.take_snapshot().filter_traces(_SKIP)
+            stats = {s.traceback: (s.size, s.count) for s in snap.statistics("traceback" if self.frames > 1 else "lineno")}
+            del snap  # only the per-site sums are kept between reports
+        out = {"t": time.time(), "pid": os.getpid(), "gc_objects": sum(types.values()), "gc_counts": gc.get_count(),
+               "caches": self.caches() if self.caches else {}, "rss_mb": rss_by_mapping(), "malloc": malloc_stats()}
+        out["trim"] = {"rss_mb_before": round(rss_bytes() / 2**20, 1), "released": malloc_trim(),
+                       "rss_mb_after": round(rss_bytes() / 2**20, 1)}
+        if stats is not None:
+            current, peak = tracemalloc.get_traced_memory()
+            out |= {"traced_kb": round(current / 1024, 1), "traced_peak_kb": round(peak / 1024, 1),
+                    "top": _rows(stats, None)}
+            if self._first is not None:
+                out["growth_since_first"] = _rows(stats, self._first)
+                out["growth_since_previous"] = _rows(stats, self._prev)
+        if self._prev_types is not None:
             diff = Counter(types)
             diff.subtract(self._prev_types)
             out["types_growth_since_previous"] = dict(diff.most_common(TOP))
@@ -148,7 +163,7 @@ def cache_sizes(app) -> dict:
 def from_env(state_dir: Path, env: dict[str, str] | None = None) -> HeapProfiler | None:
     """A started profiler writing under STATE_DIR/heap-profile when FABRIC_GATEWAY_TRACEMALLOC is set."""
     frames = frames_from_env(dict(os.environ if env is None else env))
-    if not frames:
+    if frames is None:
         return None
     profiler = HeapProfiler(state_dir / "heap-profile", frames)
     profiler.start()

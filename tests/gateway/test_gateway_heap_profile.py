@@ -16,8 +16,9 @@ from gateway.heap_profile import HeapProfiler, frames_from_env, from_env
 
 
 def test_frames_from_env_is_off_unless_set_and_names_the_variable_when_bad():
-    assert frames_from_env({}) == 0
-    assert frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": "0"}) == 0
+    assert frames_from_env({}) is None
+    assert frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": "0"}) is None
+    assert frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": "native"}) == 0
     assert frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": "1"}) == 1
     assert frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": "64"}) == 64
     for bad in ("65", "-1", "yes", "1.5"):
@@ -53,6 +54,22 @@ def test_a_report_names_the_line_that_grew_and_is_private(profiler, tmp_path):
     assert top["where"][0].endswith(f"test_gateway_heap_profile.py:{_grow.__code__.co_firstlineno + 1}")
     assert top["count_diff"] >= 1000 and top["kb_diff"] >= 2000
     assert report["growth_since_first"][0]["where"] == top["where"]
+    assert set(report["rss_mb"]) >= {"brk", "thread_arenas", "anon_1mib", "anon_other", "files"}
+    assert report["trim"]["rss_mb_after"] <= report["trim"]["rss_mb_before"] + 1
+    del kept
+
+
+def test_native_reports_need_no_tracemalloc(tmp_path):
+    was = tracemalloc.is_tracing()
+    p = HeapProfiler(tmp_path / "hp", 0)
+    p.start()
+    assert tracemalloc.is_tracing() == was  # "native" starts nothing
+    p.write()
+    kept = [[i] for i in range(5000)]  # 5000 more lists: gc-tracked objects
+    report = json.loads(p.write().read_text())
+    assert "top" not in report and "traced_kb" not in report
+    assert report["types_growth_since_previous"]["list"] >= 5000
+    assert report["malloc"]["in_use"] > 0 and report["rss_mb"]["files"] > 1
     del kept
 
 

@@ -6,7 +6,7 @@ WebSocket sessions (five echoed messages on the engine's /v1/realtime through th
 bridge). Operations: every ``scale_every`` seconds the deployment scales between 2 and 3
 replicas; every ``rollout_every`` seconds a new revision is rolled out as a canary (50 % for 5 s,
 then 100 %). Every ``interval`` seconds a sample: per long-lived process RSS and open fds (from
-/proc), asyncio tasks (its fabric_process_asyncio_tasks gauge; etcd is Go: none), the store's
+/proc; for the gateways also by kind of mapping, common.process_memory), asyncio tasks (its fabric_process_asyncio_tasks gauge; etcd is Go: none), the store's
 size (etcd dbSize and dbSizeInUse, key count) and the calls of each kind and their errors since
 the last sample. ``summarize`` reduces the samples to growth per process and error totals.
 """
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import httpx
 from websockets.sync.client import connect as ws_connect
 
+from common.process_memory import rss_by_mapping
 from common.runtime_metrics import open_fds, rss_bytes
 from tests.gateway.gateway_harness import make_key
 from tests.support.chaos_rig import DEP, EP, Rig
@@ -148,6 +149,11 @@ def sample(rig: Rig, tally: Tally, t: float) -> dict:
     for name, (pid, url) in processes(rig).items():
         procs[name] = {"rss_mb": round(rss_bytes(pid) / 2**20, 1), "fds": open_fds(pid),
                        "asyncio_tasks": _asyncio_tasks(url) if url else None}
+        if name.startswith("gateway"):  # where its RSS is: malloc's heaps, pymalloc's arenas, code
+            try:
+                procs[name]["rss_by_mapping_mb"] = rss_by_mapping(pid)
+            except OSError:
+                procs[name]["rss_by_mapping_mb"] = None
     calls, errors = tally.take()
     return {"t_s": round(t), "processes": procs, "store": store_size(rig), "calls": calls, "errors": errors}
 
