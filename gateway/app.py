@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.errors import FabricError, Forbidden, InvalidInput, NotFound
 from common.health import healthz_body
+from common.process_memory import trim_every
 from common.store.base import Store
 from gateway import batch_scope, dry_run
 from gateway.adapters import AdapterRouter
@@ -125,6 +126,7 @@ class GatewayApp:
         self._id_prefix = os.urandom(8).hex()
         self._id_seq = itertools.count(1)
         self._routes: dict[tuple[bytes, str], Route] = {}
+        self._trimmer: asyncio.Task | None = None
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -158,9 +160,13 @@ class GatewayApp:
                 quiet_gc()
                 await asyncio.to_thread(self.state.limits.slots.register)
                 self.state.limits.slots.start_renewing()
+                if self.state.settings.malloc_trim_secs:  # RSS held free by malloc (docs/reliability.md "Soak")
+                    self._trimmer = asyncio.create_task(trim_every(self.state.settings.malloc_trim_secs))
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 await self.state.limits.slots.stop()
+                if self._trimmer is not None:
+                    self._trimmer.cancel()
                 await self.state.auth.oidc.jwks.close()
                 self.state.client.close()
                 self.state.external.close()
