@@ -1,15 +1,16 @@
 """Where a process's resident memory is, for telling a leak from allocator fragmentation (the
 soak's per-gateway breakdown, gateway.heap_profile's reports). Linux and glibc only; read-only.
 
-A Python heap that tracemalloc shows flat while RSS grows is memory the allocators hold: glibc's
-arenas (``malloc_stats``: ``free`` grows while ``in_use`` does not) or pymalloc's 1 MiB arenas
-kept alive by a few live objects.
+RSS that grows while the live Python heap does not is garbage waiting for the collector (a
+heap report's ``cyclic_garbage``) or memory the allocators hold free (``malloc_stats``: ``free``
+grows while ``in_use`` does not; ``malloc_trim`` gives it back).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 from collections.abc import Callable
 
 
@@ -74,11 +75,16 @@ def malloc_trim() -> bool | None:
     return bool(fn(0))
 
 
-async def trim_every(secs: float, trim: Callable[[], bool | None] = malloc_trim) -> None:
-    """Run ``trim`` (malloc_trim) every SECS from a worker thread, until cancelled. For a
-    long-lived process whose RSS otherwise climbs with memory malloc holds free: measured on the
-    gateway's soak, the traced Python heap was flat while RSS grew about 3 MB a minute, and each
-    trim gave back what had accumulated (docs/reliability.md). A trim takes milliseconds."""
+async def reclaim_every(secs: float, collect: Callable[[], int] = gc.collect,
+                        trim: Callable[[], bool | None] = malloc_trim) -> None:
+    """Every SECS until cancelled: a full garbage collection on this (the event loop's) thread,
+    then ``trim`` (malloc_trim) from a worker thread. For a process that froze its start-up heap
+    and collects its old generation rarely (the gateway's quiet_gc): garbage in reference cycles
+    that outlived two young collections (a WebSocket session's tasks, events and buffers) waits
+    for a full collection, which the collector's own rule put off for tens of minutes; the soak
+    saw RSS climb ~5 MB a minute (docs/reliability.md "What grew in the gateway"). Only the
+    objects made since the freeze are scanned: a few thousand, well under a millisecond."""
     while True:
         await asyncio.sleep(secs)
+        collect()
         await asyncio.to_thread(trim)

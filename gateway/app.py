@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.errors import FabricError, Forbidden, InvalidInput, NotFound
 from common.health import healthz_body
-from common.process_memory import trim_every
+from common.process_memory import reclaim_every
 from common.store.base import Store
 from gateway import batch_scope, dry_run
 from gateway.adapters import AdapterRouter
@@ -160,8 +160,8 @@ class GatewayApp:
                 quiet_gc()
                 await asyncio.to_thread(self.state.limits.slots.register)
                 self.state.limits.slots.start_renewing()
-                if self.state.settings.malloc_trim_secs:  # RSS held free by malloc (docs/reliability.md "Soak")
-                    self._trimmer = asyncio.create_task(trim_every(self.state.settings.malloc_trim_secs))
+                if self.state.settings.reclaim_secs:  # cyclic garbage, malloc's free pages (docs/reliability.md)
+                    self._trimmer = asyncio.create_task(reclaim_every(self.state.settings.reclaim_secs))
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 await self.state.limits.slots.stop()

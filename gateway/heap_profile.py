@@ -59,6 +59,21 @@ def object_types() -> Counter:
     return Counter(type(o).__name__ for o in gc.get_objects())
 
 
+def cyclic_garbage() -> dict:
+    """A full collection that counts, by type, the unreachable objects it frees: garbage in
+    reference cycles, which waits for the collector (rarely a full one: app.quiet_gc) and holds
+    its memory until then."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        n = gc.collect()
+        found = Counter(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.collect()  # now really freed
+    return {"objects": n, "types": dict(found.most_common(TOP))}
+
+
 def _rows(stats: dict, base: dict | None) -> list[dict]:
     """The TOP sites by size (base None) or by growth over BASE, as JSON rows."""
     def growth(item):
@@ -92,14 +107,14 @@ class HeapProfiler:
             tracemalloc.start(self.frames)
 
     def report(self) -> dict:
-        gc.collect()  # what is left is reachable: garbage waiting for a collection is no leak
+        garbage = cyclic_garbage()  # what is left is reachable
         types = object_types()  # before the snapshot, whose traces are tuples too
         stats = None
         if self.frames and tracemalloc.is_tracing():
             snap = tracemalloc.take_snapshot().filter_traces(_SKIP)
             stats = {s.traceback: (s.size, s.count) for s in snap.statistics("traceback" if self.frames > 1 else "lineno")}
             del snap  # only the per-site sums are kept between reports
-        out = {"t": time.time(), "pid": os.getpid(), "gc_objects": sum(types.values()), "gc_counts": gc.get_count(),
+        out = {"t": time.time(), "pid": os.getpid(), "gc_objects": sum(types.values()), "cyclic_garbage": garbage,
                "caches": self.caches() if self.caches else {}, "rss_mb": rss_by_mapping(), "malloc": malloc_stats()}
         out["trim"] = {"rss_mb_before": round(rss_bytes() / 2**20, 1), "released": malloc_trim(),
                        "rss_mb_after": round(rss_bytes() / 2**20, 1)}

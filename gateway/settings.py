@@ -66,7 +66,7 @@ class GatewaySettings:
     upstream_client: str = "http1"  # or "aiohttp" (needs aiohttp importable; for measurement)
     explain_secs: float = 600.0  # FABRIC_GATEWAY_EXPLAIN_SECS: how long a call's routing explanation is kept
     http_server: str = "gateway"  # gateway.http_server, or "uvicorn" (its own protocol: measurement, a way out)
-    malloc_trim_secs: float | None = 60.0  # FABRIC_GATEWAY_MALLOC_TRIM_SECS: give malloc's free pages back; 0: off
+    reclaim_secs: float | None = 60.0  # FABRIC_GATEWAY_RECLAIM_SECS: full gc + malloc_trim every N s; 0: off
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -185,7 +185,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         upstream_client=_upstream_client(env),
         explain_secs=_explain_secs(env),
         http_server=_http_server(env),
-        malloc_trim_secs=_malloc_trim_secs(env),
+        reclaim_secs=_reclaim_secs(env),
     )
 
 
@@ -210,10 +210,10 @@ def _explain_secs(env: dict[str, str]) -> float:
     return value
 
 
-def _malloc_trim_secs(env: dict[str, str]) -> float | None:
-    if env.get("FABRIC_GATEWAY_MALLOC_TRIM_SECS", "").strip() == "0":
+def _reclaim_secs(env: dict[str, str]) -> float | None:
+    if env.get("FABRIC_GATEWAY_RECLAIM_SECS", "").strip() == "0":
         return None  # off
-    value = _number(env, "FABRIC_GATEWAY_MALLOC_TRIM_SECS", 60.0, float)
+    value = _number(env, "FABRIC_GATEWAY_RECLAIM_SECS", 60.0, float)
     if not 1 <= value <= 3600:  # also refuses NaN
-        raise SettingsError(f"FABRIC_GATEWAY_MALLOC_TRIM_SECS={value:g}: expected 1 to 3600 seconds, or 0 (off)")
+        raise SettingsError(f"FABRIC_GATEWAY_RECLAIM_SECS={value:g}: expected 1 to 3600 seconds, or 0 (off)")
     return value

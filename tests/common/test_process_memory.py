@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.process_memory import malloc_stats, rss_by_mapping, trim_every
+from common.process_memory import malloc_stats, reclaim_every, rss_by_mapping
 
 MIB = 1024 * 1024
 
@@ -77,12 +77,13 @@ def test_malloc_trim_gives_back_free_pages_between_live_blocks():
     assert r["held"] - r["after"] >= 24 * MIB
 
 
-def test_trim_every_trims_on_its_period_until_cancelled():
-    calls: list[float] = []
+def test_reclaim_every_collects_then_trims_on_its_period_until_cancelled():
+    calls: list[str] = []
 
     async def main() -> int:
-        task = asyncio.create_task(trim_every(0.01, lambda: calls.append(1)))
-        while len(calls) < 3:
+        task = asyncio.create_task(reclaim_every(0.01, lambda: calls.append("collect") or 0,
+                                                 lambda: calls.append("trim")))
+        while len(calls) < 6:
             await asyncio.sleep(0.005)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -92,4 +93,5 @@ def test_trim_every_trims_on_its_period_until_cancelled():
         return done
 
     done = asyncio.run(main())
-    assert done >= 3 and len(calls) == done  # nothing after the cancel
+    assert calls[:6] == ["collect", "trim"] * 3
+    assert len(calls) == done  # nothing after the cancel
