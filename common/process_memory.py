@@ -83,7 +83,7 @@ async def reclaim_every(secs: float, collect: Callable[[], int] = gc.collect,
     that outlived two young collections (a WebSocket session's tasks, events and buffers) waits
     for a full collection, which the collector's own rule put off for tens of minutes; the soak
     saw RSS climb ~5 MB a minute (docs/reliability.md "What grew in the gateway"). Only the
-    objects made since the freeze are scanned: a few thousand, well under a millisecond."""
+    objects made since the freeze are scanned (1-6 ms measured with 20,000 live and 4,000 dead)."""
     while True:
         await asyncio.sleep(secs)
         collect()
