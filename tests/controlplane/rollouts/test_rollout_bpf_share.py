@@ -3,29 +3,23 @@ written with Dataplane.put_service, slot counts read back from the active Maglev
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from common.maglev_quota import DEFAULT_SIZE
 from controlplane.rollouts.split import split
-from tests.support.bpf import bpf_missing, new_pin_dir
 
 VIP = "10.96.7.1"
 
 
 @pytest.fixture(scope="module")
-def plane():
-    reason = bpf_missing()
-    if reason:
-        pytest.skip(reason)
+def plane(plain_plane):
+    """The session's compiled plane (tests/conftest.py), opened maps-only: no compile of its own."""
     from agent.dataplane.dataplane import Dataplane
 
-    pin_dir = new_pin_dir()
-    dp = Dataplane(pin_dir=pin_dir, table_size=DEFAULT_SIZE)
+    assert plain_plane.table_size == DEFAULT_SIZE
+    dp = Dataplane(pin_dir=plain_plane.pin_dir, programs=False)
     yield dp
     dp.close()
-    shutil.rmtree(pin_dir, ignore_errors=True)
 
 
 def new_slots(plane, port, new) -> int:
