@@ -173,15 +173,14 @@ def _slot(plane: Dataplane, service_id: int) -> tuple[int, int, int, int]:
 # -- fixtures ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def dp(require_bpf):
-    """One loaded program for the module; each test adds (and deletes) its own VIPs."""
-    pin_dir = new_pin_dir()
-    plane = open_dataplane(pin_dir)
-    plane.put_service(VIP, 80, "tcp", WEB)
-    plane.put_service(VIP, 53, "udp", DNS)
-    yield plane
-    plane.close()
-    shutil.rmtree(pin_dir, ignore_errors=True)
+def dp(plain_plane):
+    """The session's loaded program (tests/conftest.py: no compile of its own) with VIP's two
+    services for the module; each test adds (and deletes) its own VIPs."""
+    plain_plane.put_service(VIP, 80, "tcp", WEB)
+    plain_plane.put_service(VIP, 53, "udp", DNS)
+    yield plain_plane
+    plain_plane.delete_service(VIP, 80, "tcp")
+    plain_plane.delete_service(VIP, 53, "udp")
 
 
 # -- 1. vip_filter collisions --------------------------------------------------
