@@ -4,7 +4,6 @@ whose checksums must be valid."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 
 import pytest
@@ -12,7 +11,6 @@ from scapy.all import ARP, ICMP, IP, TCP, UDP, Ether, IPOption_RR, IPv6, Raw
 
 from agent.dataplane import Dataplane, Verdict
 from agent.dataplane.testrun import XDP_DROP, XDP_PASS, run_xdp
-from tests.support.bpf import new_pin_dir, open_dataplane
 
 VIP = "10.9.0.100"
 ZERO_VIP = "10.9.0.101"
@@ -24,30 +22,25 @@ L2 = Ether(dst="02:00:00:00:00:01", src="02:00:00:00:00:02")
 TC_ACT_OK = 0
 
 
-def _make_dataplane(node_ip: str | None):
-    pin_dir = new_pin_dir()
-    return open_dataplane(pin_dir, node_ip), pin_dir
+# The session's compiled planes (tests/conftest.py, tests/dataplane/conftest.py): no compile
+# of their own; the module's services are put on them and deleted at the module's end.
+@pytest.fixture(scope="module")
+def dp(plain_plane):
+    plain_plane.put_service(VIP, 80, "tcp", WEB)
+    plain_plane.put_service(VIP, 53, "udp", DNS)
+    plain_plane.put_service(ZERO_VIP, 80, "tcp", {"10.1.0.31:8080": 0})
+    yield plain_plane
+    for vip, port, proto in ((VIP, 80, "tcp"), (VIP, 53, "udp"), (ZERO_VIP, 80, "tcp")):
+        plain_plane.delete_service(vip, port, proto)
 
 
 @pytest.fixture(scope="module")
-def dp(require_bpf):
-    plane, pin_dir = _make_dataplane(None)
-    plane.put_service(VIP, 80, "tcp", WEB)
-    plane.put_service(VIP, 53, "udp", DNS)
-    plane.put_service(ZERO_VIP, 80, "tcp", {"10.1.0.31:8080": 0})
-    yield plane
-    plane.close()
-    shutil.rmtree(pin_dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def snat_dp(require_bpf):
+def snat_dp(snat_plane):
     # No bridge route to the backend on this host, so with node_ip set it is source-NATed.
-    plane, pin_dir = _make_dataplane(NODE_IP)
-    plane.put_service(VIP, 80, "tcp", {"10.3.0.5:8080": 1})
-    yield plane
-    plane.close()
-    shutil.rmtree(pin_dir, ignore_errors=True)
+    assert snat_plane.live_node_ip() == NODE_IP
+    snat_plane.put_service(VIP, 80, "tcp", {"10.3.0.5:8080": 1})
+    yield snat_plane
+    snat_plane.delete_service(VIP, 80, "tcp")
 
 
 def _valid(raw: bytes) -> bool:
