@@ -41,6 +41,7 @@ from agent.dataplane.addresses import (
     port_to_map,
     service_address,
 )
+from agent.dataplane.fibwatch import FibWatch
 from agent.dataplane.loader import (
     FLOW_ENTRIES,
     MAX_BACKENDS,
@@ -80,7 +81,7 @@ VIP_FILTER_SHIFT = 20
 # the pins this class opens (dataplane/bpf/maps.h)
 MAP_NAMES = ["services", "vips", "rings", "backends", "backend_stats", "verdict_stats", "config", "meta",
              "vip_filter", "service_slots", "backend_addrs", "flows", "reverse_flows", "flow_misses",
-             "egress_devs", "bridge_ports", "xmit_stats"]
+             "egress_devs", "bridge_ports", "xmit_stats", "fib_gen"]
 
 
 def vip_filter_bit(map_ip: int) -> int:
@@ -144,6 +145,8 @@ class Dataplane(MapReader):
             self._egress_devs = bpf[b"egress_devs"]
             self._bridge_ports = bpf[b"bridge_ports"]
             self._xmit = bpf[b"xmit_stats"]
+            self._fib_gen = bpf[b"fib_gen"]
+            self._fib_watch: FibWatch | None = None
             if have is None:
                 self._write_meta(layout)
             self._sync_derived()
@@ -172,6 +175,8 @@ class Dataplane(MapReader):
                 cfg.miss_inserts = settings.miss_inserts
                 cfg.flags = CONFIG_XDP_FORWARD if settings.xdp_forward else 0
             self._config[key] = cfg
+            self._write_vip_filter()  # node_ip's bit
+            self._bump_fib_gen()
 
     def live_node_ip(self) -> str | None:
         value = self._config[ctypes.c_uint32(0)].node_ip
@@ -196,6 +201,9 @@ class Dataplane(MapReader):
             self._route_netns = netns
         with writer_lock(self.pin_dir):
             self._refresh_egress()
+        if self._fib_watch is None:
+            self._fib_watch = FibWatch(self._route_netns, self._routing_changed)
+            self._fib_watch.start()
         log.info("dataplane attached to %s%s: flow tables %d entries x 2, %.1f MiB of kernel memory",
                  iface, f" in {netns}" if netns else "", self.flow_entries, self.flow_table_bytes() / 2**20)
 
@@ -213,7 +221,26 @@ class Dataplane(MapReader):
         with writer_lock(self.pin_dir):
             self._refresh_egress()
 
+    def _routing_changed(self, devices: bool) -> None:
+        """FibWatch: routes or neighbours changed (devices: links or FDB too), or its period passed."""
+        with writer_lock(self.pin_dir):
+            if devices:
+                self._refresh_egress()
+            else:
+                self._bump_fib_gen()
+
+    def bump_fib_gen(self) -> None:
+        """Invalidate every cached forwarding decision (fib_cache) on every CPU."""
+        with writer_lock(self.pin_dir):
+            self._bump_fib_gen()
+
+    def _bump_fib_gen(self) -> None:
+        key = ctypes.c_uint32(0)
+        gen = (self._fib_gen[key].value + 1) & 0xFFFFFFFF
+        self._fib_gen[key] = ctypes.c_uint32(gen or 1)  # 0 would turn the cache off
+
     def _refresh_egress(self) -> None:
+        self._bump_fib_gen()  # the decisions cached from the old snapshot go with it
         if not self.forwarding():
             return
         plan = egress_mod.plan_egress(*egress_mod.read_namespace(self._route_netns))
@@ -400,9 +427,11 @@ class Dataplane(MapReader):
             del self._backend_addrs[key]
 
     def _filter_words(self) -> list[int]:
+        """The VIPs' bits and node_ip's (its source-NAT replies are translated in XDP)."""
         words = [0] * (VIP_FILTER_BITS // 64)
-        for key in self._vips:
-            bit = vip_filter_bit(key.value)
+        node_ip = self._config[ctypes.c_uint32(0)].node_ip
+        for value in [key.value for key in self._vips] + ([node_ip] if node_ip else []):
+            bit = vip_filter_bit(value)
             words[bit // 64] |= 1 << (bit % 64)
         return words
 
@@ -443,5 +472,8 @@ class Dataplane(MapReader):
 
     def close(self) -> None:
         """Drop this process's handles; pinned maps and attachments stay."""
+        if self._fib_watch is not None:
+            self._fib_watch.stop()
+            self._fib_watch = None
         self._maps.cleanup()
 

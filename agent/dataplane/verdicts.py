@@ -50,9 +50,10 @@ class Xmit(IntEnum):
     FRAG_NEEDED = 5
     UNKNOWN_DEV = 6
     TTL = 7
+    FIB_CACHED = 8
 
 
-XMIT_MAX = 8
+XMIT_MAX = 9
 
 
 def parse_verdicts_header(path: Path = VERDICTS_HEADER, prefix: str = "VERDICT") -> dict[str, int]:

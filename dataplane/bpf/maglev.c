@@ -42,6 +42,7 @@
 #define SNAT_TRIES 16
 #define PICK_TRIES 4
 #define NS_PER_SEC 1000000000ULL
+#define NO_FIB_CACHE 0xFFFFFFFFu  /* xmit_xdp: a packet with no backend (source-NAT reply) */
 
 /* How a packet that found no (usable) entry is handled. */
 #define MISS_RECORD 0     /* SYN, UDP, re-pick of a known flow: always recorded */
@@ -237,29 +238,86 @@ static __always_inline __u32 route(void *ctx, __u8 ttl, __u8 tos, __u8 proto, __
     return XMIT_REDIRECT;
 }
 
-/* The XDP action for a translated packet (eth/ip point into ctx's frame). */
-static __always_inline int xmit_xdp(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, struct config *cfg)
+/* The cached forwarding decision for `cache_id` (a backend id; NO_FIB_CACHE:
+ * none), when it still holds for this packet. */
+static __always_inline struct fib_entry *fib_cached(__u32 cache_id, __u32 gen, __be32 dst, __u16 len,
+                                                    __u32 in_ifindex)
+{
+    if (cache_id >= MAX_BACKENDS || !gen)
+        return 0;
+    struct fib_entry *c = fib_cache.lookup(&cache_id);
+    if (c && c->gen == gen && c->dst == dst && c->in_ifindex == in_ifindex && len <= c->max_len)
+        return c;
+    return 0;
+}
+
+static __always_inline __u32 fib_gen_now(void)
+{
+    __u32 zero = 0;
+    __u32 *g = fib_gen.lookup(&zero);
+    return g ? *g : 0;
+}
+
+static __always_inline void fib_remember(__u32 cache_id, __u32 gen, __be32 dst, __u16 len, __u32 in_ifindex,
+                                         struct egress *e)
+{
+    if (cache_id >= MAX_BACKENDS || !gen)
+        return;
+    struct fib_entry *c = fib_cache.lookup(&cache_id);
+    if (!c)
+        return;
+    /* a miss with everything else equal means len > max_len: the fib accepted a longer packet */
+    c->gen = gen;
+    c->dst = dst;
+    c->in_ifindex = in_ifindex;
+    c->oif = e->ifindex;
+    c->max_len = len;
+    __builtin_memcpy(c->smac, e->smac, ETH_ALEN);
+    __builtin_memcpy(c->dmac, e->dmac, ETH_ALEN);
+}
+
+/* The XDP action for a translated packet (eth/ip point into ctx's frame).
+ * cache_id: the backend it goes to (its fib result is cached per CPU), or NO_FIB_CACHE. */
+static __always_inline int xmit_xdp(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, struct config *cfg,
+                                    __u32 cache_id)
 {
     if (!xdp_forwarding(cfg)) {
         xmit_count(XMIT_STACK);
         return XDP_PASS;
     }
-    struct egress e = {};
-    __u32 why = route(ctx, ip->ttl, ip->tos, ip->protocol, ip->saddr, ip->daddr, bpf_ntohs(ip->tot_len),
-                      ctx->ingress_ifindex, 1, &e);
-    if (why != XMIT_REDIRECT) {
-        xmit_count(why);
+    if (ip->ttl <= 1) {
+        xmit_count(XMIT_TTL);
         return XDP_PASS;
     }
+    __u16 len = bpf_ntohs(ip->tot_len);
+    __u32 in_ifindex = ctx->ingress_ifindex;
+    __u32 gen = fib_gen_now();
+    __u32 oif;
+    struct fib_entry *c = fib_cached(cache_id, gen, ip->daddr, len, in_ifindex);
+    if (c) {
+        oif = c->oif;
+        __builtin_memcpy(eth->h_dest, c->dmac, ETH_ALEN);
+        __builtin_memcpy(eth->h_source, c->smac, ETH_ALEN);
+        xmit_count(XMIT_FIB_CACHED);
+    } else {
+        struct egress e = {};
+        __u32 why = route(ctx, ip->ttl, ip->tos, ip->protocol, ip->saddr, ip->daddr, len, in_ifindex, 1, &e);
+        if (why != XMIT_REDIRECT) {
+            xmit_count(why);
+            return XDP_PASS;
+        }
+        fib_remember(cache_id, gen, ip->daddr, len, in_ifindex, &e);
+        oif = e.ifindex;
+        __builtin_memcpy(eth->h_dest, e.dmac, ETH_ALEN);
+        __builtin_memcpy(eth->h_source, e.smac, ETH_ALEN);
+    }
     ttl_dec(ip);
-    __builtin_memcpy(eth->h_dest, e.dmac, ETH_ALEN);
-    __builtin_memcpy(eth->h_source, e.smac, ETH_ALEN);
-    if (e.ifindex == ctx->ingress_ifindex) {
+    if (oif == in_ifindex) {
         xmit_count(XMIT_TX);
         return XDP_TX;
     }
     xmit_count(XMIT_REDIRECT);
-    return bpf_redirect(e.ifindex, 0);
+    return bpf_redirect(oif, 0);
 }
 
 /* Non-SYN packets may record a flow only within the CPU's budget per second. */
@@ -461,9 +519,9 @@ static __always_inline int vip_filter_hit(__be32 daddr)
 
 /* IPv4 to an address that is no VIP: the reply of a source-NAT flow when
  * addressed to node_ip, else the node's own or routed traffic, untouched. */
-static __always_inline int not_vip(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, void *data_end)
+static __always_inline int not_vip(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, void *data_end,
+                                   struct config *cfg)
 {
-    struct config *cfg = get_config();
     if (!cfg || !cfg->node_ip || ip->daddr != cfg->node_ip || ip->ihl != 5 || is_fragment(ip))
         return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
     if (ip->protocol == IPPROTO_ICMP) {
@@ -482,7 +540,7 @@ static __always_inline int not_vip(struct xdp_md *ctx, struct ethhdr *eth, struc
         return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
     if (snat_reply(ip, ports, check) < 0)
         return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
-    return count(VERDICT_REPLY_SNAT, xmit_xdp(ctx, eth, ip, cfg));
+    return count(VERDICT_REPLY_SNAT, xmit_xdp(ctx, eth, ip, cfg, NO_FIB_CACHE));
 }
 
 /* The destination passed the filter: a VIP gets `verdict`, a collision is not_vip. */
@@ -491,7 +549,7 @@ static __always_inline int vip_verdict(struct xdp_md *ctx, struct ethhdr *eth, s
 {
     __be32 daddr = ip->daddr;
     if (!vips.lookup(&daddr))
-        return not_vip(ctx, eth, ip, data_end);
+        return not_vip(ctx, eth, ip, data_end, get_config());
     return count(verdict, action);
 }
 
@@ -500,7 +558,7 @@ static __always_inline int icmp_to_vip(struct xdp_md *ctx, struct ethhdr *eth, s
 {
     __be32 daddr = ip->daddr;
     if (!vips.lookup(&daddr))
-        return not_vip(ctx, eth, ip, data_end);
+        return not_vip(ctx, eth, ip, data_end, get_config());
     if (icmp_echo_reply(eth, ip, data_end) == 0)
         return count(VERDICT_REPLY_ICMP_ECHO, XDP_PASS);
     struct icmphdr *icmp;
@@ -532,7 +590,7 @@ static __always_inline int icmp_to_vip(struct xdp_md *ctx, struct ethhdr *eth, s
  * header (protocol 4). The outer source is the client's address, so the
  * backend's reverse-path check and RSS see the client; the backend decapsulates
  * (tunl0), owns the VIP on loopback and answers the client directly. */
-static __always_inline int dsr_out(struct xdp_md *ctx, __be32 backend_ip, struct config *cfg, __u32 verdict)
+static __always_inline int dsr_out(struct xdp_md *ctx, struct flow *f, struct config *cfg, __u32 verdict)
 {
     void *data = (void *)(long)ctx->data;
     void *data_end = (void *)(long)ctx->data_end;
@@ -565,14 +623,14 @@ static __always_inline int dsr_out(struct xdp_md *ctx, __be32 backend_ip, struct
     outer->protocol = IPPROTO_IPIP;
     outer->check = 0;
     outer->saddr = client;
-    outer->daddr = backend_ip;
+    outer->daddr = f->backend_ip;
     __u16 *w = (void *)outer;
     __u32 sum = 0;
 #pragma clang loop unroll(full)
     for (int i = 0; i < 10; i++)
         sum += w[i];
     outer->check = ~csum_fold32(sum);
-    return count(verdict, xmit_xdp(ctx, eth, outer, cfg));
+    return count(verdict, xmit_xdp(ctx, eth, outer, cfg, f->backend_id));
 }
 
 int xdp_maglev(struct xdp_md *ctx)
@@ -589,9 +647,13 @@ int xdp_maglev(struct xdp_md *ctx)
     if ((void *)(ip + 1) > data_end)
         return count(VERDICT_DROP_TRUNCATED, XDP_DROP);
 
+    /* the cheapest test first: a clear filter bit is neither a VIP nor node_ip */
     __be32 daddr = ip->daddr;
     if (!vip_filter_hit(daddr))
-        return not_vip(ctx, eth, ip, data_end);
+        return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
+    struct config *cfg = get_config();
+    if (cfg && cfg->node_ip && daddr == cfg->node_ip)  /* never a VIP (put_service refuses it) */
+        return not_vip(ctx, eth, ip, data_end, cfg);
     /* From here on the address may still be a filter collision: every exit
      * other than a connection-table or service hit confirms it in vips. */
     __u8 proto = ip->protocol;
@@ -623,7 +685,6 @@ int xdp_maglev(struct xdp_md *ctx)
         closing = tcp->rst || tcp->fin;
     }
 
-    struct config *cfg = get_config();
     struct service *svc = 0;
     __u32 verdict = VERDICT_FWD_ESTABLISHED;
     int mode = proto == IPPROTO_UDP ? MISS_RECORD : closing ? MISS_NO_RECORD : MISS_BUDGET;
@@ -696,7 +757,7 @@ int xdp_maglev(struct xdp_md *ctx)
 
     account(chosen.backend_id, data_end - data);
     if (chosen.flags & FLOW_DSR)
-        return dsr_out(ctx, chosen.backend_ip, cfg, verdict);
+        return dsr_out(ctx, &chosen, cfg, verdict);
     if (chosen.snat_port) {
         if (!cfg || !cfg->node_ip)
             return count(VERDICT_DROP_SNAT_EXHAUSTED, XDP_DROP);
@@ -705,7 +766,7 @@ int xdp_maglev(struct xdp_md *ctx)
     } else {
         dnat(ip, &ports->dest, check, proto, chosen.backend_ip, chosen.backend_port);
     }
-    return count(verdict, xmit_xdp(ctx, eth, ip, cfg));
+    return count(verdict, xmit_xdp(ctx, eth, ip, cfg, chosen.backend_id));
 }
 
 #define IP_OFF ETH_HLEN

@@ -7,9 +7,10 @@
  * size, so the loader compares `meta` with its own layout before it loads.
  *
  * Fast-path budget (docs/dataplane.md): a non-VIP packet costs one array read
- * (vip_filter) and a counter; an established flow two hash lookups (flows and
- * its reverse entry, which keeps the reply's translation alive) plus array
- * reads; a new flow inserts two entries (forward and reverse).
+ * (vip_filter, which also holds node_ip's bit) and a counter; an established flow
+ * two hash lookups (flows and its reverse entry, which keeps the reply's
+ * translation alive) plus array reads, its forwarding decision read from
+ * fib_cache; a new flow inserts two entries (forward and reverse).
  */
 #ifndef FABRIC_MAPS_H
 #define FABRIC_MAPS_H
@@ -118,8 +119,9 @@ struct backend_addr {
     __u16 pad;
 };
 
-/* One bit per VIP address hashed into VIP_FILTER_BITS: a clear bit proves
- * "not a VIP" with one array read; a set bit is confirmed by the exact maps. */
+/* One bit per VIP address (and one for node_ip, whose source-NAT replies XDP
+ * translates) hashed into VIP_FILTER_BITS: a clear bit proves "neither" with one
+ * array read; a set bit is confirmed by the exact maps. */
 #define VIP_FILTER_BITS 4096
 #define VIP_FILTER_MULT 0x9E3779B1u
 #define VIP_FILTER_SHIFT 20  /* 32 - log2(VIP_FILTER_BITS) */
@@ -212,5 +214,27 @@ BPF_TABLE_PINNED("hash", __u32, __u32, egress_devs, EGRESS_DEVS, PIN(egress_devs
 BPF_TABLE_PINNED("hash", struct port_key, __u32, bridge_ports, BRIDGE_PORTS, PIN(bridge_ports));
 /* xmit_stats: XMIT_* -> packets, per CPU (how translated packets left the node) */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, xmit_stats, XMIT_MAX, PIN(xmit_stats));
+
+/* The forwarding decision for one backend, kept per CPU so an established
+ * packet skips bpf_fib_lookup and the device / bridge-port lookups. Valid while
+ * fib_gen still holds `gen` (the agent bumps it when routes, neighbours, links or
+ * the bridge FDB change, and every FIB_CACHE_SECS), for the same destination and
+ * ingress device, and for packets no longer than the longest the fib accepted
+ * (its MTU check). TTL is checked per packet. */
+struct fib_entry {
+    __u32 gen;         /* fib_gen when filled; never matches while fib_gen is 0 */
+    __be32 dst;        /* the address looked up (the backend; the outer destination for dsr-ipip) */
+    __u32 in_ifindex;  /* ingress device of the lookup */
+    __u32 oif;         /* where the frame goes (a bridge port for a route through a bridge) */
+    __u16 max_len;     /* longest tot_len the fib accepted under this gen */
+    __u8 smac[6];
+    __u8 dmac[6];
+    __u16 pad;
+};
+
+/* fib_cache: backend id -> its last resolved forwarding decision, per CPU */
+BPF_TABLE_PINNED("percpu_array", __u32, struct fib_entry, fib_cache, MAX_BACKENDS, PIN(fib_cache));
+/* fib_gen: single entry, the generation fib_cache entries must carry (0: cache off) */
+BPF_TABLE_PINNED("array", __u32, __u32, fib_gen, 1, PIN(fib_gen));
 
 #endif

@@ -39,6 +39,7 @@
 #define XMIT_FRAG_NEEDED 5    /* larger than the egress MTU: the stack fragments or sends the ICMP error */
 #define XMIT_UNKNOWN_DEV 6    /* egress device (or the bridge port of the MAC) not known to take XDP frames */
 #define XMIT_TTL 7            /* TTL would expire: the stack sends time exceeded */
-#define XMIT_MAX 8
+#define XMIT_FIB_CACHED 8     /* also counted: redirect or tx decided from fib_cache, no fib lookup */
+#define XMIT_MAX 9
 
 #endif

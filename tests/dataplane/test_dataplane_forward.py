@@ -218,3 +218,88 @@ def test_forwarding_off_hands_translated_packets_to_the_stack(net, plane):
         assert result.output == _expected(sent, SERVICES[80], None, None, 0)
     finally:
         plane.configure(settings=DataplaneSettings(xdp_forward=True))
+
+
+# -- the per-CPU forwarding cache (fib_cache, fib_gen) ---------------------------------------------
+
+CACHE_PORT, CACHE_BACKEND = 87, "10.1.0.11:8087"  # a backend no other test sends to: its cache starts empty
+
+
+def _cache_packet(sport: int, size: int = 10) -> bytes:
+    return bytes(L2 / IP(src=CLIENT, dst=VIP) / TCP(sport=sport, dport=CACHE_PORT, flags="S") / Raw(b"x" * size))
+
+
+def _set_backend_mac(net: Net, mac: str) -> None:
+    sh("ip", "-n", net.ns, "neigh", "replace", "10.1.0.11", "lladdr", mac, "dev", "nb", "nud", "permanent")
+
+
+def test_established_packets_reuse_the_backends_fib_result_until_the_generation_moves(net, plane):
+    plane.put_service(VIP, CACHE_PORT, "tcp", {CACHE_BACKEND: 1})  # refreshes the device maps: a new generation
+    moved = "02:00:00:00:01:99"
+    try:
+        rows = [  # (what, packet, xmit counted, destination MAC of the output)
+            ("first packet: fib lookup, result cached", _cache_packet(47001), {"redirect": 1}, MACS["10.1.0.11"]),
+            ("same backend, another flow: from the cache", _cache_packet(47002), {"redirect": 1, "fib_cached": 1},
+             MACS["10.1.0.11"]),
+            ("longer than any cached packet: the fib checks the MTU", _cache_packet(47003, size=1400),
+             {"frag_needed": 1}, None),
+            ("neighbour changed, generation not bumped: still the cached MAC", _cache_packet(47004),
+             {"redirect": 1, "fib_cached": 1}, MACS["10.1.0.11"]),
+            ("generation bumped: a fresh fib result", _cache_packet(47005), {"redirect": 1}, moved),
+            ("and that one is cached in turn", _cache_packet(47006), {"redirect": 1, "fib_cached": 1}, moved),
+        ]
+        for what, raw, want_xmit, dmac in rows:
+            if what.startswith("neighbour changed"):
+                _set_backend_mac(net, moved)
+            if what.startswith("generation bumped"):
+                plane.bump_fib_gen()
+            result, xmit = _xdp(net, plane, raw)
+            assert xmit == want_xmit, what
+            if dmac is None:
+                assert result.retval == XDP_PASS, what
+                continue
+            assert result.retval == XDP_REDIRECT, what
+            assert result.output == _expected(Ether(raw), CACHE_BACKEND, dmac, net.links["nb"][1], 1), what
+            assert _valid(result.output), what
+    finally:
+        _set_backend_mac(net, MACS["10.1.0.11"])
+        plane.bump_fib_gen()
+
+
+def test_fib_watch_bumps_the_generation_on_a_neighbour_change(net, plane):
+    """What attach starts: a neighbour change in the namespace reaches the program without a put."""
+    import time
+
+    from agent.dataplane.fibwatch import FibWatch
+
+    plane.put_service(VIP, CACHE_PORT, "tcp", {CACHE_BACKEND: 1})
+    calls: list[bool] = []
+
+    def changed(devices: bool) -> None:
+        calls.append(devices)
+        plane._routing_changed(devices)
+
+    watch = FibWatch(net.ns, changed, period_s=600)  # no time bound inside this test: only events
+    watch.start()
+    moved = "02:00:00:00:01:98"
+    try:
+        _xdp(net, plane, _cache_packet(47101))
+        assert _xdp(net, plane, _cache_packet(47102))[1] == {"redirect": 1, "fib_cached": 1}
+        _set_backend_mac(net, moved)
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert calls and calls[0] is False  # a neighbour message: the cache, not the device maps
+        result, xmit = _xdp(net, plane, _cache_packet(47103))
+        assert (xmit, Ether(result.output).dst) == ({"redirect": 1}, moved)
+        calls.clear()
+        sh("bridge", "-n", net.ns, "fdb", "replace", "02:00:00:00:03:77", "dev", "vp", "master", "static")
+        deadline = time.monotonic() + 10
+        while True not in calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert True in calls  # an FDB message: the device maps are read again too
+    finally:
+        watch.stop()
+        sh("bridge", "-n", net.ns, "fdb", "del", "02:00:00:00:03:77", "dev", "vp", "master")
+        _set_backend_mac(net, MACS["10.1.0.11"])
+        plane.bump_fib_gen()
