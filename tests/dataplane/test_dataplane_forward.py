@@ -15,6 +15,7 @@ makes, whose routes, neighbours and bridge FDB are fixed:
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -112,9 +113,17 @@ def plane(net):
     shutil.rmtree(pin_dir, ignore_errors=True)
 
 
+def _on_one_cpu(call):
+    """Run ``call`` on one fixed CPU: the forwarding cache is per CPU, so two test_runs that the
+    scheduler placed on different CPUs would each start with their own (empty) cache."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    return call()
+
+
 def _xdp(net: Net, dp, raw: bytes):
     before = dp.xmit_counters()
-    result = run_in_netns(net.ns, lambda: run_xdp(dp.xdp_fd, raw, ingress_ifindex=net.links["ni"][0]))
+    result = run_in_netns(net.ns, lambda: _on_one_cpu(
+        lambda: run_xdp(dp.xdp_fd, raw, ingress_ifindex=net.links["ni"][0])))
     after = dp.xmit_counters()
     return result, {k: after[k] - before[k] for k in after if after[k] != before[k]}
 
