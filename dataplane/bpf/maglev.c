@@ -6,8 +6,11 @@
  * source-NAT flows (addressed to node_ip:snat_port) are reverse-NATed here too,
  * before the stack would take them as local traffic. ICMP echo to a VIP is
  * answered, ICMP errors about VIP flows are translated (icmp.h). Everything
- * else passes untouched. After NAT the packet goes up with XDP_PASS so the
- * kernel's routing picks the egress device and MAC.
+ * else passes untouched. After NAT (or IPIP encapsulation for dsr-ipip
+ * services), with xdp_forward on, bpf_fib_lookup picks the egress (its result
+ * cached per CPU and per backend under the agent's fib generation) and the
+ * packet leaves by bpf_redirect or XDP_TX with its MACs rewritten; what the
+ * fib cannot resolve (no neighbour, over MTU, TTL 1) goes up with XDP_PASS.
  *
  * tc_reverse_nat (TC clsact egress of the same device): replies from backends
  * reached without source NAT get their source put back to VIP:port.
