@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from common.errors import Conflict
 
 # Bump whenever a map's key, value, type or name changes in dataplane/bpf/maps.h.
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 META_PIN = "meta"
 
 

@@ -280,9 +280,10 @@ static __always_inline void fib_remember(__u32 cache_id, __u32 gen, __be32 dst, 
 }
 
 /* The XDP action for a translated packet (eth/ip point into ctx's frame).
- * cache_id: the backend it goes to (its fib result is cached per CPU), or NO_FIB_CACHE. */
+ * cache_id: the backend it goes to (its fib result is cached per CPU), or NO_FIB_CACHE;
+ * gen: fib_gen_now(), read once per packet. */
 static __always_inline int xmit_xdp(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, struct config *cfg,
-                                    __u32 cache_id)
+                                    __u32 cache_id, __u32 gen)
 {
     if (!xdp_forwarding(cfg)) {
         xmit_count(XMIT_STACK);
@@ -294,7 +295,6 @@ static __always_inline int xmit_xdp(struct xdp_md *ctx, struct ethhdr *eth, stru
     }
     __u16 len = bpf_ntohs(ip->tot_len);
     __u32 in_ifindex = ctx->ingress_ifindex;
-    __u32 gen = fib_gen_now();
     __u32 oif;
     struct fib_entry *c = fib_cached(cache_id, gen, ip->daddr, len, in_ifindex);
     if (c) {
@@ -381,11 +381,12 @@ static __always_inline int pick(struct service *svc, __u32 hash, struct flow *ou
  * and reverse entries). Returns the verdict to count, with *out the flow to
  * forward by, or a DROP verdict. */
 static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, struct flow *out, int mode,
-                                  struct config *cfg, __u32 verdict)
+                                  struct config *cfg, __u32 verdict, __u32 gen)
 {
     __u32 hash = flow_hash(fk);
     if (pick(svc, hash, out) < 0)
         return VERDICT_DROP_NO_BACKEND;
+    out->rev_gen = gen;  /* every recorded NAT flow's reverse entry is found or written below */
     if (out->flags & FLOW_DSR) {
         /* replies bypass the node: no reverse entry, no source NAT */
         out->snat_port = 0;
@@ -432,10 +433,8 @@ static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, stru
 /* Established flow: make sure its reverse entry is still there and its own
  * (an evicted one is written again; a source-NAT port that another flow took
  * meanwhile is given up for a fresh one). 0, or -1 when no port is left. */
-static __always_inline int keep_reverse(struct flow_key *fk, struct flow *f, struct config *cfg)
+static __always_inline int check_reverse(struct flow_key *fk, struct flow *f, struct config *cfg)
 {
-    if (f->flags & FLOW_DSR)
-        return 0;
     struct flow_key reply = {};
     __be32 node_ip = cfg ? cfg->node_ip : 0;
     if (f->snat_port && !node_ip)
@@ -460,6 +459,25 @@ static __always_inline int keep_reverse(struct flow_key *fk, struct flow *f, str
     if (!port)
         return -1;
     f->snat_port = port;
+    return 0;
+}
+
+/* check_reverse once per fib generation (gen, which the agent bumps at least
+ * every second; 0: on every packet) and on every FIN/RST (`always`, so a
+ * connection's close handshake never waits on the next generation): within one
+ * generation the flow's reverse entry was found or written already, and the
+ * flow's replies keep it recently used in the LRU. An entry evicted meanwhile is
+ * written again by the first forward packet of the next generation. */
+static __always_inline int keep_reverse(struct flow_key *fk, struct flow *f, struct config *cfg, __u32 gen,
+                                        int always)
+{
+    if (f->flags & FLOW_DSR)
+        return 0;
+    if (gen && !always && f->rev_gen == (__u16)gen)
+        return 0;
+    if (check_reverse(fk, f, cfg) < 0)
+        return -1;
+    f->rev_gen = gen;
     return 0;
 }
 
@@ -543,7 +561,7 @@ static __always_inline int not_vip(struct xdp_md *ctx, struct ethhdr *eth, struc
         return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
     if (snat_reply(ip, ports, check) < 0)
         return count(VERDICT_PASS_NOT_VIP, XDP_PASS);
-    return count(VERDICT_REPLY_SNAT, xmit_xdp(ctx, eth, ip, cfg, NO_FIB_CACHE));
+    return count(VERDICT_REPLY_SNAT, xmit_xdp(ctx, eth, ip, cfg, NO_FIB_CACHE, fib_gen_now()));
 }
 
 /* The destination passed the filter: a VIP gets `verdict`, a collision is not_vip. */
@@ -593,7 +611,7 @@ static __always_inline int icmp_to_vip(struct xdp_md *ctx, struct ethhdr *eth, s
  * header (protocol 4). The outer source is the client's address, so the
  * backend's reverse-path check and RSS see the client; the backend decapsulates
  * (tunl0), owns the VIP on loopback and answers the client directly. */
-static __always_inline int dsr_out(struct xdp_md *ctx, struct flow *f, struct config *cfg, __u32 verdict)
+static __always_inline int dsr_out(struct xdp_md *ctx, struct flow *f, struct config *cfg, __u32 verdict, __u32 gen)
 {
     void *data = (void *)(long)ctx->data;
     void *data_end = (void *)(long)ctx->data_end;
@@ -633,7 +651,7 @@ static __always_inline int dsr_out(struct xdp_md *ctx, struct flow *f, struct co
     for (int i = 0; i < 10; i++)
         sum += w[i];
     outer->check = ~csum_fold32(sum);
-    return count(verdict, xmit_xdp(ctx, eth, outer, cfg, f->backend_id));
+    return count(verdict, xmit_xdp(ctx, eth, outer, cfg, f->backend_id, gen));
 }
 
 int xdp_maglev(struct xdp_md *ctx)
@@ -689,6 +707,7 @@ int xdp_maglev(struct xdp_md *ctx)
     }
 
     struct service *svc = 0;
+    __u32 gen = fib_gen_now();
     __u32 verdict = VERDICT_FWD_ESTABLISHED;
     int mode = proto == IPPROTO_UDP ? MISS_RECORD : closing ? MISS_NO_RECORD : MISS_BUDGET;
     struct flow chosen = {};
@@ -725,7 +744,7 @@ int xdp_maglev(struct xdp_md *ctx)
         } else {
             if (closing)
                 known->flags |= FLOW_CLOSED;
-            if (keep_reverse(&fk, known, cfg) < 0)
+            if (keep_reverse(&fk, known, cfg, gen, closing) < 0)
                 return count(VERDICT_DROP_SNAT_EXHAUSTED, XDP_DROP);
             chosen = *known;
         }
@@ -752,7 +771,7 @@ int xdp_maglev(struct xdp_md *ctx)
             verdict = syn || proto == IPPROTO_UDP ? VERDICT_FWD_NEW_FLOW : VERDICT_FWD_MISS_RECORDED;
         if (syn)
             mode = MISS_RECORD;
-        verdict = miss(svc, &fk, &chosen, mode, cfg, verdict);
+        verdict = miss(svc, &fk, &chosen, mode, cfg, verdict, gen);
         if (verdict == VERDICT_DROP_NO_BACKEND || verdict == VERDICT_DROP_SNAT_EXHAUSTED ||
             verdict == VERDICT_DROP_UNTRACKED_SNAT)
             return count(verdict, XDP_DROP);
@@ -760,7 +779,7 @@ int xdp_maglev(struct xdp_md *ctx)
 
     account(chosen.backend_id, data_end - data);
     if (chosen.flags & FLOW_DSR)
-        return dsr_out(ctx, &chosen, cfg, verdict);
+        return dsr_out(ctx, &chosen, cfg, verdict, gen);
     if (chosen.snat_port) {
         if (!cfg || !cfg->node_ip)
             return count(VERDICT_DROP_SNAT_EXHAUSTED, XDP_DROP);
@@ -769,7 +788,7 @@ int xdp_maglev(struct xdp_md *ctx)
     } else {
         dnat(ip, &ports->dest, check, proto, chosen.backend_ip, chosen.backend_port);
     }
-    return count(verdict, xmit_xdp(ctx, eth, ip, cfg, chosen.backend_id));
+    return count(verdict, xmit_xdp(ctx, eth, ip, cfg, chosen.backend_id, gen));
 }
 
 #define IP_OFF ETH_HLEN

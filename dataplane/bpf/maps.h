@@ -8,9 +8,10 @@
  *
  * Fast-path budget (docs/dataplane.md): a non-VIP packet costs one array read
  * (vip_filter, which also holds node_ip's bit) and a counter; an established flow
- * two hash lookups (flows and its reverse entry, which keeps the reply's
- * translation alive) plus array reads, its forwarding decision read from
- * fib_cache; a new flow inserts two entries (forward and reverse).
+ * one hash lookup (flows) plus array reads, its forwarding decision read from
+ * fib_cache, and once per fib generation (and on FIN/RST) a second one, its reverse
+ * entry (which keeps the reply's translation alive); a new flow inserts two
+ * entries (forward and reverse).
  */
 #ifndef FABRIC_MAPS_H
 #define FABRIC_MAPS_H
@@ -95,7 +96,10 @@ struct flow {
     __be16 snat_port;  /* 0 when the flow is not source-NATed */
     __u16 backend_id;  /* for backend_stats; backends[backend_id] must still be this address */
     __u16 service_id;  /* service_slots[service_id] says whether the service still exists */
-    __u32 flags;       /* FLOW_* */
+    __u16 flags;       /* FLOW_* */
+    __u16 rev_gen;     /* low 16 bits of fib_gen when its reverse entry was last found or written:
+                        * an established packet checks the reverse entry again only once the
+                        * generation moved (the agent bumps it at least every second) */
     __u64 last_seen;   /* bpf_ktime_get_ns() of the first packet, and of the last one for UDP (expiry) */
 };
 

@@ -210,15 +210,49 @@ def test_evicted_forward_entry_keeps_replies_and_is_recorded_again(dp):
     _send(dp, _tcp(sport, "A", payload=b"x"), "fwd_established", B)
 
 
-def test_evicted_reverse_entry_is_written_again_by_the_next_forward_packet(dp):
+def _gen(dp) -> int:
+    return dp._fib_gen[ctypes.c_uint32(0)].value
+
+
+def test_evicted_reverse_entry_is_written_again_once_the_generation_moves(dp):
+    """An established packet checks its reverse entry once per fib generation: within
+    the generation that recorded the flow an evicted entry stays missing, the first
+    forward packet after the agent's bump (at least every second) writes it again."""
     dp.put_service(VIP, 80, "tcp", {A: 1, B: 1})
     sport = _sport_on(dp, A, 35300)
     ip, port = A.split(":")
-    del dp._reverse[_key(dp._reverse, ip, CLIENT, int(port), sport)]
+    rkey = _key(dp._reverse, ip, CLIENT, int(port), sport)
+    del dp._reverse[rkey]
     stray = _reply(A, sport)
     assert run_xdp(dp._prog.tc.fd, bytes(stray)).output == bytes(stray)  # nothing to restore from
+    gen = _gen(dp)
+    assert _flow(dp, sport).rev_gen == gen & 0xFFFF  # checked (written) under this generation
+    _send(dp, _tcp(sport, "A", payload=b"x"), "fwd_established", A)
+    assert dp._reverse.get(rkey) is None  # same generation: not looked up again
+    dp.bump_fib_gen()
     _send(dp, _tcp(sport, "A", payload=b"x"), "fwd_established", A)
     _restored(dp, A, sport)
+    assert _flow(dp, sport).rev_gen == (gen + 1) & 0xFFFF
+
+
+def test_reverse_entry_is_checked_on_every_fin_or_rst_and_every_packet_without_a_generation(dp):
+    dp.put_service(VIP, 80, "tcp", {A: 1, B: 1})
+    sport = _sport_on(dp, A, 35400)
+    ip, port = A.split(":")
+    rkey = _key(dp._reverse, ip, CLIENT, int(port), sport)
+    del dp._reverse[rkey]
+    _send(dp, _tcp(sport, "FA"), "fwd_established", A)  # the close handshake never waits for a bump
+    _restored(dp, A, sport)
+    key = ctypes.c_uint32(0)
+    gen = dp._fib_gen[key]
+    dp._fib_gen[key] = ctypes.c_uint32(0)  # generation 0 (cache off): every packet checks
+    try:
+        for _ in range(2):
+            del dp._reverse[rkey]
+            _send(dp, _tcp(sport, "A", payload=b"x"), "fwd_established", A)
+            _restored(dp, A, sport)
+    finally:
+        dp._fib_gen[key] = gen
 
 
 # -- source NAT ------------------------------------------------------------------
@@ -261,8 +295,9 @@ def test_snat_port_survives_either_entry_being_evicted(sdp):
     del dp._flows[_key(dp._flows, CLIENT, SNAT_VIP, sport, 80)]
     assert _snat_ack(dp, sport, "fwd_miss_recorded") == port
     _snat_reply_ok(dp, port, sport)
-    # reverse entry lost, forward kept: claimed again at the same port
+    # reverse entry lost, forward kept: claimed again at the same port once the generation moved
     del dp._reverse[_snat_key(dp, port)]
+    dp.bump_fib_gen()
     assert _snat_ack(dp, sport, "fwd_established") == port
     _snat_reply_ok(dp, port, sport)
     # both lost: the port is a function of the flow, the same one comes back
@@ -285,8 +320,10 @@ def test_snat_port_held_by_another_flow_is_never_shared(sdp):
     assert new_port != port
     assert dp._reverse[_snat_key(dp, port)].client == ip_to_map("10.0.0.99")  # untouched
     _snat_reply_ok(dp, new_port, sport)
-    # an established flow whose port was taken meanwhile moves to a port of its own
+    # an established flow whose port was taken meanwhile moves to a port of its own (next generation)
     dp._reverse[_snat_key(dp, new_port)] = other
+    assert _snat_ack(dp, sport, "fwd_established") == new_port  # within the generation: not re-checked
+    dp.bump_fib_gen()
     moved = _snat_ack(dp, sport, "fwd_established")
     assert moved not in (port, new_port)
     assert dp._reverse[_snat_key(dp, new_port)].client == ip_to_map("10.0.0.99")
