@@ -277,6 +277,9 @@ def compare(ours: dict, katran: dict) -> dict:
     keys = ("vip_established_ratio", "vip_established_cold_ratio", "vip_new_flow_ratio", "non_vip_ratio")
     out = {k.removesuffix("_ratio"): round(ours[k] / katran[k], 2) for k in keys}
     out["vip_new_flow_vs_stock"] = round(ours["vip_new_flow_ratio"] / katran["vip_new_flow_stock_ratio"], 2)
+    if "dsr" in ours:  # Fabric's dsr-ipip mode does Katran's work (IPIP, no reverse entry)
+        for k in ("vip_established_cold_ratio", "vip_new_flow_ratio"):
+            out["dsr_" + k.removesuffix("_ratio")] = round(ours["dsr"][k] / katran[k], 2)
     if katran.get("both_cpus") and "percpu_lru" in ours.get("both_cpus", {}):
         mine, theirs = ours["both_cpus"]["percpu_lru"], katran["both_cpus"]
         for k in ("vip_established_cold_ratio", "vip_new_flow_ratio"):
