@@ -99,3 +99,16 @@ def test_the_benchmark_says_exactly_why_katran_is_unavailable(monkeypatch):
     monkeypatch.setattr(katran_anchor.shutil, "which", lambda tool: None if tool == "clang" else "/usr/bin/" + tool)
     out = bench_xdp_katran.figures(None, 1)  # the build fails before the harness is touched
     assert out == {"unavailable": "clang not found (Debian packages clang, llvm)"}
+
+
+def test_the_comparison_puts_fabrics_dsr_mode_beside_katran_on_katrans_work():
+    """fabric_over_katran: each Fabric ratio over Katran's, the dsr-ipip ones (one flow
+    entry, IPIP: Katran's work) against the same Katran figures as the NAT ones."""
+    ours = {"vip_established_ratio": 12.0, "vip_established_cold_ratio": 60.0, "vip_new_flow_ratio": 300.0,
+            "non_vip_ratio": 2.0, "dsr": {"vip_established_cold_ratio": 45.0, "vip_new_flow_ratio": 120.0}}
+    katran = {"vip_established_ratio": 12.0, "vip_established_cold_ratio": 40.0, "vip_new_flow_ratio": 150.0,
+              "non_vip_ratio": 4.0, "vip_new_flow_stock_ratio": 100.0}
+    out = bench_xdp_katran.compare(ours, katran)
+    assert out == {"vip_established": 1.0, "vip_established_cold": 1.5, "vip_new_flow": 2.0, "non_vip": 0.5,
+                   "vip_new_flow_vs_stock": 3.0, "dsr_vip_established_cold": 1.12, "dsr_vip_new_flow": 0.8}
+    assert bench_xdp_katran.compare(ours, {"unavailable": "no clang"}) == {}
