@@ -2,22 +2,23 @@
 OIDC JWT. The result is an Identity; every refusal is Unauthorized (401) or Forbidden (403).
 
 Key records are cached per prefix for a short TTL so the hot path does no store round trip;
-the store stays the source of truth (a deleted or rotated key takes effect within the TTL).
+the store stays the source of truth (a deleted or rotated key takes effect within about two
+TTLs: gateway.refresh_cache serves the last record while one reload runs).
 The control plane's admin token (a JWT with audience fabric-admin) is never accepted: it is not
 an API key, and as a JWT its issuer is not an inference OIDC provider.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from common import apikeys
 from common.errors import Forbidden, Unauthorized
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
 from gateway.oidc import OidcClaims, OidcVerifier, looks_like_jwt
+from gateway.refresh_cache import RefreshCache
 
 CACHE_MAX = 10_000
 
@@ -95,18 +96,13 @@ class Authenticator:
     hmac_secret: bytes
     oidc: OidcVerifier
     ttl_secs: float = 1.0
-    _cache: dict[str, tuple[float, ApiKeyRecord | None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # gateway.refresh_cache: one store read per prefix per TTL, never on a call's path
+        self._cache: RefreshCache[ApiKeyRecord | None] = RefreshCache(self.ttl_secs, CACHE_MAX)
 
     async def _record(self, prefix: str) -> ApiKeyRecord | None:
-        now = time.monotonic()
-        hit = self._cache.get(prefix)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        record = await asyncio.to_thread(apikeys.find_by_prefix, self.store, prefix)
-        if len(self._cache) >= CACHE_MAX:
-            self._cache.clear()  # crude bound: a flood of random prefixes cannot grow memory
-        self._cache[prefix] = (now + self.ttl_secs, record)
-        return record
+        return await self._cache.get(prefix, lambda: apikeys.find_by_prefix(self.store, prefix))
 
     async def identify(self, headers: dict[str, str], endpoint: str | None) -> Identity:
         """Who is calling, from the headers alone (run before any body byte is read). endpoint

@@ -28,7 +28,6 @@ says nothing about the queue now).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
@@ -43,6 +42,7 @@ from common.schemas import InferenceEndpoint, ModelArtifact, Node, Replica, Repl
 from common.sites import saturated, site_problem, spill
 from common.store.base import Store
 from gateway.capacity import MAX_READING_AGE, Reading
+from gateway.refresh_cache import RefreshCache
 
 PRIORITY_FACTOR = {"low": 0.5, "normal": 1.0, "high": 2.0}
 VIEW_CACHE_MAX = 1024  # endpoint names cached (existing or not); a flood of names cannot grow it
@@ -236,37 +236,38 @@ def _active_rollout(store: Store, deployment: str) -> Rollout | None:
     return record if record.active else None
 
 
+def _view_or_none(store: Store, name: str) -> EndpointView | None:
+    try:
+        return read_view(store, name)
+    except NotFound:
+        return None
+
+
+def _model_names(store: Store) -> frozenset[str]:
+    return frozenset(kv.key.rsplit("/", 1)[-1] for kv in store.list(keyspace.models()))
+
+
 @dataclass
 class UpstreamCache:
     store: Store
     ttl_secs: float = 1.0
-    _views: dict[str, tuple[float, EndpointView | None]] = field(default_factory=dict)
-    _names: tuple[float, frozenset[str]] = (0.0, frozenset())
+
+    def __post_init__(self) -> None:
+        # gateway.refresh_cache: one store read per endpoint per TTL, never on a call's path
+        self._views: RefreshCache[EndpointView | None] = RefreshCache(self.ttl_secs, VIEW_CACHE_MAX)
+        self._names: RefreshCache[frozenset[str]] = RefreshCache(10 * self.ttl_secs, 1)
 
     async def view(self, name: str, need_upstream: bool = True) -> EndpointView:
         """need_upstream=False (dry run): the endpoint must exist, replicas need not."""
-        now = time.monotonic()
-        hit = self._views.get(name)
-        if hit is None or hit[0] <= now:
-            try:
-                view: EndpointView | None = await asyncio.to_thread(read_view, self.store, name)
-            except NotFound:
-                view = None
-            if len(self._views) >= VIEW_CACHE_MAX:
-                self._views.clear()
-            self._views[name] = hit = (now + self.ttl_secs, view)
-        if hit[1] is None:
+        view = await self._views.get(name, lambda: _view_or_none(self.store, name))
+        if view is None:
             raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
-        ep = hit[1].endpoint
-        if need_upstream and not hit[1].replicas and not ep.status.vip and ep.external is None \
+        ep = view.endpoint
+        if need_upstream and not view.replicas and not ep.status.vip and ep.external is None \
                 and not ep.spillover and not ep.fallbacks:
             raise TransientError(f"endpoint {name!r} has no ready replica", code="no_ready_replica")
-        return hit[1]
+        return view
 
     async def known_models(self) -> frozenset[str]:
         """Model names in the catalogue, for metric labels (anything else is "unknown")."""
-        now = time.monotonic()
-        if self._names[0] <= now:
-            kvs = await asyncio.to_thread(self.store.list, keyspace.models())
-            self._names = (now + 10 * self.ttl_secs, frozenset(kv.key.rsplit("/", 1)[-1] for kv in kvs))
-        return self._names[1]
+        return await self._names.get("models", lambda: _model_names(self.store))
