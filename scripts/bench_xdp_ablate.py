@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Ablations of xdp_maglev measured side by side; prints one JSON object.
+
+Each variant is dataplane/bpf/maglev.c with one text substitution, compiled into
+its own pin directory (its own maps) and timed in the same interleaved rounds as
+the unchanged program (each round in another order), with scripts/bench-xdp's harness: non-VIP (the program
+alone, as bench-xdp times it), new flow (SYN, every pass a distinct flow, full
+1M-entry table) and established cold (64k flows rotating) through bench.c's
+wrapper, whose own cost around XDP_PASS is measured in the same round and
+subtracted. Medians over ROUNDS. Substitutions that remove something the
+product needs (a counter the agent exports) only say what it costs.
+docs/dataplane.md ("Tried and discarded") records the outcomes.
+Run under `flock /tmp/fabric-bench.lock`.
+"""
+
+# Run under the project's venv (BCC, scapy) whichever python3 started the script.
+import os as _os
+import sys as _sys
+from pathlib import Path as _Path
+
+_VENV_PY = _Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
+if _VENV_PY.exists() and _Path(_sys.prefix).resolve() != _VENV_PY.parents[1].resolve():
+    _os.execv(str(_VENV_PY), [str(_VENV_PY), *_sys.argv])
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from xdp_bench_wrapper import BenchWrapper, enter_netns, packet
+
+from agent.dataplane import Dataplane, loader
+from agent.dataplane.settings import DataplaneSettings
+from agent.dataplane.testrun import run_xdp
+
+REPEAT = int(os.environ.get("BENCH_REPEAT", "1000000"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+FLOW_ENTRIES = int(os.environ.get("BENCH_FLOW_ENTRIES", str(loader.FLOW_ENTRIES)))
+WORKING_SET = 65536  # bench.c
+SOURCES = loader.BPF_DIR  # the committed sources (loader.BPF_DIR is pointed at each variant's copy)
+
+NON_VIP_EXIT = """    if (!vip_filter_hit(daddr))
+        return count(VERDICT_PASS_NOT_VIP, XDP_PASS);"""
+# name -> (file, old text, new text, what it tells)
+VARIANTS: dict[str, tuple[str, str, str, str]] = {
+    "nonvip_uncounted": ("maglev.c", NON_VIP_EXIT, """    if (!vip_filter_hit(daddr))
+        return XDP_PASS;""", "non-VIP packets not counted at all (what the per-CPU counter costs)"),
+    "nonvip_cpu_slot": ("maglev.c", NON_VIP_EXIT, """    if (!vip_filter_hit(daddr)) {
+        __u32 cpu = bpf_get_smp_processor_id();
+        struct cpu_count *c = nonvip_cpu.lookup(&cpu);
+        if (c)
+            c->n += 1;
+        return XDP_PASS;
+    }""", ("non-VIP counted in a plain array slot (one cache line) per CPU, indexed by "
+           "bpf_get_smp_processor_id")),
+    "nonvip_no_filter_read": ("maglev.c", "    if (!vip_filter_hit(daddr))\n",
+                              "    if (daddr != bpf_htonl(0x0A090064))\n",
+                              "the filter read replaced by one compare (what the array read costs)"),
+    "syn_no_clock": ("maglev.c", "            out->last_seen = bpf_ktime_get_ns();\n",
+                     "            out->last_seen = 0;\n",
+                     "no bpf_ktime_get_ns on a new flow (TCP never reads last_seen)"),
+    "syn_no_miss_counter": ("maglev.c", """        if (m) {
+            if (syn)""", """        if (0) {
+            if (syn)""", "the per-service miss counter not kept (what it costs a new flow)"),
+}
+CPU_SLOT_MAP = """
+struct cpu_count {
+    __u64 n;
+    __u64 pad[7];
+};
+BPF_ARRAY(nonvip_cpu, struct cpu_count, 128);
+"""
+
+
+def variant_dir(name: str) -> Path:
+    """A copy of dataplane/bpf with the variant's substitution (checked to apply once)."""
+    out = Path(tempfile.mkdtemp(prefix=f"ablate-{name}-"))
+    for f in SOURCES.iterdir():
+        if f.is_file():
+            shutil.copy(f, out / f.name)
+    if name == "as_built":
+        return out
+    fname, old, new, _ = VARIANTS[name]
+    text = (out / fname).read_text()
+    assert text.count(old) == 1, f"{name}: the text to replace is not in {fname} exactly once"
+    text = text.replace(old, new)
+    if name == "nonvip_cpu_slot":
+        text = text.replace('#include "xmit.h"\n', '#include "xmit.h"\n' + CPU_SLOT_MAP)
+    (out / fname).write_text(text)
+    return out
+
+
+def main() -> None:
+    spec = importlib.util.spec_from_loader("bench_xdp", importlib.machinery.SourceFileLoader(
+        "bench_xdp", str(ROOT / "scripts" / "bench-xdp")))
+    bench_xdp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_xdp)
+    os.sched_setaffinity(0, {0})  # bench_seq and the LRU lists are per CPU
+    vip_addr = "10.9.0.100"
+    backends = {f"10.1.{i // 250}.{i % 250 + 1}:8080": 1 + i % 32 for i in range(100)}
+    ns = bench_xdp.bench_netns(backends)
+    names = ["as_built", *VARIANTS]
+    planes: dict[str, Dataplane] = {}
+    dirs: list[Path] = []
+    try:
+        for name in names:
+            d = variant_dir(name)
+            dirs.append(d)
+            loader.BPF_DIR = d  # load() compiles BPF_DIR / maglev.c
+            dp = Dataplane(pin_dir=f"/sys/fs/bpf/fabric-ablate-{uuid.uuid4().hex[:8]}", flow_entries=FLOW_ENTRIES,
+                           route_netns=ns)
+            planes[name] = dp
+            dp.configure(settings=DataplaneSettings(xdp_forward=True))
+            dp.put_service(vip_addr, 80, "tcp", backends)
+        enter_netns(ns)
+        h = BenchWrapper()
+        vip, syn, other = packet(vip_addr), packet(vip_addr, flags="S"), packet("10.5.5.5")
+        for dp in planes.values():  # steady state: every table full before new flows are timed
+            h.wrap(dp.xdp_fd, syn, 1)
+            run_xdp(h.wrapper.fd, syn, repeat=2 * FLOW_ENTRIES)
+        times: dict[str, dict[str, list[int]]] = {n: {"nonvip": [], "new": [], "cold": []} for n in names}
+        base: dict[str, list[int]] = {"bare": [], "wvary": [], "wcold": []}
+
+        def run(fd: int, raw: bytes, verdict: str | None, dp: Dataplane | None, repeat: int = REPEAT) -> int:
+            before = dp.verdict_counters() if dp else {}
+            ns_ = run_xdp(fd, raw, repeat=repeat).duration_ns
+            if dp:
+                after = dp.verdict_counters()
+                seen = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+                want = {verdict: repeat} if verdict else {}
+                if not (verdict == "pass_not_vip" and not seen):  # an uncounted variant counts nothing
+                    assert seen == want, (seen, want)
+            return ns_
+
+        for r in range(ROUNDS):
+            base["bare"].append(run(h.bare.fd, other, None, None))
+            h.wrap(h.bare.fd, vip, 1)
+            base["wvary"].append(run(h.wrapper.fd, vip, None, None))
+            h.wrap(h.bare.fd, vip, 2)
+            base["wcold"].append(run(h.wrapper.fd, vip, None, None))
+            for name in names[r % len(names):] + names[:r % len(names)]:  # each round another order
+                dp = planes[name]
+                times[name]["nonvip"].append(run(dp.xdp_fd, other, "pass_not_vip", dp))
+                h.wrap(dp.xdp_fd, syn, 1)
+                times[name]["new"].append(run(h.wrapper.fd, syn, "fwd_new_flow", dp))
+                h.wrap(dp.xdp_fd, syn, 2)
+                run(h.wrapper.fd, syn, "fwd_new_flow", dp, repeat=WORKING_SET)
+                h.wrap(dp.xdp_fd, vip, 2)
+                times[name]["cold"].append(run(h.wrapper.fd, vip, "fwd_established", dp))
+        med = {k: int(statistics.median(v)) for k, v in base.items()}
+        out: dict = {"repeat": REPEAT, "rounds": ROUNDS, "flow_table_entries": FLOW_ENTRIES,
+                     "baseline_pass_ns": med["bare"], "load_average": os.getloadavg()[0], "variants": {}}
+        for name in names:
+            t = {k: int(statistics.median(v)) for k, v in times[name].items()}
+            out["variants"][name] = {
+                "non_vip_ns": t["nonvip"], "non_vip_all_rounds": times[name]["nonvip"],
+                "vip_new_flow_ns": t["new"] - med["wvary"] + med["bare"],
+                "vip_established_cold_ns": t["cold"] - med["wcold"] + med["bare"],
+                "what": VARIANTS[name][3] if name in VARIANTS else "maglev.c as committed",
+            }
+        h.close()
+        print(json.dumps(out))
+    finally:
+        for dp in planes.values():
+            dp.close()
+            shutil.rmtree(dp.pin_dir, ignore_errors=True)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        for name in (ns, ns + "p"):
+            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=30)
+
+
+if __name__ == "__main__":
+    main()
