@@ -369,7 +369,6 @@ static __always_inline int pick(struct service *svc, __u32 hash, struct flow *ou
             out->backend_port = b->port;
             out->snat_port = (b->flags & BACKEND_SNAT) ? 1 : 0;  /* the port comes later */
             out->flags = (svc->flags & SERVICE_DSR) ? FLOW_DSR : 0;
-            out->last_seen = bpf_ktime_get_ns();
             return 0;
         }
         slot = slot + 1 == TABLE_SIZE ? 0 : slot + 1;
@@ -386,6 +385,8 @@ static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, stru
     __u32 hash = flow_hash(fk);
     if (pick(svc, hash, out) < 0)
         return VERDICT_DROP_NO_BACKEND;
+    if (fk->proto == IPPROTO_UDP)  /* only UDP flows expire; a TCP flow never reads its clock */
+        out->last_seen = bpf_ktime_get_ns();
     out->rev_gen = gen;  /* every recorded NAT flow's reverse entry is found or written below */
     if (out->flags & FLOW_DSR) {
         /* replies bypass the node: no reverse entry, no source NAT */

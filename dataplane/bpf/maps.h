@@ -100,7 +100,7 @@ struct flow {
     __u16 rev_gen;     /* low 16 bits of fib_gen when its reverse entry was last found or written:
                         * an established packet checks the reverse entry again only once the
                         * generation moved (the agent bumps it at least every second) */
-    __u64 last_seen;   /* bpf_ktime_get_ns() of the first packet, and of the last one for UDP (expiry) */
+    __u64 last_seen;   /* UDP: bpf_ktime_get_ns() of the last packet (expiry); TCP: 0 (never read) */
 };
 
 /* Reverse entry: keyed by the reply's 5-tuple (backend -> client, or backend ->
