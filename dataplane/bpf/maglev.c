@@ -24,7 +24,9 @@
  *                    picked again once the backend left it
  * Every flow has two entries: the forward one (client 5-tuple) and a reverse one
  * (reply 5-tuple) that holds all the reply needs, so losing either entry to LRU
- * eviction costs at most a re-pick, never a wrong translation.
+ * eviction costs at most a re-pick, never a wrong translation. An established
+ * packet checks the reverse entry once per fib generation (and on FIN/RST), so
+ * an evicted one is written again within a generation (about a second).
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
