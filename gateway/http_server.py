@@ -38,6 +38,11 @@ class HeadTooLarge(Exception):
     pass
 
 
+class UnknownCoding(Exception):
+    """A transfer coding other than chunked (RFC 9112 6.1: 501). llhttp would read "gzip,
+    chunked" as chunked and hand the app a body still gzip-coded."""
+
+
 class GatewayHttpProtocol(asyncio.Protocol):
     """uvicorn.Config(http=GatewayHttpProtocol): same constructor as uvicorn's protocols."""
 
@@ -162,12 +167,17 @@ class GatewayHttpProtocol(asyncio.Protocol):
         except HeadTooLarge as exc:
             self.write_close(plain_response(431, str(exc)))
             return
+        except UnknownCoding as exc:
+            self.write_close(plain_response(501, str(exc)))
+            return
         except httptools.HttpParserUpgrade:
             self._upgrade(data)
             return
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, HeadTooLarge):
                 self.write_close(plain_response(431, str(exc.__context__)))
+            elif isinstance(exc.__context__, UnknownCoding):
+                self.write_close(plain_response(501, str(exc.__context__)))
             else:
                 self.write_close(plain_response(400, "invalid HTTP request"))
             return
@@ -202,6 +212,8 @@ class GatewayHttpProtocol(asyncio.Protocol):
             self.expect_continue = True
         elif name == b"upgrade":
             self.upgrade = value.lower()
+        elif name == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            raise UnknownCoding("the only transfer coding accepted is chunked")
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:

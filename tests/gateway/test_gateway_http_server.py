@@ -129,6 +129,9 @@ def test_chunked_request_and_streamed_response(server):
     (b"POST /a HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n", b"400"),
     (b"POST /a HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n", b"400"),
     (b"POST /a HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n", b"400"),
+    (b"POST /a HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n", b"501"),
+    (b"POST /a HTTP/1.1\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", b"501"),
+    (b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n", b"400"),  # llhttp refuses it first
     (b"GET /a HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(http_server.MAX_HEADERS + 1)), b"431"),
     (b"GET /a HTTP/1.1\r\nX-Big: " + b"a" * (http_server.MAX_HEAD_BYTES + 1) + b"\r\n", b"431"),
 ])
