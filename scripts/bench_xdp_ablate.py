@@ -10,6 +10,10 @@ wrapper (dsr-ipip new flows with Katran's shim in front, as bench-xdp), whose ow
 subtracted. Medians over ROUNDS. Substitutions that remove something the
 product needs (a counter the agent exports) only say what it costs.
 docs/dataplane.md ("Tried and discarded") records the outcomes.
+BENCH_NODE_IP=10.1.0.1 source-NATs every NAT flow (the source-NAT variants): then
+only new flows are timed, into tables that start empty, with equal weights, and
+REPEAT small enough (20000) that no backend runs out of its 4536 ports;
+BENCH_VARIANTS=a,b runs a subset.
 Run under `flock /tmp/fabric-bench.lock`.
 """
 
@@ -49,6 +53,10 @@ REPEAT = int(os.environ.get("BENCH_REPEAT", "1000000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 FLOW_ENTRIES = int(os.environ.get("BENCH_FLOW_ENTRIES", str(loader.FLOW_ENTRIES)))
 WORKING_SET = 65536  # bench.c
+# node_ip for every plane: all backends (routed, not behind a bridge) are then source-NATed
+NODE_IP = os.environ.get("BENCH_NODE_IP") or None
+# a subset of VARIANTS (comma separated); as_built always runs
+ONLY = [v for v in os.environ.get("BENCH_VARIANTS", "").split(",") if v]
 DSR_VIP = "10.9.0.101"
 SOURCES = loader.BPF_DIR  # the committed sources (loader.BPF_DIR is pointed at each variant's copy)
 
@@ -72,6 +80,10 @@ VARIANTS: dict[str, tuple[str, str, str, str]] = {
     "syn_clock_tcp": ("maglev.c", "    if (fk->proto == IPPROTO_UDP)  /* only UDP flows expire; a TCP flow never reads its clock */\n",
                       "    if (1)\n",
                       "bpf_ktime_get_ns on every new flow, TCP too (the code before; TCP never reads last_seen)"),
+    "snat_syn_search": ("maglev.c", "        out->snat_port = syn ? 0 : snat_find(fk, &reply, hash);\n",
+                        "        out->snat_port = snat_find(fk, &reply, hash);\n",
+                        "a source-NAT SYN searches its probe sequence for a surviving entry of its own "
+                        "(the code before; run with BENCH_NODE_IP)"),
     "syn_no_miss_counter": ("maglev.c", """        if (m) {
             if (syn)""", """        if (0) {
             if (syn)""", "the per-service miss counter not kept (what it costs a new flow)"),
@@ -110,9 +122,10 @@ def main() -> None:
     spec.loader.exec_module(bench_xdp)
     os.sched_setaffinity(0, {0})  # bench_seq and the LRU lists are per CPU
     vip_addr = "10.9.0.100"
-    backends = {f"10.1.{i // 250}.{i % 250 + 1}:8080": 1 + i % 32 for i in range(100)}
+    # source NAT: equal weights, so no backend runs out of its 4536 ports before the others
+    backends = {f"10.1.{i // 250}.{i % 250 + 1}:8080": 1 if NODE_IP else 1 + i % 32 for i in range(100)}
     ns = bench_xdp.bench_netns(backends)
-    names = ["as_built", *VARIANTS]
+    names = ["as_built", *(ONLY or VARIANTS)]
     planes: dict[str, Dataplane] = {}
     dirs: list[Path] = []
     try:
@@ -123,7 +136,7 @@ def main() -> None:
             dp = Dataplane(pin_dir=f"/sys/fs/bpf/fabric-ablate-{uuid.uuid4().hex[:8]}", flow_entries=FLOW_ENTRIES,
                            route_netns=ns)
             planes[name] = dp
-            dp.configure(settings=DataplaneSettings(xdp_forward=True))
+            dp.configure(node_ip=NODE_IP, settings=DataplaneSettings(xdp_forward=True))
             dp.put_service(vip_addr, 80, "tcp", backends)
             dp.put_service(DSR_VIP, 80, "tcp", {f"{b.split(':')[0]}:80": 1 for b in backends}, forwarding="dsr-ipip")
         enter_netns(ns)
@@ -131,12 +144,14 @@ def main() -> None:
         vip, syn, other = packet(vip_addr), packet(vip_addr, flags="S"), packet("10.5.5.5")
         dsr_syn = packet(DSR_VIP, flags="S")
         shim, shim_fd = load_shim(h.wrapper.fd)  # pops the outer header each dsr-ipip pass pushed
-        for dp in planes.values():  # steady state: every table full before new flows are timed
+        for dp in planes.values() if not NODE_IP else ():  # steady state: every table full before timing
             h.wrap(dp.xdp_fd, syn, 1)
             run_xdp(h.wrapper.fd, syn, repeat=2 * FLOW_ENTRIES)
         times: dict[str, dict[str, list[int]]] = {n: {"nonvip": [], "new": [], "cold": [], "dnew": []}
                                                   for n in names}
         base: dict[str, list[int]] = {"bare": [], "wvary": [], "wcold": [], "dwvary": []}
+        exhausted: dict[str, int] = {}  # variant -> new flows dropped for want of a port
+        current = ["as_built"]
 
         def run(fd: int, raw: bytes, verdict: str | None, dp: Dataplane | None, repeat: int = REPEAT) -> int:
             before = dp.verdict_counters() if dp else {}
@@ -145,6 +160,10 @@ def main() -> None:
                 after = dp.verdict_counters()
                 seen = {k: after[k] - before[k] for k in after if after[k] != before[k]}
                 want = {verdict: repeat} if verdict else {}
+                if NODE_IP and "drop_snat_exhausted" in seen:  # counted, reported (snat_exhausted)
+                    exhausted[current[0]] = exhausted.get(current[0], 0) + seen["drop_snat_exhausted"]
+                    want = {verdict: repeat - seen["drop_snat_exhausted"], "drop_snat_exhausted":
+                            seen["drop_snat_exhausted"]}
                 if not (verdict == "pass_not_vip" and not seen):  # an uncounted variant counts nothing
                     assert seen == want, (seen, want)
             return ns_
@@ -159,9 +178,14 @@ def main() -> None:
             base["dwvary"].append(run(shim_fd, dsr_syn, None, None))
             for name in names[r % len(names):] + names[:r % len(names)]:  # each round another order
                 dp = planes[name]
+                current[0] = name
                 times[name]["nonvip"].append(run(dp.xdp_fd, other, "pass_not_vip", dp))
                 h.wrap(dp.xdp_fd, syn, 1)
                 times[name]["new"].append(run(h.wrapper.fd, syn, "fwd_new_flow", dp))
+                if NODE_IP:  # source NAT: new flows only (a table that fills runs out of ports)
+                    times[name]["cold"].append(0)
+                    times[name]["dnew"].append(0)
+                    continue
                 h.wrap(dp.xdp_fd, syn, 2)
                 run(h.wrapper.fd, syn, "fwd_new_flow", dp, repeat=WORKING_SET)
                 h.wrap(dp.xdp_fd, vip, 2)
@@ -169,7 +193,8 @@ def main() -> None:
                 h.wrap(dp.xdp_fd, dsr_syn, 1)
                 times[name]["dnew"].append(run(shim_fd, dsr_syn, "fwd_new_flow", dp))
         med = {k: int(statistics.median(v)) for k, v in base.items()}
-        out: dict = {"repeat": REPEAT, "rounds": ROUNDS, "flow_table_entries": FLOW_ENTRIES,
+        out: dict = {"repeat": REPEAT, "rounds": ROUNDS, "flow_table_entries": FLOW_ENTRIES, "node_ip": NODE_IP,
+                     "snat_exhausted_drops": exhausted,
                      "baseline_pass_ns": med["bare"], "load_average": os.getloadavg()[0], "variants": {}}
         for name in names:
             t = {k: int(statistics.median(v)) for k, v in times[name].items()}

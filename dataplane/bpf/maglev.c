@@ -382,7 +382,7 @@ static __always_inline int pick(struct service *svc, __u32 hash, struct flow *ou
  * and reverse entries). Returns the verdict to count, with *out the flow to
  * forward by, or a DROP verdict. */
 static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, struct flow *out, int mode,
-                                  struct config *cfg, __u32 verdict, __u32 gen)
+                                  struct config *cfg, __u32 verdict, __u32 gen, int syn)
 {
     __u32 hash = flow_hash(fk);
     if (pick(svc, hash, out) < 0)
@@ -406,8 +406,10 @@ static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, stru
         reply_key(&reply, fk, out, cfg->node_ip);
         reply.dst = cfg->node_ip;
         /* this flow's own surviving reverse entry: same port, so the backend
-         * sees the same connection; recording it again needs no budget */
-        out->snat_port = snat_find(fk, &reply, hash);
+         * sees the same connection; recording it again needs no budget. A SYN
+         * starts a new connection: it skips the search (up to SNAT_TRIES cold
+         * lookups) and claims, which still takes its own entry where it meets one */
+        out->snat_port = syn ? 0 : snat_find(fk, &reply, hash);
         if (out->snat_port) {
             if (mode != MISS_NO_RECORD)
                 flows.update(fk, out);
@@ -774,7 +776,7 @@ int xdp_maglev(struct xdp_md *ctx)
             verdict = syn || proto == IPPROTO_UDP ? VERDICT_FWD_NEW_FLOW : VERDICT_FWD_MISS_RECORDED;
         if (syn)
             mode = MISS_RECORD;
-        verdict = miss(svc, &fk, &chosen, mode, cfg, verdict, gen);
+        verdict = miss(svc, &fk, &chosen, mode, cfg, verdict, gen, syn);
         if (verdict == VERDICT_DROP_NO_BACKEND || verdict == VERDICT_DROP_SNAT_EXHAUSTED ||
             verdict == VERDICT_DROP_UNTRACKED_SNAT)
             return count(verdict, XDP_DROP);

@@ -330,6 +330,28 @@ def test_snat_port_held_by_another_flow_is_never_shared(sdp):
     _snat_reply_ok(dp, moved, sport)
 
 
+def test_snat_syn_claims_the_first_free_port_a_lost_flow_keeps_its_own(sdp):
+    """A non-SYN packet that lost its forward entry finds its own surviving reverse entry
+    (the backend sees the same connection); a SYN starts a new one and claims the first
+    free port of its probe sequence without searching."""
+    dp = sdp
+    dp.put_service(SNAT_VIP, 80, "tcp", {ROUTED: 1})
+    sport = 36300
+    first = _snat_syn(dp, sport)  # probe 0 of an empty table
+    other = dp._reverse[_snat_key(dp, first)]
+    other.client = ip_to_map("10.0.0.98")
+    dp._reverse[_snat_key(dp, first)] = other  # another flow holds probe 0
+    del dp._flows[_key(dp._flows, CLIENT, SNAT_VIP, sport, 80)]
+    later = _snat_ack(dp, sport, "fwd_miss_recorded")  # claims the next probe: its own from now on
+    assert later != first
+    del dp._reverse[_snat_key(dp, first)]  # probe 0 free again
+    del dp._flows[_key(dp._flows, CLIENT, SNAT_VIP, sport, 80)]
+    assert _snat_ack(dp, sport, "fwd_miss_recorded") == later  # found, not claimed
+    del dp._flows[_key(dp._flows, CLIENT, SNAT_VIP, sport, 80)]
+    assert _snat_syn(dp, sport) == first  # a new connection: the first free probe
+    _snat_reply_ok(dp, first, sport)
+
+
 def test_snat_rst_without_its_reverse_entry_is_dropped_not_recorded(sdp):
     dp = sdp
     dp.put_service(SNAT_VIP, 80, "tcp", {ROUTED: 1})
