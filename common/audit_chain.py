@@ -56,7 +56,6 @@ def _canonical(body: dict) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
-
 def row_hash(row: dict) -> str:
     body = {k: v for k, v in row.items() if k != "hash"}
     return hashlib.sha256(_canonical(body).encode()).hexdigest()

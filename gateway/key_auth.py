@@ -2,8 +2,8 @@
 OIDC JWT. The result is an Identity; every refusal is Unauthorized (401) or Forbidden (403).
 
 Key records are cached per prefix for a short TTL so the hot path does no store round trip;
-the store stays the source of truth (a deleted or rotated key takes effect within about two
-TTLs: gateway.refresh_cache serves the last record while one reload runs).
+the store stays the source of truth (a deleted or rotated key takes effect within the TTL;
+gateway.refresh_cache reloads a record in use ahead of its expiry, so no call waits for it).
 The control plane's admin token (a JWT with audience fabric-admin) is never accepted: it is not
 an API key, and as a JWT its issuer is not an inference OIDC provider.
 """

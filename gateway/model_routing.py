@@ -15,15 +15,14 @@ gateway's cache TTL; resolving and listing are pure functions of it.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from dataclasses import dataclass, field
 
 from common import keyspace
 from common.errors import InvalidInput, NotFound
 from common.store.base import Store
 from gateway.key_auth import Identity
+from gateway.refresh_cache import RefreshCache
 
 
 @dataclass(frozen=True)
@@ -122,16 +121,10 @@ def read_catalogue(store: Store) -> Catalogue:
 class CatalogueCache:
     store: Store
     ttl_secs: float = 1.0
-    _hit: tuple[float, Catalogue] | None = None
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        # gateway.refresh_cache: one store read per TTL, reloaded ahead of expiry
+        self._cache: RefreshCache[Catalogue] = RefreshCache(self.ttl_secs, 1)
 
     async def get(self) -> Catalogue:
-        hit = self._hit
-        if hit is not None and hit[0] > time.monotonic():
-            return hit[1]
-        async with self._lock:  # one store read per expiry, not one per waiting call
-            hit = self._hit
-            if hit is None or hit[0] <= time.monotonic():
-                cat = await asyncio.to_thread(read_catalogue, self.store)
-                self._hit = hit = (time.monotonic() + self.ttl_secs, cat)
-        return hit[1]
+        return await self._cache.get("catalogue", lambda: read_catalogue(self.store))

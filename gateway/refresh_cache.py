@@ -1,6 +1,6 @@
 """Store reads cached for a short TTL, loaded once however many calls ask at the same moment.
 
-Before this, each cache (keys, endpoint views, model names) was a dict with an expiry: when an
+Before this, each cache (keys, endpoint views, model names, the model catalogue) was a dict with an expiry: when an
 entry expired, every call in flight that needed it saw the miss and started its own store read
 in the thread pool. At 64 clients that was up to 64 identical reads (SQLite, pydantic) once a
 second per entry, queued behind each other in the pool while every one of those calls waited:
@@ -44,7 +44,7 @@ class RefreshCache(Generic[T]):
         self.clock = clock
         self.max_entries = max_entries
         self._entries: dict[object, _Entry] = {}
-        self.loads = 0  # store reads started (tests and the heap profile read it)
+        self.loads = 0  # store reads started (tests read it)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -79,6 +79,3 @@ class RefreshCache(Generic[T]):
             entry.expires = now + self.ttl_secs  # counted from the load's start: never older than that
 
         loading.add_done_callback(done)
-
-    def clear(self) -> None:
-        self._entries.clear()
