@@ -45,7 +45,9 @@
 #define SNAT_PORT_MIN 61000
 #define SNAT_PORT_COUNT 4536
 #define SNAT_TRIES 16
-#define PICK_TRIES 4
+/* slots a pick walks past backends marked draining in a ring not switched yet: a
+ * draining backend with half the slots holds a run of k with odds ~2^-k */
+#define PICK_TRIES 16
 #define NS_PER_SEC 1000000000ULL
 #define NO_FIB_CACHE 0xFFFFFFFFu  /* xmit_xdp: a packet with no backend (source-NAT reply) */
 
@@ -68,18 +70,36 @@ static __always_inline struct config *get_config(void)
     return config.lookup(&zero);
 }
 
+/* One 32-bit word into a murmur3 state: the rotations carry every input bit
+ * into every output bit (a multiply alone only carries bits upward). */
+static __always_inline __u32 hash_word(__u32 h, __u32 k)
+{
+    k *= 0xCC9E2D51u;
+    k = (k << 15) | (k >> 17);
+    k *= 0x1B873593u;
+    h ^= k;
+    h = (h << 13) | (h >> 19);
+    return h * 5 + 0xE6546B64u;
+}
+
+/* murmur3_32 of the 5-tuple. It picks the Maglev slot and the source-NAT
+ * probe sequence, so every bit of the tuple must reach every bit of the hash:
+ * the hash before this one multiplied the words together without rotating, so
+ * the high halves of the address and ports (the client's last two octets, the
+ * source port) met in 16 bits of state, and a client population of 10.0.a.b
+ * with 64 source ports each fell on 1 value in 64. Flows with one hash share
+ * their 16 source-NAT probes: 17 of them to one backend ran out of ports at
+ * any occupancy (test_snat_flows_sharing_the_old_hash_get_ports). */
 static __always_inline __u32 flow_hash(struct flow_key *k)
 {
-    __u32 h = k->src * 0x9E3779B1u;
-    h ^= k->dst;
-    h *= 0x85EBCA6Bu;
-    h ^= ((__u32)k->sport << 16) | k->dport;
-    h *= 0xC2B2AE35u;
+    __u32 h = hash_word(0, k->src);
+    h = hash_word(h, k->dst);
+    h = hash_word(h, ((__u32)k->sport << 16) | k->dport);
     h ^= k->proto;
     h ^= h >> 16;
-    h *= 0x7FEB352Du;
-    h ^= h >> 15;
-    h *= 0x846CA68Bu;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
     h ^= h >> 16;
     return h;
 }
