@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from common import runtime_metrics
+from gateway.metric_tally import Tally
 
 OUTCOMES = ("success", "upstream_error", "client_closed", "refused", "unauthorized", "rate_limited", "error")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -33,6 +34,7 @@ class GatewayMetrics:
     provider_keys: Gauge
     runtime: runtime_metrics.RuntimeCollector
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
+    _tally: Tally = field(default_factory=Tally)  # the per-call metrics' pending updates (gateway.metric_tally)
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> GatewayMetrics:
@@ -71,14 +73,25 @@ class GatewayMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def _tallied(self, metric, *labels):
+        """A per-call metric's child behind gateway.metric_tally (inc/dec/observe as plain
+        arithmetic, folded into the child before a scrape and within a second)."""
+        key = (id(metric), labels)
+        pending = self._children.get(key)
+        if pending is None:
+            child = metric.labels(*labels)
+            pending = self._children[key] = (self._tally.histogram(child) if isinstance(metric, Histogram)
+                                             else self._tally.counter(child))
+        return pending
+
     def in_flight_for(self, endpoint: str):
-        return self._child(self.in_flight, endpoint)
+        return self._tallied(self.in_flight, endpoint)
 
     def ttft_for(self, endpoint: str):
-        return self._child(self.ttft, endpoint)
+        return self._tallied(self.ttft, endpoint)
 
     def tokens_for(self, endpoint: str, model: str):
-        return self._child(self.tokens, endpoint, model)
+        return self._tallied(self.tokens, endpoint, model)
 
     def count(self, metric: Counter, endpoint: str) -> None:
         self._child(metric, endpoint).inc()
@@ -91,13 +104,15 @@ class GatewayMetrics:
 
     def outcome(self, endpoint: str, outcome: str, seconds: float | None = None) -> None:
         outcome = outcome if outcome in OUTCOMES else "error"
-        self._child(self.requests, endpoint, outcome).inc()
+        self._tallied(self.requests, endpoint, outcome).inc()
         if seconds is not None:
-            self._child(self.latency, endpoint, outcome).observe(seconds)
+            self._tallied(self.latency, endpoint, outcome).observe(seconds)
 
     def exposition(self) -> bytes:
         """Prometheus text. With several worker processes (PROMETHEUS_MULTIPROC_DIR set by
-        `serve --workers N`), the sum over every worker, whichever one answers the scrape."""
+        `serve --workers N`), the sum over every worker, whichever one answers the scrape
+        (another worker's last second of per-call updates may not be folded in yet)."""
+        self._tally.fold()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             from prometheus_client import multiprocess
 
