@@ -40,6 +40,7 @@ class GatewayMetrics:
     def create(cls, registry: CollectorRegistry | None = None) -> GatewayMetrics:
         reg = registry or CollectorRegistry()
         return cls(
+            _tally=Tally(at_once=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))),
             registry=reg,
             requests=Counter("fabric_gateway_requests", "Gateway calls by endpoint and outcome",
                              ["endpoint", "outcome"], registry=reg),

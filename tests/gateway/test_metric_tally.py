@@ -99,3 +99,19 @@ def test_without_an_event_loop_an_update_folds_at_once():
     metrics.outcome("ep", "refused", 0.02)
     assert metrics.registry.get_sample_value("fabric_gateway_latency_seconds_count",
                                              {"endpoint": "ep", "outcome": "refused"}) == 1
+
+
+def test_with_several_workers_every_update_is_in_the_files_at_once(monkeypatch, tmp_path):
+    """Multiprocess mode: another worker answering the scrape reads this worker's values from
+    its files, so nothing may wait for a fold."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+
+    async def main():
+        metrics = GatewayMetrics.create()
+        metrics.outcome("ep", "success", 0.2)
+        metrics.in_flight_for("ep").inc()
+        assert metrics.registry.get_sample_value("fabric_gateway_requests_total",
+                                                 {"endpoint": "ep", "outcome": "success"}) == 1
+        assert not metrics._tally.armed
+
+    asyncio.run(main())
