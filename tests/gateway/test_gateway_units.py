@@ -34,20 +34,64 @@ def test_audit_chain_detects_edited_inserted_and_deleted_rows(store):
     assert audit_chain.verify(store).ok and audit_chain.verify(store).rows == 5
     key = keyspace.audit(f"{3:012d}")
     original = store.get(key).value
-    row = json.loads(original)
-    row["status"] = 200  # an edit that keeps the stored hash
-    store.put(key, json.dumps(row))
+    store.put(key, original.replace('"r2"', '"r9"'))  # an edit that keeps the stored hash
     bad = audit_chain.verify(store)
     assert not bad.ok and bad.bad_seq == 3 and "altered" in bad.reason
-    row["hash"] = audit_chain.row_hash(row)  # re-hashing the edit breaks the next link instead
-    store.put(key, json.dumps(row))
+    entry = audit_chain.parse_entry(original)  # re-sealing the edit breaks the next link instead
+    row = {k: v for k, v in entry.rows[0].items() if k not in ("seq", "ts", "prev", "hash")}
+    store.put(key, audit_chain.seal(3, entry.prev, 1.0, [dict(row, request_id="r9")])[1])
     bad = audit_chain.verify(store)
-    assert not bad.ok and bad.bad_seq == 4
+    assert not bad.ok and bad.bad_seq == 4 and "link" in bad.reason
+    store.put(key, original.replace('{"v":2,"hash":"', '{"hash":"', 1))  # the framing altered
+    assert audit_chain.verify(store).bad_seq == 3
     store.put(key, original)
+    assert audit_chain.verify(store).ok
     store.delete(keyspace.audit(f"{2:012d}"))
     assert audit_chain.verify(store).bad_seq == 2
     with pytest.raises(ValueError):
         chain.append("ATTEMPT", prompt="never")
+
+
+def test_a_batch_is_one_entry_and_every_row_of_it_is_checked(store):
+    chain = audit_chain.AuditChain(store)
+    chain.append("ATTEMPT", request_id="a")
+    first = chain.append_many([("ATTEMPT", {"request_id": f"b{i}"}) for i in range(4)] + [("SUCCESS", {"status": 200})])
+    assert first == 2
+    chain.append("FAILED", status=500)
+    rows = audit_chain.read_rows(store)
+    assert [r["seq"] for r in rows] == list(range(1, 8)) and rows[5]["status"] == 200
+    assert len({r["hash"] for r in rows[1:6]}) == 1 and rows[6]["prev"] == rows[5]["hash"]
+    assert len(store.list(keyspace.audit())) == 4  # three entries and the tip
+    result = audit_chain.verify(store)
+    assert result.ok and result.rows == 7
+    # A tip naming a row inside the batch checks that batch's hash.
+    assert audit_chain.verify(store, audit_chain.Tip(4, rows[3]["hash"])).ok
+    assert not audit_chain.verify(store, audit_chain.Tip(4, rows[0]["hash"])).ok
+    # Removing the batch's entry: the next entry no longer follows.
+    store.delete(keyspace.audit(f"{2:012d}"))
+    bad = audit_chain.verify(store)
+    assert not bad.ok and bad.bad_seq == 2
+
+
+def test_a_version_1_chain_still_verifies_and_version_2_extends_it(store):
+    """Rows written one per entry before the batch format: each hashed over its canonical JSON."""
+    prev = audit_chain.GENESIS
+    for seq in (1, 2, 3):
+        row = {"seq": seq, "ts": 1764547200.5, "kind": "ATTEMPT", "prev": prev, "request_id": f"old{seq}",
+               "endpoint": "chat", "latency_ms": 1.25}
+        row["hash"] = prev = audit_chain.row_hash(row)
+        store.put(keyspace.audit(f"{seq:012d}"), json.dumps(row))
+    store.put(keyspace.audit("tip"), f"3 {prev}")
+    assert audit_chain.verify(store).ok
+    chain = audit_chain.AuditChain(store)
+    assert chain.append_many([("SUCCESS", {"status": 200}), ("FAILED", {"status": 500})]) == 4
+    rows = audit_chain.read_rows(store)
+    assert [r["seq"] for r in rows] == [1, 2, 3, 4, 5] and rows[3]["prev"] == prev
+    assert audit_chain.verify(store, audit_chain.tip_of(rows)).ok
+    old = json.loads(store.get(keyspace.audit(f"{2:012d}")).value)
+    store.put(keyspace.audit(f"{2:012d}"), json.dumps(dict(old, endpoint="other")))
+    bad = audit_chain.verify(store)
+    assert not bad.ok and bad.bad_seq == 2 and "altered" in bad.reason
 
 
 def test_audit_chain_is_exact_with_several_writers(store):
