@@ -38,6 +38,7 @@ from gateway.audit import AuditWriter
 from gateway.bands import QueueRefused
 from gateway.capacity import replica_saturated
 from gateway.cold_start import ColdStart
+from gateway.deadlines import Deadlines
 from gateway.dispatch import Dispatcher, Placement, needed
 from gateway.external import ExternalRouter
 from gateway.http_io import (
@@ -126,6 +127,7 @@ class GatewayApp:
         self._id_prefix = os.urandom(8).hex()
         self._id_seq = itertools.count(1)
         self._routes: dict[tuple[bytes, str], Route] = {}
+        self._deadlines = Deadlines()  # the upstream call's deadline: no event-loop timer per call
         self._trimmer: asyncio.Task | None = None
 
     async def __call__(self, scope, receive, send) -> None:
@@ -282,7 +284,7 @@ class GatewayApp:
             try:
                 sent = info.body if info.body is not None else body
                 marks = [(b"x-fabric-request-id", request_id.encode())]
-                async with asyncio.timeout(deadline):
+                with self._deadlines.after(deadline):
                     if external is not None:
                         call = st.external.forward(send, external, scope["method"], route.target, fwd_headers, sent,
                                                    info.data, explained, marks)

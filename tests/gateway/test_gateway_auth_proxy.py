@@ -180,3 +180,20 @@ def test_metrics_count_outcomes_with_catalogue_labels(env):
     assert 'fabric_gateway_requests_total{endpoint="chat",outcome="success"}' in text
     assert 'outcome="unauthorized"' in text
     assert 'endpoint="missing"' not in text
+
+
+def test_a_call_past_its_deadline_is_answered_504_and_audited(env):
+    """x-request-timeout bounds the upstream call (gateway.deadlines): a generation that would
+    take ~5 s is cut at 1 s, answered 504 in the error shape, and audited FAILED."""
+    key_id, key = make_key(env["store"], "slow")
+    env["keys"].append(key)
+    body = {"model": "sim-m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+    r = httpx.post(env["gw"].openai_base("slow") + "/chat/completions", json=body, timeout=30,
+                   headers={"authorization": f"Bearer {key}", "x-request-timeout": "1"})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+    deadline, failed = time.monotonic() + 5, []
+    while not failed and time.monotonic() < deadline:  # the audit writer drains every 10 ms
+        time.sleep(0.05)
+        failed = [x for x in audit_chain.read_rows(env["store"])
+                  if x.get("key_id") == key_id and x["kind"] == "FAILED"]
+    assert failed and failed[0]["status"] == 504

@@ -1,0 +1,73 @@
+"""Per-call deadlines without a timer per call: one sweep every TICK seconds while calls are timed.
+
+``asyncio.timeout`` schedules and cancels an event-loop timer for every call and runs two
+coroutines around it: ~4-8 µs a call under uvloop, ~3% of the gateway's CPU per proxied call at
+64 clients. Here a call's deadline is a dict entry; one timer, armed only while some call is
+timed, sweeps every TICK seconds and cancels the task of each call past its deadline; leaving the
+``with`` block turns that cancellation into TimeoutError, as asyncio.timeout does (and, like it,
+leaves any other cancellation alone). A deadline fires up to TICK late: deadlines are whole
+seconds (FABRIC_GATEWAY_TOTAL_DEADLINE, x-request-timeout 1-300 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+TICK = 0.05  # seconds between sweeps while calls are timed
+
+
+class Deadlines:
+    """The timed calls of one event loop."""
+
+    def __init__(self) -> None:
+        self._calls: dict[Deadline, None] = {}  # insertion-ordered set
+        self._timer: asyncio.TimerHandle | None = None
+
+    def after(self, secs: float) -> Deadline:
+        """``with deadlines.after(secs):`` inside a task: TimeoutError if the block is still
+        running secs (up to TICK more) from now."""
+        return Deadline(self, secs)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for d in [d for d in self._calls if d.when <= now]:
+            del self._calls[d]
+            d.expired = True
+            d.task.cancel()
+        self._timer = asyncio.get_running_loop().call_later(TICK, self._sweep) if self._calls else None
+
+    @property
+    def timed(self) -> int:
+        return len(self._calls)
+
+
+class Deadline:
+    __slots__ = ("cancelling", "expired", "owner", "secs", "task", "when")
+
+    def __init__(self, owner: Deadlines, secs: float) -> None:
+        self.owner = owner
+        self.secs = secs
+        self.expired = False
+
+    def __enter__(self) -> Deadline:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a deadline is entered inside a task")
+        self.task = task
+        self.cancelling = task.cancelling()
+        self.when = time.monotonic() + self.secs
+        owner = self.owner
+        owner._calls[self] = None
+        if owner._timer is None:
+            owner._timer = asyncio.get_running_loop().call_later(TICK, owner._sweep)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.expired:
+            self.owner._calls.pop(self, None)
+            return
+        # The sweep cancelled this task: undo that cancellation, and if nothing else asked for
+        # one, the block timed out (asyncio.timeout's rule).
+        if self.task.uncancel() <= self.cancelling and exc_type is asyncio.CancelledError:
+            raise TimeoutError from exc
