@@ -105,7 +105,9 @@ class _Conn(asyncio.Protocol):
         "pool",
         "reused",
         "status",
+        "timer",
         "transport",
+        "wait_until",
         "waiter",
     )
 
@@ -119,6 +121,8 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.reused = False
         self.in_use = True
+        self.timer: asyncio.TimerHandle | None = None  # the idle timeout's, one per connection
+        self.wait_until = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -178,6 +182,9 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.headers_done and not self.complete and not self.length_known and not self.head_only:
             self.complete = True  # a body delimited by the end of the connection
         elif not self.complete and self.error is None:
@@ -240,14 +247,32 @@ class _Conn(asyncio.Protocol):
             w.set_result(None)
 
     async def wait(self, idle: float) -> None:
-        fut = self.loop.create_future()
+        """Until something arrives or the connection ends; UpstreamTimeoutError after idle
+        seconds. One timer per connection, moved only when it fires before the wait's end (a
+        timer scheduled and cancelled per wait cost ~2 us of the gateway's hot path)."""
+        loop = self.loop
+        fut = loop.create_future()
         self.waiter = fut
-        timer = self.loop.call_later(idle, _expire, fut)
+        self.wait_until = until = loop.time() + idle
+        timer = self.timer
+        if timer is None or timer.when() > until:
+            if timer is not None:
+                timer.cancel()
+            self.timer = loop.call_at(until, self._on_timer)
         try:
             await fut
         finally:
-            timer.cancel()
             self.waiter = None
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        fut = self.waiter
+        if fut is None or fut.done():
+            return  # nobody waits: re-armed by the next wait
+        if self.loop.time() + 0.001 >= self.wait_until:  # the loop's clock ticks in milliseconds
+            fut.set_exception(UpstreamTimeoutError("the upstream sent nothing within the idle timeout"))
+        else:
+            self.timer = self.loop.call_at(self.wait_until, self._on_timer)
 
     def abort(self) -> None:
         self.closed = True
@@ -257,11 +282,6 @@ class _Conn(asyncio.Protocol):
 
 class _HeadTooLarge(Exception):
     pass
-
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(UpstreamTimeoutError("the upstream sent nothing within the idle timeout"))
 
 
 class UpstreamResponse:
