@@ -16,7 +16,8 @@ and one httpx pool over N scraped engines re-scans every connection for every qu
 - the body is handed out chunk by chunk as it arrives (SSE is never held back); a slow reader
   pauses the socket above ``HIGH_WATER`` buffered bytes;
 - a connect timeout, and an idle timeout for every wait on the upstream (the response head
-  and each gap between chunks); the total deadline is the caller's ``asyncio.timeout``;
+  and each gap between chunks), one timer per connection; the total deadline is the caller's
+  (the gateway's gateway.deadlines);
 - a response that is not read to its end (the client left, a timeout, a cancel) closes its
   connection at once, so the upstream sees the disconnect; only a fully read response whose
   upstream allows keep-alive goes back to the pool;
