@@ -2,7 +2,15 @@
 namespaces as the dataplane tests (tests/dataplane/dataplane_nslab.py: a
 client, a node, a backend b1 behind the node's bridge), each figure measured
 client -> VIP -> backend and client -> backend directly (the same path with
-the programs detached), interleaved, median of ROUNDS.
+the programs detached).
+
+Trusting it on a shared 2-core host: each round measures both modes back to back
+(direct then VIP in even rounds, VIP then direct in odd ones, so neither always
+runs second), and each figure's ratio is the median of the per-round ratios VIP
+/ direct (a neighbour's burst moves one pair, not the answer), reported with its
+spread (`*_ratio_min` / `_max`, every round in `*_ratios`) and the load average
+before and after. More, shorter rounds beat fewer long ones here: the box's load
+changes on the scale of seconds. iperf3 3.12 runs whole seconds (`-t` is an integer).
 
     tcp_4_streams_up / _down   iperf3 -P 4 (down: -R, the backend sends: an LLM response)
     new_connections_per_s      a bounded Python generator: connect, wait for the server's close
@@ -14,6 +22,7 @@ the programs detached), interleaved, median of ROUNDS.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -62,7 +71,7 @@ print(n / (time.monotonic() - start))
 
 def _iperf(lab: NsLab, target: str, secs: float, *extra: str) -> dict:
     out = subprocess.run(["ip", "netns", "exec", lab.client, "iperf3", "-c", target, "-p", str(IPERF_PORT),
-                          "-t", str(secs), "-J", *extra], capture_output=True, text=True, timeout=secs + 60)
+                          "-t", str(max(1, round(secs))), "-J", *extra], capture_output=True, text=True, timeout=secs + 60)
     result = json.loads(out.stdout)
     if "error" in result:
         raise RuntimeError(f"iperf3 {' '.join(extra)} to {target}: {result['error']}")
@@ -85,7 +94,31 @@ def conn_rate(lab: NsLab, target: str, port: int, secs: float) -> float:
     return float(out.stdout)
 
 
-def run(rounds: int = 3, secs: float = 3.0) -> dict:
+FIGURES = ("tcp_4_streams_up", "tcp_4_streams_down", "new_connections_per_s", "udp_1_flow_pps")
+
+
+def _ratios(vip: list[float], base: list[float]) -> dict:
+    """Per-round ratios vip / base (the same round's pair), their median and spread."""
+    ratios = [round(v / b, 3) for v, b in zip(vip, base)]
+    return {"ratio": round(statistics.median(ratios), 3), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "ratios": ratios}
+
+
+def summarize(figures: dict[str, list[float]]) -> dict:
+    """Medians of every figure (rounded) and, per figure, the per-round ratio's median and spread."""
+    out: dict = {}
+    for key, values in figures.items():
+        name = key + ("_bps" if key.startswith("tcp") or key in ("dsr_down_nat", "dsr_down_dsr") else "")
+        out[name] = round(statistics.median(values))
+    for name in FIGURES:
+        for k, v in _ratios(figures[f"{name}_vip"], figures[f"{name}_direct"]).items():
+            out[f"{name}_{k}"] = v
+    for k, v in _ratios(figures["dsr_down_dsr"], figures["dsr_down_nat"]).items():
+        out[f"dsr_down_{k}_to_nat"] = v
+    return out
+
+
+def run(rounds: int = 6, secs: float = 2.0) -> dict:
     lab = NsLab(backends=1)
     pin_dir = new_pin_dir()
     procs = []
@@ -119,27 +152,31 @@ def run(rounds: int = 3, secs: float = 3.0) -> dict:
         def add(name: str, value: float) -> None:
             figures.setdefault(name, []).append(value)
 
-        for _ in range(rounds):
-            for mode, target in (("direct", BACKEND), ("vip", VIP)):
+        def measure(name: str, mode: str, target: str) -> float:
+            if name == "tcp_4_streams_up":
+                return tcp_bps(lab, target, secs, down=False)
+            if name == "tcp_4_streams_down":
+                return tcp_bps(lab, target, secs, down=True)
+            if name == "new_connections_per_s":
+                return conn_rate(lab, target, CONN_PORTS[mode], secs)
+            return udp_pps(lab, target, secs)
+
+        load_before = os.getloadavg()[0]
+        for r in range(rounds):
+            order = (("direct", BACKEND), ("vip", VIP))
+            for mode, target in order if r % 2 == 0 else order[::-1]:
                 attach(mode == "vip")
-                add(f"tcp_4_streams_up_{mode}_bps", tcp_bps(lab, target, secs, down=False))
-                add(f"tcp_4_streams_down_{mode}_bps", tcp_bps(lab, target, secs, down=True))
-                add(f"new_connections_per_s_{mode}", conn_rate(lab, target, CONN_PORTS[mode], secs))
-                add(f"udp_1_flow_pps_{mode}", udp_pps(lab, target, secs))
+                for name in FIGURES:
+                    add(f"{name}_{mode}", measure(name, mode, target))
             attach(True)
-            for mode, target in (("nat", VIP), ("dsr", DSR_VIP)):
+            for mode, target in (("nat", VIP), ("dsr", DSR_VIP)) if r % 2 == 0 else (("dsr", DSR_VIP), ("nat", VIP)):
                 before = handled()
                 bps = tcp_bps(lab, target, secs, down=True)
-                add(f"dsr_down_{mode}_bps", bps)
+                add(f"dsr_down_{mode}", bps)
                 add(f"dsr_down_{mode}_lb_packets_per_gbit", (handled() - before) / (bps * secs / 1e9))
-        med = {k: statistics.median(v) for k, v in figures.items()}
-        out = {k: round(v) for k, v in med.items()}
-        for name in ("tcp_4_streams_up", "tcp_4_streams_down", "new_connections_per_s", "udp_1_flow_pps"):
-            direct = name + ("_direct_bps" if name.startswith("tcp") else "_direct")
-            vip = name + ("_vip_bps" if name.startswith("tcp") else "_vip")
-            out[f"{name}_ratio"] = round(med[vip] / med[direct], 3)
-        out["dsr_down_ratio_to_nat"] = round(med["dsr_down_dsr_bps"] / med["dsr_down_nat_bps"], 3)
+        out = summarize(figures)
         out["rounds"], out["secs"] = rounds, secs
+        out["load_average_before"], out["load_average_after"] = round(load_before, 2), round(os.getloadavg()[0], 2)
         return out
     finally:
         for proc in procs:
@@ -152,5 +189,5 @@ def run(rounds: int = 3, secs: float = 3.0) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(rounds=int(sys.argv[1]) if len(sys.argv) > 1 else 1,
+    print(json.dumps(run(rounds=int(sys.argv[1]) if len(sys.argv) > 1 else 2,
                          secs=float(sys.argv[2]) if len(sys.argv) > 2 else 2.0)))
