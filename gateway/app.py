@@ -311,7 +311,7 @@ class GatewayApp:
             raise  # aborts the connection, so the client sees a truncated response
         except TimeoutError:
             status, outcome = 504, "upstream_error"
-            await self._send_fabric_error(send, UpstreamTimeout("the upstream deadline passed"))
+            await self._send_fabric_error(send, UpstreamTimeout("the upstream deadline passed"), request_id=request_id)
         except FabricError as exc:
             status, outcome = exc.status, outcome_of(exc)
             await self._send_fabric_error(send, exc, close=not body_read, request_id=request_id)

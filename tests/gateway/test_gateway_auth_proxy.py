@@ -191,9 +191,11 @@ def test_a_call_past_its_deadline_is_answered_504_and_audited(env):
     r = httpx.post(env["gw"].openai_base("slow") + "/chat/completions", json=body, timeout=30,
                    headers={"authorization": f"Bearer {key}", "x-request-timeout": "1"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+    assert r.headers["x-fabric-request-id"]  # explainable like every other refusal
     deadline, failed = time.monotonic() + 5, []
     while not failed and time.monotonic() < deadline:  # the audit writer drains every 10 ms
         time.sleep(0.05)
         failed = [x for x in audit_chain.read_rows(env["store"])
                   if x.get("key_id") == key_id and x["kind"] == "FAILED"]
     assert failed and failed[0]["status"] == 504
+    assert failed[0]["request_id"] == r.headers["x-fabric-request-id"]
