@@ -916,6 +916,13 @@ int tc_reverse_nat(struct __sk_buff *skb)
         return TC_ACT_OK;
     if (ip->protocol == IPPROTO_ICMP)
         return tc_icmp_error(skb);
+    /* A VIP as the source: translated already (tc_reply_redirect on the bridge,
+     * which redirected it out of this device), or a dsr-ipip backend's own reply;
+     * no nat backend holds a VIP address. Two hot reads instead of a reverse-table
+     * miss, which is cold for every reply of a short connection. */
+    __be32 saddr = ip->saddr;
+    if (vip_filter_hit(saddr) && vips.lookup(&saddr))
+        return TC_ACT_OK;
     struct l4_ports *ports = 0;
     struct reverse_flow *rev = nat_reply(skb, ip, &ports);
     if (!rev || !ports)
