@@ -12,7 +12,7 @@ product needs (a counter the agent exports) only say what it costs.
 docs/dataplane.md ("Tried and discarded") records the outcomes.
 BENCH_NODE_IP=10.1.0.1 source-NATs every NAT flow (the source-NAT variants): then
 only new flows are timed, into tables that start empty, with equal weights, and
-REPEAT small enough (20000) that no backend runs out of its 4536 ports;
+REPEAT small enough (20000) that no backend runs out of its 4523 ports;
 BENCH_VARIANTS=a,b runs a subset.
 Run under `flock /tmp/fabric-bench.lock`.
 """
@@ -124,7 +124,7 @@ def main() -> None:
     spec.loader.exec_module(bench_xdp)
     os.sched_setaffinity(0, {0})  # bench_seq and the LRU lists are per CPU
     vip_addr = "10.9.0.100"
-    # source NAT: equal weights, so no backend runs out of its 4536 ports before the others
+    # source NAT: equal weights, so no backend runs out of its 4523 ports before the others
     backends = {f"10.1.{i // 250}.{i % 250 + 1}:8080": 1 if NODE_IP else 1 + i % 32 for i in range(100)}
     ns = bench_xdp.bench_netns(backends)
     names = ["as_built", *(ONLY or VARIANTS)]
