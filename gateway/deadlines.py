@@ -23,6 +23,7 @@ class Deadlines:
     def __init__(self) -> None:
         self._calls: dict[Deadline, None] = {}  # insertion-ordered set
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the timer and calls are on
 
     def after(self, secs: float) -> Deadline:
         """``with deadlines.after(secs):`` inside a task: TimeoutError if the block is still
@@ -58,9 +59,16 @@ class Deadline:
         self.cancelling = task.cancelling()
         self.when = time.monotonic() + self.secs
         owner = self.owner
+        loop = asyncio.get_running_loop()
+        if owner._loop is not loop:
+            # Another loop than the last one (an app served again after its loop ended, as in
+            # tests): that loop's timer and calls died with it, and a stale timer must not
+            # keep this loop's calls from being swept.
+            owner._loop, owner._timer = loop, None
+            owner._calls.clear()
         owner._calls[self] = None
         if owner._timer is None:
-            owner._timer = asyncio.get_running_loop().call_later(TICK, owner._sweep)
+            owner._timer = loop.call_later(TICK, owner._sweep)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

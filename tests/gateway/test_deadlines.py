@@ -72,3 +72,27 @@ def test_a_task_cancelled_while_it_times_out_is_still_cancelled():
 def test_entering_outside_a_task_is_an_error():
     with pytest.raises(RuntimeError):
         Deadlines().after(1).__enter__()
+
+
+def test_a_timer_left_by_an_ended_loop_does_not_stop_the_next_loops_deadlines():
+    """The app's Deadlines outlives an event loop that ends with its sweep still scheduled (a
+    call finished just before the loop closed); the next loop's calls still time out."""
+    d = Deadlines()
+
+    async def quick():
+        with d.after(5):
+            await asyncio.sleep(0)
+
+    asyncio.run(quick())
+    assert d._timer is not None  # the ended loop's sweep never ran
+
+    async def slow():
+        deadline = d.after(0.05)
+        try:
+            with deadline:
+                await asyncio.sleep(5)
+        except TimeoutError:
+            return deadline.expired  # the sweep cut it, not the guard below
+        return False
+
+    assert asyncio.run(asyncio.wait_for(slow(), 3)) is True
