@@ -123,8 +123,12 @@ def test_two_gateways_on_one_store_hold_the_total_between_them(tmp_path):
                 await asyncio.sleep(0.01)
             raise AssertionError("the waiting rooms never reached the expected depths")
 
-        tasks = [asyncio.create_task(room.wait("ep", "low", f"{g}-l{i}", closed))
-                 for g, room in zip("ab", rooms) for i in range(2)]
+        tasks = []
+        for g, room in zip("ab", rooms):
+            for i in range(2):  # one at a time: each call enqueues after a store read in a thread,
+                # so calls started together enqueue in any order and "newest" would be chance
+                tasks.append(asyncio.create_task(room.wait("ep", "low", f"{g}-l{i}", closed)))
+                await until(lambda room=room, n=i + 1: room.depth("ep")["low"] == n)
         await until(lambda: [r.depth("ep")["low"] for r in rooms] == [2, 2])  # 4 of 4 across the two
         with pytest.raises(QueueRefused) as full:  # a's share (2) is full and nothing is lower
             await rooms[0].wait("ep", "low", "a-l3", closed)
