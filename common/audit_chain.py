@@ -244,7 +244,7 @@ def _verify_links(entries: list[tuple[str, str]]) -> tuple[VerifyResult, list[tu
     """Every entry in key order: its number follows the last, it links to the last, its hash
     matches. Also (first row, last row, hash) of each entry, for the tip checks."""
     prev, expected, spans = GENESIS, 1, []
-    total = sum(1 for _ in entries)
+    total = len(entries)
     for key, value in entries:
         try:
             entry = parse_entry(value)

@@ -8,7 +8,8 @@ in plain Python -- a float add, a bisect into the buckets -- and folded into the
 before every scrape (``GatewayMetrics.exposition``) and at most FOLD_SECS after any update (a
 timer armed by the first update after a fold, none while idle). With several workers
 (multiprocess mode: a scrape answered by one worker reads every worker's values from their
-files) each update folds at once, so a scrape never misses another worker's last second.
+files) GatewayMetrics updates the children directly instead, so a scrape never misses another
+worker's last second.
 
 Only the event loop's thread updates these (the app's calls); folding runs there too. The
 exposition is the same text prometheus_client would have written for the same observations:
@@ -26,10 +27,9 @@ FOLD_SECS = 1.0
 class Tally:
     """The pending updates of every tallied child; fold() moves them into the children."""
 
-    def __init__(self, at_once: bool = False) -> None:
+    def __init__(self) -> None:
         self._pending: list[_Pending] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._at_once = at_once  # multiprocess mode: every update is folded as it is made
         self.armed = False
 
     def counter(self, child) -> PendingCount:
@@ -44,9 +44,6 @@ class Tally:
 
     def arm(self) -> None:
         """Called by the first update after a fold: fold within FOLD_SECS."""
-        if self._at_once:
-            self.fold()
-            return
         self.armed = True
         try:
             self._timer = asyncio.get_running_loop().call_later(FOLD_SECS, self.fold)

@@ -35,12 +35,15 @@ class GatewayMetrics:
     runtime: runtime_metrics.RuntimeCollector
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
     _tally: Tally = field(default_factory=Tally)  # the per-call metrics' pending updates (gateway.metric_tally)
+    # Several workers (PROMETHEUS_MULTIPROC_DIR): another worker answering a scrape reads this
+    # one's values from its files, so per-call updates go straight to the children.
+    _direct: bool = False
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> GatewayMetrics:
         reg = registry or CollectorRegistry()
         return cls(
-            _tally=Tally(at_once=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))),
+            _direct=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
             registry=reg,
             requests=Counter("fabric_gateway_requests", "Gateway calls by endpoint and outcome",
                              ["endpoint", "outcome"], registry=reg),
@@ -77,6 +80,8 @@ class GatewayMetrics:
     def _tallied(self, metric, *labels):
         """A per-call metric's child behind gateway.metric_tally (inc/dec/observe as plain
         arithmetic, folded into the child before a scrape and within a second)."""
+        if self._direct:
+            return self._child(metric, *labels)
         key = (id(metric), labels)
         pending = self._children.get(key)
         if pending is None:
@@ -111,8 +116,7 @@ class GatewayMetrics:
 
     def exposition(self) -> bytes:
         """Prometheus text. With several worker processes (PROMETHEUS_MULTIPROC_DIR set by
-        `serve --workers N`), the sum over every worker, whichever one answers the scrape
-        (another worker's last second of per-call updates may not be folded in yet)."""
+        `serve --workers N`), the sum over every worker, whichever one answers the scrape."""
         self._tally.fold()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             from prometheus_client import multiprocess
