@@ -184,3 +184,28 @@ def test_http_server_setting_is_checked():
     assert load({**env, "FABRIC_GATEWAY_HTTP_SERVER": "uvicorn"}).http_server == "uvicorn"
     with pytest.raises(SettingsError, match="FABRIC_GATEWAY_HTTP_SERVER"):
         load({**env, "FABRIC_GATEWAY_HTTP_SERVER": "h2"})
+
+
+def test_a_finished_request_leaves_no_reference_cycle(server):
+    """A request's scope names its cycle (the disconnect guard): if the cycle kept the scope, every
+    call left ~10 objects for the cyclic GC (at 64 clients a young collection every ~0.4 s, ~11 ms
+    each, in the added p99). With the collector off, finished cycles must be freed by refcount."""
+    import gc
+
+    from gateway.http_cycle import Cycle
+
+    def live_cycles() -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is Cycle)
+
+    s = connect(server)
+    gc.collect()
+    gc.disable()
+    try:
+        before = live_cycles()
+        for _ in range(20):
+            s.sendall(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+            assert read_responses(s, 1)[0][1] == b"POST /a 3"
+        assert live_cycles() - before <= 1  # the connection's last request, until its next
+    finally:
+        gc.enable()
+        s.close()
