@@ -2,7 +2,7 @@
 
 The hot path only appends (no lock, no condition variable, no thread wake-up per call); one
 thread wakes every ``interval`` seconds, takes everything queued (up to ``batch`` items at a
-time) and hands it to ``apply`` in order. Profiling at 64 clients showed a queue.Queue per
+time) and hands it to ``apply`` in order; it drains again at once only after a full batch. Profiling at 64 clients showed a queue.Queue per
 writer waking its thread on every put (Condition.notify/wait) costing more than the writes it
 batched. ``flush()`` waits until every item added before it was applied (tests, shutdown);
 ``close()`` applies what is left and stops the thread. An exception from ``apply`` is logged
@@ -36,9 +36,10 @@ class BatchWriter:
         self._items.append(item)
         self._added += 1
 
-    def _drain(self) -> bool:
+    def _drain(self) -> int:
+        """Apply up to ``batch`` queued items; returns how many were taken."""
         if not self._items:
-            return False
+            return 0
         n = min(len(self._items), self._batch)
         items = [self._items.popleft() for _ in range(n)]
         try:
@@ -47,11 +48,14 @@ class BatchWriter:
             log.exception("%s: %d items could not be written", self._thread.name, len(items))
         finally:
             self._done += n
-        return True
+        return n
 
     def _run(self) -> None:
+        # The thread sleeps the interval after every batch that was not full, not only when the
+        # queue is empty: draining again at once under load made a small batch (and a store
+        # transaction, with its GIL hand-offs to and from the event loop) every few calls.
         while not self._stop.is_set():
-            if not self._drain():
+            if self._drain() < self._batch:
                 self._stop.wait(self._interval)
         while self._drain():
             pass
