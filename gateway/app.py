@@ -284,7 +284,8 @@ class GatewayApp:
             try:
                 sent = info.body if info.body is not None else body
                 marks = [(b"x-fabric-request-id", request_id.encode())]
-                with self._deadlines.after(deadline):
+                guard = scope.get("extensions", _NONE).get(GUARD)
+                with self._deadlines.after(deadline, guard.task if guard is not None else None):
                     if external is not None:
                         call = st.external.forward(send, external, scope["method"], route.target, fwd_headers, sent,
                                                    info.data, explained, marks)
@@ -295,7 +296,7 @@ class GatewayApp:
                     else:
                         call = forward(st.client, send, targets, scope["method"], route.target, fwd_headers, sent,
                                        info.stream, marks)
-                    result = await run_unless_client_leaves(call, receive, scope.get("extensions", _NONE).get(GUARD))
+                    result = await run_unless_client_leaves(call, receive, guard)
             finally:
                 in_flight.dec()
                 if picked:

@@ -25,10 +25,12 @@ class Deadlines:
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the timer and calls are on
 
-    def after(self, secs: float) -> Deadline:
+    def after(self, secs: float, task: asyncio.Task | None = None) -> Deadline:
         """``with deadlines.after(secs):`` inside a task: TimeoutError if the block is still
-        running secs (up to TICK more) from now."""
-        return Deadline(self, secs)
+        running secs (up to TICK more) from now. task: the task running the block when the
+        caller knows it (the server's cycle does), else asyncio.current_task() (which costs a
+        getpid() syscall under Python 3.11)."""
+        return Deadline(self, secs, task)
 
     def _sweep(self) -> None:
         now = time.monotonic()
@@ -46,20 +48,21 @@ class Deadlines:
 class Deadline:
     __slots__ = ("cancelling", "expired", "owner", "secs", "task", "when")
 
-    def __init__(self, owner: Deadlines, secs: float) -> None:
+    def __init__(self, owner: Deadlines, secs: float, task: asyncio.Task | None = None) -> None:
         self.owner = owner
         self.secs = secs
         self.expired = False
+        self.task = task
 
     def __enter__(self) -> Deadline:
-        task = asyncio.current_task()
+        task = self.task or asyncio.current_task()
         if task is None:
             raise RuntimeError("a deadline is entered inside a task")
         self.task = task
         self.cancelling = task.cancelling()
         self.when = time.monotonic() + self.secs
         owner = self.owner
-        loop = asyncio.get_running_loop()
+        loop = task.get_loop()
         if owner._loop is not loop:
             # Another loop than the last one (an app served again after its loop ended, as in
             # tests): that loop's timer and calls died with it, and a stale timer must not

@@ -48,6 +48,7 @@ class Cycle:
         "proto",
         "scope",
         "started",
+        "task",
         "waiter",
     )
 
@@ -66,6 +67,7 @@ class Cycle:
         self.left = 0  # Content-Length bytes still to send
         self.head = b""  # a Content-Length response's head, written with the first body bytes
         self.guarded: asyncio.Task | None = None  # cancelled if the client leaves (watch())
+        self.task: asyncio.Task | None = None  # the task running the app for this request (the server's)
         scope["extensions"] = {"fabric.disconnect_guard": self}
 
     def watch(self, task: asyncio.Task | None) -> None:

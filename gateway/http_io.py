@@ -113,12 +113,13 @@ def outcome_of(exc: Exception) -> str:
 async def run_unless_client_leaves(coro, receive, guard=None):
     """Run coro in this task; if the client disconnects first, cancel it (which closes the
     upstream) and raise ClientGone. guard: the server's disconnect guard (gateway.http_server
-    puts one in scope["extensions"]), which cancels this task itself. Without one: one watcher
+    puts one in scope["extensions"]), which cancels this task itself (its ``task``: the task
+    running the request, which is this one). Without one: one watcher
     task per call, no asyncio.wait: the watcher cancels this task directly. uvicorn's receive() also answers http.disconnect once the
     response is complete, but by then coro has returned and the watcher is cancelled before it
     runs (uvicorn's send never suspends after marking the response complete)."""
-    task = asyncio.current_task()
     if guard is not None:
+        task = guard.task or asyncio.current_task()
         guard.watch(task)
         try:
             return await coro
@@ -129,6 +130,7 @@ async def run_unless_client_leaves(coro, receive, guard=None):
             raise
         finally:
             guard.watch(None)
+    task = asyncio.current_task()
     gone = False
 
     async def watch() -> None:

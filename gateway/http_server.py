@@ -263,7 +263,7 @@ class GatewayHttpProtocol(asyncio.Protocol):
     # -- requests -----------------------------------------------------------------------------
     def _start(self, cycle: Cycle) -> None:
         self.cycle = cycle
-        task = self.loop.create_task(cycle.run(self.app))
+        task = cycle.task = self.loop.create_task(cycle.run(self.app))
         tasks = self.server_state.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
