@@ -10,7 +10,7 @@ wrapper (dsr-ipip new flows with Katran's shim in front, as bench-xdp), whose ow
 subtracted. Medians over ROUNDS. Substitutions that remove something the
 product needs (a counter the agent exports) only say what it costs.
 docs/dataplane.md ("Tried and discarded") records the outcomes.
-BENCH_NODE_IP=10.1.0.1 source-NATs every NAT flow (the source-NAT variants): then
+BENCH_NODE_IP=10.1.255.254 source-NATs every NAT flow (the source-NAT variants): then
 only new flows are timed, into tables that start empty, with equal weights, and
 REPEAT small enough (20000) that no backend runs out of its 4523 ports;
 BENCH_VARIANTS=a,b runs a subset.

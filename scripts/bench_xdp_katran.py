@@ -200,6 +200,17 @@ class KatranBench:
         assert out == h.other
         rounds["nonvip"].append(ns)
 
+    def new_flow(self) -> tuple[int, int]:
+        """One new-flow measurement on its own, for a pair with Fabric's (bench-xdp's dsr_pairs):
+        (wrapper ns with the same rotation around XDP_PASS, new-flow ns), checked as in round()."""
+        h = self.h
+        h.wrap(h.bare_fd, h.established, 1)
+        wrapper_ns = self._timed(self.shim_fd, h.established, ())[0]
+        h.wrap(self.katran.prog_fd, h.syn, 1)
+        ns, out = self._timed(self.shim_fd, h.syn, NEW_FLOW)
+        assert IP(inner_of(out, self.reals)[1]).src != "10.0.0.2", "new-flow inner packet"
+        return wrapper_ns, ns
+
     def result(self, base: int) -> dict:
         """Medians of the rounds, each case's wrapper cost replaced by the same-run baseline."""
         both = _two_cpus(self.h, self.katran, self.shim_fd, base) if self.h.both_cpus else None
