@@ -90,6 +90,12 @@ VARIANTS: dict[str, tuple[str, str, str, str]] = {
             if (syn)""", """        if (0) {
             if (syn)""", "the per-service miss counter not kept (what it costs a new flow)"),
 }
+# name -> (Dataplane options, what it tells): the committed sources, loaded another way
+PLANE_VARIANTS: dict[str, tuple[dict, str]] = {
+    "common_lru": ({"percpu_lru": False}, "the flow tables with one LRU list shared by all CPUs instead of one per "
+                   "CPU: what the per-CPU lists cost an insert on one CPU (Katran's per-CPU inner maps are "
+                   "shared-list LRUs, each used by one CPU)"),
+}
 CPU_SLOT_MAP = """
 struct cpu_count {
     __u64 n;
@@ -105,7 +111,7 @@ def variant_dir(name: str) -> Path:
     for f in SOURCES.iterdir():
         if f.is_file():
             shutil.copy(f, out / f.name)
-    if name == "as_built":
+    if name == "as_built" or name in PLANE_VARIANTS:
         return out
     fname, old, new, _ = VARIANTS[name]
     text = (out / fname).read_text()
@@ -127,7 +133,7 @@ def main() -> None:
     # source NAT: equal weights, so no backend runs out of its 4523 ports before the others
     backends = {f"10.1.{i // 250}.{i % 250 + 1}:8080": 1 if NODE_IP else 1 + i % 32 for i in range(100)}
     ns = bench_xdp.bench_netns(backends)
-    names = ["as_built", *(ONLY or VARIANTS)]
+    names = ["as_built", *(ONLY or [*VARIANTS, *PLANE_VARIANTS])]
     planes: dict[str, Dataplane] = {}
     dirs: list[Path] = []
     try:
@@ -136,7 +142,7 @@ def main() -> None:
             dirs.append(d)
             loader.BPF_DIR = d  # load() compiles BPF_DIR / maglev.c
             dp = Dataplane(pin_dir=f"/sys/fs/bpf/fabric-ablate-{uuid.uuid4().hex[:8]}", flow_entries=FLOW_ENTRIES,
-                           route_netns=ns)
+                           route_netns=ns, **PLANE_VARIANTS.get(name, ({}, ""))[0])
             planes[name] = dp
             dp.configure(node_ip=NODE_IP, settings=DataplaneSettings(xdp_forward=True))
             dp.put_service(vip_addr, 80, "tcp", backends)
@@ -205,7 +211,8 @@ def main() -> None:
                 "vip_new_flow_ns": t["new"] - med["wvary"] + med["bare"],
                 "vip_established_cold_ns": t["cold"] - med["wcold"] + med["bare"],
                 "dsr_vip_new_flow_ns": t["dnew"] - med["dwvary"] + med["bare"],
-                "what": VARIANTS[name][3] if name in VARIANTS else "maglev.c as committed",
+                "what": VARIANTS[name][3] if name in VARIANTS else PLANE_VARIANTS[name][1]
+                if name in PLANE_VARIANTS else "maglev.c as committed",
             }
         shim.cleanup()
         h.close()
