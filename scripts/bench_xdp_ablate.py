@@ -76,8 +76,8 @@ VARIANTS: dict[str, tuple[str, str, str, str]] = {
     }""", ("non-VIP counted in a plain array slot (one cache line) per CPU, indexed by "
            "bpf_get_smp_processor_id")),
     "nonvip_no_filter_read": ("maglev.c", NON_VIP_TEST,
-                              "*(__be32 *)(data + ETH_HLEN + 16) != bpf_htonl(0x0A090064) && "
-                              "*(__be32 *)(data + ETH_HLEN + 16) != bpf_htonl(0x0A090065))",
+                              ("*(__be32 *)(data + ETH_HLEN + 16) != bpf_htonl(0x0A090064) && "
+                               "*(__be32 *)(data + ETH_HLEN + 16) != bpf_htonl(0x0A090065))"),
                               "the filter read replaced by one compare (what the array read costs)"),
     "syn_clock_tcp": ("maglev.c", "    if (fk->proto == IPPROTO_UDP)  /* only UDP flows expire; a TCP flow never reads its clock */\n",
                       "    if (1)\n",
