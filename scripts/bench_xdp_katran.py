@@ -175,12 +175,8 @@ class KatranBench:
         assert inner_of(out, self.reals) == (self.chosen, self.sent_ip), "established flow moved to another real"
         rounds["est"].append(ns)
 
-        h.wrap(h.bare_fd, h.established, 1)
-        rounds["wvary"].append(timed(shim_fd, h.established, ())[0])
-        h.wrap(k.prog_fd, h.syn, 1)
-        ns, out = timed(shim_fd, h.syn, NEW_FLOW)  # every pass a distinct flow
-        _, inner = inner_of(out, self.reals)
-        assert IP(inner).src != "10.0.0.2" and inner == _fresh(inner), "new-flow inner packet"
+        wrapper_ns, ns = self.new_flow()
+        rounds["wvary"].append(wrapper_ns)
         rounds["new"].append(ns)
         h.wrap(self.stock.prog_fd, h.syn, 1)  # stock: past 125000 new flows/s per CPU it records none
         ns, out = timed(shim_fd, h.syn, NEW_FLOW, anchor=self.stock)
@@ -201,14 +197,15 @@ class KatranBench:
         rounds["nonvip"].append(ns)
 
     def new_flow(self) -> tuple[int, int]:
-        """One new-flow measurement on its own, for a pair with Fabric's (bench-xdp's dsr_pairs):
-        (wrapper ns with the same rotation around XDP_PASS, new-flow ns), checked as in round()."""
+        """One new-flow measurement (round()'s, and each of bench-xdp's dsr pairs): wrapper ns with
+        the same rotation around XDP_PASS, new-flow ns; every pass checked, the last output too."""
         h = self.h
         h.wrap(h.bare_fd, h.established, 1)
         wrapper_ns = self._timed(self.shim_fd, h.established, ())[0]
         h.wrap(self.katran.prog_fd, h.syn, 1)
-        ns, out = self._timed(self.shim_fd, h.syn, NEW_FLOW)
-        assert IP(inner_of(out, self.reals)[1]).src != "10.0.0.2", "new-flow inner packet"
+        ns, out = self._timed(self.shim_fd, h.syn, NEW_FLOW)  # every pass a distinct flow
+        _, inner = inner_of(out, self.reals)
+        assert IP(inner).src != "10.0.0.2" and inner == _fresh(inner), "new-flow inner packet"
         return wrapper_ns, ns
 
     def result(self, base: int) -> dict:
