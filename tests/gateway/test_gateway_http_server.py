@@ -4,6 +4,8 @@ and a small ASGI app, driven with raw bytes (what a client library would never s
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import socket
 import threading
 import time
@@ -186,28 +188,40 @@ def test_http_server_setting_is_checked():
         load({**env, "FABRIC_GATEWAY_HTTP_SERVER": "h2"})
 
 
+@contextlib.contextmanager
+def collector_off():
+    """The cyclic GC off (after one collection): what is still alive was not freed by refcount."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def live(cls: type) -> int:
+    return sum(1 for o in gc.get_objects() if type(o) is cls)
+
+
+def post_once(s: socket.socket) -> None:
+    s.sendall(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+    assert read_responses(s, 1)[0][1] == b"POST /a 3"
+
+
 def test_a_finished_request_leaves_no_reference_cycle(server):
     """A request's scope names its cycle (the disconnect guard): if the cycle kept the scope, every
     call left ~10 objects for the cyclic GC (at 64 clients a young collection every ~0.4 s, ~11 ms
     each, in the added p99). With the collector off, finished cycles must be freed by refcount."""
-    import gc
-
     from gateway.http_cycle import Cycle
 
-    def live_cycles() -> int:
-        return sum(1 for o in gc.get_objects() if type(o) is Cycle)
-
     s = connect(server)
-    gc.collect()
-    gc.disable()
     try:
-        before = live_cycles()
-        for _ in range(20):
-            s.sendall(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
-            assert read_responses(s, 1)[0][1] == b"POST /a 3"
-        assert live_cycles() - before <= 1  # the connection's last request, until its next
+        with collector_off():
+            before = live(Cycle)
+            for _ in range(20):
+                post_once(s)
+            assert live(Cycle) - before <= 1  # the connection's last request, until its next
     finally:
-        gc.enable()
         s.close()
 
 
@@ -215,23 +229,13 @@ def test_a_closed_connection_leaves_no_reference_cycle(server):
     """The parser holds the protocol's bound callbacks and the protocol its last request: a client
     that opens a connection per call left ~10 objects a call for the cyclic GC. With the collector
     off, closed connections must be freed by refcount."""
-    import gc
-
-    def live_protocols() -> int:
-        return sum(1 for o in gc.get_objects() if type(o) is GatewayHttpProtocol)
-
-    gc.collect()
-    gc.disable()
-    try:
-        before = live_protocols()
+    with collector_off():
+        before = live(GatewayHttpProtocol)
         for _ in range(20):
             s = connect(server)
-            s.sendall(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
-            assert read_responses(s, 1)[0][1] == b"POST /a 3"
+            post_once(s)
             s.close()
         deadline = time.monotonic() + 5
-        while live_protocols() > before and time.monotonic() < deadline:
+        while live(GatewayHttpProtocol) > before and time.monotonic() < deadline:
             time.sleep(0.05)  # the server sees each close on its own thread
-        assert live_protocols() <= before
-    finally:
-        gc.enable()
+        assert live(GatewayHttpProtocol) <= before
