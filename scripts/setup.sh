@@ -10,11 +10,10 @@ APT_PACKAGES=(
   linux-headers-amd64 etcd-server libvirt-dev pkg-config gcc
   iproute2 iputils-ping curl ca-certificates nginx-light shellcheck procps ethtool iperf3
   qemu-utils chromium prometheus
+  bird2  # VIP announcements over BGP (agent/bgp/) and the two-node lab's router
   libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86 ovmf
   # the GPU-less boot proof's guest (tests/support/tiny_guest.py): kernel, busybox, DHCP on libvirt's network
   linux-image-amd64 busybox-static dnsmasq-base cpio
-  # Katran, the benchmark's anchor (scripts/katran_anchor.py): built with clang | llc
-  clang llvm
 )
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -72,4 +71,21 @@ else
   say ".venv up to date"
 fi
 if .venv/bin/python -c "import bcc" 2>/dev/null; then say "BCC importable"; else say "WARNING: BCC not importable"; fi
+
+# The console's htmx: npm's htmx.org at the version and integrity hash of package-lock.json,
+# copied to the path fabricd serves (/app/ai/static; gitignored). Nothing loads from outside at run time.
+static=controlplane/console/static
+if [ ! -f "$static/htmx.min.js" ] || [ package-lock.json -nt "$static/htmx.min.js" ]; then
+  if ! command -v npm >/dev/null; then
+    say "installing Debian's npm"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
+  say "installing the console's htmx (npm ci)"
+  npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null
+  cp node_modules/htmx.org/dist/htmx.min.js "$static/htmx.min.js"
+  cp node_modules/htmx.org/LICENSE "$static/htmx-LICENSE.txt"
+else
+  say "console htmx present"
+fi
 say "done"
