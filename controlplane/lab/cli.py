@@ -2,10 +2,12 @@
 
 The lab keeps its state in one absolute place, $FABRIC_LAB_STATE or /var/lib/fabric/lab
 (controlplane.lab.cluster.lab_state_dir), so every command works from any directory and `down`
-stops what `up` started wherever either ran. `up` returns once fabricd, the agent and the
+stops what `up` started wherever either ran. `up` on a lab that is up refuses (exit 1) rather
+than wipe its deployments, endpoints, keys and tenants; `--force` takes it down first. `up` returns once fabricd, the agent and the
 gateway answer and the node has registered; the processes keep running in the background until
 `down`, which prints each thing it removed. `demo` can run again: it reuses the objects it made.
-`make run` is `up`, the demo, then waiting for Ctrl-C and `down`.
+`make run` is `up`, the demo, then waiting for Ctrl-C and `down`; on a lab that is up it attaches
+(shows the demo's state, and Ctrl-C leaves the lab to whoever started it).
 Run lab commands under `flock /tmp/fabric-lab.lock` when several people share the machine.
 """
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import typer
 
-from controlplane.lab.cluster import LabConfig, lab_state_dir
+from controlplane.lab.cluster import LabConfig, LabIsUp, lab_state_dir
 from controlplane.lab.cluster import down as lab_down
 from controlplane.lab.cluster import status as lab_status
 from controlplane.lab.cluster import up as lab_up
@@ -39,12 +41,17 @@ def _need_root() -> None:
 
 
 @lab_app.command()
-def up(state_dir: Path = StateOpt) -> None:
-    """Clean stale pieces, then build the topology and start fabricd, the agent and the gateway."""
+def up(state_dir: Path = StateOpt,
+       force: bool = typer.Option(False, "--force", help="take a lab that is up down first (its store goes too)")) -> None:
+    """Clean stale pieces, then build the topology and start fabricd, the agent and the gateway.
+    A lab that is up is refused (its data would go) unless --force."""
     _need_root()
     cfg = _cfg(state_dir)
     try:
-        handle = lab_up(cfg, echo=typer.echo)
+        handle = lab_up(cfg, echo=typer.echo, force=force)
+    except LabIsUp as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     except RuntimeError as exc:
         typer.echo(f"error: {exc}\nlogs: {cfg.state_dir / 'logs'}; clean up with `fabricd lab down`", err=True)
         raise typer.Exit(1) from None

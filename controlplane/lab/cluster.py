@@ -1,7 +1,9 @@
 """Bring the whole lab cluster up and down: topology, fabricd, one agent, one gateway.
 
-`up` always cleans first (stale namespaces, links, pinned maps, processes from a crashed run),
-then builds the topology, initialises fabricd's state, issues the node's certificate from the
+`up` refuses a lab that is up (`LabIsUp`: live processes of its state directory, or a listener
+on fabricd's port), since cleaning would wipe every deployment, endpoint, key and tenant in it;
+``force=True`` takes it down first. Otherwise it cleans what a crashed run left (stale namespaces,
+links, pinned maps, processes), then builds the topology, initialises fabricd's state, issues the node's certificate from the
 cluster CA, starts the three processes, waits until each answers, logs in and writes
 ``{state}/env`` with FABRIC_URL, FABRIC_TOKEN and FABRIC_CA for the operator's shell.
 """
@@ -13,6 +15,7 @@ import os
 import secrets
 import shlex
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -153,6 +156,40 @@ def service_env(cfg: LabConfig) -> dict[str, str]:
     }
 
 
+class LabIsUp(RuntimeError):
+    """`up` found the lab running; cleaning first would wipe its store. ``signs`` say what is live."""
+
+    def __init__(self, signs: list[str]):
+        self.signs = signs
+        super().__init__("the lab is up; 'fabricd lab down' first, or --force  (" + "; ".join(signs) + ")")
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def up_signs(cfg: LabConfig) -> list[str]:
+    """What says this lab is up, [] if nothing: a live process of its state directory (from the pid
+    files or a command line naming the directory: a directory alone proves nothing, a crashed run
+    leaves one), or something answering on fabricd's port (a lab started from another state directory)."""
+    signs = []
+    if cfg.state_dir.exists():
+        names = {}
+        for pidfile in (cfg.state_dir / "pids").glob("*.pid") if (cfg.state_dir / "pids").exists() else []:
+            try:
+                names[int(pidfile.read_text().strip())] = pidfile.stem
+            except ValueError:
+                pass
+        signs += [f"{names.get(pid, 'process')} pid {pid}" for pid in processes.running(cfg.state_dir)]
+    if not signs and _listening(cfg.api_port):
+        signs.append(f"something listens on fabricd's port {cfg.api_port}")
+    return signs
+
+
 def down(cfg: LabConfig) -> list[str]:
     """Stop processes, remove namespaces, links and pinned maps. Safe to run any time."""
     removed = [f"process {p}" for p in processes.stop_all(cfg.state_dir)] if cfg.state_dir.exists() else []
@@ -211,7 +248,10 @@ def start_agent(cfg: LabConfig) -> int:
                            {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": cfg.mirror_url})
 
 
-def up(cfg: LabConfig, echo=print) -> LabHandle:
+def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
+    signs = up_signs(cfg)
+    if signs and not force:
+        raise LabIsUp(signs)
     down(cfg)
     # A lab starts from nothing: the store, certificates and records of an earlier run go too.
     shutil.rmtree(cfg.state_dir, ignore_errors=True)

@@ -168,8 +168,14 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     echo("\n== 8. The endpoint with its live weights")
     ctl(cfg, "endpoint", "show", ENDPOINT, echo=echo)
 
+    echo(yours(cfg, vip, port))
+    return {"vip": vip, "port": port, "key": key}
+
+
+def yours(cfg: LabConfig, vip: str, port: int) -> str:
+    """The demo's closing hints: how to reach what it made."""
     env_file = cfg.state_dir / "env"
-    echo(f"""
+    return f"""
 == The lab is yours
   Operator shell:   source {env_file}; fabricctl ai endpoint show {ENDPOINT}
   Direct VIP (L4):  sudo ip netns exec {cfg.topology.client_ns} curl http://{vip}:{port}/v1/models
@@ -179,8 +185,21 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
                     then watch: watch -n2 fabricctl ai endpoint show {ENDPOINT}
   Explain routing:  fabricctl ai explain routing {ENDPOINT}   (or GET /api/ai/explain/routing/{ENDPOINT})
   Node:             {NODE_ID}; logs under {cfg.state_dir / 'logs'}
-""")
-    return {"vip": vip, "port": port, "key": key}
+"""
+
+
+def show_state(cfg: LabConfig, echo=print) -> None:
+    """What the demo made, as it stands now (for `make run` on a lab that is already up)."""
+    echo("\n== The demo's objects as they stand")
+    ctl(cfg, "node", "list", echo=echo)
+    ctl(cfg, "deployment", "list", echo=echo)
+    ctl(cfg, "endpoint", "list", echo=echo)
+    ep = exists(cfg, "endpoint", ENDPOINT)
+    vip = ((ep or {}).get("status") or {}).get("vip")
+    if vip:
+        echo(yours(cfg, vip, ep.get("port", 8000)))
+    else:
+        echo(f"\n(no endpoint {ENDPOINT} with a VIP yet: `fabricd lab demo` makes the demo's objects)")
 
 
 def _short_response(raw: str) -> str:

@@ -56,3 +56,43 @@ def test_console_hint_names_the_url_and_login_files_fabricd_init_makes(tmp_path)
         path = cfg.fabricd_dir / name
         assert str(path) in hint and path.is_file()
         assert path.read_text().strip() not in hint  # the file's path, never the password
+
+
+def test_up_refuses_a_lab_that_is_up_and_keeps_its_state(tmp_path):
+    """A live lab process (from its pid file) or a listener on fabricd's port means up; `up`
+    then raises before it touches anything. A directory with only stale pid files is not up."""
+    import socket
+    import sys
+
+    import pytest
+
+    from controlplane.lab.cluster import LabConfig, LabIsUp, up, up_signs
+    from tests.support.servers import free_port
+
+    state = tmp_path / "lab"
+    (state / "pids").mkdir(parents=True)
+    (state / "fabricd").mkdir()
+    (state / "fabricd" / "store.db").write_text("the lab's records")
+    cfg = LabConfig(state_dir=state, api_port=free_port())
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (state / "pids" / "fabricd.pid").write_text(str(dead.pid))
+    assert up_signs(cfg) == []  # a crashed run's leftovers: `up` may clean them
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (state / "pids" / "fabricd.pid").write_text(str(live.pid))
+        assert up_signs(cfg) == [f"fabricd pid {live.pid}"]
+        with pytest.raises(LabIsUp) as err:
+            up(cfg, echo=lambda *_: None)
+        assert str(err.value).startswith("the lab is up; 'fabricd lab down' first, or --force")
+        assert (state / "fabricd" / "store.db").read_text() == "the lab's records"
+        assert live.poll() is None
+    finally:
+        live.kill()
+        live.wait()
+
+    with socket.socket() as sock:  # a lab from another state directory holds the port
+        sock.bind(("127.0.0.1", cfg.api_port))
+        sock.listen()
+        assert up_signs(cfg) == [f"something listens on fabricd's port {cfg.api_port}"]

@@ -1,6 +1,7 @@
 """The lab through its real console scripts from different directories: `fabricd lab up` in one,
 `status`, `demo` (twice: it is re-runnable) and `down` in another; down stops what up started and
-names it, and nothing is left. Uses the lab's fixed names and ports, so it holds the lab lock."""
+names it, and nothing is left. A second `up` on the running lab refuses and keeps its data, and
+`make run`'s entry point on it attaches and shows the demo's objects instead of wiping them. Uses the lab's fixed names and ports, so it holds the lab lock."""
 
 from __future__ import annotations
 
@@ -61,6 +62,23 @@ def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
             logs = subprocess.run(["bash", "-c", script],
                                   cwd=there, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
             assert "fabric-engine-sim: serving demo-llm" in logs.stdout, logs.stderr
+            pids_before = running(state)
+            # `lab up` again refuses (no silent down) and the demo's objects are still there.
+            again = lab(here, env, "up")
+            assert again.returncode == 1, again.stdout + again.stderr
+            assert "the lab is up; 'fabricd lab down' first, or --force" in again.stderr
+            assert running(state) == pids_before
+            # `make run` (controlplane.run_main) on the up lab attaches and shows the demo's state.
+            attach = subprocess.run([sys.executable, "-m", "controlplane.run_main"], cwd=Path.cwd(),
+                                    env={**env, "FABRIC_LAB_EXIT_AFTER_DEMO": "1"}, capture_output=True, text=True,
+                                    timeout=120)
+            assert attach.returncode == 0, attach.stdout + attach.stderr
+            assert "The lab is already up" in attach.stdout and "tearing the lab down" not in attach.stdout
+            assert "demo-llm-openai" in attach.stdout and "== The lab is yours" in attach.stdout
+            assert running(state) == pids_before
+            ctl = subprocess.run(["bash", "-c", f"source {env_file}; fabricctl ai endpoint list -o name"],
+                                 cwd=there, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+            assert ctl.stdout.split() == ["endpoint/demo-llm-openai"], ctl.stderr
         finally:
             down = lab(there, env, "down")
         assert down.returncode == 0, down.stdout + down.stderr
