@@ -20,10 +20,13 @@ from fastapi import APIRouter, Body, Depends, Query
 from common import keyspace
 from common.errors import Conflict
 from common.store.base import Store
-from controlplane.auth import require_admin
+from common.schemas import InferenceEndpoint
+from controlplane.api.resources import refuse_outbound_reach
+from controlplane.auth import PrincipalDep, require_admin
 from controlplane.backup.document import BY_NAME, SECTIONS, RestorePlan, build, desired, plan_restore
 from controlplane.events import record_event
 from controlplane.state import StateDep
+from controlplane.tenancy.principal import Principal
 
 router = APIRouter(prefix="/api/ai", tags=["backup"], dependencies=[Depends(require_admin)])
 
@@ -72,11 +75,20 @@ def backup(state: StateDep) -> dict:
     return build(_listed(state.store))
 
 
+def _check_outbound_reach(who: Principal, plan: RestorePlan) -> None:
+    """Endpoints with an external provider or fallbacks are an admin's to write, here as through
+    POST /api/ai/endpoints (controlplane.api.resources.refuse_outbound_reach)."""
+    for (section, _name), record in plan.records.items():
+        if section == "endpoints":
+            refuse_outbound_reach(who, InferenceEndpoint.model_validate(record))
+
+
 @router.post("/restore")
-def restore(state: StateDep, doc: Any = Body(...), apply: bool = Query(False),
+def restore(state: StateDep, who: PrincipalDep, doc: Any = Body(...), apply: bool = Query(False),
             replace: bool = Query(False)) -> dict:
     store = state.store
     plan = plan_restore(doc, _current(store))
+    _check_outbound_reach(who, plan)
     if not apply:
         return _plan_body(plan, applied=False)
     if plan.conflicts and not replace:

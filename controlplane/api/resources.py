@@ -57,7 +57,7 @@ from controlplane.models.records import check_local_source, delete_jobs
 from controlplane.rollouts import records
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import admission, owners, policies, quotas
-from controlplane.tenancy.principal import Principal, claimed, visible
+from controlplane.tenancy.principal import ADMIN, Principal, claimed, visible
 
 router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
 
@@ -321,6 +321,22 @@ def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
 
 # -- endpoints ------------------------------------------------------------------------------------
 
+def outbound_reach(endpoint: InferenceEndpoint) -> bool:
+    """Does this endpoint send callers' prompts out of the cluster, with a provider key read from
+    the gateway host (an external provider, or fallbacks to external endpoints)?"""
+    return endpoint.external is not None or bool(endpoint.fallbacks)
+
+
+def refuse_outbound_reach(who: Principal | None, endpoint: InferenceEndpoint) -> None:
+    """Only an admin creates, changes or deletes an endpoint with outbound reach: its URL and key
+    files choose which of the gateway host's provider keys go where, so an operator could send
+    another team's provider key to a URL of its own. Every path that writes endpoints (this API,
+    apply, restore; the console goes through this API) calls this. None: no user (internal)."""
+    if who is not None and who.role != ADMIN and outbound_reach(endpoint):
+        raise Forbidden("only an admin may create, change or delete an endpoint with an external provider "
+                        "or fallbacks; ask an admin", code="forbidden")
+
+
 @router.get("/endpoints")
 def list_endpoints(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                    after: ContinueQuery = None) -> list[dict]:
@@ -330,9 +346,7 @@ def list_endpoints(state: StateDep, response: Response, who: PrincipalDep, limit
 @router.post("/endpoints", status_code=201)
 def create_endpoint(body: InferenceEndpoint, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
-    if body.external is not None and who.bound:
-        # Its URL and key files are the gateway host's outbound reach: cluster-wide admins only.
-        raise Forbidden("only a cluster-wide admin may create an external endpoint", code="forbidden")
+    refuse_outbound_reach(who, body)
     # An external endpoint forwards to its provider; its deployment is a name only (never read).
     for dep in ([] if body.external else [body.deployment]) + body.spillover:
         if reference_missing(state.store, who, "deployment", dep):
@@ -353,6 +367,8 @@ def get_endpoint(name: str, state: StateDep) -> dict:
 
 
 @router.delete("/endpoints/{name}", response_model=Deleted)
-def delete_endpoint(name: str, state: StateDep) -> Deleted:
-    tenant = _get(state.store, keyspace.endpoints(name), "endpoint", name).get("tenant")
+def delete_endpoint(name: str, state: StateDep, who: PrincipalDep) -> Deleted:
+    record = _get(state.store, keyspace.endpoints(name), "endpoint", name)
+    refuse_outbound_reach(who, InferenceEndpoint.model_validate(record))
+    tenant = record.get("tenant")
     return _delete(state, keyspace.endpoints(name), "endpoint", name, tenant)

@@ -215,7 +215,10 @@ def _check_references(plan: RestorePlan, current: Mapping[str, Mapping[str, dict
         if section == "deployments":
             refs = [("models", record["model"]), ("profiles", record["profile"])]
         elif section == "endpoints":
-            refs = [("deployments", record["deployment"])]
+            # An external endpoint's deployment is a name only (never read), as on create.
+            refs = [] if record.get("external") else [("deployments", record["deployment"])]
+            refs += [("deployments", d) for d in record.get("spillover") or []]
+            refs += [("endpoints", e) for e in record.get("fallbacks") or []]
         elif section in ("keys", "model_aliases"):
             refs = [("endpoints", record["endpoint"])]
         elif section == "revisions":
