@@ -6,7 +6,7 @@ its own pin directory (its own maps) and timed in the same interleaved rounds as
 the unchanged program (each round in another order), with scripts/bench-xdp's harness: non-VIP (the program
 alone, as bench-xdp times it), new flow (SYN, every pass a distinct flow, full
 1M-entry table) and established cold (64k flows rotating) through bench.c's
-wrapper (dsr-ipip new flows with Katran's shim in front, as bench-xdp), whose own cost around XDP_PASS is measured in the same round and
+wrapper (dsr-ipip new flows with dataplane/bench/ipip_pop.c in front, as bench-xdp), whose own cost around XDP_PASS is measured in the same round and
 subtracted. Medians over ROUNDS. Substitutions that remove something the
 product needs (a counter the agent exports) only say what it costs.
 docs/dataplane.md ("Tried and discarded") records the outcomes.
@@ -42,8 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_xdp_katran import load_shim
-from xdp_bench_wrapper import BenchWrapper, enter_netns, packet
+from xdp_bench_wrapper import BenchWrapper, enter_netns, load_ipip_pop, packet
 
 from agent.dataplane import Dataplane, loader
 from agent.dataplane.settings import DataplaneSettings
@@ -93,8 +92,7 @@ VARIANTS: dict[str, tuple[str, str, str, str]] = {
 # name -> (Dataplane options, what it tells): the committed sources, loaded another way
 PLANE_VARIANTS: dict[str, tuple[dict, str]] = {
     "common_lru": ({"percpu_lru": False}, "the flow tables with one LRU list shared by all CPUs instead of one per "
-                   "CPU: what the per-CPU lists cost an insert on one CPU (Katran's per-CPU inner maps are "
-                   "shared-list LRUs, each used by one CPU)"),
+                   "CPU: what the per-CPU lists cost an insert on one CPU"),
 }
 CPU_SLOT_MAP = """
 struct cpu_count {
@@ -151,7 +149,7 @@ def main() -> None:
         h = BenchWrapper()
         vip, syn, other = packet(vip_addr), packet(vip_addr, flags="S"), packet("10.5.5.5")
         dsr_syn = packet(DSR_VIP, flags="S")
-        shim, shim_fd = load_shim(h.wrapper.fd)  # pops the outer header each dsr-ipip pass pushed
+        shim, shim_fd = load_ipip_pop(h.wrapper.fd)  # pops the outer header each dsr-ipip pass pushed
         for dp in planes.values() if not NODE_IP else ():  # steady state: every table full before timing
             h.wrap(dp.xdp_fd, syn, 1)
             run_xdp(h.wrapper.fd, syn, repeat=2 * FLOW_ENTRIES)

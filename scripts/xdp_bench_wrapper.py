@@ -1,7 +1,7 @@
 """The test_run harness that scripts/bench-xdp times every program through: its
 packet, dataplane/bpf/bench.c loaded with BCC (its xdp_bench wrapper and a bare XDP_PASS
 program), wrap() pointing the wrapper at a program and a packet, and on_both_cpus()
-loading CPU 0 and CPU 1 at once. Shared with the Katran anchor and its test.
+loading CPU 0 and CPU 1 at once, and load_ipip_pop() for programs that push an IPIP header.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import threading
 from scapy.all import IP, TCP, Ether, Raw
 
 from agent.dataplane.loader import BPF_DIR
+
+IPIP_POP = BPF_DIR.parent / "bench" / "ipip_pop.c"
 
 BENCH_LEN = 64  # bench.c restores this many bytes before each pass
 
@@ -46,6 +48,17 @@ class BenchWrapper:
 
     def close(self) -> None:
         self.bpf.cleanup()
+
+
+def load_ipip_pop(wrapper_fd: int):
+    """dataplane/bench/ipip_pop.c (BCC) in front of bench.c's wrapper: pops the outer header
+    each dsr-ipip pass pushed. Returns (BPF object, fd to run)."""
+    from bcc import BPF
+
+    pop = BPF(src_file=str(IPIP_POP))
+    fn = pop.load_func("ipip_pop", BPF.XDP)
+    pop[b"shim_next"][ctypes.c_int(0)] = ctypes.c_int(wrapper_fd)
+    return pop, fn.fd
 
 
 def enter_netns(ns: str) -> None:

@@ -1,6 +1,6 @@
 """The web console at /app/ai: server-rendered Jinja2 pages with htmx, served by fabricd.
 
-    install(app)   mounts /app/ai/static (vendored htmx, CSS) and the page and action routes
+    install(app)   mounts /app/ai/static (htmx, copied there from npm by scripts/setup.sh; CSS) and the page and action routes
 
 Every read and every write goes through the REST API in-process (controlplane.console.backend),
 with the signed-in operator's own token, so the console can do nothing the API would not let

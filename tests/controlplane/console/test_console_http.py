@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,21 @@ PAGES = {
     "/nodes": ["gpu-node-1", "0000:3b:01.0", "42.0 °C", "NVIDIA H100", "1g.10gb", "MIG slices"],
     "/events": ["deployment/chat", "created"],
 }
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_served_htmx_is_npms_at_the_locked_version(cluster):
+    """/app/ai/static/htmx.min.js is the file npm ci installed (it checked the tarball against
+    package-lock.json's integrity hash), at the lock's version: nothing third-party is committed."""
+    locked = json.loads((ROOT / "package-lock.json").read_text())["packages"]["node_modules/htmx.org"]
+    installed = ROOT / "node_modules" / "htmx.org"
+    assert json.loads((installed / "package.json").read_text())["version"] == locked["version"]
+    with cluster.server.client() as c:
+        r = c.get(f"{CONSOLE}/static/htmx.min.js")
+        assert r.status_code == 200
+        assert r.content == (installed / "dist" / "htmx.min.js").read_bytes()
 
 
 def test_pages_need_a_session(cluster):
