@@ -12,7 +12,8 @@ path below ``/v1`` is appended to the provider's URL. Keys:
 - a key is drawn by weight among those whose breaker lets a call through (gateway.breaker);
   429, 5xx and connect failures open its breaker, 401 marks it refused, and the call moves to the
   next usable key before any byte reached the client. Which key was refused is reported by its
-  index and file name (explain, log, metric label ``key`` = index), never by its text.
+  index to callers (answer, explain, metric label ``key``) and with its file name in the log
+  only; never by its text.
 - when no key is usable the call is answered 503 ``provider_unavailable`` with Retry-After.
 
 Calls leave with Fabric's own HTTP/1.1 client, in a pool of its own verified against the
@@ -117,6 +118,11 @@ class KeyRing:
                    tuple((k.file, k.weight) for k in provider.keys))
 
     def label(self, i: int) -> str:
+        """How a key is named to callers (answers, explain): its index only, never its file."""
+        return f"#{i}"
+
+    def log_label(self, i: int) -> str:
+        """How a key is named in the gateway's own log: its index and file name."""
         return f"#{i} ({os.path.basename(self.keys[i].file)})"
 
     def pick(self, now: float, exclude: set[int], rng: random.Random) -> int | None:
@@ -223,7 +229,7 @@ class ExternalRouter:
             if status == 401:
                 notes.setdefault("keys_refused", []).append(ring.label(i))
                 log.warning("external endpoint %s refused its key %s (401); passed over until the file changes",
-                            ep.name, ring.label(i))
+                            ep.name, ring.log_label(i))
                 resp.close()
                 continue
             if status == 429 or status >= 500:
