@@ -1,6 +1,6 @@
 """The agent's HTTP API (served over mutual TLS by `fabric-agent serve`).
 
-    GET    /v1/gpus                                  inventory (empty with a reason when no driver)
+    GET    /v1/gpus                                  inventory (empty with a reason when no driver) and KVM's verdict
     POST   /v1/gpus/{bdf}/bind | /release            VFIO bind/release of a whole GPU and its group
     GET    /v1/vms, POST /v1/vms                     list / create (idempotent by replica id)
     GET    /v1/vms/{id}, DELETE /v1/vms/{id}         status / delete (404 when absent)
@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent.mig_routes import mig_router
 from agent.models import adapter_sets
-from agent.state import AgentState, as_dict, read_inventory
+from agent.state import AgentState, as_dict, read_inventory, read_kvm
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.engine_log import MAX_CHUNK, read_chunk
 from common import runtime_metrics
@@ -210,7 +210,7 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     def list_gpus() -> GpuList:
         inv = read_inventory(state.inventory)
         gpu_gauge.set(len(inv.gpus))
-        return GpuList(gpus=inv.gpus, message=inv.message)
+        return GpuList(gpus=inv.gpus, message=inv.message, kvm=read_kvm(state.kvm))
 
     def _checked_bdf(bdf: str) -> str:
         try:
@@ -325,6 +325,8 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         dp = _dataplane()
         dp.put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining),
                        forwarding=spec.forwarding)
+        if state.bgp is not None:
+            state.bgp.poke()  # announce or withdraw the VIP now, not at the next pass
         written = dp.get_service(vip, port, proto)  # read back: what the maps now hold
         if written is not None:
             return _service_view(written, vip, port, proto)
@@ -344,7 +346,16 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         vip, port, proto = _service_key(vip, port, proto)
         if not _dataplane().delete_service(vip, port, proto):
             raise NotFound(f"service {vip}:{port}/{proto} is not in the dataplane")
+        if state.bgp is not None:
+            state.bgp.poke()
         return Response(status_code=204)
+
+    @app.get("/v1/bgp")
+    def bgp_status() -> dict:
+        """What this node announces and why, its BGP sessions, and recent events."""
+        if state.bgp is None:
+            raise NotFound(f"BGP is off on node {state.node_id} (FABRIC_BGP=1 turns it on)")
+        return state.bgp.status()
 
     if state.models is not None:
         from agent.models.routes import add_model_routes
@@ -356,7 +367,9 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     def health() -> AgentHealth:
         inv = read_inventory(state.inventory)
         vms = state.vm_driver.list()
-        notes = [m for m in (inv.message, state.dataplane_message) if m]
+        kvm = read_kvm(state.kvm)
+        kvm_note = f"KVM not usable: {kvm.reason}" if kvm is not None and not kvm.usable else ""
+        notes = [m for m in (inv.message, state.dataplane_message, kvm_note) if m]
         return AgentHealth(node_id=state.node_id, ok=True, vm_driver=state.vm_driver.name,
                            dataplane=state.dataplane is not None, gpus=len(inv.gpus), vms=len(vms),
                            message="; ".join(notes) or "ok")

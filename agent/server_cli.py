@@ -149,7 +149,18 @@ def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict, libvirt:
 
     if libvirt.get("image") is None or libvirt.get("models_dir") is None:
         raise typer.BadParameter("--vm-driver libvirt needs --golden-image and --models-dir")
-    return LibvirtDriver(libvirt_uri, state_dir=state_dir / "libvirt", **libvirt)
+    if libvirt.get("domain_type") not in ("kvm", "auto"):
+        raise typer.BadParameter(f"--domain-type {libvirt.get('domain_type')!r}: expected kvm or auto")
+    return LibvirtDriver(libvirt_uri, state_dir=state_dir / "libvirt", kvm=kvm_probe(libvirt_uri, state_dir),
+                         **libvirt)
+
+
+def kvm_probe(libvirt_uri: str, state_dir: Path):
+    """This node's KVM verdict, probed once per boot (agent.hw.kvm) and kept in the state dir."""
+    from agent.hw.kvm import CachedKvmProbe, LibvirtKvmProbe
+
+    return CachedKvmProbe(LibvirtKvmProbe(libvirt_uri, work_dir=state_dir / "libvirt" / "kvm-probe"),
+                          state_dir / "kvm-probe.json", key=libvirt_uri)
 
 
 def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, ifaces: list[str], netns: str | None,
@@ -169,6 +180,38 @@ def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, ifaces: list[s
     except Exception as exc:  # noqa: BLE001 - BPF missing or refused: serve the rest, and say why in /v1/health
         log.warning("dataplane not loaded: %s", exc)
         return None, f"dataplane not loaded: {type(exc).__name__}: {exc}"
+
+
+def _bgp_settings(node_ip: str | None):
+    """FABRIC_BGP_* (agent/bgp/settings.py); a bad value stops the agent with exit 2."""
+    from agent.bgp.settings import BgpSettings
+    from common.errors import InvalidInput
+
+    try:
+        return BgpSettings.from_env(node_ip=node_ip)
+    except InvalidInput as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _bgp_announcer(settings, dp, ifaces: list[str], netns: str | None, state_dir: Path, state: AgentState):
+    """The VIP announcer when FABRIC_BGP=1 and the dataplane loaded (nothing to announce without it)."""
+    if not settings.enabled:
+        return None
+    if dp is None:
+        log.warning("bgp: FABRIC_BGP=1 but the dataplane is not loaded: announcing nothing")
+        return None
+    from agent.bgp.announcer import BgpAnnouncer
+    from agent.bgp.bird import BirdError
+
+    try:
+        bgp = BgpAnnouncer(settings, dp, ifaces, netns, state_dir / "bgp", registry=state.registry)
+    except BirdError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    state.bgp = bgp
+    bgp.start()
+    return bgp
 
 
 def _resources(cpus: int, memory_gib: float):
@@ -266,6 +309,9 @@ def serve(
     readonly_share: str = typer.Option("auto", "--readonly-share",
                                        help="model share: auto | virtiofs (<readonly/>, libvirt 11 + virtiofsd "
                                        "1.13) | bind (read-only bind mount)"),
+    domain_type: str = typer.Option("kvm", "--domain-type",
+                                    help="libvirt guests: kvm (refused where the KVM probe fails) | auto (GPU-less "
+                                    "guests under TCG where KVM does not work; GPU guests are always refused then)"),
     heartbeat_secs: float = typer.Option(10.0, "--heartbeat-secs", min=0.1),
     cpus: int = typer.Option(0, "--cpus", help="CPUs offered to replicas (default: what the host reports)"),
     memory_gib: float = typer.Option(0, "--memory-gib", help="memory offered to replicas (default: what the host reports)"),
@@ -310,14 +356,19 @@ def serve(
     inventory, binder = _inventory_and_binder(state_dir, vm_driver, fake_gpus, fake_gpu_name,
                                               fake_gpu_mem_gib, sysfs_root)
     lab = {"node_netns": lab_netns, "bridge": lab_bridge, "subnet": lab_subnet, "gateway": lab_gateway}
+    bgp_settings = _bgp_settings(node_ip)
     dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface, dataplane_netns,
                                 flow_entries)
     models = _model_jobs(state_dir)
     state = AgentState(node_id=node_id, models=models, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
         "image": golden_image, "models_dir": models_dir, "bridge": bridge, "hugepages": hugepages, "numa": numa,
-        "readonly_share": readonly_share, "sysfs_root": sysfs_root, "binder": binder}),
+        "readonly_share": readonly_share, "sysfs_root": sysfs_root, "binder": binder, "domain_type": domain_type}),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
                        site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir)
+    state.kvm = getattr(state.vm_driver, "kvm", None)
+    if state.kvm is not None:  # probe now, off the request path (kept per boot: later reads are free)
+        threading.Thread(target=state.kvm.state, name="kvm-probe", daemon=True).start()
+    bgp = _bgp_announcer(bgp_settings, dp, dataplane_iface, dataplane_netns, state_dir, state)
     stop = threading.Event()
     if control_plane:
         smi = None
@@ -337,3 +388,5 @@ def serve(
                     **ssl_args)
     finally:
         stop.set()
+        if bgp is not None:
+            bgp.stop()  # withdraw every VIP, then close the sessions

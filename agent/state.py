@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import CollectorRegistry
 
 if TYPE_CHECKING:
+    from agent.hw.kvm import KvmProbe
     from agent.models.jobs import ModelJobs
 
 from agent.vm.base import VmDriver
-from common.schemas import GpuInfo
+from common.schemas import GpuInfo, KvmStatus
 
 
 class InventorySource(Protocol):
@@ -57,11 +58,13 @@ class AgentState:
     binder: GpuBinder | None = None  # None: this driver never binds GPUs (dry-run, lab)
     dataplane: DataplaneLike | None = None  # None: --no-dataplane or BPF unavailable
     dataplane_message: str = ""
+    bgp: Any = None  # agent.bgp.announcer.BgpAnnouncer when FABRIC_BGP=1, else None
     site: str = ""  # FABRIC_SITE; '' is no site
     failure_domain: str = "default"
     taints: list[str] = field(default_factory=list)
     models_dir: Path | None = None  # cached models are the directories under it
     models: ModelJobs | None = None  # model jobs and the by-digest cache (agent.models)
+    kvm: KvmProbe | None = None  # does KVM run guests here (agent.hw.kvm); None: not a libvirt node
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     # Serialises bind/release and VM create/delete: the kernel and libvirt are not happy with
     # two concurrent rebinds of one IOMMU group, and create-by-replica-id must be idempotent.
@@ -83,6 +86,14 @@ def read_inventory(source: InventorySource) -> InventoryView:
         return InventoryView([], f"GPU inventory failed: {type(exc).__name__}: {exc}")
     gpus = [g if isinstance(g, GpuInfo) else GpuInfo.model_validate(_as_dict(g)) for g in inv.gpus]
     return InventoryView(gpus, getattr(inv, "message", "") or "", tuple(getattr(inv, "nvswitches", ()) or ()))
+
+
+def read_kvm(probe: KvmProbe | None) -> KvmStatus | None:
+    """The KVM verdict for the inventory and the heartbeat; None when this node has no probe."""
+    if probe is None:
+        return None
+    verdict = probe.state()
+    return KvmStatus(usable=verdict.usable, reason=verdict.reason, checked_at=verdict.checked_at)
 
 
 def _as_dict(obj: Any) -> dict:

@@ -129,6 +129,24 @@ def detach_programs(iface: str, netns: str | None) -> None:
     run_in_netns(netns, body)
 
 
+def xdp_attached(iface: str, netns: str | None) -> bool:
+    """Whether an XDP program is attached to `iface` now (False when the device is gone)."""
+
+    def body() -> bool:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            found = ipr.link_lookup(ifname=iface)
+            if not found:
+                return False
+            xdp = ipr.get_links(found[0])[0].get_attr("IFLA_XDP")
+            if xdp is None:
+                return False
+            return bool(xdp.get_attr("IFLA_XDP_PROG_ID") or xdp.get_attr("IFLA_XDP_ATTACHED"))
+
+    return run_in_netns(netns, body)
+
+
 def node_addresses(netns: str | None) -> list[str]:
     """Every IPv4 address of the namespace (None: the caller's own)."""
 

@@ -388,6 +388,21 @@ class Dataplane(MapReader):
                 self._clear_backend(bid)
         return True
 
+    def readiness(self) -> list[tuple[str, int, str, int, int]]:
+        """(vip, port, proto, backends that take new flows, backends) per service: two map
+        reads, no flow-table scan, cheap enough for a loop (agent/bgp announces from it)."""
+        services = self._read_services()
+        backends = self._read_backends()
+        out = []
+        for addr, svc in services.items():
+            state = self._service_state(svc, backends)
+            ready = sum(1 for b in state.backends.values() if b.weight > 0 and not b.draining)
+            out.append((addr.vip, addr.port, addr.proto, 0 if state.no_backends else ready, len(state.backends)))
+        return out
+
+    def xdp_attached(self, iface: str, netns: str | None = None) -> bool:
+        return attach_mod.xdp_attached(iface, netns)
+
     def delete_service(self, vip: str, port: int, proto: str) -> bool:
         addr = service_address(vip, port, proto)
         with writer_lock(self.pin_dir):
