@@ -24,6 +24,10 @@ Filters, in order (the first that fails is the node's rejection reason):
 Scores: model already cached (+100; by its digest once one is known, see ``model_cached``), the deployment's preferred site (+50), spread: -30 per
 replica of the deployment already in the node's failure domain and -10 more per one on the node.
 Ties break on node id, and GPUs are chosen in PCI order, so the same inputs give the same plan.
+``place`` finds that plan through a free-capacity index (controlplane.placement.index) instead of
+judging every node: the index skips only nodes these filters would reject and judges the rest
+with ``judge_node``, best possible score first (tests/controlplane/placement checks it against the
+walk on random clusters).
 
 ``committed`` (node id -> Committed) is what ``committed_resources`` computes from the replica
 records: every replica of every deployment holds its profile's cpu and memory_gib on its node in
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from common.schemas import GpuInfo, InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica, Site
 from common.sites import site_problem
@@ -114,17 +118,50 @@ class NodeVerdict:
     gpus: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
 class PlacementPlan:
-    deployment: str
-    node: str | None
-    gpus: tuple[str, ...]
-    message: str
-    verdicts: tuple[NodeVerdict, ...] = field(default_factory=tuple)
+    """Where one new replica goes (``node`` None: nowhere) and why, with every node's verdict.
+
+    ``verdicts`` may be given as a function: they are computed when first read (explain reads
+    them; the loops need only the choice). A ``message`` of None is the failure message, built
+    from the verdicts when read (it names every node's reason)."""
+
+    __slots__ = ("_message", "_verdicts", "deployment", "gpus", "node")
+
+    def __init__(self, deployment: str, node: str | None, gpus: tuple[str, ...], message: str | None,
+                 verdicts: tuple[NodeVerdict, ...] | Callable[[], tuple[NodeVerdict, ...]] = ()):
+        self.deployment = deployment
+        self.node = node
+        self.gpus = tuple(gpus)
+        self._message = message
+        self._verdicts = verdicts
+
+    @property
+    def verdicts(self) -> tuple[NodeVerdict, ...]:
+        if callable(self._verdicts):
+            self._verdicts = tuple(self._verdicts())
+        return self._verdicts
+
+    @property
+    def message(self) -> str:
+        if self._message is None:
+            self._message = "no node can take a replica: " + "; ".join(f"{v.node}: {v.reason}"
+                                                                       for v in self.verdicts)
+        return self._message
 
     @property
     def rejected(self) -> dict[str, str]:
         return {v.node: v.reason for v in self.verdicts if v.node != self.node}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PlacementPlan):
+            return NotImplemented
+        return ((self.deployment, self.node, self.gpus, self.message, self.verdicts)
+                == (other.deployment, other.node, other.gpus, other.message, other.verdicts))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PlacementPlan({self.deployment!r}, node={self.node!r}, gpus={self.gpus!r})"
 
 
 def node_online(node: Node, now: float, settings: SchedulerSettings) -> bool:
@@ -340,27 +377,13 @@ def place(
     deployment's live replicas (for spread); ``exclude`` names nodes not to use (replacing a
     replica away from its node); ``committed`` maps node id -> the CPU and memory the replicas
     already there hold (``committed_resources``), subtracted from what the node offers; ``sites``
-    maps site name -> its record (residency)."""
-    committed = committed or {}
-    domains = {n.id: n.failure_domain for n in nodes}
-    site_of = {n.id: n.site for n in nodes}
-    verdicts: list[NodeVerdict] = []
-    for node in sorted(nodes, key=lambda n: n.id):
-        if node.id in exclude:
-            verdicts.append(NodeVerdict(node.id, False, "excluded: the replica is being moved off this node"))
-            continue
-        verdicts.append(
-            judge_node(node, deployment, profile, model, reservations.get(node.id, ()), replicas, domains, now,
-                       settings, committed.get(node.id, NOTHING_COMMITTED), sites, site_of)
-        )
-    fits = [v for v in verdicts if v.eligible]
-    if not fits:
-        if not nodes:
-            message = "no nodes are registered"
-        else:
-            message = "no node can take a replica: " + "; ".join(f"{v.node}: {v.reason}" for v in verdicts)
-        return PlacementPlan(deployment.name, None, (), message, tuple(verdicts))
-    best = min(fits, key=lambda v: (-v.score, v.node))
-    return PlacementPlan(
-        deployment.name, best.node, best.gpus, f"chose {best.node}: {best.reason}", tuple(verdicts)
-    )
+    maps site name -> its record (residency).
+
+    The plan is the full walk's (every node judged, the best score, ties on node id), found
+    through a free-capacity index (``controlplane.placement.index``); a caller placing several
+    replicas builds one ``PlacementIndex`` and calls its ``place`` and ``reserve`` instead, so the
+    index is built once."""
+    from controlplane.placement.index import PlacementIndex
+
+    index = PlacementIndex(nodes, reservations, now, settings, committed=committed, sites=sites)
+    return index.place(deployment, profile, model, replicas=replicas, exclude=exclude)
