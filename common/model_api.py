@@ -212,12 +212,13 @@ def amount(done: int, total: int) -> str:
 
 
 def progress_text(model: str, state: str, done: int, total: int, message: str = "") -> str:
-    """One line for a replica waiting on its model: ``model demo: Downloading 3.1/16.4 GiB``."""
-    if state in ("Downloading", "Verifying") and total:
-        return f"model {model}: {state} {amount(done, total)}"
+    """One line for a replica waiting on its model, ending with what to run:
+    ``model demo: Downloading 3.1/16.4 GiB; watch: fabricctl ai model status demo``."""
     if state == "Failed":
-        return f"model {model}: Failed: {message}"
-    return f"model {model}: {state}"
+        return (f"model {model}: Failed: {message}; once fixed, fetch it again: "
+                f"fabricctl ai model materialize {model}")
+    shown = f"{state} {amount(done, total)}" if state in ("Downloading", "Verifying") and total else state
+    return f"model {model}: {shown}; watch: fabricctl ai model status {model}"
 
 
 def local_source_path(source: str, model_dir: str) -> str:

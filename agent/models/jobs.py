@@ -79,6 +79,15 @@ def _source_key(kind: str, text: str) -> str:
     return f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
 
+def same_bytes(a: AgentJobRequest, b: AgentJobRequest) -> bool:
+    """Two requests under one job id ask for the same bytes: the same source, expected digest and
+    adapters, and no two different commits (a commit filled in once resolved is the same ask)."""
+    def ask(r: AgentJobRequest):
+        return r.source, r.expected_digest, [(x.name, x.source, x.expected_digest) for x in r.adapters]
+
+    return ask(a) == ask(b) and (a.revision is None or b.revision is None or a.revision == b.revision)
+
+
 class ModelJobs:
     def __init__(self, cache: ModelCache, settings: ModelSettings,
                  fetcher: Callable[[], HfFetcher] | None = None, clock: Callable[[], float] = time.time):
@@ -122,7 +131,9 @@ class ModelJobs:
     def submit(self, req: AgentJobRequest) -> AgentJobView:
         with self._mu:
             rec = self._load(req.job_id)
-            fresh = rec is None or req.attempt > rec.request.attempt
+            # A new attempt, or a request for other bytes under the same id (the model was deleted
+            # and made again from another source): a job of its own, never the old one's answer.
+            fresh = rec is None or req.attempt > rec.request.attempt or not same_bytes(req, rec.request)
             if fresh:
                 rec = _Record(request=req, view=AgentJobView(job_id=req.job_id, attempt=req.attempt,
                                                              history=[Transition(state="Registered",

@@ -230,3 +230,27 @@ def test_the_library_writes_each_piece_as_received_not_regrouped_into_10_mib(tmp
         http_get(f"{m.url}/{REPO}/resolve/{resolved.revision}/{big.name}", out, expected_size=big.size)
     assert sum(out.sizes) == big.size > 10 << 20
     assert len(out.sizes) > 2 and max(out.sizes) < 10 << 20
+
+
+def test_a_model_made_again_from_another_source_gets_its_own_job_not_the_old_failure(tmp_path):
+    """fabricd's job id is model.node and a re-created model starts again at attempt 0: the agent
+    must not answer with the deleted model's record (same id, other source)."""
+    with mirror(tmp_path) as m:
+        jobs = jobs_for(tmp_path, m.url)
+        jobs.submit(request("hf://nobody/missing"))
+        old = finish(jobs, "tiny.node-a")
+        assert old.state == "Failed" and "nobody/missing" in old.message
+        assert jobs.submit(request("hf://nobody/missing")).state == "Failed"  # the same ask: the same answer
+        jobs.submit(request())  # the model deleted and made again from the mirror's repository
+        new = finish(jobs, "tiny.node-a")
+    assert new.state == "Ready", new.message
+    assert states(new) == ["Registered", "Resolving", "Downloading", "Verifying", "Scanning", "Ready"]
+
+
+def test_a_resolved_commit_is_the_same_ask_and_another_commit_is_not():
+    from agent.models.jobs import same_bytes
+
+    base = request()
+    assert same_bytes(base, request(revision="a" * 40))  # fabricd fills in what a node resolved
+    assert not same_bytes(request(revision="a" * 40), request(revision="b" * 40))
+    assert not same_bytes(base, request(expected_digest="0" * 64))

@@ -52,9 +52,11 @@ def test_gate_waits_with_progress_until_ready():
     none = plan.gate(m, None)
     assert not none.ready and none.record_job
     down = plan.gate(m, job(state="Downloading", bytes_done=int(3.1 * 2**30), bytes_total=int(16.4 * 2**30)))
-    assert not down.ready and down.message == "model demo: Downloading 3.1/16.4 GiB"
+    assert not down.ready
+    assert down.message == "model demo: Downloading 3.1/16.4 GiB; watch: fabricctl ai model status demo"
     failed = plan.gate(m, job(state="Failed", message="Scanning: x.pt is a pickle file"))
     assert not failed.ready and "Failed: Scanning: x.pt" in failed.message and not failed.record_job
+    assert failed.message.endswith("fetch it again: fabricctl ai model materialize demo")  # what to run
     ready = plan.gate(m, job(state="Ready", digest=D1))
     assert ready.ready and ready.digest == D1
 
