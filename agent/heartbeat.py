@@ -2,7 +2,8 @@
 
 The agent registers (POST /api/ai/nodes) and then heartbeats (POST /api/ai/nodes/{id}/heartbeat)
 every ``interval_s`` with a NodeReport: GPUs (NVML inventory with nvidia-smi readings laid over
-it), free CPU and memory, cached models, site, failure domain, taints and the VM driver. Its
+it), free CPU and memory, cached models, site, failure domain, taints, the VM driver and
+whether KVM runs guests here (agent.hw.kvm). Its
 identity is its client certificate (CN = node id), so the body cannot claim another node.
 
 A heartbeat answered 404 ``not_registered`` (fabricd lost the record, or a new store) registers
@@ -22,9 +23,9 @@ from pathlib import Path
 
 import httpx
 
-from agent.state import AgentState, read_inventory
+from agent.state import AgentState, read_inventory, read_kvm
 from common.agent_api import NodeReport
-from common.schemas import GpuInfo
+from common.schemas import GpuInfo, KvmStatus
 
 log = logging.getLogger("fabric-agent.heartbeat")
 
@@ -82,13 +83,14 @@ def cached_models(models_dir: Path | None) -> list[str]:
 
 
 def build_report(state: AgentState, address: str, gpus: list[GpuInfo], inventory_message: str,
-                 resources: HostResources, models: list[str], nvswitches: tuple[str, ...] = ()) -> NodeReport:
+                 resources: HostResources, models: list[str], nvswitches: tuple[str, ...] = (),
+                 kvm: KvmStatus | None = None) -> NodeReport:
     return NodeReport(
         id=state.node_id, address=address, site=state.site, failure_domain=state.failure_domain,
         taints=list(state.taints), gpus=gpus, cpu_free=resources.cpu_free,
         memory_free_gib=resources.memory_free_gib, cached_models=models,
         vm_driver=state.vm_driver.name, inventory_message=inventory_message, nvswitches=list(nvswitches),
-        model_jobs=state.models is not None,
+        model_jobs=state.models is not None, kvm=kvm,
     )
 
 
@@ -120,7 +122,8 @@ class Heartbeat:
         models = cached_models(self.state.models_dir)
         if self.state.models is not None:  # verified digests: the scheduler's cache preference
             models += self.state.models.cache.digests()
-        return build_report(self.state, self.address, gpus, inv.message, self.resources(), models)
+        return build_report(self.state, self.address, gpus, inv.message, self.resources(), models,
+                            kvm=read_kvm(self.state.kvm))
 
     def register(self) -> dict:
         resp = self.client.post("/api/ai/nodes", json=self.report().model_dump(mode="json"))

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.model_api import check_adapter_name, check_digest
-from common.schemas import Forwarding, GpuInfo, check_name
+from common.schemas import Forwarding, GpuInfo, KvmStatus, check_name
 
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # Replica ids become file names (dry-run pid files) and libvirt domain names: keep them plain.
@@ -60,6 +60,7 @@ class WireModel(BaseModel):
 class GpuList(WireModel):
     gpus: list[GpuInfo] = Field(default_factory=list)
     message: str = Field("", description="why the inventory is empty or partial (no driver, ...)")
+    kvm: KvmStatus | None = Field(None, description="whether KVM runs guests here; None: not probed (not libvirt)")
 
 
 class GpuBindResult(WireModel):
@@ -254,6 +255,7 @@ class NodeReport(WireModel):
     model_jobs: bool = False
     inventory_message: str = ""
     nvswitches: list[str] = Field(default_factory=list, description="HGX NVSwitch PCI addresses")
+    kvm: KvmStatus | None = Field(None, description="whether KVM runs guests here; None: not probed (not libvirt)")
 
     @field_validator("id")
     @classmethod

@@ -455,6 +455,14 @@ class InferenceEndpoint(Resource):
         return v
 
 
+class KvmStatus(BaseModel):
+    """Whether the node's KVM runs a guest with the guests' CPU model (agent.hw.kvm's probe)."""
+
+    usable: bool
+    reason: str = ""
+    checked_at: float = Field(0, description="when the probe ran (unix seconds); kept per boot")
+
+
 class GpuInfo(BaseModel):
     """One physical GPU as the agent's inventory sees it (0 means unknown for readings)."""
 
@@ -498,6 +506,7 @@ class Node(Spec):
     model_jobs: bool = Field(False, description="its agent materializes models (replicas wait for Ready)")
     inventory_message: str = ""
     nvswitches: list[str] = Field(default_factory=list, description="HGX NVSwitch PCI addresses")
+    kvm: KvmStatus | None = Field(None, description="the node's KVM probe; None: not reported (not libvirt)")
     last_heartbeat: float = 0
 
     @field_validator("id")

@@ -178,11 +178,7 @@ def build_domain_xml(
     features = _sub(dom, "features")
     _sub(features, "acpi")
     _sub(features, "apic")
-    if domain_type == "qemu":  # TCG has no host CPU to pass through; "maximum" is QEMU's -cpu max
-        cpu = _sub(dom, "cpu", {"mode": "maximum", "check": "none"})
-    else:
-        cpu = _sub(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
-        _sub(cpu, "maxphysaddr", {"mode": "passthrough"})
+    cpu = add_cpu(dom, domain_type)
     if tuning.numa_node is not None:
         cells = _sub(cpu, "numa")
         last = spec.cpu - 1
@@ -257,6 +253,15 @@ def build_domain_xml(
 
     ET.indent(dom, space="  ")
     return ET.tostring(dom, encoding="unicode") + "\n"
+
+
+def add_cpu(dom: ET.Element, domain_type: str) -> ET.Element:
+    """The guests' <cpu> element (agent.hw.kvm's probe boots the same one)."""
+    if domain_type == "qemu":  # TCG has no host CPU to pass through; "maximum" is QEMU's -cpu max
+        return _sub(dom, "cpu", {"mode": "maximum", "check": "none"})
+    cpu = _sub(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
+    _sub(cpu, "maxphysaddr", {"mode": "passthrough"})
+    return cpu
 
 
 def _share(dev: ET.Element, source: Path, tag: str, readonly: bool) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import libvirt
 
+from agent.hw.kvm import KvmProbe
 from agent.hw.pci_sysfs import nvidia_functions
 from agent.net.arp_table import read_arp_address
 from agent.net.bridge import BridgeNetwork
@@ -85,12 +86,20 @@ class LibvirtDriver:
         network: BridgeNetwork | None = None,
         domain_type: str = "kvm",
         boot: DirectBoot | None = None,
+        kvm: KvmProbe | None = None,
     ):
         """hugepages auto|1G|2M|off and numa auto|off: agent.vm.host_tuning. readonly_share:
         auto (virtiofs <readonly/> where libvirt and virtiofsd support it, else a read-only bind
         mount), virtiofs or bind. binder: binds an HGX board's NVSwitches for full passthrough.
         domain_type kvm, or qemu (TCG) and boot (a kernel + initramfs instead of OVMF): the
-        GPU-less boot proof (scripts/vm-boot-check) on hosts whose KVM cannot run a stock guest."""
+        GPU-less boot proof (scripts/vm-boot-check) on hosts whose KVM cannot run a stock guest.
+        domain_type auto: kvm where `kvm` (agent.hw.kvm) says KVM works, else TCG for a GPU-less
+        guest. A GPU guest never runs under TCG: it is refused when the domain type is qemu or
+        the probe says KVM does not work here."""
+        if domain_type not in ("kvm", "qemu", "auto"):
+            raise InvalidInput(f"domain_type {domain_type!r}: expected kvm, qemu (TCG) or auto")
+        if domain_type == "auto" and kvm is None:
+            raise InvalidInput("domain_type auto needs a KVM probe")
         self.uri = uri
         self.image = Path(image)
         self.state_dir = Path(state_dir)
@@ -111,6 +120,7 @@ class LibvirtDriver:
         self.network = network or BridgeNetwork(bridge)
         self.domain_type = domain_type
         self.boot = boot
+        self.kvm = kvm
         self._conn: libvirt.virConnect | None = None
         self._lock = threading.Lock()
 
@@ -207,10 +217,29 @@ class LibvirtDriver:
             firmware=Firmware(self.firmware.loader, self.firmware.vars_template, paths.nvram),
             tuning=tuning,
             tap=tap_name(spec.replica_id),
-            domain_type=self.domain_type,
+            domain_type=self.accelerator(spec),
             boot=self.boot,
             adapters_dir=self.adapters_source(spec, tuning),
         )
+
+    def accelerator(self, spec: VmSpec) -> str:
+        """The domain type this replica gets (kvm or qemu), or Refused with the reason."""
+        if self.domain_type == "qemu":
+            if spec.gpus:
+                raise Refused(f"replica {spec.replica_id} has GPUs: a GPU guest never runs under TCG "
+                              f"(this driver is set to domain type qemu)")
+            return "qemu"
+        verdict = self.kvm.state() if self.kvm is not None else None
+        if verdict is None or verdict.usable:
+            return "kvm"
+        if spec.gpus:
+            raise Refused(f"KVM does not work on this host, and a GPU guest never runs under TCG: "
+                          f"{verdict.reason} (docs/gpu-hosts.md: KVM)")
+        if self.domain_type == "auto":
+            log.warning("replica %s runs under TCG: KVM does not work here (%s)", spec.replica_id, verdict.reason)
+            return "qemu"
+        raise Refused(f"KVM does not work on this host: {verdict.reason} (start the agent with "
+                      f"--domain-type auto to run GPU-less guests under TCG; docs/gpu-hosts.md: KVM)")
 
     def adapters_source(self, spec: VmSpec, tuning: HostTuning) -> Path | None:
         """The adapters share's host directory: the set itself, or its read-only bind mount."""
@@ -225,6 +254,7 @@ class LibvirtDriver:
     def define(self, spec: VmSpec) -> None:
         """Overlay, seed, tap, then the domain definition (not started)."""
         _check_id(spec.replica_id)
+        self.accelerator(spec)  # a KVM refusal comes first, before any sysfs read or bind
         paths = self.paths(spec.replica_id)
         tuning = self.tuning(spec)
         xml = self.domain_xml(spec, tuning)  # validates the spec before anything is written
