@@ -121,7 +121,9 @@ class FabricClient:
             fields = err.get("fields") if isinstance(err.get("fields"), list) else None
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ClientError(resp.status_code, "error", f"fabricd answered HTTP {resp.status_code}") from None
-        if resp.status_code == 401:
+        # A refused login says so whatever the context holds: the token hint is for a request
+        # that carried (or lacked) a token, not for the login that is asking for one.
+        if resp.status_code == 401 and not path.startswith("/api/auth/"):
             message = self._login_hint(message)
         raise ClientError(resp.status_code, code, message, fields, json)
 

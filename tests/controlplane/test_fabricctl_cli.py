@@ -190,3 +190,16 @@ def test_site_add_list_show_delete(ctl_env):
     ctl(ctl_env, "ai", "model", "add", "copyme", "--source", "hf://org/copyme")
     pending = ctl(ctl_env, "ai", "model", "replicate", "copyme", "--site", "dublin", ok=False)
     assert pending.returncode == 1 and "site dublin has no record" in pending.stdout
+
+
+def test_a_wrong_password_reads_the_same_with_and_without_a_saved_context(ctl_env, server, tmp_path):
+    wrong = tmp_path / "wrong-password"
+    wrong.write_text("not-the-password\n")
+    fresh = {**ctl_env, "XDG_CONFIG_HOME": str(tmp_path / "empty")}  # no saved context yet
+    answers = []
+    for env in (fresh, ctl_env):  # ctl_env's config holds the context its login saved
+        proc = ctl(env, "ai", "login", "--password-file", str(wrong), ok=False)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr
+        answers.append(proc.stderr.strip())
+    assert answers[0] == answers[1], answers
+    assert "wrong username or password" in answers[0] and "not logged in" not in answers[0]
