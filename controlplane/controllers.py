@@ -52,6 +52,7 @@ from controlplane.models.worker import ModelWorker
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
+from controlplane.reconcile.crashloop import CrashLoopSettings
 from controlplane.reconcile.events import ReconcileEvents
 from controlplane.rollouts.apply import RolloutMetrics, RolloutWorker
 from controlplane.routing.controller import RoutingWorker
@@ -72,6 +73,12 @@ class ControllerSettings:
     leader_ttl_s: int = 15
     drain_grace_s: float = 30.0
     models_s: float = 2.0  # model jobs: poll the agents for progress
+    start_timeout_s: float = 900.0  # a replica's start budget (controlplane.reconcile.plan)
+    stall_s: float = 60.0  # running > 0 and no new tokens this long: weight 0 (controlplane.routing.stall)
+    crashloop_after: int = 5  # controlplane.reconcile.crashloop
+    crashloop_backoff_s: float = 10.0
+    crashloop_backoff_max_s: float = 300.0
+    crashloop_reset_s: float = 600.0
     dry_run: bool = False  # FABRIC_DRY_RUN=1: synthetic replicas, no agent (controlplane.dryrun)
 
     @classmethod
@@ -84,6 +91,12 @@ class ControllerSettings:
             leader_ttl_s=number(env, "FABRIC_LEADER_TTL_SECS", 15, int),
             drain_grace_s=number(env, "FABRIC_DRAIN_GRACE_SECS", 30.0),
             models_s=number(env, "FABRIC_MODEL_JOBS_SECS", 2.0),
+            start_timeout_s=number(env, "FABRIC_START_TIMEOUT_SECS", 900.0),
+            stall_s=number(env, "FABRIC_STALL_SECS", 60.0),
+            crashloop_after=number(env, "FABRIC_CRASHLOOP_AFTER", 5, int),
+            crashloop_backoff_s=number(env, "FABRIC_CRASHLOOP_BACKOFF_SECS", 10.0),
+            crashloop_backoff_max_s=number(env, "FABRIC_CRASHLOOP_BACKOFF_MAX_SECS", 300.0),
+            crashloop_reset_s=number(env, "FABRIC_CRASHLOOP_RESET_SECS", 600.0),
             dry_run=dry_run_from_env(env),
         )
 
@@ -115,6 +128,8 @@ class ControllerMetrics:
         self.rollouts = RolloutMetrics(registry)
         self.model_jobs = Gauge("fabric_model_jobs", "Model jobs by state (one per model and node)", ["state"],
                                 registry=registry)
+        self.crashloop = Gauge("fabric_deployment_crashloop", "1 while the deployment is parked in CrashLoop",
+                               ["deployment"], registry=registry)
 
 
 def leader_identity() -> str:
@@ -265,10 +280,13 @@ class ControllerHandle:
             log.info("FABRIC_DRY_RUN=1: no agents; every deployment gets synthetic replicas")
             reconcile = DryRunWorker(store)
         else:
+            cs = self.settings
             reconcile = ReconcileWorker(store, agents, rp.ReconcileSettings(
-                drain_grace_s=self.settings.drain_grace_s, drain_settle_s=self.settings.routing_s + 1,
-                scheduler=config.scheduler if config else SchedulerSettings.from_env()),
-                events=ReconcileEvents(events))
+                drain_grace_s=cs.drain_grace_s, drain_settle_s=cs.routing_s + 1, start_timeout_s=cs.start_timeout_s,
+                scheduler=config.scheduler if config else SchedulerSettings.from_env(),
+                crashloop=CrashLoopSettings(cs.crashloop_after, cs.crashloop_backoff_s, cs.crashloop_backoff_max_s,
+                                            cs.crashloop_reset_s)),
+                events=ReconcileEvents(events), crashloop_gauge=self.metrics.crashloop)
         rollouts = RolloutWorker(store, events_kept=api.events_kept, metrics=self.metrics.rollouts)
         routing = RoutingWorker(store, agents, config.pool if config else vip_pool.pool_from_env(),
                                 metrics=self.metrics, rollouts=rollouts, events=events)

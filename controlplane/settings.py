@@ -8,6 +8,10 @@ The result, one ``FabricdSettings``, travels in AppState.config to the API and t
   FABRIC_MODEL_JOBS_SECS (2)                             model jobs period, 0.05-3600
   FABRIC_LEADER_TTL_SECS (15)                            leader lease TTL, whole seconds 2-300
   FABRIC_DRAIN_GRACE_SECS (30)                           drain grace, 0-86400
+  FABRIC_START_TIMEOUT_SECS (900)                        a replica's start budget (Starting, not failing), 10-86400
+  FABRIC_STALL_SECS (60)                                 running requests, no new tokens this long: weight 0, 5-86400
+  FABRIC_CRASHLOOP_AFTER (5), FABRIC_CRASHLOOP_BACKOFF_SECS (10), FABRIC_CRASHLOOP_BACKOFF_MAX_SECS (300),
+  FABRIC_CRASHLOOP_RESET_SECS (600)                      crash loop: park after N failures, backoff, reset
   FABRIC_DRY_RUN (0)                                     1: synthetic replicas, no agent (controlplane.dryrun)
   FABRIC_ADDRESS_POOL / FABRIC_SERVICE_CIDR              VIP pool (controlplane.vip_pool syntax, IPv4)
   FABRIC_AVOID_BUGGY_IPS (1)                             boolean
@@ -123,6 +127,12 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
         leader_ttl_s=r.number("FABRIC_LEADER_TTL_SECS", 15, 2, 300, integer=True),
         drain_grace_s=r.number("FABRIC_DRAIN_GRACE_SECS", 30.0, 0, 86400),
         models_s=r.number("FABRIC_MODEL_JOBS_SECS", 2.0, 0.05, 3600),
+        start_timeout_s=r.number("FABRIC_START_TIMEOUT_SECS", 900.0, 10, 86400),
+        stall_s=r.number("FABRIC_STALL_SECS", 60.0, 5, 86400),
+        crashloop_after=r.number("FABRIC_CRASHLOOP_AFTER", 5, 1, 1000, integer=True),
+        crashloop_backoff_s=r.number("FABRIC_CRASHLOOP_BACKOFF_SECS", 10.0, 0, 86400),
+        crashloop_backoff_max_s=r.number("FABRIC_CRASHLOOP_BACKOFF_MAX_SECS", 300.0, 0, 86400),
+        crashloop_reset_s=r.number("FABRIC_CRASHLOOP_RESET_SECS", 600.0, 1, 30 * 86400),
         dry_run=bool(r.check(f"FABRIC_DRY_RUN={r.raw('FABRIC_DRY_RUN')!r}", lambda: dry_run_from_env(env))),
     )
     temp = r.optional_number("FABRIC_MAX_GPU_TEMP_C", 1, 150)

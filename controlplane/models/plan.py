@@ -96,6 +96,7 @@ class Gate:
     record_job: bool = False  # no job exists yet on that node: record one
     restart_job: bool = False  # the job says Ready but the node no longer holds the digest
     adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter name -> its digest on the node
+    failed: bool = False  # the job ended Failed: a replica waiting for it fails with its message
 
 
 def gate(model: ModelArtifact, job: ModelJob | None, node: Node | None = None) -> Gate:
@@ -111,7 +112,8 @@ def gate(model: ModelArtifact, job: ModelJob | None, node: Node | None = None) -
                                "fetching them", restart_job=True)
         return Gate(True, f"model {model.name}: Ready", job.digest,
                     adapters={name: a.digest for name, a in sorted(job.adapters.items())})
-    return Gate(False, progress_text(model.name, job.state, job.bytes_done, job.bytes_total, job.message))
+    return Gate(False, progress_text(model.name, job.state, job.bytes_done, job.bytes_total, job.message),
+                failed=job.state == "Failed")
 
 
 @dataclass(frozen=True)

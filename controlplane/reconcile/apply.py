@@ -12,6 +12,17 @@ Unreachable agents: every agent call goes through controlplane.reconcile.backoff
 called and the deployment stays Pending with the retry message (which agent, the last error,
 when the next try is). ``next_retry_at()`` tells the loop when to run the next pass.
 The deployment status message always says why (agent unreachable, no node fits, ...).
+
+Failures: a replica whose probe gets no answer is looked up on its agent; a VM or engine that
+has ended gives the engine's own last error line (controlplane.reconcile.engine_failure) and the
+plan makes it Failed; a replica waiting for a model job that failed gets the job's message. Both
+count toward the deployment's crash loop (controlplane.reconcile.crashloop), which records an
+event and the metric fabric_deployment_crashloop (1 while parked) when it parks.
+
+Concurrency: up to ``CONCURRENCY`` (4) deployments are reconciled at once, each under its own
+lock (a deployment is never worked on by two passes at a time). A plan is computed without
+awaiting anything, and the replicas it will create (with their GPUs) are entered into the shared
+snapshot right away, so a deployment planned next sees them placed.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from controlplane import vip_pool
 from controlplane.events import EventSink
 from controlplane.models.gate import model_gate
 from controlplane.orchestration_state import (
+    Reservation,
     Snapshot,
     delete_replica,
     get_replica,
@@ -46,12 +58,16 @@ from controlplane.orchestration_state import (
 )
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
+from controlplane.reconcile.crashloop import CRASHLOOP_PHASE
+from controlplane.reconcile.engine_failure import engine_error_line
 from controlplane.reconcile.events import ReconcileEvents
 from controlplane.rollouts import records
 from controlplane.scaling.loop import with_note
 
 log = logging.getLogger("fabricd.reconcile")
 HEALTH_TIMEOUT_S = 2.0
+CONCURRENCY = 4
+LOG_TAIL_BYTES = 16384
 
 
 def _reserved_for(store: Store, node: str, pci: str) -> str | None:
@@ -83,8 +99,11 @@ class ReconcileWorker:
 
     def __init__(self, store: Store, agents, settings: rp.ReconcileSettings, *,
                  clock: Callable[[], float] = time.time, on_tick: Callable[[str], None] | None = None,
-                 events: ReconcileEvents | None = None):
+                 events: ReconcileEvents | None = None, crashloop_gauge=None):
         self.store = store
+        self.crashloop_gauge = crashloop_gauge  # Gauge fabric_deployment_crashloop{deployment}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._model_state: dict[str, tuple[bool, str]] = {}  # replica -> (job failed, message) this pass
         self.agents = agents
         self.settings = settings
         self.clock = clock
@@ -113,7 +132,7 @@ class ReconcileWorker:
             resp = await self._http.get(f"http://{r.host}:{r.port}{health_path(r.runtime)}")
         except httpx.HTTPError as exc:
             return rp.Probe(False, type(exc).__name__)
-        return rp.Probe(resp.status_code == 200, f"HTTP {resp.status_code}")
+        return rp.Probe(resp.status_code == 200, f"HTTP {resp.status_code}", answered=True)
 
     async def probe_all(self, replicas: list[Replica]) -> dict[str, rp.Probe]:
         live = [r for r in replicas if r.phase != "Deleting" and not r.draining]
@@ -122,13 +141,49 @@ class ReconcileWorker:
 
     # -- one tick ---------------------------------------------------------------------------------
 
+    async def vm_failures(self, snap: Snapshot, replicas: list[Replica],
+                          probes: dict[str, rp.Probe]) -> dict[str, str]:
+        """replica -> the engine's last error line, for replicas whose probe got no answer and
+        whose VM (engine process) the agent reports as failed or stopped."""
+        out: dict[str, str] = {}
+        for r in replicas:
+            probe = probes.get(r.replica_id)
+            node = snap.nodes.get(r.node)
+            if probe is None or probe.ok or probe.answered or node is None or r.draining:
+                continue
+            agent = self.agent(node)
+            try:
+                vm = await agent.get_vm(r.replica_id)
+                if vm is None or vm.state not in ("failed", "stopped"):
+                    continue
+                try:
+                    tail = (await agent.vm_logs(r.replica_id, -LOG_TAIL_BYTES, LOG_TAIL_BYTES)).get("text", "")
+                except (FabricError, AttributeError, ValueError):
+                    tail = ""
+            except (FabricError, AttributeError):
+                continue  # unknown: the health rules decide as before
+            line = engine_error_line(tail) if tail else vm.message or f"VM {vm.state}"
+            out[r.replica_id] = line
+        return out
+
     async def tick(self) -> None:
         snap = load_snapshot(self.store)
-        for name in sorted(snap.deployments):
-            try:
-                await self.reconcile(snap, snap.deployments[name])
-            except FabricError as exc:
-                update_deployment_status(self.store, name, phase="Pending", message=exc.message)
+        gate = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(name: str) -> None:
+            lock = self._locks.setdefault(name, asyncio.Lock())
+            async with gate, lock:
+                try:
+                    await self.reconcile(snap, snap.deployments[name])
+                except FabricError as exc:
+                    update_deployment_status(self.store, name, phase="Pending", message=exc.message)
+
+        results = await asyncio.gather(*(one(name) for name in sorted(snap.deployments)), return_exceptions=True)
+        for name in [n for n in self._locks if n not in snap.deployments]:
+            del self._locks[name]
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result  # LeaseLost or a bug: after every sibling finished
         self.on_tick("ok")
 
     async def reconcile(self, snap: Snapshot, dep: InferenceDeployment) -> None:
@@ -154,6 +209,9 @@ class ReconcileWorker:
             await self.resume_create(snap, dep, r, errors)
         replicas = [get_replica(self.store, dep.name, r.replica_id) or r for r in replicas]
         probes = await self.probe_all(replicas)
+        vm_failures = await self.vm_failures(snap, replicas, probes)
+        model_failures = {rid: msg for rid, (failed, msg) in self._model_state.items() if failed}
+        model_waits = {rid for rid, (failed, _) in self._model_state.items() if not failed}
         rollout = snap.rollouts.get(dep.name)
         targets = None
         if rollout is not None:  # the rollout planner owns the counts of both revisions
@@ -163,7 +221,12 @@ class ReconcileWorker:
                        list(node_of.values()), probes, self.clock(), reservations=snap.reserved_by_node(),
                        committed=snap.committed(), settings=self.settings, targets=targets, templates=templates,
                        work=rp.replica_work(replicas, snap.observations, now), drained=drained,
-                       sites=snap.sites)
+                       sites=snap.sites, vm_failures=vm_failures,
+                       model_failures={k: v for k, v in model_failures.items() if k in {r.replica_id for r in replicas}},
+                       model_waits=model_waits)
+        for rid in [r.replica_id for r in replicas]:
+            self._model_state.pop(rid, None)
+        self._hold_planned(snap, dep, plan)
         by_id = {r.replica_id: r for r in replicas}
         for action in plan.actions:
             if isinstance(action, rp.UpdateHealth):
@@ -173,6 +236,11 @@ class ReconcileWorker:
                              health_failures=action.health_failures, phase=action.phase, message=action.message)
             elif isinstance(action, (rp.StartDrain, rp.DeleteReplica)):
                 await self._remove(dep, by_id[action.replica_id], action, node_of, errors)
+            elif isinstance(action, rp.FailReplica):
+                self.events.replica(dep, action.replica_id, "ReplicaFailed", action.reason, warning=True)
+                self._update(dep.name, action.replica_id, phase="Failed", ready=False, message=action.reason)
+                await self.teardown(by_id[action.replica_id], node_of.get(by_id[action.replica_id].node),
+                                    action.reason, errors)
             elif isinstance(action, rp.CreateReplica):
                 await self.create(snap, dep, action, errors)
             elif isinstance(action, rp.SetStatus):
@@ -183,7 +251,38 @@ class ReconcileWorker:
                     phase = "Pending" if action.ready_replicas < dep.replicas else phase
                 update_deployment_status(self.store, dep.name, phase=phase,
                                          message=with_note(message, dep.status.scaling),
-                                         ready_replicas=action.ready_replicas, replicas=action.replicas)
+                                         ready_replicas=action.ready_replicas, replicas=action.replicas,
+                                         failures=action.failures, last_failure=action.last_failure,
+                                         last_failure_at=action.last_failure_at)
+                self._crashloop(dep, action)
+
+    def _crashloop(self, dep: InferenceDeployment, status: rp.SetStatus) -> None:
+        parked = status.phase == CRASHLOOP_PHASE
+        if parked and dep.status.phase != CRASHLOOP_PHASE:
+            self.events.deployment(dep, "CrashLoop", status.message, warning=True)
+            log.warning("deployment %s parked: %s", dep.name, status.message)
+        if self.crashloop_gauge is not None:
+            self.crashloop_gauge.labels(dep.name).set(1 if parked else 0)
+
+    def forget_deployment(self, name: str) -> None:
+        """Drop the per-deployment series of a deleted deployment."""
+        if self.crashloop_gauge is not None:
+            try:
+                self.crashloop_gauge.remove(name)
+            except KeyError:
+                pass
+
+    @staticmethod
+    def _hold_planned(snap: Snapshot, dep: InferenceDeployment, plan: rp.ReconcilePlan) -> None:
+        """Enter the replicas the plan will create into the shared snapshot before anything is
+        awaited, so deployments planned concurrently see their GPUs, CPU and memory taken."""
+        for a in plan.actions:
+            if isinstance(a, rp.CreateReplica):
+                rid = f"planned-{dep.name}-{a.ordinal}"
+                snap.replicas.setdefault(dep.name, []).append(
+                    Replica(replica_id=rid, deployment=dep.name, ordinal=a.ordinal, revision=a.revision,
+                            node=a.node, gpus=list(a.gpus), phase="Pending"))
+                snap.reservations.extend(Reservation(a.node, pci, rid, dep.name, 0) for pci in a.gpus)
 
     async def _remove(self, dep: InferenceDeployment, r: Replica, action, node_of, errors: list[str]) -> None:
         """StartDrain (weight 0 from the next routing tick) or DeleteReplica (teardown)."""
@@ -211,6 +310,7 @@ class ReconcileWorker:
             self.store.delete(keyspace.deployments(dep.name))
             records.forget(self.store, dep.name)
             self.store.delete(keyspace.scaling(dep.name))
+            self.forget_deployment(dep.name)
             self.events.deployment(dep, "Deleted", f"deployment {dep.name} deleted; its replicas are gone")
             log.info("deployment %s deleted", dep.name)
             return
@@ -240,7 +340,10 @@ class ReconcileWorker:
             return
         # Deployments reconciled later in this tick plan from the same snapshot: let them see the
         # CPU and memory this replica now holds on its node.
-        snap.replicas.setdefault(dep.name, []).append(replica)
+        planned = f"planned-{dep.name}-{action.ordinal}"  # what _hold_planned entered for it
+        snap.replicas[dep.name] = [r for r in snap.replicas.get(dep.name, []) if r.replica_id != planned]
+        snap.reservations[:] = [r for r in snap.reservations if r.replica_id != planned]
+        snap.replicas[dep.name].append(replica)
         self.events.placed(dep, replica, action.reason)
         await self.start_vm(snap, dep, replica, errors)
 
@@ -269,6 +372,8 @@ class ReconcileWorker:
         gate = model_gate(self.store, model, node)
         if not gate.ready:
             # The VM waits for verified bytes on this node; the replica shows the job's progress.
+            # A job that failed fails the replica (the plan releases its GPUs).
+            self._model_state[replica.replica_id] = (gate.failed, gate.message)
             errors.append(gate.message)
             self._update(dep.name, replica.replica_id, message=gate.message)
             return

@@ -8,11 +8,22 @@ The controller applies the actions in order and records the status the plan comp
 Rules:
   - a missing model or profile makes the deployment Failed, with the name that is missing;
   - a probe that answers makes a replica Ready and zeroes its failure count; a failed probe
-    adds one, and the third consecutive failure replaces the replica (release GPUs, delete the
-    VM, and scale-up creates a new one with the first unused ordinal);
-  - a replica that never became Ready within ``start_timeout_s`` is replaced the same way;
+    adds one, and the third consecutive failure replaces the replica: an engine that still
+    answers HTTP (an error status) drains first like any removal, one that does not answer is
+    deleted at once (nothing can be in flight there); scale-up creates the replacement with the
+    first unused ordinal;
+  - a replica still inside its start budget (``start_timeout_s``, FABRIC_START_TIMEOUT_SECS) is
+    Starting, whatever its probe says; past it, it is replaced (a failure);
+  - a replica whose VM or engine process ended (``vm_failures``: the engine's own last error
+    line, read from its log by the applier) is Failed with that line as its reason and released;
+    so is one whose model job failed (``model_failures``: the job's message), and one that never
+    got an address within the start budget unless it is waiting for a model job that is still
+    running (``model_waits``);
+  - failures are counted per deployment across replacements (controlplane.reconcile.crashloop):
+    replacements back off exponentially and the deployment parks in CrashLoop after
+    ``crashloop.park_after`` failures, creating nothing until restarted;
   - a replica on an offline node is replaced only when another node can take it, so the last
-    copy is kept while nothing else can serve;
+    copy is kept while nothing else can serve; a ready one drains first;
   - replica counts are per revision: ``targets`` ({revision: count}, from a rollout record;
     by default {deployment.revision: deployment.replicas}) and ``templates`` ({revision:
     (profile, model)}) for placing a revision other than the deployment's own; a replica of a
@@ -44,6 +55,7 @@ from common.schemas import (
     ReplicaObservation,
     Site,
 )
+from controlplane.reconcile.crashloop import BACKOFF_PHASE, CRASHLOOP_PHASE, CrashLoopSettings, crash_state
 from controlplane.routing.strategies import MAX_SCRAPE_AGE_S
 from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online, place
 
@@ -56,6 +68,7 @@ class Probe:
 
     ok: bool
     message: str = ""
+    answered: bool = False  # an HTTP status came back (the engine runs; requests may be in flight)
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,7 @@ class ReconcileSettings:
     drain_settle_s: float = 11.0
     start_timeout_s: float = 900.0
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    crashloop: CrashLoopSettings = field(default_factory=CrashLoopSettings)
 
 
 @dataclass(frozen=True)
@@ -101,14 +115,25 @@ class StartDrain:
 
 
 @dataclass(frozen=True)
+class FailReplica:
+    """The replica is broken beyond waiting: phase Failed with ``reason``, then released."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class SetStatus:
     phase: str
     message: str
     ready_replicas: int
     replicas: int
+    failures: int = 0
+    last_failure: str = ""
+    last_failure_at: float | None = None
 
 
-Action = UpdateHealth | CreateReplica | DeleteReplica | StartDrain | SetStatus
+Action = UpdateHealth | CreateReplica | DeleteReplica | StartDrain | FailReplica | SetStatus
 
 
 @dataclass
@@ -153,14 +178,21 @@ def plan(
     work: Mapping[str, float] | None = None,
     drained: Collection[str] = (),
     sites: Mapping[str, Site] | None = None,
+    vm_failures: Mapping[str, str] | None = None,
+    model_failures: Mapping[str, str] | None = None,
+    model_waits: Collection[str] = (),
 ) -> ReconcilePlan:
     out = ReconcilePlan(deployment.name)
     total = len(replicas)
+    st = deployment.status
     if model is None or profile is None:
         missing = f"model {deployment.model!r}" if model is None else f"profile {deployment.profile!r}"
         ready = sum(1 for r in replicas if r.ready)
-        out.actions.append(SetStatus("Failed", f"{missing} does not exist", ready, total))
+        out.actions.append(SetStatus("Failed", f"{missing} does not exist", ready, total, st.failures,
+                                     st.last_failure, st.last_failure_at))
         return out
+    vm_failures, model_failures = vm_failures or {}, model_failures or {}
+    failed_now: list[str] = []  # this tick's failures, for the crash-loop count
 
     targets = dict(targets) if targets is not None else {deployment.revision: deployment.replicas}
     templates = {deployment.revision: (profile, model), **dict(templates or {})}
@@ -168,6 +200,7 @@ def plan(
     committed = dict(committed or {})
     by_id = {n.id: n for n in nodes}
     gone: set[str] = set()
+    drained_now: set[str] = set()  # drains started by this plan (they leave the live set)
     notes: list[str] = []
     ready_ids: set[str] = set()
 
@@ -183,7 +216,21 @@ def plan(
                 gone.add(r.replica_id)
             continue
         probe = observations.get(r.replica_id)
+        broken = vm_failures.get(r.replica_id) if probe is None or not probe.ok else None
+        job = model_failures.get(r.replica_id)
+        if broken is not None or job is not None:
+            why = f"engine exited: {broken}" if broken is not None else f"model job failed: {job}"
+            out.actions.append(FailReplica(r.replica_id, why))
+            gone.add(r.replica_id)
+            failed_now.append(f"{r.replica_id}: {why}")
+            continue
         if probe is None:
+            if (not r.host and r.replica_id not in model_waits
+                    and now - r.created_at > settings.start_timeout_s):
+                # Never got an address (a VM create that never finished): release its GPUs.
+                out.actions.append(FailReplica(r.replica_id, f"no address after the start budget "
+                                               f"({settings.start_timeout_s:.0f}s)"))
+                gone.add(r.replica_id)
             continue
         if probe.ok:
             ready_ids.add(r.replica_id)
@@ -196,17 +243,23 @@ def plan(
             # A booting replica (a VM takes minutes, an engine seconds) is judged by the start
             # timeout, not by failed probes: its health answers only once the engine is up.
             if now - r.created_at > settings.start_timeout_s:
-                out.actions.append(DeleteReplica(r.replica_id, f"not ready after {settings.start_timeout_s:.0f}s"))
+                why = f"not ready after {settings.start_timeout_s:.0f}s ({probe.message})"
+                out.actions.append(DeleteReplica(r.replica_id, why))
                 gone.add(r.replica_id)
+                failed_now.append(f"{r.replica_id}: {why}")
             else:
                 out.actions.append(UpdateHealth(r.replica_id, False, 0, "Starting",
                                                 f"waiting for health to answer: {probe.message}"))
             continue
         if failures >= FAILURES_TO_REPLACE:
-            out.actions.append(
-                DeleteReplica(r.replica_id, f"health failed {failures} times in a row: {probe.message}")
-            )
-            gone.add(r.replica_id)
+            why = f"health failed {failures} times in a row: {probe.message}"
+            if probe.answered:  # the engine runs: its streams finish first (weight 0, then deleted)
+                out.actions.append(StartDrain(r.replica_id, now + settings.drain_grace_s, why))
+            else:
+                out.actions.append(DeleteReplica(r.replica_id, why))
+                gone.add(r.replica_id)
+            failed_now.append(f"{r.replica_id}: {why}")
+            drained_now.add(r.replica_id)
             notes.append(f"replacing {r.replica_id}: health failed {failures} times")
         else:
             out.actions.append(
@@ -214,7 +267,7 @@ def plan(
             )
             ready_ids.add(r.replica_id)
 
-    live = [r for r in replicas if r.replica_id not in gone and not r.draining]
+    live = [r for r in replicas if r.replica_id not in gone and r.replica_id not in drained_now and not r.draining]
 
     # 2. Replicas on offline nodes: move them only when another node can take them.
     for r in sorted(live, key=lambda r: r.ordinal):
@@ -230,11 +283,16 @@ def plan(
         if trial.node is None:
             notes.append(f"{r.replica_id} is on offline node {r.node} and kept: no other node can take it")
             continue
-        out.actions.append(DeleteReplica(r.replica_id, f"node {r.node} is offline; {trial.node} can take it"))
-        gone.add(r.replica_id)
+        why = f"node {r.node} is offline; {trial.node} can take it"
+        if r.replica_id in ready_ids:  # it may still serve: drain it like any removal
+            out.actions.append(StartDrain(r.replica_id, now + settings.drain_grace_s, why))
+            drained_now.add(r.replica_id)
+        else:
+            out.actions.append(DeleteReplica(r.replica_id, why))
+            gone.add(r.replica_id)
         ready_ids.discard(r.replica_id)
 
-    live = [r for r in replicas if r.replica_id not in gone and not r.draining]
+    live = [r for r in replicas if r.replica_id not in gone and r.replica_id not in drained_now and not r.draining]
     desired = sum(targets.values())
     revisions = sorted(set(targets) | {r.revision for r in live})
 
@@ -258,9 +316,13 @@ def plan(
                 gone.add(r.replica_id)
             ready_ids.discard(r.replica_id)
 
-    # 4. Scale up each revision: first unused ordinals, each placed with the reservations so far.
-    live = [r for r in replicas if r.replica_id not in gone and not r.draining]
-    pending_message = ""
+    # 4. Scale up each revision: first unused ordinals, each placed with the reservations so far;
+    #    nothing while the deployment backs off after a failure or is parked (crash loop).
+    live = [r for r in replicas if r.replica_id not in gone and r.replica_id not in drained_now and not r.draining]
+    crash = crash_state(st, failed_now, live, now, settings.crashloop)
+    wanting = sum(targets.values()) > len(live)
+    blocked = wanting and (crash.parked or crash.wait_until is not None)
+    pending_message = crash.message(deployment.name, now) if blocked else ""
     # A record still being deleted holds its ordinal; one deleted by this plan frees it.
     deleted_now = {a.replica_id for a in out.actions if isinstance(a, DeleteReplica)}
     used = {r.ordinal for r in replicas if r.replica_id not in deleted_now}
@@ -288,7 +350,11 @@ def plan(
 
     ready = len(ready_ids)
     count = len(live) + sum(1 for a in out.actions if isinstance(a, CreateReplica))
-    if pending_message:
+    if blocked and crash.parked:
+        phase, message = CRASHLOOP_PHASE, f"{ready}/{desired} replicas ready; {pending_message}"
+    elif blocked:
+        phase, message = BACKOFF_PHASE, f"{ready}/{desired} replicas ready; {pending_message}"
+    elif pending_message:
         phase, message = "Pending", f"{ready}/{desired} replicas ready; {pending_message}"
     elif ready >= desired and count == desired:
         phase, message = "Ready", f"{ready}/{desired} replicas ready"
@@ -298,7 +364,8 @@ def plan(
         phase, message = "Ready", "scaled to 0 replicas"
     if notes:
         message += "; " + "; ".join(notes)
-    out.actions.append(SetStatus(phase, message, ready, count))
+    out.actions.append(SetStatus(phase, message, ready, count, crash.failures, crash.last_failure,
+                                 crash.last_failure_at))
     return out
 
 

@@ -54,7 +54,7 @@ from controlplane.orchestration_state import (
     update_endpoint_status,
 )
 from controlplane.rollouts.apply import RolloutWorker
-from controlplane.rollouts.weights import apply_rollout
+from controlplane.routing.final import endpoint_plan
 from controlplane.routing.metrics_parse import (
     EngineSample,
     MetricsParseError,
@@ -66,7 +66,7 @@ from controlplane.routing.metrics_parse import (
 )
 from controlplane.routing.runtime_metrics import names_for, scrape_target
 from controlplane.routing.scrape import MetricsScraper, ScrapeError
-from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan, plan_routing
+from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan
 from controlplane.scheduler import SchedulerSettings, node_online
 
 log = logging.getLogger("fabricd.routing")
@@ -85,6 +85,7 @@ class RoutingMemory:
     pushed: dict[tuple[str, str], tuple] = field(default_factory=dict)  # (endpoint, node) -> (backends, forwarding)
     plans: dict[str, RoutingPlan] = field(default_factory=dict)
     weights: dict[str, tuple] = field(default_factory=dict)  # endpoint -> weights last recorded as an event
+    series: dict[str, set[str]] = field(default_factory=dict)  # endpoint -> replicas with a weight series
 
 
 def _rate_moved(old: float | None, new: float | None, tolerance: float) -> bool:
@@ -207,10 +208,9 @@ class RoutingWorker:
 
     def plan(self, snap: Snapshot, ep: InferenceEndpoint, vip: str | None = None) -> RoutingPlan:
         replicas, now = snap.replicas.get(ep.deployment, []), self.clock()
-        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now, sites=snap.sites, vip=vip)
-        if self.rollouts is not None:
-            plan, _ = apply_rollout(plan, replicas, self.rollouts.active.get(ep.deployment), now)
-        return plan
+        rollout = self.rollouts.active.get(ep.deployment) if self.rollouts is not None else None
+        return endpoint_plan(ep, replicas, snap.observations, snap.nodes, now, rollout=rollout, sites=snap.sites,
+                             vip=vip)[0]
 
     async def apply_endpoint(self, snap: Snapshot, ep: InferenceEndpoint) -> None:
         try:
@@ -224,7 +224,7 @@ class RoutingWorker:
         plan = self.plan(snap, ep, vip)
         self.memory.plans[ep.name] = plan
         self._record_weights(ep, plan)
-        backends = (plan.backends, ep.forwarding)  # a change of either is pushed
+        backends = (plan.backends, plan.draining, ep.forwarding)  # a change of any is pushed
         notes: list[str] = []
         if plan.backends:
             key, record = managed_service_key(vip, ep.port, PROTO), json.dumps({"endpoint": ep.name})
@@ -236,7 +236,7 @@ class RoutingWorker:
                        if node_online(node, now, settings) and self.memory.pushed.get((ep.name, node.id)) != backends]
             if targets:  # only push when weights change; to every agent at once
                 spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in plan.backends},
-                                         forwarding=ep.forwarding)
+                                         draining=list(plan.draining), forwarding=ep.forwarding)
                 results = await asyncio.gather(*(self._push(node, ep, vip, spec, backends) for node in targets),
                                                return_exceptions=True)
                 for result in results:
@@ -252,9 +252,26 @@ class RoutingWorker:
             message += "; " + "; ".join(notes)
         phase = "Ready" if included else "Pending"
         self._set_status(ep, phase=phase, message=message, vip=vip)
-        if self.metrics:
-            for e in plan.entries:
-                self.metrics.weight.labels(ep.name, e.replica_id).set(e.weight)
+        self._export_weights(ep.name, plan)
+
+    def _export_weights(self, endpoint: str, plan: RoutingPlan | None) -> None:
+        """fabric_routing_weight{endpoint,replica} for the endpoint's current replicas only: the
+        series of a replica that is gone (or of a deleted endpoint, plan None) is removed, so
+        "all weights zero" keeps reading the live fleet."""
+        if not self.metrics:
+            return
+        now = {e.replica_id: e.weight for e in plan.entries} if plan is not None else {}
+        for rid in self.memory.series.get(endpoint, set()) - set(now):
+            try:
+                self.metrics.weight.remove(endpoint, rid)
+            except KeyError:
+                pass
+        for rid, weight in now.items():
+            self.metrics.weight.labels(endpoint, rid).set(weight)
+        if now:
+            self.memory.series[endpoint] = set(now)
+        else:
+            self.memory.series.pop(endpoint, None)
 
     def _record_weights(self, ep: InferenceEndpoint, plan: RoutingPlan) -> None:
         """One event per change of the endpoint's weights (never per tick)."""
@@ -322,3 +339,5 @@ class RoutingWorker:
             for key in [k for k in self.memory.pushed if k[0] == owner]:
                 del self.memory.pushed[key]
             self.memory.plans.pop(owner, None)
+        for gone in [name for name in self.memory.series if name not in snap.endpoints]:
+            self._export_weights(gone, None)

@@ -18,6 +18,13 @@ has traffic.
 
 Maglev backends are the included replicas whose host is an IPv4 address on a node that is not
 the dry-run driver; others (hostnames, dry-run engines) are left to the gateway.
+
+A draining replica (scale-in, rollout step, blue/green switch, deletion, failed health, node
+drain: every removal goes through the drain) is excluded from new traffic but stays in the pushed
+service as a draining backend with weight 0: the dataplane gives it no table slots and keeps its
+established flows on it (BACKEND_DRAINING). Leaving it out of the service instead would re-pick
+those flows onto another backend, which resets them. It leaves the service only when its record
+is deleted (after the engine reported nothing running, or the grace).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class RoutingEntry:
     port: int = 8000
     in_maglev: bool = False
     metrics: dict = field(default_factory=dict)
+    draining: bool = False  # weight 0, kept in the service for its established flows
 
 
 @dataclass(frozen=True)
@@ -67,8 +75,15 @@ class RoutingPlan:
 
     @property
     def backends(self) -> tuple[tuple[str, int, int], ...]:
-        """(ip, port, weight) for Maglev, sorted so equal plans compare equal."""
-        return tuple(sorted((e.host, e.port, e.weight) for e in self.entries if e.included and e.in_maglev))
+        """(ip, port, weight) for Maglev, draining ones at weight 0, sorted so equal plans compare equal."""
+        return tuple(sorted((e.host, e.port, e.weight if e.included else 0) for e in self.entries
+                            if e.in_maglev and (e.included or e.draining)))
+
+    @property
+    def draining(self) -> tuple[str, ...]:
+        """"ip:port" of the Maglev backends that take no new flows but keep their established ones."""
+        return tuple(sorted(f"{e.host}:{e.port}" for e in self.entries if e.in_maglev and e.draining
+                            and not e.included))
 
 
 def to_weight(score: float) -> int:
@@ -204,6 +219,22 @@ def exclusion(
     return None
 
 
+def _maglev_backend(endpoint: InferenceEndpoint, r: Replica, node: Node | None, vip: str | None) -> bool:
+    return (is_ipv4(r.host) and not (node is not None and node.vm_driver == "dry-run")
+            and dsr_problem(endpoint, r, vip) is None)
+
+
+def draining_entry(endpoint: InferenceEndpoint, r: Replica, obs: ReplicaObservation | None, node: Node | None,
+                   vip: str | None) -> RoutingEntry:
+    """A draining replica: no new traffic, weight 0, kept in the Maglev service while its VM runs
+    (until its record goes) so its established flows keep their backend."""
+    keep = r.phase != "Deleting" and _maglev_backend(endpoint, r, node, vip)
+    why = f"draining ({r.message})" if r.message else "draining"
+    if keep:
+        why += ": weight 0 in Maglev, its established flows stay until it is deleted"
+    return RoutingEntry(r.replica_id, False, why, 0, r.host, r.port, keep, _metrics(obs), draining=keep)
+
+
 def _metrics(obs: ReplicaObservation | None) -> dict:
     if obs is None:
         return {}
@@ -300,6 +331,9 @@ def plan_routing(
         node = nodes.get(r.node)
         site = node.site if node else None
         obs = observations.get(r.replica_id)
+        if r.draining:
+            excluded.append(draining_entry(endpoint, r, obs, node, vip))
+            continue
         why = exclusion(r, obs, site, endpoint, now, max_age_s, sites)
         if why:
             excluded.append(RoutingEntry(r.replica_id, False, why, 0, r.host, r.port, False, _metrics(obs)))

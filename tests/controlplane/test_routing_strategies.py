@@ -142,10 +142,30 @@ def test_eligibility_reasons_and_failed_scrape_is_never_idle():
     assert plan.weights == {"qwen-0-abc": 7}
     assert reasons["qwen-0-abc"] == "least_queue: weight 7 from queue 4"  # names the reading
     assert "not ready" in reasons["qwen-1-abc"]
-    assert reasons["qwen-2-abc"] == "draining"
+    assert reasons["qwen-2-abc"].startswith("draining")
     assert "scrape failed: connect timeout" in reasons["qwen-3-abc"]
     assert "31s old" in reasons["qwen-4-abc"]
     assert reasons["qwen-5-abc"] == "never scraped"
+
+
+def test_draining_replica_stays_in_the_service_at_weight_0_for_its_established_flows():
+    """The stream-cutting bug: a draining replica left the pushed service, so the agents re-picked
+    its flows onto another backend (reset). It stays as a draining backend until it is deleted."""
+    reps = [replica(0, host="10.0.0.1"), replica(1, draining=True, host="10.0.0.2"),
+            replica(2, draining=True, host="10.0.0.3").model_copy(update={"phase": "Deleting"}),
+            replica(3, draining=True, host="engine-3.lab")]
+    obs = {o.replica_id: o for o in [ob("qwen-0-abc"), ob("qwen-1-abc", queue=9)]}
+    plan = plan_routing(ep("least_queue"), reps, obs, {"n1": node("n1", 8)}, NOW)
+    assert plan.weights == {"qwen-0-abc": 32}  # no new traffic to a draining replica
+    assert plan.backends == (("10.0.0.1", 8000, 32), ("10.0.0.2", 8000, 0))
+    assert plan.draining == ("10.0.0.2:8000",)  # BACKEND_DRAINING: established flows stay
+    by_id = {e.replica_id: e for e in plan.entries}
+    assert not by_id["qwen-2-abc"].in_maglev  # being torn down: its VM is going
+    assert not by_id["qwen-3-abc"].in_maglev  # hostname: gateway only
+    # Every replica draining (a deployment delete): the service stays, all at weight 0.
+    every = plan_routing(ep("least_queue"), [r.model_copy(update={"draining": True}) for r in reps[:2]], obs,
+                         {"n1": node("n1", 8)}, NOW)
+    assert every.backends == (("10.0.0.1", 8000, 0), ("10.0.0.2", 8000, 0)) and not every.weights
 
 
 def test_sites_outside_allowed_or_residency_are_excluded():
