@@ -286,6 +286,11 @@ class DeploymentStatus(Status):
     ready_replicas: int = 0
     replicas: int = 0
     scaling: str = Field("", description="the autoscaler's last decision and its reason")
+    # The crash-loop rule (controlplane.reconcile.crashloop): replica failures counted across
+    # replacements; reset by a replica Ready long enough or by `deployment restart`.
+    failures: int = Field(0, description="replica failures counted across replacements")
+    last_failure: str = Field("", description="why the last replica failed")
+    last_failure_at: float | None = None
 
 
 class AutoscalingSpec(Spec):
