@@ -1,13 +1,16 @@
 """The lab through its real console scripts from different directories: `fabricd lab up` in one,
 `status`, `demo` (twice: it is re-runnable) and `down` in another; down stops what up started and
 names it, and nothing is left. A second `up` on the running lab refuses and keeps its data, and
-`make run`'s entry point on it attaches and shows the demo's objects instead of wiping them. Uses the lab's fixed names and ports, so it holds the lab lock."""
+`make run`'s entry point on it attaches and shows the demo's objects instead of wiping them;
+then docs/examples/ applies to it as shipped. Uses the lab's fixed names and ports, so it holds the lab lock."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,36 @@ def lab(cwd: Path, env: dict[str, str], *args: str, timeout: float = 300) -> sub
                           timeout=timeout)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     return proc
+
+
+def fabricctl(env_file: Path, cwd: Path, command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f"source {env_file}; fabricctl ai {command}"], cwd=cwd,
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+
+
+def apply_examples(env_file: Path, cwd: Path) -> None:
+    """docs/examples/ as shipped applies to the lab after its demo: the demo's objects are the
+    documents' (unchanged), the tenant's are made and its model comes from the lab's mirror."""
+    examples = Path(__file__).parents[2] / "docs" / "examples"
+    applied = fabricctl(env_file, cwd, f"apply -f {examples}")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    lines = set(applied.stdout.splitlines())
+    assert {"modelartifact/demo-llm unchanged", "inferenceprofile/lab-h100 unchanged",
+            "inferencedeployment/demo-llm unchanged", "inferenceendpoint/demo-llm-openai unchanged",
+            "tenantquota/acme created", "modelartifact/acme-chat created",
+            "inferencedeployment/acme-chat created"} <= lines, applied.stdout
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        shown = json.loads(fabricctl(env_file, cwd, "deployment show acme-chat -o json").stdout or "{}")
+        if (shown.get("status") or {}).get("ready_replicas", 0) >= 1:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"acme-chat has no ready replica: {shown.get('status')}\n"
+                             + fabricctl(env_file, cwd, "model status acme-chat").stdout)
+    again = fabricctl(env_file, cwd, f"apply -f {examples}")
+    assert again.returncode == 0 and all(line.endswith(" unchanged") for line in again.stdout.splitlines()), \
+        again.stdout + again.stderr
 
 
 def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
@@ -79,6 +112,7 @@ def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
             ctl = subprocess.run(["bash", "-c", f"source {env_file}; fabricctl ai endpoint list -o name"],
                                  cwd=there, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
             assert ctl.stdout.split() == ["endpoint/demo-llm-openai"], ctl.stderr
+            apply_examples(env_file, there)
         finally:
             down = lab(there, env, "down")
         assert down.returncode == 0, down.stdout + down.stderr
