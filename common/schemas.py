@@ -56,6 +56,10 @@ ROUTING_STRATEGIES = (
 # session's rendezvous hash; prefix = prefix-cache-aware scoring; round_robin and random pick a
 # replica directly (random behaves as the VIP's per-connection hash does: the bench's baseline).
 ROUTING_L7 = ("affinity", "prefix", "round_robin", "random")
+# How much a deployment's replicas matter when GPUs are short (controlplane.placement.preemption):
+# a replica that cannot be placed may preempt replicas of strictly lower classes. Lowest first.
+CapacityClass = Literal["opportunistic", "standard", "critical"]
+CAPACITY_CLASSES: tuple[str, ...] = get_args(CapacityClass)
 Forwarding = Literal["nat", "dsr-ipip"]  # how the XDP program reaches a service's backends (docs/dataplane.md)
 REPLICA_PORT = 8000  # every runtime serves its API here (common.runtimes)
 
@@ -286,6 +290,8 @@ class DeploymentStatus(Status):
     ready_replicas: int = 0
     replicas: int = 0
     scaling: str = Field("", description="the autoscaler's last decision and its reason")
+    preempted: int = Field(0, ge=0, description="replicas taken away by preemption, placed again when room returns")
+    preempted_by: str = Field("", description="the deployment whose replicas took them")
     # The crash-loop rule (controlplane.reconcile.crashloop): replica failures counted across
     # replacements; reset by a replica Ready long enough or by `deployment restart`.
     failures: int = Field(0, description="replica failures counted across replacements")
@@ -357,6 +363,8 @@ class InferenceDeployment(Template, Resource):
                                   "of this residency")
     minimum_sites: int = Field(0, ge=0, le=64, description="spread the first replicas over at least this many sites")
     max_replicas_per_site: int | None = Field(None, ge=1, le=64, description="at most this many replicas on one site")
+    capacity_class: CapacityClass = Field("standard", description="critical | standard | opportunistic: a replica "
+                                          "that cannot be placed may preempt replicas of strictly lower classes")
     autoscaling: AutoscalingSpec | None = None
     status: DeploymentStatus = Field(default_factory=DeploymentStatus)
 

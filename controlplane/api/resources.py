@@ -220,7 +220,7 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: Principal
                if reference_missing(state.store, who, kind, ref)]
     if missing:
         raise InvalidInput("; ".join(missing), code="missing_reference")
-    policies.enforce(state.store, body.tenant, body.model)
+    policies.enforce(state.store, body.tenant, body.model, body.capacity_class)
     body = _with_model_residency(state.store, body)
     dep = _fresh(body, DeploymentStatus(phase="Pending", message="waiting for placement"))
     dep = dep.model_copy(update={"revision": 1})
@@ -275,7 +275,8 @@ def _scale(state: AppState, name: str, body: ScaleRequest, guard) -> dict:
             raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
         before = record.get("replicas")
         if body.replicas > (before or 0):
-            policies.enforce(state.store, record.get("tenant"), str(record.get("model", "")))
+            policies.enforce(state.store, record.get("tenant"), str(record.get("model", "")),
+                             str(record.get("capacity_class", "standard")))
             _refuse_over_quota(state, name, quotas.check_deployment_change(
                 state.store, name, record.get("tenant"), record.get("profile", ""), before or 0, body.replicas))
         record["replicas"] = body.replicas

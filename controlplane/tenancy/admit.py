@@ -60,7 +60,8 @@ def review(store: Store, body: dict) -> Verdict:
     reasons = [f"{kind} {ref!r} does not exist" for kind, ref, key in (
         ("model", dep.model, keyspace.models(dep.model)), ("profile", dep.profile, keyspace.profiles(dep.profile)))
         if store.get(key) is None]
-    reasons += policies.refusals(policies.load(store, dep.tenant), policies.deploy_of(store, dep.tenant, dep.model))
+    reasons += policies.refusals(policies.load(store, dep.tenant), policies.deploy_of(store, dep.tenant, dep.model,
+                                                                                  capacity_class=dep.capacity_class))
     current = store.get(keyspace.deployments(dep.name))
     before = int(json.loads(current.value).get("replicas", 0)) if current is not None else 0
     refusal = quotas.check_deployment_change(store, dep.name, dep.tenant, dep.profile, before, dep.replicas)

@@ -1,7 +1,8 @@
 """Per-tenant deploy policies: which models and sources a tenant may deploy, and when (UTC hours).
 
 A policy (keyspace.policies(tenant)) holds ``allowed_models`` (model names; absent: any),
-``allowed_source_prefixes`` (a model's source must start with one; absent: any) and an optional
+``allowed_source_prefixes`` (a model's source must start with one; absent: any),
+``allowed_capacity_classes`` (the capacity classes its deployments may use; absent: any) and an optional
 ``deploy_hour_start``/``deploy_hour_end`` window in whole UTC hours, start included, end
 excluded: both absent means always; start after end wraps past midnight (22 -> 6 is 22:00-05:59);
 start equal to end is refused (say "always" by leaving both out). A tenant without a policy, and
@@ -19,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from common import keyspace
 from common.errors import Forbidden
-from common.schemas import Spec, tenant_name
+from common.schemas import CapacityClass, Spec, tenant_name
 from common.store.base import Store
 
 MAX_NAMES = 1000
@@ -30,6 +31,8 @@ class TenantPolicy(Spec):
     allowed_models: list[str] | None = Field(None, max_length=MAX_NAMES, description="model names; absent: any")
     allowed_source_prefixes: list[str] | None = Field(
         None, max_length=MAX_NAMES, description="e.g. hf://my-org/ or file:///models/; absent: any")
+    allowed_capacity_classes: list[CapacityClass] | None = Field(
+        None, max_length=3, description="critical, standard, opportunistic; absent: any")
     deploy_hour_start: int | None = Field(None, ge=0, le=23, description="UTC hour deploys may start (included)")
     deploy_hour_end: int | None = Field(None, ge=0, le=23, description="UTC hour deploys stop (excluded)")
     updated_at: float = Field(default_factory=time.time)
@@ -67,6 +70,7 @@ class Deploy:
     model: str
     source: str | None
     hour: int
+    capacity_class: str = "standard"
 
 
 def refusals(policy: TenantPolicy | None, deploy: Deploy) -> list[str]:
@@ -80,6 +84,10 @@ def refusals(policy: TenantPolicy | None, deploy: Deploy) -> list[str]:
     if prefixes is not None and not any((deploy.source or "").startswith(p) for p in prefixes):
         why.append(f"model {deploy.model!r} comes from {deploy.source!r}, outside tenant {deploy.tenant!r}'s "
                    f"allowed_source_prefixes ({', '.join(prefixes) or 'none'})")
+    classes = policy.allowed_capacity_classes
+    if classes is not None and deploy.capacity_class not in classes:
+        why.append(f"capacity_class {deploy.capacity_class!r} is not in tenant {deploy.tenant!r}'s "
+                   f"allowed_capacity_classes ({', '.join(classes) or 'none'})")
     if not hour_allowed(policy.deploy_hour_start, policy.deploy_hour_end, deploy.hour):
         why.append(f"tenant {deploy.tenant!r} deploys only from {policy.deploy_hour_start:02d}:00 to "
                    f"{policy.deploy_hour_end:02d}:00 UTC; it is {deploy.hour:02d}:xx UTC")
@@ -108,16 +116,17 @@ def list_all(store: Store) -> list[TenantPolicy]:
     return out
 
 
-def deploy_of(store: Store, tenant: str | None, model: str, now: float | None = None) -> Deploy:
+def deploy_of(store: Store, tenant: str | None, model: str, now: float | None = None,
+              capacity_class: str = "standard") -> Deploy:
     """The Deploy a policy judges, with the model's source read from the store."""
     kv = store.get(keyspace.models(model))
     source = json.loads(kv.value).get("source") if kv is not None else None
     hour = time.gmtime(time.time() if now is None else now).tm_hour
-    return Deploy(tenant, model, source, hour)
+    return Deploy(tenant, model, source, hour, capacity_class)
 
 
-def enforce(store: Store, tenant: str | None, model: str) -> None:
-    """403 "policy_refused" naming every reason, for create and scale-up."""
-    why = refusals(load(store, tenant), deploy_of(store, tenant, model))
+def enforce(store: Store, tenant: str | None, model: str, capacity_class: str = "standard") -> None:
+    """403 "policy_refused" naming every reason, for create, scale-up and a class change."""
+    why = refusals(load(store, tenant), deploy_of(store, tenant, model, capacity_class=capacity_class))
     if why:
         raise Forbidden("; ".join(why), code="policy_refused")
