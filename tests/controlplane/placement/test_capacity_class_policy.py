@@ -17,8 +17,8 @@ def test_a_policy_caps_the_classes_a_tenant_may_use():
     policy = TenantPolicy(tenant="acme", allowed_capacity_classes=["standard", "opportunistic"])
     assert refusals(policy, Deploy("acme", "m", "hf://o/m", 12, "opportunistic")) == []
     why = refusals(policy, Deploy("acme", "m", "hf://o/m", 12, "critical"))
-    assert why == ["capacity_class 'critical' is not in tenant 'acme''s allowed_capacity_classes "
-                   "(standard, opportunistic)"]
+    assert why == [("capacity_class 'critical' is not in tenant 'acme''s allowed_capacity_classes "
+                    "(standard, opportunistic)")]
     assert refusals(TenantPolicy(tenant="acme", allowed_source_prefixes=None),
                     Deploy("acme", "m", "hf://o/m", 12, "critical")) == []
     with pytest.raises(ValidationError):
