@@ -58,7 +58,7 @@ from gateway.model_routing import CatalogueCache, endpoint_without_model, models
 from gateway.proxy import UpstreamBroke, UpstreamTimeout, forward, upstream_headers
 from gateway.replica_router import ReplicaRouter
 from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
-from gateway.routes import PREFIX, Route, is_root, parse_route
+from gateway.routes import PREFIX, Route, check_served, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_target, replica_targets
@@ -77,6 +77,17 @@ EXPLAIN = "/api/ai/explain/request/"
 GUARD = "fabric.disconnect_guard"  # gateway.http_server's: cancels the call when the client leaves
 _NONE: dict = {}
 GC_GEN0_THRESHOLD = 20_000  # net allocations between young collections (Python's default: 700)
+
+
+def call_band(asked: str | None, key_priority: str | None) -> str:
+    """A call's band: its x-request-priority, never above its key's priority (a ceiling; a key
+    without one, or an OIDC caller, tops out at normal); no header: the key's priority."""
+    ceiling = key_priority or "normal"
+    if asked is None:
+        return ceiling
+    if (asked := asked.lower()) not in PRIORITIES:
+        raise InvalidInput("x-request-priority must be low, normal or high")
+    return min(asked, ceiling, key=PRIORITIES.index)
 
 
 @dataclass
@@ -195,6 +206,7 @@ class GatewayApp:
             endpoint = route.endpoint
             headers = request_headers(scope["headers"])
             identity = await self._identify(headers, endpoint or None, request_id)
+            check_served(route.path)  # the engine's control routes are never a caller's
             # Batch input files are uploaded whole; they get their own, larger cap.
             cap = st.settings.max_upload if route.is_upload else st.settings.max_body
             body = await read_body(receive, headers, cap)
@@ -212,11 +224,8 @@ class GatewayApp:
             st.audit.record("ATTEMPT", request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
                             endpoint=endpoint, model=info.model)
             deadline = request_timeout(headers, st.settings.total_deadline_secs)
-            priority = headers.get("x-request-priority")
-            if priority is None:  # the key's default band, else normal
-                priority = identity.record.priority if identity.record and identity.record.priority else "normal"
-            elif (priority := priority.lower()) not in PRIORITIES:
-                raise InvalidInput("x-request-priority must be low, normal or high")
+            priority = call_band(headers.get("x-request-priority"),
+                                 identity.record.priority if identity.record else None)
             dry = st.settings.dry_run
             if st.cold_start is not None and not dry:
                 view = await st.cold_start.view(endpoint)
@@ -236,6 +245,7 @@ class GatewayApp:
             facts = RequestFacts(
                 endpoint=endpoint, model=info.model or "unknown", tenant=identity.tenant,
                 project=headers.get("x-project-id"), user=headers.get("x-user-id"), gateway_id=st.gateway_id,
+                caller=identity.subject,
                 prompt_chars=info.prompt_chars, max_tokens=info.max_tokens, choices=info.choices,
                 key_id=rec.id if rec else None, request_quota=rec.request_quota if rec else None,
                 key_tokens_per_minute=rec.tokens_per_minute if rec else None,

@@ -77,7 +77,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs),
         limits=LimitKeeper(store, slots, UsageCounter(store)),
         upstreams=upstreams,
-        audit=AuditWriter(store),
+        audit=AuditWriter(store, on_drop=metrics.audit_drop),
         metrics=metrics,
         client=upstream_pool(settings),
         tracer=Tracer(settings.otel_endpoint),

@@ -6,7 +6,10 @@ time) and hands it to ``apply`` in order; it drains again at once only after a f
 writer waking its thread on every put (Condition.notify/wait) costing more than the writes it
 batched. ``flush()`` waits until every item added before it was applied (tests, shutdown);
 ``close()`` applies what is left and stops the thread. An exception from ``apply`` is logged
-and the batch dropped (the store may be down; the calls already finished).
+and the batch dropped (the store may be down; the calls already finished). With ``max_pending``
+the queue is bounded: an item added to a full queue is dropped. Nothing is dropped silently:
+every dropped item is counted in ``dropped`` and reported to ``on_drop(reason, n)`` (reason
+"queue_full" or "write_failed"), which the gateway turns into a metric.
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ log = logging.getLogger("fabric.gateway.writer")
 
 
 class BatchWriter:
-    def __init__(self, apply: Callable[[list], None], *, name: str, interval: float = 0.01, batch: int = 512):
+    def __init__(self, apply: Callable[[list], None], *, name: str, interval: float = 0.01, batch: int = 512,
+                 max_pending: int | None = None, on_drop: Callable[[str, int], None] | None = None):
         self._apply = apply
+        self._max_pending = max_pending
+        self._on_drop = on_drop
+        self.dropped = 0
         self._interval = interval
         self._batch = batch
         self._items: deque = deque()
@@ -32,9 +39,22 @@ class BatchWriter:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def add(self, item) -> None:
+    def add(self, item) -> bool:
+        """Queue ``item``; False when the queue is full and it was dropped (and counted)."""
+        if self._max_pending is not None and len(self._items) >= self._max_pending:
+            self._drop("queue_full", 1)
+            return False
         self._items.append(item)
         self._added += 1
+        return True
+
+    def _drop(self, reason: str, n: int) -> None:
+        self.dropped += n
+        if self._on_drop is not None:
+            try:
+                self._on_drop(reason, n)
+            except Exception:
+                log.exception("%s: could not report %d dropped items", self._thread.name, n)
 
     def _drain(self) -> int:
         """Apply up to ``batch`` queued items; returns how many were taken."""
@@ -46,6 +66,7 @@ class BatchWriter:
             self._apply(items)
         except Exception:
             log.exception("%s: %d items could not be written", self._thread.name, len(items))
+            self._drop("write_failed", n)
         finally:
             self._done += n
         return n

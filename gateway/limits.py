@@ -16,6 +16,12 @@ In-flight slots (streams, a key's max_concurrent) are held counters under this p
 daily tokens) are written under a shared lease that outlives the window, so a counter named by a
 caller (x-user-id, x-project-id, a model) disappears once unused. A refusal names the limit and
 its configured value, never the fleet-wide count.
+
+USER and PROJECT values are whatever the caller writes in x-user-id and x-project-id, so their
+counters are namespaced by the caller's tenant (or, without one, its credential):
+``rpm/user/t-{tenant}/{user}``. They share a tenant's allowance fairly among the names its own
+callers give; they cannot bound a caller that invents a fresh name per call (the key, TENANT
+and GLOBAL limits do that), and no caller can spend another tenant's.
 """
 
 from __future__ import annotations
@@ -53,6 +59,15 @@ class RequestFacts:
     key_tokens_per_minute: int | None = None
     key_max_concurrent: int | None = None
     choices: int = 1  # n / best_of: each sequence may generate max_tokens
+    caller: str | None = None  # the credential's subject (a key id, a JWT's sub)
+
+    @property
+    def namespace(self) -> str:
+        """Whose names x-user-id and x-project-id are: the tenant's, else the one credential's.
+        Another tenant's caller naming the same user counts on a counter of its own."""
+        if self.tenant is not None:
+            return "t-" + key_part(self.tenant)
+        return "c-" + key_part(self.caller or self.key_id or "anonymous")
 
     @property
     def prompt_tokens(self) -> int:
@@ -95,6 +110,7 @@ def check_caps(settings: GatewaySettings, facts: RequestFacts) -> None:
 
 
 _SAFE = re.compile(r"^[A-Za-z0-9._@:+-]{1,128}$")
+CALLER_NAMED = ("PROJECT", "USER")  # scopes whose value is a header the caller writes
 
 
 def key_part(value: str) -> str:
@@ -114,7 +130,11 @@ def _scopes(facts: RequestFacts) -> dict[str, str | None]:
         "USER": facts.user,
         "GATEWAY": facts.gateway_id,
     }
-    return {k: key_part(v) if v is not None else None for k, v in values.items()}
+    scoped = {k: key_part(v) if v is not None else None for k, v in values.items()}
+    for k in CALLER_NAMED:  # the caller's own header: counted within its tenant (or credential)
+        if scoped[k] is not None:
+            scoped[k] = f"{facts.namespace}/{scoped[k]}"
+    return scoped
 
 
 def _slot(name: str) -> str:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from common import runtime_metrics
 from gateway.metric_tally import Tally
 
-OUTCOMES = ("success", "upstream_error", "client_closed", "refused", "unauthorized", "rate_limited", "error")
+OUTCOMES = ("success", "upstream_error", "upstream_cut", "client_closed", "refused", "unauthorized", "rate_limited", "error")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -32,6 +32,7 @@ class GatewayMetrics:
     spilled: Counter
     fallbacks: Counter
     provider_keys: Gauge
+    audit_dropped: Counter
     runtime: runtime_metrics.RuntimeCollector
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
     _tally: Tally = field(default_factory=Tally)  # the per-call metrics' pending updates (gateway.metric_tally)
@@ -66,6 +67,9 @@ class GatewayMetrics:
             # 0 closed, 1 half_open, 2 open, 3 refused (401); key is the key's index, never its text
             provider_keys=Gauge("fabric_gateway_provider_key_state", "Breaker state of each external provider key",
                                 ["endpoint", "key"], registry=reg, multiprocess_mode="mostrecent"),
+            # audit rows the writer could not keep: its queue was full, or the store refused the write
+            audit_dropped=Counter("fabric_gateway_audit_dropped", "Audit rows dropped (queue full or write failed)",
+                                  ["reason"], registry=reg),
             # RSS, fds, threads, asyncio tasks of this process (not summed in multiprocess mode)
             runtime=runtime_metrics.install(reg),
         )
@@ -104,6 +108,9 @@ class GatewayMetrics:
 
     def waiting_in(self, endpoint: str, band: str, n: int) -> None:
         self._child(self.waiting, endpoint, band).set(n)
+
+    def audit_drop(self, reason: str, n: int) -> None:
+        self.audit_dropped.labels(reason).inc(n)
 
     def key_state(self, endpoint: str, key: int, value: int) -> None:
         self._child(self.provider_keys, endpoint, str(key)).set(value)

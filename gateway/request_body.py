@@ -13,7 +13,10 @@ Reading it the way the engine does (so no cap can be dodged):
   generating routes: the largest of them). When absent, the gateway writes the default
   (FABRIC_DEFAULT_MAX_TOKENS, bounded by FABRIC_MAX_GENERATED_TOKENS and what the context has
   left) into the forwarded body, so the engine can never generate more than was counted;
-- ``n`` and ``best_of`` multiply the generated-token estimate.
+- ``n`` and ``best_of`` multiply the generated-token estimate;
+- ``model``, when present, is a string of at most MAX_MODEL_CHARS letters, digits or ``._:@+/-``
+  (``valid_model``): anything else is 400 before the name reaches a cache, an audit row or a
+  metric label, so a caller cannot size what the gateway keeps.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from common.errors import FabricError, InvalidInput
 from gateway.routes import ANY_GENERATION_FIELDS, Route
 
 AFFINITY_CHARS = 64
+MAX_MODEL_CHARS = 256
+# Model names as clients spell them: HF "org/name", LoRA adapters, provider names ("ft:a:b:c").
+_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/-]*")
 MAX_DEPTH = 64
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _DEPTH_STEP = [0] * 256
@@ -45,6 +51,11 @@ class UnsupportedMediaType(FabricError):
 class BadJson(FabricError):
     status = 400
     code = "invalid_json"
+
+
+class BadModel(FabricError):
+    status = 400
+    code = "invalid_model"
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,19 @@ def _text_of(value) -> str:
 
 
 
+def valid_model(model) -> str | None:
+    """The body's ``model`` (None when absent or null); BadModel (400) for anything that is not
+    a short name."""
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise BadModel("model must be a string")
+    if len(model) > MAX_MODEL_CHARS or not _MODEL.fullmatch(model):
+        raise BadModel(f"model must be 1-{MAX_MODEL_CHARS} letters, digits or '._:@+/-', starting with a "
+                       "letter or digit")
+    return model
+
+
 def _int_field(data: dict, name: str) -> int | None:
     value = data.get(name)
     if value is None:
@@ -169,7 +193,7 @@ def parse_body(body: bytes, content_type: str, route: Route, policy: GenerationP
     data = load_json(body, content_type)
     if not isinstance(data, dict):
         raise BadJson("the request body must be a JSON object")
-    model = data.get("model")
+    model = valid_model(data.get("model"))
     if "messages" in data:
         text = _text_of(data["messages"])
     elif "prompt" in data:
@@ -189,7 +213,7 @@ def parse_body(body: bytes, content_type: str, route: Route, policy: GenerationP
             name = fields[0] if fields != ANY_GENERATION_FIELDS else "max_tokens"
             new_body = with_field(body, data, name, max_tokens)
     return BodyInfo(
-        model=model if isinstance(model, str) else None,
+        model=model,
         stream=data.get("stream") is True,
         max_tokens=max_tokens,
         choices=choices,

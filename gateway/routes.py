@@ -45,11 +45,33 @@ NON_GENERATING = (
     "/v1/moderations", "/v1/batches", "/v1/models", "/health", "/metrics", "/version", "/ping",
 )
 UPLOADS = ("/v1/files", "/v1/audio/")
+# The API the gateway serves (each with what lies below it); every other path of the engine is
+# 404 here: its control routes (/v1/load_lora_adapter, /v1/unload_lora_adapter, /sleep,
+# /wake_up, /reset_prefix_cache, /collective_rpc, /start_profile, /metrics...) are the
+# platform's (the gateway alone drives adapter loading), never a caller's.
+SERVED = (
+    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/models", "/v1/files",
+    "/v1/batches", "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/audio/speech", "/v1/moderations",
+    "/v1/rerank", "/v2/rerank", "/rerank", "/v1/score", "/score", "/v1/classify", "/classify", "/v1/pooling",
+    "/pooling", "/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize", "/v1/realtime",
+)
 
 
 class BadPath(FabricError):
     status = 400
     code = "invalid_path"
+
+
+class NotServed(FabricError):
+    status = 404
+    code = "not_found"
+
+
+def check_served(path: str) -> None:
+    """NotServed (404) for a decoded path outside the OpenAI API the gateway serves (SERVED)."""
+    if not any(_under(path, p) for p in SERVED):
+        raise NotServed(f"the gateway does not serve {path[:64]!r}; it serves the OpenAI API under /v1 "
+                        "(chat/completions, completions, responses, embeddings, models, files, batches, ...)")
 
 
 @dataclass(frozen=True)

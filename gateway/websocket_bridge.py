@@ -28,7 +28,8 @@ from gateway.http_io import error_body, request_headers
 from gateway.key_auth import check_model, presented_id
 from gateway.limits import RequestFacts, plan_admission
 from gateway.proxy import UpstreamFailed
-from gateway.routes import BadPath, parse_route
+from gateway.request_body import valid_model
+from gateway.routes import BadPath, check_served, parse_route
 from gateway.upstreams import order_targets
 
 NOT_FORWARDED = {"host", "authorization", "api-key", "x-api-key", "upgrade", "connection", "sec-websocket-key",
@@ -105,13 +106,14 @@ async def bridge(state, scope, receive, send) -> None:
         if not endpoint:  # the root /v1 routes by a body's model; a WebSocket has none to read first
             raise BadPath("WebSockets take the per-endpoint path /api/ai/openai/{endpoint}/v1/...")
         headers = request_headers(scope["headers"])
-        model = query_model(query)
+        model = valid_model(query_model(query))
         try:
             identity = await state.auth.identify(headers, endpoint)
         except FabricError as exc:
             state.audit.record_refusal(request_id=request_id, key_id=presented_id(headers), endpoint=endpoint,
                                        status=exc.status, reason=exc.code)
             raise
+        check_served(route.path)
         check_model(identity, model, route.path, "GET")
         state.audit.record("ATTEMPT", request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
                            endpoint=endpoint, model=model)
@@ -120,7 +122,7 @@ async def bridge(state, scope, receive, send) -> None:
         rec = identity.record
         facts = RequestFacts(endpoint=endpoint, model=model or "unknown", tenant=identity.tenant,
                              project=headers.get("x-project-id"), user=headers.get("x-user-id"),
-                             gateway_id=state.gateway_id, prompt_chars=0, max_tokens=None,
+                             gateway_id=state.gateway_id, prompt_chars=0, max_tokens=None, caller=identity.subject,
                              key_id=rec.id if rec else None, request_quota=rec.request_quota if rec else None,
                              key_max_concurrent=rec.max_concurrent if rec else None)
         plan = [r for r in plan_admission(state.settings, facts) if not r.tokens]

@@ -152,12 +152,13 @@ def test_spillover_to_the_next_pool_and_back(stack):
 def test_a_higher_band_displaces_the_newest_lower_call(stack):
     store, gw, _, _ = stack
     _, key = make_key(store, "cap", priority="low")  # the key's default band
+    _, high_key = make_key(store, "cap", priority="high")  # a band above a key's own needs a key allowed it
     load(store, **SATURATED_ALL)
     displaced_before = metric(gw, 'fabric_gateway_displaced_total{endpoint="cap"}')
     results: dict[str, httpx.Response] = {}
 
     def run(name, priority=None):
-        results[name] = call(gw, key, priority=priority)
+        results[name] = call(gw, high_key if priority == "high" else key, priority=priority)
 
     first = threading.Thread(target=run, args=("low-1",))
     first.start()
@@ -176,7 +177,7 @@ def test_a_higher_band_displaces_the_newest_lower_call(stack):
     first.join(10)
     high.join(10)
     assert results["low-1"].status_code == 200 and results["high"].status_code == 200
-    why = explain(gw, key, results["high"])
+    why = explain(gw, high_key, results["high"])
     assert why["band"] == "high" and why["queued_s"] > 0 and explain(gw, key, results["low-1"])["band"] == "low"
 
 

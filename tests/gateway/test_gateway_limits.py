@@ -174,14 +174,16 @@ def test_prompt_generation_context_and_body_caps_are_413(env):
 
 
 def test_shedding_by_queue_depth_and_priority(env):
-    _, key = make_key(env["store"], "shed")
+    _, key = make_key(env["store"], "shed", priority="high")  # high calls need a high key (a ceiling)
+    _, plain = make_key(env["store"], "shed")
     obs = ReplicaObservation(replica_id="shed-dep-0", scraped_at=time.time(), ok=True, queue_depth=3)
     env["store"].put(keyspace.observations("shed-dep-0"), obs.model_dump_json())
     time.sleep(0.3)  # past the gateway's 0.2 s endpoint cache
-    r = post(env, "shed", key)
+    r = post(env, "shed", key, headers={"x-request-priority": "normal"})
     assert r.status_code == 429 and r.json()["error"]["code"] == "overloaded"
     assert post(env, "shed", key, headers={"x-request-priority": "low"}).status_code == 429
     assert post(env, "shed", key, headers={"x-request-priority": "high"}).status_code == 200
+    assert post(env, "shed", plain, headers={"x-request-priority": "high"}).status_code == 429  # served as normal
     assert post(env, "shed", key, headers={"x-request-priority": "urgent"}).status_code == 422
     env["store"].delete(keyspace.observations("shed-dep-0"))
 
