@@ -312,13 +312,13 @@ class GatewayApp:
                 if picked:
                     st.router.finished(picked)
             status, tokens = result.status, result.tokens
-            outcome = "success" if result.ok else "upstream_error"
+            outcome = "success" if result.ok else "upstream_cut" if result.cut else "upstream_error"
             if result.ttft_s is not None:
                 st.metrics.ttft_for(endpoint).observe(result.ttft_s)
         except ClientGone:
             status, outcome = 499, "client_closed"
         except UpstreamBroke:
-            status, outcome = 502, "upstream_error"
+            status, outcome = 502, "upstream_cut"
             raise  # aborts the connection, so the client sees a truncated response
         except TimeoutError:
             status, outcome = 504, "upstream_error"

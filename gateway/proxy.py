@@ -8,9 +8,14 @@ are sent together); the upstream response is always closed in a finally, so canc
 (the client left, the deadline passed) closes the upstream connection at once. The pool's idle
 timeout covers the wait for the response head and every gap between chunks.
 
-When the upstream dies after the response has started, an SSE client gets a final
-``data: {"error": ...}`` event (the openai client raises on it); any other client gets a
-truncated body (the connection is aborted), so a partial answer is never taken as complete.
+A cut upstream is never a clean end. When the upstream dies after an SSE response has started,
+or ends the stream without vLLM's closing ``data: [DONE]`` (an engine stopped mid-answer can
+close its chunked body cleanly), the client gets a final OpenAI-shaped ``data: {"error": ...}``
+event and no ``[DONE]`` (the openai client raises on it); the call is FAILED in the audit and
+counted as outcome ``upstream_cut`` (fabric_gateway_requests). A non-SSE answer is held until
+it is complete (up to JSON_KEEP, 1 MiB: an OpenAI JSON answer is one piece), so an upstream
+that breaks before then gives the client a 502 with an error body; a larger body already under
+way is truncated (the connection is aborted), so a partial answer is never taken as complete.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class ProxyResult:
     ok: bool
     ttft_s: float | None = None
     reason: str = ""
+    cut: bool = False  # the upstream failed after the answer started (outcome upstream_cut)
 
 
 def upstream_headers(raw: list[tuple[bytes, bytes]], request_id: bytes) -> list[tuple[bytes, bytes]]:
@@ -114,16 +120,83 @@ async def forward(pool: UpstreamPool, send, targets: list[str], method: str, tar
     return await relay(resp, send, t0, extra)
 
 
-async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = None) -> ProxyResult:
-    """Send an opened upstream response to the client as it arrives; closes it in any case."""
+DONE = b"[DONE]"  # vLLM and OpenAI end a stream with "data: [DONE]"
+DONE_TAIL = 64  # bytes of the stream's end kept to look for DONE
+
+
+def error_event(reason: str, tail: bytes = b"\n\n") -> bytes:
+    """The final event of a cut stream; a partial event already relayed is ended first, so the
+    error is an event of its own."""
+    event = {"error": {"message": reason, "type": "upstream_error", "code": "upstream_broken"}}
+    sep = b"" if tail.endswith(b"\n\n") or not tail else b"\n\n"
+    return sep + b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+def _result(status: int, tokens: int | None, ttft: float | None) -> ProxyResult:
+    ok = status < 400
+    return ProxyResult(status, tokens, ok, ttft, "" if ok else f"upstream status {status}")
+
+
+async def _relay_body(resp: UpstreamResponse, send, head: dict, t0: float) -> ProxyResult:
+    """A non-SSE answer: held until complete (or past JSON_KEEP), so a break before then is a
+    502 with an error body instead of a truncated 200."""
+    held = bytearray()
+    ttft = None
+    try:
+        while True:
+            chunk = await resp.next_chunk()
+            if chunk is not None:
+                ttft = time.perf_counter() - t0 if ttft is None else ttft
+                held += chunk
+            if chunk is None or resp.at_end:
+                await send(head)
+                await send({"type": "http.response.body", "body": bytes(held), "more_body": False})
+                tokens = None
+                if b'"usage"' in held and resp.header(b"content-encoding") is None:
+                    try:
+                        tokens = usage_tokens(loads(held))
+                    except ValueError:
+                        tokens = None
+                return _result(resp.status, tokens, ttft)
+            if len(held) > JSON_KEEP:
+                break
+    except UpstreamTimeoutError:
+        raise UpstreamTimeout("the upstream went quiet before its answer was complete") from None
+    except UpstreamError:
+        raise UpstreamFailed("the upstream broke before its answer was complete") from None
+    await send(head)  # a large body: relayed as it comes; a break now can only truncate it
+    await send({"type": "http.response.body", "body": bytes(held), "more_body": True})
+    try:
+        while True:
+            chunk = await resp.next_chunk()
+            if chunk is None:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                break
+            last = resp.at_end
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if last:
+                break
+    except UpstreamError as exc:
+        reason = "upstream idle timeout" if isinstance(exc, UpstreamTimeoutError) else "upstream broke mid-response"
+        raise UpstreamBroke(reason) from None
+    return _result(resp.status, None, ttft)
+
+
+async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = None,
+                expect_done: bool = True) -> ProxyResult:
+    """Send an opened upstream response to the client as it arrives; closes it in any case.
+    ``expect_done``: an SSE answer that ends without ``data: [DONE]`` was cut (OpenAI-style
+    streams, vLLM's included, always end with it)."""
     try:
         ctype = resp.header(b"content-type") or b""
-        sse = ctype.startswith(b"text/event-stream")
-        scanner = SseUsageScanner() if sse else None
-        keep = bytearray() if not sse and resp.header(b"content-encoding") is None else None
-        await send({"type": "http.response.start", "status": resp.status,
-                    "headers": client_headers(resp.headers) + (extra or [])})
+        head = {"type": "http.response.start", "status": resp.status,
+                "headers": client_headers(resp.headers) + (extra or [])}
+        if not ctype.startswith(b"text/event-stream"):
+            return await _relay_body(resp, send, head, t0)
+        scanner = SseUsageScanner()
+        await send(head)
         ttft = None
+        tail = b""
         try:
             while True:
                 chunk = await resp.next_chunk()
@@ -131,34 +204,24 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
                     break
                 if ttft is None:
                     ttft = time.perf_counter() - t0
-                if scanner is not None:
-                    scanner.feed(chunk)
-                elif keep is not None:
-                    if len(keep) + len(chunk) <= JSON_KEEP:
-                        keep += chunk
-                    else:
-                        keep = None
+                scanner.feed(chunk)
+                tail = (tail + chunk[-DONE_TAIL:])[-DONE_TAIL:]
                 last = resp.at_end  # the whole body is here: one send, no trailing empty message
+                if last and expect_done and DONE not in tail:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    break  # ended without [DONE]: the error event follows
                 await send({"type": "http.response.body", "body": chunk, "more_body": not last})
                 if last:
-                    break
+                    return _result(resp.status, scanner.tokens, ttft)
         except UpstreamError as exc:
             reason = "upstream idle timeout" if isinstance(exc, UpstreamTimeoutError) else "upstream broke mid-response"
-            if not sse:
-                raise UpstreamBroke(reason) from None
-            event = {"error": {"message": reason, "type": "upstream_error", "code": "upstream_broken"}}
-            await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
-                        "more_body": False})
-            return ProxyResult(502, scanner.tokens, False, ttft, reason)
-        if chunk is None:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        tokens = scanner.tokens if scanner is not None else None
-        if keep and b'"usage"' in keep:
-            try:
-                tokens = usage_tokens(loads(keep))
-            except ValueError:
-                tokens = None
-        ok = resp.status < 400
-        return ProxyResult(resp.status, tokens, ok, ttft, "" if ok else f"upstream status {resp.status}")
+            await send({"type": "http.response.body", "body": error_event(reason, tail), "more_body": False})
+            return ProxyResult(502, scanner.tokens, False, ttft, reason, cut=True)
+        if expect_done and DONE not in tail:
+            reason = "the upstream ended the stream before its final event"
+            await send({"type": "http.response.body", "body": error_event(reason, tail), "more_body": False})
+            return ProxyResult(502, scanner.tokens, False, ttft, reason, cut=True)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return _result(resp.status, scanner.tokens, ttft)
     finally:
         resp.close()
