@@ -9,6 +9,7 @@
     PUT    /v1/maglev/services/{vip}/{port}/{proto}  the whole backend set of one service
     GET    /v1/maglev/services[/{vip}/{port}/{proto}]
     DELETE /v1/maglev/services/{vip}/{port}/{proto}  404 when absent
+    GET    /v1/bgp                                   VIPs announced and why, BGP sessions, events (FABRIC_BGP=1)
     POST   /v1/gpus/{bdf}/mig, DELETE /v1/gpus/{bdf}/mig/{gi}/{ci}   MIG instances (agent/mig_routes.py)
     GET    /v1/health, GET /healthz (common.health's shape), GET /metrics
 
@@ -390,7 +391,7 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
             refresh()
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(mig_router())
+    app.include_router(mig_router(is_enabled=lambda: state.settings.pci_mig))  # FABRIC_PCI_MIG
     _document_errors(app)
     return app
 

@@ -22,9 +22,11 @@ from controlplane.lab.cluster import LabConfig, LabIsUp, lab_state_dir
 from controlplane.lab.cluster import down as lab_down
 from controlplane.lab.cluster import status as lab_status
 from controlplane.lab.cluster import up as lab_up
+from controlplane.lab.ecmp_cli import ecmp_app
 
 lab_app = typer.Typer(help="The lab: a whole Fabric cluster in network namespaces on this machine.",
                       no_args_is_help=True, add_completion=False)
+lab_app.add_typer(ecmp_app, name="ecmp")  # two balancer nodes behind a BGP router (controlplane/lab/ecmp.py)
 
 StateOpt = typer.Option(None, "--state-dir",
                         help="where the lab keeps its state and logs (default $FABRIC_LAB_STATE, else /var/lib/fabric/lab)")
