@@ -55,6 +55,7 @@ from common.schemas import (
     ReplicaObservation,
     Site,
 )
+from controlplane.placement.index import PlacementIndex
 from controlplane.reconcile.crashloop import BACKOFF_PHASE, CRASHLOOP_PHASE, CrashLoopSettings, crash_state
 from controlplane.routing.strategies import MAX_SCRAPE_AGE_S
 from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online, place
@@ -327,6 +328,7 @@ def plan(
     deleted_now = {a.replica_id for a in out.actions if isinstance(a, DeleteReplica)}
     used = {r.ordinal for r in replicas if r.replica_id not in deleted_now}
     placed = list(live)
+    index: PlacementIndex | None = None  # one free-capacity index for every replica placed below
     for rev in revisions:
         missing = targets.get(rev, 0) - sum(1 for r in live if r.revision == rev)
         if missing <= 0 or pending_message:
@@ -336,11 +338,13 @@ def plan(
             pending_message = f"revision {rev}'s model or profile does not exist"
             continue
         for ordinal in first_unused_ordinals(used, missing):
-            trial = place(deployment, r_profile, r_model, nodes, reservations, now, settings.scheduler,
-                          replicas=placed, committed=committed, sites=sites)
+            if index is None:
+                index = PlacementIndex(nodes, reservations, now, settings.scheduler, committed=committed, sites=sites)
+            trial = index.place(deployment, r_profile, r_model, replicas=placed)
             if trial.node is None:
                 pending_message = trial.message
                 break
+            index.reserve(trial.node, trial.gpus, r_profile)
             used.add(ordinal)
             out.actions.append(CreateReplica(ordinal, trial.node, trial.gpus, trial.message, rev))
             reservations = _reservations_with(reservations, trial.node, trial.gpus)
