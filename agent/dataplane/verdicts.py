@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 from enum import IntEnum
+from importlib import resources
 from pathlib import Path
 
-VERDICTS_HEADER = Path(__file__).resolve().parents[2] / "dataplane" / "bpf" / "verdicts.h"
+VERDICTS_HEADER = Path(str(resources.files("agent.dataplane").joinpath("bpf", "verdicts.h")))
 
 
 class Verdict(IntEnum):

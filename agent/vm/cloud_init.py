@@ -21,6 +21,7 @@ import ipaddress
 import os
 import shutil
 import subprocess
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -36,9 +37,10 @@ ADAPTERS_TAG = "adapters"
 
 
 def images_dir() -> Path:
-    """Where the guest pieces live (the repo's images/ unless FABRIC_IMAGES_DIR says)."""
+    """Where the guest pieces live: package data of agent.vm (images/: in a checkout a link to
+    the repo's images/, in an installed wheel the files), unless FABRIC_IMAGES_DIR says."""
     override = os.environ.get("FABRIC_IMAGES_DIR")
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "images"
+    return Path(override) if override else Path(str(resources.files("agent.vm").joinpath("images")))
 
 
 def guest_model_path(spec: VmSpec, models_dir: Path | None = None) -> str:
