@@ -11,7 +11,7 @@ from collections.abc import Callable
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.hw.mig import MigRunner, NvidiaSmiMig, enabled
+from agent.hw.mig import MigRunner, NvidiaSmiMig
 from common.agent_api import check_bdf
 from common.errors import InvalidInput, Refused
 from common.mig_catalog import canonical_name
@@ -34,7 +34,8 @@ class MigInstanceView(BaseModel):
     compute_instance_id: int
 
 
-def mig_router(runner: MigRunner | None = None, is_enabled: Callable[[], bool] = enabled) -> APIRouter:
+def mig_router(runner: MigRunner | None = None, *, is_enabled: Callable[[], bool]) -> APIRouter:
+    """is_enabled: the agent's FABRIC_PCI_MIG (AgentState.settings.pci_mig), asked per call."""
     router = APIRouter(prefix="/v1/gpus")
     runner = runner or NvidiaSmiMig()
 

@@ -15,7 +15,6 @@ over the fake NVML module and a fake sysfs tree under the state directory.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import socket
 import ssl
@@ -97,7 +96,7 @@ def advertised_address(listen_host: str, port: int, tls: bool, advertise: str | 
 
 
 def _inventory_and_binder(state_dir: Path, vm_driver: str, fake_gpus: int, fake_gpu_name: str,
-                          fake_gpu_mem_gib: float, sysfs_root: Path):
+                          fake_gpu_mem_gib: float, sysfs_root: Path, keep_bound: bool = False):
     from agent.hw.gpu_inventory import NvmlInventory
     from agent.hw.host_inventory import HostInventory
     from agent.hw.vfio import VfioBinder
@@ -106,9 +105,8 @@ def _inventory_and_binder(state_dir: Path, vm_driver: str, fake_gpus: int, fake_
         from agent.hw.gpu_holders import NvidiaSmiDaemons
 
         # FABRIC_VFIO_KEEP_BOUND=1: released GPUs stay on vfio-pci for the next VM (docs/gpu-hosts.md).
-        keep = os.environ.get("FABRIC_VFIO_KEEP_BOUND", "").strip() == "1"
         binder = None if vm_driver == "dry-run" else VfioBinder(
-            sysfs_root, state_dir=state_dir, daemons=NvidiaSmiDaemons(), keep_bound=keep)
+            sysfs_root, state_dir=state_dir, daemons=NvidiaSmiDaemons(), keep_bound=keep_bound)
         return HostInventory(NvmlInventory(), sysfs_root, state_file=state_dir / "gpu-inventory.json"), binder
     from agent.hw.nvml_fake import PROFILES, FakeNvml, make_gpus
     from agent.hw.sysfs_fake import FakeSysfs
@@ -164,16 +162,14 @@ def kvm_probe(libvirt_uri: str, state_dir: Path):
 
 
 def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, ifaces: list[str], netns: str | None,
-               flow_entries: int | None = None):
+               flow_entries: int | None = None, settings=None):
     if not enabled:
         return None, "started with --no-dataplane"
     try:
         from agent.dataplane import Dataplane
-        from agent.dataplane.settings import DataplaneSettings
 
-        # FABRIC_UDP_FLOW_SECS / FABRIC_MISS_INSERTS; attach writes them with node_ip
-        dp = Dataplane(str(pin_dir), node_ip, flow_entries=flow_entries, route_netns=netns,
-                       settings=DataplaneSettings.from_env())
+        # settings: FABRIC_UDP_FLOW_SECS / FABRIC_MISS_INSERTS / FABRIC_XDP_FORWARD; attach writes them with node_ip
+        dp = Dataplane(str(pin_dir), node_ip, flow_entries=flow_entries, route_netns=netns, settings=settings)
         for iface in ifaces:
             dp.attach(iface, netns)
         return dp, ""
@@ -182,15 +178,14 @@ def _dataplane(enabled: bool, pin_dir: Path, node_ip: str | None, ifaces: list[s
         return None, f"dataplane not loaded: {type(exc).__name__}: {exc}"
 
 
-def _bgp_settings(node_ip: str | None):
-    """FABRIC_BGP_* (agent/bgp/settings.py); a bad value stops the agent with exit 2."""
-    from agent.bgp.settings import BgpSettings
-    from common.errors import InvalidInput
+def _settings(node_ip: str | None):
+    """Every variable the agent reads (agent/settings.py); a bad value stops it with exit 2."""
+    from agent.settings import AgentSettingsError, load
 
     try:
-        return BgpSettings.from_env(node_ip=node_ip)
-    except InvalidInput as exc:
-        typer.echo(f"error: {exc}", err=True)
+        return load(node_ip=node_ip)
+    except AgentSettingsError as exc:
+        typer.echo(f"error: the agent will not start with these settings: {exc}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -228,15 +223,11 @@ def _resources(cpus: int, memory_gib: float):
     return read
 
 
-def _model_jobs(state_dir: Path):
+def _model_jobs(state_dir: Path, settings):
     """The model cache under {state}/models and its jobs, resumed from their records."""
     from agent.models.cache import ModelCache
-    from agent.models.jobs import ModelJobs, ModelSettings
+    from agent.models.jobs import ModelJobs
 
-    try:
-        settings = ModelSettings.from_env()
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
     jobs = ModelJobs(ModelCache(state_dir / "models"), settings)
     resumed = jobs.resume_all()
     if resumed:
@@ -353,14 +344,14 @@ def serve(
     else:
         restrict_umask()
         private_dir(state_dir)
+    settings = _settings(node_ip)
     inventory, binder = _inventory_and_binder(state_dir, vm_driver, fake_gpus, fake_gpu_name,
-                                              fake_gpu_mem_gib, sysfs_root)
+                                              fake_gpu_mem_gib, sysfs_root, settings.vfio_keep_bound)
     lab = {"node_netns": lab_netns, "bridge": lab_bridge, "subnet": lab_subnet, "gateway": lab_gateway}
-    bgp_settings = _bgp_settings(node_ip)
     dp, dp_message = _dataplane(dataplane, pin_dir, node_ip, dataplane_iface, dataplane_netns,
-                                flow_entries)
-    models = _model_jobs(state_dir)
-    state = AgentState(node_id=node_id, models=models, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
+                                flow_entries, settings.dataplane)
+    models = _model_jobs(state_dir, settings.models)
+    state = AgentState(node_id=node_id, models=models, settings=settings, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
         "image": golden_image, "models_dir": models_dir, "bridge": bridge, "hugepages": hugepages, "numa": numa,
         "readonly_share": readonly_share, "sysfs_root": sysfs_root, "binder": binder, "domain_type": domain_type}),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
@@ -368,7 +359,7 @@ def serve(
     state.kvm = getattr(state.vm_driver, "kvm", None)
     if state.kvm is not None:  # probe now, off the request path (kept per boot: later reads are free)
         threading.Thread(target=state.kvm.state, name="kvm-probe", daemon=True).start()
-    bgp = _bgp_announcer(bgp_settings, dp, dataplane_iface, dataplane_netns, state_dir, state)
+    bgp = _bgp_announcer(settings.bgp, dp, dataplane_iface, dataplane_netns, state_dir, state)
     stop = threading.Event()
     if control_plane:
         smi = None

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from agent.hw.kvm import KvmProbe
     from agent.models.jobs import ModelJobs
 
+from agent.settings import AgentSettings
 from agent.vm.base import VmDriver
 from common.schemas import GpuInfo, KvmStatus
 
@@ -65,6 +66,7 @@ class AgentState:
     models_dir: Path | None = None  # cached models are the directories under it
     models: ModelJobs | None = None  # model jobs and the by-digest cache (agent.models)
     kvm: KvmProbe | None = None  # does KVM run guests here (agent.hw.kvm); None: not a libvirt node
+    settings: AgentSettings = field(default_factory=AgentSettings)  # read once at start (agent/settings.py)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     # Serialises bind/release and VM create/delete: the kernel and libvirt are not happy with
     # two concurrent rebinds of one IOMMU group, and create-by-replica-id must be idempotent.

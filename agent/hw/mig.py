@@ -11,7 +11,6 @@ switches a GPU's MIG mode on or off (that needs a GPU reset and stays the operat
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -35,11 +34,6 @@ class MigRunner(Protocol):
     def create(self, bdf: str, profile: str) -> MigInstance: ...
 
     def destroy(self, bdf: str, gpu_instance_id: int, compute_instance_id: int) -> None: ...
-
-
-def enabled(env=None) -> bool:
-    env = os.environ if env is None else env
-    return env.get("FABRIC_PCI_MIG") == "1"
 
 
 class NvidiaSmiMig:

@@ -92,7 +92,8 @@ def read_token(env: Mapping[str, str]) -> str | None:
 
 class HfFetcher:
     def __init__(self, env: Mapping[str, str] | None = None):
-        self.env = dict(os.environ if env is None else env)
+        # env: ModelSettings.env (HF_ENDPOINT, HF_TOKEN, FABRIC_HF_TOKEN_FILE), read at start
+        self.env = dict(env or {})
         self.endpoint = (self.env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
         disable_progress_bars()  # the agent's log is no place for tqdm bars
         stream_as_received()

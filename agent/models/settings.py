@@ -12,11 +12,11 @@ from common.model_manifest import DEFAULT_MAX_FILES
 class ModelSettings:
     model_dir: str = "/srv/models"  # FABRIC_MODEL_DIR: local sources must be under it
     max_files: int = DEFAULT_MAX_FILES  # FABRIC_MODEL_MAX_FILES
-    signing_key: bytes | None = None  # FABRIC_MODEL_SIGNING_KEY
+    signing_key: bytes | None = field(default=None, repr=False)  # FABRIC_MODEL_SIGNING_KEY
     retries: int = 3  # FABRIC_MODEL_RETRIES
     retry_base_s: float = 1.0
     download_workers: int = 4  # FABRIC_MODEL_DOWNLOAD_WORKERS: files fetched at once
-    env: dict[str, str] = field(default_factory=dict)  # HF_ENDPOINT, HF_TOKEN, FABRIC_HF_TOKEN_FILE
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # HF_ENDPOINT, HF_TOKEN, FABRIC_HF_TOKEN_FILE
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ModelSettings:

@@ -12,6 +12,7 @@ import pytest
 from agent.api import create_app
 from agent.hw.gpu_inventory import NvmlInventory
 from agent.hw.nvml_fake import FakeNvml, make_gpus
+from agent.settings import AgentSettings
 from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common import keyspace
@@ -44,10 +45,15 @@ def fake_smi(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def agent_url(tmp_path):
+def agent_state(tmp_path):
+    """The agent's state; its settings.pci_mig (FABRIC_PCI_MIG, read at start) is off by default."""
     inventory = NvmlInventory(nvml_module=FakeNvml(gpus=make_gpus(2, "h100")))
-    state = AgentState(node_id="gpu-1", vm_driver=DryRunDriver(tmp_path / "dry"), inventory=inventory)
-    with serve_in_thread(create_app(state)) as port:
+    return AgentState(node_id="gpu-1", vm_driver=DryRunDriver(tmp_path / "dry"), inventory=inventory)
+
+
+@pytest.fixture
+def agent_url(agent_state):
+    with serve_in_thread(create_app(agent_state)) as port:
         yield f"http://127.0.0.1:{port}"
 
 
@@ -111,9 +117,11 @@ def test_a_pci_parent_needs_the_flag(fabricd, monkeypatch, fake_smi):
     assert fake_smi.read_text() == ""  # record-only: the driver was never called
 
 
-def test_with_the_flag_the_agent_runs_nvidia_smi_and_destroys_on_delete(fabricd, agent_url, monkeypatch, fake_smi):
+def test_with_the_flag_the_agent_runs_nvidia_smi_and_destroys_on_delete(fabricd, agent_url, agent_state,
+                                                                         monkeypatch, fake_smi):
     api, store = fabricd
-    monkeypatch.setenv("FABRIC_PCI_MIG", "1")  # read by fabricd and by the agent (same process here)
+    monkeypatch.setenv("FABRIC_PCI_MIG", "1")  # fabricd's
+    agent_state.settings = AgentSettings(pci_mig=True)  # the agent's, as its start read it
     monkeypatch.delenv("FABRIC_PCI_MIG_RECORD_ONLY", raising=False)
     parent = put_node(store, "gpu-1", "libvirt", agent_url).gpus[0].pci
     made = api.post("/api/ai/nodes/gpu-1/mig", json={"parent_bdf": parent, "profile": "1g"})
@@ -126,13 +134,12 @@ def test_with_the_flag_the_agent_runs_nvidia_smi_and_destroys_on_delete(fabricd,
                                                      f"mig -i {parent} -gi 9 -dgi"]
 
 
-def test_the_agent_refuses_without_its_flag_and_reports_driver_errors(agent_url, monkeypatch, fake_smi, tmp_path):
+def test_the_agent_refuses_without_its_flag_and_reports_driver_errors(agent_url, agent_state, fake_smi, tmp_path):
     import httpx
 
-    monkeypatch.delenv("FABRIC_PCI_MIG", raising=False)
     off = httpx.post(f"{agent_url}/v1/gpus/0000:3b:00.0/mig", json={"profile": "1g"})
     assert off.status_code == 400 and off.json()["error"]["code"] == "pci_mig_disabled"
-    monkeypatch.setenv("FABRIC_PCI_MIG", "1")
+    agent_state.settings = AgentSettings(pci_mig=True)
     assert httpx.post(f"{agent_url}/v1/gpus/not-a-bdf/mig", json={"profile": "1g"}).status_code == 422
     assert httpx.post(f"{agent_url}/v1/gpus/0000:3b:00.0/mig", json={"profile": "5g"}).status_code == 422
     failing = Path(fake_smi.parent / "bin" / "nvidia-smi")

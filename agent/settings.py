@@ -1,0 +1,84 @@
+"""Every setting the agent reads from its environment, parsed and validated once at start.
+
+``fabric-agent serve`` calls ``load`` before it touches a device; a bad value stops it with a
+message naming each bad variable (exit status 2). The result, one frozen ``AgentSettings``,
+travels in AgentState.settings to the API and the workers; nothing else reads os.environ.
+
+  FABRIC_UDP_FLOW_SECS, FABRIC_MISS_INSERTS, FABRIC_XDP_FORWARD   the dataplane (agent/dataplane/settings.py)
+  FABRIC_BGP, FABRIC_BGP_*                                          VIP announcements (agent/bgp/settings.py)
+  FABRIC_MODEL_*, HF_ENDPOINT, HF_TOKEN, FABRIC_HF_TOKEN_FILE       model downloads (agent/models/settings.py)
+  FABRIC_VFIO_KEEP_BOUND (0)    1: released GPUs stay on vfio-pci for the next VM (docs/gpu-hosts.md)
+  FABRIC_PCI_MIG (0)            1: this agent creates and destroys MIG instances (agent/hw/mig.py)
+  FABRIC_IMAGES_DIR             where the guest pieces live (default: the repository's images/)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.bgp.settings import BgpSettings
+from agent.dataplane.settings import DataplaneSettings
+from agent.models.settings import ModelSettings
+from common.errors import FabricError
+
+# Names whose values a cloud-init seed must never contain (agent/vm/cloud_init.check_no_secrets).
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN")
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+class AgentSettingsError(ValueError):
+    """One or more of the agent's variables are unusable; the message names each one."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    dataplane: DataplaneSettings = field(default_factory=DataplaneSettings)
+    bgp: BgpSettings = field(default_factory=BgpSettings)
+    models: ModelSettings = field(default_factory=ModelSettings)
+    vfio_keep_bound: bool = False
+    pci_mig: bool = False
+    images_dir: Path | None = None  # None: the repository's images/
+
+
+def _flag(env: Mapping[str, str], name: str, errors: list[str]) -> bool:
+    raw = env.get(name, "").strip()
+    if raw not in ("", "0", "1"):
+        errors.append(f"{name} must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def load(env: Mapping[str, str] | None = None, *, node_ip: str | None = None) -> AgentSettings:
+    """Parse and validate every setting; AgentSettingsError naming each bad variable."""
+    env = os.environ if env is None else env
+    errors: list[str] = []
+
+    def part(make):
+        try:
+            return make()
+        except (ValueError, FabricError) as exc:
+            errors.append(str(getattr(exc, "message", exc)))
+            return None
+
+    dataplane = part(lambda: DataplaneSettings.from_env(env))
+    bgp = part(lambda: BgpSettings.from_env(env, node_ip=node_ip))
+    models = part(lambda: ModelSettings.from_env(dict(env)))
+    keep = _flag(env, "FABRIC_VFIO_KEEP_BOUND", errors)
+    mig = _flag(env, "FABRIC_PCI_MIG", errors)
+    images = env.get("FABRIC_IMAGES_DIR", "").strip()
+    if images and not images.startswith("/"):
+        errors.append(f"FABRIC_IMAGES_DIR={images!r} is not an absolute path")
+    if errors:
+        raise AgentSettingsError("; ".join(errors))
+    return AgentSettings(dataplane, bgp, models, vfio_keep_bound=keep, pci_mig=mig,
+                         images_dir=Path(images) if images else None)
+
+
+def secret_values(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(name, value) of every secret this process can see, for a seed's defence-in-depth check:
+    the Hugging Face token names, and FABRIC_* names holding TOKEN, KEY, SECRET or PASSWORD."""
+    env = os.environ if env is None else env
+    return [(name, value) for name, value in env.items()
+            if name in SECRET_ENV or (name.startswith("FABRIC_") and any(w in name for w in SECRET_WORDS))]
