@@ -3,7 +3,7 @@
 Per deployment and per tenant: GPU-seconds reserved and ready over the last ``window`` seconds
 (default 3600, at most 31 days), integrated from the replica lifetime ledger; the tokens the
 gateways counted in the current token window (the clock hour, common.token_windows), per
-deployment (summed over its endpoints) and per tenant; ``alert`` where tokens exceed
+deployment (summed over its endpoints) and per tenant (summed over its deployments); ``alert`` where tokens exceed
 FABRIC_TOKEN_BUDGET (unset or 0: no alert).
 """
 
@@ -50,6 +50,6 @@ def get_finops(state: StateDep, window: Annotated[float, Query(gt=0, le=finops.M
         if n and ep.get("deployment"):
             dep_tokens[ep["deployment"]] = dep_tokens.get(ep["deployment"], 0) + n
     lives = lifetimes.load(store, now, live={r.replica_id for r in replicas})
-    return finops.report(lives, replicas, tenants, dep_tokens, counted["tenant"], now=now,
+    return finops.report(lives, replicas, tenants, dep_tokens, now=now,
                          window_s=window, budget=budget,
                          token_window=(token_windows.window_start(now), token_windows.WINDOW_SECS))

@@ -33,7 +33,8 @@ from common.schemas import GpuInfo, Node, check_name
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.node_identity import authenticate_node, require_node
-from controlplane.scheduler import SchedulerSettings, node_online
+from controlplane.orchestration_state import load_snapshot
+from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
 from controlplane.state import AppState, get_state
 
 router = APIRouter(prefix="/api/ai", tags=["nodes"])
@@ -48,9 +49,15 @@ UPDATE_RETRIES = 10
 
 
 class NodeView(Node):
+    """A node as the API shows it: ``cpu_free``/``memory_free_gib`` are what is left after the
+    replicas there (node_resources), the agent's own figures are the ``*_allocatable`` ones."""
     online: bool
     phase: str
     message: str
+    cpu_allocatable: int = 0
+    cpu_committed: int = 0
+    memory_allocatable_gib: float = 0
+    memory_committed_gib: float = 0
 
 
 class GpuView(GpuInfo):
@@ -97,7 +104,17 @@ def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
     return Node(**{**report.model_dump(exclude={"gpus"}), "gpus": gpus, "last_heartbeat": now})
 
 
-def node_view(node: Node, now: float, offline_after_s: float = OFFLINE_AFTER_S) -> NodeView:
+def node_resources(node: Node, held: Committed) -> dict:
+    """A node's CPU and memory as every view shows them (node list/show, capacity, the console's
+    strip): what its agent offers (the heartbeat's figures), what its replicas hold, what is free.
+    The one computation of these figures, so the views cannot disagree."""
+    return {"cpu_allocatable": node.cpu_free, "cpu_committed": held.cpu, "cpu_free": node.cpu_free - held.cpu,
+            "memory_allocatable_gib": node.memory_free_gib, "memory_committed_gib": round(held.memory_gib, 6),
+            "memory_free_gib": round(node.memory_free_gib - held.memory_gib, 6)}
+
+
+def node_view(node: Node, now: float, offline_after_s: float = OFFLINE_AFTER_S,
+              held: Committed = NOTHING_COMMITTED) -> NodeView:
     # A record never heartbeated (last_heartbeat 0) is offline whatever the clock says.
     online = node.last_heartbeat > 0 and node_online(node, now, SchedulerSettings(offline_after_s=offline_after_s))
     if online:
@@ -109,8 +126,8 @@ def node_view(node: Node, now: float, offline_after_s: float = OFFLINE_AFTER_S) 
                    f"(more than {offline_after_s:.0f}s)")
     if node.inventory_message:
         message += f"; inventory: {node.inventory_message}"
-    return NodeView(**node.model_dump(), online=online, phase="Ready" if online else "Offline",
-                    message=message)
+    return NodeView(**{**node.model_dump(), **node_resources(node, held)}, online=online,
+                    phase="Ready" if online else "Offline", message=message)
 
 
 def reservation_owner(value: str) -> str:
@@ -167,7 +184,9 @@ def _save(state: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Nod
 @router.get("/nodes", response_model=list[NodeView], dependencies=admin)
 def list_nodes(state: StateDep) -> list[NodeView]:
     now = time.time()
-    return [node_view(Node.model_validate_json(kv.value), now) for kv in state.store.list(keyspace.nodes())]
+    committed = load_snapshot(state.store).committed()
+    return [node_view(n, now, held=committed.get(n.id, NOTHING_COMMITTED))
+            for n in (Node.model_validate_json(kv.value) for kv in state.store.list(keyspace.nodes()))]
 
 
 @router.get("/nodes/{node_id}", response_model=NodeView, dependencies=admin)
@@ -175,7 +194,7 @@ def get_node(node_id: str, state: StateDep) -> NodeView:
     node, _ = _load(state, node_id)
     if node is None:
         raise NotFound(f"node {node_id!r} not found")
-    return node_view(node, time.time())
+    return node_view(node, time.time(), held=load_snapshot(state.store).committed().get(node_id, NOTHING_COMMITTED))
 
 
 @router.post("/nodes", response_model=NodeView,

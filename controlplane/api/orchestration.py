@@ -29,6 +29,7 @@ from common import keyspace
 from common.errors import Conflict, NotFound
 from common.schemas import Spec
 from controlplane import vip_pool
+from controlplane.api.nodes import node_resources
 from controlplane.auth import require_admin
 from controlplane.orchestration_state import get_replica, load_snapshot, put_replica
 from controlplane.routing.strategies import plan_routing
@@ -184,12 +185,7 @@ def capacity(state: StateDep) -> dict:
         nodes.append({"node": node.id, "site": node.site, "online": online, "taints": node.taints,
                       "gpus_total": total, "gpus_reserved": gpus_held, "gpus_free": free,
                       "mig_slices": len(slices), "mig_slices_free": slices_free,
-                      "replicas": held.replicas,
-                      "cpu_allocatable": node.cpu_free, "cpu_committed": held.cpu,
-                      "cpu_free": node.cpu_free - held.cpu,
-                      "memory_allocatable_gib": node.memory_free_gib,
-                      "memory_committed_gib": round(held.memory_gib, 6),
-                      "memory_free_gib": round(node.memory_free_gib - held.memory_gib, 6)})
+                      "replicas": held.replicas, **node_resources(node, held)})
         site = sites.setdefault(node.site, {"site": node.site, "nodes": 0, "gpus_total": 0, "gpus_free": 0})
         site["nodes"] += 1
         site["gpus_total"] += total

@@ -233,6 +233,8 @@ def agent_command(cfg: LabConfig) -> list[str]:
         "--lab-gateway", t.bridge_addr, "--heartbeat-secs", "2",
         # A simulated 8-GPU server offers the CPU and memory such a server would.
         "--cpus", "128", "--memory-gib", "1024",
+        # The lab's one site, named like its failure domain, so node list and capacity show it.
+        "--site", "default",
     ]
     for iface in t.xdp_ifaces:
         cmd += ["--dataplane-iface", iface]

@@ -1,6 +1,8 @@
 """Chargeback (GET /api/ai/finops): GPU-seconds reserved and ready per deployment and tenant over
 a window, integrated from the replica lifetime ledger (controlplane.tenancy.lifetimes), and the
-tokens the gateways counted in the current token window (common.token_windows).
+tokens the gateways counted in the current token window (common.token_windows), per deployment;
+a tenant's tokens are the sum of its deployments' (one figure, computed once, so the two tables
+always agree, untenanted deployments included).
 
 Pure: ``report`` takes lifetimes, the living replicas (a replica from before the ledger, with no
 lifetime, counts from its record: created_at, and ready since ready_since), the deployments'
@@ -61,7 +63,6 @@ def report(
     replicas: Iterable[Replica],
     tenants: Mapping[str, str | None],
     deployment_tokens: Mapping[str, int],
-    tenant_tokens: Mapping[str, int],
     *,
     now: float,
     window_s: float,
@@ -82,14 +83,14 @@ def report(
     for name in deployment_tokens:
         per_dep.setdefault(name, GpuSeconds())
     per_tenant: dict[str | None, GpuSeconds] = {}
+    tenant_tokens: dict[str | None, int] = {}
     for dep, gpu in per_dep.items():
         t = dep_tenant.get(dep)
         per_tenant[t] = per_tenant.get(t, GpuSeconds()).plus(gpu)
-    for t in tenant_tokens:
-        per_tenant.setdefault(t, GpuSeconds())
+        tenant_tokens[t] = tenant_tokens.get(t, 0) + deployment_tokens.get(dep, 0)
     deployments = [{**_row("deployment", d, per_dep[d], deployment_tokens.get(d, 0), budget),
                     "tenant": dep_tenant.get(d)} for d in sorted(per_dep)]
-    tenants_out = [_row("tenant", t, per_tenant[t], tenant_tokens.get(t, 0) if t else 0, budget)
+    tenants_out = [_row("tenant", t, per_tenant[t], tenant_tokens.get(t, 0), budget)
                    for t in sorted(per_tenant, key=lambda t: (t is not None, t or ""))]
     return {
         "window": {"start": start, "end": now, "seconds": window_s},

@@ -96,3 +96,11 @@ def test_up_refuses_a_lab_that_is_up_and_keeps_its_state(tmp_path):
         sock.bind(("127.0.0.1", cfg.api_port))
         sock.listen()
         assert up_signs(cfg) == [f"something listens on fabricd's port {cfg.api_port}"]
+
+
+def test_the_lab_node_reports_a_site_and_the_server_sized_cpu_and_memory(tmp_path):
+    from controlplane.lab.cluster import LabConfig, agent_command
+
+    cmd = agent_command(LabConfig(state_dir=tmp_path))
+    assert cmd[cmd.index("--site") + 1] == "default"
+    assert (cmd[cmd.index("--cpus") + 1], cmd[cmd.index("--memory-gib") + 1]) == ("128", "1024")
