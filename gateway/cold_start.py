@@ -1,4 +1,5 @@
-"""Cold start: a call for an endpoint with no ready replica records demand, then waits or says so.
+"""Cold start: a call for an endpoint with no ready replica records demand, then waits or says so,
+truthfully.
 
 The autoscaler (fabricd, controlplane.scaling) scales a deployment parked at zero replicas back
 to max(1, min_replicas) when it sees demand newer than its last change. The gateway records that
@@ -12,6 +13,21 @@ caller that authenticated, so names an attacker invents never reach the store). 
     Ready (the call then proceeds) or the hold expires (the same 503).
 An endpoint whose replicas exist but none is ready (a replica restarting) gets the same answer:
 from the caller's side it is the same wait.
+
+"Loading" is said only when something is coming (``refusal``, a pure function of the
+deployment record and its replicas): a replica is being created or is starting, the deployment
+backs off between replacements, or it sits at zero replicas with autoscaling and scale_to_zero
+(this call's demand wakes it). Otherwise the answer is 503 with a code naming the state and no
+Retry-After, and the call is not held:
+  deployment_parked       CrashLoop: replicas kept failing (the last reason is in the message);
+                          `fabricctl ai deployment restart NAME` tries again
+  deployment_failed       Failed (its model or profile is missing, its runtime is refused)
+  deployment_unplaceable  replicas wanted, none exists, and no node can take one
+  scaled_to_zero          zero replicas wanted and no autoscaling that would wake one
+  deployment_deleting     being deleted
+  deployment_missing      the endpoint names a deployment that does not exist
+The state is read from the store only on this path (no ready replica), at most once a second
+per endpoint and process.
 """
 
 from __future__ import annotations
@@ -23,7 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common import keyspace
-from common.errors import TransientError
+from common.errors import FabricError, TransientError
+from common.schemas import InferenceDeployment, InferenceEndpoint, Replica
 from common.store.base import Store
 from gateway.upstreams import EndpointView, UpstreamCache
 
@@ -31,6 +48,7 @@ RETRY_AFTER_S = 5.0
 DEMAND_WRITE_GAP_S = 1.0
 POLL_S = 0.5
 DEMAND_MEMO_MAX = 10_000
+STATE_TTL_S = 1.0
 
 
 class ModelLoading(TransientError):
@@ -43,6 +61,55 @@ class ModelLoading(TransientError):
         self.retry_after = retry_after
 
 
+class NotServing(FabricError):
+    """503 without Retry-After: nothing is coming until someone acts (the code says what)."""
+
+    status = 503
+    code = "not_serving"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: str
+    message: str
+    loading: bool  # a replica is starting or will be: model_loading, Retry-After, the hold applies
+
+
+UNPLACEABLE = ("no node can take a replica", "no nodes are registered")
+
+
+def refusal(endpoint: str, deployment_name: str, dep: InferenceDeployment | None,
+            replicas: list[Replica]) -> Refusal:
+    """Why an endpoint with no ready replica cannot answer now, and whether that will pass."""
+    if dep is None:
+        return Refusal("deployment_missing", f"endpoint {endpoint!r} names deployment {deployment_name!r}, "
+                       "which does not exist", False)
+    phase, why = dep.status.phase, dep.status.message.split("; autoscaler: ", 1)[0]
+    if phase == "Deleting":
+        return Refusal("deployment_deleting", f"deployment {dep.name!r} is being deleted", False)
+    if phase == "CrashLoop":
+        return Refusal("deployment_parked", f"deployment {dep.name!r} is parked after {dep.status.failures} "
+                       f"replica failures (last: {dep.status.last_failure or 'unknown'}); "
+                       f"`fabricctl ai deployment restart {dep.name}` tries again", False)
+    if phase == "Failed":
+        return Refusal("deployment_failed", f"deployment {dep.name!r} failed: {why}", False)
+    coming = [r for r in replicas if not r.draining and r.phase in ("Pending", "Starting", "Ready", "Unhealthy")]
+    if dep.replicas == 0 and not coming:
+        scaler = dep.autoscaling
+        if scaler is not None and scaler.enabled and scaler.scale_to_zero:
+            return Refusal("model_loading", f"deployment {dep.name!r} is scaled to zero; this call starts a "
+                           f"replica; retry in {RETRY_AFTER_S:g}s", True)
+        return Refusal("scaled_to_zero", f"deployment {dep.name!r} is scaled to 0 replicas and does not "
+                       "autoscale from zero; scale it up to serve", False)
+    if not coming and phase == "Pending" and any(u in why for u in UNPLACEABLE):
+        return Refusal("deployment_unplaceable", f"deployment {dep.name!r} cannot be placed: {why}", False)
+    if phase == "Backoff":
+        return Refusal("model_loading", f"deployment {dep.name!r} is backing off after a replica failure; "
+                       f"a new replica follows; retry in {RETRY_AFTER_S:g}s", True)
+    return Refusal("model_loading", f"the model behind endpoint {endpoint!r} is loading (no replica is ready "
+                   f"yet); retry in {RETRY_AFTER_S:g}s", True)
+
+
 @dataclass
 class ColdStart:
     store: Store
@@ -50,13 +117,18 @@ class ColdStart:
     hold_secs: float = 0.0
     clock: Callable[[], float] = time.time
     _written: dict[str, float] = field(default_factory=dict)  # endpoint -> monotonic time of last write
+    _states: dict[str, tuple[float, Refusal]] = field(default_factory=dict)  # endpoint -> (read at, refusal)
 
     async def view(self, endpoint: str) -> EndpointView:
-        """The endpoint's view once it has a ready replica; ModelLoading when none is ready
-        (after holding up to hold_secs). NotFound and other errors pass through."""
+        """The endpoint's view once it has a ready replica; ModelLoading when none is ready but
+        one is coming (after holding up to hold_secs); NotServing when none is coming. NotFound
+        and other errors pass through."""
         view = await self._ready_view(endpoint)
         if view is not None:
             return view
+        why = await self.refusal(endpoint)
+        if not why.loading:
+            raise NotServing(why.message, code=why.code)
         await self.record_demand(endpoint)
         deadline = time.monotonic() + self.hold_secs
         while (left := deadline - time.monotonic()) > 0:
@@ -65,8 +137,28 @@ class ColdStart:
             if view is not None:
                 return view
             await self.record_demand(endpoint)  # a long hold keeps the demand fresh
-        raise ModelLoading(f"the model behind endpoint {endpoint!r} is loading (no replica is ready yet); "
-                           f"retry in {RETRY_AFTER_S:g}s")
+        raise ModelLoading(why.message)
+
+    async def refusal(self, endpoint: str) -> Refusal:
+        now = time.monotonic()
+        hit = self._states.get(endpoint)
+        if hit is not None and now - hit[0] < STATE_TTL_S:
+            return hit[1]
+        why = await asyncio.to_thread(self._read_refusal, endpoint)
+        if len(self._states) >= DEMAND_MEMO_MAX:
+            self._states.clear()
+        self._states[endpoint] = (now, why)
+        return why
+
+    def _read_refusal(self, endpoint: str) -> Refusal:
+        kv = self.store.get(keyspace.endpoints(endpoint))
+        if kv is None:  # deleted meanwhile: the loading answer is the old behaviour's
+            return Refusal("model_loading", f"endpoint {endpoint!r} has no ready replica", True)
+        ep = InferenceEndpoint.model_validate_json(kv.value)
+        dkv = self.store.get(keyspace.deployments(ep.deployment))
+        dep = InferenceDeployment.model_validate_json(dkv.value) if dkv is not None else None
+        replicas = [Replica.model_validate_json(r.value) for r in self.store.list(keyspace.replicas(ep.deployment))]
+        return refusal(endpoint, ep.deployment, dep, replicas)
 
     async def _ready_view(self, endpoint: str) -> EndpointView | None:
         try:

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from common import keyspace
-from common.schemas import EndpointStatus, InferenceEndpoint
+from common.schemas import AutoscalingSpec, DeploymentStatus, EndpointStatus, InferenceDeployment, InferenceEndpoint
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 
@@ -25,10 +25,15 @@ def engine():
     e.stop()
 
 
-def parked(store, name: str) -> None:
-    """An endpoint whose deployment is at zero replicas (what the autoscaler leaves)."""
+def parked(store, name: str, **status) -> None:
+    """An endpoint whose deployment is at zero replicas with scale_to_zero (what the autoscaler
+    leaves); ``status`` overrides the deployment's status (a CrashLoop, a Failed one)."""
     ep = InferenceEndpoint(name=name, deployment=f"{name}-dep", status=EndpointStatus(phase="Ready"))
     store.put(keyspace.endpoints(name), ep.model_dump_json())
+    dep = InferenceDeployment(name=f"{name}-dep", model="m", profile="p", replicas=0,
+                              autoscaling=AutoscalingSpec(min_replicas=0, scale_to_zero=True),
+                              status=DeploymentStatus(**{"phase": "Ready", **status}))
+    store.put(keyspace.deployments(dep.name), dep.model_dump_json())
     for kv in store.list(keyspace.replicas(f"{name}-dep")):
         store.delete(kv.key)
 
@@ -51,7 +56,7 @@ def test_no_replica_records_demand_and_answers_model_loading(tmp_path_factory, e
         assert resp.headers["retry-after"] == "5"
         err = resp.json()["error"]
         assert err["code"] == "model_loading" and err["type"] == "model_loading"
-        assert "is loading" in err["message"]
+        assert "starts a replica" in err["message"]  # scaled to zero with scale_to_zero: this call wakes it
         demand = json.loads(store.get(keyspace.demand("cold")).value)
         assert demand["at"] >= before
         # An unknown endpoint (or an unauthenticated caller) records nothing.
@@ -105,6 +110,26 @@ def test_openai_client_retries_through_model_loading(tmp_path_factory, engine):
             model="sim-m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         assert raw.http_response.status_code == 200 and raw.retries_taken >= 1
         assert raw.parse().choices[0].message.content
+    finally:
+        gw.stop()
+        store.close()
+
+
+def test_nothing_coming_is_a_503_naming_the_state_without_retry_after(tmp_path_factory, engine):
+    """A parked deployment (CrashLoop) is not "loading": 503 deployment_parked with the last
+    failure, no Retry-After, no demand recorded, not held (the hold is for replicas coming)."""
+    state, url, store = sqlite_state(tmp_path_factory, "parked")
+    gw = GatewayProcess.start(state, url, env={"FABRIC_GATEWAY_HOLD_SECS": "20"})
+    try:
+        parked(store, "stuck", phase="CrashLoop", failures=5, last_failure="engine exited: OSError: no config.json")
+        _, key = make_key(store, "stuck")
+        t0 = time.monotonic()
+        resp = chat(gw, "stuck", key)
+        assert time.monotonic() - t0 < 15, "a refusal with nothing coming is not held"
+        assert resp.status_code == 503 and "retry-after" not in resp.headers
+        err = resp.json()["error"]
+        assert err["code"] == "deployment_parked" and "OSError: no config.json" in err["message"]
+        assert store.get(keyspace.demand("stuck")) is None
     finally:
         gw.stop()
         store.close()
