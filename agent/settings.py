@@ -18,11 +18,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.bgp.settings import BgpSettings
-from agent.dataplane.settings import DataplaneSettings
 from agent.models.settings import ModelSettings
 from common.errors import FabricError
+
+if TYPE_CHECKING:  # the dataplane package loads numba: imported when a value is made, not here
+    from agent.dataplane.settings import DataplaneSettings
 
 # Names whose values a cloud-init seed must never contain (agent/vm/cloud_init.check_no_secrets).
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN")
@@ -35,12 +38,18 @@ class AgentSettingsError(ValueError):
 
 @dataclass(frozen=True)
 class AgentSettings:
-    dataplane: DataplaneSettings = field(default_factory=DataplaneSettings)
+    dataplane: DataplaneSettings = field(default_factory=lambda: _dataplane_settings({}))
     bgp: BgpSettings = field(default_factory=BgpSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
     vfio_keep_bound: bool = False
     pci_mig: bool = False
     images_dir: Path | None = None  # None: the repository's images/
+
+
+def _dataplane_settings(env: Mapping[str, str]) -> DataplaneSettings:
+    from agent.dataplane.settings import DataplaneSettings
+
+    return DataplaneSettings.from_env(env)
 
 
 def _flag(env: Mapping[str, str], name: str, errors: list[str]) -> bool:
@@ -62,7 +71,7 @@ def load(env: Mapping[str, str] | None = None, *, node_ip: str | None = None) ->
             errors.append(str(getattr(exc, "message", exc)))
             return None
 
-    dataplane = part(lambda: DataplaneSettings.from_env(env))
+    dataplane = part(lambda: _dataplane_settings(env))
     bgp = part(lambda: BgpSettings.from_env(env, node_ip=node_ip))
     models = part(lambda: ModelSettings.from_env(dict(env)))
     keep = _flag(env, "FABRIC_VFIO_KEEP_BOUND", errors)
@@ -74,6 +83,13 @@ def load(env: Mapping[str, str] | None = None, *, node_ip: str | None = None) ->
         raise AgentSettingsError("; ".join(errors))
     return AgentSettings(dataplane, bgp, models, vfio_keep_bound=keep, pci_mig=mig,
                          images_dir=Path(images) if images else None)
+
+
+def images_dir_override(env: Mapping[str, str] | None = None) -> Path | None:
+    """FABRIC_IMAGES_DIR (checked at start by load), for agent/vm/cloud_init.images_dir."""
+    env = os.environ if env is None else env
+    raw = env.get("FABRIC_IMAGES_DIR", "").strip()
+    return Path(raw) if raw else None
 
 
 def secret_values(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:

@@ -18,7 +18,6 @@ present in this process's environment before it is written.
 from __future__ import annotations
 
 import ipaddress
-import os
 import shutil
 import subprocess
 from importlib import resources
@@ -26,12 +25,12 @@ from pathlib import Path
 
 import yaml
 
+from agent import settings as agent_settings
 from agent.vm import runtime_units
 from agent.vm.base import VmSpec
 from agent.vm.parallelism import choose_parallel, read_model_config
 from common.errors import InvalidInput, Refused
 
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN")
 MODELS_TAG = "models"
 ADAPTERS_TAG = "adapters"
 
@@ -39,8 +38,8 @@ ADAPTERS_TAG = "adapters"
 def images_dir() -> Path:
     """Where the guest pieces live: package data of agent.vm (images/: in a checkout a link to
     the repo's images/, in an installed wheel the files), unless FABRIC_IMAGES_DIR says."""
-    override = os.environ.get("FABRIC_IMAGES_DIR")
-    return Path(override) if override else Path(str(resources.files("agent.vm").joinpath("images")))
+    override = agent_settings.images_dir_override()
+    return override if override else Path(str(resources.files("agent.vm").joinpath("images")))
 
 
 def guest_model_path(spec: VmSpec, models_dir: Path | None = None) -> str:
@@ -220,11 +219,8 @@ _BlockDumper.add_representer(str, _str_block)
 
 def check_no_secrets(text: str) -> None:
     """Refuse text that contains a secret value this process can see (defence in depth)."""
-    for name, value in os.environ.items():
-        secret_name = name in SECRET_ENV or (
-            name.startswith("FABRIC_") and any(w in name for w in ("TOKEN", "KEY", "SECRET", "PASSWORD"))
-        )
-        if secret_name and len(value) >= 8 and value in text:
+    for name, value in agent_settings.secret_values():
+        if len(value) >= 8 and value in text:
             raise Refused(f"refusing to write a seed that contains the value of ${name}")
 
 
