@@ -218,9 +218,16 @@ def token_for(state, principal: Principal) -> tuple[str, float]:
                        role=principal.role, tenant=principal.tenant)
 
 
-def login_token(state, username: str, password: str) -> tuple[str, float, str]:
+async def checked_login(state, username: str, password: str, source: str | None) -> Principal:
+    """password_principal through the login gate (controlplane.tenancy.login_gate): off the
+    shared thread pool, 429 when too many logins wait or this account or address is backing off."""
+    return await state.logins.check(username, source or "unknown",
+                                    lambda: password_principal(state, username, password))
+
+
+async def login_token(state, username: str, password: str, source: str | None = None) -> tuple[str, float, str]:
     """(token, expires_at, role) for a correct login: shared by the API and the console."""
-    principal = password_principal(state, username, password)
+    principal = await checked_login(state, username, password, source)
     token, expires_at = token_for(state, principal)
     return token, expires_at, principal.role
 
@@ -241,9 +248,11 @@ class LoginResponse(BaseModel):
 router = APIRouter(prefix="/api/auth", tags=["auth"])
 
 
-@router.post("/login", response_model=LoginResponse)
-def login(body: LoginRequest, state: StateDep) -> LoginResponse:
-    principal = password_principal(state, body.username, body.password)
+@router.post("/login", response_model=LoginResponse, responses={429: {"description": "too many logins wait, or "
+                                                                       "this account or address is backing off"}})
+async def login(body: LoginRequest, request: Request, state: StateDep) -> LoginResponse:
+    principal = await checked_login(state, body.username, body.password,
+                                    request.client.host if request.client else None)
     token, expires_at = token_for(state, principal)
     return LoginResponse(token=token, expires_at=expires_at, role=principal.role, tenant=principal.tenant)
 

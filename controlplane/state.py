@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from common.envvars import number
 from common.store.base import Store
+from controlplane.tenancy.login_gate import LoginGate
 
 DEFAULT_TOKEN_TTL_S = 12 * 3600
 DEFAULT_EVENTS_KEPT = 1000
@@ -60,6 +61,8 @@ class AppState:
     # Every FABRIC_* setting, validated at start (controlplane.settings.load); None in tests that
     # build an AppState by hand (the controllers then read the environment themselves).
     config: object | None = None
+    # Password logins: their own executor, a bounded queue and per-account/per-source backoff.
+    logins: LoginGate = field(default_factory=LoginGate)
 
 
 def get_state(request: Request) -> AppState:

@@ -13,7 +13,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse
 
-from common.errors import Forbidden, Unauthorized
+from common.errors import Forbidden, LimitExceeded, Unauthorized
 from controlplane.auth import login_token
 from controlplane.console import session as sessions
 from controlplane.console.backend import Api, ApiError
@@ -28,8 +28,9 @@ async def login(request: Request):
     form = await read_form(request)
     try:
         sessions.check_login_csrf(request, form.get("csrf", ""))
-        token, expires_at, _ = login_token(get_state(request), form.get("username", ""), form.get("password", ""))
-    except (Unauthorized, Forbidden) as exc:
+        token, expires_at, _ = await login_token(get_state(request), form.get("username", ""), form.get("password", ""),
+                                                 request.client.host if request.client else None)
+    except (Unauthorized, Forbidden, LimitExceeded) as exc:
         fresh = sessions.new_login_csrf()
         resp = page(request, "login.html", None, status=exc.status, login_csrf=fresh, error=exc.message)
         sessions.set_cookie(resp, sessions.LOGIN_CSRF_COOKIE, fresh, 1800)
