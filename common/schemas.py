@@ -311,6 +311,8 @@ class AutoscalingSpec(Spec):
     scale_in_queue: float = Field(1, ge=0, le=MAX_QUEUE)
     scale_in_seconds: float = Field(300, ge=0, le=86400)
     scale_to_zero: bool = False
+    scale_to_zero_idle_seconds: float = Field(300, ge=0, le=86400, description="scale to zero only after no "
+                                              "request ran or finished on any replica for this long")
     cooldown_seconds: float = Field(60, ge=0, le=3600, description="no change against the last one within this")
 
     @model_validator(mode="after")

@@ -14,10 +14,15 @@ last change was made). Rules, in order:
   - scale out by one when the mean queue of the ready replicas with fresh metrics has been above
     scale_out_queue for scale_out_seconds, or their mean TTFT is above scale_out_ttft_ms, and
     desired < max_replicas; not within cooldown_seconds of the previous scale-out;
-  - scale in by one (with scale_to_zero, from min_replicas straight to 0) when that mean queue has been below scale_in_queue for scale_in_seconds,
-    desired is above min_replicas (above 0 with scale_to_zero), and every ready replica has an
-    ok scrape younger than FRESH_S; not within cooldown_seconds of any previous change. Stale or
-    missing metrics never scale in: the timer restarts and the reason names the replicas;
+  - scale in by one (with scale_to_zero, from min_replicas straight to 0) when the mean work
+    (requests running + waiting) per ready replica has been below scale_in_queue for
+    scale_in_seconds, desired is above min_replicas (above 0 with scale_to_zero), and every ready
+    replica has an ok scrape younger than FRESH_S; not within cooldown_seconds of any previous
+    change. Stale or missing metrics never scale in: the timer restarts and the reason names the
+    replicas. A replica generating with nothing queued is busy, not idle;
+  - scale to zero also needs idleness: nothing running or waiting on any replica, and no request
+    finished on any (the engines' finished-request counters did not move), for
+    scale_to_zero_idle_seconds;
   - any scale-out (bounds and cold start included) first passes the tenant's GPU quota check
     (controlplane.tenancy.quotas.check); a refusal is a hold with code "quota" and the numbers.
 "Queue depth" is the mean number of waiting requests per ready replica (docs/autoscaling.md).
@@ -64,6 +69,8 @@ class Memory:
     last_scale_at: float | None = None
     last_action: str | None = None  # scale_out | scale_in
     last_code: str = ""  # the previous decision's code: events are recorded on change only
+    idle_since: float | None = None  # nothing running, waiting or finishing on any replica since
+    finished: float | None = None  # the replicas' finished-request counters summed at the last tick
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,9 @@ class Signal:
     out_held_s: float
     in_held_s: float
     newest_scrape: float | None = None  # the latest scrape time among the fresh readings
+    work: float | None = None  # mean running + waiting per ready replica with fresh metrics
+    running: float = 0.0  # requests running on the fresh replicas, summed
+    finished: float | None = None  # their finished-request counters, summed (None: not reported)
 
 
 @dataclass(frozen=True)
@@ -106,10 +116,14 @@ def read_signal(deployment: InferenceDeployment, obs: Observations, now: float, 
     queue = sum(o.queue_depth for o in fresh) / len(fresh) if fresh else None
     ttfts = [o.ttft_p50_s for o in fresh if o.ttft_p50_s is not None]
     ttft_ms = 1000 * sum(ttfts) / len(ttfts) if ttfts else None
+    work = sum(o.queue_depth + o.running for o in fresh) / len(fresh) if fresh else None
+    counters = [o.finished_total for o in fresh]
+    finished = sum(counters) if counters and all(c is not None for c in counters) else None
     return Signal(deployment.replicas, len(ready), len(fresh), queue, ttft_ms, stale,
                   now - memory.out_since if memory.out_since is not None else 0.0,
                   now - memory.in_since if memory.in_since is not None else 0.0,
-                  max((o.scraped_at for o in fresh), default=None))
+                  max((o.scraped_at for o in fresh), default=None), work,
+                  sum(o.running for o in fresh), finished)
 
 
 def _timers(spec: AutoscalingSpec, sig: Signal, memory: Memory, now: float) -> Memory:
@@ -117,10 +131,14 @@ def _timers(spec: AutoscalingSpec, sig: Signal, memory: Memory, now: float) -> M
     queue was seen, not when this tick ran); never earlier than the queue could have crossed."""
     seen = min(now, sig.newest_scrape) if sig.newest_scrape is not None else now
     out_cond = sig.queue_depth is not None and sig.queue_depth > spec.scale_out_queue
-    in_cond = sig.queue_depth is not None and sig.queue_depth < spec.scale_in_queue and not sig.stale
+    in_cond = sig.work is not None and sig.work < spec.scale_in_queue and not sig.stale
+    idle = (sig.work == 0 and not sig.stale and sig.fresh == sig.ready
+            and (sig.finished is None or memory.finished is None or sig.finished == memory.finished))
     return replace(memory,
                    out_since=(memory.out_since if memory.out_since is not None else seen) if out_cond else None,
-                   in_since=(memory.in_since if memory.in_since is not None else seen) if in_cond else None)
+                   in_since=(memory.in_since if memory.in_since is not None else seen) if in_cond else None,
+                   idle_since=(memory.idle_since if memory.idle_since is not None else seen) if idle else None,
+                   finished=sig.finished)
 
 
 def _fmt(x: float | None, unit: str = "") -> str:
@@ -174,6 +192,7 @@ def decide(deployment: InferenceDeployment, spec: AutoscalingSpec | None, observ
                       "before judging load", mem)
 
     queue_note = f"queue {_fmt(sig0.queue_depth)}"
+    work_note = f"work (running + waiting) {_fmt(sig0.work)}"
     out_held = now - mem.out_since if mem.out_since is not None else 0.0
     queue_out = mem.out_since is not None and out_held >= spec.scale_out_seconds
     ttft_out = (spec.scale_out_ttft_ms is not None and sig0.ttft_ms is not None
@@ -197,22 +216,30 @@ def decide(deployment: InferenceDeployment, spec: AutoscalingSpec | None, observ
         return result("hold", desired, "stale_metrics", f"not scaling in: no fresh metrics (ok scrape within "
                       f"{FRESH_S:g}s) for {', '.join(sig0.stale)}", mem)
     if mem.in_since is None:
-        return result("hold", desired, "steady", f"{queue_note} is between {spec.scale_in_queue:g} and "
-                      f"{spec.scale_out_queue:g}", mem)
+        return result("hold", desired, "steady", f"{work_note} is not below {spec.scale_in_queue:g} "
+                      f"({queue_note} <= {spec.scale_out_queue:g})", mem)
     in_held = now - mem.in_since
     if in_held < spec.scale_in_seconds:
-        return replace(result("hold", desired, "queue_low_pending", f"{queue_note} < {spec.scale_in_queue:g} "
+        return replace(result("hold", desired, "queue_low_pending", f"{work_note} < {spec.scale_in_queue:g} "
                               f"for {in_held:.0f}s of {spec.scale_in_seconds:g}s", mem),
                        due_at=mem.in_since + spec.scale_in_seconds)
     if desired <= floor:
-        return result("hold", desired, "at_min", f"{queue_note} < {spec.scale_in_queue:g}, but already at "
+        return result("hold", desired, "at_min", f"{work_note} < {spec.scale_in_queue:g}, but already at "
                       f"{'0 (scale_to_zero)' if floor == 0 else f'min_replicas {floor}'}", mem)
     since = now - memory.last_scale_at if memory.last_scale_at is not None else None
     if since is not None and since < spec.cooldown_seconds:
-        return result("hold", desired, "cooldown", f"{queue_note} < {spec.scale_in_queue:g}, but the last change "
+        return result("hold", desired, "cooldown", f"{work_note} < {spec.scale_in_queue:g}, but the last change "
                       f"was {since:.0f}s ago (cooldown {spec.cooldown_seconds:g}s)", mem)
     # With scale_to_zero the next step below min_replicas is 0 (a count between would be raised
     # straight back to min by the bounds rule).
     target = 0 if spec.scale_to_zero and desired - 1 < spec.min_replicas else desired - 1
+    if target == 0:
+        idle_held = now - mem.idle_since if mem.idle_since is not None else None
+        if idle_held is None or idle_held < spec.scale_to_zero_idle_seconds:
+            why = (f"{sig0.running:g} requests running" if sig0.running else
+                   "requests waiting" if sig0.work else "a request finished since the last look"
+                   if idle_held is None else f"idle for {idle_held:.0f}s of {spec.scale_to_zero_idle_seconds:g}s")
+            out = result("hold", desired, "not_idle", f"not scaling to zero: {why}", mem)
+            return replace(out, due_at=mem.idle_since + spec.scale_to_zero_idle_seconds) if idle_held else out
     return result("scale_in", target, "queue_low",
-                  f"{queue_note} < {spec.scale_in_queue:g} for {in_held:.0f}s (>= {spec.scale_in_seconds:g}s)", mem)
+                  f"{work_note} < {spec.scale_in_queue:g} for {in_held:.0f}s (>= {spec.scale_in_seconds:g}s)", mem)

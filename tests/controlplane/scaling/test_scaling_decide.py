@@ -32,6 +32,8 @@ class Case:
     quota: QuotaView | None = None
     phase: str = "Ready"
     reason: str = ""
+    running: list[float] | None = None  # requests running per ready replica (default 0)
+    finished: list[float] | None = None  # finished-request counters per ready replica
 
 
 def build(case: Case):
@@ -46,7 +48,9 @@ def build(case: Case):
             continue
         age = case.ages[i] if case.ages else 1.0
         metrics[rid] = ReplicaObservation(replica_id=rid, scraped_at=NOW - age, ok=case.ok[i] if case.ok else True,
-                                          queue_depth=q, ttft_p50_s=case.ttft_s[i] if case.ttft_s else None)
+                                          queue_depth=q, ttft_p50_s=case.ttft_s[i] if case.ttft_s else None,
+                                          running=case.running[i] if case.running else 0,
+                                          finished_total=case.finished[i] if case.finished else None)
     for j in range(case.starting):
         i = len(case.queues) + j
         reps.append(Replica(replica_id=f"d-{i}", deployment="d", ordinal=i, node="n", phase="Starting"))
@@ -57,6 +61,7 @@ def build(case: Case):
 
 HELD_OUT = Memory(out_since=NOW - 31)
 HELD_IN = Memory(in_since=NOW - 61)
+IDLE = Memory(in_since=NOW - 61, idle_since=NOW - 301, finished=10)
 
 CASES = [
     # scale out
@@ -88,10 +93,22 @@ CASES = [
     Case("queue low held long enough", 3, [0, 1, 0], ("scale_in", 2, "queue_low"), memory=HELD_IN),
     Case("queue low not yet held", 3, [0, 1, 0], ("hold", 3, "queue_low_pending"), memory=Memory(in_since=NOW - 30)),
     Case("at min_replicas holds", 1, [0], ("hold", 1, "at_min"), memory=HELD_IN, reason="min_replicas 1"),
-    Case("scale_to_zero goes to 0", 1, [0], ("scale_in", 0, "queue_low"), memory=HELD_IN,
-         spec={"scale_to_zero": True}),
-    Case("scale_to_zero from min goes straight to 0", 2, [0, 0], ("scale_in", 0, "queue_low"), memory=HELD_IN,
-         spec={"scale_to_zero": True, "min_replicas": 2}),
+    Case("scale_to_zero goes to 0 once idle long enough", 1, [0], ("scale_in", 0, "queue_low"), memory=IDLE,
+         spec={"scale_to_zero": True}, finished=[10]),
+    Case("scale_to_zero from min goes straight to 0", 2, [0, 0], ("scale_in", 0, "queue_low"), memory=IDLE,
+         spec={"scale_to_zero": True, "min_replicas": 2}, finished=[4, 6]),
+    # idle means idle: running counts, and scale to zero needs no request for the idle time
+    Case("a generating replica with nothing queued is busy", 2, [0, 0], ("hold", 2, "steady"), memory=HELD_IN,
+         running=[3, 2], reason="running + waiting"),
+    Case("running plus waiting below the threshold scales in", 2, [0, 0], ("scale_in", 1, "queue_low"),
+         memory=HELD_IN, running=[1, 0]),
+    Case("not to zero while a request runs", 1, [0], ("hold", 1, "not_idle"), memory=HELD_IN,
+         spec={"scale_to_zero": True, "scale_in_queue": 2}, running=[1], reason="1 requests running"),
+    Case("not to zero right after a request finished", 1, [0], ("hold", 1, "not_idle"), memory=IDLE,
+         spec={"scale_to_zero": True}, finished=[11], reason="finished since the last look"),
+    Case("not to zero before the idle time", 1, [0], ("hold", 1, "not_idle"),
+         memory=Memory(in_since=NOW - 61, idle_since=NOW - 100, finished=10), spec={"scale_to_zero": True},
+         finished=[10], reason="idle for 100s of 300s"),
     Case("cooldown blocks scale-in after a scale-out", 3, [0, 0, 0], ("hold", 3, "cooldown"),
          memory=Memory(in_since=NOW - 61, last_scale_at=NOW - 30, last_action="scale_out")),
     Case("stale metrics never scale in", 3, [0, 0, 0], ("hold", 3, "stale_metrics"), memory=HELD_IN,

@@ -167,7 +167,7 @@ def test_a_scale_out_waits_for_a_busy_tenant_and_defers(store, monkeypatch):
 def test_idle_scales_to_zero_and_demand_wakes_it(store):
     clock = Clock()
     spec = AutoscalingSpec(min_replicas=1, max_replicas=2, scale_out_queue=20, scale_in_queue=1, scale_in_seconds=5,
-                           scale_to_zero=True, cooldown_seconds=0)
+                           scale_to_zero=True, scale_to_zero_idle_seconds=5, cooldown_seconds=0)
     seed(store, queue=0, spec=spec)
     store.put(keyspace.endpoints("e"), InferenceEndpoint(name="e", deployment="d").model_dump_json())
     worker = AutoscaleWorker(store, clock=clock)
