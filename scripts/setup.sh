@@ -71,6 +71,7 @@ else
   say ".venv up to date"
 fi
 if .venv/bin/python -c "import bcc" 2>/dev/null; then say "BCC importable"; else say "WARNING: BCC not importable"; fi
+scripts/setup-engine.sh  # the real vLLM engine for the lab, in its own .venv-engine (FABRIC_SKIP_ENGINE=1 skips)
 
 # The console's htmx: npm's htmx.org at the version and integrity hash of package-lock.json,
 # copied to the path fabricd serves (/app/ai/static; gitignored). Nothing loads from outside at run time.
