@@ -14,6 +14,7 @@ APT_PACKAGES=(
   libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86 ovmf
   # the GPU-less boot proof's guest (tests/support/tiny_guest.py): kernel, busybox, DHCP on libvirt's network
   linux-image-amd64 busybox-static dnsmasq-base cpio
+  systemd  # systemd-analyze verify/security and systemd-sysusers check images/host/ (tests/test_systemd_units.py)
 )
 
 say() { printf '[setup] %s\n' "$*"; }
