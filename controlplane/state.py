@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from common.envvars import number
 from common.store.base import Store
 from controlplane.tenancy.login_gate import LoginGate
+from controlplane.watch_gate import WatchGate
 
 DEFAULT_TOKEN_TTL_S = 12 * 3600
 DEFAULT_EVENTS_KEPT = 1000
@@ -63,6 +64,8 @@ class AppState:
     config: object | None = None
     # Password logins: their own executor, a bounded queue and per-account/per-source backoff.
     logins: LoginGate = field(default_factory=LoginGate)
+    # Long-poll watches: their own executor, capped per caller and in total.
+    watches: WatchGate = field(default_factory=WatchGate)
 
 
 def get_state(request: Request) -> AppState:

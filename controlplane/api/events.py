@@ -15,7 +15,8 @@
                                                probe, start timeout, agent error and lifecycle step,
                                                with times, and its current record while it exists
 `fabricctl ai get deployments -w` and `fabricctl ai events -w` follow changes with it: one
-request open per watcher, no polling loop.
+request open per watcher, no polling loop. Watches wait on threads of their own, at most 4 open
+per caller and 32 in all (controlplane.watch_gate; one more is 429 with Retry-After).
 """
 
 from __future__ import annotations
@@ -79,15 +80,17 @@ def list_events(
                          since=parse_since(since, time.time()), tenant=who.tenant_filter)
 
 
-@router.get("/watch/{family}")
-def watch(family: str, state: StateDep, revision: int = Query(0, ge=0),
-          timeout: float = Query(30.0, gt=0, le=MAX_WATCH_S)) -> dict:
+@router.get("/watch/{family}", responses={429: {"description": "the caller's or fabricd's watches are at "
+                                                             "their cap (controlplane.watch_gate)"}})
+async def watch(family: str, state: StateDep, who: PrincipalDep, revision: int = Query(0, ge=0),
+                timeout: float = Query(30.0, gt=0, le=MAX_WATCH_S)) -> dict:
     if family not in WATCHABLE:
         raise InvalidInput(f"family: cannot watch {family!r}; one of {', '.join(sorted(WATCHABLE))}")
     prefix = WATCHABLE[family]()
     if revision == 0:
-        return {"revision": state.store.revision(), "changes": []}
-    changes = state.store.watch(prefix, revision, timeout)
+        return {"revision": await state.watches.run(who.subject, state.store.revision), "changes": []}
+    # On the watch gate's own threads, capped: never the pool that serves /healthz and heartbeats.
+    changes = await state.watches.run(who.subject, lambda: state.store.watch(prefix, revision, timeout))
     out = []
     for ev in changes:
         try:
