@@ -1,13 +1,15 @@
 """Orchestration views and actions: explain placement/routing, deployment metrics, drain, capacity.
 
 The explain endpoints run the same pure planners the controllers run (scheduler.place,
-routing.strategies.plan_routing) on the current store contents, so what they say is what the
+routing.final.endpoint_plan: the strategy's weights times the rollout share) on the current store contents, so what they say is what the
 next tick will do. All routes need an admin bearer token.
 
   GET  /api/ai/explain/placement/{deployment}   chosen node for the next replica, reason per node
   GET  /api/ai/explain/routing/{endpoint}       each replica included/excluded, reason, metrics, weight
   GET  /api/ai/deployments/{name}/metrics       the last scrape of each replica
-  POST /api/ai/deployments/{name}/drain         {"grace_secs": 30, "replica": null}
+  POST /api/ai/deployments/{name}/drain         {"grace_secs": 30, "replica": null} (or "grace_seconds")
+  POST /api/ai/deployments/{name}/restart       unpark a CrashLoop (or Backoff) deployment: zero its
+                                                failure count, so the reconciler creates replicas again
   GET  /api/ai/capacity                         free/total GPUs by node and by site, allocated VIPs;
                                                 per node CPU and memory: allocatable (what the node
                                                 reports), committed (its replicas' profiles), free
@@ -23,7 +25,7 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from common import keyspace
 from common.errors import Conflict, NotFound
@@ -31,8 +33,9 @@ from common.schemas import Spec
 from controlplane import vip_pool
 from controlplane.api.nodes import node_resources
 from controlplane.auth import require_admin
-from controlplane.orchestration_state import get_replica, load_snapshot, put_replica
-from controlplane.routing.strategies import plan_routing
+from controlplane.events import EventSink
+from controlplane.orchestration_state import get_replica, load_snapshot, put_replica, update_deployment_status
+from controlplane.routing.final import endpoint_plan
 from controlplane.scheduler import NOTHING_COMMITTED, SchedulerSettings, node_online, place
 from controlplane.state import AppState, get_state
 
@@ -42,7 +45,9 @@ CAS_RETRIES = 8
 
 
 class DrainRequest(Spec):
-    grace_secs: float = Field(30.0, ge=0, le=86400, description="seconds at weight 0 before deletion")
+    grace_secs: float = Field(30.0, ge=0, le=86400, description="seconds at weight 0 before deletion "
+                              "(grace_seconds is accepted too)",
+                              validation_alias=AliasChoices("grace_secs", "grace_seconds"))
     replica: str | None = Field(None, description="drain only this replica id")
 
 
@@ -95,15 +100,17 @@ def explain_routing(endpoint: str, state: StateDep) -> dict:
     ep = snap.endpoints.get(endpoint)
     if ep is None:
         raise NotFound(f"endpoint {endpoint!r} not found")
-    plan = plan_routing(ep, snap.replicas.get(ep.deployment, []), snap.observations, snap.nodes, time.time(),
-                        sites=snap.sites)
+    # The weights the agents carry: the strategy's times the active rollout's share.
+    plan, _ = endpoint_plan(ep, snap.replicas.get(ep.deployment, []), snap.observations, snap.nodes, time.time(),
+                            rollout=snap.rollouts.get(ep.deployment), sites=snap.sites)
     return {
         "endpoint": endpoint, "deployment": ep.deployment, "strategy": plan.strategy, "vip": ep.status.vip,
         "port": ep.port, "forwarding": ep.forwarding,
         "replicas": [{"replica_id": e.replica_id, "included": e.included, "reason": e.reason, "weight": e.weight,
                       "host": e.host, "port": e.port, "maglev": e.in_maglev, "metrics": e.metrics}
                      for e in plan.entries],
-        "backends": [{"backend": f"{h}:{p}", "weight": w} for h, p, w in plan.backends],
+        "backends": [{"backend": f"{h}:{p}", "weight": w, "draining": f"{h}:{p}" in plan.draining}
+                     for h, p, w in plan.backends],
     }
 
 
@@ -162,6 +169,27 @@ def drain(name: str, body: DrainRequest, state: StateDep) -> dict:
 
 
 @router.get("/capacity")
+@router.post("/deployments/{name}/restart")
+def restart(name: str, state: StateDep) -> dict:
+    """Unpark: the crash-loop count goes to 0 and the phase to Pending; the next reconcile pass
+    creates replicas again (controlplane.reconcile.crashloop)."""
+    kv = state.store.get(keyspace.deployments(name))
+    if kv is None:
+        raise NotFound(f"deployment {name!r} not found")
+    before = json.loads(kv.value).get("status", {})
+    if before.get("phase") == "Deleting":
+        raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
+    status = {"failures": 0, "last_failure_at": None}
+    if before.get("phase") in ("CrashLoop", "Backoff"):
+        status.update(phase="Pending", message=f"restarted by an operator after {before.get('failures', 0)} "
+                      f"replica failures (last: {before.get('last_failure') or 'none'})")
+    update_deployment_status(state.store, name, **status)
+    EventSink(state.store)("deployment", name, "Restarted", f"crash-loop count reset (was {before.get('failures', 0)})",
+                           tenant=json.loads(kv.value).get("tenant"))
+    return {"deployment": name, "previous_phase": before.get("phase"), "previous_failures": before.get("failures", 0),
+            "last_failure": before.get("last_failure", "")}
+
+
 def capacity(state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     reserved = snap.reserved_by_node()

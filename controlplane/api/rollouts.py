@@ -34,8 +34,7 @@ from controlplane.orchestration_state import load_deployment, load_snapshot
 from controlplane.rollouts import operate as ops
 from controlplane.rollouts import records
 from controlplane.rollouts.plan import healthy, is_ready, window_of
-from controlplane.rollouts.weights import apply_rollout
-from controlplane.routing.strategies import plan_routing
+from controlplane.routing.final import endpoint_plan
 from controlplane.state import StateDep
 from controlplane.tenancy import policies
 
@@ -210,8 +209,7 @@ def explain_rollout(deployment: str, state: StateDep, _: AdminDep) -> dict:
                         "mean_ttft_ms": window.mean_ttft_ms, "min_requests": rec.thresholds.min_requests})
     endpoints = []
     for ep in sorted((e for e in snap.endpoints.values() if e.deployment == deployment), key=lambda e: e.name):
-        plan = plan_routing(ep, replicas, snap.observations, snap.nodes, now, sites=snap.sites)
-        plan, split = apply_rollout(plan, replicas, rec, now)
+        plan, split = endpoint_plan(ep, replicas, snap.observations, snap.nodes, now, rollout=rec, sites=snap.sites)
         endpoints.append({"endpoint": ep.name, "share_percent": rec.share,
                           "table_share": None if split is None else split.table_share,
                           "slot_error": None if split is None else split.slot_error,

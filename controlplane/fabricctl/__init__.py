@@ -100,6 +100,7 @@ def build_app() -> typer.Typer:
     ai.add_typer(resources.profile_app, name="profile")
     ai.command("deploy")(resources.deploy)
     resources.deployment_app.command("drain")(explain.drain)
+    resources.deployment_app.command("restart")(explain.restart)
     resources.deployment_app.command("history")(rollouts.history)
     resources.deployment_app.command("revise")(rollouts.revise)
     resources.deployment_app.command("rollout")(rollouts.rollout)

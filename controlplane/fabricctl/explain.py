@@ -41,11 +41,13 @@ def routing(endpoint: str = typer.Argument(..., metavar="ENDPOINT", help="an end
                                           col("WEIGHT", "weight"), col("REASON", "reason")], False)
 
 
-def drain(name: str = typer.Argument(..., metavar="NAME", help="a deployment"), grace_secs: float = typer.Option(30.0, "--grace-secs", help="seconds at weight 0 before deletion"),
+def drain(name: str = typer.Argument(..., metavar="NAME", help="a deployment"),
+          grace_secs: float = typer.Option(30.0, "--grace-seconds", "--grace-secs",
+                                           help="seconds at weight 0 before deletion"),
           replica: str = typer.Option(None, "--replica", help="drain only this replica (it is replaced)"),
           as_json: bool = JSON_OPT) -> None:
     """Stop new traffic to a deployment's replicas (weight 0), then delete them after the grace."""
-    with session({"grace_secs": "--grace-secs", "replica": "--replica"}) as c:
+    with session({"grace_secs": "--grace-seconds", "replica": "--replica"}) as c:
         data = c.post(f"/api/ai/deployments/{name}/drain", {"grace_secs": grace_secs, "replica": replica})
         draining = [r for r in c.get("/api/ai/replicas", deployment=name) if r.get("draining")]
     if as_json:
@@ -56,3 +58,16 @@ def drain(name: str = typer.Argument(..., metavar="NAME", help="a deployment"), 
         left = r.get("drain_left_s")
         typer.echo(f"  {r['replica_id']}: weight 0, deleted in {left:g}s" if left is not None
                    else f"  {r['replica_id']}: draining")
+
+
+def restart(name: str = typer.Argument(..., metavar="NAME", help="a deployment"), as_json: bool = JSON_OPT) -> None:
+    """Unpark a deployment parked in CrashLoop (or backing off): its failure count goes to 0 and the
+    reconciler creates replicas again."""
+    with session() as c:
+        data = c.post(f"/api/ai/deployments/{name}/restart", {})
+    if as_json:
+        emit_json(data)
+        return
+    was = data.get("previous_phase") or "unknown"
+    typer.echo(f"deployment {name} restarted (was {was}, {data.get('previous_failures', 0)} failures"
+               + (f"; last: {data['last_failure']}" if data.get("last_failure") else "") + ")")
