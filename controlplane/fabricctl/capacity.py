@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typer
 
+from controlplane.fabricctl.client import ClientError
 from controlplane.fabricctl.output import col, emit_json, emit_object, format_table, session
 
 NODE_COLUMNS = [col("NODE", "node"), col("SITE", "site"), col("ONLINE", "online"), col("GPUS_FREE", "gpus_free"),
@@ -42,10 +43,26 @@ def endpoint_view(client, name: str) -> dict:
     return record
 
 
+def _endpoint_hint(client, name: str) -> str:
+    """For `endpoint show DEPLOYMENT`: the endpoints that expose a deployment of that name."""
+    try:
+        exposing = [e["name"] for e in client.get("/api/ai/endpoints") if e.get("deployment") == name]
+    except ClientError:
+        return ""
+    if not exposing:
+        return ""
+    return (f"; {name} is a deployment, exposed as endpoint {', '.join(exposing)}: "
+            f"fabricctl ai endpoint show {exposing[0]}")
+
+
 def endpoint_show(name: str = typer.Argument(..., metavar="NAME", help="the endpoint's name"), as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """An endpoint with its VIP, replicas and live Maglev weights."""
     with session() as c:
-        record = endpoint_view(c, name)
+        try:
+            record = endpoint_view(c, name)
+        except ClientError as exc:
+            raise ClientError(exc.status, exc.code, exc.message + (_endpoint_hint(c, name) if exc.status == 404 else ""),
+                              exc.fields) from None
     if as_json:
         emit_json(record)
         return

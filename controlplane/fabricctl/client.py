@@ -11,6 +11,7 @@ The token never appears in an error.
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from contextvars import ContextVar
 from pathlib import Path
@@ -123,6 +124,9 @@ class FabricClient:
             raise ClientError(resp.status_code, "error", f"fabricd answered HTTP {resp.status_code}") from None
         # A refused login says so whatever the context holds: the token hint is for a request
         # that carried (or lacked) a token, not for the login that is asking for one.
+        if resp.status_code == 422:  # people read the field's name, not FastAPI's "body." location
+            message = re.sub(r"(^|; )body(\.|(?=:))", lambda m: m.group(1) + ("" if m.group(2) else "the request body"),
+                             message)
         if resp.status_code == 401 and not path.startswith("/api/auth/"):
             message = self._login_hint(message)
         raise ClientError(resp.status_code, code, message, fields, json)

@@ -31,6 +31,14 @@ GPU_COLUMNS = [col("NODE", "node"), col("PCI", "pci"), col("NAME", "name"),
                ("ALLOCATED_TO", lambda g: g.get("allocated_to") or "-"),
                ("NODE_ONLINE", lambda g: "yes" if g.get("node_online") else "no")]
 
+# `node show`'s GPU table: the node is the one shown, the rest as `gpus` lists them.
+NODE_GPU_COLUMNS = [col("INDEX", "index"), col("PCI", "pci"), col("NAME", "name"),
+                    ("MEM_GIB", lambda g: round(g.get("memory_total_mib", 0) / 1024, 1)),
+                    ("USED_GIB", lambda g: round(g.get("memory_used_mib", 0) / 1024, 1)),
+                    col("TEMP_C", "temperature_c"), col("POWER_W", "power_w"), col("ECC", "ecc_uncorrected"),
+                    col("STATE", "state"), ("MIG", lambda g: g.get("mig_profile") or ("on" if g.get("mig_mode") else "-")),
+                    col("DRIVER", "driver")]
+
 
 def write_node_files(out: Path, issued: dict) -> tuple[Path, Path, Path]:
     """Write NAME.crt, NAME.key (0600 from creation) and ca.crt under out."""
@@ -75,7 +83,7 @@ def node_list(as_json: bool = JSON_OPT) -> None:
 def node_show(name: str = typer.Argument(..., metavar="NAME", help="the node's id"), as_json: bool = JSON_OPT) -> None:
     """Show one node with its GPUs and heartbeat."""
     with session() as c:
-        emit_object(c.get(f"/api/ai/nodes/{name}"), as_json)
+        emit_object(c.get(f"/api/ai/nodes/{name}"), as_json, tables={"gpus": NODE_GPU_COLUMNS})
 
 
 def gpus(as_json: bool = JSON_OPT) -> None:

@@ -6,7 +6,7 @@ import time
 
 import typer
 
-from controlplane.fabricctl.output import col, emit_json, emit_table, session
+from controlplane.fabricctl.output import col, emit_json, emit_table, number, session
 
 JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
 
@@ -41,8 +41,10 @@ def scaling(deployment: str = typer.Argument(..., metavar="DEPLOYMENT", help="a 
         return
     sig = data["signal"]
     typer.echo(f"{deployment}: {data['decision']['summary']}")
+    ttft = f"{number(sig['ttft_ms'])} ms" if sig.get("ttft_ms") is not None else "- (no requests in the window)"
+    queue = number(float(sig["queue_depth"])) if sig.get("queue_depth") is not None else "-"
     typer.echo(f"replicas {sig['desired']} desired, {sig['ready']} ready, {sig['fresh']} with fresh metrics; "
-               f"queue {sig['queue_depth']}, TTFT {sig['ttft_ms']} ms")
+               f"queue {queue}, TTFT {ttft}")
     rows = [{"condition": k, **v} for k, v in (data.get("conditions") or {}).items()]
     emit_table(rows, [col("CONDITION", "condition"), col("VALUE", "value"), col("THRESHOLD", "threshold"),
                       col("HOLDING", "holding"), col("HELD_S", "held_s"), col("NEEDED_S", "needed_s")], False)

@@ -8,6 +8,10 @@ command's resource kind; the emit functions below read it, so a command only cal
   table (default)  aligned columns           wide  the columns plus the command's `wide` ones
   json / yaml      the server's records      name  KIND/NAME, one a line (kubectl's -o name)
 
+Human output is for people (docs STYLE 15): numbers rounded (never 1.79616e+09), epoch times
+as UTC dates with their age, nested records as `a.b` lines, lists of records as tables under the
+object, never a Python repr. -o json|yaml print the server's data untouched.
+
 `session()` turns a ClientError into one line "error: MESSAGE" on stderr and the exit status of
 controlplane.fabricctl.client.exit_code (1 refused, 2 usage or configuration, 3 unreachable).
 """
@@ -58,6 +62,43 @@ def output_format() -> str | None:
     return (CURRENT.get() or DEFAULT_CHOICE).format
 
 
+# Fields holding epoch seconds (by name); a number there above this is shown as a date.
+TIME_SUFFIXES = ("_at", "_since", "_deadline", "deadline", "heartbeat", "_unix", "expires")
+EPOCH_FLOOR = 1e9  # 2001-09-09: smaller values are durations or counts, not times
+
+
+def is_time_field(name: str, value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value > EPOCH_FLOOR
+            and name.rsplit(".", 1)[-1].endswith(TIME_SUFFIXES))
+
+
+def age(seconds: float) -> str:
+    """3s, 4m, 2h, 5d: the largest unit, whole."""
+    s = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{int(s // size)}{unit}"
+    return f"{int(s)}s"
+
+
+def when(epoch: float, now: float | None = None) -> str:
+    """``2026-12-01 20:07:47 UTC (3s ago)`` (or ``(in 5m)`` for a time still to come)."""
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
+    return f"{stamp} ({age(now - epoch)} ago)" if epoch <= now else f"{stamp} (in {age(epoch - now)})"
+
+
+def number(value: float) -> str:
+    """A float for people: whole numbers without a point, others to 3 decimals, no exponent."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if value == int(value):
+        return str(int(value))
+    if abs(value) < 0.001:
+        return f"{value:.2g}"
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
 def format_table(rows: list[dict], columns: list[Column]) -> str:
     cells = [[h for h, _ in columns]] + [[_text(get(r)) for _, get in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
@@ -66,10 +107,28 @@ def format_table(rows: list[dict], columns: list[Column]) -> str:
 
 def _text(value: object) -> str:
     if isinstance(value, float):
-        return f"{value:g}"
+        return number(value)
     if isinstance(value, (list, tuple)):
         return ",".join(_text(v) for v in value)
+    if isinstance(value, dict):  # a record inside a list: key=value pairs, never a repr
+        return " ".join(f"{k}={_text(v)}" for k, v in value.items() if v not in (None, "", [], {}))
+    if value is None:
+        return "-"
     return str(value)
+
+
+def record_lists(record: dict) -> dict[str, list[dict]]:
+    """The fields of record that are non-empty lists of records (a node's GPUs): shown as tables."""
+    return {k: v for k, v in record.items()
+            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}
+
+
+def auto_columns(rows: list[dict]) -> list[Column]:
+    """A column per field the rows have that is a plain value (in first-seen order)."""
+    names: list[str] = []
+    for row in rows:
+        names += [k for k, v in row.items() if k not in names and not isinstance(v, (dict, list))]
+    return [col(n.upper(), n) for n in names]
 
 
 def flatten(record: dict, prefix: str = "") -> list[tuple[str, str]]:
@@ -78,9 +137,9 @@ def flatten(record: dict, prefix: str = "") -> list[tuple[str, str]]:
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             lines.extend(flatten(value, name + "."))
-        elif key.endswith("_at") and isinstance(value, (int, float)) and value > 0:
-            # Timestamps are epoch seconds on the wire; people read UTC times.
-            lines.append((name, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))))
+        elif is_time_field(name, value):
+            # Timestamps are epoch seconds on the wire; people read UTC times and ages.
+            lines.append((name, when(value)))
         else:
             lines.append((name, _text(value) if value is not None else "-"))
     return lines
@@ -104,7 +163,7 @@ def _kind() -> str:
 
 
 def object_name(record: dict) -> str:
-    for field in ("name", "id", "replica_id", "node"):
+    for field in ("name", "id", "replica_id", "node", "deployment", "tenant"):
         if record.get(field):
             return str(record[field])
     return ""
@@ -124,7 +183,10 @@ def emit_table(rows: list[dict], columns: list[Column], as_json: bool = False,
         typer.echo(format_table(rows, columns + (wide or []) if fmt == "wide" else columns))
 
 
-def emit_object(record: dict, as_json: bool = False, kind: str | None = None) -> None:
+def emit_object(record: dict, as_json: bool = False, kind: str | None = None,
+                tables: dict[str, list[Column]] | None = None) -> None:
+    """`field  value` lines; a field holding a list of records (``tables`` may give its columns)
+    becomes a table under them, its line saying how many."""
     fmt = output_format() or ("json" if as_json else None)
     if fmt in ("json", "yaml"):
         emit_json(record)
@@ -132,10 +194,14 @@ def emit_object(record: dict, as_json: bool = False, kind: str | None = None) ->
     if fmt == "name":
         typer.echo(f"{kind or _kind()}/{object_name(record)}")
         return
-    lines = flatten(record)
+    nested = record_lists(record)
+    lines = flatten({k: (f"{len(v)} (below)" if k in nested else v) for k, v in record.items()})
     width = max((len(k) for k, _ in lines), default=0)
     for key, value in lines:
-        typer.echo(f"{key.ljust(width)}  {value}")
+        typer.echo(f"{key.ljust(width)}  {value}".rstrip())
+    for key, rows in nested.items():
+        typer.echo(f"\n{key.upper()}")
+        typer.echo(format_table(rows, (tables or {}).get(key) or auto_columns(rows)))
 
 
 def fail(message: str, code: int = 1) -> None:

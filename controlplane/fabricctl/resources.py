@@ -177,12 +177,14 @@ def deploy(
     with session({"name": "--name", "model": "MODEL", "profile": "--profile", "replicas": "--replicas",
                   "tenant": "--tenant"}) as c:
         created = c.post("/api/ai/deployments", {k: v for k, v in body.items() if v is not None})
+        if not as_json:  # said at once: a --wait that times out still leaves the deployment made
+            typer.echo(f"deployment {created['name']} created ({replicas} replicas of {model} with {profile})")
         if wait:
             created = wait_until(c, "deployments", created["name"], deployment_ready, timeout) or created
+            if not as_json:
+                typer.echo(f"deployment {created['name']} ready: {deployment_ready(created)[1]}")
     if as_json:
         emit_object(created, True)
-    else:
-        typer.echo(f"deployment {created['name']} created ({replicas} replicas of {model} with {profile})")
 
 
 @deployment_app.command("list")
@@ -249,13 +251,17 @@ def endpoint_expose(
     with session({"name": "--name", "deployment": "DEPLOYMENT", "routing": "--routing", "port": "--port",
                   "forwarding": "--forwarding", "spillover": "--spill-to", "fallbacks": "--fallback"}) as c:
         created = c.post("/api/ai/endpoints", {k: v for k, v in body.items() if v is not None})
+        if not as_json:
+            typer.echo(f"endpoint {created['name']} created for deployment {deployment} "
+                       f"(routing {routing}, forwarding {forwarding})"
+                       + ("" if wait else f"; its VIP is assigned shortly: fabricctl ai endpoint show {created['name']}"))
         if wait:
             created = wait_until(c, "endpoints", created["name"], endpoint_ready, timeout) or created
+            if not as_json:
+                vip = (created.get("status") or {}).get("vip")
+                typer.echo(f"endpoint {created['name']} serves on VIP {vip}:{created.get('port', 8000)}")
     if as_json:
         emit_object(created, True)
-    else:
-        typer.echo(f"endpoint {created['name']} created for deployment {deployment} "
-                   f"(routing {routing}, forwarding {forwarding}); its VIP is assigned shortly: fabricctl ai endpoint show {created['name']}")
 
 
 @endpoint_app.command("list")

@@ -1,6 +1,7 @@
-"""Every view of a node's CPU and memory shows the same figures (issue 41): `node list`, `node
-show`, `capacity` and the console's capacity strip, through the real API and the real fabricctl,
-after replicas took some; real fabricd, a real agent (dry-run VMs, 64 CPUs and 256 GiB offered)."""
+"""Views for people, through the real fabricctl (issue 41), on real fabricd and a real agent
+(dry-run VMs, 4 GPUs, 64 CPUs and 256 GiB offered): every view of a node's CPU and memory shows
+the same figures (`node list`, `node show`, `capacity`, the console's strip); human output has
+no reprs or raw epochs; --wait says "created" at once and what it got; -o name names."""
 
 from __future__ import annotations
 
@@ -18,12 +19,24 @@ from tests.support.polling import wait_for
 pytestmark = pytest.mark.e2e
 
 
-def ctl(cluster, *args: str) -> str:
+def run_ctl(cluster, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
     env.update(FABRIC_URL=cluster.url, FABRIC_TOKEN=cluster.token, HOME=str(cluster.state_dir))
     proc = subprocess.run([str(BIN / "fabricctl"), "ai", *args], capture_output=True, text=True, env=env, timeout=60)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def ctl(cluster, *args: str) -> str:
+    proc = run_ctl(cluster, *args)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with start_cluster(tmp_path_factory.mktemp("views")) as running:
+        yield running
 
 
 def column(table: str, header: str) -> list[str]:
@@ -34,8 +47,8 @@ def column(table: str, header: str) -> list[str]:
     return [line[start:].split()[0] for line in lines[head + 1:] if line[start:].strip()]
 
 
-def test_node_list_show_capacity_and_console_agree_on_free_cpu_and_memory(tmp_path):
-    with start_cluster(tmp_path) as cluster, cluster.api() as api:
+def test_node_list_show_capacity_and_console_agree_on_free_cpu_and_memory(cluster):
+    with cluster.api() as api:
         assert api.post("/api/ai/models", json={"name": "m", "source": "hf://Qwen/Qwen3-0.6B"}).status_code == 201
         assert api.post("/api/ai/profiles", json={"name": "p", "gpu": {"count": 1, "vram_gib": 24}, "cpu": 3,
                                                   "memory_gib": 5}).status_code == 201
@@ -58,3 +71,36 @@ def test_node_list_show_capacity_and_console_agree_on_free_cpu_and_memory(tmp_pa
         capacity = ctl(cluster, "capacity")
         assert column(capacity, "CPU_FREE") == ["58"] and column(capacity, "MEM_FREE_GIB") == ["246"]
         assert json.loads(ctl(cluster, "node", "show", "node-a", "-o", "json"))["cpu_free"] == 58
+
+
+def test_human_output_and_waits_through_the_console_script(cluster):
+    shown = ctl(cluster, "node", "show", "node-a")
+    assert "{'" not in shown and "e+0" not in shown and "None" not in shown, shown
+    fields = {line.split()[0]: line.split(None, 1)[1] for line in shown.splitlines() if len(line.split()) > 1}
+    assert fields["gpus"] == "4 (below)" and fields["last_heartbeat"].endswith(" ago)"), shown
+    assert any(line.split()[:3] == ["INDEX", "PCI", "NAME"] for line in shown.splitlines())
+    exact = json.loads(ctl(cluster, "node", "show", "node-a", "-o", "json"))
+    assert isinstance(exact["last_heartbeat"], float) and len(exact["gpus"]) == 4  # -o json is the server's
+
+    # deploy --wait says "created" first, and still has on a timeout (8 GPUs cannot fit a 4-GPU node).
+    ctl(cluster, "model", "add", "wm", "--source", "hf://Qwen/Qwen3-0.6B")
+    ctl(cluster, "profile", "add", "g8", "--gpu", "8", "--vram", "24", "--cpu", "1", "--memory", "1")
+    stuck = run_ctl(cluster, "deploy", "wm", "--profile", "g8", "--name", "stuck", "--wait", "--timeout", "2")
+    assert stuck.returncode == 1 and "timed out after 2s" in stuck.stderr
+    assert stuck.stdout.startswith("deployment stuck created (1 replicas of wm with g8)"), stuck.stdout
+    ctl(cluster, "profile", "add", "g1", "--gpu", "1", "--vram", "24", "--cpu", "1", "--memory", "1")
+    done = ctl(cluster, "deploy", "wm", "--profile", "g1", "--name", "small", "--wait", "--timeout", "120")
+    assert done.splitlines()[0].startswith("deployment small created") and "deployment small ready: 1/1" in done
+    exposed = ctl(cluster, "endpoint", "expose", "small", "--wait", "--timeout", "60")
+    assert "assigned shortly" not in exposed and "endpoint small-openai serves on VIP " in exposed, exposed
+    # endpoint show with the deployment's name points at the endpoint's.
+    miss = run_ctl(cluster, "endpoint", "show", "small")
+    assert miss.returncode == 1 and "exposed as endpoint small-openai: fabricctl ai endpoint show small-openai" \
+        in miss.stderr, miss.stderr
+    assert ctl(cluster, "deployment", "autoscale", "small", "--enable", "--min", "1", "--max", "2",
+               "-o", "name").split() == ["deployment/small"]
+    scaling = ctl(cluster, "explain", "scaling", "small")
+    assert "None" not in scaling and "TTFT" in scaling, scaling
+    # A refusal names the field as people know it, without FastAPI's "body." location.
+    bad = run_ctl(cluster, "quota", "set", "acme", "--max-gpus", "-1")
+    assert bad.returncode == 1 and "max_gpus" in bad.stderr and "body." not in bad.stderr, bad.stderr
