@@ -45,7 +45,7 @@ def test_adapters_are_fetched_and_checked_with_the_model(tmp_path):
         assert view.adapters["sql"].revision == commit_of(sql) and view.adapters["sql"].files == 2
         model_bytes = build_manifest(m.cfg.root / REPO).size
         assert view.bytes_done == view.bytes_total == model_bytes + sum(a.size_bytes for a in view.adapters.values())
-        assert view.files == 4  # the model's own count
+        assert view.files == 6  # the model's own count
         assert sorted(jobs.cache.digests()) == sorted([view.digest, *(a.digest for a in view.adapters.values())])
         assert "2 adapters" in view.message
 

@@ -27,7 +27,7 @@ def test_hf_job_goes_through_every_state_to_a_digest_directory(tmp_path):
     assert view.digest == build_manifest(repo_dir).digest
     assert Path(view.path) == jobs.cache.by_digest / view.digest
     assert build_manifest(Path(view.path)).digest == view.digest
-    assert view.files == 4 and view.safetensors == 2 and view.bytes_done == view.bytes_total > 0
+    assert view.files == 6 and view.safetensors == 2 and view.bytes_done == view.bytes_total > 0
     assert list(jobs.cache.staging.iterdir()) == []  # staging renamed away, nothing half-made left
     assert jobs.cache.digests() == [view.digest]
     # The record on disk says the same (a restarted agent reads it).
@@ -166,7 +166,7 @@ def test_two_jobs_for_the_same_source_join_and_download_once(tmp_path):
     joined = [v for v in (a, b) if v.joined]
     assert len(joined) == 1 and joined[0].joined in ("first.node-a", "second.node-a")
     assert "joined job" in " ".join(t.message for t in joined[0].history)
-    assert len(gets) == 4  # each of the four files once
+    assert len(gets) == 6  # each of the six files once
 
 
 def test_local_source_is_hashed_in_place_and_escapes_are_refused(tmp_path):
