@@ -624,6 +624,9 @@ class ReplicaObservation(BaseModel):
     ttft_count: float | None = None
     missing: list[str] = Field(default_factory=list, description="readings the engine's page did not carry "
                                "(queue, running, kv_cache, ttft, tokens, failures); their fields read 0/None")
+    # controlplane.routing.stall: requests running, no generated tokens since stalled_since
+    stalled_since: float | None = None
+    stalled: bool = Field(False, description="running requests made no token progress for FABRIC_STALL_SECS")
 
 
 class ApiKeyRecord(BaseModel):

@@ -66,6 +66,7 @@ from controlplane.routing.metrics_parse import (
 )
 from controlplane.routing.runtime_metrics import names_for, scrape_target
 from controlplane.routing.scrape import MetricsScraper, ScrapeError
+from controlplane.routing.stall import mark, stall_since
 from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan
 from controlplane.scheduler import SchedulerSettings, node_online
 
@@ -86,6 +87,8 @@ class RoutingMemory:
     plans: dict[str, RoutingPlan] = field(default_factory=dict)
     weights: dict[str, tuple] = field(default_factory=dict)  # endpoint -> weights last recorded as an event
     series: dict[str, set[str]] = field(default_factory=dict)  # endpoint -> replicas with a weight series
+    stall_since: dict[str, float] = field(default_factory=dict)  # replica -> running with no token progress since
+    stalled: set[str] = field(default_factory=set)  # replicas marked stalled at their last scrape
 
 
 def _rate_moved(old: float | None, new: float | None, tolerance: float) -> bool:
@@ -105,6 +108,7 @@ def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
         stored.queue_depth != new.queue_depth
         or stored.missing != new.missing
         or stored.running != new.running
+        or stored.stalled != new.stalled
         or abs(stored.kv_cache_usage - new.kv_cache_usage) >= KV_TOLERANCE
         or _rate_moved(stored.ttft_p50_s, new.ttft_p50_s, RATE_TOLERANCE)
         or _rate_moved(stored.tokens_per_s, new.tokens_per_s, RATE_TOLERANCE)
@@ -115,8 +119,9 @@ def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
 class RoutingWorker:
     def __init__(self, store: Store, agents, pool: vip_pool.AddressPool, *,
                  clock: Callable[[], float] = time.time, metrics=None, rollouts: RolloutWorker | None = None,
-                 events: EventSink | None = None):
+                 events: EventSink | None = None, stall_s: float = 60.0):
         self.store = store
+        self.stall_s = stall_s
         self.rollouts = rollouts
         self.events = events or EventSink(store)
         self.agents = agents
@@ -167,16 +172,42 @@ class RoutingWorker:
         # Draining replicas too: their running count says when the drain may end (the plan
         # gives them no weight whatever they report).
         ready = [r for r in snap.all_replicas() if r.ready and r.host and r.phase != "Deleting"]
+        by_id = {r.replica_id: r for r in ready}
         for obs in await asyncio.gather(*(self._scrape(r) for r in ready)):
             stored = snap.observations.get(obs.replica_id)
+            obs = self._stall(by_id[obs.replica_id], obs)
             snap.observations[obs.replica_id] = obs
             if material_change(stored, obs):
                 self._unwritten.append(obs)
         live = {r.replica_id for r in snap.all_replicas()}
-        for memo in (self.memory.samples, self.memory.pages):
+        for memo in (self.memory.samples, self.memory.pages, self.memory.stall_since):
             for rid in [rid for rid in memo if rid not in live]:
                 del memo[rid]
+        self.memory.stalled &= live
         self.scraper.keep_only({(r.host, scrape_target(r.runtime, r.port)[0]) for r in ready})
+
+    def _stall(self, r: Replica, obs: ReplicaObservation) -> ReplicaObservation:
+        """Mark a replica running requests without token progress for stall_s (routing.stall);
+        one event when it stalls and one when it moves again."""
+        was = self.memory.stall_since.get(r.replica_id)
+        since = stall_since(was, obs)
+        if since is None:
+            self.memory.stall_since.pop(r.replica_id, None)
+        else:
+            self.memory.stall_since[r.replica_id] = since
+        marked = mark(obs, since, self.stall_s)
+        before = r.replica_id in self.memory.stalled
+        if marked.stalled:
+            self.memory.stalled.add(r.replica_id)
+        else:
+            self.memory.stalled.discard(r.replica_id)
+        if marked.stalled and not before:
+            self.events("replica", r.replica_id, "ReplicaStalled", f"{r.deployment}: {obs.running:g} requests running "
+                        f"and no generated tokens for {obs.scraped_at - since:.0f}s; weight 0 until it moves",
+                        warning=True)
+        elif before and not marked.stalled:
+            self.events("replica", r.replica_id, "ReplicaUnstalled", f"{r.deployment}: tokens advance again")
+        return marked
 
     def write_observations(self) -> None:
         # One by one, after the scrapes: a fenced write that fails (lease lost) stops the pass

@@ -225,13 +225,13 @@ def _maglev_backend(endpoint: InferenceEndpoint, r: Replica, node: Node | None, 
 
 
 def draining_entry(endpoint: InferenceEndpoint, r: Replica, obs: ReplicaObservation | None, node: Node | None,
-                   vip: str | None) -> RoutingEntry:
-    """A draining replica: no new traffic, weight 0, kept in the Maglev service while its VM runs
-    (until its record goes) so its established flows keep their backend."""
+                   vip: str | None, why: str = "") -> RoutingEntry:
+    """A draining (or stalled) replica: no new traffic, weight 0, kept in the Maglev service while
+    its VM runs (until its record goes) so its established flows keep their backend."""
     keep = r.phase != "Deleting" and _maglev_backend(endpoint, r, node, vip)
-    why = f"draining ({r.message})" if r.message else "draining"
+    why = why or (f"draining ({r.message})" if r.message else "draining")
     if keep:
-        why += ": weight 0 in Maglev, its established flows stay until it is deleted"
+        why += ": weight 0 in Maglev, its established flows stay"
     return RoutingEntry(r.replica_id, False, why, 0, r.host, r.port, keep, _metrics(obs), draining=keep)
 
 
@@ -333,6 +333,11 @@ def plan_routing(
         obs = observations.get(r.replica_id)
         if r.draining:
             excluded.append(draining_entry(endpoint, r, obs, node, vip))
+            continue
+        if obs is not None and obs.ok and obs.stalled and r.ready:
+            why = (f"stalled: {obs.running:g} requests running, no generated tokens since "
+                   f"{now - (obs.stalled_since or now):.0f}s ago")
+            excluded.append(draining_entry(endpoint, r, obs, node, vip, why))
             continue
         why = exclusion(r, obs, site, endpoint, now, max_age_s, sites)
         if why:
