@@ -126,7 +126,9 @@ def build_app() -> typer.Typer:
             nodes.node_app.command(name)(command)
     ai.add_typer(nodes.node_app, name="node")
     ai.command("gpus")(nodes.gpus)
-    ai.command("capacity")(capacity.capacity)
+    from controlplane.fabricctl.capacity_fit import capacity_app  # capacity, capacity fit
+
+    ai.add_typer(capacity_app, name="capacity")
     ai.command("finops")(finops.finops)
     explain.explain_app.command("failure")(observe.failure)
     explain.explain_app.command("scaling")(observe.scaling)

@@ -56,6 +56,7 @@ from controlplane.orchestration_state import (
     put_replica,
     update_deployment_status,
 )
+from controlplane.placement import preempt_apply
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
 from controlplane.reconcile.crashloop import CRASHLOOP_PHASE
@@ -217,6 +218,8 @@ class ReconcileWorker:
         if rollout is not None:  # the rollout planner owns the counts of both revisions
             targets = {rollout.from_revision: rollout.old_target, rollout.to_revision: rollout.new_target}
         templates = {rev: snap.template(dep, rev)[:2] for rev in snap.revisions.get(dep.name, {})}
+        dep = preempt_apply.restore(self, snap, dep)  # a preempted replica back once room returned
+        targets = preempt_apply.targets(dep, targets)
         plan = rp.plan(dep, snap.profiles.get(dep.profile), snap.models.get(dep.model), replicas,
                        list(node_of.values()), probes, self.clock(), reservations=snap.reserved_by_node(),
                        committed=snap.committed(), settings=self.settings, targets=targets, templates=templates,
@@ -255,6 +258,7 @@ class ReconcileWorker:
                                          failures=action.failures, last_failure=action.last_failure,
                                          last_failure_at=action.last_failure_at)
                 self._crashloop(dep, action)
+        await preempt_apply.after_plan(self, snap, dep, plan, errors)  # capacity classes (docs/capacity.md)
 
     def _crashloop(self, dep: InferenceDeployment, status: rp.SetStatus) -> None:
         parked = status.phase == CRASHLOOP_PHASE
