@@ -32,6 +32,7 @@ The four lists page (controlplane.api.paging): ?limit (default 500, at most 1000
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from fastapi import APIRouter, Depends, Response
@@ -56,7 +57,7 @@ from controlplane.events import record_event
 from controlplane.models.records import check_local_source, delete_jobs
 from controlplane.rollouts import records
 from controlplane.state import AppState, StateDep
-from controlplane.tenancy import admission, owners, policies, quotas
+from controlplane.tenancy import admission, model_sources, owners, policies, quotas
 from controlplane.tenancy.principal import ADMIN, Principal, claimed, visible
 
 router = APIRouter(prefix="/api/ai", tags=["resources"], dependencies=[Depends(require_admin)])
@@ -156,6 +157,9 @@ def create_model(body: ModelArtifact, state: StateDep, who: PrincipalDep) -> dic
     check_local_source(body.source)
     for adapter in body.adapters:
         check_local_source(adapter.source)
+    # A tenant-bound caller: its own model root, and only allow-listed hf:// repositories.
+    model_dir = getattr(state.config, "model_dir", None) or os.environ.get("FABRIC_MODEL_DIR") or "/srv/models"
+    model_sources.check(state.store, who, [body.source, *(a.source for a in body.adapters)], model_dir)
     model = _fresh(body, ModelStatus(phase="Registered", message="model registered"))
     return _create(state, keyspace.models(model.name), "model", model, f"model {model.name} from {model.source}")
 
@@ -295,7 +299,9 @@ def _scale(state: AppState, name: str, body: ScaleRequest, guard) -> dict:
 def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
     key = keyspace.deployments(name)
     tenant = _get(state.store, key, "deployment", name).get("tenant")
-    refuse_if_used("deployment", name, "endpoint", users_of(_list(state.store, keyspace.endpoints()), "deployment", name))
+    # An endpoint being deleted no longer uses it (its VIP only drains the calls in flight).
+    live = [e for e in _list(state.store, keyspace.endpoints()) if e.get("status", {}).get("phase") != "Deleting"]
+    refuse_if_used("deployment", name, "endpoint", users_of(live, "deployment", name))
     if not state.controllers_running:
         deleted = _delete(state, key, "deployment", name, tenant).model_dump()
         records.forget(state.store, name)
@@ -367,9 +373,29 @@ def get_endpoint(name: str, state: StateDep) -> dict:
     return _get(state.store, keyspace.endpoints(name), "endpoint", name)
 
 
-@router.delete("/endpoints/{name}", response_model=Deleted)
-def delete_endpoint(name: str, state: StateDep, who: PrincipalDep) -> Deleted:
+@router.delete("/endpoints/{name}", response_model=Deleted,
+               responses={202: {"description": "controllers run here: marked Deleting; its VIP drains the calls "
+                                               "in flight, then the routing controller releases it and the record"}})
+def delete_endpoint(name: str, response: Response, state: StateDep, who: PrincipalDep) -> Deleted:
     record = _get(state.store, keyspace.endpoints(name), "endpoint", name)
     refuse_outbound_reach(who, InferenceEndpoint.model_validate(record))
     tenant = record.get("tenant")
-    return _delete(state, keyspace.endpoints(name), "endpoint", name, tenant)
+    if not state.controllers_running or record.get("external"):
+        return _delete(state, keyspace.endpoints(name), "endpoint", name, tenant)
+    for _ in range(SCALE_RETRIES):
+        kv = state.store.get(keyspace.endpoints(name))
+        if kv is None:  # the routing controller finished meanwhile
+            return Deleted(kind="endpoint", name=name)
+        current = json.loads(kv.value)
+        status = current.setdefault("status", {})
+        if status.get("phase") == "Deleting":
+            response.status_code = 202
+            return Deleted(kind="endpoint", name=name)
+        status.update(phase="Deleting", message="deletion requested; the VIP drains the calls in flight",
+                      deleting_since=time.time())
+        if state.store.cas(kv.key, json.dumps(current), kv.mod_revision):
+            record_event(state.store, "endpoint", name, "deleting", f"endpoint {name} deletion requested",
+                         tenant=tenant, keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+            response.status_code = 202
+            return Deleted(kind="endpoint", name=name)
+    raise Conflict(f"endpoint {name!r} changed too often while deleting; try again", code="contended")

@@ -31,6 +31,9 @@ def world(tenancy_fabricd, tokens):
         b["key"] = key.json()["id"]
         assert admin.post("/api/ai/models", json={"name": "shared-m", **MODEL}).status_code == 201
         assert admin.post("/api/ai/profiles", json={"name": "shared-p", **PROFILE}).status_code == 201
+        # Tenant a may register hf:// sources of this organisation only (tenancy.model_sources).
+        assert admin.post("/api/ai/policies", json={"tenant": "a", "allowed_source_prefixes": ["hf://Qwen/"]}
+                          ).status_code == 201
     logins = {name: _login(tenancy_fabricd, name) for name in ("ops-a", "ops-b", "see-a")}
     for resp in logins.values():
         assert resp.status_code == 200, resp.text
