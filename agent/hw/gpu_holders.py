@@ -9,6 +9,10 @@ every GPU refuses every bind on such a host, so holders are found per GPU:
 - /dev/dri/cardN and /dev/dri/renderDN listed under the device's drm/ directory (present when
   nvidia_drm is loaded with modeset=1).
 /dev/nvidiactl and /dev/nvidia-uvm are shared by all GPUs and do not block one GPU's unbind.
+An NVSwitch (HGX boards) is held through /dev/nvidia-nvswitch<minor> (the minor from
+/proc/driver/nvidia-nvswitch/devices/<bdf>/information) and /dev/nvidia-nvswitchctl: the host
+fabric manager, NSCQ users (DCGM, nvidia-smi) keep them open; when the minor is not known, any
+/dev/nvidia-nvswitch* counts, so a switch is never unbound from under a holder.
 
 nvidia-persistenced lets go of a GPU when persistence mode is disabled for it:
 `nvidia-smi -i <bdf> -pm 0` (NvidiaSmiDaemons); the binder does that before unbinding and turns
@@ -32,7 +36,9 @@ _MINOR = re.compile(r"^Device Minor:\s*(\d+)", re.MULTILINE)
 HOLDER_HINTS = {
     "nvidia-persiste": "nvidia-persistenced kept it open although persistence was disabled for this GPU",
     "nv-hostengine": "DCGM holds it: stop nvidia-dcgm or exclude this GPU from DCGM",
-    "nv-fabricmanage": "the host fabric manager holds it: on HGX full passthrough the guest runs it",
+    "nv-fabricmanage": "the host fabric manager holds it: on HGX full passthrough the guest runs it "
+                       "(systemctl stop nvidia-fabricmanager)",
+    "nvidia-smi": "nvidia-smi (NSCQ) is reading the NVSwitches",
     "qemu-system-x86": "a VM still uses it",
     "xorg": "a display server uses it",
 }
@@ -65,14 +71,29 @@ class NvidiaSmiDaemons:
         return None
 
 
+NVSWITCH_NODE = "/dev/nvidia-nvswitch"  # + minor; also the shared nvidia-nvswitchctl
+NVSWITCH_DRIVERS = ("nvidia", "nvidia-nvswitch")
+
+
 def device_nodes(sysfs_root: Path, proc_root: Path, bdf: str) -> set[str]:
-    """The /dev paths through which a process holds this one function."""
+    """The /dev paths through which a process holds this one function. A path ending in "*"
+    stands for every node with that prefix (an NVSwitch whose minor is not known)."""
     device = sysfs_root / "bus/pci/devices" / bdf
     nodes: set[str] = set()
     group = link_name(device / "iommu_group")
     if group:
         nodes.add(f"/dev/vfio/{group}")
-    if link_name(device / "driver") == "nvidia":
+    driver = link_name(device / "driver")
+    if _is_nvswitch(device) and driver in NVSWITCH_DRIVERS:
+        try:
+            info = (proc_root / "driver/nvidia-nvswitch/devices" / bdf / "information").read_text()
+        except OSError:
+            info = ""
+        match = _MINOR.search(info)
+        nodes.add(f"{NVSWITCH_NODE}{match.group(1)}" if match else f"{NVSWITCH_NODE}*")
+        nodes.add(f"{NVSWITCH_NODE}ctl")
+        return nodes
+    if driver == "nvidia":
         try:
             info = (proc_root / "driver/nvidia/gpus" / bdf / "information").read_text()
         except OSError:
@@ -90,16 +111,27 @@ def device_nodes(sysfs_root: Path, proc_root: Path, bdf: str) -> set[str]:
 def find_holders(proc_root: Path, nodes: set[str]) -> list[str]:
     """'pid N (comm)' for each process with one of `nodes` open."""
     found = []
+    exact = {n for n in nodes if not n.endswith("*")}
+    prefixes = tuple(n[:-1] for n in nodes if n.endswith("*"))
     for proc in sorted(proc_root.glob("[0-9]*"), key=lambda p: int(p.name)):
         try:
             for fd in (proc / "fd").iterdir():
-                if os.readlink(fd) in nodes:
+                target = os.readlink(fd)
+                if target in exact or (prefixes and target.startswith(prefixes) and target[len(NVSWITCH_NODE):].isdigit()):
                     comm = (proc / "comm").read_text().strip()
                     found.append(f"pid {proc.name} ({comm})")
                     break
         except OSError:
             continue  # the process went away or is not ours to read
     return found
+
+
+def _is_nvswitch(device: Path) -> bool:
+    try:
+        return ((device / "vendor").read_text().strip() == "0x10de"
+                and (device / "class").read_text().strip().startswith("0x0680"))
+    except OSError:
+        return False
 
 
 def holder_hints(holders: list[str]) -> str:

@@ -186,3 +186,28 @@ def test_when_persistence_cannot_be_disabled_the_message_says_why(host):
         b.bind(GPU0)
     msg = err.value.message
     assert "nvidia-persiste" in msg and "could not be disabled: nvidia-smi is not installed" in msg
+
+
+def test_nvswitch_holders_are_found_through_the_nvswitch_nodes(tmp_path):
+    from agent.hw.gpu_holders import holder_hints
+
+    fake = FakeSysfs(tmp_path / "sys")
+    sw0, sw1 = "0000:05:00.0", "0000:06:00.0"
+    fake.add_nvswitch(sw0, group=40)
+    fake.add_nvswitch(sw1, group=41)
+    proc = fake.proc
+    info = proc / "driver/nvidia-nvswitch/devices" / sw0 / "information"
+    info.parent.mkdir(parents=True)
+    info.write_text("Device Minor: \t 2\nBus Location: 0000:05:00.0\n")
+    assert device_nodes(fake.root, proc, sw0) == {"/dev/vfio/40", "/dev/nvidia-nvswitch2",
+                                                  "/dev/nvidia-nvswitchctl"}
+    assert device_nodes(fake.root, proc, sw1) == {"/dev/vfio/41", "/dev/nvidia-nvswitch*", "/dev/nvidia-nvswitchctl"}
+    _fake_proc_process(proc, 700, "nv-fabricmanage", ["/dev/nvidia-nvswitch2", "/dev/nvidia-nvswitch3"])
+    _fake_proc_process(proc, 701, "nv-hostengine", ["/dev/nvidia-nvswitchctl"])  # DCGM through NSCQ
+    _fake_proc_process(proc, 702, "python3", ["/dev/nvidia0", "/dev/nvidia-nvswitchX"])
+    kernel = LinuxKernelIO(fake.root, proc)
+    assert kernel.holders(sw0) == ["pid 700 (nv-fabricmanage)", "pid 701 (nv-hostengine)"]
+    # minor unknown: any switch node counts, never a GPU node or a look-alike name
+    assert kernel.holders(sw1) == ["pid 700 (nv-fabricmanage)", "pid 701 (nv-hostengine)"]
+    hints = holder_hints(kernel.holders(sw0))
+    assert "fabric manager" in hints and "DCGM" in hints
