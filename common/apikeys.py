@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +36,8 @@ class HmacSecretError(ValueError):
     """The HMAC secret is not configured or unreadable (a start-up error)."""
 
 
-def load_hmac_secret(env: dict[str, str] | None = None) -> bytes:
-    env = os.environ if env is None else env
+def load_hmac_secret(env: Mapping[str, str]) -> bytes:
+    """env: the process's environment as its settings read it at start (fabricd, the gateway)."""
     path = env.get("FABRIC_KEY_HMAC_SECRET_FILE", "").strip()
     if path:
         p = Path(path)

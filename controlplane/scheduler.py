@@ -39,7 +39,6 @@ gone hold nothing (nothing says how much they hold).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -57,15 +56,7 @@ class SchedulerSettings:
     offline_after_s: float = 60.0
     max_gpu_temp_c: float | None = None
     reject_ecc: bool = False
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerSettings:
-        env = os.environ if env is None else env
-        temp = env.get("FABRIC_MAX_GPU_TEMP_C", "").strip()
-        return cls(
-            max_gpu_temp_c=float(temp) if temp else None,
-            reject_ecc=env.get("FABRIC_REJECT_ECC", "").strip() == "1",
-        )
+    # FABRIC_MAX_GPU_TEMP_C and FABRIC_REJECT_ECC, read and checked by controlplane.settings.load
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 ``fabricd serve`` calls ``load`` before it binds anything; a bad value stops it with a message
 naming each bad variable and why (exit status 2), instead of a live API over dead controllers.
-The result, one ``FabricdSettings``, travels in AppState.config to the API and the controllers.
+The result, one ``FabricdSettings``, travels in AppState.config to the API and the controllers;
+no other module reads os.environ (tests/common/test_settings_only_read_env.py). Code handed an
+AppState without one (tests that build it by hand) gets ``of(state)``: every default.
 
   FABRIC_RECONCILE_SECS (15)  FABRIC_ROUTING_SECS (10)  FABRIC_AUTOSCALE_SECS (15)   periods, 0.05-3600
   FABRIC_MODEL_JOBS_SECS (2)                             model jobs period, 0.05-3600
@@ -27,6 +29,8 @@ The result, one ``FabricdSettings``, travels in AppState.config to the API and t
   FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY             1 or 0;  FABRIC_MODEL_DIR  an absolute path
   FABRIC_LOGIN_OIDC_ISSUER/_JWKS_URL/_CLIENT_ID          all three or none (controlplane.tenancy.oidc_login)
   FABRIC_ADMIT_TOKEN                                     when set, at least 16 characters (POST /api/ai/admit/{token})
+  FABRIC_REPLICATE_TOKEN                                 a peer site's token for model blob copies (api/model_blobs.py)
+  FABRIC_KEY_HMAC_SECRET(_FILE)                          API key digests; unset: key routes answer 503 no_hmac_secret
 Booleans accept 1/0, true/false, yes/no, on/off (any case); empty means the default.
 """
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 
 from common.apikeys import HmacSecretError, load_hmac_secret
 from common.errors import FabricError
@@ -109,12 +114,37 @@ class FabricdSettings:
     pool: object  # controlplane.vip_pool.AddressPool
     deny_runtimes: tuple[str, ...] = ()
     allow_runtimes: tuple[str, ...] = ()
+    # read by API routes per request, validated here once
+    model_dir: str = "/srv/models"  # FABRIC_MODEL_DIR
+    model_cache_bytes: int | None = None  # FABRIC_MODEL_CACHE_BYTES; None: unset
+    max_batches: int = 10_000  # FABRIC_MAX_BATCHES
+    token_budget: int = 0  # FABRIC_TOKEN_BUDGET; 0: none
+    max_blob_bytes: int = 1 << 40  # FABRIC_MAX_BLOB_BYTES
+    mig: object = None  # controlplane.mig.catalog.MigSettings (FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY)
+    login_oidc: object = None  # controlplane.tenancy.oidc_login settings; None: OIDC login off
+    admit_token: str = field(default="", repr=False)  # FABRIC_ADMIT_TOKEN; "": the webhook is off
+    replicate_token: str = field(default="", repr=False)  # FABRIC_REPLICATE_TOKEN; "": blob copies refused
+    key_hmac_secret: bytes | None = field(default=None, repr=False)  # None: see key_hmac_error
+    key_hmac_error: str = ""  # why API keys are unavailable (no secret configured)
+
+
+@cache
+def defaults() -> FabricdSettings:
+    """Every setting at its default (no environment)."""
+    return load({})
+
+
+def of(state) -> FabricdSettings:
+    """The process's settings: AppState.config, or every default for an AppState built without one."""
+    config = getattr(state, "config", None)
+    return config if config is not None else defaults()
 
 
 def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettings:
     """Parse and validate every setting; SettingsError naming each bad variable."""
     from controlplane import vip_pool
     from controlplane.controllers import ControllerSettings, dry_run_from_env
+    from controlplane.mig.catalog import MigSettings
     from controlplane.scheduler import SchedulerSettings
     from controlplane.state import DEFAULT_EVENTS_KEPT, DEFAULT_MAX_BODY_BYTES, DEFAULT_TOKEN_TTL_S, Settings
 
@@ -149,29 +179,37 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
         max_body_bytes=r.number("FABRIC_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3, integer=True),
         **api_overrides,
     )
-    # Read where they are used (model cache eviction, batches, MIG, model records): checked here
-    # so a bad value stops fabricd at start rather than failing a request later.
-    r.number("FABRIC_MODEL_CACHE_BYTES", 0, 0, 2**62, integer=True)
-    r.number("FABRIC_MAX_BATCHES", 10_000, 1, 10_000_000, integer=True)
-    r.number("FABRIC_TOKEN_BUDGET", 0, 0, 2**62, integer=True)
-    r.number("FABRIC_MAX_BLOB_BYTES", 1 << 40, 1, 2**62, integer=True)
+    # Used by API routes per request (model cache eviction, batches, finops, blobs, MIG).
+    cache_bytes = r.number("FABRIC_MODEL_CACHE_BYTES", None, 0, 2**62, integer=True)
+    max_batches = r.number("FABRIC_MAX_BATCHES", 10_000, 1, 10_000_000, integer=True)
+    token_budget = r.number("FABRIC_TOKEN_BUDGET", 0, 0, 2**62, integer=True)
+    max_blob_bytes = r.number("FABRIC_MAX_BLOB_BYTES", 1 << 40, 1, 2**62, integer=True)
     for flag in ("FABRIC_PCI_MIG", "FABRIC_PCI_MIG_RECORD_ONLY"):
         if r.raw(flag) not in ("", "0", "1"):
             r.bad(flag, "is not 1 or 0")
-    if r.raw("FABRIC_MODEL_DIR") and not r.raw("FABRIC_MODEL_DIR").startswith("/"):
+    mig = MigSettings(pci_mig=r.raw("FABRIC_PCI_MIG") == "1", record_only=r.raw("FABRIC_PCI_MIG_RECORD_ONLY") == "1")
+    model_dir = r.raw("FABRIC_MODEL_DIR") or "/srv/models"
+    if not model_dir.startswith("/"):
         r.bad("FABRIC_MODEL_DIR", "is not an absolute path")
+    login_oidc = None
     try:
-        oidc_login.settings_from_env(env)
+        login_oidc = oidc_login.settings_from_env(env)
     except ValueError as exc:
         r.errors.append(str(exc))
     if r.raw("FABRIC_ADMIT_TOKEN") and len(r.raw("FABRIC_ADMIT_TOKEN")) < MIN_ADMIT_TOKEN:
         # Never r.bad: its message quotes the value, and this one is a secret.
         r.errors.append(f"FABRIC_ADMIT_TOKEN is shorter than {MIN_ADMIT_TOKEN} characters; use a long random string")
-    if r.raw("FABRIC_KEY_HMAC_SECRET_FILE"):
-        try:
-            load_hmac_secret(env)
-        except HmacSecretError as exc:
+    hmac_secret, hmac_error = None, ""
+    try:
+        hmac_secret = load_hmac_secret(env)
+    except HmacSecretError as exc:
+        if r.raw("FABRIC_KEY_HMAC_SECRET_FILE"):  # named but unusable: refused at start
             r.errors.append(str(exc))
+        hmac_error = str(exc)  # none configured: API keys unavailable (503), the rest serves
     if r.errors:
         raise SettingsError("; ".join(r.errors))
-    return FabricdSettings(api, controllers, scheduler, pool, deny, allow)
+    return FabricdSettings(api, controllers, scheduler, pool, deny, allow, model_dir=model_dir,
+                           model_cache_bytes=cache_bytes, max_batches=max_batches, token_budget=token_budget,
+                           max_blob_bytes=max_blob_bytes, mig=mig, login_oidc=login_oidc,
+                           admit_token=r.raw("FABRIC_ADMIT_TOKEN"), replicate_token=r.raw("FABRIC_REPLICATE_TOKEN"),
+                           key_hmac_secret=hmac_secret, key_hmac_error=hmac_error)

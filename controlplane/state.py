@@ -6,7 +6,6 @@ from the app's lifespan (`controlplane.controllers.start(state)`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -14,7 +13,6 @@ from typing import Annotated
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
-from common.envvars import number
 from common.store.base import Store
 from controlplane.tenancy.login_gate import LoginGate
 from controlplane.watch_gate import WatchGate
@@ -33,17 +31,6 @@ class Settings:
     run_controllers: bool = True  # False: an API-only process (fabricd serve --no-controllers)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413 (FABRIC_MAX_BODY_BYTES)
 
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> Settings:
-        env = dict(os.environ) if env is None else env
-        values: dict = {}
-        if env.get("FABRIC_TOKEN_TTL"):
-            values["token_ttl_s"] = number(env, "FABRIC_TOKEN_TTL", 0, int)
-        if env.get("FABRIC_EVENTS_KEPT"):
-            values["events_kept"] = number(env, "FABRIC_EVENTS_KEPT", 0, int)
-        values.update(overrides)
-        return cls(**values)
-
 
 @dataclass
 class AppState:
@@ -60,7 +47,7 @@ class AppState:
     # from state_dir's PKI per request. Tests hand in their own.
     agents: object | None = None
     # Every FABRIC_* setting, validated at start (controlplane.settings.load); None in tests that
-    # build an AppState by hand (the controllers then read the environment themselves).
+    # build an AppState by hand: controlplane.settings.of(state) then gives every default.
     config: object | None = None
     # Password logins: their own executor, a bounded queue and per-account/per-source backoff.
     logins: LoginGate = field(default_factory=LoginGate)

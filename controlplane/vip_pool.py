@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -93,11 +92,6 @@ def parse_pool(spec: str, *, avoid_buggy: bool = True) -> AddressPool:
     return AddressPool(tuple(parse_entry(part) for part in spec.split(",")), avoid_buggy)
 
 
-def pool_from_env(env: Mapping[str, str] | None = None) -> AddressPool:
-    env = os.environ if env is None else env
-    avoid = env.get("FABRIC_AVOID_BUGGY_IPS", "1").strip().lower() not in ("0", "false", "no", "off")
-    spec = env.get("FABRIC_ADDRESS_POOL", "").strip() or env.get("FABRIC_SERVICE_CIDR", "").strip()
-    return parse_pool(spec or DEFAULT_SERVICE_CIDR, avoid_buggy=avoid)
 
 
 def iter_addresses(pool: AddressPool) -> Iterator[str]:

@@ -80,8 +80,8 @@ def serve(
             raise typer.BadParameter(f"{flag} {path} does not exist")
     try:
         settings = settings_mod.load()
-        hmac_secret = load_hmac_secret()
-        profiler = heap_profile.from_env(state_dir)  # FABRIC_GATEWAY_TRACEMALLOC: off unless set
+        hmac_secret = load_hmac_secret(os.environ)
+        profiler = heap_profile.from_env(state_dir, os.environ)  # FABRIC_GATEWAY_TRACEMALLOC: off unless set
     except (settings_mod.SettingsError, HmacSecretError, ValueError) as exc:
         typer.echo(f"fabric-gateway: {exc}", err=True)
         raise typer.Exit(2) from None

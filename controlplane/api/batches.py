@@ -15,7 +15,6 @@ one job get one success and one 409. At most FABRIC_MAX_BATCHES records are kept
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
@@ -37,19 +36,11 @@ from controlplane.batches.jobs import (
     new_job,
 )
 from controlplane.events import record_event
+from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["batches"], dependencies=[Depends(require_admin)])
 CAS_RETRIES = 8
-DEFAULT_MAX_BATCHES = 10_000
-
-
-def _max_batches() -> int:
-    raw = os.environ.get("FABRIC_MAX_BATCHES", str(DEFAULT_MAX_BATCHES))
-    try:
-        return max(1, int(raw))
-    except ValueError:
-        return DEFAULT_MAX_BATCHES
 
 
 def _load(state: AppState, batch_id: str) -> tuple[BatchJob, int]:
@@ -78,7 +69,7 @@ def _move(state: AppState, batch_id: str, step: Callable[[BatchJob], BatchJob]) 
 def create_batch(body: BatchCreate, state: StateDep) -> BatchJob:
     if state.store.get(keyspace.deployments(body.deployment)) is None:
         raise InvalidInput(f"deployment {body.deployment!r} does not exist")
-    limit = _max_batches()
+    limit = settings_of(state).max_batches  # FABRIC_MAX_BATCHES
     if len(state.store.list(keyspace.batches())) >= limit:
         raise LimitExceeded(f"{limit} batch records are kept at most (FABRIC_MAX_BATCHES); delete finished ones",
                             retry_after=60)

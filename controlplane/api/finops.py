@@ -10,16 +10,15 @@ FABRIC_TOKEN_BUDGET (unset or 0: no alert).
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
 from common import keyspace, token_windows
-from common.envvars import number
 from common.schemas import Replica
 from controlplane.auth import require_admin
+from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
 from controlplane.tenancy import finops, lifetimes
 
@@ -40,7 +39,7 @@ def _records(store, prefix: str) -> list[dict]:
 def get_finops(state: StateDep, window: Annotated[float, Query(gt=0, le=finops.MAX_WINDOW_S,
                                                                  description="seconds back from now")] = 3600) -> dict:
     store, now = state.store, time.time()
-    budget = int(number(os.environ, "FABRIC_TOKEN_BUDGET", 0, int))  # validated at start (settings)
+    budget = settings_of(state).token_budget  # FABRIC_TOKEN_BUDGET, validated at start
     tenants = {d["name"]: d.get("tenant") for d in _records(store, keyspace.deployments()) if "name" in d}
     replicas = [Replica.model_validate(r) for r in _records(store, keyspace.replicas())]
     counted = token_windows.current(store, now)

@@ -36,6 +36,7 @@ from common import apikeys, audit_chain, counters, keyspace
 from common.errors import Conflict, InvalidInput, NotFound, TransientError
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
 from controlplane.auth import PrincipalDep, require_admin
+from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import key_policies, owners
 from controlplane.tenancy.principal import Principal, claimed, visible
@@ -66,14 +67,12 @@ class KeyRotate(Spec):
 
 
 def hmac_secret(request: Request) -> bytes:
-    secret = getattr(request.app.state, "key_hmac_secret", None)
-    if secret is None:
-        try:
-            secret = apikeys.load_hmac_secret()
-        except apikeys.HmacSecretError as exc:
-            raise TransientError(f"API keys are unavailable on this fabricd: {exc}", code="no_hmac_secret") from None
-        request.app.state.key_hmac_secret = secret
-    return secret
+    """FABRIC_KEY_HMAC_SECRET(_FILE), read at start (controlplane.settings); 503 when none is set."""
+    config = settings_of(request.app.state.fabric)
+    if config.key_hmac_secret is None:
+        raise TransientError(f"API keys are unavailable on this fabricd: {config.key_hmac_error}",
+                             code="no_hmac_secret")
+    return config.key_hmac_secret
 
 
 def _shape(key) -> key_policies.KeyShape:

@@ -27,11 +27,11 @@ from controlplane.events import record_event
 from controlplane.mig.catalog import (
     MigCreate,
     MigProfileBody,
-    MigSettings,
     MigSlice,
     check_delete,
     plan_create,
 )
+from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["mig"], dependencies=[Depends(require_admin)])
@@ -54,7 +54,7 @@ def _agents(state: AppState) -> AgentClients:
 
 async def _create(state: AppState, node_id: str, parent_bdf: str, profile: str) -> MigSlice:
     node = _node(state, node_id)
-    planned = plan_create(node, parent_bdf, profile, _slices(state, node_id), MigSettings.from_env(), time.time())
+    planned = plan_create(node, parent_bdf, profile, _slices(state, node_id), settings_of(state).mig, time.time())
     if planned.mode == "nvidia-smi":
         agents = _agents(state)
         try:

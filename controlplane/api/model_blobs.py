@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import os
 import re
 from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from common.envvars import number
 from common.errors import FabricError, InvalidInput, NotFound
 from controlplane.models import blob_store
+from controlplane.settings import of as settings_of
 
 router = APIRouter(prefix="/api/ai", tags=["models"])
 BLOB_PATH = re.compile(r"^/api/ai/models/[^/]+/blobs/[^/]+$")  # the request guard lets these stream
 MAX_MANIFEST_BYTES = 16 << 20
-DEFAULT_MAX_BLOB_BYTES = 1 << 40
 
 
 class Unauthorized(FabricError):
@@ -39,12 +37,8 @@ class Unauthorized(FabricError):
     code = "unauthorized"
 
 
-def model_dir(env=os.environ) -> Path:
-    return Path(env.get("FABRIC_MODEL_DIR") or "/srv/models")
-
-
-def check_token(sent: str | None, env=os.environ) -> None:
-    expected = env.get("FABRIC_REPLICATE_TOKEN", "")
+def check_token(sent: str | None, expected: str) -> None:
+    """expected: FABRIC_REPLICATE_TOKEN (read at start); none set: this fabricd takes no copies (404)."""
     if not expected:
         raise NotFound("not found")
     if not sent or not hmac.compare_digest(sent.encode(), expected.encode()):
@@ -53,8 +47,9 @@ def check_token(sent: str | None, env=os.environ) -> None:
 
 @router.put("/models/{name}/blobs/{digest}", status_code=201)
 async def put_blob(name: str, digest: str, request: Request) -> JSONResponse:
-    check_token(request.headers.get("x-fabric-replicate-token"))
-    root = model_dir()
+    config = settings_of(request.app.state.fabric)
+    check_token(request.headers.get("x-fabric-replicate-token"), config.replicate_token)
+    root = Path(config.model_dir)
     if request.headers.get("x-fabric-manifest") == "1":
         body = bytearray()
         async for chunk in request.stream():
@@ -68,7 +63,7 @@ async def put_blob(name: str, digest: str, request: Request) -> JSONResponse:
             raise InvalidInput("manifest is not UTF-8 text", code="bad_manifest") from None
         path = await asyncio.to_thread(blob_store.assemble, root, name, digest, text)
         return JSONResponse({"model": name, "digest": digest, "path": str(path)}, status_code=201)
-    limit = int(number(os.environ, "FABRIC_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES, int))
+    limit = config.max_blob_bytes  # FABRIC_MAX_BLOB_BYTES
     upload = await asyncio.to_thread(blob_store.BlobUpload, root, name, digest, limit)
     try:
         async for chunk in request.stream():

@@ -10,7 +10,6 @@ is an event on the model (the reason, never the token).
 
 from __future__ import annotations
 
-import os
 import time
 
 from fastapi import APIRouter, Depends
@@ -22,6 +21,7 @@ from common.schemas import ModelArtifact, Node, Site, Spec, check_name
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.models import replicate
+from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["models"], dependencies=[Depends(require_admin)])
@@ -56,8 +56,8 @@ def replicate_model(name: str, body: ReplicateRequest, state: StateDep) -> dict:
         copy = copy.model_copy(update={"phase": "Ready", "via": "node"})
     elif decision.action == "push":
         try:
-            digest = replicate.push(model, decision.digest, site.peer_url, os.environ.get("FABRIC_REPLICATE_TOKEN", ""),
-                                    os.environ.get("FABRIC_MODEL_DIR") or "/srv/models")
+            config = settings_of(state)
+            digest = replicate.push(model, decision.digest, site.peer_url, config.replicate_token, config.model_dir)
             copy = copy.model_copy(update={"phase": "Ready", "via": "peer", "digest": digest,
                                            "message": f"copied to {site.peer_url} (digest {digest[:12]})"})
         except replicate.PushFailed as exc:

@@ -19,7 +19,6 @@ The jobs run outside the request: controlplane.models.worker drives them on the 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 from fastapi import APIRouter, Depends
@@ -42,7 +41,8 @@ from controlplane.models.records import (
     restart_job,
 )
 from controlplane.models.worker import refresh_model_status
-from controlplane.scheduler import SchedulerSettings, node_online
+from controlplane.scheduler import node_online
+from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["models"], dependencies=[Depends(require_admin)])
@@ -127,7 +127,7 @@ def materialize(name: str, state: StateDep, body: MaterializeRequest | None = No
             raise InvalidInput(f"unknown nodes: {', '.join(unknown)}", code="unknown_node")
         targets = sorted(set(body.nodes))
     else:
-        now, settings = time.time(), SchedulerSettings.from_env()
+        now, settings = time.time(), settings_of(state).scheduler
         targets = sorted(n.id for n in nodes.values() if node_online(n, now, settings) and not n.taints)
     if not targets:
         raise Conflict("no online, untainted node to materialize on", code="no_nodes")
@@ -192,15 +192,13 @@ def _fail(state: AppState, job: ModelJob, message: str) -> None:
     put_job(state.store, plan.failed(current, message, time.time()), revision)
 
 
-def _budget(body: EvictRequest) -> int:
+def _budget(body: EvictRequest, state: AppState) -> int:
     if body.budget_bytes is not None:
         return body.budget_bytes
-    raw = os.environ.get("FABRIC_MODEL_CACHE_BYTES", "").strip()
-    if not raw:
+    configured = settings_of(state).model_cache_bytes  # FABRIC_MODEL_CACHE_BYTES, validated at start
+    if configured is None:
         raise InvalidInput("give budget_bytes or set FABRIC_MODEL_CACHE_BYTES", code="no_budget")
-    if not raw.isdigit():
-        raise InvalidInput(f"FABRIC_MODEL_CACHE_BYTES={raw!r} is not a whole number of bytes", code="bad_budget")
-    return int(raw)
+    return configured
 
 
 def referenced_digests(state: AppState) -> dict[str, list[str]]:
@@ -223,7 +221,7 @@ def referenced_digests(state: AppState) -> dict[str, list[str]]:
 
 @router.post("/models/cache/evict")
 async def evict(body: EvictRequest, state: StateDep) -> dict:
-    budget = _budget(body)
+    budget = _budget(body, state)
     nodes = _nodes(state)
     chosen = sorted(body.nodes) if body.nodes is not None else sorted(nodes)
     unknown = [n for n in chosen if n not in nodes]

@@ -36,7 +36,8 @@ from controlplane.auth import require_admin
 from controlplane.events import EventSink
 from controlplane.orchestration_state import get_replica, load_snapshot, put_replica, update_deployment_status
 from controlplane.routing.final import endpoint_plan
-from controlplane.scheduler import NOTHING_COMMITTED, SchedulerSettings, node_online, place
+from controlplane.scheduler import NOTHING_COMMITTED, node_online, place
+from controlplane.settings import of as settings_of
 from controlplane.state import AppState, get_state
 
 StateDep = Annotated[AppState, Depends(get_state)]
@@ -85,7 +86,7 @@ def explain_placement(deployment: str, state: StateDep) -> dict:
         return body
     live = [r for r in replicas if not r.draining and r.phase != "Deleting"]
     plan = place(dep, profile, model, list(snap.nodes.values()), snap.reserved_by_node(), time.time(),
-                 SchedulerSettings.from_env(), replicas=live, committed=snap.committed(), sites=snap.sites)
+                 settings_of(state).scheduler, replicas=live, committed=snap.committed(), sites=snap.sites)
     body.update(
         node=plan.node, gpus=list(plan.gpus), message=plan.message,
         nodes=[{"node": v.node, "eligible": v.eligible, "chosen": v.node == plan.node, "score": v.score,
@@ -168,7 +169,6 @@ def drain(name: str, body: DrainRequest, state: StateDep) -> dict:
     return {"deployment": name, "drained": drained, "delete_after": deadline}
 
 
-@router.get("/capacity")
 @router.post("/deployments/{name}/restart")
 def restart(name: str, state: StateDep) -> dict:
     """Unpark: the crash-loop count goes to 0 and the phase to Pending; the next reconcile pass
@@ -190,11 +190,12 @@ def restart(name: str, state: StateDep) -> dict:
             "last_failure": before.get("last_failure", "")}
 
 
+@router.get("/capacity")
 def capacity(state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     reserved = snap.reserved_by_node()
     now = time.time()
-    settings = SchedulerSettings.from_env()
+    settings = settings_of(state).scheduler
     committed = snap.committed()
     nodes, sites = [], {}
     for node in sorted(snap.nodes.values(), key=lambda n: n.id):

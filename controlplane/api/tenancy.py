@@ -23,13 +23,12 @@ from common import keyspace
 from common.errors import NotFound
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
+from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import admit, key_policies, policies, users
 from controlplane.tenancy.key_policies import KeyPolicy, KeyPolicyBody
 from controlplane.tenancy.policies import TenantPolicy
 from controlplane.tenancy.principal import Principal, claimed_tenant
-
-ADMIT_TOKEN_ENV = "FABRIC_ADMIT_TOKEN"
 
 router = APIRouter(prefix="/api/ai", tags=["tenancy"], dependencies=[Depends(require_admin)])
 webhook = APIRouter(prefix="/api/ai", tags=["tenancy"])
@@ -125,17 +124,13 @@ def admit_with_token(state: StateDep, who: PrincipalDep, body: dict = Body(...))
     return _admit(state, body, who)
 
 
-def _admit_token(request: Request) -> str:
-    token = getattr(request.app.state, "admit_token", None)
-    if token is None:
-        token = os.environ.get(ADMIT_TOKEN_ENV, "").strip()
-        request.app.state.admit_token = token
-    return token
+def _admit_token(state: AppState) -> str:
+    return settings_of(state).admit_token  # FABRIC_ADMIT_TOKEN, read at start
 
 
 @webhook.post("/admit/{token}")
 def admit_webhook(token: str, request: Request, state: StateDep, body: dict = Body(...)) -> dict:
-    expected = _admit_token(request)
+    expected = _admit_token(state)
     # Constant time, and the same 404 whether no token is configured or this one is wrong.
     if not hmac.compare_digest(token.encode(), (expected or os.urandom(16).hex()).encode()) or not expected:
         raise NotFound("not found")

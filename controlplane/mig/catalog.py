@@ -17,7 +17,6 @@ A slice held by a replica (a GPU reservation on its id) cannot be deleted.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -66,11 +65,7 @@ class MigSlice(BaseModel):
 class MigSettings:
     pci_mig: bool = False
     record_only: bool = False
-
-    @classmethod
-    def from_env(cls, env=None) -> MigSettings:
-        env = os.environ if env is None else env
-        return cls(pci_mig=env.get("FABRIC_PCI_MIG") == "1", record_only=env.get("FABRIC_PCI_MIG_RECORD_ONLY") == "1")
+    # FABRIC_PCI_MIG and FABRIC_PCI_MIG_RECORD_ONLY, read and checked by controlplane.settings.load
 
 
 def slice_id(parent: str, profile: str, index: int) -> str:

@@ -20,7 +20,7 @@ from tests.support.inprocess_fabricd import serve_fabricd
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sites")
     store = open_store(f"sqlite://{tmp}/fabric.db")
-    with serve_fabricd(store, tmp) as (client, _state):
+    with serve_fabricd(store, tmp, env={"FABRIC_TOKEN_BUDGET": "500"}) as (client, _state):
         yield client, store
     store.close()
 
@@ -78,7 +78,6 @@ def test_finops_from_the_ledger_and_the_gateway_token_windows(served, monkeypatc
     delete_replica(store, "billed", "billed-0", now - 10)
     token_windows.add(store, "endpoint", "billed-ep", 700, now)
     token_windows.add(store, "tenant", "acme", 700, now)
-    monkeypatch.setenv("FABRIC_TOKEN_BUDGET", "500")
     out = api.get("/api/ai/finops", params={"window": 3600}).json()
     row = {d["deployment"]: d for d in out["deployments"]}["billed"]
     assert row["gpu_seconds_reserved"] == pytest.approx(180, abs=0.01)

@@ -6,6 +6,7 @@ import pytest
 
 from common.schemas import InferenceDeployment
 from controlplane.scheduler import Committed, SchedulerSettings, committed_resources, place
+from controlplane.settings import load
 from tests.controlplane.planner_data import NOW, deployment, gpu, model, node, profile, replica
 
 
@@ -85,9 +86,9 @@ def test_same_inputs_same_plan_in_any_node_order():
 
 
 def test_settings_from_env():
-    s = SchedulerSettings.from_env({"FABRIC_MAX_GPU_TEMP_C": "80", "FABRIC_REJECT_ECC": "1"})
+    s = load({"FABRIC_MAX_GPU_TEMP_C": "80", "FABRIC_REJECT_ECC": "1"}).scheduler
     assert s.max_gpu_temp_c == 80 and s.reject_ecc
-    assert SchedulerSettings.from_env({}) == SchedulerSettings()
+    assert load({}).scheduler == SchedulerSettings()
 
 
 # -- CPU and memory the replicas already on a node hold (all deployments) ------------------------------

@@ -3,7 +3,8 @@
 import pytest
 
 from common.errors import Conflict, InvalidInput
-from controlplane.vip_pool import allocate, iter_addresses, owner_of, parse_pool, pool_from_env, release
+from controlplane.settings import load
+from controlplane.vip_pool import allocate, iter_addresses, owner_of, parse_pool, release
 
 
 def first(spec, n=None, avoid=True):
@@ -65,7 +66,7 @@ def test_env_defaults_and_overrides():
 
 
 def first_env(env):
-    return list(iter_addresses(pool_from_env(env)))[:3]
+    return list(iter_addresses(load(env).pool))[:3]  # fabricd's settings read the pool once
 
 
 @pytest.fixture

@@ -16,17 +16,22 @@ import uvicorn
 from common.store.base import Store
 from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
-from controlplane.state import AppState, Settings
+from controlplane.settings import load
+from controlplane.state import AppState
 from tests.support.servers import free_port
 
 
 @contextmanager
 def serve_fabricd(store: Store, state_dir: Path, *, controllers_running: bool = False,
-                  run_controllers: bool = False, insecure: bool = False) -> Iterator[tuple[httpx.Client, AppState]]:
-    """``insecure`` lets fabricd call agents over plain HTTP on loopback (fabricd serve --insecure)."""
+                  run_controllers: bool = False, insecure: bool = False,
+                  env: dict[str, str] | None = None) -> Iterator[tuple[httpx.Client, AppState]]:
+    """``insecure`` lets fabricd call agents over plain HTTP on loopback (fabricd serve --insecure).
+    ``env``: the FABRIC_* variables fabricd would start with (controlplane.settings.load), read
+    once here as fabricd reads them; the test's own environment is not read. A test changes a
+    setting later with ``state.config = dataclasses.replace(state.config, ...)``."""
     ensure_admin_password(state_dir)
-    state = AppState(store=store, state_dir=state_dir,
-                     settings=Settings(run_controllers=run_controllers, insecure=insecure))
+    config = load(env or {}, run_controllers=run_controllers, insecure=insecure)
+    state = AppState(store=store, state_dir=state_dir, settings=config.api, config=config)
     state.controllers_running = controllers_running
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))

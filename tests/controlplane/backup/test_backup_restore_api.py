@@ -31,13 +31,14 @@ def populate(api) -> str:
 
 
 @pytest.fixture
-def two_stores(tmp_path, monkeypatch):
-    monkeypatch.setenv("FABRIC_KEY_HMAC_SECRET", HMAC)
+def two_stores(tmp_path):
+    env = {"FABRIC_KEY_HMAC_SECRET": HMAC}
     stores = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         stores.append(open_store(None, tmp_path / name))
-    with serve_fabricd(stores[0], tmp_path / "a") as (a, _), serve_fabricd(stores[1], tmp_path / "b") as (b, _):
+    with (serve_fabricd(stores[0], tmp_path / "a", env=env) as (a, _),
+          serve_fabricd(stores[1], tmp_path / "b", env=env) as (b, _)):
         yield (a, stores[0]), (b, stores[1])
     for s in stores:
         s.close()

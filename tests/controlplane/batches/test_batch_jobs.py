@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 
@@ -51,12 +52,18 @@ def test_finish_and_cancel_rules():
 
 
 @pytest.fixture
-def served(tmp_path):
+def served_state(tmp_path):
+    """(client, store, fabricd's AppState: a test changes a setting through its config)."""
     store = open_store(None, tmp_path)
     store.put(keyspace.deployments("d"), InferenceDeployment(name="d", model="m", profile="p").model_dump_json())
-    with serve_fabricd(store, tmp_path) as (client, _state):
-        yield client, store
+    with serve_fabricd(store, tmp_path) as (client, state):
+        yield client, store, state
     store.close()
+
+
+@pytest.fixture
+def served(served_state):
+    return served_state[:2]
 
 
 def put_rep(store, replica: Replica) -> None:
@@ -124,9 +131,9 @@ def test_two_claims_race_and_one_wins(served):
     assert codes == [200] + [409] * 7
 
 
-def test_records_are_capped(served, monkeypatch):
-    api, _ = served
-    monkeypatch.setenv("FABRIC_MAX_BATCHES", "2")
+def test_records_are_capped(served_state):
+    api, _, state = served_state
+    state.config = replace(state.config, max_batches=2)  # as FABRIC_MAX_BATCHES=2 at start
     for _ in range(2):
         assert api.post("/api/ai/batches", json={"deployment": "d", "input_sha256": DIGEST}).status_code == 201
     over = api.post("/api/ai/batches", json={"deployment": "d", "input_sha256": DIGEST})

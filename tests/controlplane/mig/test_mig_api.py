@@ -5,6 +5,7 @@ records its arguments (no GPU is lent to this task; nothing here touches a real 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from agent.vm.dryrun_driver import DryRunDriver
 from common import keyspace
 from common.schemas import Node, Replica
 from common.store.base import open_store
+from controlplane.mig.catalog import MigSettings
 from tests.support.inprocess_fabricd import serve_fabricd
 from tests.support.servers import serve_in_thread
 
@@ -65,16 +67,21 @@ def put_node(store, node_id: str, driver: str, address: str = "http://127.0.0.1:
 
 
 @pytest.fixture
-def fabricd(tmp_path):
+def fabricd_state(tmp_path):
+    """(client, store, fabricd's AppState); its config.mig is FABRIC_PCI_MIG as read at start (off)."""
     store = open_store(None, tmp_path)
-    with serve_fabricd(store, tmp_path, insecure=True) as (api, _):
-        yield api, store
+    with serve_fabricd(store, tmp_path, insecure=True) as (api, state):
+        yield api, store, state
     store.close()
 
 
-def test_a_lab_node_records_slices_and_placement_sees_them(fabricd, monkeypatch):
+@pytest.fixture
+def fabricd(fabricd_state):
+    return fabricd_state[:2]
+
+
+def test_a_lab_node_records_slices_and_placement_sees_them(fabricd):
     api, store = fabricd
-    monkeypatch.delenv("FABRIC_PCI_MIG", raising=False)
     node = put_node(store, "lab-1", "lab")
     parent = node.gpus[0].pci
     made = api.post("/api/ai/nodes/lab-1/mig", json={"parent_bdf": parent, "profile": "1g.10gb"})
@@ -104,25 +111,22 @@ def test_a_slice_held_by_a_replica_cannot_be_deleted(fabricd):
     assert api.delete(f"/api/ai/nodes/lab-1/mig/{sid}").status_code == 404
 
 
-def test_a_pci_parent_needs_the_flag(fabricd, monkeypatch, fake_smi):
-    api, store = fabricd
-    monkeypatch.delenv("FABRIC_PCI_MIG", raising=False)
+def test_a_pci_parent_needs_the_flag(fabricd_state, fake_smi):
+    api, store, state = fabricd_state
     parent = put_node(store, "gpu-1", "libvirt").gpus[0].pci
     refused = api.post("/api/ai/nodes/gpu-1/mig", json={"parent_bdf": parent, "profile": "1g"})
     assert refused.status_code == 400 and "FABRIC_PCI_MIG=1" in refused.json()["error"]["message"]
-    monkeypatch.setenv("FABRIC_PCI_MIG", "1")
-    monkeypatch.setenv("FABRIC_PCI_MIG_RECORD_ONLY", "1")
+    state.config = replace(state.config, mig=MigSettings(pci_mig=True, record_only=True))
     recorded = api.post("/api/ai/nodes/gpu-1/mig", json={"parent_bdf": parent, "profile": "1g"})
     assert recorded.status_code == 201 and recorded.json()["mode"] == "record"
     assert fake_smi.read_text() == ""  # record-only: the driver was never called
 
 
-def test_with_the_flag_the_agent_runs_nvidia_smi_and_destroys_on_delete(fabricd, agent_url, agent_state,
-                                                                         monkeypatch, fake_smi):
-    api, store = fabricd
-    monkeypatch.setenv("FABRIC_PCI_MIG", "1")  # fabricd's
+def test_with_the_flag_the_agent_runs_nvidia_smi_and_destroys_on_delete(fabricd_state, agent_url, agent_state,
+                                                                         fake_smi):
+    api, store, state = fabricd_state
+    state.config = replace(state.config, mig=MigSettings(pci_mig=True))  # fabricd's FABRIC_PCI_MIG=1
     agent_state.settings = AgentSettings(pci_mig=True)  # the agent's, as its start read it
-    monkeypatch.delenv("FABRIC_PCI_MIG_RECORD_ONLY", raising=False)
     parent = put_node(store, "gpu-1", "libvirt", agent_url).gpus[0].pci
     made = api.post("/api/ai/nodes/gpu-1/mig", json={"parent_bdf": parent, "profile": "1g"})
     assert made.status_code == 201, made.text

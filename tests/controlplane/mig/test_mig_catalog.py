@@ -10,6 +10,7 @@ from common.schemas import DeploymentStatus, GpuRequest, InferenceDeployment, In
 from controlplane.mig.catalog import MigSettings, check_delete, mode_for, plan_create
 from controlplane.mig.inventory import with_slices
 from controlplane.scheduler import SchedulerSettings, place
+from controlplane.settings import load
 from tests.controlplane.planner_data import NOW, node
 
 LAB = node("n1", 2).model_copy(update={"vm_driver": "lab"})
@@ -56,7 +57,8 @@ def test_mode_per_node_kind_and_flags():
     assert refused.value.status == 400
     assert mode_for(PCI, MigSettings(pci_mig=True, record_only=True)) == "record"
     assert mode_for(PCI, MigSettings(pci_mig=True)) == "nvidia-smi"
-    assert MigSettings.from_env({"FABRIC_PCI_MIG": "1", "FABRIC_PCI_MIG_RECORD_ONLY": "1"}) == MigSettings(True, True)
+    assert load({"FABRIC_PCI_MIG": "1", "FABRIC_PCI_MIG_RECORD_ONLY": "1"}).mig == MigSettings(True, True)
+    assert load({}).mig == MigSettings()
 
 
 def test_a_held_slice_cannot_be_deleted():
