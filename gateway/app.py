@@ -399,11 +399,27 @@ class GatewayApp:
         name only: a key's prefix, or "jwt"), rate-limited per process so a flood of bad keys
         cannot flood the chain."""
         try:
-            return await self.state.auth.identify(headers, endpoint)
+            try:
+                return await self.state.auth.identify(headers, endpoint)
+            except Forbidden as exc:
+                # A valid credential for another endpoint, naming one that does not exist: a typo in
+                # the path, so say not found rather than not allowed (only a valid credential gets
+                # this far, so nobody can list endpoints without one).
+                if exc.code != "endpoint_not_allowed" or endpoint is None or await self._endpoint_exists(endpoint):
+                    raise
+                raise NotFound(f"endpoint {endpoint!r} not found (check the name in the base URL: "
+                               f"{PREFIX}ENDPOINT/v1)", code="endpoint_not_found") from None
         except FabricError as exc:
             self.state.audit.record_refusal(request_id=request_id, key_id=presented_id(headers), endpoint=endpoint,
                                             status=exc.status, reason=exc.code)
             raise
+
+    async def _endpoint_exists(self, endpoint: str) -> bool:
+        try:
+            await self.state.upstreams.view(endpoint, need_upstream=False)
+        except NotFound:
+            return False
+        return True
 
     async def _parse(self, body: bytes, content_type: str, route: Route) -> BodyInfo:
         policy = self.state.generation

@@ -238,6 +238,13 @@ class LimitKeeper:
     async def admit(self, plan: list[Reservation], estimate: int) -> Admission:
         taken: list[Reservation] = []
         for r in plan:
+            if r.tokens and r.window_secs == MINUTE and r.limit is not None and r.amount > r.limit:
+                # Waiting cannot help a request bigger than the whole minute's allowance.
+                for t in reversed(taken):
+                    await self._apply(t, -t.amount, None)
+                raise PayloadTooLarge(f"this request alone needs about {r.amount} tokens (prompt estimate plus "
+                                      f"max_tokens), more than {r.what} allows in a minute ({r.limit}): it can "
+                                      "never fit; shorten the prompt or lower max_tokens", code="request_too_large")
             outcome = await self._apply(r, r.amount, r.limit)
             if not outcome.ok:
                 for t in reversed(taken):

@@ -70,6 +70,9 @@ class NotServed(FabricError):
 def check_served(path: str) -> None:
     """NotServed (404) for a decoded path outside the OpenAI API the gateway serves (SERVED)."""
     if not any(_under(path, p) for p in SERVED):
+        if any(_under("/v1" + path, p) for p in SERVED):  # a base URL without /v1
+            raise NotServed(f"no route {path[:64]!r}: the OpenAI API is under /v1, so send /v1{path[:64]}; "
+                            "the client's base URL should end in /v1 (.../api/ai/openai/ENDPOINT/v1)")
         raise NotServed(f"the gateway does not serve {path[:64]!r}; it serves the OpenAI API under /v1 "
                         "(chat/completions, completions, responses, embeddings, models, files, batches, ...)")
 
