@@ -135,8 +135,10 @@ WantedBy=multi-user.target
 
 
 
-def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None) -> tuple[str, str]:
-    meta = yaml.safe_dump({"instance-id": hostname, "local-hostname": hostname}, sort_keys=False)
+def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None,
+               instance_id: str | None = None) -> tuple[str, str]:
+    """hostname: a DNS label (agent.vm.domain_xml.guest_hostname); instance_id: the domain name."""
+    meta = yaml.safe_dump({"instance-id": instance_id or hostname, "local-hostname": hostname}, sort_keys=False)
     base_text = (images_dir() / "cloud-init/user-data.base.yaml").read_text()
     config = yaml.safe_load(base_text) or {}
     config["hostname"] = hostname

@@ -5,7 +5,10 @@ Choices (docs/gpu-hosts.md says why in more words):
 - q35 + UEFI (OVMF pflash, per-VM NVRAM from the vars template): large-BAR GPUs need a
   PCIe topology and 64-bit MMIO, which SeaBIOS/i440fx do not give.
 - host-passthrough CPU with <maxphysaddr mode='passthrough'/>: the guest sees the host's
-  physical address bits, so a 64-bit MMIO window of hundreds of GiB fits.
+  physical address bits, so a 64-bit MMIO window of hundreds of GiB fits. A topology of one
+  socket with one core per vCPU. Above 255 vCPUs (x2APIC ids past 8 bits) the guest gets a
+  virtual Intel IOMMU with interrupt remapping and EIM, and a split irqchip (<ioapic
+  driver='qemu'/>): libvirt refuses more vCPUs without them.
 - one pcie-root-port per passed-through function (GPUs, then an HGX board's NVSwitches), the
   device at function 0 behind it. managed='no': the agent binds/releases through
   agent.hw.vfio (with its refusals), libvirt must not.
@@ -33,6 +36,7 @@ Choices (docs/gpu-hosts.md says why in more words):
 from __future__ import annotations
 
 import hashlib
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +70,24 @@ class DirectBoot:
     cmdline: str = ""
 
 
+MAX_XAPIC_VCPUS = 255  # above this a q35 guest needs a virtual IOMMU with EIM and a split irqchip
+
+
 def domain_name(replica_id: str) -> str:
     return f"fabric-{replica_id}"
+
+
+HOSTNAME_MAX = 63  # one DNS label (RFC 1123); the kernel takes 64, cloud-init and DNS 63
+
+
+def guest_hostname(replica_id: str) -> str:
+    """The guest's hostname: the domain name where it is a valid DNS label, else one made valid
+    ('.' and '_' become '-') and, when too long, cut with a hash of the id so two stay distinct."""
+    name = re.sub(r"[^a-z0-9-]", "-", domain_name(replica_id).lower()).strip("-")
+    if len(name) <= HOSTNAME_MAX and name == domain_name(replica_id):
+        return name
+    digest = hashlib.sha256(replica_id.encode()).hexdigest()[:8]
+    return f"{name[:HOSTNAME_MAX - 9].rstrip('-')}-{digest}"
 
 
 def mac_for(replica_id: str) -> str:
@@ -178,7 +198,9 @@ def build_domain_xml(
     features = _sub(dom, "features")
     _sub(features, "acpi")
     _sub(features, "apic")
-    cpu = add_cpu(dom, domain_type)
+    if spec.cpu > MAX_XAPIC_VCPUS:  # x2APIC ids above 255 need interrupt remapping: split irqchip + EIM
+        _sub(features, "ioapic", {"driver": "qemu"})
+    cpu = add_cpu(dom, domain_type, spec.cpu)
     if tuning.numa_node is not None:
         cells = _sub(cpu, "numa")
         last = spec.cpu - 1
@@ -244,6 +266,10 @@ def build_domain_xml(
         _sub(serial, "log", {"file": str(console_log), "append": "on"})
     _sub(dev, "console", {"type": "pty"})
     _sub(dev, "memballoon", {"model": "none"})
+    if spec.cpu > MAX_XAPIC_VCPUS:
+        iommu = _sub(dev, "iommu", {"model": "intel"})
+        # caching_mode: required with assigned (VFIO) devices behind a virtual IOMMU
+        _sub(iommu, "driver", {"intremap": "on", "eim": "on", "caching_mode": "on"})
 
     window = tuning.mmio64_mib or mmio64_mib(len(bdfs), spec.gpu_memory_mib)
     if window:
@@ -255,12 +281,16 @@ def build_domain_xml(
     return ET.tostring(dom, encoding="unicode") + "\n"
 
 
-def add_cpu(dom: ET.Element, domain_type: str) -> ET.Element:
-    """The guests' <cpu> element (agent.hw.kvm's probe boots the same one)."""
+def add_cpu(dom: ET.Element, domain_type: str, vcpus: int = 1) -> ET.Element:
+    """The guests' <cpu> element (agent.hw.kvm's probe boots the same one) with a topology: one
+    socket of `vcpus` cores, one thread each (without it QEMU makes one socket per vCPU, and
+    guests size per-socket caches and licences from that)."""
     if domain_type == "qemu":  # TCG has no host CPU to pass through; "maximum" is QEMU's -cpu max
-        return _sub(dom, "cpu", {"mode": "maximum", "check": "none"})
-    cpu = _sub(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
-    _sub(cpu, "maxphysaddr", {"mode": "passthrough"})
+        cpu = _sub(dom, "cpu", {"mode": "maximum", "check": "none"})
+    else:
+        cpu = _sub(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
+        _sub(cpu, "maxphysaddr", {"mode": "passthrough"})
+    _sub(cpu, "topology", {"sockets": "1", "dies": "1", "cores": str(vcpus), "threads": "1"})
     return cpu
 
 

@@ -28,7 +28,15 @@ from agent.net.bridge import BridgeNetwork
 from agent.state import GpuBinder
 from agent.vm.base import VmSpec, VmState, VmStatus
 from agent.vm.cloud_init import build_seed, has_adapters, write_seed_iso
-from agent.vm.domain_xml import DirectBoot, Firmware, build_domain_xml, domain_name, mac_for, tap_name
+from agent.vm.domain_xml import (
+    DirectBoot,
+    Firmware,
+    build_domain_xml,
+    domain_name,
+    guest_hostname,
+    mac_for,
+    tap_name,
+)
 from agent.vm.host_tuning import (
     HUGEPAGE_CHOICES,
     HostTuning,
@@ -269,7 +277,8 @@ class LibvirtDriver:
                 raise Refused("full passthrough on an HGX board needs the VFIO binder for the NVSwitches")
             self.binder.bind(switch)
         create_overlay(self.image, paths.overlay)
-        meta, user = build_seed(spec, hostname=domain_name(spec.replica_id),
+        meta, user = build_seed(spec, hostname=guest_hostname(spec.replica_id),
+                                instance_id=domain_name(spec.replica_id),
                                 models_dir=None if spec.model_dir else self.models_dir)
         write_seed_iso(self.state_dir, meta, user, name=paths.seed.name)
         self.network.create_tap(tap_name(spec.replica_id))

@@ -233,3 +233,26 @@ def test_bad_virt_type_or_cmdline_is_invalid_input(kwargs):
     with pytest.raises(InvalidInput):
         build_domain_xml(spec, overlay=STATE / "o.qcow2", seed_iso=STATE / "s.iso", mac=mac_for("boot"),
                          bridge="br", models_dir=Path("/m"), **kwargs)
+
+
+def test_guest_hostname_is_a_label_the_kernel_and_dns_take():
+    import re
+    import subprocess
+
+    from agent.vm.domain_xml import guest_hostname
+
+    longest = "a" * 63  # the longest replica id: "fabric-" + 63 characters is 70
+    names = {rid: guest_hostname(rid) for rid in ("r1", longest, "a" * 62 + "b", "dep_1.r2", "x" * 57)}
+    assert names["r1"] == "fabric-r1" and names["dep_1.r2"].startswith("fabric-dep-1-r2-")
+    assert len(names["x" * 57]) <= 63 and len(names[longest]) <= 63
+    assert names[longest] != names["a" * 62 + "b"]  # cut names stay distinct
+    label = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    for rid, name in names.items():
+        assert label.match(name), (rid, name)
+        # the kernel's own check: sethostname(2) in a fresh UTS namespace
+        done = subprocess.run(["unshare", "--uts", "sh", "-c", f"hostname {name} && hostname"],
+                              capture_output=True, text=True, timeout=10)
+        assert done.returncode == 0 and done.stdout.strip() == name, done.stderr
+    too_long = "fabric-" + longest
+    refused = subprocess.run(["unshare", "--uts", "hostname", too_long], capture_output=True, text=True, timeout=10)
+    assert refused.returncode != 0  # what the old hostname (the domain name) did on a 63-character id

@@ -87,3 +87,30 @@ def test_readonly_virtiofs_matches_what_the_versions_say(conn, tmp_path):
 def test_duplicate_host_device_is_refused_at_define(conn, tmp_path):
     with pytest.raises(libvirt.libvirtError, match="(?i)hostdev already exists"):
         define(conn, tmp_path, "dup", (GPUS8[0], GPUS8[0]), HostTuning())
+
+
+def test_more_than_255_vcpus_get_eim_and_a_split_irqchip_that_libvirt_accepts(conn, tmp_path):
+    spec = VmSpec(replica_id=f"val-{os.getpid()}-big", deployment="d", model_name="m",
+                  model_source="/srv/models/m", gpus=GPUS8, gpu_memory_mib=143_771, cpu=256, memory_gib=4)
+    xml = build_domain_xml(spec, overlay=tmp_path / "o.qcow2", seed_iso=tmp_path / "s.iso",
+                           mac=mac_for(spec.replica_id), bridge="fabric0", models_dir=tmp_path)
+    dom = conn.defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
+    try:
+        back = ET.fromstring(dom.XMLDesc(0))
+    finally:
+        dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+    assert back.find("vcpu").text == "256"
+    assert back.find("features/ioapic").get("driver") == "qemu"
+    assert back.find("devices/iommu/driver").get("eim") == "on"
+    assert back.find("cpu/topology").attrib == {"sockets": "1", "dies": "1", "cores": "256", "threads": "1"}
+    # The same domain without the IOMMU is what libvirt refuses: the check above is libvirt's own.
+    root = ET.fromstring(xml)
+    devices = root.find("devices")
+    devices.remove(devices.find("iommu"))
+    with pytest.raises(libvirt.libvirtError, match="(?i)eim|255|extended interrupt"):
+        conn.defineXMLFlags(ET.tostring(root, encoding="unicode"), libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
+    small = ET.fromstring(build_domain_xml(
+        VmSpec(replica_id="s", deployment="d", model_name="m", model_source="/srv/m", cpu=8, memory_gib=1),
+        overlay=tmp_path / "o.qcow2", seed_iso=tmp_path / "s.iso", mac=mac_for("s"), bridge="b", models_dir=tmp_path))
+    assert small.find("devices/iommu") is None and small.find("features/ioapic") is None
+    assert small.find("cpu/topology").get("cores") == "8"
