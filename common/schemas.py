@@ -373,6 +373,7 @@ class InferenceDeployment(Template, Resource):
 
 class EndpointStatus(Status):
     vip: str | None = None
+    deleting_since: float | None = Field(None, description="when deletion was asked: the VIP drains, then goes")
 
 
 class ProviderKey(BaseModel):

@@ -289,7 +289,8 @@ class ControllerHandle:
                 events=ReconcileEvents(events), crashloop_gauge=self.metrics.crashloop)
         rollouts = RolloutWorker(store, events_kept=api.events_kept, metrics=self.metrics.rollouts)
         routing = RoutingWorker(store, agents, config.pool if config else vip_pool.pool_from_env(),
-                                metrics=self.metrics, rollouts=rollouts, events=events, stall_s=self.settings.stall_s)
+                                metrics=self.metrics, rollouts=rollouts, events=events, stall_s=self.settings.stall_s,
+                                drain_grace_s=self.settings.drain_grace_s)
         models = ModelWorker(store, agents, jobs_gauge=self.metrics.model_jobs)
         autoscale = AutoscaleWorker(store, events=events, metrics=self.metrics)
         keeper = asyncio.create_task(self._keep_leading(lock))

@@ -263,6 +263,8 @@ class UpstreamCache:
         if view is None:
             raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
         ep = view.endpoint
+        if ep.status.phase == "Deleting":  # its VIP drains the calls in flight; no new ones
+            raise NotFound(f"endpoint {name!r} is being deleted", code="endpoint_not_found")
         if need_upstream and not view.replicas and not ep.status.vip and ep.external is None \
                 and not ep.spillover and not ep.fallbacks:
             raise TransientError(f"endpoint {name!r} has no ready replica", code="no_ready_replica")

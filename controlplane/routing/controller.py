@@ -89,6 +89,7 @@ class RoutingMemory:
     series: dict[str, set[str]] = field(default_factory=dict)  # endpoint -> replicas with a weight series
     stall_since: dict[str, float] = field(default_factory=dict)  # replica -> running with no token progress since
     stalled: set[str] = field(default_factory=set)  # replicas marked stalled at their last scrape
+    drain_pushed: dict[str, float] = field(default_factory=dict)  # deleting endpoint -> its drain first pushed
 
 
 def _rate_moved(old: float | None, new: float | None, tolerance: float) -> bool:
@@ -119,9 +120,10 @@ def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
 class RoutingWorker:
     def __init__(self, store: Store, agents, pool: vip_pool.AddressPool, *,
                  clock: Callable[[], float] = time.time, metrics=None, rollouts: RolloutWorker | None = None,
-                 events: EventSink | None = None, stall_s: float = 60.0):
+                 events: EventSink | None = None, stall_s: float = 60.0, drain_grace_s: float = 30.0):
         self.store = store
         self.stall_s = stall_s
+        self.drain_grace_s = drain_grace_s
         self.rollouts = rollouts
         self.events = events or EventSink(store)
         self.agents = agents
@@ -230,10 +232,15 @@ class RoutingWorker:
             self.rollouts.advance(snap.replicas, snap.observations)
         self._managed = {kv.key: kv.value for kv in self.store.list(MANAGED_SERVICES)}
         for name in sorted(snap.endpoints):  # weights reach the agents before the store writes
+            ep = snap.endpoints[name]
+            deleting = ep.status.phase == "Deleting"
             try:
-                await self.apply_endpoint(snap, snap.endpoints[name])
+                if deleting:
+                    await self.drain_endpoint(snap, ep)
+                    continue
+                await self.apply_endpoint(snap, ep)
             except FabricError as exc:
-                self._set_status(snap.endpoints[name], phase="Pending", message=exc.message)
+                self._set_status(ep, phase="Deleting" if deleting else "Pending", message=exc.message)
         self.write_observations()
         await self.release_orphans(snap)
 
@@ -255,26 +262,7 @@ class RoutingWorker:
         plan = self.plan(snap, ep, vip)
         self.memory.plans[ep.name] = plan
         self._record_weights(ep, plan)
-        backends = (plan.backends, plan.draining, ep.forwarding)  # a change of any is pushed
-        notes: list[str] = []
-        if plan.backends:
-            key, record = managed_service_key(vip, ep.port, PROTO), json.dumps({"endpoint": ep.name})
-            if self._managed.get(key) != record:
-                self.store.put(key, record)
-                self._managed[key] = record
-            now, settings = self.clock(), SchedulerSettings()
-            targets = [node for node in snap.nodes.values()
-                       if node_online(node, now, settings) and self.memory.pushed.get((ep.name, node.id)) != backends]
-            if targets:  # only push when weights change; to every agent at once
-                spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in plan.backends},
-                                         draining=list(plan.draining), forwarding=ep.forwarding)
-                results = await asyncio.gather(*(self._push(node, ep, vip, spec, backends) for node in targets),
-                                               return_exceptions=True)
-                for result in results:
-                    if isinstance(result, BaseException):
-                        raise result  # LeaseLost or a bug: after every sibling push finished
-                    if result:
-                        notes.append(result)
+        notes = await self._push_plan(snap, ep, vip, plan)
         included = sum(1 for e in plan.entries if e.included)
         message = f"VIP {vip}:{ep.port} ({ep.forwarding}); {included}/{len(plan.entries)} replicas routed ({ep.routing})"
         if plan.entries and not plan.backends and included:
@@ -284,6 +272,71 @@ class RoutingWorker:
         phase = "Ready" if included else "Pending"
         self._set_status(ep, phase=phase, message=message, vip=vip)
         self._export_weights(ep.name, plan)
+
+    async def _push_plan(self, snap: Snapshot, ep: InferenceEndpoint, vip: str, plan: RoutingPlan) -> list[str]:
+        """PUT the plan's service on every online agent whose copy differs; notes of failures."""
+        backends = (plan.backends, plan.draining, ep.forwarding)  # a change of any is pushed
+        notes: list[str] = []
+        if not plan.backends:
+            return notes
+        key, record = managed_service_key(vip, ep.port, PROTO), json.dumps({"endpoint": ep.name})
+        if self._managed.get(key) != record:
+            self.store.put(key, record)
+            self._managed[key] = record
+        now, settings = self.clock(), SchedulerSettings()
+        targets = [node for node in snap.nodes.values()
+                   if node_online(node, now, settings) and self.memory.pushed.get((ep.name, node.id)) != backends]
+        if targets:  # only push when weights change; to every agent at once
+            spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in plan.backends},
+                                     draining=list(plan.draining), forwarding=ep.forwarding)
+            results = await asyncio.gather(*(self._push(node, ep, vip, spec, backends) for node in targets),
+                                           return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result  # LeaseLost or a bug: after every sibling push finished
+                if result:
+                    notes.append(result)
+        return notes
+
+    async def drain_endpoint(self, snap: Snapshot, ep: InferenceEndpoint) -> None:
+        """An endpoint being deleted: its service stays with every backend draining (no new flows,
+        the established ones finish) until the engines behind it report nothing running or
+        waiting in a scrape after that push, or the drain grace since the deletion has passed;
+        then the service goes from every agent, the VIP back to the pool, and the record last.
+        Until then its status says Deleting and why."""
+        now = self.clock()
+        since = ep.status.deleting_since or now
+        vip = ep.status.vip
+        replicas = [r.model_copy(update={"draining": True}) for r in snap.replicas.get(ep.deployment, [])]
+        plan = endpoint_plan(ep, replicas, snap.observations, snap.nodes, now, sites=snap.sites, vip=vip)[0]
+        busy = 0
+        if vip is not None:
+            await self._push_plan(snap, ep, vip, plan)
+            pushed_at = self.memory.drain_pushed.setdefault(ep.name, now)
+            live = {e.replica_id for e in plan.entries if e.draining}
+            for rid in live:
+                o = snap.observations.get(rid)
+                if o is None or not o.ok or o.scraped_at <= pushed_at or o.running or o.queue_depth:
+                    busy += 1
+            if busy and now - since < self.drain_grace_s:
+                self._set_status(ep, phase="Deleting", message=f"deleting: VIP {vip} drains the calls in flight on "
+                                 f"{busy} replica(s) (until idle or {self.drain_grace_s:g}s after deletion)")
+                return
+            if not await self.remove_service(snap, vip, ep.port):
+                self._set_status(ep, phase="Deleting", message=f"deleting: waiting for every agent to drop VIP {vip}")
+                return
+            self.store.delete(managed_service_key(vip, ep.port, PROTO))
+            vip_pool.release(self.store, vip, ep.name)
+            self.events("endpoint", ep.name, "VipReleased", f"VIP {vip} back to the pool after the drain "
+                        f"({'grace ended' if busy else 'idle'})", tenant=ep.tenant)
+        self.store.delete(keyspace.endpoints(ep.name))
+        self.events("endpoint", ep.name, "Deleted", f"endpoint {ep.name} deleted", tenant=ep.tenant)
+        snap.endpoints.pop(ep.name, None)
+        self.memory.drain_pushed.pop(ep.name, None)
+        for key in [k for k in self.memory.pushed if k[0] == ep.name]:
+            del self.memory.pushed[key]
+        self.memory.plans.pop(ep.name, None)
+        self.memory.weights.pop(ep.name, None)
 
     def _export_weights(self, endpoint: str, plan: RoutingPlan | None) -> None:
         """fabric_routing_weight{endpoint,replica} for the endpoint's current replicas only: the
