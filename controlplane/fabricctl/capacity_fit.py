@@ -7,6 +7,7 @@ from __future__ import annotations
 import typer
 
 from controlplane.fabricctl import capacity
+from controlplane.fabricctl.formats import with_output
 from controlplane.fabricctl.output import col, emit_json, format_table, session
 
 capacity_app = typer.Typer(help="GPUs by node and site; `fit` answers how many more replicas fit.",
@@ -20,11 +21,14 @@ SITE_COLUMNS = [col("SITE", "site"), col("FITS", "fits"), col("WITH_PREEMPTION_S
                 col("WITH_PREEMPTION_CRITICAL", "with_preemption.critical"), col("BINDING", "binding")]
 
 
-@capacity_app.callback(invoke_without_command=True)
 def main(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Free and total GPUs by node and by site."""
     if ctx.invoked_subcommand is None:
         capacity.capacity(as_json)
+
+
+# A group's callback is not given -o by add_output_options: the bare command keeps it here.
+capacity_app.callback(invoke_without_command=True)(with_output(main, "capacity"))
 
 
 @capacity_app.command("fit")

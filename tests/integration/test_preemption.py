@@ -8,11 +8,15 @@ the critical one scaled to 0 gives the room back and the opportunistic replica r
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import threading
 
 import httpx
 import pytest
 
+from tests.controlplane.conftest import BIN
 from tests.integration.orchestration_harness import start_cluster
 from tests.support.polling import wait_for
 
@@ -27,6 +31,14 @@ def stream(url: str, out: list) -> None:
         out.append("done" if "data: [DONE]" in text else f"stream cut: {r.status_code} {text[-200:]}")
     except httpx.HTTPError as exc:
         out.append(f"stream cut: {type(exc).__name__}")
+
+
+def ctl(cluster, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    env.update(FABRIC_URL=cluster.url, FABRIC_TOKEN=cluster.token, HOME=str(cluster.state_dir))
+    proc = subprocess.run([str(BIN / "fabricctl"), "ai", *args], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    return proc.stdout
 
 
 def status(api, name) -> dict:
@@ -54,6 +66,11 @@ def test_critical_preempts_opportunistic_through_the_drain_and_it_returns(tmp_pa
         assert (fit["fits"], fit["with_preemption"], fit["binding"]) == (0, {"standard": 2, "critical": 2}, "GPUs")
         assert api.get("/api/ai/capacity/fit", params={"profile": "nope"}).status_code == 404
         assert api.get("/api/ai/capacity/fit", params={"profile": "Bad Name"}).status_code == 422
+        table = ctl(cluster, "capacity", "fit", "--profile", "g1")
+        assert "0 more replica(s) of g1 fit now; with preemption: 2 as standard, 2 as critical" in table, table
+        assert json.loads(ctl(cluster, "capacity", "fit", "--profile", "g1", "-o", "json"))["nodes"][0]["binding"] \
+            == "GPUs"
+        assert "GPUS_FREE" in ctl(cluster, "capacity")
 
         # A stream on each opportunistic replica, running while the preemption happens.
         results: list[str] = []
