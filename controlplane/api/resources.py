@@ -32,7 +32,6 @@ The four lists page (controlplane.api.paging): ?limit (default 500, at most 1000
 from __future__ import annotations
 
 import json
-import os
 import time
 
 from fastapi import APIRouter, Depends, Response
@@ -56,6 +55,7 @@ from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.models.records import check_local_source, delete_jobs
 from controlplane.rollouts import records
+from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import admission, model_sources, owners, policies, quotas
 from controlplane.tenancy.principal import ADMIN, Principal, claimed, visible
@@ -154,11 +154,11 @@ def list_models(state: StateDep, response: Response, who: PrincipalDep, limit: L
 @router.post("/models", status_code=201)
 def create_model(body: ModelArtifact, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
-    check_local_source(body.source)
+    model_dir = settings_of(state).model_dir  # FABRIC_MODEL_DIR, read at start
+    check_local_source(body.source, model_dir)
     for adapter in body.adapters:
-        check_local_source(adapter.source)
+        check_local_source(adapter.source, model_dir)
     # A tenant-bound caller: its own model root, and only allow-listed hf:// repositories.
-    model_dir = getattr(state.config, "model_dir", None) or os.environ.get("FABRIC_MODEL_DIR") or "/srv/models"
     model_sources.check(state.store, who, [body.source, *(a.source for a in body.adapters)], model_dir)
     model = _fresh(body, ModelStatus(phase="Registered", message="model registered"))
     return _create(state, keyspace.models(model.name), "model", model, f"model {model.name} from {model.source}")

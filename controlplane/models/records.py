@@ -8,7 +8,6 @@ the same job make one record.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 from common import keyspace
@@ -20,14 +19,13 @@ from common.store.base import Store
 CAS_RETRIES = 8
 
 
-def check_local_source(source: str, env: dict[str, str] | None = None) -> None:
-    """A local source must resolve (realpath) under FABRIC_MODEL_DIR (default /srv/models): 422
-    otherwise. The agent checks again on its host, where the path lives."""
+def check_local_source(source: str, model_dir: str) -> None:
+    """A local source must resolve (realpath) under model_dir (FABRIC_MODEL_DIR, default
+    /srv/models): 422 otherwise. The agent checks again on its host, where the path lives."""
     if source.startswith("hf://"):
         return
-    env = os.environ if env is None else env
     try:
-        local_source_path(source, env.get("FABRIC_MODEL_DIR") or "/srv/models")
+        local_source_path(source, model_dir)
     except ValueError as exc:
         raise InvalidInput(str(exc), code="bad_source") from None
 

@@ -128,11 +128,11 @@ class OidcLogin:
         return principal_of(claims, self.settings)
 
 
-def login_of(app_state, env: Mapping[str, str]) -> OidcLogin:
-    """The process's OidcLogin (made on first use, kept on the app state); 404 when OIDC is off."""
+def login_of(app_state, settings) -> OidcLogin:
+    """The process's OidcLogin (made on first use, kept on the app state); 404 when OIDC is off.
+    settings: fabricd's FABRIC_LOGIN_OIDC_* as its settings read them at start (None: off)."""
     login = getattr(app_state, "oidc_login", None)
     if login is None:
-        settings = settings_from_env(env)
         if settings is None:
             raise NotFound("OIDC login is not configured on this fabricd (FABRIC_LOGIN_OIDC_ISSUER, "
                            "FABRIC_LOGIN_OIDC_JWKS_URL, FABRIC_LOGIN_OIDC_CLIENT_ID)", code="oidc_off")
