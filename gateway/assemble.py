@@ -67,7 +67,7 @@ def dispatcher(settings: GatewaySettings, upstreams: UpstreamCache, metrics: Gat
 
 
 def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gateway_id: str) -> GatewayApp:
-    metrics = GatewayMetrics.create()
+    metrics = GatewayMetrics.create(multiprocess=settings.metrics_multiprocess)
     upstreams = UpstreamCache(store, ttl_secs=settings.cache_ttl_secs)
     oidc = OidcVerifier(settings.oidc_providers, settings.accept_any_jwt_audience, settings.oidc_endpoints_claim)
     slots = SlotHolder(store, gateway_id, settings.slot_lease_secs)

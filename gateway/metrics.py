@@ -7,7 +7,6 @@ cannot blow up label cardinality, and no key, tenant secret or prompt is ever a 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -41,10 +40,11 @@ class GatewayMetrics:
     _direct: bool = False
 
     @classmethod
-    def create(cls, registry: CollectorRegistry | None = None) -> GatewayMetrics:
+    def create(cls, registry: CollectorRegistry | None = None, *, multiprocess: bool = False) -> GatewayMetrics:
+        """multiprocess: GatewaySettings.metrics_multiprocess (PROMETHEUS_MULTIPROC_DIR, `--workers N`)."""
         reg = registry or CollectorRegistry()
         return cls(
-            _direct=bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")),
+            _direct=multiprocess,
             registry=reg,
             requests=Counter("fabric_gateway_requests", "Gateway calls by endpoint and outcome",
                              ["endpoint", "outcome"], registry=reg),
@@ -125,7 +125,7 @@ class GatewayMetrics:
         """Prometheus text. With several worker processes (PROMETHEUS_MULTIPROC_DIR set by
         `serve --workers N`), the sum over every worker, whichever one answers the scrape."""
         self._tally.fold()
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        if self._direct:  # several workers: each one's values are in the multiprocess directory
             from prometheus_client import multiprocess
 
             reg = CollectorRegistry()

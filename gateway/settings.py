@@ -67,6 +67,9 @@ class GatewaySettings:
     explain_secs: float = 600.0  # FABRIC_GATEWAY_EXPLAIN_SECS: how long a call's routing explanation is kept
     http_server: str = "gateway"  # gateway.http_server, or "uvicorn" (its own protocol: measurement, a way out)
     reclaim_secs: float | None = 60.0  # FABRIC_GATEWAY_RECLAIM_SECS: full gc + malloc_trim every N s; 0: off
+    # PROMETHEUS_MULTIPROC_DIR set (by `serve --workers N`, for prometheus_client): every worker's
+    # metrics are files in it, and a scrape sums them
+    metrics_multiprocess: bool = False
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -186,6 +189,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         explain_secs=_explain_secs(env),
         http_server=_http_server(env),
         reclaim_secs=_reclaim_secs(env),
+        metrics_multiprocess=bool(env.get("PROMETHEUS_MULTIPROC_DIR")),
     )
 
 

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway import metric_tally
 from gateway.metrics import LATENCY_BUCKETS, GatewayMetrics
+from gateway.settings import load
 
 # latencies on, between and beyond the bucket bounds (a bound itself falls in its own bucket)
 SECONDS = [0.0, 0.004, 0.005, 0.0050001, 0.01, 0.3, 2.5, 7, 59.9, 120, 121, 1e6]
@@ -104,10 +105,11 @@ def test_without_an_event_loop_an_update_folds_at_once():
 def test_with_several_workers_every_update_is_in_the_files_at_once(monkeypatch, tmp_path):
     """Multiprocess mode: another worker answering the scrape reads this worker's values from
     its files, so nothing may wait for a fold."""
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))  # for prometheus_client, as serve sets it
+    assert load().metrics_multiprocess  # the gateway's settings see it at start
 
     async def main():
-        metrics = GatewayMetrics.create()
+        metrics = GatewayMetrics.create(multiprocess=load().metrics_multiprocess)
         metrics.outcome("ep", "success", 0.2)
         metrics.in_flight_for("ep").inc()
         assert metrics.registry.get_sample_value("fabric_gateway_requests_total",
