@@ -92,6 +92,15 @@ def explain_placement(deployment: str, state: StateDep) -> dict:
         nodes=[{"node": v.node, "eligible": v.eligible, "chosen": v.node == plan.node, "score": v.score,
                 "reason": v.reason} for v in plan.verdicts],
     )
+    body.update(capacity_class=dep.capacity_class, preempted=dep.status.preempted,
+                preempted_by=dep.status.preempted_by)
+    if plan.node is None:  # what the reconciler's preemption planner would do (docs/capacity.md)
+        from controlplane.placement import preempt_apply
+        from controlplane.placement.preemption import plan_preemption
+
+        index = preempt_apply.snapshot_index(snap, time.time(), settings_of(state).scheduler)
+        body["preemption"] = plan_preemption(index, dep, profile, model, preempt_apply.holders_of(snap),
+                                             replicas=live).as_dict()
     return body
 
 

@@ -42,15 +42,19 @@ def short_of(snap: Snapshot, dep: InferenceDeployment) -> int:
     return max(0, want - len(_live(snap.replicas.get(dep.name, []))))
 
 
-def index_of(worker, snap: Snapshot) -> PlacementIndex:
-    """The placement index of the pass's snapshot. A replica's own GPUs count as reserved too: a
-    replica created earlier in this pass is in the snapshot before its reservations are."""
+def snapshot_index(snap: Snapshot, now: float, settings) -> PlacementIndex:
+    """The placement index of a snapshot. A replica's own GPUs count as reserved too: a replica
+    created earlier in this pass is in the snapshot before its reservations are."""
     reserved = snap.reserved_by_node()
     for r in snap.all_replicas():
         if r.node and r.gpus:
             reserved.setdefault(r.node, set()).update(r.gpus)
-    return PlacementIndex(list(snap.nodes.values()), reserved, worker.clock(),
-                          worker.settings.scheduler, committed=snap.committed(), sites=snap.sites)
+    return PlacementIndex(list(snap.nodes.values()), reserved, now, settings, committed=snap.committed(),
+                          sites=snap.sites)
+
+
+def index_of(worker, snap: Snapshot) -> PlacementIndex:
+    return snapshot_index(snap, worker.clock(), worker.settings.scheduler)
 
 
 def holders_of(snap: Snapshot):

@@ -89,6 +89,12 @@ def test_critical_preempts_opportunistic_through_the_drain_and_it_returns(tmp_pa
                     if x["phase"] == "Draining"]
         assert len(draining) == 1, draining
         victim = draining[0]["replica_id"]
+        # explain placement runs the same planner: room on its way (the draining victim), or whom a
+        # further critical replica would take.
+        shown = api.get("/api/ai/explain/placement/chat").json()
+        assert shown["capacity_class"] == "critical" and shown["node"] is None, shown
+        assert shown["preemption"]["outcome"] in ("waiting", "preempt"), shown["preemption"]
+        assert shown["preemption"]["waiting_on"] == [victim] or shown["preemption"]["victims"], shown["preemption"]
         explain = api.get(f"/api/ai/explain/failure/{victim}").json()
         assert "preempted by chat" in explain["summary"], explain
         events = api.get("/api/ai/events", params={"kind": "deployment", "name": "batch"}).json()
