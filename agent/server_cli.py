@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import socket
 import ssl
 import threading
@@ -187,6 +188,10 @@ def _settings(node_ip: str | None):
     except AgentSettingsError as exc:
         typer.echo(f"error: the agent will not start with these settings: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+def _exit_on_term(signum, frame) -> None:
+    raise SystemExit(0)
 
 
 def _bgp_announcer(settings, dp, ifaces: list[str], netns: str | None, state_dir: Path, state: AgentState):
@@ -374,6 +379,10 @@ def serve(
     if plan.enabled:
         ssl_args = uvicorn_mtls_kwargs(plan)
     allowed = allowed_client_cn or list(DEFAULT_ALLOWED_CLIENT_CNS)
+    if bgp is not None:
+        # uvicorn re-raises the SIGTERM it shut down for once it restores the handlers it found:
+        # with this one the process leaves through the finally below (withdraw, Cease) instead of dying.
+        signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         uvicorn.run(create_app(state, allowed_client_cns=allowed), host=host, port=port, log_level=log_level,
                     **ssl_args)

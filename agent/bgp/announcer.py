@@ -149,9 +149,8 @@ class BgpAnnouncer:
         plan = self.plan()
         with self._lock:
             self._plan = plan
-        if not self.daemon.alive():
-            if not self._start_daemon(plan):
-                return
+        if not self.daemon.alive() and not self._start_daemon(plan):
+            return
         if plan.announce != self._applied:
             try:
                 self.daemon.configure(plan.prefixes())

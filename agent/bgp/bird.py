@@ -6,17 +6,15 @@ installs them in a kernel table: there is no kernel protocol), so a reload with 
 a diff BIRD computes itself: sessions stay up and only updates and withdrawals go out.
 
 `BirdDaemon` runs `bird -f` as the agent's child in the dataplane's network namespace, with
-PR_SET_PDEATHSIG so that an agent that dies, however it dies, takes BIRD with it: the kernel
+its parent-death signal set to SIGKILL so that an agent that dies, however it dies, takes BIRD with it: the kernel
 closes BIRD's TCP sessions and every peer withdraws the node's routes at once. Reloads and
 status go through `birdc` on the daemon's own control socket.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -26,8 +24,6 @@ from pathlib import Path
 from agent.bgp.settings import BgpSettings
 from agent.dataplane.netns import NETNS_DIR
 
-PR_SET_PDEATHSIG = 1
-CLONE_NEWNET = 0x40000000
 STATIC_PROTOCOL = "vips"
 
 
@@ -57,8 +53,8 @@ def render_config(settings: BgpSettings, prefixes: Sequence[str], log_path: str 
     ]
     if settings.bfd:
         lines += ["protocol bfd {",
-                  f'  interface "*" {{ min rx interval {settings.bfd_interval_ms} ms; '
-                  f"min tx interval {settings.bfd_interval_ms} ms; multiplier 3; }};",
+                  (f'  interface "*" {{ min rx interval {settings.bfd_interval_ms} ms; '
+                  f"min tx interval {settings.bfd_interval_ms} ms; multiplier 3; }};"),
                   "}"]
     for peer in settings.peers:
         lines += [
@@ -101,18 +97,13 @@ def parse_protocols(text: str) -> dict[str, ProtocolState]:
     return out
 
 
-def _preexec(netns: str | None):
-    def body() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if netns is not None:
-            fd = os.open(os.path.join(NETNS_DIR, netns), os.O_RDONLY)
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                os._exit(120)
-            os.close(fd)
-        os.setsid()  # its own session: a Ctrl-C at the agent's terminal reaches the agent, which stops it
-
-    return body
+def launch_command(bird: str, config: Path, socket_path: Path, netns: str | None) -> list[str]:
+    """bird in the foreground, its parent-death signal SIGKILL (setpriv; it survives the exec of
+    nsenter and bird), in `netns` when given (nsenter --net: the mount namespace stays ours)."""
+    cmd = ["setpriv", "--pdeathsig", "KILL"]
+    if netns is not None:
+        cmd += ["nsenter", f"--net={os.path.join(NETNS_DIR, netns)}", "--"]
+    return cmd + [bird, "-f", "-c", str(config), "-s", str(socket_path)]
 
 
 class BirdDaemon:
@@ -155,14 +146,13 @@ class BirdDaemon:
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._write(prefixes)
         self.socket_path.unlink(missing_ok=True)
-        log = open(self.run_dir / "bird.stderr", "ab")
-        try:
-            self._proc = subprocess.Popen(
-                [self.bird, "-f", "-c", str(self.config_path), "-s", str(self.socket_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
-                preexec_fn=_preexec(self.netns))
-        finally:
-            log.close()
+        if self.netns is not None and "/" in self.netns:
+            raise BirdError(f"network namespace name {self.netns!r} has a slash")
+        with open(self.run_dir / "bird.stderr", "ab") as log:
+            # its own session: a Ctrl-C at the agent's terminal reaches the agent, which stops it
+            self._proc = subprocess.Popen(launch_command(self.bird, self.config_path, self.socket_path, self.netns),
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
+                                          start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.lab import processes
-from controlplane.lab.topology_ecmp import NODE_ASN, ROUTER_ASN, EcmpTopology, router_bird_config, vip_next_hops
+from controlplane.lab.topology_ecmp import (
+    NODE_ASN,
+    ROUTER_ASN,
+    EcmpTopology,
+    router_bird_config,
+    vip_next_hops,
+)
 from controlplane.lab.topology_ecmp import down as topo_down
 from controlplane.lab.topology_ecmp import leftovers as topo_leftovers
 from controlplane.lab.topology_ecmp import up as topo_up
@@ -264,14 +270,17 @@ def kill_agent(cfg: EcmpConfig, n: int) -> None:
 
 def _router_iptables(cfg: EcmpConfig, op: str, n: int) -> None:
     dev = cfg.topology.router_if(n)
-    for chain, flag in (("INPUT", "-i"), ("OUTPUT", "-o"), ("FORWARD", "-i"), ("FORWARD", "-o")):
-        subprocess.run(["ip", "netns", "exec", cfg.topology.router_ns, "iptables", op, chain, flag, dev, "-j", "DROP"],
+    rules = [["INPUT", "-i", dev], ["OUTPUT", "-o", dev], ["FORWARD", "-o", dev, "-d", cfg.topology.vip_pool]]
+    for rule in rules:
+        subprocess.run(["ip", "netns", "exec", cfg.topology.router_ns, "iptables", op, *rule, "-j", "DROP"],
                        check=op == "-A", capture_output=True, timeout=10)
 
 
 def silence_node(cfg: EcmpConfig, n: int) -> None:
-    """The router hears nothing from node n and sends it nothing (a node that lost power): its
-    BGP session ends at the hold timer (or BFD)."""
+    """Node n's balancer goes silent (a hung or powered-off balancer): the router hears nothing
+    from it, sends it nothing, and VIP packets routed to it are lost, so its BGP session ends at
+    the hold timer (or BFD). Traffic to its replicas still passes: they stand for backends on
+    hosts of their own, which the routing controller, not BGP, takes out of the tables."""
     _router_iptables(cfg, "-A", n)
 
 

@@ -101,7 +101,7 @@ def test_detached_program_or_unreadable_maps_withdraw():
 
 
 def test_a_refusing_then_flapping_peer_is_events_and_metrics():
-    dp, daemon, reg, a = make()
+    _dp, daemon, reg, a = make()
     a.step()
     assert metric(reg, "fabric_agent_bgp_peer_up", peer="10.250.0.1") == 0
     assert metric(reg, "fabric_agent_bgp_peer_transitions_total", peer="10.250.0.1", state="down") == 1
