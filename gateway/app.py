@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import os
+import ssl
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -109,6 +110,9 @@ class GatewayState:
     dispatcher: Dispatcher | None = None  # spillover, bands, fallbacks (gateway.dispatch)
     external: ExternalRouter = field(default_factory=ExternalRouter)  # provider keys and breakers
     adapters: AdapterRouter = field(default_factory=AdapterRouter)  # LoRA adapters loaded per replica
+    # The upstream TLS context, built once from settings.backend_tls (gateway.assemble) and shared by
+    # the HTTP pool and the WebSocket bridge; None: plain HTTP/WS to the replicas.
+    backend_ssl: ssl.SSLContext | None = None
 
     @property
     def scheme(self) -> str:

@@ -36,18 +36,20 @@ def backend_ssl(tls: BackendTls) -> ssl.SSLContext | bool:
     return ctx
 
 
-def upstream_pool(settings: GatewaySettings) -> UpstreamPool:
+def upstream_pool(settings: GatewaySettings, ctx: ssl.SSLContext | None = None) -> UpstreamPool:
     """The proxy's upstream client (common.http1_client): keep-alive sockets per host:port,
     TCP_NODELAY, connect timeout 5 s, the idle timeout between chunks from settings. Idle sockets
     are dropped after 4 s, under uvicorn's (and so vLLM's) 5 s keep-alive, so a reused socket is
-    rarely one the upstream is closing."""
-    ctx = backend_ssl(settings.backend_tls)
+    rarely one the upstream is closing. ctx: the TLS context create_app built once (None: made here)."""
+    if ctx is None:
+        made = backend_ssl(settings.backend_tls)
+        ctx = made if isinstance(made, ssl.SSLContext) else None
     if settings.upstream_client == "aiohttp":  # the side-by-side measurement (scripts/bench-gateway)
         from gateway.upstream_aiohttp import AiohttpPool
 
-        return AiohttpPool(ctx if isinstance(ctx, ssl.SSLContext) else None, connect_timeout=5.0,
+        return AiohttpPool(ctx, connect_timeout=5.0,
                            idle_timeout=settings.idle_secs, keepalive_secs=4.0)
-    return UpstreamPool(ctx if isinstance(ctx, ssl.SSLContext) else None, connect_timeout=5.0,
+    return UpstreamPool(ctx, connect_timeout=5.0,
                         idle_timeout=settings.idle_secs, keepalive_secs=4.0)
 
 
@@ -68,6 +70,8 @@ def dispatcher(settings: GatewaySettings, upstreams: UpstreamCache, metrics: Gat
 
 def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gateway_id: str) -> GatewayApp:
     metrics = GatewayMetrics.create(multiprocess=settings.metrics_multiprocess)
+    made = backend_ssl(settings.backend_tls)  # once per process: HTTP pool and WebSocket bridge
+    tls = made if isinstance(made, ssl.SSLContext) else None
     upstreams = UpstreamCache(store, ttl_secs=settings.cache_ttl_secs)
     oidc = OidcVerifier(settings.oidc_providers, settings.accept_any_jwt_audience, settings.oidc_endpoints_claim)
     slots = SlotHolder(store, gateway_id, settings.slot_lease_secs)
@@ -79,7 +83,8 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         upstreams=upstreams,
         audit=AuditWriter(store, on_drop=metrics.audit_drop),
         metrics=metrics,
-        client=upstream_pool(settings),
+        client=upstream_pool(settings, tls),
+        backend_ssl=tls,
         tracer=Tracer(settings.otel_endpoint),
         gateway_id=gateway_id,
         cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),

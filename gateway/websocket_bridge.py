@@ -23,7 +23,6 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from common.errors import FabricError
-from gateway.assemble import backend_ssl
 from gateway.http_io import error_body, request_headers
 from gateway.key_auth import check_model, presented_id
 from gateway.limits import RequestFacts, plan_admission
@@ -132,8 +131,7 @@ async def bridge(state, scope, receive, send) -> None:
         tls = state.settings.backend_tls.enabled
         targets = order_targets(view, headers.get("x-session-id"), "wss" if tls else "ws")
         fwd = [(k, v) for k, v in headers.items() if k not in NOT_FORWARDED and not k.startswith("sec-websocket")]
-        upstream = await _open_upstream(targets, route.target.decode("ascii"), fwd,
-                                        backend_ssl(state.settings.backend_tls) if tls else None)
+        upstream = await _open_upstream(targets, route.target.decode("ascii"), fwd, state.backend_ssl)
         async with upstream:
             await send({"type": "websocket.accept"})
             status = 101
