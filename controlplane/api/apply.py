@@ -87,7 +87,8 @@ def _call(target: str, **available):
 
 def update_deployment(state: AppState, name: str, changes: dict) -> dict:
     """replicas through the scale route, autoscaling through the autoscaling route: the same
-    checks (quota, Deleting) and events as the imperative commands."""
+    checks (quota, Deleting) and events as the imperative commands; capacity_class written in
+    place after the tenant policy's check."""
     record: dict = {}
     if "replicas" in changes:
         from controlplane.api.resources import ScaleRequest, scale_deployment
@@ -101,6 +102,12 @@ def update_deployment(state: AppState, name: str, changes: dict) -> dict:
             from controlplane.api.scaling import put_autoscaling
 
             record = put_autoscaling(name, AutoscalingSpec.model_validate(changes["autoscaling"]), state)
+    if "capacity_class" in changes:  # the tenant policy may cap the classes (allowed_capacity_classes)
+        from controlplane.tenancy import policies
+
+        stored = _stored(state.store, docs.find_kind("deployments"), name) or {}
+        policies.enforce(state.store, stored.get("tenant"), str(stored.get("model", "")), changes["capacity_class"])
+        record = merge_update(state, docs.find_kind("deployments"), name, {"capacity_class": changes["capacity_class"]})
     return record
 
 
