@@ -7,9 +7,16 @@ from `command_line`; fabricd probes `health_path` and scrapes `metrics_port`/`me
 simulator serves the same paths with `--runtime NAME`. Facts come from each project's docs:
 
   vllm           `vllm serve`, GET /health, /metrics on the API port
-  tensorrt-llm   `trtllm-serve serve`, GET /health, /prometheus/metrics on the API port
-  triton         `tritonserver`, GET /v2/health/ready, /metrics on --metrics-port (8002)
-  llama.cpp      `llama-server` (needs --metrics), GET /health, /metrics on the API port
+  tensorrt-llm   `trtllm-serve serve`, GET /health, /prometheus/metrics on the API port, which
+                 exists only with `return_perf_metrics` and has gauges only with
+                 `enable_iter_perf_stats`: both are in the LLM-API options YAML the guest gets
+                 (TRTLLM_CONFIG_PATH, passed with --extra_llm_api_options). No
+                 --served_model_name: the pinned release (images/guest/versions.env) predates it.
+  triton         `tritonserver`, GET /v2/health/ready, /metrics on --metrics-port (8002). It
+                 serves KServe v2, not OpenAI /v1 (the OpenAI frontend is a separate program),
+                 so the agent refuses it behind an endpoint (OPENAI_INCAPABLE).
+  llama.cpp      `llama-server` (needs --metrics), GET /health, /metrics on the API port; -m
+                 takes the model's .gguf file (the agent finds it in the model directory)
   tei            `text-embeddings-router`, GET /health, /metrics on --prometheus-port (9000)
 
 Tensor parallelism is a flag only where the runtime has one (vLLM, TensorRT-LLM); Triton's
@@ -69,7 +76,8 @@ RUNTIME_TABLE: dict[str, Runtime] = {
                 service_user="vllm"),
         Runtime("tensorrt-llm", "TensorRT-LLM trtllm-serve", "/opt/trtllm/bin/trtllm-serve", "/health",
                 "/prometheus/metrics", None, "--tp_size", "--max_seq_len",
-                ("serve", "{model}", "--served_model_name", "{name}", "--host", "0.0.0.0", "--port", "{port}")),
+                ("serve", "{model}", "--host", "0.0.0.0", "--port", "{port}",
+                 "--extra_llm_api_options", "/etc/fabric/trtllm-config.yaml")),
         # The model directory is a Triton model repository; HTTP on the API port, gRPC beside it.
         Runtime("triton", "Triton Inference Server", "/opt/tritonserver/bin/tritonserver",
                 "/v2/health/ready", "/metrics", TRITON_METRICS_PORT, None, None,
@@ -87,6 +95,32 @@ RUNTIME_TABLE: dict[str, Runtime] = {
     )
 }
 RUNTIME_NAMES = tuple(RUNTIME_TABLE)
+
+# TensorRT-LLM's LLM-API options, written into the guest at TRTLLM_CONFIG_PATH: without them
+# /prometheus/metrics does not exist (return_perf_metrics) or has no gauges (enable_iter_perf_stats).
+TRTLLM_CONFIG_PATH = "/etc/fabric/trtllm-config.yaml"
+TRTLLM_CONFIG = {"return_perf_metrics": True, "enable_iter_perf_stats": True}
+# Every option the agent emits for trtllm-serve: the bake fails unless `trtllm-serve serve --help`
+# of the pinned release lists each one (images/guest/install-guest.sh).
+TRTLLM_OPTIONS = ("--host", "--port", "--tp_size", "--max_seq_len", "--extra_llm_api_options")
+
+# Runtimes that do not serve the OpenAI API Fabric's endpoints proxy, and why.
+OPENAI_INCAPABLE = {
+    "triton": ("tritonserver serves the KServe v2 API (/v2/...), not OpenAI /v1; Triton's OpenAI "
+               "frontend is a separate program Fabric does not start: serve the model with vllm, "
+               "tensorrt-llm or llama.cpp"),
+}
+
+
+def vllm_lora_ranks(version: str) -> tuple[int, ...]:
+    """The max_lora_rank values vLLM's LoRAConfig accepts in `version` (the baked one):
+    8..256 before 0.7, then up to 512 (with 320), and rank 1 from 0.9."""
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2]) or (0, 0)
+    if parts < (0, 7):
+        return (8, 16, 32, 64, 128, 256)
+    if parts < (0, 9):
+        return (8, 16, 32, 64, 128, 256, 320, 512)
+    return (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def runtime(name: str) -> Runtime:

@@ -30,12 +30,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agent.models.cache import ModelCache
+from agent.vm.baked import baked_vllm_version
 from common.errors import Conflict, InvalidInput
 from common.model_api import check_adapter_name, check_digest
 from common.model_manifest import DEFAULT_MAX_FILES, CheckFailed, walk_files
+from common.runtimes import vllm_lora_ranks
 
-# The values vLLM's LoRAConfig accepts for max_lora_rank.
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# The values the baked vLLM's LoRAConfig accepts for max_lora_rank (they changed across releases).
+VLLM_RANKS = vllm_lora_ranks(baked_vllm_version())
 
 
 class AdapterMissing(Exception):

@@ -18,6 +18,7 @@ present in this process's environment before it is written.
 from __future__ import annotations
 
 import ipaddress
+import re
 import shutil
 import subprocess
 from importlib import resources
@@ -30,6 +31,7 @@ from agent.vm import runtime_units
 from agent.vm.base import VmSpec
 from agent.vm.parallelism import choose_parallel, read_model_config
 from common.errors import InvalidInput, Refused
+from common.runtimes import OPENAI_INCAPABLE, TRTLLM_CONFIG, TRTLLM_CONFIG_PATH
 
 MODELS_TAG = "models"
 ADAPTERS_TAG = "adapters"
@@ -75,7 +77,31 @@ def host_model_dir(spec: VmSpec, models_dir: Path | None) -> Path | None:
     return Path(models_dir) / guest_model_path(spec, models_dir).removeprefix("/models").lstrip("/")
 
 
+GGUF_MAGIC = b"GGUF"
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def gguf_file(host_dir: Path | None) -> str:
+    """The .gguf file llama-server's -m loads, relative to the model directory: the one model
+    file (mmproj projector files aside), or the first part of a split model; checked to start
+    with GGUF's magic as llama.cpp checks it."""
+    if host_dir is None or not Path(host_dir).is_dir():
+        raise InvalidInput("runtime llama.cpp loads one .gguf file: the model's directory is not on this host")
+    files = sorted(p for p in Path(host_dir).rglob("*.gguf") if "mmproj" not in p.name.lower())
+    firsts = [p for p in files if not _SPLIT.search(p.name) or _SPLIT.search(p.name).group(1) == "00001"]
+    if len(firsts) != 1:
+        found = ", ".join(p.relative_to(host_dir).as_posix() for p in firsts) or "none"
+        raise InvalidInput(f"runtime llama.cpp loads one .gguf file; the model directory has {found}: "
+                           "keep one quantization per model")
+    with open(firsts[0], "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise InvalidInput(f"{firsts[0].name} is not a GGUF file (no GGUF magic)")
+    return firsts[0].relative_to(host_dir).as_posix()
+
+
 def render_engine_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
+    if spec.runtime in OPENAI_INCAPABLE:
+        raise InvalidInput(f"runtime {spec.runtime}: {OPENAI_INCAPABLE[spec.runtime]}")
     host_dir = host_model_dir(spec, models_dir)
     config = read_model_config(host_dir) if host_dir is not None else None
     plan = choose_parallel(config, len(spec.gpus), pipeline_ok=spec.runtime == "vllm")
@@ -83,10 +109,14 @@ def render_engine_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
     if plan.pipeline > 1:
         extra = ("--pipeline-parallel-size", str(plan.pipeline), *extra)
     extra = (*lora_args(spec), *extra)
+    model_path = guest_model_path(spec, models_dir)
+    if spec.runtime == "llama.cpp":
+        model_path = f"{model_path.rstrip('/')}/{gguf_file(host_dir)}"
     return runtime_units.render_unit(
-        images_dir(), spec.runtime, model_path=guest_model_path(spec, models_dir), served_name=spec.model_name,
+        images_dir(), spec.runtime, model_path=model_path, served_name=spec.model_name,
         port=spec.port, tensor_parallel=plan.tensor, max_model_len=spec.max_model_len, extra_args=extra,
-        environment=LORA_ENV if has_adapters(spec) else None)
+        environment=LORA_ENV if has_adapters(spec) else None,
+        mounts=("/models", "/adapters") if has_adapters(spec) else ("/models",))
 
 
 # vLLM serves /v1/load_lora_adapter and /v1/unload_lora_adapter only with this set.
@@ -116,17 +146,21 @@ MOUNT_STEP = ("ExecStart=/bin/sh -c 'for i in $(seq 1 60); do mountpoint -q {pat
 
 
 def mount_unit(paths: tuple[str, ...] = ("/models",)) -> str:
-    """The oneshot unit mounting each share (fstab entries) read-only, retried; the engine unit
-    Requires= it, so the engine never starts without its model (and adapters)."""
+    """The oneshot unit mounting each share (fstab entries) read-only, retried for 5 minutes and
+    then started again every 30 s (Restart=on-failure, no start limit); the engine unit checks
+    the mounts at every start and retries, so it never starts without its model (and adapters)."""
     steps = "\n".join(MOUNT_STEP.format(path=p) for p in paths)
     return f"""[Unit]
 Description=Mount the host's model share read-only at {' and '.join(paths)} (retried)
 After=local-fs.target
 Before=fabric-engine.service
+StartLimitIntervalSec=0
 
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+Restart=on-failure
+RestartSec=30
 {steps}
 
 [Install]
@@ -157,6 +191,9 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None,
         {"path": "/etc/systemd/system/fabric-models.service", "owner": "root:root", "permissions": "0644",
          "content": mount_unit(mounts)},
     ]
+    if spec.runtime == "tensorrt-llm":
+        config["write_files"].append({"path": TRTLLM_CONFIG_PATH, "owner": "root:root", "permissions": "0644",
+                                      "content": yaml.safe_dump(TRTLLM_CONFIG, sort_keys=True)})
     if spec.dsr_vips:
         config["write_files"] += dsr_files(spec.dsr_vips)
     config["runcmd"] = [

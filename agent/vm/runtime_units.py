@@ -44,8 +44,10 @@ def exec_start(runtime_name: str, *, model_path: str, served_name: str, port: in
 
 def render_unit(images_dir: Path, runtime_name: str, *, model_path: str, served_name: str, port: int,
                 tensor_parallel: int, max_model_len: int | None = None,
-                extra_args: tuple[str, ...] = (), environment: dict[str, str] | None = None) -> str:
-    """``environment``: extra Environment= lines (names and values we write, never the caller's)."""
+                extra_args: tuple[str, ...] = (), environment: dict[str, str] | None = None,
+                mounts: tuple[str, ...] = ("/models",)) -> str:
+    """``environment``: extra Environment= lines (names and values we write, never the caller's).
+    ``mounts``: the shares each start checks first (ExecStartPre=mountpoint -q)."""
     rt = runtime(runtime_name)
     env_lines = "\n".join(f"Environment={shlex.quote(f'{k}={v}')}" for k, v in sorted((environment or {}).items()))
     values = {
@@ -58,6 +60,7 @@ def render_unit(images_dir: Path, runtime_name: str, *, model_path: str, served_
                                    extra_args=extra_args),
         "@SERVED_NAME@": served_name.replace("\n", " "),
         "@ENVIRONMENT@": env_lines,
+        "@MOUNT_CHECKS@": "\n".join(f"ExecStartPre=/usr/bin/mountpoint -q {shlex.quote(m)}" for m in mounts),
     }
     text = (images_dir / TEMPLATE).read_text()
     # One pass, so a value that happens to contain "@USER@" is left as written.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,10 +23,15 @@ def exec_argv(unit: str) -> list[str]:
     return shlex.split(line.removeprefix("ExecStart="))
 
 
+MODELS = Path(tempfile.mkdtemp(prefix="fabric-models-"))  # hf://org/model as the agent's cache lays it out
+(MODELS / "org/model").mkdir(parents=True)
+(MODELS / "org/model/model-Q4_K_M.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+
+
 def seed_unit(runtime: str, **kw) -> tuple[str, dict]:
     spec = VmSpec(replica_id="r-1", deployment="d", model_name="m-1", model_source="hf://org/model",
                   runtime=runtime, gpus=GPUS, **kw)
-    _, user = build_seed(spec, hostname="fabric-r-1")
+    _, user = build_seed(spec, hostname="fabric-r-1", models_dir=MODELS)
     config = yaml.safe_load(user)
     unit = next(f for f in config["write_files"] if f["path"] == f"/etc/systemd/system/{UNIT_NAME}")
     return unit["content"], config
@@ -33,18 +40,16 @@ def seed_unit(runtime: str, **kw) -> tuple[str, dict]:
 EXPECTED = {
     "vllm": ["/opt/vllm/bin/vllm", "serve", "/models/org/model", "--served-model-name", "m-1", "--host",
              "0.0.0.0", "--port", "8000", "--tensor-parallel-size", "2"],
-    "tensorrt-llm": ["/opt/trtllm/bin/trtllm-serve", "serve", "/models/org/model", "--served_model_name", "m-1",
-                     "--host", "0.0.0.0", "--port", "8000", "--tp_size", "2"],
-    "triton": ["/opt/tritonserver/bin/tritonserver", "--model-repository=/models/org/model", "--http-port=8000",
-               "--grpc-port=8001", "--metrics-port=8002", "--allow-metrics=true"],
-    "llama.cpp": ["/opt/llama.cpp/bin/llama-server", "-m", "/models/org/model", "--alias", "m-1", "--host",
-                  "0.0.0.0", "--port", "8000", "--metrics", "-ngl", "999"],
+    "tensorrt-llm": ["/opt/trtllm/bin/trtllm-serve", "serve", "/models/org/model", "--host", "0.0.0.0", "--port",
+                     "8000", "--extra_llm_api_options", "/etc/fabric/trtllm-config.yaml", "--tp_size", "2"],
+    "llama.cpp": ["/opt/llama.cpp/bin/llama-server", "-m", "/models/org/model/model-Q4_K_M.gguf", "--alias", "m-1",
+                  "--host", "0.0.0.0", "--port", "8000", "--metrics", "-ngl", "999"],
     "tei": ["/opt/tei/bin/text-embeddings-router", "--model-id", "/models/org/model", "--served-model-name", "m-1",
             "--hostname", "0.0.0.0", "--port", "8000", "--prometheus-port=9000"],
 }
 
 
-@pytest.mark.parametrize("runtime", RUNTIME_NAMES)
+@pytest.mark.parametrize("runtime", [r for r in RUNTIME_NAMES if r != "triton"])
 def test_each_runtime_gets_its_own_command_line_on_port_8000(runtime):
     unit, config = seed_unit(runtime)
     assert exec_argv(unit) == EXPECTED[runtime]
@@ -56,7 +61,7 @@ def test_each_runtime_gets_its_own_command_line_on_port_8000(runtime):
 def test_every_known_runtime_is_in_the_table():
     from common.schemas import RUNTIMES
 
-    assert set(RUNTIMES) == set(RUNTIME_NAMES) == set(EXPECTED)
+    assert set(RUNTIMES) == set(RUNTIME_NAMES) == set(EXPECTED) | {"triton"}
 
 
 @pytest.mark.parametrize("runtime,flag", [("vllm", "--max-model-len"), ("tensorrt-llm", "--max_seq_len"),
@@ -66,10 +71,14 @@ def test_context_length_uses_the_runtime_flag(runtime, flag):
     assert argv[argv.index(flag) + 1] == "8192"
 
 
-@pytest.mark.parametrize("runtime", ["triton", "tei"])
-def test_context_length_is_refused_where_the_runtime_has_no_flag(runtime):
+def test_context_length_is_refused_where_the_runtime_has_no_flag():
     with pytest.raises(InvalidInput, match="context-length"):
-        seed_unit(runtime, max_model_len=8192)
+        seed_unit("tei", max_model_len=8192)
+
+
+def test_triton_behind_an_openai_endpoint_is_refused_with_the_reason():
+    with pytest.raises(InvalidInput, match="KServe v2 API .* not OpenAI /v1"):
+        seed_unit("triton")
 
 
 def test_tensor_parallel_follows_the_gpu_count_only_where_the_runtime_has_it():

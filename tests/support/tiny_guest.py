@@ -238,6 +238,7 @@ def build_rootfs(root: Path, venv_python: Path) -> None:
     (root / "bin/mountpoint").unlink(missing_ok=True)
     (root / "bin/mountpoint").write_text(MOUNTPOINT)
     (root / "bin/mountpoint").chmod(0o755)
+    (root / "usr/bin/mountpoint").symlink_to("/bin/mountpoint")  # where Ubuntu has it (the engine unit's path)
     (root / "usr/share/udhcpc/default.script").write_text(UDHCPC_SCRIPT)
     (root / "usr/share/udhcpc/default.script").chmod(0o755)
     shutil.copy2(REPO / "tests/support/tiny_guest_init.py", root / "sbin/fabric-guest-init")

@@ -130,6 +130,13 @@ class Units:
             self.state[unit] = "active" if rc == 0 else "failed"
             say(f"{unit}: oneshot exited {rc} ({self.state[unit]})")
             return
+        for attempt in range(60):  # ExecStartPre= checks, retried like Restart=on-failure without a limit
+            failed = [pre for pre in service.get("ExecStartPre", [])
+                      if subprocess.run(shlex.split(pre.lstrip("-"))).returncode != 0 and not pre.startswith("-")]
+            if not failed:
+                break
+            say(f"{unit}: ExecStartPre {failed[0]} failed (try {attempt + 1}); retrying")
+            time.sleep(float(service.get("RestartSec", ["5"])[-1]))
         self.running[unit] = (self.spawn(unit, service), service)
         self.state[unit] = "active"
         say(f"{unit}: started pid {self.running[unit][0].pid}")
