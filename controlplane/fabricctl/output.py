@@ -19,6 +19,7 @@ controlplane.fabricctl.client.exit_code (1 refused, 2 usage or configuration, 3 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -90,7 +91,7 @@ def when(epoch: float, now: float | None = None) -> str:
 
 def number(value: float) -> str:
     """A float for people: whole numbers without a point, others to 3 decimals, no exponent."""
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         return str(value)
     if value == int(value):
         return str(int(value))
