@@ -132,7 +132,7 @@ def _inventory_and_binder(state_dir: Path, vm_driver: str, fake_gpus: int, fake_
                                  proc_root=fake.proc, vfio_ids=frozenset())
 
 
-def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict, libvirt: dict):
+def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict, libvirt: dict, lab_engine=None):
     if name == "dry-run":
         from agent.vm.dryrun_driver import DryRunDriver
 
@@ -143,7 +143,7 @@ def _vm_driver(name: str, state_dir: Path, libvirt_uri: str, lab: dict, libvirt:
         missing = [k for k in ("node_netns", "bridge", "subnet", "gateway") if not lab.get(k)]
         if missing:
             raise typer.BadParameter(f"--vm-driver lab needs --lab-{', --lab-'.join(m.replace('_', '-') for m in missing)}")
-        return LabDriver(LabNetwork(**lab), state_dir)
+        return LabDriver(LabNetwork(**lab), state_dir, engine=lab_engine)  # FABRIC_LAB_ENGINE: sim or vllm
     from agent.vm.libvirt_driver import LibvirtDriver
 
     if libvirt.get("image") is None or libvirt.get("models_dir") is None:
@@ -358,7 +358,8 @@ def serve(
     models = _model_jobs(state_dir, settings.models)
     state = AgentState(node_id=node_id, models=models, settings=settings, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
         "image": golden_image, "models_dir": models_dir, "bridge": bridge, "hugepages": hugepages, "numa": numa,
-        "readonly_share": readonly_share, "sysfs_root": sysfs_root, "binder": binder, "domain_type": domain_type}),
+        "readonly_share": readonly_share, "sysfs_root": sysfs_root, "binder": binder, "domain_type": domain_type},
+        settings.lab_engine),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
                        site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir)
     state.kvm = getattr(state.vm_driver, "kvm", None)

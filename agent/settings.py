@@ -10,6 +10,7 @@ travels in AgentState.settings to the API and the workers; nothing else reads os
   FABRIC_VFIO_KEEP_BOUND (0)    1: released GPUs stay on vfio-pci for the next VM (docs/gpu-hosts.md)
   FABRIC_PCI_MIG (0)            1: this agent creates and destroys MIG instances (agent/hw/mig.py)
   FABRIC_IMAGES_DIR             where the guest pieces live (default: the repository's images/)
+  FABRIC_LAB_ENGINE (sim), FABRIC_LAB_ENGINE_PYTHON, FABRIC_LAB_ENGINE_KV_BYTES   the lab's engine (agent/vm/lab_engine.py)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from agent.bgp.settings import BgpSettings
 from agent.models.settings import ModelSettings
+from agent.vm.lab_engine import LabEngineSettings
 from common.errors import FabricError
 
 if TYPE_CHECKING:  # the dataplane package loads numba: imported when a value is made, not here
@@ -44,6 +46,7 @@ class AgentSettings:
     vfio_keep_bound: bool = False
     pci_mig: bool = False
     images_dir: Path | None = None  # None: the repository's images/
+    lab_engine: LabEngineSettings = field(default_factory=LabEngineSettings)
 
 
 def _dataplane_settings(env: Mapping[str, str]) -> DataplaneSettings:
@@ -74,6 +77,7 @@ def load(env: Mapping[str, str] | None = None, *, node_ip: str | None = None) ->
     dataplane = part(lambda: _dataplane_settings(env))
     bgp = part(lambda: BgpSettings.from_env(env, node_ip=node_ip))
     models = part(lambda: ModelSettings.from_env(dict(env)))
+    lab_engine = part(lambda: LabEngineSettings.from_env(env))
     keep = _flag(env, "FABRIC_VFIO_KEEP_BOUND", errors)
     mig = _flag(env, "FABRIC_PCI_MIG", errors)
     images = env.get("FABRIC_IMAGES_DIR", "").strip()
@@ -82,7 +86,7 @@ def load(env: Mapping[str, str] | None = None, *, node_ip: str | None = None) ->
     if errors:
         raise AgentSettingsError("; ".join(errors))
     return AgentSettings(dataplane, bgp, models, vfio_keep_bound=keep, pci_mig=mig,
-                         images_dir=Path(images) if images else None)
+                         images_dir=Path(images) if images else None, lab_engine=lab_engine)
 
 
 def images_dir_override(env: Mapping[str, str] | None = None) -> Path | None:

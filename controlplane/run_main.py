@@ -5,6 +5,9 @@ shows the demo's objects as they stand and waits, and Ctrl-C leaves the lab runn
 started it; bringing it up again would wipe its store. While it waits it watches the lab's
 processes, so a lab taken down elsewhere (`fabricd lab down`) ends it with a word rather than
 leaving "Lab running" on the screen with nothing behind it.
+
+Replicas run the real vLLM engine (CPU build, .venv-engine from scripts/setup-engine.sh) when it is
+installed, else the engine simulator with the reason printed; FABRIC_LAB_ENGINE=sim|vllm chooses.
 """
 
 from __future__ import annotations
@@ -49,11 +52,25 @@ def attach(cfg: LabConfig, stop: dict, signs: list[str]) -> int:
         print("\ndetached; the lab is left as it was")
 
 
+def lab_engine(echo=print) -> str:
+    """FABRIC_LAB_ENGINE when set (sim or vllm), else vllm when it is installed."""
+    from agent.vm.lab_engine import LabEngineSettings, engine_installed
+
+    settings = LabEngineSettings.from_env()
+    if os.environ.get("FABRIC_LAB_ENGINE", "").strip():
+        return settings.engine
+    missing = engine_installed(settings.python)
+    if missing:
+        echo(f"lab: replicas run the engine simulator: the real engine is not installed ({missing})")
+        return "sim"
+    return "vllm"
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("make run builds network namespaces and loads BPF: run it as root", file=sys.stderr)
         return 2
-    cfg = LabConfig(state_dir=lab_state_dir())
+    cfg = LabConfig(state_dir=lab_state_dir(), engine=lab_engine())
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     try:

@@ -1,18 +1,21 @@
-"""Lab VM driver: a replica is a network namespace on the node's bridge running fabric-engine-sim.
+"""Lab VM driver: a replica is a network namespace on the node's bridge running an engine.
 
 It stands in for a QEMU guest on a host with no GPU: the replica gets its own network stack,
 an address from the node's replica subnet, a default route through the node (the bridge
-address), and the simulated vLLM engine on :8000 serving the deployment's model name. Everything
-above the driver (reservations, binds through the fake sysfs, the reconciler, Maglev, the
-gateway) runs unchanged.
+address), and an engine on :8000 serving the deployment's model name: fabric-engine-sim, or with
+FABRIC_LAB_ENGINE=vllm the real vLLM engine (CPU build) for runtime vllm, started with the guest's
+own command line (agent/vm/lab_engine.py). Everything above the driver (reservations, binds
+through the fake sysfs, the reconciler, Maglev, the gateway) runs unchanged.
 
 Invariants:
   - Namespaces are named ``{prefix}r-{replica_id}``; the record of each replica (address, veth,
     engine pid) lives in ``{state_dir}/lab-replicas/{replica_id}.json``. A restarted agent
     adopts what it finds (namespace + record) instead of recreating or leaking it.
   - The engine runs in its own session, so it outlives an agent restart like a VM would.
-  - delete() kills every process in the namespace, then removes the namespace; the kernel
-    removes the veth pair with it.
+  - delete() kills every process in the namespace (a real engine gets SIGTERM first, then SIGKILL
+    after STOP_WAIT_S), then
+    removes the namespace; the kernel removes the veth pair with it. A real engine's caches and
+    sockets live in ``{state_dir}/lab-replicas/{replica_id}/`` and go with it.
 Links are made with iproute2 (`ip`), which every lab host has; the bridge itself is made by the
 lab topology (controlplane lab up), not by this driver.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -33,6 +37,7 @@ from agent.dataplane.decap import enable_dsr_backend
 from agent.dataplane.veth import prepare_veth_end
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.dryrun_driver import default_engine_command
+from agent.vm.lab_engine import LabEngineSettings, guest_argv, in_guest_mounts, real_engine_argv, real_engine_env
 from agent.vm.records import RecordDir, engine_alive
 from common.errors import Refused, TransientError
 
@@ -55,6 +60,10 @@ class _Record:
     pid: int
     model: str
     port: int
+    engine: str = "sim"  # what runs in it: sim or vllm (FABRIC_LAB_ENGINE)
+
+
+STOP_WAIT_S = 5.0  # a real engine given SIGTERM exits once its connections close; then SIGKILL
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -65,6 +74,10 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
     return res
 
 
+def _netns_pids(ns: str) -> list[str]:
+    return subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+
+
 def _netns_exists(name: str) -> bool:
     return Path("/var/run/netns", name).exists()
 
@@ -72,8 +85,9 @@ def _netns_exists(name: str) -> bool:
 class LabDriver:
     name = "lab"
 
-    def __init__(self, network: LabNetwork, state_dir: Path):
+    def __init__(self, network: LabNetwork, state_dir: Path, engine: LabEngineSettings | None = None):
         self.net = network
+        self.engine = engine or LabEngineSettings()
         self.dir = Path(state_dir) / "lab-replicas"
         self.records = RecordDir(self.dir, _Record)
         self._lock = threading.Lock()
@@ -109,6 +123,9 @@ class LabDriver:
         return VmStatus(rec.replica_id, "running", rec.address, rec.port, f"netns {rec.netns}")
 
     def _start_engine(self, rec: _Record, spec: VmSpec | None) -> int:
+        if spec is not None and self.engine.real_for(spec.runtime):
+            return self._start_real_engine(rec, spec)
+        rec.engine = "sim"
         knobs: list[str] = []
         for k, v in sorted((spec.engine_args if spec else {}).items()):
             knobs += [f"--{k}", str(v)]
@@ -122,6 +139,18 @@ class LabDriver:
         with open(self.dir / f"{rec.replica_id}.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, close_fds=True)
+        return proc.pid
+
+    def _start_real_engine(self, rec: _Record, spec: VmSpec) -> int:
+        """The real vLLM engine, with the guest's command line (agent/vm/lab_engine.py)."""
+        model_dir = spec.model_dir or spec.model_source.removeprefix("file://")
+        argv = real_engine_argv(guest_argv(spec), self.engine.python, rec.replica_id, self.engine.kv_cache_bytes)
+        cmd = ["ip", "netns", "exec", rec.netns, *in_guest_mounts(argv, model_dir, spec.adapters_dir)]
+        env = real_engine_env(self.dir / rec.replica_id, lora=bool(spec.adapters_dir))
+        rec.engine = "vllm"
+        with open(self.dir / f"{rec.replica_id}.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, close_fds=True)
         return proc.pid
 
     # ---- VmDriver --------------------------------------------------------------------------
@@ -174,23 +203,25 @@ class LabDriver:
             rec = self.records.load(vm_id)
             ns = rec.netns if rec else self._netns_name(vm_id)
             existed = rec is not None or _netns_exists(ns)
-            self._teardown(ns, rec.veth if rec else self._veth_name(vm_id))
+            self._teardown(ns, rec.veth if rec else self._veth_name(vm_id), term_first=bool(rec and rec.engine == "vllm"))
             self.records.remove(vm_id)
             (self.dir / f"{vm_id}.log").unlink(missing_ok=True)
+            shutil.rmtree(self.dir / vm_id, ignore_errors=True)  # a real engine's caches and sockets
             return existed
 
-    def _teardown(self, ns: str, veth: str) -> None:
+    def _teardown(self, ns: str, veth: str, term_first: bool = False) -> None:
         if _netns_exists(ns):
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and subprocess.run(
-                ["ip", "netns", "pids", ns], capture_output=True, text=True
-            ).stdout.strip():
-                time.sleep(0.05)
+            steps = ((signal.SIGTERM, STOP_WAIT_S),) if term_first else ()
+            for sig, wait in (*steps, (signal.SIGKILL, 5.0)):
+                for pid in _netns_pids(ns):
+                    try:
+                        os.kill(int(pid), sig)
+                    except (ProcessLookupError, ValueError):
+                        pass
+                deadline = time.monotonic() + wait
+                while time.monotonic() < deadline and _netns_pids(ns):
+                    time.sleep(0.05)
+                if not _netns_pids(ns):
+                    break
             _ip("netns", "del", ns, check=False)
         _ip("link", "del", veth, netns=self.net.node_netns, check=False)

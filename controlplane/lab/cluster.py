@@ -79,6 +79,9 @@ class LabConfig:
     store: str | None = None
     # the agent's connection-table size (None: the dataplane's default, 1Mi entries)
     flow_entries: int | None = None
+    # what a replica of runtime vllm runs: "sim" (fabric-engine-sim) or "vllm" (the real engine,
+    # scripts/setup-engine.sh); the agent's FABRIC_LAB_ENGINE (agent/vm/lab_engine.py)
+    engine: str = "sim"
 
     @property
     def fabricd_dir(self) -> Path:
@@ -247,7 +250,7 @@ def start_agent(cfg: LabConfig) -> int:
     """Start (or start again, after a crash) the lab's agent; its pid. The agent downloads
     models from the lab's mirror (HF_ENDPOINT, the library's own setting)."""
     return processes.start(cfg.state_dir, "agent", agent_command(cfg),
-                           {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": cfg.mirror_url})
+                           {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": cfg.mirror_url, "FABRIC_LAB_ENGINE": cfg.engine})
 
 
 def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
@@ -289,7 +292,9 @@ def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
     _wait_plain_http(f"{cfg.mirror_url}/api/models/{LAB_MODEL_REPO}", "the HF mirror",
                      log=cfg.state_dir / "logs" / "hf-mirror.log")
 
-    echo(f"lab: starting fabric-agent {NODE_ID} (lab VM driver, {cfg.gpus} simulated {cfg.gpu_name} GPUs)")
+    engine = "the real vLLM engine (CPU build)" if cfg.engine == "vllm" else "fabric-engine-sim"
+    echo(f"lab: starting fabric-agent {NODE_ID} (lab VM driver, {cfg.gpus} simulated {cfg.gpu_name} GPUs, "
+         f"replicas run {engine})")
     start_agent(cfg)
 
     echo(f"lab: starting fabric-gateway on {cfg.gateway_url}")

