@@ -117,10 +117,14 @@ def issue_cert(
     client: bool,
     hosts: list[str] | None = None,
 ) -> tuple[Path, Path]:
-    """Sign a leaf for `name` (CN=name, SANs from hosts) and write {name}.crt/.key; reissues on each call."""
+    """Sign a leaf for `name` (CN=name, SANs from hosts, plus `name` itself when it is a DNS
+    label) and write {name}.crt/.key; reissues on each call. The name as a SAN is what fabricd
+    pins an agent's certificate to (controlplane.agent_client: the node id as TLS server name)."""
     if not (server or client):
         raise ValueError("a certificate must be for a server, a client or both")
     hosts = ["127.0.0.1", "localhost"] if hosts is None else hosts
+    if server and _DNS_NAME.match(name) and name not in hosts:
+        hosts = [name, *hosts]
     ca_crt_path, ca_key_path = ensure_ca(state_dir)
     ca_cert = x509.load_pem_x509_certificate(ca_crt_path.read_bytes())
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)

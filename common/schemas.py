@@ -523,12 +523,25 @@ class Node(Spec):
     inventory_message: str = ""
     nvswitches: list[str] = Field(default_factory=list, description="HGX NVSwitch PCI addresses")
     kvm: KvmStatus | None = Field(None, description="the node's KVM probe; None: not reported (not libvirt)")
+    replica_networks: list[str] = Field(default_factory=list, max_length=16, description=(
+        "admin-set CIDRs its replicas' addresses must lie in; empty: private addresses (loopback only "
+        "when the agent itself is on loopback)"))
     last_heartbeat: float = 0
 
     @field_validator("id")
     @classmethod
     def _id(cls, v: str) -> str:
         return check_name(v, "node id")
+
+    @field_validator("replica_networks")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        try:
+            return [str(ipaddress.ip_network(n, strict=False)) for n in v]
+        except ValueError as exc:
+            raise ValueError(f"replica_networks: {exc}") from None
 
     @field_validator("site")
     @classmethod

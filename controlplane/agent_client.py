@@ -6,6 +6,9 @@ Errors carry their meaning so controllers can decide retries:
   - delete_vm / delete_service on 404   -> False (already gone); get_vm / get_service on 404 -> None
 ``AgentClients(state_dir)`` hands out one client per node address, authenticated with fabricd's
 own certificate from the cluster CA ({state_dir}/pki/fabricd.crt, which is client+server).
+A node's client is pinned to that node: the TLS handshake names the node id (SNI) and checks the
+agent's certificate against it, not against the address the node reported, so an address that
+leads to another node's agent (whose certificate names that other node) fails to connect.
 """
 
 from __future__ import annotations
@@ -52,10 +55,13 @@ def error_from_response(resp: httpx.Response, what: str) -> FabricError:
 
 class AgentClient:
     def __init__(self, base_url: str, *, verify: ssl.SSLContext | bool = True,
-                 timeout: float = DEFAULT_TIMEOUT_S, transport: httpx.AsyncBaseTransport | None = None):
+                 timeout: float = DEFAULT_TIMEOUT_S, transport: httpx.AsyncBaseTransport | None = None,
+                 node_id: str | None = None):
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.base_url, verify=verify, timeout=timeout,
                                        transport=transport)
+        # https: the agent's certificate must name this node (checked as the TLS server name).
+        self._extensions = {"sni_hostname": node_id} if node_id and self.base_url.startswith("https://") else {}
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -70,7 +76,7 @@ class AgentClient:
                     missing_ok: bool = False, timeout: float | None = None) -> httpx.Response | None:
         what = f"{method} {path}"
         try:
-            resp = await self._http.request(method, path, json=json,
+            resp = await self._http.request(method, path, json=json, extensions=self._extensions,
                                             timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
         except httpx.TimeoutException as exc:
             raise TransientError(f"agent {self.base_url} timed out on {what}") from exc
@@ -183,11 +189,12 @@ class AgentClients:
         return self._ssl
 
     def for_node(self, node: Node) -> AgentClient:
-        return self.for_address(node.address)
+        """The node's agent, pinned to its id (its certificate must name it)."""
+        return self.for_address(node.address, node_id=node.id)
 
-    def for_address(self, address: str) -> AgentClient:
+    def for_address(self, address: str, node_id: str | None = None) -> AgentClient:
         address = address.rstrip("/")
-        client = self._clients.get(address)
+        client = self._clients.get(f"{node_id}@{address}")
         if client is None:
             if address.startswith("https://"):
                 verify: ssl.SSLContext | bool = self.ssl_context()
@@ -195,8 +202,8 @@ class AgentClients:
                 verify = False
             else:
                 raise Refused(f"agent address {address} is not https:// and fabricd is not in insecure mode")
-            client = AgentClient(address, verify=verify, timeout=self.timeout)
-            self._clients[address] = client
+            client = AgentClient(address, verify=verify, timeout=self.timeout, node_id=node_id)
+            self._clients[f"{node_id}@{address}"] = client
         return client
 
     async def aclose(self) -> None:

@@ -5,6 +5,8 @@
     POST /api/ai/nodes                      node: register (body.id must be the caller's node)
     POST /api/ai/nodes/{id}/heartbeat       node: refresh; 404 "not_registered" tells the agent to register
     POST /api/ai/nodes/{id}/certificate     admin: issue the node's certificate from the cluster CA
+    PUT  /api/ai/nodes/{id}/identity        admin: the node's address, site, replica networks (a node's
+                                            own report cannot change them: controlplane.node_trust)
     GET  /api/ai/gpus                       admin: every GPU with the replica holding it, if any
 
 "node" means the caller proved it is that node (controlplane/node_identity.py: a client
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from common import keyspace
 from common.agent_api import NodeCertificate, NodeReport
@@ -33,6 +35,7 @@ from common.schemas import GpuInfo, Node, check_name
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.node_identity import authenticate_node, require_node
+from controlplane.node_trust import identity_change
 from controlplane.orchestration_state import load_snapshot
 from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
 from controlplane.state import AppState, get_state
@@ -101,7 +104,9 @@ def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
                               remapped_rows_failed=old.remapped_rows_failed)
             gpu = gpu.model_copy(update=update)
         gpus.append(gpu)
-    return Node(**{**report.model_dump(exclude={"gpus"}), "gpus": gpus, "last_heartbeat": now})
+    fixed = {} if stored is None else {  # set at registration, changed by an admin only (node_trust)
+        "address": stored.address, "site": stored.site, "replica_networks": stored.replica_networks}
+    return Node(**{**report.model_dump(exclude={"gpus"}), "gpus": gpus, "last_heartbeat": now, **fixed})
 
 
 def node_resources(node: Node, held: Committed) -> dict:
@@ -169,6 +174,8 @@ def _save(state: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Nod
         if stored is None and must_exist:
             raise NotFound(f"node {report.id} is not registered; POST /api/ai/nodes first",
                            code="not_registered")
+        if stored is not None and (why := identity_change(stored, report.address, report.site)):
+            raise Conflict(why, code="node_identity_fixed")
         node = merge_report(stored, report, time.time())
         key = keyspace.nodes(report.id)
         if stored is None:
@@ -245,6 +252,38 @@ def issue_node_certificate(node_id: str, state: StateDep,
                  keep=state.settings.events_kept,
                  max_age_s=state.settings.events_max_age_s)
     return issued
+
+
+class NodeIdentity(BaseModel):
+    """What only an admin changes on a registered node (controlplane.node_trust)."""
+    model_config = ConfigDict(extra="forbid")
+    address: str | None = Field(None, description="agent base URL, https://HOST:PORT")
+    site: str | None = Field(None, description="'' is no site")
+    replica_networks: list[str] | None = Field(None, max_length=16, description="CIDRs its replicas' addresses "
+                                                                                 "must lie in")
+
+
+@router.put("/nodes/{node_id}/identity", response_model=NodeView, dependencies=admin)
+def set_node_identity(node_id: str, body: NodeIdentity, state: StateDep) -> NodeView:
+    """Change a node's agent address, site or replica networks (a node's own reports cannot)."""
+    for _ in range(UPDATE_RETRIES):
+        stored, rev = _load(state, node_id)
+        if stored is None:
+            raise NotFound(f"node {node_id!r} not found")
+        changes = {k: v for k, v in body.model_dump().items() if v is not None}
+        try:
+            node = Node.model_validate({**stored.model_dump(), **changes})
+            if "address" in changes:
+                NodeReport(id=node_id, address=node.address)  # the same address rule as a report
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise InvalidInput(f"{'.'.join(str(x) for x in first['loc']) or 'identity'}: {first['msg']}") from None
+        if state.store.cas(keyspace.nodes(node_id), node.model_dump_json(), rev):
+            record_event(state.store, "node", node_id, "identity-set",
+                         f"node {node_id}: {', '.join(f'{k} {v}' for k, v in sorted(changes.items()))} (by an admin)",
+                         keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+            return node_view(node, time.time())
+    raise TransientError(f"node {node_id} changed under {UPDATE_RETRIES} concurrent updates; retry")
 
 
 @router.get("/gpus", response_model=list[GpuView], dependencies=admin)

@@ -45,6 +45,7 @@ from common.store.base import Store
 from controlplane import vip_pool
 from controlplane.events import EventSink
 from controlplane.models.gate import model_gate
+from controlplane.node_trust import replica_host_refusal
 from controlplane.orchestration_state import (
     Reservation,
     Snapshot,
@@ -408,6 +409,11 @@ class ReconcileWorker:
             self.events.replica(dep, replica.replica_id, "AgentRefused", f"agent on {node.id}: {exc.message}",
                                 warning=True)
             self._update(dep.name, replica.replica_id, phase="Deleting", message=exc.message)
+            return
+        if why := replica_host_refusal(node, vm.host, vm.port):  # never route callers where a node points
+            errors.append(why)
+            self.events.replica(dep, replica.replica_id, "AgentRefused", why, warning=True)
+            self._update(dep.name, replica.replica_id, vm_id=vm.id, phase="Deleting", message=why)
             return
         self._update(dep.name, replica.replica_id, vm_id=vm.id, host=vm.host, port=vm.port, dsr_vips=dsr,
                      phase="Starting", message=f"VM {vm.state} on {node.id}; waiting for /health")

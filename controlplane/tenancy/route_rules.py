@@ -145,6 +145,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/api/ai/nodes"): NODE,
     ("POST", "/api/ai/nodes/{node_id}/heartbeat"): NODE,
     ("POST", "/api/ai/nodes/{node_id}/certificate"): admin(),
+    ("PUT", "/api/ai/nodes/{node_id}/identity"): admin(),
     ("GET", "/api/ai/gpus"): read(),
     ("GET", "/api/ai/nodes/{node_id}/mig"): read(),
     ("POST", "/api/ai/nodes/{node_id}/mig"): admin(),

@@ -108,7 +108,8 @@ def raw(tmp_path):
 def seed(store, replicas=1):
     store.put(keyspace.models("qwen"), model().model_dump_json())
     store.put(keyspace.profiles("p24"), profile().model_dump_json())
-    n = node("n1", 2).model_copy(update={"last_heartbeat": time.time() + 600})
+    # loopback VMs (the fake's) are only taken from an agent on loopback (controlplane.node_trust)
+    n = node("n1", 2).model_copy(update={"last_heartbeat": time.time() + 600, "address": "https://127.0.0.1:7443"})
     store.put(keyspace.nodes("n1"), n.model_dump_json())
     store.put(keyspace.deployments("qwen"), deployment(replicas).model_dump_json())
 
@@ -229,7 +230,7 @@ def test_the_controller_loop_stops_writing_mid_pass_when_its_lease_is_taken_over
         stored = [kv for kv in raw.list(keyspace.replicas())]
         assert [kv.key for kv in stored] == replica_keys and '"host":null' in stored[0].value.replace(" ", "")
         lost = state.registry.get_sample_value("fabric_controller_ticks_total",
-                                               {"job": "reconcile", "outcome": "lease_lost"})
+                                               {"controller": "reconcile", "outcome": "lease_lost"})
         assert lost == 1
         assert state.registry.get_sample_value("fabric_controller_leader") == 0
 

@@ -357,3 +357,46 @@ def test_merge_ecc_returns_to_zero_when_live_and_is_kept_when_not():
         gpu("0000:01:00.0", readings_live=False, driver="vfio-pci")]), now=2)
     assert bound.gpus[0].ecc_uncorrected == 4 and bound.gpus[0].remapped_rows_pending
     assert bound.gpus[0].driver == "vfio-pci"
+
+
+# -- a compromised node (issue 40): what fabricd no longer takes from its report ---------------------
+
+def test_fabricd_refuses_another_nodes_agent_at_a_reported_address(fabricd, real_agent):
+    """node-c reports node-b's agent as its own address: fabricd's client is pinned to node-c's id,
+    node-b's certificate does not name it, so nothing is sent there."""
+
+    async def scenario():
+        clients = AgentClients(fabricd["dir"])
+        try:
+            with pytest.raises(TransientError):
+                await clients.for_node(Node(id="node-c", address=real_agent.address)).list_vms()
+            assert (await clients.for_node(real_agent).health()).node_id == "node-b"  # its own still works
+        finally:
+            await clients.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_nodes_address_and_site_are_fixed_after_registration(fabricd, admin, tmp_path):
+    files = node_files(admin, tmp_path, "node-f")
+    with as_node(fabricd, files) as c:
+        assert c.post("/api/ai/nodes", json=report("node-f", site="east")).status_code == 201
+        moved = c.post("/api/ai/nodes/node-f/heartbeat",
+                       json={**report("node-f", site="east"), "address": "https://127.0.0.1:2379"})
+        assert moved.status_code == 409 and moved.json()["error"]["code"] == "node_identity_fixed"
+        assert "PUT /api/ai/nodes/node-f/identity" in moved.json()["error"]["message"]
+        resited = c.post("/api/ai/nodes/node-f/heartbeat", json=report("node-f", site="west"))
+        assert resited.status_code == 409
+        assert c.post("/api/ai/nodes", json=report("node-f", site="west")).status_code == 409  # nor by re-registering
+        assert c.post("/api/ai/nodes/node-f/heartbeat", json=report("node-f", site="east")).status_code == 200
+    set_ = admin.put("/api/ai/nodes/node-f/identity", json={"site": "west", "replica_networks": ["10.77.0.0/16"]})
+    assert set_.status_code == 200, set_.text
+    assert set_.json()["site"] == "west" and set_.json()["replica_networks"] == ["10.77.0.0/16"]
+    with as_node(fabricd, files) as c:
+        beat = c.post("/api/ai/nodes/node-f/heartbeat", json=report("node-f", site="west"))
+        assert beat.status_code == 200 and beat.json()["replica_networks"] == ["10.77.0.0/16"]  # kept
+    bad = admin.put("/api/ai/nodes/node-f/identity", json={"replica_networks": ["not-a-cidr"]})
+    assert bad.status_code == 422
+    assert admin.put("/api/ai/nodes/node-f/identity", json={"address": "ftp://x"}).status_code == 422
+    with as_node(fabricd, files) as c:  # a node may not change its own identity through the admin route
+        assert c.put("/api/ai/nodes/node-f/identity", json={"site": "east"}).status_code == 401

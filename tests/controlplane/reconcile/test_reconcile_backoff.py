@@ -101,7 +101,9 @@ def store(tmp_path):
     s = SqliteStore(tmp_path / "fabric.db")
     s.put(keyspace.models("qwen"), model().model_dump_json())
     s.put(keyspace.profiles("p24"), profile().model_dump_json())
-    s.put(keyspace.nodes("n1"), node("n1", 2).model_copy(update={"last_heartbeat": T0 + 3600}).model_dump_json())
+    # The fake agent's VMs answer on loopback, which only an agent on loopback may report (node_trust).
+    s.put(keyspace.nodes("n1"), node("n1", 2).model_copy(update={"last_heartbeat": T0 + 3600,
+                                                                 "address": "https://127.0.0.1:7443"}).model_dump_json())
     s.put(keyspace.deployments("qwen"), deployment(1).model_dump_json())
     yield s
     s.close()
