@@ -26,6 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.vm.mmio import guest_mmio64_mib
 from common.errors import InvalidInput
 
 HUGEPAGE_CHOICES = ("auto", "1G", "2M", "off")
@@ -156,8 +157,6 @@ def plan_tuning(gpus: tuple[str, ...], functions: list, *, hugepages: str, numa:
     `functions` are agent.hw.pci_sysfs.PciFunction (GPUs and NVSwitches). On an HGX board a
     multi-GPU VM must take every GPU and gets the NVSwitches too (full passthrough: the guest's
     fabric manager trains NVLink); any other multi-GPU shape is refused with the reason."""
-    from agent.vm.domain_xml import guest_mmio64_mib  # the XML module owns the aperture rule
-
     if numa not in ("auto", "off"):
         raise InvalidInput(f"numa {numa!r}: expected auto or off")
     by_bdf = {f.bdf: f for f in functions}

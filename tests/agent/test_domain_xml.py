@@ -18,10 +18,10 @@ from agent.vm.domain_xml import (
     Firmware,
     build_domain_xml,
     mac_for,
-    mmio64_mib,
     tap_name,
 )
 from agent.vm.host_tuning import HostTuning
+from agent.vm.mmio import mmio64_mib
 
 # A tuned host: 1 GiB pages, the GPUs on NUMA node 1 (CPUs 16-31), a read-only virtiofs share.
 TUNED = HostTuning(hugepage_kib=1_048_576, numa_node=1, host_cpus=tuple(range(16, 32)), virtiofs_readonly=True)

@@ -9,7 +9,7 @@ from agent.hw.host_inventory import HostInventory
 from agent.hw.nvml_fake import FakeNvml, make_gpus
 from agent.hw.sysfs_fake import FakeSysfs
 from agent.hw.vfio import VfioBinder
-from agent.vm.domain_xml import guest_mmio64_mib
+from agent.vm.mmio import guest_mmio64_mib
 
 
 def host(tmp_path, count=2, profile="h100", device_id="0x2330", nvswitches=0):

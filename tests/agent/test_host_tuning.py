@@ -76,3 +76,16 @@ def test_hgx_full_passthrough_takes_the_switches_and_partial_shapes_are_refused(
     assert single.nvswitches == () and single.numa_node == 1 and single.host_cpus == (2, 3)
     with pytest.raises(InvalidInput, match="1 GPU or all 8"):
         plan_tuning(gpus[:4], fns, **kw)
+
+
+def test_the_planner_does_not_import_the_renderer():
+    """host_tuning (the planner) and domain_xml (the renderer) share the aperture rule through
+    agent/vm/mmio.py; the planner imports nothing from the renderer."""
+    import ast
+    from pathlib import Path
+
+    from agent.vm import host_tuning
+
+    tree = ast.parse(Path(host_tuning.__file__).read_text())
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "agent.vm.domain_xml" not in modules and "agent.vm.mmio" in modules
