@@ -23,6 +23,8 @@ Retry-After, and the call is not held:
                           `fabricctl ai deployment restart NAME` tries again
   deployment_failed       Failed (its model or profile is missing, its runtime is refused)
   deployment_unplaceable  replicas wanted, none exists, and no node can take one
+  deployment_preempted    every replica was preempted by a higher capacity class (who took them is
+                          in the message); they return by themselves when room does
   scaled_to_zero          zero replicas wanted and no autoscaling that would wake one
   deployment_deleting     being deleted
   deployment_missing      the endpoint names a deployment that does not exist
@@ -94,6 +96,11 @@ def refusal(endpoint: str, deployment_name: str, dep: InferenceDeployment | None
     if phase == "Failed":
         return Refusal("deployment_failed", f"deployment {dep.name!r} failed: {why}", False)
     coming = [r for r in replicas if not r.draining and r.phase in ("Pending", "Starting", "Ready", "Unhealthy")]
+    if not coming and dep.status.preempted and (phase == "Preempted" or dep.status.preempted >= dep.replicas):
+        by = dep.status.preempted_by or "a deployment of a higher capacity class"
+        return Refusal("deployment_preempted", f"deployment {dep.name!r} is fully preempted: its "
+                       f"{dep.status.preempted} replica(s) were taken by {by} (capacity_class "
+                       f"{dep.capacity_class}); they come back when room returns", False)
     if dep.replicas == 0 and not coming:
         scaler = dep.autoscaling
         if scaler is not None and scaler.enabled and scaler.scale_to_zero:
