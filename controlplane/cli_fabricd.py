@@ -131,6 +131,13 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     state = AppState(store=the_store, state_dir=state_dir, settings=config.api, config=config)
+    from common.port_holder import busy
+
+    taken = busy(host, port)  # said before uvicorn's bare "[Errno 98] address already in use"
+    if taken:
+        the_store.close()
+        typer.echo(f"error: cannot listen on {listen}: {taken}; pick another with --listen", err=True)
+        raise typer.Exit(1)
     try:
         uvicorn.run(create_app(state), host=host, port=port, log_level=log_level, **ssl_args)
     finally:
