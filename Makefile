@@ -9,6 +9,7 @@ run: setup
 	$(PY) -m controlplane.run_main
 
 test: setup
+	.venv/bin/ruff check .
 	.venv/bin/lint-imports
 	$(PY) -m pytest -q --durations=30 tests
 

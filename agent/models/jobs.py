@@ -253,7 +253,7 @@ class ModelJobs:
                 self._set(rec, message=f"{want.label}{exc.message}; retry {n + 1} of {retries} in {pause:g}s",
                           retries=rec.view.retries + 1)
                 if self._stop.wait(pause):
-                    raise _Stopping()
+                    raise _Stopping() from None
         raise _Stopping()  # unreachable: the last pass returns or raises
 
     @contextmanager

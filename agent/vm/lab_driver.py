@@ -37,7 +37,13 @@ from agent.dataplane.decap import enable_dsr_backend
 from agent.dataplane.veth import prepare_veth_end
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.dryrun_driver import default_engine_command
-from agent.vm.lab_engine import LabEngineSettings, guest_argv, in_guest_mounts, real_engine_argv, real_engine_env
+from agent.vm.lab_engine import (
+    LabEngineSettings,
+    guest_argv,
+    in_guest_mounts,
+    real_engine_argv,
+    real_engine_env,
+)
 from agent.vm.records import RecordDir, engine_alive
 from common.errors import Refused, TransientError
 

@@ -19,8 +19,8 @@ from fastapi import APIRouter, Body, Depends, Query
 
 from common import keyspace
 from common.errors import Conflict
-from common.store.base import Store
 from common.schemas import InferenceEndpoint
+from common.store.base import Store
 from controlplane.api.resources import refuse_outbound_reach
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.backup.document import BY_NAME, SECTIONS, RestorePlan, build, desired, plan_restore

@@ -15,7 +15,7 @@ from agent.vm.mmio import guest_mmio64_mib
 def host(tmp_path, count=2, profile="h100", device_id="0x2330", nvswitches=0):
     fake = FakeSysfs(tmp_path / "sys")
     gpus = make_gpus(count, profile)
-    for i, g in enumerate(gpus):
+    for i, _gpu in enumerate(gpus):
         bdf = f"0000:{0x3b + i:02x}:00.0"
         fake.add_gpu(bdf, group=20 + i, audio=True, device_id=device_id, numa_node=i // 4)
     for i in range(nvswitches):

@@ -14,7 +14,13 @@ import openai
 import pytest
 
 from common import keyspace
-from common.schemas import AutoscalingSpec, DeploymentStatus, EndpointStatus, InferenceDeployment, InferenceEndpoint
+from common.schemas import (
+    AutoscalingSpec,
+    DeploymentStatus,
+    EndpointStatus,
+    InferenceDeployment,
+    InferenceEndpoint,
+)
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 

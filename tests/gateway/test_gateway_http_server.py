@@ -151,7 +151,7 @@ def test_slow_head_is_timed_out(server, monkeypatch):
     s = connect(server)
     s.sendall(b"GET /a HTTP/1.1\r\n")
     reply = b""
-    for i in range(100):  # a header byte every 50 ms: each arrives, the head never completes
+    for _ in range(100):  # a header byte every 50 ms: each arrives, the head never completes
         try:
             s.sendall(b"X")
         except OSError:

@@ -4,7 +4,6 @@ prometheus_client writes for the same updates, before every scrape and after the
 import asyncio
 
 import pytest
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway import metric_tally

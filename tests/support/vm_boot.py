@@ -147,9 +147,10 @@ class BootRun:
             "tap": f" {tap_name(self.replica_id)}:" in links or f" {tap_name(self.replica_id)}@" in links,
             "bridge": f" {self.bridge}:" in links,
             "files": sorted(p.name for p in vms.iterdir() if p.name != "console") if vms.exists() else [],
-            "virtiofsd": self.replica_id in "".join(l for l in procs.splitlines() if "virtiofsd" in l),
-            "dnsmasq": any("dnsmasq" in l and self.net_name in l for l in procs.splitlines()),
-            "qemu": any("qemu-system" in l and domain_name(self.replica_id) in l for l in procs.splitlines()),
+            "virtiofsd": self.replica_id in "".join(line for line in procs.splitlines() if "virtiofsd" in line),
+            "dnsmasq": any("dnsmasq" in line and self.net_name in line for line in procs.splitlines()),
+            "qemu": any("qemu-system" in line and domain_name(self.replica_id) in line
+                        for line in procs.splitlines()),
             "libvirt_logs": sorted(p.name for p in Path("/var/log/libvirt/qemu").glob(
                 f"{domain_name(self.replica_id)}[.-]*log")),
         }
