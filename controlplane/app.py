@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 
 from common import runtime_metrics
 from common.health import healthz_body
-from controlplane import console, openapi_doc
+from controlplane import console, log_redact, openapi_doc
 from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
 from controlplane.errors_http import install_error_handlers, internal_error
@@ -50,6 +50,7 @@ def create_app(state: AppState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         runtime.bind()
+        log_redact.install()  # the admission webhook's token is in its path: never in the access log
         controllers = _load_controllers() if state.settings.run_controllers else None
         handle = None
         if controllers is not None:

@@ -113,9 +113,9 @@ def _admit(state: AppState, body: dict, who: Principal | None) -> dict:
         if deployment is None:
             return admit.review_response(uid, admit.Verdict(True, ()))
         deployment["tenant"] = claimed_tenant(who, deployment.get("tenant"))
-        return admit.review_response(uid, admit.review(state.store, deployment))
+        return admit.review_response(uid, admit.review(state.store, deployment, who))
     body = {**body, "tenant": claimed_tenant(who, body.get("tenant"))}
-    verdict = admit.review(state.store, body)
+    verdict = admit.review(state.store, body, who)
     return {"allowed": verdict.allowed, "reasons": list(verdict.reasons), "name": verdict.name}
 
 

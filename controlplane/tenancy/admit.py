@@ -24,6 +24,7 @@ from common.errors import InvalidInput
 from common.schemas import InferenceDeployment
 from common.store.base import Store
 from controlplane.tenancy import policies, quotas
+from controlplane.tenancy.principal import Principal, visible
 
 REVIEW_API = "admission.k8s.io/v1"
 TENANT_LABEL = "fabric/tenant"
@@ -49,8 +50,15 @@ def from_resource(obj: dict) -> dict:
     return {**spec, "name": metadata.get("name"), "tenant": tenant}
 
 
-def review(store: Store, body: dict) -> Verdict:
-    """Every reason the deployment would be refused (policy, quota, missing references)."""
+def _sees(who: Principal | None, kind: str, kv) -> bool:
+    """Does the caller (None: the webhook, cluster-wide) see the stored record ``kv``?"""
+    return kv is not None and (who is None or visible(who, kind, json.loads(kv.value).get("tenant")))
+
+
+def review(store: Store, body: dict, who: Principal | None = None) -> Verdict:
+    """Every reason the deployment would be refused (policy, quota, missing references). For a
+    tenant-bound caller another tenant's model or profile reads as missing, and another tenant's
+    deployment of the same name as absent, so the answer says nothing of other tenants."""
     try:
         dep = InferenceDeployment.model_validate(body)
     except ValidationError as exc:
@@ -59,11 +67,11 @@ def review(store: Store, body: dict) -> Verdict:
         return Verdict(False, (f"{where or 'body'}: {first.get('msg', 'invalid')}",), body.get("name"))
     reasons = [f"{kind} {ref!r} does not exist" for kind, ref, key in (
         ("model", dep.model, keyspace.models(dep.model)), ("profile", dep.profile, keyspace.profiles(dep.profile)))
-        if store.get(key) is None]
+        if not _sees(who, kind, store.get(key))]
     reasons += policies.refusals(policies.load(store, dep.tenant), policies.deploy_of(store, dep.tenant, dep.model,
                                                                                   capacity_class=dep.capacity_class))
     current = store.get(keyspace.deployments(dep.name))
-    before = int(json.loads(current.value).get("replicas", 0)) if current is not None else 0
+    before = int(json.loads(current.value).get("replicas", 0)) if _sees(who, "deployment", current) else 0
     refusal = quotas.check_deployment_change(store, dep.name, dep.tenant, dep.profile, before, dep.replicas)
     if refusal is not None:
         reasons.append(refusal.message)
