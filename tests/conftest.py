@@ -37,6 +37,17 @@ GUARDED_CIDR = "10.96.0.0/16"
 GUARD_METRIC = "4242"
 
 
+@pytest.fixture
+def store(tmp_path):
+    """A fresh SQLite store in the test's own directory (fabric.db), closed after the test. Files
+    that need a seeded, shared or etcd-backed store define their own `store`, which wins."""
+    from common.store.sqlite_store import SqliteStore
+
+    s = SqliteStore(tmp_path / "fabric.db")
+    yield s
+    s.close()
+
+
 @pytest.fixture(scope="session")
 def require_bpf():
     """Skip (a failure here, see above) where the real BPF dataplane cannot run."""

@@ -47,15 +47,6 @@ class Agents:
         return self.by_node.setdefault(n.id, RecordingAgent())
 
 
-@pytest.fixture
-def store(tmp_path):
-    from common.store.sqlite_store import SqliteStore
-
-    s = SqliteStore(tmp_path / "fabric.db")
-    yield s
-    s.close()
-
-
 def seed(store, now):
     n = node("n1", 4)
     store.put(keyspace.nodes("n1"), n.model_copy(update={"last_heartbeat": now}).model_dump_json())

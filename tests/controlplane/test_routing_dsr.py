@@ -9,12 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from common import keyspace
 from common.agent_api import GpuBindResult, VmInfo
 from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
-from common.store.sqlite_store import SqliteStore
 from controlplane import vip_pool
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
@@ -87,13 +84,6 @@ class Agents:
 
     def for_node(self, n):
         return self.by_node.setdefault(n.id, self.agent_type(self))
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = SqliteStore(tmp_path / "fabric.db")
-    yield s
-    s.close()
 
 
 def test_the_controller_puts_the_endpoints_mode_and_pushes_again_when_it_changes(store):

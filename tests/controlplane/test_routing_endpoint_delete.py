@@ -14,15 +14,6 @@ from controlplane.routing.controller import RoutingWorker
 from tests.controlplane.test_routing_controller import Agents, seed
 
 
-@pytest.fixture
-def store(tmp_path):
-    from common.store.sqlite_store import SqliteStore
-
-    s = SqliteStore(tmp_path / "fabric.db")
-    yield s
-    s.close()
-
-
 class Clock:
     def __init__(self, t):
         self.t = t

@@ -19,15 +19,6 @@ from tests.controlplane.rollouts.rollout_data import record, rep
 from tests.controlplane.test_routing_controller import Agents
 
 
-@pytest.fixture
-def store(tmp_path):
-    from common.store.sqlite_store import SqliteStore
-
-    s = SqliteStore(tmp_path / "fabric.db")
-    yield s
-    s.close()
-
-
 class Rollouts:
     """The RolloutWorker's say in the routing tick: the active records, not advanced here."""
 

@@ -69,14 +69,6 @@ def first_env(env):
     return list(iter_addresses(load(env).pool))[:3]  # fabricd's settings read the pool once
 
 
-@pytest.fixture
-def store(tmp_path):
-    sqlite_store = pytest.importorskip("common.store.sqlite_store")
-    s = sqlite_store.SqliteStore(tmp_path / "fabric.db")
-    yield s
-    s.close()
-
-
 def test_allocation_is_exclusive_idempotent_and_released_only_by_owner(store):
     pool = parse_pool("10.96.0.0/30")
     a = allocate(store, "ep-a", pool)

@@ -11,20 +11,12 @@ import pytest
 
 from common import audit_chain, counters, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
-from common.store.sqlite_store import SqliteStore
 from gateway import settings as gs
 from gateway.limits import RequestFacts, plan_admission
 from gateway.request_body import SseUsageScanner, parse_body
 from gateway.routes import parse_route
 from gateway.upstreams import EndpointView, order_targets, should_shed
 from gateway.usage import UsageCounter
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = SqliteStore(tmp_path / "fabric.db")
-    yield s
-    s.close()
 
 
 def test_audit_chain_detects_edited_inserted_and_deleted_rows(store):

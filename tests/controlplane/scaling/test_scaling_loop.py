@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-
 from common import keyspace
 from common.schemas import (
     AutoscalingSpec,
@@ -20,7 +18,6 @@ from common.schemas import (
     ReplicaObservation,
     TenantQuota,
 )
-from common.store.sqlite_store import SqliteStore
 from controlplane.events import recent_events
 from controlplane.orchestration_state import load_snapshot
 from controlplane.scaling.loop import AutoscaleWorker, load_memory, with_note
@@ -32,13 +29,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = SqliteStore(tmp_path / "fabric.db")
-    yield s
-    s.close()
 
 
 def seed(store, *, replicas=1, queue=30.0, tenant=None, gpus=1, spec=None, now=1000.0):
