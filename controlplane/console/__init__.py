@@ -24,3 +24,5 @@ def install(app: FastAPI) -> None:
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     app.include_router(pages.router)
     app.include_router(actions.router)
+    # Last: any other console address is a page saying so (HTML), not the API's JSON 404.
+    app.add_api_route(f"{PREFIX}/{{rest:path}}", pages.not_found, methods=["GET"], include_in_schema=False)

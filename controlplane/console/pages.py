@@ -128,3 +128,10 @@ async def events(request: Request):
     async def load(api: Api):
         return {"events": await api.get("/api/ai/events", {"limit": 200})}
     return await _render(request, "events.html", "events", load)
+
+
+async def not_found(request: Request, rest: str):
+    """A console address that is no page: the console's own 404 page, with its navigation."""
+    where = f"{PREFIX}/{rest}"[:200]
+    return page(request, "error.html", session_of(request), status=404,
+                error={"status": 404, "code": "not_found", "message": f"there is no console page {where}"})

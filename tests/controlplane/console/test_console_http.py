@@ -201,3 +201,15 @@ def test_a_path_name_cannot_smuggle_a_query_into_the_api_call(cluster):
     with signed_in(cluster) as c:
         r = c.get(f"{CONSOLE}/endpoints/chat-openai%3Fx=1/weights")
         assert r.status_code == 404 and "chat-openai?x=1" in r.text  # the whole name, not a query
+
+
+def test_an_unknown_console_address_is_an_html_404_page(cluster):
+    with signed_in(cluster) as c:
+        r = c.get(f"{CONSOLE}/deployment/chat")  # a typo of /deployments
+        assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+        assert "there is no console page /app/ai/deployment/chat" in r.text and "<h1>Not found</h1>" in r.text
+        assert 'href="/app/ai/deployments"' in r.text  # the navigation is there to go on from
+    with cluster.server.client() as anonymous:  # signed out: still HTML, no JSON
+        r = anonymous.get(f"{CONSOLE}/nope")
+        assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+        assert anonymous.get("/api/ai/nope").headers["content-type"].startswith("application/json")
