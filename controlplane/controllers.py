@@ -112,8 +112,10 @@ def dry_run_from_env(env) -> bool:
 
 class ControllerMetrics:
     def __init__(self, registry):
-        self.ticks = Counter("fabric_controller_ticks_total", "Controller passes by job and outcome",
-                             ["job", "outcome"], registry=registry)
+        self.ticks = Counter("fabric_controller_ticks_total", "Controller passes by controller and outcome",
+                             # not "job": Prometheus keeps that name for the scrape job and
+                             # would rename ours to exported_job
+                             ["controller", "outcome"], registry=registry)
         self.scrape_failures = Counter("fabric_routing_scrape_failures_total",
                                        "Replica /metrics scrapes that failed", registry=registry)
         self.maglev_pushes = Counter("fabric_routing_maglev_pushes_total",

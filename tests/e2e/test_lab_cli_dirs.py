@@ -2,7 +2,8 @@
 `status`, `demo` (twice: it is re-runnable) and `down` in another; down stops what up started and
 names it, and nothing is left. A second `up` on the running lab refuses and keeps its data, and
 `make run`'s entry point on it attaches and shows the demo's objects instead of wiping them;
-then docs/examples/ applies to it as shipped. Uses the lab's fixed names and ports, so it holds the lab lock."""
+then docs/examples/ applies to it as shipped, and a real Prometheus scrapes it with
+docs/dashboards/prometheus.yml and evaluates every dashboard panel's query. Uses the lab's fixed names and ports, so it holds the lab lock."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from controlplane.lab.cluster import LabConfig, status
 from controlplane.lab.processes import running
+from tests.e2e.prom_scrape import scrape_lab_and_query
 from tests.support.lab_lock import lab_lock, lab_unavailable
 
 BIN = Path(sys.executable).parent
@@ -113,6 +115,17 @@ def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
                                  cwd=there, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
             assert ctl.stdout.split() == ["endpoint/demo-llm-openai"], ctl.stderr
             apply_examples(env_file, there)
+            # docs/dashboards/prometheus.yml with a real Prometheus: every panel's query evaluates.
+            answered = scrape_lab_and_query(cfg, tmp_path)
+            assert len(answered) >= 25
+            assert answered["sum by (controller, outcome) (rate(fabric_controller_ticks_total[1m]))"] > 0
+            # scripts/lab-load takes a replica by name and watches weights by replica name.
+            names = fabricctl(env_file, there, "replica list -o name").stdout.split()
+            first = [n.split("/", 1)[1] for n in names if n.startswith("replica/demo-llm-")][0]
+            loaded = subprocess.run([str(Path(__file__).parents[2] / "scripts" / "lab-load"), "--state-dir", str(state),
+                                     "--replica", first, "--queue", "0"], capture_output=True, text=True, timeout=60)
+            assert loaded.returncode == 0, loaded.stderr
+            assert f"replica {first} (" in loaded.stdout and f"{first}=" in loaded.stdout.splitlines()[-1]
         finally:
             down = lab(there, env, "down")
         assert down.returncode == 0, down.stdout + down.stderr

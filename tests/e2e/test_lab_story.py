@@ -67,7 +67,7 @@ class Story:
     def routing_ticks(self) -> float:
         text = self.api.get("/metrics").text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("fabric_controller_ticks_total{") and 'job="routing"' in line)
+                   if line.startswith("fabric_controller_ticks_total{") and 'controller="routing"' in line)
 
     def via_vip(self, n: int) -> collections.Counter:
         """n new TCP connections to the VIP from the client namespace; who answered each."""

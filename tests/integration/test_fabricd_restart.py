@@ -46,7 +46,7 @@ def agent_vms(api) -> list[str]:
 
 def reconcile_passes(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    m = re.search(r'^fabric_controller_ticks_total\{job="reconcile",outcome="ok"\} (\S+)$', text, re.MULTILINE)
+    m = re.search(r'^fabric_controller_ticks_total\{controller="reconcile",outcome="ok"\} (\S+)$', text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
 
 

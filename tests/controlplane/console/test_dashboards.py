@@ -96,3 +96,25 @@ def test_fabricd_exports_the_gpu_readings_of_registered_nodes(cluster):
                    "fabric_gpu_memory_total_bytes": 81559 * 1024 * 1024,
                    "fabric_gpu_allocated": 0.0,  # dry-run replicas hold no GPU
                    "fabric_gpu_lost": 0.0}
+
+
+def test_the_shipped_scrape_config_is_valid_and_scrapes_all_three_with_the_agents_client_certificate():
+    checked = promtool("check", "config", "--syntax-only", "prometheus.yml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    conf = yaml.safe_load((DASH / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in conf["scrape_configs"]}
+    assert set(jobs) == {"fabricd", "fabric-gateway", "fabric-agent"}
+    assert all(j["scheme"] == "https" and j["tls_config"]["ca_file"] for j in jobs.values())
+    assert {"cert_file", "key_file"} <= set(jobs["fabric-agent"]["tls_config"])  # the agents' mutual TLS
+    assert conf["rule_files"] == ["fabric-alerts.yml"]
+
+
+def test_no_fabric_series_carries_a_label_prometheus_reserves_for_the_scrape():
+    """A label named job or instance is renamed exported_job/exported_instance by a default
+    scrape, so the panels grouping by it would group by the scrape job instead."""
+    labelled = re.compile(r'\b(?:Counter|Gauge|Histogram|Summary)\(\s*"fabric[a-z_]*",[^)]*?\[([^\]]*)\]', re.S)
+    for top in SOURCES:
+        for path in (REPO / top).rglob("*.py"):
+            for labels in labelled.findall(path.read_text()):
+                names = {n.strip().strip("'\"") for n in labels.split(",")}
+                assert not names & {"job", "instance"}, (path, labels)
