@@ -33,7 +33,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import Field
 
 from common import apikeys, audit_chain, counters, keyspace
-from common.errors import Conflict, InvalidInput, NotFound, TransientError
+from common.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.settings import of as settings_of
@@ -123,6 +123,11 @@ def create_key(body: KeyCreate, request: Request, state: StateDep, who: Principa
     ep_kv = state.store.get(keyspace.endpoints(body.endpoint))
     if ep_kv is None or not visible(who, "endpoint", json.loads(ep_kv.value).get("tenant")):
         raise NotFound(f"endpoint {body.endpoint!r} does not exist")
+    ep_tenant = json.loads(ep_kv.value).get("tenant")
+    if ep_tenant is not None and body.tenant not in (None, ep_tenant):
+        # A key acts for its tenant (limits, audit, chargeback): never another than its endpoint's.
+        raise Forbidden(f"tenant: endpoint {body.endpoint!r} belongs to tenant {ep_tenant!r}; its keys cannot act "
+                        f"for tenant {body.tenant!r}", code="tenant_mismatch")
     if any(r.name == body.name and r.endpoint == body.endpoint for r in apikeys.list_keys(state.store)):
         # Fast path, and the guard for keys stored before the name index; the exact claim is
         # apikeys.save_new's create-all.
