@@ -40,7 +40,9 @@ HOP_BY_HOP = frozenset({
 })
 # Never sent upstream: the caller's credential stays at the gateway; the client sets host/length;
 # expect: the gateway already holds the whole body, so a 100-continue handshake has no point.
-NOT_FORWARDED = HOP_BY_HOP | {b"authorization", b"api-key", b"x-api-key", b"host", b"content-length", b"expect"}
+# x-request-id: the gateway's own replaces the caller's (an engine reads the first one it sees).
+NOT_FORWARDED = HOP_BY_HOP | {b"authorization", b"api-key", b"x-api-key", b"host", b"content-length", b"expect",
+                               b"x-request-id"}
 JSON_KEEP = 1024 * 1024  # non-streamed bodies up to this size are parsed for usage
 
 

@@ -32,7 +32,8 @@ from gateway.routes import BadPath, check_served, parse_route
 from gateway.upstreams import order_targets
 
 NOT_FORWARDED = {"host", "authorization", "api-key", "x-api-key", "upgrade", "connection", "sec-websocket-key",
-                 "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-accept", "content-length"}
+                 "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-accept", "content-length",
+                 "x-request-id"}  # the gateway's own request id goes instead
 
 
 async def deny(scope, send, exc: FabricError) -> None:
@@ -131,6 +132,7 @@ async def bridge(state, scope, receive, send) -> None:
         tls = state.settings.backend_tls.enabled
         targets = order_targets(view, headers.get("x-session-id"), "wss" if tls else "ws")
         fwd = [(k, v) for k, v in headers.items() if k not in NOT_FORWARDED and not k.startswith("sec-websocket")]
+        fwd.append(("x-request-id", request_id))
         upstream = await _open_upstream(targets, route.target.decode("ascii"), fwd, state.backend_ssl)
         async with upstream:
             await send({"type": "websocket.accept"})

@@ -178,3 +178,12 @@ def test_a_full_audit_queue_drops_and_counts_never_silently():
 def test_the_gateway_exposes_the_audit_drop_counter(env):
     text = httpx.get(env["gw"].url + "/metrics", timeout=10).text
     assert "fabric_gateway_audit_dropped" in text
+
+
+# --- the caller's x-request-id ------------------------------------------------------------------
+
+def test_the_callers_x_request_id_is_replaced_not_forwarded_first():
+    from gateway.proxy import upstream_headers
+
+    out = upstream_headers([(b"x-request-id", b"caller-chosen"), (b"x-other", b"1")], b"gw-0001")
+    assert [v for k, v in out if k == b"x-request-id"] == [b"gw-0001"] and (b"x-other", b"1") in out
