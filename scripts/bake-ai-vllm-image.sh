@@ -9,12 +9,16 @@
 # prebuilt tree (e.g. copied out of NVIDIA's or Hugging Face's container) to /opt/tritonserver
 # or /opt/tei, and the guest script checks that its binary runs.
 #
-# Versions default to images/guest/versions.env (exact driver, CUDA and vLLM versions).
-# The root partition and filesystem are grown with virt-resize --expand into a new image of
-# --size, so the 15-20 GB of driver, CUDA and vLLM fit; the guest kernel and the driver
-# packages are held so unattended upgrades cannot leave the guest without nvidia.ko.
+# Versions default to images/guest/versions.env (exact driver, CUDA by Ubuntu release, vLLM
+# and TensorRT-LLM versions). SRC is copied into a new image of --size (qemu-img convert and
+# resize), and inside the appliance growpart + resize2fs grow the root partition and its
+# filesystem in place: partition numbers stay as the cloud image has them (virt-resize
+# renumbers them, which breaks the BIOS boot partition). The guest kernel and the driver
+# packages are held so unattended upgrades cannot leave the guest without nvidia.ko. The
+# appliance gets --appliance-memory MiB and --appliance-cpus CPUs (llama.cpp's CUDA build needs
+# several GiB).
 #
-# SRC is only read (virt-resize copies it into a new file); DST is written as DST.partial and renamed
+# SRC is only read (qemu-img converts it into a new file); DST is written as DST.partial and renamed
 # when every step succeeded, then DST.sha256 is written beside it. --dry-run prints every
 # step and runs none of them (it needs neither virt-customize nor qemu-img).
 # No credentials are used or stored: no Hugging Face token, no API key goes into the image.
@@ -31,7 +35,9 @@ usage: bake-ai-vllm-image.sh [--dry-run] [--force] [--size SIZE] [--nvidia-drive
   --force                overwrite DST if it exists
   --size SIZE            the image's size; root partition and filesystem grow to fill it (default 60G)
   --nvidia-driver VER    exact NVIDIA driver version, e.g. 550.127.08 (branch = first field)
-  --cuda VER             CUDA toolkit package version (e.g. 12-4)
+  --cuda VER             CUDA toolkit package version (e.g. 12-6; default: by the image's Ubuntu release)
+  --appliance-memory MIB memory of the libguestfs appliance (default 8192; llama.cpp: 16384)
+  --appliance-cpus N     its CPUs (default: this host's, at most 16)
   --open-kernel-modules  the open GPU kernel modules (nvidia-driver-BRANCH-server-open)
   --fabric-manager       nvidia-fabricmanager and libnvidia-nscq of the same version, enabled
                          (HGX boards: an 8-GPU VM with its NVSwitches needs them in the guest)
@@ -62,6 +68,8 @@ FABRIC_MANAGER=0
 RUNTIME=vllm
 RUNTIME_VERSION=
 RUNTIME_DIR=
+APPLIANCE_MEMORY=
+APPLIANCE_CPUS=
 POSITIONAL=()
 while [ "$#" -gt 0 ]; do
   case "$1" in
@@ -76,6 +84,8 @@ while [ "$#" -gt 0 ]; do
     --runtime) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME=$2; shift ;;
     --runtime-version) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME_VERSION=$2; shift ;;
     --runtime-dir) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME_DIR=$2; shift ;;
+    --appliance-memory) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; APPLIANCE_MEMORY=$2; shift ;;
+    --appliance-cpus) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; APPLIANCE_CPUS=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; POSITIONAL+=("$@"); break ;;
     -*) echo "bake: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -95,12 +105,29 @@ case "${NVIDIA_DRIVER}" in
   [0-9]*.[0-9]*) ;;
   *) die "--nvidia-driver ${NVIDIA_DRIVER}: give an exact version like ${FABRIC_NVIDIA_VERSION}, not a branch" ;;
 esac
-case "${NVIDIA_DRIVER}${CUDA}" in
-  *[!0-9.-]*) die "--nvidia-driver/--cuda: digits, '.' and '-' only" ;;
+case "${NVIDIA_DRIVER}${CUDA/#auto/}" in
+  *[!0-9.-]*) die "--nvidia-driver/--cuda: digits, '.' and '-' only (or --cuda auto)" ;;
 esac
 if [ -z "${RUNTIME_VERSION}" ]; then
-  if [ "${RUNTIME}" = vllm ]; then RUNTIME_VERSION=${FABRIC_VLLM_VERSION}; else RUNTIME_VERSION=latest; fi
+  case "${RUNTIME}" in
+    vllm) RUNTIME_VERSION=${FABRIC_VLLM_VERSION} ;;
+    tensorrt-llm) RUNTIME_VERSION=${FABRIC_TRTLLM_VERSION} ;;
+    *) RUNTIME_VERSION=latest ;;
+  esac
 fi
+if [ "${RUNTIME}" = tensorrt-llm ] && [ "${NVIDIA_DRIVER%%.*}" -lt "${FABRIC_TRTLLM_MIN_DRIVER_BRANCH}" ]; then
+  die "TensorRT-LLM ${RUNTIME_VERSION} is built with CUDA 12.9: pass --nvidia-driver of branch ${FABRIC_TRTLLM_MIN_DRIVER_BRANCH} or newer (not ${NVIDIA_DRIVER})"
+fi
+if [ -z "${APPLIANCE_MEMORY}" ]; then
+  if [ "${RUNTIME}" = llama.cpp ]; then APPLIANCE_MEMORY=16384; else APPLIANCE_MEMORY=8192; fi
+fi
+if [ -z "${APPLIANCE_CPUS}" ]; then
+  APPLIANCE_CPUS=$(nproc 2>/dev/null || echo 2)
+  [ "${APPLIANCE_CPUS}" -le 16 ] || APPLIANCE_CPUS=16
+fi
+case "${APPLIANCE_MEMORY}${APPLIANCE_CPUS}" in
+  *[!0-9]*) die "--appliance-memory/--appliance-cpus: whole numbers" ;;
+esac
 
 # Where each runtime lives in the guest (common/runtimes.py has the same paths).
 case "${RUNTIME}" in
@@ -127,16 +154,14 @@ fi
 if [ -e "${DST}" ] && [ "${FORCE}" -ne 1 ]; then
   die "${DST} exists; pass --force to overwrite it"
 fi
-for piece in guest/install-guest.sh guest/engine.service.in cloud-init/90-fabric.cfg; do
+for piece in guest/install-guest.sh guest/engine.service.in cloud-init/99-fabric.cfg; do
   [ -f "${IMAGES}/${piece}" ] || die "missing guest piece ${IMAGES}/${piece}"
 done
 
 if [ "${DRY_RUN}" -ne 1 ]; then
   command -v qemu-img >/dev/null || die "qemu-img not found: apt-get install qemu-utils"
-  for tool in virt-customize virt-resize; do
-    command -v "${tool}" >/dev/null ||
-      die "${tool} not found: apt-get install libguestfs-tools (Debian/Ubuntu) or dnf install guestfs-tools"
-  done
+  command -v virt-customize >/dev/null ||
+    die "virt-customize not found: apt-get install libguestfs-tools (Debian/Ubuntu) or dnf install guestfs-tools"
 fi
 
 STEP=0
@@ -163,11 +188,9 @@ trap cleanup EXIT
 
 [ "${DRY_RUN}" -eq 1 ] && echo "bake: dry run, nothing is executed"
 
-step "create an empty ${SIZE} qcow2 for the image"
-run qemu-img create -q -f qcow2 "${PARTIAL}" "${SIZE}"
-
-step "copy ${SRC} into it, growing ${FABRIC_ROOT_PARTITION} and its filesystem to fill ${SIZE} (the source is only read)"
-run virt-resize --expand "${FABRIC_ROOT_PARTITION}" --output-format qcow2 "${SRC}" "${PARTIAL}"
+step "copy ${SRC} into it and grow the disk to ${SIZE} (the source is only read; the partition grows inside the next step)"
+run qemu-img convert -q -O qcow2 "${SRC}" "${PARTIAL}"
+run qemu-img resize -q "${PARTIAL}" "${SIZE}"
 
 if [ -n "${PREBUILT:-}" ]; then
   step "upload the prebuilt ${RUNTIME} tree ${RUNTIME_DIR} to ${OPT_DIR}"
@@ -177,17 +200,17 @@ fi
 flavour="NVIDIA driver ${NVIDIA_DRIVER}"
 [ "${OPEN_MODULES}" -eq 1 ] && flavour+=" (open kernel modules)"
 [ "${FABRIC_MANAGER}" -eq 1 ] && flavour+=" + fabric manager"
-step "install ${flavour} and CUDA ${CUDA} for the guest kernel (held with the kernel), ${RUNTIME} ${RUNTIME_VERSION} in ${OPT_DIR} (checked by importing/running it)"
-run virt-customize -a "${PARTIAL}" --network \
+step "grow ${FABRIC_ROOT_PARTITION} and its filesystem (growpart + resize2fs), install ${flavour} and CUDA ${CUDA} for the guest kernel (held with the kernel), ${RUNTIME} ${RUNTIME_VERSION} in ${OPT_DIR} (checked by importing/running it)"
+run virt-customize -a "${PARTIAL}" --network --memsize "${APPLIANCE_MEMORY}" --smp "${APPLIANCE_CPUS}" \
   --upload "${IMAGES}/guest/install-guest.sh:/tmp/install-guest.sh" \
-  --run-command "FABRIC_NVIDIA_VERSION=${NVIDIA_DRIVER} FABRIC_CUDA=${CUDA} FABRIC_NVIDIA_OPEN=${OPEN_MODULES} FABRIC_FABRIC_MANAGER=${FABRIC_MANAGER} FABRIC_MIN_FREE_GIB=${FABRIC_MIN_FREE_GIB} FABRIC_RUNTIME=${RUNTIME} FABRIC_RUNTIME_VERSION=${RUNTIME_VERSION} bash /tmp/install-guest.sh" \
+  --run-command "FABRIC_ROOT_PARTITION=${FABRIC_ROOT_PARTITION} FABRIC_NVIDIA_VERSION=${NVIDIA_DRIVER} FABRIC_CUDA=${CUDA} FABRIC_CUDA_UBUNTU2204=${FABRIC_CUDA_UBUNTU2204} FABRIC_CUDA_UBUNTU2404=${FABRIC_CUDA_UBUNTU2404} FABRIC_CUDA_ARCHS=${FABRIC_CUDA_ARCHS} FABRIC_NVIDIA_OPEN=${OPEN_MODULES} FABRIC_FABRIC_MANAGER=${FABRIC_MANAGER} FABRIC_MIN_FREE_GIB=${FABRIC_MIN_FREE_GIB} FABRIC_RUNTIME=${RUNTIME} FABRIC_RUNTIME_VERSION=${RUNTIME_VERSION} FABRIC_TRTLLM_OPTIONS='${FABRIC_TRTLLM_OPTIONS}' bash /tmp/install-guest.sh" \
   --delete /tmp/install-guest.sh
 
 step "add the guest pieces the VM driver expects (cloud-init config, engine unit template)"
 run virt-customize -a "${PARTIAL}" \
   --mkdir /usr/local/share/fabric \
   --upload "${IMAGES}/guest/engine.service.in:/usr/local/share/fabric/engine.service.in" \
-  --upload "${IMAGES}/cloud-init/90-fabric.cfg:/etc/cloud/cloud.cfg.d/90-fabric.cfg"
+  --upload "${IMAGES}/cloud-init/99-fabric.cfg:/etc/cloud/cloud.cfg.d/99-fabric.cfg"
 
 step "reset identity so every replica boots as a new machine"
 run virt-customize -a "${PARTIAL}" --run-command "cloud-init clean --logs" \

@@ -15,6 +15,7 @@ APT_PACKAGES=(
   # the GPU-less boot proof's guest (tests/support/tiny_guest.py): kernel, busybox, DHCP on libvirt's network
   linux-image-amd64 busybox-static dnsmasq-base cpio
   systemd  # systemd-analyze verify/security and systemd-sysusers check images/host/ (tests/test_systemd_units.py)
+  cloud-guest-utils gdisk fdisk  # growpart, sgdisk, sfdisk: the bake's root growth (tests/agent/test_guest_install.py)
 )
 
 say() { printf '[setup] %s\n' "$*"; }

@@ -8,12 +8,92 @@
 #   FABRIC_MIN_FREE_GIB (refuse to start with less free space on /),
 #   FABRIC_RUNTIME (vllm, tensorrt-llm, triton, llama.cpp, tei; default vllm),
 #   FABRIC_RUNTIME_VERSION (e.g. 0.6.3, a llama.cpp tag such as b4500, or "latest");
-#   FABRIC_VLLM_VERSION is still read when FABRIC_RUNTIME_VERSION is unset.
+#   FABRIC_VLLM_VERSION is still read when FABRIC_RUNTIME_VERSION is unset;
+#   FABRIC_ROOT_PARTITION (grown first: growpart + resize2fs, partition numbers kept);
+#   FABRIC_CUDA "auto" picks FABRIC_CUDA_UBUNTU<release> (e.g. FABRIC_CUDA_UBUNTU2404) for the
+#   image's Ubuntu release; FABRIC_CUDA_ARCHS (CUDA architectures llama.cpp is built for, 90).
+# The functions are sourced by tests (tests/agent/test_guest_install.py) with stand-in tools;
+# `main` runs only when the script is executed.
 # Triton and TEI are not installed here: the bake script uploaded their prebuilt tree first,
 # and this script only checks that the binary runs.
 # No credentials are used or written: everything comes from public package repositories.
 set -euo pipefail
 
+# grow_root PARTITION: grow the partition to the end of its disk, then its ext4 filesystem.
+# growpart (cloud-guest-utils, in every Ubuntu cloud image) keeps the partition's number and
+# its neighbours, unlike virt-resize, which renumbers (the BIOS boot partition 14 included).
+grow_root() {
+  local part=$1 disk num
+  num=${part##*[!0-9]}
+  disk=${part%"${num}"}
+  case "${disk}" in *[0-9]p) disk=${disk%p} ;; esac  # nvme0n1p1, loop0p1
+  if [ -z "${num}" ] || [ ! -b "${disk}" ]; then
+    echo "install-guest: cannot grow ${part}: no disk ${disk}" >&2
+    return 1
+  fi
+  grow_partition "${disk}" "${num}"
+  resize2fs "${part}"
+}
+
+# grow_partition DISK NUMBER: growpart, where exit 1 means nothing to grow (NOCHANGE).
+grow_partition() {
+  local rc=0
+  growpart "$1" "$2" || rc=$?
+  if [ "${rc}" -ne 0 ] && [ "${rc}" -ne 1 ]; then
+    echo "install-guest: growpart $1 $2 failed (${rc})" >&2
+    return 1
+  fi
+}
+
+# cuda_package OS_RELEASE_FILE: the CUDA toolkit package for this Ubuntu release, checked to be
+# in the repositories (cuda-toolkit-12-4 is not published for 24.04, whose support starts at 12.5).
+cuda_package() {
+  local os_release=$1 version_id cuda
+  # shellcheck source=/dev/null disable=SC2153  # VERSION_ID comes from os-release
+  version_id=$(. "${os_release}" && echo "${VERSION_ID}")
+  cuda=${FABRIC_CUDA}
+  if [ "${cuda}" = auto ]; then
+    local var="FABRIC_CUDA_UBUNTU${version_id//./}"
+    cuda=${!var:-}
+    [ -n "${cuda}" ] || { echo "install-guest: no CUDA version for Ubuntu ${version_id} (set ${var} or --cuda)" >&2; return 1; }
+  fi
+  if ! apt-cache show "cuda-toolkit-${cuda}" >/dev/null 2>&1; then
+    echo "install-guest: cuda-toolkit-${cuda} is not published for Ubuntu ${version_id} (pass --cuda with one that is)" >&2
+    return 1
+  fi
+  echo "cuda-toolkit-${cuda}"
+}
+
+# install_llama_cpp SRC PREFIX: build llama-server with CUDA for FABRIC_CUDA_ARCHS (not the
+# GPU-less appliance's "native" architectures), static, so the installed binary needs no
+# libllama/libggml from the deleted build tree; prove it runs (--version) and links.
+install_llama_cpp() {
+  local src=$1 prefix=$2
+  cmake -S "${src}" -B "${src}/build" -DGGML_CUDA=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES="${FABRIC_CUDA_ARCHS:-90}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_INSTALL_PREFIX="${prefix}"
+  cmake --build "${src}/build" --config Release -j "$(nproc)" --target llama-server
+  install -D -m 0755 "${src}/build/bin/llama-server" "${prefix}/bin/llama-server"
+  if ldd "${prefix}/bin/llama-server" | grep -E 'not found|lib(llama|ggml)'; then
+    echo "install-guest: llama-server links libraries the bake does not keep" >&2
+    return 1
+  fi
+  "${prefix}/bin/llama-server" --version
+}
+
+# check_trtllm_options BINARY OPTION...: every option the agent emits (common/runtimes.py
+# TRTLLM_OPTIONS) must be in the pinned release's `trtllm-serve serve --help`.
+check_trtllm_options() {
+  local binary=$1 help option
+  shift
+  help=$("${binary}" serve --help)
+  for option in "$@"; do
+    grep -q -- "${option}\b" <<<"${help}" ||
+      { echo "install-guest: trtllm-serve ${FABRIC_RUNTIME_VERSION:-?} has no ${option}" >&2; return 1; }
+  done
+}
+
+main() {
 FABRIC_RUNTIME=${FABRIC_RUNTIME:-vllm}
 FABRIC_RUNTIME_VERSION=${FABRIC_RUNTIME_VERSION:-${FABRIC_VLLM_VERSION:-latest}}
 : "${FABRIC_NVIDIA_VERSION:?}" "${FABRIC_CUDA:?}"
@@ -22,7 +102,10 @@ FABRIC_FABRIC_MANAGER=${FABRIC_FABRIC_MANAGER:-0}
 BRANCH=${FABRIC_NVIDIA_VERSION%%.*}
 export DEBIAN_FRONTEND=noninteractive
 
-# The bake grew the root filesystem (virt-resize --expand); make sure it really has room.
+if [ -n "${FABRIC_ROOT_PARTITION:-}" ]; then
+  grow_root "${FABRIC_ROOT_PARTITION}"
+fi
+# Make sure the grown root really has room.
 free_gib=$(df --output=avail -BG / | tail -n1 | tr -dc 0-9)
 if [ "${free_gib}" -lt "${FABRIC_MIN_FREE_GIB:-25}" ]; then
   echo "install-guest: only ${free_gib} GiB free on /, need ${FABRIC_MIN_FREE_GIB:-25} (was the root partition grown?)" >&2
@@ -67,7 +150,8 @@ packages=("$(pinned "${driver}")")
 if [ "${FABRIC_FABRIC_MANAGER}" = 1 ]; then
   packages+=("$(pinned "nvidia-fabricmanager-${BRANCH}")" "$(pinned "libnvidia-nscq-${BRANCH}")")
 fi
-apt-get install -y --no-install-recommends "${packages[@]}" "cuda-toolkit-${FABRIC_CUDA}"
+cuda=$(cuda_package /etc/os-release)
+apt-get install -y --no-install-recommends "${packages[@]}" "${cuda}"
 # Hold the driver and the kernel it was built for: an unattended kernel upgrade would boot a
 # kernel without nvidia.ko. Upgrades are a new bake.
 mapfile -t kernel_packages < <(dpkg-query -W -f='${Package}\n' 'linux-image-*' 'linux-headers-*' \
@@ -109,7 +193,8 @@ case "${FABRIC_RUNTIME}" in
     service_user fabric
     apt-get install -y --no-install-recommends libopenmpi-dev
     pip_runtime /opt/trtllm tensorrt_llm --extra-index-url https://pypi.nvidia.com
-    /opt/trtllm/bin/trtllm-serve --help >/dev/null
+    # shellcheck disable=SC2086  # FABRIC_TRTLLM_OPTIONS is a list of words
+    check_trtllm_options /opt/trtllm/bin/trtllm-serve ${FABRIC_TRTLLM_OPTIONS}
     ;;
   llama.cpp)
     service_user fabric
@@ -117,13 +202,8 @@ case "${FABRIC_RUNTIME}" in
     ref=()
     [ "${FABRIC_RUNTIME_VERSION}" = "latest" ] || ref=(--branch "${FABRIC_RUNTIME_VERSION}")
     git clone --depth 1 "${ref[@]}" https://github.com/ggml-org/llama.cpp /tmp/llama.cpp
-    cmake -S /tmp/llama.cpp -B /tmp/llama.cpp/build -DGGML_CUDA=ON -DLLAMA_CURL=OFF \
-      -DCMAKE_CUDA_COMPILER="/usr/local/cuda/bin/nvcc" -DCMAKE_INSTALL_PREFIX=/opt/llama.cpp
-    cmake --build /tmp/llama.cpp/build --config Release -j "$(nproc)" --target llama-server
-    install -D -m 0755 /tmp/llama.cpp/build/bin/llama-server /opt/llama.cpp/bin/llama-server
+    install_llama_cpp /tmp/llama.cpp /opt/llama.cpp
     rm -rf /tmp/llama.cpp
-    # No GPU while baking, and llama-server loads CUDA at start: only its presence is checked.
-    test -x /opt/llama.cpp/bin/llama-server
     ;;
   triton)
     service_user fabric
@@ -144,3 +224,8 @@ mkdir -p /models
 systemctl enable qemu-guest-agent.service
 apt-get clean
 rm -rf /var/lib/apt/lists/*
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  main "$@"
+fi

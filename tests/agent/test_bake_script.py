@@ -5,6 +5,7 @@ not installed here)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -56,15 +57,15 @@ def test_dry_run_prints_every_step_and_runs_none(tmp_path):
     assert done.returncode == 0, done.stderr
     out = done.stdout
     steps = [line for line in out.splitlines() if line.startswith("==> step")]
-    assert len(steps) == 7
+    assert len(steps) == 6
     for fragment in (
-        "qemu-img create -q -f qcow2",
-        "virt-resize --expand /dev/sda1 --output-format qcow2",
+        "qemu-img convert -q -O qcow2",
+        "FABRIC_ROOT_PARTITION=/dev/sda1",
         "virt-customize -a",
         "install-guest.sh",
         "FABRIC_RUNTIME=vllm FABRIC_RUNTIME_VERSION=0.6.3",
         "engine.service.in",
-        "/etc/cloud/cloud.cfg.d/90-fabric.cfg",
+        "/etc/cloud/cloud.cfg.d/99-fabric.cfg",
         "--truncate /etc/machine-id",
         f"sha256sum golden.qcow2 > {dst}.sha256",
     ):
@@ -132,10 +133,12 @@ def test_real_run_with_stand_in_virt_customize(tmp_path):
         == 0
     )
     lines = log.read_text().splitlines()
-    assert lines[0].startswith("virt-resize --expand /dev/sda1 --output-format qcow2 ")
-    assert lines[0].endswith(f"{src} {dst}.partial")  # grown into the new image, SRC only read
-    assert [line.split()[0] for line in lines[1:]] == ["virt-customize"] * 3
-    assert "FABRIC_NVIDIA_VERSION=550.127.08" in lines[1] and "FABRIC_RUNTIME_VERSION=0.6.3.post1" in lines[1]
+    assert [line.split()[0] for line in lines] == ["virt-customize"] * 3
+    assert "FABRIC_ROOT_PARTITION=/dev/sda1" in lines[0] and "--memsize 8192" in lines[0]
+    assert "FABRIC_NVIDIA_VERSION=550.127.08" in lines[0] and "FABRIC_RUNTIME_VERSION=0.6.3.post1" in lines[0]
+    info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(dst)], capture_output=True,
+                                     text=True, check=True).stdout)
+    assert info["format"] == "qcow2" and info["virtual-size"] == 128 << 20  # SRC's 64M copied and grown
     assert not Path(f"{dst}.partial").exists()
 
 
@@ -147,8 +150,9 @@ def test_real_run_with_stand_in_virt_customize(tmp_path):
 def test_dry_run_per_runtime(tmp_path, runtime, fragment):
     src = tmp_path / "u.qcow2"
     src.write_bytes(b"x")
+    driver = ("--nvidia-driver", "575.57.08") if runtime == "tensorrt-llm" else ()
     done = bake("--dry-run", "--runtime", runtime, "--runtime-version", "b4500" if runtime == "llama.cpp" else "latest",
-                str(src), str(tmp_path / "g.qcow2"))
+                *driver, str(src), str(tmp_path / "g.qcow2"))
     assert done.returncode == 0, done.stderr
     assert fragment in done.stdout.replace("\\ ", " ")
     assert "--copy-in" not in done.stdout
@@ -169,7 +173,7 @@ def test_prebuilt_runtimes_need_and_upload_a_runtime_dir(tmp_path, runtime, bina
     assert done.returncode == 0, done.stderr
     opt = {"triton": "/opt/tritonserver", "tei": "/opt/tei"}[runtime]
     assert f"--copy-in {tree}/.:{opt}" in done.stdout
-    assert len([line for line in done.stdout.splitlines() if line.startswith("==> step")]) == 8
+    assert len([line for line in done.stdout.splitlines() if line.startswith("==> step")]) == 7
 
 
 @pytest.mark.parametrize("args,message", [
@@ -210,3 +214,41 @@ def test_guest_script_pins_holds_and_imports():
     assert "server-open" in text and "linux-headers-${k}" in text
     assert 'import vllm, torch' in text and "vllm serve --help" not in text
     assert "df --output=avail" in text  # refuses to install into a root that was not grown
+
+
+def test_trtllm_is_pinned_and_needs_a_driver_its_cuda_runs_on(tmp_path):
+    src = tmp_path / "u.qcow2"
+    src.write_bytes(b"x")
+    old_driver = bake("--dry-run", "--runtime", "tensorrt-llm", str(src), str(tmp_path / "g.qcow2"))
+    assert old_driver.returncode == 1 and "branch 575 or newer" in old_driver.stderr
+    done = bake("--dry-run", "--runtime", "tensorrt-llm", "--nvidia-driver", "575.57.08", str(src),
+                str(tmp_path / "g.qcow2"))
+    out = done.stdout.replace("\\ ", " ")
+    assert done.returncode == 0 and "FABRIC_RUNTIME_VERSION=1.0.0" in out  # versions.env's pin, not "latest"
+
+
+def test_llama_cpp_bake_gets_a_bigger_appliance(tmp_path):
+    src = tmp_path / "u.qcow2"
+    src.write_bytes(b"x")
+    out = bake("--dry-run", "--runtime", "llama.cpp", str(src), str(tmp_path / "g.qcow2")).stdout
+    assert "--memsize 16384" in out and "FABRIC_CUDA_ARCHS=90" in out.replace("\\ ", " ")
+    assert bake("--dry-run", "--appliance-memory", "lots", str(src), str(tmp_path / "g.qcow2")).returncode == 1
+
+
+def test_trtllm_options_in_versions_env_are_the_ones_the_agent_emits():
+    from common.runtimes import TRTLLM_OPTIONS
+
+    line = next(line for line in (REPO / "images/guest/versions.env").read_text().splitlines()
+                if line.startswith("FABRIC_TRTLLM_OPTIONS="))
+    value = subprocess.run(["bash", "-c", f"{line}\nprintf %s \"$FABRIC_TRTLLM_OPTIONS\""], capture_output=True,
+                           text=True, check=True).stdout
+    assert tuple(value.split()) == TRTLLM_OPTIONS
+
+
+def test_cloud_init_reads_our_config_after_ubuntus():
+    """cloud-init reads cloud.cfg.d/*.cfg sorted, later files win: ours must sort after 90_dpkg.cfg."""
+    ours = [p.name for p in (REPO / "images/cloud-init").glob("*.cfg")]
+    ubuntu = ["05_logging.cfg", "90_dpkg.cfg", "90-installer-network.cfg", "99-installer.cfg"]
+    order = sorted(ours + ubuntu)
+    assert order.index(ours[0]) > order.index("90_dpkg.cfg") and ours == ["99-fabric.cfg"]
+    assert sorted(["90-fabric.cfg", "90_dpkg.cfg"])[-1] == "90_dpkg.cfg"  # the old name lost to Ubuntu's
