@@ -12,6 +12,7 @@ from fastapi.templating import Jinja2Templates
 
 from controlplane.console import session as sessions
 from controlplane.console.session import Session
+from controlplane.console.views import rollout_state
 from controlplane.state import get_state
 
 PREFIX = "/app/ai"
@@ -62,3 +63,4 @@ def _utc(ts) -> str:
 
 
 templates.env.filters["utc"] = _utc
+templates.env.filters["rollout_state"] = rollout_state

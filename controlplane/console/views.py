@@ -46,3 +46,16 @@ def weight_bars(routing: dict) -> list[dict]:
 
 def gateway_path(endpoint: str) -> str:
     return f"/api/ai/openai/{endpoint}"
+
+
+def rollout_state(ro: dict) -> str:
+    """Where a rollout stands, in words: a finished one says how it ended (never "Succeeded,
+    step 1 of 2"), a running canary which step of how many it is on (steps count from 1)."""
+    phase, steps = ro.get("phase", ""), ro.get("steps") or []
+    if phase == "Succeeded":
+        return f"Succeeded: rev {ro.get('to_revision')} serves all traffic"
+    if phase == "RolledBack":
+        return f"RolledBack: rev {ro.get('from_revision')} serves all traffic"
+    if steps:
+        return f"{phase}, step {min(int(ro.get('step') or 0) + 1, len(steps))} of {len(steps)}"
+    return phase

@@ -31,3 +31,14 @@ def test_weight_bars_scale_to_the_largest_and_excluded_replicas_have_no_share():
         {"replica_id": "c", "weight": 0, "included": False, "reason": "not ready"}]})
     assert [(b["width_pct"], b["share_pct"]) for b in bars] == [(100, 75), (33, 25), (0, 0)]
     assert bars[2]["reason"] == "not ready"
+
+
+def test_a_finished_rollout_says_how_it_ended_and_a_running_canary_its_step_from_one():
+    from controlplane.console.views import rollout_state
+
+    canary = {"strategy": "canary", "from_revision": 1, "to_revision": 2, "steps": [{"percent": 10}, {"percent": 50}]}
+    assert rollout_state({**canary, "phase": "Progressing", "step": 0}) == "Progressing, step 1 of 2"
+    assert rollout_state({**canary, "phase": "Paused", "step": 1}) == "Paused, step 2 of 2"
+    assert rollout_state({**canary, "phase": "Succeeded", "step": 1}) == "Succeeded: rev 2 serves all traffic"
+    assert rollout_state({**canary, "phase": "RolledBack", "step": 0}) == "RolledBack: rev 1 serves all traffic"
+    assert rollout_state({"phase": "Progressing", "strategy": "rolling", "steps": []}) == "Progressing"
