@@ -295,8 +295,9 @@ def serve(
                                         help="network namespace holding --dataplane-iface (the lab's node)"),
     node_ip: str = typer.Option(None, "--node-ip", help="source NAT address for remote backends"),
     flow_entries: int = typer.Option(None, "--flow-entries", envvar="FABRIC_FLOW_ENTRIES",
-                                     help="entries per flow table (forward and reverse) for new maps; "
-                                          "default 1048576 (~200 MiB of kernel memory, printed at attach)"),
+                                     help="flows each CPU's list of the flow tables holds, for new maps; "
+                                          "default 1048576 up to 2 CPUs, 2Mi / CPUs beyond (kernel memory "
+                                          "printed at attach)"),
     sysfs_root: Annotated[Path, typer.Option("--sysfs-root")] = Path("/sys"),
     hugepages: str = typer.Option("auto", "--hugepages",
                                   help="libvirt guests: auto (1G pages if reserved, else 2M, else none) | 1G | 2M | off"),

@@ -29,7 +29,8 @@ DrainingOpt = typer.Option(None, "--draining", help="IP:PORT taking no new flows
 TableSize = typer.Option(None, "--table-size",
                          help="Maglev table size (prime) for new maps; existing maps keep theirs (default 65537)")
 FlowEntries = typer.Option(None, "--flow-entries", envvar="FABRIC_FLOW_ENTRIES",
-                           help="entries of each flow table for new maps; existing maps keep theirs (default 1048576)")
+                           help="flows each CPU's list of the flow tables holds, for new maps; existing maps keep "
+                                "theirs (default 1048576 up to 2 CPUs, 2Mi / CPUs beyond)")
 
 
 def _open(pin_dir: str, node_ip: str | None, table_size: int | None, flow_entries: int | None = None,

@@ -43,10 +43,10 @@ from agent.dataplane.addresses import (
 )
 from agent.dataplane.fibwatch import FibWatch
 from agent.dataplane.loader import (
-    FLOW_ENTRIES,
     MAX_BACKENDS,
     MAX_SERVICES,
     Layout,
+    default_flow_entries,
     ensure_pin_dir,
     load,
     map_memory_bytes,
@@ -93,11 +93,12 @@ class Dataplane(MapReader):
     def __init__(self, pin_dir: str = "/sys/fs/bpf/fabric", node_ip: str | None = None,
                  table_size: int | None = None, *, flow_entries: int | None = None,
                  route_netns: str | None = None, settings: DataplaneSettings | None = None,
-                 percpu_lru: bool = True, programs: bool = True):
+                 percpu_lru: bool = True, percpu_full: bool = True, programs: bool = True):
         """Load the programs, creating or re-opening the pinned maps under pin_dir.
 
         table_size / flow_entries: the sizes to create the maps with (defaults
-        65537 and loader.FLOW_ENTRIES); existing pins keep theirs, and naming
+        65537 and loader.default_flow_entries(), the flows each CPU's list
+        holds); existing pins keep theirs, and naming
         other sizes than they have is refused. node_ip and settings are what
         `attach` writes; opening the maps writes neither.
         route_netns: the namespace whose routes tell local (bridge) backends from
@@ -115,8 +116,8 @@ class Dataplane(MapReader):
         with writer_lock(pin_dir):
             have = read_meta(pin_dir)
             layout = Layout(table_size=table_size or (have.table_size if have else DEFAULT_TABLE_SIZE),
-                            flow_entries=flow_entries or (have.flow_entries if have else FLOW_ENTRIES),
-                            percpu_lru=percpu_lru)
+                            flow_entries=flow_entries or (have.flow_entries if have else default_flow_entries()),
+                            percpu_lru=percpu_lru, percpu_full=percpu_full)
             if have is not None:
                 check_layout(pin_dir, have, layout.meta)
             self._prog = None
@@ -204,7 +205,7 @@ class Dataplane(MapReader):
         if self._fib_watch is None:
             self._fib_watch = FibWatch(self._route_netns, self._routing_changed)
             self._fib_watch.start()
-        log.info("dataplane attached to %s%s: flow tables %d entries x 2, %.1f MiB of kernel memory",
+        log.info("dataplane attached to %s%s: flow tables %d entries per CPU x 2, %.1f MiB of kernel memory",
                  iface, f" in {netns}" if netns else "", self.flow_entries, self.flow_table_bytes() / 2**20)
 
     def detach(self, iface: str, netns: str | None = None) -> None:

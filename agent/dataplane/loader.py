@@ -23,14 +23,38 @@ from common.errors import InvalidInput
 BPF_DIR = Path(str(resources.files("agent.dataplane").joinpath("bpf")))
 MAX_SERVICES = 32
 MAX_BACKENDS = 4096
-# Forward and reverse flow tables hold this many entries each. 1M: a busy node
-# keeps ~100k long-lived streaming connections plus a minute of new ones at
-# ~10k/s with room to spare, so a bounded flood of spoofed flows must be several
-# times the live set before it evicts anything; it costs about 200 MiB of
-# kernel memory (printed at attach).
+# flow_entries: how many flows each CPU's LRU list of the forward and reverse tables
+# holds (the maps are made with flow_entries x possible CPUs, because the kernel splits
+# a BPF_F_NO_COMMON_LRU map's entries evenly over the possible CPUs). A flood that one
+# CPU receives therefore competes with that CPU's flows for a full flow_entries, as it
+# did with one shared list, while inserts and hits stay on the CPU's own list and lock.
+# Default: 1M per CPU up to 2 CPUs (a busy node keeps ~100k long-lived streams plus a
+# minute of new ones at ~10k/s with room to spare), less per CPU on larger hosts so a
+# table stays at 2M entries (about 400 MiB for both tables, printed at attach).
 FLOW_ENTRIES = 1 << 20
+FLOW_ENTRIES_BUDGET = 1 << 21  # default entries per map over all CPUs
 MIN_FLOW_ENTRIES = 1024
 MAX_FLOW_ENTRIES = 1 << 24
+MAX_FLOW_MAP_ENTRIES = 1 << 27
+
+
+def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> int:
+    """The kernel's possible CPUs ("0-3,8-11"), over which it splits per-CPU LRU lists."""
+    try:
+        text = open(path).read().strip()
+    except OSError:
+        return os.cpu_count() or 1
+    count = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1
+    return max(count, 1)
+
+
+def default_flow_entries(cpus: int | None = None) -> int:
+    """Entries per CPU list by default: FLOW_ENTRIES, or FLOW_ENTRIES_BUDGET / CPUs when smaller."""
+    cpus = cpus or possible_cpus()
+    return max(MIN_FLOW_ENTRIES, min(FLOW_ENTRIES, FLOW_ENTRIES_BUDGET // cpus))
 
 
 @dataclass(frozen=True)
@@ -43,10 +67,23 @@ class Layout:
     flow_entries: int = FLOW_ENTRIES
     # one LRU list per CPU (BPF_F_NO_COMMON_LRU); False only for the benchmark's ablation
     percpu_lru: bool = True
+    # each CPU's list holds flow_entries (the map is flow_entries x CPUs); False: the map holds
+    # flow_entries split over the CPUs (the layout before; kept for bench-xdp's side-by-side)
+    percpu_full: bool = True
+    cpus: int = 0  # possible CPUs; 0: read from the kernel
 
     def __post_init__(self) -> None:
         if not MIN_FLOW_ENTRIES <= self.flow_entries <= MAX_FLOW_ENTRIES:
             raise InvalidInput(f"flow entries must be {MIN_FLOW_ENTRIES}-{MAX_FLOW_ENTRIES}, got {self.flow_entries}")
+        if self.cpus <= 0:
+            object.__setattr__(self, "cpus", possible_cpus())
+
+    @property
+    def map_entries(self) -> int:
+        """max_entries of each flow map."""
+        if not (self.percpu_lru and self.percpu_full):
+            return self.flow_entries
+        return min(self.flow_entries * self.cpus, MAX_FLOW_MAP_ENTRIES)
 
     @property
     def meta(self) -> Meta:
@@ -61,6 +98,7 @@ class Layout:
             f"-DMAX_SERVICES={self.max_services}",
             f"-DMAX_BACKENDS={self.max_backends}",
             f"-DFLOW_ENTRIES={self.flow_entries}",
+            f"-DFLOW_MAP_ENTRIES={self.map_entries}",
             f"-DLAYOUT_VERSION={LAYOUT_VERSION}",
             f"-DFLOW_LRU_FLAGS={2 if self.percpu_lru else 0}",  # BPF_F_NO_COMMON_LRU
             "-Wno-unused-value",
