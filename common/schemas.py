@@ -8,9 +8,9 @@ Validation messages name what is wrong; the API turns them into 422 bodies.
 
 from __future__ import annotations
 
-import os
 import re
 import time
+from collections.abc import Collection
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -73,14 +73,11 @@ def check_name(value: str, what: str = "name") -> str:
     return value
 
 
-def check_runtime(value: str, env: dict[str, str] | None = None) -> str:
-    """Known runtimes launch by default; FABRIC_DENY_RUNTIMES blocks names and
-    FABRIC_ALLOW_RUNTIMES, when set, is a strict allowlist."""
+def check_runtime(value: str) -> str:
+    """A known runtime name. Whether it may launch here (FABRIC_DENY/ALLOW_RUNTIMES) is fabricd's
+    setting: runtime_refusal with the lists controlplane.settings read at start."""
     if value not in RUNTIMES:
         raise ValueError(f"runtime {value!r} is unknown; expected one of {', '.join(RUNTIMES)}")
-    refusal = runtime_refusal(value, env)
-    if refusal is not None:
-        raise ValueError(refusal)
     return value
 
 
@@ -272,13 +269,12 @@ class InferenceProfile(Resource):
         return self
 
 
-def runtime_refusal(runtime: str, env: dict[str, str] | None = None) -> str | None:
-    """Why a stored profile's runtime may not launch now (FABRIC_DENY/ALLOW_RUNTIMES), or None."""
-    env = os.environ if env is None else env
-    deny = {r.strip() for r in env.get("FABRIC_DENY_RUNTIMES", "").split(",") if r.strip()}
+def runtime_refusal(runtime: str, deny: Collection[str] = (), allow: Collection[str] = ()) -> str | None:
+    """Why a profile's runtime may not launch (deny: FABRIC_DENY_RUNTIMES blocks names; allow:
+    FABRIC_ALLOW_RUNTIMES, when set, is a strict allowlist), or None. Known runtimes launch by
+    default."""
     if runtime in deny:
         return f"runtime {runtime} is denied by FABRIC_DENY_RUNTIMES"
-    allow = {r.strip() for r in env.get("FABRIC_ALLOW_RUNTIMES", "").split(",") if r.strip()}
     if allow and runtime not in allow:
         return f"runtime {runtime} is not in FABRIC_ALLOW_RUNTIMES ({', '.join(sorted(allow))})"
     if runtime not in RUNTIMES:

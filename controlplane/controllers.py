@@ -41,11 +41,9 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge
 
 from common import keyspace
-from common.envvars import number
 from common.errors import FabricError, TransientError
 from common.store.base import Store
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
-from controlplane import vip_pool
 from controlplane.dryrun.worker import DryRunWorker
 from controlplane.events import EventSink
 from controlplane.models.worker import ModelWorker
@@ -57,7 +55,7 @@ from controlplane.reconcile.events import ReconcileEvents
 from controlplane.rollouts.apply import RolloutMetrics, RolloutWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.scaling.loop import AutoscaleWorker
-from controlplane.scheduler import SchedulerSettings
+from controlplane.settings import of as settings_of
 
 log = logging.getLogger("fabricd.controllers")
 LEADER_NAME = "orchestration"
@@ -80,25 +78,7 @@ class ControllerSettings:
     crashloop_backoff_max_s: float = 300.0
     crashloop_reset_s: float = 600.0
     dry_run: bool = False  # FABRIC_DRY_RUN=1: synthetic replicas, no agent (controlplane.dryrun)
-
-    @classmethod
-    def from_env(cls, env=None) -> ControllerSettings:
-        env = os.environ if env is None else env
-        return cls(
-            reconcile_s=number(env, "FABRIC_RECONCILE_SECS", 15.0),
-            routing_s=number(env, "FABRIC_ROUTING_SECS", 10.0),
-            autoscale_s=number(env, "FABRIC_AUTOSCALE_SECS", 15.0),
-            leader_ttl_s=number(env, "FABRIC_LEADER_TTL_SECS", 15, int),
-            drain_grace_s=number(env, "FABRIC_DRAIN_GRACE_SECS", 30.0),
-            models_s=number(env, "FABRIC_MODEL_JOBS_SECS", 2.0),
-            start_timeout_s=number(env, "FABRIC_START_TIMEOUT_SECS", 900.0),
-            stall_s=number(env, "FABRIC_STALL_SECS", 60.0),
-            crashloop_after=number(env, "FABRIC_CRASHLOOP_AFTER", 5, int),
-            crashloop_backoff_s=number(env, "FABRIC_CRASHLOOP_BACKOFF_SECS", 10.0),
-            crashloop_backoff_max_s=number(env, "FABRIC_CRASHLOOP_BACKOFF_MAX_SECS", 300.0),
-            crashloop_reset_s=number(env, "FABRIC_CRASHLOOP_RESET_SECS", 600.0),
-            dry_run=dry_run_from_env(env),
-        )
+    # every field read and range-checked from FABRIC_* by controlplane.settings.load
 
 
 def dry_run_from_env(env) -> bool:
@@ -275,7 +255,7 @@ class ControllerHandle:
         lock = LeaseLock(raw, LEADER_NAME, holder=leader_identity(), ttl=self.settings.leader_ttl_s)
         self.lock = lock
         store, agents = FencedStore(raw, lock), FencedAgents(self.agents, lock)
-        config = getattr(self.state, "config", None)  # controlplane.settings.FabricdSettings
+        config = settings_of(self.state)  # controlplane.settings.FabricdSettings (every default if none)
         api = self.state.settings
         events = EventSink(store, keep=api.events_kept, max_age_s=api.events_max_age_s)
         if self.settings.dry_run:
@@ -285,12 +265,13 @@ class ControllerHandle:
             cs = self.settings
             reconcile = ReconcileWorker(store, agents, rp.ReconcileSettings(
                 drain_grace_s=cs.drain_grace_s, drain_settle_s=cs.routing_s + 1, start_timeout_s=cs.start_timeout_s,
-                scheduler=config.scheduler if config else SchedulerSettings.from_env(),
+                scheduler=config.scheduler,
                 crashloop=CrashLoopSettings(cs.crashloop_after, cs.crashloop_backoff_s, cs.crashloop_backoff_max_s,
-                                            cs.crashloop_reset_s)),
+                                            cs.crashloop_reset_s),
+                deny_runtimes=config.deny_runtimes, allow_runtimes=config.allow_runtimes),
                 events=ReconcileEvents(events), crashloop_gauge=self.metrics.crashloop)
         rollouts = RolloutWorker(store, events_kept=api.events_kept, metrics=self.metrics.rollouts)
-        routing = RoutingWorker(store, agents, config.pool if config else vip_pool.pool_from_env(),
+        routing = RoutingWorker(store, agents, config.pool,
                                 metrics=self.metrics, rollouts=rollouts, events=events, stall_s=self.settings.stall_s,
                                 drain_grace_s=self.settings.drain_grace_s)
         models = ModelWorker(store, agents, jobs_gauge=self.metrics.model_jobs)
@@ -398,6 +379,5 @@ class ControllerHandle:
 
 
 def start(state, *, settings: ControllerSettings | None = None, agents=None) -> ControllerHandle:
-    config = getattr(state, "config", None)
-    settings = settings or (config.controllers if config is not None else ControllerSettings.from_env())
+    settings = settings or settings_of(state).controllers
     return ControllerHandle(state, settings, agents).start()

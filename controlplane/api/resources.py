@@ -48,6 +48,7 @@ from common.schemas import (
     ModelArtifact,
     ModelStatus,
     Spec,
+    runtime_refusal,
 )
 from common.store.base import Store
 from controlplane.api.paging import DEFAULT_LIMIT, ContinueQuery, LimitQuery, page
@@ -189,6 +190,10 @@ def list_profiles(state: StateDep, response: Response, who: PrincipalDep, limit:
 
 @router.post("/profiles", status_code=201)
 def create_profile(body: InferenceProfile, state: StateDep, who: PrincipalDep) -> dict:
+    config = settings_of(state)  # FABRIC_DENY_RUNTIMES / FABRIC_ALLOW_RUNTIMES, read at start
+    refusal = runtime_refusal(body.runtime, config.deny_runtimes, config.allow_runtimes)
+    if refusal is not None:
+        raise InvalidInput(f"body.runtime: {refusal}")
     profile = claimed(body, who).model_copy(update={"created_at": time.time()})
     gpu = profile.gpu
     message = f"profile {profile.name}: {profile.runtime}, {gpu.count} GPU x {gpu.vram_gib:g} GiB"

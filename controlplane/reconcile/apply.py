@@ -201,7 +201,8 @@ class ReconcileWorker:
             await self.delete_deployment(snap, dep, replicas, drained, errors)
             return
         profile = snap.profiles.get(dep.profile)
-        refusal = runtime_refusal(profile.runtime) if profile is not None else None
+        refusal = (runtime_refusal(profile.runtime, self.settings.deny_runtimes, self.settings.allow_runtimes)
+                   if profile is not None else None)
         if refusal is not None:  # existing replicas are left as they are; nothing new starts
             ready = sum(1 for r in replicas if r.ready)
             update_deployment_status(self.store, dep.name, phase="Failed", message=refusal,

@@ -81,6 +81,10 @@ class ReconcileSettings:
     start_timeout_s: float = 900.0
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     crashloop: CrashLoopSettings = field(default_factory=CrashLoopSettings)
+    # FABRIC_DENY_RUNTIMES / FABRIC_ALLOW_RUNTIMES (controlplane.settings): a stored profile whose
+    # runtime they refuse starts nothing and its deployments are Failed with the reason
+    deny_runtimes: tuple[str, ...] = ()
+    allow_runtimes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

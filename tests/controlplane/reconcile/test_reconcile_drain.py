@@ -6,6 +6,7 @@ and its deployment is Failed with the reason (real SQLite store, real ReconcileW
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 from common import keyspace
@@ -14,6 +15,7 @@ from common.store.sqlite_store import SqliteStore
 from controlplane.orchestration_state import load_snapshot
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
+from controlplane.settings import load
 from tests.controlplane.planner_data import NOW, deployment, model, node, profile, replica
 
 OK = {f"qwen-{i}-abc": rp.Probe(True) for i in range(4)}
@@ -81,7 +83,7 @@ class NoAgents:
         raise AssertionError(f"no agent call expected (asked for {node.id})")
 
 
-def test_a_denied_runtime_loads_and_fails_its_deployment(tmp_path, monkeypatch):
+def test_a_denied_runtime_loads_and_fails_its_deployment(tmp_path):
     store = SqliteStore(tmp_path / "fabric.db")
     try:
         store.put(keyspace.models("qwen"), model().model_dump_json())
@@ -89,10 +91,11 @@ def test_a_denied_runtime_loads_and_fails_its_deployment(tmp_path, monkeypatch):
         store.put(keyspace.profiles("p24"), profile().model_copy(update={"runtime": "triton"}).model_dump_json())
         store.put(keyspace.deployments("qwen"), deployment(2).model_dump_json())
         store.put(keyspace.nodes("n1"), node("n1", 4).model_copy(update={"last_heartbeat": 4e9}).model_dump_json())
-        monkeypatch.setenv("FABRIC_DENY_RUNTIMES", "triton")
         snap = load_snapshot(store)
         assert snap.profiles["p24"].runtime == "triton"  # not vanished
-        worker = ReconcileWorker(store, NoAgents(), SETTINGS)
+        # fabricd started with FABRIC_DENY_RUNTIMES=triton: its settings hand the list to the reconciler
+        denied = dataclasses.replace(SETTINGS, deny_runtimes=load({"FABRIC_DENY_RUNTIMES": "triton"}).deny_runtimes)
+        worker = ReconcileWorker(store, NoAgents(), denied)
         asyncio.run(worker.tick())
         asyncio.run(worker.aclose())
         status = json.loads(store.get(keyspace.deployments("qwen")).value)["status"]
