@@ -72,6 +72,29 @@ class _Record:
 STOP_WAIT_S = 5.0  # a real engine given SIGTERM exits once its connections close; then SIGKILL
 
 
+# The vLLM flags the simulator implements the same way (agent/engine_sim/cli.py): a revision's
+# engine args and the profile's max_model_len reach the lab's replicas through these, so a canary
+# of `--max-num-seqs 2` in the lab really runs fewer sequences at once. Other vLLM flags have no
+# meaning for the simulator and are left out (a real engine gets them all: _start_real_engine).
+SIM_SHARED_FLAGS = ("--max-num-seqs", "--max-model-len")
+
+
+def sim_engine_args(extra_args: tuple[str, ...] | list[str], max_model_len: int | None) -> list[str]:
+    """The simulator's share of a replica's vLLM arguments (``--flag V`` or ``--flag=V``; the last wins)."""
+    chosen: dict[str, str] = {}
+    if max_model_len:
+        chosen["--max-model-len"] = str(max_model_len)
+    args = list(extra_args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in SIM_SHARED_FLAGS:
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            if value.isdigit():
+                chosen[flag] = value
+    return [x for flag in SIM_SHARED_FLAGS if flag in chosen for x in (flag, chosen[flag])]
+
+
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     cmd = ["ip", *(["-n", netns] if netns else []), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
@@ -137,6 +160,8 @@ class LabDriver:
             knobs += [f"--{k}", str(v)]
         cmd = ["ip", "netns", "exec", rec.netns, *default_engine_command(), "--host", "0.0.0.0",
                "--port", str(rec.port), "--model", rec.model, "--replica-id", rec.replica_id, *knobs]
+        if spec is not None:
+            cmd += sim_engine_args(spec.extra_args, spec.max_model_len)
         if spec is not None and spec.adapters_dir:  # the replica's /adapters (a VM mounts the share there)
             cmd += ["--lora-root", spec.adapters_dir, "--max-loras", str(spec.max_loras or 1)]
         if spec is not None and spec.runtime != "vllm":

@@ -126,3 +126,28 @@ def test_a_replica_made_with_dsr_vips_decapsulates_and_holds_the_vips_in_its_nam
     assert "prog/xdp" not in look("d-1-def", "ip", "-d", "link", "show", "dev", "eth0")
     assert dsr.host != plain.host
     assert driver.delete("d-0-abc") and driver.delete("d-1-def")
+
+
+def test_the_simulator_takes_the_vllm_flags_it_shares_from_the_revision_and_profile(node):
+    """A revision's engine args reach a lab replica: --max-num-seqs and --max-model-len (the
+    profile's max_model_len, or the args', which come later) change the simulator; other vLLM
+    flags are left out of its command line."""
+    from agent.vm.lab_driver import sim_engine_args
+
+    assert sim_engine_args(["--max-num-seqs", "2", "--enable-prefix-caching", "--max-model-len=1024"], 4096) == \
+        ["--max-num-seqs", "2", "--max-model-len", "1024"]
+    assert sim_engine_args(["--gpu-memory-utilization", "0.8"], None) == []
+    net, state = node
+    driver = LabDriver(net, state)
+    st = driver.create(VmSpec(replica_id="a-0-abc", deployment="a", model_name="lab-model", model_source="x",
+                              max_model_len=2048, extra_args=("--max-num-seqs", "3", "--enable-prefix-caching")))
+    try:
+        card = wait_models(st.host)["data"][0]
+        assert card["max_model_len"] == 2048
+        pids = subprocess.run(["ip", "netns", "pids", f"{net.prefix}r-a-0-abc"], capture_output=True,
+                              text=True).stdout.split()
+        cmdlines = [Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in pids]
+        engine = next(c for c in cmdlines if b"--replica-id" in c)
+        assert engine[engine.index(b"--max-num-seqs") + 1] == b"3" and b"--enable-prefix-caching" not in engine
+    finally:
+        driver.delete("a-0-abc")
