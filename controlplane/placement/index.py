@@ -125,6 +125,25 @@ class PlacementIndex:
             if i < len(members) and members[i] == node_id:
                 members.pop(i)
 
+    def release(self, node_id: str, gpus: Iterable[str], cpu: int, memory_gib: float) -> None:
+        """A replica left ``node_id``: its GPUs, CPU and memory are free again (``reserve`` undone)."""
+        taken = self.reserved.get(node_id, set())
+        free = self._free.get(node_id)
+        node = self.nodes.get(node_id)
+        was_full = free is not None and not free
+        for pci in gpus:
+            if pci not in taken:
+                continue
+            taken.discard(pci)
+            kind = self._kind_of.get((node_id, pci))
+            if free is not None and kind is not None:
+                free[kind] = free.get(kind, 0) + 1
+        held = self.committed.get(node_id, NOTHING_COMMITTED)
+        self.committed[node_id] = Committed(held.cpu - cpu, round(held.memory_gib - memory_gib, 6),
+                                            max(0, held.replicas - 1))
+        if node is not None and was_full and free and node_id in self._placeable:
+            bisect.insort(self._groups.setdefault((node.site, node.failure_domain), []), node_id)
+
     def ok_kinds(self, profile: InferenceProfile) -> frozenset[GpuKind]:
         """The GPU kinds this profile's replicas may use."""
         key = (profile.gpu.mig_profile, profile.gpu.model, profile.gpu.vram_gib)

@@ -86,17 +86,29 @@ class Holders:
     ordered: list[Holder] = field(default_factory=list)  # not draining, by Holder.key
     floors: dict[str, int] = field(default_factory=dict)  # deployment -> replicas it keeps at least
     live: dict[str, int] = field(default_factory=dict)  # deployment -> replicas not draining
+    draining: dict[str, list[Holder]] = field(default_factory=dict)  # node -> its draining replicas
 
     @classmethod
     def build(cls, holders: Iterable[Holder], floors: Mapping[str, int]) -> Holders:
         out = cls(floors=dict(floors))
         for h in holders:
             out.by_node.setdefault(h.node, []).append(h)
-            if not h.draining:
+            if h.draining:
+                out.draining.setdefault(h.node, []).append(h)
+            else:
                 out.ordered.append(h)
                 out.live[h.deployment] = out.live.get(h.deployment, 0) + 1
         out.ordered.sort(key=lambda h: h.key)
         return out
+
+    def remove(self, h: Holder) -> None:
+        """``h`` is gone (its preemption applied): it is no longer a victim nor room on its way."""
+        self.by_node[h.node] = [x for x in self.by_node.get(h.node, []) if x.replica_id != h.replica_id]
+        if h.draining:
+            self.draining[h.node] = [x for x in self.draining.get(h.node, []) if x.replica_id != h.replica_id]
+            return
+        self.ordered.remove(h)
+        self.live[h.deployment] = self.live.get(h.deployment, 1) - 1
 
     def spare(self, deployment: str) -> int:
         """How many of the deployment's replicas may still be taken."""
@@ -169,8 +181,7 @@ def plan_preemption(index: PlacementIndex, deployment: InferenceDeployment, prof
     if best is not None:
         return Preemption(name, "fits", best.node, best.gpus, message=f"fits without preemption: {best.node}")
     ok = index.ok_kinds(profile)
-    draining = {n: [h for h in hs if h.draining] for n, hs in holders.by_node.items()}
-    draining = {n: hs for n, hs in draining.items() if hs and n not in exclude}
+    draining = {n: hs for n, hs in holders.draining.items() if hs and n not in exclude}
 
     # Room already on its way: draining replicas free enough somewhere.
     waits = []

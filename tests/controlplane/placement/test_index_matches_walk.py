@@ -55,7 +55,7 @@ def gpus_of(draw, nid: str) -> list[GpuInfo]:
 def clusters(draw):
     n = draw(st.integers(0, 14))
     nodes = []
-    for i in range(n):
+    for _ in range(n):
         nid = f"n{draw(st.integers(0, 40)):02d}"
         if any(x.id == nid for x in nodes):
             continue
@@ -129,6 +129,17 @@ def test_index_gives_the_walks_plan_replica_after_replica(case):
         reservations.setdefault(want.node, set()).update(want.gpus)
         committed[want.node] = committed.get(want.node, Committed()).plus(prof)
         placed.append(Replica(replica_id=f"new-{k}", deployment="d", ordinal=10 + k, node=want.node))
+        if k == 1:  # the first one leaves again: release gives its room back
+            gone = placed.pop(-2) if len(placed) >= 2 and placed[-2].replica_id == "new-0" else None
+            if gone is not None:
+                first = first_plan
+                index.release(first.node, first.gpus, prof.cpu, prof.memory_gib)
+                reservations[first.node] -= set(first.gpus)
+                c = committed[first.node]
+                committed[first.node] = Committed(c.cpu - prof.cpu, round(c.memory_gib - prof.memory_gib, 6),
+                                                  c.replicas - 1)
+        if k == 0:
+            first_plan = want
 
 
 def test_a_large_uniform_fleet_is_placed_like_the_walk():
@@ -153,3 +164,18 @@ def test_a_large_uniform_fleet_is_placed_like_the_walk():
         reserved.setdefault(got.node, set()).update(got.gpus)
         committed[got.node] = committed.get(got.node, Committed()).plus(prof)
         placed.append(Replica(replica_id=f"d-{k}", deployment="d", ordinal=k, node=got.node))
+
+
+def test_release_gives_a_full_node_back():
+    gpus = [GpuInfo(index=0, uuid="g0", name=NAMES[0], pci="0000:10:00.0", memory_total_mib=81920)]
+    nodes = [Node(id="a", address="https://x:1", gpus=gpus, cpu_free=8, memory_free_gib=64, last_heartbeat=NOW)]
+    dep = InferenceDeployment(name="d", model="m", profile="p", replicas=2)
+    prof = InferenceProfile(name="p", gpu=GpuRequest(count=1, vram_gib=40), cpu=4, memory_gib=16)
+    model = ModelArtifact(name="m", source="hf://o/m")
+    index = PlacementIndex(nodes, {}, NOW)
+    first = index.place(dep, prof, model)
+    index.reserve(first.node, first.gpus, prof)
+    assert index.place(dep, prof, model).node is None
+    index.release(first.node, first.gpus, prof.cpu, prof.memory_gib)
+    again = index.place(dep, prof, model)
+    assert (again.node, again.gpus, again.message) == (first.node, first.gpus, first.message)
