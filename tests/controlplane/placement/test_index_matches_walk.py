@@ -116,6 +116,7 @@ def test_index_gives_the_walks_plan_replica_after_replica(case):
     reservations = {k: set(v) for k, v in reservations.items()}
     committed = dict(committed)
     placed = list(replicas)
+    plans = []
     for k in range(4):
         want = walk_place(dep, prof, model, nodes, reservations, NOW, sets, replicas=placed, exclude=exclude,
                           committed=committed, sites=SITE_RECORDS)
@@ -125,6 +126,7 @@ def test_index_gives_the_walks_plan_replica_after_replica(case):
                    committed=committed, sites=SITE_RECORDS), want)
         if want.node is None:
             break
+        plans.append(want)
         index.reserve(want.node, want.gpus, prof)
         reservations.setdefault(want.node, set()).update(want.gpus)
         committed[want.node] = committed.get(want.node, Committed()).plus(prof)
@@ -132,14 +134,12 @@ def test_index_gives_the_walks_plan_replica_after_replica(case):
         if k == 1:  # the first one leaves again: release gives its room back
             gone = placed.pop(-2) if len(placed) >= 2 and placed[-2].replica_id == "new-0" else None
             if gone is not None:
-                first = first_plan
+                first = plans[0]
                 index.release(first.node, first.gpus, prof.cpu, prof.memory_gib)
                 reservations[first.node] -= set(first.gpus)
                 c = committed[first.node]
                 committed[first.node] = Committed(c.cpu - prof.cpu, round(c.memory_gib - prof.memory_gib, 6),
                                                   c.replicas - 1)
-        if k == 0:
-            first_plan = want
 
 
 def test_a_large_uniform_fleet_is_placed_like_the_walk():
