@@ -56,7 +56,7 @@ def lab_engine(echo=print) -> str:
     """FABRIC_LAB_ENGINE when set (sim or vllm), else vllm when it is installed."""
     from agent.vm.lab_engine import LabEngineSettings, engine_installed
 
-    settings = LabEngineSettings.from_env()
+    settings = LabEngineSettings.from_env(os.environ)
     if os.environ.get("FABRIC_LAB_ENGINE", "").strip():
         return settings.engine
     missing = engine_installed(settings.python)

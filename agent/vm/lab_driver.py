@@ -177,7 +177,8 @@ class LabDriver:
         model_dir = spec.model_dir or spec.model_source.removeprefix("file://")
         argv = real_engine_argv(guest_argv(spec), self.engine.python, rec.replica_id, self.engine.kv_cache_bytes)
         cmd = ["ip", "netns", "exec", rec.netns, *in_guest_mounts(argv, model_dir, spec.adapters_dir)]
-        env = real_engine_env(self.dir / rec.replica_id, lora=bool(spec.adapters_dir))
+        env = real_engine_env(self.dir / rec.replica_id, lora=bool(spec.adapters_dir),
+                              base=dict(self.engine.base_env))
         rec.engine = "vllm"
         with open(self.dir / f"{rec.replica_id}.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

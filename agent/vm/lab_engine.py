@@ -26,7 +26,6 @@ sees them; the two empty mount points are made on the host when missing.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ DEFAULT_KV_BYTES = 128 << 20
 LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
 REPO_ENGINE_PYTHON = Path(__file__).resolve().parents[2] / ".venv-engine" / "bin" / "python"
 GUEST_MODELS, GUEST_ADAPTERS = "/models", "/adapters"
+BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")  # what the engine inherits from the agent
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class LabEngineSettings:
     engine: str = "sim"
     python: Path = REPO_ENGINE_PYTHON
     kv_cache_bytes: int = DEFAULT_KV_BYTES
+    # PATH and locale of the agent's own environment, as read at start: the engine's base
+    base_env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -53,8 +55,8 @@ class LabEngineSettings:
             raise InvalidInput(f"FABRIC_LAB_ENGINE_KV_BYTES must be from 16 MiB to 64 GiB, got {self.kv_cache_bytes}")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> LabEngineSettings:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> LabEngineSettings:
+        """env: the process environment its settings read at start (agent/settings.py, the lab CLI)."""
         raw_kv = env.get("FABRIC_LAB_ENGINE_KV_BYTES", "").strip()
         try:
             kv = int(raw_kv) if raw_kv else DEFAULT_KV_BYTES
@@ -62,7 +64,8 @@ class LabEngineSettings:
             raise InvalidInput(f"FABRIC_LAB_ENGINE_KV_BYTES must be a whole number of bytes, got {raw_kv!r}") from None
         python = env.get("FABRIC_LAB_ENGINE_PYTHON", "").strip()
         return cls(engine=env.get("FABRIC_LAB_ENGINE", "").strip().lower() or "sim",
-                   python=Path(python) if python else REPO_ENGINE_PYTHON, kv_cache_bytes=kv)
+                   python=Path(python) if python else REPO_ENGINE_PYTHON, kv_cache_bytes=kv,
+                   base_env=tuple((k, env[k]) for k in BASE_ENV if k in env))
 
     def real_for(self, runtime: str) -> bool:
         return self.engine == "vllm" and runtime == "vllm"
@@ -107,14 +110,13 @@ def real_engine_argv(guest_argv: list[str], python: Path, replica_id: str, kv_ca
     return [str(python), str(LAUNCHER), "--fabric-replica-id", replica_id, *guest_argv[1:], *cpu]
 
 
-def real_engine_env(replica_dir: Path, *, lora: bool, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The engine's environment: PATH and locale from ``base``, every cache and socket under
-    ``replica_dir`` (made here)."""
-    base = os.environ if base is None else base
+def real_engine_env(replica_dir: Path, *, lora: bool, base: Mapping[str, str]) -> dict[str, str]:
+    """The engine's environment: PATH and locale from ``base`` (LabEngineSettings.base_env), every
+    cache and socket under ``replica_dir`` (made here)."""
     dirs = {name: replica_dir / name for name in ("cache", "rpc", "tmp", "inductor", "home")}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
-    env = {k: base[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in base}
+    env = {k: base[k] for k in BASE_ENV if k in base}
     env |= {
         "HOME": str(dirs["home"]), "XDG_CACHE_HOME": str(dirs["cache"]), "VLLM_CACHE_ROOT": str(dirs["cache"]),
         "VLLM_RPC_BASE_PATH": str(dirs["rpc"]), "TMPDIR": str(dirs["tmp"]),
