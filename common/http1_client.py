@@ -88,6 +88,7 @@ class _Conn(asyncio.Protocol):
         "chunks",
         "closed",
         "complete",
+        "epoch",
         "error",
         "got_bytes",
         "head_bytes",
@@ -116,6 +117,7 @@ class _Conn(asyncio.Protocol):
         self.loop = loop
         self.pool = pool
         self.key = key
+        self.epoch = pool._epochs.get(key, 0)  # UpstreamPool.retire: an older one is never reused
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -358,9 +360,13 @@ class UpstreamPool:
         self.keepalive_secs = keepalive_secs
         self.max_idle_per_host = max_idle_per_host
         self._idle: dict[tuple, list[_Conn]] = {}
+        self._epochs: dict[tuple, int] = {}  # (scheme, host, port) -> retire count
         self.opened = 0  # connections opened so far (tests, diagnostics)
 
     def _put(self, conn: _Conn) -> None:
+        if conn.epoch != self._epochs.get(conn.key, 0):  # retired while it was in use
+            conn.abort()
+            return
         conn._reset()
         conn.in_use = False
         conn.reused = True
@@ -443,6 +449,16 @@ class UpstreamPool:
                 raise
             return UpstreamResponse(conn, self.idle_timeout)
         raise AssertionError("unreachable")
+
+    def retire(self, scheme: str, host: str, port: int) -> None:
+        """No connection to (scheme, host, port) opened before now is used again: the idle ones
+        close at once, the ones in use when their response ends. For a VIP: a kept-alive
+        connection is one established flow, which stays on its backend through a drain, so new
+        requests must open new connections (new flows) to reach the remaining backends."""
+        key = (scheme, host, port)
+        self._epochs[key] = self._epochs.get(key, 0) + 1
+        for conn in self._idle.pop(key, []):
+            conn.abort()
 
     def keep_only(self, keys: Container[tuple[str, str, int]]) -> None:
         """Close the idle connections of every (scheme, host, port) not in ``keys``."""

@@ -56,7 +56,7 @@ from gateway.key_auth import Authenticator, Identity, check_model, presented_id
 from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, plan_admission
 from gateway.metrics import GatewayMetrics
 from gateway.model_routing import CatalogueCache, endpoint_without_model, models_page, resolve, visible_models
-from gateway.proxy import UpstreamBroke, UpstreamTimeout, forward, upstream_headers
+from gateway.proxy import UpstreamBroke, UpstreamTimeout, VipConnections, forward, upstream_headers
 from gateway.replica_router import ReplicaRouter
 from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
 from gateway.routes import PREFIX, Route, check_served, is_root, parse_route
@@ -119,6 +119,7 @@ class GatewayState:
         return "https" if self.settings.backend_tls.enabled else "http"
 
     @property
+    vip_connections: VipConnections = field(default_factory=VipConnections)  # retired when a replica leaves
     def generation(self) -> GenerationPolicy:
         s = self.settings
         return GenerationPolicy(s.default_max_tokens, s.max_generated_tokens, s.max_context)
@@ -290,6 +291,8 @@ class GatewayApp:
             if dry:
                 status, tokens = await dry_run.respond(send, info, endpoint)
                 outcome = "success"
+                if view.endpoint.status.vip and targets:  # a drain must reach kept-alive VIP connections
+                    st.vip_connections.note(st.client, view.endpoint.name, targets[0], view.replicas)
                 return
             in_flight = st.metrics.in_flight_for(endpoint)
             in_flight.inc()

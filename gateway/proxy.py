@@ -98,6 +98,32 @@ def split_target(url: str) -> tuple[str, str, int]:
 _SPLIT: dict[str, tuple[str, str, int]] = {}
 
 
+class VipConnections:
+    """Retire the kept-alive connections to an endpoint's VIP when one of its replicas leaves
+    the routable set (a drain, a failure): a kept-alive connection is an established flow, which
+    Maglev keeps on its backend, so the gateway's new calls would keep reaching the draining
+    replica over it (and be cut when its grace ends). New connections are new flows, picked
+    among the remaining backends."""
+
+    MAX = 4096
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[object, frozenset[str]]] = {}  # endpoint -> (replicas tuple, their ids)
+
+    def note(self, pool: UpstreamPool, endpoint: str, vip_url: str, replicas: tuple) -> None:
+        """``replicas``: the view's routable replicas (the cached view's own tuple, so a call with
+        an unchanged view costs one identity check)."""
+        last = self._seen.get(endpoint)
+        if last is not None and last[0] is replicas:
+            return
+        ids = frozenset(r.replica_id for r in replicas)
+        if len(self._seen) >= self.MAX:
+            self._seen.clear()
+        self._seen[endpoint] = (replicas, ids)
+        if last is not None and last[1] - ids:
+            pool.retire(*split_target(vip_url))
+
+
 async def open_response(pool: UpstreamPool, targets: list[str], method: str, target: bytes,
                 headers: list, body: bytes, streaming: bool) -> UpstreamResponse:
     tries = targets[:1] if streaming else targets[:2]

@@ -172,6 +172,7 @@ def drain(name: str, body: DrainRequest, state: StateDep) -> dict:
         if current is None:
             continue
         put_replica(store, current.model_copy(update={"draining": True, "drain_deadline": deadline,
+                                                       "drain_started": time.time(),
                                                        "phase": "Draining",
                                                        "message": f"drained by operator, {body.grace_secs:g}s grace"}))
         drained.append(r.replica_id)

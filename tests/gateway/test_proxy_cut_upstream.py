@@ -131,3 +131,54 @@ def test_a_whole_json_answer_is_sent_once_with_its_usage():
     result, sent = asyncio.run(call(handler, streaming=False))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert body(sent) == payload and result.ok and result.tokens is not None
+
+
+def test_retired_vip_connections_are_never_reused_so_a_drain_reaches_kept_alive_clients():
+    """A kept-alive connection through the VIP is one established flow: Maglev keeps it on a
+    draining backend. When a replica leaves the routable set the gateway retires its VIP
+    connections (idle ones close, busy ones close when their answer ends), so new calls open
+    new flows that the remaining backends take."""
+    from types import SimpleNamespace
+
+    from gateway.proxy import VipConnections
+
+    async def main():
+        async def ok(server, reader, writer):
+            while True:
+                await server.read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+
+        async with RawServer(ok) as srv:
+            pool = UpstreamPool(idle_timeout=5)
+            url = f"http://127.0.0.1:{srv.port}"
+
+            async def get():
+                resp = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+                while await resp.next_chunk() is not None:
+                    pass
+                resp.close()
+
+            vips = VipConnections()
+            a, b = SimpleNamespace(replica_id="a"), SimpleNamespace(replica_id="b")
+            both = (a, b)
+            vips.note(pool, "ep", url, both)
+            await get()
+            await get()
+            assert srv.connections == 1  # kept alive
+            vips.note(pool, "ep", url, (a, b))  # a new view, same replicas: nothing retired
+            await get()
+            assert srv.connections == 1
+            busy = await pool.request("http", "127.0.0.1", srv.port, "GET", b"/", [], b"")
+            vips.note(pool, "ep", url, (a,))  # b leaves (drains): every VIP connection retires
+            await get()
+            assert srv.connections == 2  # a new flow
+            while await busy.next_chunk() is not None:
+                pass
+            busy.close()  # the connection in use when it retired is not kept
+            await get()
+            await get()
+            assert srv.connections == 2  # the new one is kept alive again
+            pool.close()
+
+    asyncio.run(main())
