@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from common.errors import FabricError, Forbidden, InvalidInput, NotFound
+from common.errors import FabricError, Forbidden, InvalidInput, LimitExceeded, NotFound
 from common.health import healthz_body
 from common.process_memory import reclaim_every
 from common.store.base import Store
@@ -70,8 +70,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabric.gateway")
 PRIORITIES = ("low", "normal", "high")
+
+
+class BodyTimeout(FabricError):
+    status = 408
+    code = "body_timeout"
+
+
 OFF_LOOP_BYTES = 64 * 1024  # bodies above this are parsed in a thread, not on the event loop
 ROUTE_CACHE_MAX = 4096
+ROUTE_CACHE_PATH_MAX = 512  # longer raw paths are parsed every time, never kept
+UPLOAD_DEADLINE_S = 600.0  # a /v1/files upload (up to FABRIC_GATEWAY_MAX_UPLOAD); others: settings.body_secs
 # /health and /healthz: the shape every Fabric process shares (common.health), made once.
 HEALTHZ = json.dumps(healthz_body("fabric-gateway")[1]).encode()
 EXPLAIN = "/api/ai/explain/request/"
@@ -110,6 +119,7 @@ class GatewayState:
     dispatcher: Dispatcher | None = None  # spillover, bands, fallbacks (gateway.dispatch)
     external: ExternalRouter = field(default_factory=ExternalRouter)  # provider keys and breakers
     adapters: AdapterRouter = field(default_factory=AdapterRouter)  # LoRA adapters loaded per replica
+    vip_connections: VipConnections = field(default_factory=VipConnections)  # retired when a replica leaves
     # The upstream TLS context, built once from settings.backend_tls (gateway.assemble) and shared by
     # the HTTP pool and the WebSocket bridge; None: plain HTTP/WS to the replicas.
     backend_ssl: ssl.SSLContext | None = None
@@ -119,7 +129,6 @@ class GatewayState:
         return "https" if self.settings.backend_tls.enabled else "http"
 
     @property
-    vip_connections: VipConnections = field(default_factory=VipConnections)  # retired when a replica leaves
     def generation(self) -> GenerationPolicy:
         s = self.settings
         return GenerationPolicy(s.default_max_tokens, s.max_generated_tokens, s.max_context)
@@ -143,6 +152,7 @@ class GatewayApp:
         self._id_prefix = os.urandom(8).hex()
         self._id_seq = itertools.count(1)
         self._routes: dict[tuple[bytes, str], Route] = {}
+        self._calls: dict[str, int] = {}  # credential subject -> its calls in progress here
         self._deadlines = Deadlines()  # the upstream call's deadline: no event-loop timer per call
         self._trimmer: asyncio.Task | None = None
 
@@ -206,15 +216,25 @@ class GatewayApp:
         admission: Admission | None = None
         info = BodyInfo()
         body_read = False
+        holder: str | None = None
         try:
             route = self._route(scope)
             endpoint = route.endpoint
             headers = request_headers(scope["headers"])
             identity = await self._identify(headers, endpoint or None, request_id)
+            self._keep_route(scope, route)  # cached only for authenticated callers
             check_served(route.path)  # the engine's control routes are never a caller's
+            holder = self._hold_call(identity.subject)
             # Batch input files are uploaded whole; they get their own, larger cap.
             cap = st.settings.max_upload if route.is_upload else st.settings.max_body
-            body = await read_body(receive, headers, cap)
+            guard = scope.get("extensions", _NONE).get(GUARD)
+            try:
+                with self._deadlines.after(max(UPLOAD_DEADLINE_S, st.settings.body_secs) if route.is_upload
+                                           else st.settings.body_secs,
+                                           guard.task if guard is not None else None):
+                    body = await read_body(receive, headers, cap)
+            except TimeoutError:
+                raise BodyTimeout("the request body did not arrive in time; send it whole, without pauses") from None
             body_read = True
             info = await self._parse(body, headers.get("content-type", ""), route)
             if not endpoint:  # the root /v1: the endpoint comes from the body's model
@@ -271,6 +291,8 @@ class GatewayApp:
             else:
                 session = headers.get("x-session-id") or info.prompt_head or None
                 targets = order_targets(view, session, st.scheme)
+                if view.endpoint.status.vip and targets:  # a drain must reach kept-alive VIP connections
+                    st.vip_connections.note(st.client, view.endpoint.name, targets[0], view.replicas)
                 why = {"mode": "affinity", "reason": "the endpoint's VIP" if view.endpoint.status.vip else
                        "rendezvous hash of the session" if session else "replica order"}
             explained = {"request_id": request_id, "endpoint": endpoint, "model": info.model, "band": priority,
@@ -291,8 +313,6 @@ class GatewayApp:
             if dry:
                 status, tokens = await dry_run.respond(send, info, endpoint)
                 outcome = "success"
-                if view.endpoint.status.vip and targets:  # a drain must reach kept-alive VIP connections
-                    st.vip_connections.note(st.client, view.endpoint.name, targets[0], view.replicas)
                 return
             in_flight = st.metrics.in_flight_for(endpoint)
             in_flight.inc()
@@ -334,6 +354,8 @@ class GatewayApp:
             status, outcome = exc.status, outcome_of(exc)
             await self._send_fabric_error(send, exc, close=not body_read, request_id=request_id)
         finally:
+            if holder is not None:
+                self._release_call(holder)
             await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0)
 
     def _urls(self, view) -> dict[str, str]:
@@ -378,16 +400,44 @@ class GatewayApp:
             await self._send_fabric_error(send, exc)
 
     def _route(self, scope) -> Route:
-        """parse_route, cached per (raw path, method): the same few paths repeat on every call."""
+        """parse_route, from the cache per (raw path, method) when an authenticated call already
+        parsed it (the same few paths repeat on every call)."""
         raw, method = scope.get("raw_path") or scope["path"].encode(), scope["method"]
         route = self._routes.get((raw, method))
         if route is None:
-            route = parse_route(raw, b"", method)  # a refusal raises and is not cached
-            if len(self._routes) >= ROUTE_CACHE_MAX:
-                self._routes.clear()
-            self._routes[(raw, method)] = route
+            route = parse_route(raw, b"", method)  # a refusal raises
         qs = scope.get("query_string")
         return replace(route, target=route.target + b"?" + qs) if qs else route
+
+    def _keep_route(self, scope, route: Route) -> None:
+        """Cache an authenticated caller's route (never an anonymous one's: a flood of unique
+        paths would fill it), without its query string, and only short paths."""
+        raw, method = scope.get("raw_path") or scope["path"].encode(), scope["method"]
+        if (raw, method) in self._routes or len(raw) > ROUTE_CACHE_PATH_MAX:
+            return
+        if len(self._routes) >= ROUTE_CACHE_MAX:
+            self._routes.clear()
+        qs = scope.get("query_string")
+        self._routes[(raw, method)] = replace(route, target=route.target[:-len(qs) - 1]) if qs else route
+
+    def _hold_call(self, subject: str) -> str:
+        """One of the credential's calls in progress in this process; 429 past calls_per_key
+        (FABRIC_GATEWAY_CALLS_PER_KEY: a caller's trickling bodies or idle calls cannot take every
+        connection)."""
+        held = self._calls.get(subject, 0)
+        cap = self.state.settings.calls_per_key
+        if held >= cap:
+            raise LimitExceeded(f"this credential has {cap} calls in progress at this gateway; "
+                                "wait for some to finish", retry_after=1.0, code="too_many_calls")
+        self._calls[subject] = held + 1
+        return subject
+
+    def _release_call(self, subject: str) -> None:
+        left = self._calls.get(subject, 0) - 1
+        if left > 0:
+            self._calls[subject] = left
+        else:
+            self._calls.pop(subject, None)
 
     async def _by_model(self, identity: Identity, route: Route, info: BodyInfo, body: bytes) -> tuple[Route, BodyInfo]:
         """The root /v1's endpoint, from the body's model (gateway.model_routing); the forwarded

@@ -47,6 +47,8 @@ class GatewaySettings:
     max_upload: int = 100 * 1024 * 1024  # POST /v1/files (batch input), FABRIC_GATEWAY_MAX_UPLOAD
     idle_secs: float = 60.0
     total_deadline_secs: float = 120.0
+    body_secs: float = 30.0  # FABRIC_GATEWAY_BODY_SECS: after authentication, a body arrives whole within this
+    calls_per_key: int = 256  # FABRIC_GATEWAY_CALLS_PER_KEY: calls in progress per credential per process
     shed_queue: float | None = None
     saturation_queue: float | None = None  # FABRIC_SATURATION_QUEUE: healthy queue depth (gateway.capacity)
     saturation_kv: float | None = None  # FABRIC_SATURATION_KV: KV cache use ceiling, 0-1
@@ -169,6 +171,8 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         max_body=_number(env, "FABRIC_GATEWAY_MAX_BODY", 1024 * 1024),
         max_upload=_number(env, "FABRIC_GATEWAY_MAX_UPLOAD", 100 * 1024 * 1024),
         idle_secs=_number(env, "FABRIC_GATEWAY_IDLE_SECS", 60.0, float),
+        body_secs=_bounded(env, "FABRIC_GATEWAY_BODY_SECS", 30.0, 1, 600),
+        calls_per_key=int(_bounded(env, "FABRIC_GATEWAY_CALLS_PER_KEY", 256, 1, 100_000)),
         shed_queue=_number(env, "FABRIC_SHED_QUEUE", None, float),
         saturation_queue=_number(env, "FABRIC_SATURATION_QUEUE", None, float),
         saturation_kv=_fraction(env, "FABRIC_SATURATION_KV"),
@@ -191,6 +195,13 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         reclaim_secs=_reclaim_secs(env),
         metrics_multiprocess=bool(env.get("PROMETHEUS_MULTIPROC_DIR")),
     )
+
+
+def _bounded(env: dict[str, str], name: str, default: float, low: float, high: float) -> float:
+    value = _number(env, name, default, float)
+    if not low <= value <= high:  # also refuses NaN
+        raise SettingsError(f"{name}={value:g}: expected {low:g} to {high:g}")
+    return value
 
 
 def _http_server(env: dict[str, str]) -> str:

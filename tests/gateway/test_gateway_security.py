@@ -5,7 +5,9 @@ the caller's tenant's own. The audit writer's bounds are tested on a real store 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import threading
 
 import httpx
@@ -187,3 +189,79 @@ def test_the_callers_x_request_id_is_replaced_not_forwarded_first():
 
     out = upstream_headers([(b"x-request-id", b"caller-chosen"), (b"x-other", b"1")], b"gw-0001")
     assert [v for k, v in out if k == b"x-request-id"] == [b"gw-0001"] and (b"x-other", b"1") in out
+
+
+# --- bodies that trickle, calls per key, the route cache ----------------------------------------
+
+@pytest.fixture(scope="module")
+def slow_env(tmp_path_factory):
+    state, url, store = sqlite_state(tmp_path_factory, "security-slow")
+    engine = sim_engine()
+    publish_endpoint(store, "chat", [engine])
+    gw = GatewayProcess.start(state, url, {**ENV, "FABRIC_GATEWAY_BODY_SECS": "1",
+                                           "FABRIC_GATEWAY_CALLS_PER_KEY": "2"})
+    keys = {name: make_key(store, "chat")[1] for name in ("one", "two")}
+    yield {"store": store, "gw": gw, "keys": keys, "engine": engine}
+    gw.stop()
+    engine.stop()
+    store.close()
+
+
+def _trickle(gw, key: str, sent: bytes = b'{"model": "s') -> socket.socket:
+    """A connection whose authenticated request declares 100 body bytes and sends a few."""
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=15)
+    s.sendall(b"POST /api/ai/openai/chat/v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+              b"authorization: Bearer " + key.encode() + b"\r\ncontent-type: application/json\r\n"
+              b"content-length: 100\r\n\r\n" + sent)
+    return s
+
+
+def _answer(s: socket.socket) -> bytes:
+    out = b""
+    while b"\r\n\r\n" not in out:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def test_a_trickled_body_is_cut_at_the_deadline(slow_env):
+    with _trickle(slow_env["gw"], slow_env["keys"]["one"]) as s:
+        answer = _answer(s)  # nothing more is sent: the gateway answers when the deadline passes
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+
+
+def test_a_key_has_a_cap_on_calls_in_progress(slow_env):
+    gw, keys = slow_env["gw"], slow_env["keys"]
+    held = [_trickle(gw, keys["two"]) for _ in range(2)]
+    try:
+        third = post(slow_env, "two", {"model": "sim-m", **CHAT})  # a third call of the same key
+        assert third.status_code == 429 and third.json()["error"]["code"] == "too_many_calls"
+        other = post(slow_env, "one", {"model": "sim-m", **CHAT})
+        assert other.status_code == 200, other.text
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_the_route_cache_keeps_authenticated_paths_only(tmp_path):
+    from gateway.assemble import create_app
+    from gateway.settings import load
+
+    store = open_store(f"sqlite://{tmp_path}/r.db")
+    app = create_app(load({}), store, b"secret", "gw-unit")
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            for i in range(50):
+                r = await client.post(f"/api/ai/openai/ep{i}/v1/chat/completions", json={})
+                assert r.status_code == 401
+
+    try:
+        asyncio.run(scenario())
+        assert len(app._routes) == 0  # anonymous callers never fill the cache
+    finally:
+        app.state.audit.close()
+        store.close()
