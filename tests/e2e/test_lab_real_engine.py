@@ -1,0 +1,259 @@
+"""Two real vLLM engines (the CPU build, .venv-engine) behind the VIP in the lab, end to end.
+
+The lab runs with FABRIC_LAB_ENGINE=vllm: the tiny model and its LoRA adapter come from the lab's
+HF mirror through the supply chain (download, digest, checks, cache) into `vllm serve` in each
+replica's namespace. Chapters build on each other (file order): Ready within the start budget and
+under 2.5 GB each; chat through the VIP and the gateway with the official openai client (plain,
+streaming, usage); Maglev weights that follow the engines' own vllm:num_requests_waiting under
+load (--max-num-seqs 2 makes real queueing); the adapter loaded on its first call through the
+gateway; a scale-in that lets a real stream finish. Waits are bounded; no assertion on time.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.vm.lab_engine import engine_installed
+from controlplane.lab.cluster import LAB_ADAPTER_SOURCE, LAB_MODEL_SOURCE, LabConfig
+from tests.e2e.lab_harness import running_lab
+from tests.support.lab_lock import lab_unavailable
+from tests.support.polling import wait_for
+
+MODEL, PROFILE, ENDPOINT = "tiny-chat", "cpu-vllm", "tiny-chat-openai"
+RSS_BUDGET = int(2.5 * (1 << 30))
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
+              pytest.mark.skipif(lab_unavailable() is not None, reason=lab_unavailable() or "")]
+
+
+def netns_rss(ns: str) -> int:
+    """Resident bytes of every process in the namespace (the API server, EngineCore, helpers)."""
+    total = 0
+    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total
+
+
+class Lab:
+    def __init__(self, cfg: LabConfig, token: str):
+        self.cfg = cfg
+        ctx = ssl.create_default_context(cafile=str(cfg.ca))
+        self.api = httpx.Client(base_url=cfg.url, verify=ctx, timeout=20, headers={"Authorization": f"Bearer {token}"})
+        pki = cfg.fabricd_dir / "pki"
+        agent_ctx = ssl.create_default_context(cafile=str(cfg.ca))
+        agent_ctx.load_cert_chain(str(pki / "fabricd.crt"), str(pki / "fabricd.key"))
+        self.agent = httpx.Client(base_url=f"https://127.0.0.1:{cfg.agent_port}", verify=agent_ctx, timeout=20)
+        self.tls = httpx.Client(verify=ctx, timeout=60)
+        self.vip: str | None = None
+        self.key: str | None = None
+        self.figures: dict[str, float] = {}
+
+    def replicas(self) -> list[dict]:
+        return self.api.get(f"/api/ai/deployments/{MODEL}/metrics").json()["replicas"]
+
+    def maglev(self) -> dict[str, int]:
+        for svc in self.agent.get("/v1/maglev/services").json()["services"]:
+            if svc["vip"] == self.vip:
+                return {s["address"]: s["weight"] for s in svc["stats"]} or dict(svc["backends"])
+        return {}
+
+    def gateway_client(self):
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.cfg.gateway_url}/api/ai/openai/{ENDPOINT}/v1", api_key=self.key,
+                             http_client=self.tls, max_retries=2)
+
+
+@pytest.fixture(scope="module")
+def lab():
+    missing = engine_installed()
+    assert missing is None, f"the real engine is part of setup (scripts/setup-engine.sh): {missing}"
+    with running_lab("real", engine="vllm") as (cfg, handle):
+        yield Lab(cfg, handle.token)
+
+
+def test_two_real_replicas_become_ready_from_the_mirror(lab: Lab):
+    api = lab.api
+    r = api.post("/api/ai/models", json={"name": MODEL, "source": LAB_MODEL_SOURCE, "max_loaded_adapters": 2,
+                                         "adapters": [{"name": "sql", "source": LAB_ADAPTER_SOURCE}]})
+    assert r.status_code == 201, r.text
+    assert api.post("/api/ai/profiles", json={"name": PROFILE, "runtime": "vllm", "cpu": 1, "memory_gib": 3,
+                                              "gpu": {"count": 1, "vram_gib": 24}}).status_code == 201
+    began = time.monotonic()
+    r = api.post("/api/ai/deployments", json={"name": MODEL, "model": MODEL, "profile": PROFILE, "replicas": 2,
+                                              "engine_args": ["--max-num-seqs", "2"]})
+    assert r.status_code == 201, r.text
+    wait_for(lambda: api.get(f"/api/ai/deployments/{MODEL}").json()["status"]["ready_replicas"] == 2, 420,
+             "two real engines Ready")
+    lab.figures["ready_s"] = time.monotonic() - began
+    reps = lab.replicas()
+    for rep in reps:
+        engine = f"http://{rep['host']}:{rep['port']}"
+        cards = httpx.get(f"{engine}/v1/models", timeout=10).json()["data"]
+        assert [c["id"] for c in cards] == [MODEL] and cards[0]["owned_by"] == "vllm" and cards[0]["root"] == "/models"
+        metrics = httpx.get(f"{engine}/metrics", timeout=10).text
+        assert f'vllm:num_requests_waiting{{engine="0",model_name="{MODEL}"}}' in metrics
+        ns = f"fabric-lab-r-{rep['replica_id']}"
+        rss = netns_rss(ns)
+        assert 0 < rss <= RSS_BUDGET, f"replica {rep['replica_id']} holds {rss / 2**30:.2f} GiB"
+        lab.figures[f"rss_gib_{rep['ordinal']}"] = rss / 2**30
+    print(f"\nreal engines: {json.dumps(lab.figures)}", file=sys.stderr)
+
+
+VIP_SCRIPT = """
+import json, sys, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key="none", max_retries=2, timeout=60)
+plain = c.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "content": "Say hello."}], max_tokens=5)
+chunks = list(c.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+                                        stream=True, stream_options={"include_usage": True}))
+text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+print(json.dumps({"plain": plain.usage.completion_tokens, "content": plain.choices[0].message.content,
+                  "last_choices": len(chunks[-1].choices), "usage": chunks[-1].usage.completion_tokens,
+                  "text": text, "finish": [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1]}))
+"""
+
+
+def test_chat_through_the_vip_and_the_gateway_with_openai(lab: Lab):
+    api = lab.api
+    r = api.post("/api/ai/endpoints", json={"name": ENDPOINT, "deployment": MODEL, "routing": "least_queue"})
+    assert r.status_code == 201, r.text
+    lab.vip = wait_for(lambda: api.get(f"/api/ai/endpoints/{ENDPOINT}").json()["status"].get("vip"), 60, "a VIP")
+    wait_for(lambda: len(lab.maglev()) == 2, 60, "both replicas in the live Maglev maps")
+    # Through the VIP, from the client namespace (the Maglev dataplane), with the openai client.
+    out = subprocess.run(["ip", "netns", "exec", lab.cfg.topology.client_ns, sys.executable, "-c", VIP_SCRIPT,
+                          f"http://{lab.vip}:8000/v1", MODEL], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    vip = json.loads(out.stdout)
+    assert vip["plain"] == 5 and vip["content"]
+    assert vip["last_choices"] == 0 and vip["usage"] == 6 and vip["text"] and vip["finish"] == "length"
+
+    created = api.post("/api/ai/keys", json={"name": "real-key", "endpoint": ENDPOINT})
+    assert created.status_code in (200, 201), created.text
+    body = created.json()
+    lab.key = body.get("key") or body.get("api_key") or body.get("secret")
+    client = lab.gateway_client()
+    plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
+                                           max_tokens=4)
+    assert plain.model == MODEL and plain.usage.completion_tokens == 4 and plain.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content) >= 2  # it really streamed
+
+
+def _long_requests(engine: str, n: int, stop: threading.Event) -> list[threading.Thread]:
+    """n streaming completions of 1500 tokens held open on one engine until ``stop``."""
+    def one():
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        try:
+            with httpx.stream("POST", f"{engine}/v1/completions", json=body, timeout=120) as r:
+                for _ in r.iter_lines():
+                    if stop.is_set():
+                        return  # closing the connection aborts the request in vLLM
+        except httpx.HTTPError:
+            pass
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _waiting(engine: str) -> float:
+    for line in httpx.get(f"{engine}/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:num_requests_waiting{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no vllm:num_requests_waiting")
+
+
+def test_weights_follow_the_real_queue(lab: Lab):
+    loaded, other = sorted(lab.replicas(), key=lambda r: r["ordinal"])
+    addr, other_addr = f"{loaded['host']}:{loaded['port']}", f"{other['host']}:{other['port']}"
+    stop = threading.Event()
+    threads = _long_requests(f"http://{addr}", 6, stop)  # 2 run (--max-num-seqs 2), 4 wait
+    try:
+        wait_for(lambda: _waiting(f"http://{addr}") >= 3, 60, "real queueing on the loaded engine")
+        weights = wait_for(lambda: (m := lab.maglev()) and m.get(addr, 1 << 30) < m.get(other_addr, 0) and m, 60,
+                           "the loaded replica's weight to fall below the idle one's")
+        assert weights[addr] < weights[other_addr]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    wait_for(lambda: _waiting(f"http://{addr}") == 0, 60, "the queue to empty once the clients went")
+    wait_for(lambda: (m := lab.maglev()) and m.get(addr) == m.get(other_addr), 60, "the weights to even out")
+
+
+def test_adapter_is_loaded_on_its_first_call_through_the_gateway(lab: Lab):
+    client = lab.gateway_client()
+    out = client.chat.completions.create(model="sql", messages=[{"role": "user", "content": "Say hello."}],
+                                         max_tokens=4, temperature=0)
+    assert out.model == "sql" and out.usage.completion_tokens == 4
+    base = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
+                                          max_tokens=4, temperature=0)
+    assert out.choices[0].message.content != base.choices[0].message.content  # the adapter's weights apply
+    loaded = []
+    for rep in lab.replicas():
+        cards = {c["id"]: c for c in httpx.get(f"http://{rep['host']}:{rep['port']}/v1/models", timeout=10).json()["data"]}
+        if "sql" in cards:
+            assert cards["sql"]["parent"] == MODEL and cards["sql"]["root"] == "/adapters/sql"
+            loaded.append(rep["replica_id"])
+    assert loaded, "no replica lists the adapter after the call"
+
+
+def test_scale_in_lets_a_real_stream_finish(lab: Lab):
+    reps = lab.replicas()
+    results: dict[str, dict] = {}
+
+    def stream(rep: dict) -> None:
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        got = {"tokens": 0, "done": False, "usage": None}
+        try:
+            with httpx.stream("POST", f"http://{rep['host']}:{rep['port']}/v1/completions", json=body,
+                              timeout=httpx.Timeout(120, read=60)) as r:
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        got["done"] = True
+                    elif line.startswith("data: "):
+                        chunk = json.loads(line[6:])
+                        got["tokens"] += sum(1 for c in chunk["choices"] if c.get("text") is not None)
+                        got["usage"] = chunk.get("usage") or got["usage"]
+        except httpx.HTTPError as exc:
+            got["error"] = repr(exc)
+        results[rep["replica_id"]] = got
+
+    threads = [threading.Thread(target=stream, args=(rep,)) for rep in reps]
+    for t in threads:
+        t.start()
+    wait_for(lambda: all(_running(f"http://{r['host']}:{r['port']}") >= 1 for r in reps) or len(results) == 2, 60,
+             "a stream on each replica")
+    r = lab.api.post(f"/api/ai/deployments/{MODEL}/scale", json={"replicas": 1})
+    assert r.status_code in (200, 202), r.text
+    for t in threads:
+        t.join(180)
+    wait_for(lambda: len(lab.replicas()) == 1, 180, "the scale-in to finish")
+    for rid, got in results.items():
+        assert got.get("done") and got["usage"]["completion_tokens"] == 400, (rid, got)
+
+
+def _running(engine: str) -> float:
+    try:
+        text = httpx.get(f"{engine}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0
+    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                 if line.startswith("vllm:num_requests_running{")), 0)
