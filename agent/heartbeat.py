@@ -91,6 +91,7 @@ def build_report(state: AgentState, address: str, gpus: list[GpuInfo], inventory
         memory_free_gib=resources.memory_free_gib, cached_models=models,
         vm_driver=state.vm_driver.name, inventory_message=inventory_message, nvswitches=list(nvswitches),
         model_jobs=state.models is not None, kvm=kvm,
+        model_disk_free_bytes=state.models.cache.free_bytes() if state.models is not None else None,
     )
 
 

@@ -256,6 +256,7 @@ class NodeReport(WireModel):
     inventory_message: str = ""
     nvswitches: list[str] = Field(default_factory=list, description="HGX NVSwitch PCI addresses")
     kvm: KvmStatus | None = Field(None, description="whether KVM runs guests here; None: not probed (not libvirt)")
+    model_disk_free_bytes: int | None = Field(None, ge=0, description="free disk in the model cache (model jobs)")
 
     @field_validator("id")
     @classmethod

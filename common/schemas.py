@@ -522,6 +522,8 @@ class Node(Spec):
     replica_networks: list[str] = Field(default_factory=list, max_length=16, description=(
         "admin-set CIDRs its replicas' addresses must lie in; empty: private addresses (loopback only "
         "when the agent itself is on loopback)"))
+    model_disk_free_bytes: int | None = Field(None, ge=0, description="free disk in the agent's model cache; "
+                                              "placement refuses a model declared larger (None: not reported)")
     last_heartbeat: float = 0
 
     @field_validator("id")

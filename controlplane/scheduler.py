@@ -155,6 +155,18 @@ class PlacementPlan:
         return f"PlacementPlan({self.deployment!r}, node={self.node!r}, gpus={self.gpus!r})"
 
 
+def disk_problem(node: Node, model: ModelArtifact) -> str | None:
+    """A node whose model cache has less free disk than the model's declared size cannot take it
+    (the download would fail there and hold the GPUs meanwhile), unless it holds the model
+    already. Unknown on either side (no declared size, a node that does not report its free disk)
+    is no refusal."""
+    free = node.model_disk_free_bytes
+    if model.size_bytes is None or free is None or model_cached(model, node) or model.size_bytes <= free:
+        return None
+    return (f"not enough free disk for model {model.name}: {model.size_bytes / 2**30:.1f} GiB declared, "
+            f"{free / 2**30:.1f} GiB free in the model cache")
+
+
 def node_online(node: Node, now: float, settings: SchedulerSettings) -> bool:
     return now - node.last_heartbeat < settings.offline_after_s
 
@@ -332,6 +344,9 @@ def judge_node(
             f"not enough memory: {memory_free:g} of {node.memory_free_gib:g} GiB free{_held(committed)}, "
             f"needs {profile.memory_gib:g}",
         )
+    disk = disk_problem(node, model)
+    if disk:
+        return NodeVerdict(node.id, False, disk)
     score, parts = 0, []
     if model_cached(model, node):
         score += SCORE_CACHED
