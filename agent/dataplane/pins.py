@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from common.errors import Conflict
 
 # Bump whenever a map's key, value, type or name changes in dataplane/bpf/maps.h.
-LAYOUT_VERSION = 6
+LAYOUT_VERSION = 7  # 7: the flow maps hold flow_entries per CPU list (loader.Layout.map_entries)
 META_PIN = "meta"
 
 

@@ -30,9 +30,15 @@
 /* The two flow tables keep one LRU list per CPU (BPF_F_NO_COMMON_LRU): an insert
  * or a hit touches only its own CPU's list and lock, so CPUs never contend on the
  * LRU, and a flood on one CPU's queue evicts only that CPU's flows. The kernel
- * gives each CPU FLOW_ENTRIES / CPUs entries (docs/dataplane.md, per-CPU flow state). */
+ * splits a map's entries evenly over the possible CPUs, so the loader makes each
+ * map FLOW_ENTRIES x CPUs (FLOW_MAP_ENTRIES): every CPU's list holds FLOW_ENTRIES,
+ * and a flood on one CPU must exceed a whole FLOW_ENTRIES to evict an idle flow
+ * there (docs/dataplane.md, per-CPU flow state). */
 #ifndef FLOW_LRU_FLAGS
 #define FLOW_LRU_FLAGS BPF_F_NO_COMMON_LRU
+#endif
+#ifndef FLOW_MAP_ENTRIES
+#define FLOW_MAP_ENTRIES FLOW_ENTRIES
 #endif
 
 #define BACKEND_SNAT 1      /* reach this backend with source NAT to node_ip */
@@ -185,12 +191,12 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct backend_stats, backend_stats, MAX
 /* verdict_stats: VERDICT_* -> packets, per CPU */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, verdict_stats, VERDICT_MAX, PIN(verdict_stats));
 /* flows: client -> VIP 5-tuple -> chosen backend and service (LRU connection table) */
-BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow, flows, FLOW_ENTRIES, PIN(flows), FLOW_LRU_FLAGS);
+BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow, flows, FLOW_MAP_ENTRIES, PIN(flows), FLOW_LRU_FLAGS);
 /* backend_addrs: backend IP:port -> bitmask of the service ids it belongs to now, draining
  * included (an established flow whose backend id changed hands checks membership here; MAX_SERVICES <= 32) */
 BPF_TABLE_PINNED("hash", struct backend_addr, __u32, backend_addrs, BACKEND_ADDRS, PIN(backend_addrs));
 /* reverse_flows: reply 5-tuple (backend -> client, or backend -> node_ip:snat_port) -> the flow to restore */
-BPF_TABLE_PINNED("lru_hash", struct flow_key, struct reverse_flow, reverse_flows, FLOW_ENTRIES, PIN(reverse_flows),
+BPF_TABLE_PINNED("lru_hash", struct flow_key, struct reverse_flow, reverse_flows, FLOW_MAP_ENTRIES, PIN(reverse_flows),
                  FLOW_LRU_FLAGS);
 /* config: single entry, node-wide settings (attach or an explicit setting writes it) */
 BPF_TABLE_PINNED("array", __u32, struct config, config, 1, PIN(config));
