@@ -53,8 +53,21 @@ def snapshot_index(snap: Snapshot, now: float, settings) -> PlacementIndex:
                           sites=snap.sites)
 
 
+def _per_pass(snap: Snapshot, what: str, build):
+    """One ``build()`` per pass for every deployment that asks, rebuilt when the pass's snapshot
+    gained replicas or reservations (a create earlier in the pass). Kept on the snapshot itself:
+    it lives exactly as long as the pass. Callers only read what it returns."""
+    memo = snap.__dict__.setdefault("_placement_memo", {})
+    sig = (len(snap.reservations), sum(len(v) for v in snap.replicas.values()))
+    hit = memo.get(what)
+    if hit is None or hit[0] != sig:
+        hit = (sig, build())
+        memo[what] = hit
+    return hit[1]
+
+
 def index_of(worker, snap: Snapshot) -> PlacementIndex:
-    return snapshot_index(snap, worker.clock(), worker.settings.scheduler)
+    return _per_pass(snap, "index", lambda: snapshot_index(snap, worker.clock(), worker.settings.scheduler))
 
 
 def holders_of(snap: Snapshot):
@@ -62,7 +75,7 @@ def holders_of(snap: Snapshot):
         dep = snap.deployments.get(r.deployment)
         return None if dep is None else snap.template(dep, r.revision)[0]
 
-    return holders_from(snap.all_replicas(), snap.deployments, profile_of)
+    return _per_pass(snap, "holders", lambda: holders_from(snap.all_replicas(), snap.deployments, profile_of))
 
 
 def targets(dep: InferenceDeployment, current: Mapping[int, int] | None) -> Mapping[int, int] | None:
@@ -118,10 +131,8 @@ async def after_plan(worker, snap: Snapshot, dep: InferenceDeployment, plan, err
             and snap.rollouts.get(dep.name) is None):
         profile, model, _ = snap.template(dep, dep.revision)
         if profile is not None and model is not None:
+            # What this plan created is in the snapshot already (the worker enters it before applying).
             index = index_of(worker, snap)
-            for a in plan.actions:  # what this plan just created holds its room too
-                if type(a).__name__ == "CreateReplica":
-                    index.reserve(a.node, a.gpus, profile)
             live = _live(snap.replicas.get(dep.name, []))
             result = plan_preemption(index, dep, profile, model, holders_of(snap), replicas=live)
             if result.outcome == "preempt":
