@@ -349,6 +349,7 @@ class ReconcileWorker:
         planned = f"planned-{dep.name}-{action.ordinal}"  # what _hold_planned entered for it
         snap.replicas[dep.name] = [r for r in snap.replicas.get(dep.name, []) if r.replica_id != planned]
         snap.reservations[:] = [r for r in snap.reservations if r.replica_id != planned]
+        snap.reservations.extend(Reservation(action.node, pci, replica.replica_id, dep.name, 0) for pci in action.gpus)
         snap.replicas[dep.name].append(replica)
         self.events.placed(dep, replica, action.reason)
         await self.start_vm(snap, dep, replica, errors)
