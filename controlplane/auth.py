@@ -8,7 +8,9 @@
   secret lives in the store at keyspace.auth("token-secret"), made with create-if-absent, so every
   fabricd process sharing a store verifies every other's tokens. Whoever can read the store can
   forge tokens; the store is already admin-level state (it holds every desired state).
-- `require_admin` is the route dependency: 401 for a missing, malformed, forged or expired token.
+- `require_admin` is the route dependency: 401 for a missing, malformed, forged, expired or
+  revoked token (controlplane.tenancy.revocation: a deleted user's tokens, a logged-out token;
+  POST /api/auth/logout revokes the presented one).
 - A read-only "viewer" login exists beside admin: `fabricd init` also writes
   {state_dir}/viewer-password (0600); its tokens carry `"role": "viewer"`, and `require_admin`
   answers 403 "read_only" to any method other than GET/HEAD made with one. Delete the file to
@@ -43,7 +45,7 @@ from common.private_fs import private_dir
 from common.store.base import Store
 from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
-from controlplane.tenancy import oidc_login, owners, route_rules, users
+from controlplane.tenancy import oidc_login, owners, revocation, route_rules, users
 from controlplane.tenancy.principal import ROLES, Principal
 
 ADMIN_USER = "admin"
@@ -99,11 +101,13 @@ def ensure_token_secret(store: Store) -> bytes:
 
 
 def issue_token(secret: bytes, subject: str, ttl_s: int, now: float | None = None,
-                role: str = ADMIN_USER, tenant: str | None = None) -> tuple[str, float]:
+                role: str = ADMIN_USER, tenant: str | None = None, generation: int = 0) -> tuple[str, float]:
     now = time.time() if now is None else now
     expires_at = float(int(now) + ttl_s)
     claims = {"sub": subject, "aud": TOKEN_AUDIENCE, "iss": TOKEN_ISSUER, "role": role,
               "iat": int(now), "exp": int(expires_at), "jti": secrets.token_hex(8)}
+    if generation:  # the subject's revocation generation (controlplane.tenancy.revocation)
+        claims["gen"] = generation
     if tenant is not None:
         claims["tenant"] = tenant
     return jwt.encode(claims, secret, algorithm="HS256"), expires_at
@@ -122,6 +126,20 @@ def verify_claims(secret: bytes, token: str, now: float | None = None) -> tuple[
 
 def verify_principal(secret: bytes, token: str, now: float | None = None) -> Principal:
     """The caller a valid token names (subject, role, tenant); Unauthorized otherwise."""
+    return principal_of(verified_claims(secret, token, now))
+
+
+def principal_of(claims: dict) -> Principal:
+    role = str(claims.get("role", ADMIN_USER))
+    tenant = claims.get("tenant")
+    if role not in ROLES or not (tenant is None or isinstance(tenant, str)):
+        raise Unauthorized("invalid token", code="invalid_token")
+    return Principal(str(claims["sub"]), role, None if role == ADMIN_USER else tenant)
+
+
+def verified_claims(secret: bytes, token: str, now: float | None = None) -> dict:
+    """A valid token's claims (signature, audience, issuer, expiry); Unauthorized otherwise.
+    Revocation is the store's to say (controlplane.tenancy.revocation.check)."""
     options = {"require": ["exp", "sub", "aud", "iss"]}
     try:
         if now is None:
@@ -136,11 +154,7 @@ def verify_principal(secret: bytes, token: str, now: float | None = None) -> Pri
         raise Unauthorized("token expired; log in again", code="token_expired") from None
     except jwt.PyJWTError:
         raise Unauthorized("invalid token", code="invalid_token") from None
-    role = str(claims.get("role", ADMIN_USER))
-    tenant = claims.get("tenant")
-    if role not in ROLES or not (tenant is None or isinstance(tenant, str)):
-        raise Unauthorized("invalid token", code="invalid_token")
-    return Principal(str(claims["sub"]), role, None if role == ADMIN_USER else tenant)
+    return claims
 
 
 def check_password(state_dir: Path, username: str, password: str) -> str:
@@ -182,7 +196,9 @@ def require_admin(request: Request, state: StateDep) -> str:
                         code="no_rule")
     if state.token_secret is None:
         state.token_secret = ensure_token_secret(state.store)
-    principal = verify_principal(state.token_secret, bearer_from(request))
+    claims = verified_claims(state.token_secret, bearer_from(request))
+    principal = principal_of(claims)
+    revocation.check(state.store, claims)  # a deleted user's tokens, a logged-out token
     refusal = route_rules.decide(rule, principal)
     if refusal is not None:
         raise Forbidden(refusal.message, code=refusal.code)
@@ -216,7 +232,19 @@ def token_for(state, principal: Principal) -> tuple[str, float]:
     if state.token_secret is None:
         state.token_secret = ensure_token_secret(state.store)
     return issue_token(state.token_secret, principal.subject, state.settings.token_ttl_s,
-                       role=principal.role, tenant=principal.tenant)
+                       role=principal.role, tenant=principal.tenant,
+                       generation=revocation.generation(state.store, principal.subject))
+
+
+def logout(state, token: str) -> None:
+    """Revoke one valid token (its jti) until it would have expired; a bad token is ignored."""
+    if state.token_secret is None:
+        state.token_secret = ensure_token_secret(state.store)
+    try:
+        claims = verified_claims(state.token_secret, token)
+    except Unauthorized:
+        return
+    revocation.revoke_token(state.store, str(claims.get("jti", "")), float(claims["exp"]))
 
 
 async def checked_login(state, username: str, password: str, source: str | None) -> Principal:
@@ -269,6 +297,13 @@ def login_oidc(body: OidcLoginRequest, request: Request, state: StateDep) -> Log
     principal = oidc_login.login_of(request.app.state, settings_of(state).login_oidc).verify(body.id_token)
     token, expires_at = token_for(state, principal)
     return LoginResponse(token=token, expires_at=expires_at, role=principal.role, tenant=principal.tenant)
+
+
+@router.post("/logout", dependencies=[Depends(require_admin)])
+def logout_route(request: Request, state: StateDep) -> dict:
+    """Revoke the presented token (POST /api/auth/logout); later calls with it are 401."""
+    logout(state, bearer_from(request))
+    return {"revoked": True}
 
 
 @router.get("/whoami", dependencies=[Depends(require_admin)])

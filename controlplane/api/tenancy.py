@@ -25,7 +25,7 @@ from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
-from controlplane.tenancy import admit, key_policies, policies, users
+from controlplane.tenancy import admit, key_policies, policies, revocation, users
 from controlplane.tenancy.key_policies import KeyPolicy, KeyPolicyBody
 from controlplane.tenancy.policies import TenantPolicy
 from controlplane.tenancy.principal import Principal, claimed_tenant
@@ -66,7 +66,8 @@ def get_user(name: str, state: StateDep) -> dict:
 @router.delete("/users/{name}")
 def delete_user(name: str, state: StateDep) -> dict:
     users.delete(state.store, name)
-    _event(state, "user", name, "deleted", f"user {name} deleted")
+    revocation.revoke_subject(state.store, name)  # the user's tokens stop now, not at their expiry
+    _event(state, "user", name, "deleted", f"user {name} deleted; its tokens are revoked")
     return {"kind": "user", "name": name, "deleted": True}
 
 

@@ -7,6 +7,7 @@ the bad field, a quota 409), is what the operator sees. Nothing here re-implemen
 
 from __future__ import annotations
 
+import asyncio
 import time
 from urllib.parse import quote
 
@@ -15,6 +16,7 @@ from fastapi.responses import RedirectResponse
 
 from common.errors import Forbidden, LimitExceeded, Unauthorized
 from controlplane.auth import login_token
+from controlplane.auth import logout as logout_token
 from controlplane.console import session as sessions
 from controlplane.console.backend import Api, ApiError
 from controlplane.console.render import PREFIX, page, read_form, session_of, to_login
@@ -62,9 +64,11 @@ def _failed(request: Request, session, active: str, exc: ApiError):
 
 @router.post("/logout")
 async def logout(request: Request):
-    _, _, refused = await _guarded(request)
+    session, _, refused = await _guarded(request)
     if refused is not None:
         return refused
+    if session is not None:  # the cookie's token stops working, not only the cookie
+        await asyncio.to_thread(logout_token, get_state(request), session.token)
     resp = to_login()
     resp.delete_cookie(sessions.SESSION_COOKIE, path=sessions.COOKIE_PATH)
     return resp

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from fastapi import Request, Response
 
 from common.errors import Forbidden
-from controlplane.auth import ensure_token_secret, verify_claims
+from controlplane.auth import ensure_token_secret, verified_claims
+from controlplane.tenancy import revocation
 from controlplane.state import AppState
 
 SESSION_COOKIE = "fabric_session"
@@ -58,7 +59,9 @@ def current(request: Request, state: AppState) -> Session | None:
         return None
     secret = _secret(state)
     try:
-        user, role = verify_claims(secret, token)
+        claims = verified_claims(secret, token)
+        revocation.check(state.store, claims)  # signed out, or the user was deleted
+        user, role = str(claims["sub"]), str(claims.get("role", "admin"))
     except Exception:  # noqa: BLE001 - any invalid token means "not signed in"
         return None
     return Session(token=token, user=user, role=role, csrf=csrf_for(secret, token))

@@ -82,6 +82,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/api/auth/login"): PUBLIC,
     ("POST", "/api/auth/oidc"): PUBLIC,  # the identity provider's ID token is the credential
     ("GET", "/api/auth/whoami"): read(FILTERED),
+    ("POST", "/api/auth/logout"): read(FILTERED),  # revokes the caller's own token
     ("GET", "/healthz"): PUBLIC,
     # -- models, profiles, deployments, endpoints (controlplane.api.resources) ------------------
     ("GET", "/api/ai/models"): read(FILTERED),
@@ -145,6 +146,11 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/api/ai/nodes"): NODE,
     ("POST", "/api/ai/nodes/{node_id}/heartbeat"): NODE,
     ("POST", "/api/ai/nodes/{node_id}/certificate"): admin(),
+    ("POST", "/api/ai/join-tokens"): admin(),  # node join (controlplane.api.node_join)
+    ("GET", "/api/ai/join-tokens"): admin(),
+    ("GET", "/api/ai/join/ca"): PUBLIC,
+    ("POST", "/api/ai/join"): PUBLIC,  # the join token in the body is the credential
+    ("POST", "/api/ai/nodes/{node_id}/renew"): NODE,
     ("PUT", "/api/ai/nodes/{node_id}/identity"): admin(),
     ("GET", "/api/ai/gpus"): read(),
     ("GET", "/api/ai/nodes/{node_id}/mig"): read(),

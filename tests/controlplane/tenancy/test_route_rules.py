@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from common.store.base import open_store
+from controlplane.auth import ensure_token_secret, issue_token
 from controlplane.tenancy import route_rules
 from controlplane.tenancy.principal import Principal
 from controlplane.tenancy.route_rules import CLUSTER, NODE_AUTH, OWNED, PUBLIC_AUTH, Rule, decide
@@ -14,6 +16,17 @@ from tests.controlplane.tenancy.conftest import CALLERS, Caller, seed
 
 INT_PARAMS = {"revision", "rollout_id"}
 ABSENT = "zz-absent"
+LOGOUT = ("POST", "/api/auth/logout")
+
+
+def _fresh_token(server, caller: Caller) -> str:
+    """Another token for the same caller (logging out revokes the one it presents)."""
+    store = open_store(None, server.state_dir)
+    try:
+        secret = ensure_token_secret(store)
+    finally:
+        store.close()
+    return issue_token(secret, caller.name, 600, role=caller.role, tenant=caller.tenant)[0]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +88,11 @@ def test_each_route_answers_each_caller_as_its_rule_says(walk, tenancy_fabricd, 
             if rule is None or rule.auth == NODE_AUTH:  # the test above names a missing rule
                 continue
             url = _url(path, rule, caller, owned)
-            resp = client.request(method, url, json={} if method in ("POST", "PUT", "PATCH") else None)
+            headers = {}
+            if (method, path) == LOGOUT and caller.role is not None:  # revokes the token: use a copy
+                headers["authorization"] = f"Bearer {_fresh_token(tenancy_fabricd, caller)}"
+            resp = client.request(method, url, json={} if method in ("POST", "PUT", "PATCH") else None,
+                                  headers=headers)
             status, code = _expected(rule, caller)
             got_code = resp.json().get("error", {}).get("code") if resp.headers.get(
                 "content-type", "").startswith("application/json") and isinstance(resp.json(), dict) else None
