@@ -1,6 +1,8 @@
 """`fabric-agent`: the node agent's command line.
 
   fabric-agent serve ...       run the agent (GPU inventory, VMs, dataplane, heartbeat, mTLS API)
+  fabric-agent join ...        trade a join token for this node's certificate (agent.join)
+  fabric-agent renew-cert ...  renew it before it expires
   fabric-agent maglev ...      operator debugging of the live XDP Maglev maps
 """
 
@@ -18,6 +20,10 @@ def _register() -> None:
 
     app.add_typer(maglev_app, name="maglev")
     app.command("serve")(serve)
+    from agent.join_cli import join, renew_cert
+
+    app.command("join")(join)
+    app.command("renew-cert")(renew_cert)
 
 
 def main() -> None:

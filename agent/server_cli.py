@@ -240,26 +240,30 @@ def _model_jobs(state_dir: Path, settings):
     return jobs
 
 
-def _control_plane_client(url: str, plan: TlsPlan, insecure: bool):
-    import httpx
+def _control_plane_client(urls: list[str], plan: TlsPlan, insecure: bool):
+    """One client over every fabricd URL, failing over between them (agent.control_plane)."""
+    from agent.control_plane import FailoverClient
 
-    if url.startswith("https://"):
-        if not plan.enabled:
-            raise typer.BadParameter("an https control plane needs this node's certificate (--pki-dir)")
+    verify: ssl.SSLContext | bool = False
+    for url in urls:
+        if url.startswith("https://"):
+            if not plan.enabled:
+                raise typer.BadParameter("an https control plane needs this node's certificate (--pki-dir)")
+        elif not (url.startswith("http://") and insecure):
+            raise typer.BadParameter(f"--control-plane {url!r}: expected https://HOST:PORT (http:// only with --insecure)")
+    if plan.enabled:
         from common.pki import client_ssl_context
 
-        verify: ssl.SSLContext | bool = client_ssl_context(plan.ca, plan.cert, plan.key)
-    elif url.startswith("http://") and insecure:
-        verify = False
-    else:
-        raise typer.BadParameter(f"--control-plane {url!r}: expected https://HOST:PORT (http:// only with --insecure)")
-    return httpx.Client(base_url=url.rstrip("/"), verify=verify, timeout=10.0)
+        verify = client_ssl_context(plan.ca, plan.cert, plan.key)
+    return FailoverClient(urls, verify=verify, timeout=10.0)
 
 
 def serve(
     node_id: str = typer.Option(..., "--node-id", help="this node's id (the CN of its certificate)"),
     listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT of the agent API"),
-    control_plane: str = typer.Option(None, "--control-plane", help="fabricd URL; no heartbeat without it"),
+    control_plane: Annotated[list[str] | None, typer.Option(
+        "--control-plane", help="fabricd URL, repeatable or comma-separated (every fabricd: the agent fails "
+        "over between them); no heartbeat without one")] = None,
     advertise: str = typer.Option(None, "--advertise", help="URL fabricd uses to reach this agent"),
     state_dir: Annotated[Path, typer.Option("--state-dir", help="agent state: records, overlays")] = Path(
         "/var/lib/fabric-agent"),
@@ -372,7 +376,9 @@ def serve(
         smi = None
         if fake_gpus <= 0:
             from agent.hw.nvidia_smi import read_smi as smi
-        beat = Heartbeat(state, _control_plane_client(control_plane, plan, insecure),
+        from agent.control_plane import split_urls
+
+        beat = Heartbeat(state, _control_plane_client(split_urls(control_plane), plan, insecure),
                          advertised_address(host, port, plan.enabled, advertise),
                          interval_s=heartbeat_secs, smi_reader=smi,
                          resources=_resources(cpus, memory_gib))
@@ -380,6 +386,9 @@ def serve(
     ssl_args: dict = {}
     if plan.enabled:
         ssl_args = uvicorn_mtls_kwargs(plan)
+        from agent.join import export_expiry
+
+        export_expiry(state.registry, plan.cert)  # alerted on in docs/dashboards/fabric-alerts.yml
     allowed = allowed_client_cn or list(DEFAULT_ALLOWED_CLIENT_CNS)
     if bgp is not None:
         # uvicorn re-raises the SIGTERM it shut down for once it restores the handlers it found:

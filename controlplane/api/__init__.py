@@ -19,7 +19,7 @@ from fastapi import APIRouter
 
 OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models", "apply",
                     "scaling", "quotas", "replicas", "aliases", "sites", "finops", "tenancy",
-                    "model_copy", "model_blobs", "capacity_fit")
+                    "model_copy", "model_blobs", "capacity_fit", "node_join")
 
 
 def routers() -> list[APIRouter]:

@@ -3,6 +3,7 @@
     node add NAME [--out DIR] [--host H ...]   issue NAME's certificate from the cluster CA and write
                                                 DIR/NAME.crt, DIR/NAME.key (0600) and DIR/ca.crt: copy
                                                 DIR to the node and start `fabric-agent serve --pki-dir DIR`
+    node join-token [--node-id N] [--host H]   a one-time token `fabric-agent join` trades for its certificate
     node list | node show NAME                 nodes with online/offline and why
     gpus                                       every GPU with its node and the replica holding it
 """
@@ -70,6 +71,25 @@ def node_add(
         return
     typer.echo(f"node {name}: certificate {crt}, key {key}, CA {ca}")
     typer.echo(f"on the node: fabric-agent serve --node-id {name} --pki-dir DIR --control-plane URL")
+
+
+@node_app.command("join-token")
+def node_join_token(
+    node_id: Annotated[str | None, typer.Option("--node-id", help="bind the token to this node id")] = None,
+    host: Annotated[list[str] | None, typer.Option(
+        "--host", help="extra host name or IP the node's certificate names (repeatable)")] = None,
+    ttl: int = typer.Option(900, "--ttl", help="seconds the token is valid (60-86400)"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """A one-time, short-lived token a new node trades for its certificate (fabric-agent join)."""
+    with session() as c:
+        made = c.post("/api/ai/join-tokens", {"node_id": node_id, "hosts": host or [], "ttl_s": ttl})
+    if as_json:
+        emit_object(made, True)
+        return
+    typer.echo(made["token"])
+    typer.echo(f"valid once, for {ttl}s; on the node: FABRIC_JOIN_TOKEN=<token> "
+               + made["command"].replace(" --token TOKEN", ""), err=True)
 
 
 @node_app.command("list")

@@ -1,0 +1,155 @@
+"""Node join tokens and the certificates they buy: the one door to their records.
+
+A join token is made by an admin (`fabricctl ai node join-token`, POST
+/api/ai/nodes/join-tokens) and handed to one new GPU host, whose `fabric-agent join` trades it
+once, before it expires, for a certificate from the cluster CA (CN = the node id) signed over
+a key the node made itself: no private key is copied by hand, and none leaves the node.
+
+    token = "fjt1.<id>.<secret>.<ca sha256>"
+    record at {ROOT}/join-tokens/<id>: sha256(secret), the node id it is bound to (or any), the
+    SAN hosts the admin allowed, created/expires times (the record has a store lease too)
+
+Only the secret's SHA-256 is stored (the secret is 32 random bytes, so a plain hash is enough);
+the CA's hash in the token lets the agent check the CA it downloads before trusting it. Trading
+deletes the record with a compare-and-swap, so two agents racing with one token get one
+certificate. The hosts come from the admin, never from the node: a token holder cannot get a
+certificate naming fabricd's address. Joined and renewed certificates live JOINED_CERT_DAYS;
+the node renews with its current certificate (POST /api/ai/nodes/{id}/renew) when a third of
+that is left.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from pydantic import BaseModel
+
+from common import keyspace
+from common.errors import InvalidInput, Unauthorized
+from common.pki import ensure_ca
+from common.store.base import Store
+
+PREFIX = f"{keyspace.ROOT}/join-tokens/"
+TOKEN_VERSION = "fjt1"
+DEFAULT_TTL_S = 900
+MAX_TTL_S = 86_400
+JOINED_CERT_DAYS = 90
+
+
+class JoinTokenRecord(BaseModel):
+    id: str
+    secret_sha256: str
+    node_id: str | None = None  # None: any node id the joiner names
+    hosts: list[str] = []
+    created_at: float
+    expires_at: float
+
+
+def ca_sha256(state_dir: Path) -> str:
+    """SHA-256 of the cluster CA certificate (DER): what a joining agent pins."""
+    crt, _ = ensure_ca(state_dir)
+    return hashlib.sha256(x509.load_pem_x509_certificate(crt.read_bytes()).public_bytes(
+        serialization.Encoding.DER)).hexdigest()
+
+
+def parse_token(token: str) -> tuple[str, str, str]:
+    """(id, secret, ca sha256) of a token string; InvalidInput when it is not one."""
+    parts = (token or "").strip().split(".")
+    if len(parts) != 4 or parts[0] != TOKEN_VERSION or not all(parts):
+        raise InvalidInput("not a Fabric join token (expected fjt1.ID.SECRET.CA_SHA256)")
+    return parts[1], parts[2], parts[3]
+
+
+def create(store: Store, state_dir: Path, *, node_id: str | None, hosts: list[str], ttl_s: int,
+           now: float) -> tuple[str, JoinTokenRecord]:
+    if not 60 <= ttl_s <= MAX_TTL_S:
+        raise InvalidInput(f"ttl must be 60-{MAX_TTL_S} seconds, got {ttl_s}")
+    token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
+    record = JoinTokenRecord(id=token_id, secret_sha256=hashlib.sha256(secret.encode()).hexdigest(),
+                             node_id=node_id, hosts=hosts, created_at=now, expires_at=now + ttl_s)
+    lease = store.grant_lease(ttl_s + 60).id  # the store forgets an unused token by itself
+    if not store.create(PREFIX + token_id, record.model_dump_json(), lease=lease):
+        raise InvalidInput("join token id collision; ask again")
+    return f"{TOKEN_VERSION}.{token_id}.{secret}.{ca_sha256(state_dir)}", record
+
+
+def consume(store: Store, token: str, node_id: str, now: float) -> JoinTokenRecord:
+    """The token's record, deleted so it cannot be used again; Unauthorized when the token is
+    unknown, used, expired, for another node, or its secret is wrong (one message for all)."""
+    token_id, secret, _ca = parse_token(token)
+    refused = Unauthorized("join token is invalid, used or expired; ask an admin for a new one",
+                           code="bad_join_token")
+    kv = store.get(PREFIX + token_id)
+    if kv is None:
+        raise refused
+    record = JoinTokenRecord.model_validate_json(kv.value)
+    good = hmac.compare_digest(record.secret_sha256, hashlib.sha256(secret.encode()).hexdigest())
+    if not good or now > record.expires_at or (record.node_id and record.node_id != node_id):
+        raise refused
+    if not store.delete(PREFIX + token_id, mod_revision=kv.mod_revision):
+        raise refused  # another joiner traded it first
+    return record
+
+
+def list_active(store: Store, now: float) -> list[JoinTokenRecord]:
+    out = []
+    for kv in store.list(PREFIX):
+        record = JoinTokenRecord.model_validate_json(kv.value)
+        if record.expires_at >= now:
+            out.append(record)
+    return sorted(out, key=lambda r: r.created_at)
+
+
+def sign_csr(state_dir: Path, csr_pem: str, node_id: str, hosts: list[str],
+             days: int = JOINED_CERT_DAYS) -> tuple[str, str, float]:
+    """(certificate PEM, CA PEM, not_after) for the CSR's key: CN=node_id, SANs node_id + hosts,
+    client and server use. The CSR's own subject and extensions are ignored."""
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem.encode())
+    except ValueError:
+        raise InvalidInput("csr_pem is not a PEM certificate signing request") from None
+    if not csr.is_signature_valid:
+        raise InvalidInput("the CSR's signature does not verify")
+    ca_crt, ca_key_path = ensure_ca(state_dir)
+    ca_cert = x509.load_pem_x509_certificate(ca_crt.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+    now = datetime.datetime.now(datetime.UTC)
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys([node_id, *hosts]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
+            .issuer_name(ca_cert.subject).public_key(csr.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), critical=False)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM).decode(), ca_crt.read_text(),
+            cert.not_valid_after_utc.timestamp())
+
+
+def cert_hosts(cert_pem: str) -> list[str]:
+    """The SAN hosts of a certificate (what a renewal keeps)."""
+    cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [str(v) for v in san.get_values_for_type(x509.DNSName)] + [
+        str(v) for v in san.get_values_for_type(x509.IPAddress)]
