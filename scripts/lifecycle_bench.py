@@ -6,9 +6,10 @@ real fabric-engine-sim on loopback (tests/integration/orchestration_harness), 50
 
   drain_s             a replica with a 10 s stream in flight (500 tokens, opened straight to its
                       engine): from the drain asked (POST .../drain {"replica": ID}) to its record
-                      deleted. The floor is the stream's remaining time plus one routing period and
-                      the settle (FABRIC_ROUTING_SECS + 1 s, so weight 0 reached the agents) plus one
-                      reconcile period; drain_stream_remaining_s is that remaining time and
+                      deleted. drain_stream_remaining_s is the stream's time left when the drain was
+                      asked, drain_after_stream_s the rest (the deletion after the stream ended: the
+                      next scrape showing nothing running, at least FABRIC_ROUTING_SECS + 1 s after the
+                      drain began, then the next reconcile pass; 1 s periods here), and
                       drain_stream_whole whether the stream still ended with data: [DONE]
   crashloop_park_s    a deployment whose engine dies each time it starts (the bench SIGKILLs every
                       engine of it as soon as its process is recorded): from the first kill to
@@ -78,8 +79,8 @@ def measure_drain(api: httpx.Client, dep: str) -> dict:
     drain_s = time.monotonic() - asked
     t.join(60)
     return {"drain_replica": victim["replica_id"], "drain_s": round(drain_s, 2), "drain_stream_remaining_s": round(result["ended"] - asked, 2),
-            "drain_stream_whole": result["whole"], "drain_floor_s": round(result["ended"] - asked + ROUTING_S + 1
-                                                                         + RECONCILE_S, 2)}
+            "drain_stream_whole": result["whole"],
+            "drain_after_stream_s": round(drain_s - (result["ended"] - asked), 2)}
 
 
 def engine_killer(agent_dir: Path, dep: str, stop: threading.Event, killed: list[float]) -> None:

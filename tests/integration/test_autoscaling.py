@@ -126,7 +126,7 @@ def test_scale_out_in_to_zero_and_back_through_the_gateway(cluster, tmp_path):
         assert api.get(f"/api/ai/deployments/{DEP}").json()["replicas"] == 1
 
         # 5. Deleting the deployment drains its replica, then removes the record.
-        assert api.delete(f"/api/ai/endpoints/{EP}").status_code == 200
+        assert api.delete(f"/api/ai/endpoints/{EP}").status_code == 202  # Deleting: its VIP drains first
         assert api.delete(f"/api/ai/deployments/{DEP}").status_code in (200, 202)
         wait_for(lambda: api.get(f"/api/ai/deployments/{DEP}").status_code == 404, 60, "deployment removal")
         assert api.get("/api/ai/capacity").json()["gpus_free"] == 3
