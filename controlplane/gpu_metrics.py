@@ -10,6 +10,7 @@ fabricd covers every node (dashboards and alert rules in docs/dashboards/ use th
     fabric_gpu_memory_used_bytes / _total_bytes{node,pci,gpu}
     fabric_gpu_allocated{node,pci,gpu}             1 while a replica holds the GPU (or slice)
     fabric_gpu_lost{node,pci,gpu}                  1 when the GPU fell off the bus
+    fabric_gpus_by_class{capacity_class}           GPUs (and MIG slices) replicas of that class hold
 
 Labels are bounded by the hardware (node id, PCI address, model name), never by requests.
 """
@@ -43,6 +44,8 @@ class GpuCollector(Collector):
             "total": GaugeMetricFamily("fabric_gpu_memory_total_bytes", "GPU memory", labels=LABELS),
             "alloc": GaugeMetricFamily("fabric_gpu_allocated", "1 while a replica holds the GPU", labels=LABELS),
             "lost": GaugeMetricFamily("fabric_gpu_lost", "1 when the GPU fell off the bus", labels=LABELS),
+            "class": GaugeMetricFamily("fabric_gpus_by_class", "GPUs (and MIG slices) held by replicas, by their "
+                                       "deployment's capacity class", labels=["capacity_class"]),
         }
         try:
             snap = load_snapshot(self._store)
@@ -60,4 +63,8 @@ class GpuCollector(Collector):
                 fams["total"].add_metric(labels, float(g.memory_total_mib * MIB))
                 fams["alloc"].add_metric(labels, 1.0 if g.pci in reserved.get(node.id, set()) else 0.0)
                 fams["lost"].add_metric(labels, 1.0 if g.state == "lost" else 0.0)
+        from controlplane.placement.capacity import gpus_by_class
+
+        for cls, count in gpus_by_class(snap.all_replicas(), snap.deployments).items():
+            fams["class"].add_metric([cls], float(count))
         return list(fams.values())

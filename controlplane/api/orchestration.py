@@ -10,7 +10,8 @@ next tick will do. All routes need an admin bearer token.
   POST /api/ai/deployments/{name}/drain         {"grace_secs": 30, "replica": null} (or "grace_seconds")
   POST /api/ai/deployments/{name}/restart       unpark a CrashLoop (or Backoff) deployment: zero its
                                                 failure count, so the reconciler creates replicas again
-  GET  /api/ai/capacity                         free/total GPUs by node and by site, allocated VIPs;
+  GET  /api/ai/capacity                         free/total GPUs by node and by site, GPUs held by
+                                                capacity class (gpus_by_class), allocated VIPs;
                                                 per node CPU and memory: allocatable (what the node
                                                 reports), committed (its replicas' profiles), free
 
@@ -229,9 +230,12 @@ def capacity(state: StateDep) -> dict:
         site["nodes"] += 1
         site["gpus_total"] += total
         site["gpus_free"] += free
+    from controlplane.placement.capacity import gpus_by_class
+
     return {
         "gpus_total": sum(n["gpus_total"] for n in nodes),
         "gpus_free": sum(n["gpus_free"] for n in nodes),
+        "gpus_by_class": gpus_by_class(snap.all_replicas(), snap.deployments),
         "nodes": nodes,
         "sites": [sites[k] for k in sorted(sites)],
         "vips": [{"vip": ip, "endpoint": owner} for ip, owner in sorted(vip_pool.allocations(state.store).items())],

@@ -182,6 +182,18 @@ def fit(profile: InferenceProfile, nodes: Sequence[Node], reservations: Mapping[
     }
 
 
+def gpus_by_class(replicas: Sequence, deployments: Mapping) -> dict[str, int]:
+    """GPUs (and MIG slices) held by replicas, by their deployment's capacity class (every phase
+    but Deleting: a draining replica still holds its GPUs). GET /api/ai/capacity and fabricd's
+    fabric_gpus_by_class gauge both show this."""
+    out = dict.fromkeys(CAPACITY_CLASSES, 0)
+    for r in replicas:
+        owner = deployments.get(r.deployment)
+        if owner is not None and r.phase != "Deleting":
+            out[owner.capacity_class] = out.get(owner.capacity_class, 0) + len(r.gpus)
+    return out
+
+
 def _top(counts: Mapping[str, int]) -> str | None:
     """The binding constraint most nodes share (ties by name), or None without nodes."""
     return min(counts, key=lambda k: (-counts[k], k)) if counts else None

@@ -71,6 +71,8 @@ def test_critical_preempts_opportunistic_through_the_drain_and_it_returns(tmp_pa
         assert json.loads(ctl(cluster, "capacity", "fit", "--profile", "g1", "-o", "json"))["nodes"][0]["binding"] \
             == "GPUs"
         assert "GPUS_FREE" in ctl(cluster, "capacity")
+        assert api.get("/api/ai/capacity").json()["gpus_by_class"] == {"opportunistic": 2, "standard": 0,
+                                                                      "critical": 0}
 
         # A stream on each opportunistic replica, running while the preemption happens.
         results: list[str] = []
