@@ -9,8 +9,10 @@ template (never the raw path, so names do not explode label cardinality) and sta
 
 from __future__ import annotations
 
+import hmac
 import importlib
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 
@@ -98,8 +100,15 @@ def create_app(state: AppState) -> FastAPI:
     console.install(app)
     openapi_doc.install(app)
 
+    metrics_token = os.environ.get("FABRIC_METRICS_TOKEN", "").strip()  # read once, at start
+
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
+    def metrics(request: Request) -> Response:
+        """Prometheus text; with FABRIC_METRICS_TOKEN set, only for `Authorization: Bearer` that token."""
+        sent = request.headers.get("authorization", "").encode()
+        if metrics_token and not hmac.compare_digest(sent, f"Bearer {metrics_token}".encode()):
+            return JSONResponse({"error": {"code": "no_token", "message": "/metrics needs Authorization: "
+                                           "Bearer FABRIC_METRICS_TOKEN"}}, status_code=401)
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", tags=["health"])

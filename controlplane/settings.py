@@ -30,6 +30,7 @@ AppState without one (tests that build it by hand) gets ``of(state)``: every def
   FABRIC_LOGIN_OIDC_ISSUER/_JWKS_URL/_CLIENT_ID          all three or none (controlplane.tenancy.oidc_login)
   FABRIC_ADMIT_TOKEN                                     when set, at least 16 characters (POST /api/ai/admit/{token})
   FABRIC_REPLICATE_TOKEN                                 a peer site's token for model blob copies (api/model_blobs.py)
+  FABRIC_METRICS_TOKEN                                   when set, /metrics needs Authorization: Bearer TOKEN (also the gateway's)
   FABRIC_KEY_HMAC_SECRET(_FILE)                          API key digests; unset: key routes answer 503 no_hmac_secret
 Booleans accept 1/0, true/false, yes/no, on/off (any case); empty means the default.
 """

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hmac
 import itertools
 import json
 import logging
@@ -87,6 +88,14 @@ EXPLAIN = "/api/ai/explain/request/"
 GUARD = "fabric.disconnect_guard"  # gateway.http_server's: cancels the call when the client leaves
 _NONE: dict = {}
 GC_GEN0_THRESHOLD = 20_000  # net allocations between young collections (Python's default: 700)
+
+
+def metrics_allowed(token: str | None, raw_headers) -> bool:
+    """/metrics is open unless FABRIC_METRICS_TOKEN is set; then it needs that bearer token."""
+    if not token:
+        return True
+    sent = next((v for k, v in raw_headers if k == b"authorization"), b"")
+    return hmac.compare_digest(sent, b"Bearer " + token.encode())
 
 
 def call_band(asked: str | None, key_priority: str | None) -> str:
@@ -163,6 +172,10 @@ class GatewayApp:
             if path.startswith(PREFIX) or is_root(path):
                 await self.call(scope, receive, send)
             elif path == "/metrics":
+                if not metrics_allowed(self.state.settings.metrics_token, scope["headers"]):
+                    await send_json(send, 401, b'{"error":{"code":"no_token","message":"/metrics needs '
+                                               b'Authorization: Bearer FABRIC_METRICS_TOKEN","type":"no_token"}}')
+                    return
                 body = self.state.metrics.exposition()
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})

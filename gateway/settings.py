@@ -72,6 +72,7 @@ class GatewaySettings:
     # PROMETHEUS_MULTIPROC_DIR set (by `serve --workers N`, for prometheus_client): every worker's
     # metrics are files in it, and a scrape sums them
     metrics_multiprocess: bool = False
+    metrics_token: str | None = None  # FABRIC_METRICS_TOKEN: /metrics then needs this bearer token
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -194,6 +195,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         http_server=_http_server(env),
         reclaim_secs=_reclaim_secs(env),
         metrics_multiprocess=bool(env.get("PROMETHEUS_MULTIPROC_DIR")),
+        metrics_token=env.get("FABRIC_METRICS_TOKEN", "").strip() or None,
     )
 
 
