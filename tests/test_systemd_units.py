@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 HOST = REPO / "images/host"
 PREFIX = "/opt/fabric/venv"
 UNITS = ("fabricd", "fabric-gateway", "fabric-agent")
+EXTRA = ("fabric-agent-renew.service", "fabric-agent-renew.timer")
 MOUNT_NAMESPACE_OPTIONS = ("ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "ProtectKernelTunables",
                            "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups", "ProtectClock",
                            "ProtectHostname", "ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths",
@@ -61,10 +62,17 @@ def environment_file(text: str) -> dict[str, str]:
     return env
 
 
-def exec_argv(unit: dict, env: dict[str, str]) -> list[str]:
-    """ExecStart's words with $VAR (alone: split into words) and ${VAR} (in a word) expanded."""
+def unit_environment(unit: dict, name: str) -> dict[str, str]:
+    """Environment= (several assignments a line) then the example /etc/default file, as systemd."""
+    env = dict(w.split("=", 1) for line in unit["Service"].get("Environment", []) for w in shlex.split(line))
+    env.update(environment_file((HOST / f"default/{name}").read_text()))
+    return env
+
+
+def exec_argv(unit: dict, env: dict[str, str], key: str = "ExecStart") -> list[str]:
+    """A command's words with $VAR (alone: split into words) and ${VAR} (in a word) expanded."""
     words = []
-    for word in shlex.split(unit["Service"]["ExecStart"][0]):
+    for word in shlex.split(unit["Service"][key][0]):
         alone = re.fullmatch(r"\$(\w+)", word)
         if alone:
             words += env.get(alone.group(1), "").split()
@@ -96,12 +104,12 @@ def parse_like_the_cli(argv: list[str]):
 
 def test_systemd_analyze_verify_accepts_every_unit(tmp_path):
     venv = REPO / ".venv"
-    for name in UNITS:
-        text = (HOST / f"systemd/{name}.service").read_text()
-        assert text.count(PREFIX) >= 1
-        (tmp_path / f"{name}.service").write_text(text.replace(PREFIX, str(venv)))
-    done = subprocess.run(["systemd-analyze", "verify", "--man=no",
-                           *[str(tmp_path / f"{n}.service") for n in UNITS]],
+    files = [f"{n}.service" for n in UNITS] + list(EXTRA)
+    for name in files:
+        text = (HOST / f"systemd/{name}").read_text()
+        assert text.count(PREFIX) >= 1 or name.endswith(".timer")
+        (tmp_path / name).write_text(text.replace(PREFIX, str(venv)))
+    done = subprocess.run(["systemd-analyze", "verify", "--man=no", *[str(tmp_path / n) for n in files]],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
 
@@ -135,8 +143,7 @@ def test_sandboxes_are_as_tight_as_each_process_allows():
 @pytest.mark.parametrize("name", UNITS)
 def test_exec_start_parses_with_the_programs_own_options(name):
     unit = unit_entries((HOST / f"systemd/{name}.service").read_text())
-    env = dict(e.split("=", 1) for e in unit["Service"].get("Environment", []))
-    env.update(environment_file((HOST / f"default/{name}").read_text()))
+    env = unit_environment(unit, name)
     assert unit["Service"]["EnvironmentFile"] == [f"-/etc/default/{name}"]
     argv = exec_argv(unit, env)
     assert argv[0] == f"{PREFIX}/bin/{name}" and argv[1] == "serve"
@@ -154,3 +161,18 @@ def test_sysusers_creates_the_service_user(tmp_path):
     assert done.returncode == 0, done.stderr
     users = {line.split(":")[0]: line.split(":") for line in (tmp_path / "etc/passwd").read_text().splitlines()}
     assert "fabric" in users and users["fabric"][6] == "/usr/sbin/nologin"
+
+
+def test_the_renewal_timer_runs_the_agents_own_renew_command():
+    unit = unit_entries((HOST / "systemd/fabric-agent-renew.service").read_text())
+    env = unit_environment(unit, "fabric-agent")
+    check = exec_argv(unit, env, "ExecCondition")
+    renew = exec_argv(unit, env, "ExecStart")
+    assert check[1:3] == ["renew-cert", "--check"] and renew[1] == "renew-cert"
+    for argv in (check, renew):
+        ctx = parse_like_the_cli(argv)
+        assert ctx.params["node_id"] == "gpu-7" and len(ctx.params["control_plane"][0].split(",")) == 3
+        assert str(ctx.params["pki_dir"]) == "/var/lib/fabric-agent/pki"
+    assert unit["Service"]["ExecStartPost"] == ["/usr/bin/systemctl try-restart fabric-agent.service"]
+    timer = unit_entries((HOST / "systemd/fabric-agent-renew.timer").read_text())
+    assert timer["Timer"]["OnUnitActiveSec"] == ["1d"] and timer["Install"]["WantedBy"] == ["timers.target"]

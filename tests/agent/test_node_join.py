@@ -170,3 +170,28 @@ def test_control_plane_urls_split_and_failover_on_503(tmp_path):
     only = FailoverClient(["https://a"], verify=True, transport=httpx.MockTransport(handler))
     assert only.post("/x").status_code == 503  # the last answer, when every fabricd refuses
     assert node_files(Path("/p"), "n").cert == Path("/p/n.crt")
+
+
+def test_fabricctl_join_token_then_fabric_agent_join_from_the_command_lines(cluster, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "FABRIC_URL": cluster["urls"][0], "FABRIC_CA": str(cluster["ca"]),
+           "FABRIC_TOKEN": cluster["admin"].headers["Authorization"].removeprefix("Bearer "),
+           "HOME": str(tmp_path)}
+    made = subprocess.run([str(bin_dir / "fabricctl"), "ai", "node", "join-token", "--node-id", "gpu-4", "--ttl", "120"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert token.startswith("fjt1.") and "fabric-agent join --node-id gpu-4" in made.stderr
+    joined = subprocess.run([str(bin_dir / "fabric-agent"), "join", "--node-id", "gpu-4", "--pki-dir",
+                             str(tmp_path / "pki"), "--control-plane", ",".join(cluster["urls"])],
+                            capture_output=True, text=True, timeout=60, env={**env, "FABRIC_JOIN_TOKEN": token})
+    assert joined.returncode == 0, joined.stderr
+    assert (tmp_path / "pki/gpu-4.crt").exists() and token not in joined.stdout + joined.stderr
+    check = subprocess.run([str(bin_dir / "fabric-agent"), "renew-cert", "--check", "--node-id", "gpu-4",
+                            "--pki-dir", str(tmp_path / "pki"), "--control-plane", cluster["urls"][1]],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 1 and "not due" in check.stdout  # the timer's ExecCondition skips
