@@ -9,12 +9,14 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from pathlib import Path
 
 from scapy.all import IP, TCP, Ether, Raw
 
 from agent.dataplane.loader import BPF_DIR
 
-IPIP_POP = BPF_DIR.parent / "bench" / "ipip_pop.c"
+# the repository's dataplane/bench (BPF_DIR is the package's agent/dataplane/bpf link, with no bench/ beside it)
+IPIP_POP = Path(__file__).resolve().parents[1] / "dataplane" / "bench" / "ipip_pop.c"
 
 BENCH_LEN = 64  # bench.c restores this many bytes before each pass
 
