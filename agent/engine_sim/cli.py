@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens the KV cache holds; usage = running tokens / this")
     p.add_argument("--prefix-cache-blocks", type=int, default=d.prefix_cache_blocks,
                    help="16-token blocks the prefix cache holds (0: off); hits skip their prefill")
+    p.add_argument("--kv-events-config", default=None,
+                   help="vLLM's KV-events JSON, e.g. '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\","
+                        "\"endpoint\":\"tcp://*:5557\",\"replay_endpoint\":\"tcp://*:5558\"}': the prefix "
+                        "cache publishes its blocks as vLLM does")
     p.add_argument("--max-loras", type=int, default=d.max_loras,
                    help="LoRA adapters loaded at once through /v1/load_lora_adapter")
     p.add_argument("--lora-root", default=None,

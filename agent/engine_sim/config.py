@@ -31,6 +31,8 @@ class EngineConfig:
     natural_length: int = 0
     kv_capacity_tokens: int = 16384
     prefix_cache_blocks: int = 0  # 16-token blocks the prefix cache holds; 0: no prefix caching
+    # vLLM's --kv-events-config JSON: the prefix cache publishes BlockStored/BlockRemoved over ZMQ
+    kv_events_config: str | None = None
     max_loras: int = 4  # LoRA adapters loaded at once (vLLM --max-loras; lora_routes)
     lora_root: str | None = None  # what the replica sees as /adapters (lora_routes); None: paths as given
     chars_per_token: int = 4
@@ -73,6 +75,13 @@ class EngineConfig:
             problems.append("error_rate must be within 0..1")
         if self.added_latency_ms < 0:
             problems.append("added_latency_ms must be >= 0")
+        if self.kv_events_config is not None:
+            from common.kv_events import parse_kv_events_config
+
+            try:
+                parse_kv_events_config(self.kv_events_config)
+            except ValueError as err:
+                problems.append(str(err))
         if self.runtime not in RUNTIME_TABLE:
             problems.append(f"runtime must be one of {', '.join(RUNTIME_TABLE)}")
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:

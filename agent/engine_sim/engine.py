@@ -23,6 +23,19 @@ from agent.engine_sim.scheduler import SeqScheduler
 from agent.engine_sim.synthetic_output import token_text
 
 
+def _publisher(text: str | None):
+    """A ZmqEventPublisher for vLLM's --kv-events-config, or None when events are off."""
+    if not text:
+        return None
+    from common.kv_events import ZmqEventPublisher, parse_kv_events_config
+
+    cfg = parse_kv_events_config(text)
+    if not cfg.get("enable_kv_cache_events") or cfg.get("publisher", "zmq") != "zmq":
+        return None
+    return ZmqEventPublisher(cfg.get("endpoint", "tcp://*:5557"), cfg.get("replay_endpoint"), cfg.get("topic", ""),
+                             buffer_steps=int(cfg.get("buffer_steps", 10_000)), hwm=int(cfg.get("hwm", 100_000)))
+
+
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -31,9 +44,23 @@ class Engine:
         self.scheduler = SeqScheduler(max_num_seqs=config.max_num_seqs)
         self.metrics = EngineMetrics(config.model, self.live_load, config.legacy_metric_names)
         self._rng = random.Random(config.seed)
-        self.prefix_cache = PrefixCache(config.prefix_cache_blocks, chars_per_token=config.chars_per_token)
+        self.kv_events = _publisher(config.kv_events_config)
+        self.prefix_cache = PrefixCache(config.prefix_cache_blocks, chars_per_token=config.chars_per_token,
+                                        publish=self.kv_events.publish if self.kv_events else None)
         self.started_at = time.time()
         self.lora = LoraState(config.max_loras, root=config.lora_root)
+        self.stopping = False  # SIGTERM: stop() was called
+
+    def stop(self) -> None:
+        """What vLLM 0.32 does on SIGTERM (its default --shutdown-timeout 0, abort): the engine
+        stops at once, so every request in flight, running or waiting, gets no more tokens and
+        no end; its connection stays open until the client goes, and the server exits when the
+        last one has (tests/engine_sim/test_conformance_real.py holds this to the real engine)."""
+        self.stopping = True
+
+    async def _stall_if_stopping(self) -> None:
+        if self.stopping:
+            await asyncio.Event().wait()  # never set: ends when the client's disconnect cancels it
 
     def serves(self, model: str) -> bool:
         """The base model, or a LoRA adapter loaded now."""
@@ -82,6 +109,7 @@ class Engine:
         added = self.faults.added_latency_ms
         if added:
             await asyncio.sleep(added / 1000)
+        await self._stall_if_stopping()
         seq = await self.scheduler.admit(plan.prompt_tokens)
         emitted = 0
         try:
@@ -94,6 +122,7 @@ class Engine:
                     delay = token_delay(first_at, index, plan.token_interval_s, time.monotonic())
                     if delay:
                         await asyncio.sleep(delay)
+                await self._stall_if_stopping()
                 seq.held_tokens += 1
                 emitted += 1
                 yield token_text(plan.seed, index)

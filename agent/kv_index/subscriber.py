@@ -1,0 +1,164 @@
+"""The agent's subscriber to its replicas' KV events: one thread, one ZMQ poller over a SUB socket
+per replica, feeding agent/kv_index/index.py.
+
+On watch (a replica started, or the agent restarted) it subscribes and asks the replica's replay
+socket for every batch from seq 0 that the engine still buffers (vLLM keeps ``buffer_steps``,
+10,000 by default): the snapshot an index starts from. A gap in the live stream asks for a replay
+from the missing seq; when the replay does not reach back that far (the engine's buffer moved
+on), the replica is resynced (its blocks forgotten, rebuilt from the next batches -- the engine
+re-announces the blocks it reuses). A replica without a replay socket is resynced on a gap at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from agent.kv_index.index import KvIndex
+from common.kv_events import END_SEQ, decode_batch
+
+log = logging.getLogger(__name__)
+REPLAY_TIMEOUT_MS = 1000
+
+
+@dataclass(frozen=True)
+class EventSource:
+    replica: str
+    endpoint: str  # the engine's PUB, e.g. tcp://10.0.0.5:5557
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+class KvEventSubscriber:
+    def __init__(self, index: KvIndex) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self.index = index
+        self._ctx = zmq.Context.instance()
+        self._lock = threading.Lock()  # the index is read by the API's threads
+        self._commands: deque[tuple[str, EventSource | str]] = deque()
+        self._subs: dict[str, tuple[EventSource, object]] = {}
+        self._running = True
+        self._thread = threading.Thread(target=self._run, daemon=True, name="kv-index")
+        self._thread.start()
+
+    # -- called from any thread --
+    def watch(self, source: EventSource) -> None:
+        with self._lock:
+            self.index.watch(source.replica)
+        self._commands.append(("watch", source))
+
+    def forget(self, replica: str) -> None:
+        self._commands.append(("forget", replica))
+
+    def match(self, hashes: list[int], replicas: list[str] | None = None) -> dict[str, int | None]:
+        with self._lock:
+            return self.index.match(hashes, replicas)
+
+    def status(self) -> dict:
+        with self._lock:
+            return self.index.status()
+
+    def close(self) -> None:
+        self._running = False
+        self._thread.join(timeout=3)
+        for _, sock in self._subs.values():
+            sock.close(linger=0)
+
+    # -- the thread --
+    def _run(self) -> None:
+        zmq = self._zmq
+        poller = zmq.Poller()
+        by_sock: dict[object, str] = {}
+        while self._running:
+            while self._commands:
+                op, arg = self._commands.popleft()
+                if op == "watch":
+                    src = arg
+                    old = self._subs.pop(src.replica, None)
+                    if old is not None:
+                        poller.unregister(old[1])
+                        by_sock.pop(old[1], None)
+                        old[1].close(linger=0)
+                    sock = self._ctx.socket(zmq.SUB)
+                    sock.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
+                    sock.connect(src.endpoint)
+                    self._subs[src.replica] = (src, sock)
+                    by_sock[sock] = src.replica
+                    poller.register(sock, zmq.POLLIN)
+                    self._replay(src, 0)
+                else:
+                    old = self._subs.pop(arg, None)
+                    if old is not None:
+                        poller.unregister(old[1])
+                        by_sock.pop(old[1], None)
+                        old[1].close(linger=0)
+                    with self._lock:
+                        self.index.forget(arg)
+            for sock, _ in poller.poll(100):
+                replica = by_sock.get(sock)
+                if replica is None:
+                    continue
+                for _ in range(1000):  # drain what is queued, bounded per turn
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._feed(self._subs[replica][0], frames)
+
+    def _feed(self, src: EventSource, frames: list[bytes]) -> None:
+        if len(frames) != 3:
+            return
+        _, seq_b, payload = frames
+        try:
+            batch = decode_batch(payload)
+        except ValueError:
+            with self._lock:
+                self.index.watch(src.replica).bad_events += 1
+            return
+        seq = int.from_bytes(seq_b, "big")
+        with self._lock:
+            verdict = self.index.apply(src.replica, seq, batch)
+            last = self.index.watch(src.replica).last_seq
+        if verdict == "gap":
+            self._replay(src, (last or 0) + 1, until=seq)
+            with self._lock:
+                self.index.apply(src.replica, seq, batch)
+
+    def _replay(self, src: EventSource, start: int, until: int | None = None) -> None:
+        """Apply the engine's buffered batches from ``start``; resync when they do not reach back."""
+        zmq = self._zmq
+        if src.replay_endpoint is None:
+            if until is not None:
+                with self._lock:
+                    self.index.resync(src.replica)
+            return
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        first: int | None = None
+        try:
+            sock.connect(src.replay_endpoint)
+            sock.send_multipart((b"", start.to_bytes(8, "big")))
+            while sock.poll(REPLAY_TIMEOUT_MS, zmq.POLLIN):
+                frames = sock.recv_multipart()
+                if len(frames) != 4:
+                    continue
+                _, _, seq_b, payload = frames
+                if seq_b == END_SEQ:
+                    break
+                seq = int.from_bytes(seq_b, "big")
+                first = seq if first is None else first
+                try:
+                    batch = decode_batch(payload)
+                except ValueError:
+                    continue
+                with self._lock:
+                    self.index.apply(src.replica, seq, batch)
+        finally:
+            sock.close(linger=0)
+        if until is not None and (first is None or first > start):
+            with self._lock:  # the engine's buffer no longer holds what was lost
+                self.index.resync(src.replica)

@@ -1,0 +1,127 @@
+"""The agent's KV block index: sequence handling (gap, duplicate, restart, resync), the subscriber's
+replay snapshot and gap repair over real ZMQ sockets on loopback, and the simulator's events
+matching the hashes a gateway computes from the prompt text."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from agent.engine_sim.process import EngineProcess
+from agent.kv_index.index import KvIndex
+from agent.kv_index.subscriber import EventSource, KvEventSubscriber
+from common.kv_events import (
+    Batch,
+    BlockHasher,
+    ZmqEventPublisher,
+    all_cleared,
+    block_removed,
+    block_stored,
+    decode_batch,
+    encode_batch,
+    sim_token_ids,
+)
+from tests.support.servers import free_port
+
+
+def _b(*events) -> Batch:
+    return decode_batch(encode_batch(list(events)))
+
+
+def _until(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_sequence_verdicts_and_match_counts_only_a_leading_prefix():
+    idx = KvIndex()
+    assert idx.match([1, 2], ["r1"]) == {"r1": None}  # never heard from: blind
+    assert idx.apply("r1", 0, _b(block_stored([1, 2, 3], None, [], 16))) == "ok"
+    assert idx.match([1, 2, 9, 3], ["r1"]) == {"r1": 2}
+    assert idx.apply("r1", 0, _b(block_removed([1]))) == "duplicate"
+    assert idx.match([1], ["r1"]) == {"r1": 1}  # the duplicate was not applied
+    assert idx.apply("r1", 5, _b(block_removed([1]))) == "gap"
+    assert idx.replicas["r1"].gaps == 1 and idx.match([1], ["r1"]) == {"r1": 1}
+    assert idx.apply("r1", 1, _b(block_removed([2]))) == "ok"
+    assert idx.match([1, 2, 3], ["r1"]) == {"r1": 1}
+    assert idx.apply("r1", 0, _b(block_stored([7], None, [], 16))) == "restart"
+    assert idx.match([1], ["r1"]) == {"r1": 0} and idx.match([7], ["r1"]) == {"r1": 1}
+    assert idx.apply("r1", 1, _b(all_cleared())) == "ok" and idx.match([7], ["r1"]) == {"r1": 0}
+    idx.resync("r1")
+    assert idx.replicas["r1"].last_seq is None and idx.replicas["r1"].resyncs == 1
+    assert idx.apply("r1", 40, _b(block_stored([8], None, [], 16))) == "ok"  # starts again anywhere
+    assert idx.apply("r1", 41, _b({"type": "Bogus"})) == "ok" and idx.replicas["r1"].bad_events == 1
+
+
+def test_offload_tiers_do_not_count_as_held():
+    idx = KvIndex()
+    idx.apply("r", 0, _b(block_stored([1], None, [], 16, medium="CPU")))
+    assert idx.match([1], ["r"]) == {"r": 0}
+
+
+def test_a_new_subscriber_starts_from_the_replay_snapshot_and_repairs_a_gap():
+    port, rport = free_port(), free_port()
+    pub = ZmqEventPublisher(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", topic="kv")
+    sub = KvEventSubscriber(KvIndex())
+    try:
+        for i in range(5):  # before anyone listens: only the replay buffer has them
+            pub.publish([block_stored([100 + i], None, [], 16)])
+        assert _until(lambda: len(pub._buffer) == 5)
+        sub.watch(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv"))
+        assert _until(lambda: sub.match([100, 101, 102, 103, 104], ["r1"]) == {"r1": 5})
+        # a batch the live stream lost: seq 5 only in the buffer, seq 6 arrives -> replay 5
+        pub._buffer.append((5, encode_batch([block_stored([105], None, [], 16)])))
+        pub._seq = 6
+        sub._feed(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv"),
+                  [b"kv", (6).to_bytes(8, "big"), encode_batch([block_stored([106], None, [], 16)])])
+        assert sub.match([100, 101, 102, 103, 104, 105, 106], ["r1"]) == {"r1": 7}
+        st = sub.status()["r1"]
+        assert st["gaps"] == 1 and st["resyncs"] == 0 and st["last_seq"] == 6
+        # a gap the buffer no longer covers: resync (blocks forgotten, the next batch starts it)
+        pub._buffer.clear()
+        sub._feed(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv"),
+                  [b"kv", (9).to_bytes(8, "big"), encode_batch([block_stored([109], None, [], 16)])])
+        st = sub.status()["r1"]
+        assert st["resyncs"] == 1 and st["last_seq"] == 9
+        assert sub.match([100], ["r1"]) == {"r1": 0} and sub.match([109], ["r1"]) == {"r1": 1}
+        sub.forget("r1")
+        assert _until(lambda: "r1" not in sub.status())
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_the_simulators_events_name_the_blocks_a_gateway_hashes_from_the_prompt():
+    port, rport = free_port(), free_port()
+    cfg = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}",
+                      "replay_endpoint": f"tcp://127.0.0.1:{rport}", "topic": "kv@sim"})
+    sub = KvEventSubscriber(KvIndex())
+    system = "You are a careful assistant. " * 20
+    with EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0",
+                              "--prefix-cache-blocks", "12", "--kv-events-config", cfg]) as eng:
+        try:
+            sub.watch(EventSource("sim", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv@sim"))
+            texts = []
+            for q in ("first question", "second"):
+                msgs = [{"role": "system", "content": system}, {"role": "user", "content": q}]
+                r = httpx.post(eng.url + "/v1/chat/completions", timeout=10,
+                               json={"model": "sim-m", "max_tokens": 2, "messages": msgs})
+                assert r.status_code == 200
+                texts.append("".join(f"<|{m['role']}|>{m['content']}\n" for m in msgs))
+            want = BlockHasher(16).hashes(sim_token_ids(texts[1]))
+            assert len(want) == 9
+            assert _until(lambda: sub.match(want, ["sim"]) == {"sim": 9})
+            # a third, unrelated prompt evicts blocks past the 12-block bound: BlockRemoved arrives
+            other = "z" * 64 * 10
+            assert httpx.post(eng.url + "/v1/completions", timeout=10,
+                              json={"model": "sim-m", "max_tokens": 2, "prompt": other}).status_code == 200
+            assert _until(lambda: sub.status()["sim"]["blocks"] == 12)
+            assert sub.match(want, ["sim"])["sim"] < 9
+        finally:
+            sub.close()
