@@ -65,6 +65,12 @@ class Runtime:
 
 
 TRITON_METRICS_PORT = 8002
+# vLLM's KV-cache events (docs/kv-events.md): PUB on 5557, replay ROUTER on 5558, in the guest; the
+# node agent's kv-index subscribes over the guest's network (agent/kv_index).
+VLLM_KV_EVENTS_PORT, VLLM_KV_REPLAY_PORT = 5557, 5558
+VLLM_KV_EVENTS_CONFIG = ('{"enable_kv_cache_events":true,"publisher":"zmq",'
+                         f'"endpoint":"tcp://*:{VLLM_KV_EVENTS_PORT}","replay_endpoint":"tcp://*:{VLLM_KV_REPLAY_PORT}",'
+                         '"topic":"kv"}')
 TEI_METRICS_PORT = 9000
 
 RUNTIME_TABLE: dict[str, Runtime] = {
@@ -72,7 +78,8 @@ RUNTIME_TABLE: dict[str, Runtime] = {
     for r in (
         Runtime("vllm", "vLLM OpenAI-compatible server", "/opt/vllm/bin/vllm", "/health", "/metrics", None,
                 "--tensor-parallel-size", "--max-model-len",
-                ("serve", "{model}", "--served-model-name", "{name}", "--host", "0.0.0.0", "--port", "{port}"),
+                ("serve", "{model}", "--served-model-name", "{name}", "--host", "0.0.0.0", "--port", "{port}",
+                 "--kv-events-config", VLLM_KV_EVENTS_CONFIG),
                 service_user="vllm"),
         Runtime("tensorrt-llm", "TensorRT-LLM trtllm-serve", "/opt/trtllm/bin/trtllm-serve", "/health",
                 "/prometheus/metrics", None, "--tp_size", "--max_seq_len",

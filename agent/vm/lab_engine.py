@@ -15,6 +15,9 @@ CPU-specific settings differ:
   --enforce-eager                 no torch.compile: /health in ~30 s instead of ~60 s
   --kv-cache-memory-bytes N       FABRIC_LAB_ENGINE_KV_BYTES (128 MiB): else the CPU engine takes most RAM
   --tensor-parallel-size 1        the lab's GPUs are simulated; one CPU worker
+The guest's --kv-events-config (common/runtimes.VLLM_KV_EVENTS_CONFIG: PUB tcp://*:5557, replay
+tcp://*:5558) stays: the replica's own network namespace holds the ports, and the node agent's
+kv-index subscribes there as it does to a guest (docs/kv-events.md).
   VLLM_HOST_IP / VLLM_LOOPBACK_IP 127.0.0.1: its internal sockets stay on the replica's loopback
   VLLM_CACHE_ROOT, VLLM_RPC_BASE_PATH, TMPDIR, TORCHINDUCTOR_CACHE_DIR, HOME, XDG_CACHE_HOME
                                   under the replica's own directory, removed with it

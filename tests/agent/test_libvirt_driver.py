@@ -224,8 +224,8 @@ def test_seed_user_data_content(monkeypatch, tmp_path):
     ]
     assert (
         "serve /models/meta-llama/Llama-3.1-8B --served-model-name llama-8b --host 0.0.0.0 "
-        "--port 8000 --tensor-parallel-size 4"
-    ) in unit
+        "--port 8000 --kv-events-config "
+    ) in unit and "--tensor-parallel-size 4" in unit
     assert ["models", "/models", "virtiofs", "ro,nofail", "0", "0"] in config["mounts"]
     assert ["systemctl", "enable", "--now", "fabric-engine.service"] in config["runcmd"]
     assert yaml.safe_load(meta)["instance-id"] == "fabric-lv-d"
