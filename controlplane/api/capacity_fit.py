@@ -1,11 +1,12 @@
 """How many more replicas of a profile fit now (controlplane.placement.capacity decides).
 
-  GET /api/ai/capacity/fit?profile=NAME[&allowed_sites=a,b][&residency=R]
+  GET /api/ai/capacity/fit?profile=NAME[&model=NAME][&allowed_sites=a,b][&residency=R]
       -> {profile, replica: what one replica takes, fits, with_preemption: {standard, critical},
           binding: the constraint most nodes share, nodes: [{node, site, fits, binding, detail,
           with_preemption}], sites: [{site, fits, with_preemption, binding}]}
 
-"fits" is without preemption (draining replicas still hold their room); "with_preemption" is per
+With ``model`` the node's free model-cache disk is checked against the model's declared size (and
+the model's own residency joins the site rules). "fits" is without preemption (draining replicas still hold their room); "with_preemption" is per
 capacity class, counting the lower classes' replicas as gone down to each deployment's floor.
 Read-only; the same read permission as GET /api/ai/capacity.
 """
@@ -19,7 +20,7 @@ from fastapi import APIRouter, Depends, Query
 
 from common import keyspace
 from common.errors import InvalidInput, NotFound
-from common.schemas import InferenceProfile, check_name
+from common.schemas import InferenceProfile, ModelArtifact, check_name
 from controlplane.auth import require_admin
 from controlplane.orchestration_state import load_snapshot
 from controlplane.placement.capacity import fit
@@ -42,7 +43,8 @@ def _name(value: str, what: str) -> str:
 @router.get("/capacity/fit")
 def capacity_fit(state: StateDep, profile: str = Query(..., min_length=1, max_length=128),
                  allowed_sites: str = Query("", max_length=2048, description="comma-separated site names"),
-                 residency: str | None = Query(None, max_length=128)) -> dict:
+                 residency: str | None = Query(None, max_length=128),
+                 model: str | None = Query(None, max_length=128)) -> dict:
     name = _name(profile, "profile")
     sites = [_name(s.strip(), "site") for s in allowed_sites.split(",") if s.strip()]
     if len(sites) > MAX_SITES:
@@ -52,7 +54,17 @@ def capacity_fit(state: StateDep, profile: str = Query(..., min_length=1, max_le
     if kv is None:
         raise NotFound(f"profile {name!r} not found")
     prof = InferenceProfile.model_validate_json(kv.value, context={"stored": True})
+    artifact = None
+    if model:
+        mkv = state.store.get(keyspace.models(_name(model, "model")))
+        if mkv is None:
+            raise NotFound(f"model {model!r} not found")
+        artifact = ModelArtifact.model_validate_json(mkv.value, context={"stored": True})
+        if artifact.residency and residency and artifact.residency != residency:
+            raise InvalidInput(f"residency {residency!r} differs from model {model}'s residency "
+                               f"{artifact.residency!r}", code="residency_conflict")
+        residency = residency or artifact.residency
     snap = load_snapshot(state.store)
     return fit(prof, list(snap.nodes.values()), snap.reserved_by_node(), snap.committed(), time.time(),
                settings_of(state).scheduler, holders_of(snap), allowed_sites=sites, residency=residency,
-               sites=snap.sites)
+               sites=snap.sites, model=artifact)

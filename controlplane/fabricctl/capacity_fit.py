@@ -33,12 +33,13 @@ capacity_app.callback(invoke_without_command=True)(with_output(main, "capacity")
 
 @capacity_app.command("fit")
 def fit(profile: str = typer.Option(..., "--profile", help="the profile a replica would use"),
+        model: str = typer.Option("", "--model", help="check the nodes' free disk against this model's size"),
         allowed_sites: str = typer.Option("", "--allowed-sites", help="comma-separated sites the replicas may use"),
         residency: str = typer.Option("", "--residency", help="a residency the sites must be in"),
         as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """How many more replicas of PROFILE fit now, per node and site, without and with preemption."""
     with session() as c:
-        data = c.get("/api/ai/capacity/fit", profile=profile, allowed_sites=allowed_sites or None,
+        data = c.get("/api/ai/capacity/fit", profile=profile, model=model or None, allowed_sites=allowed_sites or None,
                      residency=residency or None)
     if as_json:
         emit_json(data)

@@ -13,8 +13,9 @@ the binding constraint is the one that stops it:
   IOMMU groups / HGX shape   free GPUs exist but not in a shape a VM can take
   CPU, memory the node's CPU or memory left
   site rules  the node's site is outside the allowed sites or residency asked for
+  disk        (with a model given) the node's model cache has less free disk than the model's
+              declared size and does not hold the model (``scheduler.disk_problem``)
   offline, tainted           the node takes nothing
-Profiles declare no disk, so disk never binds here (a model's bytes are checked by its job).
 With preemption for class C: the replicas of classes below C are counted as gone, except that
 each deployment keeps its floor (autoscaling.min_replicas): its oldest replicas, the ones the
 preemption planner would take last. Opportunistic replicas preempt nothing, so only standard and
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from common.schemas import CAPACITY_CLASSES, InferenceProfile, Node, Site
+from common.schemas import CAPACITY_CLASSES, InferenceProfile, ModelArtifact, Node, Site
 from common.sites import site_problem
 from controlplane.placement.preemption import Holder, Holders, class_rank
 from controlplane.scheduler import (
@@ -34,6 +35,7 @@ from controlplane.scheduler import (
     Committed,
     SchedulerSettings,
     choose_groups,
+    disk_problem,
     free_gpus,
     hgx_shape_problem,
     node_online,
@@ -92,7 +94,8 @@ def gpu_fits(node: Node, profile: InferenceProfile, reserved: Collection[str],
 
 
 def node_fit(node: Node, profile: InferenceProfile, reserved: Collection[str], committed: Committed, now: float,
-             settings: SchedulerSettings, site_rule: str | None = None) -> tuple[int, str, str]:
+             settings: SchedulerSettings, site_rule: str | None = None,
+             model: ModelArtifact | None = None) -> tuple[int, str, str]:
     """(replicas that fit on the node, binding constraint, detail)."""
     if not node_online(node, now, settings):
         return 0, "offline", f"last heartbeat {now - node.last_heartbeat:.0f}s ago"
@@ -100,6 +103,9 @@ def node_fit(node: Node, profile: InferenceProfile, reserved: Collection[str], c
         return 0, "tainted", ", ".join(node.taints)
     if site_rule:
         return 0, "site rules", site_rule
+    disk = disk_problem(node, model) if model is not None else None
+    if disk:
+        return 0, "disk", disk
     gpus, gpu_binding, gpu_detail = gpu_fits(node, profile, reserved, settings)
     cpu_left = node.cpu_free - committed.cpu
     cpus = max(0, cpu_left // profile.cpu)
@@ -135,7 +141,7 @@ def removable(holders: Holders, below_rank: int) -> dict[str, list[Holder]]:
 def fit(profile: InferenceProfile, nodes: Sequence[Node], reservations: Mapping[str, Collection[str]],
         committed: Mapping[str, Committed], now: float, settings: SchedulerSettings, holders: Holders, *,
         allowed_sites: Sequence[str] = (), residency: str | None = None,
-        sites: Mapping[str, Site] | None = None) -> dict:
+        sites: Mapping[str, Site] | None = None, model: ModelArtifact | None = None) -> dict:
     """The answer of GET /api/ai/capacity/fit (see the module docstring)."""
     draining = {n: [h for h in hs if h.draining] for n, hs in holders.by_node.items()}
     take = {c: removable(holders, class_rank(c)) for c in PREEMPTING_CLASSES}
@@ -145,7 +151,7 @@ def fit(profile: InferenceProfile, nodes: Sequence[Node], reservations: Mapping[
         reserved = set(reservations.get(node.id, ()))
         held = committed.get(node.id, NOTHING_COMMITTED)
         # Draining replicas still hold their room now: "without preemption" is what fits now.
-        count, binding, detail = node_fit(node, profile, reserved, held, now, settings, rule)
+        count, binding, detail = node_fit(node, profile, reserved, held, now, settings, rule, model)
         more = {}
         for c in PREEMPTING_CLASSES:
             gone = take[c].get(node.id, [])
@@ -155,7 +161,7 @@ def fit(profile: InferenceProfile, nodes: Sequence[Node], reservations: Mapping[
             freed = {g for h in gone for g in h.gpus}
             less = Committed(held.cpu - sum(h.cpu for h in gone),
                              round(held.memory_gib - sum(h.memory_gib for h in gone), 6), held.replicas - len(gone))
-            more[c] = node_fit(node, profile, reserved - freed, less, now, settings, rule)[0]
+            more[c] = node_fit(node, profile, reserved - freed, less, now, settings, rule, model)[0]
         rows.append(NodeFit(node.id, node.site, count, binding, detail, more))
     del draining
     by_site: dict[str, dict] = {}
@@ -171,6 +177,7 @@ def fit(profile: InferenceProfile, nodes: Sequence[Node], reservations: Mapping[
         binding[r.binding] = binding.get(r.binding, 0) + 1
     return {
         "profile": profile.name,
+        "model": model.name if model is not None else None,
         "replica": {"gpus": profile.gpu.count, "vram_gib": profile.gpu.vram_gib, "gpu_model": profile.gpu.model,
                     "mig_profile": profile.gpu.mig_profile, "cpu": profile.cpu, "memory_gib": profile.memory_gib},
         "fits": sum(r.fits for r in rows),

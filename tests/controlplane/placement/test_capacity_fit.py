@@ -54,6 +54,8 @@ def cases(draw):
                           gpus=draw(gpus_of(nid)), cpu_free=draw(st.sampled_from([2, 8, 32])),
                           memory_free_gib=draw(st.sampled_from([8.0, 40.0, 200.0])),
                           taints=["x"] if draw(st.integers(0, 9)) == 0 else [],
+                          model_disk_free_bytes=draw(st.sampled_from([None, 10 * 2**30, 100 * 2**30])),
+                          cached_models=draw(st.sampled_from([[], ["m"]])),
                           nvswitches=["0000:90:00.0"] if draw(st.integers(0, 9)) == 0 else [],
                           last_heartbeat=NOW - draw(st.sampled_from([1.0, 1.0, 90.0]))))
     deps, replicas = {}, []
@@ -77,7 +79,8 @@ def cases(draw):
                                               vram_gib=draw(st.sampled_from([8, 40])),
                                               model=draw(st.sampled_from([None, "H100"]))))
     allowed = draw(st.sampled_from([[], ["eu"]]))
-    return nodes, deps, replicas, profile, allowed
+    model = ModelArtifact(name="m", source="hf://o/m", size_bytes=draw(st.sampled_from([None, 50 * 2**30])))
+    return nodes, deps, replicas, profile, allowed, model
 
 
 def removed_for(rank, deps, replicas):
@@ -96,16 +99,16 @@ def removed_for(rank, deps, replicas):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_fit_matches_a_brute_force_count(case):
-    nodes, deps, replicas, profile, allowed = case
+    nodes, deps, replicas, profile, allowed, model = case
     reservations: dict[str, set[str]] = {}
     for r in replicas:
         reservations.setdefault(r.node, set()).update(r.gpus)
     profiles = {"held": HELD}
     committed = committed_resources(replicas, deps, profiles)
     holders = holders_from(replicas, deps, lambda r: HELD)
-    got = fit(profile, nodes, reservations, committed, NOW, SchedulerSettings(), holders, allowed_sites=allowed)
+    got = fit(profile, nodes, reservations, committed, NOW, SchedulerSettings(), holders, allowed_sites=allowed,
+              model=model)
     dep = InferenceDeployment(name="probe", model="m", profile="p", allowed_sites=allowed)
-    model = ModelArtifact(name="m", source="hf://o/m")
     rows = {r["node"]: r for r in got["nodes"]}
     for nd in nodes:
         want = brute(nd, profile, reservations.get(nd.id, set()), committed.get(nd.id, NOTHING_COMMITTED), dep, model)
@@ -144,5 +147,9 @@ def test_the_binding_constraint_is_named():
     assert one([node("a", 2, site="us")], allowed_sites=["eu"])["nodes"][0]["binding"] == "site rules"
     assert one([node("a", 2, age=90)])["nodes"][0]["binding"] == "offline"
     assert one([node("a", 2, taints=["m"])])["nodes"][0]["binding"] == "tainted"
+    big = ModelArtifact(name="m", source="hf://o/m", size_bytes=50 * 2**30)
+    full = node("a", 2).model_copy(update={"model_disk_free_bytes": 10 * 2**30})
+    assert one([full], model=big)["nodes"][0]["binding"] == "disk"
+    assert one([full])["nodes"][0]["fits"] == 2  # no model given: disk is not judged
     got = one([node("a", 2), node("b", 2, site="eu")])
     assert [(s["site"], s["fits"]) for s in got["sites"]] == [("default", 2), ("eu", 2)]

@@ -67,6 +67,7 @@ def clusters(draw):
             cpu_free=draw(st.sampled_from([4, 16, 64])), memory_free_gib=draw(st.sampled_from([16.0, 64.0, 256.0])),
             cached_models=draw(st.sampled_from([[], ["m"], [DIGEST], ["hf://o/m"]])),
             nvswitches=["0000:90:00.0"] if draw(st.integers(0, 7)) == 0 else [],
+            model_disk_free_bytes=draw(st.sampled_from([None, None, 10 * 2**30, 100 * 2**30])),
             last_heartbeat=NOW - draw(st.sampled_from([1.0, 5.0, 90.0]))))
     reservations = {}
     committed = {}
@@ -93,7 +94,8 @@ def clusters(draw):
                             gpu=GpuRequest(count=1 if mig else draw(st.integers(1, 4)), mig_profile=mig,
                                            vram_gib=draw(st.sampled_from([8, 24, 40, 80])),
                                            model=draw(st.sampled_from([None, None, "H100", "A100"]))))
-    model = ModelArtifact(name="m", source="hf://o/m", digest=draw(st.sampled_from([None, DIGEST])))
+    model = ModelArtifact(name="m", source="hf://o/m", digest=draw(st.sampled_from([None, DIGEST])),
+                          size_bytes=draw(st.sampled_from([None, 50 * 2**30])))
     sets = SchedulerSettings(max_gpu_temp_c=draw(st.sampled_from([None, 85.0])), reject_ecc=draw(st.booleans()))
     exclude = set(draw(st.lists(st.sampled_from(ids), max_size=2)))
     return nodes, reservations, committed, replicas, dep, prof, model, sets, exclude
