@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.vm.base import VmSpec, VmStatus
+from agent.vm.engine_env import engine_env
 from agent.vm.records import RecordDir, engine_alive
 from common.errors import TransientError
 
@@ -132,7 +133,7 @@ class DryRunDriver:
             argv = engine_argv(self.engine_command, spec, self.host, port)
             try:
                 with open(self.log_path(spec.replica_id), "ab") as log:
-                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, env=engine_env(),
                                             stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as exc:
                 raise TransientError(f"cannot start the engine sim for {spec.replica_id}: {exc}") from exc

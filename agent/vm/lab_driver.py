@@ -37,6 +37,7 @@ from agent.dataplane.decap import enable_dsr_backend
 from agent.dataplane.veth import prepare_veth_end
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.dryrun_driver import default_engine_command
+from agent.vm.engine_env import engine_env
 from agent.vm.lab_engine import (
     LabEngineSettings,
     guest_argv,
@@ -167,9 +168,9 @@ class LabDriver:
         if spec is not None and spec.runtime != "vllm":
             # The replica answers health and metrics where that runtime would (common/runtimes.py).
             cmd += ["--runtime", spec.runtime]
-        with open(self.dir / f"{rec.replica_id}.log", "ab") as log:
+        with open(self.dir / f"{rec.replica_id}.log", "ab") as log:  # never the agent's secrets (HF_TOKEN...)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, close_fds=True)
+                                    env=engine_env(), start_new_session=True, close_fds=True)
         return proc.pid
 
     def _start_real_engine(self, rec: _Record, spec: VmSpec) -> int:
