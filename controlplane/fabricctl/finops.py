@@ -6,10 +6,12 @@ import typer
 
 from controlplane.fabricctl.output import col, emit_json, format_table, session
 
-DEPLOYMENT_COLUMNS = [col("DEPLOYMENT", "deployment"), col("TENANT", "tenant"),
+# No tenant reads "-" (a blank cell would shift the row for anyone reading it by eye or by split()).
+TENANT = ("TENANT", lambda r: r.get("tenant") or "-")
+DEPLOYMENT_COLUMNS = [col("DEPLOYMENT", "deployment"), TENANT,
                       col("GPU_S_RESERVED", "gpu_seconds_reserved"), col("GPU_S_READY", "gpu_seconds_ready"),
                       col("TOKENS", "tokens"), col("ALERT", "alert")]
-TENANT_COLUMNS = [col("TENANT", "tenant"), col("GPU_S_RESERVED", "gpu_seconds_reserved"),
+TENANT_COLUMNS = [TENANT, col("GPU_S_RESERVED", "gpu_seconds_reserved"),
                   col("GPU_S_READY", "gpu_seconds_ready"), col("TOKENS", "tokens"), col("ALERT", "alert")]
 
 

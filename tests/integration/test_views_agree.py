@@ -101,6 +101,10 @@ def test_human_output_and_waits_through_the_console_script(cluster):
                "-o", "name").split() == ["deployment/small"]
     scaling = ctl(cluster, "explain", "scaling", "small")
     assert "None" not in scaling and "TTFT" in scaling, scaling
+    # finops: no tenant reads "-", and the tenant table's tokens are its deployments' sum.
+    tables = ctl(cluster, "finops").split("\n\n")
+    assert column(tables[0], "TENANT")[0] == "-" and column(tables[1], "TENANT") == ["-"], tables
+    assert sum(int(t) for t in column(tables[0], "TOKENS")) == int(column(tables[1], "TOKENS")[0])
     # A refusal names the field as people know it, without FastAPI's "body." location.
     bad = run_ctl(cluster, "quota", "set", "acme", "--max-gpus", "-1")
     assert bad.returncode == 1 and "max_gpus" in bad.stderr and "body." not in bad.stderr, bad.stderr
