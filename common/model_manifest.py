@@ -5,13 +5,18 @@ and the receiving fabricd (controlplane.api.model_blobs).
 The manifest is one ``relative-path size sha256`` line per regular file, sorted by path, each
 ending in a newline; the directory's digest is the SHA-256 of that text. The walk never follows a
 symlink and refuses special files, so a hostile directory cannot make us read outside it; names
-that leave the directory (absolute, ``..``, empty parts, backslashes, NUL) are refused.
+that leave the directory (absolute, ``..``, empty parts, backslashes, NUL) are refused, and so
+are names holding any control character (a newline in a name could forge a manifest line, so
+two different trees could share a digest): with them refused, a line's path is everything before
+its last two spaces, one way only. The top-level IGNORED_DIRS are outside the digest; a cached
+copy never keeps them (``strip_ignored``), so what is served is what was hashed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,13 +64,30 @@ class Manifest:
         return sum(1 for e in self.entries if e.path.endswith(".safetensors"))
 
 
+def has_control(name: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
+
+
 def check_relative_name(name: str) -> str:
     """A repository file name that stays inside the model directory, or CheckFailed."""
     bad = (not name or "\\" in name or "\0" in name or name.startswith("/")
            or any(part in ("", ".", "..") for part in name.split("/")))
     if bad or PurePosixPath(name).is_absolute():
         raise CheckFailed("Scanning", f"file name {name!r} leaves the model directory")
+    if has_control(name):
+        raise CheckFailed("Scanning", f"file name {name!r} holds a control character")
     return name
+
+
+def strip_ignored(root: Path) -> None:
+    """Remove the top-level IGNORED_DIRS from a directory about to be cached (they are not in its
+    digest, so they must not be served with it); a symlink by such a name is removed, not followed."""
+    for name in IGNORED_DIRS:
+        p = root / name
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p)
 
 
 def walk_files(root: Path, max_files: int = DEFAULT_MAX_FILES) -> list[str]:
@@ -79,6 +101,9 @@ def walk_files(root: Path, max_files: int = DEFAULT_MAX_FILES) -> list[str]:
         for d in dirnames:
             if Path(dirpath, d).is_symlink():
                 raise CheckFailed("Scanning", f"{(rel_dir / d).as_posix()} is a symlink; symlinks are refused")
+        for name in (*dirnames, *filenames):
+            if has_control(name):
+                raise CheckFailed("Scanning", f"file name {(rel_dir / name).as_posix()!r} holds a control character")
         for name in filenames:
             full = Path(dirpath, name)
             rel = (rel_dir / name).as_posix()

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 from common.model_api import DIGEST, CacheEntry
+from common.model_manifest import strip_ignored
 
 
 def dir_size(path: Path) -> int:
@@ -79,7 +80,7 @@ class ModelCache:
 
     def publish(self, staging_dir: Path, digest: str, source_key: str) -> Path:
         """Move a finished staging directory to by-digest/<digest> in one rename."""
-        shutil.rmtree(staging_dir / ".fabric", ignore_errors=True)
+        strip_ignored(staging_dir)  # .cache/, .fabric/: outside the digest, so never kept
         final = self.by_digest / digest
         if final.is_dir():  # the same bytes arrived by another source: keep the first copy
             shutil.rmtree(staging_dir, ignore_errors=True)
