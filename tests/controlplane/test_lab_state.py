@@ -104,3 +104,15 @@ def test_the_lab_node_reports_a_site_and_the_server_sized_cpu_and_memory(tmp_pat
     cmd = agent_command(LabConfig(state_dir=tmp_path))
     assert cmd[cmd.index("--site") + 1] == "default"
     assert (cmd[cmd.index("--cpus") + 1], cmd[cmd.index("--memory-gib") + 1]) == ("128", "1024")
+
+
+def test_make_run_stops_waiting_when_its_labs_processes_are_gone(tmp_path, monkeypatch, capsys):
+    """`make run` no longer prints "Lab running" over a lab taken down elsewhere: its wait ends,
+    saying so, once no process of the lab's state directory is alive."""
+    from controlplane.lab.cluster import LabConfig
+    from controlplane.run_main import _wait
+
+    monkeypatch.delenv("FABRIC_LAB_EXIT_AFTER_DEMO", raising=False)
+    assert _wait(LabConfig(state_dir=tmp_path / "gone"), {"now": False}) is False
+    assert "the lab's processes have stopped" in capsys.readouterr().err
+    assert _wait(LabConfig(state_dir=tmp_path / "gone"), {"now": True}) is True  # Ctrl-C / TERM
