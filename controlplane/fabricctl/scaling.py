@@ -27,6 +27,8 @@ def autoscale(
     scale_in_seconds: float = typer.Option(None, "--scale-in-seconds", help="how long the queue must stay below"),
     scale_to_zero: bool = typer.Option(None, "--scale-to-zero/--no-scale-to-zero",
                                        help="park at 0 replicas when idle; the next gateway call starts one"),
+    scale_to_zero_idle_seconds: float = typer.Option(None, "--scale-to-zero-idle-seconds",
+                                                     help="to 0 only after nothing ran or finished for this long"),
     cooldown_seconds: float = typer.Option(None, "--cooldown-seconds", help="no change against the last within"),
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -35,7 +37,7 @@ def autoscale(
              "scale_out_queue": scale_out_queue, "scale_out_seconds": scale_out_seconds,
              "scale_out_ttft_ms": scale_out_ttft_ms, "scale_in_queue": scale_in_queue,
              "scale_in_seconds": scale_in_seconds, "scale_to_zero": scale_to_zero,
-             "cooldown_seconds": cooldown_seconds}
+             "scale_to_zero_idle_seconds": scale_to_zero_idle_seconds, "cooldown_seconds": cooldown_seconds}
     with session() as c:
         current = c.get(f"/api/ai/deployments/{name}").get("autoscaling") or {}
         spec = {**current, **{k: v for k, v in given.items() if v is not None}}

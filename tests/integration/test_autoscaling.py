@@ -99,7 +99,8 @@ def test_scale_out_in_to_zero_and_back_through_the_gateway(cluster, tmp_path):
         assert "DrainStarted" in [e["reason"] for e in history["history"]] and history["current"] is None
 
         # 3. Scale to zero, set with fabricctl (only the flags given change).
-        fabricctl(cluster, "ai", "deployment", "autoscale", DEP, "--scale-to-zero", "--scale-in-seconds", "4")
+        fabricctl(cluster, "ai", "deployment", "autoscale", DEP, "--scale-to-zero", "--scale-in-seconds", "4",
+                  "--scale-to-zero-idle-seconds", "4")
         spec = api.get(f"/api/ai/deployments/{DEP}").json()["autoscaling"]
         assert spec["scale_to_zero"] is True and spec["max_replicas"] == 2 and spec["scale_in_seconds"] == 4
         wait_for(lambda: not replicas(api), 90, "scale to zero")
