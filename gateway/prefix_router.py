@@ -113,6 +113,8 @@ class PrefixPolicy:
     load_weight: float = 0.1  # one request of load outweighs a tenth of a full prefix match
     abs_gap: float = 4.0
     rel_gap: float = 2.0
+    idle_bonus: float = 0.05  # precise: an idle replica (load 0) gets this much, so new ones warm up
+    tie_eps: float = 1e-6  # precise: scores this close are a tie, drawn at random
 
 
 @dataclass(frozen=True)
@@ -120,10 +122,11 @@ class Candidate:
     replica: str
     queue: float  # the last fresh scraped queue depth (0 when none)
     in_flight: int  # this gateway's calls to it now
+    pending: int = 0  # this gateway's calls chosen for it but not started yet (ReplicaRouter)
 
     @property
     def load(self) -> float:
-        return self.queue + self.in_flight
+        return self.queue + self.in_flight + self.pending
 
 
 @dataclass(frozen=True)
@@ -174,3 +177,53 @@ def choose(candidates: list[Candidate], hashes: list[bytes], tree: PrefixTree,
     scores = tuple({"replica": r[5].replica, "score": round(r[0], 4), "matched_chunks": r[6], "hits": r[1],
                     "queue": r[5].queue, "in_flight": r[5].in_flight, "prefix_nodes": -r[3]} for r in rows)
     return Decision(chosen.replica, reason, len(hashes), scores)
+
+
+def choose_precise(candidates: list[Candidate], matched: dict[str, int | None], n_blocks: int,
+                   approx: dict[str, int] | None = None, approx_chunks: int = 0,
+                   policy: PrefixPolicy = PrefixPolicy(), rng=None) -> Decision:
+    """Pure but for ``rng``: the replica for a prompt of ``n_blocks`` engine blocks, from what the
+    engines report they hold (``matched``: replica -> leading blocks of this prompt in its KV
+    cache, None for a replica that sent no KV events).
+
+        affinity_weight * matched / n_blocks  -  load_weight * load  (+ idle_bonus when load is 0)
+
+    load = scraped queue + this gateway's calls in flight + its calls chosen but not started, so
+    a burst that lands before any call has started still sees its own choices. A blind replica's
+    affinity is the approximate router's (``approx``: its matched chunks of ``approx_chunks``).
+    The imbalance guard (both gaps) sends the call to the least-loaded replica; scores within
+    tie_eps of the best are drawn uniformly (no fixed order to pile onto)."""
+    import random as _random
+
+    if not candidates:
+        raise ValueError("no candidate replica")
+    rng = rng or _random
+    rows = []
+    for c in candidates:
+        got = matched.get(c.replica)
+        blind = got is None
+        if blind:
+            depth = (approx or {}).get(c.replica, 0)
+            frac = depth / max(approx_chunks, 1)
+        else:
+            depth = got
+            frac = got / max(n_blocks, 1)
+        score = policy.affinity_weight * frac - policy.load_weight * c.load + (policy.idle_bonus if c.load == 0 else 0.0)
+        rows.append({"replica": c.replica, "score": score, "matched_blocks": None if blind else depth,
+                     "approx_chunks": depth if blind else None, "blind": blind, "load": c.load,
+                     "queue": c.queue, "in_flight": c.in_flight, "pending": c.pending, "_c": c, "_frac": frac})
+    best_score = max(r["score"] for r in rows)
+    tied = [r for r in rows if r["score"] >= best_score - policy.tie_eps]
+    best = tied[0] if len(tied) == 1 else rng.choice(tied)
+    least_load = min(r["load"] for r in rows)
+    if best["_frac"] > 0 and imbalanced(best["load"], least_load, policy):
+        pool = [r for r in rows if r["load"] == least_load]
+        chosen, reason = rng.choice(pool), "imbalance_guard"
+    elif best["_frac"] > 0:
+        chosen, reason = best, "blind_approximate" if best["blind"] else "kv_match"
+    else:
+        chosen, reason = best, "load" if len(tied) < len(rows) else "random_tie"
+    rows.sort(key=lambda r: -r["score"])
+    scores = tuple({k: (round(v, 4) if k == "score" else v) for k, v in r.items() if not k.startswith("_")}
+                   for r in rows)
+    return Decision(chosen["replica"], reason, n_blocks, scores)

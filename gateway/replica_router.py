@@ -1,6 +1,14 @@
 """The gateway's own replica choice for endpoints whose ``routing_l7`` is not ``affinity``, and
 the explanations of recent choices (GET /api/ai/explain/request/{request_id}).
 
+Precise prefix routing (``routing_l7: prefix`` with a KV-index source, ``kv``): ``apick`` computes
+the request's engine block hashes (gateway/engine_hash.py, the source's hasher for the endpoint),
+asks the agents' KV index what each replica holds (agent/kv_index) and scores with
+prefix_router.choose_precise; a request that cannot be hashed, an index that does not answer,
+and replicas that sent no KV events fall back to the approximate tree (the explanation says
+which: ``kv_index``, ``blind_replicas``). Calls chosen but not started yet count as load
+(``pending``, expiring after PENDING_TTL if a call never starts).
+
 State per gateway process: one PrefixTree per endpoint (at most MAX_ENDPOINTS; a new one past
 that replaces the least recently used), this process's calls in flight per replica (the load
 signal next to the scraped queue depth, which may be up to MAX_READING_AGE old), a round-robin
@@ -13,15 +21,24 @@ from __future__ import annotations
 
 import random
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from gateway.prefix_router import Candidate, PrefixPolicy, PrefixTree, choose, chunk_hashes, render_prompt
+from gateway.prefix_router import (
+    Candidate,
+    PrefixPolicy,
+    PrefixTree,
+    choose,
+    choose_precise,
+    chunk_hashes,
+    render_prompt,
+)
 from gateway.upstreams import MAX_READING_AGE, EndpointView
 
 MAX_ENDPOINTS = 256
 MAX_EXPLANATIONS = 10_000
 EXPLAIN_TTL = 600.0
+PENDING_TTL = 10.0  # a chosen call that has not started by then (refused at admission) stops counting
 
 
 @dataclass
@@ -34,6 +51,8 @@ class ReplicaRouter:
     _rr: dict[str, int] = field(default_factory=dict)
     _explained: OrderedDict[str, tuple[float, str, dict]] = field(default_factory=OrderedDict)
     _rng: random.Random = field(default_factory=random.Random)
+    kv: object | None = None  # a KV-index source: .hasher(view) -> RequestHasher | None, async .match(view, hashes)
+    _pending: dict[str, deque] = field(default_factory=dict)
 
     def _tree(self, endpoint: str) -> PrefixTree:
         tree = self._trees.get(endpoint)
@@ -49,11 +68,41 @@ class ReplicaRouter:
         for r in view.replicas:
             reading = view.queue_depths.get(r.replica_id)
             queue = reading[0] if reading is not None and now - reading[1] < MAX_READING_AGE else 0.0
-            out.append(Candidate(r.replica_id, queue, self._in_flight.get(r.replica_id, 0)))
+            out.append(Candidate(r.replica_id, queue, self._in_flight.get(r.replica_id, 0),
+                                 self._pending_count(r.replica_id)))
         return out
 
-    def pick(self, view: EndpointView, data: dict | None, now: float) -> tuple[str, dict]:
-        """(replica id, explanation) for a view with at least one replica."""
+    def _pending_count(self, replica: str, now: float | None = None) -> int:
+        q = self._pending.get(replica)
+        if not q:
+            return 0
+        now = time.monotonic() if now is None else now
+        while q and q[0] <= now:
+            q.popleft()
+        return len(q)
+
+    async def apick(self, view: EndpointView, data: dict | None, now: float) -> tuple[str, dict]:
+        """``pick``, with the agents' KV index asked first when the endpoint routes by prefix."""
+        kv_note = None
+        matched = hashes = None
+        if self.kv is not None and data and view.endpoint.routing_l7 == "prefix":
+            hasher = self.kv.hasher(view)
+            hashes = hasher.request_hashes(data) if hasher is not None else None
+            if hasher is None:
+                kv_note = "approximate: no tokenizer for this model"
+            elif hashes is None:
+                kv_note = "approximate: the request cannot be tokenized here"
+            else:
+                try:
+                    matched = await self.kv.match(view, hashes)
+                except Exception as exc:  # any transport error: route approximately, say why
+                    kv_note = f"approximate: the KV index did not answer ({type(exc).__name__})"
+        return self.pick(view, data, now, matched=matched, block_hashes=hashes, kv_note=kv_note)
+
+    def pick(self, view: EndpointView, data: dict | None, now: float, *, matched: dict | None = None,
+             block_hashes: list[int] | None = None, kv_note: str | None = None) -> tuple[str, dict]:
+        """(replica id, explanation) for a view with at least one replica; ``matched`` (the KV
+        index's answer for ``block_hashes``) makes a prefix endpoint's choice precise."""
         mode, name = view.endpoint.routing_l7, view.endpoint.name
         cands = self.candidates(view, now)
         loads = [{"replica": c.replica, "queue": c.queue, "in_flight": c.in_flight} for c in cands]
@@ -65,10 +114,18 @@ class ReplicaRouter:
             return self._rng.choice(cands).replica, {"mode": mode, "reason": "uniform draw", "scores": loads}
         hashes = chunk_hashes(render_prompt(data)) if data else []
         tree = self._tree(name)
-        decision = choose(cands, hashes, tree, self.policy)
+        if matched is not None and block_hashes is not None and mode == "prefix":
+            approx = {r: d for r, (d, _) in tree.match(hashes).items()}
+            decision = choose_precise(cands, matched, len(block_hashes), approx, len(hashes), self.policy, self._rng)
+            blind = sorted(r for r, n in matched.items() if n is None)
+            extra = {"kv_index": "precise", "blind_replicas": blind, "prompt_blocks": len(block_hashes)}
+        else:
+            decision = choose(cands, hashes, tree, self.policy)
+            extra = {"kv_index": kv_note} if kv_note else {}
         if hashes:
             tree.record(hashes, decision.chosen)  # the replica actually chosen
-        return decision.chosen, {"mode": mode, **decision.explain()}
+        self._pending.setdefault(decision.chosen, deque()).append(time.monotonic() + PENDING_TTL)
+        return decision.chosen, {"mode": mode, **decision.explain(), **extra}
 
     @property
     def in_flight(self) -> dict[str, int]:
@@ -76,6 +133,11 @@ class ReplicaRouter:
         return self._in_flight
 
     def started(self, replica: str) -> None:
+        q = self._pending.get(replica)
+        if q:
+            q.popleft()  # no longer pending: in flight now
+            if not q:
+                del self._pending[replica]
         self._in_flight[replica] = self._in_flight.get(replica, 0) + 1
 
     def finished(self, replica: str) -> None:

@@ -1,0 +1,140 @@
+"""Precise prefix routing (gateway/replica_router.apick + prefix_router.choose_precise): the KV
+index's matched blocks against load read at decision time (calls chosen but not started count),
+randomized ties, the imbalance guard over a 64-call burst sharing one prefix, the fallback for
+blind replicas and untokenizable requests, and explain's per-replica rows."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+from agent.kv_index.index import KvIndex
+from common.kv_events import BlockHasher, decode_batch, encode_batch
+from common.kv_events import block_stored as stored
+from common.schemas import EndpointStatus, InferenceEndpoint, Replica
+from gateway.engine_hash import RequestHasher, SimTokenizer
+from gateway.prefix_router import Candidate, PrefixPolicy, choose_precise, imbalanced
+from gateway.replica_router import ReplicaRouter
+from gateway.upstreams import EndpointView
+
+SYSTEM = "You are the support assistant of a large shop. Answer briefly. " * 12
+
+
+def _view(n: int) -> EndpointView:
+    ep = InferenceEndpoint(name="e", deployment="d", routing_l7="prefix", status=EndpointStatus())
+    reps = tuple(Replica(replica_id=f"r{i}", deployment="d", ordinal=i, node="n", host=f"10.0.0.{i + 1}",
+                         ready=True) for i in range(n))
+    return EndpointView(ep, reps, {})
+
+
+class FakeKv:
+    """The agents' index as a gateway reads it (here: one KvIndex in memory)."""
+
+    def __init__(self, index: KvIndex, hasher: RequestHasher | None):
+        self.index, self._hasher, self.calls = index, hasher, 0
+
+    def hasher(self, view):
+        return self._hasher
+
+    async def match(self, view, hashes):
+        self.calls += 1
+        return self.index.match(hashes, [r.replica_id for r in view.replicas])
+
+
+def _req(q: str) -> dict:
+    return {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]}
+
+
+def _index_holding(replica_blocks: dict[str, list[int]], live: list[str]) -> KvIndex:
+    idx = KvIndex()
+    for r in live:
+        idx.apply(r, 0, decode_batch(encode_batch([stored(replica_blocks.get(r, []), None, [], 16)])))
+    return idx
+
+
+def test_a_burst_of_64_sharing_one_prefix_spreads_as_the_load_guard_says():
+    hasher = RequestHasher(SimTokenizer())
+    blocks = hasher.request_hashes(_req("q"))
+    assert len(blocks) >= 10
+    replicas = [f"r{i}" for i in range(4)]
+    kv = FakeKv(_index_holding({"r2": blocks}, replicas), hasher)  # r2 holds the shared prefix
+    router = ReplicaRouter(kv=kv, _rng=random.Random(7))
+    view = _view(4)
+    policy = router.policy
+    chosen = []
+    for i in range(64):  # none of them has started when the next is chosen
+        cands = {c.replica: c.load for c in router.candidates(view, 0.0)}
+        picked, why = asyncio.run(router.apick(view, _req(f"question {i}"), 0.0))
+        assert why["kv_index"] == "precise" and why["blind_replicas"] == []
+        # the guard's promise, at every decision: never onto a replica the guard calls imbalanced
+        assert not imbalanced(cands[picked], min(cands.values()), policy)
+        chosen.append(picked)
+    counts = Counter(chosen)
+    assert set(counts) == set(replicas)  # spread over all four
+    assert counts["r2"] == max(counts.values())  # the one holding the prefix takes the most
+    least = min(counts.values())
+    assert counts["r2"] < max(least + policy.abs_gap, policy.rel_gap * least) + 1
+    assert sum(c.pending for c in router.candidates(view, 0.0)) == 64
+    for r in chosen:
+        router.started(r)
+    assert sum(c.pending for c in router.candidates(view, 0.0)) == 0
+    assert sum(c.in_flight for c in router.candidates(view, 0.0)) == 64
+
+
+def test_explain_shows_each_replicas_matched_blocks_load_and_score():
+    hasher = RequestHasher(SimTokenizer())
+    blocks = hasher.request_hashes(_req("q"))
+    kv = FakeKv(_index_holding({"r0": blocks[:10], "r1": blocks}, ["r0", "r1"]), hasher)  # r2: blind
+    router = ReplicaRouter(kv=kv)
+    picked, why = asyncio.run(router.apick(_view(3), _req("q"), 0.0))
+    assert picked == "r1" and why["reason"] == "kv_match" and why["blind_replicas"] == ["r2"]
+    rows = {r["replica"]: r for r in why["scores"]}
+    assert rows["r1"]["matched_blocks"] == len(blocks) == why["prompt_blocks"]
+    assert rows["r0"]["matched_blocks"] == 10 and rows["r2"]["matched_blocks"] is None and rows["r2"]["blind"]
+    assert all({"score", "load", "queue", "in_flight", "pending"} <= set(r) for r in rows.values())
+    assert rows["r1"]["score"] > rows["r0"]["score"]
+
+
+def test_untokenizable_requests_and_a_silent_index_route_approximately():
+    class Down(FakeKv):
+        async def match(self, view, hashes):
+            raise OSError("agent unreachable")
+
+    hasher = RequestHasher(SimTokenizer())
+    router = ReplicaRouter(kv=FakeKv(KvIndex(), hasher))
+    image = {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+    _, why = asyncio.run(router.apick(_view(2), image, 0.0))
+    assert why["kv_index"].startswith("approximate: the request cannot be tokenized")
+    _, why = asyncio.run(ReplicaRouter(kv=FakeKv(KvIndex(), None)).apick(_view(2), _req("q"), 0.0))
+    assert why["kv_index"] == "approximate: no tokenizer for this model"
+    _, why = asyncio.run(ReplicaRouter(kv=Down(KvIndex(), hasher)).apick(_view(2), _req("q"), 0.0))
+    assert why["kv_index"] == "approximate: the KV index did not answer (OSError)"
+
+
+def test_a_blind_replica_is_scored_by_the_approximate_tree():
+    hasher = RequestHasher(SimTokenizer())
+    router = ReplicaRouter(kv=FakeKv(KvIndex(), hasher), _rng=random.Random(1))
+    view = _view(2)
+    first, _ = asyncio.run(router.apick(view, _req("a"), 0.0))  # both blind: the tree learns the choice
+    router.started(first)
+    router.finished(first)
+    again, why = asyncio.run(router.apick(view, _req("b"), 0.0))
+    assert again == first and why["reason"] == "blind_approximate" and why["blind_replicas"] == ["r0", "r1"]
+
+
+def test_ties_are_drawn_at_random_and_idle_replicas_are_preferred():
+    cands = [Candidate(f"r{i}", 0.0, 0) for i in range(4)]
+    picks = {choose_precise(cands, {c.replica: 0 for c in cands}, 8, rng=random.Random(s)).chosen for s in range(40)}
+    assert len(picks) == 4  # no fixed order to pile onto
+    busy = [Candidate("warm", 0.0, 1), Candidate("new", 0.0, 0)]
+    d = choose_precise(busy, {"warm": 0, "new": 0}, 8, policy=PrefixPolicy(load_weight=0.0))
+    assert d.chosen == "new"  # equal scores but for the idle bonus
+
+
+def test_lora_and_salt_change_the_hashes():
+    h = RequestHasher(SimTokenizer(), BlockHasher(16), lora_paths=(("sql", "/adapters/sql"),))
+    base = h.request_hashes(_req("q"))
+    assert h.request_hashes({**_req("q"), "model": "sql"})[1] != base[1]  # every block of a LoRA request
+    salted = h.request_hashes({**_req("q"), "cache_salt": "t1"})
+    assert salted[0] != base[0]
