@@ -70,6 +70,7 @@ class GatewayHttpProtocol(asyncio.Protocol):
         self.upgrade: bytes | None = None
         self.deadline = 0.0  # when the timer closes the connection, if nothing moved it
         self.timer: asyncio.TimerHandle | None = None
+        self.refusal: bytes | None = None  # the answer to an unparsable request, sent after the ones before it
 
     @property
     def default_headers(self) -> list[tuple[bytes, bytes]]:
@@ -118,6 +119,8 @@ class GatewayHttpProtocol(asyncio.Protocol):
             self.write_paused = None
 
     def resume_reading(self) -> None:
+        if self.refusal is not None:
+            return  # nothing more is read after a request that could not be parsed
         if self.read_paused and not self.pipeline:
             self.read_paused = False
             self.transport.resume_reading()
@@ -171,26 +174,38 @@ class GatewayHttpProtocol(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except HeadTooLarge as exc:
-            self.write_close(plain_response(431, str(exc)))
+            self._refuse(plain_response(431, str(exc)))
             return
         except UnknownCoding as exc:
-            self.write_close(plain_response(501, str(exc)))
+            self._refuse(plain_response(501, str(exc)))
             return
         except httptools.HttpParserUpgrade:
             self._upgrade(data)
             return
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, HeadTooLarge):
-                self.write_close(plain_response(431, str(exc.__context__)))
+                self._refuse(plain_response(431, str(exc.__context__)))
             elif isinstance(exc.__context__, UnknownCoding):
-                self.write_close(plain_response(501, str(exc.__context__)))
+                self._refuse(plain_response(501, str(exc.__context__)))
             else:
-                self.write_close(plain_response(400, "invalid HTTP request"))
+                self._refuse(plain_response(400, "invalid HTTP request"))
             return
         if self.in_head:
             self.head_bytes += len(data)
             if self.head_bytes > MAX_HEAD_BYTES:
-                self.write_close(plain_response(431, f"the request head is over {MAX_HEAD_BYTES} bytes"))
+                self._refuse(plain_response(431, f"the request head is over {MAX_HEAD_BYTES} bytes"))
+
+    def _refuse(self, response: bytes) -> None:
+        """Answer a request that cannot be parsed and close, but after the responses to the
+        complete requests pipelined before it: those keep their answers, in order. A request
+        broken in its body (its own cycle is running) closes at once, as before."""
+        earlier = (self.cycle is not None and not self.cycle.complete) or bool(self.pipeline)
+        if self.in_head and earlier and self.parsing is not None and not self.parsing.more_body:
+            self.refusal = response
+            self.in_head = False  # the head is over (refused): the head timer no longer applies
+            self.pause_reading()
+            return
+        self.write_close(response)
 
     def on_message_begin(self) -> None:
         self.in_head = True
@@ -276,6 +291,9 @@ class GatewayHttpProtocol(asyncio.Protocol):
 
     def response_done(self, cycle: Cycle) -> None:
         self.server_state.total_requests += 1
+        if self.refusal is not None and not self.pipeline:  # the broken request behind this one
+            self.write_close(self.refusal)
+            return
         if not cycle.keep_alive:
             self.write_close(b"")
             return

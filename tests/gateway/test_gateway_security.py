@@ -265,3 +265,20 @@ def test_the_route_cache_keeps_authenticated_paths_only(tmp_path):
     finally:
         app.state.audit.close()
         store.close()
+
+
+# --- a valid pipelined request before a malformed one --------------------------------------------
+
+def test_a_pipelined_request_keeps_its_answer_when_a_malformed_one_follows(env):
+    key = env["keys"]["plain"].encode()
+    body = json.dumps({"model": "sim-m", **CHAT}).encode()
+    good = (b"POST /api/ai/openai/chat/v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + key +
+            b"\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    with socket.create_connection(("127.0.0.1", env["gw"].port), timeout=15) as s:
+        s.sendall(good + b"NOT HTTP AT ALL\r\n\r\n")
+        out = b""
+        while chunk := s.recv(65536):  # the gateway closes after the refusal
+            out += chunk
+    first, _, rest = out.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200"), out[:300]
+    assert b"HTTP/1.1 400" in rest and rest.index(b"HTTP/1.1 400") > 0
