@@ -1,7 +1,8 @@
 """POST /v1/chat/completions and /v1/completions, streaming (SSE) and not.
 
 Usage in streams follows vLLM: a final chunk with empty `choices` and `usage` is
-sent only when the client asks with stream_options.include_usage. The first
+sent only when the client asks with stream_options.include_usage, and the last
+token's chunk carries the finish reason (no empty chunk of its own). The first
 streamed chunk is sent with the first token (after queue wait and prefill), so a
 client measuring time to its first chunk measures TTFT.
 """
@@ -38,18 +39,24 @@ def check_common(engine: Engine, model: str, n: int = 1) -> Response | None:
     return None
 
 
+def _finish(plan: GenerationPlan, sent: int) -> str | None:
+    return plan.finish_reason if sent == plan.completion_tokens else None
+
+
 async def _chat_stream(
     engine: Engine, plan: GenerationPlan, arrived: float, include_usage: bool
 ) -> AsyncIterator[bytes]:
     rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.config.model
+    sent = 0
     async with aclosing(engine.run_sequence(plan, arrived)) as tokens:
-        first = True
         async for token in tokens:
-            if first:
+            if not sent:
                 yield fmt.sse(fmt.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}))
-                first = False
-            yield fmt.sse(fmt.chat_chunk(rid, created, model, {"content": token}))
-    yield fmt.sse(fmt.chat_chunk(rid, created, model, {}, plan.finish_reason))
+            sent += 1
+            # As vLLM does, the last token's chunk carries the finish reason (no chunk of its own).
+            yield fmt.sse(fmt.chat_chunk(rid, created, model, {"content": token}, _finish(plan, sent)))
+    if sent < plan.completion_tokens or not sent:
+        yield fmt.sse(fmt.chat_chunk(rid, created, model, {}, plan.finish_reason))
     if include_usage:
         use = fmt.usage(plan.prompt_tokens, plan.completion_tokens)
         yield fmt.sse(fmt.usage_chunk(rid, created, model, "chat.completion.chunk", use))
@@ -60,13 +67,14 @@ async def _completion_stream(
     engine: Engine, plan: GenerationPlan, arrived: float, include_usage: bool, echo: str
 ) -> AsyncIterator[bytes]:
     rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.config.model
+    sent = 0
     async with aclosing(engine.run_sequence(plan, arrived)) as tokens:
-        first = True
         async for token in tokens:
-            text = echo + token if first else token
-            first = False
-            yield fmt.sse(fmt.completion_chunk(rid, created, model, text))
-    yield fmt.sse(fmt.completion_chunk(rid, created, model, "", plan.finish_reason))
+            text = echo + token if not sent else token
+            sent += 1
+            yield fmt.sse(fmt.completion_chunk(rid, created, model, text, _finish(plan, sent)))
+    if sent < plan.completion_tokens or not sent:
+        yield fmt.sse(fmt.completion_chunk(rid, created, model, "", plan.finish_reason))
     if include_usage:
         use = fmt.usage(plan.prompt_tokens, plan.completion_tokens)
         yield fmt.sse(fmt.usage_chunk(rid, created, model, "text_completion", use))

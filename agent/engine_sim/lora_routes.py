@@ -1,7 +1,7 @@
 """vLLM's runtime LoRA API, as the simulator serves it (vLLM with --enable-lora and
 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True):
 
-  POST /v1/load_lora_adapter    {"lora_name", "lora_path"}  200 text; 400 when already loaded
+  POST /v1/load_lora_adapter    {"lora_name", "lora_path"}  200 text; 400 when already loaded, 404 no such path
   POST /v1/unload_lora_adapter  {"lora_name"}               200 text; 404 when not loaded
 
 A loaded adapter is a model name for the generate and pooling routes and is listed by
@@ -10,7 +10,7 @@ at once (a load past it is refused 400: the gateway must unload one first, which
 tested for); ``loads`` and ``unloads`` count in /sim/state.
 
 Like vLLM, a load reads the adapter's files: ``lora_path`` must be a directory holding
-``adapter_config.json``, else 400 "No adapter found". A lab or dry-run replica has no guest
+``adapter_config.json``, else 404 NotFoundError "No adapter found" (vLLM 0.32's answer). A lab or dry-run replica has no guest
 mount, so ``--lora-root DIR`` says what it sees as /adapters (the agent passes the adapter set,
 agent.models.adapter_sets): ``/adapters/NAME`` is read from ``DIR/NAME``, and any other path,
 or one with ``..``, is not found. A fetch that never happened therefore fails the load loudly.
@@ -71,11 +71,11 @@ def make_lora_routes(state: LoraState) -> list[Route]:
         if not isinstance(name, str) or not name or len(name) > MAX_NAME or not isinstance(path, str) or not path:
             return bad_request("lora_name and lora_path must be non-empty strings", "lora_name")
         if name in state.loaded:
-            return openai_error(400, f"The lora adapter '{name}' has already been loaded.", "BadRequestError",
+            return openai_error(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput",
                                 "invalid_value", "lora_name")
         if state.files(path) is None:
-            return openai_error(400, f"Loading lora {name} failed: No adapter found for {path}",
-                                "BadRequestError", "invalid_value", "lora_path")
+            return openai_error(404, f"Loading lora {name} failed: No adapter found for {path}",
+                                "NotFoundError", "model_not_found", "lora_path")
         if len(state.loaded) >= state.max_loras:
             return openai_error(400, f"max_loras ({state.max_loras}) adapters are loaded; unload one first",
                                 "BadRequestError", "invalid_value", "lora_name")

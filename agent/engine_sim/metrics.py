@@ -1,7 +1,9 @@
 """vLLM-named Prometheus metrics on a per-app registry.
 
-Names, labels and histogram buckets follow vLLM's `vllm/engine/metrics.py` (v0.6+),
-so routing code that scrapes a real vLLM scrapes this the same way. Gauges are read
+Names, labels and histogram buckets follow vLLM's (held to vLLM 0.32's own page by
+tests/engine_sim/test_conformance_real.py: every series carries ``engine="0"`` and
+``model_name``; request_success has all five finished reasons), so routing code that scrapes a
+real vLLM scrapes this the same way. Gauges are read
 live from the scheduler at scrape time (plus any synthetic load), never cached.
 `legacy_names` emits `vllm:gpu_cache_usage_perc` (vLLM before 0.7) instead of
 `vllm:kv_cache_usage_perc`.
@@ -28,6 +30,8 @@ E2E_BUCKETS = (
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
 KV_USAGE = "vllm:kv_cache_usage_perc"
+ENGINE = "0"  # vLLM labels each series with its engine index (one engine per server here)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
 
 
@@ -51,8 +55,8 @@ class _LoadCollector(Collector):
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", load.waiting),
             (self._kv_name, "KV-cache usage. 1 means 100 percent usage.", load.kv_usage),
         ):
-            family = GaugeMetricFamily(name, doc, labels=["model_name"])
-            family.add_metric([self._model], value)
+            family = GaugeMetricFamily(name, doc, labels=["engine", "model_name"])
+            family.add_metric([ENGINE, self._model], value)
             yield family
 
 
@@ -60,48 +64,48 @@ class EngineMetrics:
     def __init__(self, model: str, read_load: Callable[[], LiveLoad], legacy_names: bool = False):
         self.registry = CollectorRegistry(auto_describe=False)
         self._model = model
-        labels = ["model_name"]
+        labels = ["engine", "model_name"]
         self.registry.register(_LoadCollector(model, read_load, legacy_names))
         self._ttft = Histogram(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
             labels, buckets=TTFT_BUCKETS, registry=self.registry,
-        ).labels(model)
+        ).labels(ENGINE, model)
         self._e2e = Histogram(
             "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
             labels, buckets=E2E_BUCKETS, registry=self.registry,
-        ).labels(model)
+        ).labels(ENGINE, model)
         self._prompt = Counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=self.registry
-        ).labels(model)
+        ).labels(ENGINE, model)
         self._generation = Counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=self.registry
-        ).labels(model)
+        ).labels(ENGINE, model)
         self._cache_queries = Counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
             labels, registry=self.registry,
-        ).labels(model)
+        ).labels(ENGINE, model)
         self._cache_hits = Counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
             labels, registry=self.registry,
-        ).labels(model)
+        ).labels(ENGINE, model)
         self._success = Counter(
             "vllm:request_success", "Count of successfully processed requests.",
-            ["model_name", "finished_reason"], registry=self.registry,
+            ["engine", "finished_reason", "model_name"], registry=self.registry,
         )
         # Injected faults, in a registry of their own: only runtimes with an error counter show
         # them (runtime_metrics), so the vLLM page stays as vLLM writes it.
         self.failures_registry = CollectorRegistry(auto_describe=False)
         self._failed = Counter(FAILED, "Requests the simulator failed on purpose.", registry=self.failures_registry)
-        # Pre-create both reasons so a scraper sees zeros rather than absent series.
-        for reason in ("stop", "length"):
-            self._success.labels(model, reason)
+        # Pre-create every reason vLLM does, so a scraper sees zeros rather than absent series.
+        for reason in FINISHED_REASONS:
+            self._success.labels(ENGINE, reason, model)
 
     def observe_failed(self) -> None:
         """A request failed on purpose: the runtime's error counter, and on the vLLM page an
         aborted request (finished_reason "abort", as vLLM counts one), which fabricd's rollout
         windows read as a failure. The other runtimes' pages leave "abort" out of success."""
         self._failed.inc()
-        self._success.labels(self._model, "abort").inc()
+        self._success.labels(ENGINE, "abort", self._model).inc()
 
     def observe_first_token(self, ttft_s: float, prompt_tokens: int) -> None:
         self._ttft.observe(ttft_s)
@@ -117,7 +121,7 @@ class EngineMetrics:
 
     def observe_finished(self, e2e_s: float, finish_reason: str) -> None:
         self._e2e.observe(e2e_s)
-        self._success.labels(self._model, finish_reason).inc()
+        self._success.labels(ENGINE, finish_reason, self._model).inc()
 
     def render(self, runtime: str = "vllm") -> bytes:
         if runtime == "vllm":

@@ -59,6 +59,7 @@ RENAMES: dict[str, dict[str, str]] = {
 
 
 def _labels(runtime: str, labels: dict[str, str]) -> dict[str, str]:
+    labels = {k: v for k, v in labels.items() if k != "engine"}  # vLLM's engine index: its page only
     if runtime == "triton" and "model_name" in labels:
         # Triton labels per model and version; the finish reason is not one of its labels.
         return {"model": labels["model_name"], "version": "1"}

@@ -15,15 +15,29 @@ from agent.engine_sim.app import create_app, create_metrics_app
 from agent.engine_sim.config import EngineConfig
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose SIGTERM/SIGINT also stops the engine the way vLLM's does: the
+    listener closes at once and requests in flight get nothing more (Engine.stop)."""
+
+    def __init__(self, config: uvicorn.Config, engine):
+        super().__init__(config)
+        self._engine = engine
+
+    def handle_exit(self, sig, frame) -> None:
+        self._engine.stop()
+        super().handle_exit(sig, frame)
+
+
 def run(config: EngineConfig) -> None:
     app = create_app(config)
+    engine = app.state.engine
     if config.serving_metrics_port == config.port:
-        uvicorn.run(app, **_options(config, config.port))
+        _Server(uvicorn.Config(app, **_options(config, config.port)), engine).run()
         return
     # The runtime serves /metrics on a port of its own: two servers on one loop, one engine.
-    metrics = create_metrics_app(app.state.engine)
-    servers = [uvicorn.Server(uvicorn.Config(app, **_options(config, config.port))),
-               uvicorn.Server(uvicorn.Config(metrics, **_options(config, config.serving_metrics_port)))]
+    metrics = create_metrics_app(engine)
+    servers = [_Server(uvicorn.Config(app, **_options(config, config.port)), engine),
+               _Server(uvicorn.Config(metrics, **_options(config, config.serving_metrics_port)), engine)]
 
     async def serve_both() -> None:
         # A signal reaches one server's handler: when either stops, stop the other too.

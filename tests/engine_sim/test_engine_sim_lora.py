@@ -27,7 +27,7 @@ def test_load_use_list_unload(tmp_path):
         for name, path in (("gone", None), ("empty", None), ("sql", "/a/sql"), ("sql", "/adapters/../sql"),
                            ("sql", str(tmp_path / "sql"))):  # only /adapters/NAME under the root counts
             refused = load(name, path)
-            assert refused.status_code == 400 and "No adapter found" in refused.text, (name, path)
+            assert refused.status_code == 404 and "No adapter found" in refused.text, (name, path)
         assert load("sql").status_code == 200
         assert "already been loaded" in load("sql").text and load("sql").status_code == 400
         assert load("poem").status_code == 200

@@ -18,7 +18,9 @@ def samples(url: str) -> dict[tuple[str, tuple], float]:
 
 
 def value(snap: dict, name: str, **labels: str) -> float:
-    return snap[(name, tuple(sorted(labels.items())))]
+    # vLLM labels every series with its engine index; the simulator is engine "0".
+    wanted = {"engine": "0", **labels} if name.startswith("vllm:") else labels
+    return snap[(name, tuple(sorted(wanted.items())))]
 
 
 def test_vllm_metric_names_are_present_and_labelled(fast_engine: EngineProcess):
