@@ -137,7 +137,11 @@ async def after_plan(worker, snap: Snapshot, dep: InferenceDeployment, plan, err
             result = plan_preemption(index, dep, profile, model, holders_of(snap), replicas=live)
             if result.outcome == "preempt":
                 await _drain_victims(worker, snap, dep, result, errors)
-            if result.outcome in ("preempt", "waiting"):
+            holders = holders_of(snap)
+            waited = [h for hs in holders.draining.values() for h in hs if h.replica_id in result.waiting_on]
+            # Waiting is said only for room preemption made (a scale-in's drain is not news here).
+            if result.outcome == "preempt" or any(class_rank(h.capacity_class) < class_rank(dep.capacity_class)
+                                                  for h in waited):
                 update_deployment_status(worker.store, dep.name,
                                          message=f"{status.message}; {result.message} (capacity_class "
                                                  f"{dep.capacity_class})")
