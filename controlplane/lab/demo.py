@@ -115,8 +115,10 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     dep = ensure(cfg, "deployment", MODEL, "deploy", MODEL, "--profile", PROFILE, "--replicas", "3", echo=echo)
     if dep is not None and dep.get("replicas") != 3:
         ctl(cfg, "deployment", "scale", MODEL, "--replicas", "3", echo=echo)
+    # Real vLLM engines (the lab's default when installed) take 30-60 s each to answer /health on
+    # 2 cores, and three start at once; the simulator is Ready in seconds.
     wait_for("3 ready replicas", lambda: ctl_json(cfg, "deployment", "show", MODEL)["status"]["ready_replicas"] >= 3,
-             120, echo)
+             420 if cfg.engine == "vllm" else 120, echo)
     ctl(cfg, "deployment", "show", MODEL, echo=echo)
 
     echo(f"\n== 4. An OpenAI endpoint with {ROUTING} routing gets a VIP")
