@@ -80,6 +80,16 @@ def vip_pool_stays_on_this_host():
         subprocess.run([a.replace("{}", "del") for a in argv], capture_output=True)
 
 
+@pytest.fixture(autouse=True)
+def umask_stays_as_it_was():
+    """A test that runs a CLI in-process (`fabric-agent serve` calls restrict_umask()) must not
+    leave umask 077 to later tests: QEMU, as libvirt-qemu, then cannot open their files."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
 def allowed_label(reason: str) -> str | None:
     for label, pattern in ALLOWED_SKIPS.items():
         if pattern.search(reason):

@@ -172,7 +172,10 @@ class LibvirtKvmProbe:
         name = f"{PROBE_PREFIX}{os.getpid()}_{threading.get_ident() % 100000}"
         work = self.work_dir / name
         shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
+        if not self.work_dir.exists():  # QEMU (libvirt-qemu) must traverse it whatever our umask
+            self.work_dir.mkdir(parents=True)
+            self.work_dir.chmod(0o755)
+        work.mkdir()
         work.chmod(0o755)
         disk, console = work / "probe.img", work / "console.log"
         write_probe_disk(disk)

@@ -62,7 +62,9 @@ def test_seed_uses_the_split_retries_the_mount_and_orders_the_engine(tmp_path):
     units = {f["path"]: f["content"] for f in config["write_files"]}
     engine = units["/etc/systemd/system/fabric-engine.service"]
     assert "--tensor-parallel-size 2" in engine and "--pipeline-parallel-size 3" in engine
-    assert "Requires=fabric-models.service" in engine
+    # ordered after the share and retried until it is mounted (not Requires=: one failure would stick)
+    assert "After=" in engine and "fabric-models.service" in engine
+    assert "ExecStartPre=/usr/bin/mountpoint -q /models" in engine and "StartLimitIntervalSec=0" in engine
     assert "nvidia-persistenced.service" in engine and "nvidia-fabricmanager.service" in engine
     mount = units["/etc/systemd/system/fabric-models.service"]
     assert "mount /models" in mount and "seq 1 60" in mount
