@@ -90,7 +90,7 @@ def test_replica_namespace_serves_is_adopted_after_restart_and_is_deleted_whole(
     load = "http://10.252.7.11:8000/v1/load_lora_adapter"
     assert httpx.post(load, json={"lora_name": "sql", "lora_path": "/adapters/sql"}).status_code == 200
     ghost = httpx.post(load, json={"lora_name": "ghost", "lora_path": "/adapters/ghost"})
-    assert ghost.status_code == 400 and "No adapter found" in ghost.text
+    assert ghost.status_code == 404 and "No adapter found" in ghost.text
 
     assert again.delete("m-0-abc") is True
     assert not Path("/var/run/netns", ns).exists()
