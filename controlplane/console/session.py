@@ -19,8 +19,8 @@ from fastapi import Request, Response
 
 from common.errors import Forbidden
 from controlplane.auth import ensure_token_secret, verified_claims
-from controlplane.tenancy import revocation
 from controlplane.state import AppState
+from controlplane.tenancy import revocation
 
 SESSION_COOKIE = "fabric_session"
 LOGIN_CSRF_COOKIE = "fabric_login_csrf"
