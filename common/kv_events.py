@@ -17,7 +17,8 @@ tagged by ``type``: ``BlockStored`` (block_hashes, parent_block_hash, token_ids,
 lora_id, medium, lora_name, and optional extra keys), ``BlockRemoved`` (block_hashes, medium),
 ``AllBlocksCleared``. A ROUTER replay socket takes ``(b"", start_seq)`` from a DEALER/REQ and
 answers each buffered batch with seq >= start_seq as ``(b"", topic, seq, payload)``, then
-``(b"", b"", -1 as 8 signed bytes, b"")``.
+``(b"", b"", -1 as 8 signed bytes, b"")``. The PUB binds a wildcard endpoint (``tcp://*:5557``)
+and connects to a host one (the subscriber binds that); the replay socket always binds.
 """
 
 from __future__ import annotations
@@ -158,6 +159,12 @@ def as_hash(value: Any) -> int:
     raise ValueError(f"a block hash is an int or bytes, got {type(value).__name__}")
 
 
+def publisher_binds(endpoint: str) -> bool:
+    """vLLM's rule: the PUB binds a wildcard (``tcp://*:5557``, ``::``) or an ipc/inproc endpoint
+    and connects to any other, which the subscriber then binds (EventSource.bind)."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 class ZmqEventPublisher:
     """vLLM's PUB + ROUTER publisher shape, for the simulator: ``publish(events)`` from any
     thread; one thread sends, keeps the last ``buffer_steps`` batches and answers replays."""
@@ -176,8 +183,12 @@ class ZmqEventPublisher:
         self._seq = 0
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(hwm)
-        self._pub.bind(endpoint)
-        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        if publisher_binds(endpoint):
+            self._pub.bind(endpoint)
+            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:  # as vLLM: a host address is the subscriber's, which binds it
+            self._pub.connect(endpoint)
+            self.endpoint = endpoint
         self._replay = None
         self.replay_endpoint = None
         if replay_endpoint:

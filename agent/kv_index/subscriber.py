@@ -29,6 +29,7 @@ class EventSource:
     endpoint: str  # the engine's PUB, e.g. tcp://10.0.0.5:5557
     replay_endpoint: str | None = None
     topic: str = ""
+    bind: bool = False  # the engine's endpoint names this host (vLLM then connects to it): bind it
 
 
 class KvEventSubscriber:
@@ -85,7 +86,10 @@ class KvEventSubscriber:
                         old[1].close(linger=0)
                     sock = self._ctx.socket(zmq.SUB)
                     sock.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
-                    sock.connect(src.endpoint)
+                    if src.bind:
+                        sock.bind(src.endpoint)
+                    else:
+                        sock.connect(src.endpoint)
                     self._subs[src.replica] = (src, sock)
                     by_sock[sock] = src.replica
                     poller.register(sock, zmq.POLLIN)

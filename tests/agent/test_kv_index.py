@@ -73,19 +73,19 @@ def test_a_new_subscriber_starts_from_the_replay_snapshot_and_repairs_a_gap():
         for i in range(5):  # before anyone listens: only the replay buffer has them
             pub.publish([block_stored([100 + i], None, [], 16)])
         assert _until(lambda: len(pub._buffer) == 5)
-        sub.watch(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv"))
+        sub.watch(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv", bind=True))
         assert _until(lambda: sub.match([100, 101, 102, 103, 104], ["r1"]) == {"r1": 5})
         # a batch the live stream lost: seq 5 only in the buffer, seq 6 arrives -> replay 5
         pub._buffer.append((5, encode_batch([block_stored([105], None, [], 16)])))
         pub._seq = 6
-        sub._feed(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv"),
+        sub._feed(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv", bind=True),
                   [b"kv", (6).to_bytes(8, "big"), encode_batch([block_stored([106], None, [], 16)])])
         assert sub.match([100, 101, 102, 103, 104, 105, 106], ["r1"]) == {"r1": 7}
         st = sub.status()["r1"]
         assert st["gaps"] == 1 and st["resyncs"] == 0 and st["last_seq"] == 6
         # a gap the buffer no longer covers: resync (blocks forgotten, the next batch starts it)
         pub._buffer.clear()
-        sub._feed(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv"),
+        sub._feed(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv", bind=True),
                   [b"kv", (9).to_bytes(8, "big"), encode_batch([block_stored([109], None, [], 16)])])
         st = sub.status()["r1"]
         assert st["resyncs"] == 1 and st["last_seq"] == 9
@@ -106,7 +106,7 @@ def test_the_simulators_events_name_the_blocks_a_gateway_hashes_from_the_prompt(
     with EngineProcess.start(["--model", "sim-m", "--tokens-per-s", "0", "--prefill-tokens-per-s", "0",
                               "--prefix-cache-blocks", "12", "--kv-events-config", cfg]) as eng:
         try:
-            sub.watch(EventSource("sim", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv@sim"))
+            sub.watch(EventSource("sim", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv@sim", bind=True))
             texts = []
             for q in ("first question", "second"):
                 msgs = [{"role": "system", "content": system}, {"role": "user", "content": q}]
