@@ -84,3 +84,12 @@ def test_restore_checks_the_writer_itself_not_only_the_route_rule():
     else:
         raise AssertionError("an operator's external endpoint was accepted by restore")
     backup._check_outbound_reach(Principal("root", "admin"), plan)  # an admin's passes
+
+
+def test_the_console_has_no_endpoint_write_of_its_own():
+    """The console's writes are REST API calls with the user's token (controlplane.console.backend);
+    none of them writes an endpoint, so the API's rule above is the console's too."""
+    from controlplane.console.actions import router
+
+    writes = [r.path for r in router.routes if "POST" in getattr(r, "methods", set())]
+    assert writes and not any("endpoint" in p or "apply" in p or "restore" in p for p in writes)
