@@ -44,6 +44,8 @@ from agent.vm.lab_engine import (
     in_guest_mounts,
     real_engine_argv,
     real_engine_env,
+    release_shm,
+    shm_segments,
 )
 from agent.vm.records import RecordDir, engine_alive
 from common.errors import Refused, TransientError
@@ -244,6 +246,7 @@ class LabDriver:
 
     def _teardown(self, ns: str, veth: str, term_first: bool = False) -> None:
         if _netns_exists(ns):
+            shm = shm_segments(_netns_pids(ns))  # a real engine's, for when SIGKILL leaves them
             steps = ((signal.SIGTERM, STOP_WAIT_S),) if term_first else ()
             for sig, wait in (*steps, (signal.SIGKILL, 5.0)):
                 for pid in _netns_pids(ns):
@@ -256,5 +259,7 @@ class LabDriver:
                     time.sleep(0.05)
                 if not _netns_pids(ns):
                     break
+            if shm and not _netns_pids(ns):
+                release_shm(shm)
             _ip("netns", "del", ns, check=False)
         _ip("link", "del", veth, netns=self.net.node_netns, check=False)

@@ -145,3 +145,24 @@ def in_guest_mounts(argv: list[str], model_dir: str, adapters_dir: str | None) -
     if not Path(model_dir).is_dir():
         raise InvalidInput(f"model directory {model_dir} does not exist")
     return ["sh", "-c", _MOUNT_SCRIPT, "fabric-mounts", model_dir, adapters_dir or "", *argv]
+
+
+def shm_segments(pids: list[str]) -> set[Path]:
+    """The /dev/shm files these processes have mapped (vLLM's shared-memory queues, psm_*). A
+    SIGKILLed engine cannot unlink its own; ``release_shm`` does once its processes are gone."""
+    found: set[Path] = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in maps.splitlines():
+            path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+            if path.startswith("/dev/shm/") and "/" not in path[len("/dev/shm/"):]:
+                found.add(Path(path.removesuffix(" (deleted)")))
+    return found
+
+
+def release_shm(segments: set[Path]) -> None:
+    for seg in segments:
+        seg.unlink(missing_ok=True)

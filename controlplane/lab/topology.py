@@ -17,10 +17,12 @@ or a replica. The host's own interfaces are never touched: the lab only adds its
 from __future__ import annotations
 
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.dataplane.veth import prepare_veth_end
+from agent.vm.lab_engine import release_shm, shm_segments
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,12 @@ def down(t: LabTopology) -> list[str]:
     for ns in netns_list():
         if ns.startswith(t.prefix):
             pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
+            shm = shm_segments(pids)  # a real vLLM engine's shared memory, which SIGKILL leaves
             for pid in pids:
                 _run(["kill", "-9", pid], check=False)
             _run(["ip", "netns", "del", ns], check=False)
+            if shm and _wait_gone(pids):  # unlinked only once no process of it maps them
+                release_shm(shm)
             removed.append(f"netns {ns}")
     if _run(["ip", "link", "show", t.host_if], check=False).returncode == 0:
         _run(["ip", "link", "del", t.host_if], check=False)
@@ -112,6 +117,15 @@ def down(t: LabTopology) -> list[str]:
     for dst in (t.replica_subnet, t.vip_pool):
         _run(["ip", "route", "del", dst], check=False)
     return removed
+
+
+def _wait_gone(pids: list[str], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{p}").exists() for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def leftovers(t: LabTopology) -> list[str]:
