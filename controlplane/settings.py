@@ -127,6 +127,8 @@ class FabricdSettings:
     replicate_token: str = field(default="", repr=False)  # FABRIC_REPLICATE_TOKEN; "": blob copies refused
     key_hmac_secret: bytes | None = field(default=None, repr=False)  # None: see key_hmac_error
     key_hmac_error: str = ""  # why API keys are unavailable (no secret configured)
+    prometheus_url: str = ""  # FABRIC_PROMETHEUS_URL; "": the console charts read fabricd's own bounded history
+    gateway_url: str = ""  # FABRIC_CONSOLE_GATEWAY_URL; "": the console playground is off
 
 
 @cache
@@ -207,10 +209,15 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
         if r.raw("FABRIC_KEY_HMAC_SECRET_FILE"):  # named but unusable: refused at start
             r.errors.append(str(exc))
         hmac_error = str(exc)  # none configured: API keys unavailable (503), the rest serves
+    console_urls = {}
+    for var, key in (("FABRIC_PROMETHEUS_URL", "prometheus_url"), ("FABRIC_CONSOLE_GATEWAY_URL", "gateway_url")):
+        console_urls[key] = r.raw(var).rstrip("/")
+        if console_urls[key] and not console_urls[key].startswith(("http://", "https://")):
+            r.bad(var, "is not an http:// or https:// URL")
     if r.errors:
         raise SettingsError("; ".join(r.errors))
     return FabricdSettings(api, controllers, scheduler, pool, deny, allow, model_dir=model_dir,
                            model_cache_bytes=cache_bytes, max_batches=max_batches, token_budget=token_budget,
                            max_blob_bytes=max_blob_bytes, mig=mig, login_oidc=login_oidc,
                            admit_token=r.raw("FABRIC_ADMIT_TOKEN"), replicate_token=r.raw("FABRIC_REPLICATE_TOKEN"),
-                           key_hmac_secret=hmac_secret, key_hmac_error=hmac_error)
+                           key_hmac_secret=hmac_secret, key_hmac_error=hmac_error, **console_urls)
