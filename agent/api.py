@@ -11,6 +11,7 @@
     DELETE /v1/maglev/services/{vip}/{port}/{proto}  404 when absent
     GET    /v1/bgp                                   VIPs announced and why, BGP sessions, events (FABRIC_BGP=1)
     POST   /v1/gpus/{bdf}/mig, DELETE /v1/gpus/{bdf}/mig/{gi}/{ci}   MIG instances (agent/mig_routes.py)
+    POST   /v1/kv-index/match, GET /v1/kv-index     the replicas' KV blocks (agent/kv_index/routes.py)
     GET    /v1/health, GET /healthz (common.health's shape), GET /metrics
 
 Who may call: TLS admits only certificates from the cluster CA (the server demands one), and
@@ -392,6 +393,10 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(mig_router(is_enabled=lambda: state.settings.pci_mig))  # FABRIC_PCI_MIG
+    if state.kv_index is not None:  # POST /v1/kv-index/match, GET /v1/kv-index (agent/kv_index/routes.py)
+        from agent.kv_index.routes import kv_index_router
+
+        app.include_router(kv_index_router(state.kv_index.subscriber))
     _document_errors(app)
     return app
 

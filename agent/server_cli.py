@@ -368,6 +368,9 @@ def serve(
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
                        site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir)
     state.kvm = getattr(state.vm_driver, "kvm", None)
+    from agent.kv_index.service import KvIndexService
+
+    state.kv_index = KvIndexService(state.vm_driver, state.registry)  # replicas' KV events (docs/kv-events.md)
     if state.kvm is not None:  # probe now, off the request path (kept per boot: later reads are free)
         threading.Thread(target=state.kvm.state, name="kvm-probe", daemon=True).start()
     bgp = _bgp_announcer(settings.bgp, dp, dataplane_iface, dataplane_netns, state_dir, state)

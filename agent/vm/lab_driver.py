@@ -40,6 +40,7 @@ from agent.vm.dryrun_driver import default_engine_command
 from agent.vm.engine_env import engine_env
 from agent.vm.lab_engine import (
     LabEngineSettings,
+    engine_error_line,
     guest_argv,
     in_guest_mounts,
     real_engine_argv,
@@ -49,6 +50,7 @@ from agent.vm.lab_engine import (
 )
 from agent.vm.records import RecordDir, engine_alive
 from common.errors import Refused, TransientError
+from common.runtimes import VLLM_KV_EVENTS_CONFIG
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,9 @@ class LabDriver:
         if not _netns_exists(rec.netns):
             return VmStatus(rec.replica_id, "failed", rec.address, rec.port, "namespace is gone")
         if not engine_alive(rec.pid, rec.replica_id):
-            return VmStatus(rec.replica_id, "failed", rec.address, rec.port, "engine process exited")
+            why = engine_error_line(self.dir / f"{rec.replica_id}.log") if rec.engine == "vllm" else ""
+            return VmStatus(rec.replica_id, "failed", rec.address, rec.port,
+                            f"engine process exited: {why}" if why else "engine process exited")
         return VmStatus(rec.replica_id, "running", rec.address, rec.port, f"netns {rec.netns}")
 
     def _start_engine(self, rec: _Record, spec: VmSpec | None) -> int:
@@ -170,6 +174,8 @@ class LabDriver:
         if spec is not None and spec.runtime != "vllm":
             # The replica answers health and metrics where that runtime would (common/runtimes.py).
             cmd += ["--runtime", spec.runtime]
+        else:  # KV events as a vLLM guest publishes them (the agent's kv-index subscribes)
+            cmd += ["--kv-events-config", VLLM_KV_EVENTS_CONFIG]
         with open(self.dir / f"{rec.replica_id}.log", "ab") as log:  # never the agent's secrets (HF_TOKEN...)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=engine_env(), start_new_session=True, close_fds=True)

@@ -125,3 +125,55 @@ def test_the_simulators_events_name_the_blocks_a_gateway_hashes_from_the_prompt(
             assert sub.match(want, ["sim"])["sim"] < 9
         finally:
             sub.close()
+
+
+def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agent.kv_index.routes import kv_index_router
+    from agent.kv_index.service import KvIndexService
+    from agent.vm.base import VmStatus
+
+    port, rport = free_port(), free_port()
+
+    class Driver:
+        statuses = [VmStatus("r1", "running", "127.0.0.1", 8000, ""), VmStatus("r2", "running", "127.0.0.2", 8000, ""),
+                    VmStatus("r3", "starting", None, 8000, "")]
+
+        def list(self):
+            return self.statuses
+
+    def source(replica, address):  # r1 publishes on loopback (its PUB connects to the bound SUB); r2 never does
+        if replica == "r1":
+            return EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv", bind=True)
+        return EventSource(replica, f"tcp://127.0.0.1:{free_port()}", None, "kv", bind=True)
+
+    registry = CollectorRegistry()
+    svc = KvIndexService(Driver(), registry, sync_s=3600, source=source)
+    pub = ZmqEventPublisher(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", topic="kv")
+    try:
+        svc.sync(Driver.statuses)
+        assert set(svc.subscriber.status()) == {"r1", "r2"}  # r3 has no address yet
+        app = FastAPI()
+        app.include_router(kv_index_router(svc.subscriber))
+        client = TestClient(app)
+
+        def matched():
+            pub.publish([block_stored([11, 12, 13], None, [], 16)])
+            return client.post("/v1/kv-index/match", json={"hashes": [11, 12, 99]}).json()["replicas"]
+
+        assert _until(lambda: matched()["r1"] == {"matched_blocks": 2, "blind": False})
+        assert matched()["r2"] == {"matched_blocks": None, "blind": True}
+        assert client.post("/v1/kv-index/match", json={"hashes": ["x"]}).status_code == 422
+        text = generate_latest(registry).decode()
+        assert 'fabric_kv_index_replicas{state="blind"} 1.0' in text
+        assert 'fabric_kv_index_replicas{state="live"} 1.0' in text
+        assert 'fabric_kv_index_blocks{replica="r1"} 3.0' in text
+        assert client.get("/v1/kv-index").json()["replicas"]["r1"]["events"] is True
+        svc.sync([Driver.statuses[0]])  # r2 went away
+        assert _until(lambda: set(svc.subscriber.status()) == {"r1"})
+    finally:
+        pub.close()
+        svc.close()

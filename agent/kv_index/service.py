@@ -1,0 +1,106 @@
+"""The node agent's KV-index service: keeps the subscriber (agent/kv_index/subscriber.py) watching
+every running replica of this node and exports what it knows.
+
+Every SYNC_S it lists the VM driver's replicas; a running one with an address is watched at
+``tcp://ADDRESS:5557`` (PUB) and ``tcp://ADDRESS:5558`` (replay), topic ``kv`` -- where the guest's
+vLLM (common/runtimes.VLLM_KV_EVENTS_CONFIG) and the lab's engines publish -- and one that is gone
+is forgotten. A replica watched for BLIND_AFTER_S without one event is logged once as blind (an
+engine started without --kv-events-config); gateways then route it approximately.
+
+Metrics (the agent's registry): fabric_kv_index_replicas{state="live"|"blind"},
+fabric_kv_index_blocks{replica}, fabric_kv_index_gaps_total{replica},
+fabric_kv_index_resyncs_total{replica}.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from agent.kv_index.index import KvIndex
+from agent.kv_index.subscriber import EventSource, KvEventSubscriber
+from common.runtimes import VLLM_KV_EVENTS_PORT, VLLM_KV_REPLAY_PORT
+
+log = logging.getLogger(__name__)
+SYNC_S = 2.0
+BLIND_AFTER_S = 60.0
+TOPIC = "kv"
+
+
+def source_for(replica: str, address: str) -> EventSource:
+    host = f"[{address}]" if ":" in address else address
+    return EventSource(replica, f"tcp://{host}:{VLLM_KV_EVENTS_PORT}", f"tcp://{host}:{VLLM_KV_REPLAY_PORT}", TOPIC)
+
+
+class KvIndexService:
+    def __init__(self, vm_driver, registry=None, sync_s: float = SYNC_S, source=source_for) -> None:
+        self.subscriber = KvEventSubscriber(KvIndex())
+        self._source = source  # (replica, address) -> EventSource
+        self._driver = vm_driver
+        self._sync_s = sync_s
+        self._watched: dict[str, str] = {}  # replica -> address
+        self._warned: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="kv-index-sync")
+        if registry is not None:
+            registry.register(_Collector(self))
+        self._thread.start()
+
+    def sync(self, statuses) -> None:
+        """Watch the running replicas with an address; forget the rest."""
+        want = {s.id: s.host for s in statuses if s.state == "running" and s.host}
+        for replica, address in want.items():
+            if self._watched.get(replica) != address:
+                self.subscriber.watch(self._source(replica, address))
+                self._watched[replica] = address
+        for replica in list(self._watched):
+            if replica not in want:
+                self.subscriber.forget(replica)
+                del self._watched[replica]
+                self._warned.discard(replica)
+        for replica, st in self.subscriber.status().items():
+            age = time.monotonic() - self.subscriber.index.replicas[replica].watched_since \
+                if replica in self.subscriber.index.replicas else 0.0
+            if not st["events"] and age > BLIND_AFTER_S and replica not in self._warned:
+                self._warned.add(replica)
+                log.warning("kv-index: replica %s sent no KV events in %.0f s (engine without "
+                            "--kv-events-config?); gateways route it approximately", replica, age)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._sync_s):
+            try:
+                self.sync(self._driver.list())
+            except Exception:  # a driver hiccup must not end the index
+                log.exception("kv-index: listing replicas failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=3)
+        self.subscriber.close()
+
+
+class _Collector:
+    def __init__(self, service: KvIndexService) -> None:
+        self._service = service
+
+    def collect(self):
+        status = self._service.subscriber.status()
+        states = GaugeMetricFamily("fabric_kv_index_replicas", "Replicas the KV index watches, by whether they "
+                                   "have sent KV events (blind: none yet)", labels=["state"])
+        live = sum(1 for s in status.values() if s["events"])
+        states.add_metric(["live"], live)
+        states.add_metric(["blind"], len(status) - live)
+        blocks = GaugeMetricFamily("fabric_kv_index_blocks", "KV blocks the index holds per replica",
+                                   labels=["replica"])
+        gaps = CounterMetricFamily("fabric_kv_index_gaps", "Sequence gaps in a replica's KV events",
+                                   labels=["replica"])
+        resyncs = CounterMetricFamily("fabric_kv_index_resyncs", "Replicas' indexes rebuilt after a gap the "
+                                      "replay could not fill", labels=["replica"])
+        for replica, s in status.items():
+            blocks.add_metric([replica], s["blocks"])
+            gaps.add_metric([replica], s["gaps"])
+            resyncs.add_metric([replica], s["resyncs"])
+        yield from (states, blocks, gaps, resyncs)
