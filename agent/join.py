@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from agent.control_plane import FailoverClient
+from common import join_token
 from common.private_fs import private_dir, write_private
 
 RENEW_FRACTION = 1 / 3  # renew when a third of the lifetime is left (30 of 90 days)
@@ -52,10 +53,10 @@ def node_files(pki_dir: Path, node_id: str) -> NodeFiles:
 
 
 def parse_token(token: str) -> tuple[str, str, str]:
-    parts = (token or "").strip().split(".")
-    if len(parts) != 4 or parts[0] != "fjt1" or not all(parts):
-        raise JoinFailed("not a Fabric join token (expected fjt1.ID.SECRET.CA_SHA256)")
-    return parts[1], parts[2], parts[3]
+    try:
+        return join_token.parse_token(token)
+    except join_token.BadJoinToken as exc:
+        raise JoinFailed(str(exc)) from None
 
 
 def _key_and_csr(node_id: str) -> tuple[bytes, str]:

@@ -32,13 +32,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import BaseModel
 
+from common import join_token as common_join_token
 from common import keyspace
 from common.errors import InvalidInput, Unauthorized
 from common.pki import ensure_ca
 from common.store.base import Store
 
 PREFIX = f"{keyspace.ROOT}/join-tokens/"
-TOKEN_VERSION = "fjt1"
 DEFAULT_TTL_S = 900
 MAX_TTL_S = 86_400
 JOINED_CERT_DAYS = 90
@@ -62,10 +62,10 @@ def ca_sha256(state_dir: Path) -> str:
 
 def parse_token(token: str) -> tuple[str, str, str]:
     """(id, secret, ca sha256) of a token string; InvalidInput when it is not one."""
-    parts = (token or "").strip().split(".")
-    if len(parts) != 4 or parts[0] != TOKEN_VERSION or not all(parts):
-        raise InvalidInput("not a Fabric join token (expected fjt1.ID.SECRET.CA_SHA256)")
-    return parts[1], parts[2], parts[3]
+    try:
+        return common_join_token.parse_token(token)
+    except common_join_token.BadJoinToken as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def create(store: Store, state_dir: Path, *, node_id: str | None, hosts: list[str], ttl_s: int,
@@ -78,7 +78,7 @@ def create(store: Store, state_dir: Path, *, node_id: str | None, hosts: list[st
     lease = store.grant_lease(ttl_s + 60).id  # the store forgets an unused token by itself
     if not store.create(PREFIX + token_id, record.model_dump_json(), lease=lease):
         raise InvalidInput("join token id collision; ask again")
-    return f"{TOKEN_VERSION}.{token_id}.{secret}.{ca_sha256(state_dir)}", record
+    return common_join_token.format_token(token_id, secret, ca_sha256(state_dir)), record
 
 
 def consume(store: Store, token: str, node_id: str, now: float) -> JoinTokenRecord:
