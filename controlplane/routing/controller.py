@@ -45,6 +45,7 @@ from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
 from common.store.base import Store
 from controlplane import vip_pool
 from controlplane.events import EventSink
+from controlplane.history import HISTORY
 from controlplane.orchestration_state import (
     MANAGED_SERVICES,
     ParseCache,
@@ -242,6 +243,7 @@ class RoutingWorker:
             except FabricError as exc:
                 self._set_status(ep, phase="Deleting" if deleting else "Pending", message=exc.message)
         self.write_observations()
+        HISTORY.observe_routing(snap, self.memory.plans)  # the console's charts (controlplane.history)
         await self.release_orphans(snap)
 
     def plan(self, snap: Snapshot, ep: InferenceEndpoint, vip: str | None = None) -> RoutingPlan:

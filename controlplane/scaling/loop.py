@@ -34,6 +34,7 @@ from common.errors import TransientError
 from common.schemas import InferenceDeployment
 from common.store.base import Store
 from controlplane.events import EventSink
+from controlplane.history import HISTORY
 from controlplane.orchestration_state import Snapshot, load_snapshot
 from controlplane.scaling.decide import Decision, Memory, Observations, QuotaView, decide
 from controlplane.tenancy import admission, quotas
@@ -102,17 +103,23 @@ class AutoscaleWorker:
         self.clock = clock
         self.events = events or EventSink(store)
         self.due_at: float | None = None
+        self._last_codes: dict[str, str] = {}
 
     async def tick(self) -> None:
         snap = load_snapshot(self.store)
         self.due_at = None
+        marks = {}  # deployment -> the decision that changed, marked on the console's timeline
         for name in sorted(snap.deployments):
             dep = snap.deployments[name]
             if dep.autoscaling is None:
                 continue
             decision = self.apply(snap, dep, snap.deployment_revisions[name])
+            if decision.action != "hold" or decision.code != self._last_codes.get(name):
+                marks[name] = decision.summary
+            self._last_codes[name] = decision.code
             if decision.due_at is not None:
                 self.due_at = decision.due_at if self.due_at is None else min(self.due_at, decision.due_at)
+        HISTORY.observe_fleet(snap, marks, self.clock())  # controlplane.history
 
     def next_due(self) -> float | None:
         """When (wall clock) a condition that is holding will have held long enough: the loop runs
