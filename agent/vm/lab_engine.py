@@ -166,3 +166,20 @@ def shm_segments(pids: list[str]) -> set[Path]:
 def release_shm(segments: set[Path]) -> None:
     for seg in segments:
         seg.unlink(missing_ok=True)
+
+
+def engine_error_line(log: Path, tail_bytes: int = 16384) -> str:
+    """The engine's own last error line from its log ("ValueError: ..."), for a replica whose
+    engine exited (a model it cannot load: a bad config, no tokenizer); "" when there is none."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        text = line.split("] ", 1)[-1].strip() if line.startswith("(") else line.strip()
+        head = text.split(":", 1)[0]
+        if ":" in text and (head.endswith(("Error", "Exception")) or head in ("RuntimeError", "OSError")):
+            return text[:300]
+    return ""
