@@ -1,0 +1,97 @@
+"""A model the engine cannot load: the replica's probe gets no answer, its agent reports the VM
+(engine process) failed, and the reconciler makes it Failed with the engine's own last error
+line from its log, releases its GPU and counts the failure (not an endless restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from common import keyspace
+from common.agent_api import GpuBindResult, VmInfo
+from common.schemas import InferenceDeployment, Replica
+from common.store.sqlite_store import SqliteStore
+from controlplane.events import recent_events
+from controlplane.reconcile import plan as rp
+from controlplane.reconcile.apply import ReconcileWorker
+from tests.controlplane.planner_data import model, node, profile
+
+LOG = ("INFO 12-01 loading model\nTraceback (most recent call last):\n  File \"vllm/config.py\", line 1\n"
+       "OSError: /models does not appear to have a file named config.json\n"
+       "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+GPU = "0000:10:00.0"
+
+
+class Agent:
+    def __init__(self, calls):
+        self.calls = calls
+
+    async def get_vm(self, vm_id):
+        return VmInfo(id=vm_id, state="failed", host="127.0.0.1", port=9, message="engine process exited")
+
+    async def vm_logs(self, vm_id, offset, limit):
+        self.calls.append(("logs", offset))
+        return {"text": LOG, "offset": 0, "next_offset": len(LOG), "size": len(LOG)}
+
+    async def delete_vm(self, vm_id):
+        self.calls.append(("delete_vm", vm_id))
+        return True
+
+    async def release_gpu(self, pci):
+        self.calls.append(("release", pci))
+        return GpuBindResult(bdf=pci, changed=True)
+
+    async def bind_gpu(self, pci):
+        return GpuBindResult(bdf=pci, changed=False)
+
+    async def create_vm(self, req):
+        self.calls.append(("create_vm", req.replica_id))
+        return VmInfo(id=req.replica_id, state="running", host="127.0.0.1", port=9)
+
+
+class Agents:
+    def __init__(self):
+        self.calls: list = []
+
+    def for_node(self, n):
+        return Agent(self.calls)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(tmp_path / "fabric.db")
+    s.put(keyspace.models("qwen"), model().model_dump_json())
+    s.put(keyspace.profiles("p24"), profile().model_dump_json())
+    s.put(keyspace.nodes("n1"), node("n1", 2).model_copy(update={"last_heartbeat": time.time() + 600,
+                                                                 "address": "https://127.0.0.1:7443"}).model_dump_json())
+    s.put(keyspace.deployments("qwen"), InferenceDeployment(name="qwen", model="qwen", profile="p24", replicas=1)
+          .model_dump_json())
+    r = Replica(replica_id="qwen-0-aaaaaa", deployment="qwen", ordinal=0, node="n1", gpus=[GPU], host="127.0.0.1",
+                port=9, phase="Starting", created_at=time.time())
+    s.put(keyspace.replicas("qwen", r.replica_id), r.model_dump_json())
+    s.put(keyspace.gpu_reservations("n1", GPU), json.dumps({"replica_id": r.replica_id, "deployment": "qwen"}))
+    yield s
+    s.close()
+
+
+def test_the_engines_own_error_line_fails_the_replica_and_frees_its_gpu(store):
+    agents = Agents()
+
+    async def run():
+        worker = ReconcileWorker(store, agents, rp.ReconcileSettings())
+        await worker.tick()
+        await worker.aclose()
+
+    asyncio.run(run())
+    line = "OSError: /models does not appear to have a file named config.json"
+    assert ("delete_vm", "qwen-0-aaaaaa") in agents.calls and ("release", GPU) in agents.calls
+    assert store.get(keyspace.replicas("qwen", "qwen-0-aaaaaa")) is None
+    failed = [e for e in recent_events(store, 100, name="qwen-0-aaaaaa") if e.reason == "ReplicaFailed"]
+    assert failed and failed[-1].type == "Warning" and failed[-1].message == f"qwen: engine exited: {line}"
+    status = json.loads(store.get(keyspace.deployments("qwen")).value)["status"]
+    assert status["failures"] == 1 and line in status["last_failure"]
+    creates = [c for c in agents.calls if c[0] == "create_vm"]
+    assert len(creates) == 1  # the first failure is replaced at once; the count decides the next ones
