@@ -93,7 +93,7 @@ def parse_protocols(text: str) -> dict[str, ProtocolState]:
         if len(parts) < 5 or parts[0] in ("Name", "BIRD") or not parts[4].isdigit():
             continue
         name, proto, _table, state, _since = parts[:5]
-        out[name] = ProtocolState(name, proto, state, parts[5].strip() if len(parts) > 5 else "")
+        out[name] = ProtocolState(name, proto, state, " ".join(parts[5].split()) if len(parts) > 5 else "")
     return out
 
 

@@ -104,5 +104,5 @@ peer_10_250_1_1 BGP        ---        start  1764619201    Active        Socket:
     assert got["peer_10_250_0_1"] == ProtocolState("peer_10_250_0_1", "BGP", "up", "Established")
     assert got["peer_10_250_0_1"].established
     assert not got["peer_10_250_1_1"].established
-    assert got["peer_10_250_1_1"].info == "Active        Socket: Connection refused"
+    assert got["peer_10_250_1_1"].info == "Active Socket: Connection refused"
     assert got["device1"].info == ""
