@@ -45,3 +45,22 @@ def test_refusal_codes(deployment, replicas, code, loading):
 def test_parked_message_names_the_last_failure_and_the_way_out():
     why = refusal("ep", "d", dep(phase="CrashLoop", failures=5, last_failure="engine exited: OSError: x"), [])
     assert "OSError: x" in why.message and "deployment restart d" in why.message
+
+
+def test_a_deleting_endpoint_takes_no_new_call(tmp_path):
+    """Its VIP drains the calls in flight; a new call is told the endpoint is going (404)."""
+    import asyncio
+
+    from common import keyspace
+    from common.errors import NotFound
+    from common.schemas import EndpointStatus, InferenceEndpoint
+    from common.store.sqlite_store import SqliteStore
+    from gateway.upstreams import UpstreamCache
+
+    store = SqliteStore(tmp_path / "f.db")
+    ep = InferenceEndpoint(name="ep", deployment="d", status=EndpointStatus(phase="Deleting", vip="10.96.0.1"))
+    store.put(keyspace.endpoints("ep"), ep.model_dump_json())
+    with pytest.raises(NotFound) as err:
+        asyncio.run(UpstreamCache(store).view("ep"))
+    assert "being deleted" in err.value.message
+    store.close()
