@@ -395,12 +395,12 @@ def delete_endpoint(name: str, response: Response, state: StateDep, who: Princip
         status = current.setdefault("status", {})
         if status.get("phase") == "Deleting":
             response.status_code = 202
-            return Deleted(kind="endpoint", name=name)
+            return Deleted(kind="endpoint", name=name, deleted=False)
         status.update(phase="Deleting", message="deletion requested; the VIP drains the calls in flight",
                       deleting_since=time.time())
         if state.store.cas(kv.key, json.dumps(current), kv.mod_revision):
             record_event(state.store, "endpoint", name, "deleting", f"endpoint {name} deletion requested",
                          tenant=tenant, keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
             response.status_code = 202
-            return Deleted(kind="endpoint", name=name)
+            return Deleted(kind="endpoint", name=name, deleted=False)  # Deleting: its VIP drains first
     raise Conflict(f"endpoint {name!r} changed too often while deleting; try again", code="contended")
