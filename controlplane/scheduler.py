@@ -3,6 +3,8 @@
 Filters, in order (the first that fails is the node's rejection reason):
   online      heartbeat younger than ``offline_after_s`` (60 s)
   taints      a tainted node takes nothing
+  kvm         a node whose agent reports KVM not usable (agent.hw.kvm's probe) takes no GPU
+              replica: its agent would refuse it (a GPU guest never runs under TCG)
   site        deployment.allowed_sites, the deployment's residency (copied from the model at
               create) and the model's residency (common.sites.site_problem: a node with no site
               is excluded when any is set; a site is in residency R when its record says R or
@@ -312,6 +314,8 @@ def judge_node(
         return NodeVerdict(node.id, False, f"offline: last heartbeat {now - node.last_heartbeat:.0f}s ago")
     if node.taints:
         return NodeVerdict(node.id, False, f"tainted: {', '.join(node.taints)}")
+    if profile.gpu.count > 0 and node.kvm is not None and not node.kvm.usable:
+        return NodeVerdict(node.id, False, f"KVM does not work on this node: {node.kvm.reason}")
     where = _site_problem(node, deployment, model, replicas, site_of or {}, sites or {})
     if where:
         return NodeVerdict(node.id, False, where)

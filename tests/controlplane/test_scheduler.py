@@ -150,3 +150,14 @@ def test_committed_resources_sums_per_node():
     assert committed_resources(replicas, DEPLOYMENTS, PROFILES) == {
         "a": Committed(cpu=6, memory_gib=24, replicas=2), "b": Committed(cpu=4, memory_gib=16, replicas=1)}
     assert committed_resources([], DEPLOYMENTS, PROFILES) == {}
+
+
+def test_a_node_whose_kvm_does_not_work_takes_no_gpu_replica():
+    from common.schemas import KvmStatus
+
+    broken = node("a").model_copy(update={"kvm": KvmStatus(usable=False, reason="failed to set MSR 0x10a")})
+    working = node("b").model_copy(update={"kvm": KvmStatus(usable=True, reason="a kvm guest ran")})
+    plan = run([broken, working])
+    assert plan.node == "b"
+    assert "KVM does not work on this node: failed to set MSR 0x10a" in plan.rejected["a"]
+    assert run([node("c")]).node == "c"  # a node that reports no verdict (not libvirt) is not filtered
