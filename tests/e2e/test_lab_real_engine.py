@@ -96,8 +96,13 @@ def test_two_real_replicas_become_ready_from_the_mirror(lab: Lab):
     r = api.post("/api/ai/deployments", json={"name": MODEL, "model": MODEL, "profile": PROFILE, "replicas": 2,
                                               "engine_args": ["--max-num-seqs", "2"]})
     assert r.status_code == 201, r.text
-    wait_for(lambda: api.get(f"/api/ai/deployments/{MODEL}").json()["status"]["ready_replicas"] == 2, 420,
-             "two real engines Ready")
+    try:
+        wait_for(lambda: api.get(f"/api/ai/deployments/{MODEL}").json()["status"]["ready_replicas"] == 2, 420,
+                 "two real engines Ready")
+    except AssertionError as exc:  # say why: the deployment's status and each engine's own log
+        logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
+                       for p in (lab.cfg.state_dir / "agent" / "lab-replicas").glob("*.log"))
+        raise AssertionError(f"{exc}\n{api.get(f'/api/ai/deployments/{MODEL}').json()['status']}{logs}") from None
     lab.figures["ready_s"] = time.monotonic() - began
     reps = lab.replicas()
     for rep in reps:
