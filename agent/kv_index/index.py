@@ -40,11 +40,12 @@ class ReplicaBlocks:
     resyncs: int = 0
     restarts: int = 0
     bad_events: int = 0
+    block_size: int | None = None  # the engine's, from its BlockStored events
     last_event_at: float | None = None  # monotonic
     watched_since: float = field(default_factory=time.monotonic)
 
     def view(self, now: float) -> dict:
-        return {"blocks": len(self.blocks), "last_seq": self.last_seq, "batches": self.batches,
+        return {"blocks": len(self.blocks), "block_size": self.block_size, "last_seq": self.last_seq, "batches": self.batches,
                 "gaps": self.gaps, "resyncs": self.resyncs, "restarts": self.restarts,
                 "bad_events": self.bad_events, "events": self.last_event_at is not None,
                 "last_event_age_s": None if self.last_event_at is None else round(now - self.last_event_at, 3)}
@@ -92,6 +93,10 @@ class KvIndex:
         if kind == "BlockStored":
             if ev.get("medium") not in (None, "GPU"):  # an offload tier is not prefill-free here
                 return
+            n = ev.get("block_size")
+            if isinstance(n, int) and n > 0 and len(ev.get("block_hashes") or ()) > 0 and \
+                    len(ev.get("token_ids") or ()) >= n * len(ev["block_hashes"]):
+                rb.block_size = n  # a full block's size (a partial block's event is shorter)
             for h in ev.get("block_hashes") or ():
                 if len(rb.blocks) < self.max_blocks_per_replica:
                     rb.blocks.add(as_hash(h))

@@ -1,7 +1,8 @@
 """The agent's KV-index routes (mounted by agent/api.py when the agent runs a subscriber):
 
     POST /v1/kv-index/match   {"hashes": [int, ...], "replicas": [id, ...]?}
-                              -> {"replicas": {id: {"matched_blocks": n | null, "blind": bool}}}
+                              -> {"replicas": {id: {"matched_blocks": n | null, "blind": bool,
+                                                    "block_size": the engine's | null}}}
     GET  /v1/kv-index         per replica: blocks held, last seq, gaps, resyncs, restarts, events seen
 
 ``hashes``: the prompt's block hashes in order (64-bit ints, common/kv_events.py), at most
@@ -30,7 +31,9 @@ def kv_index_router(subscriber) -> APIRouter:
     def match(body: MatchRequest) -> dict:
         hashes = [h & ((1 << 64) - 1) for h in body.hashes]
         got = subscriber.match(hashes, body.replicas)
-        return {"replicas": {r: {"matched_blocks": n, "blind": n is None} for r, n in got.items()}}
+        sizes = subscriber.block_sizes(list(got))
+        return {"replicas": {r: {"matched_blocks": n, "blind": n is None, "block_size": sizes.get(r)}
+                             for r, n in got.items()}}
 
     @router.get("/v1/kv-index")
     def status() -> dict:

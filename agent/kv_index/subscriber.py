@@ -59,6 +59,11 @@ class KvEventSubscriber:
         with self._lock:
             return self.index.match(hashes, replicas)
 
+    def block_sizes(self, replicas: list[str] | None = None) -> dict[str, int | None]:
+        with self._lock:
+            return {r: (self.index.replicas[r].block_size if r in self.index.replicas else None)
+                    for r in (self.index.replicas if replicas is None else replicas)}
+
     def status(self) -> dict:
         with self._lock:
             return self.index.status()
@@ -124,6 +129,10 @@ class KvEventSubscriber:
                 self.index.watch(src.replica).bad_events += 1
             return
         seq = int.from_bytes(seq_b, "big")
+        with self._lock:
+            fresh = self.index.watch(src.replica).last_seq is None
+        if fresh and seq > 0:  # the first live batch is not the engine's first: fetch what came before
+            self._replay(src, 0)
         with self._lock:
             verdict = self.index.apply(src.replica, seq, batch)
             last = self.index.watch(src.replica).last_seq

@@ -42,7 +42,8 @@ def _until(pred, timeout=10.0):
 def test_sequence_verdicts_and_match_counts_only_a_leading_prefix():
     idx = KvIndex()
     assert idx.match([1, 2], ["r1"]) == {"r1": None}  # never heard from: blind
-    assert idx.apply("r1", 0, _b(block_stored([1, 2, 3], None, [], 16))) == "ok"
+    assert idx.apply("r1", 0, _b(block_stored([1, 2, 3], None, list(range(48)), 16))) == "ok"
+    assert idx.replicas["r1"].block_size == 16
     assert idx.match([1, 2, 9, 3], ["r1"]) == {"r1": 2}
     assert idx.apply("r1", 0, _b(block_removed([1]))) == "duplicate"
     assert idx.match([1], ["r1"]) == {"r1": 1}  # the duplicate was not applied
@@ -116,7 +117,16 @@ def test_the_simulators_events_name_the_blocks_a_gateway_hashes_from_the_prompt(
                 texts.append("".join(f"<|{m['role']}|>{m['content']}\n" for m in msgs))
             want = BlockHasher(16).hashes(sim_token_ids(texts[1]))
             assert len(want) == 9
-            assert _until(lambda: sub.match(want, ["sim"]) == {"sim": 9})
+
+            def announced():  # the PUB connects to the bound SUB within ~0.1-1 s; until then a
+                # batch goes nowhere, and the engine re-announces the blocks on the next reuse
+                if sub.match(want, ["sim"]) == {"sim": 9}:
+                    return True
+                httpx.post(eng.url + "/v1/completions", timeout=10, json={"model": "sim-m", "max_tokens": 1,
+                                                                          "prompt": texts[1]})
+                return False
+
+            assert _until(announced)
             # a third, unrelated prompt evicts blocks past the 12-block bound: BlockRemoved arrives
             other = "z" * 64 * 10
             assert httpx.post(eng.url + "/v1/completions", timeout=10,
@@ -164,8 +174,8 @@ def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics
             pub.publish([block_stored([11, 12, 13], None, [], 16)])
             return client.post("/v1/kv-index/match", json={"hashes": [11, 12, 99]}).json()["replicas"]
 
-        assert _until(lambda: matched()["r1"] == {"matched_blocks": 2, "blind": False})
-        assert matched()["r2"] == {"matched_blocks": None, "blind": True}
+        assert _until(lambda: matched()["r1"] == {"matched_blocks": 2, "blind": False, "block_size": None})
+        assert matched()["r2"] == {"matched_blocks": None, "blind": True, "block_size": None}
         assert client.post("/v1/kv-index/match", json={"hashes": ["x"]}).status_code == 422
         text = generate_latest(registry).decode()
         assert 'fabric_kv_index_replicas{state="blind"} 1.0' in text
