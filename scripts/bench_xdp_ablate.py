@@ -93,6 +93,8 @@ VARIANTS: dict[str, tuple[str, str, str, str]] = {
 PLANE_VARIANTS: dict[str, tuple[dict, str]] = {
     "common_lru": ({"percpu_lru": False}, "the flow tables with one LRU list shared by all CPUs instead of one per "
                    "CPU: what the per-CPU lists cost an insert on one CPU"),
+    "percpu_split": ({"percpu_full": False}, "the flow tables split over the CPUs' lists (the layout before each "
+                     "CPU's list held the whole table): what the larger tables cost"),
 }
 CPU_SLOT_MAP = """
 struct cpu_count {
