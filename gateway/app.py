@@ -299,7 +299,8 @@ class GatewayApp:
                 picked, why = await self._adapter_replica(view, adapter)
                 targets = replica_targets(view, picked, st.scheme)
             elif view.endpoint.routing_l7 != "affinity" and view.replicas and not dry:
-                picked, why = st.router.pick(view, info.data if route.kind == "generate" else None, time.time())
+                picked, why = await st.router.apick(view, info.data if route.kind == "generate" else None,
+                                                    time.time())
                 targets = replica_targets(view, picked, st.scheme)
             else:
                 session = headers.get("x-session-id") or info.prompt_head or None

@@ -36,6 +36,21 @@ def backend_ssl(tls: BackendTls) -> ssl.SSLContext | bool:
     return ctx
 
 
+def _kv_source(settings: GatewaySettings, store: Store, tls: ssl.SSLContext | None):
+    """The agents' KV index for precise prefix routing, when FABRIC_GATEWAY_KV_TOKENIZERS names
+    the tokenizers (gateway/kv_source.py); the agents must admit the gateway's certificate CN."""
+    if not settings.kv_tokenizers:
+        return None
+    from pathlib import Path
+
+    import httpx
+
+    from gateway.kv_source import AgentKvSource
+
+    client = httpx.AsyncClient(verify=tls if tls is not None else True, timeout=1.0)
+    return AgentKvSource(store, client, Path(settings.kv_tokenizers))
+
+
 def upstream_pool(settings: GatewaySettings, ctx: ssl.SSLContext | None = None) -> UpstreamPool:
     """The proxy's upstream client (common.http1_client): keep-alive sockets per host:port,
     TCP_NODELAY, connect timeout 5 s, the idle timeout between chunks from settings. Idle sockets
@@ -90,7 +105,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
         tokens=TokenCounter(store),
-        router=ReplicaRouter(explain_ttl=settings.explain_secs),
+        router=ReplicaRouter(explain_ttl=settings.explain_secs, kv=_kv_source(settings, store, tls)),
         dispatcher=dispatcher(settings, upstreams, metrics, slots),
         external=ExternalRouter(settings.idle_secs, settings.provider_key_dir, on_key_state=metrics.key_state),
     )

@@ -67,6 +67,9 @@ class GatewaySettings:
     slot_lease_secs: int = 10  # in-flight slots of a dead gateway come back within this
     upstream_client: str = "http1"  # or "aiohttp" (needs aiohttp importable; for measurement)
     explain_secs: float = 600.0  # FABRIC_GATEWAY_EXPLAIN_SECS: how long a call's routing explanation is kept
+    # FABRIC_GATEWAY_KV_TOKENIZERS: a directory of deployments' tokenizers; set, routing_l7 prefix asks the
+    # agents' KV index (gateway/kv_source.py, docs/kv-events.md); unset, it stays approximate
+    kv_tokenizers: str = ""
     http_server: str = "gateway"  # gateway.http_server, or "uvicorn" (its own protocol: measurement, a way out)
     reclaim_secs: float | None = 60.0  # FABRIC_GATEWAY_RECLAIM_SECS: full gc + malloc_trim every N s; 0: off
     # PROMETHEUS_MULTIPROC_DIR set (by `serve --workers N`, for prometheus_client): every worker's
@@ -192,6 +195,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         slot_lease_secs=_lease_secs(env),
         upstream_client=_upstream_client(env),
         explain_secs=_explain_secs(env),
+        kv_tokenizers=env.get("FABRIC_GATEWAY_KV_TOKENIZERS", "").strip(),
         http_server=_http_server(env),
         reclaim_secs=_reclaim_secs(env),
         metrics_multiprocess=bool(env.get("PROMETHEUS_MULTIPROC_DIR")),

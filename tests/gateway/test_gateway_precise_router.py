@@ -138,3 +138,50 @@ def test_lora_and_salt_change_the_hashes():
     assert h.request_hashes({**_req("q"), "model": "sql"})[1] != base[1]  # every block of a LoRA request
     salted = h.request_hashes({**_req("q"), "cache_salt": "t1"})
     assert salted[0] != base[0]
+
+
+def test_the_agent_source_asks_each_node_once_and_learns_the_block_size(tmp_path):
+    import httpx
+    from fastapi import FastAPI
+
+    from agent.kv_index.routes import kv_index_router
+    from common import keyspace
+    from common.schemas import Node
+    from common.store.base import open_store
+
+    class Sub:  # the agent's subscriber, as the route reads it
+        def __init__(self, index):
+            self.index = index
+
+        def match(self, hashes, replicas):
+            return self.index.match(hashes, replicas)
+
+        def block_sizes(self, replicas):
+            return {r: 16 for r in replicas}
+
+    from gateway.kv_source import AgentKvSource
+
+    hasher = RequestHasher(SimTokenizer())
+    blocks = hasher.request_hashes(_req("q"))
+    app = FastAPI()
+    app.include_router(kv_index_router(Sub(_index_holding({"r1": blocks[:5]}, ["r0", "r1"]))))
+    seen = []
+
+    async def handler_app(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(scope["path"])
+        await app(scope, receive, send)
+
+    store = open_store(f"sqlite://{tmp_path}/s.db")
+    store.put(keyspace.nodes("n"), Node(id="n", address="http://agent-n:9000").model_dump_json())
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "d.sim").write_text("")
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=handler_app))
+    src = AgentKvSource(store, client, tmp_path / "tok", timeout_s=5)
+    view = _view(3)
+    assert src.hasher(view).request_hashes(_req("q")) == blocks
+    got = asyncio.run(src.match(view, blocks))
+    assert got == {"r0": 0, "r1": 5, "r2": None} and seen == ["/v1/kv-index/match"]  # one call per node
+    assert src._block_size == {"d": 16}
+    assert AgentKvSource(store, client, tmp_path / "none").hasher(view) is None
+    store.close()
