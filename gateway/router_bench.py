@@ -35,8 +35,8 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from agent.kv_index.index import KvIndex
 from common.kv_events import Batch, BlockHasher, block_removed, block_stored, sim_token_ids
+from common.kv_index import KvIndex
 from gateway.prefix_router import Candidate, PrefixPolicy, PrefixTree, choose, choose_precise, chunk_hashes
 
 ROUTERS = ("random", "least_queue", "approximate", "precise", "oracle")

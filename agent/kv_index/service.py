@@ -20,8 +20,8 @@ import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from agent.kv_index.index import KvIndex
 from agent.kv_index.subscriber import EventSource, KvEventSubscriber
+from common.kv_index import KvIndex
 from common.runtimes import VLLM_KV_EVENTS_PORT, VLLM_KV_REPLAY_PORT
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The agent's subscriber to its replicas' KV events: one thread, one ZMQ poller over a SUB socket
-per replica, feeding agent/kv_index/index.py.
+per replica, feeding common/kv_index.py.
 
 On watch (a replica started, or the agent restarted) it subscribes and asks the replica's replay
 socket for every batch from seq 0 that the engine still buffers (vLLM keeps ``buffer_steps``,
@@ -16,8 +16,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from agent.kv_index.index import KvIndex
 from common.kv_events import END_SEQ, decode_batch
+from common.kv_index import KvIndex
 
 log = logging.getLogger(__name__)
 REPLAY_TIMEOUT_MS = 1000

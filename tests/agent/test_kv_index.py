@@ -10,7 +10,6 @@ import time
 import httpx
 
 from agent.engine_sim.process import EngineProcess
-from agent.kv_index.index import KvIndex
 from agent.kv_index.subscriber import EventSource, KvEventSubscriber
 from common.kv_events import (
     Batch,
@@ -23,6 +22,7 @@ from common.kv_events import (
     encode_batch,
     sim_token_ids,
 )
+from common.kv_index import KvIndex
 from tests.support.servers import free_port
 
 

@@ -16,7 +16,6 @@ import time
 import httpx
 import pytest
 
-from agent.kv_index.index import KvIndex
 from agent.kv_index.subscriber import EventSource, KvEventSubscriber
 from agent.vm.lab_engine import (
     DEFAULT_KV_BYTES,
@@ -26,6 +25,7 @@ from agent.vm.lab_engine import (
     real_engine_env,
 )
 from common.kv_events import END_SEQ, BlockHasher, as_hash, decode_batch
+from common.kv_index import KvIndex
 from controlplane.lab.tiny_model import write_tiny_adapter, write_tiny_model
 from gateway.engine_hash import EngineTokenizer, RequestHasher
 from tests.support.servers import free_port

@@ -9,9 +9,9 @@ import asyncio
 import random
 from collections import Counter
 
-from agent.kv_index.index import KvIndex
 from common.kv_events import BlockHasher, decode_batch, encode_batch
 from common.kv_events import block_stored as stored
+from common.kv_index import KvIndex
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from gateway.engine_hash import RequestHasher, SimTokenizer
 from gateway.prefix_router import Candidate, PrefixPolicy, choose_precise, imbalanced

@@ -1,5 +1,6 @@
-"""The node agent's block index: which KV blocks each of its replicas' engines holds, learned from
-their KV events (common/kv_events.py), pure (no sockets; agent/kv_index/subscriber.py feeds it).
+"""The block index of what replicas' engines hold in their KV caches, learned from
+their KV events (common/kv_events.py), pure (no sockets): the node agent keeps one
+(agent/kv_index/subscriber.py feeds it), and scripts/bench-router's simulation another.
 
 Per replica: the set of block hashes it holds (64-bit ints, as events carry them), the last
 sequence number applied, and counters. ``apply(replica, seq, batch)`` answers what the feeder must
