@@ -102,3 +102,9 @@ def secret_values(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]
     env = os.environ if env is None else env
     return [(name, value) for name, value in env.items()
             if name in SECRET_ENV or (name.startswith("FABRIC_") and any(w in name for w in SECRET_WORDS))]
+
+
+def inherited_env(names: tuple[str, ...]) -> dict[str, str]:
+    """The agent's own values of ``names`` (PATH, locale...): the base of an engine child's environment,
+    read where the child starts so that nothing else of the agent's environment reaches it."""
+    return {k: os.environ[k] for k in names if k in os.environ}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hmac
 import importlib
 import logging
-import os
 import time
 from contextlib import asynccontextmanager
 
@@ -23,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 from common import runtime_metrics
 from common.health import healthz_body
 from controlplane import console, log_redact, openapi_doc
+from controlplane import settings as fabricd_settings
 from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
 from controlplane.errors_http import install_error_handlers, internal_error
@@ -100,7 +100,7 @@ def create_app(state: AppState) -> FastAPI:
     console.install(app)
     openapi_doc.install(app)
 
-    metrics_token = os.environ.get("FABRIC_METRICS_TOKEN", "").strip()  # read once, at start
+    metrics_token = fabricd_settings.of(state).metrics_token  # read once, at start
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:

@@ -125,6 +125,7 @@ class FabricdSettings:
     login_oidc: object = None  # controlplane.tenancy.oidc_login settings; None: OIDC login off
     admit_token: str = field(default="", repr=False)  # FABRIC_ADMIT_TOKEN; "": the webhook is off
     replicate_token: str = field(default="", repr=False)  # FABRIC_REPLICATE_TOKEN; "": blob copies refused
+    metrics_token: str = field(default="", repr=False)  # FABRIC_METRICS_TOKEN; "": /metrics is public
     key_hmac_secret: bytes | None = field(default=None, repr=False)  # None: see key_hmac_error
     key_hmac_error: str = ""  # why API keys are unavailable (no secret configured)
     prometheus_url: str = ""  # FABRIC_PROMETHEUS_URL; "": the console charts read fabricd's own bounded history
@@ -220,4 +221,5 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
                            model_cache_bytes=cache_bytes, max_batches=max_batches, token_budget=token_budget,
                            max_blob_bytes=max_blob_bytes, mig=mig, login_oidc=login_oidc,
                            admit_token=r.raw("FABRIC_ADMIT_TOKEN"), replicate_token=r.raw("FABRIC_REPLICATE_TOKEN"),
+                           metrics_token=r.raw("FABRIC_METRICS_TOKEN").strip(),
                            key_hmac_secret=hmac_secret, key_hmac_error=hmac_error, **console_urls)

@@ -8,7 +8,6 @@ stricter list of its own (agent.vm.lab_engine.real_engine_env).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 ENGINE_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "PYTHONPATH", "VIRTUAL_ENV")
@@ -16,7 +15,11 @@ ENGINE_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "PYTHONPATH", "VIRTUA
 
 def engine_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) cut to ENGINE_ENV_KEEP, unbuffered output."""
-    base = os.environ if base is None else base
-    env = {k: base[k] for k in ENGINE_ENV_KEEP if k in base}
+    if base is None:
+        from agent.settings import inherited_env  # the one module that reads the agent's environment
+
+        env = inherited_env(ENGINE_ENV_KEEP)
+    else:
+        env = {k: base[k] for k in ENGINE_ENV_KEEP if k in base}
     env["PYTHONUNBUFFERED"] = "1"
     return env
