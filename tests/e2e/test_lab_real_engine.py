@@ -112,6 +112,10 @@ def test_two_real_replicas_become_ready_from_the_mirror(lab: Lab):
         metrics = httpx.get(f"{engine}/metrics", timeout=10).text
         assert f'vllm:num_requests_waiting{{engine="0",model_name="{MODEL}"}}' in metrics
         ns = f"fabric-lab-r-{rep['replica_id']}"
+        argvs = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in
+                 subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
+        serve = next(a for a in argvs if b"serve" in a)  # the guest's command line, the launcher first
+        assert serve[serve.index(b"serve") + 1] == b"/models" and b"--max-num-seqs" in serve, serve
         rss = netns_rss(ns)
         assert 0 < rss <= RSS_BUDGET, f"replica {rep['replica_id']} holds {rss / 2**30:.2f} GiB"
         lab.figures[f"rss_gib_{rep['ordinal']}"] = rss / 2**30
@@ -160,16 +164,18 @@ def test_chat_through_the_vip_and_the_gateway_with_openai(lab: Lab):
 
 
 def _long_requests(engine: str, n: int, stop: threading.Event) -> list[threading.Thread]:
-    """n streaming completions of 1500 tokens held open on one engine until ``stop``."""
+    """n clients each streaming completions of 1900 tokens, one after another, on one engine until
+    ``stop``: the queue stays full however fast the engine is."""
     def one():
-        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 1500, "ignore_eos": True, "stream": True}
-        try:
-            with httpx.stream("POST", f"{engine}/v1/completions", json=body, timeout=120) as r:
-                for _ in r.iter_lines():
-                    if stop.is_set():
-                        return  # closing the connection aborts the request in vLLM
-        except httpx.HTTPError:
-            pass
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 1900, "ignore_eos": True, "stream": True}
+        while not stop.is_set():
+            try:
+                with httpx.stream("POST", f"{engine}/v1/completions", json=body, timeout=120) as r:
+                    for _ in r.iter_lines():
+                        if stop.is_set():
+                            return  # closing the connection aborts the request in vLLM
+            except httpx.HTTPError:
+                time.sleep(0.2)
 
     threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
     for t in threads:
@@ -190,7 +196,7 @@ def test_weights_follow_the_real_queue(lab: Lab):
     stop = threading.Event()
     threads = _long_requests(f"http://{addr}", 6, stop)  # 2 run (--max-num-seqs 2), 4 wait
     try:
-        wait_for(lambda: _waiting(f"http://{addr}") >= 3, 60, "real queueing on the loaded engine")
+        wait_for(lambda: _waiting(f"http://{addr}") >= 2, 60, "real queueing on the loaded engine", interval=0.1)
         weights = wait_for(lambda: (m := lab.maglev()) and m.get(addr, 1 << 30) < m.get(other_addr, 0) and m, 60,
                            "the loaded replica's weight to fall below the idle one's")
         assert weights[addr] < weights[other_addr]

@@ -285,9 +285,11 @@ def test_sigterm_with_requests_in_flight(engines):
     for s in both(engines):
         streams = _sigterm_in_flight(s)
         assert len(streams) == 3 and sum(1 for g in streams if g["tokens"]) >= 2, (s.name, streams)
+        assert not any('"finish_reason":"length"' in g.get("tail", "").replace(" ", "") for g in streams)
         # No request completes (each asked for 2000 tokens) and nothing more comes after SIGTERM.
-        # How a cut stream ends varies on the real engine from run to run: a "[DONE]" right away,
-        # or no end until the client gives up (a read timeout); the simulator does the latter.
+        # How a cut stream ends varies on the real engine from run to run: an error event
+        # ("EngineCore encountered an issue", 500) and "[DONE]", a bare "[DONE]", a closed
+        # connection, or no end until the client gives up (a read timeout); the simulator does
+        # the last. Fabric must not count on any of them.
         assert all(g["tokens"] < 2000 and not g["after_term"] for g in streams), (s.name, streams)
-        assert all(g["done"] or g.get("error") == "ReadTimeout" for g in streams), (s.name, streams)
         assert s.proc.returncode is not None
