@@ -46,7 +46,6 @@ from agent.vm.lab_engine import (
     real_engine_argv,
     real_engine_env,
     release_shm,
-    rpc_dir,
     shm_segments,
 )
 from agent.vm.records import RecordDir, engine_alive
@@ -249,7 +248,6 @@ class LabDriver:
             self.records.remove(vm_id)
             (self.dir / f"{vm_id}.log").unlink(missing_ok=True)
             shutil.rmtree(self.dir / vm_id, ignore_errors=True)  # a real engine's caches and sockets
-            shutil.rmtree(rpc_dir(self.dir / vm_id), ignore_errors=True)
             return existed
 
     def _teardown(self, ns: str, veth: str, term_first: bool = False) -> None:

@@ -21,7 +21,7 @@ kv-index subscribes there as it does to a guest (docs/kv-events.md).
   VLLM_HOST_IP / VLLM_LOOPBACK_IP 127.0.0.1: its internal sockets stay on the replica's loopback
   VLLM_CACHE_ROOT, TMPDIR, TORCHINDUCTOR_CACHE_DIR, HOME, XDG_CACHE_HOME
                                   under the replica's own directory, removed with it
-  VLLM_RPC_BASE_PATH              /tmp/fabric-vllm-HASH (rpc_dir: a socket path must stay short)
+  VLLM_RPC_BASE_PATH              @fabric-vllm-HASH: abstract sockets, the replica's netns's own
   HF_HUB_OFFLINE=1, VLLM_NO_USAGE_STATS=1, DO_NOT_TRACK=1   the model is already on disk
 The replica gets a private mount namespace (``ip netns exec`` makes one) in which the verified
 model directory is bound read-only at /models and the adapter set at /adapters, where a guest
@@ -115,24 +115,23 @@ def real_engine_argv(guest_argv: list[str], python: Path, replica_id: str, kv_ca
     return [str(python), str(LAUNCHER), "--fabric-replica-id", replica_id, *guest_argv[1:], *cpu]
 
 
-def rpc_dir(replica_dir: Path) -> Path:
-    """Where the engine's IPC sockets go: a short path of its own (a unix socket's path is at most
-    107 bytes, and vLLM adds a 36-character name to it), named by a hash of the replica's directory;
-    removed with the replica."""
-    return Path("/tmp") / f"fabric-vllm-{hashlib.sha256(str(replica_dir).encode()).hexdigest()[:12]}"
+def rpc_base(replica_dir: Path) -> str:
+    """VLLM_RPC_BASE_PATH: Linux's abstract socket namespace ("@" in zmq's ipc:// addresses), which
+    belongs to the network namespace, so a replica's sockets are its own, leave no file behind, and
+    keep clear of the 107-byte limit of a socket path (a long state directory would pass it)."""
+    return "@fabric-vllm-" + hashlib.sha256(str(replica_dir).encode()).hexdigest()[:12]
 
 
 def real_engine_env(replica_dir: Path, *, lora: bool, base: Mapping[str, str]) -> dict[str, str]:
     """The engine's environment: PATH and locale from ``base`` (LabEngineSettings.base_env), every
     cache and socket under ``replica_dir`` (made here)."""
     dirs = {name: replica_dir / name for name in ("cache", "tmp", "inductor", "home")}
-    dirs["rpc"] = rpc_dir(replica_dir)
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     env = {k: base[k] for k in BASE_ENV if k in base}
     env |= {
         "HOME": str(dirs["home"]), "XDG_CACHE_HOME": str(dirs["cache"]), "VLLM_CACHE_ROOT": str(dirs["cache"]),
-        "VLLM_RPC_BASE_PATH": str(dirs["rpc"]), "TMPDIR": str(dirs["tmp"]),
+        "VLLM_RPC_BASE_PATH": rpc_base(replica_dir), "TMPDIR": str(dirs["tmp"]),
         "TORCHINDUCTOR_CACHE_DIR": str(dirs["inductor"]), "VLLM_HOST_IP": "127.0.0.1",
         "VLLM_LOOPBACK_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1", "VLLM_TARGET_DEVICE": "cpu", "PYTHONUNBUFFERED": "1",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +37,6 @@ from agent.vm.lab_engine import (
     engine_installed,
     real_engine_argv,
     real_engine_env,
-    rpc_dir,
 )
 from controlplane.lab.tiny_model import write_tiny_adapter, write_tiny_model
 from controlplane.routing.metrics_parse import VLLM_NAMES, parse_vllm_metrics
@@ -127,7 +125,6 @@ def engines(tmp_path_factory):
     finally:
         for s in (real, sim):
             _stop(s)
-        shutil.rmtree(rpc_dir(tmp / "real-dir"), ignore_errors=True)
 
 
 def both(engines) -> list[Subject]:
