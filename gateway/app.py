@@ -335,6 +335,8 @@ class GatewayApp:
             try:
                 sent = info.body if info.body is not None else body
                 marks = [(b"x-fabric-request-id", request_id.encode())]
+                if admission is not None:
+                    marks += admission.headers  # x-ratelimit-* (gateway.ratelimit_headers)
                 guard = scope.get("extensions", _NONE).get(GUARD)
                 with self._deadlines.after(deadline, guard.task if guard is not None else None):
                     if external is not None:

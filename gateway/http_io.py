@@ -9,6 +9,7 @@ import json
 import re
 
 from common.errors import FabricError, InvalidInput, LimitExceeded, PayloadTooLarge, Unauthorized
+from gateway.openai_errors import openai_status
 
 # Headers the gateway reads: a second copy would let the gateway and the engine read different
 # values (Starlette's Headers.get takes the first, a dict the last), so it is refused.
@@ -64,7 +65,8 @@ async def send_error(send, exc: FabricError, close: bool = False, request_id: st
     retry_after = getattr(exc, "retry_after", None)  # LimitExceeded, cold_start.ModelLoading
     if retry_after is not None:
         extra.append((b"retry-after", str(max(1, round(retry_after))).encode()))
-    await send_json(send, exc.status, error_body(exc), extra)
+    extra.extend(getattr(exc, "headers", ()))  # LimitExceeded from gateway.limits: x-ratelimit-*
+    await send_json(send, openai_status(exc), error_body(exc), extra)
 
 
 async def read_body(receive, headers: dict[str, str], limit: int) -> bytes:

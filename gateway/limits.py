@@ -34,8 +34,10 @@ import time
 from dataclasses import dataclass, field
 
 from common import counters, keyspace
-from common.errors import LimitExceeded, NotFound, PayloadTooLarge
+from common.errors import LimitExceeded, NotFound
 from common.store.base import Store
+from gateway.openai_errors import RequestTooLarge
+from gateway.ratelimit_headers import headers_for
 from gateway.settings import GatewaySettings
 from gateway.slots import SlotHolder, slots_prefix
 from gateway.usage import UsageCounter, usage_key
@@ -92,18 +94,18 @@ class Reservation:
 def check_caps(settings: GatewaySettings, facts: RequestFacts) -> None:
     """Pure: refuse a request whose prompt, generation or context is over the configured caps."""
     if settings.max_prompt_tokens and facts.prompt_tokens > settings.max_prompt_tokens:
-        raise PayloadTooLarge(
+        raise RequestTooLarge(
             f"prompt is about {facts.prompt_tokens} tokens; FABRIC_MAX_PROMPT_TOKENS is {settings.max_prompt_tokens}",
             code="prompt_too_long",
         )
     if settings.max_generated_tokens and (facts.max_tokens or 0) > settings.max_generated_tokens:
-        raise PayloadTooLarge(
+        raise RequestTooLarge(
             f"max_tokens {facts.max_tokens} is above FABRIC_MAX_GENERATED_TOKENS {settings.max_generated_tokens}",
             code="max_tokens_too_large",
         )
     context = facts.prompt_tokens + (facts.max_tokens or 0)
     if context > settings.max_context:
-        raise PayloadTooLarge(
+        raise RequestTooLarge(
             f"prompt plus max_tokens is about {context} tokens; the context limit is {settings.max_context}",
             code="context_length_exceeded",
         )
@@ -180,6 +182,11 @@ class Admission:
     estimate: int
     settled: bool = False
     released: bool = False
+    seen: list = field(default_factory=list)  # (reservation, count after it): gateway.ratelimit_headers
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return headers_for(self.seen)
 
 
 @dataclass
@@ -237,12 +244,13 @@ class LimitKeeper:
 
     async def admit(self, plan: list[Reservation], estimate: int) -> Admission:
         taken: list[Reservation] = []
+        seen: list[tuple[Reservation, int]] = []
         for r in plan:
             if r.tokens and r.window_secs == MINUTE and r.limit is not None and r.amount > r.limit:
                 # Waiting cannot help a request bigger than the whole minute's allowance.
                 for t in reversed(taken):
                     await self._apply(t, -t.amount, None)
-                raise PayloadTooLarge(f"this request alone needs about {r.amount} tokens (prompt estimate plus "
+                raise RequestTooLarge(f"this request alone needs about {r.amount} tokens (prompt estimate plus "
                                       f"max_tokens), more than {r.what} allows in a minute ({r.limit}): it can "
                                       "never fit; shorten the prompt or lower max_tokens", code="request_too_large")
             outcome = await self._apply(r, r.amount, r.limit)
@@ -250,10 +258,13 @@ class LimitKeeper:
                 for t in reversed(taken):
                     await self._apply(t, -t.amount, None)
                 retry = outcome.retry_after or 1.0
-                raise LimitExceeded(f"{r.what} ({r.limit}) is reached; try again later", retry_after=retry,
+                exc = LimitExceeded(f"{r.what} ({r.limit}) is reached; try again later", retry_after=retry,
                                     code="quota_exceeded" if "quota" in r.what else "rate_limited")
+                exc.headers = headers_for([(r, r.limit)])
+                raise exc
             taken.append(r)
-        return Admission(taken, estimate)
+            seen.append((r, outcome.value))
+        return Admission(taken, estimate, seen=seen)
     async def settle(self, admission: Admission, tokens: int) -> None:
         """Replace the token estimate with the real count in every token window."""
         if admission.settled:

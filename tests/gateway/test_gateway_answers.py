@@ -61,7 +61,7 @@ def test_a_request_bigger_than_the_keys_tpm_can_never_fit(env):
     _, key = make_key(env["store"], "chat", tokens_per_minute=50)
     r = httpx.post(env["gw"].openai_base("chat") + "/chat/completions", headers={"authorization": f"Bearer {key}"},
                    json={**BODY, "max_tokens": 200})
-    assert r.status_code == 413 and "retry-after" not in r.headers, r.text
+    assert r.status_code == 400 and "retry-after" not in r.headers, r.text
     err = r.json()["error"]
     assert err["code"] == "request_too_large" and "can never fit" in err["message"]
     assert "tokens_per_minute allows in a minute (50)" in err["message"]

@@ -143,14 +143,14 @@ def body(**fields) -> bytes:
 def test_generation_cap_applies_whatever_the_content_type_says(env, ctype):
     headers = {"content-type": ctype} if ctype else {}
     r = chat(env, body(max_tokens=500), headers)
-    assert r.status_code == 413 and r.json()["error"]["code"] == "max_tokens_too_large", (ctype, r.text)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "max_tokens_too_large", (ctype, r.text)
 
 
 def test_missing_content_type_on_a_raw_socket_still_caps(env):
     b = body(max_tokens=500)
     head = (b"POST /api/ai/openai/chat/v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " +
             env["key"].encode() + b"\r\ncontent-length: " + str(len(b)).encode() + b"\r\n\r\n")
-    assert status_of(raw_request(env["gw"], head, b)) == 413
+    assert status_of(raw_request(env["gw"], head, b)) == 400
 
 
 def test_duplicated_content_type_is_refused(env):
@@ -171,7 +171,7 @@ def test_a_body_that_is_not_json_is_415(env):
 
 def test_max_completion_tokens_is_read_before_max_tokens(env):
     r = chat(env, body(max_completion_tokens=500, max_tokens=10), {"content-type": "application/json"})
-    assert r.status_code == 413
+    assert r.status_code == 400
     ok = chat(env, body(max_completion_tokens=5, max_tokens=500), {"content-type": "application/json"})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 5
 
@@ -191,13 +191,15 @@ def test_completions_route_reads_max_tokens_only(env):
     r = chat(env, b, {"content-type": "application/json"}, path="/completions")
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7
     b = json.dumps({"model": "sim-m", "prompt": "hi", "max_tokens": 500}).encode()
-    assert chat(env, b, {"content-type": "application/json"}, path="/completions").status_code == 413
+    assert chat(env, b, {"content-type": "application/json"}, path="/completions").status_code == 400
 
 
 def test_n_multiplies_the_token_estimate(env):
-    # FABRIC_PROJECT_TPM=100: 4 choices of 30 tokens each are 120 tokens, over the window.
+    # FABRIC_PROJECT_TPM=100: 4 choices of 30 tokens each are 120 tokens, more than the whole
+    # minute allows: it can never fit, so a 400 (request_too_large) rather than a 429 to retry.
     r = chat(env, body(max_tokens=30, n=4), {"content-type": "application/json", "x-project-id": "p-n"})
-    assert r.status_code == 429 and "FABRIC_PROJECT_TPM" in r.json()["error"]["message"]
+    assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_large", r.text
+    assert "FABRIC_PROJECT_TPM" in r.json()["error"]["message"]
     # The refusal names the limit, not the fleet-wide count in its window.
     assert "/100" not in r.json()["error"]["message"]
 

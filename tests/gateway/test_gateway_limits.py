@@ -159,18 +159,18 @@ def test_key_tokens_per_minute(env):
     assert post(env, "chat", key, chat_body(40)).status_code == 429
 
 
-def test_prompt_generation_context_and_body_caps_are_413(env):
+def test_prompt_generation_context_and_body_caps_are_400(env):
     _, key = make_key(env["store"], "chat")
     r = post(env, "chat", key, chat_body(2, "x" * 500))
-    assert r.status_code == 413 and r.json()["error"]["code"] == "prompt_too_long"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_long"
     r = post(env, "chat", key, chat_body(60))
-    assert r.status_code == 413 and r.json()["error"]["code"] == "max_tokens_too_large"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "max_tokens_too_large"
     r = post(env, "chat", key, chat_body(50, "x" * 300))
-    assert r.status_code == 413 and r.json()["error"]["code"] == "context_length_exceeded"
-    with pytest.raises(openai.APIStatusError) as exc:
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as exc:
         openai.OpenAI(base_url=env["gw"].openai_base("chat"), api_key=key, max_retries=0).chat.completions.create(
             model="sim-m", messages=[{"role": "user", "content": "x" * 500}])
-    assert exc.value.status_code == 413
+    assert exc.value.status_code == 400
 
 
 def test_shedding_by_queue_depth_and_priority(env):
@@ -184,7 +184,7 @@ def test_shedding_by_queue_depth_and_priority(env):
     assert post(env, "shed", key, headers={"x-request-priority": "low"}).status_code == 429
     assert post(env, "shed", key, headers={"x-request-priority": "high"}).status_code == 200
     assert post(env, "shed", plain, headers={"x-request-priority": "high"}).status_code == 429  # served as normal
-    assert post(env, "shed", key, headers={"x-request-priority": "urgent"}).status_code == 422
+    assert post(env, "shed", key, headers={"x-request-priority": "urgent"}).status_code == 400
     env["store"].delete(keyspace.observations("shed-dep-0"))
 
 

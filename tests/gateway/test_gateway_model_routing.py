@@ -83,10 +83,10 @@ def test_root_checks_the_key_before_the_body_and_reads_bodies_like_the_endpoint_
                    headers={**hdr, "content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = httpx.post(gw.url + "/v1/chat/completions", json={"messages": MSG}, headers=hdr)
-    assert r.status_code == 422 and r.json()["error"]["code"] == "model_required"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_required"
     r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "sim-a", "messages": MSG, "max_tokens": 10**9},
                    headers=hdr)
-    assert r.status_code == 413 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     r = httpx.post(gw.url + "/v1/%2e%2e/chat/completions", json={"model": "sim-a", "messages": MSG}, headers=hdr)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path"
 

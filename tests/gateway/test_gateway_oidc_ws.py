@@ -172,7 +172,7 @@ def test_dry_run_applies_every_cap_and_limit(env):
     c = openai.OpenAI(base_url=env["lax"].openai_base("nogpu"), api_key=key, max_retries=0)
     with pytest.raises(openai.APIStatusError) as big:  # FABRIC_MAX_GENERATED_TOKENS=50 on the dry-run gateway
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=500)
-    assert big.value.status_code == 413
+    assert big.value.status_code == 400
     for _ in range(3):
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
     with pytest.raises(openai.RateLimitError):  # the key's quota of 3 is spent, dry run or not

@@ -197,7 +197,7 @@ def test_caps_let_nothing_over_a_limit_through_and_plans_reserve_the_estimate(s,
     try:
         check_caps(s, facts)
     except FabricError as exc:
-        assert exc.status == 413
+        assert exc.status == 400
     else:
         assert not s.max_prompt_tokens or facts.prompt_tokens <= s.max_prompt_tokens
         assert not s.max_generated_tokens or (tokens or 0) <= s.max_generated_tokens
