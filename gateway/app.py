@@ -65,6 +65,7 @@ from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_target, replica_targets
 from gateway.usage import TokenCounter
+from gateway.usage_inject import UsageStripper, fallback_tokens, inject
 
 if TYPE_CHECKING:
     from common.http1_client import UpstreamPool
@@ -347,8 +348,11 @@ class GatewayApp:
                                                    lambda: self._adapter_replica(view, adapter), scope["method"],
                                                    route.target, fwd_headers, sent, info.stream, marks, explained)
                     else:
+                        strip = None
+                        if (asked := inject(info, sent, route.path)) is not None:  # usage always known
+                            sent, strip = asked, UsageStripper()
                         call = forward(st.client, send, targets, scope["method"], route.target, fwd_headers, sent,
-                                       info.stream, marks)
+                                       info.stream, marks, strip)
                     result = await run_unless_client_leaves(call, receive, guard)
             finally:
                 in_flight.dec()
@@ -511,6 +515,10 @@ class GatewayApp:
         st = self.state
         elapsed = time.perf_counter() - t0
         counted = tokens if tokens is not None else admission.estimate if admission else 0
+        if tokens is None and outcome == "success" and info.max_tokens is not None:
+            counted = fallback_tokens(info)  # a generating call whose answer had no usage
+            if st.metrics.usage_missing is not None:
+                st.metrics.usage_missing.labels(label).inc()
         if admission is not None:
             # Shielded: a client that leaves must still free its slot and settle its tokens.
             await asyncio.shield(self._settle(admission, counted if outcome == "success" else (tokens or 0)))

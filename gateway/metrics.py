@@ -33,6 +33,7 @@ class GatewayMetrics:
     provider_keys: Gauge
     audit_dropped: Counter
     runtime: runtime_metrics.RuntimeCollector
+    usage_missing: Counter | None = None  # generating calls whose answer had no usage (gateway.usage_inject)
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
     _tally: Tally = field(default_factory=Tally)  # the per-call metrics' pending updates (gateway.metric_tally)
     # Several workers (PROMETHEUS_MULTIPROC_DIR): another worker answering a scrape reads this
@@ -72,6 +73,8 @@ class GatewayMetrics:
                                   ["reason"], registry=reg),
             # RSS, fds, threads, asyncio tasks of this process (not summed in multiprocess mode)
             runtime=runtime_metrics.install(reg),
+            usage_missing=Counter("fabric_gateway_usage_missing", "Generating calls answered without usage, "
+                                  "charged max_tokens (or 1)", ["endpoint"], registry=reg),
         )
 
     def _child(self, metric, *labels):

@@ -142,10 +142,13 @@ async def open_response(pool: UpstreamPool, targets: list[str], method: str, tar
 
 
 async def forward(pool: UpstreamPool, send, targets: list[str], method: str, target: bytes,
-                  headers: list, body: bytes, streaming: bool, extra: list | None = None) -> ProxyResult:
+                  headers: list, body: bytes, streaming: bool, extra: list | None = None,
+                  strip=None) -> ProxyResult:
+    """``strip``: a gateway.usage_inject.UsageStripper when the gateway asked for the usage the
+    client did not: its usage event is counted, never relayed."""
     t0 = time.perf_counter()
     resp = await open_response(pool, targets, method, target, headers, body, streaming)
-    return await relay(resp, send, t0, extra)
+    return await relay(resp, send, t0, extra, strip=strip)
 
 
 DONE = b"[DONE]"  # vLLM and OpenAI end a stream with "data: [DONE]"
@@ -211,7 +214,7 @@ async def _relay_body(resp: UpstreamResponse, send, head: dict, t0: float) -> Pr
 
 
 async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = None,
-                expect_done: bool = True) -> ProxyResult:
+                expect_done: bool = True, strip=None) -> ProxyResult:
     """Send an opened upstream response to the client as it arrives; closes it in any case.
     ``expect_done``: an SSE answer that ends without ``data: [DONE]`` was cut (OpenAI-style
     streams, vLLM's included, always end with it)."""
@@ -235,6 +238,8 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
                 scanner.feed(chunk)
                 tail = (tail + chunk[-DONE_TAIL:])[-DONE_TAIL:]
                 last = resp.at_end  # the whole body is here: one send, no trailing empty message
+                if strip is not None:
+                    chunk = strip.feed(chunk) + (strip.flush() if last else b"")
                 if last and expect_done and DONE not in tail:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     break  # ended without [DONE]: the error event follows
@@ -243,11 +248,13 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
                     return _result(resp.status, scanner.tokens, ttft)
         except UpstreamError as exc:
             reason = "upstream idle timeout" if isinstance(exc, UpstreamTimeoutError) else "upstream broke mid-response"
-            await send({"type": "http.response.body", "body": error_event(reason, tail), "more_body": False})
+            held = strip.flush() if strip is not None else b""
+            await send({"type": "http.response.body", "body": held + error_event(reason, tail), "more_body": False})
             return ProxyResult(502, scanner.tokens, False, ttft, reason, cut=True)
         if expect_done and DONE not in tail:
             reason = "the upstream ended the stream before its final event"
-            await send({"type": "http.response.body", "body": error_event(reason, tail), "more_body": False})
+            held = strip.flush() if strip is not None else b""
+            await send({"type": "http.response.body", "body": held + error_event(reason, tail), "more_body": False})
             return ProxyResult(502, scanner.tokens, False, ttft, reason, cut=True)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return _result(resp.status, scanner.tokens, ttft)
