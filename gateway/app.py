@@ -64,6 +64,7 @@ from gateway.routes import PREFIX, Route, check_served, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_target, replica_targets
+from gateway.readiness import readiness
 from gateway.usage import TokenCounter
 from gateway.usage_inject import UsageStripper, fallback_tokens, inject
 
@@ -185,6 +186,8 @@ class GatewayApp:
                 await self.explain(scope, send)
             elif path in ("/health", "/healthz"):
                 await send_json(send, 200, HEALTHZ)
+            elif path in ("/ready", "/readyz"):  # the store reachable: limits enforceable (gateway.readiness)
+                await send_json(send, *await readiness(self.state.store))
             else:
                 await send_json(send, 404, b'{"error":{"code":"not_found","message":"no such route","type":"not_found"}}')
         elif kind == "websocket":
