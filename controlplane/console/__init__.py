@@ -19,9 +19,11 @@ PREFIX = "/app/ai"
 
 
 def install(app: FastAPI) -> None:
-    from controlplane.console import actions, pages
+    from controlplane.console import actions, forms, pages, playground
 
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
+    app.include_router(forms.router)  # first: /deployments/new before /deployments/{name}
+    app.include_router(playground.router)
     app.include_router(pages.router)
     app.include_router(actions.router)
     # Last: any other console address is a page saying so (HTML), not the API's JSON 404.

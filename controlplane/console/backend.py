@@ -7,7 +7,7 @@ exactly as they do to fabricctl. API errors come back as ApiError with the API's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from fastapi import Request
@@ -22,6 +22,7 @@ class ApiError(Exception):
     status: int
     code: str
     message: str
+    fields: list = field(default_factory=list)  # a 422's [{field, message}] (controlplane.errors_http)
 
 
 class Api:
@@ -38,7 +39,8 @@ class Api:
                 err = resp.json().get("error", {})
             except ValueError:
                 err = {}
-            raise ApiError(resp.status_code, str(err.get("code", "error")), str(err.get("message", resp.text[:200])))
+            raise ApiError(resp.status_code, str(err.get("code", "error")), str(err.get("message", resp.text[:200])),
+                           [f for f in err.get("fields") or [] if isinstance(f, dict)])
         return resp.json()
 
     async def get(self, path: str, params: dict | None = None):

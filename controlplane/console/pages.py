@@ -13,10 +13,13 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from controlplane.console import charts, forms, views
+from controlplane.console import playground as playground_mod
 from controlplane.console import session as sessions
-from controlplane.console import views
 from controlplane.console.backend import Api, ApiError
 from controlplane.console.render import PREFIX, page, session_of, to_login
+from controlplane.settings import of as settings_of
+from controlplane.state import get_state
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 LOGIN_CSRF_MAX_AGE = 1800
@@ -135,3 +138,71 @@ async def not_found(request: Request, rest: str):
     where = f"{PREFIX}/{rest}"[:200]
     return page(request, "error.html", session_of(request), status=404,
                 error={"status": 404, "code": "not_found", "message": f"there is no console page {where}"})
+
+
+async def deployment_context(api: Api, name: str) -> dict:
+    """Everything the deployment page draws (also the forms' page when they refuse)."""
+    q = quote(name, safe="")
+    dep, replicas = await asyncio.gather(api.get(f"/api/ai/deployments/{q}"), api.get("/api/ai/replicas"))
+    rollouts, placement, scaling, events, models, profiles = await asyncio.gather(
+        api.maybe(f"/api/ai/deployments/{q}/rollouts", []), api.maybe(f"/api/ai/explain/placement/{q}"),
+        api.maybe(f"/api/ai/explain/scaling/{q}"), api.maybe(f"/api/ai/events?object=deployment/{q}&limit=30", []),
+        api.maybe("/api/ai/models", []), api.maybe("/api/ai/profiles", []))
+    mine = [r for r in replicas if r.get("deployment") == name]
+    auto = dep.get("autoscaling") or {}
+    auto_values = {k: ("on" if v is True else "" if v is False else str(v)) for k, v in auto.items()}
+    return {"d": dep, "revisions": views.replicas_by_revision(mine),
+            "rollouts": rollouts if isinstance(rollouts, list) else [], "placement": placement,
+            "scaling": scaling, "events": events or [], "charts": charts.deployment_charts(name),
+            "autoscaling_fields": forms.AUTOSCALING_FIELDS, "rollout_fields": forms.ROLLOUT_FIELDS,
+            "autoscaling_values": auto_values or {f.name: f.default for f in forms.AUTOSCALING_FIELDS},
+            "rollout_values": {"strategy": "rolling"}, "autoscaling_errors": {}, "rollout_errors": {},
+            "autoscaling_general": "", "rollout_general": "",
+            "options": {"model": [m["name"] for m in models or []], "profile": [p["name"] for p in profiles or []]},
+            "message": ""}
+
+
+@router.get("/deployments/{name}", response_class=HTMLResponse)
+async def deployment(request: Request, name: str, message: str = ""):
+    async def load(api: Api):
+        ctx = await deployment_context(api, name)
+        ctx["message"] = message[:300]
+        return ctx
+    return await _render(request, "deployment.html", "deployments", load)
+
+
+@router.get("/endpoints/{name}", response_class=HTMLResponse)
+async def endpoint(request: Request, name: str, message: str = ""):
+    async def load(api: Api):
+        ep = await api.get(f"/api/ai/endpoints/{quote(name, safe='')}")
+        return {"e": ep, "path": views.gateway_path(name), "refresh_s": WEIGHTS_REFRESH_S, "message": message[:300],
+                "charts": await charts.endpoint_charts(settings_of(get_state(request)).prometheus_url, name)}
+    return await _render(request, "endpoint.html", "endpoints", load)
+
+
+@router.get("/endpoints/{name}/charts", response_class=HTMLResponse)
+async def endpoint_charts(request: Request, name: str):
+    async def load(api: Api):
+        await api.get(f"/api/ai/endpoints/{quote(name, safe='')}")  # the caller may read it
+        return {"charts": await charts.endpoint_charts(settings_of(get_state(request)).prometheus_url, name)}
+    return await _render(request, "_charts.html", "endpoints", load)
+
+
+@router.get("/models/jobs", response_class=HTMLResponse)
+async def model_jobs(request: Request):
+    """The fragment htmx polls on the Models page: each supply-chain job's state, bytes, files."""
+    async def load(api: Api):
+        items, jobs = await asyncio.gather(api.get("/api/ai/models"), api.maybe("/api/ai/model-jobs", []))
+        return {"models": items, "jobs": jobs or []}
+    return await _render(request, "_model_jobs.html", "models", load)
+
+
+@router.get("/endpoints/{name}/try", response_class=HTMLResponse)
+async def playground(request: Request, name: str):
+    async def load(api: Api):
+        ep = await api.get(f"/api/ai/endpoints/{quote(name, safe='')}")
+        config = settings_of(get_state(request))
+        return {"e": ep, "gateway": config.gateway_url, "snippets": views.snippets(config.gateway_url or
+                                                                                   "https://GATEWAY", name),
+                "key_ttl_s": playground_mod.KEY_TTL_S}
+    return await _render(request, "playground.html", "endpoints", load)

@@ -59,3 +59,46 @@ def rollout_state(ro: dict) -> str:
     if steps:
         return f"{phase}, step {min(int(ro.get('step') or 0) + 1, len(steps))} of {len(steps)}"
     return phase
+
+
+def supply_chain_checks(body: dict) -> list[dict]:
+    """What the model supply chain (agent/models/checks.py, jobs.py) will check for this model,
+    in words, from the body the form would send: [{check, detail, on}]."""
+    src = str(body.get("source", ""))
+    pinned = src.startswith("hf://") and "@" in src
+    where = ("downloaded from the Hugging Face hub (or HF_ENDPOINT's mirror)" if src.startswith("hf://")
+             else "copied from a local path under FABRIC_MODEL_DIR")
+    rows = [
+        ("source", f"{src or '(none)'}: {where}" + ("" if pinned or not src.startswith("hf://")
+                                                    else "; not pinned: the branch's newest commit"), True),
+        ("scan", "refuses pickle formats (.pkl, .pickle, .pt, .pth), symlinks, special files, names leaving "
+                 "the model directory, more than FABRIC_MODEL_MAX_FILES files", True),
+        ("digest", "SHA-256 of the sorted manifest (path, size, sha256 of every file), shown on the model", True),
+        ("checksum", f"must equal {body['digest']}" if body.get("digest") else "no expected digest given",
+         bool(body.get("digest"))),
+        ("require digest", "Ready only with a matching expected digest" if body.get("require_checksum")
+         else "off", bool(body.get("require_checksum"))),
+        ("license", f"recorded: {body['license']}" if body.get("license") else "none recorded",
+         bool(body.get("license"))),
+        ("residency", f"replicas placed only on nodes of site/region {body['residency']}" if body.get("residency")
+         else "any site", bool(body.get("residency"))),
+    ]
+    for a in body.get("adapters") or []:
+        rows.append((f"adapter {a.get('name')}", f"{a.get('source')}: scanned and digested as the model", True))
+    return [{"check": c, "detail": d, "on": on} for c, d, on in rows]
+
+
+def snippets(gateway: str, endpoint: str) -> dict:
+    """The playground's call as curl and the openai client would make it; the key is a
+    placeholder ($FABRIC_API_KEY), never a real secret."""
+    base = f"{gateway}/api/ai/openai/{endpoint}/v1"
+    curl = (f"curl -N {base}/chat/completions \\\n  -H \"Authorization: Bearer $FABRIC_API_KEY\" \\\n"
+            f"  -H 'content-type: application/json' \\\n"
+            f"  -d '{{\"model\": \"{endpoint}\", \"stream\": true, \"messages\": [{{\"role\": \"user\", "
+            f"\"content\": \"Hello\"}}]}}'")
+    py = ("import os\nfrom openai import OpenAI\n\n"
+          f"client = OpenAI(base_url=\"{base}\", api_key=os.environ[\"FABRIC_API_KEY\"])\n"
+          f"for chunk in client.chat.completions.create(model=\"{endpoint}\", stream=True,\n"
+          "        messages=[{\"role\": \"user\", \"content\": \"Hello\"}]):\n"
+          "    if chunk.choices:\n        print(chunk.choices[0].delta.content or \"\", end=\"\")\n")
+    return {"curl": curl, "openai": py}

@@ -1,0 +1,328 @@
+"""The console's forms for the everyday writes: each posts to the REST API route fabricctl uses.
+
+    GET/POST /app/ai/models/new                     POST /api/ai/models (a dry run: POST /api/ai/apply dry_run)
+    GET/POST /app/ai/profiles/new                   POST /api/ai/profiles
+    GET/POST /app/ai/deployments/new                POST /api/ai/deployments
+    GET/POST /app/ai/endpoints/new                  POST /api/ai/endpoints
+    POST     /app/ai/deployments/{name}/autoscaling PUT  /api/ai/deployments/{name}/autoscaling
+    POST     /app/ai/deployments/{name}/rollouts    POST .../revisions (when model/profile change), then .../rollouts
+    POST     /app/ai/deployments/{name}/rollouts/{id}/{action}  pause | resume | promote | rollback
+
+Each write goes through actions._guarded (session, then CSRF) and then the API with the
+operator's own token; a refusal re-renders the form with the API's message next to the field it
+names (a 422's `fields`, or a message starting "body.FIELD:" / "FIELD:"), or above the form when
+it names none. The form's own parsing only turns text into JSON types (a number that is not one
+is refused here, naming its field); every rule stays in the API.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from common.schemas import ROUTING_STRATEGIES
+from controlplane.console import views
+from controlplane.console.actions import _failed, _guarded
+from controlplane.console.backend import Api, ApiError
+from controlplane.console.render import PREFIX, page, session_of, to_login
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+
+@dataclass
+class FormField:
+    name: str
+    label: str
+    kind: str = "text"  # text | number | select | textarea | checkbox
+    required: bool = False
+    hint: str = ""
+    options: list[str] = field(default_factory=list)
+    default: str = ""
+
+
+MODEL_FIELDS = [
+    FormField("name", "Name", required=True, hint="a DNS label; deployments and keys name it"),
+    FormField("source", "Source", required=True, hint="hf://ORG/NAME, file:///PATH under FABRIC_MODEL_DIR, or a path"),
+    FormField("revision", "Revision", hint="an hf:// commit or tag to pin (appended as @REVISION)"),
+    FormField("adapters", "LoRA adapters", "textarea", hint="one per line: NAME=SOURCE"),
+    FormField("license", "License", hint="recorded with the model, e.g. apache-2.0"),
+    FormField("residency", "Residency", hint="a site or region the weights must stay in"),
+    FormField("digest", "Expected digest", hint="sha256:… of the sorted manifest; checked after download"),
+    FormField("require_checksum", "Require the digest", "checkbox", hint="refuse Ready without a matching digest"),
+]
+PROFILE_FIELDS = [
+    FormField("name", "Name", required=True),
+    FormField("runtime", "Runtime", "select", options=["vllm", "sglang", "tgi", "llama.cpp"], default="vllm"),
+    FormField("gpu.count", "GPUs per replica", "number", default="1"),
+    FormField("gpu.vram_gib", "VRAM per GPU (GiB)", "number", required=True, default="24"),
+    FormField("gpu.model", "GPU model", hint="optional filter, e.g. H100"),
+    FormField("gpu.mig_profile", "MIG profile", hint="optional, e.g. 1g.10gb"),
+    FormField("cpu", "vCPUs", "number", required=True, default="4"),
+    FormField("memory_gib", "Memory (GiB)", "number", required=True, default="16"),
+]
+DEPLOYMENT_FIELDS = [
+    FormField("name", "Name", required=True),
+    FormField("model", "Model", "select", required=True),
+    FormField("profile", "Profile", "select", required=True),
+    FormField("replicas", "Replicas", "number", required=True, default="1"),
+]
+ENDPOINT_FIELDS = [
+    FormField("name", "Name", required=True, hint="clients call /api/ai/openai/NAME/v1"),
+    FormField("deployment", "Deployment", "select", required=True),
+    FormField("routing", "Routing", "select", options=list(ROUTING_STRATEGIES), default="least_queue"),
+]
+AUTOSCALING_FIELDS = [
+    FormField("enabled", "Enabled", "checkbox", default="on"),
+    FormField("min_replicas", "Min replicas", "number", default="1"),
+    FormField("max_replicas", "Max replicas", "number", default="4"),
+    FormField("scale_out_queue", "Scale out above queue", "number", default="20", hint="mean waiting per ready replica"),
+    FormField("scale_out_seconds", "… for seconds", "number", default="30"),
+    FormField("scale_in_queue", "Scale in below queue", "number", default="1"),
+    FormField("scale_in_seconds", "… for seconds", "number", default="300"),
+    FormField("scale_to_zero", "Scale to zero when idle", "checkbox"),
+]
+ROLLOUT_FIELDS = [
+    FormField("model", "Model", "select", hint="the new revision's model (unchanged: the newest revision's)"),
+    FormField("profile", "Profile", "select"),
+    FormField("strategy", "Strategy", "select", options=["rolling", "canary", "blue-green"], default="rolling"),
+    FormField("canary_percent", "Canary share (%)", "number", hint="canary only: one step at this share, then 100"),
+    FormField("reason", "Reason", hint="kept with the revision"),
+]
+NUMBER_INT = {"gpu.count", "cpu", "replicas", "min_replicas", "max_replicas", "canary_percent"}
+
+
+def field_errors(exc: ApiError, names: list[str]) -> tuple[dict[str, str], str]:
+    """({form field: message}, message for no field) from an API refusal."""
+    out: dict[str, str] = {}
+    for f in exc.fields:
+        name = str(f.get("field", ""))
+        best = next((n for n in names if name == n or name.startswith(n + ".") or n.startswith(name + ".")), None)
+        if best is None and "." in name:  # adapters.0.source -> adapters
+            best = next((n for n in names if name.split(".")[0] == n), None)
+        if best:
+            out.setdefault(best, str(f.get("message", "invalid")))
+    if out:
+        return out, "" if len(exc.fields) == len(out) else exc.message
+    m = re.match(r"^(?:body\.)?([a-z_][a-z0-9_.]*): (.*)$", exc.message, re.S)
+    if m:
+        name = m.group(1)
+        best = next((n for n in names if name == n or name.startswith(n + ".")), None)
+        if best:
+            return {best: m.group(2)}, ""
+    return {}, f"{exc.status} {exc.code}: {exc.message}"
+
+
+def _set(body: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        body = body.setdefault(p, {})
+    body[leaf] = value
+
+
+def to_body(fields: list[FormField], form: dict) -> tuple[dict, dict[str, str]]:
+    """Form text -> JSON body (blank optional fields left out), and {field: why} for numbers
+    that are not numbers."""
+    body: dict = {}
+    bad: dict[str, str] = {}
+    for f in fields:
+        raw = form.get(f.name, "").strip()
+        if f.kind == "checkbox":
+            _set(body, f.name, raw in ("on", "true", "1"))
+            continue
+        if raw == "":
+            continue
+        if f.kind == "number":
+            try:
+                value = int(raw) if f.name in NUMBER_INT else float(raw)
+            except ValueError:
+                bad[f.name] = "expected a whole number" if f.name in NUMBER_INT else "expected a number"
+                continue
+            _set(body, f.name, value)
+        else:
+            _set(body, f.name, raw)
+    return body, bad
+
+
+def model_body(form: dict) -> tuple[dict, dict[str, str]]:
+    body, bad = to_body(MODEL_FIELDS, form)
+    rev = body.pop("revision", None)
+    if rev and str(body.get("source", "")).startswith("hf://"):
+        body["source"] = f"{body['source'].split('@')[0]}@{rev}"
+    elif rev:
+        bad["revision"] = "a revision pins an hf:// source only"
+    adapters = []
+    for i, line in enumerate(l.strip() for l in str(body.pop("adapters", "")).splitlines()):
+        if not line:
+            continue
+        name, sep, src = line.partition("=")
+        if not sep or not name.strip() or not src.strip():
+            bad["adapters"] = f"line {i + 1}: expected NAME=SOURCE"
+            break
+        adapters.append({"name": name.strip(), "source": src.strip()})
+    if adapters:
+        body["adapters"] = adapters
+    if not body.get("require_checksum"):
+        body.pop("require_checksum", None)
+    return body, bad
+
+
+FORMS = {  # key -> (title, fields, API path, what the API call creates, return page)
+    "models": ("Add a model", MODEL_FIELDS, "/api/ai/models", "model", "models"),
+    "profiles": ("Add a profile", PROFILE_FIELDS, "/api/ai/profiles", "profile", "profiles"),
+    "deployments": ("Deploy a model", DEPLOYMENT_FIELDS, "/api/ai/deployments", "deployment", "deployments"),
+    "endpoints": ("Expose an endpoint", ENDPOINT_FIELDS, "/api/ai/endpoints", "endpoint", "endpoints"),
+}
+
+
+async def _options(api: Api, key: str) -> dict[str, list[str]]:
+    if key == "deployments" or key == "rollout":
+        models, profiles = await api.get("/api/ai/models"), await api.get("/api/ai/profiles")
+        return {"model": [m["name"] for m in models], "profile": [p["name"] for p in profiles]}
+    if key == "endpoints":
+        return {"deployment": [d["name"] for d in await api.get("/api/ai/deployments")]}
+    return {}
+
+
+def _form_page(request, session, key: str, values: dict, errors: dict, general: str, options: dict,
+               status: int = 200, checks: list | None = None, dry_ok: bool = False):
+    title, fields, _path, _what, active = FORMS[key]
+    return page(request, "form.html", session, status=status, active=active, title=title, key=key,
+                fields=fields, values=values, errors=errors, general=general, options=options,
+                action=f"{PREFIX}/{key}/new", checks=checks, dry_ok=dry_ok, dry_run=key == "models")
+
+
+def _new_page(key: str):
+    async def show(request: Request):
+        session = session_of(request)
+        if session is None:
+            return to_login()
+        api = Api(request, session)
+        try:
+            options = await _options(api, key)
+        except ApiError as exc:
+            return _failed(request, session, FORMS[key][4], exc)
+        values = {f.name: f.default for f in FORMS[key][1]}
+        values.update({k: v for k, v in request.query_params.items() if k in values})
+        return _form_page(request, session, key, values, {}, "", options)
+    return show
+
+
+def _submit(key: str):
+    async def submit(request: Request):
+        session, form, refused = await _guarded(request)
+        if refused is not None:
+            return refused
+        title, fields, path, what, active = FORMS[key]
+        api = Api(request, session)
+        try:
+            options = await _options(api, key)
+        except ApiError as exc:
+            return _failed(request, session, active, exc)
+        body, bad = model_body(form) if key == "models" else to_body(fields, form)
+        values = {f.name: form.get(f.name, "") for f in fields}
+        if bad:
+            return _form_page(request, session, key, values, bad, "", options, status=422)
+        dry = key == "models" and "dry_run" in form
+        try:
+            if dry:
+                doc = {"kind": "ModelArtifact", "metadata": {"name": body.get("name", "")},
+                       "spec": {k: v for k, v in body.items() if k != "name"}}
+                await api.call("POST", "/api/ai/apply", json={"documents": [doc], "dry_run": True})
+            else:
+                await api.call("POST", path, json=body)
+        except ApiError as exc:
+            errors, general = field_errors(exc, [f.name for f in fields])
+            return _form_page(request, session, key, values, errors, general, options, status=exc.status,
+                              checks=views.supply_chain_checks(body) if key == "models" else None)
+        if dry:
+            return _form_page(request, session, key, values, {}, "", options,
+                              checks=views.supply_chain_checks(body), dry_ok=True)
+        name = body.get("name", "")
+        msg = quote(f"{what} {name} created")
+        target = f"{PREFIX}/{active}/{quote(name, safe='')}" if key in ("deployments", "endpoints") else \
+            f"{PREFIX}/{active}"
+        return RedirectResponse(f"{target}?message={msg}", status_code=303)
+    return submit
+
+
+for _key in FORMS:
+    router.add_api_route(f"/{_key}/new", _new_page(_key), methods=["GET"], response_class=HTMLResponse)
+    router.add_api_route(f"/{_key}/new", _submit(_key), methods=["POST"])
+
+
+def _back(name: str, message: str) -> RedirectResponse:
+    return RedirectResponse(f"{PREFIX}/deployments/{quote(name, safe='')}?message={quote(message)}", status_code=303)
+
+
+async def _detail_with_errors(request, session, name: str, exc: ApiError, which: str, form: dict):
+    from controlplane.console.pages import deployment_context  # the page this form sits on
+
+    fields = AUTOSCALING_FIELDS if which == "autoscaling" else ROLLOUT_FIELDS
+    errors, general = field_errors(exc, [f.name for f in fields])
+    try:
+        ctx = await deployment_context(Api(request, session), name)
+    except ApiError as gone:
+        return _failed(request, session, "deployments", gone)
+    ctx[f"{which}_errors"], ctx[f"{which}_general"] = errors, general
+    ctx[f"{which}_values"] = {f.name: form.get(f.name, "") for f in fields}
+    return page(request, "deployment.html", session, status=exc.status, active="deployments", **ctx)
+
+
+@router.post("/deployments/{name}/autoscaling")
+async def set_autoscaling(request: Request, name: str):
+    session, form, refused = await _guarded(request)
+    if refused is not None:
+        return refused
+    body, bad = to_body(AUTOSCALING_FIELDS, form)
+    try:
+        if bad:
+            raise ApiError(422, "invalid", "", [{"field": k, "message": v} for k, v in bad.items()])
+        await Api(request, session).call("PUT", f"/api/ai/deployments/{quote(name, safe='')}/autoscaling", json=body)
+    except ApiError as exc:
+        return await _detail_with_errors(request, session, name, exc, "autoscaling", form)
+    return _back(name, f"autoscaling of {name} set: {body.get('min_replicas', 1)}-{body.get('max_replicas', 4)} "
+                       f"replicas{'' if body.get('enabled') else ' (disabled)'}")
+
+
+@router.post("/deployments/{name}/rollouts")
+async def start_rollout(request: Request, name: str):
+    session, form, refused = await _guarded(request)
+    if refused is not None:
+        return refused
+    body, bad = to_body(ROLLOUT_FIELDS, form)
+    api, dep = Api(request, session), quote(name, safe="")
+    try:
+        if bad:
+            raise ApiError(422, "invalid", "", [{"field": k, "message": v} for k, v in bad.items()])
+        rev = {k: body[k] for k in ("model", "profile", "reason") if body.get(k)}
+        if rev.keys() - {"reason"}:
+            try:
+                await api.call("POST", f"/api/ai/deployments/{dep}/revisions", json=rev)
+            except ApiError as exc:
+                if exc.code != "unchanged":  # the newest revision already is that template
+                    raise
+        ro = {"strategy": body.get("strategy", "rolling")}
+        if body.get("canary_percent") is not None:
+            ro["canary_percent"] = body["canary_percent"]
+        started = await api.call("POST", f"/api/ai/deployments/{dep}/rollouts", json=ro)
+    except ApiError as exc:
+        return await _detail_with_errors(request, session, name, exc, "rollout", form)
+    return _back(name, f"rollout {started.get('id')} of {name} started: {started.get('strategy')} to revision "
+                       f"{started.get('to_revision')}")
+
+
+@router.post("/deployments/{name}/rollouts/{rollout_id}/{action}")
+async def operate_rollout(request: Request, name: str, rollout_id: int, action: str):
+    session, _, refused = await _guarded(request)
+    if refused is not None:
+        return refused
+    try:
+        await Api(request, session).call(
+            "POST", f"/api/ai/deployments/{quote(name, safe='')}/rollouts/{rollout_id}/{quote(action, safe='')}")
+    except ApiError as exc:
+        return _failed(request, session, "deployments", exc)
+    return _back(name, f"rollout {rollout_id} of {name}: {action} sent")

@@ -1,0 +1,177 @@
+"""The playground's chat: POST /app/ai/endpoints/{name}/try/chat {"prompt", "max_tokens"} (CSRF header).
+
+The console mints a key for the signed-in user through the REST API (POST /api/ai/keys, scoped
+to this endpoint, expiring after KEY_TTL_S), sends the chat through the gateway clients use
+(FABRIC_CONSOLE_GATEWAY_URL + /api/ai/openai/{name}/v1/chat/completions, streamed, with the
+usage chunk), relays it to the browser as server-sent events, asks the gateway which replica
+answered (GET /api/ai/explain/request/{id}, the caller's own explanation) and revokes the key
+(DELETE /api/ai/keys/{id}) when the answer ends, whatever the outcome. The key never reaches the
+browser, a log or an event text. A viewer's key is refused by the API (keys are admin writes),
+so a viewer gets the API's 403 in the stream: the playground is open to a viewer only where
+its role may mint keys.
+
+Events sent: `token` {"text"}, `done` {"ttft_ms", "tokens_per_s", "completion_tokens", "usage",
+"replica", "request_id", "elapsed_ms"}, `error` {"status", "code", "message"}.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from urllib.parse import quote
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from common.errors import Forbidden
+from controlplane.console import session as sessions
+from controlplane.console.backend import Api, ApiError
+from controlplane.console.render import PREFIX, session_of
+from controlplane.settings import of as settings_of
+from controlplane.state import get_state
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+log = logging.getLogger("fabric.console.playground")
+KEY_TTL_S = 900
+MAX_PROMPT = 8000
+MAX_TOKENS = 1024
+GATEWAY_TIMEOUT_S = 120
+
+
+def _sse(event: str, data: dict) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _error(status: int, code: str, message: str) -> bytes:
+    return _sse("error", {"status": status, "code": code, "message": message[:500]})
+
+
+async def _body(request: Request) -> dict:
+    try:
+        data = json.loads((await request.body())[:64 * 1024] or b"{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@router.post("/endpoints/{name}/try/chat")
+async def chat(request: Request, name: str):
+    session = session_of(request)
+    if session is None:
+        return JSONResponse({"error": {"code": "unauthorized", "message": "sign in again"}}, status_code=401)
+    try:
+        sessions.check_csrf(request, session, {})
+    except Forbidden as exc:
+        return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=403)
+    body = await _body(request)
+    prompt = str(body.get("prompt", "")).strip()
+    try:
+        max_tokens = max(1, min(MAX_TOKENS, int(body.get("max_tokens", 64))))
+    except (TypeError, ValueError):
+        return JSONResponse({"error": {"code": "invalid", "message": "max_tokens: expected a whole number"}},
+                            status_code=422)
+    if not prompt or len(prompt) > MAX_PROMPT:
+        return JSONResponse({"error": {"code": "invalid", "message": f"prompt: 1 to {MAX_PROMPT} characters"}},
+                            status_code=422)
+    gateway = settings_of(get_state(request)).gateway_url
+    api = Api(request, session)
+    return StreamingResponse(_relay(api, gateway, name, session.user, prompt, max_tokens),
+                             media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+async def _relay(api: Api, gateway: str, endpoint: str, user: str, prompt: str, max_tokens: int):
+    if not gateway:
+        yield _error(503, "no_gateway", "the playground needs FABRIC_CONSOLE_GATEWAY_URL (the gateway clients use)")
+        return
+    key_name = f"console-try-{user[:40]}-{secrets.token_hex(4)}"
+    try:
+        minted = await api.call("POST", "/api/ai/keys",
+                                json={"name": key_name, "endpoint": endpoint, "ttl_secs": KEY_TTL_S})
+    except ApiError as exc:
+        yield _error(exc.status, exc.code, f"no playground key: {exc.message}")
+        return
+    key, key_id = minted["key"], minted["id"]
+    try:
+        async for chunk in _chat(gateway, endpoint, key, prompt, max_tokens):
+            yield chunk
+    finally:
+        try:
+            await api.call("DELETE", f"/api/ai/keys/{quote(key_id, safe='')}")
+        except ApiError as exc:  # it still expires after KEY_TTL_S
+            log.warning("playground key %s not revoked: %s %s", key_id, exc.status, exc.code)
+
+
+async def _chat(gateway: str, endpoint: str, key: str, prompt: str, max_tokens: int):
+    url = f"{gateway}/api/ai/openai/{quote(endpoint, safe='')}/v1/chat/completions"
+    payload = {"model": endpoint, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+               "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"Authorization": f"Bearer {key}"}
+    start = time.monotonic()
+    first = None
+    pieces, usage, model, request_id = 0, None, None, ""
+    try:
+        async with httpx.AsyncClient(timeout=GATEWAY_TIMEOUT_S) as client:
+            async with client.stream("POST", url, json=payload, headers=headers) as resp:
+                request_id = resp.headers.get("x-fabric-request-id", "")
+                if resp.status_code >= 400:
+                    raw = (await resp.aread())[:4000]
+                    try:
+                        err = json.loads(raw).get("error", {})
+                    except ValueError:
+                        err = {}
+                    yield _error(resp.status_code, str(err.get("code", "error")),
+                                 str(err.get("message", raw.decode("utf-8", "replace")[:300])))
+                    return
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        continue
+                    if "error" in chunk:
+                        err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+                        yield _error(502, str(err.get("code", "upstream")), str(err.get("message", "")))
+                        return
+                    usage = chunk.get("usage") or usage
+                    model = chunk.get("model") or model
+                    for choice in chunk.get("choices") or []:
+                        text = (choice.get("delta") or {}).get("content") or ""
+                        if text:
+                            if first is None:
+                                first = time.monotonic()
+                            pieces += 1
+                            yield _sse("token", {"text": text})
+            replica = await _replica(client, gateway, key, request_id)
+    except httpx.HTTPError as exc:
+        yield _error(502, "gateway_unreachable", f"the gateway at {gateway} did not answer: {type(exc).__name__}")
+        return
+    end = time.monotonic()
+    tokens = (usage or {}).get("completion_tokens") or pieces
+    gen_s = end - (first or end)
+    yield _sse("done", {"ttft_ms": round(1000 * ((first or end) - start), 1), "elapsed_ms": round(1000 * (end - start), 1),
+                        "tokens_per_s": round(tokens / gen_s, 1) if gen_s > 0 and tokens > 1 else None,
+                        "completion_tokens": tokens, "usage": usage, "replica": replica, "model": model,
+                        "request_id": request_id})
+
+
+async def _replica(client: httpx.AsyncClient, gateway: str, key: str, request_id: str) -> str | None:
+    """The replica the gateway chose, from its explanation of this request (for this key only)."""
+    if not request_id:
+        return None
+    try:
+        resp = await client.get(f"{gateway}/api/ai/explain/request/{quote(request_id, safe='')}",
+                                headers={"Authorization": f"Bearer {key}"}, timeout=5)
+        found = resp.json() if resp.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return None
+    for k in ("chosen", "replica", "replica_id"):
+        if isinstance(found.get(k), str):
+            return found[k]
+    return None
