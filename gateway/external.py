@@ -32,6 +32,7 @@ from common.errors import LimitExceeded, NotFound
 from common.http1_client import UpstreamError, UpstreamPool, UpstreamTimeoutError
 from common.schemas import ExternalProvider, InferenceEndpoint
 from gateway import breaker
+from gateway.provider_headers import provider_headers
 from gateway.proxy import ProxyResult, UpstreamTimeout, relay
 from gateway.request_body import with_field
 
@@ -204,6 +205,7 @@ class ExternalRouter:
         if data is not None and "model" in data and data.get("model") != prov.model:
             body = with_field(body, data, "model", prov.model)
         notes["provider_model"] = prov.model
+        headers = provider_headers(headers)  # an allow-list leaves the cluster, never the caller's identity
         tried: set[int] = set()
         t0 = time.perf_counter()
         while (i := ring.pick(time.monotonic(), tried, self._rng)) is not None:
