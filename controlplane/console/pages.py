@@ -122,7 +122,9 @@ async def nodes(request: Request):
         slices = await asyncio.gather(*(api.maybe(f"/api/ai/nodes/{quote(n['id'], safe='')}/mig", [])
                                         for n in items))
         return {"nodes": items, "gpus": gpus, "strip": views.capacity_strip(capacity),
-                "slices": [s for per_node in slices for s in per_node]}
+                "slices": [s for per_node in slices for s in per_node],
+                "by_class": capacity.get("gpus_by_class") or {},
+                "charts": charts.node_charts([n["id"] for n in items])}
     return await _render(request, "nodes.html", "nodes", load)
 
 
