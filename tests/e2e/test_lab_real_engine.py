@@ -65,7 +65,12 @@ class Lab:
         return self.api.get(f"/api/ai/deployments/{MODEL}/metrics").json()["replicas"]
 
     def maglev(self) -> dict[str, int]:
-        for svc in self.agent.get("/v1/maglev/services").json()["services"]:
+        """Backends and weights in the agent's live maps; {} when the agent did not answer (polled)."""
+        try:
+            services = self.agent.get("/v1/maglev/services").json()["services"]
+        except httpx.HTTPError:  # a kept-alive connection the agent closed: the next poll asks again
+            return {}
+        for svc in services:
             if svc["vip"] == self.vip:
                 return {s["address"]: s["weight"] for s in svc["stats"]} or dict(svc["backends"])
         return {}
