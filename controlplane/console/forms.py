@@ -155,7 +155,7 @@ def model_body(form: dict) -> tuple[dict, dict[str, str]]:
     elif rev:
         bad["revision"] = "a revision pins an hf:// source only"
     adapters = []
-    for i, line in enumerate(l.strip() for l in str(body.pop("adapters", "")).splitlines()):
+    for i, line in enumerate(text.strip() for text in str(body.pop("adapters", "")).splitlines()):
         if not line:
             continue
         name, sep, src = line.partition("=")

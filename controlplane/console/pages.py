@@ -204,7 +204,8 @@ async def playground(request: Request, name: str):
     async def load(api: Api):
         ep = await api.get(f"/api/ai/endpoints/{quote(name, safe='')}")
         config = settings_of(get_state(request))
+        model = await playground_mod.served_model(api, name)
         return {"e": ep, "gateway": config.gateway_url, "snippets": views.snippets(config.gateway_url or
-                                                                                   "https://GATEWAY", name),
+                                                                                   "https://GATEWAY", name, model),
                 "key_ttl_s": playground_mod.KEY_TTL_S}
     return await _render(request, "playground.html", "endpoints", load)

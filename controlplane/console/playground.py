@@ -95,7 +95,8 @@ async def _relay(api: Api, gateway: str, endpoint: str, user: str, prompt: str, 
         return
     key, key_id = minted["key"], minted["id"]
     try:
-        async for chunk in _chat(gateway, endpoint, key, prompt, max_tokens):
+        model = await served_model(api, endpoint)
+        async for chunk in _chat(gateway, endpoint, model, key, prompt, max_tokens):
             yield chunk
     finally:
         try:
@@ -104,14 +105,24 @@ async def _relay(api: Api, gateway: str, endpoint: str, user: str, prompt: str, 
             log.warning("playground key %s not revoked: %s %s", key_id, exc.status, exc.code)
 
 
-async def _chat(gateway: str, endpoint: str, key: str, prompt: str, max_tokens: int):
+async def served_model(api: Api, endpoint: str) -> str:
+    """The model name clients send: the endpoint's deployment's model (the endpoint's name if unknown)."""
+    try:
+        ep = await api.get(f"/api/ai/endpoints/{quote(endpoint, safe='')}")
+        dep = await api.get(f"/api/ai/deployments/{quote(ep['deployment'], safe='')}")
+        return str(dep.get("model") or endpoint)
+    except (ApiError, KeyError):
+        return endpoint
+
+
+async def _chat(gateway: str, endpoint: str, model: str, key: str, prompt: str, max_tokens: int):
     url = f"{gateway}/api/ai/openai/{quote(endpoint, safe='')}/v1/chat/completions"
-    payload = {"model": endpoint, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+    payload = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                "stream": True, "stream_options": {"include_usage": True}}
     headers = {"Authorization": f"Bearer {key}"}
     start = time.monotonic()
     first = None
-    pieces, usage, model, request_id = 0, None, None, ""
+    pieces, usage, request_id = 0, None, ""
     try:
         async with httpx.AsyncClient(timeout=GATEWAY_TIMEOUT_S) as client:
             async with client.stream("POST", url, json=payload, headers=headers) as resp:
@@ -140,7 +151,6 @@ async def _chat(gateway: str, endpoint: str, key: str, prompt: str, max_tokens: 
                         yield _error(502, str(err.get("code", "upstream")), str(err.get("message", "")))
                         return
                     usage = chunk.get("usage") or usage
-                    model = chunk.get("model") or model
                     for choice in chunk.get("choices") or []:
                         text = (choice.get("delta") or {}).get("content") or ""
                         if text:

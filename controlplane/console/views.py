@@ -88,17 +88,17 @@ def supply_chain_checks(body: dict) -> list[dict]:
     return [{"check": c, "detail": d, "on": on} for c, d, on in rows]
 
 
-def snippets(gateway: str, endpoint: str) -> dict:
+def snippets(gateway: str, endpoint: str, model: str) -> dict:
     """The playground's call as curl and the openai client would make it; the key is a
     placeholder ($FABRIC_API_KEY), never a real secret."""
     base = f"{gateway}/api/ai/openai/{endpoint}/v1"
     curl = (f"curl -N {base}/chat/completions \\\n  -H \"Authorization: Bearer $FABRIC_API_KEY\" \\\n"
             f"  -H 'content-type: application/json' \\\n"
-            f"  -d '{{\"model\": \"{endpoint}\", \"stream\": true, \"messages\": [{{\"role\": \"user\", "
+            f"  -d '{{\"model\": \"{model}\", \"stream\": true, \"messages\": [{{\"role\": \"user\", "
             f"\"content\": \"Hello\"}}]}}'")
     py = ("import os\nfrom openai import OpenAI\n\n"
           f"client = OpenAI(base_url=\"{base}\", api_key=os.environ[\"FABRIC_API_KEY\"])\n"
-          f"for chunk in client.chat.completions.create(model=\"{endpoint}\", stream=True,\n"
+          f"for chunk in client.chat.completions.create(model=\"{model}\", stream=True,\n"
           "        messages=[{\"role\": \"user\", \"content\": \"Hello\"}]):\n"
           "    if chunk.choices:\n        print(chunk.choices[0].delta.content or \"\", end=\"\")\n")
     return {"curl": curl, "openai": py}
