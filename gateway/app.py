@@ -39,6 +39,7 @@ from gateway.adapters import AdapterRouter
 from gateway.audit import AuditWriter
 from gateway.bands import QueueRefused
 from gateway.capacity import replica_saturated
+from gateway.cache_salt import salted
 from gateway.cold_start import ColdStart
 from gateway.deadlines import Deadlines
 from gateway.dispatch import Dispatcher, Placement, needed
@@ -296,6 +297,8 @@ class GatewayApp:
             check_caps(st.settings, facts)
             picked = adapter = None
             external = placement.external if placement is not None else None
+            if external is None:  # a replica: the caller's prefix-cache salt (gateway.cache_salt)
+                info = salted(info, body, route.path, identity.tenant, identity.subject)
             if external is not None:
                 targets, why = [], {"mode": "external", "reason": "an external provider"}
             elif view.adapters and info.model in view.adapters and view.replicas and not dry:
