@@ -175,3 +175,37 @@ def test_phone_width_has_no_sideways_page_scroll(browser, cluster):
         assert width <= 391, f"{name} is {width}px wide on a 390px phone"
         shot(page, f"phone-{name}")
     ctx.close()
+
+
+def test_new_pages_at_phone_width_keyboard_only_and_as_viewer(browser, cluster):
+    ctx, page = new_page(browser, 390, 844)
+    sign_in(page, cluster)
+    for path in ("/models/new", "/deployments/chat", "/endpoints/chat-openai", "/endpoints/chat-openai/try"):
+        page.goto(f"{cluster.url}{CONSOLE}{path}")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 391, f"{path} is {width}px wide on a 390px phone"
+        assert page.evaluate(CONTRAST_JS) == [], f"text below 4.5:1 contrast on {path}"
+    shot(page, "phone-playground")
+    ctx.close()
+    ctx, page = new_page(browser)
+    sign_in(page, cluster)
+    page.goto(f"{cluster.url}{CONSOLE}/profiles/new")
+    page.get_by_label("Name", exact=True).focus()  # then keyboard only: type, Tab between fields, Enter submits
+    page.keyboard.type("kbd-p")
+    for value in (None, "1", "24", None, None, "1", "1"):  # runtime, count, vram, model, mig, cpu, memory
+        page.keyboard.press("Tab")
+        if value is not None:
+            page.keyboard.press("Control+A")
+            page.keyboard.type(value)
+    page.keyboard.press("Enter")
+    expect(page.locator("main")).to_contain_text("kbd-p")
+    ctx.close()
+    ctx, page = new_page(browser)
+    sign_in(page, cluster, "viewer", cluster.viewer_password)
+    page.goto(f"{cluster.url}{CONSOLE}/models/new")
+    expect(page.get_by_role("alert")).to_contain_text("read-only")
+    expect(page.get_by_role("button", name="Add a model")).to_have_count(0)
+    page.goto(f"{cluster.url}{CONSOLE}/deployments/chat")
+    expect(page.get_by_role("button", name="Start rollout")).to_have_count(0)
+    expect(page.get_by_role("button", name="Set autoscaling")).to_have_count(0)
+    ctx.close()
