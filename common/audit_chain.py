@@ -45,7 +45,9 @@ KINDS = ("ATTEMPT", "SUCCESS", "FAILED")
 GENESIS = "0" * 64
 TIP = "tip"
 _PLAIN = (str, int, bool, type(None))  # types orjson and json write alike (ASCII text aside)
-ALLOWED_FIELDS = {"request_id", "key_id", "tenant", "endpoint", "model", "status", "tokens", "latency_ms", "reason"}
+# would_refuse: the limits in shadow mode (gateway.shadow) that would have refused the call
+ALLOWED_FIELDS = {"request_id", "key_id", "tenant", "endpoint", "model", "status", "tokens", "latency_ms", "reason",
+                  "would_refuse"}
 
 
 def _row_key(seq: int) -> str:

@@ -330,6 +330,9 @@ class GatewayApp:
             plan = plan_admission(st.settings, facts)
             if plan:
                 admission = await st.limits.admit(plan, facts.token_estimate)
+                for what in admission.would_refuse:  # shadow mode: reported, not refused (gateway.shadow)
+                    if st.metrics.shadow_refusals is not None:
+                        st.metrics.shadow_refusals.labels(what).inc()
             st.limits.count_use(facts)
             if dry:
                 status, tokens = await dry_run.respond(send, info, endpoint)
@@ -530,9 +533,10 @@ class GatewayApp:
             await asyncio.shield(self._settle(admission, counted if outcome == "success" else (tokens or 0)))
         if identity is not None:
             kind = "SUCCESS" if outcome == "success" else "FAILED"
+            shadow = {"would_refuse": ",".join(admission.would_refuse)} if admission and admission.would_refuse else {}
             st.audit.record(kind, request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
                             endpoint=endpoint, model=info.model, status=status,
-                            tokens=tokens or 0, latency_ms=round(elapsed * 1000, 3), reason=outcome)
+                            tokens=tokens or 0, latency_ms=round(elapsed * 1000, 3), reason=outcome, **shadow)
         st.metrics.outcome(label, outcome, elapsed)
         if tokens:
             if st.tokens is not None and endpoint:

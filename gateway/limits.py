@@ -39,6 +39,7 @@ from common.store.base import Store
 from gateway.openai_errors import RequestTooLarge
 from gateway.ratelimit_headers import headers_for
 from gateway.settings import GatewaySettings
+from gateway.shadow import shadowed_limits
 from gateway.slots import SlotHolder, slots_prefix
 from gateway.usage import UsageCounter, usage_key
 
@@ -183,6 +184,7 @@ class Admission:
     settled: bool = False
     released: bool = False
     seen: list = field(default_factory=list)  # (reservation, count after it): gateway.ratelimit_headers
+    would_refuse: list = field(default_factory=list)  # shadowed limits this call passed (gateway.shadow)
 
     @property
     def headers(self) -> list[tuple[bytes, bytes]]:
@@ -199,6 +201,7 @@ class LimitKeeper:
     _locks: dict[str, list] = field(default_factory=dict)  # key -> [lock, users]; dropped when unused
     _window_leases: dict[int, tuple[int, float]] = field(default_factory=dict)  # window -> (lease, use until)
     _lease_lock: threading.Lock = field(default_factory=threading.Lock)
+    shadow: frozenset[str] = field(default_factory=shadowed_limits)  # counted, never refusing (gateway.shadow)
 
     def _window_lease(self, window_secs: int, now: float, renew: bool = False) -> int:
         """A lease of twice the window, used for writes during its first window-length: a key
@@ -245,6 +248,7 @@ class LimitKeeper:
     async def admit(self, plan: list[Reservation], estimate: int) -> Admission:
         taken: list[Reservation] = []
         seen: list[tuple[Reservation, int]] = []
+        would: list[str] = []
         for r in plan:
             if r.tokens and r.window_secs == MINUTE and r.limit is not None and r.amount > r.limit:
                 # Waiting cannot help a request bigger than the whole minute's allowance.
@@ -253,7 +257,12 @@ class LimitKeeper:
                 raise RequestTooLarge(f"this request alone needs about {r.amount} tokens (prompt estimate plus "
                                       f"max_tokens), more than {r.what} allows in a minute ({r.limit}): it can "
                                       "never fit; shorten the prompt or lower max_tokens", code="request_too_large")
-            outcome = await self._apply(r, r.amount, r.limit)
+            if r.what in self.shadow:  # counted as usual; a refusal is only reported
+                outcome = await self._apply(r, r.amount, None)
+                if r.limit is not None and outcome.value > r.limit:
+                    would.append(r.what)
+            else:
+                outcome = await self._apply(r, r.amount, r.limit)
             if not outcome.ok:
                 for t in reversed(taken):
                     await self._apply(t, -t.amount, None)
@@ -264,7 +273,7 @@ class LimitKeeper:
                 raise exc
             taken.append(r)
             seen.append((r, outcome.value))
-        return Admission(taken, estimate, seen=seen)
+        return Admission(taken, estimate, seen=seen, would_refuse=would)
     async def settle(self, admission: Admission, tokens: int) -> None:
         """Replace the token estimate with the real count in every token window."""
         if admission.settled:

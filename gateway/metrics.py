@@ -34,6 +34,7 @@ class GatewayMetrics:
     audit_dropped: Counter
     runtime: runtime_metrics.RuntimeCollector
     usage_missing: Counter | None = None  # generating calls whose answer had no usage (gateway.usage_inject)
+    shadow_refusals: Counter | None = None  # calls a shadowed limit would have refused (gateway.shadow)
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
     _tally: Tally = field(default_factory=Tally)  # the per-call metrics' pending updates (gateway.metric_tally)
     # Several workers (PROMETHEUS_MULTIPROC_DIR): another worker answering a scrape reads this
@@ -75,6 +76,8 @@ class GatewayMetrics:
             runtime=runtime_metrics.install(reg),
             usage_missing=Counter("fabric_gateway_usage_missing", "Generating calls answered without usage, "
                                   "charged max_tokens (or 1)", ["endpoint"], registry=reg),
+            shadow_refusals=Counter("fabric_gateway_shadow_refusals", "Calls a limit in shadow mode "
+                                    "(FABRIC_<LIMIT>_SHADOW=1) would have refused", ["limit"], registry=reg),
         )
 
     def _child(self, metric, *labels):

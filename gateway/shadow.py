@@ -1,0 +1,19 @@
+"""Shadow mode per limit (issue 37): ``FABRIC_<LIMIT>_SHADOW=1`` (FABRIC_USER_RPM_SHADOW,
+FABRIC_PROJECT_TPM_SHADOW, FABRIC_DAILY_TOKENS_SHADOW, FABRIC_TENANT_STREAMS_SHADOW...) makes
+that limit count as usual but never refuse: a call it would have refused goes through, is
+counted in fabric_gateway_shadow_refusals{limit} and audited with ``would_refuse`` naming the
+limit, so an operator can try a limit on live traffic before enforcing it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+_SHADOW = re.compile(r"^(FABRIC_[A-Z_]+)_SHADOW$")
+
+
+def shadowed_limits(env: dict[str, str] | None = None) -> frozenset[str]:
+    """The limit names (as gateway.limits.Reservation.what names them) set to shadow."""
+    env = os.environ if env is None else env
+    return frozenset(m.group(1) for k, v in env.items() if (m := _SHADOW.match(k)) and v.strip() in ("1", "true"))
