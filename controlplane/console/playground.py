@@ -184,4 +184,6 @@ async def _replica(client: httpx.AsyncClient, gateway: str, key: str, request_id
     for k in ("chosen", "replica", "replica_id"):
         if isinstance(found.get(k), str):
             return found[k]
+    if found.get("mode"):  # affinity routing: the VIP's Maglev chose, the gateway names no replica
+        return f"not named by the gateway ({found['mode']}: {found.get('reason', '')})"
     return None
