@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.routing.metrics_parse import SeriesCache, observe, parse_vllm_lines, parse_vllm_metrics, vllm_lines
+from controlplane.routing.metrics_parse import (
+    SeriesCache,
+    observe,
+    parse_vllm_lines,
+    parse_vllm_metrics,
+    vllm_lines,
+)
 
 PAGE = (Path(__file__).parent / "fixtures" / "vllm_0_32_cpu_metrics.txt").read_text()
 
