@@ -38,8 +38,8 @@ from gateway import batch_scope, dry_run
 from gateway.adapters import AdapterRouter
 from gateway.audit import AuditWriter
 from gateway.bands import QueueRefused
-from gateway.capacity import replica_saturated
 from gateway.cache_salt import salted
+from gateway.capacity import replica_saturated
 from gateway.cold_start import ColdStart
 from gateway.deadlines import Deadlines
 from gateway.dispatch import Dispatcher, Placement, needed
@@ -59,13 +59,13 @@ from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, pla
 from gateway.metrics import GatewayMetrics
 from gateway.model_routing import CatalogueCache, endpoint_without_model, models_page, resolve, visible_models
 from gateway.proxy import UpstreamBroke, UpstreamTimeout, VipConnections, forward, upstream_headers
+from gateway.readiness import readiness
 from gateway.replica_router import ReplicaRouter
 from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
 from gateway.routes import PREFIX, Route, check_served, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
 from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_target, replica_targets
-from gateway.readiness import readiness
 from gateway.usage import TokenCounter
 from gateway.usage_inject import UsageStripper, fallback_tokens, inject
 

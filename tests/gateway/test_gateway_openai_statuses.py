@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.ratelimit_headers import duration, headers_for
 from gateway.limits import Reservation
+from gateway.ratelimit_headers import duration, headers_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 MSG = [{"role": "user", "content": "hi"}]
