@@ -168,14 +168,18 @@ def deploy(
     replicas: int = typer.Option(1, "--replicas", help="how many replicas (0-64)"),
     name: str = typer.Option(None, "--name", help="deployment name (default: the model's name)"),
     tenant: str = typer.Option(None, "--tenant", help="owning tenant"),
+    capacity_class: str = typer.Option(None, "--capacity-class",
+                                       help="critical | standard | opportunistic (default standard): who may "
+                                            "preempt whom when GPUs run out"),
     wait: bool = WAIT_OPT,
     timeout: float = TIMEOUT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Deploy MODEL with a profile."""
-    body = {"name": name or model, "model": model, "profile": profile, "replicas": replicas, "tenant": tenant}
+    body = {"name": name or model, "model": model, "profile": profile, "replicas": replicas, "tenant": tenant,
+            "capacity_class": capacity_class}
     with session({"name": "--name", "model": "MODEL", "profile": "--profile", "replicas": "--replicas",
-                  "tenant": "--tenant"}) as c:
+                  "tenant": "--tenant", "capacity_class": "--capacity-class"}) as c:
         created = c.post("/api/ai/deployments", {k: v for k, v in body.items() if v is not None})
         if not as_json:  # said at once: a --wait that times out still leaves the deployment made
             typer.echo(f"deployment {created['name']} created ({replicas} replicas of {model} with {profile})")

@@ -81,9 +81,10 @@ def test_critical_preempts_opportunistic_through_the_drain_and_it_returns(tmp_pa
         for t in threads:
             t.start()
 
-        r = api.post("/api/ai/deployments", json={"name": "chat", "model": "qwen", "profile": "g1", "replicas": 1,
-                                                  "capacity_class": "critical"})
-        assert r.status_code == 201, r.text
+        # the operator's way: fabricctl ai deploy --capacity-class
+        out = ctl(cluster, "deploy", "qwen", "--profile", "g1", "--name", "chat", "--capacity-class", "critical")
+        assert "deployment chat created" in out, out
+        assert api.get("/api/ai/deployments/chat").json()["capacity_class"] == "critical"
         wait_for(lambda: status(api, "batch").get("preempted") == 1, 30, "one opportunistic replica preempted")
         wait_for(lambda: "1 replica(s) preempted by chat" in status(api, "batch")["message"], 30, "the reason shown")
         assert status(api, "batch")["preempted_by"] == "chat"
