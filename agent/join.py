@@ -120,6 +120,19 @@ def fetch_ca(urls: list[str], ca_sha256: str) -> str:
     raise JoinFailed("cannot get the cluster CA: " + "; ".join(problems))
 
 
+def _post_csr(client: FailoverClient, path: str, body: dict, what: str, files: NodeFiles, key_pem: bytes) -> None:
+    """POST a CSR, then save the signed certificate the control plane answers with beside its key."""
+    try:
+        resp = client.post(path, json=body)
+    except httpx.HTTPError as exc:
+        raise JoinFailed(f"no control plane answered: {exc}") from None
+    finally:
+        client.close()
+    if resp.status_code != 200:
+        raise JoinFailed(f"{what} refused ({resp.status_code}): {_error(resp)}")
+    _save(files, key_pem, resp.json())
+
+
 def join(token: str, node_id: str, urls: list[str], pki_dir: Path) -> NodeFiles:
     _token_id, _secret, ca_hash = parse_token(token)
     ca_pem = fetch_ca(urls, ca_hash)
@@ -127,16 +140,8 @@ def join(token: str, node_id: str, urls: list[str], pki_dir: Path) -> NodeFiles:
     private_dir(files.cert.parent)
     _write_atomic(files.ca, ca_pem.encode(), private=False)
     key_pem, csr = _key_and_csr(node_id)
-    client = FailoverClient(urls, verify=ssl.create_default_context(cafile=str(files.ca)))
-    try:
-        resp = client.post("/api/ai/join", json={"token": token, "node_id": node_id, "csr_pem": csr})
-    except httpx.HTTPError as exc:
-        raise JoinFailed(f"no control plane answered: {exc}") from None
-    finally:
-        client.close()
-    if resp.status_code != 200:
-        raise JoinFailed(f"join refused ({resp.status_code}): {_error(resp)}")
-    _save(files, key_pem, resp.json())
+    _post_csr(FailoverClient(urls, verify=ssl.create_default_context(cafile=str(files.ca))), "/api/ai/join",
+              {"token": token, "node_id": node_id, "csr_pem": csr}, "join", files, key_pem)
     return files
 
 
@@ -159,16 +164,8 @@ def renew(node_id: str, urls: list[str], pki_dir: Path, *, force: bool = False) 
     key_pem, csr = _key_and_csr(node_id)
     ctx = ssl.create_default_context(cafile=str(files.ca))
     ctx.load_cert_chain(str(files.cert), str(files.key))
-    client = FailoverClient(urls, verify=ctx)
-    try:
-        resp = client.post(f"/api/ai/nodes/{node_id}/renew", json={"csr_pem": csr})
-    except httpx.HTTPError as exc:
-        raise JoinFailed(f"no control plane answered: {exc}") from None
-    finally:
-        client.close()
-    if resp.status_code != 200:
-        raise JoinFailed(f"renewal refused ({resp.status_code}): {_error(resp)}")
-    _save(files, key_pem, resp.json())
+    _post_csr(FailoverClient(urls, verify=ctx), f"/api/ai/nodes/{node_id}/renew", {"csr_pem": csr}, "renewal",
+              files, key_pem)
     return True
 
 
