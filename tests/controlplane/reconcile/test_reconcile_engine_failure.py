@@ -12,12 +12,11 @@ import pytest
 
 from common import keyspace
 from common.agent_api import GpuBindResult, VmInfo
-from common.schemas import InferenceDeployment, Replica
-from common.store.sqlite_store import SqliteStore
+from common.schemas import Replica
 from controlplane.events import recent_events
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
-from tests.controlplane.planner_data import model, node, profile
+from tests.controlplane.reconcile_support import Agents, seeded_store
 
 LOG = ("INFO 12-01 loading model\nTraceback (most recent call last):\n  File \"vllm/config.py\", line 1\n"
        "OSError: /models does not appear to have a file named config.json\n"
@@ -52,23 +51,9 @@ class Agent:
         return VmInfo(id=req.replica_id, state="running", host="127.0.0.1", port=9)
 
 
-class Agents:
-    def __init__(self):
-        self.calls: list = []
-
-    def for_node(self, n):
-        return Agent(self.calls)
-
-
 @pytest.fixture
 def store(tmp_path):
-    s = SqliteStore(tmp_path / "fabric.db")
-    s.put(keyspace.models("qwen"), model().model_dump_json())
-    s.put(keyspace.profiles("p24"), profile().model_dump_json())
-    s.put(keyspace.nodes("n1"), node("n1", 2).model_copy(update={"last_heartbeat": time.time() + 600,
-                                                                 "address": "https://127.0.0.1:7443"}).model_dump_json())
-    s.put(keyspace.deployments("qwen"), InferenceDeployment(name="qwen", model="qwen", profile="p24", replicas=1)
-          .model_dump_json())
+    s = seeded_store(tmp_path, address="https://127.0.0.1:7443")
     r = Replica(replica_id="qwen-0-aaaaaa", deployment="qwen", ordinal=0, node="n1", gpus=[GPU], host="127.0.0.1",
                 port=9, phase="Starting", created_at=time.time())
     s.put(keyspace.replicas("qwen", r.replica_id), r.model_dump_json())
@@ -78,7 +63,7 @@ def store(tmp_path):
 
 
 def test_the_engines_own_error_line_fails_the_replica_and_frees_its_gpu(store):
-    agents = Agents()
+    agents = Agents(Agent)
 
     async def run():
         worker = ReconcileWorker(store, agents, rp.ReconcileSettings())

@@ -13,10 +13,9 @@ import pytest
 from common import keyspace
 from common.agent_api import GpuBindResult, VmInfo
 from common.schemas import Replica
-from common.store.sqlite_store import SqliteStore
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker, reserve_gpus
-from tests.controlplane.planner_data import deployment, model, node, profile
+from tests.controlplane.reconcile_support import Agents, seeded_store
 
 GPU0 = "0000:10:00.0"
 
@@ -34,22 +33,9 @@ class Agent:
         return VmInfo(id=req.replica_id, state="running", host="127.0.0.1", port=9)
 
 
-class Agents:
-    def __init__(self):
-        self.calls: list = []
-
-    def for_node(self, n):
-        return Agent(self.calls)
-
-
 @pytest.fixture
 def store(tmp_path):
-    s = SqliteStore(tmp_path / "fabric.db")
-    s.put(keyspace.models("qwen"), model().model_dump_json())
-    s.put(keyspace.profiles("p24"), profile().model_dump_json())
-    s.put(keyspace.nodes("n1"), node("n1", 2).model_copy(update={"last_heartbeat": time.time() + 600})
-          .model_dump_json())
-    s.put(keyspace.deployments("qwen"), deployment(1).model_dump_json())
+    s = seeded_store(tmp_path)
     yield s
     s.close()
 
@@ -77,7 +63,7 @@ def tick(store, agents):
 
 def test_the_next_pass_reserves_before_binding(store):
     r = half_created(store)
-    agents = Agents()
+    agents = Agents(Agent)
     tick(store, agents)
     assert owner(store) == r.replica_id
     assert agents.calls == [("bind", GPU0), ("create_vm", r.replica_id)]
@@ -87,7 +73,7 @@ def test_the_next_pass_reserves_before_binding(store):
 def test_a_gpu_taken_meanwhile_is_never_shared(store):
     r = half_created(store)
     assert reserve_gpus(store, "n1", [GPU0], "other-0-bbbbbb", "other", time.time())
-    agents = Agents()
+    agents = Agents(Agent)
     tick(store, agents)
     assert owner(store) == "other-0-bbbbbb"
     assert ("bind", GPU0) not in agents.calls  # the other replica's GPU is left alone
