@@ -13,7 +13,6 @@ Run lab commands under `flock /tmp/fabric-lab.lock` when several people share th
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
@@ -22,7 +21,7 @@ from controlplane.lab.cluster import LabConfig, LabIsUp, lab_state_dir
 from controlplane.lab.cluster import down as lab_down
 from controlplane.lab.cluster import status as lab_status
 from controlplane.lab.cluster import up as lab_up
-from controlplane.lab.ecmp_cli import ecmp_app
+from controlplane.lab.ecmp_cli import ecmp_app, need_root
 
 lab_app = typer.Typer(help="The lab: a whole Fabric cluster in network namespaces on this machine.",
                       no_args_is_help=True, add_completion=False)
@@ -36,18 +35,12 @@ def _cfg(state_dir: Path | None) -> LabConfig:
     return LabConfig(state_dir=state_dir.resolve() if state_dir else lab_state_dir())
 
 
-def _need_root() -> None:
-    if os.geteuid() != 0:
-        typer.echo("error: the lab creates network namespaces and loads BPF programs; run it as root", err=True)
-        raise typer.Exit(2)
-
-
 @lab_app.command()
 def up(state_dir: Path = StateOpt,
        force: bool = typer.Option(False, "--force", help="take a lab that is up down first (its store goes too)")) -> None:
     """Clean stale pieces, then build the topology and start fabricd, the agent and the gateway.
     A lab that is up is refused (its data would go) unless --force."""
-    _need_root()
+    need_root()
     cfg = _cfg(state_dir)
     try:
         handle = lab_up(cfg, echo=typer.echo, force=force)
@@ -64,7 +57,7 @@ def up(state_dir: Path = StateOpt,
 @lab_app.command()
 def down(state_dir: Path = StateOpt) -> None:
     """Stop the lab's processes and remove its namespaces, links and pinned maps; print each."""
-    _need_root()
+    need_root()
     cfg = _cfg(state_dir)
     removed = lab_down(cfg)
     for item in removed:

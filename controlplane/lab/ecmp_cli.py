@@ -24,7 +24,8 @@ def _cfg(state_dir: Path | None, replicas: int = 2, hold_secs: int = 3, bfd: boo
                       topology=EcmpTopology(replicas_per_node=replicas), hold_secs=hold_secs, bfd=bfd)
 
 
-def _need_root() -> None:
+def need_root() -> None:
+    """Exit 2 with a clear line unless run as root (both lab command groups)."""
     if os.geteuid() != 0:
         typer.echo("error: the lab creates network namespaces and loads BPF programs; run it as root", err=True)
         raise typer.Exit(2)
@@ -36,7 +37,7 @@ def up(state_dir: Path = StateOpt,
        hold_secs: int = typer.Option(3, "--hold-secs", min=3, max=65535, help="BGP hold time, both sides"),
        bfd: bool = typer.Option(False, "--bfd/--no-bfd", help="BFD on every session (100 ms x 3)")) -> None:
     """Build the router, the client, two nodes with their agents and replicas; push two VIPs."""
-    _need_root()
+    need_root()
     cfg = _cfg(state_dir, replicas, hold_secs, bfd)
     try:
         ecmp_up(cfg, echo=typer.echo)
@@ -51,7 +52,7 @@ def up(state_dir: Path = StateOpt,
 @ecmp_app.command()
 def down(state_dir: Path = StateOpt) -> None:
     """Stop every process of the lab and remove its namespaces and pinned maps; print each."""
-    _need_root()
+    need_root()
     cfg = _cfg(state_dir)
     for item in ecmp_down(cfg):
         typer.echo(f"removed {item}")
