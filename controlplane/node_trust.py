@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
+from common.listen import is_loopback
 from common.schemas import Node
 
 
@@ -39,13 +40,7 @@ def identity_change(stored: Node, address: str, site: str) -> str | None:
 
 
 def _agent_on_loopback(node: Node) -> bool:
-    host = urlsplit(node.address).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urlsplit(node.address).hostname or "")
 
 
 def replica_host_refusal(node: Node, host: str | None, port: int) -> str | None:
