@@ -31,18 +31,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.vm.lab_engine import (
-    DEFAULT_KV_BYTES,
-    REPO_ENGINE_PYTHON,
-    engine_installed,
-    real_engine_argv,
-    real_engine_env,
-)
-from controlplane.lab.tiny_model import write_tiny_adapter, write_tiny_model
 from controlplane.routing.metrics_parse import VLLM_NAMES, parse_vllm_metrics
+from tests.support.real_engine import MODEL, real_engine_command, tiny_model_and_adapters
 from tests.support.servers import free_port
 
-MODEL = "tiny-chat"
 pytestmark = pytest.mark.timeout(600)
 READ_FAMILIES = (*VLLM_NAMES.families, "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
 
@@ -98,19 +90,11 @@ def _stop(subject: Subject) -> None:
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    missing = engine_installed()
-    assert missing is None, f"the real engine is part of setup (scripts/setup-engine.sh): {missing}"
     tmp = tmp_path_factory.mktemp("conformance")
-    model = write_tiny_model(tmp / "model")
-    adapters = tmp / "adapters"
-    write_tiny_adapter(adapters / "sql", base=MODEL)
-    write_tiny_adapter(adapters / "poem", seed=2, base=MODEL)
+    model, adapters = tiny_model_and_adapters(tmp, {"sql": 1, "poem": 2})
     port = free_port()
-    guest = ["vllm", "serve", str(model), "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-             "--max-num-seqs", "2", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"]
-    real = _start("real", real_engine_argv(guest, REPO_ENGINE_PYTHON, "conformance", DEFAULT_KV_BYTES),
-                  real_engine_env(tmp / "real-dir", lora=True, base=os.environ), f"http://127.0.0.1:{port}", tmp,
-                  adapters)
+    real = _start("real", *real_engine_command(model, port, "conformance", tmp / "real-dir", max_loras=2),
+                  f"http://127.0.0.1:{port}", tmp, adapters)
     try:
         sim_port = free_port()
         sim = _start("sim", [sys.executable, "-m", "agent.engine_sim", "--host", "127.0.0.1", "--port", str(sim_port),

@@ -17,20 +17,12 @@ import httpx
 import pytest
 
 from agent.kv_index.subscriber import EventSource, KvEventSubscriber
-from agent.vm.lab_engine import (
-    DEFAULT_KV_BYTES,
-    REPO_ENGINE_PYTHON,
-    engine_installed,
-    real_engine_argv,
-    real_engine_env,
-)
 from common.kv_events import END_SEQ, BlockHasher, as_hash, decode_batch
 from common.kv_index import KvIndex
-from controlplane.lab.tiny_model import write_tiny_adapter, write_tiny_model
 from gateway.engine_hash import EngineTokenizer, RequestHasher
+from tests.support.real_engine import MODEL, real_engine_command, tiny_model_and_adapters
 from tests.support.servers import free_port
 
-MODEL = "tiny-chat"
 pytestmark = pytest.mark.timeout(600)
 WORDS = ("the quick brown fox jumps over a lazy dog while fabric routes every token to the replica that "
          "already holds its prefix ")
@@ -64,23 +56,17 @@ def replayed(replay_endpoint: str) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    missing = engine_installed()
-    assert missing is None, f"the real engine is part of setup (scripts/setup-engine.sh): {missing}"
     tmp = tmp_path_factory.mktemp("kv-events")
-    model = write_tiny_model(tmp / "model")
-    adapters = tmp / "adapters"
-    write_tiny_adapter(adapters / "sql", base=MODEL)
+    model, adapters = tiny_model_and_adapters(tmp, {"sql": 1})
     port, pub, replay = free_port(), free_port(), free_port()
     cfg = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{pub}",
                       "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": "kv"})
-    guest = ["vllm", "serve", str(model), "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-             "--max-num-seqs", "2", "--enable-lora", "--max-loras", "1", "--max-lora-rank", "8",
-             "--kv-events-config", cfg]
+    argv, env = real_engine_command(model, port, "kv-events", tmp / "dir", max_loras=1,
+                                    extra=("--kv-events-config", cfg))
     log = tmp / "engine.log"
-    env = real_engine_env(tmp / "dir", lora=True, base=os.environ)
     with open(log, "wb") as out:
-        proc = subprocess.Popen(real_engine_argv(guest, REPO_ENGINE_PYTHON, "kv-events", DEFAULT_KV_BYTES), env=env,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
