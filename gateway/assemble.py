@@ -94,7 +94,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         settings=settings,
         store=store,
         auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs),
-        limits=LimitKeeper(store, slots, UsageCounter(store)),
+        limits=LimitKeeper(store, slots, UsageCounter(store), shadow=settings.shadow_limits),
         upstreams=upstreams,
         audit=AuditWriter(store, on_drop=metrics.audit_drop),
         metrics=metrics,

@@ -39,7 +39,6 @@ from common.store.base import Store
 from gateway.openai_errors import RequestTooLarge
 from gateway.ratelimit_headers import headers_for
 from gateway.settings import GatewaySettings
-from gateway.shadow import shadowed_limits
 from gateway.slots import SlotHolder, slots_prefix
 from gateway.usage import UsageCounter, usage_key
 
@@ -201,7 +200,7 @@ class LimitKeeper:
     _locks: dict[str, list] = field(default_factory=dict)  # key -> [lock, users]; dropped when unused
     _window_leases: dict[int, tuple[int, float]] = field(default_factory=dict)  # window -> (lease, use until)
     _lease_lock: threading.Lock = field(default_factory=threading.Lock)
-    shadow: frozenset[str] = field(default_factory=shadowed_limits)  # counted, never refusing (gateway.shadow)
+    shadow: frozenset[str] = frozenset()  # counted, never refusing (GatewaySettings.shadow_limits, gateway.shadow)
 
     def _window_lease(self, window_secs: int, now: float, renew: bool = False) -> int:
         """A lease of twice the window, used for writes during its first window-length: a key

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from common import envvars
+from gateway.shadow import shadowed_limits
 
 SCOPES = ("GLOBAL", "TENANT", "PROJECT", "MODEL", "USER", "GATEWAY")
 
@@ -76,6 +77,7 @@ class GatewaySettings:
     # metrics are files in it, and a scrape sums them
     metrics_multiprocess: bool = False
     metrics_token: str | None = None  # FABRIC_METRICS_TOKEN: /metrics then needs this bearer token
+    shadow_limits: frozenset[str] = frozenset()  # FABRIC_<LIMIT>_SHADOW=1: counted, never refusing (gateway.shadow)
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -196,6 +198,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         upstream_client=_upstream_client(env),
         explain_secs=_explain_secs(env),
         kv_tokenizers=env.get("FABRIC_GATEWAY_KV_TOKENIZERS", "").strip(),
+        shadow_limits=shadowed_limits(env),
         http_server=_http_server(env),
         reclaim_secs=_reclaim_secs(env),
         metrics_multiprocess=bool(env.get("PROMETHEUS_MULTIPROC_DIR")),

@@ -7,13 +7,13 @@ limit, so an operator can try a limit on live traffic before enforcing it.
 
 from __future__ import annotations
 
-import os
 import re
+from collections.abc import Mapping
 
 _SHADOW = re.compile(r"^(FABRIC_[A-Z_]+)_SHADOW$")
 
 
-def shadowed_limits(env: dict[str, str] | None = None) -> frozenset[str]:
-    """The limit names (as gateway.limits.Reservation.what names them) set to shadow."""
-    env = os.environ if env is None else env
+def shadowed_limits(env: Mapping[str, str]) -> frozenset[str]:
+    """The limit names (as gateway.limits.Reservation.what names them) set to shadow in ``env``
+    (read once, by gateway.settings.load)."""
     return frozenset(m.group(1) for k, v in env.items() if (m := _SHADOW.match(k)) and v.strip() in ("1", "true"))

@@ -266,11 +266,14 @@ def test_sigterm_with_requests_in_flight(engines):
     for s in both(engines):
         streams = _sigterm_in_flight(s)
         assert len(streams) == 3 and sum(1 for g in streams if g["tokens"]) >= 2, (s.name, streams)
-        assert not any('"finish_reason":"length"' in g.get("tail", "").replace(" ", "") for g in streams)
-        # No request completes (each asked for 2000 tokens) and nothing more comes after SIGTERM.
+        # Nothing more comes after SIGTERM: a stream that was still running gets no token and no
+        # finish once the signal is sent (one may finish before it on a loaded machine: that is
+        # not what this checks).
         # How a cut stream ends varies on the real engine from run to run: an error event
         # ("EngineCore encountered an issue", 500) and "[DONE]", a bare "[DONE]", a closed
         # connection, or no end until the client gives up (a read timeout); the simulator does
         # the last. Fabric must not count on any of them.
-        assert all(g["tokens"] < 2000 and not g["after_term"] for g in streams), (s.name, streams)
+        assert not any(g["after_term"] for g in streams), (s.name, streams)
+        assert any('"finish_reason":"length"' not in g.get("tail", "").replace(" ", "") for g in streams), \
+            (s.name, "every stream ran to its end: SIGTERM cut none", streams)
         assert s.proc.returncode is not None
