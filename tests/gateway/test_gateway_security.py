@@ -139,11 +139,13 @@ def test_audit_strings_are_capped_and_batches_split_by_bytes(tmp_path):
     store = open_store(f"sqlite://{tmp_path}/a.db")
     writer = AuditWriter(store)
     try:
-        for i in range(400):
+        # 1,200 rows of about 600 bytes once capped: more than two MAX_BATCH_BYTES, so even when the
+        # writer's thread takes them all in one flush they must be written as several entries.
+        for i in range(1200):
             writer.record("ATTEMPT", request_id=f"r{i}", key_id="k", tenant="t" * 5000, endpoint="e", model="x" * 10**6)
         writer.flush()
         rows = audit_chain.read_rows(store)
-        assert len(rows) == 400 and all(len(r["model"]) == MAX_FIELD_CHARS for r in rows)
+        assert len(rows) == 1200 and all(len(r["model"]) == MAX_FIELD_CHARS for r in rows)
         entries = [kv.value for kv in store.list(keyspace.audit("")) if "rows" in kv.value]
         assert len(entries) > 1 and max(len(v) for v in entries) < 2 * MAX_BATCH_BYTES
         assert audit_chain.verify(store).ok
