@@ -104,7 +104,7 @@ def test_a_hanging_deployment_does_not_hold_the_others_and_gpus_are_never_shared
         await worker.aclose()
 
     asyncio.run(run())
-    assert 1 < agents.peak <= CONCURRENCY
+    assert agents.peak > 1 and agents.peak <= CONCURRENCY
     assert not agents.overlap, "two passes worked on one deployment at once"
     assert not agents.deleted
     owners = [json.loads(kv.value)["replica_id"] for kv in store.list(keyspace.gpu_reservations())]
