@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import httpx
+from autoscale_reaction import _wait  # a sibling in scripts/, as bench-control imports both
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -42,13 +43,8 @@ ENV = {"FABRIC_ROUTING_SECS": str(ROUTING_S), "FABRIC_RECONCILE_SECS": str(RECON
 
 
 def wait(pred, timeout: float, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(step)
-    raise TimeoutError("condition not met")
+    """The autoscale bench's poll (scripts/autoscale_reaction.py), at this bench's finer step."""
+    return _wait(pred, timeout, step)
 
 
 def replicas(api: httpx.Client, dep: str) -> list[dict]:
