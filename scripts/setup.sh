@@ -64,10 +64,10 @@ if [ ! -x .venv/bin/python ]; then
   say "creating .venv (sees Debian's BCC through system site-packages)"
   "$PY" -m venv --system-site-packages .venv
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/constraints.txt -nt "$stamp" ]; then
   say "installing the project into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -c scripts/constraints.txt -e '.[dev]'  # pinned: scripts/constraints.txt
   touch "$stamp"
 else
   say ".venv up to date"
