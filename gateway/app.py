@@ -360,8 +360,9 @@ class GatewayApp:
                         strip = None
                         if (asked := inject(info, sent, route.path)) is not None:  # usage always known
                             sent, strip = asked, UsageStripper()
+                        names = {url: rid for rid, url in self._urls(view).items()}  # x-fabric-replica
                         call = forward(st.client, send, targets, scope["method"], route.target, fwd_headers, sent,
-                                       info.stream, marks, strip)
+                                       info.stream, marks, strip, names)
                     result = await run_unless_client_leaves(call, receive, guard)
             finally:
                 in_flight.dec()

@@ -3,6 +3,9 @@ buffered.
 
 forward() sends the call to the first target; a connect failure moves to the next target once,
 only for a non-streaming call (no byte can have arrived when the connection never opened).
+When the caller names the replica behind each target (``names``), the answer carries
+``x-fabric-replica: <replica id>`` for the target that answered, unless the upstream set one
+itself (the engine simulator does); a VIP target has no name here (its Maglev picks the replica).
 The upstream body is relayed chunk by chunk as it arrives (SSE included; chunks already waiting
 are sent together); the upstream response is always closed in a finally, so cancelling the task
 (the client left, the deadline passed) closes the upstream connection at once. The pool's idle
@@ -44,6 +47,7 @@ HOP_BY_HOP = frozenset({
 NOT_FORWARDED = HOP_BY_HOP | {b"authorization", b"api-key", b"x-api-key", b"host", b"content-length", b"expect",
                                b"x-request-id"}
 JSON_KEEP = 1024 * 1024  # non-streamed bodies up to this size are parsed for usage
+REPLICA_HEADER = b"x-fabric-replica"  # which replica answered (its id: nothing secret)
 
 
 class UpstreamFailed(FabricError):
@@ -126,11 +130,17 @@ class VipConnections:
 
 async def open_response(pool: UpstreamPool, targets: list[str], method: str, target: bytes,
                 headers: list, body: bytes, streaming: bool) -> UpstreamResponse:
+    return (await _open(pool, targets, method, target, headers, body, streaming))[0]
+
+
+async def _open(pool: UpstreamPool, targets: list[str], method: str, target: bytes,
+                headers: list, body: bytes, streaming: bool) -> tuple[UpstreamResponse, str]:
+    """The opened response and the target that answered."""
     tries = targets[:1] if streaming else targets[:2]
     for i, base in enumerate(tries):
         scheme, host, port = split_target(base)
         try:
-            return await pool.request(scheme, host, port, method, target, headers, body)
+            return await pool.request(scheme, host, port, method, target, headers, body), base
         except UpstreamConnectError:
             if i + 1 == len(tries):
                 raise UpstreamFailed("could not connect to any ready replica") from None
@@ -143,11 +153,15 @@ async def open_response(pool: UpstreamPool, targets: list[str], method: str, tar
 
 async def forward(pool: UpstreamPool, send, targets: list[str], method: str, target: bytes,
                   headers: list, body: bytes, streaming: bool, extra: list | None = None,
-                  strip=None) -> ProxyResult:
+                  strip=None, names: dict[str, str] | None = None) -> ProxyResult:
     """``strip``: a gateway.usage_inject.UsageStripper when the gateway asked for the usage the
-    client did not: its usage event is counted, never relayed."""
+    client did not: its usage event is counted, never relayed. ``names``: target URL -> replica
+    id, for the x-fabric-replica header."""
     t0 = time.perf_counter()
-    resp = await open_response(pool, targets, method, target, headers, body, streaming)
+    resp, base = await _open(pool, targets, method, target, headers, body, streaming)
+    replica = names.get(base) if names else None
+    if replica and resp.header(REPLICA_HEADER) is None:
+        extra = [*(extra or []), (REPLICA_HEADER, replica.encode())]
     return await relay(resp, send, t0, extra, strip=strip)
 
 
