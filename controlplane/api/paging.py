@@ -8,13 +8,10 @@ array, so a client that never pages reads the first page exactly as before.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Query, Response
-
-from common.store.base import Store
 
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 1000
@@ -25,12 +22,12 @@ ContinueQuery = Annotated[str | None, Query(alias="continue", max_length=512,
                                             description=f"the {CONTINUE_HEADER} header of the previous page")]
 
 
-def page(store: Store, prefix: str, response: Response, limit: int = DEFAULT_LIMIT,
+def page(items: list[tuple[str, dict]], response: Response, limit: int = DEFAULT_LIMIT,
          after: str | None = None, keep: Callable[[dict], bool] | None = None) -> list[dict]:
-    """One page of the JSON values under `prefix`, names after `after`; sets the continue header.
-    `keep` (a tenant's filter) drops records before the page is cut, so pages stay full."""
-    rows = [(kv.key[len(prefix):], json.loads(kv.value)) for kv in store.list(prefix)
-            if after is None or kv.key[len(prefix):] > after]
+    """One page of ``items`` ((name, record) in key order: a records module's stored_items), names
+    after `after`; sets the continue header. `keep` (a tenant's filter) drops records before the
+    page is cut, so pages stay full."""
+    rows = [(name, value) for name, value in items if after is None or name > after]
     if keep is not None:
         rows = [(name, value) for name, value in rows if keep(value)]
     if len(rows) > limit:

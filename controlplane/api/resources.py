@@ -31,13 +31,11 @@ The four lists page (controlplane.api.paging): ?limit (default 500, at most 1000
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, Field
 
-from common import keyspace
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound
 from common.schemas import (
     DeploymentStatus,
@@ -55,6 +53,8 @@ from controlplane.api.paging import DEFAULT_LIMIT, ContinueQuery, LimitQuery, pa
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.models.records import check_local_source, delete_jobs
+from controlplane.records import deployments, endpoints, models
+from controlplane.records.kinds import BY_KIND
 from controlplane.rollouts import records
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
@@ -76,34 +76,38 @@ class Deleted(BaseModel):
     deleted: bool = True
 
 
-# -- store helpers (thin) ------------------------------------------------------------------------
+# -- record helpers (thin: controlplane.records holds the store calls) ---------------------------
 
-def _get(store: Store, key: str, kind: str, name: str) -> dict:
-    kv = store.get(key)
-    if kv is None:
+def _get(store: Store, kind: str, name: str) -> dict:
+    """The record as stored (reads answer it as is); NotFound naming it."""
+    found = BY_KIND[kind].stored(store, name)
+    if found is None:
         raise NotFound(f"{kind} {name!r} not found")
-    return json.loads(kv.value)
+    return found
 
 
-def _list(store: Store, prefix: str) -> list[dict]:
-    return [json.loads(kv.value) for kv in store.list(prefix)]
+def _list(store: Store, kind: str) -> list[dict]:
+    return [value for _, value in BY_KIND[kind].stored_items(store)]
 
 
-def _create(state: AppState, key: str, kind: str, resource, message: str) -> dict:
-    if not state.store.create(key, resource.model_dump_json()):
-        raise Conflict(f"{kind} {resource.name!r} already exists", code="already_exists")
+def _create(state: AppState, kind: str, resource, message: str) -> dict:
+    resource = BY_KIND[kind].create(state.store, resource)
     record_event(state.store, kind, resource.name, "created", message,
                  tenant=resource.tenant, keep=state.settings.events_kept,
                  max_age_s=state.settings.events_max_age_s)
     return resource.model_dump(mode="json")
 
 
-def _delete(state: AppState, key: str, kind: str, name: str, tenant: str | None = None) -> Deleted:
-    if not state.store.delete(key):
-        raise NotFound(f"{kind} {name!r} not found")
+def _delete(state: AppState, kind: str, name: str, tenant: str | None = None) -> Deleted:
+    BY_KIND[kind].delete(state.store, name)
     record_event(state.store, kind, name, "deleted", f"{kind} {name} deleted", tenant=tenant,
                  keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
     return Deleted(kind=kind, name=name)
+
+
+def _list_page(state: AppState, kind: str, response: Response, who: Principal, limit: int,
+               after: str | None) -> list[dict]:
+    return page(BY_KIND[kind].stored_items(state.store), response, limit, after, _keep(who, kind))
 
 
 def _keep(who: Principal, kind: str):
@@ -113,8 +117,8 @@ def _keep(who: Principal, kind: str):
 
 def reference_missing(store: Store, who: Principal, kind: str, name: str) -> bool:
     """True when `name` is absent, or (for a tenant-bound caller) not its tenant's to see."""
-    kv = store.get(owners.KEYSPACES[kind](name))
-    return kv is None or not visible(who, kind, json.loads(kv.value).get("tenant"))
+    found = BY_KIND[kind].stored(store, name)
+    return found is None or not visible(who, kind, found.get("tenant"))
 
 
 def _refuse_over_quota(state: AppState, name: str, refusal: quotas.QuotaRefusal | None) -> None:
@@ -149,7 +153,7 @@ def _fresh(resource, status):
 @router.get("/models")
 def list_models(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                 after: ContinueQuery = None) -> list[dict]:
-    return page(state.store, keyspace.models(), response, limit, after, _keep(who, "model"))
+    return _list_page(state, "model", response, who, limit, after)
 
 
 @router.post("/models", status_code=201)
@@ -162,20 +166,20 @@ def create_model(body: ModelArtifact, state: StateDep, who: PrincipalDep) -> dic
     # A tenant-bound caller: its own model root, and only allow-listed hf:// repositories.
     model_sources.check(state.store, who, [body.source, *(a.source for a in body.adapters)], model_dir)
     model = _fresh(body, ModelStatus(phase="Registered", message="model registered"))
-    return _create(state, keyspace.models(model.name), "model", model, f"model {model.name} from {model.source}")
+    return _create(state, "model", model, f"model {model.name} from {model.source}")
 
 
 @router.get("/models/{name}")
 def get_model(name: str, state: StateDep) -> dict:
-    return _get(state.store, keyspace.models(name), "model", name)
+    return _get(state.store, "model", name)
 
 
 @router.delete("/models/{name}", response_model=Deleted)
 def delete_model(name: str, state: StateDep) -> Deleted:
-    tenant = _get(state.store, keyspace.models(name), "model", name).get("tenant")
-    refuse_if_used("model", name, "deployment", users_of(_list(state.store, keyspace.deployments()), "model", name))
+    tenant = _get(state.store, "model", name).get("tenant")
+    refuse_if_used("model", name, "deployment", users_of(_list(state.store, "deployment"), "model", name))
     refuse_if_used("model", name, "rollout of", records.rollout_users(state.store, "model", name))
-    deleted = _delete(state, keyspace.models(name), "model", name, tenant)
+    deleted = _delete(state, "model", name, tenant)
     delete_jobs(state.store, name)  # the cached bytes stay until evicted
     return deleted
 
@@ -185,7 +189,7 @@ def delete_model(name: str, state: StateDep) -> Deleted:
 @router.get("/profiles")
 def list_profiles(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                   after: ContinueQuery = None) -> list[dict]:
-    return page(state.store, keyspace.profiles(), response, limit, after, _keep(who, "profile"))
+    return _list_page(state, "profile", response, who, limit, after)
 
 
 @router.post("/profiles", status_code=201)
@@ -197,21 +201,21 @@ def create_profile(body: InferenceProfile, state: StateDep, who: PrincipalDep) -
     profile = claimed(body, who).model_copy(update={"created_at": time.time()})
     gpu = profile.gpu
     message = f"profile {profile.name}: {profile.runtime}, {gpu.count} GPU x {gpu.vram_gib:g} GiB"
-    return _create(state, keyspace.profiles(profile.name), "profile", profile, message)
+    return _create(state, "profile", profile, message)
 
 
 @router.get("/profiles/{name}")
 def get_profile(name: str, state: StateDep) -> dict:
-    return _get(state.store, keyspace.profiles(name), "profile", name)
+    return _get(state.store, "profile", name)
 
 
 @router.delete("/profiles/{name}", response_model=Deleted)
 def delete_profile(name: str, state: StateDep) -> Deleted:
-    tenant = _get(state.store, keyspace.profiles(name), "profile", name).get("tenant")
+    tenant = _get(state.store, "profile", name).get("tenant")
     refuse_if_used("profile", name, "deployment",
-                   users_of(_list(state.store, keyspace.deployments()), "profile", name))
+                   users_of(_list(state.store, "deployment"), "profile", name))
     refuse_if_used("profile", name, "rollout of", records.rollout_users(state.store, "profile", name))
-    return _delete(state, keyspace.profiles(name), "profile", name, tenant)
+    return _delete(state, "profile", name, tenant)
 
 
 # -- deployments ----------------------------------------------------------------------------------
@@ -219,7 +223,7 @@ def delete_profile(name: str, state: StateDep) -> Deleted:
 @router.get("/deployments")
 def list_deployments(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                      after: ContinueQuery = None) -> list[dict]:
-    return page(state.store, keyspace.deployments(), response, limit, after, _keep(who, "deployment"))
+    return _list_page(state, "deployment", response, who, limit, after)
 
 
 @router.post("/deployments", status_code=201)
@@ -240,7 +244,7 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: Principal
             state.store, body.name, body.tenant, body.profile, 0, body.replicas))
         admission.still_held(guard)
         # Leftovers of an earlier deployment of the same name go first; revision 1 follows the record.
-        created = _create(state, keyspace.deployments(dep.name), "deployment", dep, message)
+        created = _create(state, "deployment", dep, message)
     records.forget(state.store, dep.name)
     records.write_revision(state.store, dep.name, records.template_of(dep), who=who.subject, reason="created",
                            now=dep.created_at)
@@ -249,8 +253,8 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: Principal
 
 def _with_model_residency(store: Store, body: InferenceDeployment) -> InferenceDeployment:
     """The model's residency is copied onto the deployment (docs/sites.md); a different one is 422."""
-    kv = store.get(keyspace.models(body.model))
-    residency = json.loads(kv.value).get("residency") if kv is not None else None
+    model = models.stored(store, body.model)
+    residency = model.get("residency") if model is not None else None
     if residency and body.residency and body.residency != residency:
         raise InvalidInput(f"residency {body.residency!r} differs from model {body.model}'s residency {residency!r}",
                            code="residency_conflict")
@@ -259,76 +263,82 @@ def _with_model_residency(store: Store, body: InferenceDeployment) -> InferenceD
 
 @router.get("/deployments/{name}")
 def get_deployment(name: str, state: StateDep) -> dict:
-    return _get(state.store, keyspace.deployments(name), "deployment", name)
+    return _get(state.store, "deployment", name)
 
 
 @router.post("/deployments/{name}/scale")
 def scale_deployment(name: str, body: ScaleRequest, state: StateDep) -> dict:
-    kv = state.store.get(keyspace.deployments(name))
-    if kv is None:
-        raise NotFound(f"deployment {name!r} not found")
+    tenant = deployments.require(state.store, name).tenant
     # The quota check and the write are one step per tenant (controlplane.tenancy.admission).
-    with admission.tenant_admission(state.store, json.loads(kv.value).get("tenant")) as guard:
+    with admission.tenant_admission(state.store, tenant) as guard:
         return _scale(state, name, body, guard)
 
 
 def _scale(state: AppState, name: str, body: ScaleRequest, guard) -> dict:
-    key = keyspace.deployments(name)
-    # Read-modify-write with compare-and-swap: the reconciler writes status to the same record.
-    for _ in range(SCALE_RETRIES):
-        kv = state.store.get(key)
-        if kv is None:
-            raise NotFound(f"deployment {name!r} not found")
-        record = json.loads(kv.value)
-        if record.get("status", {}).get("phase") == "Deleting":
+    before: list[int] = []
+
+    def scale(dep: InferenceDeployment) -> InferenceDeployment:
+        if dep.status.phase == "Deleting":
             raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-        before = record.get("replicas")
-        if body.replicas > (before or 0):
-            policies.enforce(state.store, record.get("tenant"), str(record.get("model", "")),
-                             str(record.get("capacity_class", "standard")))
+        before[:] = [dep.replicas]
+        if body.replicas > dep.replicas:
+            policies.enforce(state.store, dep.tenant, dep.model, dep.capacity_class)
             _refuse_over_quota(state, name, quotas.check_deployment_change(
-                state.store, name, record.get("tenant"), record.get("profile", ""), before or 0, body.replicas))
-        record["replicas"] = body.replicas
+                state.store, name, dep.tenant, dep.profile, dep.replicas, body.replicas))
+        dep.replicas = body.replicas
         admission.still_held(guard)
-        if state.store.cas(key, json.dumps(record), kv.mod_revision):
-            record_event(state.store, "deployment", name, "scaled",
-                         f"deployment {name} scaled from {before} to {body.replicas} replicas",
-                         tenant=record.get("tenant"), keep=state.settings.events_kept,
-                 max_age_s=state.settings.events_max_age_s)
-            return record
-    raise Conflict(f"deployment {name!r} changed too often while scaling; try again", code="contended")
+        return dep
+
+    # Compare-and-swap: the reconciler writes status to the same record.
+    dep = deployments.update(state.store, name, scale, retries=SCALE_RETRIES,
+                             busy=f"deployment {name!r} changed too often while scaling; try again")
+    record_event(state.store, "deployment", name, "scaled",
+                 f"deployment {name} scaled from {before[0]} to {body.replicas} replicas",
+                 tenant=dep.tenant, keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+    return dep.model_dump(mode="json")
+
+
+def _mark_deleting(state: AppState, kind: str, name: str, status: dict) -> tuple[object | None, bool]:
+    """Compare-and-swap ``status`` (phase Deleting) onto the record: (record, newly marked);
+    (None, False) when the record went meanwhile (its controller finished)."""
+    marked: list[bool] = []
+
+    def mark(record):
+        marked[:] = [record.status.phase != "Deleting"]
+        if not marked[0]:
+            return None
+        record.status = record.status.model_copy(update=status)
+        return record
+
+    try:
+        record = BY_KIND[kind].update(state.store, name, mark, retries=SCALE_RETRIES,
+                                      busy=f"{kind} {name!r} changed too often while deleting; try again")
+    except NotFound:
+        return None, False
+    if marked[0]:
+        record_event(state.store, kind, name, "deleting", f"{kind} {name} deletion requested",
+                     tenant=record.tenant, keep=state.settings.events_kept,
+                     max_age_s=state.settings.events_max_age_s)
+    return record, marked[0]
 
 
 @router.delete("/deployments/{name}", responses={202: {"description": "controllers run here: marked Deleting; "
                                                                   "the reconciler removes its replicas, then the record"}})
 def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
-    key = keyspace.deployments(name)
-    tenant = _get(state.store, key, "deployment", name).get("tenant")
+    tenant = _get(state.store, "deployment", name).get("tenant")
     # An endpoint being deleted no longer uses it (its VIP only drains the calls in flight).
-    live = [e for e in _list(state.store, keyspace.endpoints()) if e.get("status", {}).get("phase") != "Deleting"]
+    live = [e for e in _list(state.store, "endpoint") if e.get("status", {}).get("phase") != "Deleting"]
     refuse_if_used("deployment", name, "endpoint", users_of(live, "deployment", name))
     if not state.controllers_running:
-        deleted = _delete(state, key, "deployment", name, tenant).model_dump()
+        deleted = _delete(state, "deployment", name, tenant).model_dump()
         records.forget(state.store, name)
         return deleted
-    for _ in range(SCALE_RETRIES):
-        kv = state.store.get(key)
-        if kv is None:  # the reconciler finished meanwhile
-            return Deleted(kind="deployment", name=name).model_dump()
-        record = json.loads(kv.value)
-        if record.get("status", {}).get("phase") == "Deleting":
-            response.status_code = 202
-            return record
-        record.setdefault("status", {})
-        record["status"]["phase"] = "Deleting"
-        record["status"]["message"] = "deletion requested; removing replicas"
-        if state.store.cas(key, json.dumps(record), kv.mod_revision):
-            record_event(state.store, "deployment", name, "deleting", f"deployment {name} deletion requested",
-                         tenant=record.get("tenant"), keep=state.settings.events_kept,
-                 max_age_s=state.settings.events_max_age_s)
-            response.status_code = 202
-            return record
-    raise Conflict(f"deployment {name!r} changed too often while deleting; try again", code="contended")
+    dep, _ = _mark_deleting(state, "deployment", name,
+                            {"phase": "Deleting", "message": "deletion requested; removing replicas"})
+    if dep is None:  # the reconciler finished meanwhile
+        return Deleted(kind="deployment", name=name).model_dump()
+    response.status_code = 202
+    return dep.model_dump(mode="json")
 
 
 # -- endpoints ------------------------------------------------------------------------------------
@@ -352,7 +362,7 @@ def refuse_outbound_reach(who: Principal | None, endpoint: InferenceEndpoint) ->
 @router.get("/endpoints")
 def list_endpoints(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                    after: ContinueQuery = None) -> list[dict]:
-    return page(state.store, keyspace.endpoints(), response, limit, after, _keep(who, "endpoint"))
+    return _list_page(state, "endpoint", response, who, limit, after)
 
 
 @router.post("/endpoints", status_code=201)
@@ -364,43 +374,32 @@ def create_endpoint(body: InferenceEndpoint, state: StateDep, who: PrincipalDep)
         if reference_missing(state.store, who, "deployment", dep):
             raise InvalidInput(f"deployment {dep!r} does not exist", code="missing_reference")
     for name in body.fallbacks:
-        kv = state.store.get(keyspace.endpoints(name))
         if reference_missing(state.store, who, "endpoint", name) or \
-                InferenceEndpoint.model_validate_json(kv.value).external is None:
+                endpoints.require(state.store, name).external is None:
             raise InvalidInput(f"fallbacks: {name!r} is not an external endpoint", code="missing_reference")
     ep = _fresh(body, EndpointStatus(phase="Pending", message="waiting for a VIP"))
     message = f"endpoint {ep.name} exposes deployment {ep.deployment} (routing {ep.routing})"
-    return _create(state, keyspace.endpoints(ep.name), "endpoint", ep, message)
+    return _create(state, "endpoint", ep, message)
 
 
 @router.get("/endpoints/{name}")
 def get_endpoint(name: str, state: StateDep) -> dict:
-    return _get(state.store, keyspace.endpoints(name), "endpoint", name)
+    return _get(state.store, "endpoint", name)
 
 
 @router.delete("/endpoints/{name}", response_model=Deleted,
                responses={202: {"description": "controllers run here: marked Deleting; its VIP drains the calls "
                                                "in flight, then the routing controller releases it and the record"}})
 def delete_endpoint(name: str, response: Response, state: StateDep, who: PrincipalDep) -> Deleted:
-    record = _get(state.store, keyspace.endpoints(name), "endpoint", name)
+    record = _get(state.store, "endpoint", name)
     refuse_outbound_reach(who, InferenceEndpoint.model_validate(record))
     tenant = record.get("tenant")
     if not state.controllers_running or record.get("external"):
-        return _delete(state, keyspace.endpoints(name), "endpoint", name, tenant)
-    for _ in range(SCALE_RETRIES):
-        kv = state.store.get(keyspace.endpoints(name))
-        if kv is None:  # the routing controller finished meanwhile
-            return Deleted(kind="endpoint", name=name)
-        current = json.loads(kv.value)
-        status = current.setdefault("status", {})
-        if status.get("phase") == "Deleting":
-            response.status_code = 202
-            return Deleted(kind="endpoint", name=name, deleted=False)
-        status.update(phase="Deleting", message="deletion requested; the VIP drains the calls in flight",
-                      deleting_since=time.time())
-        if state.store.cas(kv.key, json.dumps(current), kv.mod_revision):
-            record_event(state.store, "endpoint", name, "deleting", f"endpoint {name} deletion requested",
-                         tenant=tenant, keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
-            response.status_code = 202
-            return Deleted(kind="endpoint", name=name, deleted=False)  # Deleting: its VIP drains first
-    raise Conflict(f"endpoint {name!r} changed too often while deleting; try again", code="contended")
+        return _delete(state, "endpoint", name, tenant)
+    ep, _ = _mark_deleting(state, "endpoint", name, {
+        "phase": "Deleting", "message": "deletion requested; the VIP drains the calls in flight",
+        "deleting_since": time.time()})
+    if ep is None:  # the routing controller finished meanwhile
+        return Deleted(kind="endpoint", name=name)
+    response.status_code = 202
+    return Deleted(kind="endpoint", name=name, deleted=False)  # Deleting: its VIP drains first

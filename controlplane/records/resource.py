@@ -1,0 +1,76 @@
+"""``Records``: the five verbs of one resource kept as pydantic JSON at one keyspace path. Each
+resource's module (deployments.py, endpoints.py, ...) binds one and exports its verbs, so every
+kind reads, validates and compare-and-swaps the same way.
+
+``stored``/``stored_list`` answer the JSON exactly as it was written (the API's reads return it as
+is, so a record stays readable whatever was added to its model since); everything else is typed."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Callable
+from typing import Generic
+
+from common.errors import Conflict, NotFound
+from common.store.base import Store
+from controlplane.records import cas
+from controlplane.records.cas import M
+
+
+class Records(Generic[M]):
+    def __init__(self, model: type[M], key: Callable[..., str], kind: str):
+        self.model, self.key, self.kind = model, key, kind
+
+    def get(self, store: Store, name: str) -> M | None:
+        kv = store.get(self.key(name))
+        return None if kv is None else cas.parse(self.model, kv.value)
+
+    def require(self, store: Store, name: str) -> M:
+        """The record; NotFound naming it when absent."""
+        found = self.get(store, name)
+        if found is None:
+            raise NotFound(f"{self.kind} {name!r} not found")
+        return found
+
+    def exists(self, store: Store, name: str) -> bool:
+        return store.get(self.key(name)) is not None
+
+    def stored(self, store: Store, name: str) -> dict | None:
+        kv = store.get(self.key(name))
+        return None if kv is None else json.loads(kv.value)
+
+    def list(self, store: Store) -> builtins.list[M]:
+        return [cas.parse(self.model, kv.value) for kv in store.list(self.key())]
+
+    def stored_items(self, store: Store) -> builtins.list[tuple[str, dict]]:
+        """(name, JSON as stored) of every record, in key order."""
+        prefix = self.key()
+        return [(kv.key[len(prefix):], json.loads(kv.value)) for kv in store.list(prefix)]
+
+    def create(self, store: Store, record: M) -> M:
+        """Create-if-absent; Conflict when a record of that name exists."""
+        record = cas.validated(self.model, record)
+        if not store.create(self.key(record.name), record.model_dump_json()):
+            raise Conflict(f"{self.kind} {record.name!r} already exists", code="already_exists")
+        return record
+
+    def update(self, store: Store, name: str, mutate: Callable[[M], M | None], retries: int = cas.RETRIES,
+               busy: str = "") -> M:
+        return cas.update(store, self.key(name), self.model, mutate, kind=self.kind, name=name, retries=retries,
+                          busy=busy)
+
+    def update_status(self, store: Store, name: str, retries: int = cas.RETRIES, **fields) -> M:
+        """Set fields of the record's status (no write when they already hold those values)."""
+        def mutate(record):
+            status = record.status
+            if all(getattr(status, k, None) == v for k, v in fields.items()):
+                return None
+            record.status = status.model_copy(update=fields)
+            return record
+
+        return self.update(store, name, mutate, retries=retries)
+
+    def delete(self, store: Store, name: str) -> None:
+        if not store.delete(self.key(name)):
+            raise NotFound(f"{self.kind} {name!r} not found")
