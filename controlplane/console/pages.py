@@ -205,7 +205,9 @@ async def playground(request: Request, name: str):
         ep = await api.get(f"/api/ai/endpoints/{quote(name, safe='')}")
         config = settings_of(get_state(request))
         model = await playground_mod.served_model(api, name)
+        policy = await api.maybe(f"/api/ai/key-policies/{quote(name, safe='')}", None) or {}
+        viewers = bool(policy.get("viewer_playground"))
         return {"e": ep, "gateway": config.gateway_url, "snippets": views.snippets(config.gateway_url or
                                                                                    "https://GATEWAY", name, model),
-                "key_ttl_s": playground_mod.KEY_TTL_S}
+                "key_ttl_s": playground_mod.KEY_TTL_S, "viewers_may_try": viewers}
     return await _render(request, "playground.html", "endpoints", load)

@@ -1,24 +1,24 @@
 """The playground's chat: POST /app/ai/endpoints/{name}/try/chat {"prompt", "max_tokens"} (CSRF header).
 
-The console mints a key for the signed-in user through the REST API (POST /api/ai/keys, scoped
-to this endpoint, expiring after KEY_TTL_S), sends the chat through the gateway clients use
-(FABRIC_CONSOLE_GATEWAY_URL + /api/ai/openai/{name}/v1/chat/completions, streamed, with the
-usage chunk), relays it to the browser as server-sent events, asks the gateway which replica
-answered (GET /api/ai/explain/request/{id}, the caller's own explanation) and revokes the key
-(DELETE /api/ai/keys/{id}) when the answer ends, whatever the outcome. The key never reaches the
-browser, a log or an event text. A viewer's key is refused by the API (keys are admin writes),
-so a viewer gets the API's 403 in the stream: the playground is open to a viewer only where
-its role may mint keys.
+The console asks the REST API for a playground key for the signed-in user (POST
+/api/ai/endpoints/{name}/playground-key, controlplane.api.playground_keys: scoped to this
+endpoint and its model, a few requests, expiring after KEY_TTL_S), sends the chat through the
+gateway clients use (FABRIC_CONSOLE_GATEWAY_URL + /api/ai/openai/{name}/v1/chat/completions,
+streamed, with the usage chunk), relays it to the browser as server-sent events, names the
+replica that answered (the answer's x-fabric-replica header, else the gateway's explanation
+GET /api/ai/explain/request/{id}) and revokes the key (DELETE .../playground-key/{id}) when the
+answer ends, whatever the outcome. The key never reaches the browser, a log or an event text.
+A viewer gets a key only where the endpoint's key policy sets viewer_playground; elsewhere the
+API's 403 playground_refused is what the page shows.
 
 Events sent: `token` {"text"}, `done` {"ttft_ms", "tokens_per_s", "completion_tokens", "usage",
-"replica", "request_id", "elapsed_ms"}, `error` {"status", "code", "message"}.
+"replica", "replica_source", "request_id", "elapsed_ms"}, `error` {"status", "code", "message"}.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 from urllib.parse import quote
 
@@ -27,6 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from common.errors import Forbidden
+from controlplane.api.playground_keys import PLAYGROUND_TTL_S
 from controlplane.console import session as sessions
 from controlplane.console.backend import Api, ApiError
 from controlplane.console.render import PREFIX, session_of
@@ -35,7 +36,7 @@ from controlplane.state import get_state
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 log = logging.getLogger("fabric.console.playground")
-KEY_TTL_S = 900
+KEY_TTL_S = PLAYGROUND_TTL_S
 MAX_PROMPT = 8000
 MAX_TOKENS = 1024
 GATEWAY_TIMEOUT_S = 120
@@ -78,18 +79,17 @@ async def chat(request: Request, name: str):
                             status_code=422)
     gateway = settings_of(get_state(request)).gateway_url
     api = Api(request, session)
-    return StreamingResponse(_relay(api, gateway, name, session.user, prompt, max_tokens),
+    return StreamingResponse(_relay(api, gateway, name, prompt, max_tokens),
                              media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
-async def _relay(api: Api, gateway: str, endpoint: str, user: str, prompt: str, max_tokens: int):
+async def _relay(api: Api, gateway: str, endpoint: str, prompt: str, max_tokens: int):
     if not gateway:
         yield _error(503, "no_gateway", "the playground needs FABRIC_CONSOLE_GATEWAY_URL (the gateway clients use)")
         return
-    key_name = f"console-try-{user[:40]}-{secrets.token_hex(4)}"
+    where = f"/api/ai/endpoints/{quote(endpoint, safe='')}/playground-key"
     try:
-        minted = await api.call("POST", "/api/ai/keys",
-                                json={"name": key_name, "endpoint": endpoint, "ttl_secs": KEY_TTL_S})
+        minted = await api.call("POST", where)
     except ApiError as exc:
         yield _error(exc.status, exc.code, f"no playground key: {exc.message}")
         return
@@ -100,7 +100,7 @@ async def _relay(api: Api, gateway: str, endpoint: str, user: str, prompt: str, 
             yield chunk
     finally:
         try:
-            await api.call("DELETE", f"/api/ai/keys/{quote(key_id, safe='')}")
+            await api.call("DELETE", f"{where}/{quote(key_id, safe='')}")
         except ApiError as exc:  # it still expires after KEY_TTL_S
             log.warning("playground key %s not revoked: %s %s", key_id, exc.status, exc.code)
 
@@ -127,6 +127,7 @@ async def _chat(gateway: str, endpoint: str, model: str, key: str, prompt: str, 
         async with httpx.AsyncClient(timeout=GATEWAY_TIMEOUT_S) as client:
             async with client.stream("POST", url, json=payload, headers=headers) as resp:
                 request_id = resp.headers.get("x-fabric-request-id", "")
+                named = resp.headers.get("x-fabric-replica", "")  # gateway.proxy: the replica that answered
                 if resp.status_code >= 400:
                     raw = (await resp.aread())[:4000]
                     try:
@@ -158,7 +159,7 @@ async def _chat(gateway: str, endpoint: str, model: str, key: str, prompt: str, 
                                 first = time.monotonic()
                             pieces += 1
                             yield _sse("token", {"text": text})
-            replica = await _replica(client, gateway, key, request_id)
+            replica = named or await _replica(client, gateway, key, request_id)
     except httpx.HTTPError as exc:
         yield _error(502, "gateway_unreachable", f"the gateway at {gateway} did not answer: {type(exc).__name__}")
         return
@@ -168,6 +169,7 @@ async def _chat(gateway: str, endpoint: str, model: str, key: str, prompt: str, 
     yield _sse("done", {"ttft_ms": round(1000 * ((first or end) - start), 1), "elapsed_ms": round(1000 * (end - start), 1),
                         "tokens_per_s": round(tokens / gen_s, 1) if gen_s > 0 and tokens > 1 else None,
                         "completion_tokens": tokens, "usage": usage, "replica": replica, "model": model,
+                        "replica_source": "x-fabric-replica" if named else "explanation" if replica else "",
                         "request_id": request_id})
 
 

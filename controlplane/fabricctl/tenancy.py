@@ -107,11 +107,13 @@ def key_policy_set(
     max_ttl: int = typer.Option(None, "--max-ttl", help="keys must expire within this many seconds"),
     require_scope: list[str] = typer.Option(None, "--require-scope", help="repeatable: model or tenant"),
     max_request_quota: int = typer.Option(None, "--max-request-quota", help="keys need a quota of at most this"),
+    viewer_playground: bool = typer.Option(False, "--viewer-playground",
+                                           help="viewers may use the console's playground on ENDPOINT"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Set ENDPOINT's key policy (replaces its previous one)."""
     body = {"max_ttl_secs": max_ttl, "required_scopes": list(require_scope or []),
-            "max_request_quota": max_request_quota}
+            "max_request_quota": max_request_quota, "viewer_playground": viewer_playground}
     with session() as c:
         emit_object(c.put(f"/api/ai/key-policies/{endpoint}", body), as_json)
 

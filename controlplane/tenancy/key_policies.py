@@ -4,6 +4,8 @@ A policy (keyspace.key_policies(endpoint), PUT/GET /api/ai/key-policies/{endpoin
 ``max_ttl_secs`` (a key must expire, within that; ttl 0 "never expires" is then refused), list
 ``required_scopes`` (``model``: the key must be scoped to a model; ``tenant``: it must carry a
 tenant) and cap ``max_request_quota`` (a key must have a lifetime request quota, at most that).
+``viewer_playground`` lets the viewer role use the console's playground on the endpoint
+(controlplane.api.playground_keys); it judges no key.
 Rotation keeps a key's fields, so a key made before a stricter policy cannot be rotated: it is
 refused naming what to change, and a new key that meets the policy replaces it. No policy: as
 before. ``refusals`` is pure; the keys API calls ``enforce``.
@@ -30,6 +32,8 @@ class KeyPolicyBody(Spec):
     max_ttl_secs: int | None = Field(None, ge=1, le=MAX_TTL_SECS, description="keys must expire within this")
     required_scopes: list[Scope] = Field(default_factory=list, description="model and/or tenant")
     max_request_quota: int | None = Field(None, ge=1, le=10**15, description="keys need a quota at most this")
+    viewer_playground: bool = Field(False, description="viewers may try the endpoint in the console's playground "
+                                                       "(controlplane.api.playground_keys)")
 
 
 class KeyPolicy(KeyPolicyBody):

@@ -135,6 +135,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/ai/keys/{ref}"): read(owned("key", "ref")),
     ("DELETE", "/api/ai/keys/{ref}"): write(owned("key", "ref")),
     ("POST", "/api/ai/keys/{ref}/rotate"): write(owned("key", "ref")),
+    # a viewer only where the key policy allows it (controlplane.api.playground_keys)
+    ("POST", "/api/ai/endpoints/{name}/playground-key"): read(owned("endpoint", "name")),
+    ("DELETE", "/api/ai/endpoints/{name}/playground-key/{key_id}"): read(owned("endpoint", "name")),
     ("GET", "/api/ai/audit/verify"): read(),
     # -- events ---------------------------------------------------------------------------------
     ("GET", "/api/ai/events"): read(FILTERED),

@@ -12,6 +12,7 @@
       $("stat-ttft").textContent = data.ttft_ms + " ms";
       $("stat-rate").textContent = data.tokens_per_s === null ? "—" : data.tokens_per_s + " tokens/s";
       $("stat-replica").textContent = data.replica || "(not reported)";
+      $("stat-replica").dataset.source = data.replica_source || "";
       const u = data.usage || {};
       $("stat-usage").textContent = (u.prompt_tokens ?? "?") + " prompt + " + (u.completion_tokens ?? data.completion_tokens) + " completion tokens";
       form.dataset.done = "1";

@@ -136,3 +136,18 @@ def test_playground_page_and_its_answer_without_a_gateway(cluster):
         r = c.post(f"{CONSOLE}/endpoints/chat-openai/try/chat", content=json.dumps({"prompt": "hi"}),
                    headers={"x-csrf-token": csrf})
         assert r.status_code == 200 and "event: error" in r.text and "no_gateway" in r.text
+
+
+def test_the_viewer_playground_follows_the_endpoints_key_policy(cluster):
+    with signed_in(cluster, "viewer") as c:
+        page = c.get(f"{CONSOLE}/endpoints/chat-openai/try")
+        assert page.status_code == 200
+        assert 'id="send" disabled' in page.text and "--viewer-playground" in page.text
+    with cluster.api() as api:
+        assert api.put("/api/ai/key-policies/chat-openai", json={"viewer_playground": True}).status_code == 200
+        try:
+            with signed_in(cluster, "viewer") as c:
+                page = c.get(f"{CONSOLE}/endpoints/chat-openai/try")
+                assert 'id="send">' in page.text and "Viewers may use this playground" in page.text
+        finally:
+            api.put("/api/ai/key-policies/chat-openai", json={})

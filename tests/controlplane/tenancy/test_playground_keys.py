@@ -1,0 +1,46 @@
+"""Playground keys (controlplane.api.playground_keys) on a real fabricd: a viewer gets one only
+where the endpoint's key policy sets viewer_playground, the key is as narrow as the policy allows,
+and a caller revokes only its own playground keys there."""
+
+from __future__ import annotations
+
+from tests.controlplane.tenancy.conftest import seed
+
+
+def test_a_viewer_tries_an_endpoint_only_where_its_key_policy_allows(tenancy_fabricd, tokens):
+    with tenancy_fabricd.client(tokens["admin"]) as admin, tenancy_fabricd.client(tokens["viewer"]) as viewer, \
+            tenancy_fabricd.client(tokens["operator"]) as operator, \
+            tenancy_fabricd.client(tokens["viewer-a"]) as viewer_a:
+        names = seed(admin, "b", "pg")
+        ep = names["endpoint"]
+        where = f"/api/ai/endpoints/{ep}/playground-key"
+        refused = viewer.post(where)
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "playground_refused"
+        assert "viewer_playground" in refused.json()["error"]["message"]
+        assert viewer.post("/api/ai/keys", json={"name": "x", "endpoint": ep}).json()["error"]["code"] == "read_only"
+        # An operator needs no policy (it could make the same key through /api/ai/keys).
+        op_key = operator.post(where)
+        assert op_key.status_code == 201, op_key.text
+        assert op_key.json()["name"].startswith("console-try-operator-")
+        put = admin.put(f"/api/ai/key-policies/{ep}", json={"viewer_playground": True, "max_ttl_secs": 300,
+                                                             "required_scopes": ["model"], "max_request_quota": 5})
+        assert put.status_code == 200 and put.json()["viewer_playground"] is True
+        minted = viewer.post(where)
+        assert minted.status_code == 201, minted.text
+        key = minted.json()
+        assert key["key"] and key["endpoint"] == ep and key["model"] == names["model"] and key["tenant"] == "b"
+        assert key["request_quota"] == 5 and 0 < key["expires_at"] - key["created_at"] <= 300
+        assert key["name"].startswith("console-try-viewer-")
+        # A viewer of tenant a does not see tenant b's endpoint at all.
+        assert viewer_a.post(where).status_code == 404
+        # Revoking: only the caller's own playground keys, and only through this route.
+        assert viewer.delete(f"/api/ai/keys/{key['id']}").json()["error"]["code"] == "read_only"
+        assert viewer.delete(f"{where}/{op_key.json()['id']}").status_code == 404
+        assert viewer.delete(f"/api/ai/endpoints/{names['endpoint']}x/playground-key/{key['id']}").status_code == 404
+        gone = viewer.delete(f"{where}/{key['id']}")
+        assert gone.status_code == 200 and gone.json()["deleted"] is True
+        assert admin.get(f"/api/ai/keys/{key['id']}").status_code == 404
+        assert admin.get(f"/api/ai/keys/{op_key.json()['id']}").status_code == 200
+        # Turning it off again refuses the viewer once more.
+        admin.put(f"/api/ai/key-policies/{ep}", json={})
+        assert viewer.post(where).json()["error"]["code"] == "playground_refused"
