@@ -11,6 +11,7 @@ run: setup
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
+	.venv/bin/mypy
 	$(PY) -m pytest -q --durations=30 tests
 
 # The CLI walk-through against a GPU-less fabricd (FABRIC_DRY_RUN=1); also part of `make test`.
@@ -20,6 +21,7 @@ smoke: setup
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
+	.venv/bin/mypy
 	shellcheck scripts/*.sh
 
 clean:

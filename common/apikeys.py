@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common import keyspace
 from common.errors import Conflict, InvalidInput, NotFound, Unauthorized
@@ -66,7 +68,7 @@ def digest(hmac_secret: bytes, plaintext: str) -> str:
     return h.hexdigest()
 
 
-_KEYED: tuple[bytes | None, object] = (None, None)  # (the secret, its keyed HMAC state)
+_KEYED: tuple[bytes | None, Any] = (None, None)  # (the secret, its keyed HMAC state)
 
 
 def parse_key(plaintext: str) -> str:
@@ -112,9 +114,12 @@ class KeySpec:
     max_concurrent: int | None = None
     priority: str | None = None
     fallbacks: tuple[str, ...] = ()
+    shadow_limits: tuple[str, ...] = ()
 
 
 PRIORITIES = ("low", "normal", "high")
+# What a key's shadow_limits may name: its own limits by field, or a gateway-wide FABRIC_<LIMIT>.
+SHADOWABLE = re.compile(r"^(request_quota|tokens_per_minute|max_concurrent|FABRIC_[A-Z][A-Z_]{0,62})$")
 
 
 def build_record(spec: KeySpec, hmac_secret: bytes, now: float | None = None) -> tuple[ApiKeyRecord, str]:
@@ -128,6 +133,10 @@ def build_record(spec: KeySpec, hmac_secret: bytes, now: float | None = None) ->
             raise InvalidInput(f"{field} must be at least 1 when set")
     if spec.priority is not None and spec.priority not in PRIORITIES:
         raise InvalidInput("priority must be low, normal or high")
+    for name in spec.shadow_limits:
+        if not SHADOWABLE.match(name):
+            raise InvalidInput("shadow_limits names request_quota, tokens_per_minute, max_concurrent or a "
+                               f"FABRIC_<LIMIT> (FABRIC_TENANT_TPM...), not {name[:64]!r}")
     plaintext, prefix = new_plaintext()
     record = ApiKeyRecord(
         id=uuid.uuid4().hex[:16],
@@ -144,6 +153,7 @@ def build_record(spec: KeySpec, hmac_secret: bytes, now: float | None = None) ->
         max_concurrent=spec.max_concurrent,
         priority=spec.priority,
         fallbacks=list(spec.fallbacks),
+        shadow_limits=sorted(set(spec.shadow_limits)),
         created_at=now,
     )
     return record, plaintext

@@ -245,7 +245,8 @@ def tip_of(rows_or_store) -> Tip:
 def _verify_links(entries: list[tuple[str, str]]) -> tuple[VerifyResult, list[tuple[int, int, str]]]:
     """Every entry in key order: its number follows the last, it links to the last, its hash
     matches. Also (first row, last row, hash) of each entry, for the tip checks."""
-    prev, expected, spans = GENESIS, 1, []
+    prev, expected = GENESIS, 1
+    spans: list[tuple[int, int, str]] = []
     total = len(entries)
     for key, value in entries:
         try:

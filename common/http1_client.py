@@ -118,7 +118,7 @@ class _Conn(asyncio.Protocol):
         self.pool = pool
         self.key = key
         self.epoch = pool._epochs.get(key, 0)  # UpstreamPool.retire: an older one is never reused
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made, before any use
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
@@ -332,9 +332,9 @@ class UpstreamResponse:
 
     def close(self) -> None:
         c = self._conn
-        if self._conn is None:
+        if c is None:
             return
-        self._conn = None
+        self._conn = None  # type: ignore[assignment]  # closed; no reads follow close()
         if (self._done or (c.complete and not c.chunks)) and not c.closed and not c.paused \
                 and not c.head_only and c.keep_alive:
             c.pool._put(c)

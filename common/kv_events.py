@@ -174,7 +174,7 @@ class ZmqEventPublisher:
         import zmq
 
         self._zmq = zmq
-        self._ctx = zmq.Context.instance()
+        self._ctx: Any = zmq.Context.instance()
         self._topic = topic.encode()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: deque[list[dict]] = deque()
@@ -189,7 +189,7 @@ class ZmqEventPublisher:
         else:  # as vLLM: a host address is the subscriber's, which binds it
             self._pub.connect(endpoint)
             self.endpoint = endpoint
-        self._replay = None
+        self._replay: Any = None
         self.replay_endpoint = None
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -41,7 +41,7 @@ def peer_tls_extension(ssl_object: ssl.SSLObject | None) -> dict | None:
     if der and parsed:
         ext["client_cert_chain"] = [ssl.DER_cert_to_PEM_cert(der)]
         ext["client_cert_name"] = ",".join(
-            f"{k}={v}" for rdn in parsed.get("subject", ()) for k, v in rdn
+            f"{k}={v}" for rdn in cast(Any, parsed).get("subject", ()) for k, v in rdn
         )
         ext[CN_KEY] = peer_common_name(parsed)
     return ext
@@ -60,7 +60,7 @@ def _with_tls(app, tls: dict):
 class PeerCertH11Protocol(H11Protocol):
     """uvicorn h11 protocol that exposes the verified client certificate to the app."""
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         super().connection_made(transport)
         tls = peer_tls_extension(transport.get_extra_info("ssl_object"))
         if tls is not None:

@@ -128,6 +128,7 @@ def issue_cert(
     ca_crt_path, ca_key_path = ensure_ca(state_dir)
     ca_cert = x509.load_pem_x509_certificate(ca_crt_path.read_bytes())
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey), "the CA key ensure_ca writes is an EC key"
     key = ec.generate_private_key(ec.SECP256R1())
     ekus = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
         [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
@@ -144,7 +145,7 @@ def issue_cert(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(ekus), critical=False)
         .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), critical=False
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
     )
     if hosts:

@@ -34,7 +34,7 @@ def _listening_inodes(port: int, proc: Path) -> set[str]:
 def holders(port: int, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
     """(pid, command line) of each process with a socket listening on port."""
     wanted = {f"socket:[{i}]" for i in _listening_inodes(port, proc)}
-    found = []
+    found: list[tuple[int, str]] = []
     if not wanted:
         return found
     for entry in proc.iterdir():

@@ -20,6 +20,7 @@ Transient failures (backend unreachable) raise common.errors.TransientError.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -67,7 +68,7 @@ class Store(Protocol):
         """Write only if the key exists with this mod_revision; True on success."""
         ...
 
-    def create_all(self, items: list[tuple[str, str]]) -> bool:
+    def create_all(self, items: builtins.list[tuple[str, str]]) -> bool:
         """Create every (key, value) if none of the keys exists, at one revision; else write
         nothing and return False."""
         ...
@@ -90,7 +91,7 @@ class Store(Protocol):
         """The store's current revision."""
         ...
 
-    def watch(self, prefix: str, after_revision: int, timeout: float) -> list[Event]: ...
+    def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]: ...
 
     def close(self) -> None: ...
 

@@ -23,6 +23,7 @@ TransientError naming the endpoint, and the next call starts from the next endpo
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 import time
 from typing import Any
@@ -187,7 +188,7 @@ class EtcdStore:
         )
         return bool(result.get("succeeded", False))
 
-    def create_all(self, items: list[tuple[str, str]]) -> bool:
+    def create_all(self, items: builtins.list[tuple[str, str]]) -> bool:
         if not items:
             return True
         result = self._post("/kv/txn", {
@@ -250,7 +251,7 @@ class EtcdStore:
 
     # -- watch --------------------------------------------------------------------------
 
-    def watch(self, prefix: str, after_revision: int, timeout: float) -> list[Event]:
+    def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
         create = _range_request(prefix) | {"start_revision": str(after_revision + 1)}
         deadline = time.monotonic() + max(0.0, timeout)
         url, where = self._client.get_url("/watch"), self._where()

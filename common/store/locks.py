@@ -29,6 +29,7 @@ not absorb it; it ends the whole pass, and the loop retries leadership.
 
 from __future__ import annotations
 
+import builtins
 import time
 from dataclasses import dataclass
 
@@ -103,7 +104,7 @@ class LeaseLock:
             self.store.revoke_lease(lease.id)
             return False
         kv = self.store.get(self.key)
-        if not still_ours(kv, self.holder, kv.create_revision if kv else None, lease.id):
+        if kv is None or not still_ours(kv, self.holder, kv.create_revision, lease.id):
             self.store.revoke_lease(lease.id)
             return False
         self.lease_id, self.fence = lease.id, kv.create_revision
@@ -130,7 +131,7 @@ class LeaseLock:
         if self.lease_id is None:
             return
         kv = self.store.get(self.key)
-        if still_ours(kv, self.holder, self.fence, self.lease_id):
+        if kv is not None and still_ours(kv, self.holder, self.fence, self.lease_id):
             self.store.delete(self.key, mod_revision=kv.mod_revision)
         self.store.revoke_lease(self.lease_id)
         self._forget()
@@ -159,7 +160,7 @@ class FencedStore:
     def revision(self) -> int:
         return self.inner.revision()
 
-    def watch(self, prefix: str, after_revision: int, timeout: float) -> list[Event]:
+    def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
         return self.inner.watch(prefix, after_revision, timeout)
 
     # fenced writes
@@ -171,7 +172,7 @@ class FencedStore:
         self.lock.check(f"create {key}")
         return self.inner.create(key, value, lease=lease)
 
-    def create_all(self, items: list[tuple[str, str]]) -> bool:
+    def create_all(self, items: builtins.list[tuple[str, str]]) -> bool:
         self.lock.check(f"create {len(items)} keys")
         return self.inner.create_all(items)
 

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import builtins
 import os
 import sqlite3
 import threading
@@ -176,7 +177,7 @@ class SqliteStore:
             _upsert(db, key, value, rev, rev, lease)
             return True
 
-    def create_all(self, items: list[tuple[str, str]]) -> bool:
+    def create_all(self, items: builtins.list[tuple[str, str]]) -> bool:
         if not items:
             return True
         keys = [key for key, _ in items]
@@ -230,7 +231,7 @@ class SqliteStore:
             cur = db.execute(
                 "INSERT INTO leases (ttl, expires_at) VALUES (?, ?)", (ttl, time.time() + ttl)
             )
-            return Lease(id=int(cur.lastrowid), ttl=ttl)
+            return Lease(id=int(cur.lastrowid or 0), ttl=ttl)  # an INSERT always sets it
 
     def refresh_lease(self, lease_id: int) -> bool:
         with self._write() as db:
@@ -245,7 +246,7 @@ class SqliteStore:
 
     # -- watch --------------------------------------------------------------------------
 
-    def watch(self, prefix: str, after_revision: int, timeout: float) -> list[Event]:
+    def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
         sql, args = _prefix_clause(prefix)
         deadline = time.monotonic() + max(0.0, timeout)
         while True:

@@ -172,9 +172,9 @@ def fit(profile: InferenceProfile, nodes: Sequence[Node], reservations: Mapping[
         for c, n in r.with_preemption.items():
             s["with_preemption"][c] += n
         s["binding"][r.binding] = s["binding"].get(r.binding, 0) + 1
-    binding: dict[str, int] = {}
+    bindings: dict[str, int] = {}
     for r in rows:
-        binding[r.binding] = binding.get(r.binding, 0) + 1
+        bindings[r.binding] = bindings.get(r.binding, 0) + 1
     return {
         "profile": profile.name,
         "model": model.name if model is not None else None,
@@ -182,7 +182,7 @@ def fit(profile: InferenceProfile, nodes: Sequence[Node], reservations: Mapping[
                     "mig_profile": profile.gpu.mig_profile, "cpu": profile.cpu, "memory_gib": profile.memory_gib},
         "fits": sum(r.fits for r in rows),
         "with_preemption": {c: sum(r.with_preemption[c] for r in rows) for c in PREEMPTING_CLASSES},
-        "binding": _top(binding),
+        "binding": _top(bindings),
         "nodes": [{"node": r.node, "site": r.site, "fits": r.fits, "binding": r.binding, "detail": r.detail,
                    "with_preemption": r.with_preemption} for r in rows],
         "sites": [{**s, "binding": _top(s["binding"])} for _, s in sorted(by_site.items())],

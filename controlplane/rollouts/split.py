@@ -106,4 +106,5 @@ def split(new: Mapping[str, int], old: Mapping[str, int], percent: int, size: in
             best = got
         if got.slot_error <= 1:
             break
-    return best  # _candidates is never empty: both loops clamp into range
+    assert best is not None  # _candidates is never empty: both loops clamp into range
+    return best

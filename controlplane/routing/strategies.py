@@ -77,7 +77,7 @@ class RoutingPlan:
     def backends(self) -> tuple[tuple[str, int, int], ...]:
         """(ip, port, weight) for Maglev, draining ones at weight 0, sorted so equal plans compare equal."""
         return tuple(sorted((e.host, e.port, e.weight if e.included else 0) for e in self.entries
-                            if e.in_maglev and (e.included or e.draining)))
+                            if e.in_maglev and e.host is not None and (e.included or e.draining)))
 
     @property
     def draining(self) -> tuple[str, ...]:
@@ -335,14 +335,15 @@ def plan_routing(
             excluded.append(draining_entry(endpoint, r, obs, node, vip))
             continue
         if obs is not None and obs.ok and obs.stalled and r.ready:
-            why = (f"stalled: {obs.running:g} requests running, no generated tokens since "
-                   f"{now - (obs.stalled_since or now):.0f}s ago")
-            excluded.append(draining_entry(endpoint, r, obs, node, vip, why))
+            stalled = (f"stalled: {obs.running:g} requests running, no generated tokens since "
+                       f"{now - (obs.stalled_since or now):.0f}s ago")
+            excluded.append(draining_entry(endpoint, r, obs, node, vip, stalled))
             continue
         why = exclusion(r, obs, site, endpoint, now, max_age_s, sites)
         if why:
             excluded.append(RoutingEntry(r.replica_id, False, why, 0, r.host, r.port, False, _metrics(obs)))
             continue
+        assert obs is not None  # exclusion() refuses a replica never scraped
         power = None
         if node is not None:
             draws = [g.power_w for g in node.gpus if g.pci in r.gpus and g.power_w > 0]
@@ -363,9 +364,9 @@ def plan_routing(
         reason = f"{endpoint.routing}: weight {chosen[c.replica_id]}{_signal(endpoint.routing, c.obs)}{spill_note}"
         if not maglev:
             reason += " (gateway only: dry-run or hostname backend)"
-        elif (why := dsr_problem(endpoint, r, vip)) is not None:
+        elif (dsr_why := dsr_problem(endpoint, r, vip)) is not None:
             maglev = False
-            reason += f" (gateway only: {why})"
+            reason += f" (gateway only: {dsr_why})"
         included.append(
             RoutingEntry(c.replica_id, True, reason, chosen[c.replica_id], r.host, r.port, maglev, _metrics(c.obs))
         )

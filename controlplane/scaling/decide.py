@@ -118,7 +118,8 @@ def read_signal(deployment: InferenceDeployment, obs: Observations, now: float, 
     ttft_ms = 1000 * sum(ttfts) / len(ttfts) if ttfts else None
     work = sum(o.queue_depth + o.running for o in fresh) / len(fresh) if fresh else None
     counters = [o.finished_total for o in fresh]
-    finished = sum(counters) if counters and all(c is not None for c in counters) else None
+    known = [c for c in counters if c is not None]
+    finished = sum(known) if counters and len(known) == len(counters) else None
     return Signal(deployment.replicas, len(ready), len(fresh), queue, ttft_ms, stale,
                   now - memory.out_since if memory.out_since is not None else 0.0,
                   now - memory.in_since if memory.in_since is not None else 0.0,
@@ -240,6 +241,8 @@ def decide(deployment: InferenceDeployment, spec: AutoscalingSpec | None, observ
                    "requests waiting" if sig0.work else "a request finished since the last look"
                    if idle_held is None else f"idle for {idle_held:.0f}s of {spec.scale_to_zero_idle_seconds:g}s")
             out = result("hold", desired, "not_idle", f"not scaling to zero: {why}", mem)
-            return replace(out, due_at=mem.idle_since + spec.scale_to_zero_idle_seconds) if idle_held else out
+            if idle_held and mem.idle_since is not None:
+                return replace(out, due_at=mem.idle_since + spec.scale_to_zero_idle_seconds)
+            return out
     return result("scale_in", target, "queue_low",
                   f"{work_note} < {spec.scale_in_queue:g} for {in_held:.0f}s (>= {spec.scale_in_seconds:g}s)", mem)
