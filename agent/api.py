@@ -11,13 +11,16 @@
     DELETE /v1/maglev/services/{vip}/{port}/{proto}  404 when absent
     GET    /v1/bgp                                   VIPs announced and why, BGP sessions, events (FABRIC_BGP=1)
     POST   /v1/gpus/{bdf}/mig, DELETE /v1/gpus/{bdf}/mig/{gi}/{ci}   MIG instances (agent/mig_routes.py)
-    POST   /v1/kv-index/match, GET /v1/kv-index     the replicas' KV blocks (agent/kv_index/routes.py)
+    POST   /v1/kv-index/match, GET /v1/kv-index, GET /v1/kv-index/tokenizer/{digest}
+                                                     the replicas' KV blocks, models' tokenizers (agent/kv_index/routes.py)
     GET    /v1/health, GET /healthz (common.health's shape), GET /metrics
 
 Who may call: TLS admits only certificates from the cluster CA (the server demands one), and
 every node holds such a certificate, so the app also checks the certificate's common name
 against ``allowed_client_cns`` (default ``fabricd``, the control plane's client certificate):
-any other CN, a node's included, gets 403 ``caller_not_allowed``. The app sees the certificate
+any other CN, a node's included, gets 403 ``caller_not_allowed``. The CNs in ``kv_index_cns``
+(default ``fabric-gateway``: the gateways' client certificate) may call /v1/kv-index/* and
+nothing else. The app sees the certificate
 only when served with ``common.peer_cert.PeerCertH11Protocol`` (``fabric-agent serve`` does);
 an HTTPS request without it is refused rather than let through unchecked. Plain HTTP
 (``--insecure``, loopback only) has no certificate to check. Handlers are sync on purpose: sysfs writes, libvirt and BPF map updates block,
@@ -65,6 +68,8 @@ from common.openapi_errors import add_error_responses
 from common.peer_cert import CN_KEY, scope_tls
 
 DEFAULT_ALLOWED_CLIENT_CNS = ("fabricd",)
+DEFAULT_KV_INDEX_CNS = ("fabric-gateway",)  # read-only: the KV index and tokenizers (docs/kv-events.md)
+KV_INDEX_PATH = "/v1/kv-index"
 
 
 def _vm_info(status: VmStatus) -> VmInfo:
@@ -132,8 +137,10 @@ def _bind_result(bdf: str, result: Any, before: str, after: str) -> GpuBindResul
                          changed=before != after, message=str(d.get("message", "")))
 
 
-def caller_refusal(scope: Mapping[str, Any], allowed: Collection[str]) -> str | None:
-    """Why this request's caller may not use the agent, or None when it may (a pure check)."""
+def caller_refusal(scope: Mapping[str, Any], allowed: Collection[str],
+                   kv_index_cns: Collection[str] = ()) -> str | None:
+    """Why this request's caller may not use the agent, or None when it may (a pure check).
+    ``kv_index_cns`` may call the KV-index routes only."""
     if scope.get("scheme") not in ("https", "wss"):
         return None  # plain HTTP: `--insecure`, which binds loopback only
     tls = scope_tls(scope)
@@ -144,17 +151,22 @@ def caller_refusal(scope: Mapping[str, Any], allowed: Collection[str]) -> str | 
     who = ", ".join(sorted(allowed)) or "nobody"
     if cn is None:
         return f"a client certificate is required; only the control plane ({who}) may call this agent"
+    path = scope.get("path", "")
+    if cn in kv_index_cns and (path == KV_INDEX_PATH or path.startswith(KV_INDEX_PATH + "/")):
+        return None
     if cn not in allowed:
         return (f"certificate CN {cn!r} may not call this agent; only the control plane ({who}) may "
                 "(fabric-agent serve --allowed-client-cn)")
     return None
 
 
-def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAULT_ALLOWED_CLIENT_CNS) -> FastAPI:
+def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAULT_ALLOWED_CLIENT_CNS,
+               kv_index_cns: Collection[str] = DEFAULT_KV_INDEX_CNS) -> FastAPI:
     runtime = runtime_metrics.install(state.registry)
     app = FastAPI(title="fabric-agent", docs_url=None, redoc_url=None, lifespan=runtime_metrics.lifespan(runtime))
     app.state.agent = state
     allowed = frozenset(allowed_client_cns)
+    kv_readers = frozenset(kv_index_cns)
     requests = Counter("fabric_agent_requests", "Agent API requests", ["route", "code"],
                        registry=state.registry)
     gpu_gauge = Gauge("fabric_agent_gpus", "GPUs in the inventory", registry=state.registry)
@@ -168,7 +180,7 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     # Registered before _count so that _count (the outer one) also counts refused callers.
     @app.middleware("http")
     async def _only_the_control_plane(request: Request, call_next):
-        refusal = caller_refusal(request.scope, allowed)
+        refusal = caller_refusal(request.scope, allowed, kv_readers)
         if refusal is not None:
             return JSONResponse(Forbidden(refusal, code="caller_not_allowed").to_body(), status_code=403)
         return await call_next(request)
@@ -393,10 +405,14 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(mig_router(is_enabled=lambda: state.settings.pci_mig))  # FABRIC_PCI_MIG
-    if state.kv_index is not None:  # POST /v1/kv-index/match, GET /v1/kv-index (agent/kv_index/routes.py)
+    if state.kv_index is not None:  # /v1/kv-index/match, /v1/kv-index, /v1/kv-index/tokenizer (agent/kv_index/routes.py)
         from agent.kv_index.routes import kv_index_router
+        from agent.kv_index.service import BLIND_AFTER_S, runs_simulators
 
-        app.include_router(kv_index_router(state.kv_index.subscriber))
+        models = state.models
+        app.include_router(kv_index_router(
+            state.kv_index.subscriber, model_dir=models.cache.path_for if models is not None else None,
+            simulated=runs_simulators(state.vm_driver), blind_after_s=BLIND_AFTER_S))
     _document_errors(app)
     return app
 

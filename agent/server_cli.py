@@ -276,6 +276,9 @@ def serve(
     allowed_client_cn: Annotated[list[str] | None, typer.Option(
         "--allowed-client-cn",
         help="CN a caller's certificate must have (repeatable; default: fabricd, the control plane)")] = None,
+    kv_index_client_cn: Annotated[list[str] | None, typer.Option(
+        "--kv-index-client-cn",
+        help="CN that may call /v1/kv-index/* only (repeatable; default: fabric-gateway, the gateways)")] = None,
     insecure: bool = typer.Option(False, "--insecure", help="plain HTTP, loopback only"),
     vm_driver: str = typer.Option("libvirt", "--vm-driver", help="libvirt | lab | dry-run"),
     libvirt_uri: str = typer.Option("qemu:///system", "--libvirt-uri"),
@@ -325,7 +328,7 @@ def serve(
     """Serve the agent API (mutual TLS) and heartbeat to fabricd."""
     import uvicorn
 
-    from agent.api import DEFAULT_ALLOWED_CLIENT_CNS, create_app
+    from agent.api import DEFAULT_ALLOWED_CLIENT_CNS, DEFAULT_KV_INDEX_CNS, create_app
     from agent.heartbeat import Heartbeat
     from common.schemas import check_name
 
@@ -398,7 +401,9 @@ def serve(
         # with this one the process leaves through the finally below (withdraw, Cease) instead of dying.
         signal.signal(signal.SIGTERM, _exit_on_term)
     try:
-        uvicorn.run(create_app(state, allowed_client_cns=allowed), host=host, port=port, log_level=log_level,
+        app = create_app(state, allowed_client_cns=allowed,
+                         kv_index_cns=kv_index_client_cn or list(DEFAULT_KV_INDEX_CNS))
+        uvicorn.run(app, host=host, port=port, log_level=log_level,
                     **ssl_args)
     finally:
         stop.set()

@@ -36,19 +36,24 @@ def backend_ssl(tls: BackendTls) -> ssl.SSLContext | bool:
     return ctx
 
 
-def _kv_source(settings: GatewaySettings, store: Store, tls: ssl.SSLContext | None):
-    """The agents' KV index for precise prefix routing, when FABRIC_GATEWAY_KV_TOKENIZERS names
-    the tokenizers (gateway/kv_source.py); the agents must admit the gateway's certificate CN."""
-    if not settings.kv_tokenizers:
+def _kv_source(settings: GatewaySettings, store: Store, tls: ssl.SSLContext | None, metrics: GatewayMetrics,
+               gateway_id: str):
+    """The agents' KV index for precise prefix routing (gateway/kv_source.py): tokenizers from
+    the agents' model caches, FABRIC_GATEWAY_KV_TOKENIZERS=DIR overriding them per deployment,
+    ``off`` for approximate routing only. The agents must admit the gateway's certificate CN."""
+    if settings.kv_tokenizers == "off":
         return None
     from pathlib import Path
 
     import httpx
 
+    from gateway.kv_blind import BlindWatch, store_event_writer
     from gateway.kv_source import AgentKvSource
 
     client = httpx.AsyncClient(verify=tls if tls is not None else True, timeout=1.0)
-    return AgentKvSource(store, client, Path(settings.kv_tokenizers))
+    blind = BlindWatch.exported(metrics.registry, store_event_writer(store, gateway_id))
+    return AgentKvSource(store, client, Path(settings.kv_tokenizers) if settings.kv_tokenizers else None,
+                         blind=blind)
 
 
 def upstream_pool(settings: GatewaySettings, ctx: ssl.SSLContext | None = None) -> UpstreamPool:
@@ -105,7 +110,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
         tokens=TokenCounter(store),
-        router=ReplicaRouter(explain_ttl=settings.explain_secs, kv=_kv_source(settings, store, tls)),
+        router=ReplicaRouter(explain_ttl=settings.explain_secs, kv=_kv_source(settings, store, tls, metrics, gateway_id)),
         dispatcher=dispatcher(settings, upstreams, metrics, slots),
         external=ExternalRouter(settings.idle_secs, settings.provider_key_dir, on_key_state=metrics.key_state),
     )

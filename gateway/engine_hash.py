@@ -67,14 +67,21 @@ class EngineTokenizer:
     @classmethod
     def from_model_dir(cls, path: Path) -> EngineTokenizer:
         path = Path(path)
-        config = {}
-        cfg = path / "tokenizer_config.json"
-        if cfg.exists():
-            config = json.loads(cfg.read_text())
-        template_file = path / "chat_template.jinja"
-        if template_file.exists() and "chat_template" not in config:
-            config["chat_template"] = template_file.read_text()
-        return cls((path / "tokenizer.json").read_text(), config)
+        names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+        return cls.from_files({n: (path / n).read_text() for n in names if (path / n).exists()})
+
+    @classmethod
+    def from_files(cls, files: dict[str, str]) -> EngineTokenizer:
+        """From the texts of tokenizer.json, tokenizer_config.json and chat_template.jinja (the
+        last two optional; a template in the config wins, as in transformers)."""
+        if "tokenizer.json" not in files:
+            raise ValueError("no tokenizer.json")
+        config = json.loads(files["tokenizer_config.json"]) if "tokenizer_config.json" in files else {}
+        if not isinstance(config, dict):
+            raise ValueError("tokenizer_config.json is not an object")
+        if "chat_template.jinja" in files and "chat_template" not in config:
+            config["chat_template"] = files["chat_template.jinja"]
+        return cls(files["tokenizer.json"], config)
 
     def _special(self, name: str) -> str:
         value = self._config.get(name)

@@ -4,57 +4,158 @@ concurrently, each bounded by ``timeout_s`` (a node that does not answer in time
 replicas blind for this call: the approximate router scores them). See docs/kv-events.md for
 why the gateways ask the agents instead of watching the store.
 
-Tokenizers: ``tokenizer_root/DEPLOYMENT/`` holding the model's tokenizer.json (and
-tokenizer_config.json with its chat template) -- the files the supply chain fetched -- gives the
-engine's own tokens (gateway/engine_hash.EngineTokenizer); a file ``tokenizer_root/DEPLOYMENT.sim``
-marks a deployment of engine simulators (SimTokenizer). Block size: the one the agents report
-from the engines' events (``block_size``), learned per deployment; 16 until the first answer.
-Node addresses come from the store (keyspace.nodes), cached NODE_TTL_S.
+Tokenizers, per deployment, first found wins:
+
+  1. ``tokenizer_root`` (FABRIC_GATEWAY_KV_TOKENIZERS, an override): ``DEPLOYMENT/`` holding the
+     model's tokenizer.json (and tokenizer_config.json / chat_template.jinja), or a file
+     ``DEPLOYMENT.sim`` marking a deployment of engine simulators;
+  2. the supply chain's copy: the deployment's model record names its verified digest
+     (status.digest), and the agent of a node hosting one of its replicas serves that model's
+     tokenizer files from its cache (GET /v1/kv-index/tokenizer/{digest}); an agent whose
+     engines are simulators answers ``engine: sim``.
+
+A fetched tokenizer is kept while the model's digest stays the same (re-read from the store
+every CHECK_S); a deployment without one is asked again after RETRY_S. A call does not wait
+more than ``timeout_s`` for a fetch: it is routed approximately meanwhile and the fetch goes on.
+
+Block size: the one the agents report from the engines' events (``block_size``), learned per
+deployment; 16 until the first answer. Node addresses come from the store (keyspace.nodes),
+cached NODE_TTL_S. Agents are reached at their advertised address with the node id as TLS
+server name (their certificates name the node, as fabricd pins them), with the gateway's
+backend client certificate, which the agents admit on /v1/kv-index/* when its CN is one of
+their --kv-index-client-cn (default fabric-gateway).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 from common import keyspace
 from common.kv_events import BlockHasher
-from common.schemas import Node
+from common.schemas import InferenceDeployment, ModelArtifact, Node
 from gateway.engine_hash import EngineTokenizer, RequestHasher, SimTokenizer
+from gateway.kv_blind import BlindWatch
 
 NODE_TTL_S = 30.0
 DEFAULT_BLOCK_SIZE = 16
+CHECK_S = 30.0  # how often a fetched tokenizer's digest is compared with the model record's
+RETRY_S = 30.0  # a deployment whose tokenizer could not be had is asked again after this
+FETCH_TIMEOUT_S = 20.0
+MAX_ENDPOINTS = 1024  # endpoints whose last answer's states are kept (for explanations)
+
+
+@dataclass
+class _Tok:
+    tokenizer: object | None
+    digest: str | None
+    check_at: float
+    origin: str  # override | agent | none: why (for the explanation)
 
 
 class AgentKvSource:
-    def __init__(self, store, client, tokenizer_root: Path, timeout_s: float = 0.1) -> None:
-        self._store, self._client, self._root, self._timeout = store, client, Path(tokenizer_root), timeout_s
-        self._tokenizers: dict[str, object | None] = {}
+    def __init__(self, store, client, tokenizer_root: Path | None = None, timeout_s: float = 0.1,
+                 blind: BlindWatch | None = None, fetch_timeout_s: float = FETCH_TIMEOUT_S) -> None:
+        self._store, self._client, self._timeout = store, client, timeout_s
+        self._root = Path(tokenizer_root) if tokenizer_root else None
+        self._fetch_timeout = fetch_timeout_s
+        self.blind = blind or BlindWatch()
+        self._tokenizers: dict[str, _Tok] = {}
+        self._fetching: dict[str, asyncio.Task] = {}
         self._block_size: dict[str, int] = {}
         self._nodes: dict[str, tuple[float, str | None]] = {}
+        self._states: OrderedDict[str, dict[str, str]] = OrderedDict()  # endpoint -> its last answer's states
 
-    def _tokenizer(self, deployment: str):
-        if deployment not in self._tokenizers:
-            tok = None
-            d = self._root / deployment
-            if (self._root / f"{deployment}.sim").exists():
-                tok = SimTokenizer()
-            elif (d / "tokenizer.json").exists():
-                try:
-                    tok = EngineTokenizer.from_model_dir(d)
-                except (OSError, ValueError, Exception):  # a broken file: approximate routing, not a failure
-                    tok = None
-            self._tokenizers[deployment] = tok
-        return self._tokenizers[deployment]
+    # -- tokenizers ---------------------------------------------------------------------------
+    def _override(self, deployment: str) -> _Tok | None:
+        if self._root is None:
+            return None
+        d = self._root / deployment
+        if (self._root / f"{deployment}.sim").exists():
+            return _Tok(SimTokenizer(), None, float("inf"), "override")
+        if (d / "tokenizer.json").exists():
+            try:
+                return _Tok(EngineTokenizer.from_model_dir(d), None, float("inf"), "override")
+            except Exception:  # a broken file: approximate routing, not a failure
+                return _Tok(None, None, float("inf"), "override")
+        return None
 
-    def hasher(self, view) -> RequestHasher | None:
+    def _model_digest(self, deployment: str) -> str | None:
+        kv = self._store.get(keyspace.deployments(deployment))
+        if kv is None:
+            return None
+        model = InferenceDeployment.model_validate_json(kv.value).model
+        mkv = self._store.get(keyspace.models(model))
+        return ModelArtifact.model_validate_json(mkv.value).status.digest if mkv is not None else None
+
+    async def _fetch(self, view, digest: str | None) -> _Tok:
+        now = time.monotonic()
+        if digest is None:
+            return _Tok(None, None, now + RETRY_S, "none")
+        for node in dict.fromkeys(r.node for r in view.replicas):
+            address = self._node_address(node)
+            if address is None:
+                continue
+            try:
+                resp = await asyncio.wait_for(self._client.get(
+                    f"{address.rstrip('/')}/v1/kv-index/tokenizer/{digest}", extensions=_sni(address, node)),
+                    self._fetch_timeout)
+            except Exception:  # transport errors of any client: try the next node
+                continue
+            if resp.status_code != 200:
+                continue
+            body = resp.json()
+            try:
+                if body.get("engine") == "sim":
+                    tok = SimTokenizer()
+                else:
+                    tok = await asyncio.to_thread(EngineTokenizer.from_files, dict(body.get("files") or {}))
+            except Exception:  # a tokenizer this gateway cannot load: approximate, asked again later
+                continue
+            return _Tok(tok, digest, time.monotonic() + CHECK_S, "agent")
+        return _Tok(None, digest, time.monotonic() + RETRY_S, "none")
+
+    async def _tokenizer(self, view):
         deployment = view.endpoint.deployment
-        tok = self._tokenizer(deployment)
+        hit = self._tokenizers.get(deployment)
+        now = time.monotonic()
+        if hit is not None and hit.check_at > now:
+            return hit.tokenizer
+        if hit is None or hit.origin != "agent":
+            override = self._override(deployment)
+            if override is not None:
+                self._tokenizers[deployment] = override
+                return override.tokenizer
+        digest = self._model_digest(deployment)
+        if hit is not None and hit.tokenizer is not None and hit.digest == digest:
+            hit.check_at = now + CHECK_S
+            return hit.tokenizer
+        task = self._fetching.get(deployment)
+        if task is None:
+            task = self._fetching[deployment] = asyncio.ensure_future(self._fetch(view, digest))
+            task.add_done_callback(lambda t, d=deployment: self._fetched(d, t))
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self._timeout)
+        except TimeoutError:
+            return hit.tokenizer if hit is not None and hit.digest == digest else None
+        got = self._tokenizers.get(deployment)
+        return got.tokenizer if got is not None else None
+
+    def _fetched(self, deployment: str, task: asyncio.Task) -> None:
+        self._fetching.pop(deployment, None)
+        if not task.cancelled() and task.exception() is None:
+            self._tokenizers[deployment] = task.result()
+
+    async def hasher(self, view) -> RequestHasher | None:
+        tok = await self._tokenizer(view)
         if tok is None:
             return None
-        return RequestHasher(tok, BlockHasher(self._block_size.get(deployment, DEFAULT_BLOCK_SIZE)))
+        return RequestHasher(tok, BlockHasher(self._block_size.get(view.endpoint.deployment, DEFAULT_BLOCK_SIZE)))
 
+    # -- the index ----------------------------------------------------------------------------
     def _node_address(self, node_id: str) -> str | None:
         hit = self._nodes.get(node_id)
         now = time.monotonic()
@@ -65,11 +166,17 @@ class AgentKvSource:
         self._nodes[node_id] = (now + NODE_TTL_S, address)
         return address
 
+    def states(self, view) -> dict[str, str]:
+        """replica -> its state in the last answer (kv_blind's vocabulary)."""
+        last = self._states.get(view.endpoint.name, {})
+        return {r.replica_id: last.get(r.replica_id, "no_answer") for r in view.replicas}
+
     async def match(self, view, hashes: list[int]) -> dict[str, int | None]:
         by_node: dict[str, list[str]] = {}
         for r in view.replicas:
             by_node.setdefault(r.node, []).append(r.replica_id)
         out: dict[str, int | None] = {r.replica_id: None for r in view.replicas}
+        states: dict[str, str] = {r.replica_id: "no_answer" for r in view.replicas}
 
         async def ask(node: str, replicas: list[str]) -> None:
             address = self._node_address(node)
@@ -77,19 +184,33 @@ class AgentKvSource:
                 return
             try:
                 resp = await asyncio.wait_for(self._client.post(
-                    f"{address.rstrip('/')}/v1/kv-index/match", json={"hashes": hashes, "replicas": replicas}),
-                    self._timeout)
-            except (TimeoutError, OSError, Exception):  # transport errors of any client: blind
+                    f"{address.rstrip('/')}/v1/kv-index/match", json={"hashes": hashes, "replicas": replicas},
+                    extensions=_sni(address, node)), self._timeout)
+            except Exception:  # transport errors of any client: blind for this call
                 return
+            if resp.status_code == 403:
+                states.update(dict.fromkeys(replicas, "refused"))
             if resp.status_code != 200:
                 return
             for rid, row in (resp.json().get("replicas") or {}).items():
                 if rid in out and isinstance(row, dict):
                     n = row.get("matched_blocks")
                     out[rid] = n if isinstance(n, int) else None
+                    state = row.get("state")
+                    states[rid] = state if isinstance(state, str) else ("live" if out[rid] is not None else "warming")
                     size = row.get("block_size")
                     if isinstance(size, int) and size > 0:
                         self._block_size[view.endpoint.deployment] = size
 
         await asyncio.gather(*(ask(n, rs) for n, rs in by_node.items()))
+        self._states[view.endpoint.name] = states
+        self._states.move_to_end(view.endpoint.name)
+        while len(self._states) > MAX_ENDPOINTS:
+            self._states.popitem(last=False)
+        self.blind.observe(view.endpoint.name, states)
         return out
+
+
+def _sni(address: str, node: str) -> dict:
+    """The node id as the TLS server name of an https agent (its certificate names the node)."""
+    return {"sni_hostname": node} if address.startswith("https://") else {}

@@ -6,7 +6,8 @@ the request's engine block hashes (gateway/engine_hash.py, the source's hasher f
 asks the agents' KV index what each replica holds (agent/kv_index) and scores with
 prefix_router.choose_precise; a request that cannot be hashed, an index that does not answer,
 and replicas that sent no KV events fall back to the approximate tree (the explanation says
-which: ``kv_index``, ``blind_replicas``). Calls chosen but not started yet count as load
+which: ``kv_index``, ``blind_replicas``; ``kv_states`` and ``kv_blind`` give each replica's
+state in the agents' answer, gateway/kv_blind.py). Calls chosen but not started yet count as load
 (``pending``, expiring after PENDING_TTL if a call never starts).
 
 State per gateway process: one PrefixTree per endpoint (at most MAX_ENDPOINTS; a new one past
@@ -86,7 +87,7 @@ class ReplicaRouter:
         kv_note = None
         matched = hashes = None
         if self.kv is not None and data and view.endpoint.routing_l7 == "prefix":
-            hasher = self.kv.hasher(view)
+            hasher = await self.kv.hasher(view)
             hashes = hasher.request_hashes(data) if hasher is not None else None
             if hasher is None:
                 kv_note = "approximate: no tokenizer for this model"
@@ -97,7 +98,12 @@ class ReplicaRouter:
                     matched = await self.kv.match(view, hashes)
                 except Exception as exc:  # any transport error: route approximately, say why
                     kv_note = f"approximate: the KV index did not answer ({type(exc).__name__})"
-        return self.pick(view, data, now, matched=matched, block_hashes=hashes, kv_note=kv_note)
+        picked, why = self.pick(view, data, now, matched=matched, block_hashes=hashes, kv_note=kv_note)
+        if matched is not None and hasattr(self.kv, "states"):  # live | warming | blind | refused | ...
+            states = self.kv.states(view)
+            why["kv_states"] = states
+            why["kv_blind"] = sorted(r for r, s in states.items() if s == "blind")
+        return picked, why
 
     def pick(self, view: EndpointView, data: dict | None, now: float, *, matched: dict | None = None,
              block_hashes: list[int] | None = None, kv_note: str | None = None) -> tuple[str, dict]:

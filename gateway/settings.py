@@ -65,11 +65,13 @@ class GatewaySettings:
     cache_ttl_secs: float = 1.0
     hold_secs: float = 0.0  # FABRIC_GATEWAY_HOLD_SECS: hold a call for a replica (cold start), 0-600
     oidc_endpoints_claim: str = "fabric_endpoints"
+    oidc_tenant_endpoints: bool = True  # FABRIC_OIDC_TENANT_ENDPOINTS=0: a token's tenant owns nothing by itself
     slot_lease_secs: int = 10  # in-flight slots of a dead gateway come back within this
     upstream_client: str = "http1"  # or "aiohttp" (needs aiohttp importable; for measurement)
     explain_secs: float = 600.0  # FABRIC_GATEWAY_EXPLAIN_SECS: how long a call's routing explanation is kept
-    # FABRIC_GATEWAY_KV_TOKENIZERS: a directory of deployments' tokenizers; set, routing_l7 prefix asks the
-    # agents' KV index (gateway/kv_source.py, docs/kv-events.md); unset, it stays approximate
+    # FABRIC_GATEWAY_KV_TOKENIZERS: routing_l7 prefix asks the agents' KV index with tokenizers fetched from
+    # the agents' model caches (gateway/kv_source.py, docs/kv-events.md); a directory of deployments'
+    # tokenizers overrides those; "off" keeps prefix routing approximate
     kv_tokenizers: str = ""
     http_server: str = "gateway"  # gateway.http_server, or "uvicorn" (its own protocol: measurement, a way out)
     reclaim_secs: float | None = 60.0  # FABRIC_GATEWAY_RECLAIM_SECS: full gc + malloc_trim every N s; 0: off

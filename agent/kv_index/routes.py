@@ -2,21 +2,40 @@
 
     POST /v1/kv-index/match   {"hashes": [int, ...], "replicas": [id, ...]?}
                               -> {"replicas": {id: {"matched_blocks": n | null, "blind": bool,
+                                                    "state": live | warming | blind | unwatched,
                                                     "block_size": the engine's | null}}}
     GET  /v1/kv-index         per replica: blocks held, last seq, gaps, resyncs, restarts, events seen
+    GET  /v1/kv-index/tokenizer/{digest}
+                              -> {"engine": "vllm" | "sim", "digest": ..., "files": {name: text}}
 
 ``hashes``: the prompt's block hashes in order (64-bit ints, common/kv_events.py), at most
 MAX_HASHES; ``matched_blocks`` counts the leading ones the replica holds, null for a replica that
-sent no events (the caller falls back to its approximate router for it).
+sent no events (the caller falls back to its approximate router for it). ``blind`` is true only
+for a replica watched ``blind_after_s`` without one event (``state``, KvEventSubscriber.states):
+a fresh engine is ``warming`` until its first call stores a block.
+
+The tokenizer route hands a gateway the tokenizer files (TOKENIZER_FILES) of a model this node's
+cache holds under ``digest`` (the model record's status.digest), so the gateway hashes prompts
+with the engine's own tokenizer and chat template. On a node whose engines are simulators
+(``simulated``) it answers ``engine: sim`` and no files: the simulator tokenizes its own way
+(common/kv_events.sim_token_ids).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from common.errors import InvalidInput, NotFound
+from common.model_api import DIGEST
+
 MAX_HASHES = 4096  # 64k tokens of prefix at 16-token blocks
 MAX_REPLICAS = 1024
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+MAX_TOKENIZER_BYTES = 64 << 20  # the largest tokenizer.json on the Hub is ~30 MB
 
 
 class MatchRequest(BaseModel):
@@ -24,7 +43,18 @@ class MatchRequest(BaseModel):
     replicas: list[str] | None = Field(default=None, max_length=MAX_REPLICAS)
 
 
-def kv_index_router(subscriber) -> APIRouter:
+def tokenizer_files(path: Path) -> dict[str, str]:
+    """The tokenizer files of a model directory (plain files only, each under the cap)."""
+    out = {}
+    for name in TOKENIZER_FILES:
+        f = path / name
+        if f.is_file() and not f.is_symlink() and f.stat().st_size <= MAX_TOKENIZER_BYTES:
+            out[name] = f.read_text(encoding="utf-8", errors="replace")
+    return out
+
+
+def kv_index_router(subscriber, *, model_dir: Callable[[str], Path | None] | None = None,
+                    simulated: bool = False, blind_after_s: float = 60.0) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/kv-index/match")
@@ -32,11 +62,26 @@ def kv_index_router(subscriber) -> APIRouter:
         hashes = [h & ((1 << 64) - 1) for h in body.hashes]
         got = subscriber.match(hashes, body.replicas)
         sizes = subscriber.block_sizes(list(got))
-        return {"replicas": {r: {"matched_blocks": n, "blind": n is None, "block_size": sizes.get(r)}
-                             for r, n in got.items()}}
+        states = subscriber.states(list(got), blind_after_s)
+        return {"replicas": {r: {"matched_blocks": n, "blind": states[r] == "blind", "state": states[r],
+                                 "block_size": sizes.get(r)} for r, n in got.items()}}
 
     @router.get("/v1/kv-index")
     def status() -> dict:
         return {"replicas": subscriber.status()}
+
+    @router.get("/v1/kv-index/tokenizer/{digest}")
+    def tokenizer(digest: str) -> dict:
+        if not DIGEST.match(digest):
+            raise InvalidInput(f"digest {digest!r}: expected 64 lowercase hex characters (SHA-256)")
+        if simulated:
+            return {"engine": "sim", "digest": digest, "files": {}}
+        path = model_dir(digest) if model_dir is not None else None
+        if path is None:
+            raise NotFound(f"model {digest} is not in this node's cache")
+        files = tokenizer_files(path)
+        if "tokenizer.json" not in files:
+            raise NotFound(f"model {digest} has no tokenizer.json on this node")
+        return {"engine": "vllm", "digest": digest, "files": files}
 
     return router

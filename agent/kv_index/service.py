@@ -30,6 +30,18 @@ BLIND_AFTER_S = 60.0
 TOPIC = "kv"
 
 
+def runs_simulators(vm_driver) -> bool:
+    """Whether this node's vLLM replicas are fabric-engine-sim (dry-run, or the lab without
+    FABRIC_LAB_ENGINE=vllm): their tokens are the simulator's, not the model's tokenizer's."""
+    name = getattr(vm_driver, "name", "")
+    if name == "dry-run":
+        return True
+    if name == "lab":
+        engine = getattr(vm_driver, "engine", None)
+        return not (engine is not None and engine.real_for("vllm"))
+    return False
+
+
 def source_for(replica: str, address: str) -> EventSource:
     host = f"[{address}]" if ":" in address else address
     return EventSource(replica, f"tcp://{host}:{VLLM_KV_EVENTS_PORT}", f"tcp://{host}:{VLLM_KV_REPLAY_PORT}", TOPIC)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -67,6 +68,24 @@ class KvEventSubscriber:
     def status(self) -> dict:
         with self._lock:
             return self.index.status()
+
+    def states(self, replicas: list[str], blind_after_s: float, now: float | None = None) -> dict[str, str]:
+        """replica -> live (it sent events), warming (watched for less than ``blind_after_s``
+        without one: a fresh engine stores nothing until its first call), blind (watched longer
+        without one: an engine without --kv-events-config) or unwatched (not a running replica
+        of this node, or not picked up yet)."""
+        now = time.monotonic() if now is None else now
+        out = {}
+        with self._lock:
+            for r in replicas:
+                rb = self.index.replicas.get(r)
+                if rb is None:
+                    out[r] = "unwatched"
+                elif rb.last_event_at is not None:
+                    out[r] = "live"
+                else:
+                    out[r] = "blind" if now - rb.watched_since >= blind_after_s else "warming"
+        return out
 
     def close(self) -> None:
         self._running = False

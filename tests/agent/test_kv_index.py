@@ -167,15 +167,22 @@ def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics
         svc.sync(Driver.statuses)
         assert set(svc.subscriber.status()) == {"r1", "r2"}  # r3 has no address yet
         app = FastAPI()
-        app.include_router(kv_index_router(svc.subscriber))
+        app.include_router(kv_index_router(svc.subscriber, blind_after_s=0.0))  # silent at once is blind
         client = TestClient(app)
 
         def matched():
             pub.publish([block_stored([11, 12, 13], None, [], 16)])
             return client.post("/v1/kv-index/match", json={"hashes": [11, 12, 99]}).json()["replicas"]
 
-        assert _until(lambda: matched()["r1"] == {"matched_blocks": 2, "blind": False, "block_size": None})
-        assert matched()["r2"] == {"matched_blocks": None, "blind": True, "block_size": None}
+        assert _until(lambda: matched()["r1"] == {"matched_blocks": 2, "blind": False, "state": "live",
+                                                  "block_size": None})
+        assert matched()["r2"] == {"matched_blocks": None, "blind": True, "state": "blind", "block_size": None}
+        patient = FastAPI()  # the agent's own bound: a replica silent for less than 60 s is warming, not blind
+        patient.include_router(kv_index_router(svc.subscriber))
+        rows = TestClient(patient).post("/v1/kv-index/match", json={"hashes": [11], "replicas": ["r2", "r9"]})
+        assert rows.json()["replicas"]["r2"]["state"] == "warming" and rows.json()["replicas"]["r2"]["blind"] is False
+        assert rows.json()["replicas"]["r9"] == {"matched_blocks": None, "blind": False, "state": "unwatched",
+                                                 "block_size": None}
         assert client.post("/v1/kv-index/match", json={"hashes": ["x"]}).status_code == 422
         text = generate_latest(registry).decode()
         assert 'fabric_kv_index_replicas{state="blind"} 1.0' in text

@@ -34,7 +34,7 @@ class FakeKv:
     def __init__(self, index: KvIndex, hasher: RequestHasher | None):
         self.index, self._hasher, self.calls = index, hasher, 0
 
-    def hasher(self, view):
+    async def hasher(self, view):
         return self._hasher
 
     async def match(self, view, hashes):
@@ -159,6 +159,9 @@ def test_the_agent_source_asks_each_node_once_and_learns_the_block_size(tmp_path
         def block_sizes(self, replicas):
             return {r: 16 for r in replicas}
 
+        def states(self, replicas, blind_after_s):
+            return {r: "unwatched" if r not in self.index.replicas else "live" for r in replicas}
+
     from gateway.kv_source import AgentKvSource
 
     hasher = RequestHasher(SimTokenizer())
@@ -179,9 +182,9 @@ def test_the_agent_source_asks_each_node_once_and_learns_the_block_size(tmp_path
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=handler_app))
     src = AgentKvSource(store, client, tmp_path / "tok", timeout_s=5)
     view = _view(3)
-    assert src.hasher(view).request_hashes(_req("q")) == blocks
+    assert asyncio.run(src.hasher(view)).request_hashes(_req("q")) == blocks
     got = asyncio.run(src.match(view, blocks))
     assert got == {"r0": 0, "r1": 5, "r2": None} and seen == ["/v1/kv-index/match"]  # one call per node
     assert src._block_size == {"d": 16}
-    assert AgentKvSource(store, client, tmp_path / "none").hasher(view) is None
+    assert asyncio.run(AgentKvSource(store, client, tmp_path / "none").hasher(view)) is None  # no model record
     store.close()

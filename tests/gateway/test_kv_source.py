@@ -1,0 +1,195 @@
+"""The gateway's KV-index source (gateway/kv_source.py) against the agent's real routes
+(agent/kv_index/routes.py) over an in-process transport: tokenizers found from the deployment's
+model record and the agent's model cache without any setting, the override directory, the
+simulator's answer, a changed digest; and blind replicas made visible (gateway/kv_blind.py):
+gauge, counter, one event per change, the explanation's fields."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from agent.kv_index.routes import kv_index_router, tokenizer_files
+from common import keyspace
+from common.kv_events import BlockHasher
+from common.schemas import (
+    EndpointStatus,
+    InferenceDeployment,
+    InferenceEndpoint,
+    ModelArtifact,
+    ModelStatus,
+    Node,
+    Replica,
+)
+from common.store.base import open_store
+from controlplane.events import recent_events
+from controlplane.lab.tiny_model import write_tiny_model
+from gateway.engine_hash import EngineTokenizer, RequestHasher, SimTokenizer
+from gateway.kv_blind import BlindWatch, store_event_writer
+from gateway.kv_source import AgentKvSource
+from gateway.replica_router import ReplicaRouter
+from gateway.upstreams import EndpointView
+
+D1, D2 = "a" * 64, "b" * 64
+CHAT = {"model": "m", "messages": [{"role": "system", "content": "You answer briefly. " * 40},
+                                   {"role": "user", "content": "hello"}]}
+
+
+class Sub:
+    """The agent's subscriber as the routes read it: fixed states and matches."""
+
+    def __init__(self, states: dict[str, str], matched: dict[str, int | None]):
+        self.states_now, self.matched = states, matched
+
+    def match(self, hashes, replicas):
+        return {r: self.matched.get(r) for r in replicas}
+
+    def block_sizes(self, replicas):
+        return {r: 16 for r in replicas}
+
+    def states(self, replicas, blind_after_s):
+        return {r: self.states_now.get(r, "unwatched") for r in replicas}
+
+
+def _agent(sub: Sub, models: dict, simulated: bool = False):
+    app = FastAPI()
+    app.include_router(kv_index_router(sub, model_dir=models.get, simulated=simulated))
+    seen: list[str] = []
+
+    async def counted(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(scope["path"])
+        await app(scope, receive, send)
+
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=counted)), seen
+
+
+def _store(tmp_path, digest: str | None = D1):
+    store = open_store(f"sqlite://{tmp_path}/s.db")
+    store.put(keyspace.nodes("n"), Node(id="n", address="http://agent-n:9000").model_dump_json())
+    store.put(keyspace.deployments("d"), InferenceDeployment(name="d", model="m", profile="p").model_dump_json())
+    store.put(keyspace.models("m"), ModelArtifact(name="m", source="hf://o/m", status=ModelStatus(
+        phase="Ready", digest=digest)).model_dump_json())
+    return store
+
+
+def _view(n: int = 2) -> EndpointView:
+    ep = InferenceEndpoint(name="e", deployment="d", routing_l7="prefix", status=EndpointStatus())
+    reps = tuple(Replica(replica_id=f"r{i}", deployment="d", ordinal=i, node="n", host=f"10.0.0.{i + 1}",
+                         ready=True) for i in range(n))
+    return EndpointView(ep, reps, {})
+
+
+def test_the_tokenizer_comes_from_the_model_record_and_the_agents_cache(tmp_path):
+    model = write_tiny_model(tmp_path / "model")
+    store = _store(tmp_path)
+    client, seen = _agent(Sub({"r0": "live", "r1": "live"}, {"r0": 0, "r1": 0}), {D1: model})
+    src = AgentKvSource(store, client, None, timeout_s=5)
+    hasher = asyncio.run(src.hasher(_view()))
+    want = RequestHasher(EngineTokenizer.from_model_dir(model), BlockHasher(16)).request_hashes(CHAT)
+    assert hasher is not None and hasher.request_hashes(CHAT) == want
+    assert len(want) > 2  # the rendered chat spans several blocks
+    assert seen == [f"/v1/kv-index/tokenizer/{D1}"]
+    asyncio.run(src.hasher(_view()))
+    assert seen == [f"/v1/kv-index/tokenizer/{D1}"]  # kept while the digest stays
+    store.close()
+
+
+def test_a_new_digest_fetches_again_and_a_missing_one_routes_approximately(tmp_path):
+    import gateway.kv_source as ks
+
+    model = write_tiny_model(tmp_path / "model")
+    store = _store(tmp_path, digest=None)
+    client, seen = _agent(Sub({}, {}), {D1: model})
+    src = AgentKvSource(store, client, None, timeout_s=5)
+    assert asyncio.run(src.hasher(_view())) is None and seen == []  # no verified digest: nothing to ask
+    store.put(keyspace.models("m"), ModelArtifact(name="m", source="hf://o/m", status=ModelStatus(
+        phase="Ready", digest=D2)).model_dump_json())
+    src._tokenizers["d"].check_at = 0  # RETRY_S passed
+    assert asyncio.run(src.hasher(_view())) is None and seen == [f"/v1/kv-index/tokenizer/{D2}"]  # not cached: 404
+    store.put(keyspace.models("m"), ModelArtifact(name="m", source="hf://o/m", status=ModelStatus(
+        phase="Ready", digest=D1)).model_dump_json())
+    src._tokenizers["d"].check_at = 0
+    assert asyncio.run(src.hasher(_view())) is not None and seen[-1] == f"/v1/kv-index/tokenizer/{D1}"
+    assert ks.CHECK_S > 0 and src._tokenizers["d"].digest == D1
+    store.close()
+
+
+def test_the_override_directory_wins_and_a_simulator_node_answers_sim(tmp_path):
+    store = _store(tmp_path)
+    client, seen = _agent(Sub({}, {}), {}, simulated=True)
+    src = AgentKvSource(store, client, None, timeout_s=5)
+    assert isinstance(asyncio.run(src.hasher(_view())).tokenizer, SimTokenizer)
+    assert seen == [f"/v1/kv-index/tokenizer/{D1}"]
+    model = write_tiny_model(tmp_path / "tok" / "d")
+    over = AgentKvSource(store, client, tmp_path / "tok", timeout_s=5)
+    assert isinstance(asyncio.run(over.hasher(_view())).tokenizer, EngineTokenizer)
+    assert seen == [f"/v1/kv-index/tokenizer/{D1}"]  # the override asked nobody
+    assert set(tokenizer_files(model)) == {"tokenizer.json", "tokenizer_config.json"}
+    store.close()
+
+
+def test_the_tokenizer_route_names_what_is_wrong(tmp_path):
+    from fastapi.responses import JSONResponse
+    from fastapi.testclient import TestClient
+
+    from common.errors import FabricError
+
+    async def _err(_req, exc):  # as agent/api.py renders FabricErrors
+        return JSONResponse(exc.to_body(), status_code=exc.status)
+
+    app = FastAPI()
+    app.include_router(kv_index_router(Sub({}, {}), model_dir={}.get))
+    app.add_exception_handler(FabricError, _err)
+
+    c = TestClient(app)
+    bad = c.get("/v1/kv-index/tokenizer/nothex")
+    assert bad.status_code == 422 and "digest" in bad.json()["error"]["message"]
+    missing = c.get(f"/v1/kv-index/tokenizer/{D1}")
+    assert missing.status_code == 404 and "not in this node's cache" in missing.json()["error"]["message"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    app2 = FastAPI()
+    app2.include_router(kv_index_router(Sub({}, {}), model_dir={D1: empty}.get))
+    app2.add_exception_handler(FabricError, _err)
+    r = TestClient(app2).get(f"/v1/kv-index/tokenizer/{D1}")
+    assert r.status_code == 404 and "no tokenizer.json" in r.json()["error"]["message"]
+
+
+def test_a_blind_replica_shows_in_metrics_events_and_the_explanation(tmp_path):
+    store = _store(tmp_path)
+    sub = Sub({"r0": "live", "r1": "blind"}, {"r0": 3, "r1": None})
+    client, _ = _agent(sub, {}, simulated=True)
+    registry = CollectorRegistry()
+    src = AgentKvSource(store, client, None, timeout_s=5,
+                        blind=BlindWatch.exported(registry, store_event_writer(store, "gw-1")))
+    router = ReplicaRouter(kv=src)
+    view = _view()
+    for _ in range(3):
+        _, why = asyncio.run(router.apick(view, CHAT, 0.0))
+    assert why["kv_index"] == "precise" and why["kv_blind"] == ["r1"]
+    assert why["kv_states"] == {"r0": "live", "r1": "blind"}
+    assert registry.get_sample_value("fabric_gateway_kv_blind_replicas", {"endpoint": "e"}) == 1.0
+    assert registry.get_sample_value("fabric_gateway_kv_blind_calls_total", {"endpoint": "e"}) == 3.0
+    events = recent_events(store, kind="replica")
+    assert [(e.name, e.action, e.type) for e in events] == [("r1", "KvEventsMissing", "Warning")]  # once, not per call
+    assert "gw-1" in events[0].message and "--kv-events-config" in events[0].message
+    sub.states_now["r1"] = "live"
+    sub.matched["r1"] = 0
+    _, why = asyncio.run(router.apick(view, CHAT, 0.0))
+    assert why["kv_blind"] == []
+    assert registry.get_sample_value("fabric_gateway_kv_blind_replicas", {"endpoint": "e"}) == 0.0
+    assert [e.action for e in recent_events(store, kind="replica")] == ["KvEventsMissing", "KvEventsResumed"]
+    store.close()
+
+
+def test_a_warming_or_unanswered_replica_is_not_called_blind():
+    seen = []
+    watch = BlindWatch(write_event=lambda *a: seen.append(a))
+    assert watch.observe("e", {"r0": "warming", "r1": "no_answer", "r2": "unwatched", "r3": "refused"}) == []
+    assert seen == []
+    assert watch.observe("e", {"r0": "blind"}) == ["r0"] and len(seen) == 1
+    assert watch.observe("e", {"r0": "warming"}) == [] and len(seen) == 1  # not known either way: no event
