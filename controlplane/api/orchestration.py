@@ -21,21 +21,20 @@ deleted after the grace); with ``replica`` only that one drains and the reconcil
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from pydantic import AliasChoices, Field
 
-from common import keyspace
 from common.errors import Conflict, NotFound
-from common.schemas import Spec
+from common.schemas import InferenceDeployment, Spec
 from controlplane import vip_pool
 from controlplane.api.nodes import node_resources
 from controlplane.auth import require_admin
 from controlplane.events import EventSink
 from controlplane.orchestration_state import get_replica, load_snapshot, put_replica, update_deployment_status
+from controlplane.records import deployments
 from controlplane.routing.final import endpoint_plan
 from controlplane.scheduler import NOTHING_COMMITTED, node_online, place
 from controlplane.settings import of as settings_of
@@ -143,24 +142,19 @@ def deployment_metrics(name: str, state: StateDep) -> dict:
 @router.post("/deployments/{name}/drain", status_code=202)
 def drain(name: str, body: DrainRequest, state: StateDep) -> dict:
     store = state.store
-    key = keyspace.deployments(name)
-    if store.get(key) is None:
+    if not deployments.exists(store, name):
         raise NotFound(f"deployment {name!r} not found")
     deadline = time.time() + body.grace_secs
     if body.replica is None:
-        for _ in range(CAS_RETRIES):
-            kv = store.get(key)
-            if kv is None:
-                raise NotFound(f"deployment {name!r} not found")
-            record = json.loads(kv.value)
-            if record.get("status", {}).get("phase") == "Deleting":
+        def scale_to_zero(dep: InferenceDeployment) -> InferenceDeployment:
+            if dep.status.phase == "Deleting":
                 raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-            record["replicas"] = 0
-            record.setdefault("status", {})["message"] = f"draining all replicas for {body.grace_secs:g}s"
-            if store.cas(key, json.dumps(record), kv.mod_revision):
-                break
-        else:
-            raise Conflict(f"deployment {name!r} changed too often while draining; try again", code="contended")
+            dep.replicas = 0
+            dep.status.message = f"draining all replicas for {body.grace_secs:g}s"
+            return dep
+
+        deployments.update(store, name, scale_to_zero, retries=CAS_RETRIES,
+                           busy=f"deployment {name!r} changed too often while draining; try again")
     snap = load_snapshot(store)
     targets = [r for r in snap.replicas.get(name, []) if body.replica in (None, r.replica_id)]
     if body.replica is not None and not targets:
@@ -184,10 +178,10 @@ def drain(name: str, body: DrainRequest, state: StateDep) -> dict:
 def restart(name: str, state: StateDep) -> dict:
     """Unpark: the crash-loop count goes to 0 and the phase to Pending; the next reconcile pass
     creates replicas again (controlplane.reconcile.crashloop)."""
-    kv = state.store.get(keyspace.deployments(name))
-    if kv is None:
+    record = deployments.stored(state.store, name)
+    if record is None:
         raise NotFound(f"deployment {name!r} not found")
-    before = json.loads(kv.value).get("status", {})
+    before = record.get("status", {})
     if before.get("phase") == "Deleting":
         raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
     status = {"failures": 0, "last_failure_at": None}
@@ -196,7 +190,7 @@ def restart(name: str, state: StateDep) -> dict:
                       f"replica failures (last: {before.get('last_failure') or 'none'})")
     update_deployment_status(state.store, name, **status)
     EventSink(state.store)("deployment", name, "Restarted", f"crash-loop count reset (was {before.get('failures', 0)})",
-                           tenant=json.loads(kv.value).get("tenant"))
+                           tenant=record.get("tenant"))
     return {"deployment": name, "previous_phase": before.get("phase"), "previous_failures": before.get("failures", 0),
             "last_failure": before.get("last_failure", "")}
 

@@ -11,17 +11,16 @@ The explanation runs controlplane.scaling.loop.plan_for, the same function the l
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import APIRouter, Depends
 
-from common import keyspace
 from common.errors import Conflict, NotFound
-from common.schemas import AutoscalingSpec
+from common.schemas import AutoscalingSpec, InferenceDeployment
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.orchestration_state import load_snapshot
+from controlplane.records import deployments
 from controlplane.scaling.decide import FRESH_S
 from controlplane.scaling.loop import plan_for
 from controlplane.state import StateDep
@@ -32,24 +31,20 @@ CAS_RETRIES = 20
 
 @router.put("/deployments/{name}/autoscaling")
 def put_autoscaling(name: str, body: AutoscalingSpec, state: StateDep) -> dict:
-    key = keyspace.deployments(name)
-    for _ in range(CAS_RETRIES):
-        kv = state.store.get(key)
-        if kv is None:
-            raise NotFound(f"deployment {name!r} not found")
-        record = json.loads(kv.value)
-        if record.get("status", {}).get("phase") == "Deleting":
+    def set_spec(dep: InferenceDeployment) -> InferenceDeployment:
+        if dep.status.phase == "Deleting":
             raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-        record["autoscaling"] = body.model_dump(mode="json")
-        if state.store.cas(key, json.dumps(record), kv.mod_revision):
-            what = (f"autoscaling {body.min_replicas}-{body.max_replicas} replicas, scale out at queue > "
-                    f"{body.scale_out_queue:g} for {body.scale_out_seconds:g}s, in at < {body.scale_in_queue:g} "
-                    f"for {body.scale_in_seconds:g}s{', to zero when idle' if body.scale_to_zero else ''}")
-            record_event(state.store, "deployment", name, "AutoscalingSet",
-                         what if body.enabled else "autoscaling disabled", tenant=record.get("tenant"),
-                         keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
-            return record
-    raise Conflict(f"deployment {name!r} changed too often; try again", code="contended")
+        dep.autoscaling = body
+        return dep
+
+    dep = deployments.update(state.store, name, set_spec, retries=CAS_RETRIES)
+    what = (f"autoscaling {body.min_replicas}-{body.max_replicas} replicas, scale out at queue > "
+            f"{body.scale_out_queue:g} for {body.scale_out_seconds:g}s, in at < {body.scale_in_queue:g} "
+            f"for {body.scale_in_seconds:g}s{', to zero when idle' if body.scale_to_zero else ''}")
+    record_event(state.store, "deployment", name, "AutoscalingSet",
+                 what if body.enabled else "autoscaling disabled", tenant=dep.tenant,
+                 keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+    return dep.model_dump(mode="json")
 
 
 def _condition(value: float | None, threshold: float | None, holding: bool, held_s: float,
