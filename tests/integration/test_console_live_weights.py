@@ -1,16 +1,20 @@
-"""The console's weights chart on real engines: real fabricd (controllers on) and fabric-agent
+"""The console's weight charts on real engines: real fabricd (controllers on) and fabric-agent
 (dry-run driver, so each replica is a real fabric-engine-sim on loopback), Playwright driving
-Debian's chromium. Raising one engine's queue with POST /sim/load must shrink that replica's
-bar in the open Endpoints page, redrawn by htmx with no reload.
+Debian's chromium. `scripts/lab-load --replica ID --queue 20` (pointed at this cluster through a
+lab.json of its own) raises one engine's queue: that replica's bar in the open Endpoints page
+shrinks, redrawn by htmx with no reload, and its line in the endpoint's weight-over-time chart
+steps down from the weight it had.
 """
 
 from __future__ import annotations
 
-import httpx
+import json
+import subprocess
+
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.controlplane.console.test_console_browser import CHROMIUM, SCREENSHOTS
+from tests.controlplane.console.test_console_browser import CHROMIUM, REPO, SCREENSHOTS
 from tests.integration.orchestration_harness import deploy, start_cluster
 from tests.support.polling import wait_for
 
@@ -18,9 +22,9 @@ pytestmark = pytest.mark.e2e
 DEP, EP = "live", "live-openai"
 
 
-def test_weights_chart_follows_an_engines_queue(tmp_path):
+def test_weight_charts_follow_lab_load_on_one_replica(tmp_path):
     with start_cluster(tmp_path, gpus=2, env={"FABRIC_ADDRESS_POOL": "10.96.0.9"}) as cluster, \
-            cluster.api() as api, httpx.Client(timeout=5) as plain:
+            cluster.api() as api:
         deploy(api, DEP, EP, 2, routing="least_queue")
 
         def routed():
@@ -41,20 +45,41 @@ def test_weights_chart_follows_an_engines_queue(tmp_path):
                 page.get_by_label("Password").fill(password)
                 page.get_by_role("button", name="Sign in").click()
                 expect(page.get_by_test_id("whoami")).to_contain_text("admin")
-                page.goto(f"{cluster.url}/app/ai/endpoints")
-                bar = page.locator(f'[data-testid=weights-{EP}] g[data-replica="{loaded["replica_id"]}"]')
-                expect(bar).to_have_attribute("data-weight", str(loaded["weight"]))
+                rid = loaded["replica_id"]
+                # The weight-over-time line of that replica, once it has a point older than the
+                # history's 5 s spacing (a point that later samples no longer overwrite).
+                page.goto(f"{cluster.url}/app/ai/endpoints/{EP}")
+                line = page.locator(f'[data-testid="chart-{EP}-weight"] g[data-series="{rid}"]')
+                expect(line.locator("polyline")).to_have_count(1, timeout=30_000)
                 before = int(loaded["weight"])
-                base = f"http://{loaded['host']}:{loaded['port']}"
-                assert plain.post(f"{base}/sim/load", json={"waiting": 20}).status_code == 200
+                assert float(line.get_attribute("data-last")) == before
+                page.goto(f"{cluster.url}/app/ai/endpoints")
+                bar = page.locator(f'[data-testid=weights-{EP}] g[data-replica="{rid}"]')
+                expect(bar).to_have_attribute("data-weight", str(before))
+                lab = tmp_path / "lab-state"
+                lab.mkdir()
+                (lab / "lab.json").write_text(json.dumps({"FABRIC_URL": cluster.url, "FABRIC_TOKEN": cluster.token,
+                                                          "FABRIC_CA": str(cluster.state_dir / "pki" / "ca.crt")}))
+                out = subprocess.run([str(REPO / "scripts" / "lab-load"), "--state-dir", str(lab), "--deployment", DEP,
+                                      "--endpoint", EP, "--replica", rid, "--queue", "20"],
+                                     capture_output=True, text=True, timeout=60)
+                assert out.returncode == 0, out.stdout + out.stderr
+                assert f"replica {rid}" in out.stdout and "synthetic queue set to 20" in out.stdout
 
                 def shrunk():
                     return int(bar.get_attribute("data-weight") or before) < before
                 wait_for(shrunk, 30, "the loaded replica's bar to shrink")
-                weight_cell = page.get_by_test_id(f"weight-{loaded['replica_id']}")
+                weight_cell = page.get_by_test_id(f"weight-{rid}")
                 expect(weight_cell).not_to_have_text(str(before))
                 expect(page.locator(f"[data-testid=weights-{EP}]")).to_contain_text("queue 20")
                 page.screenshot(path=str(SCREENSHOTS / "endpoints-live-load.png"), full_page=True)
+                # The chart over time: the same replica's line steps down (redrawn every 5 s).
+                page.goto(f"{cluster.url}/app/ai/endpoints/{EP}")
+                wait_for(lambda: float(line.get_attribute("data-last") or before) < before, 30,
+                         "the weight chart's line of the loaded replica to step down")
+                ys = {float(xy.split(",")[1]) for xy in line.locator("polyline").get_attribute("points").split()}
+                assert len(ys) > 1  # the old weight and the new one, both on the line
+                page.screenshot(path=str(SCREENSHOTS / "endpoint-charts-live-load.png"), full_page=True)
                 # The model was really materialized by the agent (from the loopback HF mirror).
                 page.get_by_role("link", name="Models", exact=True).click()
                 expect(page.locator("main")).to_contain_text("node-a: Ready")
