@@ -661,4 +661,7 @@ class ApiKeyRecord(BaseModel):
     priority: str | None = Field(None, description="the band of calls without x-request-priority")
     fallbacks: list[str] = Field(default_factory=list, description="external endpoints this key's prompts may "
                                                                    "leave the cluster for")
+    shadow_limits: list[str] = Field(default_factory=list, description="limits only reported for this key's calls "
+                                                                       "(request_quota, tokens_per_minute, "
+                                                                       "max_concurrent, FABRIC_<LIMIT>)")
     created_at: float = Field(default_factory=time.time)

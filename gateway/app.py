@@ -55,7 +55,8 @@ from gateway.http_io import (
     send_json,
 )
 from gateway.key_auth import Authenticator, Identity, check_model, presented_id
-from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, plan_admission
+from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, key_shadowed, plan_admission
+from gateway.live_budget import live_budget
 from gateway.metrics import GatewayMetrics
 from gateway.model_routing import CatalogueCache, endpoint_without_model, models_page, resolve, visible_models
 from gateway.proxy import UpstreamBroke, UpstreamTimeout, VipConnections, forward, upstream_headers
@@ -65,6 +66,7 @@ from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_fi
 from gateway.routes import PREFIX, Route, check_served, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
+from gateway.tenant_caps import TenantCaps, tighter
 from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_target, replica_targets
 from gateway.usage import TokenCounter
 from gateway.usage_inject import UsageStripper, fallback_tokens, inject
@@ -132,6 +134,7 @@ class GatewayState:
     external: ExternalRouter = field(default_factory=ExternalRouter)  # provider keys and breakers
     adapters: AdapterRouter = field(default_factory=AdapterRouter)  # LoRA adapters loaded per replica
     vip_connections: VipConnections = field(default_factory=VipConnections)  # retired when a replica leaves
+    tenant_caps: TenantCaps | None = None  # a tenant's max_context_tokens (gateway.tenant_caps)
     # The upstream TLS context, built once from settings.backend_tls (gateway.assemble) and shared by
     # the HTTP pool and the WebSocket bridge; None: plain HTTP/WS to the replicas.
     backend_ssl: ssl.SSLContext | None = None
@@ -235,6 +238,7 @@ class GatewayApp:
         info = BodyInfo()
         body_read = False
         holder: str | None = None
+        budget = None  # a stream's live token count (gateway.live_budget)
         try:
             route = self._route(scope)
             endpoint = route.endpoint
@@ -254,7 +258,8 @@ class GatewayApp:
             except TimeoutError:
                 raise BodyTimeout("the request body did not arrive in time; send it whole, without pauses") from None
             body_read = True
-            info = await self._parse(body, headers.get("content-type", ""), route)
+            tenant_context = await st.tenant_caps.max_context(identity.tenant) if st.tenant_caps else None
+            info = await self._parse(body, headers.get("content-type", ""), route, tenant_context)
             if not endpoint:  # the root /v1: the endpoint comes from the body's model
                 if scope["method"] == "GET" and route.path.rstrip("/") == "/v1/models":
                     page = models_page(visible_models(await st.catalogue.get(), identity))
@@ -280,7 +285,8 @@ class GatewayApp:
             placement: Placement | None = None
             d = st.dispatcher
             if not dry and d is not None and needed(view, d.measure, d.room is not None):
-                placement = await self._place(view, identity, priority, request_id, endpoint, info.model)
+                placement = await self._place(view, identity, priority, request_id, endpoint, info.model,
+                                              (info.prompt_chars + 3) // 4 + (info.max_tokens or 0) * info.choices)
                 view = placement.view
                 if placement.external is not None:
                     endpoint = placement.external.name  # limits, audit and spans name where the prompt went
@@ -294,7 +300,7 @@ class GatewayApp:
                 key_tokens_per_minute=rec.tokens_per_minute if rec else None,
                 key_max_concurrent=rec.max_concurrent if rec else None,
             )
-            check_caps(st.settings, facts)
+            check_caps(st.settings, facts, tenant_context)
             picked = adapter = None
             external = placement.external if placement is not None else None
             if external is None:  # a replica: the caller's prefix-cache salt (gateway.cache_salt)
@@ -329,10 +335,11 @@ class GatewayApp:
                                               st.settings.max_upload)
             plan = plan_admission(st.settings, facts)
             if plan:
-                admission = await st.limits.admit(plan, facts.token_estimate)
-                for what in admission.would_refuse:  # shadow mode: reported, not refused (gateway.shadow)
-                    if st.metrics.shadow_refusals is not None:
-                        st.metrics.shadow_refusals.labels(what).inc()
+                admission = await st.limits.admit(plan, facts.token_estimate,
+                                                  key_shadowed(rec.shadow_limits) if rec is not None else frozenset())
+                self._count_shadowed(admission, 0)
+                if admission.shadow:  # explained with the call (the same list, so a stream's additions too)
+                    explained["would_refuse"] = admission.would_refuse
             st.limits.count_use(facts)
             if dry:
                 status, tokens = await dry_run.respond(send, info, endpoint)
@@ -361,19 +368,26 @@ class GatewayApp:
                         if (asked := inject(info, sent, route.path)) is not None:  # usage always known
                             sent, strip = asked, UsageStripper()
                         names = {url: rid for rid, url in self._urls(view).items()}  # x-fabric-replica
+                        shadowed = len(admission.would_refuse) if admission is not None else 0
+                        budget = live_budget(st.limits, admission, info.stream, route.path, facts.prompt_tokens)
                         call = forward(st.client, send, targets, scope["method"], route.target, fwd_headers, sent,
-                                       info.stream, marks, strip, names)
+                                       info.stream, marks, strip, names, budget)
                     result = await run_unless_client_leaves(call, receive, guard)
+                    if budget is not None:
+                        self._count_shadowed(admission, shadowed)  # passed mid-stream (gateway.live_budget)
             finally:
                 in_flight.dec()
                 if picked:
                     st.router.finished(picked)
             status, tokens = result.status, result.tokens
-            outcome = "success" if result.ok else "upstream_cut" if result.cut else "upstream_error"
+            outcome = ("success" if result.ok else "upstream_cut" if result.cut else
+                       "budget_cut" if result.cut_by else "upstream_error")
             if result.ttft_s is not None:
                 st.metrics.ttft_for(endpoint).observe(result.ttft_s)
         except ClientGone:
             status, outcome = 499, "client_closed"
+            if budget is not None:  # charged what was relayed before the client left
+                tokens = budget.used
         except UpstreamBroke:
             status, outcome = 502, "upstream_cut"
             raise  # aborts the connection, so the client sees a truncated response
@@ -387,6 +401,12 @@ class GatewayApp:
             if holder is not None:
                 self._release_call(holder)
             await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0)
+
+    def _count_shadowed(self, admission: Admission, since: int) -> None:
+        """Shadow mode: the limits this call passed without being refused (gateway.shadow)."""
+        if self.state.metrics.shadow_refusals is not None:
+            for what in admission.would_refuse[since:]:
+                self.state.metrics.shadow_refusals.labels(what).inc()
 
     def _urls(self, view) -> dict[str, str]:
         return {r.replica_id: replica_target(r, self.state.scheme) for r in view.replicas}
@@ -403,11 +423,11 @@ class GatewayApp:
                                        st.router.in_flight)
 
     async def _place(self, view, identity: Identity, band: str, request_id: str, endpoint: str,
-                     model: str | None) -> Placement:
+                     model: str | None, cost: int = 0) -> Placement:
         """gateway.dispatch's choice; a call refused by its band (full, displaced, timed out) is
         explained too."""
         try:
-            return await self.state.dispatcher.place(view, identity, band, request_id)
+            return await self.state.dispatcher.place(view, identity, band, request_id, cost)
         except QueueRefused as exc:
             self.state.router.remember(request_id, identity.subject, {
                 "request_id": request_id, "endpoint": endpoint, "model": model, **getattr(exc, "notes", {}),
@@ -508,8 +528,10 @@ class GatewayApp:
             return False
         return True
 
-    async def _parse(self, body: bytes, content_type: str, route: Route) -> BodyInfo:
+    async def _parse(self, body: bytes, content_type: str, route: Route, tenant_context: int | None = None) -> BodyInfo:
         policy = self.state.generation
+        if tenant_context is not None:  # a default max_tokens that fits the tenant's context too
+            policy = replace(policy, max_context=tighter(policy.max_context, tenant_context))
         if len(body) > OFF_LOOP_BYTES:
             return await asyncio.to_thread(parse_body, body, content_type, route, policy)
         return parse_body(body, content_type, route, policy)

@@ -31,6 +31,7 @@ import hashlib
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common import counters, keyspace
@@ -44,6 +45,16 @@ from gateway.usage import UsageCounter, usage_key
 
 MINUTE = 60
 DAY = 86400
+# What a key's own limits are called in refusals, shadow lists and audit rows (ApiKeyRecord.shadow_limits
+# names them by field: request_quota, tokens_per_minute, max_concurrent).
+KEY_LIMITS = {"request_quota": "the API key's request quota", "max_concurrent": "the API key's max_concurrent",
+              "tokens_per_minute": "the API key's tokens_per_minute"}
+
+
+def key_shadowed(names) -> frozenset[str]:
+    """A key's ``shadow_limits`` as limit names: its own limits by field (request_quota,
+    tokens_per_minute, max_concurrent), gateway-wide ones as FABRIC_<LIMIT> (FABRIC_TENANT_TPM...)."""
+    return frozenset(KEY_LIMITS.get(n, n) for n in names or ())
 
 
 @dataclass(frozen=True)
@@ -91,8 +102,9 @@ class Reservation:
     tokens: bool = False  # counts tokens, so settle() corrects it to the real usage
 
 
-def check_caps(settings: GatewaySettings, facts: RequestFacts) -> None:
-    """Pure: refuse a request whose prompt, generation or context is over the configured caps."""
+def check_caps(settings: GatewaySettings, facts: RequestFacts, tenant_max_context: int | None = None) -> None:
+    """Pure: refuse a request whose prompt, generation or context is over the configured caps
+    (the context: FABRIC_MAX_CONTEXT, or the tenant's max_context_tokens when tighter)."""
     if settings.max_prompt_tokens and facts.prompt_tokens > settings.max_prompt_tokens:
         raise RequestTooLarge(
             f"prompt is about {facts.prompt_tokens} tokens; FABRIC_MAX_PROMPT_TOKENS is {settings.max_prompt_tokens}",
@@ -108,6 +120,11 @@ def check_caps(settings: GatewaySettings, facts: RequestFacts) -> None:
         raise RequestTooLarge(
             f"prompt plus max_tokens is about {context} tokens; the context limit is {settings.max_context}",
             code="context_length_exceeded",
+        )
+    if tenant_max_context is not None and context > tenant_max_context:
+        raise RequestTooLarge(
+            f"prompt plus max_tokens is about {context} tokens; tenant {facts.tenant!r}'s max_context_tokens is "
+            f"{tenant_max_context}", code="context_length_exceeded",
         )
 
 
@@ -149,13 +166,13 @@ def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reser
         # Every key's requests are counted (fabricctl's USED column); with a quota the count is
         # an exact reservation, without one gateway.usage counts it off the hot path.
         plan.append(Reservation(usage_key(facts.key_id), 1, facts.request_quota, None,
-                                "the API key's request quota"))
+                                KEY_LIMITS["request_quota"]))
     if facts.key_id and facts.key_max_concurrent:
         plan.append(Reservation(_slot(f"inflight/key/{facts.key_id}"), 1, facts.key_max_concurrent,
-                                None, "the API key's max_concurrent", held=True))
+                                None, KEY_LIMITS["max_concurrent"], held=True))
     if facts.key_id and facts.key_tokens_per_minute:
         plan.append(Reservation(keyspace.counters(f"tpm/key/{facts.key_id}"), facts.token_estimate,
-                                facts.key_tokens_per_minute, MINUTE, "the API key's tokens_per_minute",
+                                facts.key_tokens_per_minute, MINUTE, KEY_LIMITS["tokens_per_minute"],
                                 tokens=True))
     scoped = settings.streams or settings.rpm or settings.tpm  # most gateways set none: skip the key names
     for scope, value in (_scopes(facts) if scoped else {}).items():
@@ -176,6 +193,23 @@ def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reser
     return plan
 
 
+def window_of(now: float, window_secs: int | None) -> int:
+    """The start of the fixed window ``now`` falls in (common.counters' arithmetic); 0: no window."""
+    return int(now // window_secs) * window_secs if window_secs else 0
+
+
+@dataclass
+class Hold:
+    """What a call holds of one token counter: ``held`` tokens in the window starting at ``window``,
+    for its count from ``base`` on (0 at admission; gateway.live_budget moves both when a stream
+    outlives the window)."""
+
+    r: Reservation
+    window: int
+    held: int
+    base: int = 0
+
+
 @dataclass
 class Admission:
     taken: list[Reservation]
@@ -184,6 +218,8 @@ class Admission:
     released: bool = False
     seen: list = field(default_factory=list)  # (reservation, count after it): gateway.ratelimit_headers
     would_refuse: list = field(default_factory=list)  # shadowed limits this call passed (gateway.shadow)
+    holds: list[Hold] = field(default_factory=list)  # the token counters' holds (settle, gateway.live_budget)
+    shadow: frozenset[str] = frozenset()  # the limits this call only reports (settings' and its key's)
 
     @property
     def headers(self) -> list[tuple[bytes, bytes]]:
@@ -201,6 +237,7 @@ class LimitKeeper:
     _window_leases: dict[int, tuple[int, float]] = field(default_factory=dict)  # window -> (lease, use until)
     _lease_lock: threading.Lock = field(default_factory=threading.Lock)
     shadow: frozenset[str] = frozenset()  # counted, never refusing (GatewaySettings.shadow_limits, gateway.shadow)
+    clock: Callable[[], float] = time.time  # the windows' clock (tests move it across a window)
 
     def _window_lease(self, window_secs: int, now: float, renew: bool = False) -> int:
         """A lease of twice the window, used for writes during its first window-length: a key
@@ -212,12 +249,12 @@ class LimitKeeper:
                 self._window_leases[window_secs] = hit
             return hit[0]
 
-    def _change(self, r: Reservation, amount: int, limit: int | None) -> counters.Outcome:
+    def _change(self, r: Reservation, amount: int, limit: int | None, now: float | None = None) -> counters.Outcome:
         if r.held:
             return self.slots.change(r.key, amount, limit)
         if r.window_secs is None:
             return counters.reserve(self.store, r.key, amount, limit)
-        now = time.time()
+        now = self.clock() if now is None else now
         lease = self._window_lease(r.window_secs, now)
         try:
             return counters.window_reserve(self.store, r.key, amount, limit, r.window_secs, now, lease)
@@ -225,14 +262,15 @@ class LimitKeeper:
             lease = self._window_lease(r.window_secs, now, renew=True)
             return counters.window_reserve(self.store, r.key, amount, limit, r.window_secs, now, lease)
 
-    async def _apply(self, r: Reservation, amount: int, limit: int | None) -> counters.Outcome:
+    async def _apply(self, r: Reservation, amount: int, limit: int | None,
+                     now: float | None = None) -> counters.Outcome:
         entry = self._locks.get(r.key)
         if entry is None:
             entry = self._locks[r.key] = [asyncio.Lock(), 0]
         entry[1] += 1
         try:
             async with entry[0]:
-                return await asyncio.to_thread(self._change, r, amount, limit)
+                return await asyncio.to_thread(self._change, r, amount, limit, now)
         finally:
             entry[1] -= 1
             if not entry[1]:
@@ -244,10 +282,13 @@ class LimitKeeper:
         if facts.key_id and not facts.request_quota and self.usage is not None:
             self.usage.count(facts.key_id)
 
-    async def admit(self, plan: list[Reservation], estimate: int) -> Admission:
+    async def admit(self, plan: list[Reservation], estimate: int, shadow: frozenset[str] = frozenset()) -> Admission:
+        """``shadow``: more limits to only report for this call (its key's shadow_limits)."""
         taken: list[Reservation] = []
         seen: list[tuple[Reservation, int]] = []
         would: list[str] = []
+        holds: list[Hold] = []
+        shadow = self.shadow | shadow if shadow else self.shadow
         for r in plan:
             if r.tokens and r.window_secs == MINUTE and r.limit is not None and r.amount > r.limit:
                 # Waiting cannot help a request bigger than the whole minute's allowance.
@@ -256,12 +297,13 @@ class LimitKeeper:
                 raise RequestTooLarge(f"this request alone needs about {r.amount} tokens (prompt estimate plus "
                                       f"max_tokens), more than {r.what} allows in a minute ({r.limit}): it can "
                                       "never fit; shorten the prompt or lower max_tokens", code="request_too_large")
-            if r.what in self.shadow:  # counted as usual; a refusal is only reported
-                outcome = await self._apply(r, r.amount, None)
+            now = self.clock()
+            if r.what in shadow:  # counted as usual; a refusal is only reported
+                outcome = await self._apply(r, r.amount, None, now)
                 if r.limit is not None and outcome.value > r.limit:
                     would.append(r.what)
             else:
-                outcome = await self._apply(r, r.amount, r.limit)
+                outcome = await self._apply(r, r.amount, r.limit, now)
             if not outcome.ok:
                 for t in reversed(taken):
                     await self._apply(t, -t.amount, None)
@@ -272,17 +314,25 @@ class LimitKeeper:
                 raise exc
             taken.append(r)
             seen.append((r, outcome.value))
-        return Admission(taken, estimate, seen=seen, would_refuse=would)
+            if r.tokens:
+                holds.append(Hold(r, window_of(now, r.window_secs), r.amount))
+        return Admission(taken, estimate, seen=seen, would_refuse=would, holds=holds, shadow=shadow)
+
     async def settle(self, admission: Admission, tokens: int) -> None:
-        """Replace the token estimate with the real count in every token window."""
+        """Replace what the call holds with its real count in every token window. In the window
+        it holds in, the difference is applied (unused tokens given back); once that window has
+        passed, only tokens beyond what it held are charged to the current one, so a call that
+        outlived its window never gives back tokens other calls took in the new one."""
         if admission.settled:
             return
         admission.settled = True
-        delta = tokens - admission.estimate
-        if delta:
-            for r in admission.taken:
-                if r.tokens:
-                    await self._apply(r, delta, None)
+        now = self.clock()
+        for h in admission.holds:
+            delta = tokens - h.base - h.held
+            if window_of(now, h.r.window_secs) != h.window:
+                delta = max(0, delta)
+            if delta:
+                await self._apply(h.r, delta, None, now)
 
     async def release(self, admission: Admission) -> None:
         if admission.released:

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from common import runtime_metrics
 from gateway.metric_tally import Tally
 
-OUTCOMES = ("success", "upstream_error", "upstream_cut", "client_closed", "refused", "unauthorized", "rate_limited", "error")
+OUTCOMES = ("success", "upstream_error", "upstream_cut", "budget_cut", "client_closed", "refused", "unauthorized", "rate_limited", "error")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 

@@ -19,6 +19,10 @@ counted as outcome ``upstream_cut`` (fabric_gateway_requests). A non-SSE answer 
 it is complete (up to JSON_KEEP, 1 MiB: an OpenAI JSON answer is one piece), so an upstream
 that breaks before then gives the client a 502 with an error body; a larger body already under
 way is truncated (the connection is aborted), so a partial answer is never taken as complete.
+A Responses API stream ends with its final response event instead of ``[DONE]``.
+
+With a live budget (gateway.live_budget) a stream is relayed event by event and may end at the
+call's token limits: an error event then ``data: [DONE]`` (outcome budget_cut).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class ProxyResult:
     ttft_s: float | None = None
     reason: str = ""
     cut: bool = False  # the upstream failed after the answer started (outcome upstream_cut)
+    cut_by: str = ""  # the limit that ended the stream mid-way (gateway.live_budget; outcome budget_cut)
 
 
 def upstream_headers(raw: list[tuple[bytes, bytes]], request_id: bytes) -> list[tuple[bytes, bytes]]:
@@ -153,19 +158,22 @@ async def _open(pool: UpstreamPool, targets: list[str], method: str, target: byt
 
 async def forward(pool: UpstreamPool, send, targets: list[str], method: str, target: bytes,
                   headers: list, body: bytes, streaming: bool, extra: list | None = None,
-                  strip=None, names: dict[str, str] | None = None) -> ProxyResult:
+                  strip=None, names: dict[str, str] | None = None, budget=None) -> ProxyResult:
     """``strip``: a gateway.usage_inject.UsageStripper when the gateway asked for the usage the
     client did not: its usage event is counted, never relayed. ``names``: target URL -> replica
-    id, for the x-fabric-replica header."""
+    id, for the x-fabric-replica header. ``budget``: a gateway.live_budget.LiveBudget that may
+    end the stream at the call's token limits."""
     t0 = time.perf_counter()
     resp, base = await _open(pool, targets, method, target, headers, body, streaming)
     replica = names.get(base) if names else None
     if replica and resp.header(REPLICA_HEADER) is None:
         extra = [*(extra or []), (REPLICA_HEADER, replica.encode())]
-    return await relay(resp, send, t0, extra, strip=strip)
+    return await relay(resp, send, t0, extra, strip=strip, budget=budget)
 
 
-DONE = b"[DONE]"  # vLLM and OpenAI end a stream with "data: [DONE]"
+DONE = b"[DONE]"  # vLLM and OpenAI end a chat or completions stream with "data: [DONE]"
+# A Responses API stream (OpenAI's, vLLM's) has no [DONE]: it ends with one of these events.
+RESPONSE_ENDS = (b"response.completed", b"response.incomplete", b"response.failed")
 DONE_TAIL = 64  # bytes of the stream's end kept to look for DONE
 
 
@@ -228,10 +236,11 @@ async def _relay_body(resp: UpstreamResponse, send, head: dict, t0: float) -> Pr
 
 
 async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = None,
-                expect_done: bool = True, strip=None) -> ProxyResult:
+                expect_done: bool = True, strip=None, budget=None) -> ProxyResult:
     """Send an opened upstream response to the client as it arrives; closes it in any case.
-    ``expect_done``: an SSE answer that ends without ``data: [DONE]`` was cut (OpenAI-style
-    streams, vLLM's included, always end with it)."""
+    ``expect_done``: an SSE answer that ends without ``data: [DONE]`` (or, for the Responses
+    API, its final response event) was cut (OpenAI-style streams, vLLM's included, always end
+    with it)."""
     try:
         ctype = resp.header(b"content-type") or b""
         head = {"type": "http.response.start", "status": resp.status,
@@ -242,6 +251,7 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
         await send(head)
         ttft = None
         tail = b""
+        ended = False  # a Responses API final event went by
         try:
             while True:
                 chunk = await resp.next_chunk()
@@ -251,10 +261,20 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
                     ttft = time.perf_counter() - t0
                 scanner.feed(chunk)
                 tail = (tail + chunk[-DONE_TAIL:])[-DONE_TAIL:]
+                if b"response." in chunk and any(m in chunk for m in RESPONSE_ENDS):
+                    ended = True
                 last = resp.at_end  # the whole body is here: one send, no trailing empty message
+                if budget is not None:
+                    chunk, n = budget.feed(chunk)
+                    if n and not await budget.take(n):  # the budget is spent: these events are not relayed
+                        await send({"type": "http.response.body", "body": budget.cut_event(), "more_body": False})
+                        return ProxyResult(resp.status, budget.used, False, ttft, f"{budget.cut_by} reached",
+                                           cut_by=budget.cut_by)
+                    if last:
+                        chunk += budget.flush()
                 if strip is not None:
                     chunk = strip.feed(chunk) + (strip.flush() if last else b"")
-                if last and expect_done and DONE not in tail:
+                if last and expect_done and DONE not in tail and not ended:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     break  # ended without [DONE]: the error event follows
                 await send({"type": "http.response.body", "body": chunk, "more_body": not last})
@@ -265,7 +285,7 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
             held = strip.flush() if strip is not None else b""
             await send({"type": "http.response.body", "body": held + error_event(reason, tail), "more_body": False})
             return ProxyResult(502, scanner.tokens, False, ttft, reason, cut=True)
-        if expect_done and DONE not in tail:
+        if expect_done and DONE not in tail and not ended:
             reason = "the upstream ended the stream before its final event"
             held = strip.flush() if strip is not None else b""
             await send({"type": "http.response.body", "body": held + error_event(reason, tail), "more_body": False})

@@ -241,13 +241,18 @@ class GenerationPolicy:
 
 
 def usage_tokens(obj) -> int | None:
+    """The total of an answer's ``usage``: chat and completions (prompt/completion tokens), the
+    Responses API (input/output tokens; in a stream, the final event's ``response.usage``)."""
     if isinstance(obj, dict):
         usage = obj.get("usage")
+        if usage is None and isinstance(obj.get("response"), dict):
+            usage = obj["response"].get("usage")
         if isinstance(usage, dict):
             total = usage.get("total_tokens")
             if isinstance(total, int):
                 return total
-            parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+            parts = [usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("input_tokens"),
+                     usage.get("output_tokens")]
             if any(isinstance(p, int) for p in parts):
                 return sum(p for p in parts if isinstance(p, int))
     return None

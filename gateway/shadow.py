@@ -2,7 +2,10 @@
 FABRIC_PROJECT_TPM_SHADOW, FABRIC_DAILY_TOKENS_SHADOW, FABRIC_TENANT_STREAMS_SHADOW...) makes
 that limit count as usual but never refuse: a call it would have refused goes through, is
 counted in fabric_gateway_shadow_refusals{limit} and audited with ``would_refuse`` naming the
-limit, so an operator can try a limit on live traffic before enforcing it.
+limit, so an operator can try a limit on live traffic before enforcing it. A key's
+``shadow_limits`` does the same for that key's calls only (gateway.limits.key_shadowed). A
+stream that passes a shadowed token limit mid-way is not cut (gateway.live_budget); the limit
+joins its would_refuse.
 """
 
 from __future__ import annotations

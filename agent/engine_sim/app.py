@@ -20,6 +20,7 @@ from agent.engine_sim.engine import Engine
 from agent.engine_sim.generate_routes import make_generate_routes
 from agent.engine_sim.lora_routes import make_lora_routes
 from agent.engine_sim.pooling_routes import make_pooling_routes
+from agent.engine_sim.responses_routes import make_responses_routes
 
 REPLICA_HEADER = "x-fabric-replica"
 
@@ -68,7 +69,8 @@ def create_metrics_app(engine: Engine) -> Starlette:
 
 def create_app(config: EngineConfig) -> Starlette:
     engine = Engine(config)
-    routes = [*make_generate_routes(engine), *make_pooling_routes(engine), *make_control_routes(engine),
+    routes = [*make_generate_routes(engine), *make_responses_routes(engine), *make_pooling_routes(engine),
+              *make_control_routes(engine),
               *make_batch_routes(engine), *make_lora_routes(engine.lora),
               WebSocketRoute("/v1/realtime", realtime_echo)]
     app = Starlette(routes=routes, middleware=[Middleware(ReplicaHeader, replica_id=config.replica_id)])

@@ -60,6 +60,9 @@ class KeyCreate(Spec):
     fallbacks: list[Annotated[str, Field(pattern=DNS_LABEL.pattern)]] = Field(
         default_factory=list, max_length=8, description="external endpoints this key's prompts may leave the "
                                                         "cluster for")
+    shadow_limits: list[Annotated[str, Field(pattern=apikeys.SHADOWABLE.pattern)]] = Field(
+        default_factory=list, max_length=16, description="limits only reported for this key's calls, never refusing "
+        "(shadow mode): request_quota, tokens_per_minute, max_concurrent or FABRIC_<LIMIT>")
 
 
 class KeyRotate(Spec):

@@ -46,13 +46,17 @@ def key_create(
     max_concurrent: int = typer.Option(None, "--max-concurrent", help="requests in flight at once"),
     priority: str = typer.Option(None, "--priority", help="band without x-request-priority: low, normal, high"),
     fallback: list[str] = typer.Option(None, "--fallback", help="an external endpoint prompts may leave for"),
+    shadow_limit: list[str] = typer.Option(None, "--shadow-limit", help="a limit only reported for this key "
+                                           "(shadow mode): tokens_per_minute, max_concurrent, request_quota, "
+                                           "FABRIC_<LIMIT>"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Create a key; the plaintext is printed once."""
     body = {"name": name, "endpoint": endpoint, "model": model, "tenant": tenant, "ttl_secs": ttl_secs,
             "request_quota": request_quota, "tokens_per_minute": tokens_per_minute,
-            "max_concurrent": max_concurrent, "priority": priority, "fallbacks": fallback or None}
-    with session({"priority": "--priority", "fallbacks": "--fallback", "name": "NAME", "endpoint": "--endpoint", "model": "--model", "tenant": "--tenant",
+            "max_concurrent": max_concurrent, "priority": priority, "fallbacks": fallback or None,
+            "shadow_limits": shadow_limit or None}
+    with session({"priority": "--priority", "fallbacks": "--fallback", "shadow_limits": "--shadow-limit", "name": "NAME", "endpoint": "--endpoint", "model": "--model", "tenant": "--tenant",
                   "ttl_secs": "--ttl-secs", "request_quota": "--request-quota",
                   "tokens_per_minute": "--tokens-per-minute", "max_concurrent": "--max-concurrent"}) as c:
         created = c.post("/api/ai/keys", {k: v for k, v in body.items() if v is not None})

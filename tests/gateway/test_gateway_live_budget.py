@@ -1,0 +1,232 @@
+"""A stream stops at the budget (issue 37; gateway.live_budget).
+
+Through a real gateway with the official openai client, against a loopback upstream that
+streams past its max_tokens (an engine or provider that does not honour it): the key's
+tokens_per_minute ends the stream with an OpenAI-shaped error event then [DONE], the counter is
+settled at exactly what was relayed (the prompt estimate plus the tokens the client received),
+and no slot is left held; with the limit in the key's shadow_limits the stream runs to its end
+and the call is counted, audited and explained as one the limit would have refused.
+
+In-process, with a moved clock: a stream that outlives its TPM minute is charged its further
+tokens in the new minute as they come, and is cut there at exactly the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import openai
+import pytest
+
+from common import audit_chain, counters, keyspace
+from common.store.base import open_store
+from gateway.limits import KEY_LIMITS, LimitKeeper, RequestFacts, plan_admission
+from gateway.live_budget import LiveBudget
+from gateway.settings import GatewaySettings
+from gateway.slots import SlotHolder, slot_view
+from tests.gateway.gateway_harness import GatewayProcess, make_key, sqlite_state
+from tests.gateway.test_gateway_usage_known import _tpm
+
+MSG = [{"role": "user", "content": "hi"}]  # 2 characters: a prompt estimate of 1 token
+STREAMED = 100  # content events the upstream sends, whatever max_tokens says
+
+
+class Overrunning(BaseHTTPRequestHandler):
+    """Streams STREAMED one-token chat chunks, then usage and [DONE], ignoring max_tokens."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        try:
+            for i in range(STREAMED):
+                chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                         "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
+                self._chunk(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                time.sleep(0.002)
+            use = {"prompt_tokens": 1, "completion_tokens": STREAMED, "total_tokens": STREAMED + 1}
+            self._chunk(b'data: {"id":"c","choices":[],"usage":' + json.dumps(use).encode() + b"}\n\n")
+            self._chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.server.cut_seen = True  # the gateway closed the upstream
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    from common.schemas import EndpointStatus, InferenceEndpoint, Replica
+
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Overrunning)
+    upstream.cut_seen = False
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    state, url, store = sqlite_state(tmp_path_factory, "live-budget")
+    ep = InferenceEndpoint(name="chat", deployment="chat-dep", status=EndpointStatus(phase="Ready"))
+    store.put(keyspace.endpoints("chat"), ep.model_dump_json())
+    rep = Replica(replica_id="chat-dep-0", deployment="chat-dep", ordinal=0, node="n1", host="127.0.0.1",
+                  port=upstream.server_address[1], phase="Ready", ready=True)
+    store.put(keyspace.replicas("chat-dep", rep.replica_id), rep.model_dump_json())
+    gw = GatewayProcess.start(state, url, {"FABRIC_GATEWAY_CACHE_SECS": "0.2"})
+    yield {"store": store, "gw": gw, "upstream": upstream}
+    gw.stop()
+    upstream.shutdown()
+    store.close()
+
+
+def _settled(store, key_id: str, want: int) -> int:
+    deadline = time.monotonic() + 5
+    while _tpm(store, key_id) != want and time.monotonic() < deadline:
+        time.sleep(0.05)  # settled in the call's finally, after the last byte
+    return _tpm(store, key_id)
+
+
+def _in_flight(store) -> int:
+    """Slots held, once the call's finally has had its moment (it releases after it settles)."""
+    deadline = time.monotonic() + 5
+    while (held := sum(c["in_flight"] for c in slot_view(store)["counters"])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return held
+
+
+def test_the_stream_ends_at_the_keys_tpm_with_an_error_event_and_settles_exactly(env):
+    key_id, key = make_key(env["store"], "chat", tokens_per_minute=60, max_concurrent=4)
+    c = openai.OpenAI(base_url=env["gw"].openai_base("chat"), api_key=key, max_retries=0)
+    received = 0
+    with pytest.raises(openai.APIError) as err:
+        for ch in c.chat.completions.create(model="m", messages=MSG, max_tokens=10, stream=True):
+            received += sum(1 for choice in ch.choices if choice.delta.content)
+    assert err.value.code == "rate_limited" and "tokens_per_minute (60)" in err.value.message
+    assert received > 10  # past what admission held (prompt + max_tokens), to the limit
+    assert _settled(env["store"], key_id, 1 + received) == 1 + received <= 60
+    assert _in_flight(env["store"]) == 0
+    deadline = time.monotonic() + 5
+    while not env["upstream"].cut_seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert env["upstream"].cut_seen  # the upstream was closed, not read to its end
+
+
+def test_the_cut_stream_ends_with_done_on_the_wire(env):
+    _, key = make_key(env["store"], "chat", tokens_per_minute=40)
+    body = {"model": "m", "messages": MSG, "max_tokens": 10, "stream": True}
+    with httpx.stream("POST", env["gw"].openai_base("chat") + "/chat/completions", json=body,
+                      headers={"authorization": f"Bearer {key}"}) as r:
+        raw = b"".join(r.iter_raw())
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    assert json.loads(events[-2][len(b"data: "):])["error"]["code"] == "rate_limited"
+    assert all(json.loads(e[len(b"data: "):]).get("choices") for e in events[:-2])  # whole events only
+    assert r.status_code == 200
+
+
+def test_a_shadowed_key_limit_lets_the_stream_finish_and_reports_it(env):
+    key_id, key = make_key(env["store"], "chat", tokens_per_minute=60, shadow_limits=("tokens_per_minute",))
+    body = {"model": "m", "messages": MSG, "max_tokens": 10, "stream": True}
+    with httpx.stream("POST", env["gw"].openai_base("chat") + "/chat/completions", json=body,
+                      headers={"authorization": f"Bearer {key}"}) as r:
+        raw = b"".join(r.iter_raw())
+        request_id = r.headers["x-fabric-request-id"]
+    assert raw.endswith(b"data: [DONE]\n\n") and b'"error"' not in raw
+    assert raw.count(b'"content"') == STREAMED
+    assert _settled(env["store"], key_id, STREAMED + 1) == STREAMED + 1  # the engine's usage
+    explained = httpx.get(env["gw"].url + f"/api/ai/explain/request/{request_id}",
+                          headers={"authorization": f"Bearer {key}"}).json()
+    assert explained["would_refuse"] == [KEY_LIMITS["tokens_per_minute"]]
+    deadline = time.monotonic() + 10
+    rows: list = []
+    while time.monotonic() < deadline and not rows:
+        rows = [r for r in audit_chain.read_rows(env["store"])
+                if r.get("request_id") == request_id and r.get("kind", r.get("event")) != "ATTEMPT"
+                and r.get("would_refuse")]
+        time.sleep(0.1)
+    assert rows and rows[0]["would_refuse"] == KEY_LIMITS["tokens_per_minute"]
+    metrics = httpx.get(env["gw"].url + "/metrics").text
+    assert 'fabric_gateway_shadow_refusals_total{limit="the API key\'s tokens_per_minute"} 1.0' in metrics
+
+
+# --- in-process: a stream that outlives its minute --------------------------------------------------
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _event(i: int) -> bytes:
+    return b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i
+
+
+def test_a_stream_that_outlives_its_minute_is_charged_and_cut_in_the_next(tmp_path):
+    store = open_store(f"sqlite://{tmp_path}/s.db")
+    clock = Clock(6000.0 + 59.0)  # one second before a minute ends
+    keeper = LimitKeeper(store, SlotHolder(store, "gw"), clock=clock)
+    facts = RequestFacts(endpoint="e", model="m", tenant=None, project=None, user=None, gateway_id="gw",
+                         prompt_chars=40, max_tokens=50, key_id="k1", key_tokens_per_minute=100)
+    key = keyspace.counters("tpm/key/k1")
+
+    async def run() -> LiveBudget:
+        admission = await keeper.admit(plan_admission(GatewaySettings(), facts), facts.token_estimate)
+        budget = LiveBudget(keeper, admission, facts.prompt_tokens, "/v1/chat/completions")
+        for i in range(5):  # within the first minute's hold
+            assert await budget.take(budget.feed(_event(i))[1])
+        clock.now = 6060.5  # the next minute; others took 90 of its 100 tokens
+        assert counters.window_reserve(store, key, 90, 100, 60, clock.now).ok
+        i = 5
+        while await budget.take(budget.feed(_event(i))[1]):
+            i += 1
+        assert budget.generated == 15 and budget.cut_by == KEY_LIMITS["tokens_per_minute"]
+        await keeper.settle(admission, budget.used)
+        return budget
+
+    budget = asyncio.run(run())
+    assert counters.window_read(store, key, 60, clock.now) == 100  # exactly the limit: 90 + its 10
+    assert budget.used == facts.prompt_tokens + 15
+    store.close()
+
+
+def test_token_counting_holds_whatever_the_chunk_boundaries(tmp_path):
+    store = open_store(f"sqlite://{tmp_path}/s.db")
+    keeper = LimitKeeper(store, SlotHolder(store, "gw"))
+    role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+    chat = role + b"".join(_event(i) for i in range(7)) + b'data: {"choices":[],"usage":{"total_tokens":9}}\n\n'
+    text = b"".join(b'data: {"choices":[{"text":"w%d"}]}\n\n' % i for i in range(6))
+    responses = (b'event: response.created\ndata: {"type":"response.created","response":{}}\n\n'
+                 + b"".join(b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+                            b'"delta":"d%d"}\n\n' % i for i in range(5))
+                 + b'event: response.output_text.done\ndata: {"type":"response.output_text.done","text":"x"}\n\n')
+    rng = random.Random(3)
+    for path, stream, want in (("/v1/chat/completions", chat, 7), ("/v1/completions", text, 6),
+                               ("/v1/responses", responses, 5)):
+        for _ in range(50):
+            cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(0, 10)))
+            budget = LiveBudget(keeper, _admission(), 0, path)
+            out, n = b"", 0
+            for a, b in zip([0, *cuts], [*cuts, len(stream)]):
+                ready, k = budget.feed(stream[a:b])
+                out, n = out + ready, n + k
+            assert (out + budget.flush(), n) == (stream, want)
+    store.close()
+
+
+def _admission():
+    from gateway.limits import Admission, Hold, Reservation
+
+    r = Reservation("counters/x", 10, None, 60, "x", tokens=True)
+    return Admission([r], 10, holds=[Hold(r, 0, 10)])
