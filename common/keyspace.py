@@ -158,6 +158,16 @@ def key_policies(endpoint: str = "") -> str:
     return f"{ROOT}/key-policies/{endpoint}"
 
 
+def identity_mappings(name: str = "") -> str:
+    """Inference OIDC callers' groups/roles -> endpoints (common.identity_mappings; the gateway reads them)."""
+    return f"{ROOT}/identity-mappings/{name}"
+
+
+def tenant_limits(tenant: str = "") -> str:
+    """A tenant's inference limits at the gateway, e.g. max_context_tokens (common.tenant_limits)."""
+    return f"{ROOT}/tenant-limits/{tenant}"
+
+
 def replica_lifetimes(replica_id: str = "") -> str:
     """When each replica held its GPUs and was ready (controlplane.tenancy.lifetimes), kept after
     the replica is gone so finops can integrate GPU-seconds over a window."""

@@ -18,10 +18,12 @@ from gateway.limits import LimitKeeper
 from gateway.metrics import GatewayMetrics
 from gateway.model_routing import CatalogueCache
 from gateway.oidc import OidcVerifier
+from gateway.oidc_access import OidcAccess
 from gateway.replica_router import ReplicaRouter
 from gateway.settings import BackendTls, GatewaySettings
 from gateway.slots import SlotHolder
 from gateway.telemetry import Tracer
+from gateway.tenant_caps import TenantCaps
 from gateway.upstreams import UpstreamCache
 from gateway.usage import TokenCounter, UsageCounter
 
@@ -98,7 +100,8 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
     state = GatewayState(
         settings=settings,
         store=store,
-        auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs),
+        auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs,
+                           access=OidcAccess(store, settings.cache_ttl_secs, settings.oidc_tenant_endpoints)),
         limits=LimitKeeper(store, slots, UsageCounter(store), shadow=settings.shadow_limits),
         upstreams=upstreams,
         audit=AuditWriter(store, on_drop=metrics.audit_drop),
@@ -113,5 +116,6 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         router=ReplicaRouter(explain_ttl=settings.explain_secs, kv=_kv_source(settings, store, tls, metrics, gateway_id)),
         dispatcher=dispatcher(settings, upstreams, metrics, slots),
         external=ExternalRouter(settings.idle_secs, settings.provider_key_dir, on_key_state=metrics.key_state),
+        tenant_caps=TenantCaps(store, ttl_secs=settings.cache_ttl_secs),
     )
     return GatewayApp(state)

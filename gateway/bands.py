@@ -12,7 +12,10 @@ process, one queue per endpoint.
   Retry-After, counted) and the new call takes its place. A call with no lower band to displace
   is refused (503 ``queue_full``).
 - A call waiting longer than ``ttl`` leaves with 503 ``queue_timeout``.
-- Released highest band first, oldest first within a band.
+- Released highest band first; within a band, by fair shares between tenants weighted by each
+  call's estimated tokens (gateway.fair_share: start-time fair queuing on virtual token
+  counters), oldest first among equal tags -- so one tenant's long generations cannot starve
+  another's short ones.
 
 Several gateway processes: ``per_band`` and ``total`` are fleet bounds, and each process holds
 its share of them, ``QueuePolicy.share(n)`` with n = the live gateway processes (the holders
@@ -35,6 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from common.errors import LimitExceeded
+from gateway.fair_share import FairClock
 
 BANDS = ("low", "normal", "high")  # lowest first
 RANK = {b: i for i, b in enumerate(BANDS)}
@@ -67,6 +71,9 @@ class Queued:
     request_id: str
     band: str
     enqueued_at: float
+    tenant: str | None = None
+    start: float = 0.0  # virtual start and finish tags in the band (gateway.fair_share)
+    finish: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -96,8 +103,9 @@ def expired(queued: Sequence[Queued], policy: QueuePolicy, now: float) -> list[Q
 
 
 def release_order(queued: Sequence[Queued]) -> list[Queued]:
-    """Pure: highest band first, oldest first within a band (sort is stable on arrival order)."""
-    return sorted(queued, key=lambda q: -RANK[q.band])
+    """Pure: highest band first; within a band, lowest virtual start tag first (fair shares),
+    then oldest (sort is stable on arrival order)."""
+    return sorted(queued, key=lambda q: (-RANK[q.band], q.start))
 
 
 TICK = 0.05
@@ -108,6 +116,7 @@ class _Endpoint:
     waiting: list[Queued] = field(default_factory=list)
     futures: dict[str, asyncio.Future] = field(default_factory=dict)
     pump: asyncio.Task | None = None
+    clocks: dict[str, FairClock] = field(default_factory=dict)  # per band: tenants' virtual token counters
 
 
 @dataclass
@@ -127,9 +136,10 @@ class WaitingRoom:
         return {b: sum(1 for q in ep.waiting if q.band == b) if ep else 0 for b in BANDS}
 
     async def wait(self, endpoint: str, band: str, request_id: str,
-                   has_room: Callable[[], Awaitable[bool]]) -> float:
+                   has_room: Callable[[], Awaitable[bool]], tenant: str | None = None, cost: int = 0) -> float:
         """Wait until released (returns seconds waited) or raise QueueRefused (full, displaced,
-        timed out). A caller that is cancelled leaves the queue."""
+        timed out). A caller that is cancelled leaves the queue. ``cost``: the call's estimated
+        tokens, its tenant's share of the band is counted in (gateway.fair_share)."""
         policy = await self.current_policy()
         ep = self._endpoints.setdefault(endpoint, _Endpoint())
         decision = plan_enqueue(ep.waiting, band, policy)
@@ -144,7 +154,8 @@ class WaitingRoom:
                 code="displaced"))
             self.on_displaced(endpoint)
         t0 = time.monotonic()
-        entry = Queued(request_id, band, t0)
+        start, finish = ep.clocks.setdefault(band, FairClock()).stamp(tenant, cost)
+        entry = Queued(request_id, band, t0, tenant, start, finish)
         fut = asyncio.get_running_loop().create_future()
         ep.waiting.append(entry)
         ep.futures[request_id] = fut
@@ -167,8 +178,16 @@ class WaitingRoom:
         for band in BANDS:
             self.on_depth(endpoint, band, sum(1 for q in ep.waiting if q.band == band))
 
-    def _drop(self, ep: _Endpoint, entry: Queued, exc: BaseException | None) -> None:
+    def _drop(self, ep: _Endpoint, entry: Queued, exc: BaseException | None, released: bool = False) -> None:
         ep.waiting = [q for q in ep.waiting if q.request_id != entry.request_id]
+        clock = ep.clocks.get(entry.band)
+        if clock is not None:
+            if released:
+                clock.released(entry.start)
+            else:
+                clock.withdrawn(entry.tenant, entry.start, entry.finish)
+            if not any(q.band == entry.band for q in ep.waiting):
+                clock.idle()
         fut = ep.futures.pop(entry.request_id, None)
         if fut is not None and not fut.done():
             if exc is None:
@@ -184,6 +203,6 @@ class WaitingRoom:
                                                retry_after=1.0, code="queue_timeout"))
             if ep.waiting and await has_room():
                 for q in release_order(ep.waiting)[:self.policy.release_per_tick]:
-                    self._drop(ep, q, None)
+                    self._drop(ep, q, None, released=True)
         if not ep.waiting and self._endpoints.get(endpoint) is ep:
             del self._endpoints[endpoint]

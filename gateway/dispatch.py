@@ -7,8 +7,9 @@ Order, for an endpoint whose pools are its deployment then its ``spillover`` dep
 2. the first pool that is not saturated (gateway.capacity) -- a later one is a spill;
 3. every pool saturated: the first ``fallbacks`` endpoint the caller's credential allows (a key's
    ``fallbacks``, or an OIDC claim naming it): only then does a prompt leave the cluster;
-4. else, with a saturation measure configured, wait in the call's band (gateway.bands) until a
-   pool has room, then 2 again (a fallback is not tried twice);
+4. else, with a saturation measure configured, wait in the call's band (gateway.bands; fair
+   shares between tenants by estimated tokens, a tenant-less caller its own) until a pool has
+   room, then 2 again (a fallback is not tried twice);
 5. else the preferred pool is kept (or 503 no_ready_replica when no pool has a replica).
 
 Endpoints that use none of this never reach here (GatewayApp checks ``needed`` first), so the
@@ -55,7 +56,9 @@ class Dispatcher:
     on_spill: object = None  # callable(endpoint) for the metric
     on_fallback: object = None
 
-    async def place(self, view: EndpointView, identity: Identity, band: str, request_id: str) -> Placement:
+    async def place(self, view: EndpointView, identity: Identity, band: str, request_id: str,
+                    cost: int = 0) -> Placement:
+        """``cost``: the call's estimated tokens, its weight in its band's fair shares while it waits."""
         ep = view.endpoint
         if ep.external is not None:
             return Placement(view, ep, {"external": ep.name})
@@ -86,7 +89,8 @@ class Dispatcher:
                 break
             notes["band"] = band
             try:
-                waited_s = await self.room.wait(ep.name, band, request_id, self._has_room(ep.name))
+                waited_s = await self.room.wait(ep.name, band, request_id, self._has_room(ep.name),
+                                                identity.tenant or identity.subject, cost)
             except QueueRefused as exc:
                 exc.notes = notes  # what was tried before the wait (pools, fallbacks), for explain
                 raise

@@ -22,7 +22,8 @@ from common import apikeys
 from common.errors import Forbidden, Unauthorized
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
-from gateway.oidc import OidcClaims, OidcVerifier, looks_like_jwt
+from gateway.oidc import OidcVerifier, looks_like_jwt
+from gateway.oidc_access import OidcAccess, check_endpoint, decide
 from gateway.refresh_cache import RefreshCache
 
 CACHE_MAX = 10_000
@@ -35,7 +36,7 @@ class Identity:
     subject: str  # key id, or the JWT's sub
     tenant: str | None
     record: ApiKeyRecord | None = None
-    endpoints: tuple[str, ...] | None = None  # OIDC: the endpoints its claim names ("*": all)
+    endpoints: tuple[str, ...] | None = None  # OIDC: the endpoints it may call ("*": all; gateway.oidc_access)
 
     def may_call(self, endpoint: str) -> bool:
         """Pure: whether this caller may reach the endpoint (the rule identify applies)."""
@@ -102,6 +103,7 @@ class Authenticator:
     hmac_secret: bytes
     oidc: OidcVerifier
     ttl_secs: float = 1.0
+    access: OidcAccess | None = None  # what an OIDC token may call (gateway.oidc_access); None: its claim only
 
     def __post_init__(self) -> None:
         # gateway.refresh_cache: one store read per prefix per TTL, never on a call's path
@@ -143,10 +145,10 @@ class Authenticator:
             return Identity("key", record.id, record.tenant, record)
         if looks_like_jwt(token) and self.oidc.providers:
             claims = await self.oidc.verify(token)
+            grant = await self.access.grant(claims) if self.access is not None else decide(claims, (), {}, False)
             if endpoint is not None:
-                check_oidc_endpoint(claims, endpoint, self.oidc.endpoints_claim)
-            named = tuple(sorted(claims.endpoints)) if claims.endpoints is not None else None
-            return Identity("oidc", claims.subject, claims.tenant, endpoints=named)
+                check_endpoint(grant, endpoint, self.oidc.endpoints_claim)
+            return Identity("oidc", claims.subject, grant.tenant, endpoints=tuple(sorted(grant.endpoints)))
         raise Unauthorized("the bearer token is not a Fabric API key or an accepted OIDC token", code="invalid_api_key")
 
 
@@ -163,11 +165,3 @@ def presented_id(headers: dict[str, str]) -> str | None:
         except Unauthorized:
             return "malformed-key"
     return "jwt" if looks_like_jwt(token) else "unknown-token"
-
-
-def check_oidc_endpoint(claims: OidcClaims, endpoint: str, claim: str) -> None:
-    """Pure: an OIDC caller reaches only the endpoints its token's claim names ("*": all)."""
-    if claims.endpoints is None:
-        raise Forbidden(f"the JWT has no {claim!r} claim naming the endpoints it may call", code="endpoint_not_allowed")
-    if "*" not in claims.endpoints and endpoint not in claims.endpoints:
-        raise Forbidden(f"the JWT's {claim!r} claim does not name endpoint {endpoint!r}", code="endpoint_not_allowed")

@@ -3,9 +3,9 @@
 A token is accepted when its issuer is a configured provider, its signature checks against a
 key of that provider's JWKS, and its audience is exactly ``fabric-inference`` -- any other
 audience (the control plane's ``fabric-admin`` tokens included) is refused unless
-FABRIC_GATEWAY_ACCEPT_JWT=1. The tenant is the ``tenant`` claim, else ``sub``; the endpoints
-it may call are named by the FABRIC_OIDC_ENDPOINTS_CLAIM claim (default ``fabric_endpoints``: a
-list, or a space-separated string; ``*`` for all).
+FABRIC_GATEWAY_ACCEPT_JWT=1. What a verified token may call is gateway.oidc_access's decision:
+the FABRIC_OIDC_ENDPOINTS_CLAIM claim (default ``fabric_endpoints``: a list, or a
+space-separated string; ``*`` for all) is one of its sources.
 
 The key set is cached per provider for the TTL its Cache-Control max-age gives (default 5 min,
 bounded 10 s .. 1 day), so a withdrawn key stops verifying within that TTL; a set past its TTL
@@ -46,6 +46,7 @@ class OidcClaims:
     tenant: str
     issuer: str
     endpoints: frozenset[str] | None = None  # None: the token names no endpoints
+    claims: dict = field(default_factory=dict, compare=False)  # every verified claim (gateway.oidc_access)
 
 
 def endpoints_of(claims: dict, claim: str) -> frozenset[str] | None:
@@ -157,4 +158,4 @@ class OidcVerifier:
             raise Unauthorized("the JWT did not verify", code="invalid_token") from None
         subject = str(claims["sub"])
         return OidcClaims(subject=subject, tenant=str(claims.get("tenant") or subject), issuer=provider.issuer,
-                          endpoints=endpoints_of(claims, self.endpoints_claim))
+                          endpoints=endpoints_of(claims, self.endpoints_claim), claims=claims)

@@ -196,6 +196,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         cache_ttl_secs=_number(env, "FABRIC_GATEWAY_CACHE_SECS", 1.0, float),
         hold_secs=_hold_secs(env),
         oidc_endpoints_claim=env.get("FABRIC_OIDC_ENDPOINTS_CLAIM", "").strip() or "fabric_endpoints",
+        oidc_tenant_endpoints=env.get("FABRIC_OIDC_TENANT_ENDPOINTS", "").strip() != "0",
         slot_lease_secs=_lease_secs(env),
         upstream_client=_upstream_client(env),
         explain_secs=_explain_secs(env),

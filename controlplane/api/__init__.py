@@ -19,7 +19,7 @@ from fastapi import APIRouter
 
 OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models", "apply",
                     "scaling", "quotas", "replicas", "aliases", "sites", "finops", "tenancy",
-                    "model_copy", "model_blobs", "capacity_fit", "node_join", "playground_keys")
+                    "model_copy", "model_blobs", "capacity_fit", "node_join", "identity", "tenant_limits", "playground_keys")
 
 
 def routers() -> list[APIRouter]:

@@ -3,8 +3,8 @@
 A backup holds what operators wrote, never what controllers derive: models, profiles,
 deployments (with their revisions and whatever scaling fields they carry), endpoints, sites,
 API key records (HMAC digests only; the gateway's FABRIC_KEY_HMAC_SECRET must be the same where
-they are restored for the keys to keep working), and quotas, policies and tenants when this
-fabricd stores them. `status` is dropped from every record: replicas, GPU reservations, VIPs,
+they are restored for the keys to keep working), model aliases, identity mappings, tenant
+limits, and quotas, policies and tenants when this fabricd stores them. `status` is dropped from every record: replicas, GPU reservations, VIPs,
 observations and events are rebuilt by the controllers, and model bytes stay on the nodes.
 
     {"format": "fabric-backup", "version": 1, "created_at": ..., "sections": {
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from common import keyspace
 from common.errors import InvalidInput
+from common.identity_mappings import IdentityMapping
 from common.model_aliases import ModelAlias
 from common.rollouts import Revision
 from common.schemas import (
@@ -39,6 +40,7 @@ from common.schemas import (
     ModelArtifact,
     Site,
 )
+from common.tenant_limits import TenantLimits
 
 FORMAT = "fabric-backup"
 VERSION = 1
@@ -72,6 +74,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("keys", keyspace.api_keys(), ApiKeyRecord),
     Section("key_policies", keyspace.key_policies(), None),
     Section("model_aliases", keyspace.model_aliases(), ModelAlias),
+    Section("identity_mappings", keyspace.identity_mappings(), IdentityMapping),
+    Section("tenant_limits", keyspace.tenant_limits(), TenantLimits),
 )
 BY_NAME = {s.name: s for s in SECTIONS}
 

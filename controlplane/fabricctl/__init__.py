@@ -71,6 +71,7 @@ def build_app() -> typer.Typer:
         declarative,
         explain,
         finops,
+        identity,
         keys,
         login,
         mig,
@@ -119,6 +120,8 @@ def build_app() -> typer.Typer:
     ai.add_typer(tenancy.policy_app, name="policy")
     ai.add_typer(tenancy.key_policy_app, name="key-policy")
     ai.command("admit")(tenancy.admit)
+    ai.add_typer(identity.mapping_app, name="identity-mapping")
+    ai.add_typer(identity.limits_app, name="tenant-limits")
     ai.add_typer(aliases.alias_app, name="alias")
     have = {c.name for c in nodes.node_app.registered_commands}
     for name, command in (("mig-create", mig.mig_create), ("mig-delete", mig.mig_delete), ("mig-list", mig.mig_list)):

@@ -198,6 +198,14 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/ai/policies"): read(FILTERED),
     ("PUT", "/api/ai/key-policies/{endpoint}"): admin(),
     ("GET", "/api/ai/key-policies/{endpoint}"): read(owned("endpoint", "endpoint")),
+    ("POST", "/api/ai/tenant-limits"): admin(),
+    ("GET", "/api/ai/tenant-limits"): read(FILTERED),
+    ("DELETE", "/api/ai/tenant-limits/{tenant}"): admin(),
+    # -- identity mappings for the gateway's OIDC callers (controlplane/api/identity.py) --
+    ("POST", "/api/ai/identity-mappings"): admin(),
+    ("GET", "/api/ai/identity-mappings"): read(),
+    ("GET", "/api/ai/identity-mappings/{name}"): read(),
+    ("DELETE", "/api/ai/identity-mappings/{name}"): admin(),
     ("POST", "/api/ai/admit"): read(BODY),  # a check: it changes nothing
     ("POST", "/api/ai/admit/{token}"): PUBLIC,  # the token in the path is the credential
     ("POST", "/api/ai/quotas"): admin(),

@@ -24,3 +24,17 @@ def test_an_alias_is_backed_up_and_restored_only_with_its_endpoint():
     bad = build({"model_aliases": [(keyspace.model_aliases("x"), json.dumps({**ALIAS, "name": "x", "bogus": 1}))]})
     with pytest.raises(InvalidInput, match="bogus"):
         plan_restore(bad, {"endpoints": {"chat": {}}})
+
+
+def test_identity_mappings_and_tenant_limits_are_backed_up_and_validated():
+    mapping = {"name": "ml-team", "claim": "groups", "value": "/ml-team", "endpoints": ["chat"], "issuer": None,
+               "tenant": None, "created_at": 1.0}
+    limits = {"tenant": "acme", "max_context_tokens": 4096, "updated_at": 1.0}
+    doc = build({"identity_mappings": [(keyspace.identity_mappings("ml-team"), json.dumps(mapping))],
+                 "tenant_limits": [(keyspace.tenant_limits("acme"), json.dumps(limits))]}, now=0)
+    plan = plan_restore(doc, {})
+    assert plan.records[("identity_mappings", "ml-team")]["value"] == "/ml-team"
+    assert plan.records[("tenant_limits", "acme")]["max_context_tokens"] == 4096
+    bad = build({"tenant_limits": [(keyspace.tenant_limits("acme"), json.dumps({**limits, "max_context_tokens": 0}))]})
+    with pytest.raises(InvalidInput, match="max_context_tokens"):
+        plan_restore(bad, {})

@@ -1,0 +1,99 @@
+"""What a verified inference OIDC token may call, and as which tenant (gateway.oidc verifies it).
+
+Identity providers emit groups and roles, rarely a list of our endpoints, so a token's access is
+the union of three sources:
+1. the FABRIC_OIDC_ENDPOINTS_CLAIM claim (default ``fabric_endpoints``), when the token has one;
+2. the identity mappings its claims match (common.identity_mappings, stored in fabricd and
+   managed with ``fabricctl ai identity-mapping``): e.g. Keycloak's ``groups`` holding
+   ``/ml-team`` or ``realm_access.roles`` holding ``ml-user``, Entra ID's ``roles`` or ``groups``
+   holding a GUID;
+3. the endpoints its tenant owns (an endpoint's ``tenant``), unless FABRIC_OIDC_TENANT_ENDPOINTS=0:
+   issuer and audience suffice for a tenant's own endpoints.
+
+The tenant is the token's ``tenant`` claim, else the ``tenant`` of the first matched mapping (by
+name) that sets one, else ``sub``. ``decide`` is pure; OidcAccess reads the mappings and the
+endpoints' owners from the store through gateway.refresh_cache (one read per TTL for every
+caller together, never on a call's path while fresh).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from common import keyspace
+from common.errors import Forbidden
+from common.identity_mappings import IdentityMapping, matching
+from common.store.base import Store
+from gateway.oidc import OidcClaims
+from gateway.refresh_cache import RefreshCache
+
+
+@dataclass(frozen=True)
+class Grant:
+    tenant: str
+    endpoints: frozenset[str]  # "*": every endpoint
+    mappings: tuple[str, ...] = ()  # the matched mappings' names
+
+
+def decide(claims: OidcClaims, mappings: Iterable[IdentityMapping], owners: Mapping[str, str | None],
+           by_ownership: bool = True) -> Grant:
+    """Pure: the tenant and endpoints of a verified token."""
+    matched = matching(mappings, claims.claims, claims.issuer)
+    if claims.claims.get("tenant"):
+        tenant = claims.tenant
+    else:
+        tenant = next((m.tenant for m in matched if m.tenant), None) or claims.subject
+    endpoints = set(claims.endpoints or ())
+    for m in matched:
+        endpoints.update(m.endpoints)
+    if by_ownership:
+        endpoints.update(e for e, owner in owners.items() if owner is not None and owner == tenant)
+    return Grant(tenant, frozenset(endpoints), tuple(m.name for m in matched))
+
+
+def check_endpoint(grant: Grant, endpoint: str, claim: str) -> None:
+    """Pure: 403 endpoint_not_allowed unless the grant covers the endpoint."""
+    if "*" in grant.endpoints or endpoint in grant.endpoints:
+        return
+    raise Forbidden(f"this token may not call endpoint {endpoint!r}: neither its {claim!r} claim, nor an "
+                    "identity mapping its groups or roles match, nor its tenant's ownership names it",
+                    code="endpoint_not_allowed")
+
+
+def read_mappings(store: Store) -> tuple[IdentityMapping, ...]:
+    out = []
+    for kv in store.list(keyspace.identity_mappings()):
+        try:
+            out.append(IdentityMapping.model_validate_json(kv.value, context={"stored": True}))
+        except ValueError:
+            continue  # unreadable: grants nothing
+    return tuple(out)
+
+
+def read_owners(store: Store) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for kv in store.list(keyspace.endpoints()):
+        try:
+            e = json.loads(kv.value)
+            out[str(e["name"])] = e.get("tenant")
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+@dataclass
+class OidcAccess:
+    store: Store
+    ttl_secs: float = 1.0
+    by_ownership: bool = True
+
+    def __post_init__(self) -> None:
+        self._mappings: RefreshCache[tuple[IdentityMapping, ...]] = RefreshCache(self.ttl_secs, 1)
+        self._owners: RefreshCache[dict[str, str | None]] = RefreshCache(self.ttl_secs, 1)
+
+    async def grant(self, claims: OidcClaims) -> Grant:
+        mappings = await self._mappings.get("mappings", lambda: read_mappings(self.store))
+        owners = await self._owners.get("owners", lambda: read_owners(self.store)) if self.by_ownership else {}
+        return decide(claims, mappings, owners, self.by_ownership)
