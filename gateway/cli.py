@@ -106,6 +106,9 @@ def serve(
     http_proto = "httptools" if settings.http_server == "uvicorn" else GatewayHttpProtocol
     uv_args = dict(loop="uvloop", http=http_proto, ws="websockets", access_log=False, log_level=log_level,
                    lifespan="on", proxy_headers=False, **ssl_args)
+    logging.getLogger("fabric.gateway").info(
+        "HTTP server %s, upstream client %s", "uvicorn (httptools)" if settings.http_server == "uvicorn"
+        else "gateway.http_server", settings.upstream_client)
     if workers == 1:
         asgi = create_app(settings, open_store(store, state_dir), hmac_secret, gid)
         _profile(profiler, asgi)

@@ -29,6 +29,23 @@ pytest_plugins = ["pytester"]
 _skips: list[tuple[str, str, str | None]] = []  # (nodeid, reason, allowed label or None)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--gateway-fallbacks", action="store_true",
+                     help="start every test gateway on aiohttp's upstream client and uvicorn's HTTP protocol")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--gateway-fallbacks"):
+        from tests.gateway import gateway_harness
+
+        gateway_harness.FALLBACK_ENV.update(gateway_harness.FALLBACKS)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return "gateways on the fallbacks: aiohttp upstream client, uvicorn HTTP" \
+        if config.getoption("--gateway-fallbacks") else None
+
+
 # fabricd's default VIP pool (controlplane.vip_pool.DEFAULT_SERVICE_CIDR). A gateway or client in a
 # test that dials a VIP no namespace of the test serves would otherwise follow the host's default
 # route off the machine; an `unreachable` route (a high metric, so the lab's more specific routes

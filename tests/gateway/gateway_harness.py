@@ -22,6 +22,10 @@ from common.store.base import Store, open_store
 
 HMAC_SECRET = "gateway-test-hmac-secret"
 BASE_ENV = {"FABRIC_KEY_HMAC_SECRET": HMAC_SECRET}
+# `pytest --gateway-fallbacks` (tests/conftest.py) runs every gateway these tests start on the two
+# fallbacks: aiohttp's upstream client and uvicorn's own HTTP protocol (scripts/test-gateway-fallbacks).
+FALLBACKS = {"FABRIC_GATEWAY_UPSTREAM_CLIENT": "aiohttp", "FABRIC_GATEWAY_HTTP_SERVER": "uvicorn"}
+FALLBACK_ENV: dict[str, str] = {}
 
 
 @dataclass
@@ -45,6 +49,7 @@ class GatewayProcess:
         log_path = state_dir / f"gateway-{port}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
         full_env.update(BASE_ENV)
+        full_env.update(FALLBACK_ENV)
         full_env.update(env or {})
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--state-dir", str(state_dir), "--store", store_url,
                "--listen", f"127.0.0.1:{port}", "--insecure", "--gateway-id", gateway_id, "--log-level", "info",
