@@ -52,6 +52,8 @@ def _kv_source(settings: GatewaySettings, store: Store, tls: ssl.SSLContext | No
     from gateway.kv_blind import BlindWatch, store_event_writer
     from gateway.kv_source import AgentKvSource
 
+    if settings.kv_agent_tls.enabled:  # FABRIC_GATEWAY_KV_CLIENT_*: the agents' own client certificate
+        tls = backend_ssl(settings.kv_agent_tls)  # type: ignore[assignment]
     client = httpx.AsyncClient(verify=tls if tls is not None else True, timeout=1.0)
     blind = BlindWatch.exported(metrics.registry, store_event_writer(store, gateway_id))
     return AgentKvSource(store, client, Path(settings.kv_tokenizers) if settings.kv_tokenizers else None,

@@ -73,6 +73,9 @@ class GatewaySettings:
     # the agents' model caches (gateway/kv_source.py, docs/kv-events.md); a directory of deployments'
     # tokenizers overrides those; "off" keeps prefix routing approximate
     kv_tokenizers: str = ""
+    # FABRIC_GATEWAY_KV_CLIENT_CERT/_KEY/_CA: the client certificate the agents' KV index admits (CN in their
+    # --kv-index-client-cn); unset, the backend TLS settings are used for the agents too
+    kv_agent_tls: BackendTls = field(default_factory=BackendTls)
     http_server: str = "gateway"  # gateway.http_server, or "uvicorn" (its own protocol: measurement, a way out)
     reclaim_secs: float | None = 60.0  # FABRIC_GATEWAY_RECLAIM_SECS: full gc + malloc_trim every N s; 0: off
     # PROMETHEUS_MULTIPROC_DIR set (by `serve --workers N`, for prometheus_client): every worker's
@@ -143,6 +146,19 @@ def _backend_tls(env: dict[str, str]) -> BackendTls:
     return BackendTls(enabled, *values)
 
 
+def _kv_agent_tls(env: dict[str, str]) -> BackendTls:
+    names = ("FABRIC_GATEWAY_KV_CLIENT_CERT", "FABRIC_GATEWAY_KV_CLIENT_KEY", "FABRIC_GATEWAY_KV_CA")
+    values = [env.get(n, "").strip() or None for n in names]
+    if any(values) and not all(values):  # the agents demand a client certificate from the cluster CA
+        missing = [n for n, v in zip(names, values) if not v]
+        raise SettingsError(f"the agents' KV index over mTLS needs all of {', '.join(names)}; "
+                            f"missing {', '.join(missing)}")
+    for n, v in zip(names, values):
+        if v and not os.path.isfile(v):
+            raise SettingsError(f"{n} {v} does not exist")
+    return BackendTls(all(values), *values)
+
+
 def _upstream_client(env: dict[str, str]) -> str:
     value = env.get("FABRIC_GATEWAY_UPSTREAM_CLIENT", "").strip() or "http1"
     if value not in ("http1", "aiohttp"):
@@ -201,6 +217,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         upstream_client=_upstream_client(env),
         explain_secs=_explain_secs(env),
         kv_tokenizers=env.get("FABRIC_GATEWAY_KV_TOKENIZERS", "").strip(),
+        kv_agent_tls=_kv_agent_tls(env),
         shadow_limits=shadowed_limits(env),
         http_server=_http_server(env),
         reclaim_secs=_reclaim_secs(env),

@@ -1,11 +1,10 @@
 """A real `fabric-gateway` process asks a real `fabric-agent` process for its KV index over mutual
 TLS, as in a cluster: the agent demands a cluster-CA certificate and admits the gateway's CN
 (``fabric-gateway``, its --kv-index-client-cn default) on /v1/kv-index/* only; the gateway
-presents its backend client certificate and names the node as the TLS server name. No engine:
-the agent (dry-run driver, engines simulated) watches no replica, so its answer is
-``unwatched``, which the explanation shows; a gateway whose CN the agent does not admit sees
-``refused``. The upstream call itself fails (nothing listens on the replica's port): routing
-is decided, and explained, before it."""
+presents its FABRIC_GATEWAY_KV_CLIENT_* certificate and names the node as the TLS server name,
+while it reaches the replica itself over plain HTTP (backend TLS off). The agent (dry-run
+driver, engines simulated) watches no replica, so its answer is ``unwatched``, which the
+explanation shows; a gateway whose CN the agent does not admit sees ``refused``."""
 
 from __future__ import annotations
 
@@ -26,13 +25,13 @@ from common.schemas import (
     Node,
     Replica,
 )
-from tests.gateway.gateway_harness import GatewayProcess, make_key, sqlite_state
+from tests.gateway.gateway_harness import GatewayProcess, make_key, sim_engine, sqlite_state
 from tests.integration.orchestration_harness import agent_command, clean_env
 from tests.support.servers import free_port
 
 NODE = "node-kv"
 DIGEST = "c" * 64
-CHAT = {"model": "m", "max_tokens": 1, "messages": [{"role": "system", "content": "Be brief. " * 80},
+CHAT = {"model": "sim-m", "max_tokens": 1, "messages": [{"role": "system", "content": "Be brief. " * 80},
                                                      {"role": "user", "content": "hi"}]}
 
 
@@ -53,6 +52,7 @@ def cluster(tmp_path_factory):
                                "--state-dir", str(state / "agent"), "--log-level", "warning"],
             stdout=out, stderr=subprocess.STDOUT, env=clean_env({}))
     address = f"https://127.0.0.1:{port}"
+    engine = sim_engine()
     try:
         _wait_for_agent(agent, address, pki, log)
         store.put(keyspace.nodes(NODE), Node(id=NODE, address=address).model_dump_json())
@@ -62,10 +62,11 @@ def cluster(tmp_path_factory):
         store.put(keyspace.endpoints("e"), InferenceEndpoint(name="e", deployment="d", routing_l7="prefix",
                                                              status=EndpointStatus(phase="Ready")).model_dump_json())
         store.put(keyspace.replicas("d", "d-0"), Replica(
-            replica_id="d-0", deployment="d", ordinal=0, node=NODE, host="127.0.0.1", port=free_port(),
+            replica_id="d-0", deployment="d", ordinal=0, node=NODE, host=engine.host, port=engine.port,
             phase="Ready", ready=True).model_dump_json())
         yield state, url, store, pki, address
     finally:
+        engine.stop()
         agent.terminate()
         agent.wait(15)
         store.close()
@@ -86,9 +87,8 @@ def _wait_for_agent(proc, address, pki, log):
 
 
 def _gateway(state, url, pki, cn: str, gateway_id: str, extra: dict | None = None) -> GatewayProcess:
-    env = {"FABRIC_BACKEND_TLS": "1", "FABRIC_BACKEND_CA": str(pki / "ca.crt"),
-           "FABRIC_BACKEND_CLIENT_CERT": str(pki / f"{cn}.crt"), "FABRIC_BACKEND_CLIENT_KEY": str(pki / f"{cn}.key"),
-           **(extra or {})}
+    env = {"FABRIC_GATEWAY_KV_CA": str(pki / "ca.crt"), "FABRIC_GATEWAY_KV_CLIENT_CERT": str(pki / f"{cn}.crt"),
+           "FABRIC_GATEWAY_KV_CLIENT_KEY": str(pki / f"{cn}.key"), **(extra or {})}
     return GatewayProcess.start(state, url, env=env, gateway_id=gateway_id)
 
 
@@ -101,8 +101,8 @@ def _explained(gw: GatewayProcess, store) -> dict:
     deadline = time.monotonic() + 20
     while True:
         r = httpx.post(gw.openai_base("e") + "/chat/completions", json=CHAT, headers=auth, timeout=30)
+        assert r.status_code == 200, r.text  # the replica over plain HTTP, the agent over mTLS
         rid = r.headers.get("x-fabric-request-id")
-        assert rid, (r.status_code, r.text)
         why = httpx.get(f"{gw.url}/api/ai/explain/request/{rid}", headers=auth, timeout=10)
         assert why.status_code == 200, why.text
         settled = why.json()["kv_index"] == "precise" and "no_answer" not in why.json()["kv_states"].values()

@@ -193,3 +193,20 @@ def test_a_warming_or_unanswered_replica_is_not_called_blind():
     assert seen == []
     assert watch.observe("e", {"r0": "blind"}) == ["r0"] and len(seen) == 1
     assert watch.observe("e", {"r0": "warming"}) == [] and len(seen) == 1  # not known either way: no event
+
+
+def test_the_agents_client_certificate_settings_need_all_three(tmp_path):
+    import pytest
+
+    from gateway.settings import SettingsError, load
+
+    base = {"FABRIC_KEY_HMAC_SECRET": "x"}
+    cert = tmp_path / "gw.crt"
+    cert.write_text("")
+    with pytest.raises(SettingsError) as err:
+        load({**base, "FABRIC_GATEWAY_KV_CLIENT_CERT": str(cert)})
+    assert "FABRIC_GATEWAY_KV_CLIENT_KEY" in str(err.value) and "FABRIC_GATEWAY_KV_CA" in str(err.value)
+    assert load(base).kv_agent_tls.enabled is False
+    full = {f"FABRIC_GATEWAY_KV_{n}": str(cert) for n in ("CLIENT_CERT", "CLIENT_KEY", "CA")}
+    tls = load({**base, **full}).kv_agent_tls
+    assert tls.enabled is True and tls.client_cert == str(cert)
