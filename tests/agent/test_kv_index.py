@@ -194,3 +194,20 @@ def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics
     finally:
         pub.close()
         svc.close()
+
+
+def test_the_gateways_cn_may_call_the_kv_index_routes_and_nothing_else():
+    from agent.api import DEFAULT_KV_INDEX_CNS, caller_refusal
+    from common.peer_cert import CN_KEY, TLS_EXT
+
+    def scope(path, cn):
+        return {"scheme": "https", "path": path, "extensions": {TLS_EXT: {CN_KEY: cn}}}
+
+    allowed, readers = {"fabricd"}, set(DEFAULT_KV_INDEX_CNS)
+    assert readers == {"fabric-gateway"}
+    for path in ("/v1/kv-index", "/v1/kv-index/match", "/v1/kv-index/tokenizer/" + "a" * 64):
+        assert caller_refusal(scope(path, "fabric-gateway"), allowed, readers) is None
+        assert "node-b" in caller_refusal(scope(path, "node-b"), allowed, readers)
+    for path in ("/v1/vms", "/v1/health", "/metrics", "/v1/kv-indexes", "/v1/gpus/0000:3b:00.0/bind"):
+        assert "fabric-gateway" in caller_refusal(scope(path, "fabric-gateway"), allowed, readers)
+    assert caller_refusal(scope("/v1/vms", "fabricd"), allowed, readers) is None
