@@ -48,14 +48,14 @@ def mapping_list(as_json: bool = JSON_OPT) -> None:
 
 
 @mapping_app.command("show")
-def mapping_show(name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON_OPT) -> None:
+def mapping_show(name: str = typer.Argument(..., metavar="NAME", help="the mapping to show"), as_json: bool = JSON_OPT) -> None:
     """One identity mapping."""
     with session() as c:
         emit_object(c.get(f"/api/ai/identity-mappings/{name}"), as_json)
 
 
 @mapping_app.command("delete")
-def mapping_delete(name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON_OPT) -> None:
+def mapping_delete(name: str = typer.Argument(..., metavar="NAME", help="the mapping to delete"), as_json: bool = JSON_OPT) -> None:
     """Delete a mapping; callers it admitted are refused within the gateway's cache TTL."""
     with session() as c:
         result = c.delete(f"/api/ai/identity-mappings/{name}")
@@ -67,7 +67,7 @@ def mapping_delete(name: str = typer.Argument(..., metavar="NAME"), as_json: boo
 
 @limits_app.command("set")
 def limits_set(
-    tenant: str = typer.Argument(..., metavar="TENANT"),
+    tenant: str = typer.Argument(..., metavar="TENANT", help="the tenant whose limits to set"),
     max_context_tokens: int = typer.Option(..., "--max-context-tokens",
                                            help="prompt + max_tokens per call (the gateway's FABRIC_MAX_CONTEXT "
                                                 "still applies when tighter)"),
@@ -87,7 +87,8 @@ def limits_list(as_json: bool = JSON_OPT) -> None:
 
 
 @limits_app.command("delete")
-def limits_delete(tenant: str = typer.Argument(..., metavar="TENANT"), as_json: bool = JSON_OPT) -> None:
+def limits_delete(tenant: str = typer.Argument(..., metavar="TENANT", help="the tenant whose limits to remove"),
+                  as_json: bool = JSON_OPT) -> None:
     """Remove a tenant's limits: the gateway-wide ones apply."""
     with session() as c:
         result = c.delete(f"/api/ai/tenant-limits/{tenant}")
