@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ValidationError
 
 from common import keyspace
+from common.errors import NotFound
 from common.rollouts import Revision, Rollout
 from common.schemas import (
     InferenceDeployment,
@@ -36,6 +37,9 @@ from common.schemas import (
 from common.store.base import KV, Store
 from controlplane.mig.catalog import MigSlice
 from controlplane.mig.inventory import nodes_with_slices
+from controlplane.records import deployments, endpoints
+from controlplane.records.cas import Contended
+from controlplane.records.resource import Records
 from controlplane.scheduler import Committed, committed_resources
 from controlplane.tenancy import lifetimes
 
@@ -251,25 +255,19 @@ def get_replica(store: Store, deployment: str, replica_id: str) -> Replica | Non
     return None if kv is None else _parse(kv, Replica)
 
 
-def _update_status(store: Store, key: str, status: dict) -> bool:
-    """Compare-and-swap the status fields onto the stored record (the API writes the spec)."""
-    for _ in range(5):
-        kv = store.get(key)
-        if kv is None:
-            return False
-        record = json.loads(kv.value)
-        current = record.setdefault("status", {})
-        if all(current.get(k) == v for k, v in status.items()):
-            return True
-        current.update(status)
-        if store.cas(kv.key, json.dumps(record), kv.mod_revision):
-            return True
-    return False
+def _update_status(records: Records, store: Store, name: str, status: dict) -> bool:
+    """Compare-and-swap the status fields onto the stored record (the API writes the spec); False
+    when the record is gone or kept changing."""
+    try:
+        records.update_status(store, name, retries=5, **status)
+    except (NotFound, Contended):
+        return False
+    return True
 
 
 def update_deployment_status(store: Store, name: str, **status) -> bool:
-    return _update_status(store, keyspace.deployments(name), status)
+    return _update_status(deployments.RECORDS, store, name, status)
 
 
 def update_endpoint_status(store: Store, name: str, **status) -> bool:
-    return _update_status(store, keyspace.endpoints(name), status)
+    return _update_status(endpoints.RECORDS, store, name, status)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -29,6 +28,8 @@ from common.store.base import Store
 from controlplane.api import documents as docs
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
+from controlplane.records import cas
+from controlplane.records.resource import Records
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["apply"])
@@ -51,9 +52,12 @@ def _kind(name: str) -> docs.Kind:
         raise InvalidInput(str(exc), code="unknown_kind") from None
 
 
+def _records(kind: docs.Kind) -> Records:
+    return Records(kind.schema, kind.key, kind.name)
+
+
 def _stored(store: Store, kind: docs.Kind, name: str) -> dict | None:
-    kv = store.get(kind.key(name))
-    return json.loads(kv.value) if kv else None
+    return _records(kind).stored(store, name)
 
 
 @router.get("/kinds")
@@ -65,7 +69,7 @@ def kinds(_: AdminDep) -> list[dict]:
 @router.get("/documents/{kind}")
 def list_documents(kind: str, state: StateDep, _: AdminDep) -> list[dict]:
     k = _kind(kind)
-    return [docs.to_document(k, json.loads(kv.value)) for kv in state.store.list(k.key(""))]
+    return [docs.to_document(k, record) for _, record in _records(k).stored_items(state.store)]
 
 
 @router.get("/documents/{kind}/{name}")
@@ -126,18 +130,19 @@ def update_quota(state: AppState, name: str, changes: dict) -> dict:
 
 def merge_update(state: AppState, kind: docs.Kind, name: str, changes: dict) -> dict:
     """Write the changed fields into the stored record by compare-and-swap (status untouched)."""
-    key = kind.key(name)
-    for _ in range(UPDATE_RETRIES):
-        kv = state.store.get(key)
-        if kv is None:
-            raise NotFound(f"{kind.name} {name!r} was deleted meanwhile")
-        record = {**json.loads(kv.value), **changes}
-        if state.store.cas(key, json.dumps(record), kv.mod_revision):
-            record_event(state.store, kind.plural.rstrip("s"), name, "updated",
-                         f"{kind.name} {name}: {', '.join(sorted(changes))} changed by apply",
-                         tenant=record.get("tenant"), keep=state.settings.events_kept)
-            return record
-    raise Conflict(f"{kind.name} {name!r} changed too often while applying; try again", code="contended")
+    def merge(record):
+        return kind.schema.model_validate({**record.model_dump(mode="json"), **changes}, context={"stored": True})
+
+    try:
+        record = cas.update(state.store, kind.key(name), kind.schema, merge, kind=kind.name, name=name,
+                            retries=UPDATE_RETRIES,
+                            busy=f"{kind.name} {name!r} changed too often while applying; try again")
+    except NotFound:
+        raise NotFound(f"{kind.name} {name!r} was deleted meanwhile") from None
+    record_event(state.store, kind.plural.rstrip("s"), name, "updated",
+                 f"{kind.name} {name}: {', '.join(sorted(changes))} changed by apply",
+                 tenant=getattr(record, "tenant", None), keep=state.settings.events_kept)
+    return record.model_dump(mode="json")
 
 
 @router.post("/apply")

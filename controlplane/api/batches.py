@@ -36,6 +36,7 @@ from controlplane.batches.jobs import (
     new_job,
 )
 from controlplane.events import record_event
+from controlplane.records import cas
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 
@@ -55,14 +56,11 @@ def _replicas(state: AppState, deployment: str) -> list[Replica]:
 
 
 def _move(state: AppState, batch_id: str, step: Callable[[BatchJob], BatchJob]) -> BatchJob:
-    for _ in range(CAS_RETRIES):
-        job, rev = _load(state, batch_id)
-        moved = step(job)
-        if state.store.cas(keyspace.batches(batch_id), moved.model_dump_json(), rev):
-            record_event(state.store, "batch", batch_id, moved.state, moved.message, tenant=moved.tenant,
-                         keep=state.settings.events_kept)
-            return moved
-    raise Conflict(f"batch {batch_id} changed too often; try again", code="contended")
+    moved = cas.update(state.store, keyspace.batches(batch_id), BatchJob, step, kind="batch", name=batch_id,
+                       retries=CAS_RETRIES, busy=f"batch {batch_id} changed too often; try again")
+    record_event(state.store, "batch", batch_id, moved.state, moved.message, tenant=moved.tenant,
+                 keep=state.settings.events_kept)
+    return moved
 
 
 @router.post("/batches", status_code=201, response_model=BatchJob)

@@ -32,11 +32,13 @@ from common.agent_api import NodeCertificate, NodeReport
 from common.errors import Conflict, InvalidInput, NotFound, TransientError
 from common.pki import MAX_SAN_HOSTS, check_san_host, ensure_ca, issue_cert
 from common.schemas import GpuInfo, Node, check_name
+from common.store.base import KV
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.node_identity import authenticate_node, require_node
 from controlplane.node_trust import identity_change
 from controlplane.orchestration_state import load_snapshot
+from controlplane.records import cas
 from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
 from controlplane.state import AppState, get_state
 
@@ -168,22 +170,25 @@ def _load(state: AppState, node_id: str) -> tuple[Node | None, int | None]:
 
 
 def _save(state: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Node, bool]:
-    """Read-modify-write of one node record; returns (node, created)."""
-    for _ in range(UPDATE_RETRIES):
-        stored, rev = _load(state, report.id)
+    """Read-modify-write of one node record (created when absent); returns (node, created)."""
+    saved: list = []
+
+    def change(kv: KV | None) -> str:
+        stored = None if kv is None else cas.parse(Node, kv.value)
         if stored is None and must_exist:
             raise NotFound(f"node {report.id} is not registered; POST /api/ai/nodes first",
                            code="not_registered")
         if stored is not None and (why := identity_change(stored, report.address, report.site)):
             raise Conflict(why, code="node_identity_fixed")
         node = merge_report(stored, report, time.time())
-        key = keyspace.nodes(report.id)
-        if stored is None:
-            if state.store.create(key, node.model_dump_json()):
-                return node, True
-        elif state.store.cas(key, node.model_dump_json(), rev):
-            return node, False
-    raise TransientError(f"node {report.id} changed under {UPDATE_RETRIES} concurrent updates; retry")
+        saved[:] = [node, stored is None]
+        return node.model_dump_json()
+
+    try:
+        cas.swap(state.store, keyspace.nodes(report.id), change, retries=UPDATE_RETRIES)
+    except cas.Contended:
+        raise TransientError(f"node {report.id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
+    return saved[0], saved[1]
 
 
 # -- routes ---------------------------------------------------------------------------------------
@@ -266,11 +271,9 @@ class NodeIdentity(BaseModel):
 @router.put("/nodes/{node_id}/identity", response_model=NodeView, dependencies=admin)
 def set_node_identity(node_id: str, body: NodeIdentity, state: StateDep) -> NodeView:
     """Change a node's agent address, site or replica networks (a node's own reports cannot)."""
-    for _ in range(UPDATE_RETRIES):
-        stored, rev = _load(state, node_id)
-        if stored is None:
-            raise NotFound(f"node {node_id!r} not found")
-        changes = {k: v for k, v in body.model_dump().items() if v is not None}
+    changes = {k: v for k, v in body.model_dump().items() if v is not None}
+
+    def set_identity(stored: Node) -> Node:
         try:
             node = Node.model_validate({**stored.model_dump(), **changes})
             if "address" in changes:
@@ -278,12 +281,17 @@ def set_node_identity(node_id: str, body: NodeIdentity, state: StateDep) -> Node
         except ValidationError as exc:
             first = exc.errors()[0]
             raise InvalidInput(f"{'.'.join(str(x) for x in first['loc']) or 'identity'}: {first['msg']}") from None
-        if state.store.cas(keyspace.nodes(node_id), node.model_dump_json(), rev):
-            record_event(state.store, "node", node_id, "identity-set",
-                         f"node {node_id}: {', '.join(f'{k} {v}' for k, v in sorted(changes.items()))} (by an admin)",
-                         keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
-            return node_view(node, time.time())
-    raise TransientError(f"node {node_id} changed under {UPDATE_RETRIES} concurrent updates; retry")
+        return node
+
+    try:
+        node = cas.update(state.store, keyspace.nodes(node_id), Node, set_identity, kind="node", name=node_id,
+                          retries=UPDATE_RETRIES)
+    except cas.Contended:
+        raise TransientError(f"node {node_id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
+    record_event(state.store, "node", node_id, "identity-set",
+                 f"node {node_id}: {', '.join(f'{k} {v}' for k, v in sorted(changes.items()))} (by an admin)",
+                 keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+    return node_view(node, time.time())
 
 
 @router.get("/gpus", response_model=list[GpuView], dependencies=admin)

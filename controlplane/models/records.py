@@ -7,14 +7,14 @@ the same job make one record.
 
 from __future__ import annotations
 
-import json
 import time
 
 from common import keyspace
-from common.errors import InvalidInput
+from common.errors import InvalidInput, NotFound
 from common.model_api import ModelJob, local_source_path
 from common.schemas import ModelArtifact
 from common.store.base import Store
+from controlplane.records import cas, models
 
 CAS_RETRIES = 8
 
@@ -59,17 +59,14 @@ def restart_job(store: Store, model: str, node: str, from_states: tuple[str, ...
     """Start a new attempt of the job if it is in one of ``from_states`` (CAS); the job as stored."""
     from controlplane.models.plan import retried
 
-    for _ in range(CAS_RETRIES):
-        found = get_job(store, model, node)
-        if found is None:
-            return None
-        current, revision = found
-        if current.state not in from_states:
-            return current
-        updated = retried(current, reason, time.time() if now is None else now)
-        if put_job(store, updated, revision):
-            return updated
-    return None
+    def retry(current: ModelJob) -> ModelJob | None:
+        return retried(current, reason, time.time() if now is None else now) if current.state in from_states else None
+
+    try:
+        return cas.update(store, keyspace.model_jobs(model, node), ModelJob, retry, kind="model job",
+                          name=f"{model}/{node}", retries=CAS_RETRIES)
+    except (NotFound, cas.Contended):
+        return None
 
 
 def put_job(store: Store, job: ModelJob, revision: int) -> bool:
@@ -84,18 +81,10 @@ def delete_jobs(store: Store, model: str, node: str | None = None) -> None:
 
 def update_model_status(store: Store, name: str, **fields) -> None:
     """Set fields of a model's status (CAS; the model may be deleted meanwhile)."""
-    key = keyspace.models(name)
-    for _ in range(CAS_RETRIES):
-        kv = store.get(key)
-        if kv is None:
-            return
-        record = json.loads(kv.value)
-        status = record.setdefault("status", {})
-        if all(status.get(k) == v for k, v in fields.items()):
-            return
-        status.update(fields)
-        if store.cas(key, json.dumps(record), kv.mod_revision):
-            return
+    try:
+        models.update_status(store, name, retries=CAS_RETRIES, **fields)
+    except (NotFound, cas.Contended):
+        pass
 
 
 def load_model(store: Store, name: str) -> ModelArtifact | None:

@@ -11,15 +11,15 @@ Updates of a rollout record are compare-and-swap against the version that was re
 
 from __future__ import annotations
 
-import json
-
 from pydantic import ValidationError
 
 from common import keyspace
-from common.errors import Conflict
+from common.errors import Conflict, NotFound
 from common.rollouts import Revision, Rollout
 from common.schemas import InferenceDeployment, Template
 from common.store.base import KV, Store
+from controlplane.records import deployments
+from controlplane.records.cas import Contended
 
 CAS_RETRIES = 8
 KEEP_REVISIONS = 100  # beyond this, the oldest superseded revisions are dropped
@@ -138,14 +138,14 @@ def forget(store: Store, deployment: str) -> None:
 
 def activate(store: Store, deployment: str, revision: Revision) -> bool:
     """The deployment record now names the revision and its template (CAS on the spec)."""
-    key = keyspace.deployments(deployment)
     t = revision.template
-    for _ in range(CAS_RETRIES):
-        kv = store.get(key)
-        if kv is None:
-            return False
-        record = json.loads(kv.value)
-        record.update(revision=revision.revision, model=t.model, profile=t.profile, engine_args=list(t.engine_args))
-        if store.cas(key, json.dumps(record), kv.mod_revision):
-            return True
-    return False
+
+    def name_it(dep):
+        return dep.model_copy(update={"revision": revision.revision, "model": t.model, "profile": t.profile,
+                                      "engine_args": list(t.engine_args)})
+
+    try:
+        deployments.update(store, deployment, name_it, retries=CAS_RETRIES)
+    except (NotFound, Contended):
+        return False
+    return True

@@ -19,13 +19,12 @@ replica cannot grow its record without bound.
 
 from __future__ import annotations
 
-import json
-
 from pydantic import BaseModel, Field
 
 from common import keyspace
 from common.schemas import Replica
-from common.store.base import Store
+from common.store.base import KV, Store
+from controlplane.records import cas, deployments
 
 RETENTION_S = 31 * 86400.0
 MAX_SPANS = 256
@@ -43,13 +42,11 @@ class Lifetime(BaseModel):
 
 
 def _tenant(store: Store, deployment: str) -> str | None:
-    kv = store.get(keyspace.deployments(deployment))
-    if kv is None:
-        return None
     try:
-        return json.loads(kv.value).get("tenant")
+        record = deployments.stored(store, deployment)
     except ValueError:
         return None
+    return None if record is None else record.get("tenant")
 
 
 def _open(life: Lifetime) -> bool:
@@ -76,20 +73,22 @@ def note(store: Store, replica: Replica | None, now: float, *, replica_id: str =
     """Record a write (``replica``) or the deletion (None, with ``replica_id``) of a replica."""
     rid = replica.replica_id if replica is not None else replica_id
     key = keyspace.replica_lifetimes(rid)
-    for _ in range(ATTEMPTS):
-        kv = store.get(key)
+
+    def change(kv: KV | None) -> str | None:
         if kv is None:
             if replica is None:
-                return  # never recorded (a replica from before the ledger): nothing to close
+                return None  # never recorded (a replica from before the ledger): nothing to close
             life = Lifetime(replica_id=rid, deployment=replica.deployment, tenant=_tenant(store, replica.deployment),
                             gpus=len(replica.gpus), created_at=replica.created_at)
-            if store.create(key, advance(life, replica, now).model_dump_json()):
-                return
-            continue
+            return advance(life, replica, now).model_dump_json()
         life = Lifetime.model_validate_json(kv.value)
         new = advance(life, replica, now)
-        if new == life or store.cas(key, new.model_dump_json(), kv.mod_revision):
-            return
+        return None if new == life else new.model_dump_json()
+
+    try:
+        cas.swap(store, key, change, retries=ATTEMPTS)
+    except cas.Contended:
+        pass  # the ledger is best effort: the replica's next write tries again
 
 
 def load(store: Store, now: float, live: set[str] | None = None) -> list[Lifetime]:

@@ -20,7 +20,8 @@ import time
 
 from common import keyspace
 from common.errors import Unauthorized
-from common.store.base import Store
+from common.store.base import KV, Store
+from controlplane.records import cas
 
 MAX_SUBJECT = 300
 
@@ -39,13 +40,17 @@ def generation(store: Store, subject: str) -> int:
 
 def revoke_subject(store: Store, subject: str) -> int:
     """Every token issued to ``subject`` so far stops working; returns the new generation."""
-    for _ in range(20):
-        key = _generation_key(subject)
-        kv = store.get(key)
-        nxt = (int(kv.value) if kv is not None and kv.value.isdigit() else 0) + 1
-        if (store.create(key, str(nxt)) if kv is None else store.cas(key, str(nxt), kv.mod_revision)):
-            return nxt
-    raise RuntimeError(f"the generation of {subject!r} changed too often")
+    written: list[int] = []
+
+    def bump(kv: KV | None) -> str:
+        written[:] = [(int(kv.value) if kv is not None and kv.value.isdigit() else 0) + 1]
+        return str(written[0])
+
+    try:
+        cas.swap(store, _generation_key(subject), bump, retries=20)
+    except cas.Contended:
+        raise RuntimeError(f"the generation of {subject!r} changed too often") from None
+    return written[0]
 
 
 def revoke_token(store: Store, jti: str, expires_at: float, now: float | None = None) -> None:
