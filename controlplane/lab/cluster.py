@@ -224,6 +224,14 @@ def gateway_command(cfg: LabConfig, port: int, gateway_id: str | None = None) ->
             "--listen", f"127.0.0.1:{port}", *extra]
 
 
+def kv_index_env(cfg: LabConfig) -> dict[str, str]:
+    """The gateway's client certificate for the agents' KV index (CN fabric-gateway, which the
+    agents admit on /v1/kv-index* only), so prefix endpoints route precisely (docs/kv-events.md)."""
+    crt, key = issue_cert(cfg.fabricd_dir, "fabric-gateway", server=False, client=True)
+    return {"FABRIC_GATEWAY_KV_CLIENT_CERT": str(crt), "FABRIC_GATEWAY_KV_CLIENT_KEY": str(key),
+            "FABRIC_GATEWAY_KV_CA": str(cfg.ca)}
+
+
 def agent_command(cfg: LabConfig) -> list[str]:
     t = cfg.topology
     cmd = [
@@ -298,7 +306,7 @@ def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
     start_agent(cfg)
 
     echo(f"lab: starting fabric-gateway on {cfg.gateway_url}")
-    processes.start(cfg.state_dir, "gateway", gateway_command(cfg, cfg.gateway_port), env)
+    processes.start(cfg.state_dir, "gateway", gateway_command(cfg, cfg.gateway_port), {**env, **kv_index_env(cfg)})
 
     password = (fd / "admin-password").read_text().strip()
     ctx = ssl.create_default_context(cafile=str(cfg.ca))
