@@ -369,7 +369,8 @@ class GatewayApp:
                             sent, strip = asked, UsageStripper()
                         names = {url: rid for rid, url in self._urls(view).items()}  # x-fabric-replica
                         shadowed = len(admission.would_refuse) if admission is not None else 0
-                        budget = live_budget(st.limits, admission, info.stream, route.path, facts.prompt_tokens)
+                        if st.settings.live_budget:
+                            budget = live_budget(st.limits, admission, info.stream, route.path, facts.prompt_tokens)
                         call = forward(st.client, send, targets, scope["method"], route.target, fwd_headers, sent,
                                        info.stream, marks, strip, names, budget)
                     result = await run_unless_client_leaves(call, receive, guard)

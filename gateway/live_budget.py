@@ -11,7 +11,8 @@ charged there as they come), or it generates more than was held (an upstream tha
 honour max_tokens) -- the hold is extended against the limit, BLOCK tokens at a time (exactly
 what is missing when a block no longer fits). An extension the limit refuses ends the stream:
 the events already complete are relayed, the one that does not fit is not, and the client gets
-an OpenAI-shaped error event (``code: rate_limited``) then ``data: [DONE]``; the upstream is
+an OpenAI-shaped error event (``code: rate_limited``) then ``data: [DONE]`` (also when the store
+does not answer an extension: a limit that cannot be checked is not passed); the upstream is
 closed (gateway.proxy.relay's finally) and the call settles at what was relayed (prompt
 estimate plus the tokens in the relayed events), so the counter ends exactly at the limit.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 
+from common.errors import TransientError
 from gateway.limits import Admission, LimitKeeper, window_of
 
 BLOCK = 32  # tokens taken per extension: one store write per BLOCK tokens past the hold
@@ -37,8 +39,18 @@ BLOCK = 32  # tokens taken per extension: one store write per BLOCK tokens past 
 _CHAT = re.compile(rb'"(?:content|reasoning_content|reasoning|arguments)":\s?"(?!")')
 _TEXT = re.compile(rb'"text":\s?"(?!")')
 _RESPONSES = re.compile(rb'"type":\s?"response\.[a-z_.]+\.delta"')
-PATTERNS = {"/v1/chat/completions": _CHAT, "/v1/completions": _TEXT, "/v1/responses": _RESPONSES}
-LIVE_ROUTES = tuple(PATTERNS)
+# Per route: (the pattern, the literal that counts the common chunk with one bytes.count, the empty
+# value that would be miscounted by it). Counting is per chunk on the hot path: one bytes.count
+# and one substring test cost ~0.2 us, the pattern several; a chunk without the literal (a role,
+# finish, reasoning or tool-call delta, JSON with spaces) or with an empty value goes to the
+# pattern. A chunk that holds content deltas counts those (reasoning or tool-call deltas sent
+# in the same read are then not counted; the final usage settles them exactly).
+COUNTERS = {
+    "/v1/chat/completions": (_CHAT, b'"content":"', b'"content":""'),
+    "/v1/completions": (_TEXT, b'"text":"', b'"text":""'),
+    "/v1/responses": (_RESPONSES, b'.delta"', b'.delta":""'),
+}
+LIVE_ROUTES = tuple(COUNTERS)
 
 
 class LiveBudget:
@@ -50,7 +62,9 @@ class LiveBudget:
         self.used = prompt_tokens  # the prompt estimate plus the tokens relayed so far
         self.generated = 0
         self.cut_by = ""  # the limit that ended the stream
-        self._pattern = PATTERNS.get(path.rstrip("/"), _CHAT)
+        self.unchecked = False  # ended because the store did not answer the extension
+        self._pattern, self._literal, self._empty = COUNTERS.get(path.rstrip("/"), COUNTERS["/v1/chat/completions"])
+        self._clock = keeper.clock
         self._pending = b""
         self._refresh()
 
@@ -62,13 +76,25 @@ class LiveBudget:
 
     def feed(self, chunk: bytes) -> tuple[bytes, int]:
         """(the complete events now ready, the tokens in them); a partial event waits."""
-        data = self._pending + chunk if self._pending else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._pending = data
-            return b"", 0
-        ready, self._pending = data[:end + 2], data[end + 2:]
-        return ready, sum(1 for _ in self._pattern.finditer(ready))
+        if self._pending or not chunk.endswith(b"\n\n"):
+            data = self._pending + chunk
+            end = data.rfind(b"\n\n")
+            if end < 0:
+                self._pending = data
+                return b"", 0
+            chunk, self._pending = data[:end + 2], data[end + 2:]
+        n = chunk.count(self._literal)
+        if not n or self._empty in chunk:
+            return chunk, len(self._pattern.findall(chunk))
+        return chunk, n
+
+    def fits(self, n: int) -> bool:
+        """The hot path: count n more tokens when the holds cover them (no store write)."""
+        want = self.used + n
+        if want <= self._room and self._clock() < self._until:
+            self.used, self.generated = want, self.generated + n
+            return True
+        return False
 
     def flush(self) -> bytes:
         rest, self._pending = self._pending, b""
@@ -76,10 +102,9 @@ class LiveBudget:
 
     async def take(self, n: int) -> bool:
         """Count n more tokens; False (nothing counted) when a limit refuses them."""
-        want = self.used + n
-        if want <= self._room and self.keeper.clock() < self._until:
-            self.used, self.generated = want, self.generated + n
+        if self.fits(n):
             return True
+        want = self.used + n
         for h in self.admission.holds:
             now = self.keeper.clock()
             start = window_of(now, h.r.window_secs)
@@ -91,10 +116,15 @@ class LiveBudget:
             shadowed = h.r.what in self.admission.shadow
             limit = None if shadowed else h.r.limit
             amount = max(need, BLOCK)
-            outcome = await self.keeper._apply(h.r, amount, limit, now)
-            if not outcome.ok and amount > need:  # the last tokens before the limit
-                amount = need
+            try:
                 outcome = await self.keeper._apply(h.r, amount, limit, now)
+                if not outcome.ok and amount > need:  # the last tokens before the limit
+                    amount = need
+                    outcome = await self.keeper._apply(h.r, amount, limit, now)
+            except TransientError:  # a limit that cannot be checked is not passed (fail closed)
+                self.cut_by, self.unchecked = h.r.what, True
+                self._refresh()
+                return False
             if not outcome.ok:
                 self.cut_by = h.r.what
                 self._refresh()
@@ -110,7 +140,8 @@ class LiveBudget:
     def cut_event(self) -> bytes:
         """The error event and [DONE] that end a stream cut at the budget."""
         limit = next((h.r.limit for h in self.admission.holds if h.r.what == self.cut_by), None)
-        message = (f"{self.cut_by} ({limit}) is reached; the answer was cut after {self.generated} generated "
+        why = "could not be checked (the limit store did not answer)" if self.unchecked else "is reached"
+        message = (f"{self.cut_by} ({limit}) {why}; the answer was cut after {self.generated} generated "
                    "tokens; try again later")
         event = {"error": {"message": message, "type": "rate_limited", "param": None, "code": "rate_limited"}}
         return b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n"

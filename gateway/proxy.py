@@ -266,7 +266,7 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
                 last = resp.at_end  # the whole body is here: one send, no trailing empty message
                 if budget is not None:
                     chunk, n = budget.feed(chunk)
-                    if n and not await budget.take(n):  # the budget is spent: these events are not relayed
+                    if n and not budget.fits(n) and not await budget.take(n):  # spent: these are not relayed
                         await send({"type": "http.response.body", "body": budget.cut_event(), "more_body": False})
                         return ProxyResult(resp.status, budget.used, False, ttft, f"{budget.cut_by} reached",
                                            cut_by=budget.cut_by)

@@ -83,6 +83,7 @@ class GatewaySettings:
     metrics_multiprocess: bool = False
     metrics_token: str | None = None  # FABRIC_METRICS_TOKEN: /metrics then needs this bearer token
     shadow_limits: frozenset[str] = frozenset()  # FABRIC_<LIMIT>_SHADOW=1: counted, never refusing (gateway.shadow)
+    live_budget: bool = True  # FABRIC_GATEWAY_LIVE_BUDGET=0: streams not counted as they run (gateway.live_budget)
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -219,6 +220,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         kv_tokenizers=env.get("FABRIC_GATEWAY_KV_TOKENIZERS", "").strip(),
         kv_agent_tls=_kv_agent_tls(env),
         shadow_limits=shadowed_limits(env),
+        live_budget=env.get("FABRIC_GATEWAY_LIVE_BUDGET", "").strip() != "0",
         http_server=_http_server(env),
         reclaim_secs=_reclaim_secs(env),
         metrics_multiprocess=bool(env.get("PROMETHEUS_MULTIPROC_DIR")),
