@@ -407,12 +407,12 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     app.include_router(mig_router(is_enabled=lambda: state.settings.pci_mig))  # FABRIC_PCI_MIG
     if state.kv_index is not None:  # /v1/kv-index/match, /v1/kv-index, /v1/kv-index/tokenizer (agent/kv_index/routes.py)
         from agent.kv_index.routes import kv_index_router
-        from agent.kv_index.service import BLIND_AFTER_S, runs_simulators
+        from agent.kv_index.service import runs_simulators
 
         models = state.models
         app.include_router(kv_index_router(
             state.kv_index.subscriber, model_dir=models.cache.path_for if models is not None else None,
-            simulated=runs_simulators(state.vm_driver), blind_after_s=BLIND_AFTER_S))
+            simulated=runs_simulators(state.vm_driver), blind_after_s=state.kv_index.blind_after_s))
     _document_errors(app)
     return app
 

@@ -7,7 +7,8 @@ vLLM (common/runtimes.VLLM_KV_EVENTS_CONFIG) and the lab's engines publish -- an
 is forgotten. A replica watched for BLIND_AFTER_S without one event is logged once as blind (an
 engine started without --kv-events-config); gateways then route it approximately.
 
-Metrics (the agent's registry): fabric_kv_index_replicas{state="live"|"blind"},
+Metrics (the agent's registry): fabric_kv_index_replicas{state="live"|"warming"|"blind"} (warming:
+silent for less than BLIND_AFTER_S; agent/kv_index/subscriber.KvEventSubscriber.states),
 fabric_kv_index_blocks{replica}, fabric_kv_index_gaps_total{replica},
 fabric_kv_index_resyncs_total{replica}.
 """
@@ -48,11 +49,13 @@ def source_for(replica: str, address: str) -> EventSource:
 
 
 class KvIndexService:
-    def __init__(self, vm_driver, registry=None, sync_s: float = SYNC_S, source=source_for) -> None:
+    def __init__(self, vm_driver, registry=None, sync_s: float = SYNC_S, source=source_for,
+                 blind_after_s: float = BLIND_AFTER_S) -> None:
         self.subscriber = KvEventSubscriber(KvIndex())
         self._source = source  # (replica, address) -> EventSource
         self._driver = vm_driver
         self._sync_s = sync_s
+        self.blind_after_s = blind_after_s
         self._watched: dict[str, str] = {}  # replica -> address
         self._warned: set[str] = set()
         self._stop = threading.Event()
@@ -76,7 +79,7 @@ class KvIndexService:
         for replica, st in self.subscriber.status().items():
             age = time.monotonic() - self.subscriber.index.replicas[replica].watched_since \
                 if replica in self.subscriber.index.replicas else 0.0
-            if not st["events"] and age > BLIND_AFTER_S and replica not in self._warned:
+            if not st["events"] and age > self.blind_after_s and replica not in self._warned:
                 self._warned.add(replica)
                 log.warning("kv-index: replica %s sent no KV events in %.0f s (engine without "
                             "--kv-events-config?); gateways route it approximately", replica, age)
@@ -101,10 +104,10 @@ class _Collector:
     def collect(self):
         status = self._service.subscriber.status()
         states = GaugeMetricFamily("fabric_kv_index_replicas", "Replicas the KV index watches, by whether they "
-                                   "have sent KV events (blind: none yet)", labels=["state"])
-        live = sum(1 for s in status.values() if s["events"])
-        states.add_metric(["live"], live)
-        states.add_metric(["blind"], len(status) - live)
+                                   "have sent KV events (warming: none yet; blind: none in 60 s)", labels=["state"])
+        by_state = self._service.subscriber.states(list(status), self._service.blind_after_s)
+        for state in ("live", "warming", "blind"):
+            states.add_metric([state], sum(1 for s in by_state.values() if s == state))
         blocks = GaugeMetricFamily("fabric_kv_index_blocks", "KV blocks the index holds per replica",
                                    labels=["replica"])
         gaps = CounterMetricFamily("fabric_kv_index_gaps", "Sequence gaps in a replica's KV events",

@@ -161,13 +161,13 @@ def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics
         return EventSource(replica, f"tcp://127.0.0.1:{free_port()}", None, "kv", bind=True)
 
     registry = CollectorRegistry()
-    svc = KvIndexService(Driver(), registry, sync_s=3600, source=source)
+    svc = KvIndexService(Driver(), registry, sync_s=3600, source=source, blind_after_s=0.0)
     pub = ZmqEventPublisher(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", topic="kv")
     try:
         svc.sync(Driver.statuses)
         assert set(svc.subscriber.status()) == {"r1", "r2"}  # r3 has no address yet
         app = FastAPI()
-        app.include_router(kv_index_router(svc.subscriber, blind_after_s=0.0))  # silent at once is blind
+        app.include_router(kv_index_router(svc.subscriber, blind_after_s=svc.blind_after_s))  # silent: blind at once
         client = TestClient(app)
 
         def matched():
@@ -187,6 +187,7 @@ def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics
         text = generate_latest(registry).decode()
         assert 'fabric_kv_index_replicas{state="blind"} 1.0' in text
         assert 'fabric_kv_index_replicas{state="live"} 1.0' in text
+        assert 'fabric_kv_index_replicas{state="warming"} 0.0' in text
         assert 'fabric_kv_index_blocks{replica="r1"} 3.0' in text
         assert client.get("/v1/kv-index").json()["replicas"]["r1"]["events"] is True
         svc.sync([Driver.statuses[0]])  # r2 went away
