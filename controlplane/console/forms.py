@@ -24,7 +24,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from common.schemas import ROUTING_STRATEGIES
+from common.schemas import ROUTING_L7, ROUTING_STRATEGIES
 from controlplane.console import views
 from controlplane.console.actions import _failed, _guarded
 from controlplane.console.backend import Api, ApiError
@@ -74,6 +74,8 @@ ENDPOINT_FIELDS = [
     FormField("name", "Name", required=True, hint="clients call /api/ai/openai/NAME/v1"),
     FormField("deployment", "Deployment", "select", required=True),
     FormField("routing", "Routing", "select", options=list(ROUTING_STRATEGIES), default="least_queue"),
+    FormField("routing_l7", "Gateway routing", "select", options=list(ROUTING_L7), default="affinity",
+              hint="affinity: through the VIP (its Maglev picks); the others: the gateway picks the replica"),
 ]
 AUTOSCALING_FIELDS = [
     FormField("enabled", "Enabled", "checkbox", default="on"),

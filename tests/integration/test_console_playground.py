@@ -1,8 +1,11 @@
 """The console as a new operator uses it, in Debian's chromium: real fabricd (controllers on),
 a real fabric-agent (dry-run driver: each replica a real fabric-engine-sim on loopback) and a
 real fabric-gateway. Sign in, add the lab's model through the form, add a profile, deploy it,
-expose it, get a streamed answer in the playground (TTFT, tokens/s, replica, usage), see the
-weight chart, and the playground's key is gone afterwards. Screenshots of each new page.
+expose it, get a streamed answer in the playground (TTFT, tokens/s, usage, and the replica that
+answered: its id from the answer's x-fabric-replica), see the weight chart, and the playground's
+key is gone afterwards. The viewer is refused the playground (page and API) until the
+endpoint's key policy sets viewer_playground, then gets its own streamed answer. Screenshots
+of each new page.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ def test_new_operator_adds_deploys_exposes_and_tries_a_model(tmp_path):
                 page.goto(f"{base}/endpoints/new")
                 page.get_by_label("Name", exact=True).fill("lab-openai")
                 page.get_by_label("Deployment").select_option("lab")
+                # The gateway picks the replica: this cluster has no dataplane, so its VIP carries nothing.
+                page.get_by_label("Gateway routing").select_option("round_robin")
                 page.get_by_role("button", name="Expose an endpoint").click()
                 expect(page.get_by_test_id("message")).to_contain_text("endpoint lab-openai created")
                 wait_for(lambda: all(r["weight"] for r in
@@ -86,9 +91,13 @@ def test_new_operator_adds_deploys_exposes_and_tries_a_model(tmp_path):
                 expect(page.locator("#stat-ttft")).to_contain_text("ms")
                 expect(page.locator("#stat-usage")).to_contain_text("completion tokens")
                 expect(page.get_by_test_id("try-error")).to_be_hidden()
+                replicas = {r["replica_id"] for r in api.get("/api/ai/explain/routing/lab-openai").json()["replicas"]}
+                assert page.locator("#stat-replica").inner_text().strip() in replicas
+                expect(page.locator("#stat-replica")).to_have_attribute("data-source", "x-fabric-replica")
                 shot(page, "playground")
                 keys = api.get("/api/ai/keys").json()
                 assert not [k for k in keys if k["name"].startswith("console-try-")]  # revoked after the answer
+                viewer_try(browser, cluster, api, base, shot)
                 page.goto(f"{base}/endpoints/lab-openai")
                 expect(page.locator("[data-testid=chart-lab-openai-weight] g[data-series]")).to_have_count(
                     2, timeout=30_000)
@@ -106,3 +115,35 @@ def test_new_operator_adds_deploys_exposes_and_tries_a_model(tmp_path):
         finally:
             gw.proc.terminate()
             gw.proc.wait(10)
+
+
+def viewer_try(browser, cluster, api, base: str, shot) -> None:
+    """The viewer: refused (Send disabled, and the chat route answers the API's 403) until the
+    endpoint's key policy lets viewers in; then a streamed answer, and its key is gone after."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    page.goto(f"{base}/login")
+    page.get_by_label("Username").fill("viewer")
+    page.get_by_label("Password").fill((cluster.state_dir / "viewer-password").read_text().strip())
+    page.get_by_label("Password").press("Enter")
+    expect(page.get_by_test_id("whoami")).to_contain_text("viewer")
+    page.goto(f"{base}/endpoints/lab-openai/try")
+    expect(page.get_by_role("button", name="Send")).to_be_disabled()
+    expect(page.get_by_test_id("try-policy")).to_contain_text("--viewer-playground")
+    answer = page.evaluate("""async () => {
+        const form = document.getElementById("try-form");
+        const r = await fetch(form.dataset.url, {method: "POST", body: JSON.stringify({prompt: "hi"}),
+            headers: {"content-type": "application/json", "x-csrf-token": form.dataset.csrf}});
+        return await r.text();
+    }""")
+    assert "event: error" in answer and "playground_refused" in answer and "event: token" not in answer
+    assert api.put("/api/ai/key-policies/lab-openai", json={"viewer_playground": True}).status_code == 200
+    page.reload()
+    expect(page.get_by_test_id("try-policy")).to_contain_text("Viewers may use this playground")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#try-form[data-done], #try-error:not([hidden])")).to_have_count(1, timeout=30_000)
+    expect(page.get_by_test_id("try-error")).to_be_hidden()
+    assert page.get_by_test_id("answer").inner_text().strip()
+    shot(page, "playground-viewer")
+    assert not [k for k in api.get("/api/ai/keys").json() if k["name"].startswith("console-try-")]
+    ctx.close()
