@@ -107,13 +107,13 @@ class AgentKvSource:
                 continue
             if resp.status_code != 200:
                 continue
-            body = resp.json()
             try:
+                body = resp.json()
                 if body.get("engine") == "sim":
                     tok = SimTokenizer()
                 else:
                     tok = await asyncio.to_thread(EngineTokenizer.from_files, dict(body.get("files") or {}))
-            except Exception:  # a tokenizer this gateway cannot load: approximate, asked again later
+            except Exception:  # an answer or tokenizer this gateway cannot load: approximate, asked again later
                 continue
             return _Tok(tok, digest, time.monotonic() + CHECK_S, "agent")
         return _Tok(None, digest, time.monotonic() + RETRY_S, "none")
@@ -150,7 +150,10 @@ class AgentKvSource:
             self._tokenizers[deployment] = task.result()
 
     async def hasher(self, view) -> RequestHasher | None:
-        tok = await self._tokenizer(view)
+        try:
+            tok = await self._tokenizer(view)
+        except Exception:  # a store hiccup or a record that does not parse: this call routes approximately
+            return None
         if tok is None:
             return None
         return RequestHasher(tok, BlockHasher(self._block_size.get(view.endpoint.deployment, DEFAULT_BLOCK_SIZE)))

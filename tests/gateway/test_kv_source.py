@@ -210,3 +210,20 @@ def test_the_agents_client_certificate_settings_need_all_three(tmp_path):
     full = {f"FABRIC_GATEWAY_KV_{n}": str(cert) for n in ("CLIENT_CERT", "CLIENT_KEY", "CA")}
     tls = load({**base, **full}).kv_agent_tls
     assert tls.enabled is True and tls.client_cert == str(cert)
+
+
+def test_a_broken_answer_or_record_routes_approximately_instead_of_failing(tmp_path):
+    store = _store(tmp_path)
+
+    async def garbage(scope, receive, send):  # an agent answering 200 with no JSON
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"not json"})
+
+    src = AgentKvSource(store, httpx.AsyncClient(transport=httpx.ASGITransport(app=garbage)), None, timeout_s=5)
+    assert asyncio.run(src.hasher(_view())) is None
+    store.put(keyspace.deployments("d"), "{not a record")
+    src._tokenizers.clear()
+    assert asyncio.run(src.hasher(_view())) is None
+    _, why = asyncio.run(ReplicaRouter(kv=src).apick(_view(), CHAT, 0.0))
+    assert why["kv_index"] == "approximate: no tokenizer for this model"
+    store.close()
