@@ -48,8 +48,11 @@ def tokenizer_files(path: Path) -> dict[str, str]:
     out = {}
     for name in TOKENIZER_FILES:
         f = path / name
-        if f.is_file() and not f.is_symlink() and f.stat().st_size <= MAX_TOKENIZER_BYTES:
-            out[name] = f.read_text(encoding="utf-8", errors="replace")
+        try:
+            if f.is_file() and not f.is_symlink() and f.stat().st_size <= MAX_TOKENIZER_BYTES:
+                out[name] = f.read_text(encoding="utf-8", errors="replace")
+        except OSError:  # unreadable: as if absent (a 404 names a missing tokenizer.json)
+            continue
     return out
 
 
