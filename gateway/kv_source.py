@@ -138,11 +138,10 @@ class AgentKvSource:
             task = self._fetching[deployment] = asyncio.ensure_future(self._fetch(view, digest))
             task.add_done_callback(lambda t, d=deployment: self._fetched(d, t))
         try:
-            await asyncio.wait_for(asyncio.shield(task), self._timeout)
+            got = await asyncio.wait_for(asyncio.shield(task), self._timeout)
         except TimeoutError:
             return hit.tokenizer if hit is not None and hit.digest == digest else None
-        got = self._tokenizers.get(deployment)
-        return got.tokenizer if got is not None else None
+        return got.tokenizer
 
     def _fetched(self, deployment: str, task: asyncio.Task) -> None:
         self._fetching.pop(deployment, None)
