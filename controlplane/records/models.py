@@ -8,7 +8,5 @@ from controlplane.records.resource import Records
 
 KIND = "model"
 RECORDS = Records(ModelArtifact, keyspace.models, KIND)
-get, require, exists, stored, stored_items = (
-    RECORDS.get, RECORDS.require, RECORDS.exists, RECORDS.stored, RECORDS.stored_items)
-list, create, update, update_status, delete = (  # noqa: A001 - the module's verbs
-    RECORDS.list, RECORDS.create, RECORDS.update, RECORDS.update_status, RECORDS.delete)
+(get, require, exists, stored, stored_items, list, create, put, update,  # noqa: A001 - the module's verbs
+ upsert, update_status, delete, discard) = RECORDS.verbs()

@@ -19,8 +19,15 @@ from controlplane.records.cas import M
 
 
 class Records(Generic[M]):
-    def __init__(self, model: type[M], key: Callable[..., str], kind: str):
-        self.model, self.key, self.kind = model, key, kind
+    def __init__(self, model: type[M], key: Callable[..., str], kind: str, name_field: str = "name"):
+        self.model, self.key, self.kind, self.name_field = model, key, kind, name_field
+
+    VERBS = ("get", "require", "exists", "stored", "stored_items", "list", "create", "put", "update",
+             "upsert", "update_status", "delete", "discard")
+
+    def verbs(self) -> tuple:
+        """The bound verbs in VERBS order, for a resource module to export as its own functions."""
+        return tuple(getattr(self, v) for v in self.VERBS)
 
     def get(self, store: Store, name: str) -> M | None:
         kv = store.get(self.key(name))
@@ -51,14 +58,35 @@ class Records(Generic[M]):
     def create(self, store: Store, record: M) -> M:
         """Create-if-absent; Conflict when a record of that name exists."""
         record = cas.validated(self.model, record)
-        if not store.create(self.key(record.name), record.model_dump_json()):
-            raise Conflict(f"{self.kind} {record.name!r} already exists", code="already_exists")
+        name = getattr(record, self.name_field)
+        if not store.create(self.key(name), record.model_dump_json()):
+            raise Conflict(f"{self.kind} {name!r} already exists", code="already_exists")
+        return record
+
+    def put(self, store: Store, record: M) -> M:
+        """Create or replace (for records whose writer owns them whole: sites, aliases, quotas)."""
+        record = cas.validated(self.model, record)
+        store.put(self.key(getattr(record, self.name_field)), record.model_dump_json())
         return record
 
     def update(self, store: Store, name: str, mutate: Callable[[M], M | None], retries: int = cas.RETRIES,
                busy: str = "") -> M:
         return cas.update(store, self.key(name), self.model, mutate, kind=self.kind, name=name, retries=retries,
                           busy=busy)
+
+    def upsert(self, store: Store, name: str, build: Callable[[M | None], M], retries: int = cas.RETRIES,
+               busy: str = "") -> tuple[M, bool]:
+        """CAS create-or-update: ``build(current or None)`` returns the record to write; (record,
+        created). Contended after ``retries`` lost races."""
+        out: builtins.list = []
+
+        def change(kv) -> str:
+            current = None if kv is None else cas.parse(self.model, kv.value)
+            out[:] = [cas.validated(self.model, build(current)), current is None]
+            return out[0].model_dump_json()
+
+        cas.swap(store, self.key(name), change, retries=retries, busy=busy)
+        return out[0], out[1]
 
     def update_status(self, store: Store, name: str, retries: int = cas.RETRIES, **fields) -> M:
         """Set fields of the record's status (no write when they already hold those values)."""
@@ -74,3 +102,7 @@ class Records(Generic[M]):
     def delete(self, store: Store, name: str) -> None:
         if not store.delete(self.key(name)):
             raise NotFound(f"{self.kind} {name!r} not found")
+
+    def discard(self, store: Store, name: str) -> bool:
+        """Delete if present; True when it was."""
+        return store.delete(self.key(name))

@@ -1,4 +1,4 @@
-"""Revision and rollout records in the store (thin helpers; the decisions live in plan.py).
+"""Revision and rollout records in the store (thin helpers; the decisions live in controlplane.rollouts.plan).
 
 Revisions are written with create-if-absent at the next number, so two writers never produce
 the same revision and a record, once written, is never changed except ``superseded_at``.
