@@ -16,7 +16,6 @@ service someone else made on the agent.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ValidationError
@@ -37,11 +36,10 @@ from common.schemas import (
 from common.store.base import KV, Store
 from controlplane.mig.catalog import MigSlice
 from controlplane.mig.inventory import nodes_with_slices
-from controlplane.records import deployments, endpoints
+from controlplane.records import deployments, endpoints, replicas
 from controlplane.records.cas import Contended
 from controlplane.records.resource import Records
 from controlplane.scheduler import Committed, committed_resources
-from controlplane.tenancy import lifetimes
 
 MANAGED_VMS = f"{keyspace.ROOT}/managed/vms/"
 MANAGED_SERVICES = f"{keyspace.ROOT}/managed/services/"
@@ -238,21 +236,8 @@ def load_routing_snapshot(store: Store, cache: ParseCache | None = None) -> Snap
     return snap
 
 
-def put_replica(store: Store, replica: Replica, now: float | None = None) -> None:
-    """Write a replica record; its lifetime ledger entry follows (controlplane.tenancy.lifetimes)."""
-    store.put(keyspace.replicas(replica.deployment, replica.replica_id), replica.model_dump_json())
-    lifetimes.note(store, replica, time.time() if now is None else now)
-
-
-def delete_replica(store: Store, deployment: str, replica_id: str, now: float | None = None) -> None:
-    """Delete a replica record and end its lifetime (its GPUs are released with it)."""
-    store.delete(keyspace.replicas(deployment, replica_id))
-    lifetimes.note(store, None, time.time() if now is None else now, replica_id=replica_id)
-
-
-def get_replica(store: Store, deployment: str, replica_id: str) -> Replica | None:
-    kv = store.get(keyspace.replicas(deployment, replica_id))
-    return None if kv is None else _parse(kv, Replica)
+# The replica write half lives in controlplane.records.replicas; the loops call it by these names.
+put_replica, delete_replica, get_replica = replicas.put, replicas.delete, replicas.get
 
 
 def _update_status(records: Records, store: Store, name: str, status: dict) -> bool:

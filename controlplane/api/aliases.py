@@ -11,22 +11,20 @@ serves (409): a name means one thing to every client.
 
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Depends
 from pydantic import ValidationError
 
-from common import keyspace
 from common.errors import Conflict, InvalidInput, NotFound
 from common.model_aliases import ModelAlias
 from controlplane.auth import require_admin
+from controlplane.records import aliases, deployments, endpoints
 from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["aliases"], dependencies=[Depends(require_admin)])
 
 
 def _served(store) -> set[str]:
-    return {str(json.loads(kv.value).get("model", "")) for kv in store.list(keyspace.deployments())} - {""}
+    return {str(dep.get("model", "")) for _, dep in deployments.stored_items(store)} - {""}
 
 
 @router.post("/aliases", status_code=201)
@@ -37,25 +35,24 @@ def put_alias(body: dict, state: StateDep) -> dict:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise InvalidInput(f"{where}: {first['msg']}", code="invalid_alias") from None
-    if state.store.get(keyspace.endpoints(alias.endpoint)) is None:
+    if not endpoints.exists(state.store, alias.endpoint):
         raise NotFound(f"endpoint {alias.endpoint!r} does not exist")
     if alias.name in _served(state.store):
         raise Conflict(f"{alias.name!r} is a model a deployment serves; an alias may not shadow it",
                        code="alias_shadows_model")
-    state.store.put(keyspace.model_aliases(alias.name), alias.model_dump_json())
-    return alias.model_dump()
+    return aliases.put(state.store, alias).model_dump()
 
 
 @router.get("/aliases")
 def list_aliases(state: StateDep) -> list[dict]:
-    return [json.loads(kv.value) for kv in sorted(state.store.list(keyspace.model_aliases()), key=lambda kv: kv.key)]
+    return [alias for _, alias in sorted(aliases.stored_items(state.store), key=lambda item: item[0])]
 
 
 def _get(state, name: str):
-    kv = state.store.get(keyspace.model_aliases(name))
-    if kv is None:
+    alias = aliases.stored(state.store, name)
+    if alias is None:
         raise NotFound(f"no alias named {name!r}")
-    return json.loads(kv.value)
+    return alias
 
 
 @router.get("/aliases/{name:path}")
@@ -66,5 +63,5 @@ def get_alias(name: str, state: StateDep) -> dict:
 @router.delete("/aliases/{name:path}")
 def delete_alias(name: str, state: StateDep) -> dict:
     _get(state, name)
-    state.store.delete(keyspace.model_aliases(name))
+    aliases.discard(state.store, name)
     return {"name": name, "deleted": True}

@@ -18,13 +18,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from common import keyspace
 from common.errors import InvalidInput, NotFound
-from common.schemas import InferenceProfile, ModelArtifact, check_name
+from common.schemas import check_name
 from controlplane.auth import require_admin
 from controlplane.orchestration_state import load_snapshot
 from controlplane.placement.capacity import fit
 from controlplane.placement.preempt_apply import holders_of
+from controlplane.records import models, profiles
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, get_state
 
@@ -50,16 +50,12 @@ def capacity_fit(state: StateDep, profile: str = Query(..., min_length=1, max_le
     if len(sites) > MAX_SITES:
         raise InvalidInput(f"allowed_sites names {len(sites)} sites; at most {MAX_SITES}", code="invalid")
     residency = _name(residency, "residency") if residency else None
-    kv = state.store.get(keyspace.profiles(name))
-    if kv is None:
-        raise NotFound(f"profile {name!r} not found")
-    prof = InferenceProfile.model_validate_json(kv.value, context={"stored": True})
+    prof = profiles.require(state.store, name)
     artifact = None
     if model:
-        mkv = state.store.get(keyspace.models(_name(model, "model")))
-        if mkv is None:
+        artifact = models.get(state.store, _name(model, "model"))
+        if artifact is None:
             raise NotFound(f"model {model!r} not found")
-        artifact = ModelArtifact.model_validate_json(mkv.value, context={"stored": True})
         if artifact.residency and residency and artifact.residency != residency:
             raise InvalidInput(f"residency {residency!r} differs from model {model}'s residency "
                                f"{artifact.residency!r}", code="residency_conflict")

@@ -15,12 +15,12 @@ import time
 from fastapi import APIRouter, Depends
 from pydantic import field_validator
 
-from common import keyspace
-from common.errors import NotFound
-from common.schemas import ModelArtifact, Node, Site, Spec, check_name
+from common.schemas import ModelArtifact, Spec, check_name
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.models import replicate
+from controlplane.records import models, sites
+from controlplane.records import nodes as node_records
 from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
 
@@ -37,18 +37,14 @@ class ReplicateRequest(Spec):
 
 
 def _model(state, name: str) -> ModelArtifact:
-    kv = state.store.get(keyspace.models(name))
-    if kv is None:
-        raise NotFound(f"model {name!r} not found")
-    return ModelArtifact.model_validate_json(kv.value, context={"stored": True})
+    return models.require(state.store, name)
 
 
 @router.post("/models/{name}/replicate")
 def replicate_model(name: str, body: ReplicateRequest, state: StateDep) -> dict:
     model = _model(state, name)
-    kv = state.store.get(keyspace.sites(body.site))
-    site = Site.model_validate_json(kv.value) if kv is not None else None
-    nodes = [Node.model_validate_json(n.value) for n in state.store.list(keyspace.nodes())]
+    site = sites.get(state.store, body.site)
+    nodes = node_records.list(state.store)
     decision = replicate.decide(model, body.site, site, nodes, time.time())
     copy = replicate.SiteCopy(model=name, site=body.site, phase="Pending", message=decision.message,
                               digest=decision.digest)

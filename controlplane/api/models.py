@@ -24,23 +24,24 @@ import time
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from common import keyspace
 from common.errors import Conflict, FabricError, InvalidInput, NotFound, TransientError
 from common.model_api import ModelJob, VerifyRequest
-from common.schemas import InferenceDeployment, ModelArtifact, Node, Spec
+from common.schemas import ModelArtifact, Node, Spec
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.models import plan
-from controlplane.models.records import (
+from controlplane.models.worker import refresh_model_status
+from controlplane.records import deployments
+from controlplane.records import models as model_records
+from controlplane.records import nodes as node_records
+from controlplane.records.model_jobs import (
     create_job,
     delete_jobs,
     get_job,
     list_jobs,
-    load_model,
     put_job,
     restart_job,
 )
-from controlplane.models.worker import refresh_model_status
 from controlplane.scheduler import node_online
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
@@ -63,14 +64,14 @@ class EvictRequest(Spec):
 
 
 def _model(state: AppState, name: str) -> ModelArtifact:
-    model = load_model(state.store, name)
+    model = model_records.get(state.store, name)
     if model is None:
         raise NotFound(f"model {name!r} not found")
     return model
 
 
 def _nodes(state: AppState) -> dict[str, Node]:
-    return {n.id: n for n in (Node.model_validate_json(kv.value) for kv in state.store.list(keyspace.nodes()))}
+    return {n.id: n for n in node_records.list(state.store)}
 
 
 @contextlib.asynccontextmanager
@@ -203,11 +204,10 @@ def _budget(body: EvictRequest, state: AppState) -> int:
 
 def referenced_digests(state: AppState) -> dict[str, list[str]]:
     """digest -> names of the models a deployment uses that have (or expect) that digest."""
-    used = {InferenceDeployment.model_validate_json(kv.value).model
-            for kv in state.store.list(keyspace.deployments())}
+    used = {dep.model for dep in deployments.list(state.store)}
     out: dict[str, list[str]] = {}
     for name in used:
-        model = load_model(state.store, name)
+        model = model_records.get(state.store, name)
         jobs = list_jobs(state.store, name)
         digests = {j.digest for j in jobs if j.digest}
         digests |= {a.digest for j in jobs for a in j.adapters.values()}  # its LoRA adapters' bytes
@@ -247,8 +247,8 @@ async def evict(body: EvictRequest, state: StateDep) -> dict:
                 if job.node == e.node and job.digest == e.digest:
                     delete_jobs(state.store, job.model, job.node)
     for model_name in {j.model for j in list_jobs(state.store)} | {
-            m.name for m in (ModelArtifact.model_validate_json(kv.value) for kv in state.store.list(keyspace.models()))}:
-        model = load_model(state.store, model_name)
+            m.name for m in model_records.list(state.store)}:
+        model = model_records.get(state.store, model_name)
         if model is not None:
             refresh_model_status(state.store, model)
     if evicted:

@@ -32,13 +32,13 @@ from common.agent_api import NodeCertificate, NodeReport
 from common.errors import Conflict, InvalidInput, NotFound, TransientError
 from common.pki import MAX_SAN_HOSTS, check_san_host, ensure_ca, issue_cert
 from common.schemas import GpuInfo, Node, check_name
-from common.store.base import KV
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.node_identity import authenticate_node, require_node
 from controlplane.node_trust import identity_change
 from controlplane.orchestration_state import load_snapshot
 from controlplane.records import cas
+from controlplane.records import nodes as node_records
 from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
 from controlplane.state import AppState, get_state
 
@@ -160,35 +160,22 @@ def gpu_views(nodes: list[Node], reservations: dict[tuple[str, str], str], now: 
     return out
 
 
-# -- store helpers --------------------------------------------------------------------------------
-
-def _load(state: AppState, node_id: str) -> tuple[Node | None, int | None]:
-    kv = state.store.get(keyspace.nodes(node_id))
-    if kv is None:
-        return None, None
-    return Node.model_validate_json(kv.value), kv.mod_revision
-
+# -- record helpers -------------------------------------------------------------------------------
 
 def _save(state: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Node, bool]:
     """Read-modify-write of one node record (created when absent); returns (node, created)."""
-    saved: list = []
-
-    def change(kv: KV | None) -> str:
-        stored = None if kv is None else cas.parse(Node, kv.value)
+    def build(stored: Node | None) -> Node:
         if stored is None and must_exist:
             raise NotFound(f"node {report.id} is not registered; POST /api/ai/nodes first",
                            code="not_registered")
         if stored is not None and (why := identity_change(stored, report.address, report.site)):
             raise Conflict(why, code="node_identity_fixed")
-        node = merge_report(stored, report, time.time())
-        saved[:] = [node, stored is None]
-        return node.model_dump_json()
+        return merge_report(stored, report, time.time())
 
     try:
-        cas.swap(state.store, keyspace.nodes(report.id), change, retries=UPDATE_RETRIES)
+        return node_records.upsert(state.store, report.id, build, retries=UPDATE_RETRIES)
     except cas.Contended:
         raise TransientError(f"node {report.id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
-    return saved[0], saved[1]
 
 
 # -- routes ---------------------------------------------------------------------------------------
@@ -198,14 +185,12 @@ def list_nodes(state: StateDep) -> list[NodeView]:
     now = time.time()
     committed = load_snapshot(state.store).committed()
     return [node_view(n, now, held=committed.get(n.id, NOTHING_COMMITTED))
-            for n in (Node.model_validate_json(kv.value) for kv in state.store.list(keyspace.nodes()))]
+            for n in node_records.list(state.store)]
 
 
 @router.get("/nodes/{node_id}", response_model=NodeView, dependencies=admin)
 def get_node(node_id: str, state: StateDep) -> NodeView:
-    node, _ = _load(state, node_id)
-    if node is None:
-        raise NotFound(f"node {node_id!r} not found")
+    node = node_records.require(state.store, node_id)
     return node_view(node, time.time(), held=load_snapshot(state.store).committed().get(node_id, NOTHING_COMMITTED))
 
 
@@ -284,8 +269,7 @@ def set_node_identity(node_id: str, body: NodeIdentity, state: StateDep) -> Node
         return node
 
     try:
-        node = cas.update(state.store, keyspace.nodes(node_id), Node, set_identity, kind="node", name=node_id,
-                          retries=UPDATE_RETRIES)
+        node = node_records.update(state.store, node_id, set_identity, retries=UPDATE_RETRIES)
     except cas.Contended:
         raise TransientError(f"node {node_id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
     record_event(state.store, "node", node_id, "identity-set",
@@ -296,7 +280,7 @@ def set_node_identity(node_id: str, body: NodeIdentity, state: StateDep) -> Node
 
 @router.get("/gpus", response_model=list[GpuView], dependencies=admin)
 def list_gpus(state: StateDep) -> list[GpuView]:
-    nodes = [Node.model_validate_json(kv.value) for kv in state.store.list(keyspace.nodes())]
+    nodes = node_records.list(state.store)
     prefix = keyspace.gpu_reservations()
     reservations = {}
     for kv in state.store.list(prefix):

@@ -9,15 +9,15 @@ growth (create, scale up, autoscaler scale-out) is refused until use is back und
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import APIRouter, Depends
 
-from common import keyspace
 from common.schemas import TenantQuota
 from controlplane.auth import require_admin
 from controlplane.events import record_event
+from controlplane.records import deployments
+from controlplane.records import quotas as quota_records
 from controlplane.state import StateDep
 from controlplane.tenancy import quotas
 
@@ -26,14 +26,14 @@ router = APIRouter(prefix="/api/ai", tags=["quotas"], dependencies=[Depends(requ
 
 def _with_use(state, quota: TenantQuota) -> dict:
     counts = quotas.gpu_counts(state.store)
-    records = [json.loads(kv.value) for kv in state.store.list(keyspace.deployments())]
+    records = [dep for _, dep in deployments.stored_items(state.store)]
     return {**quota.model_dump(mode="json"), "used_gpus": quotas.usage(records, quota.tenant, counts)}
 
 
 @router.post("/quotas")
 def set_quota(body: TenantQuota, state: StateDep) -> dict:
     quota = body.model_copy(update={"updated_at": time.time()})
-    state.store.put(keyspace.quotas(quota.tenant), quota.model_dump_json())
+    quota = quota_records.put(state.store, quota)
     record_event(state.store, "tenant", quota.tenant, "QuotaSet", f"tenant {quota.tenant} max_gpus {quota.max_gpus}",
                  tenant=quota.tenant, keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
     return _with_use(state, quota)

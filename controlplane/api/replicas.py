@@ -15,11 +15,11 @@ import time
 
 from fastapi import APIRouter, Depends, Query
 
-from common import keyspace
 from common.errors import NotFound
-from common.schemas import Node, Replica
+from common.schemas import Replica
 from controlplane.agent_client import AgentClients
 from controlplane.auth import require_admin
+from controlplane.records import nodes, replicas
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["replicas"], dependencies=[Depends(require_admin)])
@@ -35,8 +35,7 @@ def replica_view(rep: Replica, now: float) -> dict:
 
 
 def _all(state: AppState, deployment: str | None) -> list[Replica]:
-    prefix = keyspace.replicas(deployment, "") if deployment else keyspace.replicas()
-    return [Replica.model_validate_json(kv.value) for kv in state.store.list(prefix)]
+    return replicas.list(state.store, deployment)
 
 
 def _find(state: AppState, replica_id: str) -> Replica:
@@ -61,10 +60,9 @@ def get_replica(replica_id: str, state: StateDep) -> dict:
 async def replica_logs(replica_id: str, state: StateDep, offset: int = Query(-65536),
                        limit: int = Query(65536, ge=1, le=MAX_LOG_CHUNK)) -> dict:
     rep = _find(state, replica_id)
-    kv = state.store.get(keyspace.nodes(rep.node))
-    if kv is None:
+    node = nodes.get(state.store, rep.node)
+    if node is None:
         raise NotFound(f"node {rep.node!r} of replica {replica_id} is not registered")
-    node = Node.model_validate_json(kv.value)
     async with AgentClients(state.state_dir, insecure=state.settings.insecure).for_node(node) as agent:
         chunk = await agent.vm_logs(rep.vm_id or rep.replica_id, offset, limit)
     return {"replica_id": rep.replica_id, "node": rep.node, **chunk}

@@ -52,10 +52,11 @@ from common.store.base import Store
 from controlplane.api.paging import DEFAULT_LIMIT, ContinueQuery, LimitQuery, page
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
-from controlplane.models.records import check_local_source, delete_jobs
+from controlplane.models.sources import check_local_source
 from controlplane.records import deployments, endpoints, models
+from controlplane.records import rollouts as rollout_records
 from controlplane.records.kinds import BY_KIND
-from controlplane.rollouts import records
+from controlplane.records.model_jobs import delete_jobs
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import admission, model_sources, owners, policies, quotas
@@ -178,7 +179,7 @@ def get_model(name: str, state: StateDep) -> dict:
 def delete_model(name: str, state: StateDep) -> Deleted:
     tenant = _get(state.store, "model", name).get("tenant")
     refuse_if_used("model", name, "deployment", users_of(_list(state.store, "deployment"), "model", name))
-    refuse_if_used("model", name, "rollout of", records.rollout_users(state.store, "model", name))
+    refuse_if_used("model", name, "rollout of", rollout_records.rollout_users(state.store, "model", name))
     deleted = _delete(state, "model", name, tenant)
     delete_jobs(state.store, name)  # the cached bytes stay until evicted
     return deleted
@@ -214,7 +215,7 @@ def delete_profile(name: str, state: StateDep) -> Deleted:
     tenant = _get(state.store, "profile", name).get("tenant")
     refuse_if_used("profile", name, "deployment",
                    users_of(_list(state.store, "deployment"), "profile", name))
-    refuse_if_used("profile", name, "rollout of", records.rollout_users(state.store, "profile", name))
+    refuse_if_used("profile", name, "rollout of", rollout_records.rollout_users(state.store, "profile", name))
     return _delete(state, "profile", name, tenant)
 
 
@@ -245,8 +246,8 @@ def create_deployment(body: InferenceDeployment, state: StateDep, who: Principal
         admission.still_held(guard)
         # Leftovers of an earlier deployment of the same name go first; revision 1 follows the record.
         created = _create(state, "deployment", dep, message)
-    records.forget(state.store, dep.name)
-    records.write_revision(state.store, dep.name, records.template_of(dep), who=who.subject, reason="created",
+    rollout_records.forget(state.store, dep.name)
+    rollout_records.write_revision(state.store, dep.name, rollout_records.template_of(dep), who=who.subject, reason="created",
                            now=dep.created_at)
     return created
 
@@ -331,7 +332,7 @@ def delete_deployment(name: str, response: Response, state: StateDep) -> dict:
     refuse_if_used("deployment", name, "endpoint", users_of(live, "deployment", name))
     if not state.controllers_running:
         deleted = _delete(state, "deployment", name, tenant).model_dump()
-        records.forget(state.store, name)
+        rollout_records.forget(state.store, name)
         return deleted
     dep, _ = _mark_deleting(state, "deployment", name,
                             {"phase": "Deleting", "message": "deletion requested; removing replicas"})

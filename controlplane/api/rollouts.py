@@ -31,8 +31,8 @@ from controlplane.api.resources import reference_missing
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.orchestration_state import load_deployment, load_snapshot
+from controlplane.records import rollouts as rollout_records
 from controlplane.rollouts import operate as ops
-from controlplane.rollouts import records
 from controlplane.rollouts.plan import healthy, is_ready, window_of
 from controlplane.routing.final import endpoint_plan
 from controlplane.state import StateDep
@@ -61,11 +61,11 @@ def _deployment(state, name: str):
 def ensure_first_revision(store, dep, who: str = "fabricd") -> list[Revision]:
     """The revisions of ``dep``; a deployment made before revisions existed gets its revision
     (its current template) recorded first."""
-    revs = records.list_revisions(store, dep.name)
+    revs = rollout_records.list_revisions(store, dep.name)
     if not revs:
-        records.write_revision(store, dep.name, records.template_of(dep), who=who,
+        rollout_records.write_revision(store, dep.name, rollout_records.template_of(dep), who=who,
                                reason="recorded from the running deployment", now=time.time())
-        revs = records.list_revisions(store, dep.name)
+        revs = rollout_records.list_revisions(store, dep.name)
     return revs
 
 
@@ -104,7 +104,7 @@ def create_revision(name: str, body: RevisionRequest, state: StateDep, caller: P
     if template == newest:
         raise Conflict(f"the template equals deployment {name!r}'s newest revision; nothing to write",
                        code="unchanged")
-    rev = records.write_revision(state.store, name, template, who=who, reason=body.reason, now=time.time())
+    rev = rollout_records.write_revision(state.store, name, template, who=who, reason=body.reason, now=time.time())
     # Engine args may carry a secret (a token flag): the event names only how many there are.
     _event(state, name, "revision", f"revision {rev.revision}: model {template.model}, profile {template.profile}, "
                                     f"{len(template.engine_args)} engine args")
@@ -115,7 +115,7 @@ def create_revision(name: str, body: RevisionRequest, state: StateDep, caller: P
 def get_revision(name: str, revision: int, state: StateDep, _: AdminDep) -> dict:
     dep = _deployment(state, name)
     ensure_first_revision(state.store, dep)
-    rev = records.get_revision(state.store, name, revision)
+    rev = rollout_records.get_revision(state.store, name, revision)
     if rev is None:
         raise NotFound(f"revision {revision} of deployment {name!r} not found")
     return rev.model_dump(mode="json")
@@ -128,9 +128,9 @@ def start_rollout(name: str, body: RolloutRequest, state: StateDep, who: AdminDe
         raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
     revs = ensure_first_revision(state.store, dep, who)
     to = body.to_revision if body.to_revision is not None else revs[-1].revision
-    if records.get_revision(state.store, name, to) is None:
+    if rollout_records.get_revision(state.store, name, to) is None:
         raise NotFound(f"revision {to} of deployment {name!r} not found")
-    existing = records.list_rollouts(state.store, name)
+    existing = rollout_records.list_rollouts(state.store, name)
     if existing and existing[-1][0].active:
         cur = existing[-1][0]
         raise Conflict(f"rollout {cur.id} of {name!r} is still {cur.phase}; promote, roll back or wait for it",
@@ -138,9 +138,9 @@ def start_rollout(name: str, body: RolloutRequest, state: StateDep, who: AdminDe
     rid = existing[-1][0].id + 1 if existing else 1
     rec = ops.start(body, rollout_id=rid, deployment=name, from_revision=dep.revision, to_revision=to,
                     replicas=dep.replicas, who=who, now=time.time())
-    if not records.create_rollout(state.store, rec):
+    if not rollout_records.create_rollout(state.store, rec):
         raise Conflict(f"another rollout of {name!r} started at the same time", code="rollout_active")
-    records.prune_rollouts(state.store, name)
+    rollout_records.prune_rollouts(state.store, name)
     _event(state, name, "started", f"rollout {rid}: {rec.strategy} from revision {rec.from_revision} "
                                    f"to {rec.to_revision}, {rec.replicas} replicas")
     return rec.model_dump(mode="json")
@@ -149,11 +149,11 @@ def start_rollout(name: str, body: RolloutRequest, state: StateDep, who: AdminDe
 @router.get("/deployments/{name}/rollouts")
 def list_rollouts(name: str, state: StateDep, _: AdminDep) -> list[dict]:
     _deployment(state, name)
-    return [r.model_dump(mode="json") for r, _m in records.list_rollouts(state.store, name)]
+    return [r.model_dump(mode="json") for r, _m in rollout_records.list_rollouts(state.store, name)]
 
 
 def _rollout(state, name: str, rollout_id: int) -> tuple[Rollout, int]:
-    got = records.get_rollout(state.store, name, rollout_id)
+    got = rollout_records.get_rollout(state.store, name, rollout_id)
     if got is None:
         raise NotFound(f"rollout {rollout_id} of deployment {name!r} not found")
     return got
@@ -171,7 +171,7 @@ def operate_rollout(name: str, rollout_id: int, action: str, state: StateDep, wh
     for _ in range(CAS_RETRIES):
         rec, mod = _rollout(state, name, rollout_id)
         new = ops.operate(rec, action, time.time())
-        if records.save_rollout(state.store, new, mod):
+        if rollout_records.save_rollout(state.store, new, mod):
             _event(state, name, action, f"rollout {rollout_id}: {action} by {who}")
             return new.model_dump(mode="json")
     raise Conflict(f"rollout {rollout_id} changed too often; try again", code="contended")
@@ -183,7 +183,7 @@ def explain_rollout(deployment: str, state: StateDep, _: AdminDep) -> dict:
     dep = snap.deployments.get(deployment)
     if dep is None:
         raise NotFound(f"deployment {deployment!r} not found")
-    recs = records.list_rollouts(state.store, deployment)
+    recs = rollout_records.list_rollouts(state.store, deployment)
     body: dict = {"deployment": deployment, "revision": dep.revision, "rollout": None}
     if not recs:
         body["message"] = f"no rollout; revision {dep.revision} serves every replica"

@@ -18,11 +18,11 @@ import time
 
 from fastapi import APIRouter, Depends, Response
 
-from common import keyspace
 from common.errors import NotFound
 from common.schemas import Node, Site
 from controlplane.auth import require_admin
 from controlplane.events import record_event
+from controlplane.records import nodes, sites
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["sites"], dependencies=[Depends(require_admin)])
@@ -30,9 +30,9 @@ router = APIRouter(prefix="/api/ai", tags=["sites"], dependencies=[Depends(requi
 
 def _nodes_by_site(state: AppState) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for kv in state.store.list(keyspace.nodes()):
+    for _, record in nodes.stored_items(state.store):
         try:
-            node = Node.model_validate_json(kv.value)
+            node = Node.model_validate(record)
         except ValueError:
             continue
         out.setdefault(node.site, []).append(node.id)
@@ -50,16 +50,15 @@ def _event(state: AppState, name: str, action: str, message: str, tenant: str | 
 
 @router.get("/sites")
 def list_sites(state: StateDep) -> list[dict]:
-    nodes = _nodes_by_site(state)
-    sites = [Site.model_validate_json(kv.value) for kv in state.store.list(keyspace.sites())]
-    return [_view(s, nodes) for s in sorted(sites, key=lambda s: s.name)]
+    by_site = _nodes_by_site(state)
+    return [_view(s, by_site) for s in sorted(sites.list(state.store), key=lambda s: s.name)]
 
 
 @router.post("/sites", status_code=201, responses={200: {"description": "the site existed and was replaced"}})
 def put_site(body: Site, state: StateDep, response: Response) -> dict:
     site = body.model_copy(update={"created_at": time.time()})
-    existed = state.store.get(keyspace.sites(site.name)) is not None
-    state.store.put(keyspace.sites(site.name), site.model_dump_json())
+    existed = sites.exists(state.store, site.name)
+    site = sites.put(state.store, site)
     if existed:
         response.status_code = 200
     detail = f"residency {site.residency or '-'}, cost tier {site.cost_tier:g}, failover " \
@@ -70,15 +69,15 @@ def put_site(body: Site, state: StateDep, response: Response) -> dict:
 
 @router.get("/sites/{name}")
 def get_site(name: str, state: StateDep) -> dict:
-    kv = state.store.get(keyspace.sites(name))
-    if kv is None:
+    site = sites.get(state.store, name)
+    if site is None:
         raise NotFound(f"site {name!r} not found", code="site_not_found")
-    return _view(Site.model_validate_json(kv.value), _nodes_by_site(state))
+    return _view(site, _nodes_by_site(state))
 
 
 @router.delete("/sites/{name}")
 def delete_site(name: str, state: StateDep) -> dict:
-    if not state.store.delete(keyspace.sites(name)):
+    if not sites.discard(state.store, name):
         raise NotFound(f"site {name!r} not found", code="site_not_found")
     _event(state, name, "deleted", f"site {name} deleted")
     return {"kind": "site", "name": name, "deleted": True}

@@ -16,7 +16,7 @@ from controlplane.orchestration_state import (
     put_replica,
     update_deployment_status,
 )
-from controlplane.rollouts import records
+from controlplane.records import rollouts as rollout_records
 
 log = logging.getLogger("fabricd.dryrun")
 
@@ -36,7 +36,7 @@ class DryRunWorker:
                 self.store.delete(keyspace.observations(rid))
             if p.delete_deployment:
                 self.store.delete(keyspace.deployments(name))
-                records.forget(self.store, name)
+                rollout_records.forget(self.store, name)
                 log.info("deployment %s deleted (dry run)", name)
                 continue
             for replica in p.create:

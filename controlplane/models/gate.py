@@ -12,7 +12,7 @@ from __future__ import annotations
 from common.schemas import ModelArtifact, Node
 from common.store.base import Store
 from controlplane.models import plan
-from controlplane.models.records import create_job, get_job, restart_job
+from controlplane.records.model_jobs import create_job, get_job, restart_job
 
 
 def model_gate(store: Store, model: ModelArtifact, node: Node) -> plan.Gate:

@@ -20,7 +20,7 @@ from common.model_api import ModelJob
 from common.schemas import ModelArtifact, Node
 from common.store.base import Store
 from controlplane.models import plan
-from controlplane.models.records import get_job, list_jobs, put_job, update_model_status
+from controlplane.records.model_jobs import get_job, list_jobs, put_job, update_model_status
 
 log = logging.getLogger("fabricd.models")
 

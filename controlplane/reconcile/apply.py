@@ -63,7 +63,7 @@ from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
 from controlplane.reconcile.crashloop import CRASHLOOP_PHASE
 from controlplane.reconcile.engine_failure import engine_error_line
 from controlplane.reconcile.events import ReconcileEvents
-from controlplane.rollouts import records
+from controlplane.records import rollouts as rollout_records
 from controlplane.scaling.loop import with_note
 
 log = logging.getLogger("fabricd.reconcile")
@@ -314,7 +314,7 @@ class ReconcileWorker:
         left = [r for r in replicas if get_replica(self.store, dep.name, r.replica_id) is not None]
         if not left and not errors:
             self.store.delete(keyspace.deployments(dep.name))
-            records.forget(self.store, dep.name)
+            rollout_records.forget(self.store, dep.name)
             self.store.delete(keyspace.scaling(dep.name))
             self.forget_deployment(dep.name)
             self.events.deployment(dep, "Deleted", f"deployment {dep.name} deleted; its replicas are gone")

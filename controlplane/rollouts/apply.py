@@ -22,7 +22,7 @@ from common.rollouts import Rollout
 from common.schemas import Replica, ReplicaObservation
 from common.store.base import Store
 from controlplane.events import record_event
-from controlplane.rollouts import records
+from controlplane.records import rollouts as rollout_records
 from controlplane.rollouts.plan import Activate, Event, SaveRecord, Supersede, plan_rollout
 
 log = logging.getLogger("fabricd.rollouts")
@@ -53,19 +53,19 @@ class RolloutWorker:
                 observations: Mapping[str, ReplicaObservation]) -> dict[str, Rollout]:
         now = self.clock()
         out: dict[str, Rollout] = {}
-        for dep, (record, mod) in sorted(records.active_rollouts(self.store).items()):
+        for dep, (record, mod) in sorted(rollout_records.active_rollouts(self.store).items()):
             actions = plan_rollout(record, replicas.get(dep, []), observations, now)
             saved = record
             for a in actions:  # Activate and Supersede before the record says it is over
                 if isinstance(a, Activate):
-                    rev = records.get_revision(self.store, dep, a.revision)
+                    rev = rollout_records.get_revision(self.store, dep, a.revision)
                     if rev is not None:
-                        records.activate(self.store, dep, rev)
+                        rollout_records.activate(self.store, dep, rev)
                 elif isinstance(a, Supersede):
-                    records.mark_superseded(self.store, dep, a.revision, now)
+                    rollout_records.mark_superseded(self.store, dep, a.revision, now)
             for a in actions:
                 if isinstance(a, SaveRecord):
-                    if not records.save_rollout(self.store, a.record, mod):
+                    if not rollout_records.save_rollout(self.store, a.record, mod):
                         log.info("rollout %s of %s changed meanwhile; planning again next tick", record.id, dep)
                         break
                     saved = a.record

@@ -131,18 +131,18 @@ def test_rollout_worker_exports_share_and_transitions(tmp_path):
 
     from common import keyspace
     from common.store.sqlite_store import SqliteStore
-    from controlplane.rollouts import records
+    from controlplane.records import rollouts as rollout_records
     from controlplane.rollouts.apply import RolloutMetrics, RolloutWorker
 
     store = SqliteStore(tmp_path / "s.db")
     registry = CollectorRegistry()
     worker = RolloutWorker(store, clock=lambda: NOW, metrics=RolloutMetrics(registry))
-    records.create_rollout(store, record("canary", replicas=4))
+    rollout_records.create_rollout(store, record("canary", replicas=4))
     replicas = {"qwen": olds(4) + news(1)}
     assert worker.advance(replicas, {})["qwen"].share == 5
     assert registry.get_sample_value("fabric_rollout_share", {"deployment": "qwen"}) == 5
     assert registry.get_sample_value("fabric_rollout_transitions_total", {"action": "step"}) == 1
-    stored, _mod = records.get_rollout(store, "qwen", 1)
+    stored, _mod = rollout_records.get_rollout(store, "qwen", 1)
     assert stored.share == 5 and stored.step_started_at == NOW
     store.put(keyspace.rollouts("qwen", 1), stored.model_copy(update={"phase": "RolledBack"}).model_dump_json())
     assert worker.advance(replicas, {}) == {}

@@ -126,22 +126,22 @@ def test_revisions_and_rollouts_are_bounded(monkeypatch):
     from common.rollouts import Rollout
     from common.schemas import Template
     from common.store.sqlite_store import SqliteStore
-    from controlplane.rollouts import records
+    from controlplane.records import rollouts as rollout_records
 
-    monkeypatch.setattr(records, "KEEP_REVISIONS", 3)
-    monkeypatch.setattr(records, "KEEP_ROLLOUTS", 2)
+    monkeypatch.setattr(rollout_records, "KEEP_REVISIONS", 3)
+    monkeypatch.setattr(rollout_records, "KEEP_ROLLOUTS", 2)
     with tempfile.TemporaryDirectory() as tmp:
         store = SqliteStore(Path(tmp) / "s.db")
         for i in range(5):
-            records.write_revision(store, "d", Template(model="m", profile="p", engine_args=[f"--x={i}"]),
+            rollout_records.write_revision(store, "d", Template(model="m", profile="p", engine_args=[f"--x={i}"]),
                                    who="a", reason="", now=1.0)
             if i < 3:
-                records.mark_superseded(store, "d", i + 1, 2.0)
-        assert [r.revision for r in records.list_revisions(store, "d")] == [3, 4, 5]
+                rollout_records.mark_superseded(store, "d", i + 1, 2.0)
+        assert [r.revision for r in rollout_records.list_revisions(store, "d")] == [3, 4, 5]
         for i in range(1, 5):
             phase = "Progressing" if i == 4 else "Succeeded"
-            records.create_rollout(store, Rollout(id=i, deployment="d", strategy="rolling", from_revision=1,
+            rollout_records.create_rollout(store, Rollout(id=i, deployment="d", strategy="rolling", from_revision=1,
                                                   to_revision=2, replicas=1, phase=phase))
-            records.prune_rollouts(store, "d")
-        assert [r.id for r, _ in records.list_rollouts(store, "d")] == [3, 4]
+            rollout_records.prune_rollouts(store, "d")
+        assert [r.id for r, _ in rollout_records.list_rollouts(store, "d")] == [3, 4]
         store.close()
