@@ -7,8 +7,9 @@ settled at exactly what was relayed (the prompt estimate plus the tokens the cli
 and no slot is left held; with the limit in the key's shadow_limits the stream runs to its end
 and the call is counted, audited and explained as one the limit would have refused.
 
-In-process, with a moved clock: a stream that outlives its TPM minute is charged its further
-tokens in the new minute as they come, and is cut there at exactly the limit.
+In-process, with a moved clock: a stream that outlives its window (the key's TPM minute, the
+tenant's FABRIC_TENANT_TPM minute, FABRIC_DAILY_TOKENS' day) is charged its further tokens in
+the new window as they come, and is cut there at exactly the limit.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import httpx
 import openai
 import pytest
 
-from common import audit_chain, counters, keyspace
+from common import apikeys, audit_chain, counters, keyspace
+from common.errors import InvalidInput
 from common.store.base import open_store
-from gateway.limits import KEY_LIMITS, LimitKeeper, RequestFacts, plan_admission
+from gateway.limits import KEY_LIMITS, LimitKeeper, RequestFacts, key_shadowed, plan_admission
 from gateway.live_budget import LiveBudget
 from gateway.settings import GatewaySettings
 from gateway.slots import SlotHolder, slot_view
@@ -173,32 +175,50 @@ def _event(i: int) -> bytes:
     return b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i
 
 
-def test_a_stream_that_outlives_its_minute_is_charged_and_cut_in_the_next(tmp_path):
+WINDOWS = [  # (settings, the call's key TPM, its tenant, the counter, the window, its limit's name)
+    (GatewaySettings(), 100, None, "tpm/key/k1", 60, KEY_LIMITS["tokens_per_minute"]),
+    (GatewaySettings(tpm={"TENANT": 100}), None, "acme", "tpm/tenant/acme", 60, "FABRIC_TENANT_TPM"),
+    (GatewaySettings(daily_tokens=100), None, None, "daily-tokens", 86400, "FABRIC_DAILY_TOKENS"),
+]
+
+
+@pytest.mark.parametrize("settings,key_tpm,tenant,counter,window,what", WINDOWS)
+def test_a_stream_that_outlives_its_window_is_charged_and_cut_in_the_next(tmp_path, settings, key_tpm, tenant,
+                                                                          counter, window, what):
     store = open_store(f"sqlite://{tmp_path}/s.db")
-    clock = Clock(6000.0 + 59.0)  # one second before a minute ends
+    clock = Clock(window * 100 + window - 1.0)  # one second before a window ends
     keeper = LimitKeeper(store, SlotHolder(store, "gw"), clock=clock)
-    facts = RequestFacts(endpoint="e", model="m", tenant=None, project=None, user=None, gateway_id="gw",
-                         prompt_chars=40, max_tokens=50, key_id="k1", key_tokens_per_minute=100)
-    key = keyspace.counters("tpm/key/k1")
+    facts = RequestFacts(endpoint="e", model="m", tenant=tenant, project=None, user=None, gateway_id="gw",
+                         prompt_chars=40, max_tokens=50, key_id="k1", key_tokens_per_minute=key_tpm)
+    key = keyspace.counters(counter)
 
     async def run() -> LiveBudget:
-        admission = await keeper.admit(plan_admission(GatewaySettings(), facts), facts.token_estimate)
+        admission = await keeper.admit(plan_admission(settings, facts), facts.token_estimate)
         budget = LiveBudget(keeper, admission, facts.prompt_tokens, "/v1/chat/completions")
-        for i in range(5):  # within the first minute's hold
+        for i in range(5):  # within the first window's hold
             assert await budget.take(budget.feed(_event(i))[1])
-        clock.now = 6060.5  # the next minute; others took 90 of its 100 tokens
-        assert counters.window_reserve(store, key, 90, 100, 60, clock.now).ok
+        clock.now += 1.5  # the next window; others took 90 of its 100 tokens
+        assert counters.window_reserve(store, key, 90, 100, window, clock.now).ok
         i = 5
         while await budget.take(budget.feed(_event(i))[1]):
             i += 1
-        assert budget.generated == 15 and budget.cut_by == KEY_LIMITS["tokens_per_minute"]
+        assert budget.generated == 15 and budget.cut_by == what
         await keeper.settle(admission, budget.used)
         return budget
 
     budget = asyncio.run(run())
-    assert counters.window_read(store, key, 60, clock.now) == 100  # exactly the limit: 90 + its 10
+    assert counters.window_read(store, key, window, clock.now) == 100  # exactly the limit: 90 + its 10
     assert budget.used == facts.prompt_tokens + 15
     store.close()
+
+
+def test_a_keys_shadow_limits_are_checked_names():
+    with pytest.raises(InvalidInput, match="shadow_limits"):
+        apikeys.build_record(apikeys.KeySpec(name="k", endpoint="e", shadow_limits=("tpm",)), b"s")
+    record, _ = apikeys.build_record(apikeys.KeySpec(name="k", endpoint="e", shadow_limits=(
+        "tokens_per_minute", "FABRIC_TENANT_TPM", "tokens_per_minute")), b"s")
+    assert record.shadow_limits == ["FABRIC_TENANT_TPM", "tokens_per_minute"]
+    assert key_shadowed(record.shadow_limits) == {"FABRIC_TENANT_TPM", KEY_LIMITS["tokens_per_minute"]}
 
 
 def test_token_counting_holds_whatever_the_chunk_boundaries(tmp_path):
