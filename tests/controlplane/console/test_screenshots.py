@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 SHOTS = ROOT / "docs" / "console" / "screenshots"
-NEW_PAGES = ["model-new-dry-run", "deployment-new", "playground", "endpoint-charts", "deployment-detail",
-             "models-jobs"]
+NEW_PAGES = ["model-new-dry-run", "deployment-new", "playground", "playground-viewer", "endpoint-charts",
+             "endpoint-charts-live-load", "deployment-detail", "models-jobs"]
 
 
 def _distinct_rows(path: Path) -> int:
