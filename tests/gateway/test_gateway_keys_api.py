@@ -53,6 +53,12 @@ def test_keys_api_create_list_rotate_delete_never_shows_a_hash(stack):
                                                 "fallbacks": ["ext-a"]}).json()
         assert (banded["priority"], banded["fallbacks"]) == ("low", ["ext-a"])
         assert api.delete(f"/api/ai/keys/{banded['id']}").status_code == 200
+        shadowed = api.post("/api/ai/keys", json={"name": "k4", "endpoint": "chat", "tokens_per_minute": 100,
+                                                  "shadow_limits": ["tokens_per_minute", "FABRIC_TENANT_TPM"]})
+        assert shadowed.json()["shadow_limits"] == ["FABRIC_TENANT_TPM", "tokens_per_minute"]
+        bad = api.post("/api/ai/keys", json={"name": "k5", "endpoint": "chat", "shadow_limits": ["tpm"]})
+        assert bad.status_code == 422 and "shadow_limits" in bad.text
+        assert api.delete(f"/api/ai/keys/{shadowed.json()['id']}").status_code == 200
         rotated = api.post(f"/api/ai/keys/{body['id']}/rotate", json={}).json()
         assert rotated["key"] != body["key"] and rotated["rotating"] is True
         assert api.get("/api/ai/audit/verify").json()["ok"] is True
