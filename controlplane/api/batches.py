@@ -20,7 +20,6 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Depends, Query
 
-from common import keyspace
 from common.errors import Conflict, InvalidInput, LimitExceeded, NotFound
 from common.schemas import Replica
 from controlplane.auth import require_admin
@@ -36,7 +35,7 @@ from controlplane.batches.jobs import (
     new_job,
 )
 from controlplane.events import record_event
-from controlplane.records import cas
+from controlplane.records import batches, deployments, replicas
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 
@@ -45,19 +44,19 @@ CAS_RETRIES = 8
 
 
 def _load(state: AppState, batch_id: str) -> tuple[BatchJob, int]:
-    kv = state.store.get(keyspace.batches(batch_id))
-    if kv is None:
+    found = batches.versioned(state.store, batch_id)
+    if found is None:
         raise NotFound(f"batch {batch_id!r} not found")
-    return BatchJob.model_validate_json(kv.value), kv.mod_revision
+    return found
 
 
 def _replicas(state: AppState, deployment: str) -> list[Replica]:
-    return [Replica.model_validate_json(kv.value) for kv in state.store.list(keyspace.replicas(deployment, ""))]
+    return replicas.list(state.store, deployment)
 
 
 def _move(state: AppState, batch_id: str, step: Callable[[BatchJob], BatchJob]) -> BatchJob:
-    moved = cas.update(state.store, keyspace.batches(batch_id), BatchJob, step, kind="batch", name=batch_id,
-                       retries=CAS_RETRIES, busy=f"batch {batch_id} changed too often; try again")
+    moved = batches.update(state.store, batch_id, step, retries=CAS_RETRIES,
+                           busy=f"batch {batch_id} changed too often; try again")
     record_event(state.store, "batch", batch_id, moved.state, moved.message, tenant=moved.tenant,
                  keep=state.settings.events_kept)
     return moved
@@ -65,15 +64,17 @@ def _move(state: AppState, batch_id: str, step: Callable[[BatchJob], BatchJob]) 
 
 @router.post("/batches", status_code=201, response_model=BatchJob)
 def create_batch(body: BatchCreate, state: StateDep) -> BatchJob:
-    if state.store.get(keyspace.deployments(body.deployment)) is None:
+    if not deployments.exists(state.store, body.deployment):
         raise InvalidInput(f"deployment {body.deployment!r} does not exist")
     limit = settings_of(state).max_batches  # FABRIC_MAX_BATCHES
-    if len(state.store.list(keyspace.batches())) >= limit:
+    if batches.count(state.store) >= limit:
         raise LimitExceeded(f"{limit} batch records are kept at most (FABRIC_MAX_BATCHES); delete finished ones",
                             retry_after=60)
     job = new_job(body)
-    if not state.store.create(keyspace.batches(job.id), job.model_dump_json()):
-        raise Conflict(f"batch id {job.id} collided; try again", code="contended")
+    try:
+        job = batches.create(state.store, job)
+    except Conflict:
+        raise Conflict(f"batch id {job.id} collided; try again", code="contended") from None
     record_event(state.store, "batch", job.id, "queued", f"batch {job.id} for deployment {job.deployment}",
                  tenant=job.tenant, keep=state.settings.events_kept)
     return job
@@ -84,7 +85,7 @@ def list_batches(state: StateDep, deployment: str | None = None,
                  phase: str | None = Query(None, alias="state")) -> list[BatchJob]:
     if phase is not None and phase not in STATES:
         raise InvalidInput(f"state {phase!r} is unknown; expected one of {', '.join(STATES)}")
-    jobs = [BatchJob.model_validate_json(kv.value) for kv in state.store.list(keyspace.batches())]
+    jobs = batches.list(state.store)
     return sorted((j for j in jobs if deployment in (None, j.deployment) and phase in (None, j.state)),
                   key=lambda j: (j.created_at, j.id))
 
@@ -114,6 +115,6 @@ def delete_batch(batch_id: str, state: StateDep) -> dict:
     job, rev = _load(state, batch_id)
     if job.state not in FINISHED:
         raise Conflict(f"batch {batch_id} is {job.state}; cancel it before deleting the record", code="not_finished")
-    if not state.store.delete(keyspace.batches(batch_id), mod_revision=rev):
+    if not batches.discard(state.store, batch_id, mod_revision=rev):
         raise Conflict(f"batch {batch_id} changed meanwhile; try again", code="contended")
     return {"kind": "batch", "name": batch_id, "deleted": True}

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from common import keyspace
 from common.errors import InvalidInput
 from common.identity_mappings import IdentityMapping
 from controlplane.auth import require_admin
 from controlplane.events import record_event
-from controlplane.records import identity_mappings
+from controlplane.records import endpoints, identity_mappings
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["identity"], dependencies=[Depends(require_admin)])
@@ -32,7 +31,7 @@ def _event(state: AppState, name: str, action: str, message: str) -> None:
 
 @router.post("/identity-mappings", status_code=201)
 def put_mapping(body: IdentityMapping, state: StateDep) -> dict:
-    missing = [e for e in body.endpoints if e != "*" and state.store.get(keyspace.endpoints(e)) is None]
+    missing = [e for e in body.endpoints if e != "*" and not endpoints.exists(state.store, e)]
     if missing:
         raise InvalidInput(f"endpoints: no endpoint named {', '.join(repr(e) for e in missing)}",
                            code="unknown_endpoint")

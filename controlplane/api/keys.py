@@ -25,7 +25,6 @@ share it. It is read on first use and kept on the app state, never in a module g
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated, Literal
 
@@ -36,6 +35,7 @@ from common import apikeys, audit_chain, counters, keyspace
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
 from controlplane.auth import PrincipalDep, require_admin
+from controlplane.records import deployments, endpoints, models
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import key_policies, owners
@@ -93,12 +93,11 @@ def _usage(state: AppState, record) -> dict:
 def served_models(state: AppState, endpoint: dict) -> set[str]:
     """The model names a request through this endpoint can carry: its deployment's model and name,
     and the model's LoRA adapters."""
-    kv = state.store.get(keyspace.deployments(str(endpoint.get("deployment", ""))))
-    if kv is None:
+    dep = deployments.stored(state.store, str(endpoint.get("deployment", "")))
+    if dep is None:
         return set()
-    dep = json.loads(kv.value)
-    model = state.store.get(keyspace.models(str(dep.get("model", ""))))
-    adapters = {str(a.get("name", "")) for a in json.loads(model.value).get("adapters", [])} if model else set()
+    model = models.stored(state.store, str(dep.get("model", "")))
+    adapters = {str(a.get("name", "")) for a in model.get("adapters", [])} if model else set()
     return {str(dep.get("model", "")), str(dep.get("name", "")), *adapters} - {""}
 
 
@@ -123,10 +122,10 @@ def resolve(state: AppState, ref: str, who: Principal) -> ApiKeyRecord:
 @router.post("/keys", status_code=201)
 def create_key(body: KeyCreate, request: Request, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
-    ep_kv = state.store.get(keyspace.endpoints(body.endpoint))
-    if ep_kv is None or not visible(who, "endpoint", json.loads(ep_kv.value).get("tenant")):
+    endpoint = endpoints.stored(state.store, body.endpoint)
+    if endpoint is None or not visible(who, "endpoint", endpoint.get("tenant")):
         raise NotFound(f"endpoint {body.endpoint!r} does not exist")
-    ep_tenant = json.loads(ep_kv.value).get("tenant")
+    ep_tenant = endpoint.get("tenant")
     if ep_tenant is not None and body.tenant not in (None, ep_tenant):
         # A key acts for its tenant (limits, audit, chargeback): never another than its endpoint's.
         raise Forbidden(f"tenant: endpoint {body.endpoint!r} belongs to tenant {ep_tenant!r}; its keys cannot act "
@@ -137,7 +136,7 @@ def create_key(body: KeyCreate, request: Request, state: StateDep, who: Principa
         raise Conflict(f"endpoint {body.endpoint!r} already has a key named {body.name!r}; rotate or delete it",
                        code="already_exists")
     if body.model is not None:
-        served = served_models(state, json.loads(ep_kv.value))
+        served = served_models(state, endpoint)
         if body.model not in served:
             raise InvalidInput(f"model: endpoint {body.endpoint!r} serves {', '.join(sorted(served)) or 'nothing'}; "
                                f"a key scoped to {body.model!r} could never be used", code="model_not_served")

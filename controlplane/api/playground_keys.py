@@ -20,12 +20,10 @@ import secrets
 
 from fastapi import APIRouter, Depends, Request
 
-from common import keyspace
 from common.errors import Forbidden, NotFound
-from common.schemas import InferenceEndpoint
 from controlplane.api import keys as keys_api
 from controlplane.auth import PrincipalDep, require_admin
-from controlplane.records import cas, deployments
+from controlplane.records import deployments, endpoints
 from controlplane.state import StateDep
 from controlplane.tenancy import key_policies
 from controlplane.tenancy.principal import VIEWER, Principal
@@ -46,10 +44,9 @@ def _mine(name: str, subject: str) -> bool:
 
 @router.post("/endpoints/{name}/playground-key", status_code=201)
 def create_playground_key(name: str, request: Request, state: StateDep, who: PrincipalDep) -> dict:
-    kv = state.store.get(keyspace.endpoints(name))
-    if kv is None:
+    ep = endpoints.get(state.store, name)
+    if ep is None:
         raise NotFound(f"endpoint {name!r} does not exist")
-    ep = cas.parse(InferenceEndpoint, kv.value)
     policy = key_policies.load(state.store, name)
     if who.role == VIEWER and not (policy is not None and policy.viewer_playground):
         raise Forbidden(f"viewers may not use endpoint {name!r}'s playground: its key policy does not set "

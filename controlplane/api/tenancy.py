@@ -19,10 +19,12 @@ import os
 
 from fastapi import APIRouter, Body, Depends, Request
 
-from common import keyspace
 from common.errors import NotFound
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
+from controlplane.records import endpoints
+from controlplane.records import key_policies as key_policy_records
+from controlplane.records import policies as policy_records
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import admit, key_policies, policies, revocation, users
@@ -75,7 +77,7 @@ def delete_user(name: str, state: StateDep) -> dict:
 
 @router.post("/policies", status_code=201)
 def put_policy(body: TenantPolicy, state: StateDep) -> dict:
-    state.store.put(keyspace.policies(body.tenant), body.model_dump_json())
+    body = policy_records.put(state.store, body)
     _event(state, "policy", body.tenant, "updated", f"tenant {body.tenant} deploy policy set", body.tenant)
     return body.model_dump(mode="json")
 
@@ -90,10 +92,8 @@ def list_policies(state: StateDep, who: PrincipalDep) -> list[dict]:
 
 @router.put("/key-policies/{endpoint}")
 def put_key_policy(endpoint: str, body: KeyPolicyBody, state: StateDep) -> dict:
-    if state.store.get(keyspace.endpoints(endpoint)) is None:
-        raise NotFound(f"endpoint {endpoint!r} not found")
-    policy = KeyPolicy(endpoint=endpoint, **body.model_dump())
-    state.store.put(keyspace.key_policies(endpoint), policy.model_dump_json())
+    endpoints.require(state.store, endpoint)
+    policy = key_policy_records.put(state.store, KeyPolicy(endpoint=endpoint, **body.model_dump()))
     _event(state, "endpoint", endpoint, "key-policy", f"endpoint {endpoint} key policy set")
     return policy.model_dump(mode="json")
 

@@ -23,7 +23,7 @@ class Records(Generic[M]):
         self.model, self.key, self.kind, self.name_field = model, key, kind, name_field
 
     VERBS = ("get", "require", "exists", "stored", "stored_items", "list", "create", "put", "update",
-             "upsert", "update_status", "delete", "discard")
+             "upsert", "update_status", "delete", "discard", "versioned", "count")
 
     def verbs(self) -> tuple:
         """The bound verbs in VERBS order, for a resource module to export as its own functions."""
@@ -32,6 +32,14 @@ class Records(Generic[M]):
     def get(self, store: Store, name: str) -> M | None:
         kv = store.get(self.key(name))
         return None if kv is None else cas.parse(self.model, kv.value)
+
+    def versioned(self, store: Store, name: str) -> tuple[M, int] | None:
+        """(record, mod_revision), for a caller that deletes only what it read (discard's mod_revision)."""
+        kv = store.get(self.key(name))
+        return None if kv is None else (cas.parse(self.model, kv.value), kv.mod_revision)
+
+    def count(self, store: Store) -> int:
+        return len(store.list(self.key()))
 
     def require(self, store: Store, name: str) -> M:
         """The record; NotFound naming it when absent."""
@@ -103,6 +111,6 @@ class Records(Generic[M]):
         if not store.delete(self.key(name)):
             raise NotFound(f"{self.kind} {name!r} not found")
 
-    def discard(self, store: Store, name: str) -> bool:
-        """Delete if present; True when it was."""
-        return store.delete(self.key(name))
+    def discard(self, store: Store, name: str, mod_revision: int | None = None) -> bool:
+        """Delete if present (and, given ``mod_revision``, unchanged since read); True when deleted."""
+        return store.delete(self.key(name), mod_revision=mod_revision)
