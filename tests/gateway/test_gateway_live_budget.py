@@ -40,7 +40,8 @@ STREAMED = 100  # content events the upstream sends, whatever max_tokens says
 
 
 class Overrunning(BaseHTTPRequestHandler):
-    """Streams STREAMED one-token chat chunks, then usage and [DONE], ignoring max_tokens."""
+    """Streams STREAMED one-token chat chunks, then usage and [DONE], ignoring max_tokens (on
+    /v1/responses: STREAMED output_text.delta events, then response.completed)."""
 
     protocol_version = "HTTP/1.1"
 
@@ -54,6 +55,9 @@ class Overrunning(BaseHTTPRequestHandler):
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
         try:
+            if self.path.endswith("/responses"):
+                self._responses()
+                return
             for i in range(STREAMED):
                 chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
                          "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
@@ -65,6 +69,17 @@ class Overrunning(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             self.server.cut_seen = True  # the gateway closed the upstream
+
+    def _responses(self) -> None:
+        for i in range(STREAMED):
+            event = {"type": "response.output_text.delta", "sequence_number": i, "item_id": "m", "output_index": 0,
+                     "content_index": 0, "delta": f"t{i} ", "logprobs": []}
+            self._chunk(b"event: response.output_text.delta\ndata: " + json.dumps(event).encode() + b"\n\n")
+            time.sleep(0.002)
+        use = {"input_tokens": 1, "output_tokens": STREAMED, "total_tokens": STREAMED + 1}
+        done = {"type": "response.completed", "sequence_number": STREAMED, "response": {"usage": use}}
+        self._chunk(b"event: response.completed\ndata: " + json.dumps(done).encode() + b"\n\n")
+        self.wfile.write(b"0\r\n\r\n")
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -121,6 +136,17 @@ def test_the_stream_ends_at_the_keys_tpm_with_an_error_event_and_settles_exactly
     while not env["upstream"].cut_seen and time.monotonic() < deadline:
         time.sleep(0.05)
     assert env["upstream"].cut_seen  # the upstream was closed, not read to its end
+
+
+def test_a_responses_stream_ends_at_the_budget_too(env):
+    key_id, key = make_key(env["store"], "chat", tokens_per_minute=50)
+    c = openai.OpenAI(base_url=env["gw"].openai_base("chat"), api_key=key, max_retries=0)
+    received = 0
+    with pytest.raises(openai.APIError) as err:
+        for event in c.responses.create(model="m", input="hi", max_output_tokens=10, stream=True):
+            received += event.type == "response.output_text.delta"
+    assert err.value.code == "rate_limited" and received > 10
+    assert _settled(env["store"], key_id, 1 + received) == 1 + received <= 50
 
 
 def test_the_cut_stream_ends_with_done_on_the_wire(env):
