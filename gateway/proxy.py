@@ -172,8 +172,11 @@ async def forward(pool: UpstreamPool, send, targets: list[str], method: str, tar
 
 
 DONE = b"[DONE]"  # vLLM and OpenAI end a chat or completions stream with "data: [DONE]"
-# A Responses API stream (OpenAI's, vLLM's) has no [DONE]: it ends with one of these events.
-RESPONSE_ENDS = (b"response.completed", b"response.incomplete", b"response.failed")
+# A Responses API stream (OpenAI's, vLLM's) has no [DONE]: it ends with one of these events, named
+# on its event line or in its data's type (never matched inside a chat token: JSON escapes the
+# quotes and the newline around them).
+RESPONSE_ENDS = tuple(f.format(kind).encode() for kind in ("completed", "incomplete", "failed")
+                      for f in ("event: response.{}", '"type":"response.{}"'))
 DONE_TAIL = 64  # bytes of the stream's end kept to look for DONE
 
 
@@ -183,6 +186,11 @@ def error_event(reason: str, tail: bytes = b"\n\n") -> bytes:
     event = {"error": {"message": reason, "type": "upstream_error", "code": "upstream_broken"}}
     sep = b"" if tail.endswith(b"\n\n") or not tail else b"\n\n"
     return sep + b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+def _cut_tokens(scanner: SseUsageScanner, budget) -> int | None:
+    """A cut stream's charge: its usage if one went by, else what a live budget saw relayed."""
+    return scanner.tokens if scanner.tokens is not None or budget is None else budget.used
 
 
 def _result(status: int, tokens: int | None, ttft: float | None) -> ProxyResult:
@@ -284,12 +292,12 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
             reason = "upstream idle timeout" if isinstance(exc, UpstreamTimeoutError) else "upstream broke mid-response"
             held = strip.flush() if strip is not None else b""
             await send({"type": "http.response.body", "body": held + error_event(reason, tail), "more_body": False})
-            return ProxyResult(502, scanner.tokens, False, ttft, reason, cut=True)
+            return ProxyResult(502, _cut_tokens(scanner, budget), False, ttft, reason, cut=True)
         if expect_done and DONE not in tail and not ended:
             reason = "the upstream ended the stream before its final event"
             held = strip.flush() if strip is not None else b""
             await send({"type": "http.response.body", "body": held + error_event(reason, tail), "more_body": False})
-            return ProxyResult(502, scanner.tokens, False, ttft, reason, cut=True)
+            return ProxyResult(502, _cut_tokens(scanner, budget), False, ttft, reason, cut=True)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return _result(resp.status, scanner.tokens, ttft)
     finally:
