@@ -12,13 +12,16 @@ charts over time when no Prometheus is configured (FABRIC_PROMETHEUS_URL, contro
 Bounds: at most MAX_SERIES series (the one written least recently is dropped when a new one
 comes), each a ring buffer of MAX_POINTS points at least MIN_SPACING_S apart (a closer sample
 replaces the newest point), so an hour at 5 s fits; MAX_MARKS marks per series. The history is
-in this process's memory only: a restart or another leader starts it empty. A series is a tuple
+in this process's memory, saved to {state_dir}/console-history.json.gz every few seconds and at
+exit and loaded at start (controlplane.history_file, attached by controlplane.console.install),
+so a restart of the same fabricd keeps it; another leader starts from its own. A series is a tuple
 ("endpoint", name, "weight", replica) / ("endpoint", name, "queue") / ("deployment", name,
 "desired") / ("node", id, "gpus_used") and so on.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections import OrderedDict, deque
@@ -38,6 +41,45 @@ class History:
         self._points: OrderedDict[Series, deque] = OrderedDict()
         self._marks: OrderedDict[Series, deque] = OrderedDict()
         self._lock = threading.Lock()
+        self.changed_since_save = False
+        self._sink = None  # a controlplane.history_file.HistoryFile, or None (memory only)
+        self._exit_hook = False
+
+    def attach(self, sink) -> None:
+        """Save to ``sink`` (a HistoryFile) from now on: when due after each loop's tick, and at exit."""
+        self._sink = sink
+        if not self._exit_hook:
+            atexit.register(self._save_at_exit)
+            self._exit_hook = True
+
+    def _save_at_exit(self) -> None:
+        if self._sink is not None and self.changed_since_save:
+            self._sink.save(self)
+
+    def _persist(self, now: float) -> None:
+        if self._sink is not None:
+            self._sink.save_if_due(self, now)
+
+    def snapshot(self) -> tuple[list, list]:
+        """Every series' points and marks, oldest first (what HistoryFile saves)."""
+        with self._lock:
+            self.changed_since_save = False
+            return ([(s, list(buf)) for s, buf in self._points.items()],
+                    [(s, list(buf)) for s, buf in self._marks.items()])
+
+    def restore(self, points: list, marks: list) -> None:
+        """Put saved series back (a series recorded already keeps its newer points after them)."""
+        with self._lock:
+            for store, saved, maxlen in ((self._points, points, self.max_points), (self._marks, marks, MAX_MARKS)):
+                for series, items in saved:
+                    if not items:
+                        continue
+                    current = store.get(series)
+                    newer = [p for p in (current or ()) if p[0] > items[-1][0]]
+                    store[series] = deque([*items, *newer], maxlen=maxlen)
+                    store.move_to_end(series, last=False)  # loaded ones go first when the bound bites
+                while len(store) > self.max_series:
+                    store.popitem(last=False)
 
     def add(self, series: Series, value: float, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -53,6 +95,7 @@ class History:
                 buf[-1] = (buf[-1][0], float(value))  # keep the spacing: the newest value wins
             else:
                 buf.append((now, float(value)))
+            self.changed_since_save = True
 
     def mark(self, series: Series, text: str, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -63,6 +106,7 @@ class History:
                     self._marks.popitem(last=False)
                 buf = self._marks[series] = deque(maxlen=MAX_MARKS)
             buf.append((now, str(text)[:200]))
+            self.changed_since_save = True
 
     def points(self, series: Series, since: float = 0.0) -> list[tuple[float, float]]:
         with self._lock:
@@ -96,6 +140,7 @@ class History:
             rates = [o.tokens_per_s for o in obs if o.tokens_per_s is not None]
             if rates:
                 self.add(("endpoint", name, "tokens_per_s"), sum(rates), now)
+        self._persist(now)
 
     def observe_fleet(self, snap, decisions: dict, now: float | None = None) -> None:
         """One autoscaler tick: every deployment's desired/ready, the decisions that changed
@@ -114,6 +159,7 @@ class History:
         for node_id, node in snap.nodes.items():
             self.add(("node", node_id, "gpus_used"), held.get(node_id, 0), now)
             self.add(("node", node_id, "gpus_total"), len(getattr(node, "gpus", None) or ()), now)
+        self._persist(now)
 
 
 # One per fabricd process: the loops write, the console reads (both in the leader's process).

@@ -1,6 +1,7 @@
 """The web console at /app/ai: server-rendered Jinja2 pages with htmx, served by fabricd.
 
-    install(app)   mounts /app/ai/static (htmx, copied there from npm by scripts/setup.sh; CSS) and the page and action routes
+    install(app)   mounts /app/ai/static (htmx, copied there from npm by scripts/setup.sh; CSS) and the page and action
+                   routes, and keeps the charts' history in {state_dir}/console-history.json.gz (controlplane.history_file)
 
 Every read and every write goes through the REST API in-process (controlplane.console.backend),
 with the signed-in operator's own token, so the console can do nothing the API would not let
@@ -20,6 +21,14 @@ PREFIX = "/app/ai"
 
 def install(app: FastAPI) -> None:
     from controlplane.console import actions, forms, pages, playground
+    from controlplane.history import HISTORY
+    from controlplane.history_file import FILE_NAME, HistoryFile
+
+    state_dir = getattr(app.state.fabric, "state_dir", None)
+    if state_dir is not None and Path(state_dir).is_dir():  # the charts survive a restart
+        sink = HistoryFile(Path(state_dir) / FILE_NAME)
+        sink.load_into(HISTORY)
+        HISTORY.attach(sink)
 
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     app.include_router(forms.router)  # first: /deployments/new before /deployments/{name}

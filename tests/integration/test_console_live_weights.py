@@ -3,12 +3,14 @@
 Debian's chromium. `scripts/lab-load --replica ID --queue 20` (pointed at this cluster through a
 lab.json of its own) raises one engine's queue: that replica's bar in the open Endpoints page
 shrinks, redrawn by htmx with no reload, and its line in the endpoint's weight-over-time chart
-steps down from the weight it had.
+steps down from the weight it had. The chart survives a restart of fabricd (its bounded history
+is saved in the state directory): both weights are still on the line afterwards.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 
 import pytest
@@ -20,6 +22,11 @@ from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.e2e
 DEP, EP = "live", "live-openai"
+
+
+def heights(line) -> set[float]:
+    """The y of every point on a chart series' polyline."""
+    return {float(xy.split(",")[1]) for xy in line.locator("polyline").get_attribute("points").split()}
 
 
 def test_weight_charts_follow_lab_load_on_one_replica(tmp_path):
@@ -77,7 +84,7 @@ def test_weight_charts_follow_lab_load_on_one_replica(tmp_path):
                 page.goto(f"{cluster.url}/app/ai/endpoints/{EP}")
                 wait_for(lambda: float(line.get_attribute("data-last") or before) < before, 30,
                          "the weight chart's line of the loaded replica to step down")
-                ys = {float(xy.split(",")[1]) for xy in line.locator("polyline").get_attribute("points").split()}
+                ys = heights(line)
                 assert len(ys) > 1  # the old weight and the new one, both on the line
                 page.screenshot(path=str(SCREENSHOTS / "endpoint-charts-live-load.png"), full_page=True)
                 # The model was really materialized by the agent (from the loopback HF mirror).
@@ -88,5 +95,11 @@ def test_weight_charts_follow_lab_load_on_one_replica(tmp_path):
                 page.get_by_role("link", name="Nodes & GPUs", exact=True).click()
                 expect(page.get_by_role("cell", name=f"{DEP}-", exact=False).first).to_be_visible()  # held GPUs
                 page.screenshot(path=str(SCREENSHOTS / "nodes-live.png"), full_page=True)
+                # A clean restart of fabricd keeps the charts (controlplane.history_file).
+                cluster.kill_fabricd(signal.SIGTERM)
+                cluster.start_fabricd()
+                page.goto(f"{cluster.url}/app/ai/endpoints/{EP}")
+                expect(line.locator("polyline")).to_have_count(1)
+                assert ys <= heights(line), "the weight line lost its points in the restart"
             finally:
                 browser.close()

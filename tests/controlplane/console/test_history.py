@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from types import SimpleNamespace as NS
 
 from controlplane.history import History
@@ -42,3 +43,38 @@ def test_observations_become_endpoint_deployment_and_node_series():
     assert h.marks(("deployment", "d")) == [(20, "scale out to 2: queue 9 > 5 for 2s")]
     assert h.points(("node", "n1", "gpus_used")) == [(20, 2)]
     assert h.points(("node", "n1", "gpus_total")) == [(20, 2)]
+
+
+def test_the_history_file_keeps_series_and_marks_across_a_restart(tmp_path):
+    from controlplane.history_file import HistoryFile
+
+    now = 10_000.0
+    h = History(min_spacing_s=5)
+    for i in range(6):
+        h.add(("endpoint", "e", "weight", "r0"), 32 - i, now=now - 60 + 10 * i)
+    h.add(("old",), 1, now=now - 4000)  # past the charts' hour: not loaded back
+    h.mark(("deployment", "d"), "scale 1 -> 2", now=now - 30)
+    sink = HistoryFile(tmp_path / "h.json.gz", every_s=10)
+    assert sink.save_if_due(h, now) is True
+    assert (tmp_path / "h.json.gz").stat().st_mode & 0o777 == 0o600  # as every file of the state dir
+    assert sink.save_if_due(h, now + 1) is False  # not due yet (and nothing new)
+    h.add(("endpoint", "e", "weight", "r0"), 2, now=now + 20)
+    assert sink.save_if_due(h, now + 20) is True
+    fresh = History(min_spacing_s=5)
+    fresh.add(("endpoint", "e", "weight", "r0"), 7, now=now + 40)  # recorded after the restart
+    assert HistoryFile(tmp_path / "h.json.gz").load_into(fresh, now=now + 40) == 2  # series saved
+    assert [v for _, v in fresh.points(("endpoint", "e", "weight", "r0"))] == [32, 31, 30, 29, 28, 27, 2, 7]
+    assert fresh.points(("old",)) == []
+    assert fresh.marks(("deployment", "d")) == [(now - 30, "scale 1 -> 2")]
+    assert fresh.children(("endpoint", "e", "weight")) == ["r0"]
+
+
+def test_a_broken_history_file_starts_empty(tmp_path):
+    from controlplane.history_file import HistoryFile
+
+    path = tmp_path / "h.json.gz"
+    for raw in (b"not gzip", gzip.compress(b'{"version": 99}'), gzip.compress(b"[1]")):
+        path.write_bytes(raw)
+        h = History()
+        assert HistoryFile(path).load_into(h) == 0 and h.children(()) == []
+    assert HistoryFile(tmp_path / "absent.json.gz").load_into(History()) == 0
