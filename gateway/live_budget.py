@@ -10,7 +10,8 @@ daily budget's UTC day: the new window holds nothing for it yet, so its further 
 charged there as they come), or it generates more than was held (an upstream that does not
 honour max_tokens) -- the hold is extended against the limit, BLOCK tokens at a time (exactly
 what is missing when a block no longer fits). An extension the limit refuses ends the stream:
-the events already complete are relayed, the one that does not fit is not, and the client gets
+the events that fit are relayed (a read holding several is taken event by event), the first
+that does not fit and the rest are not, and the client gets
 an OpenAI-shaped error event (``code: rate_limited``) then ``data: [DONE]`` (also when the store
 does not answer an extension: a limit that cannot be checked is not passed); the upstream is
 closed (gateway.proxy.relay's finally) and the call settles at what was relayed (prompt
@@ -83,10 +84,13 @@ class LiveBudget:
                 self._pending = data
                 return b"", 0
             chunk, self._pending = data[:end + 2], data[end + 2:]
-        n = chunk.count(self._literal)
-        if not n or self._empty in chunk:
-            return chunk, len(self._pattern.findall(chunk))
-        return chunk, n
+        return chunk, self._count(chunk)
+
+    def _count(self, events: bytes) -> int:
+        n = events.count(self._literal)
+        if not n or self._empty in events:
+            return len(self._pattern.findall(events))
+        return n
 
     def fits(self, n: int) -> bool:
         """The hot path: count n more tokens when the holds cover them (no store write)."""
@@ -95,6 +99,21 @@ class LiveBudget:
             self.used, self.generated = want, self.generated + n
             return True
         return False
+
+    async def take_events(self, ready: bytes, n: int) -> tuple[bytes, bool]:
+        """The slow path for complete events holding n tokens that fits() did not cover: (what of
+        them to relay, whether the stream goes on). When the limit refuses them all, they are
+        taken event by event, so the stream ends at the last event that fits (to the token)."""
+        if await self.take(n):
+            return ready, True
+        relayed = []
+        for event in ready.split(b"\n\n")[:-1]:
+            event += b"\n\n"
+            k = self._count(event)
+            if k and not await self.take(k):
+                return b"".join(relayed), False
+            relayed.append(event)
+        return b"".join(relayed), True
 
     def flush(self) -> bytes:
         rest, self._pending = self._pending, b""

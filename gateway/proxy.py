@@ -274,10 +274,15 @@ async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = No
                 last = resp.at_end  # the whole body is here: one send, no trailing empty message
                 if budget is not None:
                     chunk, n = budget.feed(chunk)
-                    if n and not budget.fits(n) and not await budget.take(n):  # spent: these are not relayed
-                        await send({"type": "http.response.body", "body": budget.cut_event(), "more_body": False})
-                        return ProxyResult(resp.status, budget.used, False, ttft, f"{budget.cut_by} reached",
-                                           cut_by=budget.cut_by)
+                    if n and not budget.fits(n):
+                        chunk, going = await budget.take_events(chunk, n)
+                        if not going:  # spent: what fits, then the error event and [DONE]
+                            if strip is not None:
+                                chunk = strip.feed(chunk)
+                            await send({"type": "http.response.body", "body": chunk + budget.cut_event(),
+                                        "more_body": False})
+                            return ProxyResult(resp.status, budget.used, False, ttft, f"{budget.cut_by} reached",
+                                               cut_by=budget.cut_by)
                     if last:
                         chunk += budget.flush()
                 if strip is not None:

@@ -274,5 +274,50 @@ def test_token_counting_holds_whatever_the_chunk_boundaries(tmp_path):
 def _admission():
     from gateway.limits import Admission, Hold, Reservation
 
-    r = Reservation("counters/x", 10, None, 60, "x", tokens=True)
+    r = Reservation("counters/x", 10, None, None, "x", tokens=True)  # no window: never extended
     return Admission([r], 10, holds=[Hold(r, 0, 10)])
+
+
+def test_a_stream_its_upstream_cuts_is_charged_what_was_relayed(tmp_path):
+    from common.http1_client import UpstreamPool
+    from gateway.proxy import forward
+    from tests.gateway.test_proxy_cut_upstream import RawServer, reset, two_events
+
+    async def handler(server, reader, writer):
+        await two_events(server, reader, writer)
+        await asyncio.sleep(0.05)
+        reset(writer)
+
+    async def run():
+        async def send(message):
+            pass
+
+        budget = LiveBudget(LimitKeeper(None, None), _admission(), 3, "/v1/chat/completions")
+        async with RawServer(handler) as srv:
+            result = await forward(UpstreamPool(idle_timeout=5), send, [f"http://127.0.0.1:{srv.port}"], "POST",
+                                   b"/v1/chat/completions", [], b"{}", True, budget=budget)
+        return result
+
+    result = asyncio.run(run())
+    assert result.cut and result.tokens == 3 + 2  # the prompt estimate and the two relayed tokens
+
+
+def test_events_read_together_are_taken_one_by_one_up_to_the_limit(tmp_path):
+    store = open_store(f"sqlite://{tmp_path}/s.db")
+    keeper = LimitKeeper(store, SlotHolder(store, "gw"), clock=Clock(6000.0))  # within one minute throughout
+    facts = RequestFacts(endpoint="e", model="m", tenant=None, project=None, user=None, gateway_id="gw",
+                         prompt_chars=4, max_tokens=5, key_id="k1", key_tokens_per_minute=20)
+
+    async def run():
+        admission = await keeper.admit(plan_admission(GatewaySettings(), facts), facts.token_estimate)
+        budget = LiveBudget(keeper, admission, facts.prompt_tokens, "/v1/chat/completions")
+        ready, n = budget.feed(b"".join(_event(i) for i in range(30)))  # one read of 30 tokens
+        assert not budget.fits(n)
+        relayed, going = await budget.take_events(ready, n)
+        await keeper.settle(admission, budget.used)
+        return budget, relayed, going
+
+    budget, relayed, going = asyncio.run(run())
+    assert not going and relayed == b"".join(_event(i) for i in range(19))  # 1 prompt token + 19 = 20
+    assert budget.used == 20 and counters.window_read(store, keyspace.counters("tpm/key/k1"), 60, 6000.0) == 20
+    store.close()
