@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from common.errors import Conflict, InvalidInput, NotFound
 from common.model_aliases import ModelAlias
+from controlplane.api.answers import NameDeleted
 from controlplane.auth import require_admin
 from controlplane.records import aliases, deployments, endpoints
 from controlplane.state import StateDep
@@ -27,7 +28,7 @@ def _served(store) -> set[str]:
     return {str(dep.get("model", "")) for _, dep in deployments.stored_items(store)} - {""}
 
 
-@router.post("/aliases", status_code=201)
+@router.post("/aliases", status_code=201, response_model=ModelAlias)
 def put_alias(body: dict, state: StateDep) -> dict:
     try:
         alias = ModelAlias.model_validate({k: v for k, v in body.items() if k != "created_at"})
@@ -43,7 +44,7 @@ def put_alias(body: dict, state: StateDep) -> dict:
     return aliases.put(state.store, alias).model_dump()
 
 
-@router.get("/aliases")
+@router.get("/aliases", response_model=list[ModelAlias])
 def list_aliases(state: StateDep) -> list[dict]:
     return [alias for _, alias in sorted(aliases.stored_items(state.store), key=lambda item: item[0])]
 
@@ -55,12 +56,12 @@ def _get(state, name: str):
     return alias
 
 
-@router.get("/aliases/{name:path}")
+@router.get("/aliases/{name:path}", response_model=ModelAlias)
 def get_alias(name: str, state: StateDep) -> dict:
     return _get(state, name)
 
 
-@router.delete("/aliases/{name:path}")
+@router.delete("/aliases/{name:path}", response_model=NameDeleted)
 def delete_alias(name: str, state: StateDep) -> dict:
     _get(state, name)
     aliases.discard(state.store, name)

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Query
 
 from common.errors import Conflict, InvalidInput, LimitExceeded, NotFound
 from common.schemas import Replica
+from controlplane.api.answers import Deleted
 from controlplane.auth import require_admin
 from controlplane.batches.jobs import (
     FINISHED,
@@ -110,7 +111,7 @@ def cancel_batch(batch_id: str, state: StateDep) -> BatchJob:
     return _move(state, batch_id, lambda job: cancel(job, time.time()))
 
 
-@router.delete("/batches/{batch_id}")
+@router.delete("/batches/{batch_id}", response_model=Deleted)
 def delete_batch(batch_id: str, state: StateDep) -> dict:
     job, rev = _load(state, batch_id)
     if job.state not in FINISHED:

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends
 
 from common.errors import InvalidInput
 from common.identity_mappings import IdentityMapping
+from controlplane.api.answers import Deleted
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.records import endpoints, identity_mappings
@@ -51,7 +52,7 @@ def get_mapping(name: str, state: StateDep) -> dict:
     return identity_mappings.require(state.store, name).model_dump(mode="json")
 
 
-@router.delete("/identity-mappings/{name}")
+@router.delete("/identity-mappings/{name}", response_model=Deleted)
 def delete_mapping(name: str, state: StateDep) -> dict:
     identity_mappings.delete(state.store, name)
     _event(state, name, "deleted", f"identity mapping {name} deleted")

@@ -34,6 +34,7 @@ from pydantic import Field
 from common import apikeys, audit_chain, counters, keyspace
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
+from controlplane.api.answers import AuditCheck, KeyDeleted
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.records import deployments, endpoints, models
 from controlplane.settings import of as settings_of
@@ -156,7 +157,7 @@ def get_key(ref: str, state: StateDep, who: PrincipalDep) -> dict:
     return _usage(state, resolve(state, ref, who))
 
 
-@router.delete("/keys/{ref}")
+@router.delete("/keys/{ref}", response_model=KeyDeleted)
 def delete_key(ref: str, state: StateDep, who: PrincipalDep) -> dict:
     record = resolve(state, ref, who)
     apikeys.delete_key(state.store, record.id)
@@ -173,7 +174,7 @@ def rotate_key(ref: str, request: Request, state: StateDep, who: PrincipalDep,
     return {**_usage(state, record), "key": plaintext}
 
 
-@router.get("/audit/verify")
+@router.get("/audit/verify", response_model=AuditCheck)
 def verify_audit(state: StateDep) -> dict:
     result = audit_chain.verify(state.store)
     return {"ok": result.ok, "rows": result.rows, "bad_seq": result.bad_seq, "reason": result.reason}

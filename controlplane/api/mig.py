@@ -22,6 +22,7 @@ from common import keyspace
 from common.errors import Conflict, NotFound
 from common.schemas import Node, Replica
 from controlplane.agent_client import AgentClients
+from controlplane.api.answers import Deleted
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.mig.catalog import (
@@ -90,7 +91,7 @@ async def create_slice_on_gpu(node_id: str, bdf: str, body: MigProfileBody, stat
     return await _create(state, node_id, bdf, body.profile)
 
 
-@router.delete("/nodes/{node_id}/mig/{slice_id}")
+@router.delete("/nodes/{node_id}/mig/{slice_id}", response_model=Deleted)
 async def delete_slice(node_id: str, slice_id: str, state: StateDep) -> dict:
     kv = state.store.get(keyspace.mig_slices(node_id, slice_id))
     if kv is None:

@@ -30,6 +30,7 @@ from pydantic import AliasChoices, Field
 from common.errors import Conflict, NotFound
 from common.schemas import InferenceDeployment, Spec
 from controlplane import vip_pool
+from controlplane.api.answers import Drained, Restarted
 from controlplane.api.nodes import node_resources
 from controlplane.auth import require_admin
 from controlplane.events import EventSink
@@ -139,7 +140,7 @@ def deployment_metrics(name: str, state: StateDep) -> dict:
     return {"deployment": name, "replicas": out}
 
 
-@router.post("/deployments/{name}/drain", status_code=202)
+@router.post("/deployments/{name}/drain", status_code=202, response_model=Drained)
 def drain(name: str, body: DrainRequest, state: StateDep) -> dict:
     store = state.store
     if not deployments.exists(store, name):
@@ -174,7 +175,7 @@ def drain(name: str, body: DrainRequest, state: StateDep) -> dict:
     return {"deployment": name, "drained": drained, "delete_after": deadline}
 
 
-@router.post("/deployments/{name}/restart")
+@router.post("/deployments/{name}/restart", response_model=Restarted)
 def restart(name: str, state: StateDep) -> dict:
     """Unpark: the crash-loop count goes to 0 and the phase to Pending; the next reconcile pass
     creates replicas again (controlplane.reconcile.crashloop)."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound
 from common.schemas import (
@@ -49,6 +49,7 @@ from common.schemas import (
     runtime_refusal,
 )
 from common.store.base import Store
+from controlplane.api.answers import Deleted
 from controlplane.api.paging import DEFAULT_LIMIT, ContinueQuery, LimitQuery, page
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
@@ -69,12 +70,6 @@ SCALE_RETRIES = 20
 
 class ScaleRequest(Spec):
     replicas: int = Field(..., ge=0, le=64)
-
-
-class Deleted(BaseModel):
-    kind: str
-    name: str
-    deleted: bool = True
 
 
 # -- record helpers (thin: controlplane.records holds the store calls) ---------------------------
@@ -151,13 +146,13 @@ def _fresh(resource, status):
 
 # -- models ---------------------------------------------------------------------------------------
 
-@router.get("/models")
+@router.get("/models", response_model=list[ModelArtifact])
 def list_models(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                 after: ContinueQuery = None) -> list[dict]:
     return _list_page(state, "model", response, who, limit, after)
 
 
-@router.post("/models", status_code=201)
+@router.post("/models", status_code=201, response_model=ModelArtifact)
 def create_model(body: ModelArtifact, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
     model_dir = settings_of(state).model_dir  # FABRIC_MODEL_DIR, read at start
@@ -170,7 +165,7 @@ def create_model(body: ModelArtifact, state: StateDep, who: PrincipalDep) -> dic
     return _create(state, "model", model, f"model {model.name} from {model.source}")
 
 
-@router.get("/models/{name}")
+@router.get("/models/{name}", response_model=ModelArtifact)
 def get_model(name: str, state: StateDep) -> dict:
     return _get(state.store, "model", name)
 
@@ -187,13 +182,13 @@ def delete_model(name: str, state: StateDep) -> Deleted:
 
 # -- profiles -------------------------------------------------------------------------------------
 
-@router.get("/profiles")
+@router.get("/profiles", response_model=list[InferenceProfile])
 def list_profiles(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                   after: ContinueQuery = None) -> list[dict]:
     return _list_page(state, "profile", response, who, limit, after)
 
 
-@router.post("/profiles", status_code=201)
+@router.post("/profiles", status_code=201, response_model=InferenceProfile)
 def create_profile(body: InferenceProfile, state: StateDep, who: PrincipalDep) -> dict:
     config = settings_of(state)  # FABRIC_DENY_RUNTIMES / FABRIC_ALLOW_RUNTIMES, read at start
     refusal = runtime_refusal(body.runtime, config.deny_runtimes, config.allow_runtimes)
@@ -205,7 +200,7 @@ def create_profile(body: InferenceProfile, state: StateDep, who: PrincipalDep) -
     return _create(state, "profile", profile, message)
 
 
-@router.get("/profiles/{name}")
+@router.get("/profiles/{name}", response_model=InferenceProfile)
 def get_profile(name: str, state: StateDep) -> dict:
     return _get(state.store, "profile", name)
 
@@ -221,13 +216,13 @@ def delete_profile(name: str, state: StateDep) -> Deleted:
 
 # -- deployments ----------------------------------------------------------------------------------
 
-@router.get("/deployments")
+@router.get("/deployments", response_model=list[InferenceDeployment])
 def list_deployments(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                      after: ContinueQuery = None) -> list[dict]:
     return _list_page(state, "deployment", response, who, limit, after)
 
 
-@router.post("/deployments", status_code=201)
+@router.post("/deployments", status_code=201, response_model=InferenceDeployment)
 def create_deployment(body: InferenceDeployment, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
     missing = [f"{kind} {ref!r} does not exist" for kind, ref in (("model", body.model), ("profile", body.profile))
@@ -262,12 +257,12 @@ def _with_model_residency(store: Store, body: InferenceDeployment) -> InferenceD
     return body.model_copy(update={"residency": body.residency or residency})
 
 
-@router.get("/deployments/{name}")
+@router.get("/deployments/{name}", response_model=InferenceDeployment)
 def get_deployment(name: str, state: StateDep) -> dict:
     return _get(state.store, "deployment", name)
 
 
-@router.post("/deployments/{name}/scale")
+@router.post("/deployments/{name}/scale", response_model=InferenceDeployment)
 def scale_deployment(name: str, body: ScaleRequest, state: StateDep) -> dict:
     tenant = deployments.require(state.store, name).tenant
     # The quota check and the write are one step per tenant (controlplane.tenancy.admission).
@@ -360,13 +355,13 @@ def refuse_outbound_reach(who: Principal | None, endpoint: InferenceEndpoint) ->
                         "or fallbacks; ask an admin", code="forbidden")
 
 
-@router.get("/endpoints")
+@router.get("/endpoints", response_model=list[InferenceEndpoint])
 def list_endpoints(state: StateDep, response: Response, who: PrincipalDep, limit: LimitQuery = DEFAULT_LIMIT,
                    after: ContinueQuery = None) -> list[dict]:
     return _list_page(state, "endpoint", response, who, limit, after)
 
 
-@router.post("/endpoints", status_code=201)
+@router.post("/endpoints", status_code=201, response_model=InferenceEndpoint)
 def create_endpoint(body: InferenceEndpoint, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
     refuse_outbound_reach(who, body)
@@ -383,7 +378,7 @@ def create_endpoint(body: InferenceEndpoint, state: StateDep, who: PrincipalDep)
     return _create(state, "endpoint", ep, message)
 
 
-@router.get("/endpoints/{name}")
+@router.get("/endpoints/{name}", response_model=InferenceEndpoint)
 def get_endpoint(name: str, state: StateDep) -> dict:
     return _get(state.store, "endpoint", name)
 

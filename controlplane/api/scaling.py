@@ -29,7 +29,7 @@ router = APIRouter(prefix="/api/ai", tags=["scaling"], dependencies=[Depends(req
 CAS_RETRIES = 20
 
 
-@router.put("/deployments/{name}/autoscaling")
+@router.put("/deployments/{name}/autoscaling", response_model=InferenceDeployment)
 def put_autoscaling(name: str, body: AutoscalingSpec, state: StateDep) -> dict:
     def set_spec(dep: InferenceDeployment) -> InferenceDeployment:
         if dep.status.phase == "Deleting":

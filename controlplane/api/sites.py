@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Response
 
 from common.errors import NotFound
 from common.schemas import Node, Site
+from controlplane.api.answers import Deleted
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.records import nodes, sites
@@ -75,7 +76,7 @@ def get_site(name: str, state: StateDep) -> dict:
     return _view(site, _nodes_by_site(state))
 
 
-@router.delete("/sites/{name}")
+@router.delete("/sites/{name}", response_model=Deleted)
 def delete_site(name: str, state: StateDep) -> dict:
     if not sites.discard(state.store, name):
         raise NotFound(f"site {name!r} not found", code="site_not_found")

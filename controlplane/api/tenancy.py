@@ -20,6 +20,7 @@ import os
 from fastapi import APIRouter, Body, Depends, Request
 
 from common.errors import NotFound
+from controlplane.api.answers import Deleted
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.records import endpoints
@@ -65,7 +66,7 @@ def get_user(name: str, state: StateDep) -> dict:
     return record.public()
 
 
-@router.delete("/users/{name}")
+@router.delete("/users/{name}", response_model=Deleted)
 def delete_user(name: str, state: StateDep) -> dict:
     users.delete(state.store, name)
     revocation.revoke_subject(state.store, name)  # the user's tokens stop now, not at their expiry
