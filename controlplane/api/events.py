@@ -30,9 +30,9 @@ from fastapi import APIRouter, Depends, Query
 
 from common import keyspace
 from common.errors import InvalidInput, NotFound
-from common.schemas import Replica
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import EventRecord, recent_events, unknown_kind
+from controlplane.records import replicas
 from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["events"], dependencies=[Depends(require_admin)])
@@ -105,11 +105,7 @@ async def watch(family: str, state: StateDep, who: PrincipalDep, revision: int =
 @router.get("/explain/failure/{replica}")
 def explain_failure(replica: str, state: StateDep) -> dict:
     history = [e for e in recent_events(state.store, 1000, name=replica) if e.kind in ("replica", "vm")]
-    current = None
-    for kv in state.store.list(keyspace.replicas()):
-        if kv.key.endswith("/" + replica):
-            current = Replica.model_validate_json(kv.value)
-            break
+    current = next((r for r in replicas.list(state.store) if r.replica_id == replica), None)
     if current is None and not history:
         raise NotFound(f"no replica or VM {replica!r} and no recorded events for it")
     failures = [e for e in history if e.type == "Warning"]

@@ -18,9 +18,8 @@ import time
 
 from fastapi import APIRouter, Depends
 
-from common import keyspace
 from common.errors import Conflict, NotFound
-from common.schemas import Node, Replica
+from common.schemas import Node
 from controlplane.agent_client import AgentClients
 from controlplane.api.answers import Deleted
 from controlplane.auth import require_admin
@@ -32,6 +31,7 @@ from controlplane.mig.catalog import (
     check_delete,
     plan_create,
 )
+from controlplane.records import gpu_reservations, mig_slices, nodes, replicas
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 
@@ -39,14 +39,11 @@ router = APIRouter(prefix="/api/ai", tags=["mig"], dependencies=[Depends(require
 
 
 def _node(state: AppState, node_id: str) -> Node:
-    kv = state.store.get(keyspace.nodes(node_id))
-    if kv is None:
-        raise NotFound(f"node {node_id!r} not found")
-    return Node.model_validate_json(kv.value)
+    return nodes.require(state.store, node_id)
 
 
 def _slices(state: AppState, node_id: str) -> list[MigSlice]:
-    return [MigSlice.model_validate_json(kv.value) for kv in state.store.list(keyspace.mig_slices(node_id, ""))]
+    return mig_slices.list(state.store, node_id)
 
 
 def _agents(state: AppState) -> AgentClients:
@@ -62,13 +59,13 @@ async def _create(state: AppState, node_id: str, parent_bdf: str, profile: str) 
             made = await agents.for_node(node).create_mig(parent_bdf, planned.profile)
             planned = planned.model_copy(update={"gpu_instance_id": made["gpu_instance_id"],
                                                  "compute_instance_id": made["compute_instance_id"]})
-            if not state.store.create(keyspace.mig_slices(node_id, planned.id), planned.model_dump_json()):
+            if not mig_slices.create(state.store, planned):
                 await agents.for_node(node).destroy_mig(parent_bdf, planned.gpu_instance_id,
                                                         planned.compute_instance_id)
                 raise Conflict(f"slice {planned.id} was created meanwhile; try again", code="contended")
         finally:
             await agents.aclose()
-    elif not state.store.create(keyspace.mig_slices(node_id, planned.id), planned.model_dump_json()):
+    elif not mig_slices.create(state.store, planned):
         raise Conflict(f"slice {planned.id} was created meanwhile; try again", code="contended")
     record_event(state.store, "node", node_id, "mig-created",
                  f"MIG slice {planned.id} ({planned.mode}) on {parent_bdf}", keep=state.settings.events_kept)
@@ -93,13 +90,12 @@ async def create_slice_on_gpu(node_id: str, bdf: str, body: MigProfileBody, stat
 
 @router.delete("/nodes/{node_id}/mig/{slice_id}", response_model=Deleted)
 async def delete_slice(node_id: str, slice_id: str, state: StateDep) -> dict:
-    kv = state.store.get(keyspace.mig_slices(node_id, slice_id))
-    if kv is None:
+    found = mig_slices.versioned(state.store, node_id, slice_id)
+    if found is None:
         raise NotFound(f"MIG slice {slice_id!r} not found on node {node_id!r}")
-    slice_ = MigSlice.model_validate_json(kv.value)
-    held = state.store.get(keyspace.gpu_reservations(node_id, slice_id))
+    slice_, rev = found
     holders = [r.replica_id for r in _replicas_on(state, node_id, slice_id)]
-    check_delete(slice_, holders[0] if holders else (held.value if held else None))
+    check_delete(slice_, holders[0] if holders else gpu_reservations.holder(state.store, node_id, slice_id))
     if slice_.mode == "nvidia-smi" and slice_.gpu_instance_id is not None:
         agents = _agents(state)
         try:
@@ -107,7 +103,7 @@ async def delete_slice(node_id: str, slice_id: str, state: StateDep) -> dict:
                                                                      slice_.compute_instance_id or 0)
         finally:
             await agents.aclose()
-    if not state.store.delete(keyspace.mig_slices(node_id, slice_id), mod_revision=kv.mod_revision):
+    if not mig_slices.discard(state.store, node_id, slice_id, mod_revision=rev):
         raise Conflict(f"MIG slice {slice_id} changed meanwhile; try again", code="contended")
     record_event(state.store, "node", node_id, "mig-deleted", f"MIG slice {slice_id} deleted",
                  keep=state.settings.events_kept)
@@ -115,7 +111,6 @@ async def delete_slice(node_id: str, slice_id: str, state: StateDep) -> dict:
 
 
 def _replicas_on(state: AppState, node_id: str, slice_id: str):
-    for kv in state.store.list(keyspace.replicas()):
-        r = Replica.model_validate_json(kv.value)
+    for r in replicas.list(state.store):
         if r.node == node_id and slice_id in r.gpus:
             yield r

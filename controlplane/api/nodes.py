@@ -27,7 +27,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from common import keyspace
 from common.agent_api import NodeCertificate, NodeReport
 from common.errors import Conflict, InvalidInput, NotFound, TransientError
 from common.pki import MAX_SAN_HOSTS, check_san_host, ensure_ca, issue_cert
@@ -37,7 +36,7 @@ from controlplane.events import record_event
 from controlplane.node_identity import authenticate_node, require_node
 from controlplane.node_trust import identity_change
 from controlplane.orchestration_state import load_snapshot
-from controlplane.records import cas
+from controlplane.records import cas, gpu_reservations
 from controlplane.records import nodes as node_records
 from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
 from controlplane.state import AppState, get_state
@@ -281,9 +280,5 @@ def set_node_identity(node_id: str, body: NodeIdentity, state: StateDep) -> Node
 @router.get("/gpus", response_model=list[GpuView], dependencies=admin)
 def list_gpus(state: StateDep) -> list[GpuView]:
     nodes = node_records.list(state.store)
-    prefix = keyspace.gpu_reservations()
-    reservations = {}
-    for kv in state.store.list(prefix):
-        node_id, _, pci = kv.key[len(prefix):].partition("/")
-        reservations[(node_id, pci)] = reservation_owner(kv.value)
+    reservations = {where: reservation_owner(value) for where, value in gpu_reservations.every(state.store).items()}
     return gpu_views(nodes, reservations, time.time())
