@@ -120,6 +120,24 @@ def issue_cert(
     """Sign a leaf for `name` (CN=name, SANs from hosts, plus `name` itself when it is a DNS
     label) and write {name}.crt/.key; reissues on each call. The name as a SAN is what fabricd
     pins an agent's certificate to (controlplane.agent_client: the node id as TLS server name)."""
+    cert_pem, key_pem = sign_leaf(state_dir, name, server=server, client=client, hosts=hosts)
+    d = pki_dir(state_dir)
+    crt_path, key_path = d / f"{name}.crt", d / f"{name}.key"
+    _write_private(key_path, key_pem)
+    crt_path.write_bytes(cert_pem)
+    return crt_path, key_path
+
+
+def sign_leaf(
+    state_dir: Path,
+    name: str,
+    *,
+    server: bool,
+    client: bool,
+    hosts: list[str] | None = None,
+) -> tuple[bytes, bytes]:
+    """(certificate PEM, key PEM) of a new leaf signed by the CA, as issue_cert makes it, written
+    nowhere: for a key that belongs on another host (`fabricd pki issue-client`)."""
     if not (server or client):
         raise ValueError("a certificate must be for a server, a client or both")
     hosts = ["127.0.0.1", "localhost"] if hosts is None else hosts
@@ -151,11 +169,7 @@ def issue_cert(
     if hosts:
         builder = builder.add_extension(_san(hosts), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    d = pki_dir(state_dir)
-    crt_path, key_path = d / f"{name}.crt", d / f"{name}.key"
-    _write_private(key_path, _key_pem(key))
-    crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return crt_path, key_path
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
 def server_ssl_context(

@@ -9,6 +9,11 @@
       serves the REST API over HTTPS with that certificate. --insecure serves plain HTTP and is
       refused unless HOST is a loopback address. --no-controllers runs the API alone (another
       fabricd, or none, reconciles).
+  fabricd pki issue-client --state-dir DIR --out OUT [--cn fabric-gateway]
+      on a fabricd host (it holds the CA key): signs a client certificate (EKU clientAuth only, 825
+      days) and writes OUT/CN.crt, OUT/CN.key (0600, in a 0700 OUT) and OUT/ca.crt, for a gateway's
+      FABRIC_GATEWAY_KV_CLIENT_CERT/_KEY/_CA (the agents admit CN fabric-gateway on /v1/kv-index*).
+      The key is written only there: never printed, never kept under DIR.
   fabricd lab ...   present when controlplane.lab.cli (with `lab_app`) exists.
 """
 
@@ -24,8 +29,8 @@ import typer
 
 from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
-from common.pki import ensure_ca, issue_cert, pki_dir
-from common.private_fs import private_dir, restrict_umask
+from common.pki import ensure_ca, issue_cert, pki_dir, sign_leaf
+from common.private_fs import private_dir, restrict_umask, write_private
 
 SERVER_CERT_NAME = "fabricd"
 DEFAULT_LISTEN = "127.0.0.1:8443"
@@ -142,6 +147,49 @@ def serve(
         uvicorn.run(create_app(state), host=host, port=port, log_level=log_level, **ssl_args)
     finally:
         the_store.close()
+
+
+pki_app = typer.Typer(help="Certificates from the cluster CA for Fabric components.", no_args_is_help=True)
+app.add_typer(pki_app, name="pki")
+
+# The client CNs issue-client signs. Only names no node can take (controlplane.api.nodes'
+# RESERVED_CERT_NAMES): fabricd takes a certificate's CN as the node it proves, so a client
+# certificate named like a node would act as that node.
+CLIENT_CNS = ("fabric-gateway",)
+GATEWAY_KV_DIR = "/etc/fabric/kv"  # where docs/install.md puts them on a gateway host
+
+
+@pki_app.command("issue-client")
+def pki_issue_client(
+    state_dir: Path = typer.Option(..., "--state-dir", help="fabricd's state directory (holds pki/ca.key)"),
+    out: Path = typer.Option(..., "--out", help="directory for CN.crt, CN.key (0600) and ca.crt"),
+    cn: str = typer.Option(CLIENT_CNS[0], "--cn", help="the certificate's common name: " + ", ".join(CLIENT_CNS)),
+) -> None:
+    """Issue a client certificate for a gateway to read the agents' KV index (docs/kv-events.md)."""
+    if cn not in CLIENT_CNS:
+        typer.echo(f"error: --cn {cn!r}: issue-client signs only {', '.join(CLIENT_CNS)} (the agents' "
+                   "--kv-index-client-cn default); a client certificate with another name could act as a "
+                   "node of that name toward fabricd", err=True)
+        raise typer.Exit(2)
+    ca_crt, ca_key = pki_dir(state_dir) / "ca.crt", pki_dir(state_dir) / "ca.key"
+    if not (ca_crt.is_file() and ca_key.is_file()):
+        # ensure_ca would make a new CA here, which no agent trusts: refuse instead.
+        typer.echo(f"error: {pki_dir(state_dir)} holds no cluster CA (ca.crt and ca.key); run this on a fabricd "
+                   "host, with the --state-dir `fabricd init` made", err=True)
+        raise typer.Exit(2)
+    cert_pem, key_pem = sign_leaf(state_dir, cn, server=False, client=True, hosts=[])
+    private_dir(out)
+    crt, key, ca = out / f"{cn}.crt", out / f"{cn}.key", out / "ca.crt"
+    write_private(key, key_pem)
+    crt.write_bytes(cert_pem)
+    ca.write_bytes(ca_crt.read_bytes())
+    for public in (crt, ca):
+        public.chmod(0o644)
+    typer.echo(f"certificate: {crt}\nkey:         {key} (0600)\nCA:          {ca}")
+    typer.echo(f"on each gateway host, install these as {GATEWAY_KV_DIR} (owner fabric, the key 0600) and "
+               "add to /etc/default/fabric-gateway:")
+    for var, f in (("CLIENT_CERT", crt), ("CLIENT_KEY", key), ("CA", ca)):
+        typer.echo(f"  FABRIC_GATEWAY_KV_{var}={GATEWAY_KV_DIR}/{f.name}")
 
 
 def _add_lab(root: typer.Typer) -> None:

@@ -4,7 +4,8 @@ TLS, as in a cluster: the agent demands a cluster-CA certificate and admits the 
 presents its FABRIC_GATEWAY_KV_CLIENT_* certificate and names the node as the TLS server name,
 while it reaches the replica itself over plain HTTP (backend TLS off). The agent (dry-run
 driver, engines simulated) watches no replica, so its answer is ``unwatched``, which the
-explanation shows; a gateway whose CN the agent does not admit sees ``refused``."""
+explanation shows; a gateway whose CN the agent does not admit sees ``refused``. The gateway's
+certificate is the one `fabricd pki issue-client` writes, as an operator installs it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from common import keyspace
 from common.pki import client_ssl_context, ensure_ca, issue_cert, pki_dir
@@ -25,6 +27,7 @@ from common.schemas import (
     Node,
     Replica,
 )
+from controlplane.cli_fabricd import app as fabricd_app
 from tests.gateway.gateway_harness import GatewayProcess, make_key, sim_engine, sqlite_state
 from tests.integration.orchestration_harness import agent_command, clean_env
 from tests.support.servers import free_port
@@ -40,7 +43,9 @@ def cluster(tmp_path_factory):
     state, url, store = sqlite_state(tmp_path_factory, "kvmtls")
     ensure_ca(state)
     issue_cert(state, NODE, server=True, client=True, hosts=["127.0.0.1"])
-    issue_cert(state, "fabric-gateway", server=False, client=True)
+    issued = CliRunner().invoke(fabricd_app, ["pki", "issue-client", "--state-dir", str(state),
+                                              "--out", str(state / "gw-kv")])
+    assert issued.exit_code == 0, issued.output
     issue_cert(state, "intruder", server=False, client=True)
     pki = pki_dir(state)
     port = free_port()
@@ -72,8 +77,18 @@ def cluster(tmp_path_factory):
         store.close()
 
 
+def _issued(pki):
+    """(dir, CN) of the files issue-client wrote: {dir}/fabric-gateway.crt, .key, ca.crt."""
+    return pki.parent / "gw-kv", "fabric-gateway"
+
+
+def _gateway_ctx(pki):
+    d, cn = _issued(pki)
+    return client_ssl_context(d / "ca.crt", d / f"{cn}.crt", d / f"{cn}.key")
+
+
 def _wait_for_agent(proc, address, pki, log):
-    ctx = client_ssl_context(pki / "ca.crt", pki / "fabric-gateway.crt", pki / "fabric-gateway.key")
+    ctx = _gateway_ctx(pki)
     deadline = time.monotonic() + 40
     while True:
         assert proc.poll() is None, log.read_text()[-2000:]
@@ -87,8 +102,9 @@ def _wait_for_agent(proc, address, pki, log):
 
 
 def _gateway(state, url, pki, cn: str, gateway_id: str, extra: dict | None = None) -> GatewayProcess:
-    env = {"FABRIC_GATEWAY_KV_CA": str(pki / "ca.crt"), "FABRIC_GATEWAY_KV_CLIENT_CERT": str(pki / f"{cn}.crt"),
-           "FABRIC_GATEWAY_KV_CLIENT_KEY": str(pki / f"{cn}.key"), **(extra or {})}
+    d = _issued(pki)[0] if cn == "fabric-gateway" else pki
+    env = {"FABRIC_GATEWAY_KV_CA": str(d / "ca.crt"), "FABRIC_GATEWAY_KV_CLIENT_CERT": str(d / f"{cn}.crt"),
+           "FABRIC_GATEWAY_KV_CLIENT_KEY": str(d / f"{cn}.key"), **(extra or {})}
     return GatewayProcess.start(state, url, env=env, gateway_id=gateway_id)
 
 
@@ -127,7 +143,7 @@ def test_the_gateway_reads_the_agents_index_over_mtls(cluster):
 
 def test_the_agent_admits_the_gateways_cn_on_the_kv_index_only(cluster):
     _, _, _, pki, address = cluster
-    ctx = client_ssl_context(pki / "ca.crt", pki / "fabric-gateway.crt", pki / "fabric-gateway.key")
+    ctx = _gateway_ctx(pki)
     with httpx.Client(base_url=address, verify=ctx, timeout=10) as c:
         assert c.post("/v1/kv-index/match", json={"hashes": [1], "replicas": ["x"]}).json()["replicas"]["x"][
             "state"] == "unwatched"

@@ -1,0 +1,63 @@
+"""`fabricd pki issue-client` (controlplane/cli_fabricd.py): the gateway's client certificate for
+the agents' KV index, signed by the cluster CA on a fabricd host. Checked here with cryptography
+(chain, CN, EKU, modes, the key nowhere but OUT); tests/gateway/test_kv_index_mtls.py has a real
+agent admit the certificate this command writes."""
+
+from __future__ import annotations
+
+import stat
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from typer.testing import CliRunner
+
+from common.pki import ensure_ca, pki_dir
+from controlplane.cli_fabricd import app
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_issue_client_writes_a_cluster_ca_client_certificate_and_never_prints_the_key(tmp_path):
+    state, out = tmp_path / "fabricd", tmp_path / "out"
+    ca_crt, _ = ensure_ca(state)
+    before = sorted(p.name for p in pki_dir(state).iterdir())
+    res = CliRunner().invoke(app, ["pki", "issue-client", "--state-dir", str(state), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    crt_path, key_path, ca_path = out / "fabric-gateway.crt", out / "fabric-gateway.key", out / "ca.crt"
+    assert _mode(out) == 0o700 and _mode(key_path) == 0o600
+    assert _mode(crt_path) == 0o644 and _mode(ca_path) == 0o644
+    key_pem = key_path.read_text()
+    assert "PRIVATE KEY" in key_pem and "PRIVATE KEY" not in res.output
+    assert key_pem.splitlines()[1] not in res.output
+    assert "FABRIC_GATEWAY_KV_CLIENT_KEY=/etc/fabric/kv/fabric-gateway.key" in res.output
+    assert sorted(p.name for p in pki_dir(state).iterdir()) == before  # nothing of it kept on the fabricd host
+
+    assert ca_path.read_bytes() == ca_crt.read_bytes()
+    ca = x509.load_pem_x509_certificate(ca_path.read_bytes())
+    cert = x509.load_pem_x509_certificate(crt_path.read_bytes())
+    cert.verify_directly_issued_by(ca)  # raises unless the cluster CA signed it
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "fabric-gateway"
+    ekus = list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert ekus == [ExtendedKeyUsageOID.CLIENT_AUTH]  # a client only: no server may present it
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    key = serialization.load_pem_private_key(key_pem.encode(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()
+
+
+def test_issue_client_refuses_a_host_without_the_ca_and_a_name_a_node_could_hold(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["pki", "issue-client", "--state-dir", str(tmp_path / "none"),
+                              "--out", str(tmp_path / "o1")])
+    assert res.exit_code == 2 and "holds no cluster CA" in res.output
+    assert not (tmp_path / "none" / "pki" / "ca.key").exists()  # no new CA made on the wrong host
+    assert not (tmp_path / "o1").exists()
+    ensure_ca(tmp_path / "fabricd")
+    res = runner.invoke(app, ["pki", "issue-client", "--state-dir", str(tmp_path / "fabricd"),
+                              "--out", str(tmp_path / "o2"), "--cn", "gpu-1"])
+    assert res.exit_code == 2 and "--cn 'gpu-1'" in res.output and "act as a node" in res.output
+    assert not (tmp_path / "o2").exists()
