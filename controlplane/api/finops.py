@@ -9,15 +9,16 @@ FABRIC_TOKEN_BUDGET (unset or 0: no alert).
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from common import keyspace, token_windows
+from common import token_windows
 from common.schemas import Replica
 from controlplane.auth import require_admin
+from controlplane.records import deployments, endpoints
+from controlplane.records import replicas as replica_records
 from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
 from controlplane.tenancy import finops, lifetimes
@@ -25,26 +26,16 @@ from controlplane.tenancy import finops, lifetimes
 router = APIRouter(prefix="/api/ai", tags=["finops"], dependencies=[Depends(require_admin)])
 
 
-def _records(store, prefix: str) -> list[dict]:
-    out = []
-    for kv in store.list(prefix):
-        try:
-            out.append(json.loads(kv.value))
-        except ValueError:
-            continue
-    return out
-
-
 @router.get("/finops")
 def get_finops(state: StateDep, window: Annotated[float, Query(gt=0, le=finops.MAX_WINDOW_S,
                                                                  description="seconds back from now")] = 3600) -> dict:
     store, now = state.store, time.time()
     budget = settings_of(state).token_budget  # FABRIC_TOKEN_BUDGET, validated at start
-    tenants = {d["name"]: d.get("tenant") for d in _records(store, keyspace.deployments()) if "name" in d}
-    replicas = [Replica.model_validate(r) for r in _records(store, keyspace.replicas())]
+    tenants = {d["name"]: d.get("tenant") for d in deployments.RECORDS.readable(store) if "name" in d}
+    replicas = [Replica.model_validate(r) for r in replica_records.readable(store)]
     counted = token_windows.current(store, now)
     dep_tokens: dict[str, int] = {}
-    for ep in _records(store, keyspace.endpoints()):
+    for ep in endpoints.RECORDS.readable(store):
         n = counted["endpoint"].get(token_windows.segment(ep.get("name", "")), 0)
         if n and ep.get("deployment"):
             dep_tokens[ep["deployment"]] = dep_tokens.get(ep["deployment"], 0) + n

@@ -11,6 +11,7 @@ from common import keyspace
 from common.schemas import Replica
 from common.store.base import Store
 from controlplane.records import cas
+from controlplane.records.resource import readable_values
 from controlplane.tenancy import lifetimes
 
 
@@ -27,6 +28,11 @@ def list(store: Store, deployment: str | None = None) -> list[Replica]:  # noqa:
     """Every replica, or one deployment's."""
     prefix = keyspace.replicas(deployment, "") if deployment else keyspace.replicas()
     return [cas.parse(Replica, kv.value) for kv in store.list(prefix)]
+
+
+def readable(store: Store) -> list[dict]:
+    """Every replica record as stored that is JSON (unreadable ones skipped)."""
+    return readable_values(store, keyspace.replicas())
 
 
 def put(store: Store, replica: Replica, now: float | None = None) -> None:

@@ -18,6 +18,17 @@ from controlplane.records import cas
 from controlplane.records.cas import M
 
 
+def readable_values(store: Store, prefix: str) -> list[dict]:
+    """The JSON values under ``prefix``; values that are not JSON are skipped."""
+    out = []
+    for kv in store.list(prefix):
+        try:
+            out.append(json.loads(kv.value))
+        except ValueError:
+            continue
+    return out
+
+
 class Records(Generic[M]):
     def __init__(self, model: type[M], key: Callable[..., str], kind: str, name_field: str = "name"):
         self.model, self.key, self.kind, self.name_field = model, key, kind, name_field
@@ -54,6 +65,11 @@ class Records(Generic[M]):
     def stored(self, store: Store, name: str) -> dict | None:
         kv = store.get(self.key(name))
         return None if kv is None else json.loads(kv.value)
+
+    def readable(self, store: Store) -> builtins.list[dict]:
+        """Every record as stored that parses as a JSON object's text; the rest are skipped (for
+        reports that must answer whatever one record holds)."""
+        return readable_values(store, self.key())
 
     def list(self, store: Store) -> builtins.list[M]:
         return [cas.parse(self.model, kv.value) for kv in store.list(self.key())]
