@@ -24,11 +24,10 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.errors import Conflict, InvalidInput, NotFound
-from common.store.base import Store
 from controlplane.api import documents as docs
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
-from controlplane.records import cas
+from controlplane.records import Store, cas
 from controlplane.records.resource import Records
 from controlplane.state import AppState, StateDep
 

@@ -48,13 +48,12 @@ from common.schemas import (
     Spec,
     runtime_refusal,
 )
-from common.store.base import Store
 from controlplane.api.answers import Deleted
 from controlplane.api.paging import DEFAULT_LIMIT, ContinueQuery, LimitQuery, page
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.models.sources import check_local_source
-from controlplane.records import deployments, endpoints, models
+from controlplane.records import Store, deployments, endpoints, models
 from controlplane.records import rollouts as rollout_records
 from controlplane.records.kinds import BY_KIND
 from controlplane.records.model_jobs import delete_jobs
