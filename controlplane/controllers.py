@@ -73,6 +73,8 @@ class ControllerSettings:
     models_s: float = 2.0  # model jobs: poll the agents for progress
     start_timeout_s: float = 900.0  # a replica's start budget (controlplane.reconcile.plan)
     stall_s: float = 60.0  # running > 0 and no new tokens this long: weight 0 (controlplane.routing.stall)
+    scrape_timeout_s: float = 2.0  # one /metrics scrape's deadline; a miss excludes the replica that tick
+    health_timeout_s: float = 2.0  # one health probe's deadline (controlplane.reconcile.plan.FAILURES_TO_REPLACE)
     crashloop_after: int = 5  # controlplane.reconcile.crashloop
     crashloop_backoff_s: float = 10.0
     crashloop_backoff_max_s: float = 300.0
@@ -265,6 +267,7 @@ class ControllerHandle:
             cs = self.settings
             reconcile = ReconcileWorker(store, agents, rp.ReconcileSettings(
                 drain_grace_s=cs.drain_grace_s, drain_settle_s=cs.routing_s + 1, start_timeout_s=cs.start_timeout_s,
+                health_timeout_s=cs.health_timeout_s,
                 scheduler=config.scheduler,
                 crashloop=CrashLoopSettings(cs.crashloop_after, cs.crashloop_backoff_s, cs.crashloop_backoff_max_s,
                                             cs.crashloop_reset_s),
@@ -273,7 +276,8 @@ class ControllerHandle:
         rollouts = RolloutWorker(store, events_kept=api.events_kept, metrics=self.metrics.rollouts)
         routing = RoutingWorker(store, agents, config.pool,
                                 metrics=self.metrics, rollouts=rollouts, events=events, stall_s=self.settings.stall_s,
-                                drain_grace_s=self.settings.drain_grace_s)
+                                drain_grace_s=self.settings.drain_grace_s,
+                                scrape_timeout_s=self.settings.scrape_timeout_s)
         models = ModelWorker(store, agents, jobs_gauge=self.metrics.model_jobs)
         autoscale = AutoscaleWorker(store, events=events, metrics=self.metrics)
         keeper = asyncio.create_task(self._keep_leading(lock))

@@ -12,6 +12,8 @@ AppState without one (tests that build it by hand) gets ``of(state)``: every def
   FABRIC_DRAIN_GRACE_SECS (30)                           drain grace, 0-86400
   FABRIC_START_TIMEOUT_SECS (900)                        a replica's start budget (Starting, not failing), 10-86400
   FABRIC_STALL_SECS (60)                                 running requests, no new tokens this long: weight 0, 5-86400
+  FABRIC_SCRAPE_TIMEOUT_SECS (2)                         one engine /metrics scrape's deadline (a miss excludes it), 0.1-60
+  FABRIC_HEALTH_TIMEOUT_SECS (2)                         one health probe's deadline (3 misses replace a replica), 0.1-60
   FABRIC_CRASHLOOP_AFTER (5), FABRIC_CRASHLOOP_BACKOFF_SECS (10), FABRIC_CRASHLOOP_BACKOFF_MAX_SECS (300),
   FABRIC_CRASHLOOP_RESET_SECS (600)                      crash loop: park after N failures, backoff, reset
   FABRIC_DRY_RUN (0)                                     1: synthetic replicas, no agent (controlplane.dryrun)
@@ -163,6 +165,8 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
         models_s=r.number("FABRIC_MODEL_JOBS_SECS", 2.0, 0.05, 3600),
         start_timeout_s=r.number("FABRIC_START_TIMEOUT_SECS", 900.0, 10, 86400),
         stall_s=r.number("FABRIC_STALL_SECS", 60.0, 5, 86400),
+        scrape_timeout_s=r.number("FABRIC_SCRAPE_TIMEOUT_SECS", 2.0, 0.1, 60),
+        health_timeout_s=r.number("FABRIC_HEALTH_TIMEOUT_SECS", 2.0, 0.1, 60),
         crashloop_after=r.number("FABRIC_CRASHLOOP_AFTER", 5, 1, 1000, integer=True),
         crashloop_backoff_s=r.number("FABRIC_CRASHLOOP_BACKOFF_SECS", 10.0, 0, 86400),
         crashloop_backoff_max_s=r.number("FABRIC_CRASHLOOP_BACKOFF_MAX_SECS", 300.0, 0, 86400),

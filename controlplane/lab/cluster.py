@@ -84,6 +84,21 @@ class LabConfig:
     engine: str = "sim"
 
     @property
+    def scrape_timeout_secs(self) -> float:
+        """fabricd's deadline for one /metrics scrape and one health probe: a real CPU engine busy generating on a shared
+        2-core machine can take several seconds to render its page (seen: 4-30 s under load), and a
+        missed scrape takes the replica out of the Maglev map for that tick (three missed probes
+        replace it); the simulator answers
+        in milliseconds, so it keeps fabricd's default."""
+        return 10.0 if self.engine == "vllm" else 2.0
+
+    @property
+    def drain_grace_secs(self) -> float:
+        """How long a drained replica may finish its streams: a CPU engine generates 100-400 tokens/s
+        on this machine, so a long stream outlasts fabricd's 30 s default under load."""
+        return 120.0 if self.engine == "vllm" else 30.0
+
+    @property
     def fabricd_dir(self) -> Path:
         return self.state_dir / "fabricd"
 
@@ -155,6 +170,9 @@ def service_env(cfg: LabConfig) -> dict[str, str]:
         "FABRIC_RECONCILE_SECS": str(cfg.reconcile_secs),
         "FABRIC_ROUTING_SECS": str(cfg.routing_secs),
         "FABRIC_AUTOSCALE_SECS": str(cfg.autoscale_secs),
+        "FABRIC_SCRAPE_TIMEOUT_SECS": str(cfg.scrape_timeout_secs),
+        "FABRIC_HEALTH_TIMEOUT_SECS": str(cfg.scrape_timeout_secs),  # /health waits behind the same busy loop
+        "FABRIC_DRAIN_GRACE_SECS": str(cfg.drain_grace_secs),
         "PYTHONUNBUFFERED": "1",
     }
 

@@ -67,7 +67,6 @@ from controlplane.records import rollouts as rollout_records
 from controlplane.scaling.loop import with_note
 
 log = logging.getLogger("fabricd.reconcile")
-HEALTH_TIMEOUT_S = 2.0
 CONCURRENCY = 4
 LOG_TAIL_BYTES = 16384
 
@@ -112,7 +111,7 @@ class ReconcileWorker:
         self.on_tick = on_tick or (lambda outcome: None)
         self.backoff = AgentBackoff(clock=clock)
         self.events = events or ReconcileEvents(EventSink(store))
-        self._http = httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S)
+        self._http = httpx.AsyncClient(timeout=settings.health_timeout_s)
 
     def agent(self, node: Node) -> BackoffAgent:
         """The node's agent client, behind its backoff (see controlplane.reconcile.backoff)."""

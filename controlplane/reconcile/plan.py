@@ -79,6 +79,9 @@ class ReconcileSettings:
     # the routing job (one period) has pushed its weight 0 and no new request can be in flight.
     drain_settle_s: float = 11.0
     start_timeout_s: float = 900.0
+    # One health probe's deadline (FABRIC_HEALTH_TIMEOUT_SECS); FAILURES_TO_REPLACE misses in a row
+    # replace a Ready replica, so a busy CPU engine in the lab gets longer than a GPU guest's 2 s.
+    health_timeout_s: float = 2.0
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     crashloop: CrashLoopSettings = field(default_factory=CrashLoopSettings)
     # FABRIC_DENY_RUNTIMES / FABRIC_ALLOW_RUNTIMES (controlplane.settings): a stored profile whose

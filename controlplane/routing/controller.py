@@ -3,8 +3,8 @@
 One tick reads the store once (load_routing_snapshot: nodes, endpoints, replicas, observations),
 then:
   1. scrape every Ready replica's /metrics (draining ones too, for their running count) concurrently (MetricsScraper: one
-     kept-alive connection per engine, at most SCRAPE_CONCURRENCY in flight, SCRAPE_TIMEOUT_S
-     each; port and path by the replica's runtime), parse that runtime's lines (runtime_metrics;
+     kept-alive connection per engine, at most SCRAPE_CONCURRENCY in flight, scrape_timeout_s
+     each (FABRIC_SCRAPE_TIMEOUT_SECS, 2 s); port and path by the replica's runtime), parse that runtime's lines (runtime_metrics;
      prometheus_client's parser sees each series once, see
      metrics_parse; skipped when an engine's lines equal its last scrape's), and
      turn them into ReplicaObservations (a failed scrape is ok=False, never zeros). The plan uses
@@ -72,7 +72,7 @@ from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan
 from controlplane.scheduler import SchedulerSettings, node_online
 
 log = logging.getLogger("fabricd.routing")
-SCRAPE_TIMEOUT_S = 2.0
+SCRAPE_TIMEOUT_S = 2.0  # the default of FABRIC_SCRAPE_TIMEOUT_SECS
 SCRAPE_CONCURRENCY = 64
 REFRESH_AFTER_S = MAX_SCRAPE_AGE_S / 2
 KV_TOLERANCE = 0.005
@@ -121,7 +121,8 @@ def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
 class RoutingWorker:
     def __init__(self, store: Store, agents, pool: vip_pool.AddressPool, *,
                  clock: Callable[[], float] = time.time, metrics=None, rollouts: RolloutWorker | None = None,
-                 events: EventSink | None = None, stall_s: float = 60.0, drain_grace_s: float = 30.0):
+                 events: EventSink | None = None, stall_s: float = 60.0, drain_grace_s: float = 30.0,
+                 scrape_timeout_s: float = SCRAPE_TIMEOUT_S):
         self.store = store
         self.stall_s = stall_s
         self.drain_grace_s = drain_grace_s
@@ -132,7 +133,7 @@ class RoutingWorker:
         self.clock = clock
         self.metrics = metrics
         self.memory = RoutingMemory()
-        self.scraper = MetricsScraper(timeout_s=SCRAPE_TIMEOUT_S, concurrency=SCRAPE_CONCURRENCY)
+        self.scraper = MetricsScraper(timeout_s=scrape_timeout_s, concurrency=SCRAPE_CONCURRENCY)
         self.series = SeriesCache()  # each engine's series go through prometheus_client's parser once
         self._parsed = ParseCache()  # store records by (key, mod_revision): unchanged ones are not re-validated
         self._managed: dict[str, str] = {}  # managed-service key -> value, as listed this tick

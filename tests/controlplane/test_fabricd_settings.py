@@ -16,6 +16,8 @@ from controlplane.settings import SettingsError, load
     ("FABRIC_AUTOSCALE_SECS", "nan", "expected from 0.05"),
     ("FABRIC_LEADER_TTL_SECS", "1.5", "is not an integer"),
     ("FABRIC_DRAIN_GRACE_SECS", "-1", "expected from 0"),
+    ("FABRIC_SCRAPE_TIMEOUT_SECS", "0", "expected from 0.1 to 60"),
+    ("FABRIC_HEALTH_TIMEOUT_SECS", "forever", "is not a number"),
     ("FABRIC_MAX_GPU_TEMP_C", "hot", "is not a number"),
     ("FABRIC_REJECT_ECC", "maybe", "expected 1/0"),
     ("FABRIC_AVOID_BUGGY_IPS", "2", "expected 1/0"),
@@ -48,6 +50,21 @@ def test_defaults_and_good_values():
     assert s.controllers.autoscale_s == 2.5 and s.scheduler.reject_ecc is True
     assert s.deny_runtimes == ("triton",) and s.api.events_kept == 50 and s.api.insecure is True
     assert [e.text for e in s.pool.entries] == ["10.96.0.7"]
+    assert (s.controllers.scrape_timeout_s, s.controllers.health_timeout_s) == (2.0, 2.0)
+    s = load({"FABRIC_SCRAPE_TIMEOUT_SECS": "10", "FABRIC_HEALTH_TIMEOUT_SECS": "7.5"})
+    assert (s.controllers.scrape_timeout_s, s.controllers.health_timeout_s) == (10.0, 7.5)
+
+
+def test_the_real_engine_lab_gives_busy_cpu_engines_longer_deadlines(tmp_path):
+    """A real vLLM on a loaded 2-core machine can take seconds to answer /metrics or /health; the
+    simulator's lab keeps fabricd's defaults."""
+    from controlplane.lab.cluster import LabConfig, service_env
+
+    (tmp_path / "key-hmac-secret").write_text("s" * 32)  # up writes it before fabricd starts
+    real, sim = service_env(LabConfig(tmp_path, engine="vllm")), service_env(LabConfig(tmp_path))
+    assert load(real).controllers.scrape_timeout_s == 10.0 and load(real).controllers.health_timeout_s == 10.0
+    assert load(real).controllers.drain_grace_s == 120.0
+    assert load(sim).controllers.scrape_timeout_s == 2.0 and load(sim).controllers.drain_grace_s == 30.0
 
 
 def test_every_bad_value_is_reported_at_once():

@@ -134,6 +134,8 @@ class EngineServer:
                 body = (PAGE % self.queue).encode()
                 if self.mode == "hang":
                     await asyncio.sleep(30)
+                if self.mode == "slow":  # a busy CPU engine: the page comes, late
+                    await asyncio.sleep(0.5)
                 if self.mode == "503":
                     writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
                 elif self.mode == "chunked":
@@ -199,6 +201,24 @@ def test_scraper_errors_are_scrape_errors():
         with pytest.raises(ScrapeError, match="connect"):
             await scraper.get_text("127.0.0.1", port)
         await scraper.aclose()
+
+    asyncio.run(run())
+
+
+def test_the_scrape_deadline_is_the_setting(store):
+    """FABRIC_SCRAPE_TIMEOUT_SECS reaches the scraper: a page later than the deadline is a failed
+    scrape (the replica is excluded, never read as idle); the same page within it is read."""
+    async def run():
+        slow = await EngineServer("slow").start()
+        slow.queue = 3
+        r = replica(0, "n1", host="127.0.0.1").model_copy(update={"port": slow.port})
+        for timeout_s, ok in ((0.1, False), (3.0, True)):
+            worker = RoutingWorker(store, Agents(), vip_pool.parse_pool("10.96.0.0/30"), scrape_timeout_s=timeout_s)
+            obs = await worker._scrape(r)
+            await worker.aclose()
+            assert obs.ok is ok, (timeout_s, obs.error)
+            assert obs.queue_depth == 3 if ok else "timed out after 0.1s" in obs.error
+        slow.close()
 
     asyncio.run(run())
 
