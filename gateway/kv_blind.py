@@ -8,7 +8,8 @@ approximate router for that call (prefix_router.choose_precise).
 
 ``BlindWatch.observe`` turns one endpoint's states into
 
-  - the gauge ``fabric_gateway_kv_blind_replicas{endpoint}``: its replicas now blind;
+  - the gauge ``fabric_gateway_kv_blind_replicas{endpoint}``: its replicas now blind (kept right
+    without traffic by gateway/kv_source.py's refresh; ``forget`` drops an endpoint's series);
   - the counter ``fabric_gateway_kv_blind_calls_total{endpoint}``: calls routed while at least
     one of its replicas was blind;
   - one event per change (kind replica): ``KvEventsMissing`` (Warning) when a replica becomes
@@ -54,6 +55,7 @@ class BlindWatch:
     set_blind: Callable[[str, int], None] | None = None  # (endpoint, replicas blind now)
     count_call: Callable[[str], None] | None = None  # (endpoint)
     write_event: Callable[[str, str, str, str], None] | None = None  # (replica, action, message, type)
+    drop_endpoint: Callable[[str], None] | None = None  # (endpoint): its gauge series removed
     _blind: OrderedDict[str, bool] = field(default_factory=OrderedDict)  # replica -> blind now
 
     @classmethod
@@ -66,10 +68,22 @@ class BlindWatch:
                       multiprocess_mode="mostrecent")
         calls = Counter("fabric_gateway_kv_blind_calls", "Calls routed while a replica of the endpoint "
                         "was blind to the KV index", ["endpoint"], registry=registry)
-        return cls(lambda ep, n: gauge.labels(ep).set(n), lambda ep: calls.labels(ep).inc(), write_event)
+        def drop(ep: str) -> None:
+            try:
+                gauge.remove(ep)
+            except KeyError:  # never set
+                pass
 
-    def observe(self, endpoint: str, states: dict[str, str]) -> list[str]:
-        """The replicas of this answer that are blind; metrics and events updated."""
+        return cls(lambda ep, n: gauge.labels(ep).set(n), lambda ep: calls.labels(ep).inc(), write_event, drop)
+
+    def forget(self, endpoint: str) -> None:
+        """The endpoint is gone (or no longer routes by prefix): no gauge for it."""
+        if self.drop_endpoint is not None:
+            self.drop_endpoint(endpoint)
+
+    def observe(self, endpoint: str, states: dict[str, str], call: bool = True) -> list[str]:
+        """The replicas of this answer that are blind; metrics and events updated (``call``
+        False: a refresh, not a routed call, so the calls counter stays)."""
         blind = sorted(r for r, s in states.items() if s == "blind")
         for replica, state in states.items():
             if state not in ("blind", "live"):
@@ -86,7 +100,7 @@ class BlindWatch:
             self._blind.popitem(last=False)
         if self.set_blind is not None:
             self.set_blind(endpoint, len(blind))
-        if blind and self.count_call is not None:
+        if blind and call and self.count_call is not None:
             self.count_call(endpoint)
         return blind
 

@@ -18,6 +18,17 @@ A fetched tokenizer is kept while the model's digest stays the same (re-read fro
 every CHECK_S); a deployment without one is asked again after RETRY_S. A call does not wait
 more than ``timeout_s`` for a fetch: it is routed approximately meanwhile and the fetch goes on.
 
+One tokenizer per deployment: the model of the deployment's revision when it was fetched. During
+a rollout that changes the model, a replica of a revision whose template names another model
+(or whose revision record is gone) is not asked: its state is ``other_model`` and the
+approximate router scores it, since hashes from another model's tokenizer would match nothing it
+holds. An override directory serves every replica of its deployment.
+
+Without traffic the states do not go stale: every REFRESH_S (a task started by the first match)
+each endpoint this process routed precisely and has not asked since is re-read from the store and
+its agents asked with no hashes, so the blind gauge and events follow the replicas as they are
+(a deleted endpoint, or one no longer ``prefix``, loses its gauge).
+
 Block size: the one the agents report from the engines' events (``block_size``), learned per
 deployment; 16 until the first answer. Node addresses come from the store (keyspace.nodes),
 cached NODE_TTL_S. Agents are reached at their advertised address with the node id as TLS
@@ -35,10 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import keyspace
+from common.errors import NotFound
 from common.kv_events import BlockHasher
+from common.rollouts import Revision
 from common.schemas import InferenceDeployment, ModelArtifact, Node
 from gateway.engine_hash import EngineTokenizer, RequestHasher, SimTokenizer
 from gateway.kv_blind import BlindWatch
+from gateway.upstreams import read_view
 
 NODE_TTL_S = 30.0
 DEFAULT_BLOCK_SIZE = 16
@@ -46,6 +60,9 @@ CHECK_S = 30.0  # how often a fetched tokenizer's digest is compared with the mo
 RETRY_S = 30.0  # a deployment whose tokenizer could not be had is asked again after this
 FETCH_TIMEOUT_S = 20.0
 MAX_ENDPOINTS = 1024  # endpoints whose last answer's states are kept (for explanations)
+REFRESH_S = 15.0  # an endpoint not asked for this long is asked again (states without traffic)
+MAX_REVISIONS = 4096  # (deployment, revision) -> model names remembered
+OTHER_MODEL = "other_model"
 
 
 @dataclass
@@ -54,11 +71,14 @@ class _Tok:
     digest: str | None
     check_at: float
     origin: str  # override | agent | none: why (for the explanation)
+    model: str | None = None  # the model it tokenizes for; None (an override): every replica's
+    revision: int | None = None  # the deployment's revision when its model was read
 
 
 class AgentKvSource:
     def __init__(self, store, client, tokenizer_root: Path | None = None, timeout_s: float = 0.1,
-                 blind: BlindWatch | None = None, fetch_timeout_s: float = FETCH_TIMEOUT_S) -> None:
+                 blind: BlindWatch | None = None, fetch_timeout_s: float = FETCH_TIMEOUT_S,
+                 refresh_s: float = REFRESH_S) -> None:
         self._store, self._client, self._timeout = store, client, timeout_s
         self._root = Path(tokenizer_root) if tokenizer_root else None
         self._fetch_timeout = fetch_timeout_s
@@ -68,6 +88,10 @@ class AgentKvSource:
         self._block_size: dict[str, int] = {}
         self._nodes: dict[str, tuple[float, str | None]] = {}
         self._states: OrderedDict[str, dict[str, str]] = OrderedDict()  # endpoint -> its last answer's states
+        self._asked: dict[str, float] = {}  # endpoint -> when its agents were last asked (monotonic)
+        self._revisions: OrderedDict[tuple[str, int], tuple[str | None, float]] = OrderedDict()
+        self._refresh_s = refresh_s
+        self._refresher: asyncio.Task | None = None
 
     # -- tokenizers ---------------------------------------------------------------------------
     def _override(self, deployment: str) -> _Tok | None:
@@ -83,19 +107,23 @@ class AgentKvSource:
                 return _Tok(None, None, float("inf"), "override")
         return None
 
-    def _model_digest(self, deployment: str) -> str | None:
+    def _current(self, deployment: str) -> tuple[str | None, int | None, str | None]:
+        """(model, revision, the model's verified digest) the deployment names now."""
         kv = self._store.get(keyspace.deployments(deployment))
         if kv is None:
-            return None
-        model = InferenceDeployment.model_validate_json(kv.value).model
-        mkv = self._store.get(keyspace.models(model))
-        return ModelArtifact.model_validate_json(mkv.value).status.digest if mkv is not None else None
+            return None, None, None
+        dep = InferenceDeployment.model_validate_json(kv.value)
+        mkv = self._store.get(keyspace.models(dep.model))
+        digest = ModelArtifact.model_validate_json(mkv.value).status.digest if mkv is not None else None
+        return dep.model, dep.revision, digest
 
-    async def _fetch(self, view, digest: str | None) -> _Tok:
+    async def _fetch(self, view, current: tuple[str | None, int | None, str | None]) -> _Tok:
+        model, revision, digest = current
         now = time.monotonic()
         if digest is None:
-            return _Tok(None, None, now + RETRY_S, "none")
-        for node in dict.fromkeys(r.node for r in view.replicas):
+            return _Tok(None, None, now + RETRY_S, "none", model, revision)
+        # Nodes of the current revision's replicas first: their caches hold this model.
+        for node in dict.fromkeys(r.node for r in sorted(view.replicas, key=lambda r: r.revision != revision)):
             address = self._node_address(node)
             if address is None:
                 continue
@@ -115,8 +143,8 @@ class AgentKvSource:
                     tok = await asyncio.to_thread(EngineTokenizer.from_files, dict(body.get("files") or {}))
             except Exception:  # an answer or tokenizer this gateway cannot load: approximate, asked again later
                 continue
-            return _Tok(tok, digest, time.monotonic() + CHECK_S, "agent")
-        return _Tok(None, digest, time.monotonic() + RETRY_S, "none")
+            return _Tok(tok, digest, time.monotonic() + CHECK_S, "agent", model, revision)
+        return _Tok(None, digest, time.monotonic() + RETRY_S, "none", model, revision)
 
     async def _tokenizer(self, view):
         deployment = view.endpoint.deployment
@@ -129,13 +157,15 @@ class AgentKvSource:
             if override is not None:
                 self._tokenizers[deployment] = override
                 return override.tokenizer
-        digest = self._model_digest(deployment)
+        current = self._current(deployment)
+        digest = current[2]
         if hit is not None and hit.tokenizer is not None and hit.digest == digest:
             hit.check_at = now + CHECK_S
+            hit.model, hit.revision = current[0], current[1]  # the same files under another revision
             return hit.tokenizer
         task = self._fetching.get(deployment)
         if task is None:
-            task = self._fetching[deployment] = asyncio.ensure_future(self._fetch(view, digest))
+            task = self._fetching[deployment] = asyncio.ensure_future(self._fetch(view, current))
             task.add_done_callback(lambda t, d=deployment: self._fetched(d, t))
         try:
             got = await asyncio.wait_for(asyncio.shield(task), self._timeout)
@@ -168,17 +198,49 @@ class AgentKvSource:
         self._nodes[node_id] = (now + NODE_TTL_S, address)
         return address
 
+    def _revision_model(self, deployment: str, revision: int) -> str | None:
+        """The model a revision's template names (revisions are immutable: kept; a missing or
+        broken record counts as unknown, asked again after CHECK_S)."""
+        key = (deployment, revision)
+        hit = self._revisions.get(key)
+        now = time.monotonic()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        try:
+            kv = self._store.get(keyspace.revisions(deployment, revision))
+            model = Revision.model_validate_json(kv.value).template.model if kv is not None else None
+        except Exception:  # a store hiccup or a broken record: unknown, so approximate
+            model = None
+        self._revisions[key] = (model, float("inf") if model is not None else now + CHECK_S)
+        while len(self._revisions) > MAX_REVISIONS:
+            self._revisions.popitem(last=False)
+        return model
+
+    def other_model(self, view) -> set[str]:
+        """The replicas whose revision runs another model than the tokenizer's (module docstring)."""
+        tok = self._tokenizers.get(view.endpoint.deployment)
+        if tok is None or tok.model is None:
+            return set()
+        return {r.replica_id for r in view.replicas if r.revision != tok.revision
+                and self._revision_model(view.endpoint.deployment, r.revision) != tok.model}
+
     def states(self, view) -> dict[str, str]:
         """replica -> its state in the last answer (kv_blind's vocabulary)."""
         last = self._states.get(view.endpoint.name, {})
         return {r.replica_id: last.get(r.replica_id, "no_answer") for r in view.replicas}
 
-    async def match(self, view, hashes: list[int]) -> dict[str, int | None]:
+    async def match(self, view, hashes: list[int], *, call: bool = True) -> dict[str, int | None]:
+        """replica -> matched leading blocks (None: scored approximately); ``call`` False for the
+        refresh, which updates states, gauge and events but counts no routed call."""
+        self._start_refresher()
+        other = self.other_model(view)
         by_node: dict[str, list[str]] = {}
         for r in view.replicas:
-            by_node.setdefault(r.node, []).append(r.replica_id)
+            if r.replica_id not in other:
+                by_node.setdefault(r.node, []).append(r.replica_id)
         out: dict[str, int | None] = {r.replica_id: None for r in view.replicas}
-        states: dict[str, str] = {r.replica_id: "no_answer" for r in view.replicas}
+        states: dict[str, str] = {r.replica_id: OTHER_MODEL if r.replica_id in other else "no_answer"
+                                  for r in view.replicas}
 
         async def ask(node: str, replicas: list[str]) -> None:
             address = self._node_address(node)
@@ -204,13 +266,50 @@ class AgentKvSource:
                     if isinstance(size, int) and size > 0:
                         self._block_size[view.endpoint.deployment] = size
 
+        self._asked[view.endpoint.name] = time.monotonic()
         await asyncio.gather(*(ask(n, rs) for n, rs in by_node.items()))
         self._states[view.endpoint.name] = states
         self._states.move_to_end(view.endpoint.name)
         while len(self._states) > MAX_ENDPOINTS:
-            self._states.popitem(last=False)
-        self.blind.observe(view.endpoint.name, states)
+            self._forget(next(iter(self._states)))
+        self.blind.observe(view.endpoint.name, states, call=call)
         return out
+
+    # -- states without traffic ---------------------------------------------------------------
+    def _start_refresher(self) -> None:
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_every())
+
+    async def _refresh_every(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            try:
+                await self.refresh()
+            except Exception:  # never let one bad round stop the refresh
+                pass
+
+    async def refresh(self, now: float | None = None) -> None:
+        """Ask again for every endpoint kept that was not asked in the last ``refresh_s``."""
+        now = time.monotonic() if now is None else now
+        for name in list(self._states):
+            if now - self._asked.get(name, 0.0) < self._refresh_s:
+                continue
+            try:
+                view = await asyncio.to_thread(read_view, self._store, name)
+            except NotFound:
+                self._forget(name)
+                continue
+            except Exception:  # the store did not answer: try next round
+                continue
+            if view.endpoint.routing_l7 != "prefix":
+                self._forget(name)
+                continue
+            await self.match(view, [], call=False)
+
+    def _forget(self, endpoint: str) -> None:
+        self._states.pop(endpoint, None)
+        self._asked.pop(endpoint, None)
+        self.blind.forget(endpoint)
 
 
 def _sni(address: str, node: str) -> dict:

@@ -7,7 +7,8 @@ asks the agents' KV index what each replica holds (agent/kv_index) and scores wi
 prefix_router.choose_precise; a request that cannot be hashed, an index that does not answer,
 and replicas that sent no KV events fall back to the approximate tree (the explanation says
 which: ``kv_index``, ``blind_replicas``; ``kv_states`` and ``kv_blind`` give each replica's
-state in the agents' answer, gateway/kv_blind.py). Calls chosen but not started yet count as load
+state in the agents' answer, gateway/kv_blind.py; ``kv_other_model`` the replicas of a revision
+with another model than the tokenizer's, gateway/kv_source.py). Calls chosen but not started yet count as load
 (``pending``, expiring after PENDING_TTL if a call never starts).
 
 State per gateway process: one PrefixTree per endpoint (at most MAX_ENDPOINTS; a new one past
@@ -103,6 +104,7 @@ class ReplicaRouter:
             states = self.kv.states(view)
             why["kv_states"] = states
             why["kv_blind"] = sorted(r for r, s in states.items() if s == "blind")
+            why["kv_other_model"] = sorted(r for r, s in states.items() if s == "other_model")  # mid-rollout
         return picked, why
 
     def pick(self, view: EndpointView, data: dict | None, now: float, *, matched: dict | None = None,

@@ -1,8 +1,9 @@
 """The gateway's KV-index source (gateway/kv_source.py) against the agent's real routes
 (agent/kv_index/routes.py) over an in-process transport: tokenizers found from the deployment's
 model record and the agent's model cache without any setting, the override directory, the
-simulator's answer, a changed digest; and blind replicas made visible (gateway/kv_blind.py):
-gauge, counter, one event per change, the explanation's fields."""
+simulator's answer, a changed digest; blind replicas made visible (gateway/kv_blind.py):
+gauge, counter, one event per change, the explanation's fields, and the gauge kept right without
+traffic by the refresh; a rollout to another model routing the old revision approximately."""
 
 from __future__ import annotations
 
@@ -159,14 +160,19 @@ def test_the_tokenizer_route_names_what_is_wrong(tmp_path):
     assert r.status_code == 404 and "no tokenizer.json" in r.json()["error"]["message"]
 
 
-def test_a_blind_replica_shows_in_metrics_events_and_the_explanation(tmp_path):
-    store = _store(tmp_path)
+def _blind_setup(store):
+    """r0 live, r1 blind, behind a source whose blind watch exports to its own registry."""
     sub = Sub({"r0": "live", "r1": "blind"}, {"r0": 3, "r1": None})
-    client, _ = _agent(sub, {}, simulated=True)
+    client, seen = _agent(sub, {}, simulated=True)
     registry = CollectorRegistry()
     src = AgentKvSource(store, client, None, timeout_s=5,
                         blind=BlindWatch.exported(registry, store_event_writer(store, "gw-1")))
-    router = ReplicaRouter(kv=src)
+    return sub, seen, registry, src, ReplicaRouter(kv=src)
+
+
+def test_a_blind_replica_shows_in_metrics_events_and_the_explanation(tmp_path):
+    store = _store(tmp_path)
+    sub, _, registry, src, router = _blind_setup(store)
     view = _view()
     for _ in range(3):
         _, why = asyncio.run(router.apick(view, CHAT, 0.0))
@@ -226,4 +232,102 @@ def test_a_broken_answer_or_record_routes_approximately_instead_of_failing(tmp_p
     assert asyncio.run(src.hasher(_view())) is None
     _, why = asyncio.run(ReplicaRouter(kv=src).apick(_view(), CHAT, 0.0))
     assert why["kv_index"] == "approximate: no tokenizer for this model"
+    store.close()
+
+
+def _stored_endpoint(store, replicas: list[Replica]) -> None:
+    store.put(keyspace.endpoints("e"), InferenceEndpoint(name="e", deployment="d", routing_l7="prefix",
+                                                         status=EndpointStatus()).model_dump_json())
+    for r in replicas:
+        store.put(keyspace.replicas("d", r.replica_id), r.model_dump_json())
+
+
+def test_the_blind_gauge_follows_the_replicas_without_traffic(tmp_path):
+    import time
+
+    from gateway.kv_source import REFRESH_S
+
+    store = _store(tmp_path)
+    view = _view()
+    _stored_endpoint(store, list(view.replicas))
+    sub, seen, registry, src, router = _blind_setup(store)
+
+    async def one_call() -> bool:
+        await router.apick(view, CHAT, 0.0)
+        return src._refresher is not None and not src._refresher.done()
+
+    assert asyncio.run(one_call())  # the first match starts the periodic refresh
+
+    def gauge():
+        return registry.get_sample_value("fabric_gateway_kv_blind_replicas", {"endpoint": "e"})
+
+    def refreshed():
+        asyncio.run(src.refresh(now=time.monotonic() + REFRESH_S + 1))
+
+    assert gauge() == 1.0
+    asked = len(seen)
+    asyncio.run(src.refresh())  # asked just now by the call: nothing to do
+    assert len(seen) == asked
+    sub.states_now["r1"] = "live"  # its engine now sends events; no call comes
+    refreshed()
+    assert gauge() == 0.0 and len(seen) == asked + 1
+    sub.states_now["r0"] = "blind"
+    refreshed()
+    assert gauge() == 1.0
+    assert [(e.name, e.action) for e in recent_events(store, kind="replica")] == [
+        ("r1", "KvEventsMissing"), ("r1", "KvEventsResumed"), ("r0", "KvEventsMissing")]
+    assert registry.get_sample_value("fabric_gateway_kv_blind_calls_total", {"endpoint": "e"}) == 1.0  # calls only
+    store.delete(keyspace.replicas("d", "r0"))  # the blind replica is replaced
+    refreshed()
+    assert gauge() == 0.0 and src.states(_view(1)) == {"r0": "no_answer"}
+    store.delete(keyspace.endpoints("e"))
+    refreshed()
+    assert gauge() is None  # a deleted endpoint keeps no series
+    store.close()
+
+
+def test_a_rollout_to_another_model_routes_the_old_revision_approximately(tmp_path):
+    from common.rollouts import Revision
+    from common.schemas import Template
+
+    store = _store(tmp_path)
+    # Revision 2 moved the deployment from model "old" to "m"; r1 still runs revision 1.
+    store.put(keyspace.deployments("d"), InferenceDeployment(name="d", model="m", profile="p",
+                                                             revision=2).model_dump_json())
+    for rev, model in ((1, "old"), (2, "m")):
+        store.put(keyspace.revisions("d", rev), Revision(deployment="d", revision=rev, template=Template(
+            model=model, profile="p")).model_dump_json())
+    ep = InferenceEndpoint(name="e", deployment="d", routing_l7="prefix", status=EndpointStatus())
+    reps = (Replica(replica_id="r0", deployment="d", ordinal=0, revision=2, node="n", host="10.0.0.1", ready=True),
+            Replica(replica_id="r1", deployment="d", ordinal=1, revision=1, node="n", host="10.0.0.2", ready=True),
+            Replica(replica_id="r2", deployment="d", ordinal=2, revision=3, node="n", host="10.0.0.3", ready=True))
+    view = EndpointView(ep, reps, {})
+    sub = Sub({"r0": "live", "r1": "live", "r2": "live"}, {"r0": 0, "r1": 5, "r2": 0})
+    client, _ = _agent(sub, {}, simulated=True)
+    asked: list[list[str]] = []
+    real_post = client.post
+
+    async def post(url, **kw):
+        asked.append(kw["json"]["replicas"])
+        return await real_post(url, **kw)
+
+    client.post = post  # type: ignore[method-assign]
+    src = AgentKvSource(store, client, None, timeout_s=5)
+    _, why = asyncio.run(ReplicaRouter(kv=src).apick(view, CHAT, 0.0))
+    assert why["kv_index"] == "precise"
+    # r1's engine holds blocks of the old model: not asked, scored by the approximate tree.
+    # r2's revision record is missing: its model is unknown, so the same.
+    assert asked == [["r0"]]
+    assert why["kv_states"] == {"r0": "live", "r1": "other_model", "r2": "other_model"}
+    assert why["kv_other_model"] == ["r1", "r2"] and why["blind_replicas"] == ["r1", "r2"]
+    assert why["kv_blind"] == []  # not blind: its events are fine, they are another model's
+    rows = {row["replica"]: row for row in why["scores"]}
+    assert rows["r1"]["matched_blocks"] is None and rows["r0"]["matched_blocks"] == 0
+    # A revision that changed only the engine's arguments keeps the model: precise for it too.
+    store.put(keyspace.revisions("d", 3), Revision(deployment="d", revision=3, template=Template(
+        model="m", profile="p", engine_args=["--max-num-seqs", "8"])).model_dump_json())
+    src._revisions.clear()
+    asked.clear()
+    _, why = asyncio.run(ReplicaRouter(kv=src).apick(view, CHAT, 0.0))
+    assert asked == [["r0", "r2"]] and why["kv_other_model"] == ["r1"]
     store.close()
