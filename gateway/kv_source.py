@@ -61,6 +61,7 @@ RETRY_S = 30.0  # a deployment whose tokenizer could not be had is asked again a
 FETCH_TIMEOUT_S = 20.0
 MAX_ENDPOINTS = 1024  # endpoints whose last answer's states are kept (for explanations)
 REFRESH_S = 15.0  # an endpoint not asked for this long is asked again (states without traffic)
+REFRESH_CONCURRENCY = 16  # endpoints refreshed at once
 MAX_REVISIONS = 4096  # (deployment, revision) -> model names remembered
 OTHER_MODEL = "other_model"
 
@@ -289,22 +290,31 @@ class AgentKvSource:
                 pass
 
     async def refresh(self, now: float | None = None) -> None:
-        """Ask again for every endpoint kept that was not asked in the last ``refresh_s``."""
+        """Ask again for every endpoint kept that was not asked in the last ``refresh_s``, at most
+        REFRESH_CONCURRENCY at once (a node that does not answer costs each of its endpoints
+        ``timeout_s``, not the whole round in turn)."""
         now = time.monotonic() if now is None else now
-        for name in list(self._states):
-            if now - self._asked.get(name, 0.0) < self._refresh_s:
-                continue
-            try:
-                view = await asyncio.to_thread(read_view, self._store, name)
-            except NotFound:
-                self._forget(name)
-                continue
-            except Exception:  # the store did not answer: try next round
-                continue
-            if view.endpoint.routing_l7 != "prefix":
-                self._forget(name)
-                continue
-            await self.match(view, [], call=False)
+        due = [name for name in list(self._states) if now - self._asked.get(name, 0.0) >= self._refresh_s]
+        gate = asyncio.Semaphore(REFRESH_CONCURRENCY)
+
+        async def one(name: str) -> None:
+            async with gate:
+                try:
+                    view = await asyncio.to_thread(read_view, self._store, name)
+                except NotFound:
+                    self._forget(name)
+                    return
+                except Exception:  # the store did not answer or a record is broken: next round
+                    return
+                if view.endpoint.routing_l7 != "prefix":
+                    self._forget(name)
+                    return
+                try:
+                    await self.match(view, [], call=False)
+                except Exception:  # an answer that does not parse: next round
+                    return
+
+        await asyncio.gather(*(one(name) for name in due))
 
     def _forget(self, endpoint: str) -> None:
         self._states.pop(endpoint, None)
