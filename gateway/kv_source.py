@@ -32,10 +32,10 @@ its agents asked with no hashes, so the blind gauge and events follow the replic
 Block size: the one the agents report from the engines' events (``block_size``), learned per
 deployment; 16 until the first answer. Node addresses come from the store (keyspace.nodes),
 cached NODE_TTL_S. Agents are reached at their advertised address with the node id as TLS
-server name (their certificates name the node, as fabricd pins them), with the gateway's
-backend client certificate, which the agents admit on /v1/kv-index/* when its CN is one of
-their --kv-index-client-cn (default fabric-gateway).
-"""
+server name (their certificates name the node, as fabricd pins them), with the client
+certificate FABRIC_GATEWAY_KV_CLIENT_* names (else the backend one; `fabricd pki issue-client`
+makes it), which the agents admit on /v1/kv-index/* when its CN is one of their
+--kv-index-client-cn (default fabric-gateway)."""
 
 from __future__ import annotations
 
