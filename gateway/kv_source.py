@@ -30,7 +30,10 @@ its agents asked with no hashes, so the blind gauge and events follow the replic
 (a deleted endpoint, or one no longer ``prefix``, loses its gauge).
 
 Block size: the one the agents report from the engines' events (``block_size``), learned per
-deployment; 16 until the first answer. Node addresses come from the store (keyspace.nodes),
+deployment (the size most of its replicas report); 16 until the first answer. A live replica
+whose engine reports another size than the one a call's hashes were made with (a revision that
+changed --block-size, or the first call) is ``other_block_size`` for that call: scored
+approximately, since those hashes match nothing it holds. Node addresses come from the store (keyspace.nodes),
 cached NODE_TTL_S. Agents are reached at their advertised address with the node id as TLS
 server name (their certificates name the node, as fabricd pins them), with the client
 certificate FABRIC_GATEWAY_KV_CLIENT_* names (else the backend one; `fabricd pki issue-client`
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +67,7 @@ REFRESH_S = 15.0  # an endpoint not asked for this long is asked again (states w
 REFRESH_CONCURRENCY = 16  # endpoints refreshed at once
 MAX_REVISIONS = 4096  # (deployment, revision) -> model names remembered
 OTHER_MODEL = "other_model"
+OTHER_BLOCK_SIZE = "other_block_size"
 
 
 @dataclass
@@ -234,6 +238,9 @@ class AgentKvSource:
         """replica -> matched leading blocks (None: scored approximately); ``call`` False for the
         refresh, which updates states, gauge and events but counts no routed call."""
         self._start_refresher()
+        deployment = view.endpoint.deployment
+        used = self._block_size.get(deployment, DEFAULT_BLOCK_SIZE)  # what hasher() just made these with
+        sizes: dict[str, int] = {}
         other = self.other_model(view)
         by_node: dict[str, list[str]] = {}
         for r in view.replicas:
@@ -265,10 +272,16 @@ class AgentKvSource:
                     states[rid] = state if isinstance(state, str) else ("live" if out[rid] is not None else "warming")
                     size = row.get("block_size")
                     if isinstance(size, int) and size > 0:
-                        self._block_size[view.endpoint.deployment] = size
+                        sizes[rid] = size
 
         self._asked[view.endpoint.name] = time.monotonic()
         await asyncio.gather(*(ask(n, rs) for n, rs in by_node.items()))
+        if sizes:  # the size most replicas report (the one in use on a tie) hashes the next calls
+            counts = Counter(sizes.values())
+            self._block_size[deployment] = max(counts, key=lambda z: (counts[z], z == used))
+        for rid, size in sizes.items():
+            if hashes and size != used and states[rid] == "live":  # these hashes match nothing it holds
+                out[rid], states[rid] = None, OTHER_BLOCK_SIZE
         self._states[view.endpoint.name] = states
         self._states.move_to_end(view.endpoint.name)
         while len(self._states) > MAX_ENDPOINTS:

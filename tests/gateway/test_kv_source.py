@@ -42,14 +42,14 @@ CHAT = {"model": "m", "messages": [{"role": "system", "content": "You answer bri
 class Sub:
     """The agent's subscriber as the routes read it: fixed states and matches."""
 
-    def __init__(self, states: dict[str, str], matched: dict[str, int | None]):
-        self.states_now, self.matched = states, matched
+    def __init__(self, states: dict[str, str], matched: dict[str, int | None], sizes: dict[str, int] | None = None):
+        self.states_now, self.matched, self.sizes = states, matched, sizes or {}
 
     def match(self, hashes, replicas):
         return {r: self.matched.get(r) for r in replicas}
 
     def block_sizes(self, replicas):
-        return {r: 16 for r in replicas}
+        return {r: self.sizes.get(r, 16) for r in replicas}
 
     def states(self, replicas, blind_after_s):
         return {r: self.states_now.get(r, "unwatched") for r in replicas}
@@ -330,4 +330,25 @@ def test_a_rollout_to_another_model_routes_the_old_revision_approximately(tmp_pa
     asked.clear()
     _, why = asyncio.run(ReplicaRouter(kv=src).apick(view, CHAT, 0.0))
     assert asked == [["r0", "r2"]] and why["kv_other_model"] == ["r1"]
+    store.close()
+
+
+def test_a_replica_with_another_block_size_is_scored_approximately(tmp_path):
+    store = _store(tmp_path)
+    view = _view(3)
+    sub = Sub(dict.fromkeys(("r0", "r1", "r2"), "live"), dict.fromkeys(("r0", "r1", "r2"), 2),
+              {"r0": 16, "r1": 32, "r2": 16})  # r1's revision runs --block-size 32
+    client, _ = _agent(sub, {}, simulated=True)
+    src = AgentKvSource(store, client, None, timeout_s=5)
+    router = ReplicaRouter(kv=src)
+    _, why = asyncio.run(router.apick(view, CHAT, 0.0))
+    assert why["kv_states"] == {"r0": "live", "r1": "other_block_size", "r2": "live"}
+    assert why["blind_replicas"] == ["r1"] and why["kv_blind"] == []
+    assert asyncio.run(src.hasher(view)).hasher.block_size == 16  # the size most replicas report
+    sub.sizes = dict.fromkeys(("r0", "r1", "r2"), 128)  # e.g. the CPU build: none matches the default
+    _, why = asyncio.run(router.apick(view, CHAT, 0.0))
+    assert set(why["kv_states"].values()) == {"other_block_size"}
+    assert asyncio.run(src.hasher(view)).hasher.block_size == 128  # learned from that answer
+    _, why = asyncio.run(router.apick(view, CHAT, 0.0))
+    assert set(why["kv_states"].values()) == {"live"}
     store.close()
