@@ -14,12 +14,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from common import keyspace
 from common.errors import FabricError, TransientError
 from common.model_api import ModelJob
 from common.schemas import ModelArtifact, Node
 from common.store.base import Store
 from controlplane.models import plan
+from controlplane.records import models, nodes
 from controlplane.records.model_jobs import get_job, list_jobs, put_job, update_model_status
 
 log = logging.getLogger("fabricd.models")
@@ -34,11 +34,10 @@ class ModelWorker:
         self.became_ready = False  # set by tick(): some job turned Ready in that pass
 
     def _models(self) -> dict[str, ModelArtifact]:
-        return {m.name: m for m in (ModelArtifact.model_validate_json(kv.value)
-                                    for kv in self.store.list(keyspace.models()))}
+        return {m.name: m for m in models.list(self.store)}
 
     def _nodes(self) -> dict[str, Node]:
-        return {n.id: n for n in (Node.model_validate_json(kv.value) for kv in self.store.list(keyspace.nodes()))}
+        return {n.id: n for n in nodes.list(self.store)}
 
     async def tick(self) -> None:
         self.became_ready = False

@@ -28,6 +28,7 @@ from common.schemas import InferenceDeployment, Replica
 from controlplane.orchestration_state import Snapshot, get_replica, update_deployment_status
 from controlplane.placement.index import PlacementIndex
 from controlplane.placement.preemption import Preemption, class_rank, holders_from, plan_preemption
+from controlplane.records import deployments
 
 PREEMPTED_PHASE = "Preempted"
 
@@ -183,12 +184,8 @@ async def _drain_victims(worker, snap: Snapshot, dep: InferenceDeployment, resul
 
 
 def _fresh_preempted(worker, name: str, fallback: int) -> int:
-    from common import keyspace
-
-    kv = worker.store.get(keyspace.deployments(name))
-    if kv is None:
-        return fallback
     try:
-        return int(InferenceDeployment.model_validate_json(kv.value, context={"stored": True}).status.preempted)
+        dep = deployments.get(worker.store, name)
     except ValueError:
         return fallback
+    return fallback if dep is None else int(dep.status.preempted)

@@ -14,15 +14,15 @@ nothing is written.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from common import keyspace
 from common.errors import InvalidInput
 from common.schemas import InferenceDeployment
 from common.store.base import Store
+from controlplane.records import deployments
+from controlplane.records.kinds import BY_KIND
 from controlplane.tenancy import policies, quotas
 from controlplane.tenancy.principal import Principal, visible
 
@@ -50,9 +50,9 @@ def from_resource(obj: dict) -> dict:
     return {**spec, "name": metadata.get("name"), "tenant": tenant}
 
 
-def _sees(who: Principal | None, kind: str, kv) -> bool:
-    """Does the caller (None: the webhook, cluster-wide) see the stored record ``kv``?"""
-    return kv is not None and (who is None or visible(who, kind, json.loads(kv.value).get("tenant")))
+def _sees(who: Principal | None, kind: str, record: dict | None) -> bool:
+    """Does the caller (None: the webhook, cluster-wide) see the stored ``record``?"""
+    return record is not None and (who is None or visible(who, kind, record.get("tenant")))
 
 
 def review(store: Store, body: dict, who: Principal | None = None) -> Verdict:
@@ -65,13 +65,12 @@ def review(store: Store, body: dict, who: Principal | None = None) -> Verdict:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         return Verdict(False, (f"{where or 'body'}: {first.get('msg', 'invalid')}",), body.get("name"))
-    reasons = [f"{kind} {ref!r} does not exist" for kind, ref, key in (
-        ("model", dep.model, keyspace.models(dep.model)), ("profile", dep.profile, keyspace.profiles(dep.profile)))
-        if not _sees(who, kind, store.get(key))]
+    reasons = [f"{kind} {ref!r} does not exist" for kind, ref in (("model", dep.model), ("profile", dep.profile))
+               if not _sees(who, kind, BY_KIND[kind].stored(store, ref))]
     reasons += policies.refusals(policies.load(store, dep.tenant), policies.deploy_of(store, dep.tenant, dep.model,
                                                                                   capacity_class=dep.capacity_class))
-    current = store.get(keyspace.deployments(dep.name))
-    before = int(json.loads(current.value).get("replicas", 0)) if _sees(who, "deployment", current) else 0
+    current = deployments.stored(store, dep.name)
+    before = int(current.get("replicas", 0)) if _sees(who, "deployment", current) else 0
     refusal = quotas.check_deployment_change(store, dep.name, dep.tenant, dep.profile, before, dep.replicas)
     if refusal is not None:
         reasons.append(refusal.message)

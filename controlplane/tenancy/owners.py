@@ -9,13 +9,13 @@ else to its endpoint's. ``visible_tenant`` filters lists the same way.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from common import apikeys, keyspace
 from common.errors import Forbidden, NotFound
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
+from controlplane.records.kinds import BY_KIND
 from controlplane.tenancy.principal import Principal, visible, writable
 
 _MISSING = object()
@@ -29,11 +29,9 @@ def record_tenant(store: Store, kind: str, name: str):
     """The stored object's ``tenant`` (None when it has none), or _MISSING."""
     if kind == "key":
         return _key_tenant(store, name)
-    kv = store.get(KEYSPACES[kind](name))
-    if kv is None:
-        return _MISSING
     try:
-        return json.loads(kv.value).get("tenant")
+        record = BY_KIND[kind].stored(store, name)
+        return _MISSING if record is None else record.get("tenant")
     except (ValueError, AttributeError):
         return _MISSING
 

@@ -12,7 +12,6 @@ create, scale-up and POST /api/ai/admit run it (scaling down is always allowed).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ from common import keyspace
 from common.errors import Forbidden
 from common.schemas import CapacityClass, Spec, tenant_name
 from common.store.base import Store
+from controlplane.records import models
 
 MAX_NAMES = 1000
 
@@ -119,8 +119,8 @@ def list_all(store: Store) -> list[TenantPolicy]:
 def deploy_of(store: Store, tenant: str | None, model: str, now: float | None = None,
               capacity_class: str = "standard") -> Deploy:
     """The Deploy a policy judges, with the model's source read from the store."""
-    kv = store.get(keyspace.models(model))
-    source = json.loads(kv.value).get("source") if kv is not None else None
+    record = models.stored(store, model)
+    source = record.get("source") if record is not None else None
     hour = time.gmtime(time.time() if now is None else now).tm_hour
     return Deploy(tenant, model, source, hour, capacity_class)
 

@@ -9,16 +9,16 @@ store; ``refuse_over_quota`` turns a refusal into the API's 409.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from common import keyspace
 from common.errors import Conflict
 from common.schemas import TenantQuota
 from common.store.base import Store
+from controlplane.records import deployments, profiles
+from controlplane.records import quotas as quota_records
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,8 @@ def gpu_counts(store: Store) -> dict[str, int]:
     """profile name -> gpu.count, read from the stored JSON (a profile whose runtime was later
     denied still counts)."""
     out: dict[str, int] = {}
-    for kv in store.list(keyspace.profiles()):
+    for rec in profiles.RECORDS.readable(store):
         try:
-            rec = json.loads(kv.value)
             out[rec["name"]] = int(rec["gpu"]["count"])
         except (ValueError, KeyError, TypeError):
             continue
@@ -73,20 +72,17 @@ def usage(records: Iterable[Mapping], tenant: str, counts: Mapping[str, int], *,
 def load_quota(store: Store, tenant: str | None) -> TenantQuota | None:
     if tenant is None:
         return None
-    kv = store.get(keyspace.quotas(tenant))
-    if kv is None:
-        return None
     try:
-        return TenantQuota.model_validate_json(kv.value)
+        return quota_records.get(store, tenant)
     except ValidationError:
         return None
 
 
 def load_all(store: Store) -> dict[str, TenantQuota]:
     out = {}
-    for kv in store.list(keyspace.quotas()):
+    for rec in quota_records.RECORDS.readable(store):
         try:
-            q = TenantQuota.model_validate_json(kv.value)
+            q = TenantQuota.model_validate(rec)
         except ValidationError:
             continue
         out[q.tenant] = q
@@ -100,7 +96,7 @@ def check_deployment_change(store: Store, name: str, tenant: str | None, profile
     if quota is None:
         return None
     counts = gpu_counts(store)
-    records = [json.loads(kv.value) for kv in store.list(keyspace.deployments())]
+    records = [rec for _, rec in deployments.stored_items(store)]
     per_replica = counts.get(profile, 1)
     used = usage(records, tenant, counts, exclude=name) + replicas_before * per_replica
     return check(tenant, quota.max_gpus, used, (replicas_after - replicas_before) * per_replica)
