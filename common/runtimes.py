@@ -6,7 +6,8 @@ from `command_line`; fabricd probes `health_path` and scrapes `metrics_port`/`me
 (controlplane/routing/runtime_metrics.py reads each runtime's own metric names); the engine
 simulator serves the same paths with `--runtime NAME`. Facts come from each project's docs:
 
-  vllm           `vllm serve`, GET /health, /metrics on the API port
+  vllm           `vllm serve`, GET /health, /metrics on the API port; --shutdown-timeout 30 drains
+                 the requests in flight at SIGTERM instead of aborting them
   tensorrt-llm   `trtllm-serve serve`, GET /health, /prometheus/metrics on the API port, which
                  exists only with `return_perf_metrics` and has gauges only with
                  `enable_iter_perf_stats`: both are in the LLM-API options YAML the guest gets
@@ -72,6 +73,11 @@ VLLM_KV_EVENTS_CONFIG = ('{"enable_kv_cache_events":true,"publisher":"zmq",'
                          f'"endpoint":"tcp://*:{VLLM_KV_EVENTS_PORT}","replay_endpoint":"tcp://*:{VLLM_KV_REPLAY_PORT}",'
                          '"topic":"kv"}')
 TEI_METRICS_PORT = 9000
+# vLLM's graceful stop (0.32's --shutdown-timeout; its default 0 aborts every request in flight at
+# SIGTERM): up to this long for running requests to finish, then abort the rest. The reconciler
+# drains a replica before it deletes it, so this covers the stops it does not plan (a guest shut
+# down under the engine, a host going away), inside systemd's 90 s stop timeout.
+VLLM_SHUTDOWN_TIMEOUT_S = 30
 
 RUNTIME_TABLE: dict[str, Runtime] = {
     r.name: r
@@ -79,7 +85,7 @@ RUNTIME_TABLE: dict[str, Runtime] = {
         Runtime("vllm", "vLLM OpenAI-compatible server", "/opt/vllm/bin/vllm", "/health", "/metrics", None,
                 "--tensor-parallel-size", "--max-model-len",
                 ("serve", "{model}", "--served-model-name", "{name}", "--host", "0.0.0.0", "--port", "{port}",
-                 "--kv-events-config", VLLM_KV_EVENTS_CONFIG),
+                 "--kv-events-config", VLLM_KV_EVENTS_CONFIG, "--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT_S)),
                 service_user="vllm"),
         Runtime("tensorrt-llm", "TensorRT-LLM trtllm-serve", "/opt/trtllm/bin/trtllm-serve", "/health",
                 "/prometheus/metrics", None, "--tp_size", "--max_seq_len",

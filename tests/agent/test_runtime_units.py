@@ -39,7 +39,8 @@ def seed_unit(runtime: str, **kw) -> tuple[str, dict]:
 
 EXPECTED = {
     "vllm": ["/opt/vllm/bin/vllm", "serve", "/models/org/model", "--served-model-name", "m-1", "--host",
-             "0.0.0.0", "--port", "8000", "--kv-events-config", VLLM_KV_EVENTS_CONFIG, "--tensor-parallel-size", "2"],
+             "0.0.0.0", "--port", "8000", "--kv-events-config", VLLM_KV_EVENTS_CONFIG,
+             "--shutdown-timeout", "30", "--tensor-parallel-size", "2"],
     "tensorrt-llm": ["/opt/trtllm/bin/trtllm-serve", "serve", "/models/org/model", "--host", "0.0.0.0", "--port",
                      "8000", "--extra_llm_api_options", "/etc/fabric/trtllm-config.yaml", "--tp_size", "2"],
     "llama.cpp": ["/opt/llama.cpp/bin/llama-server", "-m", "/models/org/model/model-Q4_K_M.gguf", "--alias", "m-1",

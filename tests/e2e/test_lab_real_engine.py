@@ -6,7 +6,11 @@ replica's namespace. Chapters build on each other (file order): Ready within the
 under 2.5 GB each; chat through the VIP and the gateway with the official openai client (plain,
 streaming, usage); Maglev weights that follow the engines' own vllm:num_requests_waiting under
 load (--max-num-seqs 2 makes real queueing); the adapter loaded on its first call through the
-gateway; a scale-in that lets a real stream finish. Waits are bounded; no assertion on time.
+gateway; routing_l7 prefix against round_robin on the same prompts, judged by the engines' own
+prefix-cache counters; a scale-in that lets real streams through the VIP finish. Waits are
+bounded; no assertion on time. The lab gives busy CPU engines longer scrape and probe deadlines
+(LabConfig.scrape_timeout_secs); a failed wait prints fabricd's routing explanation and the
+engines' logs.
 """
 
 from __future__ import annotations
@@ -75,6 +79,18 @@ class Lab:
                 return {s["address"]: s["weight"] for s in svc["stats"]} or dict(svc["backends"])
         return {}
 
+    def routing_story(self) -> str:
+        """What fabricd decided and why (explain routing) beside the agent's live weights, for a failure message."""
+        try:
+            explain = self.api.get(f"/api/ai/explain/routing/{ENDPOINT}").json()
+        except httpx.HTTPError as exc:
+            explain = repr(exc)
+        return f"maglev: {self.maglev()}\nexplain: {json.dumps(explain, indent=1)}{self.engine_logs(1500)}"
+
+    def engine_logs(self, tail: int) -> str:
+        return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
+                       for p in sorted((self.cfg.state_dir / "agent" / "lab-replicas").glob("*.log")))
+
     def gateway_client(self):
         import openai
 
@@ -105,9 +121,8 @@ def test_two_real_replicas_become_ready_from_the_mirror(lab: Lab):
         wait_for(lambda: api.get(f"/api/ai/deployments/{MODEL}").json()["status"]["ready_replicas"] == 2, 420,
                  "two real engines Ready")
     except AssertionError as exc:  # say why: the deployment's status and each engine's own log
-        logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
-                       for p in (lab.cfg.state_dir / "agent" / "lab-replicas").glob("*.log"))
-        raise AssertionError(f"{exc}\n{api.get(f'/api/ai/deployments/{MODEL}').json()['status']}{logs}") from None
+        raise AssertionError(f"{exc}\n{api.get(f'/api/ai/deployments/{MODEL}').json()['status']}"
+                             f"{lab.engine_logs(2500)}") from None
     lab.figures["ready_s"] = time.monotonic() - began
     reps = lab.replicas()
     for rep in reps:
@@ -189,7 +204,13 @@ def _long_requests(engine: str, n: int, stop: threading.Event) -> list[threading
 
 
 def _waiting(engine: str) -> float:
-    for line in httpx.get(f"{engine}/metrics", timeout=10).text.splitlines():
+    """vllm:num_requests_waiting; -1 when the engine did not answer (a busy CPU engine on a loaded
+    2-core machine can take tens of seconds to render /metrics; the waits poll again)."""
+    try:
+        text = httpx.get(f"{engine}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return -1
+    for line in text.splitlines():
         if line.startswith("vllm:num_requests_waiting{"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError("no vllm:num_requests_waiting")
@@ -201,16 +222,24 @@ def test_weights_follow_the_real_queue(lab: Lab):
     stop = threading.Event()
     threads = _long_requests(f"http://{addr}", 6, stop)  # 2 run (--max-num-seqs 2), 4 wait
     try:
-        wait_for(lambda: _waiting(f"http://{addr}") >= 2, 60, "real queueing on the loaded engine", interval=0.1)
-        weights = wait_for(lambda: (m := lab.maglev()) and m.get(addr, 1 << 30) < m.get(other_addr, 0) and m, 60,
-                           "the loaded replica's weight to fall below the idle one's")
+        try:
+            wait_for(lambda: _waiting(f"http://{addr}") >= 2, 60, "real queueing on the loaded engine", interval=0.5)
+            # Polled once a second: the agent's service listing counts every table slot (~0.15 s of CPU).
+            weights = wait_for(lambda: (m := lab.maglev()) and m.get(addr, 1 << 30) < m.get(other_addr, 0) and m,
+                               90, "the loaded replica's weight to fall below the idle one's", interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{lab.routing_story()}") from None
         assert weights[addr] < weights[other_addr]
     finally:
         stop.set()
         for t in threads:
             t.join(30)
-    wait_for(lambda: _waiting(f"http://{addr}") == 0, 60, "the queue to empty once the clients went")
-    wait_for(lambda: (m := lab.maglev()) and m.get(addr) == m.get(other_addr), 60, "the weights to even out")
+    try:
+        wait_for(lambda: _waiting(f"http://{addr}") == 0, 60, "the queue to empty once the clients went")
+        wait_for(lambda: (m := lab.maglev()) and m.get(addr) == m.get(other_addr), 90, "the weights to even out",
+                 interval=1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{lab.routing_story()}") from None
 
 
 def test_adapter_is_loaded_on_its_first_call_through_the_gateway(lab: Lab):
@@ -230,46 +259,128 @@ def test_adapter_is_loaded_on_its_first_call_through_the_gateway(lab: Lab):
     assert loaded, "no replica lists the adapter after the call"
 
 
+def _prefix_counters(lab: Lab) -> dict[str, tuple[float, float]]:
+    """Each engine's own (vllm:prefix_cache_hits_total, vllm:prefix_cache_queries_total), in tokens."""
+    out = {}
+    for rep in lab.replicas():
+        text = httpx.get(f"http://{rep['host']}:{rep['port']}/metrics", timeout=30).text
+        values = {line.split("{", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith(("vllm:prefix_cache_hits_total{", "vllm:prefix_cache_queries_total{"))}
+        out[rep["replica_id"]] = (values["vllm:prefix_cache_hits_total"], values["vllm:prefix_cache_queries_total"])
+    return out
+
+
+SHARED = " ".join(f"Rule {i}: the table named orders keeps one row per order, keyed by its id." for i in range(40))
+PREFIX_ORDER = (0, 0, 1, 1, 2, 2, 0, 1, 2)  # three long prefixes, each asked three times
+
+
+def test_prefix_routing_beats_round_robin_on_the_engines_own_counters(lab: Lab):
+    """The same prompt pattern through an endpoint with routing_l7 prefix and one with round_robin: three
+    long shared prefixes (~1,200 tokens: nine of the CPU engine's 128-token blocks), each asked three
+    times with a different question, each mode with prefixes of its own (a letter apart: the same
+    length) so neither warms the other's cache. The engines' own prefix-cache counters judge: prefix
+    routing keeps a prefix on the replica that holds it (one miss per prefix); round robin sends the
+    second call of each pair to the replica that has not seen it."""
+    import openai
+
+    hits: dict[str, float] = {}
+    for mode, letter in (("prefix", "P"), ("round_robin", "R")):
+        name = f"{ENDPOINT}-{mode.replace('_', '-')}"
+        r = lab.api.post("/api/ai/endpoints", json={"name": name, "deployment": MODEL, "routing_l7": mode})
+        assert r.status_code == 201, r.text
+        key = lab.api.post("/api/ai/keys", json={"name": f"{mode}-key", "endpoint": name})
+        assert key.status_code in (200, 201), key.text
+        client = openai.OpenAI(base_url=f"{lab.cfg.gateway_url}/api/ai/openai/{name}/v1", api_key=key.json()["key"],
+                               http_client=lab.tls, max_retries=2)
+        before = _prefix_counters(lab)
+        for i, j in enumerate(PREFIX_ORDER):
+            out = client.completions.create(model=MODEL, prompt=f"Case {letter}{j}. {SHARED} Question {i}: which table?",
+                                            max_tokens=1)
+            assert out.usage.completion_tokens == 1
+        after = _prefix_counters(lab)
+        hits[mode] = sum(after[rid][0] - before[rid][0] for rid in after)
+        queried = sum(after[rid][1] - before[rid][1] for rid in after)
+        lab.figures[f"prefix_hit_rate_{mode}"] = round(hits[mode] / max(1.0, queried), 3)
+        assert all(after[rid][1] > before[rid][1] for rid in after), (mode, before, after)  # both engines served
+    print(f"\nprefix-cache hit tokens: {hits}; {json.dumps(lab.figures)}", file=sys.stderr)
+    assert hits["round_robin"] > 0  # a prefix spans whole blocks: reuse happens at all
+    assert hits["prefix"] > hits["round_robin"], hits
+
+
+VIP_STREAMS_SCRIPT = """
+import json, sys, threading, httpx
+url, model, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+results, threads = [], []
+
+def stream(slot):
+    body = {"model": model, "prompt": "Hello", "max_tokens": tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    got = {"done": False, "usage": None}
+    try:  # a client of its own per stream: a connection of its own, so Maglev picks a backend for each
+        with httpx.Client(timeout=httpx.Timeout(240, read=120)) as c, c.stream("POST", url, json=body) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    got["done"] = True
+                elif line.startswith("data: "):
+                    got["usage"] = json.loads(line[6:]).get("usage") or got["usage"]
+    except httpx.HTTPError as exc:
+        got["error"] = repr(exc)
+    results[slot] = got
+
+for line in sys.stdin:  # one stream per "open"; anything else: wait for them all and report
+    if line.strip() != "open":
+        break
+    results.append(None)
+    threads.append(threading.Thread(target=stream, args=(len(results) - 1,)))
+    threads[-1].start()
+for t in threads:
+    t.join(300)
+print(json.dumps(results))
+"""
+SCALE_IN_TOKENS = 2000  # the tiny model's whole context
+SCALE_IN_STREAMS = 12  # ~6 per engine at --max-num-seqs 2: three rounds of work each, not done in a blink
+
+
+def _busy(lab: Lab) -> dict[str, float]:
+    """Running requests per replica as fabricd last observed them (what its scale-in decides on)."""
+    return {r["replica_id"]: (r["metrics"] or {}).get("running") or 0 for r in lab.replicas()}
+
+
 def test_scale_in_lets_a_real_stream_finish(lab: Lab):
-    reps = lab.replicas()
-    results: dict[str, dict] = {}
-
-    def stream(rep: dict) -> None:
-        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
-        got = {"tokens": 0, "done": False, "usage": None}
-        try:
-            with httpx.stream("POST", f"http://{rep['host']}:{rep['port']}/v1/completions", json=body,
-                              timeout=httpx.Timeout(120, read=60)) as r:
-                for line in r.iter_lines():
-                    if line == "data: [DONE]":
-                        got["done"] = True
-                    elif line.startswith("data: "):
-                        chunk = json.loads(line[6:])
-                        got["tokens"] += sum(1 for c in chunk["choices"] if c.get("text") is not None)
-                        got["usage"] = chunk.get("usage") or got["usage"]
-        except httpx.HTTPError as exc:
-            got["error"] = repr(exc)
-        results[rep["replica_id"]] = got
-
-    threads = [threading.Thread(target=stream, args=(rep,)) for rep in reps]
-    for t in threads:
-        t.start()
-    wait_for(lambda: all(_running(f"http://{r['host']}:{r['port']}") >= 1 for r in reps) or len(results) == 2, 60,
-             "a stream on each replica")
-    r = lab.api.post(f"/api/ai/deployments/{MODEL}/scale", json={"replicas": 1})
-    assert r.status_code in (200, 202), r.text
-    for t in threads:
-        t.join(180)
-    wait_for(lambda: len(lab.replicas()) == 1, 180, "the scale-in to finish")
-    for rid, got in results.items():
-        assert got.get("done") and got["usage"]["completion_tokens"] == 400, (rid, got)
-
-
-def _running(engine: str) -> float:
+    """Streams through the VIP from the client namespace (Maglev picks each connection's backend), twelve
+    at once (more if they all landed on one engine); once fabricd observes both engines running, scale
+    in to 1. fabricd drains the replica with the least work, and its own event says how many requests
+    that replica had; weight 0 keeps its established flows (BACKEND_DRAINING), so every stream ends with
+    [DONE] and its usage. One stream each would not do: the tiny model generates 2,000 tokens in about
+    a second on a quiet machine, before the scale-in could begin."""
+    proc = subprocess.Popen(["ip", "netns", "exec", lab.cfg.topology.client_ns, sys.executable, "-c", VIP_STREAMS_SCRIPT,
+                             f"http://{lab.vip}:8000/v1/completions", MODEL, str(SCALE_IN_TOKENS)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        text = httpx.get(f"{engine}/metrics", timeout=5).text
-    except httpx.HTTPError:
-        return 0
-    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                 if line.startswith("vllm:num_requests_running{")), 0)
+        opened, running = 0, {}
+        for more in (SCALE_IN_STREAMS, 4, 4):  # more only when Maglev sent them all to one engine
+            proc.stdin.write("open\n" * more)
+            proc.stdin.flush()
+            opened += more
+            try:
+                running = wait_for(lambda: (got := _busy(lab)) and all(n >= 1 for n in got.values()) and got, 30,
+                                   "fabricd to observe streams running on both engines", interval=0.2)
+                break
+            except AssertionError:
+                running = _busy(lab)
+        assert all(n >= 1 for n in running.values()), f"after {opened} streams through the VIP: {running}"
+        r = lab.api.post(f"/api/ai/deployments/{MODEL}/scale", json={"replicas": 1})
+        assert r.status_code in (200, 202), r.text
+        out, err = proc.communicate("done\n", timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    results = json.loads(out)
+    wait_for(lambda: len(lab.replicas()) == 1, 180, "the scale-in to finish")
+    lab.figures["scale_in_vip_streams"] = len(results)
+    for got in results:
+        assert got["done"] and (got["usage"] or {}).get("completion_tokens") == SCALE_IN_TOKENS, results
+    drains = [e["message"] for e in lab.api.get("/api/ai/events", params={"kind": "replica", "limit": 1000}).json()
+              if e["action"] == "DrainStarted" and "scale down to 1" in e["message"]]
+    assert len(drains) == 1 and "least work (0 requests)" not in drains[0], drains  # it drained a busy replica
