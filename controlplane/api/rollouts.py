@@ -168,13 +168,13 @@ def get_rollout(name: str, rollout_id: int, state: StateDep, _: AdminDep) -> dic
 def operate_rollout(name: str, rollout_id: int, action: str, state: StateDep, who: AdminDep) -> dict:
     if action not in ops.ACTIONS:
         raise NotFound(f"no rollout action {action!r}; expected one of {', '.join(ops.ACTIONS)}")
-    for _ in range(CAS_RETRIES):
-        rec, mod = _rollout(state, name, rollout_id)
-        new = ops.operate(rec, action, time.time())
-        if rollout_records.save_rollout(state.store, new, mod):
-            _event(state, name, action, f"rollout {rollout_id}: {action} by {who}")
-            return new.model_dump(mode="json")
-    raise Conflict(f"rollout {rollout_id} changed too often; try again", code="contended")
+    try:
+        new = rollout_records.update_rollout(state.store, name, rollout_id,
+                                             lambda rec: ops.operate(rec, action, time.time()), retries=CAS_RETRIES)
+    except NotFound:
+        raise NotFound(f"rollout {rollout_id} of deployment {name!r} not found") from None
+    _event(state, name, action, f"rollout {rollout_id}: {action} by {who}")
+    return new.model_dump(mode="json")
 
 
 @router.get("/explain/rollout/{deployment}")

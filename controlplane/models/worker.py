@@ -20,7 +20,7 @@ from common.schemas import ModelArtifact, Node
 from common.store.base import Store
 from controlplane.models import plan
 from controlplane.records import models, nodes
-from controlplane.records.model_jobs import get_job, list_jobs, put_job, update_model_status
+from controlplane.records.model_jobs import list_jobs, update_job, update_model_status
 
 log = logging.getLogger("fabricd.models")
 
@@ -75,18 +75,14 @@ class ModelWorker:
             update={"message": message, "updated_at": self.clock()}))
 
     def _write(self, job: ModelJob, change) -> None:
-        for _ in range(4):
-            found = get_job(self.store, job.model, job.node)
-            if found is None:
-                return  # deleted meanwhile (model deleted or evicted)
-            current, revision = found
-            updated = change(current)
-            if updated is None or put_job(self.store, updated, revision):
-                if updated is not None and updated.state == "Ready" != current.state:
-                    self.became_ready = True
-                if updated is not None and updated.state != current.state:
-                    log.info("model job %s: %s -> %s %s", updated.id, current.state, updated.state, updated.message)
-                return
+        moved = update_job(self.store, job.model, job.node, change, retries=4)
+        if moved is None:
+            return  # deleted meanwhile (model deleted or evicted), or it kept changing
+        current, updated = moved
+        if updated is not None and updated.state == "Ready" != current.state:
+            self.became_ready = True
+        if updated is not None and updated.state != current.state:
+            log.info("model job %s: %s -> %s %s", updated.id, current.state, updated.state, updated.message)
 
     def refresh_model(self, model: ModelArtifact) -> None:
         refresh_model_status(self.store, model)

@@ -57,6 +57,25 @@ def restart_job(store: Store, model: str, node: str, from_states: tuple[str, ...
         return None
 
 
+def update_job(store: Store, model: str, node: str, change, retries: int = CAS_RETRIES
+               ) -> tuple[ModelJob, ModelJob | None] | None:
+    """Compare-and-swap ``change(current)`` (the new job, or None: leave it) onto one job record:
+    (the job as read on the try that won, the job written or None); None when the record is gone
+    or kept changing."""
+    seen: list[ModelJob] = []
+
+    def mutate(current: ModelJob) -> ModelJob | None:
+        seen[:] = [current.model_copy(deep=True)]
+        return change(current)
+
+    try:
+        after = cas.update(store, keyspace.model_jobs(model, node), ModelJob, mutate, kind="model job",
+                           name=f"{model}/{node}", retries=retries)
+    except (NotFound, cas.Contended):
+        return None
+    return seen[0], (None if after == seen[0] else after)
+
+
 def put_job(store: Store, job: ModelJob, revision: int) -> bool:
     return store.cas(keyspace.model_jobs(job.model, job.node), job.model_dump_json(), revision)
 

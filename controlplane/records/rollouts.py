@@ -18,7 +18,7 @@ from common.errors import Conflict, NotFound
 from common.rollouts import Revision, Rollout
 from common.schemas import InferenceDeployment, Template
 from common.store.base import KV, Store
-from controlplane.records import deployments
+from controlplane.records import cas, deployments
 from controlplane.records.cas import Contended
 
 CAS_RETRIES = 8
@@ -122,6 +122,14 @@ def prune_rollouts(store: Store, deployment: str) -> None:
 def save_rollout(store: Store, record: Rollout, mod_revision: int) -> bool:
     """Compare-and-swap: False when someone (an operator action) changed it since it was read."""
     return store.cas(keyspace.rollouts(record.deployment, record.id), record.model_dump_json(), mod_revision)
+
+
+def update_rollout(store: Store, deployment: str, rollout_id: int, mutate, retries: int = CAS_RETRIES) -> Rollout:
+    """Compare-and-swap ``mutate`` (the new record, or None: leave it) onto one rollout record.
+    NotFound when it is absent; cas.Contended after ``retries`` lost races."""
+    return cas.update(store, keyspace.rollouts(deployment, rollout_id), Rollout, mutate, kind="rollout",
+                      name=f"{deployment}/{rollout_id}", retries=retries,
+                      busy=f"rollout {rollout_id} changed too often; try again")
 
 
 def get_rollout(store: Store, deployment: str, rollout_id: int) -> tuple[Rollout, int] | None:
