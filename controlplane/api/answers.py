@@ -3,7 +3,9 @@ document says what each route answers (and the schema fuzzing checks the bodies 
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from common.schemas import Replica, Site, TenantQuota
 
 
 class Deleted(BaseModel):
@@ -42,3 +44,23 @@ class AuditCheck(BaseModel):
     rows: int
     bad_seq: int | None
     reason: str
+
+
+class UserView(BaseModel):
+    """A user as the API shows it (never its password hash)."""
+    name: str
+    role: str
+    tenant: str | None = None
+    created_at: float
+
+
+class QuotaUse(TenantQuota):
+    used_gpus: int = Field(..., description="GPUs the tenant's deployments hold now")
+
+
+class SiteView(Site):
+    nodes: list[str] = Field(default_factory=list, description="the nodes that report this site")
+
+
+class ReplicaView(Replica):
+    drain_left_s: float | None = Field(None, description="seconds of grace left while draining")

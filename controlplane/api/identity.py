@@ -30,7 +30,7 @@ def _event(state: AppState, name: str, action: str, message: str) -> None:
                  max_age_s=state.settings.events_max_age_s)
 
 
-@router.post("/identity-mappings", status_code=201)
+@router.post("/identity-mappings", status_code=201, response_model=IdentityMapping)
 def put_mapping(body: IdentityMapping, state: StateDep) -> dict:
     missing = [e for e in body.endpoints if e != "*" and not endpoints.exists(state.store, e)]
     if missing:
@@ -42,12 +42,12 @@ def put_mapping(body: IdentityMapping, state: StateDep) -> dict:
     return mapping.model_dump(mode="json")
 
 
-@router.get("/identity-mappings")
+@router.get("/identity-mappings", response_model=list[IdentityMapping])
 def list_mappings(state: StateDep) -> list[dict]:
     return [m.model_dump(mode="json") for m in identity_mappings.list(state.store)]
 
 
-@router.get("/identity-mappings/{name}")
+@router.get("/identity-mappings/{name}", response_model=IdentityMapping)
 def get_mapping(name: str, state: StateDep) -> dict:
     return identity_mappings.require(state.store, name).model_dump(mode="json")
 

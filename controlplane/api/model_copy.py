@@ -65,7 +65,7 @@ def replicate_model(name: str, body: ReplicateRequest, state: StateDep) -> dict:
     return copy.model_dump(mode="json")
 
 
-@router.get("/models/{name}/sites")
+@router.get("/models/{name}/sites", response_model=list[replicate.SiteCopy])
 def model_sites(name: str, state: StateDep) -> list[dict]:
     _model(state, name)
     return [c.model_dump(mode="json") for c in replicate.list_copies(state.store, name)]

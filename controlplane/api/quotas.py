@@ -14,6 +14,7 @@ import time
 from fastapi import APIRouter, Depends
 
 from common.schemas import TenantQuota
+from controlplane.api.answers import QuotaUse
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.records import deployments
@@ -30,7 +31,7 @@ def _with_use(state, quota: TenantQuota) -> dict:
     return {**quota.model_dump(mode="json"), "used_gpus": quotas.usage(records, quota.tenant, counts)}
 
 
-@router.post("/quotas")
+@router.post("/quotas", response_model=QuotaUse)
 def set_quota(body: TenantQuota, state: StateDep) -> dict:
     quota = body.model_copy(update={"updated_at": time.time()})
     quota = quota_records.put(state.store, quota)
@@ -39,6 +40,6 @@ def set_quota(body: TenantQuota, state: StateDep) -> dict:
     return _with_use(state, quota)
 
 
-@router.get("/quotas")
+@router.get("/quotas", response_model=list[QuotaUse])
 def list_quotas(state: StateDep) -> list[dict]:
     return [_with_use(state, q) for _, q in sorted(quotas.load_all(state.store).items())]

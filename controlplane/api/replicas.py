@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Query
 from common.errors import NotFound
 from common.schemas import Replica
 from controlplane.agent_client import AgentClients
+from controlplane.api.answers import ReplicaView
 from controlplane.auth import require_admin
 from controlplane.records import nodes, replicas
 from controlplane.state import AppState, StateDep
@@ -45,13 +46,13 @@ def _find(state: AppState, replica_id: str) -> Replica:
     raise NotFound(f"replica {replica_id!r} not found; see `fabricctl ai replica list`")
 
 
-@router.get("/replicas")
+@router.get("/replicas", response_model=list[ReplicaView])
 def list_replicas(state: StateDep, deployment: str | None = None) -> list[dict]:
     now = time.time()
     return [replica_view(r, now) for r in sorted(_all(state, deployment), key=lambda r: (r.deployment, r.ordinal))]
 
 
-@router.get("/replicas/{replica_id}")
+@router.get("/replicas/{replica_id}", response_model=ReplicaView)
 def get_replica(replica_id: str, state: StateDep) -> dict:
     return replica_view(_find(state, replica_id), time.time())
 

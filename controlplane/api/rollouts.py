@@ -73,13 +73,13 @@ def _event(state, name: str, action: str, message: str) -> None:
     record_event(state.store, "rollout", name, action, message, keep=state.settings.events_kept)
 
 
-@router.get("/deployments/{name}/revisions")
+@router.get("/deployments/{name}/revisions", response_model=list[Revision])
 def list_revisions(name: str, state: StateDep, _: AdminDep) -> list[dict]:
     dep = _deployment(state, name)
     return [r.model_dump(mode="json") for r in ensure_first_revision(state.store, dep)]
 
 
-@router.post("/deployments/{name}/revisions", status_code=201)
+@router.post("/deployments/{name}/revisions", status_code=201, response_model=Revision)
 def create_revision(name: str, body: RevisionRequest, state: StateDep, caller: PrincipalDep) -> dict:
     who = caller.subject
     dep = _deployment(state, name)
@@ -111,7 +111,7 @@ def create_revision(name: str, body: RevisionRequest, state: StateDep, caller: P
     return rev.model_dump(mode="json")
 
 
-@router.get("/deployments/{name}/revisions/{revision}")
+@router.get("/deployments/{name}/revisions/{revision}", response_model=Revision)
 def get_revision(name: str, revision: int, state: StateDep, _: AdminDep) -> dict:
     dep = _deployment(state, name)
     ensure_first_revision(state.store, dep)
@@ -121,7 +121,7 @@ def get_revision(name: str, revision: int, state: StateDep, _: AdminDep) -> dict
     return rev.model_dump(mode="json")
 
 
-@router.post("/deployments/{name}/rollouts", status_code=201)
+@router.post("/deployments/{name}/rollouts", status_code=201, response_model=Rollout)
 def start_rollout(name: str, body: RolloutRequest, state: StateDep, who: AdminDep) -> dict:
     dep = _deployment(state, name)
     if dep.status.phase == "Deleting":
@@ -146,7 +146,7 @@ def start_rollout(name: str, body: RolloutRequest, state: StateDep, who: AdminDe
     return rec.model_dump(mode="json")
 
 
-@router.get("/deployments/{name}/rollouts")
+@router.get("/deployments/{name}/rollouts", response_model=list[Rollout])
 def list_rollouts(name: str, state: StateDep, _: AdminDep) -> list[dict]:
     _deployment(state, name)
     return [r.model_dump(mode="json") for r, _m in rollout_records.list_rollouts(state.store, name)]
@@ -159,12 +159,12 @@ def _rollout(state, name: str, rollout_id: int) -> tuple[Rollout, int]:
     return got
 
 
-@router.get("/deployments/{name}/rollouts/{rollout_id}")
+@router.get("/deployments/{name}/rollouts/{rollout_id}", response_model=Rollout)
 def get_rollout(name: str, rollout_id: int, state: StateDep, _: AdminDep) -> dict:
     return _rollout(state, name, rollout_id)[0].model_dump(mode="json")
 
 
-@router.post("/deployments/{name}/rollouts/{rollout_id}/{action}")
+@router.post("/deployments/{name}/rollouts/{rollout_id}/{action}", response_model=Rollout)
 def operate_rollout(name: str, rollout_id: int, action: str, state: StateDep, who: AdminDep) -> dict:
     if action not in ops.ACTIONS:
         raise NotFound(f"no rollout action {action!r}; expected one of {', '.join(ops.ACTIONS)}")

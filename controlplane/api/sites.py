@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Response
 
 from common.errors import NotFound
 from common.schemas import Node, Site
-from controlplane.api.answers import Deleted
+from controlplane.api.answers import Deleted, SiteView
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.records import nodes, sites
@@ -49,13 +49,14 @@ def _event(state: AppState, name: str, action: str, message: str, tenant: str | 
                  max_age_s=state.settings.events_max_age_s)
 
 
-@router.get("/sites")
+@router.get("/sites", response_model=list[SiteView])
 def list_sites(state: StateDep) -> list[dict]:
     by_site = _nodes_by_site(state)
     return [_view(s, by_site) for s in sorted(sites.list(state.store), key=lambda s: s.name)]
 
 
-@router.post("/sites", status_code=201, responses={200: {"description": "the site existed and was replaced"}})
+@router.post("/sites", status_code=201, response_model=SiteView,
+             responses={200: {"description": "the site existed and was replaced"}})
 def put_site(body: Site, state: StateDep, response: Response) -> dict:
     site = body.model_copy(update={"created_at": time.time()})
     existed = sites.exists(state.store, site.name)
@@ -68,7 +69,7 @@ def put_site(body: Site, state: StateDep, response: Response) -> dict:
     return _view(site, _nodes_by_site(state))
 
 
-@router.get("/sites/{name}")
+@router.get("/sites/{name}", response_model=SiteView)
 def get_site(name: str, state: StateDep) -> dict:
     site = sites.get(state.store, name)
     if site is None:

@@ -20,7 +20,7 @@ import os
 from fastapi import APIRouter, Body, Depends, Request
 
 from common.errors import NotFound
-from controlplane.api.answers import Deleted
+from controlplane.api.answers import Deleted, UserView
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.records import endpoints
@@ -45,7 +45,7 @@ def _event(state: AppState, kind: str, name: str, action: str, message: str, ten
 
 # -- users -------------------------------------------------------------------------------------------
 
-@router.post("/users", status_code=201)
+@router.post("/users", status_code=201, response_model=UserView)
 def create_user(body: users.UserCreate, state: StateDep) -> dict:
     record = users.create(state.store, body)
     _event(state, "user", record.name, "created", f"user {record.name}: role {record.role}, tenant "
@@ -53,12 +53,12 @@ def create_user(body: users.UserCreate, state: StateDep) -> dict:
     return record.public()
 
 
-@router.get("/users")
+@router.get("/users", response_model=list[UserView])
 def list_users(state: StateDep) -> list[dict]:
     return [u.public() for u in users.list_all(state.store)]
 
 
-@router.get("/users/{name}")
+@router.get("/users/{name}", response_model=UserView)
 def get_user(name: str, state: StateDep) -> dict:
     record = users.get(state.store, name)
     if record is None:
@@ -76,14 +76,14 @@ def delete_user(name: str, state: StateDep) -> dict:
 
 # -- tenant policies ---------------------------------------------------------------------------------
 
-@router.post("/policies", status_code=201)
+@router.post("/policies", status_code=201, response_model=TenantPolicy)
 def put_policy(body: TenantPolicy, state: StateDep) -> dict:
     body = policy_records.put(state.store, body)
     _event(state, "policy", body.tenant, "updated", f"tenant {body.tenant} deploy policy set", body.tenant)
     return body.model_dump(mode="json")
 
 
-@router.get("/policies")
+@router.get("/policies", response_model=list[TenantPolicy])
 def list_policies(state: StateDep, who: PrincipalDep) -> list[dict]:
     return [p.model_dump(mode="json") for p in policies.list_all(state.store)
             if not who.bound or p.tenant == who.tenant]
@@ -91,7 +91,7 @@ def list_policies(state: StateDep, who: PrincipalDep) -> list[dict]:
 
 # -- key policies ------------------------------------------------------------------------------------
 
-@router.put("/key-policies/{endpoint}")
+@router.put("/key-policies/{endpoint}", response_model=KeyPolicy)
 def put_key_policy(endpoint: str, body: KeyPolicyBody, state: StateDep) -> dict:
     endpoints.require(state.store, endpoint)
     policy = key_policy_records.put(state.store, KeyPolicy(endpoint=endpoint, **body.model_dump()))
@@ -99,7 +99,7 @@ def put_key_policy(endpoint: str, body: KeyPolicyBody, state: StateDep) -> dict:
     return policy.model_dump(mode="json")
 
 
-@router.get("/key-policies/{endpoint}")
+@router.get("/key-policies/{endpoint}", response_model=KeyPolicy)
 def get_key_policy(endpoint: str, state: StateDep) -> dict:
     policy = key_policies.load(state.store, endpoint)
     if policy is None:
