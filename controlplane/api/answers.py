@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from common.schemas import Replica, Site, TenantQuota
+from common.schemas import ApiKeyRecord, Replica, Site, TenantQuota
 
 
 class Deleted(BaseModel):
@@ -64,3 +64,23 @@ class SiteView(Site):
 
 class ReplicaView(Replica):
     drain_left_s: float | None = Field(None, description="seconds of grace left while draining")
+
+
+class KeyView(ApiKeyRecord):
+    """An API key as the API shows it: every field of the record but its digests (common.apikeys.public_view)."""
+    hash: str = Field("", exclude=True)
+    previous_hash: str | None = Field(None, exclude=True)
+    rotating: bool
+    requests_used: int
+    expired: bool
+
+
+class NewKey(KeyView):
+    key: str = Field(..., description="the secret, shown this once")
+
+
+class KindInfo(BaseModel):
+    kind: str
+    plural: str
+    aliases: list[str]
+    deletable: bool

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from common.errors import Conflict, InvalidInput, NotFound
 from controlplane.api import documents as docs
+from controlplane.api.answers import KindInfo
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.records import Store, cas
@@ -59,7 +60,7 @@ def _stored(store: Store, kind: docs.Kind, name: str) -> dict | None:
     return _records(kind).stored(store, name)
 
 
-@router.get("/kinds")
+@router.get("/kinds", response_model=list[KindInfo])
 def kinds(_: AdminDep) -> list[dict]:
     return [{"kind": k.name, "plural": k.plural, "aliases": list(k.aliases), "deletable": k.deletable}
             for k in docs.KINDS]

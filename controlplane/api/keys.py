@@ -34,7 +34,7 @@ from pydantic import Field
 from common import apikeys, audit_chain, counters, keyspace
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
-from controlplane.api.answers import AuditCheck, KeyDeleted
+from controlplane.api.answers import AuditCheck, KeyDeleted, KeyView, NewKey
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.records import deployments, endpoints, models
 from controlplane.settings import of as settings_of
@@ -120,7 +120,7 @@ def resolve(state: AppState, ref: str, who: Principal) -> ApiKeyRecord:
     return named[0]
 
 
-@router.post("/keys", status_code=201)
+@router.post("/keys", status_code=201, response_model=NewKey)
 def create_key(body: KeyCreate, request: Request, state: StateDep, who: PrincipalDep) -> dict:
     body = claimed(body, who)
     endpoint = endpoints.stored(state.store, body.endpoint)
@@ -147,12 +147,12 @@ def create_key(body: KeyCreate, request: Request, state: StateDep, who: Principa
     return {**_usage(state, record), "key": plaintext}
 
 
-@router.get("/keys")
+@router.get("/keys", response_model=list[KeyView])
 def list_keys(state: StateDep, who: PrincipalDep) -> list[dict]:
     return [_usage(state, r) for r in owners.keys_for(state.store, who)]
 
 
-@router.get("/keys/{ref}")
+@router.get("/keys/{ref}", response_model=KeyView)
 def get_key(ref: str, state: StateDep, who: PrincipalDep) -> dict:
     return _usage(state, resolve(state, ref, who))
 
@@ -164,7 +164,7 @@ def delete_key(ref: str, state: StateDep, who: PrincipalDep) -> dict:
     return {"id": record.id, "name": record.name, "deleted": True}
 
 
-@router.post("/keys/{ref}/rotate")
+@router.post("/keys/{ref}/rotate", response_model=NewKey)
 def rotate_key(ref: str, request: Request, state: StateDep, who: PrincipalDep,
                body: KeyRotate | None = None) -> dict:
     overlap = (body or KeyRotate()).overlap_secs

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Request
 
 from common.errors import Forbidden, NotFound
 from controlplane.api import keys as keys_api
+from controlplane.api.answers import KeyDeleted, NewKey
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.records import deployments, endpoints
 from controlplane.state import StateDep
@@ -42,7 +43,7 @@ def _mine(name: str, subject: str) -> bool:
     return re.fullmatch(re.escape(key_name_prefix(subject)) + "[0-9a-f]{8}", name) is not None
 
 
-@router.post("/endpoints/{name}/playground-key", status_code=201)
+@router.post("/endpoints/{name}/playground-key", status_code=201, response_model=NewKey)
 def create_playground_key(name: str, request: Request, state: StateDep, who: PrincipalDep) -> dict:
     ep = endpoints.get(state.store, name)
     if ep is None:
@@ -64,7 +65,7 @@ def create_playground_key(name: str, request: Request, state: StateDep, who: Pri
     return keys_api.create_key(body, request, state, acting)
 
 
-@router.delete("/endpoints/{name}/playground-key/{key_id}")
+@router.delete("/endpoints/{name}/playground-key/{key_id}", response_model=KeyDeleted)
 def delete_playground_key(name: str, key_id: str, state: StateDep, who: PrincipalDep) -> dict:
     try:
         record = keys_api.resolve(state, key_id, who)
