@@ -510,6 +510,8 @@ class Node(Spec):
     site: str = Field("", description="the agent's FABRIC_SITE; '' is no site (excluded where sites are restricted)")
     failure_domain: str = "default"
     taints: list[str] = Field(default_factory=list)
+    cordoned: str = Field("", max_length=300, description="why an admin closed it to new replicas ('': open); "
+                          "set by POST /api/ai/nodes/{id}/drain, cleared by .../uncordon, never by a heartbeat")
     gpus: list[GpuInfo] = Field(default_factory=list)
     cpu_free: int = 0
     memory_free_gib: float = 0

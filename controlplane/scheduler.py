@@ -314,6 +314,8 @@ def judge_node(
         return NodeVerdict(node.id, False, f"offline: last heartbeat {now - node.last_heartbeat:.0f}s ago")
     if node.taints:
         return NodeVerdict(node.id, False, f"tainted: {', '.join(node.taints)}")
+    if node.cordoned:
+        return NodeVerdict(node.id, False, f"cordoned: {node.cordoned}")
     if profile.gpu.count > 0 and node.kvm is not None and not node.kvm.usable:
         return NodeVerdict(node.id, False, f"KVM does not work on this node: {node.kvm.reason}")
     where = _site_problem(node, deployment, model, replicas, site_of or {}, sites or {})

@@ -106,7 +106,8 @@ def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
             gpu = gpu.model_copy(update=update)
         gpus.append(gpu)
     fixed = {} if stored is None else {  # set at registration, changed by an admin only (node_trust)
-        "address": stored.address, "site": stored.site, "replica_networks": stored.replica_networks}
+        "address": stored.address, "site": stored.site, "replica_networks": stored.replica_networks,
+        "cordoned": stored.cordoned}
     return Node(**{**report.model_dump(exclude={"gpus"}), "gpus": gpus, "last_heartbeat": now, **fixed})
 
 
@@ -132,8 +133,11 @@ def node_view(node: Node, now: float, offline_after_s: float = OFFLINE_AFTER_S,
                    f"(more than {offline_after_s:.0f}s)")
     if node.inventory_message:
         message += f"; inventory: {node.inventory_message}"
-    return NodeView(**{**node.model_dump(), **node_resources(node, held)}, online=online,
-                    phase="Ready" if online else "Offline", message=message)
+    if node.cordoned:
+        message += f"; cordoned: {node.cordoned}"
+    phase = ("Cordoned" if node.cordoned else "Ready") if online else "Offline"
+    return NodeView(**{**node.model_dump(), **node_resources(node, held)}, online=online, phase=phase,
+                    message=message)
 
 
 def reservation_owner(value: str) -> str:

@@ -5,6 +5,9 @@
                                                 DIR to the node and start `fabric-agent serve --pki-dir DIR`
     node join-token [--node-id N] [--host H]   a one-time token `fabric-agent join` trades for its certificate
     node list | node show NAME                 nodes with online/offline and why
+    node drain NAME [--grace-seconds S] [--reason R]
+                                               close NAME to new replicas and drain its replicas (each is
+                                               replaced elsewhere); node uncordon NAME reopens it
     gpus                                       every GPU with its node and the replica holding it
 """
 
@@ -16,7 +19,7 @@ from typing import Annotated
 import typer
 
 from common.private_fs import private_dir, write_private
-from controlplane.fabricctl.output import col, emit_object, emit_table, session
+from controlplane.fabricctl.output import col, emit_json, emit_object, emit_table, session
 
 JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
 
@@ -97,6 +100,32 @@ def node_list(as_json: bool = JSON_OPT) -> None:
     """List nodes, online or offline and why."""
     with session() as c:
         emit_table(c.get("/api/ai/nodes"), NODE_COLUMNS, as_json)
+
+
+@node_app.command("drain")
+def node_drain(name: str = typer.Argument(..., metavar="NAME", help="the node's id"),
+               grace_secs: float = typer.Option(30.0, "--grace-seconds", "--grace-secs",
+                                                help="seconds each replica may finish at weight 0 before deletion"),
+               reason: str = typer.Option("drained by an admin", "--reason", help="why; shown on the node"),
+               as_json: bool = JSON_OPT) -> None:
+    """Close a node to new replicas and drain every replica on it (each is replaced on another node)."""
+    with session({"grace_secs": "--grace-seconds", "reason": "--reason"}) as c:
+        data = c.post(f"/api/ai/nodes/{name}/drain", {"grace_secs": grace_secs, "reason": reason})
+    if as_json:
+        emit_json(data)
+        return
+    typer.echo(f"node {data['node']} cordoned ({data['cordoned']}); {len(data['drained'])} replicas draining, "
+               f"{grace_secs:g}s grace")
+    for rid in data["drained"]:
+        typer.echo(f"  {rid}: weight 0, replaced elsewhere")
+
+
+@node_app.command("uncordon")
+def node_uncordon(name: str = typer.Argument(..., metavar="NAME", help="the node's id"),
+                  as_json: bool = JSON_OPT) -> None:
+    """Let a cordoned node take new replicas again."""
+    with session() as c:
+        emit_object(c.post(f"/api/ai/nodes/{name}/uncordon", {}), as_json)
 
 
 @node_app.command("show")

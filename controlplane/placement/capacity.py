@@ -101,6 +101,8 @@ def node_fit(node: Node, profile: InferenceProfile, reserved: Collection[str], c
         return 0, "offline", f"last heartbeat {now - node.last_heartbeat:.0f}s ago"
     if node.taints:
         return 0, "tainted", ", ".join(node.taints)
+    if node.cordoned:
+        return 0, "cordoned", node.cordoned
     if site_rule:
         return 0, "site rules", site_rule
     disk = disk_problem(node, model) if model is not None else None

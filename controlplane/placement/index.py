@@ -94,7 +94,7 @@ class PlacementIndex:
                 if gpu.pci not in taken:
                     free[kind] = free.get(kind, 0) + 1
             self._free[node.id] = free
-            if node_online(node, now, settings) and not node.taints:
+            if node_online(node, now, settings) and not node.taints and not node.cordoned:
                 self._placeable.add(node.id)
                 if free:
                     self._groups.setdefault((node.site, node.failure_domain), []).append(node.id)

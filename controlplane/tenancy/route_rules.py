@@ -155,6 +155,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/api/ai/join"): PUBLIC,  # the join token in the body is the credential
     ("POST", "/api/ai/nodes/{node_id}/renew"): NODE,
     ("PUT", "/api/ai/nodes/{node_id}/identity"): admin(),
+    ("POST", "/api/ai/nodes/{node_id}/drain"): admin(),
+    ("POST", "/api/ai/nodes/{node_id}/uncordon"): admin(),
     ("GET", "/api/ai/gpus"): read(),
     ("GET", "/api/ai/nodes/{node_id}/mig"): read(),
     ("POST", "/api/ai/nodes/{node_id}/mig"): admin(),
