@@ -43,6 +43,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 
 from common.apikeys import HmacSecretError, load_hmac_secret
 from common.errors import FabricError
@@ -132,6 +133,7 @@ class FabricdSettings:
     key_hmac_error: str = ""  # why API keys are unavailable (no secret configured)
     prometheus_url: str = ""  # FABRIC_PROMETHEUS_URL; "": the console charts read fabricd's own bounded history
     gateway_url: str = ""  # FABRIC_CONSOLE_GATEWAY_URL; "": the console playground is off
+    gateway_ca: str = ""  # FABRIC_CONSOLE_GATEWAY_CA: the CA file the playground verifies the gateway with; "": system CAs
 
 
 @cache
@@ -219,6 +221,9 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
         console_urls[key] = r.raw(var).rstrip("/")
         if console_urls[key] and not console_urls[key].startswith(("http://", "https://")):
             r.bad(var, "is not an http:// or https:// URL")
+    console_urls["gateway_ca"] = r.raw("FABRIC_CONSOLE_GATEWAY_CA")
+    if console_urls["gateway_ca"] and not Path(console_urls["gateway_ca"]).is_file():
+        r.bad("FABRIC_CONSOLE_GATEWAY_CA", "is not a readable file")
     if r.errors:
         raise SettingsError("; ".join(r.errors))
     return FabricdSettings(api, controllers, scheduler, pool, deny, allow, model_dir=model_dir,

@@ -93,7 +93,8 @@ async def deployments(request: Request, message: str = ""):
 async def endpoints(request: Request):
     async def load(api: Api):
         items = await api.get("/api/ai/endpoints")
-        return {"endpoints": [{"ep": ep, "path": views.gateway_path(ep["name"])} for ep in items],
+        gateway = settings_of(get_state(request)).gateway_url
+        return {"endpoints": [{"ep": ep, "path": views.gateway_base(ep["name"], gateway)} for ep in items],
                 "refresh_s": WEIGHTS_REFRESH_S}
     return await _render(request, "endpoints.html", "endpoints", load)
 
@@ -177,7 +178,7 @@ async def deployment(request: Request, name: str, message: str = ""):
 async def endpoint(request: Request, name: str, message: str = ""):
     async def load(api: Api):
         ep = await api.get(f"/api/ai/endpoints/{quote(name, safe='')}")
-        return {"e": ep, "path": views.gateway_path(name), "refresh_s": WEIGHTS_REFRESH_S, "message": message[:300],
+        return {"e": ep, "path": views.gateway_base(name, settings_of(get_state(request)).gateway_url), "refresh_s": WEIGHTS_REFRESH_S, "message": message[:300],
                 "charts": await charts.endpoint_charts(settings_of(get_state(request)).prometheus_url, name)}
     return await _render(request, "endpoint.html", "endpoints", load)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from urllib.parse import quote
 
@@ -77,13 +78,13 @@ async def chat(request: Request, name: str):
     if not prompt or len(prompt) > MAX_PROMPT:
         return JSONResponse({"error": {"code": "invalid", "message": f"prompt: 1 to {MAX_PROMPT} characters"}},
                             status_code=422)
-    gateway = settings_of(get_state(request)).gateway_url
+    config = settings_of(get_state(request))
     api = Api(request, session)
-    return StreamingResponse(_relay(api, gateway, name, prompt, max_tokens),
+    return StreamingResponse(_relay(api, config.gateway_url, name, prompt, max_tokens, config.gateway_ca),
                              media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
-async def _relay(api: Api, gateway: str, endpoint: str, prompt: str, max_tokens: int):
+async def _relay(api: Api, gateway: str, endpoint: str, prompt: str, max_tokens: int, ca: str = ""):
     if not gateway:
         yield _error(503, "no_gateway", "the playground needs FABRIC_CONSOLE_GATEWAY_URL (the gateway clients use)")
         return
@@ -96,7 +97,7 @@ async def _relay(api: Api, gateway: str, endpoint: str, prompt: str, max_tokens:
     key, key_id = minted["key"], minted["id"]
     try:
         model = await served_model(api, endpoint)
-        async for chunk in _chat(gateway, endpoint, model, key, prompt, max_tokens):
+        async for chunk in _chat(gateway, endpoint, model, key, prompt, max_tokens, ca):
             yield chunk
     finally:
         try:
@@ -115,7 +116,7 @@ async def served_model(api: Api, endpoint: str) -> str:
         return endpoint
 
 
-async def _chat(gateway: str, endpoint: str, model: str, key: str, prompt: str, max_tokens: int):
+async def _chat(gateway: str, endpoint: str, model: str, key: str, prompt: str, max_tokens: int, ca: str = ""):
     url = f"{gateway}/api/ai/openai/{quote(endpoint, safe='')}/v1/chat/completions"
     payload = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                "stream": True, "stream_options": {"include_usage": True}}
@@ -124,7 +125,8 @@ async def _chat(gateway: str, endpoint: str, model: str, key: str, prompt: str, 
     first = None
     pieces, usage, request_id = 0, None, ""
     try:
-        async with httpx.AsyncClient(timeout=GATEWAY_TIMEOUT_S) as client:
+        verify = ssl.create_default_context(cafile=ca) if ca else True  # FABRIC_CONSOLE_GATEWAY_CA
+        async with httpx.AsyncClient(timeout=GATEWAY_TIMEOUT_S, verify=verify) as client:
             async with client.stream("POST", url, json=payload, headers=headers) as resp:
                 request_id = resp.headers.get("x-fabric-request-id", "")
                 named = resp.headers.get("x-fabric-replica", "")  # gateway.proxy: the replica that answered

@@ -44,8 +44,10 @@ def weight_bars(routing: dict) -> list[dict]:
             for e in entries]
 
 
-def gateway_path(endpoint: str) -> str:
-    return f"/api/ai/openai/{endpoint}"
+def gateway_base(endpoint: str, gateway: str = "") -> str:
+    """The endpoint's OpenAI base_url on the gateway (FABRIC_CONSOLE_GATEWAY_URL), or its path there when
+    fabricd was not told the gateway's address."""
+    return f"{gateway}/api/ai/openai/{endpoint}/v1"
 
 
 def rollout_state(ro: dict) -> str:

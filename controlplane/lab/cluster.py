@@ -307,7 +307,9 @@ def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
     shutil.copy(cfg.ca, node_pki / "ca.crt")
 
     echo(f"lab: starting fabricd on {cfg.url}")
-    processes.start(cfg.state_dir, "fabricd", fabricd_command(cfg, fd, cfg.api_port), env)
+    # the console's playground calls the lab's gateway, verified with the lab's CA
+    console = {"FABRIC_CONSOLE_GATEWAY_URL": cfg.gateway_url, "FABRIC_CONSOLE_GATEWAY_CA": str(cfg.ca)}
+    processes.start(cfg.state_dir, "fabricd", fabricd_command(cfg, fd, cfg.api_port), {**env, **console})
     _wait_http(f"{cfg.url}/openapi.json", cfg.ca, "fabricd", log=cfg.state_dir / "logs" / "fabricd.log")
 
     echo(f"lab: starting a Hugging Face mirror on {cfg.mirror_url} serving {LAB_MODEL_REPO}")

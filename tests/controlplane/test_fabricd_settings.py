@@ -35,6 +35,8 @@ from controlplane.settings import SettingsError, load
     ("FABRIC_MODEL_DIR", "models", "is not an absolute path"),
     ("FABRIC_LOGIN_OIDC_ISSUER", "https://idp.test", "missing FABRIC_LOGIN_OIDC_JWKS_URL, FABRIC_LOGIN_OIDC_CLIENT_ID"),
     ("FABRIC_ADMIT_TOKEN", "short-secret", "shorter than 16 characters"),
+    ("FABRIC_CONSOLE_GATEWAY_URL", "gateway:8443", "is not an http:// or https:// URL"),
+    ("FABRIC_CONSOLE_GATEWAY_CA", "/nonexistent/ca.crt", "is not a readable file"),
 ])
 def test_bad_values_are_named(name, value, why):
     with pytest.raises(SettingsError) as err:
@@ -78,3 +80,14 @@ def test_secrets_and_the_inference_audience_are_refused_without_echo():
         load({"FABRIC_ADMIT_TOKEN": "tiny-secret", "FABRIC_LOGIN_OIDC_ISSUER": "https://idp.test",
               "FABRIC_LOGIN_OIDC_JWKS_URL": "https://idp.test/jwks", "FABRIC_LOGIN_OIDC_CLIENT_ID": "fabric-inference"})
     assert "tiny-secret" not in str(err.value) and "may not be 'fabric-inference'" in str(err.value)
+
+
+def test_the_console_knows_the_gateway_address_and_its_ca(tmp_path):
+    from controlplane.console.views import gateway_base
+
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    got = load({"FABRIC_CONSOLE_GATEWAY_URL": "https://gw.example:8443/", "FABRIC_CONSOLE_GATEWAY_CA": str(ca)})
+    assert got.gateway_url == "https://gw.example:8443" and got.gateway_ca == str(ca)
+    assert gateway_base("chat", got.gateway_url) == "https://gw.example:8443/api/ai/openai/chat/v1"
+    assert gateway_base("chat") == "/api/ai/openai/chat/v1"  # fabricd was not told the address
