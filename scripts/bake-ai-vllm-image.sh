@@ -34,7 +34,8 @@ usage: bake-ai-vllm-image.sh [--dry-run] [--force] [--size SIZE] [--nvidia-drive
   --dry-run              print every step without running it
   --force                overwrite DST if it exists
   --size SIZE            the image's size; root partition and filesystem grow to fill it (default 60G)
-  --nvidia-driver VER    exact NVIDIA driver version, e.g. 550.127.08 (branch = first field)
+  --nvidia-driver VER    exact NVIDIA driver version, e.g. 550.127.08 (branch = first field; default:
+                         versions.env's FABRIC_NVIDIA_VERSION, FABRIC_TRTLLM_NVIDIA_VERSION for tensorrt-llm)
   --cuda VER             CUDA toolkit package version (e.g. 12-6; default: by the image's Ubuntu release)
   --appliance-memory MIB memory of the libguestfs appliance (default 8192; llama.cpp: 16384)
   --appliance-cpus N     its CPUs (default: this host's, at most 16)
@@ -61,7 +62,7 @@ IMAGES="${FABRIC_IMAGES_DIR:-$(dirname "${HERE}")/images}"
 DRY_RUN=0
 FORCE=0
 SIZE=60G
-NVIDIA_DRIVER=${FABRIC_NVIDIA_VERSION}
+NVIDIA_DRIVER=
 CUDA=${FABRIC_CUDA}
 OPEN_MODULES=0
 FABRIC_MANAGER=0
@@ -101,6 +102,9 @@ SRC=${POSITIONAL[0]}
 DST=${POSITIONAL[1]}
 PARTIAL="${DST}.partial"
 
+if [ -z "${NVIDIA_DRIVER}" ]; then  # no --nvidia-driver: the pin for this runtime (versions.env)
+  if [ "${RUNTIME}" = tensorrt-llm ]; then NVIDIA_DRIVER=${FABRIC_TRTLLM_NVIDIA_VERSION}; else NVIDIA_DRIVER=${FABRIC_NVIDIA_VERSION}; fi
+fi
 case "${NVIDIA_DRIVER}" in
   [0-9]*.[0-9]*) ;;
   *) die "--nvidia-driver ${NVIDIA_DRIVER}: give an exact version like ${FABRIC_NVIDIA_VERSION}, not a branch" ;;

@@ -219,8 +219,14 @@ def test_guest_script_pins_holds_and_imports():
 def test_trtllm_is_pinned_and_needs_a_driver_its_cuda_runs_on(tmp_path):
     src = tmp_path / "u.qcow2"
     src.write_bytes(b"x")
-    old_driver = bake("--dry-run", "--runtime", "tensorrt-llm", str(src), str(tmp_path / "g.qcow2"))
+    old_driver = bake("--dry-run", "--runtime", "tensorrt-llm", "--nvidia-driver", "550.127.08", str(src),
+                      str(tmp_path / "g.qcow2"))
     assert old_driver.returncode == 1 and "branch 575 or newer" in old_driver.stderr
+    pinned = bake("--dry-run", "--runtime", "tensorrt-llm", str(src), str(tmp_path / "g.qcow2"))
+    assert pinned.returncode == 0, pinned.stderr  # no flag: versions.env's TensorRT-LLM driver pin
+    assert "FABRIC_NVIDIA_VERSION=575.57.08" in pinned.stdout.replace("\\ ", " ")
+    plain = bake("--dry-run", str(src), str(tmp_path / "g.qcow2")).stdout.replace("\\ ", " ")
+    assert "FABRIC_NVIDIA_VERSION=550.127.08" in plain  # vLLM keeps the general pin
     done = bake("--dry-run", "--runtime", "tensorrt-llm", "--nvidia-driver", "575.57.08", str(src),
                 str(tmp_path / "g.qcow2"))
     out = done.stdout.replace("\\ ", " ")
