@@ -6,6 +6,8 @@ stops what `up` started wherever either ran. `up` on a lab that is up refuses (e
 than wipe its deployments, endpoints, keys and tenants; `--force` takes it down first. `up` returns once fabricd, the agent and the
 gateway answer and the node has registered; the processes keep running in the background until
 `down`, which prints each thing it removed. `demo` can run again: it reuses the objects it made.
+`up` picks the replicas' engine as `make run` does (FABRIC_LAB_ENGINE, else the real vLLM when
+installed) and records it in lab.json, where `demo` reads it.
 `make run` is `up`, the demo, then waiting for Ctrl-C and `down`; on a lab that is up it attaches
 (shows the demo's state, and Ctrl-C leaves the lab to whoever started it).
 Run lab commands under `flock /tmp/fabric-lab.lock` when several people share the machine.
@@ -13,6 +15,7 @@ Run lab commands under `flock /tmp/fabric-lab.lock` when several people share th
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
@@ -41,7 +44,9 @@ def up(state_dir: Path = StateOpt,
     """Clean stale pieces, then build the topology and start fabricd, the agent and the gateway.
     A lab that is up is refused (its data would go) unless --force."""
     need_root()
-    cfg = _cfg(state_dir)
+    from controlplane.run_main import lab_engine  # the engine make run picks: vllm when installed
+
+    cfg = dataclasses.replace(_cfg(state_dir), engine=lab_engine(echo=typer.echo))
     try:
         handle = lab_up(cfg, echo=typer.echo, force=force)
     except LabIsUp as exc:

@@ -338,7 +338,7 @@ def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
     _wait_node(cfg, token)
     op_env = {"FABRIC_URL": cfg.url, "FABRIC_TOKEN": token, "FABRIC_CA": str(cfg.ca)}
     write_private(cfg.state_dir / "env", env_file_text(op_env, str(Path(processes.bin_path("fabricctl")).parent)))
-    write_private(cfg.state_dir / "lab.json", json.dumps({"gateway": cfg.gateway_url, **op_env}))
+    write_private(cfg.state_dir / "lab.json", json.dumps({"gateway": cfg.gateway_url, "engine": cfg.engine, **op_env}))
     return LabHandle(cfg, token, op_env)
 
 

@@ -38,6 +38,14 @@ def _env(cfg: LabConfig) -> dict[str, str]:
             "FABRIC_CA": data["FABRIC_CA"]}
 
 
+def lab_engine_of(cfg: LabConfig) -> str:
+    """The engine the running lab's replicas run (lab.json, written by up), else the config's."""
+    try:
+        return json.loads((cfg.state_dir / "lab.json").read_text()).get("engine") or cfg.engine
+    except (OSError, ValueError):
+        return cfg.engine
+
+
 def ctl(cfg: LabConfig, *args: str, echo=print, quiet: bool = False) -> str:
     cmd = [processes.bin_path("fabricctl"), "ai", *args]
     if not quiet:
@@ -97,6 +105,7 @@ def chat_body(content: str = "Say hello to Fabric", model: str = MODEL) -> str:
 
 
 def run_demo(cfg: LabConfig, echo=print) -> dict:
+    engine = lab_engine_of(cfg)
     echo("\n== 1. The node registers with its simulated GPUs")
     ctl(cfg, "node", "list", echo=echo)
     ctl(cfg, "gpus", echo=echo)
@@ -118,7 +127,7 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     # Real vLLM engines (the lab's default when installed) take 30-60 s each to answer /health on
     # 2 cores, and three start at once; the simulator is Ready in seconds.
     wait_for("3 ready replicas", lambda: ctl_json(cfg, "deployment", "show", MODEL)["status"]["ready_replicas"] >= 3,
-             420 if cfg.engine == "vllm" else 120, echo)
+             420 if engine == "vllm" else 120, echo)
     ctl(cfg, "deployment", "show", MODEL, echo=echo)
 
     echo(f"\n== 4. An OpenAI endpoint with {ROUTING} routing gets a VIP")
@@ -170,6 +179,8 @@ def run_demo(cfg: LabConfig, echo=print) -> dict:
     echo("\n== 8. The endpoint with its live weights")
     ctl(cfg, "endpoint", "show", ENDPOINT, echo=echo)
 
+    show_engine(cfg, engine, echo)
+
     echo(yours(cfg, vip, port))
     return {"vip": vip, "port": port, "key": key}
 
@@ -188,6 +199,35 @@ def yours(cfg: LabConfig, vip: str, port: int) -> str:
   Explain routing:  fabricctl ai explain routing {ENDPOINT}   (or GET /api/ai/explain/routing/{ENDPOINT})
   Node:             {NODE_ID}; logs under {cfg.state_dir / 'logs'}
 """
+
+
+# The engine's own metric families Fabric routes, scales and bills on (controlplane/routing/runtime_metrics.py).
+ENGINE_FAMILIES = ("vllm:num_requests_running{", "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{",
+                   "vllm:prompt_tokens_total{", "vllm:generation_tokens_total{", "vllm:prefix_cache_queries_total{",
+                   "vllm:prefix_cache_hits_total{")
+
+
+def show_engine(cfg: LabConfig, engine: str, echo=print) -> None:
+    """One replica's engine as a guest runs it: its processes in the replica's namespace (the real
+    `vllm serve` with the guest's command line, or fabric-engine-sim) and a few of its own metrics."""
+    reps = [r for r in ctl_json(cfg, "replica", "list", "--deployment", MODEL) if r.get("host")]
+    if not reps:
+        return
+    rep = sorted(reps, key=lambda r: r.get("ordinal", 0))[0]
+    what = "the real vLLM engine (CPU build)" if engine == "vllm" else "the engine simulator"
+    echo(f"\n== 9. Inside replica {rep['replica_id']}: {what}, its processes and its own metrics")
+    ns = f"{cfg.topology.prefix}r-{rep['replica_id']}"
+    echo(f"$ ps -o pid,rss,args $(ip netns pids {ns})")
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10).stdout.split()
+    if pids:
+        ps = subprocess.run(["ps", "-o", "pid,rss,args", "-p", ",".join(pids)], capture_output=True, text=True,
+                            timeout=10).stdout
+        echo("\n".join(line if len(line) <= 600 else line[:597] + "..." for line in ps.rstrip().splitlines()))
+    url = f"http://{rep['host']}:{rep.get('port', 8000)}/metrics"
+    echo(f"\n$ curl -s {url} | grep -E '^vllm:(num_requests|kv_cache_usage|prompt_tokens|generation_tokens|"
+         "prefix_cache)'")
+    res = subprocess.run(["curl", "-s", "--max-time", "30", url], capture_output=True, text=True, timeout=40)
+    echo("\n".join(line for line in res.stdout.splitlines() if line.startswith(ENGINE_FAMILIES)))
 
 
 def show_state(cfg: LabConfig, echo=print) -> None:

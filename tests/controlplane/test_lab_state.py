@@ -116,3 +116,14 @@ def test_make_run_stops_waiting_when_its_labs_processes_are_gone(tmp_path, monke
     assert _wait(LabConfig(state_dir=tmp_path / "gone"), {"now": False}) is False
     assert "the lab's processes have stopped" in capsys.readouterr().err
     assert _wait(LabConfig(state_dir=tmp_path / "gone"), {"now": True}) is True  # Ctrl-C / TERM
+
+
+def test_the_demo_reads_the_engine_the_running_lab_recorded(tmp_path):
+    """`fabricd lab demo` waits as long as the running lab's engine needs (real vLLM: minutes), whatever
+    the config it was started with says; no lab.json: the config's engine."""
+    from controlplane.lab.cluster import LabConfig
+    from controlplane.lab.demo import lab_engine_of
+
+    assert lab_engine_of(LabConfig(tmp_path)) == "sim"
+    (tmp_path / "lab.json").write_text('{"engine": "vllm", "FABRIC_URL": "https://127.0.0.1:8443"}')
+    assert lab_engine_of(LabConfig(tmp_path)) == "vllm"

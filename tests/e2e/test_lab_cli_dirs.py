@@ -71,6 +71,7 @@ def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
     there.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
     env["FABRIC_LAB_STATE"] = str(state)
+    env["FABRIC_LAB_ENGINE"] = "sim"  # `lab up` would pick the real vLLM when installed: this test is the CLI's
     cfg = LabConfig(state_dir=state)
     started = 0
     with lab_lock():
