@@ -110,3 +110,20 @@ def test_fabricctl_node_drain_and_uncordon(served):
     back = subprocess.run([str(BIN / "fabricctl"), "ai", "node", "uncordon", "node-a", "--json"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert back.returncode == 0 and '"phase": "Ready"' in back.stdout, back.stdout + back.stderr
+
+
+def test_deployment_drain_takes_grace_seconds_as_the_product_notes_spell_it(served):
+    api, store, _ = served
+    resp = api.post("/api/ai/deployments/d/drain", json={"grace_seconds": 40, "replica": "d-1"})
+    assert resp.status_code == 202, resp.text
+    assert replica_records.get(store, "d", "d-1").drain_deadline == pytest.approx(time.time() + 40, abs=5)
+    token = api.headers["Authorization"].removeprefix("Bearer ")
+    env = {"PATH": "/usr/bin:/bin", "FABRIC_URL": str(api.base_url).rstrip("/"), "FABRIC_TOKEN": token}
+    out = subprocess.run([str(BIN / "fabricctl"), "ai", "deployment", "drain", "d", "--grace-seconds", "300",
+                          "--replica", "d-0"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert replica_records.get(store, "d", "d-0").drain_deadline == pytest.approx(time.time() + 300, abs=5)
+    old = subprocess.run([str(BIN / "fabricctl"), "ai", "deployment", "drain", "d", "--grace-secs", "7"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert old.returncode == 0, old.stderr  # the older spelling is kept
+    assert api.get("/api/ai/deployments/d").json()["replicas"] == 0

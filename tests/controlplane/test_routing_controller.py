@@ -332,3 +332,34 @@ def test_pushes_reach_every_agent_concurrently_and_only_on_change(store):
         await worker.aclose()
 
     asyncio.run(run())
+
+
+def test_weight_series_follow_the_fleet(store):
+    """fabric_routing_weight{endpoint,replica}: a replica that is gone loses its series, and a deleted
+    endpoint loses all of them, so "all weights zero" keeps reading the live fleet."""
+    from prometheus_client import CollectorRegistry
+
+    from controlplane.controllers import ControllerMetrics
+
+    now = time.time()
+    seed(store, now)
+    registry = CollectorRegistry()
+    worker = RoutingWorker(store, Agents(), vip_pool.parse_pool("10.96.0.0/30"), metrics=ControllerMetrics(registry))
+    worker.scrape_all = lambda snap: asyncio.sleep(0)
+
+    def series() -> dict[str, float]:
+        return {s.labels["replica"]: s.value for m in registry.collect() if m.name == "fabric_routing_weight"
+                for s in m.samples if s.labels.get("endpoint") == "ep"}
+
+    async def run():
+        await worker.tick()
+        assert series() == {"qwen-0-abc": 32, "qwen-1-abc": 9}
+        store.delete(keyspace.replicas("qwen", "qwen-1-abc"))
+        await worker.tick()
+        assert series() == {"qwen-0-abc": 32}
+        store.delete(keyspace.endpoints("ep"))
+        await worker.tick()
+        assert series() == {}
+        await worker.aclose()
+
+    asyncio.run(run())
