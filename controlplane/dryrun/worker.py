@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from common import keyspace
 from common.store.base import Store
 from controlplane.dryrun.plan import plan
 from controlplane.orchestration_state import (
@@ -16,6 +15,7 @@ from controlplane.orchestration_state import (
     put_replica,
     update_deployment_status,
 )
+from controlplane.records import deployments, observations
 from controlplane.records import rollouts as rollout_records
 
 log = logging.getLogger("fabricd.dryrun")
@@ -33,16 +33,16 @@ class DryRunWorker:
             p = plan(snap.deployments[name], snap.replicas.get(name, []), now)
             for rid in p.delete:
                 delete_replica(self.store, name, rid)
-                self.store.delete(keyspace.observations(rid))
+                observations.discard(self.store, rid)
             if p.delete_deployment:
-                self.store.delete(keyspace.deployments(name))
+                deployments.discard(self.store, name)
                 rollout_records.forget(self.store, name)
                 log.info("deployment %s deleted (dry run)", name)
                 continue
             for replica in p.create:
                 put_replica(self.store, replica)
             for obs in p.observe:
-                self.store.put(keyspace.observations(obs.replica_id), obs.model_dump_json())
+                observations.put(self.store, obs)
             if p.status is not None:
                 update_deployment_status(self.store, name, **p.status)
 

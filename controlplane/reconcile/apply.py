@@ -51,7 +51,6 @@ from controlplane.orchestration_state import (
     Snapshot,
     delete_replica,
     get_replica,
-    json_field,
     load_snapshot,
     managed_vm_key,
     put_replica,
@@ -63,6 +62,7 @@ from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
 from controlplane.reconcile.crashloop import CRASHLOOP_PHASE
 from controlplane.reconcile.engine_failure import engine_error_line
 from controlplane.reconcile.events import ReconcileEvents
+from controlplane.records import deployments, gpu_reservations, observations
 from controlplane.records import rollouts as rollout_records
 from controlplane.scaling.loop import with_note
 
@@ -71,27 +71,7 @@ CONCURRENCY = 4
 LOG_TAIL_BYTES = 16384
 
 
-def _reserved_for(store: Store, node: str, pci: str) -> str | None:
-    return json_field(store.get(keyspace.gpu_reservations(node, pci)), "replica_id")
-
-
-def reserve_gpus(store: Store, node: str, gpus, replica_id: str, deployment: str, now: float) -> bool:
-    """Take every GPU of the group with create-if-absent, or none: a lost race undoes the rest.
-
-    A GPU already reserved for this same replica counts as taken (a pass that stopped after
-    reserving, e.g. fabricd killed or its lease lost, is finished by the next one)."""
-    value = json.dumps({"replica_id": replica_id, "deployment": deployment, "created_at": now})
-    taken: list[str] = []
-    for pci in gpus:
-        if store.create(keyspace.gpu_reservations(node, pci), value):
-            taken.append(pci)
-            continue
-        if _reserved_for(store, node, pci) == replica_id:
-            continue
-        for done in taken:
-            store.delete(keyspace.gpu_reservations(node, done))
-        return False
-    return True
+reserve_gpus = gpu_reservations.reserve  # the name the tests and callers use
 
 
 class ReconcileWorker:
@@ -312,7 +292,7 @@ class ReconcileWorker:
             await self._remove(dep, by_id[action.replica_id], action, snap.nodes, errors)
         left = [r for r in replicas if get_replica(self.store, dep.name, r.replica_id) is not None]
         if not left and not errors:
-            self.store.delete(keyspace.deployments(dep.name))
+            deployments.discard(self.store, dep.name)
             rollout_records.forget(self.store, dep.name)
             self.store.delete(keyspace.scaling(dep.name))
             self.forget_deployment(dep.name)
@@ -361,8 +341,8 @@ class ReconcileWorker:
             # Another replica holds one of its GPUs: this one never ran there; place it again.
             # (A VM the agent may have made for it is under /fabric/managed/vms/: the sweep removes it.)
             for pci in replica.gpus:
-                if _reserved_for(self.store, replica.node, pci) == replica.replica_id:
-                    self.store.delete(keyspace.gpu_reservations(replica.node, pci))
+                if gpu_reservations.reserved_for(self.store, replica.node, pci) == replica.replica_id:
+                    gpu_reservations.release(self.store, replica.node, pci)
             delete_replica(self.store, dep.name, replica.replica_id, self.clock())
             errors.append(f"a GPU of {replica.replica_id} on {replica.node} is held by another replica; "
                           "placing it again")
@@ -432,7 +412,7 @@ class ReconcileWorker:
                 for pci in r.gpus:
                     if "--" not in pci:  # a MIG slice id (PARENT--PROFILE--N) was never bound
                         await agent.release_gpu(pci)
-                    self.store.delete(keyspace.gpu_reservations(node.id, pci))
+                    gpu_reservations.release(self.store, node.id, pci)
             except FabricError as exc:
                 errors.append(f"cannot remove {r.replica_id} on {node.id} yet: {exc.message}")
                 if isinstance(exc, TransientError):
@@ -443,7 +423,7 @@ class ReconcileWorker:
         else:
             # The node record is gone: nothing to release there, only our reservations.
             for pci in r.gpus:
-                self.store.delete(keyspace.gpu_reservations(r.node, pci))
+                gpu_reservations.release(self.store, r.node, pci)
         delete_replica(self.store, r.deployment, r.replica_id, self.clock())
-        self.store.delete(keyspace.observations(r.replica_id))
+        observations.discard(self.store, r.replica_id)
         return True

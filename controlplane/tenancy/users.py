@@ -20,9 +20,10 @@ from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatc
 from pydantic import BaseModel, Field, field_validator
 
 from common import keyspace
-from common.errors import Conflict, InvalidInput, NotFound
+from common.errors import InvalidInput
 from common.schemas import DNS_LABEL, Spec, tenant_name
 from common.store.base import Store
+from controlplane.records.resource import Records
 from controlplane.tenancy.principal import ADMIN, ROLES, Principal
 
 RESERVED = frozenset({"admin", "viewer"})
@@ -80,28 +81,28 @@ class UserRecord(BaseModel):
         return Principal(self.name, self.role, None if self.role == ADMIN else self.tenant)
 
 
+# The user records (/fabric/users/<name>), through the record layer's one typed door.
+RECORDS = Records(UserRecord, keyspace.users, "user")
+
+
 def create(store: Store, body: UserCreate) -> UserRecord:
     if body.role == ADMIN and body.tenant is not None:
         raise InvalidInput("tenant: an admin sees every tenant; leave tenant out or pick operator or viewer",
                            code="admin_with_tenant")
     record = UserRecord(name=body.name, role=body.role, tenant=body.tenant, password_hash=_hash(body.password))
-    if not store.create(keyspace.users(body.name), record.model_dump_json()):
-        raise Conflict(f"user {body.name!r} already exists", code="already_exists")
-    return record
+    return RECORDS.create(store, record)  # Conflict "already_exists" when the name is taken
 
 
 def get(store: Store, name: str) -> UserRecord | None:
-    kv = store.get(keyspace.users(name))
-    return None if kv is None else UserRecord.model_validate_json(kv.value)
+    return RECORDS.get(store, name)
 
 
 def list_all(store: Store) -> list[UserRecord]:
-    return [UserRecord.model_validate_json(kv.value) for kv in store.list(keyspace.users())]
+    return RECORDS.list(store)
 
 
 def delete(store: Store, name: str) -> None:
-    if not store.delete(keyspace.users(name)):
-        raise NotFound(f"user {name!r} not found")
+    RECORDS.delete(store, name)  # NotFound "user 'NAME' not found"
 
 
 def verify(store: Store, name: str, password: str) -> Principal | None:
