@@ -36,7 +36,6 @@ from collections.abc import Callable
 
 import httpx
 
-from common import keyspace
 from common.agent_api import VmCreateRequest
 from common.errors import FabricError, TransientError
 from common.runtimes import health_path
@@ -62,7 +61,7 @@ from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
 from controlplane.reconcile.crashloop import CRASHLOOP_PHASE
 from controlplane.reconcile.engine_failure import engine_error_line
 from controlplane.reconcile.events import ReconcileEvents
-from controlplane.records import deployments, gpu_reservations, observations
+from controlplane.records import autoscaling, deployments, gpu_reservations, observations
 from controlplane.records import rollouts as rollout_records
 from controlplane.scaling.loop import with_note
 
@@ -294,7 +293,7 @@ class ReconcileWorker:
         if not left and not errors:
             deployments.discard(self.store, dep.name)
             rollout_records.forget(self.store, dep.name)
-            self.store.delete(keyspace.scaling(dep.name))
+            autoscaling.forget(self.store, dep.name)
             self.forget_deployment(dep.name)
             self.events.deployment(dep, "Deleted", f"deployment {dep.name} deleted; its replicas are gone")
             log.info("deployment %s deleted", dep.name)

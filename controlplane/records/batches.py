@@ -9,4 +9,4 @@ from controlplane.records.resource import Records
 KIND = "batch"
 RECORDS = Records(BatchJob, keyspace.batches, KIND, name_field="id")
 (get, require, exists, stored, stored_items, list, create, put, update,  # noqa: A001 - the module's verbs
- upsert, update_status, delete, discard, versioned, count) = RECORDS.verbs()
+ upsert, update_at, update_status, delete, discard, versioned, count) = RECORDS.verbs()

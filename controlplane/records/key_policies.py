@@ -9,4 +9,4 @@ from controlplane.tenancy.key_policies import KeyPolicy
 KIND = "key policy"
 RECORDS = Records(KeyPolicy, keyspace.key_policies, KIND, name_field="endpoint")
 (get, require, exists, stored, stored_items, list, create, put, update,  # noqa: A001 - the module's verbs
- upsert, update_status, delete, discard, versioned, count) = RECORDS.verbs()
+ upsert, update_at, update_status, delete, discard, versioned, count) = RECORDS.verbs()

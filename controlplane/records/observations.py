@@ -10,4 +10,4 @@ from controlplane.records.resource import Records
 KIND = "observation"
 RECORDS = Records(ReplicaObservation, keyspace.observations, KIND, name_field="replica_id")
 (get, require, exists, stored, stored_items, list, create, put, update,  # noqa: A001 - the module's verbs
- upsert, update_status, delete, discard, versioned, count) = RECORDS.verbs()
+ upsert, update_at, update_status, delete, discard, versioned, count) = RECORDS.verbs()

@@ -9,4 +9,4 @@ from controlplane.tenancy.policies import TenantPolicy
 KIND = "policy"
 RECORDS = Records(TenantPolicy, keyspace.policies, KIND, name_field="tenant")
 (get, require, exists, stored, stored_items, list, create, put, update,  # noqa: A001 - the module's verbs
- upsert, update_status, delete, discard, versioned, count) = RECORDS.verbs()
+ upsert, update_at, update_status, delete, discard, versioned, count) = RECORDS.verbs()

@@ -34,7 +34,7 @@ class Records(Generic[M]):
         self.model, self.key, self.kind, self.name_field = model, key, kind, name_field
 
     VERBS = ("get", "require", "exists", "stored", "stored_items", "list", "create", "put", "update",
-             "upsert", "update_status", "delete", "discard", "versioned", "count")
+             "upsert", "update_at", "update_status", "delete", "discard", "versioned", "count")
 
     def verbs(self) -> tuple:
         """The bound verbs in VERBS order, for a resource module to export as its own functions."""
@@ -111,6 +111,15 @@ class Records(Generic[M]):
 
         cas.swap(store, self.key(name), change, retries=retries, busy=busy)
         return out[0], out[1]
+
+    def update_at(self, store: Store, name: str, mod_revision: int, mutate: Callable[[M], M]) -> bool:
+        """One compare-and-swap against the revision the caller decided on (no retry: a changed
+        record means decide again); False when the record changed since or is gone."""
+        kv = store.get(self.key(name))
+        if kv is None or kv.mod_revision != mod_revision:
+            return False
+        record = cas.validated(self.model, mutate(cas.parse(self.model, kv.value)))
+        return store.cas(kv.key, record.model_dump_json(), mod_revision)
 
     def update_status(self, store: Store, name: str, retries: int = cas.RETRIES, **fields) -> M:
         """Set fields of the record's status (no write when they already hold those values)."""

@@ -23,19 +23,18 @@ tick would decide.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from common import keyspace
 from common.errors import TransientError
 from common.schemas import InferenceDeployment
 from common.store.base import Store
 from controlplane.events import EventSink
 from controlplane.history import HISTORY
 from controlplane.orchestration_state import Snapshot, load_snapshot
+from controlplane.records import autoscaling, deployments
 from controlplane.scaling.decide import Decision, Memory, Observations, QuotaView, decide
 from controlplane.tenancy import admission, quotas
 
@@ -52,11 +51,11 @@ def with_note(message: str, note: str) -> str:
 
 
 def load_memory(store: Store, name: str) -> Memory:
-    kv = store.get(keyspace.scaling(name))
-    if kv is None:
+    value = autoscaling.memory(store, name)
+    if value is None:
         return Memory()
     try:
-        return Memory(**json.loads(kv.value))
+        return Memory(**value)
     except (ValueError, TypeError):
         return Memory()
 
@@ -67,11 +66,7 @@ def demand_at(store: Store, snap: Snapshot, deployment: str) -> float | None:
     for ep in snap.endpoints.values():
         if ep.deployment != deployment:
             continue
-        kv = store.get(keyspace.demand(ep.name))
-        try:
-            at = float(json.loads(kv.value)["at"]) if kv is not None else None
-        except (ValueError, KeyError, TypeError):
-            at = None
+        at = autoscaling.demand_at(store, ep.name)
         if at is not None and (latest is None or at > latest):
             latest = at
     return latest
@@ -133,7 +128,7 @@ class AutoscaleWorker:
         if changed and not self._write(dep, mod_revision, decision):
             return decision  # the record changed since the snapshot: decide again next tick
         if decision.memory != memory:
-            self.store.put(keyspace.scaling(dep.name), json.dumps(asdict(decision.memory)))
+            autoscaling.put_memory(self.store, dep.name, asdict(decision.memory))
         if changed and self.metrics is not None:
             self.metrics.autoscale_decisions.labels(decision.action, decision.code).inc()
         if changed:
@@ -161,14 +156,13 @@ class AutoscaleWorker:
             return False
 
     def _cas(self, dep: InferenceDeployment, mod_revision: int, decision: Decision) -> bool:
-        kv = self.store.get(keyspace.deployments(dep.name))
-        if kv is None or kv.mod_revision != mod_revision:
-            return False
-        record = json.loads(kv.value)
-        status = record.setdefault("status", {})
         note = "" if decision.code == "disabled" else decision.summary
-        status["scaling"] = note
-        status["message"] = with_note(status.get("message", ""), note)
-        if decision.action != "hold":
-            record["replicas"] = decision.replicas
-        return self.store.cas(kv.key, json.dumps(record), kv.mod_revision)
+
+        def decided(record: InferenceDeployment) -> InferenceDeployment:
+            record.status.scaling = note
+            record.status.message = with_note(record.status.message, note)
+            if decision.action != "hold":
+                record.replicas = decision.replicas
+            return record
+
+        return deployments.update_at(self.store, dep.name, mod_revision, decided)
