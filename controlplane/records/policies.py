@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from common import keyspace
-from controlplane.records.resource import Records
-from controlplane.tenancy.policies import TenantPolicy
+from controlplane.tenancy.policies import (
+ RECORDS,  # defined beside its model: the tenancy module reads through it
+)
 
-KIND = "policy"
-RECORDS = Records(TenantPolicy, keyspace.policies, KIND, name_field="tenant")
 (get, require, exists, stored, stored_items, list, create, put, update,  # noqa: A001 - the module's verbs
  upsert, update_at, update_status, delete, discard, versioned, count) = RECORDS.verbs()

@@ -23,6 +23,7 @@ from common import keyspace
 from common.errors import Forbidden
 from common.schemas import Spec
 from common.store.base import Store
+from controlplane.records.resource import Records
 
 MAX_TTL_SECS = 10 * 365 * 86400
 Scope = Literal["model", "tenant"]
@@ -70,12 +71,14 @@ def refusals(policy: KeyPolicy | None, key: KeyShape) -> list[str]:
     return why
 
 
+# The policy records, through the record layer (controlplane.records.key_policies exports the verbs).
+RECORDS = Records(KeyPolicy, keyspace.key_policies, "key policy", name_field="endpoint")
+
+
 def load(store: Store, endpoint: str) -> KeyPolicy | None:
-    kv = store.get(keyspace.key_policies(endpoint))
-    if kv is None:
-        return None
+    """The endpoint's policy; None when it has none or its record does not parse."""
     try:
-        return KeyPolicy.model_validate_json(kv.value)
+        return RECORDS.get(store, endpoint)
     except ValidationError:
         return None
 

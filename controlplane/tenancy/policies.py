@@ -22,6 +22,7 @@ from common.errors import Forbidden
 from common.schemas import CapacityClass, Spec, tenant_name
 from common.store.base import Store
 from controlplane.records import models
+from controlplane.records.resource import Records
 
 MAX_NAMES = 1000
 
@@ -94,23 +95,25 @@ def refusals(policy: TenantPolicy | None, deploy: Deploy) -> list[str]:
     return why
 
 
+# The policy records, through the record layer (controlplane.records.policies exports the verbs).
+RECORDS = Records(TenantPolicy, keyspace.policies, "policy", name_field="tenant")
+
+
 def load(store: Store, tenant: str | None) -> TenantPolicy | None:
     if tenant is None:
         return None
-    kv = store.get(keyspace.policies(tenant))
-    if kv is None:
-        return None
     try:
-        return TenantPolicy.model_validate_json(kv.value)
+        return RECORDS.get(store, tenant)
     except ValidationError:
         return None
 
 
 def list_all(store: Store) -> list[TenantPolicy]:
+    """Every policy whose record parses (one that does not is skipped)."""
     out = []
-    for kv in store.list(keyspace.policies()):
+    for record in RECORDS.readable(store):
         try:
-            out.append(TenantPolicy.model_validate_json(kv.value))
+            out.append(TenantPolicy.model_validate(record, context={"stored": True}))
         except ValidationError:
             continue
     return out
