@@ -3,9 +3,12 @@ document says what each route answers (and the schema fuzzing checks the bodies 
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pydantic import BaseModel, Field
 
 from common.schemas import ApiKeyRecord, Replica, Site, TenantQuota
+from controlplane.events import EventRecord
 
 
 class Deleted(BaseModel):
@@ -84,3 +87,23 @@ class KindInfo(BaseModel):
     plural: str
     aliases: list[str]
     deletable: bool
+
+
+class WatchChange(BaseModel):
+    type: Literal["put", "delete"]
+    name: str = Field(..., description="the record's name under the family's prefix")
+    revision: int
+    value: Any = Field(None, description="the record as stored (null for a delete or a value that is not JSON)")
+
+
+class WatchAnswer(BaseModel):
+    revision: int = Field(..., description="pass it back as ?revision= to wait for the next changes")
+    changes: list[WatchChange]
+
+
+class FailureExplained(BaseModel):
+    replica: str
+    current: Replica | None = Field(None, description="the replica record, when it still exists")
+    failures: int
+    summary: str
+    history: list[EventRecord]

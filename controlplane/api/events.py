@@ -30,6 +30,7 @@ from fastapi import APIRouter, Depends, Query
 
 from common import keyspace
 from common.errors import InvalidInput, NotFound
+from controlplane.api.answers import FailureExplained, WatchAnswer
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import EventRecord, recent_events, unknown_kind
 from controlplane.records import replicas
@@ -80,8 +81,9 @@ def list_events(
                          since=parse_since(since, time.time()), tenant=who.tenant_filter)
 
 
-@router.get("/watch/{family}", responses={429: {"description": "the caller's or fabricd's watches are at "
-                                                             "their cap (controlplane.watch_gate)"}})
+@router.get("/watch/{family}", response_model=WatchAnswer,
+            responses={429: {"description": "the caller's or fabricd's watches are at their cap "
+                                            "(controlplane.watch_gate)"}})
 async def watch(family: str, state: StateDep, who: PrincipalDep, revision: int = Query(0, ge=0),
                 timeout: float = Query(30.0, gt=0, le=MAX_WATCH_S)) -> dict:
     if family not in WATCHABLE:
@@ -102,7 +104,7 @@ async def watch(family: str, state: StateDep, who: PrincipalDep, revision: int =
     return {"revision": last, "changes": out}
 
 
-@router.get("/explain/failure/{replica}")
+@router.get("/explain/failure/{replica}", response_model=FailureExplained)
 def explain_failure(replica: str, state: StateDep) -> dict:
     history = [e for e in recent_events(state.store, 1000, name=replica) if e.kind in ("replica", "vm")]
     current = next((r for r in replicas.list(state.store) if r.replica_id == replica), None)
