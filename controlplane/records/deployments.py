@@ -1,4 +1,4 @@
-"""InferenceDeployment records (/fabric/deployments/<name>): typed reads and validated writes (records.resource)."""
+"""InferenceDeployment records (/fabric/deployments/<name>): typed reads, validated writes."""
 
 from __future__ import annotations
 

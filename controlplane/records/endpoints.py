@@ -1,4 +1,4 @@
-"""InferenceEndpoint records (/fabric/endpoints/<name>): typed reads and validated writes (records.resource)."""
+"""InferenceEndpoint records (/fabric/endpoints/<name>): typed reads, validated writes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KeyPolicy records (/fabric/key-policies/<endpoint>): typed reads and validated writes (records.resource)."""
+"""KeyPolicy records (/fabric/key-policies/<endpoint>): typed reads, validated writes."""
 
 from __future__ import annotations
 
