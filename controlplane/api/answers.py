@@ -23,6 +23,12 @@ class NameDeleted(BaseModel):
     deleted: bool = True
 
 
+class TenantDeleted(BaseModel):
+    kind: str
+    tenant: str
+    deleted: bool = True
+
+
 class KeyDeleted(BaseModel):
     id: str
     name: str

@@ -22,10 +22,10 @@ deleted after the grace); with ``replica`` only that one drains and the reconcil
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 from common.errors import Conflict, NotFound
 from common.schemas import InferenceDeployment, Spec
@@ -53,6 +53,135 @@ class DrainRequest(Spec):
     replica: str | None = Field(None, description="drain only this replica id")
 
 
+class PlacedReplica(BaseModel):
+    replica_id: str
+    ordinal: int
+    node: str
+    gpus: list[str]
+    phase: str
+
+
+class SiteRules(BaseModel):
+    allowed_sites: list[str]
+    residency: str | None
+    model_residency: str | None
+    preferred_site: str | None
+    minimum_sites: int
+    max_replicas_per_site: int | None
+    replicas_by_site: dict[str, int]
+
+
+class NodeJudged(BaseModel):
+    node: str
+    eligible: bool
+    chosen: bool
+    score: int | float
+    reason: str
+
+
+class PlacementExplained(BaseModel):
+    """The next replica's node and every node's verdict; without the profile or model only
+    ``node`` (null), ``gpus``, ``message`` and ``nodes`` ([]) follow the site rules."""
+    deployment: str
+    replicas: list[PlacedReplica]
+    sites: SiteRules
+    node: str | None
+    gpus: list[str]
+    message: str | None
+    nodes: list[NodeJudged]
+    capacity_class: str | None = None
+    preempted: int | None = None
+    preempted_by: str | None = None
+    preemption: dict[str, Any] | None = Field(None, description="when no node fits: what the preemption "
+                                              "planner would do (outcome, node, gpus, message, waiting_on, victims)")
+
+
+class RoutedReplica(BaseModel):
+    replica_id: str
+    included: bool
+    reason: str
+    weight: int
+    host: str | None
+    port: int
+    maglev: bool
+    metrics: dict[str, Any]
+
+
+class RoutedBackend(BaseModel):
+    backend: str = Field(..., description="host:port")
+    weight: int
+    draining: bool
+
+
+class RoutingExplained(BaseModel):
+    endpoint: str
+    deployment: str
+    strategy: str
+    vip: str | None
+    port: int
+    forwarding: str
+    replicas: list[RoutedReplica]
+    backends: list[RoutedBackend]
+
+
+class ReplicaMetrics(BaseModel):
+    replica_id: str
+    ordinal: int
+    node: str
+    phase: str
+    host: str | None
+    port: int
+    health_failures: int
+    ready: bool
+    draining: bool
+    metrics: dict[str, Any] | None = Field(..., description="the last scrape (null: none yet)")
+
+
+class DeploymentMetrics(BaseModel):
+    deployment: str
+    replicas: list[ReplicaMetrics]
+
+
+class NodeCapacity(BaseModel):
+    node: str
+    site: str
+    online: bool
+    taints: list[str]
+    gpus_total: int
+    gpus_reserved: int
+    gpus_free: int
+    mig_slices: int
+    mig_slices_free: int
+    replicas: int
+    cpu_allocatable: int
+    cpu_committed: int
+    cpu_free: int
+    memory_allocatable_gib: float
+    memory_committed_gib: float
+    memory_free_gib: float
+
+
+class SiteCapacity(BaseModel):
+    site: str
+    nodes: int
+    gpus_total: int
+    gpus_free: int
+
+
+class VipHeld(BaseModel):
+    vip: str
+    endpoint: str
+
+
+class Capacity(BaseModel):
+    gpus_total: int
+    gpus_free: int
+    gpus_by_class: dict[str, int]
+    nodes: list[NodeCapacity]
+    sites: list[SiteCapacity]
+    vips: list[VipHeld]
+
+
 def _by_site(replicas, nodes) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in replicas:
@@ -62,7 +191,8 @@ def _by_site(replicas, nodes) -> dict[str, int]:
     return out
 
 
-@router.get("/explain/placement/{deployment}")
+@router.get("/explain/placement/{deployment}", response_model=PlacementExplained,
+            response_model_exclude_unset=True)
 def explain_placement(deployment: str, state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     dep = snap.deployments.get(deployment)
@@ -105,7 +235,7 @@ def explain_placement(deployment: str, state: StateDep) -> dict:
     return body
 
 
-@router.get("/explain/routing/{endpoint}")
+@router.get("/explain/routing/{endpoint}", response_model=RoutingExplained)
 def explain_routing(endpoint: str, state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     ep = snap.endpoints.get(endpoint)
@@ -125,7 +255,7 @@ def explain_routing(endpoint: str, state: StateDep) -> dict:
     }
 
 
-@router.get("/deployments/{name}/metrics")
+@router.get("/deployments/{name}/metrics", response_model=DeploymentMetrics)
 def deployment_metrics(name: str, state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     if name not in snap.deployments:
@@ -196,7 +326,7 @@ def restart(name: str, state: StateDep) -> dict:
             "last_failure": before.get("last_failure", "")}
 
 
-@router.get("/capacity")
+@router.get("/capacity", response_model=Capacity)
 def capacity(state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     reserved = snap.reserved_by_node()

@@ -14,6 +14,7 @@ import time
 from fastapi import APIRouter, Depends
 
 from common.tenant_limits import TenantLimits
+from controlplane.api.answers import TenantDeleted
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.records import tenant_limits
@@ -22,7 +23,7 @@ from controlplane.state import StateDep
 router = APIRouter(prefix="/api/ai", tags=["tenancy"], dependencies=[Depends(require_admin)])
 
 
-@router.post("/tenant-limits", status_code=201)
+@router.post("/tenant-limits", status_code=201, response_model=TenantLimits)
 def put_limits(body: TenantLimits, state: StateDep) -> dict:
     limits = tenant_limits.put(state.store, body.model_copy(update={"updated_at": time.time()}))
     record_event(state.store, "tenant", limits.tenant, "LimitsSet",
@@ -31,13 +32,13 @@ def put_limits(body: TenantLimits, state: StateDep) -> dict:
     return limits.model_dump(mode="json")
 
 
-@router.get("/tenant-limits")
+@router.get("/tenant-limits", response_model=list[TenantLimits])
 def list_limits(state: StateDep, who: PrincipalDep) -> list[dict]:
     return [t.model_dump(mode="json") for t in tenant_limits.list(state.store)
             if not who.bound or t.tenant == who.tenant]
 
 
-@router.delete("/tenant-limits/{tenant}")
+@router.delete("/tenant-limits/{tenant}", response_model=TenantDeleted)
 def delete_limits(tenant: str, state: StateDep) -> dict:
     tenant_limits.delete(state.store, tenant)
     record_event(state.store, "tenant", tenant, "LimitsDeleted", f"tenant {tenant} limits removed",
