@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query
+from pydantic import BaseModel, Field
 
 from common.errors import Conflict
 from common.schemas import InferenceEndpoint
@@ -29,6 +30,30 @@ from controlplane.tenancy.principal import Principal
 router = APIRouter(prefix="/api/ai", tags=["backup"], dependencies=[Depends(require_admin)])
 
 
+class BackupDocument(BaseModel):
+    format: str = Field(..., description="fabric-backup")
+    version: int
+    created_at: float
+    sections: dict[str, dict[str, Any]] = Field(..., description="section -> record name -> the record as "
+                                                "stored, without its status")
+
+
+class RestoreChange(BaseModel):
+    section: str
+    name: str
+    action: str = Field(..., description="create | unchanged | conflict")
+    differs: list[str] = Field(..., description="the fields that differ, for a conflict")
+
+
+class RestoreAnswer(BaseModel):
+    dry_run: bool
+    summary: dict[str, int] = Field(..., description="records per action")
+    changes: list[RestoreChange]
+    written: list[str] | None = Field(None, description="applied: the records written")
+    kept_meanwhile: list[str] | None = Field(None, description="applied: records that appeared meanwhile "
+                                             "and were kept")
+
+
 def _plan_body(plan: RestorePlan, *, applied: bool, written: list[str] | None = None) -> dict:
     return {
         "dry_run": not applied,
@@ -39,7 +64,7 @@ def _plan_body(plan: RestorePlan, *, applied: bool, written: list[str] | None = 
     }
 
 
-@router.post("/backup")
+@router.post("/backup", response_model=BackupDocument)
 def backup(state: StateDep) -> dict:
     return build(store_io.listed(state.store))
 
@@ -52,7 +77,7 @@ def _check_outbound_reach(who: Principal, plan: RestorePlan) -> None:
             refuse_outbound_reach(who, InferenceEndpoint.model_validate(record))
 
 
-@router.post("/restore")
+@router.post("/restore", response_model=RestoreAnswer, response_model_exclude_unset=True)
 def restore(state: StateDep, who: PrincipalDep, doc: Any = Body(...), apply: bool = Query(False),
             replace: bool = Query(False)) -> dict:
     store = state.store

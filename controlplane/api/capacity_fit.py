@@ -17,6 +17,7 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, Field
 
 from common.errors import InvalidInput, NotFound
 from common.schemas import check_name
@@ -33,6 +34,43 @@ router = APIRouter(prefix="/api/ai", tags=["orchestration"], dependencies=[Depen
 MAX_SITES = 64
 
 
+class ReplicaTakes(BaseModel):
+    gpus: int
+    vram_gib: float
+    gpu_model: str | None
+    mig_profile: str | None
+    cpu: int
+    memory_gib: float
+
+
+class NodeFit(BaseModel):
+    node: str
+    site: str
+    fits: int
+    binding: str
+    detail: str
+    with_preemption: dict[str, int] = Field(..., description="replicas that fit per capacity class, counting "
+                                            "the lower classes' replicas as gone")
+
+
+class SiteFit(BaseModel):
+    site: str
+    fits: int
+    with_preemption: dict[str, int]
+    binding: str | None
+
+
+class CapacityFit(BaseModel):
+    profile: str
+    model: str | None
+    replica: ReplicaTakes
+    fits: int = Field(..., description="more replicas that fit now, without preemption")
+    with_preemption: dict[str, int]
+    binding: str | None = Field(..., description="the constraint most nodes share (null: no nodes)")
+    nodes: list[NodeFit]
+    sites: list[SiteFit]
+
+
 def _name(value: str, what: str) -> str:
     try:
         return check_name(value, what)
@@ -40,7 +78,7 @@ def _name(value: str, what: str) -> str:
         raise InvalidInput(str(exc), code="invalid_name") from None
 
 
-@router.get("/capacity/fit")
+@router.get("/capacity/fit", response_model=CapacityFit)
 def capacity_fit(state: StateDep, profile: str = Query(..., min_length=1, max_length=128),
                  allowed_sites: str = Query("", max_length=2048, description="comma-separated site names"),
                  residency: str | None = Query(None, max_length=128),
