@@ -63,6 +63,62 @@ class EvictRequest(Spec):
     nodes: list[str] | None = None
 
 
+class NodeCopy(BaseModel):
+    node: str
+    state: str
+    message: str
+    bytes_done: int
+    bytes_total: int
+    files: int
+    digest: str | None
+    retries: int
+    joined: str | None
+    adapters: dict[str, str | None] = Field(..., description="adapter name -> the digest fetched")
+    cached: bool = Field(..., description="the node's agent reports the digest in its model cache")
+
+
+class ModelStatusView(BaseModel):
+    name: str
+    source: str
+    state: str
+    message: str | None
+    digest: str | None
+    revision: str | None
+    bytes_done: int = Field(..., description="the most advanced node's")
+    bytes_total: int
+    files: int
+    adapters: list[str]
+    adapter_revisions: dict[str, str]
+    nodes: list[NodeCopy]
+
+
+class Verified(BaseModel):
+    node: str
+    ok: bool | None = Field(..., description="null: the agent was unreachable")
+    digest: str | None = None
+    message: str
+
+
+class VerifyAnswer(BaseModel):
+    model: str
+    results: list[Verified]
+
+
+class EvictionRow(BaseModel):
+    node: str
+    digest: str
+    size_bytes: int
+    reason: str
+
+
+class EvictAnswer(BaseModel):
+    budget_bytes: int
+    evicted: list[EvictionRow]
+    kept: list[EvictionRow]
+    over_budget: dict[str, int] = Field(..., description="node -> bytes still above the budget")
+    errors: list[str]
+
+
 def _model(state: AppState, name: str) -> ModelArtifact:
     model = model_records.get(state.store, name)
     if model is None:
@@ -97,7 +153,7 @@ def model_jobs(state: StateDep) -> list[dict]:
     return [_job_view(j) for j in list_jobs(state.store)]
 
 
-@router.get("/models/{name}/status")
+@router.get("/models/{name}/status", response_model=ModelStatusView)
 def model_status(name: str, state: StateDep) -> dict:
     model = _model(state, name)
     jobs = list_jobs(state.store, name)
@@ -151,7 +207,7 @@ def _retry(state: AppState, job: ModelJob) -> ModelJob:
     return restarted
 
 
-@router.post("/models/{name}/verify")
+@router.post("/models/{name}/verify", response_model=VerifyAnswer, response_model_exclude_unset=True)
 async def verify(name: str, state: StateDep) -> dict:
     model = _model(state, name)
     nodes = _nodes(state)
@@ -219,7 +275,7 @@ def referenced_digests(state: AppState) -> dict[str, list[str]]:
     return out
 
 
-@router.post("/models/cache/evict")
+@router.post("/models/cache/evict", response_model=EvictAnswer)
 async def evict(body: EvictRequest, state: StateDep) -> dict:
     budget = _budget(body, state)
     nodes = _nodes(state)
