@@ -16,14 +16,14 @@ other. The log is bounded on every store: each write drops the oldest events bey
 
 from __future__ import annotations
 
-import secrets
 import time
-from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, computed_field
-
-from common import keyspace
 from common.store.base import Store
+from controlplane.records import events as event_records
+from controlplane.records.events import EventRecord, event_key
+
+__all__ = ["DEFAULT_MAX_AGE_S", "KNOWN_KINDS", "EventRecord", "EventSink", "event_key", "matches_object",
+           "recent_events", "record_event", "trim", "unknown_kind"]
 
 DEFAULT_MAX_AGE_S = 7 * 86400.0
 
@@ -36,40 +36,10 @@ KNOWN_KINDS = frozenset({"model", "profile", "deployment", "endpoint", "node", "
 
 def unknown_kind(store: Store, kind: str) -> str | None:
     """Why `kind` is not a kind to filter on, or None when it is one."""
-    seen = {EventRecord.model_validate_json(kv.value).kind for kv in store.list(keyspace.events())}
-    known = KNOWN_KINDS | seen
+    known = KNOWN_KINDS | event_records.kinds(store)
     if kind in known:
         return None
     return f"kind: unknown kind {kind!r}; one of {', '.join(sorted(known))}"
-
-
-class EventRecord(BaseModel):
-    time: float = Field(..., description="unix seconds")
-    kind: str = Field(..., description="object kind: model, profile, deployment, endpoint, replica, node, ...")
-    name: str = Field(..., description="object name (a replica's id is also its VM's name)")
-    action: str = Field(..., description="why: created, deleted, scaled, ReplicaReady, ProbeFailed, ScaledOut, ...")
-    message: str = ""
-    type: Literal["Normal", "Warning"] = "Normal"
-    tenant: str | None = None
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def object(self) -> str:
-        return f"{self.kind}/{self.name}"
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def reason(self) -> str:
-        return self.action
-
-
-def event_key(now: float) -> str:
-    return keyspace.events(f"{int(now * 1e9):020d}-{secrets.token_hex(4)}")
-
-
-def _key_time(key: str) -> float:
-    stamp = key.rsplit("/", 1)[-1].partition("-")[0]
-    return int(stamp) / 1e9 if stamp.isdigit() else 0.0
 
 
 def record_event(
@@ -87,7 +57,7 @@ def record_event(
 ) -> EventRecord:
     event = EventRecord(time=time.time() if now is None else now, kind=kind, name=name,
                         action=action, message=message, tenant=tenant, type=type)
-    store.put(event_key(event.time), event.model_dump_json(exclude={"object", "reason"}))
+    event_records.append(store, event)
     trim(store, keep, max_age_s, now=event.time)
     return event
 
@@ -95,12 +65,7 @@ def record_event(
 def trim(store: Store, keep: int, max_age_s: float = DEFAULT_MAX_AGE_S, *, now: float | None = None) -> int:
     """Delete events beyond the newest ``keep`` and those older than ``max_age_s``; how many."""
     now = time.time() if now is None else now
-    kvs = store.list(keyspace.events())
-    surplus = max(0, len(kvs) - keep)
-    doomed = [kv for i, kv in enumerate(kvs) if i < surplus or _key_time(kv.key) < now - max_age_s]
-    for kv in doomed:
-        store.delete(kv.key)
-    return len(doomed)
+    return event_records.trim(store, keep, now - max_age_s)
 
 
 def matches_object(event: EventRecord, obj: str) -> bool:
@@ -114,14 +79,7 @@ def recent_events(
 ) -> list[EventRecord]:
     """The newest ``limit`` events matching the filters, oldest first (``since``: unix seconds,
     events strictly after it; ``tenant``: only that tenant's events, for a tenant-bound caller)."""
-    events = []
-    for kv in store.list(keyspace.events()):
-        if since is not None and _key_time(kv.key) <= since - 1e-6:
-            continue
-        try:
-            events.append(EventRecord.model_validate_json(kv.value))
-        except ValidationError:
-            continue
+    events = [event for _, event in event_records.timed(store, since)]
     matching = [e for e in events
                 if (kind is None or e.kind == kind) and (name is None or e.name == name)
                 and (obj is None or matches_object(e, obj)) and (since is None or e.time > since)
