@@ -19,16 +19,14 @@ the same VIP; the value names the owning endpoint so release only frees one's ow
 from __future__ import annotations
 
 import ipaddress
-import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from common import keyspace
 from common.errors import Conflict, InvalidInput
 from common.schemas import InferenceEndpoint
 from common.store.base import Store
-from controlplane.orchestration_state import json_field
+from controlplane.records import vips
 
 DEFAULT_SERVICE_CIDR = "10.96.0.0/16"
 MAX_ADDRESSES_PER_ENTRY = 1 << 16  # a /16
@@ -108,16 +106,12 @@ def iter_addresses(pool: AddressPool) -> Iterator[str]:
 
 
 def owner_of(store: Store, address: str) -> str | None:
-    return json_field(store.get(keyspace.vips(address)), "endpoint")
+    return vips.owner(store, address)
 
 
 def allocations(store: Store) -> dict[str, str]:
     """address -> owning endpoint for every allocated VIP."""
-    out: dict[str, str] = {}
-    prefix = keyspace.vips()
-    for kv in store.list(prefix):
-        out[kv.key[len(prefix):]] = json_field(kv, "endpoint") or ""
-    return out
+    return vips.owners(store)
 
 
 def dsr_vips(deployment: str, endpoints: Iterable[InferenceEndpoint], owners: Mapping[str, str]) -> list[str]:
@@ -135,18 +129,15 @@ def allocate(store: Store, endpoint: str, pool: AddressPool, *, now: float | Non
     for address, owner in taken.items():
         if owner == endpoint:
             return address
-    value = json.dumps({"endpoint": endpoint, "allocated_at": time.time() if now is None else now})
+    now = time.time() if now is None else now
     for address in iter_addresses(pool):
         if address in taken:
             continue
-        if store.create(keyspace.vips(address), value):
+        if vips.claim(store, address, endpoint, now):
             return address
     raise Conflict(f"address pool is exhausted: no free VIP for endpoint {endpoint!r}")
 
 
 def release(store: Store, address: str, endpoint: str) -> bool:
     """Free the address only if this endpoint still holds it; True if a key was deleted."""
-    kv = store.get(keyspace.vips(address))
-    if kv is None or json_field(kv, "endpoint") != endpoint:
-        return False
-    return store.delete(keyspace.vips(address), mod_revision=kv.mod_revision)
+    return vips.release(store, address, endpoint)
