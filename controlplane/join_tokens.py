@@ -30,27 +30,18 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from pydantic import BaseModel
 
 from common import join_token as common_join_token
-from common import keyspace
 from common.errors import InvalidInput, Unauthorized
 from common.pki import ensure_ca
 from common.store.base import Store
+from controlplane.records import join_tokens as token_records
+from controlplane.records.join_tokens import JoinTokenRecord
 
-PREFIX = f"{keyspace.ROOT}/join-tokens/"
+PREFIX = token_records.PREFIX
 DEFAULT_TTL_S = 900
 MAX_TTL_S = 86_400
 JOINED_CERT_DAYS = 90
-
-
-class JoinTokenRecord(BaseModel):
-    id: str
-    secret_sha256: str
-    node_id: str | None = None  # None: any node id the joiner names
-    hosts: list[str] = []
-    created_at: float
-    expires_at: float
 
 
 def ca_sha256(state_dir: Path) -> str:
@@ -75,8 +66,8 @@ def create(store: Store, state_dir: Path, *, node_id: str | None, hosts: list[st
     token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
     record = JoinTokenRecord(id=token_id, secret_sha256=hashlib.sha256(secret.encode()).hexdigest(),
                              node_id=node_id, hosts=hosts, created_at=now, expires_at=now + ttl_s)
-    lease = store.grant_lease(ttl_s + 60).id  # the store forgets an unused token by itself
-    if not store.create(PREFIX + token_id, record.model_dump_json(), lease=lease):
+    # the store forgets an unused token by itself
+    if not token_records.create_leased(store, record, ttl_s + 60):
         raise InvalidInput("join token id collision; ask again")
     return common_join_token.format_token(token_id, secret, ca_sha256(state_dir)), record
 
@@ -87,25 +78,20 @@ def consume(store: Store, token: str, node_id: str, now: float) -> JoinTokenReco
     token_id, secret, _ca = parse_token(token)
     refused = Unauthorized("join token is invalid, used or expired; ask an admin for a new one",
                            code="bad_join_token")
-    kv = store.get(PREFIX + token_id)
-    if kv is None:
+    found = token_records.versioned(store, token_id)
+    if found is None:
         raise refused
-    record = JoinTokenRecord.model_validate_json(kv.value)
+    record, revision = found
     good = hmac.compare_digest(record.secret_sha256, hashlib.sha256(secret.encode()).hexdigest())
     if not good or now > record.expires_at or (record.node_id and record.node_id != node_id):
         raise refused
-    if not store.delete(PREFIX + token_id, mod_revision=kv.mod_revision):
+    if not token_records.discard(store, token_id, revision):
         raise refused  # another joiner traded it first
     return record
 
 
 def list_active(store: Store, now: float) -> list[JoinTokenRecord]:
-    out = []
-    for kv in store.list(PREFIX):
-        record = JoinTokenRecord.model_validate_json(kv.value)
-        if record.expires_at >= now:
-            out.append(record)
-    return sorted(out, key=lambda r: r.created_at)
+    return sorted((r for r in token_records.list(store) if r.expires_at >= now), key=lambda r: r.created_at)
 
 
 def sign_csr(state_dir: Path, csr_pem: str, node_id: str, hosts: list[str],
