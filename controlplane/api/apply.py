@@ -10,14 +10,13 @@
 Every document is validated, and every change checked against what may change in place, before
 the first write: a bad document (422) or a forbidden change (409 "immutable") writes nothing.
 Then documents are applied in dependency order (models, profiles, deployments, endpoints) through
-the same code as the REST create routes and scale, so events, revisions and checks are the same;
+the operations the REST routes call (controlplane.ops, named in each kind's entry), so events,
+revisions and checks (quota under the admission lock, policy, outbound reach) are the same;
 a write refused then (a missing reference) stops there, with the earlier ones applied.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -27,14 +26,13 @@ from common.errors import Conflict, InvalidInput, NotFound
 from controlplane.api import documents as docs
 from controlplane.api.answers import KindInfo
 from controlplane.auth import PrincipalDep, require_admin
-from controlplane.events import record_event
-from controlplane.records import Store, cas
+from controlplane.ops.apply import merge
+from controlplane.records import Store
 from controlplane.records.resource import Records
-from controlplane.state import AppState, StateDep
+from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["apply"])
 AdminDep = Annotated[str, Depends(require_admin)]
-UPDATE_RETRIES = 20
 MAX_DOCUMENTS = 500
 
 
@@ -81,70 +79,6 @@ def get_document(kind: str, name: str, state: StateDep, _: AdminDep) -> dict:
     return docs.to_document(k, record)
 
 
-def _call(target: str, **available):
-    """Call "module:function" with the arguments its signature names."""
-    module, func = target.split(":")
-    fn = getattr(importlib.import_module(module), func)
-    wanted = inspect.signature(fn).parameters
-    return fn(**{k: v for k, v in available.items() if k in wanted})
-
-
-def update_deployment(state: AppState, name: str, changes: dict) -> dict:
-    """replicas through the scale route, autoscaling through the autoscaling route: the same
-    checks (quota, Deleting) and events as the imperative commands; capacity_class written in
-    place after the tenant policy's check."""
-    record: dict = {}
-    if "replicas" in changes:
-        from controlplane.api.resources import ScaleRequest, scale_deployment
-
-        record = scale_deployment(name, ScaleRequest(replicas=changes["replicas"]), state)
-    if "autoscaling" in changes:
-        if changes["autoscaling"] is None:
-            record = merge_update(state, docs.find_kind("deployments"), name, {"autoscaling": None})
-        else:
-            from common.schemas import AutoscalingSpec
-            from controlplane.api.scaling import put_autoscaling
-
-            record = put_autoscaling(name, AutoscalingSpec.model_validate(changes["autoscaling"]), state)
-    if "capacity_class" in changes:  # the tenant policy may cap the classes (allowed_capacity_classes)
-        from controlplane.tenancy import policies
-
-        stored = _stored(state.store, docs.find_kind("deployments"), name) or {}
-        policies.enforce(state.store, stored.get("tenant"), str(stored.get("model", "")), changes["capacity_class"])
-        record = merge_update(state, docs.find_kind("deployments"), name, {"capacity_class": changes["capacity_class"]})
-    return record
-
-
-def set_quota(body, state: AppState) -> dict:
-    from controlplane.api.quotas import set_quota as set_route
-
-    return set_route(body, state)
-
-
-def update_quota(state: AppState, name: str, changes: dict) -> dict:
-    from common.schemas import TenantQuota
-    from controlplane.api.quotas import set_quota as set_route
-
-    return set_route(TenantQuota(tenant=name, **changes), state)
-
-
-def merge_update(state: AppState, kind: docs.Kind, name: str, changes: dict) -> dict:
-    """Write the changed fields into the stored record by compare-and-swap (status untouched)."""
-    def merge(record):
-        return kind.schema.model_validate({**record.model_dump(mode="json"), **changes}, context={"stored": True})
-
-    try:
-        record = cas.update(state.store, kind.key(name), kind.schema, merge, kind=kind.name, name=name,
-                            retries=UPDATE_RETRIES,
-                            busy=f"{kind.name} {name!r} changed too often while applying; try again")
-    except NotFound:
-        raise NotFound(f"{kind.name} {name!r} was deleted meanwhile") from None
-    record_event(state.store, kind.plural.rstrip("s"), name, "updated",
-                 f"{kind.name} {name}: {', '.join(sorted(changes))} changed by apply",
-                 tenant=getattr(record, "tenant", None), keep=state.settings.events_kept)
-    return record.model_dump(mode="json")
-
-
 @router.post("/apply")
 def apply(body: ApplyRequest, state: StateDep, who: PrincipalDep) -> dict:
     sources = body.sources or []
@@ -175,12 +109,13 @@ def apply(body: ApplyRequest, state: StateDep, who: PrincipalDep) -> dict:
     for p, stored, diff in plan:
         action = "created" if stored is None else ("updated" if diff else "unchanged")
         if not body.dry_run and action == "created":
-            _call(p.kind.create, body=p.kind.schema.model_validate(p.body), state=state, who=who)
+            p.kind.create(state, who, p.kind.schema.model_validate(p.body))
         elif not body.dry_run and action == "updated":
             changes = {d["field"]: d["to"] for d in diff}
             if p.kind.update:
-                _call(p.kind.update, state=state, name=p.name, changes=changes)
+                p.kind.update(state, who, p.name, changes)
             else:
-                merge_update(state, p.kind, p.name, changes)
+                merge(state, _records(p.kind), p.name, changes, label=p.kind.name,
+                      event_kind=p.kind.plural.rstrip("s"))
         results.append({"kind": p.kind.name, "name": p.name, "action": action, "diff": diff})
     return {"dry_run": body.dry_run, "results": results}

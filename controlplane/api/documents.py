@@ -10,9 +10,10 @@ A document has the kubectl shape; `status` is shown by get and ignored by apply:
 
 Adding a kind is one entry in KINDS (TenantQuota joined that way; a deployment's autoscaling is a
 field of InferenceDeployment): its schema, where its records live, whether fabricctl can delete
-it, how to create one, which spec fields may change in place (and how), and the fields the server
-owns. Entries are in dependency
-order: apply creates in this order, delete -f removes in reverse.
+it, the operation that creates one and the one that changes it in place (controlplane.ops, the
+functions the REST routes call), which spec fields may change in place, and the fields the
+server owns. Entries are in dependency order: apply creates in this order, delete -f removes in
+reverse.
 
 Apply is create-or-update with patch semantics: only the fields a document sets are compared
 with the stored record, so `get -o yaml | apply -f -` is "unchanged". A change to a field that
@@ -34,6 +35,11 @@ from common.schemas import (
     ModelArtifact,
     TenantQuota,
 )
+from controlplane.ops import deployments as deployment_ops
+from controlplane.ops import endpoints as endpoint_ops
+from controlplane.ops import models as model_ops
+from controlplane.ops import profiles as profile_ops
+from controlplane.ops import quotas as quota_ops
 
 API_VERSION = "fabric/v1"
 METADATA_FIELDS = ("name", "tenant")
@@ -45,9 +51,9 @@ class Kind:
     plural: str  # the REST collection, /api/ai/{plural}; also the watch family
     schema: type[BaseModel]
     key: Callable[[str], str]  # keyspace path of one record
-    create: str  # "module:function" of the route that creates one (called with body, state[, who])
+    create: Callable  # the operation that creates one: op(ctx, caller, body) (controlplane.ops)
     mutable: frozenset[str] = frozenset()  # spec fields apply may change in place
-    update: str | None = None  # "module:function(state, name, changes) -> record"; None: generic CAS merge
+    update: Callable | None = None  # op(ctx, caller, name, changes); None: ops.apply.merge
     server_fields: frozenset[str] = frozenset({"status", "created_at"})  # never in a document's spec
     aliases: tuple[str, ...] = ()
     immutable_hint: dict[str, str] = field(default_factory=dict)  # field -> what to do instead
@@ -57,26 +63,26 @@ class Kind:
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind("ModelArtifact", "models", ModelArtifact, keyspace.models, "controlplane.api.resources:create_model",
+    Kind("ModelArtifact", "models", ModelArtifact, keyspace.models, model_ops.create,
          mutable=frozenset({"license", "residency"}), aliases=("model", "models", "mo")),
     Kind("InferenceProfile", "profiles", InferenceProfile, keyspace.profiles,
-         "controlplane.api.resources:create_profile", aliases=("profile", "profiles", "pr"),
+         profile_ops.create, aliases=("profile", "profiles", "pr"),
          server_fields=frozenset({"created_at"}),
          immutable_hint={"*": "a profile is fixed once made: add a new profile and roll the deployment to it"}),
     Kind("InferenceDeployment", "deployments", InferenceDeployment, keyspace.deployments,
-         "controlplane.api.resources:create_deployment",
+         deployment_ops.create,
          mutable=frozenset({"replicas", "autoscaling", "capacity_class"}),
-         update="controlplane.api.apply:update_deployment", server_fields=frozenset({"status", "created_at", "revision"}),
+         update=deployment_ops.update, server_fields=frozenset({"status", "created_at", "revision"}),
          aliases=("deployment", "deployments", "deploy", "dep"),
          immutable_hint={"model": "write a revision and roll it out (fabricctl ai deployment revise ...)",
                          "profile": "write a revision and roll it out (fabricctl ai deployment revise ...)",
                          "engine_args": "write a revision and roll it out (fabricctl ai deployment revise ...)"}),
     Kind("InferenceEndpoint", "endpoints", InferenceEndpoint, keyspace.endpoints,
-         "controlplane.api.resources:create_endpoint",
+         endpoint_ops.create,
          mutable=frozenset({"routing", "preferred_site", "allowed_sites", "residency"}),
          aliases=("endpoint", "endpoints", "ep")),
-    Kind("TenantQuota", "quotas", TenantQuota, keyspace.quotas, "controlplane.api.apply:set_quota",
-         mutable=frozenset({"max_gpus"}), update="controlplane.api.apply:update_quota",
+    Kind("TenantQuota", "quotas", TenantQuota, keyspace.quotas, quota_ops.set_quota,
+         mutable=frozenset({"max_gpus"}), update=quota_ops.update,
          server_fields=frozenset({"updated_at"}), aliases=("quota", "quotas"), name_field="tenant",
          deletable=False, has_tenant=False),
 )
@@ -112,7 +118,7 @@ def to_document(kind: Kind, record: dict) -> dict:
 class Parsed:
     kind: Kind
     name: str
-    body: dict  # what the kind's create route takes (metadata + spec, validated)
+    body: dict  # what the kind's create operation takes (metadata + spec, validated)
     given: dict  # the spec fields the document set, validated and normalised
 
 

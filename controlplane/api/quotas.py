@@ -1,4 +1,4 @@
-"""Tenant GPU quotas (controlplane.tenancy.quotas).
+"""Tenant GPU quotas (the check: controlplane.tenancy.quotas; the write: controlplane.ops.quotas).
 
   POST /api/ai/quotas   {"tenant": "acme", "max_gpus": 8}   set (create or replace) a tenant's quota
   GET  /api/ai/quotas                                        every quota with the GPUs in use
@@ -9,16 +9,13 @@ growth (create, scale up, autoscaler scale-out) is refused until use is back und
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Depends
 
 from common.schemas import TenantQuota
 from controlplane.api.answers import QuotaUse
-from controlplane.auth import require_admin
-from controlplane.events import record_event
+from controlplane.auth import PrincipalDep, require_admin
+from controlplane.ops import quotas as quota_ops
 from controlplane.records import deployments
-from controlplane.records import quotas as quota_records
 from controlplane.state import StateDep
 from controlplane.tenancy import quotas
 
@@ -32,12 +29,8 @@ def _with_use(state, quota: TenantQuota) -> dict:
 
 
 @router.post("/quotas", response_model=QuotaUse)
-def set_quota(body: TenantQuota, state: StateDep) -> dict:
-    quota = body.model_copy(update={"updated_at": time.time()})
-    quota = quota_records.put(state.store, quota)
-    record_event(state.store, "tenant", quota.tenant, "QuotaSet", f"tenant {quota.tenant} max_gpus {quota.max_gpus}",
-                 tenant=quota.tenant, keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
-    return _with_use(state, quota)
+def set_quota(body: TenantQuota, state: StateDep, who: PrincipalDep) -> dict:
+    return _with_use(state, quota_ops.set_quota(state, who, body))
 
 
 @router.get("/quotas", response_model=list[QuotaUse])

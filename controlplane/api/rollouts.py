@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from common.errors import Conflict, InvalidInput, NotFound
 from common.rollouts import Revision, Rollout, RolloutRequest
 from common.schemas import Template, check_engine_args, check_name
-from controlplane.api.resources import reference_missing
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
+from controlplane.ops.common import reference_missing
 from controlplane.orchestration_state import load_deployment, load_snapshot
 from controlplane.records import rollouts as rollout_records
 from controlplane.rollouts import operate as ops

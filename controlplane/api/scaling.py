@@ -1,7 +1,8 @@
 """Autoscaling: set a deployment's autoscaling spec and explain what the autoscaler decides.
 
   PUT /api/ai/deployments/{name}/autoscaling   body: common.schemas.AutoscalingSpec; stored on the
-                                               deployment (enabled: false keeps the spec, stops it)
+                                               deployment (enabled: false keeps the spec, stops it;
+                                               controlplane.ops.deployments.set_autoscaling)
   GET /api/ai/explain/scaling/{name}           the decision the next autoscaler tick would make, the
                                                instantaneous signal, each condition with its
                                                threshold and how long it has held, the quota
@@ -15,36 +16,21 @@ import time
 
 from fastapi import APIRouter, Depends
 
-from common.errors import Conflict, NotFound
+from common.errors import NotFound
 from common.schemas import AutoscalingSpec, InferenceDeployment
-from controlplane.auth import require_admin
-from controlplane.events import record_event
+from controlplane.auth import PrincipalDep, require_admin
+from controlplane.ops import deployments as deployment_ops
 from controlplane.orchestration_state import load_snapshot
-from controlplane.records import deployments
 from controlplane.scaling.decide import FRESH_S
 from controlplane.scaling.loop import plan_for
 from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["scaling"], dependencies=[Depends(require_admin)])
-CAS_RETRIES = 20
 
 
 @router.put("/deployments/{name}/autoscaling", response_model=InferenceDeployment)
-def put_autoscaling(name: str, body: AutoscalingSpec, state: StateDep) -> dict:
-    def set_spec(dep: InferenceDeployment) -> InferenceDeployment:
-        if dep.status.phase == "Deleting":
-            raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-        dep.autoscaling = body
-        return dep
-
-    dep = deployments.update(state.store, name, set_spec, retries=CAS_RETRIES)
-    what = (f"autoscaling {body.min_replicas}-{body.max_replicas} replicas, scale out at queue > "
-            f"{body.scale_out_queue:g} for {body.scale_out_seconds:g}s, in at < {body.scale_in_queue:g} "
-            f"for {body.scale_in_seconds:g}s{', to zero when idle' if body.scale_to_zero else ''}")
-    record_event(state.store, "deployment", name, "AutoscalingSet",
-                 what if body.enabled else "autoscaling disabled", tenant=dep.tenant,
-                 keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
-    return dep.model_dump(mode="json")
+def put_autoscaling(name: str, body: AutoscalingSpec, state: StateDep, who: PrincipalDep) -> dict:
+    return deployment_ops.set_autoscaling(state, who, name, body).model_dump(mode="json")
 
 
 def _condition(value: float | None, threshold: float | None, holding: bool, held_s: float,
