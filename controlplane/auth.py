@@ -39,10 +39,10 @@ import jwt
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from common import keyspace
 from common.errors import Forbidden, Unauthorized
 from common.private_fs import private_dir
 from common.store.base import Store
+from controlplane.records import auth_tokens
 from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
 from controlplane.tenancy import oidc_login, owners, revocation, route_rules, users
@@ -55,7 +55,7 @@ VIEWER_PASSWORD_FILE = "viewer-password"
 PASSWORD_FILES = {ADMIN_USER: ADMIN_PASSWORD_FILE, VIEWER_USER: VIEWER_PASSWORD_FILE}
 TOKEN_AUDIENCE = "fabric-admin"
 TOKEN_ISSUER = "fabricd"
-SECRET_KEY = keyspace.auth("token-secret")
+SECRET_KEY = auth_tokens.SECRET_KEY
 
 
 def admin_password_path(state_dir: Path) -> Path:
@@ -93,11 +93,7 @@ def read_password(state_dir: Path, user: str) -> str:
 
 def ensure_token_secret(store: Store) -> bytes:
     """The HMAC secret shared by all fabricd processes on this store; the first one to ask makes it."""
-    store.create(SECRET_KEY, secrets.token_hex(32))
-    kv = store.get(SECRET_KEY)
-    if kv is None:  # only if someone deleted it between our two calls
-        raise RuntimeError("token secret vanished from the store")
-    return bytes.fromhex(kv.value)
+    return auth_tokens.token_secret(store)
 
 
 def issue_token(secret: bytes, subject: str, ttl_s: int, now: float | None = None,

@@ -18,39 +18,23 @@ from __future__ import annotations
 
 import time
 
-from common import keyspace
 from common.errors import Unauthorized
-from common.store.base import KV, Store
-from controlplane.records import cas
+from common.store.base import Store
+from controlplane.records import auth_tokens, cas
 
-MAX_SUBJECT = 300
-
-
-def _generation_key(subject: str) -> str:
-    return keyspace.auth(f"generation/{subject[:MAX_SUBJECT]}")
+MAX_SUBJECT = auth_tokens.MAX_SUBJECT
 
 
 def generation(store: Store, subject: str) -> int:
-    kv = store.get(_generation_key(subject))
-    try:
-        return int(kv.value) if kv is not None else 0
-    except ValueError:
-        return 0
+    return auth_tokens.generation(store, subject)
 
 
 def revoke_subject(store: Store, subject: str) -> int:
     """Every token issued to ``subject`` so far stops working; returns the new generation."""
-    written: list[int] = []
-
-    def bump(kv: KV | None) -> str:
-        written[:] = [(int(kv.value) if kv is not None and kv.value.isdigit() else 0) + 1]
-        return str(written[0])
-
     try:
-        cas.swap(store, _generation_key(subject), bump, retries=20)
+        return auth_tokens.bump_generation(store, subject, retries=20)
     except cas.Contended:
         raise RuntimeError(f"the generation of {subject!r} changed too often") from None
-    return written[0]
 
 
 def revoke_token(store: Store, jti: str, expires_at: float, now: float | None = None) -> None:
@@ -59,8 +43,7 @@ def revoke_token(store: Store, jti: str, expires_at: float, now: float | None = 
     ttl = int(expires_at - now) + 1
     if ttl <= 0 or not jti:
         return
-    lease = store.grant_lease(ttl)
-    store.put(keyspace.auth(f"revoked/{jti[:64]}"), "1", lease=lease.id)
+    auth_tokens.revoke_jti(store, jti, ttl)
 
 
 def check(store: Store, claims: dict) -> None:
@@ -70,5 +53,5 @@ def check(store: Store, claims: dict) -> None:
     if not isinstance(gen, int) or gen < generation(store, str(claims.get("sub", ""))):
         raise Unauthorized("this token was revoked; log in again", code="token_revoked")
     jti = claims.get("jti")
-    if isinstance(jti, str) and store.get(keyspace.auth(f"revoked/{jti[:64]}")) is not None:
+    if isinstance(jti, str) and auth_tokens.jti_revoked(store, jti):
         raise Unauthorized("this token was revoked (logged out); log in again", code="token_revoked")
