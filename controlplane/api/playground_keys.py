@@ -8,8 +8,8 @@ POST /api/ai/keys). A viewer gets one only where the endpoint's key policy says
 ``viewer_playground: true`` (PUT /api/ai/key-policies/{name}); otherwise 403 ``playground_refused``.
 The key is the narrowest the endpoint allows: scoped to the endpoint and its deployment's model,
 the endpoint's tenant, PLAYGROUND_REQUESTS requests, expiring after PLAYGROUND_TTL_S (or the key
-policy's max_ttl_secs when shorter). It is made through the keys API's own create, so the key
-policy and every other create check apply. Its name, ``console-try-{caller}-{8 hex}``, is how a
+policy's max_ttl_secs when shorter). It is made through the keys' own create operation
+(controlplane.ops.keys.create), so the key policy and every other create check apply. Its name, ``console-try-{caller}-{8 hex}``, is how a
 caller may revoke only its own playground keys here.
 """
 
@@ -18,12 +18,13 @@ from __future__ import annotations
 import re
 import secrets
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 
 from common.errors import Forbidden, NotFound
 from controlplane.api import keys as keys_api
 from controlplane.api.answers import KeyDeleted, NewKey
 from controlplane.auth import PrincipalDep, require_admin
+from controlplane.ops import keys as key_ops
 from controlplane.records import deployments, endpoints
 from controlplane.state import StateDep
 from controlplane.tenancy import key_policies
@@ -44,7 +45,7 @@ def _mine(name: str, subject: str) -> bool:
 
 
 @router.post("/endpoints/{name}/playground-key", status_code=201, response_model=NewKey)
-def create_playground_key(name: str, request: Request, state: StateDep, who: PrincipalDep) -> dict:
+def create_playground_key(name: str, state: StateDep, who: PrincipalDep) -> dict:
     ep = endpoints.get(state.store, name)
     if ep is None:
         raise NotFound(f"endpoint {name!r} does not exist")
@@ -56,21 +57,21 @@ def create_playground_key(name: str, request: Request, state: StateDep, who: Pri
     dep = deployments.get(state.store, ep.deployment)
     ttl = min(PLAYGROUND_TTL_S, policy.max_ttl_secs or PLAYGROUND_TTL_S) if policy else PLAYGROUND_TTL_S
     quota = min(PLAYGROUND_REQUESTS, policy.max_request_quota or PLAYGROUND_REQUESTS) if policy else PLAYGROUND_REQUESTS
-    body = keys_api.KeyCreate(name=key_name_prefix(who.subject) + secrets.token_hex(4), endpoint=name,
-                              model=dep.model if dep is not None else None, tenant=ep.tenant,
-                              ttl_secs=ttl, request_quota=quota)
+    body = key_ops.KeyCreate(name=key_name_prefix(who.subject) + secrets.token_hex(4), endpoint=name,
+                             model=dep.model if dep is not None else None, tenant=ep.tenant,
+                             ttl_secs=ttl, request_quota=quota)
     # The create's own checks run as an operator of the caller's tenant: the viewer role is the
     # one thing this route lifts, and only for this key.
     acting = who if who.role != VIEWER else Principal(who.subject, "operator", who.tenant)
-    return keys_api.create_key(body, request, state, acting)
+    return keys_api.new_key(state, key_ops.create(state, acting, body))
 
 
 @router.delete("/endpoints/{name}/playground-key/{key_id}", response_model=KeyDeleted)
 def delete_playground_key(name: str, key_id: str, state: StateDep, who: PrincipalDep) -> dict:
     try:
-        record = keys_api.resolve(state, key_id, who)
+        record = key_ops.resolve(state, who, key_id)
     except NotFound:
         record = None
     if record is None or record.endpoint != name or not _mine(record.name, who.subject):
         raise NotFound(f"endpoint {name!r} has no playground key {key_id!r} of yours")
-    return keys_api.delete_key(record.id, state, who)
+    return keys_api.deleted(key_ops.delete(state, who, record.id))
