@@ -70,16 +70,16 @@ class History:
     def restore(self, points: list, marks: list) -> None:
         """Put saved series back (a series recorded already keeps its newer points after them)."""
         with self._lock:
-            for store, saved, maxlen in ((self._points, points, self.max_points), (self._marks, marks, MAX_MARKS)):
+            for table, saved, maxlen in ((self._points, points, self.max_points), (self._marks, marks, MAX_MARKS)):
                 for series, items in saved:
                     if not items:
                         continue
-                    current = store.get(series)
+                    current = table.get(series)
                     newer = [p for p in (current or ()) if p[0] > items[-1][0]]
-                    store[series] = deque([*items, *newer], maxlen=maxlen)
-                    store.move_to_end(series, last=False)  # loaded ones go first when the bound bites
-                while len(store) > self.max_series:
-                    store.popitem(last=False)
+                    table[series] = deque([*items, *newer], maxlen=maxlen)
+                    table.move_to_end(series, last=False)  # loaded ones go first when the bound bites
+                while len(table) > self.max_series:
+                    table.popitem(last=False)
 
     def add(self, series: Series, value: float, now: float | None = None) -> None:
         now = time.time() if now is None else now

@@ -19,26 +19,15 @@ replica cannot grow its record without bound.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
-from common import keyspace
 from common.schemas import Replica
 from common.store.base import KV, Store
 from controlplane.records import cas, deployments
+from controlplane.records import lifetimes as lifetime_records
+from controlplane.records.lifetimes import Lifetime
 
 RETENTION_S = 31 * 86400.0
 MAX_SPANS = 256
 ATTEMPTS = 10
-
-
-class Lifetime(BaseModel):
-    replica_id: str
-    deployment: str
-    tenant: str | None = None
-    gpus: int = 0
-    created_at: float
-    ready_spans: list[list[float | None]] = Field(default_factory=list)
-    ended_at: float | None = None
 
 
 def _tenant(store: Store, deployment: str) -> str | None:
@@ -72,7 +61,7 @@ def advance(life: Lifetime, replica: Replica | None, now: float) -> Lifetime:
 def note(store: Store, replica: Replica | None, now: float, *, replica_id: str = "", deployment: str = "") -> None:
     """Record a write (``replica``) or the deletion (None, with ``replica_id``) of a replica."""
     rid = replica.replica_id if replica is not None else replica_id
-    key = keyspace.replica_lifetimes(rid)
+    key = lifetime_records.key(rid)
 
     def change(kv: KV | None) -> str | None:
         if kv is None:
@@ -97,17 +86,13 @@ def load(store: Store, now: float, live: set[str] | None = None) -> list[Lifetim
     is gone without a delete_replica (a store restored from a backup, a record removed by hand) is
     ended now, so it stops counting."""
     out = []
-    for kv in store.list(keyspace.replica_lifetimes()):
-        try:
-            life = Lifetime.model_validate_json(kv.value)
-        except ValueError:
-            continue
+    for name, life, revision in lifetime_records.versioned_list(store):
         if life.ended_at is not None and now - life.ended_at > RETENTION_S:
-            store.delete(kv.key, mod_revision=kv.mod_revision)
+            lifetime_records.discard(store, name, revision)
             continue
         if live is not None and life.ended_at is None and life.replica_id not in live:
             ended = advance(life, None, now)
-            if store.cas(kv.key, ended.model_dump_json(), kv.mod_revision):
+            if lifetime_records.replace_at(store, name, ended, revision):
                 life = ended
         out.append(life)
     return out

@@ -44,10 +44,11 @@ def key_tenant(store: Store, record: ApiKeyRecord) -> str | None:
 
 
 def _key_tenant(store: Store, ref: str):
-    kv = store.get(keyspace.api_keys(ref))
-    if kv is not None:
-        return key_tenant(store, ApiKeyRecord.model_validate_json(kv.value))
-    return _MISSING  # by name: the handler resolves among the caller's own keys (keys_for)
+    try:
+        record = apikeys.get_key(store, ref)  # the key records' one reader (common.apikeys)
+    except NotFound:
+        return _MISSING  # by name: the handler resolves among the caller's own keys (keys_for)
+    return key_tenant(store, record)
 
 
 def keys_for(store: Store, principal: Principal) -> list[ApiKeyRecord]:
