@@ -10,6 +10,7 @@
     POST   /api/ai/admit                 a deployment body or an AdmissionReview: would it be admitted?
     POST   /api/ai/admit/{token}         the same without a user token, when FABRIC_ADMIT_TOKEN is set;
                                          any other token (or none set) is 404, compared in constant time
+The writes (and their events, a deleted user's token revocation) are controlplane.ops.tenancy's.
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ from fastapi import APIRouter, Body, Depends, Request
 from common.errors import NotFound
 from controlplane.api.answers import Deleted, UserView
 from controlplane.auth import PrincipalDep, require_admin
-from controlplane.events import record_event
-from controlplane.records import endpoints
-from controlplane.records import key_policies as key_policy_records
-from controlplane.records import policies as policy_records
+from controlplane.ops import tenancy as tenancy_ops
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
-from controlplane.tenancy import admit, key_policies, policies, revocation, users
+from controlplane.tenancy import admit, key_policies, policies, users
 from controlplane.tenancy.key_policies import KeyPolicy, KeyPolicyBody
 from controlplane.tenancy.policies import TenantPolicy
 from controlplane.tenancy.principal import Principal, claimed_tenant
@@ -38,19 +36,11 @@ webhook = APIRouter(prefix="/api/ai", tags=["tenancy"])
 public_routers = (webhook,)
 
 
-def _event(state: AppState, kind: str, name: str, action: str, message: str, tenant: str | None = None) -> None:
-    record_event(state.store, kind, name, action, message, tenant=tenant, keep=state.settings.events_kept,
-                 max_age_s=state.settings.events_max_age_s)
-
-
 # -- users -------------------------------------------------------------------------------------------
 
 @router.post("/users", status_code=201, response_model=UserView)
-def create_user(body: users.UserCreate, state: StateDep) -> dict:
-    record = users.create(state.store, body)
-    _event(state, "user", record.name, "created", f"user {record.name}: role {record.role}, tenant "
-           f"{record.tenant or '-'}", record.tenant)
-    return record.public()
+def create_user(body: users.UserCreate, state: StateDep, who: PrincipalDep) -> dict:
+    return tenancy_ops.create_user(state, who, body).public()
 
 
 @router.get("/users", response_model=list[UserView])
@@ -67,20 +57,16 @@ def get_user(name: str, state: StateDep) -> dict:
 
 
 @router.delete("/users/{name}", response_model=Deleted)
-def delete_user(name: str, state: StateDep) -> dict:
-    users.delete(state.store, name)
-    revocation.revoke_subject(state.store, name)  # the user's tokens stop now, not at their expiry
-    _event(state, "user", name, "deleted", f"user {name} deleted; its tokens are revoked")
+def delete_user(name: str, state: StateDep, who: PrincipalDep) -> dict:
+    tenancy_ops.delete_user(state, who, name)
     return {"kind": "user", "name": name, "deleted": True}
 
 
 # -- tenant policies ---------------------------------------------------------------------------------
 
 @router.post("/policies", status_code=201, response_model=TenantPolicy)
-def put_policy(body: TenantPolicy, state: StateDep) -> dict:
-    body = policy_records.put(state.store, body)
-    _event(state, "policy", body.tenant, "updated", f"tenant {body.tenant} deploy policy set", body.tenant)
-    return body.model_dump(mode="json")
+def put_policy(body: TenantPolicy, state: StateDep, who: PrincipalDep) -> dict:
+    return tenancy_ops.set_policy(state, who, body).model_dump(mode="json")
 
 
 @router.get("/policies", response_model=list[TenantPolicy])
@@ -92,11 +78,8 @@ def list_policies(state: StateDep, who: PrincipalDep) -> list[dict]:
 # -- key policies ------------------------------------------------------------------------------------
 
 @router.put("/key-policies/{endpoint}", response_model=KeyPolicy)
-def put_key_policy(endpoint: str, body: KeyPolicyBody, state: StateDep) -> dict:
-    endpoints.require(state.store, endpoint)
-    policy = key_policy_records.put(state.store, KeyPolicy(endpoint=endpoint, **body.model_dump()))
-    _event(state, "endpoint", endpoint, "key-policy", f"endpoint {endpoint} key policy set")
-    return policy.model_dump(mode="json")
+def put_key_policy(endpoint: str, body: KeyPolicyBody, state: StateDep, who: PrincipalDep) -> dict:
+    return tenancy_ops.set_key_policy(state, who, endpoint, body).model_dump(mode="json")
 
 
 @router.get("/key-policies/{endpoint}", response_model=KeyPolicy)
