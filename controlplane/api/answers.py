@@ -113,3 +113,88 @@ class FailureExplained(BaseModel):
     failures: int
     summary: str
     history: list[EventRecord]
+
+
+class Span(BaseModel):
+    start: int | float
+    end: int | float | None = None
+    seconds: int | float
+
+
+class UsageRow(BaseModel):
+    gpu_seconds_reserved: int | float
+    gpu_seconds_ready: int | float
+    tokens: int
+    alert: bool = Field(..., description="tokens above the token budget")
+
+
+class DeploymentUsage(UsageRow):
+    deployment: str
+    tenant: str | None
+
+
+class TenantUsage(UsageRow):
+    tenant: str | None
+
+
+class FinopsReport(BaseModel):
+    window: Span = Field(..., description="the GPU-seconds window: start, end, seconds")
+    token_window: Span = Field(..., description="the token counters' current window: start, seconds")
+    token_budget: int | None
+    alert: bool
+    deployments: list[DeploymentUsage]
+    tenants: list[TenantUsage]
+
+
+class LogChunk(BaseModel):
+    replica_id: str
+    node: str
+    text: str
+    offset: int = Field(..., description="where this chunk starts")
+    next_offset: int = Field(..., description="where the next read starts")
+    size: int = Field(..., description="the log's size now")
+
+
+class BlobStored(BaseModel):
+    model: str
+    digest: str
+    path: str
+    bytes: int | None = Field(None, description="a blob's size (absent for a manifest)")
+
+
+class RolloutExplained(BaseModel):
+    """The deployment's latest rollout and why it is where it is (without one: ``rollout`` null
+    and a ``message``)."""
+    deployment: str
+    revision: int
+    rollout: dict[str, Any] | None = Field(..., description="the rollout record")
+    message: str | None = None
+    phase: str | None = None
+    sets: dict[str, dict[str, Any]] | None = Field(None, description="old and new: revision, target, replicas, "
+                                                   "ready, healthy, members")
+    step_held_secs: float | None = None
+    window: dict[str, Any] | None = Field(None, description="finished, failed, error_rate, mean_ttft_ms, "
+                                          "min_requests")
+    endpoints: list[dict[str, Any]] | None = Field(None, description="endpoint, share_percent, table_share, "
+                                                   "slot_error, weights")
+
+
+class ScalingDecision(BaseModel):
+    action: str
+    replicas: int
+    code: str
+    reason: str
+    summary: str
+
+
+class ScalingExplained(BaseModel):
+    deployment: str
+    enabled: bool
+    autoscaling: dict[str, Any] | None = Field(..., description="the deployment's autoscaling spec")
+    decision: ScalingDecision
+    signal: dict[str, Any] = Field(..., description="desired, ready, fresh, queue_depth, ttft_ms, stale, "
+                                   "fresh_within_s")
+    memory: dict[str, Any] = Field(..., description="last_scale_at, last_action")
+    status: dict[str, Any] = Field(..., description="scaling, message")
+    conditions: dict[str, dict[str, Any]] | None = Field(None, description="with a spec: each scale rule's "
+                                                         "value, threshold, met, held and needed seconds")

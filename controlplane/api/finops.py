@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Query
 
 from common import token_windows
 from common.schemas import Replica
+from controlplane.api.answers import FinopsReport
 from controlplane.auth import require_admin
 from controlplane.records import deployments, endpoints
 from controlplane.records import replicas as replica_records
@@ -26,7 +27,7 @@ from controlplane.tenancy import finops, lifetimes
 router = APIRouter(prefix="/api/ai", tags=["finops"], dependencies=[Depends(require_admin)])
 
 
-@router.get("/finops")
+@router.get("/finops", response_model=FinopsReport, response_model_exclude_unset=True)
 def get_finops(state: StateDep, window: Annotated[float, Query(gt=0, le=finops.MAX_WINDOW_S,
                                                                  description="seconds back from now")] = 3600) -> dict:
     store, now = state.store, time.time()

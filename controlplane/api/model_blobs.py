@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from common.errors import FabricError, InvalidInput, NotFound
+from controlplane.api.answers import BlobStored
 from controlplane.models import blob_store
 from controlplane.settings import of as settings_of
 
@@ -45,7 +46,7 @@ def check_token(sent: str | None, expected: str) -> None:
         raise Unauthorized("a valid x-fabric-replicate-token is required", code="bad_replicate_token")
 
 
-@router.put("/models/{name}/blobs/{digest}", status_code=201)
+@router.put("/models/{name}/blobs/{digest}", status_code=201, response_model=BlobStored)
 async def put_blob(name: str, digest: str, request: Request) -> JSONResponse:
     config = settings_of(request.app.state.fabric)
     check_token(request.headers.get("x-fabric-replicate-token"), config.replicate_token)

@@ -40,7 +40,7 @@ def _model(state, name: str) -> ModelArtifact:
     return models.require(state.store, name)
 
 
-@router.post("/models/{name}/replicate")
+@router.post("/models/{name}/replicate", response_model=replicate.SiteCopy)
 def replicate_model(name: str, body: ReplicateRequest, state: StateDep) -> dict:
     model = _model(state, name)
     site = sites.get(state.store, body.site)

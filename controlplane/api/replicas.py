@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Query
 from common.errors import NotFound
 from common.schemas import Replica
 from controlplane.agent_client import AgentClients
-from controlplane.api.answers import ReplicaView
+from controlplane.api.answers import LogChunk, ReplicaView
 from controlplane.auth import require_admin
 from controlplane.records import nodes, replicas
 from controlplane.state import AppState, StateDep
@@ -57,7 +57,7 @@ def get_replica(replica_id: str, state: StateDep) -> dict:
     return replica_view(_find(state, replica_id), time.time())
 
 
-@router.get("/replicas/{replica_id}/logs")
+@router.get("/replicas/{replica_id}/logs", response_model=LogChunk)
 async def replica_logs(replica_id: str, state: StateDep, offset: int = Query(-65536),
                        limit: int = Query(65536, ge=1, le=MAX_LOG_CHUNK)) -> dict:
     rep = _find(state, replica_id)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from common.errors import Conflict, InvalidInput, NotFound
 from common.rollouts import Revision, Rollout, RolloutRequest
 from common.schemas import Template, check_engine_args, check_name
+from controlplane.api.answers import RolloutExplained
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
 from controlplane.ops.common import reference_missing
@@ -177,7 +178,8 @@ def operate_rollout(name: str, rollout_id: int, action: str, state: StateDep, wh
     return new.model_dump(mode="json")
 
 
-@router.get("/explain/rollout/{deployment}")
+@router.get("/explain/rollout/{deployment}", response_model=RolloutExplained,
+            response_model_exclude_unset=True)
 def explain_rollout(deployment: str, state: StateDep, _: AdminDep) -> dict:
     snap = load_snapshot(state.store)
     dep = snap.deployments.get(deployment)

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends
 
 from common.errors import NotFound
 from common.schemas import AutoscalingSpec, InferenceDeployment
+from controlplane.api.answers import ScalingExplained
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import deployments as deployment_ops
 from controlplane.orchestration_state import load_snapshot
@@ -39,7 +40,8 @@ def _condition(value: float | None, threshold: float | None, holding: bool, held
             "needed_s": needed_s}
 
 
-@router.get("/explain/scaling/{name}")
+@router.get("/explain/scaling/{name}", response_model=ScalingExplained,
+            response_model_exclude_unset=True)
 def explain_scaling(name: str, state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     dep = snap.deployments.get(name)
