@@ -14,14 +14,6 @@ own option), which adds ``x-fabric-replica: ID`` as fabric-engine-sim does, so a
 the endpoint's VIP (where the node's Maglev picked) and the console's playground learn which
 replica answered.
 
-It also has every engine process ask Linux for the AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM,
-XFEATURE_XTILEDATA)``): agent/vm/vllm_site/sitecustomize.py, first on PYTHONPATH for this process's
-children (vLLM spawns EngineCore and its worker; a grant does not survive exec) and run here for
-this one. Linux grants AMX only to a process that asks; oneDNN asks before its own AMX kernels, but
-the CPU build's first forward pass on a short prompt (2-3 tokens: "x" or "Hello" as the engine's
-first call) ran AMX code before anything had asked, and the worker died of SIGILL (EngineDeadError)
-on this project's Xeons; with the grant it answers. Without AMX the kernel refuses and nothing changes.
-
 It runs in the engine's environment (.venv-engine, scripts/setup-engine.sh), not Fabric's, so it
 imports nothing of Fabric's.
 """
@@ -30,11 +22,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import os
-import runpy
 import sys
-from pathlib import Path
-
-SITE_DIR = Path(__file__).resolve().with_name("vllm_site")  # sitecustomize.py: the AMX request
 
 REPLICA_ENV = "FABRIC_REPLICA_ID"  # from the launcher to ReplicaHeader, in the engine's own processes
 REPLICA_HEADER = b"x-fabric-replica"
@@ -86,16 +74,9 @@ def _patch_version_lookup() -> None:
     md.version = version
 
 
-def _allow_amx() -> None:
-    """The AMX request for this process now and, through PYTHONPATH, for every process it starts."""
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), os.environ.get("PYTHONPATH", "")) if p)
-    runpy.run_path(str(SITE_DIR / "sitecustomize.py"))
-
-
 def main(argv: list[str]) -> int:
     argv = vllm_argv(argv, os.environ)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    _allow_amx()
     _patch_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
 
