@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from common.schemas import ApiKeyRecord, Replica, Site, TenantQuota
 from controlplane.events import EventRecord
@@ -198,3 +198,30 @@ class ScalingExplained(BaseModel):
     status: dict[str, Any] = Field(..., description="scaling, message")
     conditions: dict[str, dict[str, Any]] | None = Field(None, description="with a spec: each scale rule's "
                                                          "value, threshold, met, held and needed seconds")
+
+
+class AdmitVerdict(BaseModel):
+    """The answer to a bare deployment body."""
+    allowed: bool
+    reasons: list[str]
+    name: str | None
+
+
+class ReviewStatus(BaseModel):
+    code: int
+    reason: str
+    message: str
+
+
+class ReviewVerdict(BaseModel):
+    uid: str
+    allowed: bool
+    status: ReviewStatus | None = Field(None, description="present when refused")
+
+
+class AdmissionReviewAnswer(BaseModel):
+    """The answer to a Kubernetes AdmissionReview body (admission.k8s.io/v1)."""
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+    api_version: str = Field(..., alias="apiVersion")
+    kind: str
+    response: ReviewVerdict

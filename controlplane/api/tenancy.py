@@ -21,7 +21,7 @@ import os
 from fastapi import APIRouter, Body, Depends, Request
 
 from common.errors import NotFound
-from controlplane.api.answers import Deleted, UserView
+from controlplane.api.answers import AdmissionReviewAnswer, AdmitVerdict, Deleted, UserView
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import tenancy as tenancy_ops
 from controlplane.settings import of as settings_of
@@ -104,7 +104,7 @@ def _admit(state: AppState, body: dict, who: Principal | None) -> dict:
     return {"allowed": verdict.allowed, "reasons": list(verdict.reasons), "name": verdict.name}
 
 
-@router.post("/admit")
+@router.post("/admit", response_model=AdmitVerdict | AdmissionReviewAnswer, response_model_exclude_unset=True)
 def admit_with_token(state: StateDep, who: PrincipalDep, body: dict = Body(...)) -> dict:
     return _admit(state, body, who)
 
@@ -113,7 +113,8 @@ def _admit_token(state: AppState) -> str:
     return settings_of(state).admit_token  # FABRIC_ADMIT_TOKEN, read at start
 
 
-@webhook.post("/admit/{token}")
+@webhook.post("/admit/{token}", response_model=AdmitVerdict | AdmissionReviewAnswer,
+              response_model_exclude_unset=True)
 def admit_webhook(token: str, request: Request, state: StateDep, body: dict = Body(...)) -> dict:
     expected = _admit_token(state)
     # Constant time, and the same 404 whether no token is configured or this one is wrong.
