@@ -22,7 +22,7 @@ import contextlib
 import time
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from common.errors import Conflict, FabricError, InvalidInput, NotFound, TransientError
 from common.model_api import ModelJob, VerifyRequest
@@ -61,6 +61,17 @@ class VerifyModelRequest(BaseModel):
 class EvictRequest(Spec):
     budget_bytes: int | None = Field(None, ge=0, le=2**62, description="per-node cache budget (default FABRIC_MODEL_CACHE_BYTES)")
     nodes: list[str] | None = None
+
+
+# A job as the API shows it: its id (model/node) first, then every field of the record.
+JobView = create_model("JobView", __doc__="A model job and its id (model/node).",
+                       id=(str, Field(..., description="model/node")),
+                       **{n: (f.annotation, f) for n, f in ModelJob.model_fields.items()})
+
+
+class Materializing(BaseModel):
+    model: str
+    jobs: list[JobView]  # type: ignore[valid-type]
 
 
 class NodeCopy(BaseModel):
@@ -148,7 +159,7 @@ def _job_view(job: ModelJob) -> dict:
     return {"id": job.id, **job.model_dump(mode="json")}
 
 
-@router.get("/model-jobs")
+@router.get("/model-jobs", response_model=list[JobView])
 def model_jobs(state: StateDep) -> list[dict]:
     return [_job_view(j) for j in list_jobs(state.store)]
 
@@ -173,7 +184,7 @@ def model_status(name: str, state: StateDep) -> dict:
     }
 
 
-@router.post("/models/{name}/materialize", status_code=202)
+@router.post("/models/{name}/materialize", status_code=202, response_model=Materializing)
 def materialize(name: str, state: StateDep, body: MaterializeRequest | None = None) -> dict:
     model = _model(state, name)
     nodes = _nodes(state)
