@@ -19,6 +19,7 @@ from common.schemas import ModelArtifact, Spec, check_name
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.models import replicate
+from controlplane.records import model_sites as site_copies
 from controlplane.records import models, sites
 from controlplane.records import nodes as node_records
 from controlplane.settings import of as settings_of
@@ -40,13 +41,13 @@ def _model(state, name: str) -> ModelArtifact:
     return models.require(state.store, name)
 
 
-@router.post("/models/{name}/replicate", response_model=replicate.SiteCopy)
+@router.post("/models/{name}/replicate", response_model=site_copies.SiteCopy)
 def replicate_model(name: str, body: ReplicateRequest, state: StateDep) -> dict:
     model = _model(state, name)
     site = sites.get(state.store, body.site)
     nodes = node_records.list(state.store)
     decision = replicate.decide(model, body.site, site, nodes, time.time())
-    copy = replicate.SiteCopy(model=name, site=body.site, phase="Pending", message=decision.message,
+    copy = site_copies.SiteCopy(model=name, site=body.site, phase="Pending", message=decision.message,
                               digest=decision.digest)
     if decision.action == "ready":
         copy = copy.model_copy(update={"phase": "Ready", "via": "node"})
@@ -58,14 +59,14 @@ def replicate_model(name: str, body: ReplicateRequest, state: StateDep) -> dict:
                                            "message": f"copied to {site.peer_url} (digest {digest[:12]})"})
         except replicate.PushFailed as exc:
             copy = copy.model_copy(update={"message": exc.message})
-    copy = replicate.record(state.store, copy)
+    copy = site_copies.record(state.store, copy)
     record_event(state.store, "model", name, "Replicated" if copy.phase == "Ready" else "ReplicatePending",
                  f"site {body.site}: {copy.message}", tenant=model.tenant, keep=state.settings.events_kept,
                  max_age_s=state.settings.events_max_age_s, type="Normal" if copy.phase == "Ready" else "Warning")
     return copy.model_dump(mode="json")
 
 
-@router.get("/models/{name}/sites", response_model=list[replicate.SiteCopy])
+@router.get("/models/{name}/sites", response_model=list[site_copies.SiteCopy])
 def model_sites(name: str, state: StateDep) -> list[dict]:
     _model(state, name)
-    return [c.model_dump(mode="json") for c in replicate.list_copies(state.store, name)]
+    return [c.model_dump(mode="json") for c in site_copies.list_copies(state.store, name)]

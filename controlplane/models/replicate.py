@@ -19,33 +19,19 @@ reduced to their error code and message, scrubbed of it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from pydantic import BaseModel
 
-from common import keyspace
 from common.model_api import local_source_path
 from common.model_manifest import CheckFailed, Manifest, build_manifest
 from common.schemas import ModelArtifact, Node, Site
-from common.store.base import Store
 from controlplane.scheduler import SchedulerSettings, node_online
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 120.0
-
-
-class SiteCopy(BaseModel):
-    model: str
-    site: str
-    phase: str  # Ready | Pending
-    message: str
-    digest: str | None = None
-    via: str | None = None  # node | peer
-    updated_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -130,14 +116,3 @@ def push(model: ModelArtifact, digest: str | None, peer_url: str, token: str, mo
     except OSError as exc:
         raise PushFailed(f"cannot read a model file: {exc.strerror or type(exc).__name__}") from None
     return manifest.digest
-
-
-def record(store: Store, copy: SiteCopy) -> SiteCopy:
-    copy = copy.model_copy(update={"updated_at": time.time()})
-    store.put(keyspace.model_sites(copy.model, copy.site), copy.model_dump_json())
-    return copy
-
-
-def list_copies(store: Store, model: str) -> list[SiteCopy]:
-    return sorted((SiteCopy.model_validate_json(kv.value) for kv in store.list(keyspace.model_sites(model, ""))),
-                  key=lambda c: c.site)
