@@ -225,3 +225,30 @@ class AdmissionReviewAnswer(BaseModel):
     api_version: str = Field(..., alias="apiVersion")
     kind: str
     response: ReviewVerdict
+
+
+class DocumentMetadata(BaseModel):
+    name: str | None = None
+    tenant: str | None = Field(None, description="only on kinds that carry a tenant, when set")
+
+
+class Document(BaseModel):
+    """A stored record as a declarative document (controlplane.api.documents.to_document)."""
+    model_config = ConfigDict(populate_by_name=True)
+    apiVersion: str  # noqa: N815 - the document's own field name
+    kind: str
+    metadata: DocumentMetadata
+    spec: dict[str, Any] = Field(description="the record without its name, tenant and server-owned fields")
+    status: dict[str, Any] | None = Field(None, description="as stored, on kinds with a status")
+
+
+class ApplyResult(BaseModel):
+    kind: str
+    name: str
+    action: Literal["created", "updated", "unchanged"]
+    diff: list[dict[str, Any]] = Field(description="per changed field: field, from, to")
+
+
+class Applied(BaseModel):
+    dry_run: bool
+    results: list[ApplyResult]

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from common.errors import Conflict, InvalidInput, NotFound
 from controlplane.api import documents as docs
-from controlplane.api.answers import KindInfo
+from controlplane.api.answers import Applied, Document, KindInfo
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops.apply import merge
 from controlplane.records import Store
@@ -64,13 +64,13 @@ def kinds(_: AdminDep) -> list[dict]:
             for k in docs.KINDS]
 
 
-@router.get("/documents/{kind}")
+@router.get("/documents/{kind}", response_model=list[Document], response_model_exclude_unset=True)
 def list_documents(kind: str, state: StateDep, _: AdminDep) -> list[dict]:
     k = _kind(kind)
     return [docs.to_document(k, record) for _, record in _records(k).stored_items(state.store)]
 
 
-@router.get("/documents/{kind}/{name}")
+@router.get("/documents/{kind}/{name}", response_model=Document, response_model_exclude_unset=True)
 def get_document(kind: str, name: str, state: StateDep, _: AdminDep) -> dict:
     k = _kind(kind)
     record = _stored(state.store, k, name)
@@ -79,7 +79,7 @@ def get_document(kind: str, name: str, state: StateDep, _: AdminDep) -> dict:
     return docs.to_document(k, record)
 
 
-@router.post("/apply")
+@router.post("/apply", response_model=Applied)
 def apply(body: ApplyRequest, state: StateDep, who: PrincipalDep) -> dict:
     sources = body.sources or []
     parsed: list[docs.Parsed] = []

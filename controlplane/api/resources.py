@@ -118,8 +118,9 @@ def scale_deployment(name: str, body: ScaleRequest, state: StateDep, who: Princi
     return deployment_ops.scale(state, who, name, body).model_dump(mode="json")
 
 
-@router.delete("/deployments/{name}", responses={202: {"description": "controllers run here: marked Deleting; "
-                                                                  "the reconciler removes its replicas, then the record"}})
+@router.delete("/deployments/{name}", response_model=Deleted | InferenceDeployment,
+               responses={202: {"description": "controllers run here: marked Deleting (the deployment, phase "
+                                               "Deleting); the reconciler removes its replicas, then the record"}})
 def delete_deployment(name: str, response: Response, state: StateDep, who: PrincipalDep) -> dict:
     deletion = deployment_ops.delete(state, who, name)
     if deletion.record is None:
