@@ -43,6 +43,8 @@ def test_an_id_token_signs_in_with_its_role_and_tenant(tenancy_fabricd, idp):
     (_claims(fabric_role="root"), "k1", "no_role"),
 ])
 def test_tokens_that_must_not_sign_in(tenancy_fabricd, idp, claims, kid, code):
+    if code != "token_expired":  # the list is built at collection, perhaps long before this test runs
+        claims = {**claims, "exp": int(time.time()) + 300}
     token = idp.sign(claims, kid)
     resp = _exchange(tenancy_fabricd, token)
     assert resp.status_code in (401, 403) and resp.json()["error"]["code"] == code
