@@ -22,7 +22,9 @@ from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key
 from tests.integration.orchestration_harness import BIN, deploy, start_cluster
 from tests.support.polling import wait_for
 
-pytestmark = pytest.mark.e2e
+# full: scale out/in into the BPF map runs in make test as tests/e2e/test_lab_autoscale.py, the wake-up's 503
+# model_loading as tests/gateway/test_gateway_cold_start.py, the decisions as tests/controlplane/scaling/.
+pytestmark = [pytest.mark.e2e, pytest.mark.full]
 
 DEP, EP = "auto", "auto-openai"
 SPEC = {"min_replicas": 1, "max_replicas": 2, "scale_out_queue": 5, "scale_out_seconds": 2, "scale_in_queue": 1,

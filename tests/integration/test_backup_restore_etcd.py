@@ -15,7 +15,8 @@ from tests.integration.orchestration_harness import BIN, deploy, start_cluster
 from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 from tests.support.polling import clean_env, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.etcd,
+# full: make test keeps backup and restore on SQLite (tests/controlplane/backup/) and the store contract on etcd.
+pytestmark = [pytest.mark.full, pytest.mark.e2e, pytest.mark.etcd,
               pytest.mark.skipif(not etcd_available(), reason=f"etcd binary not found at {ETCD_BINARY}")]
 HMAC = {"FABRIC_KEY_HMAC_SECRET": "backup-restore-hmac-0123456789abcdef"}
 SPEC_FIELDS = ("deployment", "routing", "port", "openai_compatible", "allowed_sites", "preferred_site")

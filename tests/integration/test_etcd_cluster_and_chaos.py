@@ -35,7 +35,9 @@ from tests.support.etcd_cluster import EtcdCluster
 from tests.support.etcd_server import ETCD_BINARY, etcd_available
 from tests.support.polling import scrape_gauge, wait_for
 
-pytestmark = [pytest.mark.e2e,
+# full: scripts/chaos and scripts/soak are its longer runs; make test keeps the store contract on etcd
+# (tests/common/test_store_contract.py, test_store_races.py, test_etcd_failover.py).
+pytestmark = [pytest.mark.full, pytest.mark.e2e,
               pytest.mark.skipif(not etcd_available(), reason=f"etcd binary not found at {ETCD_BINARY}")]
 
 QUOTA = 30

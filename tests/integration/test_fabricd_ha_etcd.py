@@ -40,7 +40,9 @@ from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 from tests.support.polling import clean_env, scrape_gauge, wait_for
 from tests.support.servers import free_port
 
-pytestmark = [pytest.mark.e2e,
+# full: make test keeps the lease and fencing (tests/controlplane/test_leader_fencing.py) and a restarted
+# fabricd (tests/integration/test_fabricd_restart.py).
+pytestmark = [pytest.mark.full, pytest.mark.e2e,
               pytest.mark.skipif(not etcd_available(), reason=f"etcd binary not found at {ETCD_BINARY}")]
 
 DEP, EP = "ha", "ha-openai"

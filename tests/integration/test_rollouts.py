@@ -17,7 +17,9 @@ import pytest
 from tests.integration.orchestration_harness import BIN, deploy, start_cluster
 from tests.support.polling import wait_for
 
-pytestmark = pytest.mark.e2e
+# full: make test keeps the canary through the VIP (tests/e2e/test_lab_rollout.py, test_lab_no_drop.py) and
+# the planner's tables (tests/controlplane/rollouts/).
+pytestmark = [pytest.mark.e2e, pytest.mark.full]
 
 DEP, EP = "cq", "cq-openai"
 
