@@ -151,6 +151,7 @@ def test_load_on_one_replica_lowers_its_weight_and_share(story: Story):
     httpx.post(f"http://{addr}/sim/load", json={"queue": 0}, timeout=5).raise_for_status()
 
 
+@pytest.mark.full  # make test: the health failure in tests/e2e/test_lab_no_drop.py, the rule in tests/controlplane/reconcile/
 def test_unhealthy_replica_is_replaced_after_three_failed_probes(story: Story):
     victim = max(story.replicas(), key=lambda r: r["ordinal"])
     addr = f"{victim['host']}:{victim['port']}"
@@ -192,6 +193,7 @@ def test_scale_to_five_then_back_to_two_with_drain(story: Story):
     assert not ({d["replica_id"] for d in drained} & set(answered))
 
 
+@pytest.mark.full  # make test: the flow table under floods in tests/dataplane/, an agent restart in tests/agent/
 def test_chaos_flow_table_scan_and_agent_sigkill_keep_the_vip_serving(story: Story):
     """The short chaos run (scripts/chaos runs all seven on a lab with two fabricd on etcd):
     under streaming load through the gateway and, from the client namespace, through the VIP, a
