@@ -6,7 +6,8 @@
 An operator or admin gets one for any endpoint it sees (it could make the same key with
 POST /api/ai/keys). A viewer gets one only where the endpoint's key policy says
 ``viewer_playground: true`` (PUT /api/ai/key-policies/{name}); otherwise 403 ``playground_refused``.
-The key is the narrowest the endpoint allows: scoped to the endpoint and its deployment's model,
+A caller holds at most MAX_LIVE_PER_CALLER live playground keys per endpoint (429 beyond), so a
+loop of creates cannot grow the store. The key is the narrowest the endpoint allows: scoped to the endpoint and its deployment's model,
 the endpoint's tenant, PLAYGROUND_REQUESTS requests, expiring after PLAYGROUND_TTL_S (or the key
 policy's max_ttl_secs when shorter). It is made through the keys' own create operation
 (controlplane.ops.keys.create), so the key policy and every other create check apply. Its name, ``console-try-{caller}-{8 hex}``, is how a
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 
 from fastapi import APIRouter, Depends
 
-from common.errors import Forbidden, NotFound
+from common import apikeys
+from common.errors import Forbidden, LimitExceeded, NotFound
 from controlplane.api import keys as keys_api
 from controlplane.api.answers import KeyDeleted, NewKey
 from controlplane.auth import PrincipalDep, require_admin
@@ -33,6 +36,7 @@ from controlplane.tenancy.principal import VIEWER, Principal
 router = APIRouter(prefix="/api/ai", tags=["keys"], dependencies=[Depends(require_admin)])
 PLAYGROUND_TTL_S = 900
 PLAYGROUND_REQUESTS = 20
+MAX_LIVE_PER_CALLER = 4  # live playground keys one caller may hold on one endpoint: a loop cannot grow the store
 NAME_PREFIX = "console-try-"
 
 
@@ -54,6 +58,13 @@ def create_playground_key(name: str, state: StateDep, who: PrincipalDep) -> dict
         raise Forbidden(f"viewers may not use endpoint {name!r}'s playground: its key policy does not set "
                         f"viewer_playground (an admin can: fabricctl ai key-policy set {name} --viewer-playground)",
                         code="playground_refused")
+    now = time.time()
+    live = [k for k in apikeys.list_keys(state.store)
+            if k.endpoint == name and _mine(k.name, who.subject) and not apikeys.is_expired(k, now)]
+    if len(live) >= MAX_LIVE_PER_CALLER:
+        raise LimitExceeded(f"you hold {len(live)} live playground keys for endpoint {name!r} (at most "
+                            f"{MAX_LIVE_PER_CALLER}); each is revoked after its call or expires", retry_after=60,
+                            code="playground_keys_held")
     dep = deployments.get(state.store, ep.deployment)
     ttl = min(PLAYGROUND_TTL_S, policy.max_ttl_secs or PLAYGROUND_TTL_S) if policy else PLAYGROUND_TTL_S
     quota = min(PLAYGROUND_REQUESTS, policy.max_request_quota or PLAYGROUND_REQUESTS) if policy else PLAYGROUND_REQUESTS

@@ -44,3 +44,15 @@ def test_a_viewer_tries_an_endpoint_only_where_its_key_policy_allows(tenancy_fab
         # Turning it off again refuses the viewer once more.
         admin.put(f"/api/ai/key-policies/{ep}", json={})
         assert viewer.post(where).json()["error"]["code"] == "playground_refused"
+
+
+def test_a_caller_holds_only_a_few_live_playground_keys(tenancy_fabricd, tokens):
+    with tenancy_fabricd.client(tokens["admin"]) as admin, tenancy_fabricd.client(tokens["operator"]) as operator:
+        ep = seed(admin, "b", "pg-cap")["endpoint"]
+        where = f"/api/ai/endpoints/{ep}/playground-key"
+        held = [operator.post(where) for _ in range(4)]
+        assert [r.status_code for r in held] == [201] * 4
+        over = operator.post(where)
+        assert over.status_code == 429 and over.json()["error"]["code"] == "playground_keys_held", over.text
+        assert operator.delete(f"{where}/{held[0].json()['id']}").status_code == 200
+        assert operator.post(where).status_code == 201  # one revoked: room for one more
