@@ -17,6 +17,7 @@ Events sent: `token` {"text"}, `done` {"ttft_ms", "tokens_per_s", "completion_to
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import ssl
@@ -116,6 +117,12 @@ async def served_model(api: Api, endpoint: str) -> str:
         return endpoint
 
 
+@functools.cache
+def _gateway_tls(ca: str) -> ssl.SSLContext:
+    """One TLS context per CA file (a setting read at start), not one per playground call."""
+    return ssl.create_default_context(cafile=ca)
+
+
 async def _chat(gateway: str, endpoint: str, model: str, key: str, prompt: str, max_tokens: int, ca: str = ""):
     url = f"{gateway}/api/ai/openai/{quote(endpoint, safe='')}/v1/chat/completions"
     payload = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
@@ -125,7 +132,7 @@ async def _chat(gateway: str, endpoint: str, model: str, key: str, prompt: str, 
     first = None
     pieces, usage, request_id = 0, None, ""
     try:
-        verify = ssl.create_default_context(cafile=ca) if ca else True  # FABRIC_CONSOLE_GATEWAY_CA
+        verify = _gateway_tls(ca) if ca else True  # FABRIC_CONSOLE_GATEWAY_CA
         async with httpx.AsyncClient(timeout=GATEWAY_TIMEOUT_S, verify=verify) as client:
             async with client.stream("POST", url, json=payload, headers=headers) as resp:
                 request_id = resp.headers.get("x-fabric-request-id", "")
