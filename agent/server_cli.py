@@ -20,6 +20,7 @@ import signal
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -258,6 +259,13 @@ def _control_plane_client(urls: list[str], plan: TlsPlan, insecure: bool):
     return FailoverClient(urls, verify=verify, timeout=10.0)
 
 
+def _beat_once_listening(server, beat, stop: threading.Event) -> None:
+    while not server.started and not stop.is_set():
+        time.sleep(0.05)
+    if not stop.is_set():
+        beat.start(stop)
+
+
 def serve(
     node_id: str = typer.Option(..., "--node-id", help="this node's id (the CN of its certificate)"),
     listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT of the agent API"),
@@ -378,6 +386,7 @@ def serve(
         threading.Thread(target=state.kvm.state, name="kvm-probe", daemon=True).start()
     bgp = _bgp_announcer(settings.bgp, dp, dataplane_iface, dataplane_netns, state_dir, state)
     stop = threading.Event()
+    beat = None
     if control_plane:
         smi = None
         if fake_gpus <= 0:
@@ -388,7 +397,6 @@ def serve(
                          advertised_address(host, port, plan.enabled, advertise),
                          interval_s=heartbeat_secs, smi_reader=smi,
                          resources=_resources(cpus, memory_gib))
-        beat.start(stop)
     ssl_args: dict = {}
     if plan.enabled:
         ssl_args = uvicorn_mtls_kwargs(plan)
@@ -403,8 +411,13 @@ def serve(
     try:
         app = create_app(state, allowed_client_cns=allowed,
                          kv_index_cns=kv_index_client_cn or list(DEFAULT_KV_INDEX_CNS))
-        uvicorn.run(app, host=host, port=port, log_level=log_level,
-                    **ssl_args)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, **ssl_args))
+        if beat is not None:
+            # fabricd learns of this node only once its API answers: a registered node whose port
+            # still refuses (app start, BPF compile) would get VM creates and scrapes that fail.
+            threading.Thread(target=_beat_once_listening, args=(server, beat, stop),
+                             name="heartbeat-start", daemon=True).start()
+        server.run()
     finally:
         stop.set()
         if bgp is not None:

@@ -6,12 +6,19 @@ A /dev/kvm that exists is not a KVM that works. Two ways it fails that we have m
   "qemu unexpectedly closed the monitor");
 - a PVM /dev/kvm (kvm-pvm) that runs only PVM-enabled guest kernels: the domain starts and QEMU
   pauses it at the first instruction KVM must emulate ("emulation failure").
-So the probe starts a real guest: a transient libvirt domain of the driver's shape (q35, the
-driver's `<cpu>` element from agent.vm.domain_xml, 64 MiB) booting a 1 MiB raw disk whose boot
-sector writes a marker to COM1 and halts (SeaBIOS loads it; no kernel, no download). The guest
-runs only if the marker reaches the serial log; any other outcome is "not usable" with the
-reason QEMU or libvirt gave. The domain is transient (never defined) and named outside the
-driver's `fabric-` prefix, so the driver's list() never sees it, and its files are removed.
+- a KVM that starts a guest and runs its real-mode firmware but hangs a real kernel: a boot
+  sector printed its marker, then the guests' kernel printed nothing for minutes.
+So the probe boots a real kernel: a transient libvirt domain of the driver's shape (q35, the
+driver's `<cpu>` element from agent.vm.domain_xml, 256 MiB) booting a copy of this host's own
+kernel (/boot/vmlinuz-`uname -r`, else the newest /boot/vmlinuz-*) directly with no root and no
+initramfs. The guest ran only if the kernel's last words without a root ("VFS: Unable to mount
+root fs") reach the serial log: it went through its whole init (long mode, paging, MSRs, APIC
+timers, ACPI, PCI) on this KVM. Any other outcome is "not usable" with the reason QEMU, libvirt
+or the guest's console gave. A host with no readable kernel in /boot falls back to a 1 MiB raw
+disk whose boot sector writes a marker to COM1 and halts (SeaBIOS loads it), and the reason says
+that only the firmware path was checked. The domain is transient (never defined) and named
+outside the driver's `fabric-` prefix, so the driver's list() never sees it, and its files are
+removed.
 
 The verdict is kept per boot (`CachedKvmProbe`: keyed by /proc/sys/kernel/random/boot_id and
 the libvirt URI), so a host probes once per boot whatever reads it (the heartbeat, every GPU VM
@@ -37,6 +44,12 @@ from typing import Protocol
 log = logging.getLogger(__name__)
 
 MARKER = b"FABRIC-KVM-PROBE-OK"
+# A kernel booted with no root and no initramfs panics with this once its init is done.
+KERNEL_DONE = b"Unable to mount root fs"
+KERNEL_CMDLINE = "console=ttyS0 panic=0"  # panic=0: the guest hangs at the panic until destroyed
+BOOT_DIR = Path("/boot")
+# Bumped when what the probe boots changes: a verdict kept from another probe is not reused.
+PROBE_VERSION = 2
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 PROBE_PREFIX = "fabric_kvmprobe_"  # not the driver's "fabric-": LibvirtDriver.list() must not see it
 QEMU_LOG_DIR = Path("/var/log/libvirt/qemu")
@@ -100,28 +113,46 @@ def write_probe_disk(path: Path) -> None:
     path.chmod(0o644)
 
 
-def probe_domain_xml(name: str, disk: Path, console_log: Path, domain_type: str = "kvm") -> str:
-    """The probe guest: the driver's machine and <cpu> element, SeaBIOS, a SATA disk, COM1 logged."""
+def probe_kernel(boot_dir: Path = BOOT_DIR) -> Path | None:
+    """The kernel the probe boots: this host's running one where /boot has it, else the newest."""
+    running = boot_dir / f"vmlinuz-{os.uname().release}"
+    others = sorted(boot_dir.glob("vmlinuz-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in [running, *others]:
+        if path.is_file() and os.access(path, os.R_OK):
+            return path
+    return None
+
+
+def probe_domain_xml(name: str, disk: Path | None, console_log: Path, domain_type: str = "kvm",
+                     kernel: Path | None = None) -> str:
+    """The probe guest: the driver's machine and <cpu> element, COM1 logged, and either `kernel`
+    booted directly (no disk) or SeaBIOS booting `disk` (SATA)."""
     from agent.vm.domain_xml import add_cpu
 
     dom = ET.Element("domain", {"type": domain_type})
     ET.SubElement(dom, "name").text = name
-    ET.SubElement(dom, "memory", {"unit": "KiB"}).text = str(64 * 1024)
+    ET.SubElement(dom, "memory", {"unit": "KiB"}).text = str((256 if kernel else 64) * 1024)
     ET.SubElement(dom, "vcpu").text = "1"
     os_el = ET.SubElement(dom, "os")
     ET.SubElement(os_el, "type", {"arch": "x86_64", "machine": "q35"}).text = "hvm"
-    ET.SubElement(os_el, "boot", {"dev": "hd"})
+    if kernel is not None:
+        ET.SubElement(os_el, "kernel").text = str(kernel)
+        ET.SubElement(os_el, "cmdline").text = KERNEL_CMDLINE
+    else:
+        ET.SubElement(os_el, "boot", {"dev": "hd"})
     features = ET.SubElement(dom, "features")
     ET.SubElement(features, "acpi")
     ET.SubElement(features, "apic")
     add_cpu(dom, domain_type)
     ET.SubElement(dom, "on_poweroff").text = "destroy"
     ET.SubElement(dom, "on_crash").text = "destroy"
+    ET.SubElement(dom, "on_reboot").text = "destroy"
     dev = ET.SubElement(dom, "devices")
-    disk_el = ET.SubElement(dev, "disk", {"type": "file", "device": "disk"})
-    ET.SubElement(disk_el, "driver", {"name": "qemu", "type": "raw"})
-    ET.SubElement(disk_el, "source", {"file": str(disk)})
-    ET.SubElement(disk_el, "target", {"dev": "sda", "bus": "sata"})
+    if kernel is None and disk is not None:
+        disk_el = ET.SubElement(dev, "disk", {"type": "file", "device": "disk"})
+        ET.SubElement(disk_el, "driver", {"name": "qemu", "type": "raw"})
+        ET.SubElement(disk_el, "source", {"file": str(disk)})
+        ET.SubElement(disk_el, "target", {"dev": "sda", "bus": "sata"})
     serial = ET.SubElement(dev, "serial", {"type": "pty"})
     ET.SubElement(serial, "log", {"file": str(console_log), "append": "off"})
     ET.SubElement(dev, "memballoon", {"model": "none"})
@@ -134,13 +165,14 @@ class LibvirtKvmProbe:
     work_dir must be reachable by QEMU's user (libvirt-qemu): e.g. under /var/lib/libvirt/images
     or the driver's state directory. domain_type "qemu" probes TCG instead (tests of the probe)."""
 
-    def __init__(self, uri: str = "qemu:///system", *, work_dir: Path, timeout_s: float = 30.0,
-                 domain_type: str = "kvm", dev_kvm: Path = Path("/dev/kvm")):
+    def __init__(self, uri: str = "qemu:///system", *, work_dir: Path, timeout_s: float = 60.0,
+                 domain_type: str = "kvm", dev_kvm: Path = Path("/dev/kvm"), boot_dir: Path | None = BOOT_DIR):
         self.uri = uri
         self.work_dir = Path(work_dir)
         self.timeout_s = timeout_s
         self.domain_type = domain_type
         self.dev_kvm = Path(dev_kvm)
+        self.boot_dir = boot_dir  # None: the boot-sector probe only (tests of it)
 
     def state(self) -> KvmState:
         now = time.time()
@@ -177,22 +209,38 @@ class LibvirtKvmProbe:
             self.work_dir.chmod(0o755)
         work.mkdir()
         work.chmod(0o755)
-        disk, console = work / "probe.img", work / "console.log"
-        write_probe_disk(disk)
+        console = work / "console.log"
+        source = probe_kernel(self.boot_dir) if self.boot_dir is not None else None
+        kernel = disk = None
+        if source is not None:  # a copy: libvirt relabels what a guest boots, never the host's own file
+            kernel = work / "vmlinuz"
+            shutil.copyfile(source, kernel)
+            kernel.chmod(0o644)
+            done, ran = KERNEL_DONE, (f"a {self.domain_type} guest (q35, the guests' CPU model) booted this host's "
+                                      f"kernel {source.name} through its init to the serial console")
+        else:
+            disk = work / "probe.img"
+            write_probe_disk(disk)
+            done, ran = MARKER, (f"a {self.domain_type} guest ran (q35, the guests' CPU model): its boot sector "
+                                 f"wrote to the serial console (no kernel in {self.boot_dir}: only the firmware "
+                                 f"path was checked)")
         libvirt.registerErrorHandler(lambda _c, _e: None, None)
         conn = libvirt.open(self.uri)
         dom = None
         try:
             try:
-                dom = conn.createXML(probe_domain_xml(name, disk, console, self.domain_type), 0)
+                dom = conn.createXML(probe_domain_xml(name, disk, console, self.domain_type, kernel), 0)
             except libvirt.libvirtError as exc:
                 return False, (f"QEMU could not start a {self.domain_type} guest with the CPU model our guests use: "
                                f"{_one_line(exc.get_error_message())}")
             deadline = time.monotonic() + self.timeout_s
             while time.monotonic() < deadline:
-                if MARKER in _read(console):
-                    return True, (f"a {self.domain_type} guest ran (q35, the guests' CPU model): "
-                                  f"its boot sector wrote to the serial console")
+                text = _read(console)
+                if done in text:
+                    return True, ran
+                panic = text.find(b"Kernel panic")
+                if kernel is not None and panic >= 0 and b"\n" in text[panic:]:  # another panic, whole line read
+                    return False, f"the probe guest's kernel panicked: {_last_line(text, b'Kernel panic')}"
                 try:
                     state, reason = dom.state()
                 except libvirt.libvirtError:
@@ -205,6 +253,10 @@ class LibvirtKvmProbe:
                 if state in (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_CRASHED):
                     return False, f"the probe guest stopped before it ran: {_qemu_log_tail(name)}"
                 time.sleep(0.1)
+            text = _read(console)
+            if kernel is not None and text.strip():
+                return False, (f"the probe guest's kernel did not finish its init in {self.timeout_s:.0f}s under "
+                               f"{self.domain_type}; its console's last line: {_last_line(text)}")
             return False, f"the probe guest printed nothing in {self.timeout_s:.0f}s under {self.domain_type}"
         finally:
             if dom is not None:
@@ -259,7 +311,7 @@ class CachedKvmProbe:
             verdict = self.inner.state()
             log.info("KVM probe: usable=%s (%s)", verdict.usable, verdict.reason)
             tmp = self.cache_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"boot_id": boot, "key": self.key, **asdict(verdict)}))
+            tmp.write_text(json.dumps({"boot_id": boot, "key": self.key, "probe": PROBE_VERSION, **asdict(verdict)}))
             tmp.replace(self.cache_file)
             return verdict
 
@@ -268,7 +320,7 @@ class CachedKvmProbe:
             data = json.loads(self.cache_file.read_text())
         except (OSError, ValueError):
             return None
-        if not boot or data.get("boot_id") != boot or data.get("key") != self.key:
+        if not boot or data.get("boot_id") != boot or data.get("key") != self.key or data.get("probe") != PROBE_VERSION:
             return None
         try:
             return KvmState(bool(data["usable"]), str(data["reason"]), str(data.get("domain_type", "kvm")),
@@ -282,6 +334,13 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+def _last_line(text: bytes, starting: bytes = b"") -> str:
+    lines = [line for line in text.decode(errors="replace").splitlines() if line.strip()]
+    if starting:
+        lines = [line for line in lines if starting.decode() in line] or lines
+    return _one_line(lines[-1]) if lines else ""
 
 
 def _qemu_log_tail(name: str) -> str:

@@ -26,6 +26,7 @@ from agent.api import create_app
 from agent.heartbeat import Heartbeat, HostResources
 from agent.hw.gpu_inventory import NvmlInventory
 from agent.hw.kvm import (
+    KERNEL_DONE,
     MARKER,
     CachedKvmProbe,
     FakeKvmProbe,
@@ -33,6 +34,7 @@ from agent.hw.kvm import (
     LibvirtKvmProbe,
     boot_sector,
     probe_domain_xml,
+    probe_kernel,
 )
 from agent.hw.nvml_fake import FakeNvml
 from agent.state import AgentState
@@ -108,13 +110,48 @@ def test_probe_domain_uses_the_guests_cpu_element():
         assert not probe.findtext("name").startswith("fabric-")  # LibvirtDriver.list() never sees it
 
 
-def test_tcg_probe_runs_its_guest_and_leaves_nothing(libvirtd, probe_dir):
-    verdict = LibvirtKvmProbe(work_dir=probe_dir, domain_type="qemu", timeout_s=60).state()
-    assert verdict.usable, verdict.reason
-    assert "serial console" in verdict.reason and verdict.domain_type == "qemu"
-    assert not probe_dir.exists()  # its disk, log and directory are gone
+def test_probe_boots_the_hosts_kernel_with_no_disk(tmp_path):
+    kernel = probe_kernel()
+    assert kernel is not None, "scripts/setup.sh installs linux-image-amd64: /boot has a kernel"
+    xml = ET.fromstring(probe_domain_xml("p", None, Path("/c.log"), "kvm", kernel=Path("/w/vmlinuz")))
+    assert xml.findtext("os/kernel") == "/w/vmlinuz" and "console=ttyS0" in xml.findtext("os/cmdline")
+    assert xml.find("devices/disk") is None and xml.find("os/boot") is None
+    # the running kernel's file wins over a newer one; an empty /boot has none
+    (tmp_path / f"vmlinuz-{os.uname().release}").write_bytes(b"k")
+    (tmp_path / "vmlinuz-9.9").write_bytes(b"k")
+    assert probe_kernel(tmp_path).name == f"vmlinuz-{os.uname().release}"
+    (tmp_path / f"vmlinuz-{os.uname().release}").unlink()
+    assert probe_kernel(tmp_path).name == "vmlinuz-9.9"
+    assert probe_kernel(tmp_path / "nothing") is None
+
+
+def _leaves_nothing(probe_dir: Path) -> None:
+    assert not probe_dir.exists()  # its kernel copy or disk, log and directory are gone
     assert not [n for n in _domains() if n.startswith("fabric_kvmprobe_")]
     assert not list(Path("/var/log/libvirt/qemu").glob("fabric_kvmprobe_*"))
+
+
+def test_tcg_probe_boots_a_kernel_through_its_init_and_leaves_nothing(libvirtd, probe_dir):
+    verdict = LibvirtKvmProbe(work_dir=probe_dir, domain_type="qemu", timeout_s=120).state()
+    assert verdict.usable, verdict.reason
+    assert "through its init" in verdict.reason and verdict.domain_type == "qemu"
+    _leaves_nothing(probe_dir)
+
+
+def test_probe_without_a_kernel_falls_back_to_the_boot_sector_and_says_so(libvirtd, probe_dir, tmp_path):
+    verdict = LibvirtKvmProbe(work_dir=probe_dir, domain_type="qemu", timeout_s=60,
+                              boot_dir=tmp_path / "empty-boot").state()
+    assert verdict.usable, verdict.reason
+    assert "boot sector" in verdict.reason and "only the firmware path" in verdict.reason
+    _leaves_nothing(probe_dir)
+
+
+def test_a_kernel_that_does_not_finish_its_init_in_time_is_not_usable(libvirtd, probe_dir):
+    # TCG needs ~8 s for this kernel's init here: in 1 s it cannot have finished
+    verdict = LibvirtKvmProbe(work_dir=probe_dir, domain_type="qemu", timeout_s=1).state()
+    assert not verdict.usable
+    assert "did not finish its init in 1s" in verdict.reason or "printed nothing in 1s" in verdict.reason, verdict.reason
+    _leaves_nothing(probe_dir)
 
 
 def test_kvm_probe_verdict_matches_what_qemu_does_with_the_guests_cpu(libvirtd, probe_dir, capsys):
@@ -122,21 +159,21 @@ def test_kvm_probe_verdict_matches_what_qemu_does_with_the_guests_cpu(libvirtd, 
     assert verdict.domain_type == "kvm" and verdict.reason
     with capsys.disabled():
         print(f"\n[kvm] this host: usable={verdict.usable}: {verdict.reason}")
-    # The same CPU element started with QEMU directly under KVM must agree with the verdict.
-    disk = probe_dir.parent / f"fabric-kvm-direct-{os.getpid()}.img"
-    disk.write_bytes(boot_sector())
-    os.truncate(disk, 1 << 20)
-    log = disk.with_suffix(".log")
+    # The same kernel and CPU started with QEMU directly under KVM must agree with the verdict.
+    kernel = probe_dir.parent / f"fabric-kvm-direct-{os.getpid()}.vmlinuz"
+    shutil.copyfile(probe_kernel(), kernel)
+    log = kernel.with_suffix(".log")
     try:
-        done = subprocess.run(["timeout", "20", "qemu-system-x86_64", "-accel", "kvm", "-cpu", "host", "-M", "q35",
-                               "-m", "64", "-display", "none", "-nodefaults", "-serial", f"file:{log}",
-                               "-drive", f"file={disk},format=raw,if=ide"], capture_output=True, text=True)
-        ran = log.exists() and MARKER in log.read_bytes()
+        done = subprocess.run(["timeout", "60", "qemu-system-x86_64", "-accel", "kvm", "-cpu", "host", "-M", "q35",
+                               "-m", "256", "-display", "none", "-nodefaults", "-serial", f"file:{log}",
+                               "-kernel", str(kernel), "-append", "console=ttyS0 panic=-1", "-no-reboot"],
+                              capture_output=True, text=True)
+        ran = log.exists() and KERNEL_DONE in log.read_bytes()
         assert ran == verdict.usable, (verdict.reason, done.stderr)
         if not verdict.usable and "MSR" in done.stderr:
             assert "failed to set MSR" in verdict.reason  # QEMU's own words reach the operator
     finally:
-        disk.unlink(missing_ok=True)
+        kernel.unlink(missing_ok=True)
         log.unlink(missing_ok=True)
 
 

@@ -1,6 +1,7 @@
 """Which domain type tests that start real guests use: KVM where it really runs a guest, else TCG.
 
-The verdict is agent.hw.kvm's probe (a transient guest whose boot sector writes to COM1), run
+The verdict is agent.hw.kvm's probe (a transient guest booting the host's kernel
+through its init to COM1), run
 once per boot for every test process and kept in /run (tmpfs: gone at the next boot). A test
 prints the verdict's reason when it falls back to TCG, so a run on a host whose nested KVM
 cannot take the host CPU model (QEMU: `failed to set MSR 0x10a`) or whose KVM is PVM says why.
