@@ -39,6 +39,9 @@ from common.sites import saturated, site_problem, spill
 MAX_WEIGHT = 32
 MIN_WEIGHT = 1
 MAX_SCRAPE_AGE_S = 30.0
+# Every Ready replica's page failed or is stale (fabricd cut off from them, or all busy): each gets
+# this weight, so the VIP keeps taking connections on health alone.
+UNREAD_WEIGHT = 16
 
 
 @dataclass(frozen=True)
@@ -327,6 +330,7 @@ def plan_routing(
     excluded: list[RoutingEntry] = []
     cands: list[Candidate] = []
     by_id: dict[str, Replica] = {}
+    unread: list[tuple[Replica, Node | None, ReplicaObservation, str]] = []
     for r in sorted(replicas, key=lambda r: r.replica_id):
         node = nodes.get(r.node)
         site = node.site if node else None
@@ -340,6 +344,12 @@ def plan_routing(
             excluded.append(draining_entry(endpoint, r, obs, node, vip, stalled))
             continue
         why = exclusion(r, obs, site, endpoint, now, max_age_s, sites)
+        if why and obs is not None and r.ready and (not obs.ok or now - obs.scraped_at > max_age_s):
+            # Ready (its health checks pass) but its page did not come, or not lately: a busy engine
+            # answers /metrics late. Never read as idle; below, no new flows while another replica
+            # has a fresh page, and its established flows keep their backend either way.
+            unread.append((r, node, obs, why))
+            continue
         if why:
             excluded.append(RoutingEntry(r.replica_id, False, why, 0, r.host, r.port, False, _metrics(obs)))
             continue
@@ -370,5 +380,12 @@ def plan_routing(
         included.append(
             RoutingEntry(c.replica_id, True, reason, chosen[c.replica_id], r.host, r.port, maglev, _metrics(c.obs))
         )
+    for r, node, obs, why in unread:
+        if cands:  # leaving the service would re-pick its flows onto another backend: kept at weight 0
+            excluded.append(draining_entry(endpoint, r, obs, node, vip, why))
+        else:  # no replica has a fresh page: new flows still go somewhere, evenly
+            included.append(RoutingEntry(r.replica_id, True, f"{why}; no replica has a fresh page: equal weight "
+                                         f"{UNREAD_WEIGHT}", UNREAD_WEIGHT, r.host, r.port,
+                                         _maglev_backend(endpoint, r, node, vip), _metrics(obs)))
     entries = tuple(sorted(included + excluded, key=lambda e: e.replica_id))
     return RoutingPlan(endpoint.name, endpoint.routing, entries)

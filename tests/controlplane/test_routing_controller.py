@@ -17,6 +17,7 @@ from controlplane import vip_pool
 from controlplane.routing.controller import REFRESH_AFTER_S, RoutingWorker, material_change
 from controlplane.routing.metrics_parse import MetricsParseError, SeriesCache, parse_vllm_metrics
 from controlplane.routing.scrape import MetricsScraper, ScrapeError
+from controlplane.routing.strategies import UNREAD_WEIGHT
 from tests.controlplane.planner_data import node, replica
 from tests.controlplane.test_routing_strategies import bump
 
@@ -290,11 +291,13 @@ def test_observations_written_on_material_change_and_the_plan_uses_fresh_ones(st
         await srv.server.wait_closed()
         worker.scraper.keep_only(set())  # the kept-alive connection would otherwise still answer
         clock[0] += 1
-        await worker.tick()  # a failed scrape is written at once and excludes the replica (never idle)
+        await worker.tick()  # a failed scrape is written at once and never read as idle
         obs = ReplicaObservation.model_validate_json(store.get(key).value)
         assert not obs.ok and "ScrapeError" in obs.error
         entry = worker.memory.plans["ep"].entries[0]
-        assert not entry.included and entry.reason.startswith("last scrape failed")
+        # the only replica, Ready, with no fresh page: the VIP keeps it at the equal weight
+        assert entry.reason.startswith("last scrape failed") and "no replica has a fresh page" in entry.reason
+        assert entry.included and entry.weight == UNREAD_WEIGHT
         await worker.aclose()
 
     asyncio.run(run())

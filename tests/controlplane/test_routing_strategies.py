@@ -12,7 +12,7 @@ from controlplane.routing.metrics_parse import (
     observe,
     parse_vllm_metrics,
 )
-from controlplane.routing.strategies import STRATEGIES, plan_routing, to_weight
+from controlplane.routing.strategies import STRATEGIES, UNREAD_WEIGHT, plan_routing, to_weight
 from tests.controlplane.planner_data import NOW, gpu, node, replica
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -146,6 +146,18 @@ def test_eligibility_reasons_and_failed_scrape_is_never_idle():
     assert "scrape failed: connect timeout" in reasons["qwen-3-abc"]
     assert "31s old" in reasons["qwen-4-abc"]
     assert reasons["qwen-5-abc"] == "never scraped"
+    # Ready with a failed or stale page (a busy engine answers /metrics late): no new flows, but it
+    # stays in the Maglev service at weight 0 so its established flows keep their backend.
+    assert plan.backends == (("10.0.0.1", 8000, 7), ("10.0.0.3", 8000, 0), ("10.0.0.4", 8000, 0),
+                             ("10.0.0.5", 8000, 0))  # .3 is the draining one
+    assert set(plan.draining) == {"10.0.0.3:8000", "10.0.0.4:8000", "10.0.0.5:8000"}
+    assert "its established flows stay" in reasons["qwen-3-abc"]
+    # with no fresh page anywhere, the Ready ones still take new flows, evenly (health alone)
+    blind = plan_routing(ep("least_queue"), reps, {k: v for k, v in obs.items() if k != "qwen-0-abc"},
+                         {"n1": node("n1", 8)}, NOW)
+    assert blind.weights == {"qwen-3-abc": UNREAD_WEIGHT, "qwen-4-abc": UNREAD_WEIGHT}
+    assert "no replica has a fresh page" in {e.replica_id: e.reason for e in blind.entries}["qwen-3-abc"]
+    assert blind.draining == ("10.0.0.3:8000",)  # only the one really draining
 
 
 def test_draining_replica_stays_in_the_service_at_weight_0_for_its_established_flows():
