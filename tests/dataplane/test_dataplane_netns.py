@@ -50,7 +50,7 @@ def test_traffic_is_forwarded_in_bpf_both_ways(lab):
     by the bridge's TC program straight to the client link: neither crosses the stack."""
     lab.agent.call("put", 80, WEIGHTS)
     before = lab.agent.call("xmit")
-    assert sorted(set(lab.names(30))) == ["b1", "b2", "b3"]
+    assert sorted(set(lab.names(60, first_source_port=30000))) == ["b1", "b2", "b3"]  # a fixed sample of flows: 30 random ones missed b1 (weight 1 of 7) about one run in a hundred
     after = lab.agent.call("xmit")
     moved = {k: after[k] - before[k] for k in after if after[k] != before[k]}
     # each connection is at least 4 packets each way (SYN, ACK, request, FIN...)
