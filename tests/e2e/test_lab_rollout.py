@@ -1,9 +1,14 @@
-"""A canary at 20 % in the real lab (namespaces, XDP Maglev, fabricd, agent, engine sims).
+"""A canary at 20 % and autoscaling in the real lab (namespaces, XDP Maglev, fabricd, agent,
+engine sims), one lab for both (each has its own deployment and endpoint).
 
 Four replicas of revision 1, a canary to revision 2 held at 20 %: the new set's share of the
 live BPF Maglev table is within 0.1 point of 20 %, and of 500 new TCP connections through the
 VIP the engines of the new set answered 20 % +- 5 points (counted from the engines' own
 vllm:request_success_total). A rollback then takes the new set's share back to 0.
+
+Autoscaling: queue 20 on the only replica scales the deployment out to 2 and both replicas'
+backends reach the live BPF Maglev map; removing the load scales it back in to 1, the drained
+replica's backend leaves the map, and new TCP connections through the VIP are all served.
 Run under `flock /tmp/fabric-lab.lock` (the lab's names are fixed).
 """
 
@@ -24,12 +29,13 @@ from tests.support.polling import wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(lab_unavailable() is not None, reason=lab_unavailable() or "")]
 
 DEP, PROFILE, EP = "canary-llm", "canary-h100", "canary-llm-openai"
+AS_DEP, AS_PROFILE, AS_EP = "auto-llm", "auto-h100", "auto-llm-openai"
 CONNECTIONS = 500
 
 
 @pytest.fixture(scope="module")
 def lab():
-    with running_lab("e2e-ro", reconcile_secs=1.0, routing_secs=1.0) as (cfg, handle):
+    with running_lab("e2e-ro", reconcile_secs=1.0, routing_secs=1.0, autoscale_secs=1.0) as (cfg, handle):
         story = Story(cfg, handle.token)
         yield cfg, story.api, story.agent
         story.api.close()
@@ -112,3 +118,31 @@ def test_canary_at_20_percent_through_the_vip(lab):
     done = wait_for(lambda: (b := api.get(f"/api/ai/explain/rollout/{DEP}").json())["phase"] == "RolledBack" and b,
                     120, "RolledBack")
     assert done["revision"] == 1 and done["sets"]["old"]["ready"] == 4
+
+
+def test_queue_scales_out_into_the_bpf_map_and_back_in(lab):
+    cfg, api, agent = lab
+    assert api.post("/api/ai/models", json={"name": AS_DEP, "source": LAB_MODEL_SOURCE}).status_code == 201
+    assert api.post("/api/ai/profiles", json={"name": AS_PROFILE, "runtime": "vllm", "cpu": 1, "memory_gib": 1,
+                                              "gpu": {"count": 1, "vram_gib": 24}}).status_code == 201
+    assert api.post("/api/ai/deployments", json={"name": AS_DEP, "model": AS_DEP, "profile": AS_PROFILE,
+                                                 "replicas": 1}).status_code == 201
+    assert api.post("/api/ai/endpoints", json={"name": AS_EP, "deployment": AS_DEP}).status_code == 201
+    vip = wait_for(lambda: api.get(f"/api/ai/endpoints/{AS_EP}").json()["status"].get("vip"), 120, "a VIP")
+    wait_for(lambda: len(table(agent, vip) or {}) == 1, 120, "1 backend in the BPF maps")
+    spec = {"min_replicas": 1, "max_replicas": 2, "scale_out_queue": 5, "scale_out_seconds": 2,
+            "scale_in_queue": 1, "scale_in_seconds": 3, "cooldown_seconds": 1}
+    assert api.put(f"/api/ai/deployments/{AS_DEP}/autoscaling", json=spec).status_code == 200
+
+    first = next(iter(table(agent, vip)))
+    assert httpx.post(f"http://{first}/sim/load", json={"waiting": 20}, timeout=5).status_code == 200
+    wait_for(lambda: len(table(agent, vip) or {}) == 2, 120, "scale out: 2 backends in the BPF maps")
+    assert api.get(f"/api/ai/deployments/{AS_DEP}").json()["replicas"] == 2
+    events = api.get("/api/ai/events", params={"object": f"deployment/{AS_DEP}"}).json()
+    assert "ScaledOut" in [e["reason"] for e in events]
+
+    assert httpx.post(f"http://{first}/sim/load", json={"waiting": 0}, timeout=5).status_code == 200
+    wait_for(lambda: len(table(agent, vip) or {}) == 1, 120, "scale in: 1 backend in the BPF maps")
+    wait_for(lambda: len(api.get(f"/api/ai/deployments/{AS_DEP}/metrics").json()["replicas"]) == 1, 60,
+             "the drained replica deleted")
+    assert connect(cfg, vip, 20, model=AS_DEP) == 20

@@ -22,7 +22,7 @@ from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key
 from tests.integration.orchestration_harness import BIN, deploy, start_cluster
 from tests.support.polling import wait_for
 
-# full: scale out/in into the BPF map runs in make test as tests/e2e/test_lab_autoscale.py, the wake-up's 503
+# full: scale out/in into the BPF map runs in make test as tests/e2e/test_lab_rollout.py::test_queue_scales_out_into_the_bpf_map_and_back_in, the wake-up's 503
 # model_loading as tests/gateway/test_gateway_cold_start.py, the decisions as tests/controlplane/scaling/.
 pytestmark = [pytest.mark.e2e, pytest.mark.full]
 
