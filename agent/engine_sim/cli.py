@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--added-latency-ms", type=int, default=d.added_latency_ms,
                    help="extra delay before each request is queued")
     p.add_argument("--seed", type=int, default=d.seed, help="seed for the error-rate draws")
+    p.add_argument("--shutdown-timeout", dest="shutdown_timeout_s", type=float, default=d.shutdown_timeout_s,
+                   help="as vLLM's: at SIGTERM, 0 stops at once (requests in flight get nothing more); N lets "
+                        "them finish for up to N s")
     p.add_argument("--log-level", default=d.log_level, choices=["critical", "error", "warning", "info", "debug"])
     return p
 

@@ -47,6 +47,9 @@ class EngineConfig:
     added_latency_ms: int = 0
     seed: int = 0
     log_level: str = "warning"
+    # vLLM's --shutdown-timeout: 0 (its default) stops the engine at SIGTERM (requests in flight get
+    # nothing more); N > 0 lets them run to their end for up to N s, then stops it (Fabric's guests: 30).
+    shutdown_timeout_s: float = 0.0
 
     def __post_init__(self) -> None:
         # Reject impossible knobs at start rather than misbehaving under load.

@@ -49,14 +49,30 @@ class Engine:
                                         publish=self.kv_events.publish if self.kv_events else None)
         self.started_at = time.time()
         self.lora = LoraState(config.max_loras, root=config.lora_root)
-        self.stopping = False  # SIGTERM: stop() was called
+        self.stopping = False  # SIGTERM with --shutdown-timeout 0: stop() was called
+        self.draining = False  # SIGTERM with --shutdown-timeout N: no new requests, the running ones finish
 
     def stop(self) -> None:
-        """What vLLM 0.32 does on SIGTERM (its default --shutdown-timeout 0, abort): the engine
-        stops at once, so every request in flight, running or waiting, gets no more tokens and
-        no end; its connection stays open until the client goes, and the server exits when the
-        last one has (tests/engine_sim/test_conformance_real.py holds this to the real engine)."""
-        self.stopping = True
+        """What vLLM 0.32 does on SIGTERM.
+
+        --shutdown-timeout 0 (its default, abort): the listener closes at once and the engine
+        stops, so every request in flight, running or waiting, gets no more tokens and no end;
+        its connection stays open until the client goes, and the server exits when the last one
+        has.
+        --shutdown-timeout N (Fabric's guests: 30): the engine drains. The listener stays open and
+        /health answers 200; a new request is answered 500 "cannot schedule new futures after
+        shutdown"; the running requests run to their end, the waiting ones are never scheduled;
+        once nothing runs (or N s have passed) the server exits and the waiting ones' connections
+        close with no end (server.py). tests/engine_sim/test_conformance_real.py holds both to
+        the real engine."""
+        if self.config.shutdown_timeout_s <= 0:
+            self.stopping = True
+        else:
+            self.draining = True
+
+    def drained(self) -> bool:
+        """Draining and nothing runs any more: the server may exit."""
+        return self.draining and self.scheduler.snapshot().running == 0
 
     async def _stall_if_stopping(self) -> None:
         if self.stopping:
@@ -111,6 +127,9 @@ class Engine:
             await asyncio.sleep(added / 1000)
         await self._stall_if_stopping()
         seq = await self.scheduler.admit(plan.prompt_tokens)
+        if self.draining:  # granted during a drain: a draining engine schedules no waiting request
+            self.scheduler.finish(seq)
+            await asyncio.Event().wait()  # ends when the server exits or the client goes
         emitted = 0
         try:
             if plan.prefill_s >= MIN_SLEEP_S:

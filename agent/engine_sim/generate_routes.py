@@ -33,6 +33,8 @@ def check_common(engine: Engine, model: str, n: int = 1) -> Response | None:
         return openai_error(404, f"The model `{model}` does not exist.", "NotFoundError", "model_not_found", "model")
     if n != 1:
         return bad_request("the simulator supports n=1 only", "n")
+    if engine.draining:  # vLLM 0.32 after SIGTERM with --shutdown-timeout N: the scheduler is shut
+        return openai_error(500, "cannot schedule new futures after shutdown", "InternalServerError", 500)
     if engine.should_fail():
         engine.metrics.observe_failed()
         return openai_error(500, "injected fault: the engine failed this request", "server_error", "injected_fault")

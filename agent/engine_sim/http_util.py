@@ -19,7 +19,7 @@ class JsonBytes(Response):
     media_type = "application/json"
 
 
-def openai_error(status: int, message: str, err_type: str, code: str, param: str | None = None) -> Response:
+def openai_error(status: int, message: str, err_type: str, code: str | int, param: str | None = None) -> Response:
     return JsonBytes(to_json(error_body(message, err_type, code, param)), status_code=status)
 
 

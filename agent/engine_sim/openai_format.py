@@ -80,6 +80,6 @@ def usage_chunk(rid: str, created: int, model: str, obj: str, use: dict) -> dict
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
 
 
-def error_body(message: str, err_type: str, code: str, param: str | None = None) -> dict:
+def error_body(message: str, err_type: str, code: str | int, param: str | None = None) -> dict:
     # OpenAI's shape; `code` is a stable string so it also fits Fabric's {"error": {"code", "message"}}.
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}

@@ -16,16 +16,29 @@ from agent.engine_sim.config import EngineConfig
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, whose SIGTERM/SIGINT also stops the engine the way vLLM's does: the
-    listener closes at once and requests in flight get nothing more (Engine.stop)."""
+    """uvicorn's server, whose SIGTERM/SIGINT also stops the engine the way vLLM's does
+    (Engine.stop): with --shutdown-timeout 0 the listener closes at once and requests in flight
+    get nothing more; with N the listener stays open while the running requests finish (at most
+    N s), then the server exits without waiting for the waiting requests' clients."""
 
     def __init__(self, config: uvicorn.Config, engine):
         super().__init__(config)
         self._engine = engine
+        self._drain: asyncio.Task | None = None
 
     def handle_exit(self, sig, frame) -> None:
         self._engine.stop()
+        if not self._engine.draining or self._drain is not None:  # abort, or a second signal: out now
+            super().handle_exit(sig, frame)
+            return
+        self._drain = asyncio.get_running_loop().create_task(self._exit_when_drained(sig, frame))
+
+    async def _exit_when_drained(self, sig, frame) -> None:
+        deadline = asyncio.get_running_loop().time() + self._engine.config.shutdown_timeout_s
+        while not self._engine.drained() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
         super().handle_exit(sig, frame)
+        self.force_exit = True  # the waiting requests never end: their connections close with the process
 
 
 def run(config: EngineConfig) -> None:

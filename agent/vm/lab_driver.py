@@ -50,7 +50,7 @@ from agent.vm.lab_engine import (
 )
 from agent.vm.records import RecordDir, engine_alive
 from common.errors import Refused, TransientError
-from common.runtimes import VLLM_KV_EVENTS_CONFIG
+from common.runtimes import VLLM_KV_EVENTS_CONFIG, VLLM_SHUTDOWN_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -174,8 +174,8 @@ class LabDriver:
         if spec is not None and spec.runtime != "vllm":
             # The replica answers health and metrics where that runtime would (common/runtimes.py).
             cmd += ["--runtime", spec.runtime]
-        else:  # KV events as a vLLM guest publishes them (the agent's kv-index subscribes)
-            cmd += ["--kv-events-config", VLLM_KV_EVENTS_CONFIG]
+        else:  # KV events as a vLLM guest publishes them (the agent's kv-index subscribes), and its stop
+            cmd += ["--kv-events-config", VLLM_KV_EVENTS_CONFIG, "--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT_S)]
         with open(self.dir / f"{rec.replica_id}.log", "ab") as log:  # never the agent's secrets (HF_TOKEN...)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=engine_env(), start_new_session=True, close_fds=True)
