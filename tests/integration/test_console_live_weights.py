@@ -20,7 +20,8 @@ from tests.controlplane.console.test_console_browser import CHROMIUM, REPO, SCRE
 from tests.integration.orchestration_harness import deploy, start_cluster
 from tests.support.polling import wait_for
 
-pytestmark = pytest.mark.e2e
+# full (scripts/test-full; 27 s); make test covers it with the weights' rule on the lab's live map (tests/e2e/test_lab_story.py's load chapter) and the console's pages in a browser (tests/controlplane/console/)
+pytestmark = [pytest.mark.e2e, pytest.mark.full]
 DEP, EP = "live", "live-openai"
 
 

@@ -12,7 +12,8 @@ import pytest
 from tests.integration.orchestration_harness import BIN, start_cluster
 from tests.support.polling import clean_env, wait_for
 
-pytestmark = pytest.mark.e2e
+# full (scripts/test-full; 16 s); make test covers it with the MIG planner and agent routes (tests/controlplane/placement/, tests/agent/)
+pytestmark = [pytest.mark.e2e, pytest.mark.full]
 
 
 def fabricctl(cluster, *args: str) -> subprocess.CompletedProcess:

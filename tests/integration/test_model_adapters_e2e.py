@@ -27,7 +27,8 @@ from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key
 from tests.integration.orchestration_harness import BIN, start_cluster
 from tests.support.polling import wait_for
 
-pytestmark = pytest.mark.e2e
+# full (scripts/test-full; 14 s); make test covers it with an adapter loaded on its first call through the gateway on the real engine (tests/e2e/test_lab_real_engine.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.full]
 
 
 def test_adapters_are_fetched_shared_and_loaded_from_the_fetched_files(tmp_path):

@@ -16,7 +16,8 @@ from tests.controlplane.conftest import BIN
 from tests.integration.orchestration_harness import start_cluster
 from tests.support.polling import wait_for
 
-pytestmark = pytest.mark.e2e
+# full (scripts/test-full; 24 s); make test covers it with fabricctl's outputs and waits against a fabricd (tests/controlplane/test_fabricctl_cli.py, tests/integration/test_cli_mistakes.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.full]
 
 
 def run_ctl(cluster, *args: str) -> subprocess.CompletedProcess:
