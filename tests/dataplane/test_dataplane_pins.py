@@ -87,6 +87,7 @@ def tc_filter_ids(iface: str, netns: str) -> list[tuple[int, int]]:
             if f.get("kind") == "bpf" and "options" in f]
 
 
+@pytest.mark.full  # 17 s; make test keeps the refusal of a mismatched layout (the test above)
 def test_pins_of_an_older_layout_are_refused_and_removed_by_detach(pin_dir, tmp_path, plain_plane):
     # pins without a layout record, as an agent before records left them: the session's maps
     # linked into pin_dir without their meta (no compile of their own; detach unlinks only these)

@@ -14,7 +14,9 @@ import pytest
 from tests.integration.orchestration_harness import deploy, start_cluster
 from tests.support.polling import wait_for
 
-pytestmark = pytest.mark.e2e
+# full (scripts/test-full; 35 s): make test keeps the same story on the lab (tests/e2e/test_lab_story.py,
+# test_lab_no_drop.py: deploy, weights, health failure, drain, delete); docs/reliability.md
+pytestmark = [pytest.mark.e2e, pytest.mark.full]
 
 DEP, EP = "qwen", "qwen-openai"
 
