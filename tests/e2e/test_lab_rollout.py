@@ -67,14 +67,19 @@ def connect(cfg: LabConfig, vip: str, n: int, model: str = DEP) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+def deploy(api, dep: str, profile: str, replicas: int, endpoint: dict) -> None:
+    """The lab's model as DEP, a one-GPU PROFILE, REPLICAS of it, and ENDPOINT in front."""
+    assert api.post("/api/ai/models", json={"name": dep, "source": LAB_MODEL_SOURCE}).status_code == 201
+    assert api.post("/api/ai/profiles", json={"name": profile, "runtime": "vllm", "cpu": 1, "memory_gib": 1,
+                                              "gpu": {"count": 1, "vram_gib": 24}}).status_code == 201
+    assert api.post("/api/ai/deployments", json={"name": dep, "model": dep, "profile": profile,
+                                                 "replicas": replicas}).status_code == 201
+    assert api.post("/api/ai/endpoints", json=endpoint).status_code == 201
+
+
 def test_canary_at_20_percent_through_the_vip(lab):
     cfg, api, agent = lab
-    assert api.post("/api/ai/models", json={"name": DEP, "source": LAB_MODEL_SOURCE}).status_code == 201
-    assert api.post("/api/ai/profiles", json={"name": PROFILE, "runtime": "vllm", "cpu": 1, "memory_gib": 1,
-                                              "gpu": {"count": 1, "vram_gib": 24}}).status_code == 201
-    assert api.post("/api/ai/deployments", json={"name": DEP, "model": DEP, "profile": PROFILE,
-                                                 "replicas": 4}).status_code == 201
-    assert api.post("/api/ai/endpoints", json={"name": EP, "deployment": DEP, "routing": "equal"}).status_code == 201
+    deploy(api, DEP, PROFILE, 4, {"name": EP, "deployment": DEP, "routing": "equal"})
     wait_for(lambda: api.get(f"/api/ai/deployments/{DEP}").json()["status"]["ready_replicas"] == 4, 120,
              "4 ready replicas")
     vip = wait_for(lambda: api.get(f"/api/ai/endpoints/{EP}").json()["status"].get("vip"), 60, "a VIP")
@@ -122,12 +127,7 @@ def test_canary_at_20_percent_through_the_vip(lab):
 
 def test_queue_scales_out_into_the_bpf_map_and_back_in(lab):
     cfg, api, agent = lab
-    assert api.post("/api/ai/models", json={"name": AS_DEP, "source": LAB_MODEL_SOURCE}).status_code == 201
-    assert api.post("/api/ai/profiles", json={"name": AS_PROFILE, "runtime": "vllm", "cpu": 1, "memory_gib": 1,
-                                              "gpu": {"count": 1, "vram_gib": 24}}).status_code == 201
-    assert api.post("/api/ai/deployments", json={"name": AS_DEP, "model": AS_DEP, "profile": AS_PROFILE,
-                                                 "replicas": 1}).status_code == 201
-    assert api.post("/api/ai/endpoints", json={"name": AS_EP, "deployment": AS_DEP}).status_code == 201
+    deploy(api, AS_DEP, AS_PROFILE, 1, {"name": AS_EP, "deployment": AS_DEP})
     vip = wait_for(lambda: api.get(f"/api/ai/endpoints/{AS_EP}").json()["status"].get("vip"), 120, "a VIP")
     wait_for(lambda: len(table(agent, vip) or {}) == 1, 120, "1 backend in the BPF maps")
     spec = {"min_replicas": 1, "max_replicas": 2, "scale_out_queue": 5, "scale_out_seconds": 2,
