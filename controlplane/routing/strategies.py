@@ -215,6 +215,11 @@ def exclusion(
         return where
     if obs is None:
         return "never scraped"
+    return page_problem(obs, now, max_age_s)
+
+
+def page_problem(obs: ReplicaObservation, now: float, max_age_s: float = MAX_SCRAPE_AGE_S) -> str | None:
+    """Why a replica's last /metrics page cannot be read for routing (failed or stale), or None."""
     if not obs.ok:
         return f"last scrape failed: {obs.error}"
     if now - obs.scraped_at > max_age_s:
@@ -344,7 +349,7 @@ def plan_routing(
             excluded.append(draining_entry(endpoint, r, obs, node, vip, stalled))
             continue
         why = exclusion(r, obs, site, endpoint, now, max_age_s, sites)
-        if why and obs is not None and r.ready and (not obs.ok or now - obs.scraped_at > max_age_s):
+        if why and obs is not None and why == page_problem(obs, now, max_age_s):
             # Ready (its health checks pass) but its page did not come, or not lately: a busy engine
             # answers /metrics late. Never read as idle; below, no new flows while another replica
             # has a fresh page, and its established flows keep their backend either way.
