@@ -266,7 +266,10 @@ class ControllerHandle:
         else:
             cs = self.settings
             reconcile = ReconcileWorker(store, agents, rp.ReconcileSettings(
-                drain_grace_s=cs.drain_grace_s, drain_settle_s=cs.routing_s + 1, start_timeout_s=cs.start_timeout_s,
+                drain_grace_s=cs.drain_grace_s, start_timeout_s=cs.start_timeout_s,
+                # weight 0 reaches the agents within a routing pass, and the gateways' replica views
+                # (refreshed every 1 s: gateway/upstreams.py ttl_secs) within a second more
+                drain_settle_s=cs.routing_s + 2,
                 health_timeout_s=cs.health_timeout_s,
                 scheduler=config.scheduler,
                 crashloop=CrashLoopSettings(cs.crashloop_after, cs.crashloop_backoff_s, cs.crashloop_backoff_max_s,

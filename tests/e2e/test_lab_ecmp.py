@@ -108,7 +108,9 @@ def test_endpoint_delete_withdraws_the_vip_from_both_nodes(cfg):
     try:
         ecmp.wait_next_hops(cfg, NAT_VIP, [], WITHDRAW_BOUND)
         assert ecmp.next_hops(cfg, DSR_VIP) == both(cfg)  # the other VIP stays
-        for n in (1, 2):
+        for n in (1, 2):  # the status follows BIRD's reload in the same pass: polled, bounded
+            wait_for(lambda n=n: ecmp.bgp_status(cfg, n)["announced"] == [DSR_VIP], WITHDRAW_BOUND,
+                     f"node {n}'s status to name only {DSR_VIP}")
             assert ecmp.bgp_status(cfg, n)["announced"] == [DSR_VIP]
     finally:
         ecmp.put_services(cfg)
