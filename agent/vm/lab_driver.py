@@ -43,6 +43,7 @@ from agent.vm.lab_engine import (
     engine_error_line,
     guest_argv,
     in_guest_mounts,
+    pick_worker_cpu,
     real_engine_argv,
     real_engine_env,
     release_shm,
@@ -72,6 +73,7 @@ class _Record:
     model: str
     port: int
     engine: str = "sim"  # what runs in it: sim or vllm (FABRIC_LAB_ENGINE)
+    worker_cpu: int | None = None  # the real engine's worker core (lab_engine.pick_worker_cpu)
 
 
 STOP_WAIT_S = 5.0  # a real engine given SIGTERM exits once its connections close; then SIGKILL
@@ -186,8 +188,11 @@ class LabDriver:
         model_dir = spec.model_dir or spec.model_source.removeprefix("file://")
         argv = real_engine_argv(guest_argv(spec), self.engine.python, rec.replica_id, self.engine.kv_cache_bytes)
         cmd = ["ip", "netns", "exec", rec.netns, *in_guest_mounts(argv, model_dir, spec.adapters_dir)]
+        taken = [r.worker_cpu for r in self.records.all() if r.replica_id != rec.replica_id and r.engine == "vllm"
+                 and r.worker_cpu is not None and engine_alive(r.pid, r.replica_id)]
+        rec.worker_cpu = pick_worker_cpu(taken, sorted(os.sched_getaffinity(0)))
         env = real_engine_env(self.dir / rec.replica_id, lora=bool(spec.adapters_dir),
-                              base=dict(self.engine.base_env))
+                              base=dict(self.engine.base_env), worker_cpu=rec.worker_cpu)
         rec.engine = "vllm"
         with open(self.dir / f"{rec.replica_id}.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -23,6 +23,9 @@ kv-index subscribes there as it does to a guest (docs/kv-events.md).
                                   under the replica's own directory, removed with it
   VLLM_RPC_BASE_PATH              @fabric-vllm-HASH: abstract sockets, the replica's netns's own
   HF_HUB_OFFLINE=1, VLLM_NO_USAGE_STATS=1, DO_NOT_TRACK=1   the model is already on disk
+  VLLM_CPU_OMP_THREADS_BIND N     the CPU worker's core, one per replica (pick_worker_cpu): vLLM's
+                                  "auto" binds every replica's worker to the same first core, as a
+                                  guest would on its own vCPUs, so two lab replicas shared one core
 The replica gets a private mount namespace (``ip netns exec`` makes one) in which the verified
 model directory is bound read-only at /models and the adapter set at /adapters, where a guest
 sees them; the two empty mount points are made on the host when missing.
@@ -122,9 +125,21 @@ def rpc_base(replica_dir: Path) -> str:
     return "@fabric-vllm-" + hashlib.sha256(str(replica_dir).encode()).hexdigest()[:12]
 
 
-def real_engine_env(replica_dir: Path, *, lora: bool, base: Mapping[str, str]) -> dict[str, str]:
+def pick_worker_cpu(taken: list[int], allowed: list[int]) -> int:
+    """The core for a new replica's CPU worker: of the cores this process may use (``allowed``),
+    the one fewest live lab engines' workers hold (``taken``), the lowest on a tie. A lab host is
+    the replicas' shared "GPU": like a VM's own vCPUs, each engine gets a core of its own while
+    there are cores left, and the replicas share them evenly after that."""
+    if not allowed:
+        raise InvalidInput("no CPU is allowed for the engine's worker")
+    return min(sorted(allowed), key=lambda cpu: taken.count(cpu))
+
+
+def real_engine_env(replica_dir: Path, *, lora: bool, base: Mapping[str, str],
+                    worker_cpu: int | None = None) -> dict[str, str]:
     """The engine's environment: PATH and locale from ``base`` (LabEngineSettings.base_env), every
-    cache and socket under ``replica_dir`` (made here)."""
+    cache and socket under ``replica_dir`` (made here), the worker bound to ``worker_cpu`` when
+    given (else vLLM's own "auto" binding)."""
     dirs = {name: replica_dir / name for name in ("cache", "tmp", "inductor", "home")}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
@@ -138,6 +153,8 @@ def real_engine_env(replica_dir: Path, *, lora: bool, base: Mapping[str, str]) -
     }
     if lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if worker_cpu is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(worker_cpu)
     return env
 
 

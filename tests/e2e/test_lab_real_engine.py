@@ -16,6 +16,7 @@ engines' logs.
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -49,6 +50,19 @@ def netns_rss(ns: str) -> int:
             continue
         total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
     return total
+
+
+def worker_cores(ns: str) -> str:
+    """The cores the namespace's vLLM CPU worker may run on (its Cpus_allowed_list)."""
+    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if fields.get("Name", "").startswith("VLLM::Worker"):
+            return fields["Cpus_allowed_list"].strip()
+    raise AssertionError(f"no VLLM::Worker process in {ns}")
 
 
 class Lab:
@@ -125,6 +139,7 @@ def test_two_real_replicas_become_ready_from_the_mirror(lab: Lab):
                              f"{lab.engine_logs(2500)}") from None
     lab.figures["ready_s"] = time.monotonic() - began
     reps = lab.replicas()
+    workers: list[str] = []
     for rep in reps:
         engine = f"http://{rep['host']}:{rep['port']}"
         cards = httpx.get(f"{engine}/v1/models", timeout=10).json()["data"]
@@ -144,6 +159,10 @@ def test_two_real_replicas_become_ready_from_the_mirror(lab: Lab):
         rss = netns_rss(ns)
         assert 0 < rss <= RSS_BUDGET, f"replica {rep['replica_id']} holds {rss / 2**30:.2f} GiB"
         lab.figures[f"rss_gib_{rep['ordinal']}"] = rss / 2**30
+        workers.append(worker_cores(ns))
+    # Each worker on a core of its own (lab_engine.pick_worker_cpu): vLLM's own "auto" put both on core 0.
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert all(w.isdigit() for w in workers) and workers[0] != workers[1], workers
     print(f"\nreal engines: {json.dumps(lab.figures)}", file=sys.stderr)
 
 
@@ -189,18 +208,18 @@ def test_chat_through_the_vip_and_the_gateway_with_openai(lab: Lab):
 
 
 def _long_requests(engine: str, n: int, stop: threading.Event) -> list[threading.Thread]:
-    """n clients each streaming completions of 1900 tokens, one after another, on one engine until
-    ``stop``: the queue stays full however fast the engine is."""
+    """n clients each sending non-streaming completions of 600 tokens, one after another, on one
+    engine until ``stop``: the queue stays full however fast the engine is. Not streamed: six
+    Python clients parsing ~15,000 SSE chunks/s fell behind the tiny model, so the engine had
+    finished every request while the clients still read them and its gauges read 0 / 0."""
     def one():
-        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 1900, "ignore_eos": True, "stream": True}
-        while not stop.is_set():
-            try:
-                with httpx.stream("POST", f"{engine}/v1/completions", json=body, timeout=120) as r:
-                    for _ in r.iter_lines():
-                        if stop.is_set():
-                            return  # closing the connection aborts the request in vLLM
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 600, "ignore_eos": True}
+        with httpx.Client(timeout=120) as client:
+            while not stop.is_set():
+                try:
+                    client.post(f"{engine}/v1/completions", json=body)
+                except httpx.HTTPError:
+                    time.sleep(0.2)
 
     threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
     for t in threads:
@@ -221,36 +240,43 @@ def _waiting(engine: str) -> float:
     raise AssertionError("no vllm:num_requests_waiting")
 
 
-# full (scripts/test-full): the missing backend seen twice was a busy engine's failed scrape dropping
-# it from the service (fixed in controlplane/routing/strategies.py); the chapter stays full because
-# the real engine's queue gauges read 0 in most scrapes even under steady load (docs/runtimes.md,
-# "Queue gauges flap"), so the wait for "real queueing" is not reliable; the weights' rule runs in make test against the
-# simulator (tests/e2e/test_lab_rollout.py::test_queue_scales_out_into_the_bpf_map_and_back_in, tests/integration/test_console_live_weights.py).
+# full (scripts/test-full): it passes (twice in make test's lab: 98 s and 113 s), but its wait for
+# the weight to fall took 32 s and 76 s of its 90: vLLM 0.32's queue gauges read 0 / 0 in about
+# half the scrapes under steady load (with curl clients too), and a busy engine's /metrics took
+# 1-59 s (docs/runtimes.md, "Queue gauges flap"). The weights' rule runs in make test against the
+# simulator (tests/e2e/test_lab_rollout.py::test_queue_scales_out_into_the_bpf_map_and_back_in,
+# tests/integration/test_console_live_weights.py).
 @pytest.mark.full
 def test_weights_follow_the_real_queue(lab: Lab):
     loaded, other = sorted(lab.replicas(), key=lambda r: r["ordinal"])
     addr, other_addr = f"{loaded['host']}:{loaded['port']}", f"{other['host']}:{other['port']}"
     stop = threading.Event()
-    threads = _long_requests(f"http://{addr}", 6, stop)  # 2 run (--max-num-seqs 2), 4 wait
+    began = time.monotonic()
+    threads = _long_requests(f"http://{addr}", 8, stop)  # 2 run (--max-num-seqs 2), 6 wait
     try:
         try:
             wait_for(lambda: _waiting(f"http://{addr}") >= 2, 60, "real queueing on the loaded engine", interval=0.5)
+            lab.figures["queue_s"] = round(time.monotonic() - began, 1)
             # Polled once a second: the agent's service listing counts every table slot (~0.15 s of CPU).
             weights = wait_for(lambda: (m := lab.maglev()) and m.get(addr, 1 << 30) < m.get(other_addr, 0) and m,
                                90, "the loaded replica's weight to fall below the idle one's", interval=1)
+            lab.figures["weight_fell_s"] = round(time.monotonic() - began, 1)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{lab.routing_story()}") from None
         assert weights[addr] < weights[other_addr]
     finally:
         stop.set()
         for t in threads:
-            t.join(30)
+            t.join(60)
+    lab.figures["clients_done_s"] = round(time.monotonic() - began, 1)
     try:
         wait_for(lambda: _waiting(f"http://{addr}") == 0, 60, "the queue to empty once the clients went")
         wait_for(lambda: (m := lab.maglev()) and m.get(addr) == m.get(other_addr), 90, "the weights to even out",
                  interval=1)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{lab.routing_story()}") from None
+    lab.figures["evened_s"] = round(time.monotonic() - began, 1)
+    print(f"\nqueue chapter: {json.dumps(weights)} {json.dumps(lab.figures)}", file=sys.stderr)
 
 
 def test_adapter_is_loaded_on_its_first_call_through_the_gateway(lab: Lab):
