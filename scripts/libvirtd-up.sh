@@ -11,7 +11,7 @@ answers() { virsh -q -c qemu:///system uri >/dev/null 2>&1; }
 # Run a command with every descriptor above stderr closed.
 without_inherited_fds() {
   (
-    for fd in /proc/$BASHPID/fd/*; do
+    for fd in /proc/"$BASHPID"/fd/*; do
       fd=${fd##*/}
       [ "$fd" -gt 2 ] && eval "exec $fd>&-"
     done
