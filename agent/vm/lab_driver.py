@@ -190,7 +190,7 @@ class LabDriver:
         cmd = ["ip", "netns", "exec", rec.netns, *in_guest_mounts(argv, model_dir, spec.adapters_dir)]
         taken = [r.worker_cpu for r in self.records.all() if r.replica_id != rec.replica_id and r.engine == "vllm"
                  and r.worker_cpu is not None and engine_alive(r.pid, r.replica_id)]
-        rec.worker_cpu = pick_worker_cpu(taken, sorted(os.sched_getaffinity(0)))
+        rec.worker_cpu = pick_worker_cpu(taken, list(os.sched_getaffinity(0)))
         env = real_engine_env(self.dir / rec.replica_id, lora=bool(spec.adapters_dir),
                               base=dict(self.engine.base_env), worker_cpu=rec.worker_cpu)
         rec.engine = "vllm"

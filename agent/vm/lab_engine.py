@@ -23,9 +23,9 @@ kv-index subscribes there as it does to a guest (docs/kv-events.md).
                                   under the replica's own directory, removed with it
   VLLM_RPC_BASE_PATH              @fabric-vllm-HASH: abstract sockets, the replica's netns's own
   HF_HUB_OFFLINE=1, VLLM_NO_USAGE_STATS=1, DO_NOT_TRACK=1   the model is already on disk
-  VLLM_CPU_OMP_THREADS_BIND N     the CPU worker's core, one per replica (pick_worker_cpu): vLLM's
-                                  "auto" binds every replica's worker to the same first core, as a
-                                  guest would on its own vCPUs, so two lab replicas shared one core
+  VLLM_CPU_OMP_THREADS_BIND N     the CPU worker's core, one per replica (pick_worker_cpu), as a
+                                  guest has vCPUs of its own: vLLM's "auto" bound every lab
+                                  replica's worker to the host's core 0
 The replica gets a private mount namespace (``ip netns exec`` makes one) in which the verified
 model directory is bound read-only at /models and the adapter set at /adapters, where a guest
 sees them; the two empty mount points are made on the host when missing.
