@@ -625,7 +625,9 @@ class ReplicaObservation(BaseModel):
     scraped_at: float
     ok: bool
     error: str = ""
-    queue_depth: float = 0
+    queue_depth: float = Field(0, description="requests waiting: the highest of queue_reads (routing.hold)")
+    queue_reads: list[float] = Field(default_factory=list, description="the waiting gauge at this scrape and "
+                                     "the ones before it that the hold keeps, oldest first")
     running: float = 0
     kv_cache_usage: float = 0
     ttft_p50_s: float | None = None

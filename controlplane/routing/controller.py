@@ -7,7 +7,8 @@ then:
      each (FABRIC_SCRAPE_TIMEOUT_SECS, 2 s); port and path by the replica's runtime), parse that runtime's lines (runtime_metrics;
      prometheus_client's parser sees each series once, see
      metrics_parse; skipped when an engine's lines equal its last scrape's), and
-     turn them into ReplicaObservations (a failed scrape is ok=False, never zeros). The plan uses
+     turn them into ReplicaObservations (a failed scrape is ok=False, never zeros; the queue is held
+     over the last scrapes, routing.hold). The plan uses
      these fresh observations directly. The store gets an observation only when it differs
      materially from the stored one (ok, queue or running changed; KV usage by >= 0.005; a rate
      by more than 2 %, or appearing/disappearing) or the stored one is REFRESH_AFTER_S (15 s, half the
@@ -56,6 +57,7 @@ from controlplane.orchestration_state import (
 )
 from controlplane.rollouts.apply import RolloutWorker
 from controlplane.routing.final import endpoint_plan
+from controlplane.routing.hold import hold, kept
 from controlplane.routing.metrics_parse import (
     EngineSample,
     MetricsParseError,
@@ -91,6 +93,7 @@ class RoutingMemory:
     stall_since: dict[str, float] = field(default_factory=dict)  # replica -> running with no token progress since
     stalled: set[str] = field(default_factory=set)  # replicas marked stalled at their last scrape
     drain_pushed: dict[str, float] = field(default_factory=dict)  # deleting endpoint -> its drain first pushed
+    queue_reads: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # replica -> held (t, waiting)
 
 
 def _rate_moved(old: float | None, new: float | None, tolerance: float) -> bool:
@@ -168,6 +171,9 @@ class RoutingWorker:
             prev = self.memory.samples.get(r.replica_id)
             obs = observe(r.replica_id, sample, prev[0] if prev else None, now - prev[1] if prev else 0.0, now)
             self.memory.samples[r.replica_id] = (sample, now)
+            earlier = self.memory.queue_reads.get(r.replica_id, [])
+            obs = hold(obs, earlier)
+            self.memory.queue_reads[r.replica_id] = kept(earlier, now) + [(now, sample.waiting)]
         return obs
 
     async def scrape_all(self, snap: Snapshot) -> None:
@@ -184,7 +190,7 @@ class RoutingWorker:
             if material_change(stored, obs):
                 self._unwritten.append(obs)
         live = {r.replica_id for r in snap.all_replicas()}
-        for memo in (self.memory.samples, self.memory.pages, self.memory.stall_since):
+        for memo in (self.memory.samples, self.memory.pages, self.memory.stall_since, self.memory.queue_reads):
             for rid in [rid for rid in memo if rid not in live]:
                 del memo[rid]
         self.memory.stalled &= live

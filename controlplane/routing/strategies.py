@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation, Site
 from common.sites import saturated, site_problem, spill
+from controlplane.routing.hold import describe
 
 MAX_WEIGHT = 32
 MIN_WEIGHT = 1
@@ -278,7 +279,9 @@ def _signal(strategy: str, obs: ReplicaObservation | None) -> str:
     if obs is not None and gap and gap in obs.missing:
         return f" (runtime reports no {gap.replace('_', ' ')}: {GAP_RULE[gap]})"
     value = getattr(obs, field, None) if obs is not None and field else None
-    return f" from {label} {value:.3g}" if value is not None else ""
+    if value is None:
+        return ""
+    return f" from {label} {value:.3g}" + (describe(obs) if field == "queue_depth" else "")
 
 
 def _local_sites(cands: list[Candidate], endpoint: InferenceEndpoint, sites: Mapping[str, Site],

@@ -99,6 +99,11 @@ class Lab:
             explain = repr(exc)
         return f"maglev: {self.maglev()}\nexplain: {json.dumps(explain, indent=1)}{self.engine_logs(1500)}"
 
+    def reasons(self) -> dict[str, str]:
+        """explain routing's reason per replica (what set each weight)."""
+        explain = self.api.get(f"/api/ai/explain/routing/{ENDPOINT}").json()
+        return {r["replica_id"]: r["reason"] for r in explain["replicas"]}
+
     def engine_logs(self, tail: int) -> str:
         return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
                        for p in sorted((self.cfg.state_dir / "agent" / "lab-replicas").glob("*.log")))
@@ -238,13 +243,9 @@ def _waiting(engine: str) -> float:
     raise AssertionError("no vllm:num_requests_waiting")
 
 
-# full (scripts/test-full): it passes (twice in make test's lab: 98 s and 113 s), but its wait for
-# the weight to fall took 32 s and 76 s of its 90: vLLM 0.32's queue gauges read 0 / 0 in about
-# half the scrapes under steady load (with curl clients too), and a busy engine's /metrics took
-# 1-59 s (docs/runtimes.md, "Queue gauges flap"). The weights' rule runs in make test against the
-# simulator (tests/e2e/test_lab_rollout.py::test_queue_scales_out_into_the_bpf_map_and_back_in,
-# tests/integration/test_console_live_weights.py).
-@pytest.mark.full
+# vLLM 0.32's queue gauges read 0 / 0 in part of the scrapes under steady load, and a busy
+# engine's /metrics took 1-59 s (docs/runtimes.md, "Queue gauges flap"); fabricd holds each
+# replica's queue over its last 3 scrapes (controlplane/routing/hold.py), which this chapter needs.
 def test_weights_follow_the_real_queue(lab: Lab):
     loaded, other = sorted(lab.replicas(), key=lambda r: r["ordinal"])
     addr, other_addr = f"{loaded['host']}:{loaded['port']}", f"{other['host']}:{other['port']}"
@@ -259,6 +260,7 @@ def test_weights_follow_the_real_queue(lab: Lab):
             weights = wait_for(lambda: (m := lab.maglev()) and m.get(addr, 1 << 30) < m.get(other_addr, 0) and m,
                                90, "the loaded replica's weight to fall below the idle one's", interval=1)
             lab.figures["weight_fell_s"] = round(time.monotonic() - began, 1)
+            lab.figures["reasons"] = lab.reasons()
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{lab.routing_story()}") from None
         assert weights[addr] < weights[other_addr]
