@@ -279,7 +279,7 @@ def _signal(strategy: str, obs: ReplicaObservation | None) -> str:
     if obs is not None and gap and gap in obs.missing:
         return f" (runtime reports no {gap.replace('_', ' ')}: {GAP_RULE[gap]})"
     value = getattr(obs, field, None) if obs is not None and field else None
-    if value is None:
+    if obs is None or value is None:
         return ""
     return f" from {label} {value:.3g}" + (describe(obs) if field == "queue_depth" else "")
 
