@@ -33,7 +33,7 @@ from gateway.live_budget import LiveBudget
 from gateway.settings import GatewaySettings
 from gateway.slots import SlotHolder, slot_view
 from tests.gateway.gateway_harness import GatewayProcess, make_key, sqlite_state
-from tests.gateway.test_gateway_usage_known import _tpm
+from tests.gateway.test_gateway_usage_known import _tpm, clear_of_the_minute_end
 
 MSG = [{"role": "user", "content": "hi"}]  # 2 characters: a prompt estimate of 1 token
 STREAMED = 100  # content events the upstream sends, whatever max_tokens says
@@ -123,6 +123,7 @@ def _in_flight(store) -> int:
 
 def test_the_stream_ends_at_the_keys_tpm_with_an_error_event_and_settles_exactly(env):
     key_id, key = make_key(env["store"], "chat", tokens_per_minute=60, max_concurrent=4)
+    clear_of_the_minute_end()
     c = openai.OpenAI(base_url=env["gw"].openai_base("chat"), api_key=key, max_retries=0)
     received = 0
     with pytest.raises(openai.APIError) as err:
@@ -140,6 +141,7 @@ def test_the_stream_ends_at_the_keys_tpm_with_an_error_event_and_settles_exactly
 
 def test_a_responses_stream_ends_at_the_budget_too(env):
     key_id, key = make_key(env["store"], "chat", tokens_per_minute=50)
+    clear_of_the_minute_end()
     c = openai.OpenAI(base_url=env["gw"].openai_base("chat"), api_key=key, max_retries=0)
     received = 0
     with pytest.raises(openai.APIError) as err:
@@ -164,6 +166,7 @@ def test_the_cut_stream_ends_with_done_on_the_wire(env):
 
 def test_a_shadowed_key_limit_lets_the_stream_finish_and_reports_it(env):
     key_id, key = make_key(env["store"], "chat", tokens_per_minute=60, shadow_limits=("tokens_per_minute",))
+    clear_of_the_minute_end()
     body = {"model": "m", "messages": MSG, "max_tokens": 10, "stream": True}
     with httpx.stream("POST", env["gw"].openai_base("chat") + "/chat/completions", json=body,
                       headers={"authorization": f"Bearer {key}"}) as r:
