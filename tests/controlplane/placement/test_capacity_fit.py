@@ -18,7 +18,8 @@ from common.schemas import (
     Replica,
 )
 from controlplane.placement.capacity import fit
-from controlplane.placement.preemption import holders_from
+from controlplane.placement.index import PlacementIndex
+from controlplane.placement.preemption import holders_from, plan_preemption
 from controlplane.scheduler import (
     NOTHING_COMMITTED,
     Committed,
@@ -84,15 +85,18 @@ def cases(draw):
 
 
 def removed_for(rank, deps, replicas):
-    """Independently: lower-class replicas, less each deployment's floor of its oldest; draining too."""
+    """Independently: lower-class replicas, less each deployment's floor of the ones the planner takes
+    last; draining too. The planner takes the youngest first and, at equal created_at, the lower
+    replica id first (preemption.py), so the floor kept is the oldest and, among equals, the higher
+    ids: not simply the start of an oldest-first, id-ascending sort."""
     out = [r for r in replicas if r.draining]
     for name, d in deps.items():
         if CLASSES.index(d.capacity_class) >= rank:
             continue
         mine = sorted((r for r in replicas if r.deployment == name and not r.draining),
-                      key=lambda r: (r.created_at, r.replica_id))  # oldest first
+                      key=lambda r: (-r.created_at, r.replica_id))  # victim order: taken first first
         keep = d.autoscaling.min_replicas if d.autoscaling else 0
-        out += mine[keep:]
+        out += mine[:max(0, len(mine) - keep)]
     return out
 
 
@@ -153,3 +157,33 @@ def test_the_binding_constraint_is_named():
     assert one([full])["nodes"][0]["fits"] == 2  # no model given: disk is not judged
     got = one([node("a", 2), node("b", 2, site="eu")])
     assert [(s["site"], s["fits"]) for s in got["sites"]] == [("default", 2), ("eu", 2)]
+
+
+def test_the_floor_kept_at_equal_ages_is_the_one_the_planner_takes_last():
+    """Regression (hypothesis, fresh machine: n3 'standard' 2 != 0): two replicas of a deployment
+    with a floor of 1 and the same created_at on two nodes. The planner takes the lower replica id
+    first, so with preemption the room is on that one's node; the brute-force model had kept the
+    lower id (oldest first, then id ascending) and so counted the room on the other node."""
+    nodes = [node("a", 2, cpu=2, mem=8), node("b", 2, cpu=2, mem=8)]
+    deps = {"d0": InferenceDeployment(name="d0", model="m", profile="held", capacity_class="opportunistic",
+                                      autoscaling=AutoscalingSpec(min_replicas=1, max_replicas=4))}
+    replicas = [Replica(replica_id="r0", deployment="d0", ordinal=0, node="a", gpus=[nodes[0].gpus[0].pci],
+                        created_at=1.0),
+                Replica(replica_id="r1", deployment="d0", ordinal=1, node="b", gpus=[nodes[1].gpus[0].pci],
+                        created_at=1.0)]
+    profile = InferenceProfile(name="p", gpu=GpuRequest(count=1, vram_gib=8), cpu=1, memory_gib=4)
+    reservations = {r.node: set(r.gpus) for r in replicas}
+    committed = committed_resources(replicas, deps, {"held": HELD})
+    holders = holders_from(replicas, deps, lambda r: HELD)
+    got = fit(profile, nodes, reservations, committed, NOW, SchedulerSettings(), holders)
+    rows = {r["node"]: r for r in got["nodes"]}
+    assert [(n, rows[n]["fits"], rows[n]["with_preemption"]) for n in ("a", "b")] == [
+        ("a", 0, {"standard": 2, "critical": 2}), ("b", 0, {"standard": 0, "critical": 0})]
+    # the planner agrees: it takes r0 (on a), keeping r1
+    index = PlacementIndex(nodes, reservations, NOW, committed=committed)
+    crit = InferenceDeployment(name="c", model="m", profile="p", capacity_class="critical")
+    model = ModelArtifact(name="m", source="hf://o/m")
+    p = plan_preemption(index, crit, profile, model, holders_from(replicas, deps, lambda r: HELD))
+    assert (p.outcome, [v.replica_id for v in p.victims], p.node) == ("preempt", ["r0"], "a")
+    # and so does the brute-force model of the property test
+    assert [r.replica_id for r in removed_for(CLASSES.index("critical"), deps, replicas)] == ["r0"]
