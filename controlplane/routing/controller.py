@@ -19,8 +19,12 @@ then:
      record an event when its weights change, compute the routing
      plan (with the rollout's weight split, controlplane.rollouts.weights), and PUT the service
      on every online agent, concurrently, with the endpoint's forwarding mode, when the
-     backends, weights or mode changed since the last push (an agent without a dataplane
-     answers 400 and is skipped);
+     backends, weights or mode changed since the last push, or that push is REPUSH_AFTER_S
+     (15 s) old (an agent without a dataplane answers 400 and is skipped). The periodic
+     re-push bounds how long an agent can hold other weights than the plan: a push that timed
+     out here may still be applied by the agent after a later one succeeded (the agent's
+     writers take a file lock in no set order), and an agent restart or a hand edit changes the
+     maps behind our back; an unchanged PUT costs the agent two map reads;
   3. for every VIP whose endpoint is gone: DELETE the service on every registered agent (404
      counts as absent); only when all agents answered is the VIP released. An unreachable agent
      keeps the VIP, retried next tick.
@@ -77,6 +81,7 @@ log = logging.getLogger("fabricd.routing")
 SCRAPE_TIMEOUT_S = 2.0  # the default of FABRIC_SCRAPE_TIMEOUT_SECS
 SCRAPE_CONCURRENCY = 64
 REFRESH_AFTER_S = MAX_SCRAPE_AGE_S / 2
+REPUSH_AFTER_S = 15.0
 KV_TOLERANCE = 0.005
 RATE_TOLERANCE = 0.02
 PROTO = "tcp"
@@ -86,7 +91,8 @@ PROTO = "tcp"
 class RoutingMemory:
     samples: dict[str, tuple[EngineSample, float]] = field(default_factory=dict)
     pages: dict[str, tuple[str, EngineSample]] = field(default_factory=dict)  # replica -> (kept lines, parse)
-    pushed: dict[tuple[str, str], tuple] = field(default_factory=dict)  # (endpoint, node) -> (backends, forwarding)
+    # (endpoint, node) -> ((backends, draining, forwarding), when the agent took it)
+    pushed: dict[tuple[str, str], tuple[tuple, float]] = field(default_factory=dict)
     plans: dict[str, RoutingPlan] = field(default_factory=dict)
     weights: dict[str, tuple] = field(default_factory=dict)  # endpoint -> weights last recorded as an event
     series: dict[str, set[str]] = field(default_factory=dict)  # endpoint -> replicas with a weight series
@@ -294,8 +300,8 @@ class RoutingWorker:
             self._managed[key] = record
         now, settings = self.clock(), SchedulerSettings()
         targets = [node for node in snap.nodes.values()
-                   if node_online(node, now, settings) and self.memory.pushed.get((ep.name, node.id)) != backends]
-        if targets:  # only push when weights change; to every agent at once
+                   if node_online(node, now, settings) and self._push_due((ep.name, node.id), backends, now)]
+        if targets:  # only push when weights change or the last push is old; to every agent at once
             spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in plan.backends},
                                      draining=list(plan.draining), forwarding=ep.forwarding)
             results = await asyncio.gather(*(self._push(node, ep, vip, spec, backends) for node in targets),
@@ -375,17 +381,22 @@ class RoutingWorker:
         text = ", ".join(f"{rid}={w}" for rid, w in weights) or "no replica routed"
         self.events("endpoint", ep.name, "WeightsChanged", f"{plan.strategy}: {text}", tenant=ep.tenant)
 
+    def _push_due(self, key: tuple[str, str], backends: tuple, now: float) -> bool:
+        """Whether this agent gets the service now: it changed, or the last push is old."""
+        last = self.memory.pushed.get(key)
+        return last is None or last[0] != backends or now - last[1] >= REPUSH_AFTER_S
+
     async def _push(self, node: Node, ep: InferenceEndpoint, vip: str, spec: MaglevServiceSpec,
                     backends: tuple) -> str | None:
         """PUT the service on one agent; a note when it failed (retried next tick)."""
         try:
             await self.agents.for_node(node).put_service(vip, ep.port, PROTO, spec)
         except Refused:
-            self.memory.pushed[(ep.name, node.id)] = backends  # no dataplane there
+            self.memory.pushed[(ep.name, node.id)] = (backends, self.clock())  # no dataplane there
             return None
         except FabricError as exc:
             return f"Maglev push to {node.id} failed: {exc.message}"
-        self.memory.pushed[(ep.name, node.id)] = backends
+        self.memory.pushed[(ep.name, node.id)] = (backends, self.clock())
         if self.metrics:
             self.metrics.maglev_pushes.inc()
         return None

@@ -14,7 +14,7 @@ from common import keyspace
 from common.errors import TransientError
 from common.schemas import InferenceEndpoint, ReplicaObservation
 from controlplane import vip_pool
-from controlplane.routing.controller import REFRESH_AFTER_S, RoutingWorker, material_change
+from controlplane.routing.controller import REFRESH_AFTER_S, REPUSH_AFTER_S, RoutingWorker, material_change
 from controlplane.routing.metrics_parse import MetricsParseError, SeriesCache, parse_vllm_metrics
 from controlplane.routing.scrape import MetricsScraper, ScrapeError
 from controlplane.routing.strategies import UNREAD_WEIGHT
@@ -81,6 +81,34 @@ def test_push_on_change_and_maglev_absent_before_vip_release(store):
         await worker.tick()
         assert agent.services == {}
         assert vip_pool.owner_of(store, "10.96.0.1") is None
+        await worker.aclose()
+
+    asyncio.run(run())
+
+
+def test_an_agent_holding_other_weights_gets_the_plan_again_within_the_repush_period(store):
+    """A push that timed out may still land on the agent after a later one succeeded (the
+    agent's writers take a file lock in no set order): the worker's record says the new weights
+    are there while the maps hold the old. The periodic re-push puts the plan back."""
+    now = time.time()
+    seed(store, now)
+    agents = Agents()
+    clock = [now]
+    worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), clock=lambda: clock[0])
+    worker.scrape_all = lambda snap: asyncio.sleep(0)
+    key = ("10.96.0.1", 8000, "tcp")
+
+    async def run():
+        await worker.tick()
+        agent = agents.by_node["n1"]
+        planned = dict(agent.services[key])
+        agent.services[key] = {"10.0.0.1:8000": 5, "10.0.0.2:8000": 32}  # the late, stale push landed
+        clock[0] = now + REPUSH_AFTER_S - 1
+        await worker.tick()
+        assert agent.puts == 1 and agent.services[key] != planned  # within the period: not yet
+        clock[0] = now + REPUSH_AFTER_S
+        await worker.tick()
+        assert agent.puts == 2 and agent.services[key] == planned
         await worker.aclose()
 
     asyncio.run(run())
