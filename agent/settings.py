@@ -10,7 +10,7 @@ travels in AgentState.settings to the API and the workers; nothing else reads os
   FABRIC_VFIO_KEEP_BOUND (0)    1: released GPUs stay on vfio-pci for the next VM (docs/gpu-hosts.md)
   FABRIC_PCI_MIG (0)            1: this agent creates and destroys MIG instances (agent/hw/mig.py)
   FABRIC_IMAGES_DIR             where the guest pieces live (default: the repository's images/)
-  FABRIC_LAB_ENGINE (sim), FABRIC_LAB_ENGINE_PYTHON, FABRIC_LAB_ENGINE_KV_BYTES   the lab's engine (agent/vm/lab_engine.py)
+  FABRIC_LAB_ENGINE (sim), FABRIC_LAB_ENGINE_PYTHON, FABRIC_LAB_ENGINE_KV_BYTES, FABRIC_LAB_ENGINE_NICE   the lab's engine (agent/vm/lab_engine.py)
 """
 
 from __future__ import annotations

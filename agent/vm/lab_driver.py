@@ -48,6 +48,7 @@ from agent.vm.lab_engine import (
     real_engine_env,
     release_shm,
     shm_segments,
+    yield_cpu,
 )
 from agent.vm.records import RecordDir, engine_alive
 from common.errors import Refused, TransientError
@@ -197,6 +198,7 @@ class LabDriver:
         with open(self.dir / f"{rec.replica_id}.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True, close_fds=True)
+        yield_cpu(proc.pid, self.engine.nice)  # a guest's engine has its own vCPUs (lab_engine.py)
         return proc.pid
 
     # ---- VmDriver --------------------------------------------------------------------------

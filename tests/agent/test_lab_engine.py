@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from agent.vm.lab_engine import LabEngineSettings, pick_worker_cpu, real_engine_env
+from agent.vm.lab_engine import LabEngineSettings, pick_worker_cpu, real_engine_env, yield_cpu
 from common.errors import InvalidInput
 
 
@@ -36,3 +42,41 @@ def test_lab_engine_settings_refuse_what_they_cannot_run():
         LabEngineSettings.from_env({"FABRIC_LAB_ENGINE": "vllm", "FABRIC_LAB_ENGINE_KV_BYTES": "1G"})
     assert LabEngineSettings.from_env({"FABRIC_LAB_ENGINE": " VLLM "}).real_for("vllm")
     assert not LabEngineSettings.from_env({}).real_for("vllm")
+    with pytest.raises(InvalidInput, match="FABRIC_LAB_ENGINE_NICE must be from 0 to 19"):
+        LabEngineSettings.from_env({"FABRIC_LAB_ENGINE_NICE": "20"})
+    with pytest.raises(InvalidInput, match="FABRIC_LAB_ENGINE_NICE must be a whole number"):
+        LabEngineSettings.from_env({"FABRIC_LAB_ENGINE_NICE": "low"})
+    assert LabEngineSettings.from_env({}).nice == 10 and LabEngineSettings.from_env({"FABRIC_LAB_ENGINE_NICE": "0"}).nice == 0
+
+
+def test_an_engine_yields_the_cpu_with_its_session_and_the_children_it_starts_later():
+    """As the lab driver starts it: a session of its own, then yield_cpu on its pid. The child it
+    forks afterwards inherits the nice; the session's autogroup (where the kernel has them) gets
+    it too, which is what the scheduler weighs against the gateway's session."""
+    script = "import os, sys, time; sys.stdin.readline(); os.fork() or time.sleep(30); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, start_new_session=True)
+    try:
+        yield_cpu(proc.pid, 7)
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == 7
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        for _ in range(200):
+            kids = children.read_text().split()
+            if kids:
+                break
+            time.sleep(0.01)
+        assert kids and os.getpriority(os.PRIO_PROCESS, int(kids[0])) == 7
+        group = Path(f"/proc/{proc.pid}/autogroup")
+        if group.exists():
+            assert group.read_text().split()[-1] == "7"
+            assert Path(f"/proc/{kids[0]}/autogroup").read_text() == group.read_text()  # one session, one group
+        else:
+            print("this kernel has no autogroups: the process nice is all there is to check")
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        yield_cpu(os.getpid(), 0)  # 0 leaves a process alone
+        assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    finally:
+        proc.kill()
+        proc.wait()
+        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.vm.lab_engine import engine_installed
+from agent.vm.lab_engine import DEFAULT_NICE, engine_installed
 from controlplane.lab.cluster import LAB_ADAPTER_SOURCE, LAB_MODEL_SOURCE, LabConfig
 from tests.e2e.lab_harness import running_lab
 from tests.support.lab_lock import lab_unavailable
@@ -159,6 +159,9 @@ def test_two_real_replicas_become_ready_from_the_mirror(lab: Lab):
                  subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
         serve = next(a for a in argvs if b"serve" in a)  # the guest's command line, the launcher first
         assert serve[serve.index(b"serve") + 1] == b"/models" and b"--max-num-seqs" in serve, serve
+        # Every engine process yields the CPU to the lab's gateway and agent (lab_engine.yield_cpu).
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        assert {os.getpriority(os.PRIO_PROCESS, int(pid)) for pid in pids} == {DEFAULT_NICE}, pids
         rss = netns_rss(ns)
         assert 0 < rss <= RSS_BUDGET, f"replica {rep['replica_id']} holds {rss / 2**30:.2f} GiB"
         lab.figures[f"rss_gib_{rep['ordinal']}"] = rss / 2**30
