@@ -95,9 +95,11 @@ class Lab:
         """What fabricd decided and why (explain routing) beside the agent's live weights, for a failure message."""
         try:
             explain = self.api.get(f"/api/ai/explain/routing/{ENDPOINT}").json()
+            status = self.api.get(f"/api/ai/endpoints/{ENDPOINT}").json()["status"]  # a failed push is noted there
         except httpx.HTTPError as exc:
-            explain = repr(exc)
-        return f"maglev: {self.maglev()}\nexplain: {json.dumps(explain, indent=1)}{self.engine_logs(1500)}"
+            explain, status = repr(exc), {}
+        return (f"maglev: {self.maglev()}\nendpoint status: {status.get('message')}\n"
+                f"explain: {json.dumps(explain, indent=1)}{self.engine_logs(1500)}")
 
     def reasons(self) -> dict[str, str]:
         """explain routing's reason per replica (what set each weight)."""
