@@ -337,9 +337,9 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         if unknown:
             raise InvalidInput(f"draining names backends not in the set: {', '.join(unknown)}")
         dp = _dataplane()
-        dp.put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining),
-                       forwarding=spec.forwarding)
-        if state.bgp is not None:
+        changed = dp.put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining),
+                                 forwarding=spec.forwarding)
+        if changed and state.bgp is not None:
             state.bgp.poke()  # announce or withdraw the VIP now, not at the next pass
         written = dp.get_service(vip, port, proto)  # read back: what the maps now hold
         if written is not None:

@@ -218,7 +218,7 @@ class Dataplane(MapReader):
 
     def refresh_egress(self) -> None:
         """Re-read the devices and bridge FDB of the attached namespace into
-        egress_devs / bridge_ports (egress.py); also done by attach and every put_service."""
+        egress_devs / bridge_ports (egress.py); also done by attach and every put_service that changed the maps."""
         with writer_lock(self.pin_dir):
             self._refresh_egress()
 
@@ -335,7 +335,8 @@ class Dataplane(MapReader):
         self._refuse_node_address(addr)
         with writer_lock(self.pin_dir):
             changed = self._put_service(addr, self._wanted(backends, draining, addr, forwarding), forwarding)
-            self._refresh_egress()  # a new backend's MAC may have appeared behind a bridge
+            if changed:  # a new backend's MAC may have appeared behind a bridge; later ones reach FibWatch
+                self._refresh_egress()
             return changed
 
     def _put_service(self, addr: ServiceAddress, wanted: dict[str, BackendState], forwarding: str = "nat") -> bool:

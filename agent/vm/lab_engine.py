@@ -77,16 +77,8 @@ class LabEngineSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LabEngineSettings:
         """env: the process environment its settings read at start (agent/settings.py, the lab CLI)."""
-        raw_kv = env.get("FABRIC_LAB_ENGINE_KV_BYTES", "").strip()
-        try:
-            kv = int(raw_kv) if raw_kv else DEFAULT_KV_BYTES
-        except ValueError:
-            raise InvalidInput(f"FABRIC_LAB_ENGINE_KV_BYTES must be a whole number of bytes, got {raw_kv!r}") from None
-        raw_nice = env.get("FABRIC_LAB_ENGINE_NICE", "").strip()
-        try:
-            nice = int(raw_nice) if raw_nice else DEFAULT_NICE
-        except ValueError:
-            raise InvalidInput(f"FABRIC_LAB_ENGINE_NICE must be a whole number from 0 to 19, got {raw_nice!r}") from None
+        kv = _whole(env, "FABRIC_LAB_ENGINE_KV_BYTES", DEFAULT_KV_BYTES, "a whole number of bytes")
+        nice = _whole(env, "FABRIC_LAB_ENGINE_NICE", DEFAULT_NICE, "a whole number from 0 to 19")
         python = env.get("FABRIC_LAB_ENGINE_PYTHON", "").strip()
         return cls(engine=env.get("FABRIC_LAB_ENGINE", "").strip().lower() or "sim",
                    python=Path(python) if python else REPO_ENGINE_PYTHON, kv_cache_bytes=kv, nice=nice,
@@ -94,6 +86,14 @@ class LabEngineSettings:
 
     def real_for(self, runtime: str) -> bool:
         return self.engine == "vllm" and runtime == "vllm"
+
+
+def _whole(env: Mapping[str, str], name: str, default: int, what: str) -> int:
+    raw = env.get(name, "").strip()
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise InvalidInput(f"{name} must be {what}, got {raw!r}") from None
 
 
 def engine_installed(python: Path = REPO_ENGINE_PYTHON) -> str | None:
@@ -194,13 +194,14 @@ def yield_cpu(pid: int, nice: int) -> None:
     """Lower a freshly started engine's CPU priority: the process (its children inherit it; vLLM
     starts EngineCore and the worker seconds later, after its imports) and its session's
     autogroup, which is what Linux weighs against the gateway's and the agent's sessions when
-    autogroups are on. A kernel without autogroups has no such file: the process nice is all."""
+    autogroups are on. A kernel without autogroups has no such file: the process nice is all.
+    An engine that already exited is left to the driver's status (its own error line)."""
     if nice <= 0:
         return
-    os.setpriority(os.PRIO_PROCESS, pid, nice)
     try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         pass
 
 

@@ -24,7 +24,8 @@ then:
      re-push bounds how long an agent can hold other weights than the plan: a push that timed
      out here may still be applied by the agent after a later one succeeded (the agent's
      writers take a file lock in no set order), and an agent restart or a hand edit changes the
-     maps behind our back; an unchanged PUT costs the agent two map reads;
+     maps behind our back; an unchanged PUT makes the agent read its maps and the node's
+     addresses and write nothing (no egress refresh, no BGP pass);
   3. for every VIP whose endpoint is gone: DELETE the service on every registered agent (404
      counts as absent); only when all agents answered is the VIP released. An unreachable agent
      keeps the VIP, retried next tick.

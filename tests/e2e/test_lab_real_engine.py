@@ -157,12 +157,11 @@ def test_two_real_replicas_become_ready_from_the_mirror(lab: Lab):
         metrics = httpx.get(f"{engine}/metrics", timeout=10).text
         assert f'vllm:num_requests_waiting{{engine="0",model_name="{MODEL}"}}' in metrics
         ns = f"fabric-lab-r-{rep['replica_id']}"
-        argvs = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in
-                 subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        argvs = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in pids]
         serve = next(a for a in argvs if b"serve" in a)  # the guest's command line, the launcher first
         assert serve[serve.index(b"serve") + 1] == b"/models" and b"--max-num-seqs" in serve, serve
         # Every engine process yields the CPU to the lab's gateway and agent (lab_engine.yield_cpu).
-        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
         assert {os.getpriority(os.PRIO_PROCESS, int(pid)) for pid in pids} == {DEFAULT_NICE}, pids
         rss = netns_rss(ns)
         assert 0 < rss <= RSS_BUDGET, f"replica {rep['replica_id']} holds {rss / 2**30:.2f} GiB"
