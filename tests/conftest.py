@@ -3,7 +3,8 @@
 `make setup` installs every tool the tests use, so on the standard machine the only skips
 left are for hardware that is truly absent (a GPU, /dev/kvm). Any other skip (a missing
 binary, a package not installed, root not available) fails the run, so a test cannot pass
-quietly on a machine where it never ran. The allowed skips are listed at the end of the run.
+quietly on a machine where it never ran. A module skipped while it is collected (a module-level
+`pytest.importorskip`) is counted by the same rule as a test skipped while it runs. The allowed skips are listed at the end of the run.
 
 FABRIC_TEST_ALLOW_SKIPS=1 turns the rule off for a developer machine that is not the
 standard one (the skips are still listed); CI never sets it.
@@ -114,23 +115,34 @@ def allowed_label(reason: str) -> str | None:
     return None
 
 
-def _reason(report: pytest.TestReport) -> str:
+def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2]).removeprefix("Skipped: ")
     return str(longrepr)
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+def _count_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = _reason(report)
         _skips.append((report.nodeid, reason, allowed_label(reason)))
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _count_skip(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A module that skips while it is collected (a module-level importorskip or
+    pytest.skip(allow_module_level=True)) runs none of its tests: counted by the same rule."""
+    _count_skip(report)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get(OPT_OUT_ENV) == "1":
         return
-    if any(label is None for _, _, label in _skips) and session.exitstatus == 0:
+    quiet = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+    if any(label is None for _, _, label in _skips) and session.exitstatus in quiet:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

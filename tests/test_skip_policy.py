@@ -58,3 +58,34 @@ def test_a_failing_run_keeps_its_own_status(inner):
         def test_bad(): assert False
     """)
     assert inner.runpytest().ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_a_module_skipped_at_collection_fails_the_run_and_is_named(inner):
+    inner.makepyfile(test_ok="def test_ok(): pass", test_lib="""
+        import pytest
+        libvirt_like = pytest.importorskip("no_such_module_for_the_skip_rule")
+        def test_never_runs(): pass
+    """)
+    result = inner.runpytest()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*NOT ALLOWED: test_lib.py: could not import 'no_such_module_for_the_skip_rule'*"])
+
+
+def test_a_lone_module_skipped_at_collection_still_fails(inner):
+    inner.makepyfile(test_only="""
+        import pytest
+        pytest.skip("needs the foo tool", allow_module_level=True)
+    """)
+    result = inner.runpytest()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*NOT ALLOWED: test_only.py: needs the foo tool*"])
+
+
+def test_a_hardware_skip_at_collection_is_allowed(inner):
+    inner.makepyfile(test_ok="def test_ok(): pass", test_gpu="""
+        import pytest
+        pytest.skip("no NVIDIA GPU on this host", allow_module_level=True)
+    """)
+    result = inner.runpytest()
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*allowed (no GPU): test_gpu.py: no NVIDIA GPU on this host*"])

@@ -17,10 +17,9 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import libvirt
 import pytest
 from fastapi.testclient import TestClient
-
-libvirt = pytest.importorskip("libvirt")
 
 from agent.api import create_app
 from agent.heartbeat import Heartbeat, HostResources

@@ -19,10 +19,9 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import libvirt
+import pycdlib
 import pytest
-
-libvirt = pytest.importorskip("libvirt")
-pycdlib = pytest.importorskip("pycdlib")
 
 from agent.net.bridge import BridgeNetwork
 from agent.vm.base import VmSpec

@@ -23,9 +23,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import libvirt
 import pytest
-
-libvirt = pytest.importorskip("libvirt")
 
 from agent.net.bridge import BridgeNetwork
 from agent.vm.base import VmSpec

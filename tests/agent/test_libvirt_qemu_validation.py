@@ -15,9 +15,8 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import libvirt
 import pytest
-
-libvirt = pytest.importorskip("libvirt")
 
 from agent.vm.base import VmSpec
 from agent.vm.domain_xml import QEMU_NS, build_domain_xml, mac_for

@@ -20,9 +20,8 @@ import shutil
 import stat
 import subprocess
 
+import libvirt
 import pytest
-
-libvirt = pytest.importorskip("libvirt")
 
 from agent.vm.domain_xml import domain_name
 from tests.support import tiny_guest, vm_boot
