@@ -37,8 +37,8 @@ PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth")
 
 
 def scan_names(names: Iterable[str], max_files: int = DEFAULT_MAX_FILES) -> None:
-    """The name rules of the scan: applied to a repository listing before anything is
-    downloaded, and again to the files on disk."""
+    """The name rules of the scan: applied to the files selected from a repository listing
+    (agent.models.file_selection) before anything is downloaded, and again to the files on disk."""
     names = list(names)
     if len(names) > max_files:
         raise CheckFailed("Scanning", f"{len(names)} files is more than FABRIC_MODEL_MAX_FILES ({max_files})")

@@ -5,7 +5,8 @@ Resolving -> Downloading -> Verifying -> Scanning -> Ready, or Failed with a mes
 state change is written to ``jobs/<id>.json`` (write-then-rename) before the work of that
 state starts, so an agent killed at any point restarts each unfinished job from its record;
 the files already downloaded stay in staging and a partial file is resumed with a Range
-request (agent.models.hf_fetch).
+request (agent.models.hf_fetch). Only the files a runtime loads are fetched
+(agent.models.file_selection); the listing check, the per-file hashes and the scan judge those.
 
 Joining: work is keyed by its source (repo@commit, or a local realpath). A second job whose
 source another job is fetching waits for it (``joined`` names that job, its progress is the
@@ -34,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -48,6 +49,7 @@ from agent.models.checks import (
     scan,
     scan_names,
 )
+from agent.models.file_selection import select_files
 from agent.models.hf_fetch import FetchFailed, HfFetcher, Resolved, parse_hf_source
 from agent.models.settings import ModelSettings
 from common.model_api import (
@@ -283,14 +285,18 @@ class ModelJobs:
         repo, rev = parse_hf_source(want.source)
         rev = want.revision or rev
         fetcher = self.fetcher()
-        resolved = fetcher.resolve(repo, rev)
+        listing = fetcher.resolve(repo, rev)
+        resolved = _selected(listing)
         scan_names([f.name for f in resolved.files], self.settings.max_files)
         key = _source_key("hf", f"{repo}@{resolved.revision}")
         rec.source_key = key
         size = max(resolved.size, want.size_bytes or 0)
         about = {"revision": resolved.revision, "files": len(resolved.files)} if want.is_model else {}
+        skipped = len(listing.files) - len(resolved.files)
         self._set(rec, message=f"{want.label}{repo}@{rev} is commit {resolved.revision}: {len(resolved.files)} "
-                               f"files, {resolved.size} bytes", bytes_total=rec.done_before + size, **about)
+                               f"files, {resolved.size} bytes"
+                               + (f" ({skipped} files no runtime loads are skipped)" if skipped else ""),
+                  bytes_total=rec.done_before + size, **about)
         with self._claim(rec, key):
             digest = self.cache.digest_of_source(key)
             if digest is not None:
@@ -383,6 +389,15 @@ class ModelJobs:
                                 f"{got.size} bytes, digest {got.digest}{also}",
                   digest=got.digest, path=str(got.path), bytes_done=total, bytes_total=total,
                   files=got.files, safetensors=got.safetensors, adapters=adapters)
+
+
+def _selected(listing: Resolved) -> Resolved:
+    """The listing cut down to the files a runtime loads (agent.models.file_selection)."""
+    keep = set(select_files(f.name for f in listing.files).keep)
+    if not keep:
+        raise CheckFailed("Resolving", f"{listing.repo} has no file a runtime loads (config, tokenizer or weights: "
+                                       "safetensors, gguf, bin)")
+    return replace(listing, files=tuple(f for f in listing.files if f.name in keep))
 
 
 class _Stopping(Exception):

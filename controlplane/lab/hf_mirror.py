@@ -28,7 +28,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Self
 from urllib.parse import unquote, urlsplit
 
 CHUNK = 1 << 20
@@ -48,8 +47,11 @@ def _files(repo_dir: Path) -> list[Path]:
 
 
 def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 class _HashCache:
@@ -252,7 +254,7 @@ class HfMirror:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> HfMirror:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -264,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("command", choices=["serve"], help="serve the mirror (the lab finds its processes by it)")
     p.add_argument("--root", type=Path, required=True, help="directory holding ORG/NAME/ repositories")
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (loopback)")
-    p.add_argument("--tiny", metavar="ORG/NAME", help="first write a tiny safetensors model there")
+    p.add_argument("--tiny", metavar="ORG/NAME", help="first write a tiny safetensors model there, laid out "
+                                                      "like a Llama 3.x repository (original/*.pth, a .bin copy)")
     p.add_argument("--tiny-adapter", metavar="ORG/NAME", action="append", default=[],
                    help="first write a tiny LoRA adapter there (repeatable)")
     args = p.parse_args(argv)
@@ -272,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     from controlplane.lab.tiny_model import write_tiny_adapter, write_tiny_model
 
     if args.tiny and not (args.root / args.tiny).is_dir():
-        write_tiny_model(args.root / args.tiny)
+        write_tiny_model(args.root / args.tiny, llama_layout=True)
     for repo in args.tiny_adapter:
         if not (args.root / repo).is_dir():
             write_tiny_adapter(args.root / repo, base=args.tiny or "")

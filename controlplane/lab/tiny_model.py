@@ -12,7 +12,10 @@ as PEFT saves one.
 Every byte follows from the arguments: the weights come from ``numpy.random.default_rng(seed)``,
 the tokenizer from the shipped text, and no file carries a time stamp, so the same call writes the
 same digest on every machine. The words it generates mean nothing; they arrive, token by token,
-through the real engine, which is what the lab needs. ``extra_bytes`` adds one more tensor
+through the real engine, which is what the lab needs. ``llama_layout`` adds what a Llama 3.x
+repository carries beside its safetensors and no runtime loads: Meta's ``original/`` checkpoint
+(``consolidated.00.pth``, a pickle, with ``params.json`` and ``tokenizer.model``), a
+``pytorch_model.bin`` copy, README.md and .gitattributes (the lab's mirror serves it this way). ``extra_bytes`` adds one more tensor
 (``fabric.padding``, uint8) to make a file big enough to interrupt mid-download; the engine does not
 load a model with it.
 
@@ -24,6 +27,7 @@ Its B matrices are not zero, so a request through the adapter gets other tokens 
 from __future__ import annotations
 
 import json
+import pickle
 import struct
 from pathlib import Path
 
@@ -119,7 +123,7 @@ def _tensors(rng: np.random.Generator, hidden: int, layers: int, vocab: int) -> 
 
 
 def write_tiny_model(path: Path, *, shards: int = 2, hidden: int = HEADS * HEAD_DIM, layers: int = 2,
-                     seed: int = 0, extra_bytes: int = 0) -> Path:
+                     seed: int = 0, extra_bytes: int = 0, llama_layout: bool = False) -> Path:
     """Write the model under ``path`` and return it (see the module's docstring)."""
     path.mkdir(parents=True, exist_ok=True)
     tok_text = tokenizer_json()
@@ -154,7 +158,24 @@ def write_tiny_model(path: Path, *, shards: int = 2, hidden: int = HEADS * HEAD_
         "eos_token_id": json.loads(tok_text)["model"]["vocab"][EOS],
         "attention_bias": False, "mlp_bias": False,
     })
+    if llama_layout:
+        _write_llama_extras(path, hidden, layers, vocab)
     return path
+
+
+def _write_llama_extras(path: Path, hidden: int, layers: int, vocab: int) -> None:
+    # Pickle bytes (protocol 4 header and a plain dict) as torch.save's payload would be: only the
+    # supply chain's selection keeps them off a node, nothing ever unpickles them.
+    original = path / "original"
+    original.mkdir(exist_ok=True)
+    payload = pickle.dumps({"fabric": "Meta-format checkpoint stand-in"}, protocol=4)
+    (original / "consolidated.00.pth").write_bytes(payload)
+    _dump(original / "params.json", {"dim": hidden, "n_layers": layers, "n_heads": HEADS,
+                                     "n_kv_heads": KV_HEADS, "vocab_size": vocab, "norm_eps": 1e-5})
+    (original / "tokenizer.model").write_text("IQ== 0\n")  # tiktoken's format: base64 token, rank
+    (path / "pytorch_model.bin").write_bytes(payload)
+    (path / "README.md").write_text("# tiny-chat\n\nFabric's lab model, laid out like a Llama 3.x repository.\n")
+    (path / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
 
 
 def write_tiny_adapter(path: Path, *, rank: int = 8, hidden: int = HEADS * HEAD_DIM, layers: int = 2, seed: int = 1,

@@ -47,18 +47,42 @@ def test_pinned_revision_and_unknown_revision(tmp_path):
     assert states(bad) == ["Registered", "Resolving", "Failed"]
 
 
-def test_pickle_files_are_refused_before_download_but_bin_is_not_a_pickle(tmp_path):
-    with mirror(tmp_path) as m:
-        (tmp_path / "mirror" / REPO / "pytorch_model.bin").write_bytes(b"\0" * 100)
+def test_llama_layout_is_ready_with_only_what_the_runtime_loads(tmp_path):
+    """A Llama 3.x-style repository (the lab mirror's layout): safetensors beside original/*.pth
+    and a .bin copy. The pickles and the copy are never requested and never on disk."""
+    with mirror(tmp_path, llama_layout=True) as m:
         jobs = jobs_for(tmp_path, m.url)
         jobs.submit(request())
-        assert finish(jobs, "tiny.node-a").state == "Ready"
-        (tmp_path / "mirror" / REPO / "extra.pt").write_bytes(b"\x80\x04pickle")
+        view = finish(jobs, "tiny.node-a")
+        fetched = {r[1].split("/resolve/", 1)[1].split("/", 1)[1] for r in m.cfg.requests
+                   if r[0] == "GET" and "/resolve/" in r[1]}
+    assert view.state == "Ready", view.message
+    on_disk = sorted(str(p.relative_to(view.path)) for p in Path(view.path).rglob("*") if p.is_file())
+    assert not [n for n in on_disk if n.endswith((".pth", ".pt", ".pkl", ".bin"))]
+    assert not [n for n in on_disk if n.startswith("original/") or n in ("README.md", ".gitattributes")]
+    assert "model.safetensors.index.json" in on_disk and "tokenizer.json" in on_disk
+    assert fetched == set(on_disk)  # the skipped files were never downloaded
+    assert view.files == 6 and view.safetensors == 2
+
+
+def test_pickle_only_repository_is_refused_before_download_but_bin_is_not_a_pickle(tmp_path):
+    root = tmp_path / "mirror" / REPO
+    with mirror(tmp_path) as m:
+        for f in root.glob("*.safetensors*"):
+            f.unlink()
+        (root / "pytorch_model.bin").write_bytes(b"\0" * 100)
+        jobs = jobs_for(tmp_path, m.url)
+        jobs.submit(request())
+        ok = finish(jobs, "tiny.node-a")
+        assert ok.state == "Ready", ok.message  # without safetensors a .bin is what the engine loads
+        assert (Path(ok.path) / "pytorch_model.bin").exists()
+        (root / "original").mkdir()
+        (root / "original" / "consolidated.00.pth").write_bytes(b"\x80\x04pickle")
         jobs.submit(request(attempt=1))
         view = finish(jobs, "tiny.node-a")
-        downloads = [r for r in m.cfg.requests if r[0] == "GET" and r[1].endswith("extra.pt")]
+        downloads = [r for r in m.cfg.requests if r[0] == "GET" and r[1].endswith(".pth")]
     assert view.state == "Failed"
-    assert "extra.pt is a pickle file" in view.message and view.message.startswith("Scanning:")
+    assert "original/consolidated.00.pth is a pickle file" in view.message and view.message.startswith("Scanning:")
     assert downloads == []  # refused from the file list, before any byte came
 
 
