@@ -151,7 +151,7 @@ def not_after(cert_path: Path) -> datetime.datetime:
 
 def renewal_due(cert_path: Path, now: datetime.datetime | None = None) -> bool:
     cert = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
-    now = now or datetime.datetime.now(datetime.UTC)
+    now = now or datetime.datetime.now(datetime.timezone.utc)
     life = cert.not_valid_after_utc - cert.not_valid_before_utc
     return cert.not_valid_after_utc - now <= life * RENEW_FRACTION
 

@@ -397,11 +397,10 @@ class UpstreamPool:
         if scheme == "https" and tls is None:
             tls = ssl.create_default_context()
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(
-                    lambda: _Conn(loop, self, key), host, port, ssl=tls,
-                    server_hostname=host if tls is not None else None)
-        except TimeoutError:
+            _, conn = await asyncio.wait_for(loop.create_connection(
+                lambda: _Conn(loop, self, key), host, port, ssl=tls,
+                server_hostname=host if tls is not None else None), self.connect_timeout)
+        except asyncio.TimeoutError:  # asyncio's, not the builtin, on Python 3.10
             raise UpstreamConnectTimeout(f"connect to {host}:{port} timed out") from None
         except (OSError, ssl.SSLError) as exc:
             raise UpstreamConnectError(f"connect to {host}:{port} failed: {exc}") from None

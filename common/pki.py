@@ -43,7 +43,7 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
+    return datetime.datetime.now(datetime.timezone.utc)
 
 
 def ensure_ca(state_dir: Path) -> tuple[Path, Path]:

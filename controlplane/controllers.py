@@ -333,7 +333,7 @@ class ControllerHandle:
                 wait = max(0.05, horizon - time.monotonic())
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=wait)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not the builtin TimeoutError on Python 3.10
                     pass
         finally:
             keeper.cancel()

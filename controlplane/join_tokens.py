@@ -107,7 +107,7 @@ def sign_csr(state_dir: Path, csr_pem: str, node_id: str, hosts: list[str],
     ca_crt, ca_key_path = ensure_ca(state_dir)
     ca_cert = x509.load_pem_x509_certificate(ca_crt.read_bytes())
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
-    now = datetime.datetime.now(datetime.UTC)
+    now = datetime.datetime.now(datetime.timezone.utc)
     names: list[x509.GeneralName] = []
     for host in dict.fromkeys([node_id, *hosts]):
         try:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from common.task_cancel import cancelling, uncancel
+
 TICK = 0.05  # seconds between sweeps while calls are timed
 
 
@@ -59,7 +61,7 @@ class Deadline:
         if task is None:
             raise RuntimeError("a deadline is entered inside a task")
         self.task = task
-        self.cancelling = task.cancelling()
+        self.cancelling = cancelling(task)
         self.when = time.monotonic() + self.secs
         owner = self.owner
         loop = task.get_loop()
@@ -80,5 +82,5 @@ class Deadline:
             return
         # The sweep cancelled this task: undo that cancellation, and if nothing else asked for
         # one, the block timed out (asyncio.timeout's rule).
-        if self.task.uncancel() <= self.cancelling and exc_type is asyncio.CancelledError:
+        if uncancel(self.task) <= self.cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc

@@ -9,6 +9,7 @@ import json
 import re
 
 from common.errors import FabricError, InvalidInput, LimitExceeded, PayloadTooLarge, Unauthorized
+from common.task_cancel import uncancel
 from gateway.openai_errors import openai_status
 
 # Headers the gateway reads: a second copy would let the gateway and the engine read different
@@ -127,7 +128,7 @@ async def run_unless_client_leaves(coro, receive, guard=None):
             return await coro
         except asyncio.CancelledError:
             if guard.disconnected:
-                task.uncancel()
+                uncancel(task)
                 raise ClientGone() from None
             raise
         finally:
@@ -147,7 +148,7 @@ async def run_unless_client_leaves(coro, receive, guard=None):
         return await coro
     except asyncio.CancelledError:
         if gone:
-            task.uncancel()
+            uncancel(task)
             raise ClientGone() from None
         raise
     finally:

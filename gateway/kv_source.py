@@ -174,7 +174,7 @@ class AgentKvSource:
             task.add_done_callback(lambda t, d=deployment: self._fetched(d, t))
         try:
             got = await asyncio.wait_for(asyncio.shield(task), self._timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError on Python 3.10
             return hit.tokenizer if hit is not None and hit.digest == digest else None
         return got.tokenizer
 

@@ -37,7 +37,7 @@ class AiohttpResponse:
 
         try:
             data = await self._resp.content.readany()
-        except (TimeoutError, aiohttp.ServerTimeoutError):
+        except asyncio.TimeoutError:  # aiohttp's timeouts (ServerTimeoutError is one); the builtin on 3.11+
             raise UpstreamTimeoutError("the upstream sent nothing within the idle timeout") from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"the upstream broke: {exc}") from None
@@ -83,7 +83,7 @@ class AiohttpPool:
             resp = await self._get_session().request(method, url, headers=hdrs, data=body or None)
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamConnectError(f"connect to {hostport} failed: {exc}") from None
-        except (TimeoutError, aiohttp.ServerTimeoutError):
+        except asyncio.TimeoutError:  # aiohttp's timeouts (ServerTimeoutError is one); the builtin on 3.11+
             raise UpstreamTimeoutError(f"{hostport} did not answer in time") from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"the upstream request failed: {exc}") from None

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import IO, Self
+from typing import IO
 
 import httpx
 
@@ -82,7 +82,7 @@ class EngineProcess:
                 self.proc.wait()
         self.stderr.close()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> EngineProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -35,7 +35,7 @@ def backoff_delay(failures: int, *, base: float = BASE_DELAY_S, cap: float = MAX
 
 
 def _clock_text(t: float) -> str:
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

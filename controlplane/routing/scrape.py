@@ -65,9 +65,8 @@ class MetricsScraper:
         """The body of ``GET http://host:port/path`` as text; ScrapeError otherwise."""
         async with self._bind():
             try:
-                async with asyncio.timeout(self.timeout_s):
-                    body = await self._get(host, port, path)
-            except (TimeoutError, UpstreamTimeoutError):
+                body = await asyncio.wait_for(self._get(host, port, path), self.timeout_s)
+            except (asyncio.TimeoutError, UpstreamTimeoutError):  # asyncio's is not the builtin on 3.10
                 raise ScrapeError(f"timed out after {self.timeout_s:g}s") from None
             except UpstreamError as exc:
                 raise ScrapeError(str(exc)) from None

@@ -119,7 +119,7 @@ def test_join_renew_and_heartbeat_through_failover(cluster, tmp_path):
     assert renewed.serial_number != cert.serial_number and files.key.read_bytes() != old_key
     assert renewed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value == sans
     assert not renewal_due(files.cert)
-    assert renewal_due(files.cert, now=datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=61))
+    assert renewal_due(files.cert, now=datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=61))
 
 
 def test_tokens_refuse_the_wrong_node_a_wrong_ca_and_expiry(cluster, tmp_path):

@@ -21,7 +21,6 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
 
 from tests.support.etcd_server import ETCD_BINARY, START_TIMEOUT_S, _die_with_parent
 from tests.support.servers import free_port
@@ -156,7 +155,7 @@ class EtcdCluster:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> EtcdCluster:
         self.start()
         return self
 

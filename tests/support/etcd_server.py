@@ -22,7 +22,6 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Self
 
 import pytest
 
@@ -150,7 +149,7 @@ class EtcdServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> EtcdServer:
         self.start()
         return self
 
