@@ -16,7 +16,7 @@ APT_PACKAGES=(
   linux-image-amd64 busybox-static dnsmasq-base cpio
   systemd  # systemd-analyze verify/security and systemd-sysusers check images/host/ (tests/test_systemd_units.py)
   cloud-guest-utils gdisk fdisk  # growpart, sgdisk, sfdisk: the bake's root growth (tests/agent/test_guest_install.py)
-  mmdebstrap systemd-container  # a fresh Debian 12 system container that runs scripts/install-host (scripts/test-install)
+  mmdebstrap systemd-container slirp4netns  # a fresh Debian 12 system container, online through slirp, runs scripts/install-host (scripts/test-install)
 )
 
 say() { printf '[setup] %s\n' "$*"; }
