@@ -17,6 +17,14 @@ import re
 import subprocess
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# Property tests draw the same examples on every run (derandomize: seeded from each test's source),
+# keep no example database between runs, and have no per-example deadline (a 2-core CI machine is
+# slow by moments; tests assert behaviour, never time). `pytest --hypothesis-profile default`
+# explores randomly on a developer machine.
+hypothesis_settings.register_profile("fabric", derandomize=True, database=None, deadline=None)
+hypothesis_settings.load_profile("fabric")
 
 # reason label -> what a skip reason must match to be allowed
 ALLOWED_SKIPS: dict[str, re.Pattern[str]] = {

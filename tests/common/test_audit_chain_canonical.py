@@ -17,7 +17,7 @@ rows = st.dictionaries(st.text(min_size=1, max_size=12), values, max_size=12)
 
 
 @given(rows)
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 def test_canonical_is_json_dumps_for_any_row(row):
     assert _canonical(row) == json.dumps(row, sort_keys=True, separators=(",", ":"))
 

@@ -31,8 +31,7 @@ from gateway.request_body import GenerationPolicy, parse_body, with_field
 from gateway.routes import ANY_GENERATION_FIELDS, GENERATION_FIELDS, PREFIX_B, Route, parse_route
 from gateway.settings import GatewaySettings
 
-FAST = settings(max_examples=60, derandomize=True, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+FAST = settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 # Path pieces an attacker would try: escapes of every structural character, dots, unicode.
 PIECES = st.sampled_from([
@@ -216,8 +215,7 @@ def store(tmp_path_factory):
     s.close()
 
 
-@settings(max_examples=60, derandomize=True, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(limit=st.integers(1, 50), ops=st.lists(st.integers(-20, 20), min_size=1, max_size=40))
 def test_a_counter_never_passes_its_limit(store, limit, ops):
     key = f"/test/counter/{limit}/{len(ops)}/{hash(tuple(ops)) & 0xffffffff}"

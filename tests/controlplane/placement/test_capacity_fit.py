@@ -100,7 +100,7 @@ def removed_for(rank, deps, replicas):
     return out
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_fit_matches_a_brute_force_count(case):
     nodes, deps, replicas, profile, allowed, model = case

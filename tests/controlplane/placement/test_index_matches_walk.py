@@ -110,7 +110,7 @@ def same(a, b) -> None:
     assert a.verdicts == b.verdicts
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters())
 def test_index_gives_the_walks_plan_replica_after_replica(case):
     nodes, reservations, committed, replicas, dep, prof, model, sets, exclude = case
