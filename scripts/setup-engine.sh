@@ -28,6 +28,14 @@ say "creating $VENV and installing vLLM's CPU build (a few minutes, ~500 MB)"
 "$PY" -m venv "$VENV"
 pip_quiet() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v '^WARNING: Location' >&2); }  # pip's status stays
 pip_quiet install -q --upgrade pip
+# torch first: its +cpu build from this machine's pip sources when they carry it, else from
+# PyTorch's CPU wheel index (scripts/fetch-torch.sh); the requirements' torch line is then met.
+wheels=$(mktemp -d)
+trap 'rm -rf "$wheels"' EXIT
+torch_pin=$(grep -E '^torch==' "$REQS")
+from=$(scripts/fetch-torch.sh "$VENV/bin/python" "$torch_pin" "$wheels")
+say "$torch_pin from $from"
+pip_quiet install -q --no-deps "$wheels"/torch-*.whl
 # --no-deps: the list is complete; pip's own resolver would pull the CUDA torchvision back in.
 pip_quiet install -q --no-deps -r "$REQS"
 # The proof that it is usable: vLLM, its CPU platform and the tokenizer stack import.
