@@ -185,6 +185,8 @@ def _gpu_problem(gpu: GpuInfo, profile: InferenceProfile, settings: SchedulerSet
         return "in MIG mode"
     if profile.gpu.model and profile.gpu.model.lower() not in gpu.name.lower():
         return f"not a {profile.gpu.model}"
+    if gpu.memory_total_mib <= 0:  # never read by NVML and not in the agent's board table
+        return f"memory unknown ({gpu.name or gpu.pci_id}: not sized)"
     if gpu.memory_total_mib < profile.gpu.vram_gib * 1024:
         return f"under {profile.gpu.vram_gib:g} GiB"
     if settings.max_gpu_temp_c is not None and gpu.temperature_c > settings.max_gpu_temp_c:

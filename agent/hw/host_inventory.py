@@ -28,12 +28,23 @@ from common.schemas import GpuInfo
 
 log = logging.getLogger(__name__)
 
-# device id -> (name, memory MiB) for GPUs NVML has never shown us (bound before we started).
+# device id -> (name as NVML writes it, memory MiB as NVML reports it) for GPUs NVML has never
+# shown us (bound to vfio-pci before we started): every data-centre board Fabric places. Device
+# ids are NVIDIA's (the PCI ID database; NVIDIA's gpu-admin-tools devid_names.py). A GPU missing
+# here reports memory 0, which the scheduler names as "memory unknown" and never places.
 BOARDS: dict[str, tuple[str, int]] = {
-    "10de:2330": ("NVIDIA H100 80GB HBM3", 81_559),
-    "10de:2335": ("NVIDIA H200", 143_771),
+    "10de:2330": ("NVIDIA H100 80GB HBM3", 81_559),  # H100 SXM5
+    "10de:2331": ("NVIDIA H100 PCIe", 81_559),
+    "10de:2321": ("NVIDIA H100 NVL", 95_830),  # 94 GB
+    "10de:2335": ("NVIDIA H200", 143_771),  # H200 SXM 141 GB
+    "10de:233b": ("NVIDIA H200 NVL", 143_771),
+    "10de:20b0": ("NVIDIA A100-SXM4-40GB", 40_960),
+    "10de:20f1": ("NVIDIA A100-PCIE-40GB", 40_960),
     "10de:20b2": ("NVIDIA A100-SXM4-80GB", 81_920),
+    "10de:20b5": ("NVIDIA A100 80GB PCIe", 81_920),
+    "10de:26b9": ("NVIDIA L40S", 46_068),
     "10de:27b8": ("NVIDIA L4", 23_034),
+    "10de:2901": ("NVIDIA B200", 183_359),
 }
 
 
@@ -105,6 +116,9 @@ def merge(nvml_gpus: list[GpuInfo], functions: list[PciFunction],
         out.append(GpuInfo(**{**base, **facts, "readings_live": False, "state": "ok", "memory_used_mib": 0}))
         if fn.driver != "vfio-pci":
             notes.append(f"{fn.bdf} is on {fn.driver}, not visible to NVML")
+        if not before and fn.pci_id not in BOARDS:
+            notes.append(f"{fn.bdf} ({fn.pci_id}) cannot be sized: NVML has not read it and the board "
+                         "table does not know it, so it is not placed")
     for gpu in nvml_gpus:  # NVML sees it but sysfs listing missed it (another sysfs root): keep NVML's
         if gpu.pci not in seen:
             seen.add(gpu.pci)

@@ -3,6 +3,8 @@ seeing a GPU once it is on vfio-pci, a GPU falls off the bus, an HGX board has N
 
 from __future__ import annotations
 
+import pytest
+
 from agent.hw import nvml_fake
 from agent.hw.gpu_inventory import NvmlInventory
 from agent.hw.host_inventory import HostInventory
@@ -53,6 +55,26 @@ def test_bound_before_the_agent_started_still_reported_with_board_facts(tmp_path
     fresh = HostInventory(NvmlInventory(nvml), fake.root)  # nothing remembered
     (gpu,) = fresh.read().gpus
     assert gpu.name == "NVIDIA H200" and gpu.memory_total_mib == 143_771 and gpu.driver == "vfio-pci"
+
+
+@pytest.mark.parametrize("device_id, name, mib", [
+    ("0x26b9", "NVIDIA L40S", 46_068), ("0x2331", "NVIDIA H100 PCIe", 81_559), ("0x2321", "NVIDIA H100 NVL", 95_830),
+    ("0x233b", "NVIDIA H200 NVL", 143_771), ("0x20b0", "NVIDIA A100-SXM4-40GB", 40_960),
+    ("0x20f1", "NVIDIA A100-PCIE-40GB", 40_960), ("0x20b5", "NVIDIA A100 80GB PCIe", 81_920),
+    ("0x2901", "NVIDIA B200", 183_359)])
+def test_every_placed_board_is_sized_before_nvml_sees_it(tmp_path, device_id, name, mib):
+    fake, nvml, _ = host(tmp_path, 1, "h100", device_id)
+    binder(fake).bind("0000:3b:00.0")
+    (gpu,) = HostInventory(NvmlInventory(nvml), fake.root).read().gpus
+    assert (gpu.name, gpu.memory_total_mib, gpu.pci_id) == (name, mib, "10de:" + device_id[2:])
+
+
+def test_a_board_we_cannot_size_is_reported_so(tmp_path):
+    fake, nvml, _ = host(tmp_path, 1, "h100", "0x2bad")
+    binder(fake).bind("0000:3b:00.0")
+    result = HostInventory(NvmlInventory(nvml), fake.root).read()
+    assert result.gpus[0].memory_total_mib == 0 and result.gpus[0].name == "NVIDIA [10de:2bad]"
+    assert "0000:3b:00.0 (10de:2bad) cannot be sized" in result.message
 
 
 def test_remembered_across_restart_through_the_state_file(tmp_path):

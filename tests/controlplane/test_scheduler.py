@@ -21,6 +21,8 @@ def run(nodes, *, dep=None, prof=None, mdl=None, reservations=None, settings=Non
         ("offline heartbeat", [node("a", age=61), node("b")], {}, "b", {"a": "offline"}),
         ("tainted", [node("a", taints=["maintenance"]), node("b")], {}, "b", {"a": "tainted: maintenance"}),
         ("too little VRAM", [node("a", gpus=[gpu(0, mib=16384)]), node("b")], {}, "b", {"a": "1 under 24 GiB"}),
+        ("unsized GPU", [node("a", gpus=[gpu(0, mib=0, name="NVIDIA [10de:2bad]")]), node("b")], {}, "b",
+         {"a": "1 memory unknown (NVIDIA [10de:2bad]: not sized)"}),
         ("gpu model filter", [node("a", gpus=[gpu(0, name="NVIDIA A10")]), node("b")],
          {"prof": profile(model="H100")}, "b", {"a": "not a H100"}),
         ("hot GPU", [node("a", gpus=[gpu(0, temp=91)]), node("b")],
