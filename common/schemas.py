@@ -16,7 +16,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from common.mig_catalog import canonical_name
-from common.runtimes import RUNTIME_NAMES, RUNTIME_TABLE
+from common.runtimes import OPENAI_INCAPABLE, RUNTIME_NAMES, RUNTIME_TABLE
 
 # Upper bounds on what a spec may ask for (docs/api.md "Limits"): far above any real machine,
 # low enough that arithmetic on them stays exact. cpu and memory match the agent's VM limits.
@@ -258,7 +258,10 @@ class InferenceProfile(Resource):
         # reconciler reports its deployments Failed with the reason (runtime_refusal).
         if info.context and info.context.get("stored"):
             return v
-        return check_runtime(v)
+        check_runtime(v)
+        if v in OPENAI_INCAPABLE:
+            raise ValueError(openai_refusal(v))
+        return v
 
     @model_validator(mode="after")
     def _context_length_flag(self) -> InferenceProfile:
@@ -279,7 +282,14 @@ def runtime_refusal(runtime: str, deny: Collection[str] = (), allow: Collection[
         return f"runtime {runtime} is not in FABRIC_ALLOW_RUNTIMES ({', '.join(sorted(allow))})"
     if runtime not in RUNTIMES:
         return f"runtime {runtime} is unknown"
+    if runtime in OPENAI_INCAPABLE:  # a profile accepted before this refusal existed
+        return openai_refusal(runtime)
     return None
+
+
+def openai_refusal(runtime: str) -> str:
+    """Why a runtime without an OpenAI API (common.runtimes.OPENAI_INCAPABLE) is never placed."""
+    return f"runtime {runtime} cannot serve an OpenAI endpoint: {OPENAI_INCAPABLE[runtime]}"
 
 
 class DeploymentStatus(Status):

@@ -2,7 +2,7 @@
 
 `start_fabricd(tmp, ...)` runs `fabricd init` then `fabricd serve` as subprocesses (the real
 console scripts from the venv), waits for /healthz and stops the process on exit. The
-module-scoped `fabricd` fixture is plain HTTP on loopback with FABRIC_DENY_RUNTIMES=triton and
+module-scoped `fabricd` fixture is plain HTTP on loopback with FABRIC_DENY_RUNTIMES=tei and
 controllers off (so deletes are immediate); `admin_token` logs in through the real API.
 """
 
@@ -100,7 +100,7 @@ def login(server: Fabricd) -> str:
 
 @pytest.fixture(scope="module")
 def fabricd(tmp_path_factory):
-    with start_fabricd(tmp_path_factory.mktemp("fabricd"), env={"FABRIC_DENY_RUNTIMES": "triton"}) as server:
+    with start_fabricd(tmp_path_factory.mktemp("fabricd"), env={"FABRIC_DENY_RUNTIMES": "tei"}) as server:
         yield server
 
 

@@ -9,6 +9,8 @@ import asyncio
 import dataclasses
 import json
 
+import pytest
+
 from common import keyspace
 from common.schemas import ReplicaObservation
 from common.store.sqlite_store import SqliteStore
@@ -83,7 +85,11 @@ class NoAgents:
         raise AssertionError(f"no agent call expected (asked for {node.id})")
 
 
-def test_a_denied_runtime_loads_and_fails_its_deployment(tmp_path):
+@pytest.mark.parametrize("deny, why", [
+    ("triton", "runtime triton is denied by FABRIC_DENY_RUNTIMES"),
+    ("", "runtime triton cannot serve an OpenAI endpoint: tritonserver serves the KServe v2 API"),
+])
+def test_a_refused_runtime_loads_and_fails_its_deployment(tmp_path, deny, why):
     store = SqliteStore(tmp_path / "fabric.db")
     try:
         store.put(keyspace.models("qwen"), model().model_dump_json())
@@ -93,13 +99,14 @@ def test_a_denied_runtime_loads_and_fails_its_deployment(tmp_path):
         store.put(keyspace.nodes("n1"), node("n1", 4).model_copy(update={"last_heartbeat": 4e9}).model_dump_json())
         snap = load_snapshot(store)
         assert snap.profiles["p24"].runtime == "triton"  # not vanished
-        # fabricd started with FABRIC_DENY_RUNTIMES=triton: its settings hand the list to the reconciler
-        denied = dataclasses.replace(SETTINGS, deny_runtimes=load({"FABRIC_DENY_RUNTIMES": "triton"}).deny_runtimes)
+        # fabricd's FABRIC_DENY_RUNTIMES reaches the reconciler through its settings; with none, a
+        # runtime without an OpenAI API (refused at the API since) still starts nothing
+        denied = dataclasses.replace(SETTINGS, deny_runtimes=load({"FABRIC_DENY_RUNTIMES": deny}).deny_runtimes)
         worker = ReconcileWorker(store, NoAgents(), denied)
         asyncio.run(worker.tick())
         asyncio.run(worker.aclose())
         status = json.loads(store.get(keyspace.deployments("qwen")).value)["status"]
-        assert (status["phase"], status["message"]) == ("Failed", "runtime triton is denied by FABRIC_DENY_RUNTIMES")
+        assert status["phase"] == "Failed" and status["message"].startswith(why), status["message"]
         assert store.list(keyspace.replicas()) == []
     finally:
         store.close()
