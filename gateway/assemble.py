@@ -14,7 +14,7 @@ from gateway.cold_start import ColdStart
 from gateway.dispatch import Dispatcher
 from gateway.external import ExternalRouter
 from gateway.key_auth import Authenticator
-from gateway.limits import LimitKeeper
+from gateway.limits import LimitKeeper, window_clock
 from gateway.metrics import GatewayMetrics
 from gateway.model_routing import CatalogueCache
 from gateway.oidc import OidcVerifier
@@ -104,7 +104,8 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         store=store,
         auth=Authenticator(store, hmac_secret, oidc, ttl_secs=settings.cache_ttl_secs,
                            access=OidcAccess(store, settings.cache_ttl_secs, settings.oidc_tenant_endpoints)),
-        limits=LimitKeeper(store, slots, UsageCounter(store), shadow=settings.shadow_limits),
+        limits=LimitKeeper(store, slots, UsageCounter(store), shadow=settings.shadow_limits,
+                           clock=window_clock(settings.clock_file)),
         upstreams=upstreams,
         audit=AuditWriter(store, on_drop=metrics.audit_drop),
         metrics=metrics,

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from common import counters, keyspace
 from common.errors import LimitExceeded, NotFound
@@ -198,6 +199,17 @@ def window_of(now: float, window_secs: int | None) -> int:
     return int(now // window_secs) * window_secs if window_secs else 0
 
 
+def window_clock(clock_file: str | None) -> Callable[[], float]:
+    """The limit windows' clock: the system's, or the time the file FABRIC_GATEWAY_CLOCK_FILE holds,
+    read at every call. Tests keep one such file for every gateway they start
+    (tests/support/fake_clock.py), so a window ends only when a test moves the time on, never at a
+    wall-clock minute in the middle of a check."""
+    if clock_file is None:
+        return time.time
+    path = Path(clock_file)
+    return lambda: float(path.read_text())
+
+
 @dataclass
 class Hold:
     """What a call holds of one token counter: ``held`` tokens in the window starting at ``window``,
@@ -220,10 +232,11 @@ class Admission:
     would_refuse: list = field(default_factory=list)  # shadowed limits this call passed (gateway.shadow)
     holds: list[Hold] = field(default_factory=list)  # the token counters' holds (settle, gateway.live_budget)
     shadow: frozenset[str] = frozenset()  # the limits this call only reports (settings' and its key's)
+    at: float = 0.0  # when it was admitted, on the windows' clock (the x-ratelimit-reset-* headers)
 
     @property
     def headers(self) -> list[tuple[bytes, bytes]]:
-        return headers_for(self.seen)
+        return headers_for(self.seen, self.at)
 
 
 @dataclass
@@ -237,7 +250,7 @@ class LimitKeeper:
     _window_leases: dict[int, tuple[int, float]] = field(default_factory=dict)  # window -> (lease, use until)
     _lease_lock: threading.Lock = field(default_factory=threading.Lock)
     shadow: frozenset[str] = frozenset()  # counted, never refusing (GatewaySettings.shadow_limits, gateway.shadow)
-    clock: Callable[[], float] = time.time  # the windows' clock (tests move it across a window)
+    clock: Callable[[], float] = time.time  # the windows' clock (window_clock)
 
     def _window_lease(self, window_secs: int, now: float, renew: bool = False) -> int:
         """A lease of twice the window, used for writes during its first window-length: a key
@@ -310,13 +323,14 @@ class LimitKeeper:
                 retry = outcome.retry_after or 1.0
                 exc = LimitExceeded(f"{r.what} ({r.limit}) is reached; try again later", retry_after=retry,
                                     code="quota_exceeded" if "quota" in r.what else "rate_limited")
-                exc.headers = headers_for([(r, r.limit)])
+                exc.headers = headers_for([(r, r.limit)], now)
                 raise exc
             taken.append(r)
             seen.append((r, outcome.value))
             if r.tokens:
                 holds.append(Hold(r, window_of(now, r.window_secs), r.amount))
-        return Admission(taken, estimate, seen=seen, would_refuse=would, holds=holds, shadow=shadow)
+        return Admission(taken, estimate, seen=seen, would_refuse=would, holds=holds, shadow=shadow,
+                         at=self.clock())
 
     async def settle(self, admission: Admission, tokens: int) -> None:
         """Replace what the call holds with its real count in every token window. In the window

@@ -14,8 +14,6 @@ headers of the limit that refused it, remaining 0. A call under no such limit ge
 
 from __future__ import annotations
 
-import time
-
 MINUTE = 60
 
 
@@ -34,10 +32,10 @@ def _reset(window_secs: int | None, now: float) -> str | None:
     return duration(window_secs - now % window_secs)
 
 
-def headers_for(seen: list[tuple[object, int]], now: float | None = None) -> list[tuple[bytes, bytes]]:
+def headers_for(seen: list[tuple[object, int]], now: float) -> list[tuple[bytes, bytes]]:
     """``seen``: (reservation, the counter's value after it) for each limit the call passed or
-    hit (gateway.limits.Reservation: limit, window_secs, tokens, held)."""
-    now = time.time() if now is None else now
+    hit (gateway.limits.Reservation: limit, window_secs, tokens, held); ``now`` on the windows'
+    clock (gateway.limits.LimitKeeper.clock)."""
     best: dict[str, tuple[int, int, int | None]] = {}  # kind -> (remaining, limit, window)
     for r, value in seen:
         if r.limit is None or r.held:

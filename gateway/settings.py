@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from common import envvars
 from gateway.shadow import shadowed_limits
@@ -84,6 +85,9 @@ class GatewaySettings:
     metrics_token: str | None = None  # FABRIC_METRICS_TOKEN: /metrics then needs this bearer token
     shadow_limits: frozenset[str] = frozenset()  # FABRIC_<LIMIT>_SHADOW=1: counted, never refusing (gateway.shadow)
     live_budget: bool = True  # FABRIC_GATEWAY_LIVE_BUDGET=0: streams not counted as they run (gateway.live_budget)
+    # FABRIC_GATEWAY_CLOCK_FILE: the limit windows read the time from this file instead of the system clock
+    # (gateway.limits.window_clock; the tests' one fake clock)
+    clock_file: str | None = None
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -225,7 +229,19 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         reclaim_secs=_reclaim_secs(env),
         metrics_multiprocess=bool(env.get("PROMETHEUS_MULTIPROC_DIR")),
         metrics_token=env.get("FABRIC_METRICS_TOKEN", "").strip() or None,
+        clock_file=_clock_file(env),
     )
+
+
+def _clock_file(env: dict[str, str]) -> str | None:
+    path = env.get("FABRIC_GATEWAY_CLOCK_FILE", "").strip() or None
+    if path is not None:
+        try:
+            float(Path(path).read_text())
+        except (OSError, ValueError):
+            raise SettingsError(f"FABRIC_GATEWAY_CLOCK_FILE {path} is not a readable file holding a Unix time") \
+                from None
+    return path
 
 
 def _bounded(env: dict[str, str], name: str, default: float, low: float, high: float) -> float:

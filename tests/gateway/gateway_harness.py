@@ -16,12 +16,14 @@ from pathlib import Path
 import httpx
 
 from agent.engine_sim.process import EngineProcess, free_port
-from common import apikeys, keyspace
+from common import apikeys, counters, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from common.store.base import Store, open_store
+from tests.support.fake_clock import SUITE_CLOCK
 
 HMAC_SECRET = "gateway-test-hmac-secret"
-BASE_ENV = {"FABRIC_KEY_HMAC_SECRET": HMAC_SECRET}
+# Every gateway's limit windows read the suite's one fake clock (tests/support/fake_clock.py).
+BASE_ENV = {"FABRIC_KEY_HMAC_SECRET": HMAC_SECRET, "FABRIC_GATEWAY_CLOCK_FILE": str(SUITE_CLOCK.path)}
 # `pytest --gateway-fallbacks` (tests/conftest.py) runs every gateway these tests start on the two
 # fallbacks: aiohttp's upstream client and uvicorn's own HTTP protocol (scripts/test-gateway-fallbacks).
 FALLBACKS = {"FABRIC_GATEWAY_UPSTREAM_CLIENT": "aiohttp", "FABRIC_GATEWAY_HTTP_SERVER": "uvicorn"}
@@ -109,6 +111,11 @@ def gateway_over(state: Path, url: str, store: Store, engines: list[EngineProces
         for e in engines:
             e.stop()
         store.close()
+
+
+def tpm_used(store: Store, key_id: str) -> int:
+    """The key's tokens in the current minute window of the suite's clock."""
+    return counters.window_read(store, keyspace.counters(f"tpm/key/{key_id}"), 60, SUITE_CLOCK.now)
 
 
 def sqlite_state(tmp_path_factory, name: str) -> tuple[Path, str, Store]:

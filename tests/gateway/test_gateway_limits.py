@@ -5,6 +5,7 @@ shedding by queue depth and priority."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 
@@ -22,6 +23,7 @@ from tests.gateway.gateway_harness import (
     sim_engine,
     sqlite_state,
 )
+from tests.support.fake_clock import SUITE_CLOCK
 
 LIMIT_ENV = {
     "FABRIC_GATEWAY_CACHE_SECS": "0.2",
@@ -115,10 +117,13 @@ def test_user_rpm_window_refuses_with_retry_after(env):
     codes = [post(env, "chat", key, headers={"x-user-id": "rpm-user"}).status_code for _ in range(3)]
     assert codes == [200, 200, 200]
     refused = post(env, "chat", key, headers={"x-user-id": "rpm-user"})
-    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    # the seconds left in the window on the gateway's clock, which is the suite's fake one
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) == math.ceil(60 - SUITE_CLOCK.now % 60)
     assert refused.json()["error"]["message"].startswith("FABRIC_USER_RPM")
     assert post(env, "chat", key, headers={"x-user-id": "someone-else"}).status_code == 200
     assert post(env, "chat", key).status_code == 200  # no x-user-id: the user window does not apply
+    SUITE_CLOCK.next_window()  # the next minute, without waiting for it
+    assert post(env, "chat", key, headers={"x-user-id": "rpm-user"}).status_code == 200
 
 
 def test_user_streams_cap_is_released_when_the_stream_ends(env):

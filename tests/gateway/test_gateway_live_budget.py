@@ -32,8 +32,8 @@ from gateway.limits import KEY_LIMITS, LimitKeeper, RequestFacts, key_shadowed, 
 from gateway.live_budget import LiveBudget
 from gateway.settings import GatewaySettings
 from gateway.slots import SlotHolder, slot_view
-from tests.gateway.gateway_harness import GatewayProcess, make_key, sqlite_state
-from tests.gateway.test_gateway_usage_known import _tpm, clear_of_the_minute_end
+from tests.gateway.gateway_harness import GatewayProcess, make_key, sqlite_state, tpm_used
+from tests.support.fake_clock import FakeClock
 
 MSG = [{"role": "user", "content": "hi"}]  # 2 characters: a prompt estimate of 1 token
 STREAMED = 100  # content events the upstream sends, whatever max_tokens says
@@ -108,9 +108,9 @@ def env(tmp_path_factory):
 
 def _settled(store, key_id: str, want: int) -> int:
     deadline = time.monotonic() + 5
-    while _tpm(store, key_id) != want and time.monotonic() < deadline:
+    while tpm_used(store, key_id) != want and time.monotonic() < deadline:
         time.sleep(0.05)  # settled in the call's finally, after the last byte
-    return _tpm(store, key_id)
+    return tpm_used(store, key_id)
 
 
 def _in_flight(store) -> int:
@@ -123,7 +123,6 @@ def _in_flight(store) -> int:
 
 def test_the_stream_ends_at_the_keys_tpm_with_an_error_event_and_settles_exactly(env):
     key_id, key = make_key(env["store"], "chat", tokens_per_minute=60, max_concurrent=4)
-    clear_of_the_minute_end()
     c = openai.OpenAI(base_url=env["gw"].openai_base("chat"), api_key=key, max_retries=0)
     received = 0
     with pytest.raises(openai.APIError) as err:
@@ -141,7 +140,6 @@ def test_the_stream_ends_at_the_keys_tpm_with_an_error_event_and_settles_exactly
 
 def test_a_responses_stream_ends_at_the_budget_too(env):
     key_id, key = make_key(env["store"], "chat", tokens_per_minute=50)
-    clear_of_the_minute_end()
     c = openai.OpenAI(base_url=env["gw"].openai_base("chat"), api_key=key, max_retries=0)
     received = 0
     with pytest.raises(openai.APIError) as err:
@@ -166,7 +164,6 @@ def test_the_cut_stream_ends_with_done_on_the_wire(env):
 
 def test_a_shadowed_key_limit_lets_the_stream_finish_and_reports_it(env):
     key_id, key = make_key(env["store"], "chat", tokens_per_minute=60, shadow_limits=("tokens_per_minute",))
-    clear_of_the_minute_end()
     body = {"model": "m", "messages": MSG, "max_tokens": 10, "stream": True}
     with httpx.stream("POST", env["gw"].openai_base("chat") + "/chat/completions", json=body,
                       headers={"authorization": f"Bearer {key}"}) as r:
@@ -192,14 +189,6 @@ def test_a_shadowed_key_limit_lets_the_stream_finish_and_reports_it(env):
 
 # --- in-process: a stream that outlives its minute --------------------------------------------------
 
-class Clock:
-    def __init__(self, now: float):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _event(i: int) -> bytes:
     return b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i
 
@@ -215,7 +204,7 @@ WINDOWS = [  # (settings, the call's key TPM, its tenant, the counter, the windo
 def test_a_stream_that_outlives_its_window_is_charged_and_cut_in_the_next(tmp_path, settings, key_tpm, tenant,
                                                                           counter, window, what):
     store = open_store(f"sqlite://{tmp_path}/s.db")
-    clock = Clock(window * 100 + window - 1.0)  # one second before a window ends
+    clock = FakeClock(tmp_path / "clock", window * 100 + window - 1.0)  # one second before a window ends
     keeper = LimitKeeper(store, SlotHolder(store, "gw"), clock=clock)
     facts = RequestFacts(endpoint="e", model="m", tenant=tenant, project=None, user=None, gateway_id="gw",
                          prompt_chars=40, max_tokens=50, key_id="k1", key_tokens_per_minute=key_tpm)
@@ -307,7 +296,7 @@ def test_a_stream_its_upstream_cuts_is_charged_what_was_relayed(tmp_path):
 
 def test_events_read_together_are_taken_one_by_one_up_to_the_limit(tmp_path):
     store = open_store(f"sqlite://{tmp_path}/s.db")
-    keeper = LimitKeeper(store, SlotHolder(store, "gw"), clock=Clock(6000.0))  # within one minute throughout
+    keeper = LimitKeeper(store, SlotHolder(store, "gw"), clock=FakeClock(tmp_path / "clock", 6000.0))  # within one minute throughout
     facts = RequestFacts(endpoint="e", model="m", tenant=None, project=None, user=None, gateway_id="gw",
                          prompt_chars=4, max_tokens=5, key_id="k1", key_tokens_per_minute=20)
 

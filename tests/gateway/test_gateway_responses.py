@@ -11,8 +11,14 @@ import openai
 import pytest
 
 from common import audit_chain
-from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
-from tests.gateway.test_gateway_usage_known import _tpm, clear_of_the_minute_end
+from tests.gateway.gateway_harness import (
+    GatewayProcess,
+    make_key,
+    publish_endpoint,
+    sim_engine,
+    sqlite_state,
+    tpm_used,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +39,9 @@ def _client(env, key: str) -> openai.OpenAI:
 
 def _settled(env, key_id: str, want: int) -> int:
     deadline = time.monotonic() + 5
-    while _tpm(env["store"], key_id) != want and time.monotonic() < deadline:
+    while tpm_used(env["store"], key_id) != want and time.monotonic() < deadline:
         time.sleep(0.05)
-    return _tpm(env["store"], key_id)
+    return tpm_used(env["store"], key_id)
 
 
 def _audited(env, key_id: str, kind: str) -> list[dict]:
@@ -49,7 +55,6 @@ def _audited(env, key_id: str, kind: str) -> list[dict]:
 
 def test_a_plain_response_is_charged_its_usage_and_audited(env):
     key_id, key = make_key(env["store"], "chat", tokens_per_minute=10_000)
-    clear_of_the_minute_end()
     r = _client(env, key).responses.create(model="sim-m", input="hello there", max_output_tokens=6)
     assert r.output_text and r.usage.output_tokens == 6
     assert _settled(env, key_id, r.usage.total_tokens) == r.usage.total_tokens
@@ -59,7 +64,6 @@ def test_a_plain_response_is_charged_its_usage_and_audited(env):
 
 def test_a_streamed_response_ends_cleanly_and_is_charged_its_final_usage(env):
     key_id, key = make_key(env["store"], "chat", tokens_per_minute=10_000)
-    clear_of_the_minute_end()
     events = list(_client(env, key).responses.create(model="sim-m", input=[{"role": "user", "content": "hi"}],
                                                      max_output_tokens=7, stream=True))
     assert events[-1].type == "response.incomplete" and events[-1].response.usage.output_tokens == 7

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from common import audit_chain, counters, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from gateway import settings as gs
-from gateway.limits import RequestFacts, plan_admission
+from gateway.limits import RequestFacts, plan_admission, window_clock
 from gateway.request_body import SseUsageScanner, parse_body
 from gateway.routes import parse_route
 from gateway.upstreams import EndpointView, order_targets, should_shed
@@ -127,6 +128,20 @@ def test_settings_refuse_partial_mtls_and_bad_numbers(tmp_path):
         gs.load({"FABRIC_OIDC_ISSUER": "https://i"})
     s = gs.load({"FABRIC_TENANT_RPM": "10", "FABRIC_MODEL_TPM": "0", "FABRIC_GATEWAY_STREAMS": "3"})
     assert s.rpm == {"TENANT": 10} and s.tpm == {} and s.streams == {"GATEWAY": 3} and s.max_context == 32768
+
+
+def test_the_windows_clock_is_the_systems_or_the_file_the_settings_name(tmp_path):
+    assert gs.load({}).clock_file is None and window_clock(None) is time.time
+    with pytest.raises(gs.SettingsError, match="FABRIC_GATEWAY_CLOCK_FILE"):
+        gs.load({"FABRIC_GATEWAY_CLOCK_FILE": str(tmp_path / "absent")})
+    (tmp_path / "t").write_text("soon")
+    with pytest.raises(gs.SettingsError, match="FABRIC_GATEWAY_CLOCK_FILE"):
+        gs.load({"FABRIC_GATEWAY_CLOCK_FILE": str(tmp_path / "t")})
+    (tmp_path / "t").write_text("6001.5")
+    clock = window_clock(gs.load({"FABRIC_GATEWAY_CLOCK_FILE": str(tmp_path / "t")}).clock_file)
+    assert clock() == 6001.5
+    (tmp_path / "t").write_text("6061.5")  # read at every call: a test moves every gateway's windows
+    assert clock() == 6061.5
 
 
 def _view(vip: str | None, n: int, depths: dict[str, tuple[float, float]] | None = None) -> EndpointView:

@@ -15,10 +15,16 @@ import httpx
 import openai
 import pytest
 
-from common import counters, keyspace
 from gateway.request_body import BodyInfo
 from gateway.usage_inject import UsageStripper, fallback_tokens, inject
-from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
+from tests.gateway.gateway_harness import (
+    GatewayProcess,
+    make_key,
+    publish_endpoint,
+    sim_engine,
+    sqlite_state,
+    tpm_used,
+)
 
 MSG = [{"role": "user", "content": "hello there"}]
 UNSTABLE = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
@@ -36,23 +42,8 @@ def env(tmp_path_factory):
     store.close()
 
 
-def _tpm(store, key_id: str) -> int:
-    return counters.window_read(store, keyspace.counters(f"tpm/key/{key_id}"), 60, time.time())
-
-
-def clear_of_the_minute_end(margin_s: float = 8.0) -> None:
-    """Wait for the next minute when fewer than ``margin_s`` seconds of this one are left. A call
-    is settled to its exact usage only in the minute window it was admitted in; one that ends in
-    the next is charged there only beyond its estimate (gateway.limits.settle, tested in
-    test_gateway_live_budget.py), so an exact-charge check must not straddle a boundary."""
-    left = 60 - time.time() % 60
-    if left < margin_s:
-        time.sleep(left + 0.05)
-
-
 def test_a_stream_without_include_usage_is_charged_exactly_and_sees_the_engines_bytes(env):
     key_id, key = make_key(env["store"], "chat", tokens_per_minute=100000)
-    clear_of_the_minute_end()
     body = {"model": "sim-m", "messages": MSG, "max_tokens": 9, "stream": True}
     with httpx.stream("POST", env["gw"].openai_base("chat") + "/chat/completions", json=body,
                       headers={"authorization": f"Bearer {key}"}) as r:
@@ -65,9 +56,9 @@ def test_a_stream_without_include_usage_is_charged_exactly_and_sees_the_engines_
     usage = [json.loads(line[5:])["usage"] for line in asked.splitlines()
              if line.startswith("data: {") and '"usage"' in line][-1]
     deadline = time.monotonic() + 5
-    while _tpm(env["store"], key_id) != usage["total_tokens"] and time.monotonic() < deadline:
+    while tpm_used(env["store"], key_id) != usage["total_tokens"] and time.monotonic() < deadline:
         time.sleep(0.05)  # settled in the call's finally, after the last byte
-    assert _tpm(env["store"], key_id) == usage["total_tokens"]
+    assert tpm_used(env["store"], key_id) == usage["total_tokens"]
 
 
 def test_a_client_that_asks_for_usage_still_gets_it(env):
