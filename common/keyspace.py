@@ -107,6 +107,11 @@ def locks(name: str = "") -> str:
     return f"{ROOT}/locks/{name}"
 
 
+def backups(name: str = "") -> str:
+    """Backup bookkeeping, e.g. the last archive written (controlplane.backup.status)."""
+    return f"{ROOT}/backups/{name}"
+
+
 def auth(name: str = "") -> str:
     """fabricd's shared auth material, e.g. the admin-token signing secret."""
     return f"{ROOT}/auth/{name}"

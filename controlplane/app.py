@@ -25,8 +25,8 @@ from controlplane import console, log_redact, openapi_doc
 from controlplane import settings as fabricd_settings
 from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
+from controlplane.cluster_metrics import ClusterCollector
 from controlplane.errors_http import install_error_handlers, internal_error
-from controlplane.gpu_metrics import GpuCollector
 from controlplane.request_guard import RequestGuard
 from controlplane.state import AppState
 
@@ -76,7 +76,7 @@ def create_app(state: AppState) -> FastAPI:
 
     requests_total = Counter("fabricd_http_requests_total", "HTTP requests by route template and status",
                              ["method", "route", "status"], registry=state.registry)
-    state.registry.register(GpuCollector(state.store))
+    state.registry.register(ClusterCollector(state.store))
     latency = Histogram("fabricd_http_request_seconds", "HTTP request latency by route template",
                         ["method", "route"], registry=state.registry)
 

@@ -14,6 +14,8 @@
       days) and writes OUT/CN.crt, OUT/CN.key (0600, in a 0700 OUT) and OUT/ca.crt, for a gateway's
       FABRIC_GATEWAY_KV_CLIENT_CERT/_KEY/_CA (the agents admit CN fabric-gateway on /v1/kv-index*).
       The key is written only there: never printed, never kept under DIR.
+  fabricd backup keygen|create|restore
+      the encrypted disaster-recovery archive (controlplane/backup/commands.py; docs/install.md).
   fabricd lab ...   present when controlplane.lab.cli (with `lab_app`) exists.
 """
 
@@ -31,6 +33,7 @@ from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
 from common.pki import ensure_ca, issue_cert, pki_dir, sign_leaf
 from common.private_fs import private_dir, restrict_umask, write_private
+from controlplane.backup.commands import backup_app
 
 SERVER_CERT_NAME = "fabricd"
 DEFAULT_LISTEN = "127.0.0.1:8443"
@@ -190,6 +193,9 @@ def pki_issue_client(
                "add to /etc/default/fabric-gateway:")
     for var, f in (("CLIENT_CERT", crt), ("CLIENT_KEY", key), ("CA", ca)):
         typer.echo(f"  FABRIC_GATEWAY_KV_{var}={GATEWAY_KV_DIR}/{f.name}")
+
+
+app.add_typer(backup_app, name="backup")
 
 
 def _add_lab(root: typer.Typer) -> None:

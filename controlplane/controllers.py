@@ -109,6 +109,11 @@ class ControllerMetrics:
                                            ["action", "code"], registry=registry)
         self.leader = Gauge("fabric_controller_leader", "1 while this process holds the orchestration lease",
                             registry=registry)
+        # Counted where the gauge would miss it: a lease lost and retaken between two scrapes
+        # (FabricLeaderFlapping, docs/dashboards/fabric-alerts.yml).
+        self.leader_changes = Counter("fabric_controller_leader_changes_total",
+                                      "Times this process took or lost the orchestration lease", ["change"],
+                                      registry=registry)
         self.rollouts = RolloutMetrics(registry)
         self.model_jobs = Gauge("fabric_model_jobs", "Model jobs by state (one per model and node)", ["state"],
                                 registry=registry)
@@ -362,6 +367,7 @@ class ControllerHandle:
             self.metrics.leader.set(1 if leading else 0)
             if leading != was:
                 log.info("%s the orchestration lock (fence %s)", "took" if leading else "lost", lock.fence)
+                self.metrics.leader_changes.labels("took" if leading else "lost").inc()
                 if self._wake is not None:
                     self._wake.set()
             await asyncio.sleep(period)

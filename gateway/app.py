@@ -60,7 +60,7 @@ from gateway.live_budget import live_budget
 from gateway.metrics import GatewayMetrics
 from gateway.model_routing import CatalogueCache, endpoint_without_model, models_page, resolve, visible_models
 from gateway.proxy import UpstreamBroke, UpstreamTimeout, VipConnections, forward, upstream_headers
-from gateway.readiness import readiness
+from gateway.readiness import readiness, store_failure
 from gateway.replica_router import ReplicaRouter
 from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
 from gateway.routes import PREFIX, Route, check_served, is_root, parse_route
@@ -182,6 +182,8 @@ class GatewayApp:
                     await send_json(send, 401, b'{"error":{"code":"no_token","message":"/metrics needs '
                                                b'Authorization: Bearer FABRIC_METRICS_TOKEN","type":"no_token"}}')
                     return
+                if self.state.metrics.store_up is not None:
+                    self.state.metrics.store_up.set(0 if await store_failure(self.state.store) else 1)
                 body = self.state.metrics.exposition()
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})

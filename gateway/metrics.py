@@ -35,6 +35,7 @@ class GatewayMetrics:
     runtime: runtime_metrics.RuntimeCollector
     usage_missing: Counter | None = None  # generating calls whose answer had no usage (gateway.usage_inject)
     shadow_refusals: Counter | None = None  # calls a shadowed limit would have refused (gateway.shadow)
+    store_up: Gauge | None = None  # 1 when the store answered the probe of the last scrape (gateway.readiness)
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
     _tally: Tally = field(default_factory=Tally)  # the per-call metrics' pending updates (gateway.metric_tally)
     # Several workers (PROMETHEUS_MULTIPROC_DIR): another worker answering a scrape reads this
@@ -78,6 +79,9 @@ class GatewayMetrics:
                                   "charged max_tokens (or 1)", ["endpoint"], registry=reg),
             shadow_refusals=Counter("fabric_gateway_shadow_refusals", "Calls a limit in shadow mode "
                                     "(FABRIC_<LIMIT>_SHADOW=1) would have refused", ["limit"], registry=reg),
+            # the same series fabricd exports (FabricStoreUnreachable); probed at each scrape
+            store_up=Gauge("fabric_store_up", "1 when this process read the store at the last scrape",
+                           registry=reg, multiprocess_mode="livemin"),
         )
 
     def _child(self, metric, *labels):

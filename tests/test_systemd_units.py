@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 HOST = REPO / "images/host"
 PREFIX = "/opt/fabric/venv"
 UNITS = ("fabricd", "fabric-gateway", "fabric-agent")
-EXTRA = ("fabric-agent-renew.service", "fabric-agent-renew.timer")
+EXTRA = ("fabric-agent-renew.service", "fabric-agent-renew.timer", "fabric-backup.service", "fabric-backup.timer")
 MOUNT_NAMESPACE_OPTIONS = ("ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "ProtectKernelTunables",
                            "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups", "ProtectClock",
                            "ProtectHostname", "ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths",
@@ -176,3 +176,20 @@ def test_the_renewal_timer_runs_the_agents_own_renew_command():
     assert unit["Service"]["ExecStartPost"] == ["/usr/bin/systemctl try-restart fabric-agent.service"]
     timer = unit_entries((HOST / "systemd/fabric-agent-renew.timer").read_text())
     assert timer["Timer"]["OnUnitActiveSec"] == ["1d"] and timer["Install"]["WantedBy"] == ["timers.target"]
+
+
+def test_the_backup_timer_runs_fabricds_own_backup_command_daily():
+    unit = unit_entries((HOST / "systemd/fabric-backup.service").read_text())
+    env = unit_environment(unit, "fabricd")
+    env.update(environment_file((HOST / "default/fabric-backup").read_text()))
+    argv = exec_argv(unit, env)
+    assert argv[1:3] == ["backup", "create"]
+    group = command_for("fabricd").get_command(None, "backup")
+    ctx = group.get_command(None, "create").make_context("create", argv[3:])
+    assert str(ctx.params["state_dir"]) == "/var/lib/fabricd" and str(ctx.params["key_file"]) == "/etc/fabric/backup.key"
+    assert ctx.params["store"].startswith("etcd://") and ctx.params["keep"] == 14
+    assert unit["Service"]["User"] == ["fabric"] and unit["Service"]["Type"] == ["oneshot"]
+    assert "EnvironmentFile" in unit["Service"] and "-/etc/default/fabricd" in unit["Service"]["EnvironmentFile"]
+    timer = unit_entries((HOST / "systemd/fabric-backup.timer").read_text())
+    assert timer["Timer"]["OnCalendar"] == ["daily"] and timer["Timer"]["Persistent"] == ["true"]
+    assert timer["Install"]["WantedBy"] == ["timers.target"]

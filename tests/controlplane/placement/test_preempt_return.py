@@ -98,12 +98,12 @@ def test_targets_take_off_the_preempted_and_a_scale_in_clamps_them(tmp_path):
 
 
 def test_gpus_by_class_on_the_capacity_view_and_the_gauge(tmp_path):
-    from controlplane.gpu_metrics import GpuCollector
+    from controlplane.cluster_metrics import ClusterCollector
 
     deps = [dep("opp", "opportunistic", 1), dep("chat", "critical", 1)]
     store, _ = setup(tmp_path, deps, [on("chat", 0, 0), on("opp", 0, 1)], gpus=3)
     try:
-        fams = {f.name: f for f in GpuCollector(store).collect()}
+        fams = {f.name: f for f in ClusterCollector(store).collect()}
         got = {s.labels["capacity_class"]: s.value for s in fams["fabric_gpus_by_class"].samples}
         assert got == {"opportunistic": 1.0, "standard": 0.0, "critical": 1.0}
     finally:
