@@ -16,6 +16,11 @@
       The key is written only there: never printed, never kept under DIR.
   fabricd backup keygen|create|restore
       the encrypted disaster-recovery archive (controlplane/backup/commands.py; docs/install.md).
+  fabricd pki issue-etcd --state-dir DIR --out OUT --name MEMBER [--san HOST ...]
+      an etcd member's certificate from the cluster CA (server and client EKU: it serves clients
+      and peers, and calls peers; CN MEMBER, SANs 127.0.0.1, localhost, --san) as OUT/etcd.crt,
+      OUT/etcd.key (0600, in a 0700 OUT) and OUT/ca.crt, for ETCD_CERT_FILE and ETCD_PEER_CERT_FILE
+      (scripts/install-host). Reissued on every call.
   fabricd lab ...   present when controlplane.lab.cli (with `lab_app`) exists.
 """
 
@@ -162,6 +167,29 @@ CLIENT_CNS = ("fabric-gateway",)
 GATEWAY_KV_DIR = "/etc/fabric/kv"  # where docs/install.md puts them on a gateway host
 
 
+def _cluster_ca(state_dir: Path) -> Path:
+    """The cluster CA's certificate; exits 2 where the state directory holds no CA key to sign with."""
+    ca_crt, ca_key = pki_dir(state_dir) / "ca.crt", pki_dir(state_dir) / "ca.key"
+    if not (ca_crt.is_file() and ca_key.is_file()):
+        # ensure_ca would make a new CA here, which nobody trusts: refuse instead.
+        typer.echo(f"error: {pki_dir(state_dir)} holds no cluster CA (ca.crt and ca.key); run this on a fabricd "
+                   "host, with the --state-dir `fabricd init` made", err=True)
+        raise typer.Exit(2)
+    return ca_crt
+
+
+def _write_leaf(out: Path, name: str, cert_pem: bytes, key_pem: bytes, ca_crt: Path) -> tuple[Path, Path]:
+    """OUT/NAME.crt and OUT/ca.crt (0644), OUT/NAME.key (0600) in a 0700 OUT."""
+    private_dir(out)
+    crt, key, ca = out / f"{name}.crt", out / f"{name}.key", out / "ca.crt"
+    write_private(key, key_pem)
+    crt.write_bytes(cert_pem)
+    ca.write_bytes(ca_crt.read_bytes())
+    for public in (crt, ca):
+        public.chmod(0o644)
+    return crt, key
+
+
 @pki_app.command("issue-client")
 def pki_issue_client(
     state_dir: Path = typer.Option(..., "--state-dir", help="fabricd's state directory (holds pki/ca.key)"),
@@ -174,20 +202,10 @@ def pki_issue_client(
                    "--kv-index-client-cn default); a client certificate with another name could act as a "
                    "node of that name toward fabricd", err=True)
         raise typer.Exit(2)
-    ca_crt, ca_key = pki_dir(state_dir) / "ca.crt", pki_dir(state_dir) / "ca.key"
-    if not (ca_crt.is_file() and ca_key.is_file()):
-        # ensure_ca would make a new CA here, which no agent trusts: refuse instead.
-        typer.echo(f"error: {pki_dir(state_dir)} holds no cluster CA (ca.crt and ca.key); run this on a fabricd "
-                   "host, with the --state-dir `fabricd init` made", err=True)
-        raise typer.Exit(2)
+    ca_crt = _cluster_ca(state_dir)
     cert_pem, key_pem = sign_leaf(state_dir, cn, server=False, client=True, hosts=[])
-    private_dir(out)
-    crt, key, ca = out / f"{cn}.crt", out / f"{cn}.key", out / "ca.crt"
-    write_private(key, key_pem)
-    crt.write_bytes(cert_pem)
-    ca.write_bytes(ca_crt.read_bytes())
-    for public in (crt, ca):
-        public.chmod(0o644)
+    crt, key = _write_leaf(out, cn, cert_pem, key_pem, ca_crt)
+    ca = out / "ca.crt"
     typer.echo(f"certificate: {crt}\nkey:         {key} (0600)\nCA:          {ca}")
     typer.echo(f"on each gateway host, install these as {GATEWAY_KV_DIR} (owner fabric, the key 0600) and "
                "add to /etc/default/fabric-gateway:")
@@ -196,6 +214,22 @@ def pki_issue_client(
 
 
 app.add_typer(backup_app, name="backup")
+
+
+@pki_app.command("issue-etcd")
+def pki_issue_etcd(
+    state_dir: Path = typer.Option(..., "--state-dir", help="fabricd's state directory (holds pki/ca.key)"),
+    out: Path = typer.Option(..., "--out", help="directory for etcd.crt, etcd.key (0600) and ca.crt"),
+    name: str = typer.Option(..., "--name", help="the etcd member's name (the certificate's CN)"),
+    san: list[str] = typer.Option([], "--san", help="an address or name clients and peers use (repeatable)"),
+) -> None:
+    """Issue an etcd member's certificate from the cluster CA (serving clients and peers)."""
+    ca_crt = _cluster_ca(state_dir)
+    hosts = list(dict.fromkeys(["127.0.0.1", "localhost", *san]))
+    cert_pem, key_pem = sign_leaf(state_dir, name, server=True, client=True, hosts=hosts)
+    crt, key = _write_leaf(out, "etcd", cert_pem, key_pem, ca_crt)
+    typer.echo(f"certificate: {crt} (CN {name}; SANs {', '.join(hosts)})\nkey:         {key} (0600)\n"
+               f"CA:          {out / 'ca.crt'}")
 
 
 def _add_lab(root: typer.Typer) -> None:
