@@ -118,3 +118,50 @@ def test_no_fabric_series_carries_a_label_prometheus_reserves_for_the_scrape():
             for labels in labelled.findall(path.read_text()):
                 names = {n.strip().strip("'\"") for n in labels.split(",")}
                 assert not names & {"job", "instance"}, (path, labels)
+
+
+def paging_rules() -> dict[str, str]:
+    doc = yaml.safe_load((DASH / "fabric-alerts.yml").read_text())
+    return {r["alert"]: r["expr"] for g in doc["groups"] if g["name"] == "fabric-paging" for r in g["rules"]}
+
+
+def test_fabricd_exports_every_series_the_paging_alerts_read(cluster):
+    rules = paging_rules()
+    assert set(rules) == {"FabricNodeNotHeartbeating", "FabricDeploymentReplicasNotReady", "FabricBackupTooOld",
+                          "FabricStoreUnreachable", "FabricLeaderFlapping"}
+    with cluster.server.client() as c:
+        text = c.get("/metrics").text
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples}
+    assert got[("fabric_store_up", ())] == 1.0
+    assert got[("fabric_backup_last_success_timestamp_seconds", ())] == 0.0  # no backup yet: the alert fires
+    assert got[("fabric_node_last_heartbeat_timestamp_seconds", (("node", "gpu-node-1"),))] > 0
+    assert ("fabric_node_replicas", (("node", "gpu-node-1"),)) in got
+    assert got[("fabric_deployment_replicas_desired", (("deployment", "chat"),))] == 3.0
+    assert got[("fabric_deployment_replicas_ready", (("deployment", "chat"),))] == 3.0
+    assert got[("fabric_controller_leader_changes_total", (("change", "took"),))] >= 1.0
+    exported = {s.name for s in samples}
+    used = {name for expr in rules.values() for name in SERIES.findall(expr)}
+    assert used <= exported, sorted(used - exported)
+
+
+def test_the_gateway_exports_fabric_store_up_from_its_readiness_probe(tmp_path):
+    import asyncio
+
+    from common.store.base import open_store
+    from gateway.metrics import GatewayMetrics
+    from gateway.readiness import store_failure
+
+    class Unreachable:
+        def get(self, key):
+            raise ConnectionError("etcd is down")
+
+    metrics = GatewayMetrics.create()
+    store = open_store(None, tmp_path)
+    try:
+        for the_store, want in ((store, 1.0), (Unreachable(), 0.0)):
+            metrics.store_up.set(0 if asyncio.run(store_failure(the_store)) else 1)
+            fams = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+            assert [s.value for s in fams["fabric_store_up"].samples] == [want]
+    finally:
+        store.close()
