@@ -1,9 +1,10 @@
 """The agent's HTTP API (served over mutual TLS by `fabric-agent serve`).
 
     GET    /v1/gpus                                  inventory (empty with a reason when no driver) and KVM's verdict
-    POST   /v1/gpus/{bdf}/bind | /release            VFIO bind/release of a whole GPU and its group
-    GET    /v1/vms, POST /v1/vms                     list / create (idempotent by replica id)
-    GET    /v1/vms/{id}, DELETE /v1/vms/{id}         status / delete (404 when absent)
+    POST   /v1/gpus/{bdf}/bind | /release            VFIO bind/release of a whole GPU and its group: 202, an operation
+    GET    /v1/vms, POST /v1/vms                     list / create (idempotent by replica id): 202, an operation
+    GET    /v1/vms/{id}, DELETE /v1/vms/{id}         status / delete: 202, an operation (it fails 404 when absent)
+    GET    /v1/operations/{id}                       a long operation's state and result (agent/operations.py)
     GET    /v1/vms/{id}/logs?offset=&limit=         the engine log (lab/dry-run: its output; libvirt: the
                                               serial console), agent/vm/engine_log.py
     PUT    /v1/maglev/services/{vip}/{port}/{proto}  the whole backend set of one service
@@ -43,12 +44,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent.mig_routes import mig_router
 from agent.models import adapter_sets
+from agent.operations import Operations
 from agent.state import AgentState, as_dict, read_inventory, read_kvm
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.engine_log import MAX_CHUNK, read_chunk
 from common import runtime_metrics
 from common.agent_api import (
     AgentHealth,
+    AgentOperation,
     GpuBindResult,
     GpuList,
     MaglevBackendStats,
@@ -165,6 +168,8 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     runtime = runtime_metrics.install(state.registry)
     app = FastAPI(title="fabric-agent", docs_url=None, redoc_url=None, lifespan=runtime_metrics.lifespan(runtime))
     app.state.agent = state
+    operations = Operations()
+    app.state.operations = operations
     allowed = frozenset(allowed_client_cns)
     kv_readers = frozenset(kv_index_cns)
     requests = Counter("fabric_agent_requests", "Agent API requests", ["route", "code"],
@@ -237,24 +242,36 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         if bdf not in known:
             raise NotFound(f"GPU {bdf} is not in this node's inventory")
 
-    def _gpu_op(bdf: str, op: str) -> GpuBindResult:
+    def _gpu_op(bdf: str, op: str) -> AgentOperation:
         bdf = _checked_bdf(bdf)
         _known_gpu(bdf)
-        if state.binder is None:
-            return GpuBindResult(bdf=bdf, driver=None, changed=False,
-                                 message=f"the {state.vm_driver.name} driver does not bind GPUs")
-        with state.lock:
-            before = state.binder.status(bdf)
-            result = getattr(state.binder, op)(bdf)
-            return _bind_result(bdf, result, before, state.binder.status(bdf))
+        binder = state.binder
 
-    @app.post("/v1/gpus/{bdf}/bind", response_model=GpuBindResult)
-    def bind_gpu(bdf: str) -> GpuBindResult:
+        def work() -> dict:
+            if binder is None:
+                return {"gpu": GpuBindResult(bdf=bdf, driver=None, changed=False,
+                                             message=f"the {state.vm_driver.name} driver does not bind GPUs")}
+            with state.lock:
+                before = binder.status(bdf)
+                result = getattr(binder, op)(bdf)
+                return {"gpu": _bind_result(bdf, result, before, binder.status(bdf))}
+
+        return operations.start("gpu-bind" if op == "bind" else "gpu-release", bdf, work)
+
+    @app.post("/v1/gpus/{bdf}/bind", response_model=AgentOperation, status_code=202)
+    def bind_gpu(bdf: str) -> AgentOperation:
         return _gpu_op(bdf, "bind")
 
-    @app.post("/v1/gpus/{bdf}/release", response_model=GpuBindResult)
-    def release_gpu(bdf: str) -> GpuBindResult:
+    @app.post("/v1/gpus/{bdf}/release", response_model=AgentOperation, status_code=202)
+    def release_gpu(bdf: str) -> AgentOperation:
         return _gpu_op(bdf, "release")
+
+    @app.get("/v1/operations/{op_id}", response_model=AgentOperation)
+    def get_operation(op_id: str) -> AgentOperation:
+        op = operations.get(op_id)
+        if op is None:
+            raise NotFound(f"no operation {op_id} on node {state.node_id} (finished long ago, or the agent restarted)")
+        return op
 
     # VMs ----------------------------------------------------------------------------------
     @app.get("/v1/vms", response_model=VmList)
@@ -265,8 +282,8 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
             vm_gauge.labels(v.state).inc()
         return VmList(vms=vms)
 
-    @app.post("/v1/vms", response_model=VmInfo, status_code=201)
-    def create_vm(req: VmCreateRequest) -> VmInfo:
+    @app.post("/v1/vms", response_model=AgentOperation, status_code=202)
+    def create_vm(req: VmCreateRequest) -> AgentOperation:
         if req.mig_slices and state.vm_driver.name not in ("lab", "dry-run"):
             # A MIG instance cannot be passed through VFIO to a VM (that needs NVIDIA vGPU).
             raise Refused(f"the {state.vm_driver.name} driver cannot give a VM a MIG slice "
@@ -284,9 +301,13 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
                                "materialize the model first", code="model_not_ready")
             state.models.cache.touch(req.model_digest)
             model_dir = str(path)
-        adapters = _adapter_set(state, req)
-        with state.lock:
-            return _vm_info(state.vm_driver.create(_spec(req, model_dir, adapters)))
+        spec = _spec(req, model_dir, _adapter_set(state, req))
+
+        def work() -> dict:
+            with state.lock:
+                return {"vm": _vm_info(state.vm_driver.create(spec))}
+
+        return operations.start("vm-create", req.replica_id, work)
 
     def _vm_id(vm_id: str) -> str:
         try:
@@ -312,12 +333,17 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
             raise NotFound(f"no engine log for vm {vm_id} on node {state.node_id}")
         return asdict(read_chunk(path, offset, limit))
 
-    @app.delete("/v1/vms/{vm_id}", status_code=204)
-    def delete_vm(vm_id: str) -> Response:
-        with state.lock:
-            if not state.vm_driver.delete(_vm_id(vm_id)):
-                raise NotFound(f"vm {vm_id} does not exist on node {state.node_id}")
-        return Response(status_code=204)
+    @app.delete("/v1/vms/{vm_id}", response_model=AgentOperation, status_code=202)
+    def delete_vm(vm_id: str) -> AgentOperation:
+        vm_id = _vm_id(vm_id)
+
+        def work() -> dict:
+            with state.lock:
+                if not state.vm_driver.delete(vm_id):
+                    raise NotFound(f"vm {vm_id} does not exist on node {state.node_id}")
+            return {}
+
+        return operations.start("vm-delete", vm_id, work)
 
     # Maglev -------------------------------------------------------------------------------
     def _dataplane():

@@ -171,6 +171,30 @@ class VmList(WireModel):
     vms: list[VmInfo] = Field(default_factory=list)
 
 
+OperationKind = Literal["gpu-bind", "gpu-release", "vm-create", "vm-delete"]
+
+
+class OperationError(WireModel):
+    status: int = Field(..., description="the HTTP status the synchronous call would have answered")
+    code: str | None = None
+    message: str
+
+
+class AgentOperation(WireModel):
+    """One long agent operation (agent/operations.py): answered 202 by the verb that starts it,
+    then read with GET /v1/operations/{id} until it is no longer running."""
+
+    id: str
+    kind: OperationKind
+    target: str = Field(..., description="the GPU's BDF or the replica id: one running operation per kind and target")
+    state: Literal["running", "succeeded", "failed"] = "running"
+    started_at: float
+    finished_at: float | None = None
+    gpu: GpuBindResult | None = Field(None, description="gpu-bind / gpu-release result")
+    vm: VmInfo | None = Field(None, description="vm-create result")
+    error: OperationError | None = None
+
+
 class MaglevServiceSpec(WireModel):
     """PUT body: the whole backend set of one VIP:port:proto with weights 0-32."""
 

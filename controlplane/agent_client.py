@@ -4,6 +4,12 @@ Errors carry their meaning so controllers can decide retries:
   - unreachable agent, timeouts, 5xx    -> common.errors.TransientError (retry with backoff)
   - agent 4xx with an error body        -> the FabricError of that status, the agent's message kept
   - delete_vm / delete_service on 404   -> False (already gone); get_vm / get_service on 404 -> None
+Long operations (GPU bind and release, VM create and delete) are started on the agent, which
+answers 202 with an operation (agent/operations.py), and then polled with
+GET /v1/operations/{id}: every request keeps the short client timeout, and the wait as a whole
+has a deadline sized for the work (OPERATION_DEADLINE_S). A failed operation raises what the
+synchronous call would have; a deadline passed raises TransientError, and the next call joins
+the operation still running (one per kind and target on the agent), never starting it twice.
 ``AgentClients(state_dir)`` hands out one client per node address, authenticated with fabricd's
 own certificate from the cluster CA ({state_dir}/pki/fabricd.crt, which is client+server).
 A node's client is pinned to that node: the TLS handshake names the node id (SNI) and checks the
@@ -13,14 +19,16 @@ leads to another node's agent (whose certificate names that other node) fails to
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
 from common.agent_api import (
     AgentHealth,
+    AgentOperation,
     GpuBindResult,
     GpuList,
     MaglevServiceList,
@@ -35,7 +43,12 @@ from common.model_api import AgentJobRequest, AgentJobView, CacheList, VerifyReq
 from common.pki import client_ssl_context, pki_dir
 from common.schemas import Node
 
-DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S = 10.0  # each request; long operations are polled (OPERATION_DEADLINE_S)
+# How long fabricd waits for each kind of long operation: a VFIO bind of a GPU whose driver is
+# slow to let go, QEMU pinning a guest's memory (about a minute per 100 GiB), a guest that
+# takes its shutdown timeout to stop. Passed, the next reconcile pass joins the same operation.
+OPERATION_DEADLINE_S = {"gpu-bind": 300.0, "gpu-release": 300.0, "vm-create": 1200.0, "vm-delete": 600.0}
+POLL_S = (0.2, 2.0)  # the first pause between polls, doubling up to the second
 CLIENT_CERT_NAME = "fabricd"
 VERIFY_TIMEOUT_S = 1800.0
 
@@ -56,8 +69,11 @@ def error_from_response(resp: httpx.Response, what: str) -> FabricError:
 class AgentClient:
     def __init__(self, base_url: str, *, verify: ssl.SSLContext | bool = True,
                  timeout: float = DEFAULT_TIMEOUT_S, transport: httpx.AsyncBaseTransport | None = None,
-                 node_id: str | None = None):
+                 node_id: str | None = None, poll_s: tuple[float, float] = POLL_S,
+                 deadlines: dict[str, float] | None = None):
         self.base_url = base_url.rstrip("/")
+        self.poll_s = poll_s
+        self.deadlines = {**OPERATION_DEADLINE_S, **(deadlines or {})}
         self._http = httpx.AsyncClient(base_url=self.base_url, verify=verify, timeout=timeout,
                                        transport=transport)
         # https: the agent's certificate must name this node (checked as the TLS server name).
@@ -66,7 +82,7 @@ class AgentClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> AgentClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -89,15 +105,40 @@ class AgentClient:
             raise error_from_response(resp, what)
         return resp
 
+    async def _operation(self, method: str, path: str, *, json: Any = None,
+                         missing_ok: bool = False) -> AgentOperation | None:
+        """Start a long operation and wait for it (module docstring). None: it failed 404 and
+        ``missing_ok``."""
+        op = AgentOperation.model_validate((await self._call(method, path, json=json)).json())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.deadlines[op.kind]
+        pause, most = self.poll_s
+        while op.state == "running":
+            if loop.time() >= deadline:
+                raise TransientError(f"agent {self.base_url}: {op.kind} of {op.target} is still running after "
+                                     f"{self.deadlines[op.kind]:g}s (operation {op.id}); waiting for it again")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, most)
+            resp = await self._call("GET", f"/v1/operations/{op.id}", missing_ok=True)
+            if resp is None:  # the agent restarted: its operations went with it
+                raise TransientError(f"agent {self.base_url} no longer knows operation {op.id} ({op.kind} of "
+                                     f"{op.target}); it is started again")
+            op = AgentOperation.model_validate(resp.json())
+        if op.error is not None:
+            if op.error.status == 404 and missing_ok:
+                return None
+            raise error_for_status(op.error.status)(f"agent: {op.error.message}", code=op.error.code)
+        return op
+
     # GPUs
     async def list_gpus(self) -> GpuList:
         return GpuList.model_validate((await self._call("GET", "/v1/gpus")).json())
 
     async def bind_gpu(self, bdf: str) -> GpuBindResult:
-        return GpuBindResult.model_validate((await self._call("POST", f"/v1/gpus/{bdf}/bind")).json())
+        return _result((await self._operation("POST", f"/v1/gpus/{bdf}/bind")), "gpu")
 
     async def release_gpu(self, bdf: str) -> GpuBindResult:
-        return GpuBindResult.model_validate((await self._call("POST", f"/v1/gpus/{bdf}/release")).json())
+        return _result((await self._operation("POST", f"/v1/gpus/{bdf}/release")), "gpu")
 
     # MIG instances (the agent refuses unless it runs with FABRIC_PCI_MIG=1)
     async def create_mig(self, bdf: str, profile: str) -> dict:
@@ -108,8 +149,7 @@ class AgentClient:
 
     # VMs
     async def create_vm(self, req: VmCreateRequest) -> VmInfo:
-        resp = await self._call("POST", "/v1/vms", json=req.model_dump(mode="json"))
-        return VmInfo.model_validate(resp.json())
+        return _result(await self._operation("POST", "/v1/vms", json=req.model_dump(mode="json")), "vm")
 
     async def get_vm(self, vm_id: str) -> VmInfo | None:
         resp = await self._call("GET", f"/v1/vms/{vm_id}", missing_ok=True)
@@ -123,7 +163,7 @@ class AgentClient:
         return (await self._call("GET", f"/v1/vms/{vm_id}/logs?offset={offset}&limit={limit}")).json()
 
     async def delete_vm(self, vm_id: str) -> bool:
-        return await self._call("DELETE", f"/v1/vms/{vm_id}", missing_ok=True) is not None
+        return await self._operation("DELETE", f"/v1/vms/{vm_id}", missing_ok=True) is not None
 
     # Maglev
     async def put_service(self, vip: str, port: int, proto: str, spec: MaglevServiceSpec) -> MaglevServiceView:
@@ -161,6 +201,13 @@ class AgentClient:
 
     async def health(self) -> AgentHealth:
         return AgentHealth.model_validate((await self._call("GET", "/v1/health")).json())
+
+
+def _result(op: AgentOperation | None, field: str) -> Any:
+    value = None if op is None else getattr(op, field)
+    if value is None:
+        raise TransientError(f"agent answered operation {op.id if op else '?'} without its {field} result")
+    return value
 
 
 class AgentClients:

@@ -22,6 +22,7 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
+from tests.support.agent_ops import finished
 from tests.support.memory_dataplane import MemoryDataplane
 from tests.support.servers import serve_in_thread
 
@@ -108,14 +109,15 @@ def test_gpus_list_the_fake_h100s_in_sysfs_form(client):
 
 def test_bind_and_release_move_the_driver_and_are_idempotent(client, agent):
     bdf = "0000:3b:00.0"
-    first = client.post(f"/v1/gpus/{bdf}/bind")
-    assert first.status_code == 200, first.text
-    assert first.json()["driver"] == "vfio-pci" and first.json()["changed"] is True
-    assert sorted(first.json()["functions"]) == [bdf, "0000:3b:00.1"]
+    op = finished(client, client.post(f"/v1/gpus/{bdf}/bind"))
+    assert op["kind"] == "gpu-bind" and op["state"] == "succeeded" and op["target"] == bdf, op
+    first = op["gpu"]
+    assert first["driver"] == "vfio-pci" and first["changed"] is True
+    assert sorted(first["functions"]) == [bdf, "0000:3b:00.1"]
     assert agent["sysfs"].driver_of(bdf) == "vfio-pci"
-    again = client.post(f"/v1/gpus/{bdf}/bind").json()
+    again = finished(client, client.post(f"/v1/gpus/{bdf}/bind"))["gpu"]
     assert again["changed"] is False and again["driver"] == "vfio-pci"
-    released = client.post(f"/v1/gpus/{bdf}/release").json()
+    released = finished(client, client.post(f"/v1/gpus/{bdf}/release"))["gpu"]
     assert released["driver"] == "nvidia" and released["changed"] is True
     assert agent["sysfs"].driver_of("0000:3b:00.1") == "snd_hda_intel"
 
@@ -124,10 +126,10 @@ def test_bind_refusal_is_a_400_with_the_reason(client, agent):
     bdf = "0000:3c:00.0"
     agent["sysfs"].set_sriov(bdf, 2)
     try:
-        r = client.post(f"/v1/gpus/{bdf}/bind")
-        assert r.status_code == 400
-        assert r.json()["error"]["code"] == "refused"
-        assert "virtual function" in r.json()["error"]["message"].lower() or "sr-iov" in r.json()["error"]["message"].lower()
+        op = finished(client, client.post(f"/v1/gpus/{bdf}/bind"))
+        assert op["state"] == "failed" and op["error"]["status"] == 400
+        assert op["error"]["code"] == "refused"
+        assert "virtual function" in op["error"]["message"].lower() or "sr-iov" in op["error"]["message"].lower()
     finally:
         agent["sysfs"].set_sriov(bdf, 0)
 
@@ -155,18 +157,20 @@ def _wait_running(client, vm_id: str) -> dict:
 def test_vm_lifecycle_runs_a_real_engine(client):
     body = {"replica_id": "chat-0-abc", "deployment": "chat", "model_name": "qwen-test",
             "model_source": "hf://Qwen/Qwen2-0.5B", "engine_args": {"tokens_per_s": "500"}}
-    created = client.post("/v1/vms", json=body)
-    assert created.status_code == 201, created.text
+    created = finished(client, client.post("/v1/vms", json=body))
+    assert created["state"] == "succeeded" and created["vm"]["id"] == "chat-0-abc", created
     vm = _wait_running(client, "chat-0-abc")
     assert vm["host"] == "127.0.0.1"
     engine = httpx.get(f"http://127.0.0.1:{vm['port']}/v1/models", timeout=10).json()
     assert [m["id"] for m in engine["data"]] == ["qwen-test"]
     # Create is idempotent by replica id: same engine, same port.
-    assert client.post("/v1/vms", json=body).json()["port"] == vm["port"]
+    assert finished(client, client.post("/v1/vms", json=body))["vm"]["port"] == vm["port"]
     assert [v["id"] for v in client.get("/v1/vms").json()["vms"]] == ["chat-0-abc"]
-    assert client.delete("/v1/vms/chat-0-abc").status_code == 204
+    assert finished(client, client.delete("/v1/vms/chat-0-abc"))["state"] == "succeeded"
     assert client.get("/v1/vms/chat-0-abc").status_code == 404
-    assert client.delete("/v1/vms/chat-0-abc").status_code == 404
+    gone = finished(client, client.delete("/v1/vms/chat-0-abc"))
+    assert gone["state"] == "failed" and gone["error"]["status"] == 404
+    assert client.get("/v1/operations/no-such-op").status_code == 404
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{vm['port']}/health", timeout=2)
 

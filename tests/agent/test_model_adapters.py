@@ -23,6 +23,7 @@ from controlplane.lab.hf_mirror import commit_of
 from controlplane.lab.tiny_model import write_tiny_adapter
 from tests.agent.model_support import REPO, finish, jobs_for, mirror, request, states
 from tests.agent.test_model_vm import NoGpus, NoVms
+from tests.support.agent_ops import finished
 
 EVERY = ["Resolving", "Downloading", "Verifying", "Scanning"]
 
@@ -125,9 +126,9 @@ def test_vm_create_shares_the_adapters_and_sizes_vllm_for_them(tmp_path):
         huge = c.post("/v1/vms", json={**body, "replica_id": "r-9", "adapter_digests": {"big": "f" * 64}})
         assert huge.status_code == 422 and huge.json()["error"]["code"] == "bad_adapter"
         assert "adapter big has LoRA rank 1024" in huge.json()["error"]["message"]
-        assert c.post("/v1/vms", json=body).status_code == 201
-        other = c.post("/v1/vms", json={**body, "replica_id": "r-2", "runtime": "tensorrt-llm"})
-        assert other.status_code == 201
+        assert finished(c, c.post("/v1/vms", json=body))["state"] == "succeeded"
+        other = finished(c, c.post("/v1/vms", json={**body, "replica_id": "r-2", "runtime": "tensorrt-llm"}))
+        assert other["state"] == "succeeded", other
     spec = vms.created[0]
     assert (Path(spec.adapters_dir) / "sql" / "adapter_config.json").is_file()
     assert (spec.max_loras, spec.max_lora_rank) == (3, 32)

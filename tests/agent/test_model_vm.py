@@ -17,6 +17,7 @@ from agent.vm.base import VmSpec
 from agent.vm.cloud_init import build_seed
 from agent.vm.domain_xml import build_domain_xml
 from agent.vm.host_tuning import HostTuning  # <readonly/> where libvirt/virtiofsd support it
+from tests.support.agent_ops import finished
 
 SPEC = VmSpec(replica_id="r-1", deployment="chat", model_name="demo", model_source="hf://org/demo",
               gpus=("0000:3b:00.0",), gpu_memory_mib=81_559, cpu=2, memory_gib=4)
@@ -74,8 +75,8 @@ def test_vm_create_needs_the_digest_on_this_node(tmp_path):
         assert missing.status_code == 409 and "not ready on node node-a" in missing.json()["error"]["message"]
         assert c.post("/v1/vms", json={**body, "model_digest": "../etc"}).status_code == 422
         (cache.by_digest / ("b" * 64)).mkdir()
-        ok = c.post("/v1/vms", json={**body, "model_digest": "b" * 64})
-        assert ok.status_code == 201, ok.text
+        ok = finished(c, c.post("/v1/vms", json={**body, "model_digest": "b" * 64}))
+        assert ok["state"] == "succeeded", ok
         assert c.get("/v1/models/jobs/nope").status_code == 404
         assert c.delete("/v1/models/cache/" + "c" * 64).status_code == 404
         metrics = c.get("/metrics").text
