@@ -11,11 +11,13 @@ simulator serves the same paths with `--runtime NAME`. Facts come from each proj
   tensorrt-llm   `trtllm-serve serve`, GET /health, /prometheus/metrics on the API port, which
                  exists only with `return_perf_metrics` and has gauges only with
                  `enable_iter_perf_stats`: both are in the LLM-API options YAML the guest gets
-                 (TRTLLM_CONFIG_PATH, passed with --extra_llm_api_options). No
-                 --served_model_name: the pinned release (images/guest/versions.env) predates it.
+                 (TRTLLM_CONFIG_PATH, passed with --extra_llm_api_options). The trtllm_* queue,
+                 KV and token readings exist from the 1.3 line (images/guest/versions.env pins
+                 it); trtllm-serve has no --served_model_name.
   triton         `tritonserver`, GET /v2/health/ready, /metrics on --metrics-port (8002). It
                  serves KServe v2, not OpenAI /v1 (the OpenAI frontend is a separate program),
-                 so the agent refuses it behind an endpoint (OPENAI_INCAPABLE).
+                 so a profile naming it is refused with 422 (OPENAI_INCAPABLE,
+                 common.schemas) and the agent refuses to start it.
   llama.cpp      `llama-server` (needs --metrics), GET /health, /metrics on the API port; -m
                  takes the model's .gguf file (the agent finds it in the model directory)
   tei            `text-embeddings-router`, GET /health, /metrics on --prometheus-port (9000)
@@ -63,6 +65,14 @@ class Runtime:
 
     def scrape_port(self, api_port: int) -> int:
         return self.metrics_port or api_port
+
+    def flags(self) -> tuple[str, ...]:
+        """Every option name the table puts on this runtime's command line (its arguments, the
+        tensor-parallel and context-length flags): what a bake finds in the installed engine's
+        --help (images/guest/engine-args.json). vLLM's whole command lines are parsed instead."""
+        names = [a.split("=", 1)[0] for a in self.args if a.startswith("-")]
+        names += [f for f in (self.tensor_parallel_flag, self.max_len_flag) if f]
+        return tuple(dict.fromkeys(names))
 
 
 TRITON_METRICS_PORT = 8002
@@ -113,10 +123,6 @@ RUNTIME_NAMES = tuple(RUNTIME_TABLE)
 # /prometheus/metrics does not exist (return_perf_metrics) or has no gauges (enable_iter_perf_stats).
 TRTLLM_CONFIG_PATH = "/etc/fabric/trtllm-config.yaml"
 TRTLLM_CONFIG = {"return_perf_metrics": True, "enable_iter_perf_stats": True}
-# Every option the agent emits for trtllm-serve: the bake fails unless `trtllm-serve serve --help`
-# of the pinned release lists each one (images/guest/install-guest.sh).
-TRTLLM_OPTIONS = ("--host", "--port", "--tp_size", "--max_seq_len", "--extra_llm_api_options")
-
 # Runtimes that do not serve the OpenAI API Fabric's endpoints proxy, and why.
 OPENAI_INCAPABLE = {
     "triton": ("tritonserver serves the KServe v2 API (/v2/...), not OpenAI /v1; Triton's OpenAI "

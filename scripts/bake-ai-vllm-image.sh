@@ -27,16 +27,18 @@ set -euo pipefail
 usage() {
   cat <<'USAGE'
 usage: bake-ai-vllm-image.sh [--dry-run] [--force] [--size SIZE] [--nvidia-driver VER]
-                             [--cuda VER] [--open-kernel-modules] [--fabric-manager]
+                             [--cuda VER] [--cuda-archs LIST] [--open-kernel-modules] [--fabric-manager]
                              [--runtime NAME] [--runtime-version VER]
                              [--runtime-dir DIR] SRC.qcow2 DST.qcow2
   Defaults come from images/guest/versions.env.
   --dry-run              print every step without running it
   --force                overwrite DST if it exists
   --size SIZE            the image's size; root partition and filesystem grow to fill it (default 60G)
-  --nvidia-driver VER    exact NVIDIA driver version, e.g. 550.127.08 (branch = first field; default:
-                         versions.env's FABRIC_NVIDIA_VERSION, FABRIC_TRTLLM_NVIDIA_VERSION for tensorrt-llm)
-  --cuda VER             CUDA toolkit package version (e.g. 12-6; default: by the image's Ubuntu release)
+  --nvidia-driver VER    exact NVIDIA driver version, e.g. 580.82.07 (branch = first field; default:
+                         versions.env's FABRIC_NVIDIA_VERSION)
+  --cuda VER             CUDA toolkit package version (e.g. 13-0; default: by the image's Ubuntu release)
+  --cuda-archs LIST      CUDA architectures llama.cpp is built for, e.g. 89 or 80,90 (default:
+                         versions.env's FABRIC_CUDA_ARCHS, 80;86;89;90)
   --appliance-memory MIB memory of the libguestfs appliance (default 8192; llama.cpp: 16384)
   --appliance-cpus N     its CPUs (default: this host's, at most 16)
   --open-kernel-modules  the open GPU kernel modules (nvidia-driver-BRANCH-server-open)
@@ -64,6 +66,7 @@ FORCE=0
 SIZE=60G
 NVIDIA_DRIVER=
 CUDA=${FABRIC_CUDA}
+CUDA_ARCHS=${FABRIC_CUDA_ARCHS}
 OPEN_MODULES=0
 FABRIC_MANAGER=0
 RUNTIME=vllm
@@ -79,6 +82,7 @@ while [ "$#" -gt 0 ]; do
     --size) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; SIZE=$2; shift ;;
     --nvidia-driver) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; NVIDIA_DRIVER=$2; shift ;;
     --cuda) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; CUDA=$2; shift ;;
+    --cuda-archs) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; CUDA_ARCHS=$2; shift ;;
     --open-kernel-modules) OPEN_MODULES=1 ;;
     --fabric-manager) FABRIC_MANAGER=1 ;;
     --vllm) [ "$#" -ge 2 ] || { usage >&2; exit 2; }; RUNTIME=vllm; RUNTIME_VERSION=$2; shift ;;
@@ -102,15 +106,19 @@ SRC=${POSITIONAL[0]}
 DST=${POSITIONAL[1]}
 PARTIAL="${DST}.partial"
 
-if [ -z "${NVIDIA_DRIVER}" ]; then  # no --nvidia-driver: the pin for this runtime (versions.env)
-  if [ "${RUNTIME}" = tensorrt-llm ]; then NVIDIA_DRIVER=${FABRIC_TRTLLM_NVIDIA_VERSION}; else NVIDIA_DRIVER=${FABRIC_NVIDIA_VERSION}; fi
-fi
+NVIDIA_DRIVER=${NVIDIA_DRIVER:-${FABRIC_NVIDIA_VERSION}}  # no --nvidia-driver: versions.env's pin
 case "${NVIDIA_DRIVER}" in
   [0-9]*.[0-9]*) ;;
   *) die "--nvidia-driver ${NVIDIA_DRIVER}: give an exact version like ${FABRIC_NVIDIA_VERSION}, not a branch" ;;
 esac
 case "${NVIDIA_DRIVER}${CUDA/#auto/}" in
   *[!0-9.-]*) die "--nvidia-driver/--cuda: digits, '.' and '-' only (or --cuda auto)" ;;
+esac
+# CMake's list separator is ';'; a comma list is accepted and converted. Each entry is a real
+# architecture number (sm_XX), so the value is safe inside the appliance's command line.
+CUDA_ARCHS=${CUDA_ARCHS//,/;}
+case "${CUDA_ARCHS}" in
+  ''|*[!0-9\;]*|*\;\;*|\;*|*\;) die "--cuda-archs ${CUDA_ARCHS}: CUDA architecture numbers separated by ',' or ';' (e.g. 80,86,89,90)" ;;
 esac
 if [ -z "${RUNTIME_VERSION}" ]; then
   case "${RUNTIME}" in
@@ -120,7 +128,7 @@ if [ -z "${RUNTIME_VERSION}" ]; then
   esac
 fi
 if [ "${RUNTIME}" = tensorrt-llm ] && [ "${NVIDIA_DRIVER%%.*}" -lt "${FABRIC_TRTLLM_MIN_DRIVER_BRANCH}" ]; then
-  die "TensorRT-LLM ${RUNTIME_VERSION} is built with CUDA 12.9: pass --nvidia-driver of branch ${FABRIC_TRTLLM_MIN_DRIVER_BRANCH} or newer (not ${NVIDIA_DRIVER})"
+  die "TensorRT-LLM ${RUNTIME_VERSION} is built with CUDA 13: pass --nvidia-driver of branch ${FABRIC_TRTLLM_MIN_DRIVER_BRANCH} or newer (not ${NVIDIA_DRIVER})"
 fi
 if [ -z "${APPLIANCE_MEMORY}" ]; then
   if [ "${RUNTIME}" = llama.cpp ]; then APPLIANCE_MEMORY=16384; else APPLIANCE_MEMORY=8192; fi
@@ -204,11 +212,13 @@ fi
 flavour="NVIDIA driver ${NVIDIA_DRIVER}"
 [ "${OPEN_MODULES}" -eq 1 ] && flavour+=" (open kernel modules)"
 [ "${FABRIC_MANAGER}" -eq 1 ] && flavour+=" + fabric manager"
-step "grow ${FABRIC_ROOT_PARTITION} and its filesystem (growpart + resize2fs), install ${flavour} and CUDA ${CUDA} for the guest kernel (held with the kernel), ${RUNTIME} ${RUNTIME_VERSION} in ${OPT_DIR} (checked by importing/running it)"
+step "grow ${FABRIC_ROOT_PARTITION} and its filesystem (growpart + resize2fs), install ${flavour} and CUDA ${CUDA} for the guest kernel (held with the kernel), ${RUNTIME} ${RUNTIME_VERSION} in ${OPT_DIR} (its command lines checked by its own parser or --help: engine-args.json)"
 run virt-customize -a "${PARTIAL}" --network --memsize "${APPLIANCE_MEMORY}" --smp "${APPLIANCE_CPUS}" \
   --upload "${IMAGES}/guest/install-guest.sh:/tmp/install-guest.sh" \
-  --run-command "FABRIC_ROOT_PARTITION=${FABRIC_ROOT_PARTITION} FABRIC_NVIDIA_VERSION=${NVIDIA_DRIVER} FABRIC_CUDA=${CUDA} FABRIC_CUDA_UBUNTU2204=${FABRIC_CUDA_UBUNTU2204} FABRIC_CUDA_UBUNTU2404=${FABRIC_CUDA_UBUNTU2404} FABRIC_CUDA_ARCHS=${FABRIC_CUDA_ARCHS} FABRIC_NVIDIA_OPEN=${OPEN_MODULES} FABRIC_FABRIC_MANAGER=${FABRIC_MANAGER} FABRIC_MIN_FREE_GIB=${FABRIC_MIN_FREE_GIB} FABRIC_RUNTIME=${RUNTIME} FABRIC_RUNTIME_VERSION=${RUNTIME_VERSION} FABRIC_TRTLLM_OPTIONS='${FABRIC_TRTLLM_OPTIONS}' bash /tmp/install-guest.sh" \
-  --delete /tmp/install-guest.sh
+  --upload "${IMAGES}/guest/engine-args.json:/tmp/engine-args.json" \
+  --upload "${IMAGES}/guest/check-vllm-args.py:/tmp/check-vllm-args.py" \
+  --run-command "FABRIC_ROOT_PARTITION=${FABRIC_ROOT_PARTITION} FABRIC_NVIDIA_VERSION=${NVIDIA_DRIVER} FABRIC_CUDA=${CUDA} FABRIC_CUDA_UBUNTU2204=${FABRIC_CUDA_UBUNTU2204} FABRIC_CUDA_UBUNTU2404=${FABRIC_CUDA_UBUNTU2404} FABRIC_CUDA_ARCHS='${CUDA_ARCHS}' FABRIC_NVIDIA_OPEN=${OPEN_MODULES} FABRIC_FABRIC_MANAGER=${FABRIC_MANAGER} FABRIC_MIN_FREE_GIB=${FABRIC_MIN_FREE_GIB} FABRIC_RUNTIME=${RUNTIME} FABRIC_RUNTIME_VERSION=${RUNTIME_VERSION} FABRIC_ENGINE_CHECKS=/tmp/engine-args.json bash /tmp/install-guest.sh" \
+  --delete /tmp/install-guest.sh --delete /tmp/engine-args.json --delete /tmp/check-vllm-args.py
 
 step "add the guest pieces the VM driver expects (cloud-init config, engine unit template)"
 run virt-customize -a "${PARTIAL}" \

@@ -16,7 +16,7 @@ def baked_versions() -> dict[str, str]:
         line = line.split("#", 1)[0].strip()
         if "=" in line:
             key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
+            out[key.strip()] = value.strip().strip("\"'")
     return out
 
 

@@ -3,15 +3,18 @@
 # Installs the NVIDIA driver built for the guest's own kernel, CUDA, one inference runtime
 # (common/runtimes.py paths), the qemu guest agent, and the runtime's service user.
 # Parameters come from the environment (defaults in images/guest/versions.env):
-#   FABRIC_NVIDIA_VERSION (exact, e.g. 550.127.08), FABRIC_CUDA (e.g. 12-4),
+#   FABRIC_NVIDIA_VERSION (exact, e.g. 580.82.07), FABRIC_CUDA (e.g. 13-0),
 #   FABRIC_NVIDIA_OPEN=1 (open kernel modules), FABRIC_FABRIC_MANAGER=1 (fabric manager + NSCQ),
 #   FABRIC_MIN_FREE_GIB (refuse to start with less free space on /),
 #   FABRIC_RUNTIME (vllm, tensorrt-llm, triton, llama.cpp, tei; default vllm),
-#   FABRIC_RUNTIME_VERSION (e.g. 0.6.3, a llama.cpp tag such as b4500, or "latest");
+#   FABRIC_RUNTIME_VERSION (e.g. 0.32.0, a llama.cpp tag such as b4500, or "latest");
 #   FABRIC_VLLM_VERSION is still read when FABRIC_RUNTIME_VERSION is unset;
 #   FABRIC_ROOT_PARTITION (grown first: growpart + resize2fs, partition numbers kept);
 #   FABRIC_CUDA "auto" picks FABRIC_CUDA_UBUNTU<release> (e.g. FABRIC_CUDA_UBUNTU2404) for the
-#   image's Ubuntu release; FABRIC_CUDA_ARCHS (CUDA architectures llama.cpp is built for, 90).
+#   image's Ubuntu release; FABRIC_CUDA_ARCHS (CUDA architectures llama.cpp is built for,
+#   "80;86;89;90"); FABRIC_ENGINE_CHECKS (engine-args.json, uploaded by the bake: the command
+#   lines and options Fabric's guest unit gives each runtime, checked against the installed engine:
+#   vLLM's own argument parser (check-vllm-args.py beside it), the --help of the others).
 # The functions are sourced by tests (tests/agent/test_guest_install.py) with stand-in tools;
 # `main` runs only when the script is executed.
 # Triton and TEI are not installed here: the bake script uploaded their prebuilt tree first,
@@ -70,7 +73,7 @@ cuda_package() {
 install_llama_cpp() {
   local src=$1 prefix=$2
   cmake -S "${src}" -B "${src}/build" -DGGML_CUDA=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES="${FABRIC_CUDA_ARCHS:-90}" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES="${FABRIC_CUDA_ARCHS:-80;86;89;90}" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_INSTALL_PREFIX="${prefix}"
   cmake --build "${src}/build" --config Release -j "$(nproc)" --target llama-server
   install -D -m 0755 "${src}/build/bin/llama-server" "${prefix}/bin/llama-server"
@@ -81,16 +84,29 @@ install_llama_cpp() {
   "${prefix}/bin/llama-server" --version
 }
 
-# check_trtllm_options BINARY OPTION...: every option the agent emits (common/runtimes.py
-# TRTLLM_OPTIONS) must be in the pinned release's `trtllm-serve serve --help`.
-check_trtllm_options() {
-  local binary=$1 help option
-  shift
-  help=$("${binary}" serve --help)
-  for option in "$@"; do
-    grep -q -- "${option}\b" <<<"${help}" ||
-      { echo "install-guest: trtllm-serve ${FABRIC_RUNTIME_VERSION:-?} has no ${option}" >&2; return 1; }
-  done
+# engine_options RUNTIME: the options Fabric's guest unit can give RUNTIME (common/runtimes.py
+# Runtime.flags), one a line, from the bake's engine-args.json.
+engine_options() {
+  python3 -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["help_options"][sys.argv[2]]))' \
+    "${FABRIC_ENGINE_CHECKS:-/tmp/engine-args.json}" "$1"
+}
+
+# check_options WHAT HELP_TEXT: every option engine_options lists for FABRIC_RUNTIME must be in
+# the installed engine's --help (a word of its own there, as the engine's own listing writes it).
+check_options() {
+  local what=$1 help=$2 option
+  while IFS= read -r option; do
+    [ -n "${option}" ] || continue
+    grep -Eq -- "(^|[[:space:],])${option}([^[:alnum:]_-]|\$)" <<<"${help}" ||
+      { echo "install-guest: ${what} has no ${option} (Fabric's guest unit passes it)" >&2; return 1; }
+  done < <(engine_options "${FABRIC_RUNTIME}")
+}
+
+# check_vllm_args PYTHON: every command line Fabric's guest unit can give vLLM, parsed by the
+# installed vLLM's own argument parser (check-vllm-args.py); an unknown flag fails the bake.
+check_vllm_args() {
+  local checks=${FABRIC_ENGINE_CHECKS:-/tmp/engine-args.json}
+  "$1" "$(dirname "${checks}")/check-vllm-args.py" "${checks}"
 }
 
 main() {
@@ -188,13 +204,13 @@ case "${FABRIC_RUNTIME}" in
     pip_runtime /opt/vllm vllm
     # Importing both proves the wheels match this Python and each other (serve --help did not).
     /opt/vllm/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+    check_vllm_args /opt/vllm/bin/python
     ;;
   tensorrt-llm)
     service_user fabric
     apt-get install -y --no-install-recommends libopenmpi-dev
     pip_runtime /opt/trtllm tensorrt_llm --extra-index-url https://pypi.nvidia.com
-    # shellcheck disable=SC2086  # FABRIC_TRTLLM_OPTIONS is a list of words
-    check_trtllm_options /opt/trtllm/bin/trtllm-serve ${FABRIC_TRTLLM_OPTIONS}
+    check_options "trtllm-serve ${FABRIC_RUNTIME_VERSION}" "$(/opt/trtllm/bin/trtllm-serve serve --help)"
     ;;
   llama.cpp)
     service_user fabric
@@ -204,6 +220,7 @@ case "${FABRIC_RUNTIME}" in
     git clone --depth 1 "${ref[@]}" https://github.com/ggml-org/llama.cpp /tmp/llama.cpp
     install_llama_cpp /tmp/llama.cpp /opt/llama.cpp
     rm -rf /tmp/llama.cpp
+    check_options "llama-server ${FABRIC_RUNTIME_VERSION}" "$(/opt/llama.cpp/bin/llama-server --help 2>&1)"
     ;;
   triton)
     service_user fabric
@@ -212,7 +229,7 @@ case "${FABRIC_RUNTIME}" in
   tei)
     service_user fabric
     test -x /opt/tei/bin/text-embeddings-router || { echo "install-guest: /opt/tei/bin/text-embeddings-router missing" >&2; exit 1; }
-    /opt/tei/bin/text-embeddings-router --help >/dev/null
+    check_options text-embeddings-router "$(/opt/tei/bin/text-embeddings-router --help)"
     ;;
   *)
     echo "install-guest: unknown runtime ${FABRIC_RUNTIME}" >&2

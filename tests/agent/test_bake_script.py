@@ -53,7 +53,7 @@ def test_dry_run_prints_every_step_and_runs_none(tmp_path):
     src.write_bytes(b"not really an image")
     dst = tmp_path / "out/golden.qcow2"
     env = dict(os.environ, PATH="/usr/bin:/bin", HF_TOKEN="hf_shouldneverappear42")
-    done = bake("--dry-run", "--vllm", "0.6.3", str(src), str(dst), env=env)
+    done = bake("--dry-run", "--vllm", "0.31.0", str(src), str(dst), env=env)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     steps = [line for line in out.splitlines() if line.startswith("==> step")]
@@ -63,7 +63,7 @@ def test_dry_run_prints_every_step_and_runs_none(tmp_path):
         "FABRIC_ROOT_PARTITION=/dev/sda1",
         "virt-customize -a",
         "install-guest.sh",
-        "FABRIC_RUNTIME=vllm FABRIC_RUNTIME_VERSION=0.6.3",
+        "FABRIC_RUNTIME=vllm FABRIC_RUNTIME_VERSION=0.31.0",
         "engine.service.in",
         "/etc/cloud/cloud.cfg.d/99-fabric.cfg",
         "--truncate /etc/machine-id",
@@ -135,7 +135,8 @@ def test_real_run_with_stand_in_virt_customize(tmp_path):
     lines = log.read_text().splitlines()
     assert [line.split()[0] for line in lines] == ["virt-customize"] * 3
     assert "FABRIC_ROOT_PARTITION=/dev/sda1" in lines[0] and "--memsize 8192" in lines[0]
-    assert "FABRIC_NVIDIA_VERSION=550.127.08" in lines[0] and "FABRIC_RUNTIME_VERSION=0.6.3.post1" in lines[0]
+    assert "FABRIC_NVIDIA_VERSION=580.82.07" in lines[0] and "FABRIC_RUNTIME_VERSION=0.32.0" in lines[0]
+    assert "engine-args.json:/tmp/engine-args.json" in lines[0] and "check-vllm-args.py" in lines[0]
     info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(dst)], capture_output=True,
                                      text=True, check=True).stdout)
     assert info["format"] == "qcow2" and info["virtual-size"] == 128 << 20  # SRC's 64M copied and grown
@@ -150,9 +151,8 @@ def test_real_run_with_stand_in_virt_customize(tmp_path):
 def test_dry_run_per_runtime(tmp_path, runtime, fragment):
     src = tmp_path / "u.qcow2"
     src.write_bytes(b"x")
-    driver = ("--nvidia-driver", "575.57.08") if runtime == "tensorrt-llm" else ()
     done = bake("--dry-run", "--runtime", runtime, "--runtime-version", "b4500" if runtime == "llama.cpp" else "latest",
-                *driver, str(src), str(tmp_path / "g.qcow2"))
+                str(src), str(tmp_path / "g.qcow2"))
     assert done.returncode == 0, done.stderr
     assert fragment in done.stdout.replace("\\ ", " ")
     assert "--copy-in" not in done.stdout
@@ -221,34 +221,41 @@ def test_trtllm_is_pinned_and_needs_a_driver_its_cuda_runs_on(tmp_path):
     src.write_bytes(b"x")
     old_driver = bake("--dry-run", "--runtime", "tensorrt-llm", "--nvidia-driver", "550.127.08", str(src),
                       str(tmp_path / "g.qcow2"))
-    assert old_driver.returncode == 1 and "branch 575 or newer" in old_driver.stderr
-    pinned = bake("--dry-run", "--runtime", "tensorrt-llm", str(src), str(tmp_path / "g.qcow2"))
-    assert pinned.returncode == 0, pinned.stderr  # no flag: versions.env's TensorRT-LLM driver pin
-    assert "FABRIC_NVIDIA_VERSION=575.57.08" in pinned.stdout.replace("\\ ", " ")
-    plain = bake("--dry-run", str(src), str(tmp_path / "g.qcow2")).stdout.replace("\\ ", " ")
-    assert "FABRIC_NVIDIA_VERSION=550.127.08" in plain  # vLLM keeps the general pin
-    done = bake("--dry-run", "--runtime", "tensorrt-llm", "--nvidia-driver", "575.57.08", str(src),
-                str(tmp_path / "g.qcow2"))
+    assert old_driver.returncode == 1 and "built with CUDA 13" in old_driver.stderr
+    assert "branch 580 or newer" in old_driver.stderr
+    done = bake("--dry-run", "--runtime", "tensorrt-llm", str(src), str(tmp_path / "g.qcow2"))
     out = done.stdout.replace("\\ ", " ")
-    assert done.returncode == 0 and "FABRIC_RUNTIME_VERSION=1.0.0" in out  # versions.env's pin, not "latest"
+    assert done.returncode == 0, done.stderr  # no flag: versions.env's one driver pin runs its CUDA
+    assert "FABRIC_NVIDIA_VERSION=580.82.07" in out and "FABRIC_RUNTIME_VERSION=1.3.0rc29" in out
 
 
 def test_llama_cpp_bake_gets_a_bigger_appliance(tmp_path):
     src = tmp_path / "u.qcow2"
     src.write_bytes(b"x")
     out = bake("--dry-run", "--runtime", "llama.cpp", str(src), str(tmp_path / "g.qcow2")).stdout
-    assert "--memsize 16384" in out and "FABRIC_CUDA_ARCHS=90" in out.replace("\\ ", " ")
+    assert "--memsize 16384" in out
     assert bake("--dry-run", "--appliance-memory", "lots", str(src), str(tmp_path / "g.qcow2")).returncode == 1
 
 
-def test_trtllm_options_in_versions_env_are_the_ones_the_agent_emits():
-    from common.runtimes import TRTLLM_OPTIONS
+@pytest.mark.parametrize("args, archs", [
+    ((), "'80;86;89;90'"),  # sm_80 A100, sm_86 A10/A40, sm_89 L4/L40S, sm_90 H100/H200
+    (("--cuda-archs", "89"), "'89'"),
+    (("--cuda-archs", "80,90"), "'80;90'"),
+])
+def test_llama_cpp_is_built_for_the_gpus_fabric_places_or_the_flag(tmp_path, args, archs):
+    src = tmp_path / "u.qcow2"
+    src.write_bytes(b"x")
+    done = bake("--dry-run", "--runtime", "llama.cpp", *args, str(src), str(tmp_path / "g.qcow2"))
+    assert done.returncode == 0, done.stderr
+    assert f"FABRIC_CUDA_ARCHS={archs}" in done.stdout.replace("\\ ", " ").replace("\\;", ";").replace("\\'", "'")
 
-    line = next(line for line in (REPO / "images/guest/versions.env").read_text().splitlines()
-                if line.startswith("FABRIC_TRTLLM_OPTIONS="))
-    value = subprocess.run(["bash", "-c", f"{line}\nprintf %s \"$FABRIC_TRTLLM_OPTIONS\""], capture_output=True,
-                           text=True, check=True).stdout
-    assert tuple(value.split()) == TRTLLM_OPTIONS
+
+@pytest.mark.parametrize("archs", ["native", "80;;90", "80 90", "90;$(reboot)"])
+def test_a_cuda_arch_list_that_is_not_numbers_is_refused(tmp_path, archs):
+    src = tmp_path / "u.qcow2"
+    src.write_bytes(b"x")
+    done = bake("--dry-run", "--cuda-archs", archs, str(src), str(tmp_path / "g.qcow2"))
+    assert done.returncode == 1 and "--cuda-archs" in done.stderr
 
 
 def test_cloud_init_reads_our_config_after_ubuntus():

@@ -1,17 +1,20 @@
 """images/guest/install-guest.sh's pieces, run by bash: the root grown with the real growpart and
 resize2fs on a loop device laid out like Ubuntu's cloud image (BIOS boot 14, ESP 15, root 1),
 the CUDA package chosen per Ubuntu release, llama.cpp's build flags and its --version check, and
-the TensorRT-LLM option check, with stand-ins only for what needs NVIDIA's repositories."""
+each runtime's option check against its --help, with stand-ins only for what needs NVIDIA's repositories."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from common.runtimes import runtime as runtime_table
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "images/guest/install-guest.sh"
@@ -97,7 +100,7 @@ def test_grow_root_refuses_a_missing_disk():
 APT_CACHE_STUB = """apt-cache() {  # the CUDA repository as NVIDIA publishes it: 12-4 not for noble
   [ "$1" = show ] || return 1
   case "$(. "$OS"; echo "$VERSION_ID"):$2" in
-    22.04:cuda-toolkit-12-4|22.04:cuda-toolkit-12-6|24.04:cuda-toolkit-12-6) return 0 ;;
+    22.04:cuda-toolkit-12-4|22.04:cuda-toolkit-13-0|24.04:cuda-toolkit-12-6|24.04:cuda-toolkit-13-0) return 0 ;;
   esac
   return 100
 }
@@ -105,8 +108,8 @@ APT_CACHE_STUB = """apt-cache() {  # the CUDA repository as NVIDIA publishes it:
 
 
 @pytest.mark.parametrize("release,cuda,expected", [
-    ("22.04", "auto", "cuda-toolkit-12-4"),
-    ("24.04", "auto", "cuda-toolkit-12-6"),
+    ("22.04", "auto", "cuda-toolkit-13-0"),  # the CUDA 13 of vLLM's and TensorRT-LLM's wheels
+    ("24.04", "auto", "cuda-toolkit-13-0"),
     ("24.04", "12-4", None),
     ("20.04", "auto", None),
 ])
@@ -145,7 +148,7 @@ fi
     return bin_dir
 
 
-def test_llama_cpp_builds_static_for_sm90_and_runs_version(tmp_path):
+def test_llama_cpp_builds_static_for_the_given_archs_and_runs_version(tmp_path):
     stubs = _llama_stubs(tmp_path, "\tlibcudart.so.12 => /usr/local/cuda/lib64/libcudart.so.12")
     (tmp_path / "src").mkdir()
     done = run_fn(f"install_llama_cpp {tmp_path}/src {tmp_path}/opt",
@@ -165,16 +168,25 @@ def test_llama_cpp_that_needs_the_deleted_build_tree_fails_the_bake(tmp_path):
     assert done.returncode != 0 and "links libraries the bake does not keep" in done.stderr
 
 
-# -- TensorRT-LLM's options ------------------------------------------------------------------------------
+# -- every runtime's options against the installed engine's --help ----------------------------------------
 
-def test_trtllm_options_must_all_be_in_the_pinned_release_help(tmp_path):
-    from common.runtimes import TRTLLM_OPTIONS
+HELP = {  # each engine's --help as it lists its options (abridged), with every option Fabric passes
+    "tensorrt-llm": "Options:\n  --host TEXT\n  --port INTEGER\n  --tensor_parallel_size, --tp_size INTEGER\n"
+                    "  --max_seq_len INTEGER\n  --config, --extra_llm_api_options TEXT\n",
+    "llama.cpp": "-m,    --model FNAME\n-a,    --alias STRING\n--host HOST\n--port PORT\n--metrics\n"
+                 "-ngl,  --gpu-layers, --n-gpu-layers N\n-c,    --ctx-size N\n",
+    "tei": "      --model-id <MODEL_ID>\n      --served-model-name <NAME>\n      --hostname <HOSTNAME>\n"
+           "  -p, --port <PORT>\n      --prometheus-port <PORT>\n",
+}
 
-    serve = tmp_path / "trtllm-serve"
-    serve.write_text("#!/bin/sh\necho 'Options:\n  --host TEXT\n  --port INTEGER\n  --tp_size INTEGER\n"
-                     "  --max_seq_len INTEGER\n  --extra_llm_api_options TEXT'\n")
-    serve.chmod(0o755)
-    ok = run_fn(f"check_trtllm_options {serve} {' '.join(TRTLLM_OPTIONS)}")
+
+@pytest.mark.parametrize("runtime", sorted(HELP))
+def test_every_option_fabric_passes_must_be_in_the_installed_engines_help(runtime):
+    checks = {"FABRIC_RUNTIME": runtime, "FABRIC_ENGINE_CHECKS": str(REPO / "images/guest/engine-args.json")}
+    ok = run_fn(f"check_options {runtime} {shlex.quote(HELP[runtime])}", env=checks)
     assert ok.returncode == 0, ok.stderr
-    missing = run_fn(f"check_trtllm_options {serve} --host --served_model_name", env={"FABRIC_RUNTIME_VERSION": "0.20"})
-    assert missing.returncode != 0 and "trtllm-serve 0.20 has no --served_model_name" in missing.stderr
+    first = runtime_table(runtime).flags()[0]
+    without = "\n".join(line for line in HELP[runtime].splitlines() if first not in line.replace(",", " ").split())
+    missing = run_fn(f"check_options 'the engine 1.2' {shlex.quote(without)}", env=checks)
+    assert missing.returncode != 0, without
+    assert f"the engine 1.2 has no {first} (Fabric's guest unit passes it)" in missing.stderr

@@ -17,7 +17,7 @@ from agent.vm.base import VmSpec
 from agent.vm.cloud_init import build_seed, gguf_file
 from agent.vm.runtime_units import UNIT_NAME
 from common.errors import InvalidInput
-from common.runtimes import TRTLLM_CONFIG_PATH, TRTLLM_OPTIONS, vllm_lora_ranks
+from common.runtimes import TRTLLM_CONFIG_PATH, runtime, vllm_lora_ranks
 
 
 def seed(tmp_path: Path, runtime: str, **kw) -> dict:
@@ -74,7 +74,7 @@ def test_trtllm_gets_its_metrics_options_yaml_and_only_options_it_lists(tmp_path
     argv = exec_argv(files[f"/etc/systemd/system/{UNIT_NAME}"])
     assert argv[argv.index("--extra_llm_api_options") + 1] == TRTLLM_CONFIG_PATH
     assert "--served_model_name" not in argv
-    assert {a for a in argv if a.startswith("--")} <= set(TRTLLM_OPTIONS)  # what the bake checks in --help
+    assert {a for a in argv if a.startswith("--")} <= set(runtime("tensorrt-llm").flags())  # the bake's --help check
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -103,4 +103,4 @@ def test_lora_ranks_follow_the_baked_vllm():
     assert vllm_lora_ranks("0.6.3.post1") == (8, 16, 32, 64, 128, 256)
     assert vllm_lora_ranks("0.8.5")[-2:] == (320, 512) and vllm_lora_ranks("0.10.0")[0] == 1
     assert adapter_sets.VLLM_RANKS == vllm_lora_ranks(baked_vllm_version())
-    assert baked_vllm_version() == "0.6.3.post1" and adapter_sets.VLLM_RANKS[-1] == 256
+    assert baked_vllm_version() == "0.32.0" and adapter_sets.VLLM_RANKS == (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -3,6 +3,8 @@ strategies treat a reading the runtime does not report."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from common.schemas import InferenceEndpoint, ReplicaObservation
@@ -43,18 +45,8 @@ llamacpp:requests_processing 2
 llamacpp:requests_deferred 5
 """
 
-TRTLLM = """\
-# TYPE trtllm_num_requests_waiting gauge
-trtllm_num_requests_waiting{engine_type="trtllm",model_name="m"} 4
-# TYPE trtllm_num_requests_running gauge
-trtllm_num_requests_running{engine_type="trtllm",model_name="m"} 8
-# TYPE trtllm_kv_cache_utilization gauge
-trtllm_kv_cache_utilization{engine_type="trtllm",model_name="m"} 0.5
-# TYPE trtllm_request_success_total counter
-trtllm_request_success_total{engine_type="trtllm",finished_reason="stop",model_name="m"} 9
-# TYPE trtllm_request_error_total counter
-trtllm_request_error_total{engine_type="trtllm",model_name="m"} 1
-"""
+# trtllm-serve 1.3's page (the pinned release), written from its source: fixtures/trtllm_1_3_metrics.txt.
+TRTLLM = (Path(__file__).parent / "fixtures" / "trtllm_1_3_metrics.txt").read_text()
 
 
 def parse(runtime: str, text: str):
@@ -74,9 +66,10 @@ def test_llama_cpp_without_the_kv_gauge_reports_it_missing_not_zero():
     assert "kv_cache" in s.missing
 
 
-def test_trtllm_errors_count_as_finished_failures():
+def test_the_pinned_trtllm_page_carries_every_reading_and_errors_count_as_failures():
     s = parse("tensorrt-llm", TRTLLM)
-    assert (s.waiting, s.running, s.kv_cache_usage, s.finished, s.failed) == (4, 8, 0.5, 10, 1)
+    assert (s.waiting, s.running, s.kv_cache_usage, s.finished, s.failed) == (5, 12, 0.42, 252, 3)
+    assert s.generation_tokens == 40960 and s.missing == ()
 
 
 def test_a_page_without_the_runtime_queue_gauge_is_an_error():
