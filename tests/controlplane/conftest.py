@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent.engine_sim.process import PortTaken, bind_failed, on_free_port
 from tests.support.polling import clean_env
-from tests.support.servers import free_port
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 30.0
@@ -49,31 +49,43 @@ def start_fabricd(tmp: Path, *, insecure: bool = True, env: dict[str, str] | Non
     state_dir = tmp / "state"
     subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_dir)], check=True,
                    capture_output=True, env=fabricd_env(env))
-    port = free_port()
-    cmd = [str(BIN / "fabricd"), "serve", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{port}",
-           "--log-level", "warning"]
-    if not controllers:
-        cmd.append("--no-controllers")
-    if store is not None:  # e.g. several fabricd processes sharing one store
-        cmd += ["--store", store]
-    if insecure:
-        cmd.append("--insecure")
-    with open(tmp / "fabricd.log", "wb") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=fabricd_env(env))
-    scheme = "http" if insecure else "https"
-    ca = None if insecure else state_dir / "pki" / "ca.crt"
-    server = Fabricd(f"{scheme}://127.0.0.1:{port}", state_dir, (state_dir / "admin-password").read_text().strip(),
-                     ca, proc)
+
+    def serve(port: int) -> Fabricd:
+        cmd = [str(BIN / "fabricd"), "serve", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{port}",
+               "--log-level", "warning"]
+        if not controllers:
+            cmd.append("--no-controllers")
+        if store is not None:  # e.g. several fabricd processes sharing one store
+            cmd += ["--store", store]
+        if insecure:
+            cmd.append("--insecure")
+        with open(tmp / "fabricd.log", "wb") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=fabricd_env(env))
+        scheme = "http" if insecure else "https"
+        ca = None if insecure else state_dir / "pki" / "ca.crt"
+        server = Fabricd(f"{scheme}://127.0.0.1:{port}", state_dir,
+                         (state_dir / "admin-password").read_text().strip(), ca, proc)
+        try:
+            _wait_ready(server, tmp / "fabricd.log")
+        except BaseException:
+            _stop(proc)
+            raise
+        return server
+
+    server = on_free_port(serve)
     try:
-        _wait_ready(server, tmp / "fabricd.log")
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(server.proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _wait_ready(server: Fabricd, log: Path) -> None:
@@ -81,7 +93,8 @@ def _wait_ready(server: Fabricd, log: Path) -> None:
     with server.client() as c:
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:
-                raise RuntimeError(f"fabricd exited {server.proc.returncode}: {log.read_text()[-2000:]}")
+                out = log.read_text()[-2000:]
+                raise (PortTaken if bind_failed(out) else RuntimeError)(f"fabricd exited {server.proc.returncode}: {out}")
             try:
                 if c.get("/healthz").status_code == 200:
                     return

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from agent.engine_sim.process import EngineProcess, free_port
+from agent.engine_sim.process import EngineProcess, PortTaken, bind_failed, on_free_port
 from common import apikeys, counters, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from common.store.base import Store, open_store
@@ -47,7 +47,8 @@ class GatewayProcess:
     def start(cls, state_dir: Path, store_url: str, env: dict[str, str] | None = None,
               gateway_id: str = "gw-test", args: list[str] | None = None,
               port: int | None = None) -> GatewayProcess:
-        port = port or free_port()
+        if not port:
+            return on_free_port(lambda p: cls.start(state_dir, store_url, env, gateway_id, args, p))
         log_path = state_dir / f"gateway-{port}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
         full_env.update(BASE_ENV)
@@ -63,7 +64,8 @@ class GatewayProcess:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {log_path.read_text()[-2000:]}")
+                log = gw.log_text()[-2000:]
+                raise (PortTaken if bind_failed(log) else RuntimeError)(f"gateway exited: {log}")
             try:
                 # One worker: uvicorn binds after start-up and logs "running on" once bound; until
                 # then a /health answer can come from another process holding the port (this one

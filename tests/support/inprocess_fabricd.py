@@ -4,21 +4,18 @@ would write, or a store of a kind the test chose)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from common.store.base import Store
 from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.settings import load
 from controlplane.state import AppState
-from tests.support.servers import free_port
+from tests.support.servers import serve_in_thread
 
 
 @contextmanager
@@ -33,20 +30,10 @@ def serve_fabricd(store: Store, state_dir: Path, *, controllers_running: bool = 
     config = load(env or {}, run_controllers=run_controllers, insecure=insecure)
     state = AppState(store=store, state_dir=state_dir, settings=config.api, config=config)
     state.controllers_running = controllers_running
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    password = (state_dir / "admin-password").read_text().strip()
-    token = httpx.post(f"http://127.0.0.1:{port}/api/auth/login",
-                       json={"username": "admin", "password": password}).json()["token"]
-    try:
+    with serve_in_thread(create_app(state)) as port:
+        password = (state_dir / "admin-password").read_text().strip()
+        token = httpx.post(f"http://127.0.0.1:{port}/api/auth/login",
+                           json={"username": "admin", "password": password}).json()["token"]
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
                           timeout=30) as client:
             yield client, state
-    finally:
-        server.should_exit = True
-        thread.join(10)

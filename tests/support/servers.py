@@ -9,20 +9,22 @@ from contextlib import contextmanager
 
 import uvicorn
 
+# The suite's one free_port (and on_free_port, which starts a server again when its port was taken
+# meanwhile) are agent.engine_sim.process's; re-exported here for the tests that import it from here.
+from agent.engine_sim.process import free_port
 
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port", "serve_in_thread"]
 
 
 @contextmanager
 def serve_in_thread(app, **config):
-    """uvicorn on a free loopback port in a thread; yields the port, stops on exit."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
-    thread = threading.Thread(target=server.run, daemon=True)
+    """uvicorn in a thread on a loopback socket bound here and handed over (no window in which
+    another process could take the port); yields the port, stops on exit."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
@@ -34,3 +36,4 @@ def serve_in_thread(app, **config):
     finally:
         server.should_exit = True
         thread.join(10)
+        sock.close()
