@@ -104,6 +104,12 @@ class VfioBinder:
         device = self._device(bdf)
         return link_name(device / "driver") or "none"
 
+    def preview(self, bdf: str) -> tuple[GroupFacts, Plan, Plan]:
+        """The group as read now and the bind and release plans for it, applying nothing (no
+        write, no persistence change): what scripts/devcheck-gpu-host reports."""
+        facts = self._facts(bdf)
+        return facts, plan_bind(facts), plan_release(facts)
+
     def bind(self, bdf: str) -> BindResult:
         with self._lock:
             facts = self._facts(bdf)
