@@ -186,6 +186,8 @@ class LoraAdapter(BaseModel):
 
 class ModelArtifact(Resource):
     source: str
+    description: str | None = Field(None, max_length=1000, description="what the model is for, in words; the "
+                                    "gateway's /v1/models lists it")
     adapters: list[LoraAdapter] = Field(default_factory=list, max_length=256)
     max_loaded_adapters: int = Field(4, ge=1, le=256, description="adapters loaded at once per replica")
     license: str | None = None

@@ -264,7 +264,8 @@ class GatewayApp:
             info = await self._parse(body, headers.get("content-type", ""), route, tenant_context)
             if not endpoint:  # the root /v1: the endpoint comes from the body's model
                 if scope["method"] == "GET" and route.path.rstrip("/") == "/v1/models":
-                    page = models_page(visible_models(await st.catalogue.get(), identity))
+                    cat = await st.catalogue.get()
+                    page = models_page(cat, visible_models(cat, identity))
                     await send_json(send, 200, page)
                     status, outcome = 200, "success"
                     return

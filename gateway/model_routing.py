@@ -36,6 +36,7 @@ class Catalogue:
     endpoint_models: dict[str, str]  # endpoint -> the model its deployment serves
     aliases: dict[str, tuple[str, str | None]]  # alias -> (endpoint, model_name)
     adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter -> its base model
+    descriptions: dict[str, str] = field(default_factory=dict)  # model -> its description (set ones only)
 
 
 def model_not_found(model: str | None) -> NotFound:
@@ -78,8 +79,24 @@ def visible_models(cat: Catalogue, identity: Identity) -> list[str]:
     return sorted(names)
 
 
-def models_page(names: list[str], created: int = 0) -> bytes:
-    data = [{"id": n, "object": "model", "created": created, "owned_by": "fabric"} for n in names]
+def description_of(cat: Catalogue, name: str) -> str:
+    """Pure: the description shown for a listed name: the model's own, an alias's target model's, an
+    adapter's base model's; "" when none is set."""
+    alias = cat.aliases.get(name)
+    if alias is not None:
+        name = alias[1] or cat.endpoint_models.get(alias[0]) or name
+    return cat.descriptions.get(cat.adapters.get(name, name), "")
+
+
+def models_page(cat: Catalogue, names: list[str], created: int = 0) -> bytes:
+    """The OpenAI list of ``names``; an entry carries ``description`` when its model has one."""
+    data = []
+    for n in names:
+        entry: dict = {"id": n, "object": "model", "created": created, "owned_by": "fabric"}
+        described = description_of(cat, n)
+        if described:
+            entry["description"] = described
+        data.append(entry)
     return json.dumps({"object": "list", "data": data}).encode()
 
 
@@ -108,13 +125,16 @@ def read_catalogue(store: Store) -> Catalogue:
         except (ValueError, KeyError, TypeError):
             continue
     adapters: dict[str, str] = {}
+    descriptions: dict[str, str] = {}
     for kv in store.list(keyspace.models()):
         try:
             m = json.loads(kv.value)
             adapters.update({str(a["name"]): str(m["name"]) for a in m.get("adapters") or []})
+            if m.get("description"):
+                descriptions[str(m["name"])] = str(m["description"])
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
-    return Catalogue(endpoint_models, aliases, adapters)
+    return Catalogue(endpoint_models, aliases, adapters, descriptions)
 
 
 @dataclass

@@ -66,6 +66,7 @@ def model_add(
     name: str = NAME_ARG,
     source: str = typer.Option(..., "--source", help="hf://ORG/NAME[@REV], file:///PATH or /PATH"),
     license: str = typer.Option(None, "--license", help="the model's license, e.g. apache-2.0"),
+    description: str = typer.Option(None, "--description", help="what the model is for (shown in /v1/models)"),
     tenant: str = typer.Option(None, "--tenant", help="owning tenant"),
     digest: str = typer.Option(None, "--digest", help="expected digest (SHA-256 of the sorted manifest)"),
     require_checksum: bool = typer.Option(False, "--require-checksum", help="refuse Ready without a matching --digest"),
@@ -84,11 +85,12 @@ def model_add(
         if not sep or not adapter_name or not adapter_source:
             raise typer.BadParameter(f"{item!r}: expected NAME=SOURCE", param_hint="--adapter")
         adapters.append({"name": adapter_name, "source": adapter_source})
-    body = {"name": name, "source": source, "license": license, "tenant": tenant, "digest": digest,
-            "require_checksum": require_checksum or None, "signature": signature, "size_bytes": size_bytes,
+    body = {"name": name, "source": source, "license": license, "description": description, "tenant": tenant,
+            "digest": digest, "require_checksum": require_checksum or None, "signature": signature,
+            "size_bytes": size_bytes,
             "adapters": adapters or None, "max_loaded_adapters": max_loaded_adapters}
-    with session({"name": "NAME", "source": "--source", "license": "--license", "tenant": "--tenant",
-                  "digest": "--digest", "signature": "--signature", "size_bytes": "--size-bytes",
+    with session({"name": "NAME", "source": "--source", "license": "--license", "description": "--description",
+                  "tenant": "--tenant", "digest": "--digest", "signature": "--signature", "size_bytes": "--size-bytes",
                   "adapters": "--adapter", "max_loaded_adapters": "--max-loaded-adapters"}) as c:
         created = c.post("/api/ai/models", {k: v for k, v in body.items() if v is not None})
     emit_object(created, as_json) if as_json else typer.echo(f"model {name} added")

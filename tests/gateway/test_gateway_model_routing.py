@@ -36,6 +36,8 @@ def stack(tmp_path_factory):
         argv = ["--tokens-per-s", "0", "--prefill-tokens-per-s", "0"]
         with EngineProcess.start(["--model", "sim-a", *argv]) as ea, EngineProcess.start(["--model", "sim-b", *argv]) as eb:
             _deployment(store, "a-dep", "sim-a")
+            store.put(keyspace.models("sim-a"), json.dumps({"name": "sim-a", "source": "file:///m",
+                                                            "description": "support chat"}))
             _deployment(store, "b-dep", "sim-b")
             publish_endpoint(store, "ep-a", [ea], deployment="a-dep")
             publish_endpoint(store, "ep-b", [eb], deployment="b-dep")
@@ -58,7 +60,7 @@ def test_root_routes_by_model_and_lists_only_the_callers_models(stack):
     a, b = _client(gw, key_a), _client(gw, key_b)
     assert a.chat.completions.create(model="sim-a", messages=MSG, max_tokens=2).model == "sim-a"
     assert b.chat.completions.create(model="sim-b", messages=MSG, max_tokens=2).model == "sim-b"
-    assert [m.id for m in a.models.list()] == ["sim-a"]
+    assert [(m.id, getattr(m, "description", None)) for m in a.models.list()] == [("sim-a", "support chat")]
     assert [m.id for m in b.models.list()] == ["sim-b"]
     # Another tenant's model and a model that exists nowhere: the same 404, naming nothing else.
     errors = []

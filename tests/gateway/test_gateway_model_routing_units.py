@@ -51,3 +51,17 @@ def test_a_call_without_a_model_goes_to_the_only_endpoint_or_is_refused():
     for eps in (("*",), ("ep-a", "ep-b"), None):
         with pytest.raises(InvalidInput):
             endpoint_without_model(Identity("oidc", "s", None, endpoints=eps))
+
+
+def test_models_page_carries_each_models_description_through_aliases_and_adapters():
+    import json
+
+    from gateway.model_routing import models_page
+
+    cat = Catalogue({"ep-a": "m-a", "ep-b": "m-b"}, {"stable": ("ep-a", None)}, {"m-a-lora": "m-a"},
+                    {"m-a": "support chat, 8B"})
+    page = json.loads(models_page(cat, visible_models(cat, key("ep-a"))))
+    assert {m["id"]: m.get("description") for m in page["data"]} == {
+        "m-a": "support chat, 8B", "m-a-lora": "support chat, 8B", "stable": "support chat, 8B"}
+    # A model with no description carries no description field (the OpenAI shape, unchanged).
+    assert "description" not in json.loads(models_page(cat, ["m-b"]))["data"][0]
