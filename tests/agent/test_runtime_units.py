@@ -59,6 +59,16 @@ def test_each_runtime_gets_its_own_command_line_on_port_8000(runtime):
     assert ["systemctl", "enable", "--now", UNIT_NAME] in config["runcmd"]
 
 
+@pytest.mark.parametrize("runtime", [r for r in RUNTIME_NAMES if r != "triton"])
+def test_the_engine_output_goes_to_the_console_the_agent_serves_as_the_replica_log(runtime):
+    """systemd sends a unit's output to the journal only unless told; the console is ttyS0, which
+    libvirt copies to the engine log behind `fabricctl ai logs` and explain failure (the boot of a
+    refusing engine is tests/agent/test_vm_boot.py's full test)."""
+    unit, _ = seed_unit(runtime)
+    service = unit.split("[Service]", 1)[1].split("[Install]", 1)[0].splitlines()
+    assert "StandardOutput=journal+console" in service and "StandardError=journal+console" in service
+
+
 def test_every_known_runtime_is_in_the_table():
     from common.schemas import RUNTIMES
 

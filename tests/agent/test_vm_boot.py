@@ -15,6 +15,7 @@ vm_boot.seed_findings.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import shutil
 import stat
@@ -24,6 +25,7 @@ import libvirt
 import pytest
 
 from agent.vm.domain_xml import domain_name
+from agent.vm.engine_log import read_chunk
 from tests.support import tiny_guest, vm_boot
 from tests.support.kvm_verdict import choose_domain_type, host_probe
 
@@ -75,6 +77,36 @@ def test_guest_kernel_boots_on_our_domain_and_teardown_leaves_nothing(capsys):
         found = vm_boot.seed_findings(console, run)
         assert found["kernel_started"] and found["root_mounted"], console[-1500:]
         assert "insmod" not in console, console[-1500:]  # every module loaded
+    finally:
+        if run is not None:
+            run.close()
+            left = run.leftovers()
+        shutil.rmtree(work, ignore_errors=True)
+    assert left is not None and not any(left.values()), left
+
+
+@pytest.mark.full
+def test_an_engine_that_refuses_to_start_says_why_in_the_replica_log(capsys):
+    """The whole TCG boot (1.5-2 minutes here) of a replica whose engine's own argument parser
+    refuses its command line: the parser's line reaches the host's engine log, which the agent
+    serves (GET /v1/vms/{id}/logs, agent/vm/engine_log.py) to `fabricctl ai logs` and explain
+    failure. It gets there only because the unit sends the engine's output to the console
+    (images/guest/engine.service.in); the tiny guest's init routes StandardOutput as systemd does."""
+    vm_boot.start_libvirtd()
+    with capsys.disabled():
+        virt, _verdict = choose_domain_type(host_probe())
+    work = vm_boot.work_dir("engine-error")
+    run = left = None
+    refusal = "argument --max-model-len: invalid int value: 'not-a-number'"
+    try:
+        guest = tiny_guest.build(work / "image")
+        run = vm_boot.BootRun(work / "run", guest, virt)
+        run.spec = dataclasses.replace(run.spec, extra_args=("--max-model-len", "not-a-number"))
+        assert run.create() == "running"
+        console = vm_boot.wait_console(run, refusal, 420)
+        served = read_chunk(run.driver.log_path(run.replica_id), -65536, 65536).text
+        assert refusal in served, console[-2000:]
+        assert "fabric-engine.service: exited 2" in vm_boot.wait_console(run, "fabric-engine.service: exited 2", 60)
     finally:
         if run is not None:
             run.close()

@@ -5,8 +5,9 @@ reads meta-data/user-data from the cidata cdrom, sets the hostname, brings the f
 by DHCP (the seed has no network-config, so cloud-init's default applies), writes the seed's
 write_files, turns `mounts` into /etc/fstab, and runs the seed's runcmd: `systemctl enable
 --now UNIT` starts UNIT from the unit file the seed wrote (ExecStart, Environment, User,
-Type=oneshot|simple, Requires=, Restart=on-failure), so the engine unit the driver rendered
-runs as written. Units the image does not carry (qemu-guest-agent) are logged and skipped.
+Type=oneshot|simple, Requires=, Restart=on-failure, StandardOutput=/StandardError= as systemd
+routes them: to the serial console only where the value names the console, else to a journal
+stand-in under /var/log/journal/), so the engine unit the driver rendered runs as written. Units the image does not carry (qemu-guest-agent) are logged and skipped.
 
 Every step prints one `fabric-guest-init: T+SECONDS what` line to the serial console, which
 libvirt copies to the replica's console log: scripts/vm-boot-check reads its timings there.
@@ -153,9 +154,20 @@ class Units:
         os.makedirs(env.get("HOME", "/"), exist_ok=True)
         os.chown(env.get("HOME", "/"), entry.pw_uid, entry.pw_gid)
         say(f"{unit}: exec as {user}: {' '.join(argv)}")
-        with open("/dev/console", "w") as log:  # the child keeps its own copy of the descriptor
+        # systemd's defaults: stdout to the journal, stderr wherever stdout goes.
+        out = service.get("StandardOutput", ["journal"])[-1]
+        err = service.get("StandardError", ["inherit"])[-1]
+        with open(self.sink(unit, out), "a") as out_log, open(self.sink(unit, out if err == "inherit" else err),
+                                                             "a") as err_log:
             return subprocess.Popen(argv, env=env, user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
-                                    stdout=log, stderr=subprocess.STDOUT)
+                                    stdout=out_log, stderr=err_log)  # the child keeps its own descriptors
+
+    @staticmethod
+    def sink(unit, value):
+        if "console" in value or value == "tty":
+            return "/dev/console"
+        os.makedirs("/var/log/journal", exist_ok=True)
+        return f"/var/log/journal/{unit}.log"
 
     def supervise(self):
         """Reap every child (we are PID 1) and restart failed simple units (Restart=on-failure)."""
