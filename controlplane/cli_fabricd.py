@@ -21,7 +21,7 @@
       and peers, and calls peers; CN MEMBER, SANs 127.0.0.1, localhost, --san) as OUT/etcd.crt,
       OUT/etcd.key (0600, in a 0700 OUT) and OUT/ca.crt, for ETCD_CERT_FILE and ETCD_PEER_CERT_FILE
       (scripts/install-host). Reissued on every call.
-  fabricd lab ...   present when controlplane.lab.cli (with `lab_app`) exists.
+  fabricd lab ...   present when controlplane.lab.cli (with `lab_app`) exists; loaded for `fabricd lab` only.
 """
 
 from __future__ import annotations
@@ -246,7 +246,12 @@ def _add_lab(root: typer.Typer) -> None:
 def main() -> None:
     from common.cli_guard import run_guarded
 
-    _add_lab(app)
+    # Only `fabricd lab ...` loads the lab: it imports the dataplane and with it numba, whose JIT
+    # check needs writable executable memory, which fabricd.service and fabric-backup.service deny
+    # (MemoryDenyWriteExecute=yes). Loaded for every command, it stopped `fabricd serve` at start
+    # under the shipped unit (scripts/test-install found it).
+    if sys.argv[1:2] == ["lab"]:
+        _add_lab(app)
     run_guarded(lambda: app(prog_name="fabricd"), "fabricd")
 
 
