@@ -59,37 +59,43 @@ def read(store: Store, key: str) -> int:
     return int(kv.value) if kv else 0
 
 
-def _parse_window(kv, window_secs: int, now: float) -> tuple[int, int]:
-    start = int(now // window_secs) * window_secs
-    if kv is None:
-        return start, 0
-    stored_start, _, n = kv.value.partition(" ")
-    return (start, int(n)) if int(stored_start) == start else (start, 0)
-
-
 def window_read(store: Store, key: str, window_secs: int, now: float) -> int:
     """The count of the window containing ``now`` (0 when the stored one is older)."""
-    return _parse_window(store.get(key), window_secs, now)[1]
+    kv = store.get(key)
+    return 0 if kv is None else window_value(kv.value, window_secs, now)
 
 
 def window_value(value: str, window_secs: int, now: float) -> int:
     """The count a stored window value holds for the window containing ``now`` (0: another one)."""
-    stored_start, _, n = value.partition(" ")
-    try:
-        return int(n) if int(stored_start) == int(now // window_secs) * window_secs else 0
-    except ValueError:
-        return 0
+    return period_value(value, int(now // window_secs) * window_secs)
 
 
 def window_reserve(store: Store, key: str, amount: int, limit: int | None, window_secs: int, now: float,
                    lease: int | None = None) -> Outcome:
     """Add amount to the current fixed window unless it would pass limit. With a lease, the key
     is (re)attached to it on every write; the caller keeps the lease alive past the window."""
+    start = int(now // window_secs) * window_secs
+    return period_reserve(store, key, amount, limit, start, start + window_secs, now, lease)
+
+
+def period_value(value: str, start: int) -> int:
+    """The count a stored window value holds for the period starting at ``start`` (0: another one)."""
+    stored_start, _, n = value.partition(" ")
+    try:
+        return int(n) if int(stored_start) == start else 0
+    except ValueError:
+        return 0
+
+
+def period_reserve(store: Store, key: str, amount: int, limit: int | None, start: int, end: float, now: float,
+                   lease: int | None = None) -> Outcome:
+    """Add amount to the period [start, end) (a fixed window, or a calendar day or month) unless it
+    would pass limit; a stored value of another period counts as 0 and is replaced."""
     for _ in range(MAX_ATTEMPTS):
         kv = store.get(key)
-        start, current = _parse_window(kv, window_secs, now)
+        current = period_value(kv.value, start) if kv is not None else 0
         if limit is not None and amount > 0 and current + amount > limit:
-            return Outcome(False, current, retry_after=max(1.0, math.ceil(start + window_secs - now)))
+            return Outcome(False, current, retry_after=max(1.0, math.ceil(end - now)))
         new = max(0, current + amount)
         value = f"{start} {new}"
         ok = store.create(key, value, lease=lease) if kv is None else store.cas(key, value, kv.mod_revision,

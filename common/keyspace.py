@@ -184,3 +184,33 @@ def model_sites(model: str = "", site: str = "") -> str:
     if not model:
         return f"{ROOT}/model-sites/"
     return f"{ROOT}/model-sites/{model}/{site}"
+
+
+def usage(span: str = "", start: int | None = None, source: str = "") -> str:
+    """Usage ledger documents (common.usage_ledger): /fabric/usage/{hour|day}/{start}/{source}, one
+    per gateway process and clock hour (or one per compacted day)."""
+    if not span:
+        return f"{ROOT}/usage/"
+    if start is None:
+        return f"{ROOT}/usage/{span}/"
+    return f"{ROOT}/usage/{span}/{start:012d}/{source}"
+
+
+def prices() -> str:
+    """The one price sheet (common.prices): per model and per GPU-hour."""
+    return f"{ROOT}/prices"
+
+
+def budgets(name: str = "") -> str:
+    """Token and cost budgets per tenant or key (common.budgets)."""
+    return f"{ROOT}/budgets/{name}"
+
+
+def webhooks(name: str = "") -> str:
+    """Notification receivers (common.notifications)."""
+    return f"{ROOT}/webhooks/{name}"
+
+
+def notifications(event_id: str = "") -> str:
+    """Notifications to deliver, one per event id (created if absent: the de-duplication)."""
+    return f"{ROOT}/notifications/{event_id}"

@@ -34,6 +34,7 @@ from common.errors import FabricError, Forbidden, InvalidInput, LimitExceeded, N
 from common.health import healthz_body
 from common.process_memory import reclaim_every
 from common.store.base import Store
+from common.usage_ledger import Dims
 from gateway import batch_scope, dry_run
 from gateway.adapters import AdapterRouter
 from gateway.audit import AuditWriter
@@ -68,8 +69,8 @@ from gateway.settings import GatewaySettings
 from gateway.telemetry import Tracer
 from gateway.tenant_caps import TenantCaps, tighter
 from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_target, replica_targets
-from gateway.usage import TokenCounter
 from gateway.usage_inject import UsageStripper, fallback_tokens, inject
+from gateway.usage_ledger import Call, UsageLedger, split
 
 if TYPE_CHECKING:
     from common.http1_client import UpstreamPool
@@ -129,7 +130,7 @@ class GatewayState:
     cold_start: ColdStart | None = None  # records demand and holds/refuses with no ready replica
     catalogue: CatalogueCache | None = None  # the root /v1: model -> endpoint (gateway.model_routing)
     router: ReplicaRouter = field(default_factory=ReplicaRouter)  # routing_l7 choices and their explanations
-    tokens: TokenCounter | None = None  # tokens per endpoint and tenant for finops (common.token_windows)
+    ledger: UsageLedger | None = None  # usage records and budgets (gateway.usage_ledger); None: off
     dispatcher: Dispatcher | None = None  # spillover, bands, fallbacks (gateway.dispatch)
     external: ExternalRouter = field(default_factory=ExternalRouter)  # provider keys and breakers
     adapters: AdapterRouter = field(default_factory=AdapterRouter)  # LoRA adapters loaded per replica
@@ -224,8 +225,8 @@ class GatewayApp:
                 self.state.audit.close()
                 if self.state.limits.usage is not None:
                     self.state.limits.usage.close()
-                if self.state.tokens is not None:
-                    self.state.tokens.close()
+                if self.state.ledger is not None:
+                    self.state.ledger.close()  # a clean stop writes every queued usage record
                 self.state.tracer.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -241,6 +242,7 @@ class GatewayApp:
         body_read = False
         holder: str | None = None
         budget = None  # a stream's live token count (gateway.live_budget)
+        used_adapter: str | None = None  # the LoRA adapter that served the call (the usage ledger's row)
         try:
             route = self._route(scope)
             endpoint = route.endpoint
@@ -304,6 +306,8 @@ class GatewayApp:
                 key_max_concurrent=rec.max_concurrent if rec else None,
             )
             check_caps(st.settings, facts, tenant_context)
+            if st.ledger is not None:  # a refusing budget at 100% (gateway.usage_ledger)
+                await st.ledger.check(identity.tenant, facts.key_id)
             picked = adapter = None
             external = placement.external if placement is not None else None
             if external is None:  # a replica: the caller's prefix-cache salt (gateway.cache_salt)
@@ -311,7 +315,7 @@ class GatewayApp:
             if external is not None:
                 targets, why = [], {"mode": "external", "reason": "an external provider"}
             elif view.adapters and info.model in view.adapters and view.replicas and not dry:
-                adapter = info.model
+                adapter = used_adapter = info.model
                 picked, why = await self._adapter_replica(view, adapter)
                 targets = replica_targets(view, picked, st.scheme)
             elif view.endpoint.routing_l7 != "affinity" and view.replicas and not dry:
@@ -404,7 +408,8 @@ class GatewayApp:
         finally:
             if holder is not None:
                 self._release_call(holder)
-            await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0)
+            await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0,
+                               used_adapter)
 
     def _count_shadowed(self, admission: Admission, since: int) -> None:
         """Shadow mode: the limits this call passed without being refused (gateway.shadow)."""
@@ -547,7 +552,8 @@ class GatewayApp:
         except (RuntimeError, OSError):
             log.debug("could not send an error body; the response had started")
 
-    async def _finish(self, identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0):
+    async def _finish(self, identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0,
+                      adapter=None):
         st = self.state
         elapsed = time.perf_counter() - t0
         counted = tokens if tokens is not None else admission.estimate if admission else 0
@@ -565,9 +571,13 @@ class GatewayApp:
                             endpoint=endpoint, model=info.model, status=status,
                             tokens=tokens or 0, latency_ms=round(elapsed * 1000, 3), reason=outcome, **shadow)
         st.metrics.outcome(label, outcome, elapsed)
+        if st.ledger is not None and identity is not None and label != "unknown":
+            entered, produced, cached = split(counted if outcome == "success" else (tokens or 0),
+                                              info.prompt_chars // 4)
+            st.ledger.record(Call(time.time(), Dims(identity.tenant, identity.record.id if identity.record else None,
+                                                    endpoint, info.model or "unknown", adapter, outcome),
+                                  entered, produced, cached))
         if tokens:
-            if st.tokens is not None and endpoint:
-                st.tokens.count(endpoint, identity.tenant if identity is not None else None, tokens)
             models = await st.upstreams.known_models() if label != "unknown" else frozenset()
             st.metrics.tokens_for(label, info.model if info.model in models else "unknown").inc(tokens)
         st.tracer.span(endpoint=label, status=status, tokens=tokens or 0, seconds=elapsed)

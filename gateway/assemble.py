@@ -25,7 +25,8 @@ from gateway.slots import SlotHolder
 from gateway.telemetry import Tracer
 from gateway.tenant_caps import TenantCaps
 from gateway.upstreams import UpstreamCache
-from gateway.usage import TokenCounter, UsageCounter
+from gateway.usage import UsageCounter
+from gateway.usage_ledger import UsageLedger
 
 
 def backend_ssl(tls: BackendTls) -> ssl.SSLContext | bool:
@@ -115,7 +116,8 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         gateway_id=gateway_id,
         cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
-        tokens=TokenCounter(store),
+        ledger=(UsageLedger(store, gateway_id, on_drop=metrics.usage_drop, cache_ttl_s=settings.cache_ttl_secs)
+                if settings.usage_ledger else None),
         router=ReplicaRouter(explain_ttl=settings.explain_secs, kv=_kv_source(settings, store, tls, metrics, gateway_id)),
         dispatcher=dispatcher(settings, upstreams, metrics, slots),
         external=ExternalRouter(settings.idle_secs, settings.provider_key_dir, on_key_state=metrics.key_state),

@@ -35,6 +35,7 @@ class GatewayMetrics:
     runtime: runtime_metrics.RuntimeCollector
     usage_missing: Counter | None = None  # generating calls whose answer had no usage (gateway.usage_inject)
     shadow_refusals: Counter | None = None  # calls a shadowed limit would have refused (gateway.shadow)
+    usage_dropped: Counter | None = None  # usage records the ledger could not keep (gateway.usage_ledger)
     store_up: Gauge | None = None  # 1 when the store answered the probe of the last scrape (gateway.readiness)
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
     _tally: Tally = field(default_factory=Tally)  # the per-call metrics' pending updates (gateway.metric_tally)
@@ -79,6 +80,8 @@ class GatewayMetrics:
                                   "charged max_tokens (or 1)", ["endpoint"], registry=reg),
             shadow_refusals=Counter("fabric_gateway_shadow_refusals", "Calls a limit in shadow mode "
                                     "(FABRIC_<LIMIT>_SHADOW=1) would have refused", ["limit"], registry=reg),
+            usage_dropped=Counter("fabric_gateway_usage_dropped", "Usage records dropped (queue_full, "
+                                  "write_failed, row_cap)", ["reason"], registry=reg),
             # the same series fabricd exports (FabricStoreUnreachable); probed at each scrape
             store_up=Gauge("fabric_store_up", "1 when this process read the store at the last scrape",
                            registry=reg, multiprocess_mode="livemin"),
@@ -121,6 +124,10 @@ class GatewayMetrics:
 
     def audit_drop(self, reason: str, n: int) -> None:
         self.audit_dropped.labels(reason).inc(n)
+
+    def usage_drop(self, reason: str, n: int) -> None:
+        if self.usage_dropped is not None:
+            self.usage_dropped.labels(reason).inc(n)
 
     def key_state(self, endpoint: str, key: int, value: int) -> None:
         self._child(self.provider_keys, endpoint, str(key)).set(value)

@@ -240,21 +240,46 @@ class GenerationPolicy:
         return max(1, min(cap, self.max_context - prompt_tokens))
 
 
-def usage_tokens(obj) -> int | None:
+class TokenUsage(int):
+    """An answer's total tokens (the int every limit charges) carrying the engine's own split:
+    ``input`` (prompt/input tokens), ``output`` (completion/output tokens) and ``cached`` (prompt
+    tokens served from the prefix cache; 0 when the engine did not say). The usage ledger
+    (gateway.usage_ledger) records the split; arithmetic on it gives a plain int."""
+
+    input: int
+    output: int
+    cached: int
+
+    def __new__(cls, total: int, input_tokens: int, output_tokens: int, cached: int = 0) -> TokenUsage:
+        made = super().__new__(cls, total)
+        made.input, made.output, made.cached = input_tokens, output_tokens, cached
+        return made
+
+
+def _int(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def usage_tokens(obj) -> TokenUsage | None:
     """The total of an answer's ``usage``: chat and completions (prompt/completion tokens), the
-    Responses API (input/output tokens; in a stream, the final event's ``response.usage``)."""
+    Responses API (input/output tokens; in a stream, the final event's ``response.usage``), with
+    the split as the engine counted it (cached: ``prompt_tokens_details.cached_tokens`` or
+    ``input_tokens_details.cached_tokens``)."""
     if isinstance(obj, dict):
         usage = obj.get("usage")
         if usage is None and isinstance(obj.get("response"), dict):
             usage = obj["response"].get("usage")
         if isinstance(usage, dict):
-            total = usage.get("total_tokens")
-            if isinstance(total, int):
-                return total
             parts = [usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("input_tokens"),
                      usage.get("output_tokens")]
-            if any(isinstance(p, int) for p in parts):
-                return sum(p for p in parts if isinstance(p, int))
+            total = usage.get("total_tokens")
+            if not isinstance(total, int):
+                if not any(isinstance(p, int) for p in parts):
+                    return None
+                total = sum(p for p in parts if isinstance(p, int))
+            details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+            cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+            return TokenUsage(total, _int(parts[0]) + _int(parts[2]), _int(parts[1]) + _int(parts[3]), cached)
     return None
 
 

@@ -84,6 +84,7 @@ class GatewaySettings:
     metrics_multiprocess: bool = False
     metrics_token: str | None = None  # FABRIC_METRICS_TOKEN: /metrics then needs this bearer token
     shadow_limits: frozenset[str] = frozenset()  # FABRIC_<LIMIT>_SHADOW=1: counted, never refusing (gateway.shadow)
+    usage_ledger: bool = True  # FABRIC_GATEWAY_USAGE_LEDGER=0: no usage records and no budgets (gateway.usage_ledger)
     live_budget: bool = True  # FABRIC_GATEWAY_LIVE_BUDGET=0: streams not counted as they run (gateway.live_budget)
     # FABRIC_GATEWAY_CLOCK_FILE: the limit windows read the time from this file instead of the system clock
     # (gateway.limits.window_clock; the tests' one fake clock)
@@ -225,6 +226,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         kv_agent_tls=_kv_agent_tls(env),
         shadow_limits=shadowed_limits(env),
         live_budget=env.get("FABRIC_GATEWAY_LIVE_BUDGET", "").strip() != "0",
+        usage_ledger=env.get("FABRIC_GATEWAY_USAGE_LEDGER", "").strip() != "0",
         http_server=_http_server(env),
         reclaim_secs=_reclaim_secs(env),
         metrics_multiprocess=bool(env.get("PROMETHEUS_MULTIPROC_DIR")),

@@ -11,11 +11,9 @@ killed with SIGKILL are lost (at most a few milliseconds' worth); a clean stop f
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable
 
-from common import counters, keyspace, token_windows
+from common import counters, keyspace
 from common.store.base import Store
 from gateway.batch_writer import BatchWriter
 
@@ -36,36 +34,6 @@ class UsageCounter:
     def _apply(self, key_ids: list[str]) -> None:
         for key_id, n in Counter(key_ids).items():
             counters.reserve(self._store, usage_key(key_id), n, None)
-
-    def flush(self) -> None:
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
-
-
-class TokenCounter:
-    """Tokens per endpoint and per tenant in the current window (common.token_windows) for
-    fabricd's finops; batched off the hot path like the key counts above."""
-
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time):
-        self._store = store
-        self._clock = clock
-        self._writer = BatchWriter(self._apply, name="gateway-tokens", interval=0.05, batch=4096)
-
-    def count(self, endpoint: str, tenant: str | None, tokens: int) -> None:
-        if tokens > 0:
-            self._writer.add((endpoint, tenant, tokens))
-
-    def _apply(self, items: list[tuple[str, str | None, int]]) -> None:
-        sums: Counter = Counter()
-        for endpoint, tenant, n in items:
-            sums[("endpoint", endpoint)] += n
-            if tenant:
-                sums[("tenant", tenant)] += n
-        now = self._clock()
-        for (scope, name), n in sums.items():
-            token_windows.add(self._store, scope, name, n, now)
 
     def flush(self) -> None:
         self._writer.flush()

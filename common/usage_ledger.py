@@ -1,0 +1,169 @@
+"""The usage ledger: what every gateway call used, rolled up per clock hour (and, once compacted,
+per UTC day) per tenant, key, endpoint, model, adapter and outcome.
+
+Store layout (common.keyspace.usage): ``/fabric/usage/hour/{start}/{gateway}`` is one document per
+gateway process and clock hour, holding that process's rows for the hour; only that process writes
+it (a plain put of its in-memory rollup, so several gateways never contend and a batch of calls is
+one write, not one per call). fabricd compacts hour documents older than COMPACT_AFTER_S into one
+``/fabric/usage/day/{start}/all`` per UTC day, and deletes documents older than the retention
+(FABRIC_USAGE_RETENTION_DAYS). Store cost: at most one put per gateway process per flush interval
+while calls arrive, whatever the call rate.
+
+A row's figures are exact sums: calls, input/output/cached tokens as the engine reported them
+(or the gateway's count when the answer had none), and GPU-seconds attributed by fabricd when it
+reads (controlplane.tenancy.usage: the deployment's ready GPU-seconds split by token share).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ValidationError
+
+from common import keyspace
+from common.store.base import Store
+
+HOUR = 3600
+DAY = 86400
+COMPACT_AFTER_S = 2 * DAY  # hour documents older than this are folded into their day
+SPANS = {"hour": HOUR, "day": DAY}
+MAX_ROWS_PER_DOC = 20_000  # a gateway's distinct rows in one hour; past it a call's row is dropped and counted
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What one row is about. Every field is bounded by records (keys, endpoints, models) or by
+    the gateway's own vocabulary (status: the call's outcome)."""
+    tenant: str | None
+    key: str | None
+    endpoint: str
+    model: str
+    adapter: str | None
+    status: str
+
+
+class UsageRow(BaseModel):
+    tenant: str | None = None
+    key: str | None = None
+    endpoint: str = ""
+    model: str = ""
+    adapter: str | None = None
+    status: str = "success"
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    gpu_seconds: float = 0.0
+
+    @property
+    def dims(self) -> Dims:
+        return Dims(self.tenant, self.key, self.endpoint, self.model, self.adapter, self.status)
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class UsageDoc(BaseModel):
+    span: str  # "hour" or "day"
+    start: int  # the span's first second (UTC)
+    source: str  # the gateway process that wrote it, or "all" for a compacted day
+    rows: list[UsageRow]
+    updated_at: float = 0.0
+    folded: list[str] = []  # a day: the hour documents already summed into it (readers skip them)
+
+
+def hour_of(t: float) -> int:
+    return int(t // HOUR) * HOUR
+
+
+def day_of(t: float) -> int:
+    return int(t // DAY) * DAY
+
+
+def merge(rows: Iterable[UsageRow]) -> list[UsageRow]:
+    """Rows with equal dims summed into one (order: first seen)."""
+    out: dict[Dims, UsageRow] = {}
+    for r in rows:
+        have = out.get(r.dims)
+        if have is None:
+            out[r.dims] = r.model_copy()
+        else:
+            have.calls += r.calls
+            have.input_tokens += r.input_tokens
+            have.output_tokens += r.output_tokens
+            have.cached_tokens += r.cached_tokens
+            have.gpu_seconds += r.gpu_seconds
+    return list(out.values())
+
+
+def put(store: Store, doc: UsageDoc) -> None:
+    """Write a document whole (its writer is its only writer)."""
+    store.put(keyspace.usage(doc.span, doc.start, doc.source), doc.model_dump_json())
+
+
+def docs(store: Store, since: float = 0.0, until: float = float("inf")) -> list[UsageDoc]:
+    """Every readable document whose span overlaps [since, until); unreadable ones are skipped,
+    and so is an hour a day document already holds (compaction deletes it after writing the day)."""
+    found = []
+    for kv in store.list(keyspace.usage()):
+        try:
+            found.append((kv.key, UsageDoc.model_validate_json(kv.value)))
+        except ValidationError:
+            continue
+    folded = {k for _, doc in found if doc.span == "day" for k in doc.folded}
+    return [doc for key, doc in found
+            if key not in folded and doc.start < until and doc.start + SPANS.get(doc.span, HOUR) > since]
+
+
+def stored_keys(store: Store) -> list[str]:
+    return [kv.key for kv in store.list(keyspace.usage())]
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What fabricd's pass writes and deletes (pure: ``plan_compaction``)."""
+    days: list[UsageDoc]  # day documents to write (each replaces the one stored)
+    delete: list[str]  # keys to delete (folded hours, expired documents)
+
+
+def plan_compaction(stored: list[UsageDoc], keys: list[str], now: float, retention_s: float) -> Compaction:
+    """``stored``: the readable documents (``docs``); ``keys``: every key under the ledger. Hour
+    documents older than COMPACT_AFTER_S fold into their day's document (merged with the day
+    already stored, which then names them in ``folded``); any document whose span ended before
+    now - retention goes; a folded hour still stored is deleted."""
+    oldest = now - retention_s
+    delete: list[str] = []
+    days: dict[int, list[UsageRow]] = {}
+    folded: dict[int, list[str]] = {}
+    for doc in stored:
+        key = keyspace.usage(doc.span, doc.start, doc.source)
+        if doc.start + SPANS.get(doc.span, HOUR) <= oldest:
+            delete.append(key)
+        elif doc.span == "hour" and doc.start + HOUR <= now - COMPACT_AFTER_S:
+            days.setdefault(day_of(doc.start), []).extend(doc.rows)
+            folded.setdefault(day_of(doc.start), []).append(key)
+    present = set(keys)
+    for doc in stored:
+        if doc.span == "day" and doc.start + DAY > oldest:
+            left = [k for k in doc.folded if k in present]  # written, not yet deleted
+            delete.extend(left)
+            if doc.start in days:  # a day already compacted keeps its rows (and what it still hides)
+                days[doc.start].extend(doc.rows)
+                folded[doc.start].extend(left)
+    written = [UsageDoc(span="day", start=d, source="all", rows=merge(rows), updated_at=now, folded=folded[d])
+               for d, rows in sorted(days.items())]
+    return Compaction(written, delete)
+
+
+def compact(store: Store, now: float | None = None, retention_s: float = 90 * DAY) -> Compaction:
+    """Apply ``plan_compaction``: a day is written (naming the hours it holds, which readers then
+    skip) before those hours are deleted, so a crash in between neither loses nor doubles a row."""
+    plan = plan_compaction(docs(store), stored_keys(store), time.time() if now is None else now, retention_s)
+    for doc in plan.days:
+        put(store, doc)
+    for key in plan.delete:
+        store.delete(key)
+    return plan
