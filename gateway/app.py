@@ -66,6 +66,7 @@ from gateway.replica_router import ReplicaRouter
 from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
 from gateway.routes import PREFIX, Route, check_served, is_root, parse_route
 from gateway.settings import GatewaySettings
+from gateway.stream_migration import Deaths, EndpointQuota, Migration, refusal
 from gateway.telemetry import Tracer
 from gateway.tenant_caps import TenantCaps, tighter
 from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_target, replica_targets
@@ -171,6 +172,8 @@ class GatewayApp:
         self._calls: dict[str, int] = {}  # credential subject -> its calls in progress here
         self._deadlines = Deadlines()  # the upstream call's deadline: no event-loop timer per call
         self._trimmer: asyncio.Task | None = None
+        self._moves = EndpointQuota(state.settings.migrations_per_endpoint)  # gateway.stream_migration
+        self._deaths = Deaths()  # replicas that died under streams here
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -378,8 +381,10 @@ class GatewayApp:
                         shadowed = len(admission.would_refuse) if admission is not None else 0
                         if st.settings.live_budget:
                             budget = live_budget(st.limits, admission, info.stream, route.path, facts.prompt_tokens)
+                        moving = self._migration(view, route.path, info, sent, fwd_headers, scope["method"],
+                                                 route.target, endpoint, explained)
                         call = forward(st.client, send, targets, scope["method"], route.target, fwd_headers, sent,
-                                       info.stream, marks, strip, names, budget)
+                                       info.stream, marks, strip, names, budget, moving)
                     result = await run_unless_client_leaves(call, receive, guard)
                     if budget is not None:
                         self._count_shadowed(admission, shadowed)  # passed mid-stream (gateway.live_budget)
@@ -416,6 +421,25 @@ class GatewayApp:
         if self.state.metrics.shadow_refusals is not None:
             for what in admission.would_refuse[since:]:
                 self.state.metrics.shadow_refusals.labels(what).inc()
+
+    def _migration(self, view, path: str, info: BodyInfo, sent: bytes, headers: list, method: str,
+                   target: bytes, endpoint: str, notes: dict) -> Migration | None:
+        """A streamed chat or text completion's means to go on at another replica when its own
+        is cut (gateway.stream_migration); None when migration is off or the call may not move."""
+        st = self.state
+        path = path.rstrip("/")
+        if not info.stream or not st.settings.migrations_per_call or refusal(path, info.data) is not None:
+            return None
+
+        async def others(excluded: frozenset[str]) -> list[tuple[str, str]]:
+            fresh = await st.upstreams.view(endpoint, need_upstream=False)
+            replicas = [r for r in (fresh.replicas or view.replicas) if r.replica_id not in excluded]
+            replicas.sort(key=lambda r: st.router.in_flight.get(r.replica_id, 0))
+            return [(replica_target(r, st.scheme), r.replica_id) for r in replicas]
+
+        return Migration(st.client, path, method, target, headers, sent, endpoint, others,
+                         st.settings.migrations_per_call, self._moves, self._deaths, notes,
+                         st.metrics.migration if st.metrics.migrations is not None else None)
 
     def _urls(self, view) -> dict[str, str]:
         return {r.replica_id: replica_target(r, self.state.scheme) for r in view.replicas}

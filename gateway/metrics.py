@@ -37,6 +37,8 @@ class GatewayMetrics:
     shadow_refusals: Counter | None = None  # calls a shadowed limit would have refused (gateway.shadow)
     usage_dropped: Counter | None = None  # usage records the ledger could not keep (gateway.usage_ledger)
     store_up: Gauge | None = None  # 1 when the store answered the probe of the last scrape (gateway.readiness)
+    # cut streams by what became of them: moved, ended (whole already), not_moved (gateway.stream_migration)
+    migrations: Counter | None = None
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
     _tally: Tally = field(default_factory=Tally)  # the per-call metrics' pending updates (gateway.metric_tally)
     # Several workers (PROMETHEUS_MULTIPROC_DIR): another worker answering a scrape reads this
@@ -83,6 +85,8 @@ class GatewayMetrics:
             usage_dropped=Counter("fabric_gateway_usage_dropped", "Usage records dropped (queue_full, "
                                   "write_failed, row_cap)", ["reason"], registry=reg),
             # the same series fabricd exports (FabricStoreUnreachable); probed at each scrape
+            migrations=Counter("fabric_gateway_stream_migrations", "Streams cut by their replica, by outcome "
+                               "(moved, ended, not_moved)", ["endpoint", "outcome"], registry=reg),
             store_up=Gauge("fabric_store_up", "1 when this process read the store at the last scrape",
                            registry=reg, multiprocess_mode="livemin"),
         )
@@ -128,6 +132,10 @@ class GatewayMetrics:
     def usage_drop(self, reason: str, n: int) -> None:
         if self.usage_dropped is not None:
             self.usage_dropped.labels(reason).inc(n)
+
+    def migration(self, endpoint: str, outcome: str) -> None:
+        if self.migrations is not None:
+            self._child(self.migrations, endpoint, outcome).inc()
 
     def key_state(self, endpoint: str, key: int, value: int) -> None:
         self._child(self.provider_keys, endpoint, str(key)).set(value)

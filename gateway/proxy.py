@@ -19,7 +19,9 @@ counted as outcome ``upstream_cut`` (fabric_gateway_requests). A non-SSE answer 
 it is complete (up to JSON_KEEP, 1 MiB: an OpenAI JSON answer is one piece), so an upstream
 that breaks before then gives the client a 502 with an error body; a larger body already under
 way is truncated (the connection is aborted), so a partial answer is never taken as complete.
-A Responses API stream ends with its final response event instead of ``[DONE]``.
+A Responses API stream ends with its final response event instead of ``[DONE]``. A chat or text
+completion stream may instead go on at another replica (gateway.stream_migration): the cut path
+above is then taken only when it may not or cannot move.
 
 With a live budget (gateway.live_budget) a stream is relayed event by event and may end at the
 call's token limits: an error event then ``data: [DONE]`` (outcome budget_cut).
@@ -77,6 +79,7 @@ class ProxyResult:
     reason: str = ""
     cut: bool = False  # the upstream failed after the answer started (outcome upstream_cut)
     cut_by: str = ""  # the limit that ended the stream mid-way (gateway.live_budget; outcome budget_cut)
+    migrated: int = 0  # times the stream went on at another replica (gateway.stream_migration)
 
 
 def upstream_headers(raw: list[tuple[bytes, bytes]], request_id: bytes) -> list[tuple[bytes, bytes]]:
@@ -158,17 +161,25 @@ async def _open(pool: UpstreamPool, targets: list[str], method: str, target: byt
 
 async def forward(pool: UpstreamPool, send, targets: list[str], method: str, target: bytes,
                   headers: list, body: bytes, streaming: bool, extra: list | None = None,
-                  strip=None, names: dict[str, str] | None = None, budget=None) -> ProxyResult:
+                  strip=None, names: dict[str, str] | None = None, budget=None, migration=None) -> ProxyResult:
     """``strip``: a gateway.usage_inject.UsageStripper when the gateway asked for the usage the
     client did not: its usage event is counted, never relayed. ``names``: target URL -> replica
     id, for the x-fabric-replica header. ``budget``: a gateway.live_budget.LiveBudget that may
-    end the stream at the call's token limits."""
+    end the stream at the call's token limits. ``migration``: a gateway.stream_migration.Migration
+    when a cut SSE answer may go on at another replica (charged what the engines computed)."""
     t0 = time.perf_counter()
     resp, base = await _open(pool, targets, method, target, headers, body, streaming)
     replica = names.get(base) if names else None
     if replica and resp.header(REPLICA_HEADER) is None:
         extra = [*(extra or []), (REPLICA_HEADER, replica.encode())]
-    return await relay(resp, send, t0, extra, strip=strip, budget=budget)
+    if migration is None or not (resp.header(b"content-type") or b"").startswith(b"text/event-stream") \
+            or resp.status != 200:
+        return await relay(resp, send, t0, extra, strip=strip, budget=budget)
+    moving = migration.wrap(resp, replica)
+    result = await relay(moving, send, t0, extra, strip=strip, budget=budget)
+    result.tokens = moving.charged(result.tokens)
+    result.migrated = len(moving.hops) - 1
+    return result
 
 
 DONE = b"[DONE]"  # vLLM and OpenAI end a chat or completions stream with "data: [DONE]"

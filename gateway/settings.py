@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import envvars
+from common.store import etcd_access
+from common.store.etcd_access import EtcdAccess
 from gateway.shadow import shadowed_limits
 
 SCOPES = ("GLOBAL", "TENANT", "PROJECT", "MODEL", "USER", "GATEWAY")
@@ -65,6 +67,10 @@ class GatewaySettings:
     dry_run: bool = False
     cache_ttl_secs: float = 1.0
     hold_secs: float = 0.0  # FABRIC_GATEWAY_HOLD_SECS: hold a call for a replica (cold start), 0-600
+    # FABRIC_GATEWAY_MIGRATIONS_PER_CALL: how often a cut stream may go on at another replica (0: never;
+    # gateway.stream_migration); FABRIC_GATEWAY_MIGRATIONS_PER_ENDPOINT: moves per endpoint and minute
+    migrations_per_call: int = 2
+    migrations_per_endpoint: int = 600
     oidc_endpoints_claim: str = "fabric_endpoints"
     oidc_tenant_endpoints: bool = True  # FABRIC_OIDC_TENANT_ENDPOINTS=0: a token's tenant owns nothing by itself
     slot_lease_secs: int = 10  # in-flight slots of a dead gateway come back within this
@@ -89,6 +95,7 @@ class GatewaySettings:
     # FABRIC_GATEWAY_CLOCK_FILE: the limit windows read the time from this file instead of the system clock
     # (gateway.limits.window_clock; the tests' one fake clock)
     clock_file: str | None = None
+    store_access: EtcdAccess | None = None  # FABRIC_ETCD_*: TLS files and login for an etcd store (common.store.etcd_access)
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -217,6 +224,8 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         dry_run=_flag(env, "FABRIC_DRY_RUN"),
         cache_ttl_secs=_number(env, "FABRIC_GATEWAY_CACHE_SECS", 1.0, float),
         hold_secs=_hold_secs(env),
+        migrations_per_call=_count(env, "FABRIC_GATEWAY_MIGRATIONS_PER_CALL", 2, 0, 16),
+        migrations_per_endpoint=_count(env, "FABRIC_GATEWAY_MIGRATIONS_PER_ENDPOINT", 600, 1, 1_000_000),
         oidc_endpoints_claim=env.get("FABRIC_OIDC_ENDPOINTS_CLAIM", "").strip() or "fabric_endpoints",
         oidc_tenant_endpoints=env.get("FABRIC_OIDC_TENANT_ENDPOINTS", "").strip() != "0",
         slot_lease_secs=_lease_secs(env),
@@ -232,7 +241,15 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         metrics_multiprocess=bool(env.get("PROMETHEUS_MULTIPROC_DIR")),
         metrics_token=env.get("FABRIC_METRICS_TOKEN", "").strip() or None,
         clock_file=_clock_file(env),
+        store_access=_store_access(env),
     )
+
+
+def _store_access(env: dict[str, str]) -> EtcdAccess | None:
+    try:
+        return etcd_access.from_env(env)
+    except envvars.EnvError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _clock_file(env: dict[str, str]) -> str | None:
@@ -250,6 +267,20 @@ def _bounded(env: dict[str, str], name: str, default: float, low: float, high: f
     value = _number(env, name, default, float)
     if not low <= value <= high:  # also refuses NaN
         raise SettingsError(f"{name}={value:g}: expected {low:g} to {high:g}")
+    return value
+
+
+def _count(env: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    """A whole number from low to high; unset means the default (0 is a value here)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a whole number from {low} to {high}") from None
+    if not low <= value <= high:
+        raise SettingsError(f"{name}={value}: expected {low} to {high}")
     return value
 
 

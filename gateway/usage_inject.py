@@ -45,12 +45,7 @@ class UsageStripper:
         self.stripped = 0
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._pending + chunk if self._pending else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._pending = data
-            return b""
-        ready, self._pending = data[:end + 2], data[end + 2:]
+        ready, self._pending = complete_events(self._pending, chunk)
         if b'"usage"' not in ready:
             return ready
         return b"".join(e for e in _events(ready) if not self._usage_only(e))
@@ -72,6 +67,15 @@ class UsageStripper:
         hit = isinstance(obj, dict) and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
         self.stripped += hit
         return hit
+
+
+def complete_events(pending: bytes, chunk: bytes) -> tuple[bytes, bytes]:
+    """(the complete SSE events of pending + chunk, the partial event that waits for its end)."""
+    data = pending + chunk if pending else chunk
+    end = data.rfind(b"\n\n")
+    if end < 0:
+        return b"", data
+    return data[:end + 2], data[end + 2:]
 
 
 def _events(data: bytes) -> list[bytes]:

@@ -42,10 +42,31 @@ class ChatCompletionRequest(_Lenient):
     stream_options: StreamOptions | None = None
     n: int = 1
     ignore_eos: bool = False
+    # vLLM's chat extras: continue the final (assistant) message instead of opening a new one.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_prompt_end(cls, data):
+        # vLLM 0.32 refuses the pair with this message (ChatCompletionRequest.check_generation_prompt).
+        if isinstance(data, dict) and data.get("continue_final_message") and data.get("add_generation_prompt"):
+            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return data
 
     def prompt_text(self) -> str:
-        # A stand-in for a chat template: role tags plus contents.
-        return "".join(f"<|{m.role}|>{m.text()}\n" for m in self.messages)
+        # A stand-in for a chat template: role tags plus contents; a continued final message is
+        # left open (no line end), as continue_final_message renders it.
+        text = "".join(f"<|{m.role}|>{m.text()}\n" for m in self.messages)
+        return text[:-1] if self.continue_final_message else text
+
+    def continued_from(self) -> tuple[str, str] | None:
+        """(the prompt before the final message, that message's text) when the final message is
+        continued (its text is then the output so far), else None. The stand-in template's
+        generation prompt is implicit, so the prompt before it is the uncontinued call's."""
+        if not self.continue_final_message or self.messages[-1].role != "assistant":
+            return None
+        return "".join(f"<|{m.role}|>{m.text()}\n" for m in self.messages[:-1]), self.messages[-1].text()
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

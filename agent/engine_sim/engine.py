@@ -144,7 +144,7 @@ class Engine:
                 await self._stall_if_stopping()
                 seq.held_tokens += 1
                 emitted += 1
-                yield token_text(plan.seed, index)
+                yield token_text(plan.seed, plan.start + index)
             self.metrics.observe_finished(time.monotonic() - arrived_at, plan.finish_reason)
         finally:
             self.metrics.observe_tokens(emitted)

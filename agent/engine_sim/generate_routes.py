@@ -21,7 +21,7 @@ from starlette.routing import Route
 from agent.engine_sim import openai_format as fmt
 from agent.engine_sim.api_models import ChatCompletionRequest, CompletionRequest
 from agent.engine_sim.engine import Engine
-from agent.engine_sim.generation_plan import GenerationPlan, PlanRejected, plan_generation
+from agent.engine_sim.generation_plan import GenerationPlan, PlanRejected, continued, plan_generation
 from agent.engine_sim.http_util import JsonBytes, bad_request, openai_error, parse_openai
 
 _SSE_HEADERS = {"cache-control": "no-cache"}
@@ -99,8 +99,10 @@ def make_generate_routes(engine: Engine) -> list[Route]:
             return refused
         try:
             text = req.prompt_text()
-            plan = engine.with_prefix_cache(plan_generation(engine.config, text, req.output_limit(), req.ignore_eos),
-                                            text)
+            prior = req.continued_from()
+            seed_text, start = (continued(prior[0] + prior[1], prior[0]) or (text, 0)) if prior else (text, 0)
+            plan = engine.with_prefix_cache(plan_generation(engine.config, text, req.output_limit(), req.ignore_eos,
+                                                            seed_text=seed_text, start=start), text)
         except PlanRejected as err:
             return bad_request(err.message, err.param)
         if req.stream:
@@ -129,8 +131,9 @@ def make_generate_routes(engine: Engine) -> list[Route]:
         if refused:
             return refused
         try:
-            plan = engine.with_prefix_cache(
-                plan_generation(engine.config, prompt, req.max_tokens, req.ignore_eos, prompt_tokens), prompt)
+            seed_text, start = (continued(prompt) if prompt_tokens is None else None) or (prompt, 0)
+            plan = engine.with_prefix_cache(plan_generation(engine.config, prompt, req.max_tokens, req.ignore_eos,
+                                                            prompt_tokens, seed_text, start), prompt)
         except PlanRejected as err:
             return bad_request(err.message, err.param)
         echo = prompt if req.echo else ""

@@ -18,6 +18,7 @@ _WORDS = (
     "orbit", "pixel", "maple", "coral", "amber", "echo", "lumen", "prism", "tide", "zephyr",
     "and", "of",
 )
+VOCABULARY = frozenset(_WORDS)
 
 
 def token_text(seed: int, index: int) -> str:

@@ -132,3 +132,28 @@ def test_realtime_websocket_echoes_text_and_bytes(fast_engine):
         assert ws.recv(timeout=5) == "hello"
         ws.send(b"\x00\xff")
         assert ws.recv(timeout=5) == b"\x00\xff"
+
+
+def test_a_continued_assistant_message_goes_on_where_its_output_stopped(fast_engine: EngineProcess):
+    """Greedy decoding's promise, as vLLM keeps it with continue_final_message: an assistant
+    message holding the start of the answer continues that answer; a completions prompt
+    extended by its output continues it too (gateway.stream_migration relies on both)."""
+    url = fast_engine.url
+    ask = {"model": "sim-m", "messages": [{"role": "user", "content": "continue me"}], "max_tokens": 9}
+    whole = httpx.post(url + "/v1/chat/completions", json=ask).json()["choices"][0]["message"]["content"]
+    head = " ".join(whole.split()[:4])
+    rest = httpx.post(url + "/v1/chat/completions", json={
+        **ask, "max_tokens": 5, "continue_final_message": True, "add_generation_prompt": False,
+        "messages": [*ask["messages"], {"role": "assistant", "content": head}]}).json()
+    assert head + rest["choices"][0]["message"]["content"] == whole
+    assert rest["usage"]["completion_tokens"] == 5
+    # vLLM 0.32 refuses the pair (ChatCompletionRequest.check_generation_prompt)
+    both = httpx.post(url + "/v1/chat/completions", json={**ask, "continue_final_message": True,
+                                                          "add_generation_prompt": True})
+    assert both.status_code == 400 and "Cannot set both" in both.json()["error"]["message"]
+    prompt = {"model": "sim-m", "prompt": "Once upon", "max_tokens": 7}
+    text = httpx.post(url + "/v1/completions", json=prompt).json()["choices"][0]["text"]
+    cut = text[:text.index(" ", 3)]
+    more = httpx.post(url + "/v1/completions", json={**prompt, "prompt": "Once upon" + cut,
+                                                     "max_tokens": 7 - len(cut.split())}).json()
+    assert cut + more["choices"][0]["text"] == text
