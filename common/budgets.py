@@ -90,6 +90,11 @@ def counter_key(name: str) -> str:
     return keyspace.counters(f"budget/{name}")
 
 
+def forget(store: Store, name: str) -> None:
+    """Drop a budget's spend counter (the budget was deleted)."""
+    store.delete(counter_key(name))
+
+
 def amount(budget: Budget, tokens: int, cost: float) -> int:
     return int(round(cost * MICRO)) if budget.metric == "cost" else tokens
 

@@ -56,6 +56,7 @@ from controlplane.rollouts.apply import RolloutMetrics, RolloutWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.scaling.loop import AutoscaleWorker
 from controlplane.settings import of as settings_of
+from controlplane.tenancy.notifier import NotifyWorker
 
 log = logging.getLogger("fabricd.controllers")
 LEADER_NAME = "orchestration"
@@ -288,8 +289,9 @@ class ControllerHandle:
                                 scrape_timeout_s=self.settings.scrape_timeout_s)
         models = ModelWorker(store, agents, jobs_gauge=self.metrics.model_jobs)
         autoscale = AutoscaleWorker(store, events=events, metrics=self.metrics)
+        notify = NotifyWorker(store, alerts=config.notify_alerts, retention_s=config.usage_retention_s)
         keeper = asyncio.create_task(self._keep_leading(lock))
-        next_reconcile = next_routing = last_reconcile = last_routing = next_models = next_autoscale = 0.0
+        next_reconcile = next_routing = last_reconcile = last_routing = next_models = next_autoscale = next_notify = 0.0
         fence_seen: int | None = None
         try:
             while not self._stop.is_set():
@@ -332,8 +334,11 @@ class ControllerHandle:
                     due = autoscale.next_due()  # a condition completes its hold before the next period
                     if due is not None:
                         next_autoscale = min(next_autoscale, time.monotonic() + max(0.05, due - time.time()))
+                if time.monotonic() >= next_notify and lock.held():  # budgets, alerts, webhooks, ledger
+                    await self._job("notify", lock, notify.tick)
+                    next_notify = time.monotonic() + config.notify_s
                 # Not leading: the keeper wakes us when we take the lock.
-                horizon = (min(next_reconcile, next_routing, next_models, next_autoscale) if lock.held()
+                horizon = (min(next_reconcile, next_routing, next_models, next_autoscale, next_notify) if lock.held()
                            else now + self.settings.leader_ttl_s)
                 wait = max(0.05, horizon - time.monotonic())
                 try:
@@ -350,6 +355,7 @@ class ControllerHandle:
             self.metrics.leader.set(0)
             await reconcile.aclose()
             await routing.aclose()
+            await notify.aclose()
             closer = getattr(self.agents, "aclose", None)
             if closer is not None:
                 await closer()

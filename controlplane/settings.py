@@ -26,7 +26,9 @@ AppState without one (tests that build it by hand) gets ``of(state)``: every def
   FABRIC_MAX_BODY_BYTES (1048576)                        request body limit (413 above), 1024-1073741824
   FABRIC_KEY_HMAC_SECRET_FILE                            when set, must be a readable non-empty file
   FABRIC_MODEL_CACHE_BYTES, FABRIC_MAX_BATCHES           whole numbers (>= 0, 1-10000000)
-  FABRIC_TOKEN_BUDGET (0: none)                          finops alert above this many tokens a window
+  FABRIC_USAGE_RETENTION_DAYS (90)                       usage ledger kept this long, 1-3660 (common.usage_ledger)
+  FABRIC_NOTIFY_SECS (5)                                 notification delivery period, 0.05-3600 (controlplane.tenancy.notifier)
+  FABRIC_NOTIFY_ALERTS (0)                               1: fabricd raises the paging alerts to webhooks itself (no Prometheus)
   FABRIC_MAX_BLOB_BYTES (1 TiB)                          largest model blob a peer site may send
   FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY             1 or 0;  FABRIC_MODEL_DIR  an absolute path
   FABRIC_LOGIN_OIDC_ISSUER/_JWKS_URL/_CLIENT_ID          all three or none (controlplane.tenancy.oidc_login)
@@ -122,7 +124,9 @@ class FabricdSettings:
     model_dir: str = "/srv/models"  # FABRIC_MODEL_DIR
     model_cache_bytes: int | None = None  # FABRIC_MODEL_CACHE_BYTES; None: unset
     max_batches: int = 10_000  # FABRIC_MAX_BATCHES
-    token_budget: int = 0  # FABRIC_TOKEN_BUDGET; 0: none
+    usage_retention_s: float = 90 * 86400.0  # FABRIC_USAGE_RETENTION_DAYS
+    notify_s: float = 5.0  # FABRIC_NOTIFY_SECS
+    notify_alerts: bool = False  # FABRIC_NOTIFY_ALERTS
     max_blob_bytes: int = 1 << 40  # FABRIC_MAX_BLOB_BYTES
     mig: object = None  # controlplane.mig.catalog.MigSettings (FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY)
     login_oidc: object = None  # controlplane.tenancy.oidc_login settings; None: OIDC login off
@@ -192,7 +196,9 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
     # Used by API routes per request (model cache eviction, batches, finops, blobs, MIG).
     cache_bytes = r.number("FABRIC_MODEL_CACHE_BYTES", None, 0, 2**62, integer=True)
     max_batches = r.number("FABRIC_MAX_BATCHES", 10_000, 1, 10_000_000, integer=True)
-    token_budget = r.number("FABRIC_TOKEN_BUDGET", 0, 0, 2**62, integer=True)
+    usage_retention_s = r.number("FABRIC_USAGE_RETENTION_DAYS", 90, 1, 3660) * 86400.0
+    notify_s = r.number("FABRIC_NOTIFY_SECS", 5.0, 0.05, 3600)
+    notify_alerts = r.boolean("FABRIC_NOTIFY_ALERTS", False)
     max_blob_bytes = r.number("FABRIC_MAX_BLOB_BYTES", 1 << 40, 1, 2**62, integer=True)
     for flag in ("FABRIC_PCI_MIG", "FABRIC_PCI_MIG_RECORD_ONLY"):
         if r.raw(flag) not in ("", "0", "1"):
@@ -227,7 +233,8 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
     if r.errors:
         raise SettingsError("; ".join(r.errors))
     return FabricdSettings(api, controllers, scheduler, pool, deny, allow, model_dir=model_dir,
-                           model_cache_bytes=cache_bytes, max_batches=max_batches, token_budget=token_budget,
+                           model_cache_bytes=cache_bytes, max_batches=max_batches, usage_retention_s=usage_retention_s,
+                           notify_s=notify_s, notify_alerts=notify_alerts,
                            max_blob_bytes=max_blob_bytes, mig=mig, login_oidc=login_oidc,
                            admit_token=r.raw("FABRIC_ADMIT_TOKEN"), replicate_token=r.raw("FABRIC_REPLICATE_TOKEN"),
                            metrics_token=r.raw("FABRIC_METRICS_TOKEN").strip(),

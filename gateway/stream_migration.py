@@ -30,8 +30,9 @@ prompts, structured output (its grammar would restart at the continuation), a re
 tool-call delta already relayed (the parsers cannot resume mid-way), and an answer already past
 ``KEEP_MAX`` bytes. A call moves at most ``per_call`` times, and an endpoint's calls at most
 ``per_endpoint`` times a minute in this process (a dying fleet must not double its load in
-retries). A replica that died under calls ``DEATHS`` times within ``DEATH_WINDOW_S`` is reported
-(a warning) and not chosen for a continuation until that window passes.
+retries). A replica that died under calls ``DEATHS`` times within ``DEATH_WINDOW_S`` (cuts within
+``SAME_DEATH_S`` of each other are one death) is reported (a warning) and not chosen for a
+continuation until that window passes.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ ROUTES = ("/v1/chat/completions", "/v1/completions")
 KEEP_MAX = 8 * 1024 * 1024  # relayed bytes kept to rebuild the text; a longer answer is not moved
 DEATHS = 2
 DEATH_WINDOW_S = 120.0
+SAME_DEATH_S = 5.0  # cuts of one replica this close together are one death (every stream on it reports it)
 DONE_EVENT = b"data: [DONE]\n\n"
 STRUCTURED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
               "structured_outputs")
@@ -268,6 +270,8 @@ class Deaths:
     def died(self, replica: str) -> None:
         now = self.clock()
         times = self._seen.setdefault(replica, deque(maxlen=DEATHS))
+        if times and now - times[-1] < SAME_DEATH_S:
+            return  # the streams it cut report the same death
         times.append(now)
         if len(self._seen) > 4096:
             self._seen.pop(next(iter(self._seen)))

@@ -125,7 +125,6 @@ class UsageRow(BaseModel):
     gpu_seconds_reserved: int | float
     gpu_seconds_ready: int | float
     tokens: int
-    alert: bool = Field(..., description="tokens above the token budget")
 
 
 class DeploymentUsage(UsageRow):
@@ -139,9 +138,7 @@ class TenantUsage(UsageRow):
 
 class FinopsReport(BaseModel):
     window: Span = Field(..., description="the GPU-seconds window: start, end, seconds")
-    token_window: Span = Field(..., description="the token counters' current window: start, seconds")
-    token_budget: int | None
-    alert: bool
+    token_window: Span = Field(..., description="the usage ledger's hours the tokens come from: start, seconds")
     deployments: list[DeploymentUsage]
     tenants: list[TenantUsage]
 

@@ -2,9 +2,9 @@
 
 Per deployment and per tenant: GPU-seconds reserved and ready over the last ``window`` seconds
 (default 3600, at most 31 days), integrated from the replica lifetime ledger; the tokens the
-gateways counted in the current token window (the clock hour, common.token_windows), per
-deployment (summed over its endpoints) and per tenant (summed over its deployments); ``alert`` where tokens exceed
-FABRIC_TOKEN_BUDGET (unset or 0: no alert).
+usage ledger holds for the hours the window touches (common.usage_ledger: whole clock hours), per
+deployment (summed over its endpoints) and per tenant (summed over its deployments). Budgets and
+their alerts: controlplane.api.usage.
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from common import token_windows
+from common import usage_ledger
 from common.schemas import Replica
 from controlplane.api.answers import FinopsReport
 from controlplane.auth import require_admin
 from controlplane.records import deployments, endpoints
 from controlplane.records import replicas as replica_records
-from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
 from controlplane.tenancy import finops, lifetimes
 
@@ -31,16 +30,18 @@ router = APIRouter(prefix="/api/ai", tags=["finops"], dependencies=[Depends(requ
 def get_finops(state: StateDep, window: Annotated[float, Query(gt=0, le=finops.MAX_WINDOW_S,
                                                                  description="seconds back from now")] = 3600) -> dict:
     store, now = state.store, time.time()
-    budget = settings_of(state).token_budget  # FABRIC_TOKEN_BUDGET, validated at start
     tenants = {d["name"]: d.get("tenant") for d in deployments.RECORDS.readable(store) if "name" in d}
     replicas = [Replica.model_validate(r) for r in replica_records.readable(store)]
-    counted = token_windows.current(store, now)
+    first_hour = usage_ledger.hour_of(now - window)
+    counted: dict[str, int] = {}
+    for doc in usage_ledger.docs(store, first_hour, now):
+        for row in doc.rows:
+            counted[row.endpoint] = counted.get(row.endpoint, 0) + row.tokens
     dep_tokens: dict[str, int] = {}
     for ep in endpoints.RECORDS.readable(store):
-        n = counted["endpoint"].get(token_windows.segment(ep.get("name", "")), 0)
+        n = counted.get(ep.get("name", ""), 0)
         if n and ep.get("deployment"):
             dep_tokens[ep["deployment"]] = dep_tokens.get(ep["deployment"], 0) + n
     lives = lifetimes.load(store, now, live={r.replica_id for r in replicas})
     return finops.report(lives, replicas, tenants, dep_tokens, now=now,
-                         window_s=window, budget=budget,
-                         token_window=(token_windows.window_start(now), token_windows.WINDOW_SECS))
+                         window_s=window, token_window=(first_hour, int(now) - first_hour))

@@ -10,24 +10,23 @@ from controlplane.fabricctl.output import col, emit_json, format_table, session
 TENANT = ("TENANT", lambda r: r.get("tenant") or "-")
 DEPLOYMENT_COLUMNS = [col("DEPLOYMENT", "deployment"), TENANT,
                       col("GPU_S_RESERVED", "gpu_seconds_reserved"), col("GPU_S_READY", "gpu_seconds_ready"),
-                      col("TOKENS", "tokens"), col("ALERT", "alert")]
+                      col("TOKENS", "tokens")]
 TENANT_COLUMNS = [TENANT, col("GPU_S_RESERVED", "gpu_seconds_reserved"),
-                  col("GPU_S_READY", "gpu_seconds_ready"), col("TOKENS", "tokens"), col("ALERT", "alert")]
+                  col("GPU_S_READY", "gpu_seconds_ready"), col("TOKENS", "tokens")]
 
 
 def finops(
     window: float = typer.Option(3600, "--window", help="seconds back from now for GPU-seconds"),
     as_json: bool = typer.Option(False, "--json", help="print JSON for scripts"),
 ) -> None:
-    """GPU-seconds reserved and ready over a window, and this token window's tokens, per deployment and tenant."""
+    """GPU-seconds reserved and ready over a window, and the ledger's tokens, per deployment and tenant."""
     with session() as c:
         data = c.get("/api/ai/finops", window=window)
     if as_json:
         emit_json(data)
         return
-    budget = data["token_budget"]
-    typer.echo(f"window {data['window']['seconds']:g} s; token budget {budget if budget else 'none'}"
-               + ("; ALERT: tokens over budget" if data["alert"] else ""))
+    typer.echo(f"window {data['window']['seconds']:g} s; tokens from the usage ledger since "
+               f"{data['token_window']['seconds']:g} s ago (whole hours; budgets: fabricctl ai budget list)")
     typer.echo(format_table(data["deployments"], DEPLOYMENT_COLUMNS) if data["deployments"] else "(no deployments)")
     typer.echo("")
     typer.echo(format_table(data["tenants"], TENANT_COLUMNS) if data["tenants"] else "(no tenants)")

@@ -1,17 +1,15 @@
 """Chargeback (GET /api/ai/finops): GPU-seconds reserved and ready per deployment and tenant over
 a window, integrated from the replica lifetime ledger (controlplane.tenancy.lifetimes), and the
-tokens the gateways counted in the current token window (common.token_windows), per deployment;
-a tenant's tokens are the sum of its deployments' (one figure, computed once, so the two tables
-always agree, untenanted deployments included).
+tokens the usage ledger holds for the hours the window touches (common.usage_ledger), per
+deployment; a tenant's tokens are the sum of its deployments' (one figure, computed once, so the
+two tables always agree, untenanted deployments included). Usage per tenant, key and model over
+time, with prices and budgets, is GET /api/ai/usage (controlplane.tenancy.usage).
 
 Pure: ``report`` takes lifetimes, the living replicas (a replica from before the ledger, with no
 lifetime, counts from its record: created_at, and ready since ready_since), the deployments'
-tenants, the token counts and the budget, and returns the rows. GPU-seconds are exact integrals:
+tenants and the token counts, and returns the rows. GPU-seconds are exact integrals:
 each replica contributes gpus x the length of [created_at, ended_at or now] (reserved) and of
 each ready span (ready) that falls inside [now - window, now]; nothing is sampled.
-
-``alert`` is true on a row whose tokens exceed FABRIC_TOKEN_BUDGET (unset or 0: never), and at
-the top when any row alerts.
 """
 
 from __future__ import annotations
@@ -53,9 +51,9 @@ def from_record(replica: Replica, tenant: str | None) -> Lifetime:
                     gpus=len(replica.gpus), created_at=replica.created_at, ready_spans=spans)
 
 
-def _row(name_field: str, name: str | None, gpu: GpuSeconds, tokens: int, budget: int) -> dict:
+def _row(name_field: str, name: str | None, gpu: GpuSeconds, tokens: int) -> dict:
     return {name_field: name, "gpu_seconds_reserved": round(gpu.reserved, 3), "gpu_seconds_ready": round(gpu.ready, 3),
-            "tokens": tokens, "alert": bool(budget) and tokens > budget}
+            "tokens": tokens}
 
 
 def report(
@@ -66,7 +64,6 @@ def report(
     *,
     now: float,
     window_s: float,
-    budget: int,
     token_window: tuple[int, int],
 ) -> dict:
     """``tenants``: deployment -> its tenant now (a deleted one's comes from its lifetimes)."""
@@ -88,15 +85,13 @@ def report(
         t = dep_tenant.get(dep)
         per_tenant[t] = per_tenant.get(t, GpuSeconds()).plus(gpu)
         tenant_tokens[t] = tenant_tokens.get(t, 0) + deployment_tokens.get(dep, 0)
-    deployments = [{**_row("deployment", d, per_dep[d], deployment_tokens.get(d, 0), budget),
+    deployments = [{**_row("deployment", d, per_dep[d], deployment_tokens.get(d, 0)),
                     "tenant": dep_tenant.get(d)} for d in sorted(per_dep)]
-    tenants_out = [_row("tenant", t, per_tenant[t], tenant_tokens.get(t, 0), budget)
+    tenants_out = [_row("tenant", t, per_tenant[t], tenant_tokens.get(t, 0))
                    for t in sorted(per_tenant, key=lambda t: (t is not None, t or ""))]
     return {
         "window": {"start": start, "end": now, "seconds": window_s},
         "token_window": {"start": token_window[0], "seconds": token_window[1]},
-        "token_budget": budget or None,
-        "alert": any(r["alert"] for r in deployments + tenants_out),
         "deployments": deployments,
         "tenants": tenants_out,
     }

@@ -175,6 +175,18 @@ RULES: dict[tuple[str, str], Rule] = {
     # -- finops (controlplane.api.finops): cluster-wide chargeback ---------------------------------
     ("GET", "/api/ai/finops"): read(),
     # -- batches, aliases -----------------------------------------------------------------------
+    # -- usage, cost, budgets, notifications (controlplane.api.usage) ------------------------------
+    ("GET", "/api/ai/usage"): read(FILTERED),
+    ("GET", "/api/ai/prices"): read(),
+    ("PUT", "/api/ai/prices"): admin(),
+    ("GET", "/api/ai/budgets"): read(FILTERED),
+    ("POST", "/api/ai/budgets"): admin(),
+    ("DELETE", "/api/ai/budgets/{name}"): admin(),
+    ("GET", "/api/ai/webhooks"): admin(),
+    ("POST", "/api/ai/webhooks"): admin(),
+    ("DELETE", "/api/ai/webhooks/{name}"): admin(),
+    ("POST", "/api/ai/notify/test"): admin(),
+    ("GET", "/api/ai/notifications"): admin(),
     ("POST", "/api/ai/batches"): write(),
     ("GET", "/api/ai/batches"): read(),
     ("GET", "/api/ai/batches/{batch_id}"): read(),

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from common import token_windows
+from common import usage_ledger
 from common.schemas import InferenceDeployment, InferenceEndpoint, Replica
 from common.store import open_store
 from controlplane.orchestration_state import delete_replica, put_replica
@@ -20,7 +20,7 @@ from tests.support.inprocess_fabricd import serve_fabricd
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sites")
     store = open_store(f"sqlite://{tmp}/fabric.db")
-    with serve_fabricd(store, tmp, env={"FABRIC_TOKEN_BUDGET": "500"}) as (client, _state):
+    with serve_fabricd(store, tmp) as (client, _state):
         yield client, store
     store.close()
 
@@ -63,7 +63,7 @@ def test_deployment_takes_the_model_residency(api):
     assert r.status_code == 422 and r.json()["error"]["code"] == "residency_conflict"
 
 
-def test_finops_from_the_ledger_and_the_gateway_token_windows(served, monkeypatch):
+def test_finops_from_the_lifetimes_and_the_usage_ledger(served, monkeypatch):
     api, store = served
     now = time.time()
     store.put("/fabric/deployments/billed", InferenceDeployment(name="billed", model="m", profile="p",
@@ -76,13 +76,14 @@ def test_finops_from_the_ledger_and_the_gateway_token_windows(served, monkeypatc
     put_replica(store, r, now - 100)
     put_replica(store, r.model_copy(update={"ready": True, "ready_since": now - 50}), now - 50)
     delete_replica(store, "billed", "billed-0", now - 10)
-    token_windows.add(store, "endpoint", "billed-ep", 700, now)
-    token_windows.add(store, "tenant", "acme", 700, now)
+    usage_ledger.put(store, usage_ledger.UsageDoc(span="hour", start=usage_ledger.hour_of(now), source="gw-1", rows=[
+        usage_ledger.UsageRow(tenant="acme", endpoint="billed-ep", model="m", calls=3, input_tokens=500,
+                              output_tokens=200)]))
     out = api.get("/api/ai/finops", params={"window": 3600}).json()
     row = {d["deployment"]: d for d in out["deployments"]}["billed"]
     assert row["gpu_seconds_reserved"] == pytest.approx(180, abs=0.01)
     assert row["gpu_seconds_ready"] == pytest.approx(80, abs=0.01)
-    assert row["tokens"] == 700 and row["alert"] and row["tenant"] == "acme"
+    assert row["tokens"] == 700 and row["tenant"] == "acme"
     assert {t["tenant"]: t for t in out["tenants"]}["acme"]["tokens"] == 700
     # window 60: [end-60, now-10] x 2 GPUs, where end is when fabricd answered (a little after now)
     got = api.get("/api/ai/finops", params={"window": 60}).json()["deployments"][0]["gpu_seconds_reserved"]

@@ -186,7 +186,7 @@ def test_site_add_list_show_delete(ctl_env):
     gone = ctl(ctl_env, "ai", "site", "show", "dublin", ok=False)
     assert gone.returncode != 0 and "not found" in gone.stderr
     report = json.loads(ctl(ctl_env, "ai", "finops", "--window", "120", "--json").stdout)
-    assert report["window"]["seconds"] == 120 and report["alert"] is False
+    assert report["window"]["seconds"] == 120 and "alert" not in report
     ctl(ctl_env, "ai", "model", "add", "copyme", "--source", "hf://org/copyme")
     pending = ctl(ctl_env, "ai", "model", "replicate", "copyme", "--site", "dublin", ok=False)
     assert pending.returncode == 1 and "site dublin has no record" in pending.stdout
