@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.bpf import bpf_missing, new_pin_dir
+from tests.support.checkout import checkout_copy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,24 +51,9 @@ finally:
 """
 
 
-def _checkout_copy(dest: Path) -> None:
-    """What a clone holds: tracked and untracked-but-not-ignored files, symlinks kept as links."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        src, dst = REPO / rel, dest / rel
-        if not src.exists() and not src.is_symlink():
-            continue  # deleted in the working tree
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_symlink():
-            dst.symlink_to(src.readlink())
-        else:
-            shutil.copy2(src, dst)
-
-
 def test_wheel_installs_and_loads_the_dataplane_from_the_installed_copy(tmp_path):
     src = tmp_path / "src"
-    _checkout_copy(src)
+    checkout_copy(src)
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                     "-w", str(wheels), str(src)], check=True, capture_output=True, timeout=180)
