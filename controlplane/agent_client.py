@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import httpx
 
@@ -82,7 +82,7 @@ class AgentClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> Self:
+    async def __aenter__(self) -> AgentClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
