@@ -84,6 +84,7 @@ def build_app() -> typer.Typer:
         scaling,
         sites,
         tenancy,
+        usage,
     )
     from controlplane.fabricctl.formats import AliasGroup
 
@@ -133,6 +134,11 @@ def build_app() -> typer.Typer:
 
     ai.add_typer(capacity_app, name="capacity")
     ai.command("finops")(finops.finops)
+    ai.command("usage")(usage.usage)
+    ai.add_typer(usage.prices_app, name="prices")
+    ai.add_typer(usage.budget_app, name="budget")
+    ai.add_typer(usage.webhook_app, name="webhook")
+    ai.add_typer(usage.notify_app, name="notify")
     explain.explain_app.command("failure")(observe.failure)
     explain.explain_app.command("scaling")(observe.scaling)
     ai.add_typer(explain.explain_app, name="explain")

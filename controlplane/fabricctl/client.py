@@ -108,14 +108,15 @@ class FabricClient:
         self._http = httpx.Client(base_url=cfg.url, verify=verify, headers=headers, timeout=TIMEOUT_S)
 
     def request(self, method: str, path: str, *, json: dict | None = None, params: dict | None = None,
-                timeout: float | None = None):
+                timeout: float | None = None, text: bool = False):
+        """The answer's JSON (``text``: its text, for an export such as CSV); ClientError when refused."""
         try:
             resp = self._http.request(method, path, json=json, params=params,
                                       timeout=timeout if timeout is not None else TIMEOUT_S)
         except httpx.HTTPError as exc:
             raise ClientError(0, "unreachable", _hint_for_transport(exc, self.cfg)) from None
         if resp.is_success:
-            return resp.json() if resp.content else None
+            return resp.text if text else resp.json() if resp.content else None
         try:
             err = resp.json()["error"]
             code, message = str(err.get("code", "error")), str(err.get("message", ""))
