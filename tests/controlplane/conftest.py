@@ -1,8 +1,8 @@
 """Fixtures for control-plane tests: a real `fabricd` process on a free loopback port.
 
-`start_fabricd(tmp, ...)` runs `fabricd init` then `fabricd serve` as subprocesses (the real
-console scripts from the venv), waits for /healthz and stops the process on exit. The
-module-scoped `fabricd` fixture is plain HTTP on loopback with FABRIC_DENY_RUNTIMES=tei and
+`start_fabricd(tmp, ...)` copies a `fabricd init` state (tests.support.fabricd_init) and runs
+`fabricd serve` as a subprocess (the real console script from the venv), waits for /healthz and
+stops the process on exit. The module-scoped `fabricd` fixture is plain HTTP on loopback with FABRIC_DENY_RUNTIMES=tei and
 controllers off (so deletes are immediate); `admin_token` logs in through the real API.
 """
 
@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from agent.engine_sim.process import PortTaken, bind_failed, on_free_port
+from tests.support.fabricd_init import init_state
 from tests.support.polling import clean_env
 
 BIN = Path(sys.executable).parent
@@ -47,8 +48,7 @@ fabricd_env = clean_env  # the name tests/controlplane imports
 def start_fabricd(tmp: Path, *, insecure: bool = True, env: dict[str, str] | None = None,
                   controllers: bool = False, store: str | None = None):
     state_dir = tmp / "state"
-    subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_dir)], check=True,
-                   capture_output=True, env=fabricd_env(env))
+    init_state(state_dir)  # a copy of one `fabricd init` per run, with passwords of its own
 
     def serve(port: int) -> Fabricd:
         cmd = [str(BIN / "fabricd"), "serve", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{port}",

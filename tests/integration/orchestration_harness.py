@@ -20,6 +20,7 @@ import httpx
 from agent.vm.dryrun_driver import DryRunDriver
 from controlplane.lab.hf_mirror import HfMirror, MirrorConfig
 from controlplane.lab.tiny_model import write_tiny_model
+from tests.support.fabricd_init import init_state
 from tests.support.polling import clean_env, wait_for
 from tests.support.servers import free_port
 
@@ -134,8 +135,7 @@ def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None
                      "HF_ENDPOINT": mirror.url, **(env or {})})
     env.pop("HF_TOKEN", None)
     state_dir = tmp / "fabricd"
-    subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_dir)], check=True,
-                   capture_output=True, env=env)
+    init_state(state_dir)
     fport, aport = free_port(), free_port()
     url = f"http://127.0.0.1:{fport}"
     procs, logs, files = [], [], []
