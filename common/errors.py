@@ -10,7 +10,10 @@
     ├── PayloadTooLarge(413)
     ├── Refused        (400)    a request that is well-formed but cannot be done as asked
     └── TransientError (503)    try again later (store or agent unreachable, timeouts);
-                                loops retry these with backoff, never permanent errors
+        │                       loops retry these with backoff, never permanent errors
+        └── StoreAccessDenied   the store refused this process: its TLS certificate, its login
+                                or its role (a setting the operator fixes; loops keep retrying so
+                                they recover when it is fixed; API callers see 503)
 
 Messages are for people and never contain secrets (keys, tokens, prompts).
 """
@@ -83,6 +86,10 @@ class TransientError(FabricError):
     def __init__(self, message: str, *, delay: float = 1.0, code: str | None = None):
         super().__init__(message, code=code)
         self.delay = delay
+
+
+class StoreAccessDenied(TransientError):
+    code = "store_access_denied"
 
 
 def error_for_status(status: int) -> type[FabricError]:

@@ -46,14 +46,16 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def ensure_ca(state_dir: Path) -> tuple[Path, Path]:
-    """Return (ca.crt, ca.key), creating the CA the first time only."""
-    d = private_dir(pki_dir(state_dir))
+def ensure_ca(state_dir: Path, *, ca_dir: Path | None = None,
+              common_name: str = "fabric-cluster-ca") -> tuple[Path, Path]:
+    """Return (ca.crt, ca.key), creating the CA the first time only. ``ca_dir`` keeps a CA of
+    another purpose apart from the cluster CA (the etcd CA: common.store.etcd_pki)."""
+    d = private_dir(ca_dir if ca_dir is not None else pki_dir(state_dir))
     crt, key_path = d / "ca.crt", d / "ca.key"
     if crt.exists() and key_path.exists():
         return crt, key_path
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fabric-cluster-ca")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = _now()
     cert = (
         x509.CertificateBuilder()
@@ -135,15 +137,19 @@ def sign_leaf(
     server: bool,
     client: bool,
     hosts: list[str] | None = None,
+    ca_dir: Path | None = None,
+    subject: x509.Name | None = None,
 ) -> tuple[bytes, bytes]:
     """(certificate PEM, key PEM) of a new leaf signed by the CA, as issue_cert makes it, written
-    nowhere: for a key that belongs on another host (`fabricd pki issue-client`)."""
+    nowhere: for a key that belongs on another host (`fabricd pki issue-client`). ``ca_dir``
+    signs with another CA than the cluster's; ``subject`` replaces CN=name (etcd's gateway
+    refuses client certificates that carry a CN once its auth is on)."""
     if not (server or client):
         raise ValueError("a certificate must be for a server, a client or both")
     hosts = ["127.0.0.1", "localhost"] if hosts is None else hosts
     if server and _DNS_NAME.match(name) and name not in hosts:
         hosts = [name, *hosts]
-    ca_crt_path, ca_key_path = ensure_ca(state_dir)
+    ca_crt_path, ca_key_path = ensure_ca(state_dir, ca_dir=ca_dir)
     ca_cert = x509.load_pem_x509_certificate(ca_crt_path.read_bytes())
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey), "the CA key ensure_ca writes is an EC key"
@@ -154,7 +160,7 @@ def sign_leaf(
     now = _now()
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .subject_name(subject if subject is not None else x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -170,6 +176,19 @@ def sign_leaf(
         builder = builder.add_extension(_san(hosts), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def write_leaf(out: Path, name: str, cert_pem: bytes, key_pem: bytes, ca_crt: Path) -> tuple[Path, Path]:
+    """OUT/NAME.crt and OUT/ca.crt (0644), OUT/NAME.key (0600) in a 0700 OUT: a leaf for another
+    host (`fabricd pki issue-*`, `fabricd store issue-*`)."""
+    private_dir(out)
+    crt, key, ca = out / f"{name}.crt", out / f"{name}.key", out / "ca.crt"
+    write_private(key, key_pem)
+    crt.write_bytes(cert_pem)
+    ca.write_bytes(ca_crt.read_bytes())
+    for public in (crt, ca):
+        public.chmod(0o644)
+    return crt, key
 
 
 def server_ssl_context(

@@ -5,10 +5,13 @@
       certificate for fabricd (CN fabricd; SANs 127.0.0.1, localhost, this host's name, --san).
       Idempotent: an existing password and CA are kept; the server certificate is reissued only
       when missing or when --san is given.
-  fabricd serve --state-dir DIR --listen HOST:PORT [--store URL] [--insecure] [--no-controllers]
+  fabricd serve --state-dir DIR --listen HOST:PORT [--store URL] [--insecure] [--insecure-store] [--no-controllers]
       serves the REST API over HTTPS with that certificate. --insecure serves plain HTTP and is
       refused unless HOST is a loopback address. --no-controllers runs the API alone (another
-      fabricd, or none, reconciles).
+      fabricd, or none, reconciles). An etcd store is reached with FABRIC_ETCD_* (TLS, login);
+      without them an etcd off loopback is refused unless --insecure-store.
+  fabricd store issue-server|issue-client|init-auth ...   the etcd CA, its certificates, etcd's
+      users and roles (controlplane.cli_store; docs/store.md).
   fabricd pki issue-client --state-dir DIR --out OUT [--cn fabric-gateway]
       on a fabricd host (it holds the CA key): signs a client certificate (EKU clientAuth only, 825
       days) and writes OUT/CN.crt, OUT/CN.key (0600, in a 0700 OUT) and OUT/ca.crt, for a gateway's
@@ -36,9 +39,10 @@ import typer
 
 from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
-from common.pki import ensure_ca, issue_cert, pki_dir, sign_leaf
-from common.private_fs import private_dir, restrict_umask, write_private
+from common.pki import ensure_ca, issue_cert, pki_dir, sign_leaf, write_leaf
+from common.private_fs import private_dir, restrict_umask
 from controlplane.backup.commands import backup_app
+from controlplane.cli_store import store_app
 
 SERVER_CERT_NAME = "fabricd"
 DEFAULT_LISTEN = "127.0.0.1:8443"
@@ -92,6 +96,8 @@ def serve(
     listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT"),
     store: str = typer.Option(None, "--store", help="sqlite:///PATH or etcd://HOST:PORT[,HOST:PORT...] (one per cluster member; default: SQLite in the state dir)"),
     insecure: bool = typer.Option(False, "--insecure", help="plain HTTP, loopback only"),
+    insecure_store: bool = typer.Option(False, "--insecure-store",
+                                        help="allow an etcd store off loopback without TLS (FABRIC_ETCD_* unset)"),
     controllers: bool = typer.Option(True, "--controllers/--no-controllers",
                                      help="run the background controllers in this process"),
     log_level: str = typer.Option("info", "--log-level"),
@@ -139,7 +145,7 @@ def serve(
     restrict_umask()
     private_dir(state_dir)
     try:
-        the_store = open_store(store, state_dir)
+        the_store = open_store(store, state_dir, access=config.store_access, insecure=insecure_store)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -159,6 +165,7 @@ def serve(
 
 pki_app = typer.Typer(help="Certificates from the cluster CA for Fabric components.", no_args_is_help=True)
 app.add_typer(pki_app, name="pki")
+app.add_typer(store_app, name="store")
 
 # The client CNs issue-client signs. Only names no node can take (controlplane.api.nodes'
 # RESERVED_CERT_NAMES): fabricd takes a certificate's CN as the node it proves, so a client
@@ -178,18 +185,6 @@ def _cluster_ca(state_dir: Path) -> Path:
     return ca_crt
 
 
-def _write_leaf(out: Path, name: str, cert_pem: bytes, key_pem: bytes, ca_crt: Path) -> tuple[Path, Path]:
-    """OUT/NAME.crt and OUT/ca.crt (0644), OUT/NAME.key (0600) in a 0700 OUT."""
-    private_dir(out)
-    crt, key, ca = out / f"{name}.crt", out / f"{name}.key", out / "ca.crt"
-    write_private(key, key_pem)
-    crt.write_bytes(cert_pem)
-    ca.write_bytes(ca_crt.read_bytes())
-    for public in (crt, ca):
-        public.chmod(0o644)
-    return crt, key
-
-
 @pki_app.command("issue-client")
 def pki_issue_client(
     state_dir: Path = typer.Option(..., "--state-dir", help="fabricd's state directory (holds pki/ca.key)"),
@@ -204,7 +199,7 @@ def pki_issue_client(
         raise typer.Exit(2)
     ca_crt = _cluster_ca(state_dir)
     cert_pem, key_pem = sign_leaf(state_dir, cn, server=False, client=True, hosts=[])
-    crt, key = _write_leaf(out, cn, cert_pem, key_pem, ca_crt)
+    crt, key = write_leaf(out, cn, cert_pem, key_pem, ca_crt)
     ca = out / "ca.crt"
     typer.echo(f"certificate: {crt}\nkey:         {key} (0600)\nCA:          {ca}")
     typer.echo(f"on each gateway host, install these as {GATEWAY_KV_DIR} (owner fabric, the key 0600) and "
@@ -227,7 +222,7 @@ def pki_issue_etcd(
     ca_crt = _cluster_ca(state_dir)
     hosts = list(dict.fromkeys(["127.0.0.1", "localhost", *san]))
     cert_pem, key_pem = sign_leaf(state_dir, name, server=True, client=True, hosts=hosts)
-    crt, key = _write_leaf(out, "etcd", cert_pem, key_pem, ca_crt)
+    crt, key = write_leaf(out, "etcd", cert_pem, key_pem, ca_crt)
     typer.echo(f"certificate: {crt} (CN {name}; SANs {', '.join(hosts)})\nkey:         {key} (0600)\n"
                f"CA:          {out / 'ca.crt'}")
 

@@ -36,6 +36,7 @@ AppState without one (tests that build it by hand) gets ``of(state)``: every def
   FABRIC_REPLICATE_TOKEN                                 a peer site's token for model blob copies (api/model_blobs.py)
   FABRIC_METRICS_TOKEN                                   when set, /metrics needs Authorization: Bearer TOKEN (also the gateway's)
   FABRIC_KEY_HMAC_SECRET(_FILE)                          API key digests; unset: key routes answer 503 no_hmac_secret
+  FABRIC_ETCD_CA/_CERT/_KEY, FABRIC_ETCD_USER/_PASSWORD_FILE   how to reach etcd (common.store.etcd_access)
 Booleans accept 1/0, true/false, yes/no, on/off (any case); empty means the default.
 """
 
@@ -48,8 +49,11 @@ from functools import cache
 from pathlib import Path
 
 from common.apikeys import HmacSecretError, load_hmac_secret
+from common.envvars import EnvError
 from common.errors import FabricError
 from common.schemas import RUNTIMES
+from common.store import etcd_access
+from common.store.etcd_access import EtcdAccess
 from controlplane.tenancy import oidc_login
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -138,6 +142,7 @@ class FabricdSettings:
     prometheus_url: str = ""  # FABRIC_PROMETHEUS_URL; "": the console charts read fabricd's own bounded history
     gateway_url: str = ""  # FABRIC_CONSOLE_GATEWAY_URL; "": the console playground is off
     gateway_ca: str = ""  # FABRIC_CONSOLE_GATEWAY_CA: the CA file the playground verifies the gateway with; "": system CAs
+    store_access: EtcdAccess | None = None  # FABRIC_ETCD_*: TLS files and login for an etcd store; None: plain
 
 
 @cache
@@ -230,6 +235,11 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
     console_urls["gateway_ca"] = r.raw("FABRIC_CONSOLE_GATEWAY_CA")
     if console_urls["gateway_ca"] and not Path(console_urls["gateway_ca"]).is_file():
         r.bad("FABRIC_CONSOLE_GATEWAY_CA", "is not a readable file")
+    store_access = None
+    try:
+        store_access = etcd_access.from_env(env)
+    except EnvError as exc:
+        r.errors.append(str(exc))
     if r.errors:
         raise SettingsError("; ".join(r.errors))
     return FabricdSettings(api, controllers, scheduler, pool, deny, allow, model_dir=model_dir,
@@ -238,4 +248,5 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
                            max_blob_bytes=max_blob_bytes, mig=mig, login_oidc=login_oidc,
                            admit_token=r.raw("FABRIC_ADMIT_TOKEN"), replicate_token=r.raw("FABRIC_REPLICATE_TOKEN"),
                            metrics_token=r.raw("FABRIC_METRICS_TOKEN").strip(),
-                           key_hmac_secret=hmac_secret, key_hmac_error=hmac_error, **console_urls)
+                           key_hmac_secret=hmac_secret, key_hmac_error=hmac_error, store_access=store_access,
+                           **console_urls)

@@ -1,11 +1,13 @@
-"""`fabric-gateway serve --state-dir DIR --listen HOST:PORT [--store URL] [--tls-cert C --tls-key K | --insecure]`
+"""`fabric-gateway serve --state-dir DIR --listen HOST:PORT [--store URL] [--tls-cert C --tls-key K | --insecure] [--insecure-store]`
 
 HTTPS by default, with a certificate issued from the cluster CA in the state directory.
 --workers N (default 1 on a machine with <= 2 CPUs, else 2) forks N worker processes, each with its own SO_REUSEPORT
 listener on the same port, its own store connection, caches and upstream pool; limits stay
 exact because their counters live in the store; metrics are summed over the workers.
 Plain HTTP needs --insecure and then binds loopback only. Every FABRIC_* setting and the key
-HMAC secret are validated before the socket opens; a bad one exits with its name.
+HMAC secret are validated before the socket opens; a bad one exits with its name. An etcd store
+is reached with FABRIC_ETCD_* (TLS, the gateway's login); without them an etcd off loopback is
+refused unless --insecure-store (also for verify-audit and slots).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def serve(
     tls_cert: Path = typer.Option(None, help="serving certificate (default: issued from the cluster CA)"),
     tls_key: Path = typer.Option(None, help="key of --tls-cert"),
     insecure: bool = typer.Option(False, help="plain HTTP, loopback only"),
+    insecure_store: bool = typer.Option(False, help="allow an etcd store off loopback without TLS (FABRIC_ETCD_* unset)"),
     gateway_id: str = typer.Option(None, help="name for FABRIC_GATEWAY_* limits (default: hostname:port)"),
     workers: int = typer.Option(None, min=1, max=64,
                                 help="worker processes on one port (SO_REUSEPORT); default 1 on <= 2 CPUs, else 2"),
@@ -88,6 +91,11 @@ def serve(
     # The state dir holds the store and the gateway's key: 0700, and every file made from here on 0600.
     restrict_umask()
     private_dir(state_dir)
+    try:
+        check_store(store, state_dir, settings.store_access, insecure_store)
+    except ValueError as exc:
+        typer.echo(f"fabric-gateway: {exc}", err=True)
+        raise typer.Exit(2) from None
     ssl_args = {}
     if not insecure:
         if tls_cert is None:
@@ -110,14 +118,16 @@ def serve(
         "HTTP server %s, upstream client %s", "uvicorn (httptools)" if settings.http_server == "uvicorn"
         else "gateway.http_server", settings.upstream_client)
     if workers == 1:
-        asgi = create_app(settings, open_store(store, state_dir), hmac_secret, gid)
+        asgi = create_app(settings, open_store(store, state_dir, access=settings.store_access,
+                                               insecure=insecure_store), hmac_secret, gid)
         _profile(profiler, asgi)
         uvicorn.run(asgi, host=host, port=port, **uv_args)
         return
 
     def run_worker(sock: socket.socket) -> None:
         # Runs in the forked child: the store, its threads and the event loop are made here.
-        asgi = create_app(settings, open_store(store, state_dir), hmac_secret, gid)
+        asgi = create_app(settings, open_store(store, state_dir, access=settings.store_access,
+                                               insecure=insecure_store), hmac_secret, gid)
         _profile(profiler, asgi)  # each worker answers SIGUSR2 with its own report
         uvicorn.Server(uvicorn.Config(asgi, **uv_args)).run(sockets=[sock])
 
@@ -132,6 +142,27 @@ def serve(
         supervise(socks, run_worker)
     finally:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+
+def check_store(store: str | None, state_dir: Path, access, insecure_store: bool) -> None:
+    """Open the store once and close it: the URL, FABRIC_ETCD_* and the plain-HTTP rule are
+    refused (ValueError) before any socket opens or worker forks."""
+    from common.store.base import open_store
+
+    open_store(store, state_dir, access=access, insecure=insecure_store).close()
+
+
+def _tool_store(store: str | None, state_dir: Path, insecure_store: bool):
+    """The store for verify-audit and slots: FABRIC_ETCD_* read here (a bad one exits 2 naming it)."""
+    from common.envvars import EnvError
+    from common.store import etcd_access
+    from common.store.base import open_store
+
+    try:
+        return open_store(store, state_dir, access=etcd_access.from_env(os.environ), insecure=insecure_store)
+    except (EnvError, ValueError) as exc:
+        typer.echo(f"fabric-gateway: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _profile(profiler, asgi) -> None:
@@ -234,14 +265,14 @@ def verify_audit(
     store: str = typer.Option(None, help="store URL"),
     tip_file: Path = typer.Option(None, help="a file outside the store holding the last verified tip "
                                              "(seq and hash): the chain must still hold it; updated after a good run"),
+    insecure_store: bool = typer.Option(False, help="allow an etcd store off loopback without TLS"),
 ) -> None:
     """Recompute the audit hash chain and compare it with the stored tips; exit 1 naming the first bad row."""
     import json
 
     from common.audit_chain import Tip, read_rows, tip_of, verify
-    from common.store.base import open_store
 
-    s = open_store(store, state_dir)
+    s = _tool_store(store, state_dir, insecure_store)
     stored = None
     if tip_file is not None and tip_file.exists():
         try:
@@ -265,15 +296,15 @@ def verify_audit(
 def slots(
     state_dir: Path = typer.Option(..., help="state directory"),
     store: str = typer.Option(None, help="store URL"),
+    insecure_store: bool = typer.Option(False, help="allow an etcd store off loopback without TLS"),
 ) -> None:
     """In-flight slots held in the store: each counter, its live total, and each holder (gateway
     process) with its slots and whether its lease is alive. Prints JSON."""
     import json
 
-    from common.store.base import open_store
     from gateway.slots import slot_view
 
-    typer.echo(json.dumps(slot_view(open_store(store, state_dir)), indent=2))
+    typer.echo(json.dumps(slot_view(_tool_store(store, state_dir, insecure_store)), indent=2))
 
 
 def main() -> None:

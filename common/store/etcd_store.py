@@ -18,12 +18,22 @@ this process, so nothing can have been applied) is skipped and the call goes to 
 becomes current. A failure after the request was sent (a reset, a read timeout, an etcd error
 such as "no leader") is not retried here, where a create or a cas could run twice: it raises
 TransientError naming the endpoint, and the next call starts from the next endpoint.
+
+Security (common.store.etcd_access): with TLS settings every member is reached over HTTPS that
+verifies FABRIC_ETCD_CA and presents the client certificate; with a login the store
+authenticates once (POST /v3/auth/authenticate) and sends the token on every call, logging in
+again once when etcd says the token expired (etcd refused the call before applying it, so the
+retry cannot apply anything twice). The sessions ignore REQUESTS_CA_BUNDLE and proxy variables
+(requests would let them override the CA). Anything etcd refuses for who this process is (no or
+a foreign certificate, a server certificate FABRIC_ETCD_CA does not verify, a wrong password, a
+role without the key) raises StoreAccessDenied saying which setting to look at.
 """
 
 from __future__ import annotations
 
 import base64
 import builtins
+import http.client
 import json
 import time
 from typing import Any
@@ -33,8 +43,9 @@ import requests
 import urllib3
 from etcd3gw import exceptions as etcd_exc
 
-from common.errors import Conflict, NotFound, TransientError
+from common.errors import Conflict, NotFound, StoreAccessDenied, TransientError
 from common.store.base import KV, Event, Lease
+from common.store.etcd_access import EtcdAccess
 
 REQUEST_TIMEOUT_S = 10.0
 # The key range() reads to learn the store revision: any key works, a fixed absent one is cheapest.
@@ -76,6 +87,30 @@ def _kv(item: dict[str, Any]) -> KV:
     )
 
 
+class _WatchCancelled(Exception):
+    """etcd cancelled a watch it had created; the argument is its reason."""
+
+
+class _TokenExpired(Exception):
+    """etcd no longer knows this process's auth token: log in again and resend."""
+
+
+def _closed_unanswered(exc: BaseException) -> bool:
+    """True when the server closed the connection without an HTTP answer (what etcd's TLS port
+    does to a plain-HTTP request)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, http.client.RemoteDisconnected):
+            return True
+        nxt = cause.__context__ or cause.__cause__
+        if nxt is None and cause.args and isinstance(cause.args[0], BaseException):
+            nxt = cause.args[0]
+        if nxt is None and len(cause.args) > 1 and isinstance(cause.args[1], BaseException):
+            nxt = cause.args[1]
+        cause = nxt
+    return False
+
+
 def _never_sent(exc: BaseException) -> bool:
     """True when etcd3gw's connection error wraps a refused or unopened connection: the request
     never reached etcd, so sending it to another member cannot apply it twice."""
@@ -88,17 +123,65 @@ def _never_sent(exc: BaseException) -> bool:
     return False
 
 
+def _tls_refusal(exc: BaseException, where: str, access: EtcdAccess | None) -> str | None:
+    """What a TLS failure under etcd3gw's connection error means for the operator, or None."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, requests.exceptions.SSLError):
+        cause = cause.__context__ or cause.__cause__
+    if cause is None:
+        return None
+    reason = str(cause)
+    if "CERTIFICATE_VERIFY_FAILED" in reason:
+        return (f"{where} presented a server certificate that FABRIC_ETCD_CA does not verify "
+                f"({reason.rsplit('certificate verify failed:', 1)[-1].split('(')[0].strip()})")
+    if "WRONG_VERSION_NUMBER" in reason or "record layer failure" in reason:
+        return f"{where} does not speak TLS (a plain-HTTP etcd?) while FABRIC_ETCD_CA is set"
+    # etcd ends the handshake on a missing or untrusted client certificate with an alert, or,
+    # depending on timing under TLS 1.3, by closing the connection (an EOF for the client).
+    if any(sign in reason for sign in ("BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "UNKNOWN_CA", "EOF occurred",
+                                        "UNEXPECTED_EOF")):
+        if access is None or access.cert is None:
+            return f"{where} requires a client certificate: set FABRIC_ETCD_CA, FABRIC_ETCD_CERT and FABRIC_ETCD_KEY"
+        return (f"{where} refused this process's client certificate (FABRIC_ETCD_CERT={access.cert}): not signed "
+                "by a CA in etcd's --trusted-ca-file, or expired")
+    return f"TLS with {where} failed: {reason[-200:]}"
+
+
+def _described(path: str, payload: dict[str, Any]) -> str:
+    """The operation and key a refusal is about, for its message: 'kv/put /fabric/auth/x'."""
+    key = payload.get("key")
+    if key is None and payload.get("compare"):
+        key = payload["compare"][0].get("key")
+    return f"{path.strip('/')} {_unb64(key)}" if key else path.strip("/")
+
+
 class EtcdStore:
     """Store backend on an etcd v3 cluster (3.4+) reached over its HTTP/JSON gateway."""
 
     def __init__(self, host: str, port: int, *, timeout: float = REQUEST_TIMEOUT_S,
-                 endpoints: list[tuple[str, int]] | None = None):
+                 endpoints: list[tuple[str, int]] | None = None, access: EtcdAccess | None = None):
         self._endpoints = list(endpoints or [(host, port)])
         self._timeout = timeout
+        self._access = access
+        self._token: str | None = None
         # api_path fixed to /v3/ (etcd >= 3.4) so no discovery round trip happens at first use.
-        self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout, api_path="/v3/")
+        self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout, api_path="/v3/",
+                                        protocol="https" if access and access.tls else "http",
+                                        session=self._new_session())
                          for h, p in self._endpoints]
         self._current = 0
+
+    def _new_session(self) -> requests.Session:
+        session = requests.Session()
+        session.trust_env = False  # else REQUESTS_CA_BUNDLE replaces FABRIC_ETCD_CA, proxies apply
+        access = self._access
+        if access is not None and access.tls:
+            session.verify = str(access.ca)
+            if access.cert is not None and access.key is not None:
+                session.cert = (str(access.cert), str(access.key))
+        if self._token:
+            session.headers["Authorization"] = self._token
+        return session
 
     @property
     def host(self) -> str:
@@ -121,16 +204,48 @@ class EtcdStore:
     # -- transport ----------------------------------------------------------------------
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        if self._access is not None and self._access.user and self._token is None:
+            self._login()
+        try:
+            return self._send(path, payload)
+        except _TokenExpired:
+            self._login()
+            return self._send(path, payload)
+
+    def auth_call(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One call of etcd's /v3/auth/ API (users, roles, enable), for common.store.etcd_auth."""
+        if not path.startswith("/auth/"):
+            raise ValueError(f"auth_call is for /auth/ paths, not {path}")
+        return self._post(path, payload)
+
+    def _login(self) -> None:
+        """Authenticate as FABRIC_ETCD_USER and put the token on every endpoint's session."""
+        assert self._access is not None
+        for client in self._clients:
+            client.session.headers.pop("Authorization", None)
+        self._token = None
+        result = self._send("/auth/authenticate", {"name": self._access.user, "password": self._access.password})
+        self._token = str(result["token"])
+        for client in self._clients:
+            client.session.headers["Authorization"] = self._token
+
+    def _send(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(len(self._clients)):
             client, where = self._client, self._where()
             try:
                 return client.post(client.get_url(path), json=payload)
             except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError) as exc:
                 self._advance()
+                refusal = _tls_refusal(exc, where, self._access)
+                if refusal:
+                    raise StoreAccessDenied(refusal) from None
                 never_sent = _never_sent(exc)
                 if never_sent and attempt + 1 < len(self._clients):
                     continue
                 what = "unreachable" if never_sent else "did not answer in time (no quorum or overloaded?)"
+                if _closed_unanswered(exc) and not (self._access and self._access.tls):
+                    what = ("closed the connection without an answer (an etcd serving TLS? set FABRIC_ETCD_CA, "
+                            "FABRIC_ETCD_CERT and FABRIC_ETCD_KEY)")
                 raise TransientError(f"{where} {what}{self._cluster_note()}") from exc
             except etcd_exc.Etcd3Exception as exc:
                 detail = str(exc.detail_text or "")
@@ -138,12 +253,35 @@ class EtcdStore:
                     raise NotFound("lease not found (expired or revoked)") from exc
                 if "compacted" in detail:
                     raise Conflict("requested revision was compacted", code="compacted") from exc
+                if "invalid auth token" in detail or "revision of auth store is old" in detail:
+                    if path != "/auth/authenticate" and self._token is not None:
+                        raise _TokenExpired() from None
+                refusal = self._refusal(detail, where, path, payload)
+                if refusal:
+                    raise StoreAccessDenied(refusal) from None
                 self._advance()
                 raise TransientError(f"{where} failed: {detail[:200]}{self._cluster_note()}") from exc
             except requests.RequestException as exc:
                 self._advance()
                 raise TransientError(f"{where} unreachable{self._cluster_note()}") from exc
         raise AssertionError("unreachable: the last attempt raises")
+
+    def _refusal(self, detail: str, where: str, path: str, payload: dict[str, Any]) -> str | None:
+        """What an etcd answer refusing this process means, or None for any other failure."""
+        user = self._access.user if self._access else ""
+        if "permission denied" in detail:
+            return f"{where}: etcd user {user!r} may not {_described(path, payload)} (its role lacks that key)"
+        if "invalid user ID or password" in detail:
+            return f"{where} refused the password of etcd user {user!r} (FABRIC_ETCD_PASSWORD_FILE)"
+        if "user name is empty" in detail or "invalid auth token" in detail:
+            return (f"{where} has authentication on and this process has no login: set FABRIC_ETCD_USER and "
+                    "FABRIC_ETCD_PASSWORD_FILE")
+        if "HTTP request to an HTTPS server" in detail:
+            return f"{where} speaks TLS: set FABRIC_ETCD_CA, FABRIC_ETCD_CERT and FABRIC_ETCD_KEY"
+        if "CommonName of client" in detail:
+            return (f"{where} refuses a client certificate with a CN once its auth is on (FABRIC_ETCD_CERT): "
+                    "issue one with `fabricd store issue-client`")
+        return None
 
     def _cluster_note(self) -> str:
         if len(self._endpoints) == 1:
@@ -252,23 +390,45 @@ class EtcdStore:
     # -- watch --------------------------------------------------------------------------
 
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
+        if self._access is not None and self._access.user and self._token is None:
+            self._login()
+        try:
+            return self._watch_once(prefix, after_revision, timeout)
+        except _TokenExpired:
+            self._login()
+            return self._watch_once(prefix, after_revision, timeout)
+
+    def _watch_once(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
         create = _range_request(prefix) | {"start_revision": str(after_revision + 1)}
         deadline = time.monotonic() + max(0.0, timeout)
         url, where = self._client.get_url("/watch"), self._where()
         try:
-            with requests.Session() as session, session.post(
+            with self._new_session() as session, session.post(
                 url, json={"create_request": create}, stream=True,
                 timeout=(self._timeout, max(0.05, timeout)),
             ) as resp:
+                if resp.status_code == 401 and self._token is not None:
+                    raise _TokenExpired()
                 if resp.status_code != 200:
                     self._advance()
+                    refusal = self._refusal(resp.text[:500], where, "watch", create)
+                    if refusal:
+                        raise StoreAccessDenied(refusal)
                     raise TransientError(f"{where}: watch failed with HTTP {resp.status_code}")
                 return _read_first_events(resp, deadline)
+        except _WatchCancelled as exc:
+            refusal = self._refusal(str(exc), where, "watch", create)
+            if refusal:
+                raise StoreAccessDenied(refusal) from None
+            raise TransientError(f"etcd cancelled the watch: {str(exc)[:200]}") from None
         except requests.exceptions.ConnectionError as exc:
             # A read timeout on a streamed body surfaces as ConnectionError wrapping ReadTimeoutError.
             if exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError):
                 return []
             self._advance()
+            refusal = _tls_refusal(exc, where, self._access)
+            if refusal:
+                raise StoreAccessDenied(refusal) from None
             raise TransientError(f"{where} unreachable{self._cluster_note()}") from exc
         except requests.exceptions.Timeout:
             return []
@@ -296,7 +456,7 @@ def _read_first_events(resp: requests.Response, deadline: float) -> list[Event]:
                         " list again and watch from the list's revision",
                         code="compacted",
                     )
-                raise TransientError(f"etcd cancelled the watch: {result.get('cancel_reason', '')[:200]}")
+                raise _WatchCancelled(result.get("cancel_reason", ""))
             events = result.get("events") or []
             if events:
                 return [_event(e) for e in events]

@@ -15,7 +15,7 @@ from tests.support.servers import free_port
 def test_a_refused_endpoint_is_skipped_and_the_next_one_serves(etcd_server):
     live = int(etcd_server.url.rsplit(":", 1)[1])
     dead = free_port()
-    store = open_store(f"etcd://127.0.0.1:{dead},127.0.0.1:{live}")
+    store = open_store(f"etcd://127.0.0.1:{dead},127.0.0.1:{live}", access=etcd_server.access("fabricd"))
     assert isinstance(store, EtcdStore) and store.port == dead
     rev = store.put("/fabric/failover/x", "1")
     assert store.port == live  # the live member became current

@@ -29,6 +29,7 @@ ALLOWED = {
     # the CLIs' entry points: their own flags' environment defaults, and the environment they
     # hand to the processes they start
     "controlplane/cli_fabricd.py": "fabricd's CLI",
+    "controlplane/cli_store.py": "fabricd store init-auth (FABRIC_ETCD_* for its TLS)",
     "controlplane/fabricctl/": "fabricctl (FABRIC_URL, FABRIC_TOKEN, its config file)",
     "controlplane/lab/": "the lab CLI: it starts processes with the caller's environment",
     "controlplane/run_main.py": "the lab's process entry point (fabricd lab run)",

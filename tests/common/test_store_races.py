@@ -17,15 +17,20 @@ INCREMENTS = 200
 JOIN_LIMIT_S = 120
 
 
-def _claim(url: str, key: str, me: int, go, results) -> None:
-    store = open_store(url)
+def _open(where: tuple):
+    url, access = where
+    return open_store(url, access=access)
+
+
+def _claim(where: tuple, key: str, me: int, go, results) -> None:
+    store = _open(where)
     go.wait(30)
     results.put((me, store.create(key, f"owner-{me}")))
     store.close()
 
 
-def _increment(url: str, key: str, times: int, go, results) -> None:
-    store = open_store(url)
+def _increment(where: tuple, key: str, times: int, go, results) -> None:
+    store = _open(where)
     go.wait(30)
     conflicts = 0
     for _ in range(times):
@@ -36,6 +41,10 @@ def _increment(url: str, key: str, times: int, go, results) -> None:
             conflicts += 1
     results.put(conflicts)
     store.close()
+
+
+def _where(backend: dict) -> tuple:
+    return backend["url"], backend["access"]
 
 
 def _run(target, arg_sets: list[tuple]) -> list:
@@ -54,20 +63,20 @@ def _run(target, arg_sets: list[tuple]) -> list:
 
 def test_create_if_absent_has_exactly_one_winner(backend):
     key = backend["prefix"] + "gpu-reservations/node-1/0000:3b:00.0"
-    outcomes = _run(_claim, [(backend["url"], key, i) for i in range(CLAIMERS)])
+    outcomes = _run(_claim, [(_where(backend), key, i) for i in range(CLAIMERS)])
     winners = [me for me, won in outcomes if won]
     assert len(outcomes) == CLAIMERS
     assert len(winners) == 1
-    store = open_store(backend["url"])
+    store = _open(_where(backend))
     assert store.get(key).value == f"owner-{winners[0]}"
     store.close()
 
 
 def test_cas_increments_from_two_processes_are_exact(backend):
     key = backend["prefix"] + "counters/requests"
-    store = open_store(backend["url"])
+    store = _open(_where(backend))
     store.put(key, "0")
-    conflicts = _run(_increment, [(backend["url"], key, INCREMENTS)] * 2)
+    conflicts = _run(_increment, [(_where(backend), key, INCREMENTS)] * 2)
     assert store.get(key).value == str(2 * INCREMENTS)
     assert all(c >= 0 for c in conflicts)
     store.close()
@@ -76,7 +85,7 @@ def test_cas_increments_from_two_processes_are_exact(backend):
 def test_cas_increments_from_threads_sharing_one_handle(backend):
     """Threads of one process share a store object (the gateway's shape): still exact."""
     key = backend["prefix"] + "counters/threads"
-    store = open_store(backend["url"])
+    store = _open(_where(backend))
     store.put(key, "0")
 
     def bump() -> None:
@@ -95,10 +104,10 @@ def test_cas_increments_from_threads_sharing_one_handle(backend):
     store.close()
 
 
-def _lead(url: str, name: str, me: int, go, results) -> None:
+def _lead(where: tuple, name: str, me: int, go, results) -> None:
     from common.store.locks import LeaseLock
 
-    store = open_store(url)
+    store = _open(where)
     lock = LeaseLock(store, name, holder=f"fabricd-{me}", ttl=30)
     go.wait(30)
     won = lock.try_acquire()
@@ -110,10 +119,10 @@ def test_leader_lock_has_one_holder_across_processes(backend):
     from common.store.locks import lock_view
 
     name = backend["prefix"].strip("/").replace("/", "-") + "-placement"
-    outcomes = _run(_lead, [(backend["url"], name, i) for i in range(4)])
+    outcomes = _run(_lead, [(_where(backend), name, i) for i in range(4)])
     winners = [(me, fence) for me, won, fence in outcomes if won]
     assert len(winners) == 1
-    store = open_store(backend["url"])
+    store = _open(_where(backend))
     view = lock_view(store, name)
     assert view.holder == f"fabricd-{winners[0][0]}"
     assert view.fence == winners[0][1]
@@ -126,7 +135,7 @@ def test_leader_lock_handover_and_expiry(backend):
     from common.store.locks import LeaseLock
 
     name = backend["prefix"].strip("/").replace("/", "-") + "-reconcile"
-    store = open_store(backend["url"])
+    store = _open(_where(backend))
     first = LeaseLock(store, name, holder="a", ttl=1)
     second = LeaseLock(store, name, holder="b", ttl=1)
     assert first.try_acquire() and first.held()

@@ -19,10 +19,8 @@ def store(request, tmp_path):
     if request.param == "sqlite":
         s = SqliteStore(tmp_path / "fabric.db")
     else:
-        from common.store.etcd_store import EtcdStore
-
         server = request.getfixturevalue("etcd_server")
-        s = EtcdStore("127.0.0.1", int(server.url.rsplit(":", 1)[1]))
+        s = server.open("fabricd")
         for kv in s.list(keyspace.events()):  # the etcd server is shared by the session
             s.delete(kv.key)
     yield s

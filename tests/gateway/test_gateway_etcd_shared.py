@@ -1,4 +1,8 @@
-"""Two gateway processes on one real etcd share every limit: no over-admission across them."""
+"""Two gateway processes on one real etcd share every limit: no over-admission across them.
+
+The etcd is secured as in production (TLS with client certificates, auth on): the test writes the
+endpoint and keys as fabricd does, and the gateways log in as `gateway`, whose role reads and
+writes only what a gateway needs, so everything below also proves that role is enough."""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ import httpx
 import pytest
 
 from common import audit_chain
-from common.store.base import open_store
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine
 from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 
@@ -20,10 +23,10 @@ def pair(tmp_path_factory):
         pytest.skip(f"etcd binary not found at {ETCD_BINARY}")
     state = tmp_path_factory.mktemp("etcdgw")
     with EtcdServer() as etcd:
-        store = open_store(etcd.url)
+        store = etcd.open("fabricd")
         with sim_engine() as eng:
             publish_endpoint(store, "chat", [eng])
-            env = {"FABRIC_USER_RPM": "15"}
+            env = {"FABRIC_USER_RPM": "15", **etcd.env("gateway")}
             a = GatewayProcess.start(state, etcd.url, env, gateway_id="gw-a")
             b = GatewayProcess.start(state, etcd.url, env, gateway_id="gw-b")
             try:

@@ -19,7 +19,7 @@ def test_ready_follows_the_store(tmp_path):
     etcd = EtcdServer().start()
     gw = None
     try:
-        gw = GatewayProcess.start(tmp_path, etcd.url)
+        gw = GatewayProcess.start(tmp_path, etcd.url, etcd.env("gateway"))
         r = httpx.get(gw.url + "/ready", timeout=10)
         assert r.status_code == 200 and r.json() == {"status": "ready", "store": "reachable"}
         etcd.stop()

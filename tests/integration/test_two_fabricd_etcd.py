@@ -6,16 +6,17 @@ time so the races are real."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 
 from common import keyspace
 from common.schemas import GpuInfo, Node
-from common.store.base import open_store
 
 WORKER = r"""
-import json, sys, time
+import json, os, sys, time
+from common.store import etcd_access
 from common.store.base import open_store
 from common.errors import Conflict
 from controlplane import vip_pool
@@ -25,7 +26,7 @@ from controlplane.scheduler import place
 from common.schemas import GpuRequest, InferenceDeployment, InferenceProfile, ModelArtifact
 
 url, me, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
-store = open_store(url)
+store = open_store(url, access=etcd_access.from_env(os.environ))  # TLS and fabricd's login
 pool = vip_pool.parse_pool("10.96.0.0/28")
 dep = InferenceDeployment(name=f"dep-{me}", model="m", profile="p", replicas=20)
 profile = InferenceProfile(name="p", gpu=GpuRequest(count=1, vram_gib=24), cpu=1, memory_gib=1)
@@ -58,12 +59,13 @@ def node(nid: str) -> Node:
 
 
 def test_two_processes_never_double_allocate(etcd_server):
-    store = open_store(etcd_server.url)
+    store = etcd_server.open("fabricd")
     store.delete_prefix(f"{keyspace.ROOT}/")
     for nid in ("n1", "n2"):
         store.put(keyspace.nodes(nid), node(nid).model_dump_json())
     start = time.time() + 3.0
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, etcd_server.url, me, str(start)],
+    env = {**os.environ, **etcd_server.env("fabricd")}
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, etcd_server.url, me, str(start)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for me in ("a", "b")]
     results = []
     for p in procs:

@@ -5,7 +5,13 @@ Use the context manager directly, or the session-scoped pytest fixture:
     from tests.support.etcd_server import etcd_server   # noqa: F401  (re-export in a conftest)
 
     def test_x(etcd_server):
-        store = open_store(etcd_server.url)
+        store = etcd_server.open()                      # logged in as fabricd
+        env = etcd_server.env("gateway")                # FABRIC_ETCD_* for a gateway process
+
+By default the server is secured as docs/store.md prescribes: client TLS with certificates from
+an etcd CA (--client-cert-auth, --trusted-ca-file), and etcd's auth on with the users and roles
+`fabricd store init-auth` makes (common.store.etcd_auth), set up by that same code.
+``EtcdServer(secure=False)`` is a plain-HTTP loopback etcd without auth.
 
 The fixture skips (with the reason) when /usr/bin/etcd is absent. The server runs with short
 raft timings so etcd's minimum lease TTL is 1 s instead of 2 s and lease tests stay quick.
@@ -25,6 +31,11 @@ from pathlib import Path
 
 import pytest
 
+from common.pki import client_ssl_context
+from common.store.base import Store, open_store
+from common.store.etcd_access import EtcdAccess
+from common.store.etcd_auth import init_auth
+from common.store.etcd_pki import issue_client, issue_server
 from tests.support.servers import free_port
 
 ETCD_BINARY = os.environ.get("FABRIC_TEST_ETCD", "/usr/bin/etcd")
@@ -56,8 +67,9 @@ def etcd_available() -> bool:
 class EtcdServer:
     """``with EtcdServer() as srv:`` starts etcd; ``srv.url`` is ``etcd://127.0.0.1:PORT``."""
 
-    def __init__(self, binary: str = ETCD_BINARY):
+    def __init__(self, binary: str = ETCD_BINARY, *, secure: bool = True):
         self.binary = binary
+        self.secure = secure
         self.host = "127.0.0.1"
         self.port = 0
         self.peer_port = 0
@@ -68,15 +80,56 @@ class EtcdServer:
     def url(self) -> str:
         return f"etcd://{self.host}:{self.port}"
 
+    @property
+    def certs(self) -> Path:
+        assert self.data_dir is not None
+        return self.data_dir / "certs"
+
+    def access(self, user: str = "fabricd") -> EtcdAccess | None:
+        """How a process of this kind reaches the server (None for a plain one)."""
+        if not self.secure:
+            return None
+        c = self.certs
+        return EtcdAccess(ca=c / "ca.crt", cert=c / f"etcd-{user}.crt", key=c / f"etcd-{user}.key", user=user,
+                          password=(c / "passwords" / f"{user}.password").read_text().strip())
+
+    def env(self, user: str = "fabricd") -> dict[str, str]:
+        """FABRIC_ETCD_* for a child process logging in as `user` ({} for a plain server)."""
+        if not self.secure:
+            return {}
+        c = self.certs
+        return {"FABRIC_ETCD_CA": str(c / "ca.crt"), "FABRIC_ETCD_CERT": str(c / f"etcd-{user}.crt"),
+                "FABRIC_ETCD_KEY": str(c / f"etcd-{user}.key"), "FABRIC_ETCD_USER": user,
+                "FABRIC_ETCD_PASSWORD_FILE": str(c / "passwords" / f"{user}.password")}
+
+    def open(self, user: str = "fabricd") -> Store:
+        return open_store(self.url, access=self.access(user))
+
+    def _set_up_auth(self) -> None:
+        """Users, roles and auth on, by the code behind `fabricd store init-auth`."""
+        c = self.certs
+        tls = EtcdAccess(ca=c / "ca.crt", cert=c / "etcd-root.crt", key=c / "etcd-root.key")
+        init_auth([(self.host, self.port)], tls, c / "passwords")
+
+    def _make_certs(self) -> None:
+        state = self.data_dir / "pki-state"
+        issue_server(state, "fabric-test", ["127.0.0.1", "localhost"], self.certs)
+        for role in ("root", "fabricd", "gateway"):
+            issue_client(state, role, self.certs)
+
     def start(self) -> EtcdServer:
         if not etcd_available():
             raise FileNotFoundError(f"etcd binary not found at {self.binary}")
         self.data_dir = Path(tempfile.mkdtemp(prefix="fabric-etcd-"))
+        if self.secure:
+            self._make_certs()
         # A port picked free can be taken before etcd binds it; retry a few times with new ports.
         for _attempt in range(3):
             self.port, self.peer_port = free_port(), free_port()
             self._spawn()
             if self._wait_healthy():
+                if self.secure:
+                    self._set_up_auth()
                 return self
             self._kill()
         log = (self.data_dir / "etcd.log").read_text(errors="replace")[-2000:]
@@ -85,7 +138,7 @@ class EtcdServer:
 
     def _spawn(self) -> None:
         assert self.data_dir is not None
-        client = f"http://{self.host}:{self.port}"
+        client = f"{'https' if self.secure else 'http'}://{self.host}:{self.port}"
         peer = f"http://{self.host}:{self.peer_port}"
         # A failed earlier attempt may have left raft state naming other ports: start clean.
         shutil.rmtree(self.data_dir / "data", ignore_errors=True)
@@ -108,6 +161,7 @@ class EtcdServer:
                 "--heartbeat-interval", "50",
                 "--election-timeout", "500",
                 "--log-level", "warn",
+                *self._tls_flags(),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -116,14 +170,25 @@ class EtcdServer:
             preexec_fn=_die_with_parent,  # noqa: PLW1509 (one pre-resolved prctl call)
         )
 
+    def _tls_flags(self) -> list[str]:
+        if not self.secure:
+            return []
+        c = self.certs
+        # bcrypt cost 4 (etcd's minimum): logins in tests cost ~1 ms instead of ~60 ms.
+        return ["--cert-file", str(c / "fabric-test.crt"), "--key-file", str(c / "fabric-test.key"),
+                "--client-cert-auth", "--trusted-ca-file", str(c / "ca.crt"), "--bcrypt-cost", "4"]
+
     def _wait_healthy(self) -> bool:
         deadline = time.monotonic() + START_TIMEOUT_S
-        url = f"http://{self.host}:{self.port}/health"
+        scheme = "https" if self.secure else "http"
+        url = f"{scheme}://{self.host}:{self.port}/health"
+        ctx = (client_ssl_context(self.certs / "ca.crt", self.certs / "etcd-root.crt", self.certs / "etcd-root.key")
+               if self.secure else None)
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 return False
             try:
-                with urllib.request.urlopen(url, timeout=1) as resp:
+                with urllib.request.urlopen(url, timeout=1, context=ctx) as resp:
                     if b'"health":"true"' in resp.read():
                         return True
             except OSError:

@@ -20,11 +20,12 @@ CALLERS = 12
 @pytest.fixture(params=["sqlite", "etcd"])
 def two_fabricds(request, tmp_path):
     """Two fabricd processes on one store, each with an admin client."""
-    url = (f"sqlite://{tmp_path}/shared.db" if request.param == "sqlite"
-           else request.getfixturevalue("etcd_server").url)
+    etcd = None if request.param == "sqlite" else request.getfixturevalue("etcd_server")
+    url = f"sqlite://{tmp_path}/shared.db" if etcd is None else etcd.url
+    env = None if etcd is None else etcd.env("fabricd")  # TLS and fabricd's login
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    with start_fabricd(tmp_path / "a", store=url) as a, start_fabricd(tmp_path / "b", store=url) as b:
+    with start_fabricd(tmp_path / "a", store=url, env=env) as a, start_fabricd(tmp_path / "b", store=url, env=env) as b:
         clients = [a.client(login(a)), b.client(login(b))]
         try:
             yield clients, request.param
