@@ -145,6 +145,7 @@ def plan_compaction(stored: list[UsageDoc], keys: list[str], now: float, retenti
         elif doc.span == "hour" and doc.start + HOUR <= now - COMPACT_AFTER_S:
             days.setdefault(day_of(doc.start), []).extend(doc.rows)
             folded.setdefault(day_of(doc.start), []).append(key)
+            delete.append(key)
     present = set(keys)
     for doc in stored:
         if doc.span == "day" and doc.start + DAY > oldest:
