@@ -23,7 +23,6 @@ import httpx
 import pytest
 
 from common import keyspace
-from common.store.base import open_store
 from common.store.locks import lock_view
 from controlplane.controllers import LEADER_NAME
 from tests.integration.orchestration_harness import (
@@ -94,10 +93,10 @@ def check_no_duplicates(store, n: int) -> tuple[dict[str, dict], dict[str, str]]
 
 def test_leader_killed_survivor_takes_over_and_scales(tmp_path):
     with EtcdServer() as etcd:
-        store = open_store(etcd.url)
+        store = etcd.open("fabricd")
         mirror = model_mirror(tmp_path)
         env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_LEADER_TTL_SECS": "3",
-                         "FABRIC_ADDRESS_POOL": POOL, "HF_ENDPOINT": mirror.url})
+                         "FABRIC_ADDRESS_POOL": POOL, "HF_ENDPOINT": mirror.url, **etcd.env("fabricd")})
         # One `fabricd init`, copied: both processes share the admin password and the CA.
         state_a, state_b = tmp_path / "fabricd-a", tmp_path / "fabricd-b"
         subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(state_a)], check=True,
