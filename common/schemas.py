@@ -446,6 +446,9 @@ class InferenceEndpoint(Resource):
     def _names(cls, v: list[str], info) -> list[str]:
         for name in v:
             check_name(name, info.field_name)
+    hold_secs: float | None = Field(None, ge=0, le=3600, description="how long the gateway holds a call while a "
+                                    "replica starts (0: answer model_loading at once); unset: the gateway's "
+                                    "FABRIC_GATEWAY_HOLD_SECS")
         if len(set(v)) != len(v):
             raise ValueError(f"{info.field_name} names an entry twice")
         return v

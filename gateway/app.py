@@ -45,6 +45,7 @@ from gateway.cold_start import ColdStart
 from gateway.deadlines import Deadlines
 from gateway.dispatch import Dispatcher, Placement, needed
 from gateway.external import ExternalRouter
+from gateway.hold import HeldStream
 from gateway.http_io import (
     ClientGone,
     outcome_of,
@@ -283,8 +284,14 @@ class GatewayApp:
             priority = call_band(headers.get("x-request-priority"),
                                  identity.record.priority if identity.record else None)
             dry = st.settings.dry_run
+            held_notes: dict = {}  # the phase a held call waited in (gateway.cold_start)
             if st.cold_start is not None and not dry:
-                view = await st.cold_start.view(endpoint)
+                held = HeldStream(send, [(b"x-fabric-request-id", request_id.encode())]) if info.stream else None
+                view = await run_unless_client_leaves(
+                    st.cold_start.view(endpoint, identity.tenant or identity.subject, held, held_notes), receive,
+                    scope.get("extensions", _NONE).get(GUARD))
+                if held is not None and held.opened:
+                    send = held  # the SSE head went out while held: the answer goes into that stream
             else:
                 view = await st.upstreams.view(endpoint, need_upstream=not dry)
             label = endpoint  # resolved in the store: a bounded label from here on
@@ -333,7 +340,7 @@ class GatewayApp:
                 why = {"mode": "affinity", "reason": "the endpoint's VIP" if view.endpoint.status.vip else
                        "rendezvous hash of the session" if session else "replica order"}
             explained = {"request_id": request_id, "endpoint": endpoint, "model": info.model, "band": priority,
-                         **why, **(placement.notes if placement is not None else {})}
+                         **why, **(placement.notes if placement is not None else {}), **held_notes}
             st.router.remember(request_id, identity.subject, explained)
             fwd_headers = upstream_headers(scope["headers"], request_id.encode())
             creates_batch = scope["method"] == "POST" and route.path.rstrip("/") == "/v1/batches"

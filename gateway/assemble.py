@@ -114,7 +114,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         backend_ssl=tls,
         tracer=Tracer(settings.otel_endpoint),
         gateway_id=gateway_id,
-        cold_start=ColdStart(store, upstreams, hold_secs=settings.hold_secs),
+        cold_start=ColdStart(store, upstreams, hold=settings.hold),
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
         ledger=(UsageLedger(store, gateway_id, on_drop=metrics.usage_drop, cache_ttl_s=settings.cache_ttl_secs)
                 if settings.usage_ledger else None),

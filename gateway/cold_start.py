@@ -6,11 +6,14 @@ to max(1, min_replicas) when it sees demand newer than its last change. The gate
 demand in the store under keyspace.demand(endpoint) as {"at": unix seconds} (at most one write
 per endpoint per DEMAND_WRITE_GAP_S per process, and only for an endpoint that exists and a
 caller that authenticated, so names an attacker invents never reach the store). Then:
-  - FABRIC_GATEWAY_HOLD_SECS = 0 (default): answer 503 at once, with Retry-After and an
+  - hold the call (gateway.hold: one wake per endpoint, bounded per endpoint and tenant, SSE
+    keep-alive for a streamed call) until a replica is Ready (the call then proceeds) or the hold
+    bound passes: the endpoint's ``hold_secs``, else FABRIC_GATEWAY_HOLD_SECS (default 300 s);
+  - then, or with a hold bound of 0, or with the waiting room full: 503 with Retry-After and an
     OpenAI-style error body ("model_loading": the model is loading), which the official openai
-    SDK retries by itself;
-  - FABRIC_GATEWAY_HOLD_SECS > 0: hold the call, polling the endpoint's view, until a replica is
-    Ready (the call then proceeds) or the hold expires (the same 503).
+    SDK retries by itself.
+A held call's explanation names the phase it waited in (common.cold_phase, the function
+fabricd's explain routing uses too).
 An endpoint whose replicas exist but none is ready (a replica restarting) gets the same answer:
 from the caller's side it is the same wait.
 
@@ -41,9 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common import keyspace
+from common.cold_phase import ColdPhase, cold_phase
 from common.errors import FabricError, TransientError
 from common.schemas import InferenceDeployment, InferenceEndpoint, Replica
 from common.store.base import Store
+from gateway.hold import HeldStream, HoldPolicy, HoldRoom, Wake
 from gateway.upstreams import EndpointView, UpstreamCache
 
 RETRY_AFTER_S = 5.0
@@ -121,15 +126,25 @@ def refusal(endpoint: str, deployment_name: str, dep: InferenceDeployment | None
 class ColdStart:
     store: Store
     upstreams: UpstreamCache
-    hold_secs: float = 0.0
+    hold: HoldPolicy = field(default_factory=HoldPolicy)
     clock: Callable[[], float] = time.time
     _written: dict[str, float] = field(default_factory=dict)  # endpoint -> monotonic time of last write
-    _states: dict[str, tuple[float, Refusal]] = field(default_factory=dict)  # endpoint -> (read at, refusal)
+    _states: dict[str, tuple[float, Refusal, ColdPhase, float | None]] = field(default_factory=dict)
+    _room: HoldRoom | None = None
 
-    async def view(self, endpoint: str) -> EndpointView:
+    @property
+    def room(self) -> HoldRoom:
+        if self._room is None:
+            self._room = HoldRoom(self.hold)
+        return self._room
+
+    async def view(self, endpoint: str, tenant: str = "", held: HeldStream | None = None,
+                   notes: dict | None = None) -> EndpointView:
         """The endpoint's view once it has a ready replica; ModelLoading when none is ready but
-        one is coming (after holding up to hold_secs); NotServing when none is coming. NotFound
-        and other errors pass through."""
+        one is coming (after holding up to the hold bound); NotServing when none is coming.
+        NotFound and other errors pass through. ``held``: a streamed call's send, opened (SSE
+        head, keep-alive) once the call is held; ``notes``: the call's explanation, given the
+        phase it waited in and for how long."""
         view = await self._ready_view(endpoint)
         if view is not None:
             return view
@@ -137,35 +152,61 @@ class ColdStart:
         if not why.loading:
             raise NotServing(why.message, code=why.code)
         await self.record_demand(endpoint)
-        deadline = time.monotonic() + self.hold_secs
-        while (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(POLL_S, left))
-            view = await self._ready_view(endpoint)
-            if view is not None:
-                return view
-            await self.record_demand(endpoint)  # a long hold keeps the demand fresh
-        raise ModelLoading(why.message)
+        bound = self._states[endpoint][3] if endpoint in self._states else None
+        secs = self.hold.secs if bound is None else bound
+        if secs <= 0:
+            raise ModelLoading(why.message)
+        full = self.room.full(endpoint, tenant)
+        if full is not None:
+            raise ModelLoading(f"{why.message} ({full})")
+        t0, entered = time.monotonic(), self.phase(endpoint)
+        wake = self.room.enter(endpoint, tenant, lambda: Wake(lambda: self._ready_view(endpoint),
+                                                              lambda: self._refresh(endpoint), POLL_S))
+        try:
+            if held is not None:
+                await held.open()
+            view = await wake.wait(t0 + secs, held.open if held is not None else None, self.hold.keepalive_s)
+        finally:
+            self.room.leave(endpoint, tenant, wake)
+            if notes is not None and entered is not None:  # where it began waiting, where the wait ended
+                last = self.phase(endpoint) or entered
+                notes["cold_start"] = {**entered.as_dict(), "ended_in": last.phase,
+                                       "held_s": round(time.monotonic() - t0, 3)}
+        if view is None:
+            raise ModelLoading(why.message)
+        return view
+
+    async def _refresh(self, endpoint: str) -> None:
+        """The one wake's period: demand kept fresh, the phase re-read (at most once a second)."""
+        await self.record_demand(endpoint)
+        await self.refusal(endpoint)
+
+    def phase(self, endpoint: str) -> ColdPhase | None:
+        hit = self._states.get(endpoint)
+        return hit[2] if hit is not None else None
 
     async def refusal(self, endpoint: str) -> Refusal:
         now = time.monotonic()
         hit = self._states.get(endpoint)
         if hit is not None and now - hit[0] < STATE_TTL_S:
             return hit[1]
-        why = await asyncio.to_thread(self._read_refusal, endpoint)
+        why, phase, bound = await asyncio.to_thread(self._read_state, endpoint)
         if len(self._states) >= DEMAND_MEMO_MAX:
             self._states.clear()
-        self._states[endpoint] = (now, why)
+        self._states[endpoint] = (now, why, phase, bound)
         return why
 
-    def _read_refusal(self, endpoint: str) -> Refusal:
+    def _read_state(self, endpoint: str) -> tuple[Refusal, ColdPhase, float | None]:
+        """(why no replica answers, the cold start's phase, the endpoint's own hold bound)."""
         kv = self.store.get(keyspace.endpoints(endpoint))
         if kv is None:  # deleted meanwhile: the loading answer is the old behaviour's
-            return Refusal("model_loading", f"endpoint {endpoint!r} has no ready replica", True)
+            return Refusal("model_loading", f"endpoint {endpoint!r} has no ready replica", True), \
+                cold_phase(None, []), None
         ep = InferenceEndpoint.model_validate_json(kv.value)
         dkv = self.store.get(keyspace.deployments(ep.deployment))
         dep = InferenceDeployment.model_validate_json(dkv.value) if dkv is not None else None
         replicas = [Replica.model_validate_json(r.value) for r in self.store.list(keyspace.replicas(ep.deployment))]
-        return refusal(endpoint, ep.deployment, dep, replicas)
+        return refusal(endpoint, ep.deployment, dep, replicas), cold_phase(dep, replicas), ep.hold_secs
 
     async def _ready_view(self, endpoint: str) -> EndpointView | None:
         try:

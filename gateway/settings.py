@@ -14,6 +14,7 @@ from pathlib import Path
 from common import envvars
 from common.store import etcd_access
 from common.store.etcd_access import EtcdAccess
+from gateway.hold import HoldPolicy
 from gateway.shadow import shadowed_limits
 
 SCOPES = ("GLOBAL", "TENANT", "PROJECT", "MODEL", "USER", "GATEWAY")
@@ -66,7 +67,7 @@ class GatewaySettings:
     otel_endpoint: str | None = None
     dry_run: bool = False
     cache_ttl_secs: float = 1.0
-    hold_secs: float = 0.0  # FABRIC_GATEWAY_HOLD_SECS: hold a call for a replica (cold start), 0-600
+    hold: HoldPolicy = field(default_factory=HoldPolicy)  # FABRIC_GATEWAY_HOLD_*: calls held for a replica (cold start)
     # FABRIC_GATEWAY_MIGRATIONS_PER_CALL: how often a cut stream may go on at another replica (0: never;
     # gateway.stream_migration); FABRIC_GATEWAY_MIGRATIONS_PER_ENDPOINT: moves per endpoint and minute
     migrations_per_call: int = 2
@@ -223,7 +224,7 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         otel_endpoint=env.get("FABRIC_OTEL_ENDPOINT", "").strip() or None,
         dry_run=_flag(env, "FABRIC_DRY_RUN"),
         cache_ttl_secs=_number(env, "FABRIC_GATEWAY_CACHE_SECS", 1.0, float),
-        hold_secs=_hold_secs(env),
+        hold=_hold(env),
         migrations_per_call=_count(env, "FABRIC_GATEWAY_MIGRATIONS_PER_CALL", 2, 0, 16),
         migrations_per_endpoint=_count(env, "FABRIC_GATEWAY_MIGRATIONS_PER_ENDPOINT", 600, 1, 1_000_000),
         oidc_endpoints_claim=env.get("FABRIC_OIDC_ENDPOINTS_CLAIM", "").strip() or "fabric_endpoints",
@@ -291,11 +292,20 @@ def _http_server(env: dict[str, str]) -> str:
     return value
 
 
-def _hold_secs(env: dict[str, str]) -> float:
-    value = _number(env, "FABRIC_GATEWAY_HOLD_SECS", 0.0, float)
-    if not 0 <= value <= 600:  # also refuses NaN
-        raise SettingsError(f"FABRIC_GATEWAY_HOLD_SECS={value:g}: expected 0 to 600 seconds")
-    return value
+def _hold(env: dict[str, str]) -> HoldPolicy:
+    """FABRIC_GATEWAY_HOLD_SECS (0: answer model_loading at once), the waiting rooms' bounds and
+    the keep-alive period of a held stream."""
+    raw = env.get("FABRIC_GATEWAY_HOLD_SECS", "").strip()
+    try:
+        secs = float(raw) if raw else HoldPolicy.secs
+    except ValueError:
+        raise SettingsError(f"FABRIC_GATEWAY_HOLD_SECS={raw!r}: expected seconds from 0 to 3600") from None
+    if not 0 <= secs <= 3600:  # also refuses NaN
+        raise SettingsError(f"FABRIC_GATEWAY_HOLD_SECS={secs:g}: expected 0 to 3600 seconds")
+    return HoldPolicy(secs=secs,
+                      per_endpoint=_count(env, "FABRIC_GATEWAY_HOLD_PER_ENDPOINT", HoldPolicy.per_endpoint, 1, 100_000),
+                      per_tenant=_count(env, "FABRIC_GATEWAY_HOLD_PER_TENANT", HoldPolicy.per_tenant, 1, 100_000),
+                      keepalive_s=_bounded(env, "FABRIC_GATEWAY_HOLD_KEEPALIVE_SECS", HoldPolicy.keepalive_s, 0.1, 120))
 
 
 def _explain_secs(env: dict[str, str]) -> float:

@@ -27,6 +27,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from pydantic import AliasChoices, BaseModel, Field
 
+from common.cold_phase import cold_phase
 from common.errors import Conflict, NotFound
 from common.schemas import InferenceDeployment, Spec
 from controlplane import vip_pool
@@ -122,6 +123,8 @@ class RoutingExplained(BaseModel):
     forwarding: str
     replicas: list[RoutedReplica]
     backends: list[RoutedBackend]
+    # with no replica ready: the phase a held call waits in (common.cold_phase, the gateway's function too)
+    cold_start: dict | None = None
 
 
 class ReplicaMetrics(BaseModel):
@@ -242,7 +245,8 @@ def explain_routing(endpoint: str, state: StateDep) -> dict:
     if ep is None:
         raise NotFound(f"endpoint {endpoint!r} not found")
     # The weights the agents carry: the strategy's times the active rollout's share.
-    plan, _ = endpoint_plan(ep, snap.replicas.get(ep.deployment, []), snap.observations, snap.nodes, time.time(),
+    replicas = snap.replicas.get(ep.deployment, [])
+    plan, _ = endpoint_plan(ep, replicas, snap.observations, snap.nodes, time.time(),
                             rollout=snap.rollouts.get(ep.deployment), sites=snap.sites)
     return {
         "endpoint": endpoint, "deployment": ep.deployment, "strategy": plan.strategy, "vip": ep.status.vip,
@@ -252,6 +256,8 @@ def explain_routing(endpoint: str, state: StateDep) -> dict:
                      for e in plan.entries],
         "backends": [{"backend": f"{h}:{p}", "weight": w, "draining": f"{h}:{p}" in plan.draining}
                      for h, p, w in plan.backends],
+        "cold_start": None if any(r.ready and not r.draining for r in replicas) else
+        cold_phase(snap.deployments.get(ep.deployment), replicas).as_dict(),
     }
 
 

@@ -1,7 +1,8 @@
 """Cold start through a real fabric-gateway process: a call for an endpoint with no ready replica
-records demand in the store and gets 503 + Retry-After + an OpenAI-style "model_loading" error;
-with FABRIC_GATEWAY_HOLD_SECS the call waits until a replica is Ready; the official openai
-client, retrying on its own, gets its answer once a replica is up."""
+records demand in the store and, by default, is held until a replica is Ready (a streamed one
+with SSE keep-alive comments), within bounds per endpoint and tenant; with a hold of 0 (the
+endpoint's hold_secs, or FABRIC_GATEWAY_HOLD_SECS) it gets 503 + Retry-After + an OpenAI-style
+"model_loading" error at once, which the official openai client retries on its own."""
 
 from __future__ import annotations
 
@@ -31,10 +32,11 @@ def engine():
     e.stop()
 
 
-def parked(store, name: str, **status) -> None:
+def parked(store, name: str, hold_secs: float | None = None, **status) -> None:
     """An endpoint whose deployment is at zero replicas with scale_to_zero (what the autoscaler
     leaves); ``status`` overrides the deployment's status (a CrashLoop, a Failed one)."""
-    ep = InferenceEndpoint(name=name, deployment=f"{name}-dep", status=EndpointStatus(phase="Ready"))
+    ep = InferenceEndpoint(name=name, deployment=f"{name}-dep", status=EndpointStatus(phase="Ready"),
+                           hold_secs=hold_secs)
     store.put(keyspace.endpoints(name), ep.model_dump_json())
     dep = InferenceDeployment(name=f"{name}-dep", model="m", profile="p", replicas=0,
                               autoscaling=AutoscalingSpec(min_replicas=0, scale_to_zero=True),
@@ -51,10 +53,11 @@ def chat(gw: GatewayProcess, endpoint: str, key: str) -> httpx.Response:
 
 
 def test_no_replica_records_demand_and_answers_model_loading(tmp_path_factory, engine):
+    """The endpoint's hold_secs 0: not held, whatever the gateway's default."""
     state, url, store = sqlite_state(tmp_path_factory, "cold")
     gw = GatewayProcess.start(state, url)
     try:
-        parked(store, "cold")
+        parked(store, "cold", hold_secs=0)
         _, key = make_key(store, "cold")
         before = time.time()
         resp = chat(gw, "cold", key)
@@ -77,9 +80,9 @@ def test_no_replica_records_demand_and_answers_model_loading(tmp_path_factory, e
         store.close()
 
 
-def test_hold_waits_for_a_replica_and_the_openai_client_gets_its_answer(tmp_path_factory, engine):
+def test_hold_is_on_by_default_and_the_openai_client_gets_its_answer(tmp_path_factory, engine):
     state, url, store = sqlite_state(tmp_path_factory, "hold")
-    gw = GatewayProcess.start(state, url, env={"FABRIC_GATEWAY_HOLD_SECS": "20"})
+    gw = GatewayProcess.start(state, url)
     try:
         parked(store, "hold")
         _, key = make_key(store, "hold")
@@ -94,11 +97,11 @@ def test_hold_waits_for_a_replica_and_the_openai_client_gets_its_answer(tmp_path
 
         t = threading.Thread(target=autoscaler_stand_in)
         t.start()
-        client = openai.OpenAI(base_url=gw.openai_base("hold"), api_key=key, max_retries=0, timeout=30)
+        client = openai.OpenAI(base_url=gw.openai_base("hold"), api_key=key)  # the SDK as it ships
         out = client.chat.completions.create(model="sim-m", messages=[{"role": "user", "content": "hi"}],
                                              max_tokens=4)
         t.join()
-        assert out.choices[0].message.content
+        assert out.choices[0].message.content and out.choices[0].finish_reason == "length"
     finally:
         gw.stop()
         store.close()
@@ -106,7 +109,7 @@ def test_hold_waits_for_a_replica_and_the_openai_client_gets_its_answer(tmp_path
 
 def test_openai_client_retries_through_model_loading(tmp_path_factory, engine):
     state, url, store = sqlite_state(tmp_path_factory, "retry")
-    gw = GatewayProcess.start(state, url)
+    gw = GatewayProcess.start(state, url, env={"FABRIC_GATEWAY_HOLD_SECS": "0"})
     try:
         parked(store, "retry")
         _, key = make_key(store, "retry")
@@ -136,6 +139,54 @@ def test_nothing_coming_is_a_503_naming_the_state_without_retry_after(tmp_path_f
         err = resp.json()["error"]
         assert err["code"] == "deployment_parked" and "OSError: no config.json" in err["message"]
         assert store.get(keyspace.demand("stuck")) is None
+    finally:
+        gw.stop()
+        store.close()
+
+
+def test_a_held_stream_gets_keep_alives_then_its_answer_and_the_room_is_bounded(tmp_path_factory, engine):
+    """A streamed call held for a replica gets its SSE head and `: keep-alive` comments at once;
+    a second held call of the same tenant past FABRIC_GATEWAY_HOLD_PER_TENANT is refused at once
+    (503, Retry-After); a held call whose client leaves gives its place back; once a replica is
+    Ready the held stream carries the whole answer and [DONE], and explain names the phase it
+    waited in."""
+    state, url, store = sqlite_state(tmp_path_factory, "keep")
+    gw = GatewayProcess.start(state, url, env={"FABRIC_GATEWAY_HOLD_PER_TENANT": "1",
+                                               "FABRIC_GATEWAY_HOLD_KEEPALIVE_SECS": "0.2"})
+    try:
+        parked(store, "keep")
+        _, key = make_key(store, "keep")
+        auth = {"Authorization": f"Bearer {key}"}
+        body = {"model": "sim-m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+        base = gw.openai_base("keep")
+        with httpx.Client(timeout=30) as first:
+            with first.stream("POST", f"{base}/chat/completions", headers=auth, json=body) as held:
+                assert held.status_code == 200 and held.headers["content-type"].startswith("text/event-stream")
+                lines = held.iter_lines()
+                assert next(lines) == ": keep-alive"
+                refused = httpx.post(f"{base}/chat/completions", headers=auth, json=body, timeout=30)
+                assert refused.status_code == 503 and refused.headers["retry-after"]
+                assert "already waiting" in refused.json()["error"]["message"]
+        # the first client left: its place is free again, so this call is held (not refused)
+        done: dict = {}
+
+        def call():
+            with httpx.stream("POST", f"{base}/chat/completions", headers=auth, json=body, timeout=30) as r:
+                done["rid"] = r.headers.get("x-fabric-request-id")
+                done["lines"] = list(r.iter_lines())
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(1.0)
+        publish_endpoint(store, "keep", [engine])
+        t.join(30)
+        lines = [line for line in done["lines"] if line]
+        assert lines[0] == ": keep-alive" and lines[-1] == "data: [DONE]"
+        text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                       for line in lines if line.startswith("data: {") and '"choices":[{' in line.replace(" ", ""))
+        assert len(text.split()) == 5
+        why = httpx.get(f"{gw.url}/api/ai/explain/request/{done['rid']}", headers=auth, timeout=10).json()
+        assert why["cold_start"]["phase"] == "wake" and why["cold_start"]["held_s"] > 0
     finally:
         gw.stop()
         store.close()
