@@ -26,6 +26,7 @@ from common.schemas import Spec, check_name, tenant_name
 from common.store.base import Store
 
 Kind = Literal["budget", "alert", "test"]
+KINDS: list[Kind] = ["budget", "alert", "test"]
 Severity = Literal["info", "warning", "page"]
 EVENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
@@ -69,7 +70,7 @@ class Webhook(Spec):
     url: str = Field(..., max_length=2048, description="http:// or https:// URL the notifications are POSTed to")
     secret: str = Field(..., min_length=16, max_length=512, description="signs every body (HMAC-SHA256); never shown")
     format: Literal["json", "slack"] = "json"
-    kinds: list[Kind] = Field(default_factory=lambda: ["budget", "alert", "test"], description="which notifications")
+    kinds: list[Kind] = Field(default_factory=lambda: list(KINDS), description="which notifications")
     tenant: str | None = Field(None, description="only this tenant's budget notifications (alerts never)")
     updated_at: float = Field(default_factory=time.time)
 

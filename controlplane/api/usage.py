@@ -58,7 +58,7 @@ def get_usage(
     now = time.time()
     filters = {k: v for k, v in (("tenant", tenant), ("key", key), ("endpoint", endpoint), ("model", model))
                if v is not None}
-    if who.bound:
+    if who.tenant is not None and who.bound:
         filters["tenant"] = who.tenant  # a tenant-bound caller reads its own tenant's usage only
     query = usage_report.UsageQuery(
         since=now - 86400 if since is None else since, until=now if until is None else until,

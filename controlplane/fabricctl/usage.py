@@ -74,7 +74,7 @@ def usage(
         if csv:
             typer.echo(c.request("GET", "/api/ai/usage", params={**params, "format": "csv"}, text=True), nl=False)
             return
-        data = c.get("/api/ai/usage", **params)
+        data = c.request("GET", "/api/ai/usage", params=params)
     if as_json:
         emit_json(data)
         return
