@@ -334,16 +334,28 @@ class AutoscalingSpec(Spec):
 
 
 class TenantQuota(Spec):
-    """How many whole GPUs a tenant's deployments may hold together (replicas x gpu.count)."""
+    """What a tenant's deployments may hold together (replicas x their profile's GPUs, CPU cores,
+    memory; an unset limit does not limit) and the GPU share preemption may not take from it
+    (controlplane.tenancy.quotas)."""
 
     tenant: str
-    max_gpus: int = Field(..., ge=0, le=100000)
+    max_gpus: int | None = Field(None, ge=0, le=100000, description="whole GPUs (replicas x gpu.count)")
+    max_cpu: int | None = Field(None, ge=0, le=10_000_000, description="CPU cores (replicas x cpu)")
+    max_memory_gib: float | None = Field(None, ge=0, le=1e9, description="GiB of memory (replicas x memory_gib)")
+    guaranteed_gpus: int = Field(0, ge=0, le=100000, description="GPUs of running replicas preemption never "
+                                 "takes from this tenant, whatever their capacity class")
     updated_at: float = Field(default_factory=time.time)
 
     @field_validator("tenant")
     @classmethod
     def _tenant(cls, v: str) -> str:
         return tenant_name(v)
+
+    @model_validator(mode="after")
+    def _guarantee_within_limit(self) -> TenantQuota:
+        if self.max_gpus is not None and self.guaranteed_gpus > self.max_gpus:
+            raise ValueError(f"guaranteed_gpus {self.guaranteed_gpus} is above max_gpus {self.max_gpus}")
+        return self
 
 
 class Template(Spec):

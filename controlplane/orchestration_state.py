@@ -32,6 +32,7 @@ from common.schemas import (
     Replica,
     ReplicaObservation,
     Site,
+    TenantQuota,
 )
 from common.store.base import KV, Store
 from controlplane.mig.catalog import MigSlice
@@ -76,6 +77,7 @@ class Snapshot:
     revisions: dict[str, dict[int, Revision]] = field(default_factory=dict)  # by deployment, number
     rollouts: dict[str, Rollout] = field(default_factory=dict)  # the active one per deployment
     sites: dict[str, Site] = field(default_factory=dict)  # site records by name (residency, failover, cost)
+    guaranteed_gpus: dict[str, int] = field(default_factory=dict)  # tenant -> its quota's guaranteed_gpus
 
     def template(self, dep: InferenceDeployment, revision: int):
         """(profile, model, engine_args) replicas of ``revision`` run: the deployment's own for its
@@ -181,6 +183,10 @@ def load_snapshot(store: Store) -> Snapshot:
             snap.deployment_revisions[dep.name] = kv.mod_revision
     snap.endpoints = _named(store, keyspace.endpoints(), InferenceEndpoint)
     snap.sites = _named(store, keyspace.sites(), Site)
+    for kv in store.list(keyspace.quotas()):
+        quota = _parse(kv, TenantQuota)
+        if quota is not None and quota.guaranteed_gpus:
+            snap.guaranteed_gpus[quota.tenant] = quota.guaranteed_gpus
     for kv in store.list(keyspace.replicas()):
         rep = _parse(kv, Replica)
         if rep is not None:

@@ -65,6 +65,10 @@ class UserView(BaseModel):
 
 class QuotaUse(TenantQuota):
     used_gpus: int = Field(..., description="GPUs the tenant's deployments hold now")
+    used_cpu: int = Field(..., description="CPU cores the tenant's deployments hold now")
+    used_memory_gib: float = Field(..., description="GiB of memory the tenant's deployments hold now")
+    room: dict[str, float | None] = Field(..., description="what the tenant may still add: gpus, cpu, memory_gib "
+                                          "(null: not limited)")
 
 
 class SiteView(Site):

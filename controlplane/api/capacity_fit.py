@@ -1,9 +1,13 @@
 """How many more replicas of a profile fit now (controlplane.placement.capacity decides).
 
-  GET /api/ai/capacity/fit?profile=NAME[&model=NAME][&allowed_sites=a,b][&residency=R]
+  GET /api/ai/capacity/fit?profile=NAME[&model=NAME][&allowed_sites=a,b][&residency=R][&tenant=T]
       -> {profile, replica: what one replica takes, fits, with_preemption: {standard, critical},
           binding: the constraint most nodes share, nodes: [{node, site, fits, binding, detail,
-          with_preemption}], sites: [{site, fits, with_preemption, binding}]}
+          with_preemption}], sites: [{site, fits, with_preemption, binding}], tenant}
+
+With ``tenant`` the answer's ``tenant`` says the room its quota leaves (GPUs, CPU cores, memory;
+controlplane.tenancy.quotas.room), how many replicas of the profile that room takes, and
+``fits_for_tenant``: the smaller of that and ``fits``.
 
 With ``model`` the node's free model-cache disk is checked against the model's declared size (and
 the model's own residency joins the site rules). "fits" is without preemption (draining replicas still hold their room); "with_preemption" is per
@@ -28,6 +32,7 @@ from controlplane.placement.preempt_apply import holders_of
 from controlplane.records import models, profiles
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, get_state
+from controlplane.tenancy import quotas
 
 StateDep = Annotated[AppState, Depends(get_state)]
 router = APIRouter(prefix="/api/ai", tags=["orchestration"], dependencies=[Depends(require_admin)])
@@ -60,6 +65,15 @@ class SiteFit(BaseModel):
     binding: str | None
 
 
+class TenantRoom(BaseModel):
+    tenant: str
+    quota: bool = Field(..., description="whether the tenant has a quota record (false: not limited)")
+    room: dict[str, float | None] = Field(..., description="what the quota still allows: gpus, cpu, memory_gib "
+                                          "(null: not limited)")
+    replicas: int | None = Field(..., description="replicas of the profile that room takes (null: no limit)")
+    fits_for_tenant: int = Field(..., description="fits, capped by the tenant's room")
+
+
 class CapacityFit(BaseModel):
     profile: str
     model: str | None
@@ -69,6 +83,7 @@ class CapacityFit(BaseModel):
     binding: str | None = Field(..., description="the constraint most nodes share (null: no nodes)")
     nodes: list[NodeFit]
     sites: list[SiteFit]
+    tenant: TenantRoom | None = None
 
 
 def _name(value: str, what: str) -> str:
@@ -82,7 +97,8 @@ def _name(value: str, what: str) -> str:
 def capacity_fit(state: StateDep, profile: str = Query(..., min_length=1, max_length=128),
                  allowed_sites: str = Query("", max_length=2048, description="comma-separated site names"),
                  residency: str | None = Query(None, max_length=128),
-                 model: str | None = Query(None, max_length=128)) -> dict:
+                 model: str | None = Query(None, max_length=128),
+                 tenant: str | None = Query(None, max_length=128)) -> dict:
     name = _name(profile, "profile")
     sites = [_name(s.strip(), "site") for s in allowed_sites.split(",") if s.strip()]
     if len(sites) > MAX_SITES:
@@ -98,7 +114,24 @@ def capacity_fit(state: StateDep, profile: str = Query(..., min_length=1, max_le
             raise InvalidInput(f"residency {residency!r} differs from model {model}'s residency "
                                f"{artifact.residency!r}", code="residency_conflict")
         residency = residency or artifact.residency
+    who = _name(tenant, "tenant") if tenant else None
     snap = load_snapshot(state.store)
-    return fit(prof, list(snap.nodes.values()), snap.reserved_by_node(), snap.committed(), time.time(),
-               settings_of(state).scheduler, holders_of(snap), allowed_sites=sites, residency=residency,
-               sites=snap.sites, model=artifact)
+    answer = fit(prof, list(snap.nodes.values()), snap.reserved_by_node(), snap.committed(), time.time(),
+                 settings_of(state).scheduler, holders_of(snap), allowed_sites=sites, residency=residency,
+                 sites=snap.sites, model=artifact)
+    if who is not None:
+        answer["tenant"] = tenant_room(state.store, who, prof, answer["fits"])
+    return answer
+
+
+def tenant_room(store, tenant: str, prof, fits: int) -> dict:
+    """The tenant's room under its quota and the replicas of ``prof`` it takes (docstring above)."""
+    quota = quotas.load_quota(store, tenant)
+    one = quotas.Amount(prof.gpu.count, prof.cpu, prof.memory_gib)
+    if quota is None:
+        return {"tenant": tenant, "quota": False, "room": {"gpus": None, "cpu": None, "memory_gib": None},
+                "replicas": None, "fits_for_tenant": fits}
+    left = quotas.room(quota, quotas.tenant_usage(store, tenant))
+    replicas = quotas.replicas_within(left, one)
+    return {"tenant": tenant, "quota": True, "room": left, "replicas": replicas,
+            "fits_for_tenant": fits if replicas is None else min(fits, replicas)}

@@ -82,7 +82,7 @@ KINDS: tuple[Kind, ...] = (
          mutable=frozenset({"routing", "preferred_site", "allowed_sites", "residency"}),
          aliases=("endpoint", "endpoints", "ep")),
     Kind("TenantQuota", "quotas", TenantQuota, keyspace.quotas, quota_ops.set_quota,
-         mutable=frozenset({"max_gpus"}), update=quota_ops.update,
+         mutable=frozenset({"max_gpus", "max_cpu", "max_memory_gib", "guaranteed_gpus"}), update=quota_ops.update,
          server_fields=frozenset({"updated_at"}), aliases=("quota", "quotas"), name_field="tenant",
          deletable=False, has_tenant=False),
 )

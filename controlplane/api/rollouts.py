@@ -6,12 +6,14 @@
                                                          newest revision's); 409 when unchanged
   GET  /api/ai/deployments/{name}/revisions/{revision}
   POST /api/ai/deployments/{name}/rollouts               RolloutRequest -> 201 record
+  POST /api/ai/deployments/{name}/rollout                the same operation (the product's singular name)
   GET  /api/ai/deployments/{name}/rollouts               every rollout, oldest first
   GET  /api/ai/deployments/{name}/rollouts/{id}
   POST /api/ai/deployments/{name}/rollouts/{id}/{pause|resume|promote|rollback}
   GET  /api/ai/explain/rollout/{deployment}              where the newest rollout is and why
 
-Writing a revision does not touch running replicas; a rollout moves them. The record changes
+Writing a revision does not touch running replicas; a rollout moves them. Starting one is
+controlplane.ops.rollouts.start (its surge passes the tenant's quota there). The record changes
 only through compare-and-swap, so an operator action and the leader's tick never overwrite
 each other (the loser re-reads). Every start and operator action is an event.
 """
@@ -30,8 +32,9 @@ from common.schemas import Template, check_engine_args, check_name
 from controlplane.api.answers import RolloutExplained
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import record_event
+from controlplane.ops import rollouts as rollout_ops
 from controlplane.ops.common import reference_missing
-from controlplane.orchestration_state import load_deployment, load_snapshot
+from controlplane.orchestration_state import load_snapshot
 from controlplane.records import rollouts as rollout_records
 from controlplane.rollouts import operate as ops
 from controlplane.rollouts.plan import healthy, is_ready, window_of
@@ -52,41 +55,23 @@ class RevisionRequest(BaseModel):
     reason: str = Field("", max_length=500)
 
 
-def _deployment(state, name: str):
-    dep, _ = load_deployment(state.store, name)
-    if dep is None:
-        raise NotFound(f"deployment {name!r} not found")
-    return dep
-
-
-def ensure_first_revision(store, dep, who: str = "fabricd") -> list[Revision]:
-    """The revisions of ``dep``; a deployment made before revisions existed gets its revision
-    (its current template) recorded first."""
-    revs = rollout_records.list_revisions(store, dep.name)
-    if not revs:
-        rollout_records.write_revision(store, dep.name, rollout_records.template_of(dep), who=who,
-                               reason="recorded from the running deployment", now=time.time())
-        revs = rollout_records.list_revisions(store, dep.name)
-    return revs
-
-
 def _event(state, name: str, action: str, message: str) -> None:
     record_event(state.store, "rollout", name, action, message, keep=state.settings.events_kept)
 
 
 @router.get("/deployments/{name}/revisions", response_model=list[Revision])
 def list_revisions(name: str, state: StateDep, _: AdminDep) -> list[dict]:
-    dep = _deployment(state, name)
-    return [r.model_dump(mode="json") for r in ensure_first_revision(state.store, dep)]
+    dep = rollout_ops.deployment(state, name)
+    return [r.model_dump(mode="json") for r in rollout_ops.ensure_first_revision(state, dep)]
 
 
 @router.post("/deployments/{name}/revisions", status_code=201, response_model=Revision)
 def create_revision(name: str, body: RevisionRequest, state: StateDep, caller: PrincipalDep) -> dict:
     who = caller.subject
-    dep = _deployment(state, name)
+    dep = rollout_ops.deployment(state, name)
     if dep.status.phase == "Deleting":
         raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-    newest = ensure_first_revision(state.store, dep, who)[-1].template
+    newest = rollout_ops.ensure_first_revision(state, dep, who)[-1].template
     try:
         template = Template(model=check_name(body.model, "model") if body.model else newest.model,
                             profile=check_name(body.profile, "profile") if body.profile else newest.profile,
@@ -114,8 +99,8 @@ def create_revision(name: str, body: RevisionRequest, state: StateDep, caller: P
 
 @router.get("/deployments/{name}/revisions/{revision}", response_model=Revision)
 def get_revision(name: str, revision: int, state: StateDep, _: AdminDep) -> dict:
-    dep = _deployment(state, name)
-    ensure_first_revision(state.store, dep)
+    dep = rollout_ops.deployment(state, name)
+    rollout_ops.ensure_first_revision(state, dep)
     rev = rollout_records.get_revision(state.store, name, revision)
     if rev is None:
         raise NotFound(f"revision {revision} of deployment {name!r} not found")
@@ -123,33 +108,14 @@ def get_revision(name: str, revision: int, state: StateDep, _: AdminDep) -> dict
 
 
 @router.post("/deployments/{name}/rollouts", status_code=201, response_model=Rollout)
-def start_rollout(name: str, body: RolloutRequest, state: StateDep, who: AdminDep) -> dict:
-    dep = _deployment(state, name)
-    if dep.status.phase == "Deleting":
-        raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-    revs = ensure_first_revision(state.store, dep, who)
-    to = body.to_revision if body.to_revision is not None else revs[-1].revision
-    if rollout_records.get_revision(state.store, name, to) is None:
-        raise NotFound(f"revision {to} of deployment {name!r} not found")
-    existing = rollout_records.list_rollouts(state.store, name)
-    if existing and existing[-1][0].active:
-        cur = existing[-1][0]
-        raise Conflict(f"rollout {cur.id} of {name!r} is still {cur.phase}; promote, roll back or wait for it",
-                       code="rollout_active")
-    rid = existing[-1][0].id + 1 if existing else 1
-    rec = ops.start(body, rollout_id=rid, deployment=name, from_revision=dep.revision, to_revision=to,
-                    replicas=dep.replicas, who=who, now=time.time())
-    if not rollout_records.create_rollout(state.store, rec):
-        raise Conflict(f"another rollout of {name!r} started at the same time", code="rollout_active")
-    rollout_records.prune_rollouts(state.store, name)
-    _event(state, name, "started", f"rollout {rid}: {rec.strategy} from revision {rec.from_revision} "
-                                   f"to {rec.to_revision}, {rec.replicas} replicas")
-    return rec.model_dump(mode="json")
+@router.post("/deployments/{name}/rollout", status_code=201, response_model=Rollout)
+def start_rollout(name: str, body: RolloutRequest, state: StateDep, caller: PrincipalDep, _: AdminDep) -> dict:
+    return rollout_ops.start(state, caller, name, body).model_dump(mode="json")
 
 
 @router.get("/deployments/{name}/rollouts", response_model=list[Rollout])
 def list_rollouts(name: str, state: StateDep, _: AdminDep) -> list[dict]:
-    _deployment(state, name)
+    rollout_ops.deployment(state, name)
     return [r.model_dump(mode="json") for r, _m in rollout_records.list_rollouts(state.store, name)]
 
 

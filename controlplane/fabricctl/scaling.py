@@ -11,8 +11,11 @@ import typer
 from controlplane.fabricctl.output import col, emit_json, emit_object, emit_table, session
 
 JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
-quota_app = typer.Typer(help="Tenant GPU quotas.", no_args_is_help=True)
-QUOTA_COLUMNS = [col("TENANT", "tenant"), col("MAX_GPUS", "max_gpus"), col("USED_GPUS", "used_gpus")]
+quota_app = typer.Typer(help="Tenant quotas: GPUs, CPU cores, memory, and the guaranteed GPU share.",
+                        no_args_is_help=True)
+QUOTA_COLUMNS = [col("TENANT", "tenant"), col("MAX_GPUS", "max_gpus"), col("USED_GPUS", "used_gpus"),
+                 col("MAX_CPU", "max_cpu"), col("USED_CPU", "used_cpu"), col("MAX_MEM_GIB", "max_memory_gib"),
+                 col("USED_MEM_GIB", "used_memory_gib"), col("GUARANTEED_GPUS", "guaranteed_gpus")]
 
 
 def autoscale(
@@ -49,15 +52,24 @@ def autoscale(
 
 
 @quota_app.command("set")
-def quota_set(tenant: str = typer.Argument(..., metavar="TENANT", help="the tenant"), max_gpus: int = typer.Option(..., "--max-gpus", help="whole GPUs the tenant may hold"),
-              as_json: bool = JSON_OPT) -> None:
-    """Set TENANT's GPU quota (replicas x profile gpu.count over its deployments)."""
-    with session() as c:
-        emit_object(c.post("/api/ai/quotas", {"tenant": tenant, "max_gpus": max_gpus}), as_json)
+def quota_set(
+    tenant: str = typer.Argument(..., metavar="TENANT", help="the tenant"),
+    max_gpus: int = typer.Option(None, "--max-gpus", help="whole GPUs the tenant may hold (unset: no limit)"),
+    max_cpu: int = typer.Option(None, "--max-cpu", help="CPU cores the tenant may hold (unset: no limit)"),
+    max_memory_gib: float = typer.Option(None, "--max-memory-gib", help="GiB of memory (unset: no limit)"),
+    guaranteed_gpus: int = typer.Option(None, "--guaranteed-gpus", help="GPUs preemption never takes from it"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Set (replace) TENANT's quota: replicas x their profile's GPUs, CPU and memory over its deployments."""
+    body = {"tenant": tenant, "max_gpus": max_gpus, "max_cpu": max_cpu, "max_memory_gib": max_memory_gib,
+            "guaranteed_gpus": guaranteed_gpus}
+    with session({"max_gpus": "--max-gpus", "max_cpu": "--max-cpu", "max_memory_gib": "--max-memory-gib",
+                  "guaranteed_gpus": "--guaranteed-gpus"}) as c:
+        emit_object(c.post("/api/ai/quotas", {k: v for k, v in body.items() if v is not None}), as_json)
 
 
 @quota_app.command("list")
 def quota_list(as_json: bool = JSON_OPT) -> None:
-    """Every tenant quota with the GPUs in use."""
+    """Every tenant quota with its use."""
     with session() as c:
         emit_table(c.get("/api/ai/quotas"), QUOTA_COLUMNS, as_json)

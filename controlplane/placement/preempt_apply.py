@@ -76,7 +76,8 @@ def holders_of(snap: Snapshot):
         dep = snap.deployments.get(r.deployment)
         return None if dep is None else snap.template(dep, r.revision)[0]
 
-    return _per_pass(snap, "holders", lambda: holders_from(snap.all_replicas(), snap.deployments, profile_of))
+    return _per_pass(snap, "holders", lambda: holders_from(snap.all_replicas(), snap.deployments, profile_of,
+                                                           snap.guaranteed_gpus))
 
 
 def targets(dep: InferenceDeployment, current: Mapping[int, int] | None) -> Mapping[int, int] | None:

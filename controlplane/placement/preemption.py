@@ -11,7 +11,8 @@ Rules:
   - only replicas of strictly lower classes are victims (critical replicas are never taken, and
     opportunistic ones never take any);
   - a deployment never loses replicas below its own floor: ``autoscaling.min_replicas`` when it
-    autoscales, else 0;
+    autoscales, else 0; a tenant never loses GPUs below its guaranteed share (its quota's
+    ``guaranteed_gpus``, counted over its replicas not draining), whatever their classes;
   - the fewest victims first, then the lowest classes (the highest class in a set decides), then
     the youngest (newest ``created_at``), then replica id: one victim key per replica,
     ``(class rank, -created_at, replica_id)``, and a set compares by (size, its keys worst first);
@@ -53,6 +54,7 @@ class Holder:
     memory_gib: float
     created_at: float
     draining: bool = False
+    tenant: str | None = None
 
     @property
     def key(self) -> tuple:
@@ -87,10 +89,13 @@ class Holders:
     floors: dict[str, int] = field(default_factory=dict)  # deployment -> replicas it keeps at least
     live: dict[str, int] = field(default_factory=dict)  # deployment -> replicas not draining
     draining: dict[str, list[Holder]] = field(default_factory=dict)  # node -> its draining replicas
+    guaranteed: dict[str, int] = field(default_factory=dict)  # tenant -> GPUs preemption leaves it
+    tenant_gpus: dict[str, int] = field(default_factory=dict)  # tenant -> GPUs of its replicas not draining
 
     @classmethod
-    def build(cls, holders: Iterable[Holder], floors: Mapping[str, int]) -> Holders:
-        out = cls(floors=dict(floors))
+    def build(cls, holders: Iterable[Holder], floors: Mapping[str, int],
+              guaranteed: Mapping[str, int] | None = None) -> Holders:
+        out = cls(floors=dict(floors), guaranteed={t: g for t, g in (guaranteed or {}).items() if g > 0})
         for h in holders:
             out.by_node.setdefault(h.node, []).append(h)
             if h.draining:
@@ -98,6 +103,8 @@ class Holders:
             else:
                 out.ordered.append(h)
                 out.live[h.deployment] = out.live.get(h.deployment, 0) + 1
+                if h.tenant is not None:
+                    out.tenant_gpus[h.tenant] = out.tenant_gpus.get(h.tenant, 0) + len(h.gpus)
         out.ordered.sort(key=lambda h: h.key)
         return out
 
@@ -109,10 +116,18 @@ class Holders:
             return
         self.ordered.remove(h)
         self.live[h.deployment] = self.live.get(h.deployment, 1) - 1
+        if h.tenant is not None:
+            self.tenant_gpus[h.tenant] = self.tenant_gpus.get(h.tenant, 0) - len(h.gpus)
 
     def spare(self, deployment: str) -> int:
         """How many of the deployment's replicas may still be taken."""
         return max(0, self.live.get(deployment, 0) - self.floors.get(deployment, 0))
+
+    def spare_gpus(self, tenant: str | None) -> int | None:
+        """GPUs the tenant may still lose above its guaranteed share (None: no guarantee)."""
+        if tenant is None or tenant not in self.guaranteed:
+            return None
+        return self.tenant_gpus.get(tenant, 0) - self.guaranteed[tenant]
 
 
 def floor_of(dep: InferenceDeployment) -> int:
@@ -120,9 +135,11 @@ def floor_of(dep: InferenceDeployment) -> int:
 
 
 def holders_from(replicas: Iterable[Replica], deployments: Mapping[str, InferenceDeployment],
-                 profile_of: Callable[[Replica], InferenceProfile | None]) -> Holders:
+                 profile_of: Callable[[Replica], InferenceProfile | None],
+                 guaranteed: Mapping[str, int] | None = None) -> Holders:
     """Holders from replica records: every replica with a node and a known profile, in any phase
-    but Deleting (a Deleting one is gone from every plan already; its room comes back with it)."""
+    but Deleting (a Deleting one is gone from every plan already; its room comes back with it).
+    ``guaranteed``: tenant -> its quota's guaranteed_gpus."""
     out = []
     for r in replicas:
         dep = deployments.get(r.deployment)
@@ -130,8 +147,8 @@ def holders_from(replicas: Iterable[Replica], deployments: Mapping[str, Inferenc
         if dep is None or profile is None or not r.node or r.phase == "Deleting":
             continue
         out.append(Holder(r.replica_id, r.deployment, dep.capacity_class, r.node, tuple(r.gpus), profile.cpu,
-                          profile.memory_gib, r.created_at, r.draining))
-    return Holders.build(out, {name: floor_of(d) for name, d in deployments.items()})
+                          profile.memory_gib, r.created_at, r.draining, dep.tenant))
+    return Holders.build(out, {name: floor_of(d) for name, d in deployments.items()}, guaranteed)
 
 
 def judge_without(index: PlacementIndex, node_id: str, removed: Sequence[Holder], deployment: InferenceDeployment,
@@ -202,7 +219,9 @@ def plan_preemption(index: PlacementIndex, deployment: InferenceDeployment, prof
                           "replicas preempt nothing")
 
     def takeable(h: Holder) -> bool:
-        return class_rank(h.capacity_class) < rank and h.node not in exclude and holders.spare(h.deployment) > 0
+        keeps = holders.spare_gpus(h.tenant)
+        return (class_rank(h.capacity_class) < rank and h.node not in exclude and holders.spare(h.deployment) > 0
+                and (keeps is None or keeps >= len(h.gpus)))
 
     # One victim: the first in victim order that makes room alone.
     for h in holders.ordered:
@@ -247,10 +266,16 @@ def plan_preemption(index: PlacementIndex, deployment: InferenceDeployment, prof
 
 
 def _fits_floors(combo: Sequence[Holder], holders: Holders) -> bool:
+    """No deployment below its floor and no tenant below its guaranteed GPUs once ``combo`` is gone."""
     per: dict[str, int] = {}
+    gpus: dict[str, int] = {}
     for h in combo:
         per[h.deployment] = per.get(h.deployment, 0) + 1
-    return all(n <= holders.spare(d) for d, n in per.items())
+        if h.tenant is not None:
+            gpus[h.tenant] = gpus.get(h.tenant, 0) + len(h.gpus)
+    if not all(n <= holders.spare(d) for d, n in per.items()):
+        return False
+    return all((keeps := holders.spare_gpus(t)) is None or n <= keeps for t, n in gpus.items())
 
 
 def _preempt(name: str, verdict: NodeVerdict, victims: Sequence[Holder]) -> Preemption:

@@ -23,8 +23,8 @@ last change was made). Rules, in order:
   - scale to zero also needs idleness: nothing running or waiting on any replica, and no request
     finished on any (the engines' finished-request counters did not move), for
     scale_to_zero_idle_seconds;
-  - any scale-out (bounds and cold start included) first passes the tenant's GPU quota check
-    (controlplane.tenancy.quotas.check); a refusal is a hold with code "quota" and the numbers.
+  - any scale-out (bounds and cold start included) first passes the tenant's quota check (GPUs, CPU,
+    memory: controlplane.tenancy.quotas.check); a refusal is a hold with code "quota" and the numbers.
 "Queue depth" is the mean number of waiting requests per ready replica (docs/autoscaling.md).
 """
 
@@ -34,7 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from common.schemas import AutoscalingSpec, InferenceDeployment, Replica, ReplicaObservation
+from common.schemas import AutoscalingSpec, InferenceDeployment, Replica, ReplicaObservation, TenantQuota
+from controlplane.tenancy.quotas import UNKNOWN_PROFILE, Amount
 from controlplane.tenancy.quotas import check as quota_check
 
 FRESH_S = 30.0  # the routing controller's eligibility window: an older scrape is stale
@@ -44,12 +45,12 @@ Action = Literal["scale_out", "scale_in", "hold"]
 
 @dataclass(frozen=True)
 class QuotaView:
-    """The deployment's tenant quota as the check needs it (None fields: not limited)."""
+    """The deployment's tenant quota as the check needs it."""
 
     tenant: str | None
-    max_gpus: int | None
-    used_gpus: int  # by the tenant's deployments, this one included at its desired count
-    gpus_per_replica: int = 1
+    quota: TenantQuota | None
+    used: Amount  # by the tenant's deployments, this one included at its desired count
+    per_replica: Amount = UNKNOWN_PROFILE
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,7 @@ def decide(deployment: InferenceDeployment, spec: AutoscalingSpec | None, observ
 
     def out_to(target: int, code: str, reason: str) -> Decision:
         if quota is not None:
-            refusal = quota_check(quota.tenant, quota.max_gpus, quota.used_gpus,
-                                  (target - desired) * quota.gpus_per_replica)
+            refusal = quota_check(quota.tenant, quota.quota, quota.used, quota.per_replica.times(target - desired))
             if refusal is not None:
                 return result("hold", desired, "quota", f"not scaling out to {target} ({reason}): "
                               f"{refusal.message}", mem)

@@ -74,12 +74,12 @@ def demand_at(store: Store, snap: Snapshot, deployment: str) -> float | None:
 
 def quota_view(store: Store, snap: Snapshot, dep: InferenceDeployment) -> QuotaView | None:
     quota = quotas.load_quota(store, dep.tenant)
-    if quota is None:
+    if quota is None or dep.tenant is None:
         return None
-    counts = quotas.gpu_counts(store)
+    amounts = quotas.per_replica(store)
     records = [d.model_dump() for d in snap.deployments.values()]
-    return QuotaView(dep.tenant, quota.max_gpus, quotas.usage(records, dep.tenant, counts),
-                     counts.get(dep.profile, 1))
+    return QuotaView(dep.tenant, quota, quotas.usage(records, dep.tenant, amounts),
+                     amounts.get(dep.profile, quotas.UNKNOWN_PROFILE))
 
 
 def plan_for(store: Store, snap: Snapshot, dep: InferenceDeployment, now: float) -> tuple[Decision, Memory]:

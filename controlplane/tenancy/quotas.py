@@ -1,10 +1,17 @@
-"""Per-tenant GPU quotas: one check shared by deployment create, manual scale and the autoscaler.
+"""Per-tenant quotas (GPUs, CPU cores, memory) and the guaranteed GPU share: one check shared by
+deployment create, manual scale, a rollout's surge, the autoscaler and admission.
 
-A deployment holds ``replicas x profile.gpu.count`` GPUs (its desired count, not what happens to
-be running: a scale that was accepted is a promise the reconciler keeps). A tenant's use is the
-sum over its deployments, except those being deleted. A deployment without a tenant, or a tenant
-without a quota record, is not limited. ``check`` is pure; ``usage``/``load_quota`` read the
-store; ``refuse_over_quota`` turns a refusal into the API's 409.
+A deployment holds ``replicas x`` its profile's (gpu.count, cpu, memory_gib): its desired count,
+not what happens to be running. A scale that was accepted is a promise the reconciler keeps, and
+a replica taken by preemption stays counted, so its return (controlplane.placement.preempt_apply
+restores it) never needs room the tenant does not already hold. A tenant's use is the sum over
+its deployments, except those being deleted. A deployment without a tenant, or a tenant without
+a quota record, is not limited; a quota field left unset (None) does not limit that resource.
+
+``guaranteed_gpus`` is the share preemption may not take: a lower-class replica of the tenant is
+no victim while taking it would leave the tenant's running replicas under that many GPUs
+(controlplane.placement.preemption). ``check`` and ``room`` are pure; ``usage``/``load_quota``
+read the store; ``refuse_over_quota`` turns a refusal into the API's 409.
 """
 
 from __future__ import annotations
@@ -22,51 +29,109 @@ from controlplane.records import quotas as quota_records
 
 
 @dataclass(frozen=True)
+class Amount:
+    """What replicas hold: whole GPUs, CPU cores, GiB of memory."""
+
+    gpus: int = 0
+    cpu: int = 0
+    memory_gib: float = 0.0
+
+    def __add__(self, other: Amount) -> Amount:
+        return Amount(self.gpus + other.gpus, self.cpu + other.cpu, round(self.memory_gib + other.memory_gib, 6))
+
+    def times(self, n: int) -> Amount:
+        return Amount(self.gpus * n, self.cpu * n, round(self.memory_gib * n, 6))
+
+
+NONE = Amount()
+UNKNOWN_PROFILE = Amount(1, 0, 0.0)  # a deployment never holds less than a GPU per replica
+# (field on TenantQuota, Amount attribute, how a message names it)
+LIMITS = (("max_gpus", "gpus", "GPU"), ("max_cpu", "cpu", "CPU"), ("max_memory_gib", "memory_gib", "memory (GiB)"))
+
+
+@dataclass(frozen=True)
+class Exceeded:
+    field: str  # the TenantQuota field, e.g. max_cpu
+    label: str
+    limit: float
+    used: float
+    adding: float
+
+
+@dataclass(frozen=True)
 class QuotaRefusal:
     tenant: str
-    max_gpus: int
-    used_gpus: int
-    adding_gpus: int
+    exceeded: tuple[Exceeded, ...]
 
     @property
     def message(self) -> str:
-        return (f"tenant {self.tenant!r} GPU quota is {self.max_gpus} (max_gpus); it uses {self.used_gpus} "
-                f"and this needs {self.adding_gpus} more ({self.used_gpus + self.adding_gpus} > {self.max_gpus})")
+        return "; ".join(f"tenant {self.tenant!r} {e.label} quota is {_n(e.limit)} ({e.field}); it uses "
+                         f"{_n(e.used)} and this needs {_n(e.adding)} more ({_n(e.used + e.adding)} > {_n(e.limit)})"
+                         for e in self.exceeded)
 
 
-def check(tenant: str | None, max_gpus: int | None, used_gpus: int, adding_gpus: int) -> QuotaRefusal | None:
-    """Pure: None when adding ``adding_gpus`` keeps the tenant within its quota (or it has none).
-    Shrinking (adding <= 0) is always allowed, even over a quota lowered after the fact."""
-    if tenant is None or max_gpus is None or adding_gpus <= 0:
+def _n(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def check(tenant: str | None, quota: TenantQuota | None, used: Amount, adding: Amount) -> QuotaRefusal | None:
+    """Pure: None when adding ``adding`` keeps the tenant within every limit of its quota (or it
+    has none). A resource not growing (adding <= 0) is always allowed, even over a quota lowered
+    after the fact."""
+    if tenant is None or quota is None:
         return None
-    if used_gpus + adding_gpus <= max_gpus:
-        return None
-    return QuotaRefusal(tenant, max_gpus, used_gpus, adding_gpus)
+    over = []
+    for field, attr, label in LIMITS:
+        limit, have, more = getattr(quota, field), getattr(used, attr), getattr(adding, attr)
+        if limit is not None and more > 0 and round(have + more, 6) > limit:
+            over.append(Exceeded(field, label, limit, have, more))
+    return QuotaRefusal(tenant, tuple(over)) if over else None
 
 
-def gpus_of(record: Mapping, gpu_counts: Mapping[str, int]) -> int:
-    """GPUs one deployment record holds: desired replicas x its profile's gpu.count (1 when the
-    profile is missing or unreadable: a deployment never holds less than a GPU per replica)."""
+def room(quota: TenantQuota, used: Amount) -> dict[str, float | None]:
+    """Pure: what the tenant may still add per resource (None: not limited; never below 0)."""
+    out: dict[str, float | None] = {}
+    for field, attr, _ in LIMITS:
+        limit = getattr(quota, field)
+        out[attr] = None if limit is None else max(0, round(limit - getattr(used, attr), 6))
+    return out
+
+
+def replicas_within(left: Mapping[str, float | None], one: Amount) -> int | None:
+    """Pure: how many more replicas of ``one`` the room ``left`` (room()'s answer) takes; None when
+    no limit binds."""
+    counts = [int(left[attr] // getattr(one, attr)) for _, attr, _ in LIMITS
+              if left.get(attr) is not None and getattr(one, attr) > 0]
+    return min(counts) if counts else None
+
+
+def held_by(record: Mapping, per_replica: Mapping[str, Amount]) -> Amount:
+    """What one deployment record holds: desired replicas x its profile's amount."""
     if (record.get("status") or {}).get("phase") == "Deleting":
-        return 0
-    return int(record.get("replicas", 0)) * gpu_counts.get(record.get("profile", ""), 1)
+        return NONE
+    return per_replica.get(record.get("profile", ""), UNKNOWN_PROFILE).times(int(record.get("replicas", 0)))
 
 
-def gpu_counts(store: Store) -> dict[str, int]:
-    """profile name -> gpu.count, read from the stored JSON (a profile whose runtime was later
-    denied still counts)."""
-    out: dict[str, int] = {}
+def per_replica(store: Store) -> dict[str, Amount]:
+    """profile name -> what one replica holds, read from the stored JSON (a profile whose runtime
+    was later denied still counts)."""
+    out: dict[str, Amount] = {}
     for rec in profiles.RECORDS.readable(store):
         try:
-            out[rec["name"]] = int(rec["gpu"]["count"])
+            out[rec["name"]] = Amount(int(rec["gpu"]["count"]), int(rec["cpu"]), float(rec["memory_gib"]))
         except (ValueError, KeyError, TypeError):
             continue
     return out
 
 
-def usage(records: Iterable[Mapping], tenant: str, counts: Mapping[str, int], *, exclude: str | None = None) -> int:
-    """GPUs the tenant's deployments hold, leaving out the deployment named ``exclude``."""
-    return sum(gpus_of(r, counts) for r in records if r.get("tenant") == tenant and r.get("name") != exclude)
+def usage(records: Iterable[Mapping], tenant: str, amounts: Mapping[str, Amount], *,
+          exclude: str | None = None) -> Amount:
+    """What the tenant's deployments hold, leaving out the deployment named ``exclude``."""
+    total = NONE
+    for r in records:
+        if r.get("tenant") == tenant and r.get("name") != exclude:
+            total = total + held_by(r, amounts)
+    return total
 
 
 def load_quota(store: Store, tenant: str | None) -> TenantQuota | None:
@@ -89,17 +154,30 @@ def load_all(store: Store) -> dict[str, TenantQuota]:
     return out
 
 
+def tenant_usage(store: Store, tenant: str) -> Amount:
+    return usage([rec for _, rec in deployments.stored_items(store)], tenant, per_replica(store))
+
+
+def check_growth(store: Store, name: str, tenant: str | None, adding: Amount) -> QuotaRefusal | None:
+    """The shared check of anything that adds replicas beyond the deployment's own record (a
+    rollout's surge): ``adding`` on top of everything the tenant holds."""
+    quota = load_quota(store, tenant)
+    if quota is None or tenant is None:
+        return None
+    return check(tenant, quota, tenant_usage(store, tenant), adding)
+
+
 def check_deployment_change(store: Store, name: str, tenant: str | None, profile: str,
                             replicas_before: int, replicas_after: int) -> QuotaRefusal | None:
-    """The shared check as the API runs it: create (before 0) and manual scale."""
+    """The shared check as the API runs it: create (before 0), manual scale, the autoscaler."""
     quota = load_quota(store, tenant)
-    if quota is None:
+    if quota is None or tenant is None:
         return None
-    counts = gpu_counts(store)
+    amounts = per_replica(store)
     records = [rec for _, rec in deployments.stored_items(store)]
-    per_replica = counts.get(profile, 1)
-    used = usage(records, tenant, counts, exclude=name) + replicas_before * per_replica
-    return check(tenant, quota.max_gpus, used, (replicas_after - replicas_before) * per_replica)
+    one = amounts.get(profile, UNKNOWN_PROFILE)
+    used = usage(records, tenant, amounts, exclude=name) + one.times(replicas_before)
+    return check(tenant, quota, used, one.times(replicas_after - replicas_before))
 
 
 def refuse_over_quota(refusal: QuotaRefusal | None) -> None:

@@ -112,6 +112,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/api/ai/deployments/{name}/revisions"): write(owned("deployment", "name")),
     ("GET", "/api/ai/deployments/{name}/revisions/{revision}"): read(owned("deployment", "name")),
     ("POST", "/api/ai/deployments/{name}/rollouts"): write(owned("deployment", "name")),
+    ("POST", "/api/ai/deployments/{name}/rollout"): write(owned("deployment", "name")),
     ("GET", "/api/ai/deployments/{name}/rollouts"): read(owned("deployment", "name")),
     ("GET", "/api/ai/deployments/{name}/rollouts/{rollout_id}"): read(owned("deployment", "name")),
     ("POST", "/api/ai/deployments/{name}/rollouts/{rollout_id}/{action}"): write(owned("deployment", "name")),
@@ -174,7 +175,6 @@ RULES: dict[tuple[str, str], Rule] = {
     ("DELETE", "/api/ai/sites/{name}"): admin(),
     # -- finops (controlplane.api.finops): cluster-wide chargeback ---------------------------------
     ("GET", "/api/ai/finops"): read(),
-    # -- batches, aliases -----------------------------------------------------------------------
     # -- usage, cost, budgets, notifications (controlplane.api.usage) ------------------------------
     ("GET", "/api/ai/usage"): read(FILTERED),
     ("GET", "/api/ai/prices"): read(),
@@ -187,6 +187,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("DELETE", "/api/ai/webhooks/{name}"): admin(),
     ("POST", "/api/ai/notify/test"): admin(),
     ("GET", "/api/ai/notifications"): admin(),
+    # -- batches, aliases -----------------------------------------------------------------------
     ("POST", "/api/ai/batches"): write(),
     ("GET", "/api/ai/batches"): read(),
     ("GET", "/api/ai/batches/{batch_id}"): read(),

@@ -87,3 +87,31 @@ def test_fabricd_refuses_to_start_on_a_bad_setting(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "will not start" in proc.stderr
     assert "FABRIC_ADDRESS_POOL='fd00::/64'" in proc.stderr and "FABRIC_AUTOSCALE_SECS='soon'" in proc.stderr
+
+
+def test_cpu_and_memory_quotas_refuse_growth_and_the_room_left_is_shown(api):
+    q = api.post("/api/ai/quotas", json={"tenant": "cpu-t", "max_gpus": 6, "max_cpu": 20, "max_memory_gib": 100,
+                                         "guaranteed_gpus": 2})
+    assert q.status_code == 200, q.text
+    assert stack(api, "c1", "cpu-t", 2).status_code == 201  # 4 GPUs, 16 cores, 64 GiB
+    over = error(api.post("/api/ai/deployments/d-c1/scale", json={"replicas": 3}), 409)
+    # GPUs (6 of 6) and memory (96 of 100) would fit: only the cores are named.
+    assert over == {**over, "code": "quota_exceeded",
+                    "message": "tenant 'cpu-t' CPU quota is 20 (max_cpu); it uses 16 and this needs 8 more (24 > 20)"}
+    row = {r["tenant"]: r for r in api.get("/api/ai/quotas").json()}["cpu-t"]
+    assert (row["used_gpus"], row["used_cpu"], row["used_memory_gib"]) == (4, 16, 64)
+    assert row["room"] == {"gpus": 2, "cpu": 4, "memory_gib": 36} and row["guaranteed_gpus"] == 2
+    fit = api.get("/api/ai/capacity/fit", params={"profile": "p-c1", "tenant": "cpu-t"}).json()
+    assert fit["tenant"] == {"tenant": "cpu-t", "quota": True, "room": {"gpus": 2, "cpu": 4, "memory_gib": 36},
+                             "replicas": 0, "fits_for_tenant": 0}
+    free = api.get("/api/ai/capacity/fit", params={"profile": "p-c1", "tenant": "nobody"}).json()["tenant"]
+    assert (free["quota"], free["replicas"], free["fits_for_tenant"]) == (False, None, free["fits_for_tenant"])
+    # POST replaces the whole quota: a limit not given is unset.
+    assert api.post("/api/ai/quotas", json={"tenant": "cpu-t", "max_cpu": 24}).json()["max_gpus"] is None
+
+
+def test_a_guarantee_above_the_gpu_limit_is_refused(api):
+    bad = error(api.post("/api/ai/quotas", json={"tenant": "g-t", "max_gpus": 1, "guaranteed_gpus": 2}), 422)
+    assert "guaranteed_gpus 2 is above max_gpus 1" in bad["message"]
+    assert error(api.post("/api/ai/quotas", json={"tenant": "g-t", "max_cpu": -1}), 422)
+    assert error(api.get("/api/ai/capacity/fit", params={"profile": "p-c1", "tenant": "Bad Name"}), 422)

@@ -83,7 +83,8 @@ def test_quota_and_autoscaling_kinds(env, tmp_path):
     assert ctl(env, "apply", "-f", str(tenant)).stdout.splitlines() == [
         "modelartifact/acme-chat created", "inferencedeployment/acme-chat created", "tenantquota/acme created"]
     quota = ctl(env, "get", "quota", "acme", "-o", "yaml").stdout
-    assert yaml.safe_load(quota)["spec"] == {"max_gpus": 4}
+    assert yaml.safe_load(quota)["spec"] == {"max_gpus": 4, "max_cpu": None, "max_memory_gib": None,
+                                             "guaranteed_gpus": 0}
     assert ctl(env, "apply", "-f", "-", stdin=quota).stdout.strip() == "tenantquota/acme unchanged"
     assert "acme  max_gpus=4" in ctl(env, "get", "quotas").stdout
     edited = tenant.read_text().replace("max_gpus: 4", "max_gpus: 6").replace("max_replicas: 3", "max_replicas: 2")

@@ -108,4 +108,4 @@ def test_human_output_and_waits_through_the_console_script(cluster):
     assert sum(int(t) for t in column(tables[0], "TOKENS")) == int(column(tables[1], "TOKENS")[0])
     # A refusal names the field as people know it, without FastAPI's "body." location.
     bad = run_ctl(cluster, "quota", "set", "acme", "--max-gpus", "-1")
-    assert bad.returncode == 1 and "max_gpus" in bad.stderr and "body." not in bad.stderr, bad.stderr
+    assert bad.returncode == 1 and "--max-gpus: must be at least 0" in bad.stderr and "body." not in bad.stderr, bad.stderr

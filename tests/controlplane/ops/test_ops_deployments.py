@@ -78,3 +78,11 @@ def test_an_operator_may_not_create_an_endpoint_with_outbound_reach(ctx):
         endpoints.create(ctx, OPERATOR, InferenceEndpoint(name="e", deployment="d", fallbacks=["out"]))
     created = endpoints.create(ctx, OPERATOR, InferenceEndpoint(name="e", deployment="d"))
     assert created.status.phase == "Pending" and created.tenant == "acme"
+
+
+def test_applys_quota_change_keeps_the_limits_it_does_not_name(ctx):
+    quotas.set_quota(ctx, ADMIN_CALLER, TenantQuota(tenant="acme", max_gpus=4, max_cpu=32, guaranteed_gpus=1))
+    changed = quotas.update(ctx, ADMIN_CALLER, "acme", {"max_memory_gib": 128})
+    assert (changed.max_gpus, changed.max_cpu, changed.max_memory_gib, changed.guaranteed_gpus) == (4, 32, 128, 1)
+    events = [e for e in recent_events(ctx.store) if e.reason == "QuotaSet"]
+    assert "max_memory_gib 128" in events[-1].message and "max_gpus 4" in events[-1].message

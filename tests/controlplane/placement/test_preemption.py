@@ -41,14 +41,14 @@ def pci(i):
     return f"0000:{0x10 + i:02x}:00.0"
 
 
-def plan(nodes, deployments, replicas, who, *, own=()):
+def plan(nodes, deployments, replicas, who, *, own=(), guaranteed=None):
     deps = {d.name: d for d in deployments}
     reservations: dict[str, set[str]] = {}
     for r in replicas:
         reservations.setdefault(r.node, set()).update(r.gpus)
     committed = committed_resources(replicas, deps, PROFILES)
     index = PlacementIndex(nodes, reservations, NOW, committed=committed)
-    holders = holders_from(replicas, deps, lambda r: PROFILES[deps[r.deployment].profile])
+    holders = holders_from(replicas, deps, lambda r: PROFILES[deps[r.deployment].profile], guaranteed)
     d = deps[who]
     return plan_preemption(index, d, PROFILES[d.profile], MODEL, holders, replicas=list(own))
 
@@ -176,3 +176,27 @@ def test_draining_room_is_waited_for_not_taken_again():
 def test_opportunistic_never_preempts():
     p = plan([node("a", 1)], [dep("opp2", "opportunistic"), dep("std")], [rep("s-1", "std", "a", [pci(0)])], "opp2")
     assert p.outcome == "nothing" and "opportunistic" in p.message
+
+
+def test_a_tenants_guaranteed_gpus_are_never_taken_whatever_the_class():
+    deployments = [dep("crit", "critical"), dep("opp-a", "opportunistic", tenant="acme"),
+                   dep("opp-b", "opportunistic", tenant="bolt")]
+    replicas = [rep("a-1", "opp-a", "a", [pci(0)], age=1), rep("b-1", "opp-b", "n2", [pci(0)], age=900)]
+    nodes = [node("a", 1), node("n2", 1)]
+    # Without guarantees the youngest opportunistic replica goes (acme's).
+    assert victims(plan(nodes, deployments, replicas, "crit")) == ["a-1"]
+    # acme is guaranteed its one GPU: bolt's replica is taken instead.
+    assert victims(plan(nodes, deployments, replicas, "crit", guaranteed={"acme": 1})) == ["b-1"]
+    # Both guaranteed: nothing is taken, and the message says nothing makes room.
+    p = plan(nodes, deployments, replicas, "crit", guaranteed={"acme": 1, "bolt": 1})
+    assert (p.outcome, victims(p)) == ("nothing", [])
+
+
+def test_a_guarantee_counts_the_tenants_gpus_over_all_its_replicas():
+    # acme holds 2 GPUs on node a (two replicas) and is guaranteed 1: one may go, never both, so a
+    # 2-GPU critical replica finds no room on a.
+    deployments = [dep("crit", "critical", profile="p2"), dep("opp-a", "opportunistic", tenant="acme")]
+    replicas = [rep("a-1", "opp-a", "a", [pci(0)], age=1), rep("a-2", "opp-a", "a", [pci(1)], age=2)]
+    assert victims(plan([node("a", 2)], deployments, replicas, "crit")) == ["a-1", "a-2"]
+    p = plan([node("a", 2)], deployments, replicas, "crit", guaranteed={"acme": 1})
+    assert (p.outcome, victims(p)) == ("nothing", [])

@@ -145,3 +145,26 @@ def test_revisions_and_rollouts_are_bounded(monkeypatch):
             rollout_records.prune_rollouts(store, "d")
         assert [r.id for r, _ in rollout_records.list_rollouts(store, "d")] == [3, 4]
         store.close()
+
+
+def test_the_singular_rollout_route_is_the_same_operation_and_a_surge_passes_the_tenants_quota(api):
+    assert api.post("/api/ai/models", json={"name": "m-sq", "source": "hf://o/m", "tenant": "surge"}).status_code == 201
+    assert api.post("/api/ai/profiles", json={"name": "p-sq", "tenant": "surge", **PROFILE}).status_code == 201
+    assert api.post("/api/ai/quotas", json={"tenant": "surge", "max_cpu": 24}).status_code == 200
+    assert api.post("/api/ai/deployments", json={"name": "d-sq", "model": "m-sq", "profile": "p-sq", "replicas": 2,
+                                                 "tenant": "surge"}).status_code == 201  # 16 of 24 cores
+    path = "/api/ai/deployments/d-sq"
+    assert api.post(f"{path}/revisions", json={"engine_args": ["--seed", "1"]}).status_code == 201
+    # A canary's last step runs 2 new replicas beside the 2 old: 16 more cores, over 24.
+    refused = error(api.post(f"{path}/rollout", json={"strategy": "canary"}), 409)
+    assert refused["code"] == "quota_exceeded"
+    assert refused["message"] == ("tenant 'surge' CPU quota is 24 (max_cpu); it uses 16 and this needs 16 more "
+                                  "(32 > 24)")
+    assert api.get(f"{path}/rollouts").json() == []  # nothing started
+    # A rolling update with one surge replica fits (24 of 24), through the singular route.
+    started = api.post(f"{path}/rollout", json={"strategy": "rolling", "max_surge": 1})
+    assert started.status_code == 201, started.text
+    assert [r["id"] for r in api.get(f"{path}/rollouts").json()] == [started.json()["id"]] == [1]
+    assert error(api.post(f"{path}/rollouts", json={}), 409)["code"] == "rollout_active"  # one operation, one record
+    events = api.get("/api/ai/events", params={"object": "deployment/d-sq"}).json()
+    assert [e["type"] for e in events if e["reason"] == "QuotaRefused"] == ["Warning"]

@@ -8,8 +8,16 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from common.schemas import AutoscalingSpec, DeploymentStatus, InferenceDeployment, Replica, ReplicaObservation
+from common.schemas import (
+    AutoscalingSpec,
+    DeploymentStatus,
+    InferenceDeployment,
+    Replica,
+    ReplicaObservation,
+    TenantQuota,
+)
 from controlplane.scaling.decide import Memory, Observations, QuotaView, decide
+from controlplane.tenancy.quotas import Amount
 
 NOW = 10_000.0
 SPEC = {"min_replicas": 1, "max_replicas": 4, "scale_out_queue": 20, "scale_out_seconds": 30, "scale_in_queue": 2,
@@ -60,6 +68,11 @@ def build(case: Case):
 
 
 HELD_OUT = Memory(out_since=NOW - 31)
+
+
+def gpu_quota(max_gpus: int, used_gpus: int, gpus_per_replica: int) -> QuotaView:
+    return QuotaView("acme", TenantQuota(tenant="acme", max_gpus=max_gpus), Amount(used_gpus),
+                     Amount(gpus_per_replica))
 HELD_IN = Memory(in_since=NOW - 61)
 IDLE = Memory(in_since=NOW - 61, idle_since=NOW - 301, finished=10)
 
@@ -85,9 +98,15 @@ CASES = [
     Case("a scale-in does not block a scale-out", 2, [30, 30], ("scale_out", 3, "queue_high"),
          memory=Memory(out_since=NOW - 31, last_scale_at=NOW - 5, last_action="scale_in")),
     Case("quota refuses the scale-out", 2, [30, 30], ("hold", 2, "quota"), memory=HELD_OUT,
-         quota=QuotaView("acme", 4, 4, 2), reason="tenant 'acme' GPU quota is 4"),
+         quota=gpu_quota(4, 4, 2), reason="tenant 'acme' GPU quota is 4"),
+    Case("the CPU quota refuses the scale-out", 2, [30, 30], ("hold", 2, "quota"), memory=HELD_OUT,
+         quota=QuotaView("acme", TenantQuota(tenant="acme", max_gpus=100, max_cpu=16), Amount(2, 16, 64),
+                         Amount(1, 8, 32)), reason="tenant 'acme' CPU quota is 16 (max_cpu); it uses 16"),
+    Case("the memory quota refuses the scale-out", 2, [30, 30], ("hold", 2, "quota"), memory=HELD_OUT,
+         quota=QuotaView("acme", TenantQuota(tenant="acme", max_memory_gib=80), Amount(2, 16, 64),
+                         Amount(1, 8, 32)), reason="tenant 'acme' memory (GiB) quota is 80 (max_memory_gib)"),
     Case("quota with room", 2, [30, 30], ("scale_out", 3, "queue_high"), memory=HELD_OUT,
-         quota=QuotaView("acme", 6, 4, 2)),
+         quota=gpu_quota(6, 4, 2)),
     Case("replicas still starting: hold", 2, [30], ("hold", 2, "starting"), memory=HELD_OUT, starting=1),
     # scale in
     Case("queue low held long enough", 3, [0, 1, 0], ("scale_in", 2, "queue_low"), memory=HELD_IN),
@@ -122,7 +141,7 @@ CASES = [
     # bounds, cold start, disabled
     Case("below min goes up to min", 1, [0], ("scale_out", 2, "below_min"), spec={"min_replicas": 2}),
     Case("below min refused by quota", 1, [0], ("hold", 1, "quota"), spec={"min_replicas": 2},
-         quota=QuotaView("acme", 1, 1, 1)),
+         quota=gpu_quota(1, 1, 1)),
     Case("above max goes down to max", 6, [0] * 6, ("scale_in", 4, "above_max")),
     Case("zero without scale_to_zero goes to min", 0, [], ("scale_out", 1, "below_min")),
     Case("parked at zero", 0, [], ("hold", 0, "idle_at_zero"), spec={"scale_to_zero": True}),
@@ -135,7 +154,7 @@ CASES = [
     Case("demand from before the scale to zero is old", 0, [], ("hold", 0, "idle_at_zero"),
          spec={"scale_to_zero": True}, demand_at=NOW - 100, memory=Memory(last_scale_at=NOW - 50)),
     Case("cold start refused by quota", 0, [], ("hold", 0, "quota"), spec={"scale_to_zero": True},
-         demand_at=NOW - 1, quota=QuotaView("acme", 0, 0, 1)),
+         demand_at=NOW - 1, quota=gpu_quota(0, 0, 1)),
     Case("disabled holds", 3, [50, 50, 50], ("hold", 3, "disabled"), spec={"enabled": False}, memory=HELD_OUT),
     Case("deleting holds", 3, [50, 50, 50], ("hold", 3, "deleting"), phase="Deleting", memory=HELD_OUT),
 ]
