@@ -10,7 +10,6 @@ import subprocess
 
 import pytest
 
-from common.store.base import open_store
 from tests.integration.orchestration_harness import BIN, deploy, start_cluster
 from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 from tests.support.polling import clean_env, wait_for
@@ -51,7 +50,8 @@ def test_backup_on_sqlite_restores_into_etcd_and_serves_again(tmp_path):
     assert set(doc["sections"]["endpoints"]) == {"chat-openai"}
 
     with EtcdServer() as etcd, \
-            start_cluster(tmp_path / "etcd", gpus=3, env=HMAC, fabricd_args=("--store", etcd.url)) as new, \
+            start_cluster(tmp_path / "etcd", gpus=3, env={**HMAC, **etcd.env("fabricd")},
+                          fabricd_args=("--store", etcd.url)) as new, \
             new.api() as api:
         dry = fabricctl(new, "ai", "restore", str(backup))
         assert dry.returncode == 0, dry.stderr
@@ -71,7 +71,7 @@ def test_backup_on_sqlite_restores_into_etcd_and_serves_again(tmp_path):
         keys = api.get("/api/ai/keys").json()
         assert [k["name"] for k in keys] == ["ci"]
         # It really is etcd that holds the restored state.
-        store = open_store(etcd.url)
+        store = etcd.open("fabricd")
         try:
             assert store.get("/fabric/endpoints/chat-openai") is not None
         finally:

@@ -209,7 +209,8 @@ def start_lab_rig(base: Path, replicas: int = 2, dep: str = "chaos-llm"):
     from controlplane.lab.cluster import down, up
     from tests.support.etcd_cluster import EtcdCluster
 
-    with EtcdCluster(3) as etcd:
+    # Plain HTTP on loopback: the lab's `up` starts its processes without FABRIC_ETCD_* settings.
+    with EtcdCluster(3, secure=False) as etcd:
         cfg = LabConfig(state_dir=base / "lab", api_port=free_port(), agent_port=free_port(),
                         gateway_port=free_port(), mirror_port=free_port(),
                         pin_dir=Path(f"/sys/fs/bpf/fabric-chaos-{base.name[-6:]}"), reconcile_secs=1.0,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from common.store.base import Store, open_store
+from common.store.base import Store
 from common.store.locks import lock_view
 from controlplane.controllers import LEADER_NAME
 from tests.gateway.gateway_harness import GatewayProcess, make_key
@@ -164,14 +164,15 @@ def start_rig(tmp: Path, replicas: int = 2, gateway_env: dict[str, str] | None =
     with EtcdCluster(3) as etcd:
         mirror = model_mirror(tmp)
         env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_LEADER_TTL_SECS": "3",
-                         "FABRIC_MODEL_JOBS_SECS": "0.5", "FABRIC_ADDRESS_POOL": POOL, "HF_ENDPOINT": mirror.url})
+                         "FABRIC_MODEL_JOBS_SECS": "0.5", "FABRIC_ADDRESS_POOL": POOL, "HF_ENDPOINT": mirror.url,
+                         **etcd.env("fabricd")})  # peer and client TLS, fabricd's login
         env.pop("HF_TOKEN", None)
         subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(tmp / "fabricd-a")], check=True,
                        capture_output=True, env=env)
         # one init, copied: both share the admin password, the CA and the HMAC secret
         shutil.copytree(tmp / "fabricd-a", tmp / "fabricd-b")
-        rig = Rig(tmp, etcd, open_store(etcd.url), env, {"a": free_port(), "b": free_port()}, agent_port=free_port(),
-                  gateway_env=dict(gateway_env or {}))
+        rig = Rig(tmp, etcd, etcd.open("fabricd"), env, {"a": free_port(), "b": free_port()}, agent_port=free_port(),
+                  gateway_env={**(gateway_env or {}), **etcd.env("gateway")})
         try:
             rig.start_fabricd("a")
             rig.start_fabricd("b")

@@ -1,12 +1,18 @@
 """A real three-member etcd cluster on loopback for tests and scripts/chaos: free ports, temp dirs.
 
     with EtcdCluster(3) as cluster:
-        store = open_store(cluster.url)        # etcd://127.0.0.1:A,127.0.0.1:B,127.0.0.1:C
+        store = cluster.open("fabricd")        # etcd://127.0.0.1:A,B,C over TLS, logged in as fabricd
         cluster.kill(cluster.leader())         # SIGKILL one member
         cluster.restart(i)                     # same data dir and ports: it rejoins
 
 Same short raft timings as tests.support.etcd_server (leases of 1 s are possible), members die
 with the parent process. ``leader()`` asks each live member's /v3/maintenance/status.
+
+Secured like the single server by default (docs/store.md, "Secured"): members talk to each other
+over TLS and demand a peer certificate from the etcd CA (--peer-client-cert-auth), serve clients
+over TLS demanding a client certificate, and have auth on with Fabric's users and roles.
+``cluster.open(user)`` and ``cluster.env(user)`` as on EtcdServer; ``EtcdCluster(3, secure=False)``
+is plain HTTP.
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.etcd_server import ETCD_BINARY, START_TIMEOUT_S, _die_with_parent
+from common.pki import client_ssl_context
+from tests.support.etcd_server import (
+    ETCD_BINARY,
+    START_TIMEOUT_S,
+    ClientsOf,
+    _die_with_parent,
+    make_certs,
+    set_up_auth,
+)
 from tests.support.servers import free_port
 
 
@@ -33,32 +47,50 @@ class Member:
     peer_port: int
     data_dir: Path
     proc: subprocess.Popen | None = None
+    scheme: str = "https"
 
     @property
     def client(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"{self.scheme}://127.0.0.1:{self.peer_port}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
 
-def _post_json(url: str, body: dict, timeout: float = 1.0) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+def _post_json(url: str, body: dict, timeout: float = 1.0, ctx=None, token: str = "") -> dict:
+    headers = {"content-type": "application/json"} | ({"authorization": token} if token else {})
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
         return json.loads(resp.read())
 
 
-class EtcdCluster:
-    def __init__(self, size: int = 3, binary: str = ETCD_BINARY):
+class EtcdCluster(ClientsOf):
+    def __init__(self, size: int = 3, binary: str = ETCD_BINARY, *, secure: bool = True):
         self.binary = binary
         self.size = size
+        self.secure = secure
         self.root: Path | None = None
         self.members: list[Member] = []
+        self._ctx = None
+        self._auth = False  # set once init_auth turned auth on: status() then logs in as root
+
+    @property
+    def certs(self) -> Path:
+        assert self.root is not None
+        return self.root / "certs"
+
+    def _tls_flags(self, m: Member) -> list[str]:
+        if not self.secure:
+            return []
+        c = self.certs
+        crt, key, ca = str(c / f"{m.name}.crt"), str(c / f"{m.name}.key"), str(c / "ca.crt")
+        return ["--cert-file", crt, "--key-file", key, "--client-cert-auth", "--trusted-ca-file", ca,
+                "--peer-cert-file", crt, "--peer-key-file", key, "--peer-client-cert-auth",
+                "--peer-trusted-ca-file", ca, "--bcrypt-cost", "4"]
 
     @property
     def url(self) -> str:
@@ -66,13 +98,21 @@ class EtcdCluster:
 
     def start(self) -> EtcdCluster:
         self.root = Path(tempfile.mkdtemp(prefix="fabric-etcd-cluster-"))
-        self.members = [Member(f"m{i}", free_port(), free_port(), self.root / f"m{i}") for i in range(self.size)]
+        scheme = "https" if self.secure else "http"
+        self.members = [Member(f"m{i}", free_port(), free_port(), self.root / f"m{i}", scheme=scheme)
+                        for i in range(self.size)]
+        if self.secure:
+            c = make_certs(self.root, [m.name for m in self.members])
+            self._ctx = client_ssl_context(c / "ca.crt", c / "etcd-root.crt", c / "etcd-root.key")
         for i in range(self.size):
             self._spawn(i, "new")
         if not self.wait_healthy():
             tails = "\n".join(self.log_tail(i) for i in range(self.size))
             self.stop()
             raise RuntimeError(f"etcd cluster did not become healthy:\n{tails}")
+        if self.secure:
+            set_up_auth(self.certs, [("127.0.0.1", m.client_port) for m in self.members])
+            self._auth = True
         return self
 
     def _spawn(self, i: int, state: str) -> None:
@@ -86,7 +126,8 @@ class EtcdCluster:
                  "--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
                  "--initial-cluster", initial, "--initial-cluster-state", state,
                  "--initial-cluster-token", f"fabric-test-{self.root.name}",
-                 "--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "warn"],
+                 "--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "warn",
+                 *self._tls_flags(m)],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_die_with_parent)  # noqa: PLW1509 (one pre-resolved prctl call)
 
@@ -96,9 +137,18 @@ class EtcdCluster:
         if not m.alive():
             return None
         try:
-            return _post_json(f"{m.client}/v3/maintenance/status", {})
+            return _post_json(f"{m.client}/v3/maintenance/status", {}, ctx=self._ctx, token=self._root_token(m))
         except (OSError, ValueError):
             return None
+
+    def _root_token(self, m: Member) -> str:
+        """With auth on, maintenance status needs a login: a fresh root token from this member
+        (a restarted member has forgotten the tokens it knew)."""
+        if not self._auth:
+            return ""
+        password = (self.certs / "passwords" / "root.password").read_text().strip()
+        return str(_post_json(f"{m.client}/v3/auth/authenticate", {"name": "root", "password": password},
+                              ctx=self._ctx)["token"])
 
     def leader(self) -> int | None:
         """Index of the member that every live member reporting a leader names, or None."""
@@ -120,15 +170,15 @@ class EtcdCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             live = [m for m in self.members if m.alive()]
-            if all(self._healthy(m) for m in live) and self.leader() is not None:
+            if all(self._healthy(m, self._ctx) for m in live) and self.leader() is not None:
                 return True
             time.sleep(0.1)
         return False
 
     @staticmethod
-    def _healthy(m: Member) -> bool:
+    def _healthy(m: Member, ctx) -> bool:
         try:
-            with urllib.request.urlopen(f"{m.client}/health", timeout=1) as resp:
+            with urllib.request.urlopen(f"{m.client}/health", timeout=1, context=ctx) as resp:
                 return b'"health":"true"' in resp.read()
         except OSError:
             return False

@@ -64,7 +64,57 @@ def etcd_available() -> bool:
     return os.access(ETCD_BINARY, os.X_OK)
 
 
-class EtcdServer:
+def client_access(certs: Path, user: str) -> EtcdAccess:
+    """The access of `user` to a test etcd whose certificates and passwords are under `certs`."""
+    return EtcdAccess(ca=certs / "ca.crt", cert=certs / f"etcd-{user}.crt", key=certs / f"etcd-{user}.key", user=user,
+                      password=(certs / "passwords" / f"{user}.password").read_text().strip())
+
+
+def client_env(certs: Path, user: str) -> dict[str, str]:
+    """FABRIC_ETCD_* for a child process logging in as `user` to that test etcd."""
+    return {"FABRIC_ETCD_CA": str(certs / "ca.crt"), "FABRIC_ETCD_CERT": str(certs / f"etcd-{user}.crt"),
+            "FABRIC_ETCD_KEY": str(certs / f"etcd-{user}.key"), "FABRIC_ETCD_USER": user,
+            "FABRIC_ETCD_PASSWORD_FILE": str(certs / "passwords" / f"{user}.password")}
+
+
+def make_certs(root: Path, members: list[str]) -> Path:
+    """The etcd CA, a server certificate per member and client certificates for root, fabricd and
+    gateway, as `fabricd store issue-*` make them: all in ROOT/certs (returned)."""
+    certs = root / "certs"
+    for member in members:
+        issue_server(root / "pki-state", member, ["127.0.0.1", "localhost"], certs)
+    for role in ("root", "fabricd", "gateway"):
+        issue_client(root / "pki-state", role, certs)
+    return certs
+
+
+def set_up_auth(certs: Path, endpoints: list[tuple[str, int]]) -> None:
+    """Users, roles and auth on, by the code behind `fabricd store init-auth`."""
+    tls = EtcdAccess(ca=certs / "ca.crt", cert=certs / "etcd-root.crt", key=certs / "etcd-root.key")
+    init_auth(endpoints, tls, certs / "passwords")
+
+
+class ClientsOf:
+    """How processes reach a test etcd (a server or a cluster): ``secure``, ``certs`` and ``url``
+    come from the class that mixes this in."""
+
+    secure: bool
+    certs: Path
+    url: str
+
+    def access(self, user: str = "fabricd") -> EtcdAccess | None:
+        """How a process of this kind reaches it (None when it is plain)."""
+        return client_access(self.certs, user) if self.secure else None
+
+    def env(self, user: str = "fabricd") -> dict[str, str]:
+        """FABRIC_ETCD_* for a child process logging in as `user` ({} when it is plain)."""
+        return client_env(self.certs, user) if self.secure else {}
+
+    def open(self, user: str = "fabricd") -> Store:
+        return open_store(self.url, access=self.access(user))
+
+
+class EtcdServer(ClientsOf):
     """``with EtcdServer() as srv:`` starts etcd; ``srv.url`` is ``etcd://127.0.0.1:PORT``."""
 
     def __init__(self, binary: str = ETCD_BINARY, *, secure: bool = True):
@@ -85,37 +135,12 @@ class EtcdServer:
         assert self.data_dir is not None
         return self.data_dir / "certs"
 
-    def access(self, user: str = "fabricd") -> EtcdAccess | None:
-        """How a process of this kind reaches the server (None for a plain one)."""
-        if not self.secure:
-            return None
-        c = self.certs
-        return EtcdAccess(ca=c / "ca.crt", cert=c / f"etcd-{user}.crt", key=c / f"etcd-{user}.key", user=user,
-                          password=(c / "passwords" / f"{user}.password").read_text().strip())
-
-    def env(self, user: str = "fabricd") -> dict[str, str]:
-        """FABRIC_ETCD_* for a child process logging in as `user` ({} for a plain server)."""
-        if not self.secure:
-            return {}
-        c = self.certs
-        return {"FABRIC_ETCD_CA": str(c / "ca.crt"), "FABRIC_ETCD_CERT": str(c / f"etcd-{user}.crt"),
-                "FABRIC_ETCD_KEY": str(c / f"etcd-{user}.key"), "FABRIC_ETCD_USER": user,
-                "FABRIC_ETCD_PASSWORD_FILE": str(c / "passwords" / f"{user}.password")}
-
-    def open(self, user: str = "fabricd") -> Store:
-        return open_store(self.url, access=self.access(user))
-
     def _set_up_auth(self) -> None:
-        """Users, roles and auth on, by the code behind `fabricd store init-auth`."""
-        c = self.certs
-        tls = EtcdAccess(ca=c / "ca.crt", cert=c / "etcd-root.crt", key=c / "etcd-root.key")
-        init_auth([(self.host, self.port)], tls, c / "passwords")
+        set_up_auth(self.certs, [(self.host, self.port)])
 
     def _make_certs(self) -> None:
-        state = self.data_dir / "pki-state"
-        issue_server(state, "fabric-test", ["127.0.0.1", "localhost"], self.certs)
-        for role in ("root", "fabricd", "gateway"):
-            issue_client(state, role, self.certs)
+        assert self.data_dir is not None
+        make_certs(self.data_dir, ["fabric-test"])
 
     def start(self) -> EtcdServer:
         if not etcd_available():
