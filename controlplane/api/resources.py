@@ -20,7 +20,7 @@ The four lists page (controlplane.api.paging): ?limit (default 500, at most 1000
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from common.schemas import InferenceDeployment, InferenceEndpoint, InferenceProfile, ModelArtifact
 from controlplane.api.answers import Deleted
@@ -56,8 +56,13 @@ def list_models(state: StateDep, response: Response, who: PrincipalDep, limit: L
 
 
 @router.post("/models", status_code=201, response_model=ModelArtifact)
-def create_model(body: ModelArtifact, state: StateDep, who: PrincipalDep) -> dict:
-    return model_ops.create(state, who, body).model_dump(mode="json")
+def create_model(body: ModelArtifact, state: StateDep, who: PrincipalDep, response: Response,
+                 dry_run: bool = Query(False, description="check everything a create checks; write nothing "
+                                       "(200 with the record it would write)")) -> dict:
+    model = model_ops.create(state, who, body, dry_run=dry_run)
+    if dry_run:
+        response.status_code = 200
+    return model.model_dump(mode="json")
 
 
 @router.get("/models/{name}", response_model=ModelArtifact)

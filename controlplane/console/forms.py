@@ -1,6 +1,6 @@
 """The console's forms for the everyday writes: each posts to the REST API route fabricctl uses.
 
-    GET/POST /app/ai/models/new                     POST /api/ai/models (a dry run: POST /api/ai/apply dry_run)
+    GET/POST /app/ai/models/new                     POST /api/ai/models (a dry run: ?dry_run=true, the same checks)
     GET/POST /app/ai/profiles/new                   POST /api/ai/profiles
     GET/POST /app/ai/deployments/new                POST /api/ai/deployments
     GET/POST /app/ai/endpoints/new                  POST /api/ai/endpoints
@@ -24,6 +24,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from common.runtimes import OPENAI_INCAPABLE, RUNTIME_NAMES
 from common.schemas import ROUTING_L7, ROUTING_STRATEGIES
 from controlplane.console import views
 from controlplane.console.actions import _failed, _guarded
@@ -56,7 +57,9 @@ MODEL_FIELDS = [
 ]
 PROFILE_FIELDS = [
     FormField("name", "Name", required=True),
-    FormField("runtime", "Runtime", "select", options=["vllm", "sglang", "tgi", "llama.cpp"], default="vllm"),
+    # The runtimes the API accepts, from the one runtime table (common/runtimes.py): they cannot drift.
+    FormField("runtime", "Runtime", "select", options=[r for r in RUNTIME_NAMES if r not in OPENAI_INCAPABLE],
+              default="vllm"),
     FormField("gpu.count", "GPUs per replica", "number", default="1"),
     FormField("gpu.vram_gib", "VRAM per GPU (GiB)", "number", required=True, default="24"),
     FormField("gpu.model", "GPU model", hint="optional filter, e.g. H100"),
@@ -230,12 +233,7 @@ def _submit(key: str):
             return _form_page(request, session, key, values, bad, "", options, status=422)
         dry = key == "models" and "dry_run" in form
         try:
-            if dry:
-                doc = {"kind": "ModelArtifact", "metadata": {"name": body.get("name", "")},
-                       "spec": {k: v for k, v in body.items() if k != "name"}}
-                await api.call("POST", "/api/ai/apply", json={"documents": [doc], "dry_run": True})
-            else:
-                await api.call("POST", path, json=body)
+            await api.call("POST", path, json=body, params={"dry_run": "true"} if dry else None)
         except ApiError as exc:
             errors, general = field_errors(exc, [f.name for f in fields])
             return _form_page(request, session, key, values, errors, general, options, status=exc.status,

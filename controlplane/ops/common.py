@@ -48,6 +48,10 @@ def stored(store: Store, kind: str, name: str) -> dict:
     return found
 
 
+def stored_or_none(store: Store, kind: str, name: str) -> dict | None:
+    return BY_KIND[kind].stored(store, name)
+
+
 def stored_list(store: Store, kind: str) -> list[dict]:
     return [value for _, value in BY_KIND[kind].stored_items(store)]
 

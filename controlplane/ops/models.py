@@ -1,7 +1,9 @@
-"""Model operations: register (its sources checked) and delete (refused while in use)."""
+"""Model operations: register (its sources checked; a dry run checks the same and writes nothing)
+and delete (refused while in use)."""
 
 from __future__ import annotations
 
+from common.errors import Conflict
 from common.schemas import ModelArtifact, ModelStatus
 from controlplane.models.sources import check_local_source
 from controlplane.ops import common
@@ -13,7 +15,7 @@ from controlplane.tenancy import model_sources
 from controlplane.tenancy.principal import Principal, claimed
 
 
-def create(ctx: AppState, caller: Principal, body: ModelArtifact) -> ModelArtifact:
+def create(ctx: AppState, caller: Principal, body: ModelArtifact, *, dry_run: bool = False) -> ModelArtifact:
     body = claimed(body, caller)
     model_dir = settings_of(ctx).model_dir  # FABRIC_MODEL_DIR, read at start
     check_local_source(body.source, model_dir)
@@ -22,6 +24,10 @@ def create(ctx: AppState, caller: Principal, body: ModelArtifact) -> ModelArtifa
     # A tenant-bound caller: its own model root, and only allow-listed hf:// repositories.
     model_sources.check(ctx.store, caller, [body.source, *(a.source for a in body.adapters)], model_dir)
     model = common.fresh(body, ModelStatus(phase="Registered", message="model registered"))
+    if dry_run:
+        if common.stored_or_none(ctx.store, "model", model.name) is not None:
+            raise Conflict(f"model {model.name!r} already exists", code="already_exists")
+        return model
     return common.create(ctx, "model", model, f"model {model.name} from {model.source}")
 
 

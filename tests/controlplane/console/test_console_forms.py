@@ -76,6 +76,37 @@ def test_model_dry_run_writes_nothing_and_lists_the_checks(cluster):
         assert api.get("/api/ai/models/dry-m").status_code == 404
 
 
+def test_an_operators_model_dry_run_is_allowed_and_checks_what_a_create_checks(cluster):
+    with cluster.api() as api:
+        r = api.post("/api/ai/users", json={"name": "ops-dry", "role": "operator", "password": "ops-dry-password-1"})
+        assert r.status_code == 201, r.text
+    with signed_in(cluster, "ops-dry", "ops-dry-password-1") as c:
+        r = _post(c, "/models/new", {"name": "ops-dry-m", "source": "hf://org/m", "dry_run": "1"})
+        assert r.status_code == 200 and 'data-testid="dry-run-ok"' in r.text, r.text[:500]
+        # The dry run is the create's own check: a taken name is the create's 409, shown on the form.
+        r = _post(c, "/models/new", {"name": "chat", "source": "hf://org/m", "dry_run": "1"})
+        assert r.status_code == 409 and "already exists" in r.text
+    with cluster.api() as api:
+        assert api.get("/api/ai/models/ops-dry-m").status_code == 404
+
+
+def test_the_profile_forms_runtimes_are_exactly_those_the_api_accepts(cluster):
+    import re
+
+    from common.runtimes import RUNTIME_NAMES
+
+    with signed_in(cluster) as c:
+        html = c.get(f"{CONSOLE}/profiles/new").text
+    select = html[html.index('name="runtime"'):]
+    offered = re.findall(r"<option(?: selected)?>([^<]+)</option>", select[:select.index("</select>")])
+    with cluster.api() as api:
+        accepted = [r for r in RUNTIME_NAMES
+                    if api.post("/api/ai/profiles", json={"name": f"rt-{r.replace('.', '').replace('_', '-')}",
+                                                          "runtime": r, "gpu": {"count": 1, "vram_gib": 24},
+                                                          "cpu": 1, "memory_gib": 1}).status_code == 201]
+    assert offered == accepted and "sglang" not in offered and "tensorrt-llm" in offered
+
+
 def test_add_profile_deploy_expose_autoscale_and_roll_out_through_forms(cluster):
     with signed_in(cluster) as c:
         r = _post(c, "/models/new", {"name": "form-m", "source": "hf://org/form", "license": "mit"})
