@@ -2,7 +2,7 @@
 
   fabricd backup keygen --key-file PATH
       writes a new Fernet key (0600); refuses to overwrite one. Keep a copy away from the archives.
-  fabricd backup create --state-dir DIR --key-file PATH [--store URL] [--out DIR] [--keep N]
+  fabricd backup create --state-dir DIR --key-file PATH [--store URL] [--out DIR] [--keep N] [--insecure-store]
       writes OUT/fabric-backup-YYYYmmddTHHMMSSZ.tar (0600; OUT defaults to DIR/backups), keeps the
       newest N (14), and records the time in the store for fabric_backup_last_success_timestamp_seconds.
       The gateway HMAC secret comes from fabricd's own setting (FABRIC_KEY_HMAC_SECRET or _FILE);
@@ -10,6 +10,7 @@
   fabricd backup restore ARCHIVE --state-dir DIR --key-file PATH [--store URL]
       into an empty store and a state directory without a CA: the store's keys, the state files and
       DIR/key-hmac-secret (0600) for FABRIC_KEY_HMAC_SECRET_FILE on fabricd and every gateway.
+An etcd store is reached as fabricd reaches it (FABRIC_ETCD_*: TLS and the fabricd login).
 Bad input exits 2 with one line naming what is wrong; no secret is ever printed.
 """
 
@@ -34,11 +35,16 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _open_store(url: str | None, state_dir: Path):
+def _open_store(url: str | None, state_dir: Path, insecure_store: bool, config=None):
+    """The store fabricd serves with, reached with fabricd's FABRIC_ETCD_* (TLS, its login)."""
     from common.store.base import open_store
+    from controlplane.settings import SettingsError, load
 
     try:
-        return open_store(url, state_dir)
+        config = config or load()
+        return open_store(url, state_dir, access=config.store_access, insecure=insecure_store)
+    except SettingsError as exc:
+        raise _fail(f"fabricd's settings: {exc}") from None
     except ValueError as exc:
         raise _fail(str(exc)) from None
 
@@ -63,6 +69,7 @@ def create(
     store: str = typer.Option(None, "--store", help="the store URL fabricd serves with (default: SQLite in the state dir)"),
     out: Path = typer.Option(None, "--out", help="directory for archives (default STATE_DIR/backups)"),
     keep: int = typer.Option(14, "--keep", min=1, help="archives to keep in --out, newest first"),
+    insecure_store: bool = typer.Option(False, "--insecure-store", help="allow an etcd off loopback without TLS"),
 ) -> None:
     """Write one encrypted archive with everything a restore needs."""
     from controlplane.backup.archive import ArchiveError, load_key, pack, snapshot
@@ -84,7 +91,7 @@ def create(
         key = load_key(key_file)
     except ArchiveError as exc:
         raise _fail(str(exc)) from None
-    the_store = _open_store(store, state_dir)
+    the_store = _open_store(store, state_dir, insecure_store, config)
     try:
         contents = snapshot(the_store, state_dir, secret)
         data = pack(contents, key)
@@ -109,6 +116,7 @@ def restore(
     state_dir: Path = typer.Option(..., "--state-dir", help="a new state directory for this fabricd"),
     key_file: Path = typer.Option(..., "--key-file", help="the key the archive was made with"),
     store: str = typer.Option(None, "--store", help="an empty store (default: SQLite in the state dir)"),
+    insecure_store: bool = typer.Option(False, "--insecure-store", help="allow an etcd off loopback without TLS"),
 ) -> None:
     """Restore an archive into an empty store and a new state directory."""
     from controlplane.backup.archive import ArchiveError, load_key, restore_into, unpack
@@ -122,7 +130,7 @@ def restore(
     except ArchiveError as exc:
         raise _fail(f"{archive}: {exc}") from None
     private_dir(state_dir)
-    the_store = _open_store(store, state_dir)
+    the_store = _open_store(store, state_dir, insecure_store)
     try:
         secret_file = restore_into(contents, the_store, state_dir)
     except ArchiveError as exc:

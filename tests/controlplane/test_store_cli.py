@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.controlplane.conftest import BIN, login, start_fabricd
-from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
+from tests.support.etcd_server import (
+    ETCD_BINARY,
+    EtcdServer,
+    etcd_available,
+    etcd_server,  # noqa: F401  (a fixture, used by name)
+)
 from tests.support.polling import clean_env
 
 
@@ -85,3 +90,19 @@ def test_serve_refuses_bad_store_settings_with_exit_2(tmp_path):
                              capture_output=True, text=True, timeout=60,
                              env=clean_env({"FABRIC_KEY_HMAC_SECRET": "k" * 32}))
     assert gateway.returncode == 2 and "--insecure-store" in gateway.stderr
+
+
+def test_backup_create_reads_the_secured_store_as_fabricd(request, tmp_path):
+    etcd = request.getfixturevalue("etcd_server")
+    state, key = tmp_path / "state", tmp_path / "backup.key"
+    assert fabricd("init", "--state-dir", str(state)).returncode == 0
+    assert fabricd("backup", "keygen", "--key-file", str(key)).returncode == 0
+    etcd.open("fabricd").put("/fabric/models/backed-up", "{}")
+    env = {"FABRIC_KEY_HMAC_SECRET": "b" * 32, **etcd.env("fabricd")}
+    done = fabricd("backup", "create", "--state-dir", str(state), "--key-file", str(key), "--store", etcd.url,
+                   env=env)
+    assert done.returncode == 0, done.stderr
+    assert "store keys" in done.stdout and list((state / "backups").glob("fabric-backup-*.tar"))
+    refused = fabricd("backup", "create", "--state-dir", str(state), "--key-file", str(key), "--store",
+                      etcd.url, env={**env, "FABRIC_ETCD_PASSWORD_FILE": str(tmp_path / "none")})
+    assert refused.returncode == 2 and "FABRIC_ETCD_PASSWORD_FILE" in refused.stderr
