@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,10 +33,10 @@ SPANS = {"hour": HOUR, "day": DAY}
 MAX_ROWS_PER_DOC = 20_000  # a gateway's distinct rows in one hour; past it a call's row is dropped and counted
 
 
-@dataclass(frozen=True)
-class Dims:
+class Dims(NamedTuple):
     """What one row is about. Every field is bounded by records (keys, endpoints, models) or by
-    the gateway's own vocabulary (status: the call's outcome)."""
+    the gateway's own vocabulary (status: the call's outcome). A tuple: built on every call, and a
+    frozen dataclass cost several times as much to build (measured: 2 us for it and the Call)."""
     tenant: str | None
     key: str | None
     endpoint: str
