@@ -30,19 +30,12 @@ from common.prices import PriceSheet
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import finops as finops_ops
 from controlplane.records import budgets as budget_records
-from controlplane.records import endpoints
 from controlplane.records import notifications as notification_records
 from controlplane.state import StateDep
 from controlplane.tenancy import notifier
 from controlplane.tenancy import usage as usage_report
 
 router = APIRouter(prefix="/api/ai", tags=["usage"], dependencies=[Depends(require_admin)])
-
-
-def deployment_of(store) -> dict[str, str]:
-    """endpoint -> the deployment it serves (GPU-seconds attribution)."""
-    return {e["name"]: e["deployment"] for e in endpoints.RECORDS.readable(store)
-            if isinstance(e.get("name"), str) and isinstance(e.get("deployment"), str)}
 
 
 @router.get("/usage", response_model=None)
@@ -64,7 +57,7 @@ def get_usage(
         since=now - 86400 if since is None else since, until=now if until is None else until,
         granularity=granularity, group_by=tuple(g.strip() for g in group_by.split(",") if g.strip()),
         filters=filters)
-    report = usage_report.report(state.store, query, now, deployment_of(state.store))
+    report = usage_report.report(state.store, query, now)
     if format == "csv":
         return PlainTextResponse(usage_report.to_csv(report), media_type="text/csv",
                                  headers={"content-disposition": 'attachment; filename="fabric-usage.csv"'})

@@ -23,6 +23,7 @@ from common import prices, usage_ledger
 from common.errors import InvalidInput
 from common.store.base import Store
 from common.usage_ledger import UsageDoc
+from controlplane.records import endpoints
 from controlplane.tenancy import finops, lifetimes
 from controlplane.tenancy.lifetimes import Lifetime
 
@@ -117,12 +118,18 @@ def rollup(docs: list[UsageDoc], query: UsageQuery, sheet: prices.PriceSheet | N
     }
 
 
-def report(store: Store, query: UsageQuery, now: float, deployment_of: Mapping[str, str]) -> dict:
-    """The usage report for ``query`` from the store (``deployment_of``: endpoint -> deployment).
-    The console's tenant usage page calls this with filters={"tenant": ...}."""
+def deployment_of(store: Store) -> dict[str, str]:
+    """endpoint -> the deployment it serves (for the GPU-seconds attribution)."""
+    return {e["name"]: e["deployment"] for e in endpoints.RECORDS.readable(store)
+            if isinstance(e.get("name"), str) and isinstance(e.get("deployment"), str)}
+
+
+def report(store: Store, query: UsageQuery, now: float) -> dict:
+    """The usage report for ``query`` from the store: the one call behind GET /api/ai/usage,
+    `fabricctl ai usage` and the console's tenant usage page (filters={"tenant": ...})."""
     docs = usage_ledger.docs(store, query.since, query.until)
     lives = lifetimes.load(store, now)
-    return rollup(docs, query, prices.read(store), attribute(docs, lives, deployment_of))
+    return rollup(docs, query, prices.read(store), attribute(docs, lives, deployment_of(store)))
 
 
 def to_csv(report_: dict) -> str:
