@@ -159,18 +159,24 @@ def build_record(spec: KeySpec, hmac_secret: bytes, now: float | None = None) ->
     return record, plaintext
 
 
-def rotated(record: ApiKeyRecord, hmac_secret: bytes, overlap_secs: int, now: float) -> tuple[ApiKeyRecord, str]:
+def rotated(record: ApiKeyRecord, hmac_secret: bytes, overlap_secs: int, now: float,
+            renew: bool = False) -> tuple[ApiKeyRecord, str]:
+    """A new secret; the current one keeps working for overlap_secs. ``renew`` (a key with a TTL):
+    the new secret lives ttl_secs from now, and the current one exactly until it was due to expire,
+    so a holder that renews before expiry never has a moment without a working secret."""
     if overlap_secs < 0:
         raise InvalidInput("overlap_secs must be 0 or positive")
     plaintext, _ = new_plaintext(record.prefix)
-    new = record.model_copy(
-        update={
-            "hash": digest(hmac_secret, plaintext),
-            "previous_hash": record.hash if overlap_secs else None,
-            "previous_valid_until": (now + overlap_secs) if overlap_secs else None,
-        }
-    )
-    return new, plaintext
+    update: dict = {
+        "hash": digest(hmac_secret, plaintext),
+        "previous_hash": record.hash if overlap_secs else None,
+        "previous_valid_until": (now + overlap_secs) if overlap_secs else None,
+    }
+    if renew and record.ttl_secs:
+        old_end = record.expires_at if record.expires_at is not None else now
+        update.update(expires_at=now + record.ttl_secs, previous_hash=record.hash if old_end > now else None,
+                      previous_valid_until=old_end if old_end > now else None)
+    return record.model_copy(update=update), plaintext
 
 
 # --- records in the store -------------------------------------------------------------------
@@ -247,13 +253,14 @@ def delete_key(store: Store, key_id: str) -> None:
 
 
 def rotate_key(
-    store: Store, key_id: str, hmac_secret: bytes, overlap_secs: int = DEFAULT_OVERLAP_SECS
+    store: Store, key_id: str, hmac_secret: bytes, overlap_secs: int = DEFAULT_OVERLAP_SECS, renew: bool = False
 ) -> tuple[ApiKeyRecord, str]:
     for _ in range(20):
         kv = store.get(keyspace.api_keys(key_id))
         if kv is None:
             raise NotFound(f"API key {key_id!r} does not exist")
-        new, plaintext = rotated(ApiKeyRecord.model_validate_json(kv.value), hmac_secret, overlap_secs, time.time())
+        new, plaintext = rotated(ApiKeyRecord.model_validate_json(kv.value), hmac_secret, overlap_secs, time.time(),
+                                 renew)
         if store.cas(kv.key, new.model_dump_json(), kv.mod_revision):
             return new, plaintext
     raise InvalidInput(f"API key {key_id!r} is being changed concurrently; try again")

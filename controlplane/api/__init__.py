@@ -20,7 +20,7 @@ from fastapi import APIRouter
 OPTIONAL_MODULES = ("keys", "nodes", "orchestration", "rollouts", "batches", "backup", "mig", "models", "apply",
                     "scaling", "quotas", "replicas", "aliases", "sites", "finops", "tenancy",
                     "model_copy", "model_blobs", "capacity_fit", "node_join", "identity", "tenant_limits", "playground_keys",
-                    "node_drain", "usage")
+                    "node_drain", "usage", "agent_credentials")
 
 
 def routers() -> list[APIRouter]:

@@ -68,6 +68,7 @@ def build_app() -> typer.Typer:
         capacity,
         completion,
         config_cmd,
+        credentials,
         declarative,
         explain,
         finops,
@@ -117,6 +118,7 @@ def build_app() -> typer.Typer:
     ai.add_typer(scaling.quota_app, name="quota")
     ai.add_typer(sites.site_app, name="site")
     ai.add_typer(keys.key_app, name="key")
+    ai.add_typer(credentials.credential_app, name="credential")
     ai.add_typer(tenancy.user_app, name="user")
     ai.add_typer(tenancy.policy_app, name="policy")
     ai.add_typer(tenancy.key_policy_app, name="key-policy")

@@ -136,6 +136,17 @@ def rotate(ctx: AppState, caller: Principal, ref: str, body: KeyRotate) -> NewSe
     return NewSecret(record, plaintext)
 
 
+def renew(ctx: AppState, caller: Principal, ref: str) -> NewSecret:
+    """A new secret living the key's ttl_secs from now; the current one works until its own expiry
+    (apikeys.rotated's renew). For keys with a TTL only (an agent runtime's credential)."""
+    current = resolve(ctx, caller, ref)
+    if not current.ttl_secs:
+        raise InvalidInput(f"key {current.name!r} never expires: rotate it instead of renewing", code="no_ttl")
+    key_policies.enforce(ctx.store, current.endpoint, _shape(current), rotating=True)
+    record, plaintext = apikeys.rotate_key(ctx.store, current.id, hmac_secret(ctx), renew=True)
+    return NewSecret(record, plaintext)
+
+
 def delete(ctx: AppState, caller: Principal, ref: str) -> ApiKeyRecord:
     record = resolve(ctx, caller, ref)
     apikeys.delete_key(ctx.store, record.id)

@@ -139,6 +139,10 @@ RULES: dict[tuple[str, str], Rule] = {
     # a viewer only where the key policy allows it (controlplane.api.playground_keys)
     ("POST", "/api/ai/endpoints/{name}/playground-key"): read(owned("endpoint", "name")),
     ("DELETE", "/api/ai/endpoints/{name}/playground-key/{key_id}"): read(owned("endpoint", "name")),
+    # agent runtime credentials: keys with a TTL, renewed and revoked (controlplane.api.agent_credentials)
+    ("POST", "/api/ai/endpoints/{name}/credentials"): write(owned("endpoint", "name")),
+    ("POST", "/api/ai/endpoints/{name}/credentials/{key_id}/refresh"): write(owned("endpoint", "name")),
+    ("DELETE", "/api/ai/endpoints/{name}/credentials/{key_id}"): write(owned("endpoint", "name")),
     ("GET", "/api/ai/audit/verify"): read(),
     # -- events ---------------------------------------------------------------------------------
     ("GET", "/api/ai/events"): read(FILTERED),
