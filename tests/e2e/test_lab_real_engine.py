@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -399,3 +400,141 @@ def _running(engine: str) -> float:
         return 0
     return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                  if line.startswith("vllm:num_requests_running{")), 0)
+
+
+def _stream_pieces(client, prompt: str, max_tokens: int, into: list[str], raw_ids: list[str] | None = None):
+    """One greedy streamed chat through the gateway; its content pieces appended as they come."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    if raw_ids is not None:
+        raw_ids.append(raw.http_response.headers.get("x-fabric-request-id", ""))
+    usage = None
+    for chunk in raw.parse():
+        if chunk.choices:
+            into.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage
+    return usage
+
+
+def test_a_call_at_zero_replicas_is_held_and_its_cold_start_timed_by_phase(lab: Lab):
+    """Scaled to zero with autoscaling: one streamed call through the gateway with the openai
+    client as it ships (held by default, keep-alive comments while the engine starts) wakes the
+    deployment and gets its whole answer; each phase of the cold start is seen in order, and
+    fabricd's explain routing showed the phases a held call waits in (common.cold_phase)."""
+    import openai
+
+    from common.cold_phase import PHASES
+    from controlplane.lab.cold_start_phases import ORDER, measure
+
+    api = lab.api
+    r = api.put(f"/api/ai/deployments/{MODEL}/autoscaling", json={
+        "min_replicas": 0, "max_replicas": 2, "scale_to_zero": True, "scale_to_zero_idle_seconds": 3600,
+        "scale_in_seconds": 3600, "cooldown_seconds": 0})
+    assert r.status_code == 200, r.text
+    assert api.post(f"/api/ai/deployments/{MODEL}/scale", json={"replicas": 0}).status_code in (200, 202)
+    wait_for(lambda: not lab.replicas(), 180, "zero replicas")
+    client = openai.OpenAI(base_url=f"{lab.cfg.gateway_url}/api/ai/openai/{ENDPOINT}/v1", api_key=lab.key,
+                           http_client=lab.tls)
+
+    def stream():
+        for chunk in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
+                                                    max_tokens=8, temperature=0, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                yield chunk.choices[0].delta.content
+
+    out = measure(api, MODEL, ENDPOINT, stream)
+    lab.figures["cold_start_s"] = out["phases_s"]
+    print(f"\ncold start: {json.dumps(out)}", file=sys.stderr)
+    assert out["error"] is None and out["text"], out
+    times = [out["phases_s"].get(p) for p in ORDER]
+    assert None not in times and times == sorted(times), out  # every phase, in order
+    shown = out["explain"]
+    assert shown and shown == sorted(shown, key=PHASES.index) and shown[0] in ("wake", "placement"), shown
+
+
+def test_streams_go_on_at_the_other_engine_when_one_is_killed_mid_answer(lab: Lab):
+    """Two real engines, greedy streams through the gateway, one engine SIGKILLed mid-answer:
+    every stream ends with its usage and [DONE] (the client raised nothing); a stream the kill
+    did not touch carries the undisturbed text; a moved one carries the undisturbed text up to
+    the seam and then exactly the surviving engine's own greedy answer to the continuation
+    (nothing twice, nothing missing). The text after the seam equals the undisturbed text only
+    when re-tokenizing the text sent reproduces the tokens generated: the lab's tiny random model
+    emits byte fragments that reach the client as U+FFFD, which cannot tokenize back, so that
+    equality is what a real model's text gives, not what this model's can."""
+    api = lab.api
+    assert api.put(f"/api/ai/deployments/{MODEL}/autoscaling", json={"enabled": False}).status_code == 200
+    assert api.post(f"/api/ai/deployments/{MODEL}/scale", json={"replicas": 2}).status_code in (200, 202)
+    wait_for(lambda: api.get(f"/api/ai/deployments/{MODEL}").json()["status"]["ready_replicas"] == 2, 300,
+             "two real engines Ready again")
+    client = lab.gateway_client()
+    prompts = [f"Write a short story about the number {i}." for i in range(4)]
+    tokens = 40
+
+    def run_all(kill: Callable[[list[list[str]]], None] | None = None) -> tuple[list[list[str]], list, list[list[str]]]:
+        pieces: list[list[str]] = [[] for _ in prompts]
+        usages: list = [None] * len(prompts)
+        ids: list[list[str]] = [[] for _ in prompts]
+        errors: list[str] = []
+
+        def one(i: int) -> None:
+            try:
+                usages[i] = _stream_pieces(client, prompts[i], tokens, pieces[i], ids[i])
+            except Exception as exc:  # noqa: BLE001 - named in the assertion
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        if kill is not None:
+            kill(pieces)
+        for t in threads:
+            t.join(180)
+        assert not errors, errors
+        return pieces, usages, ids
+
+    undisturbed = ["".join(p) for p in run_all()[0]]
+    assert all(undisturbed), undisturbed
+    victim = max(lab.replicas(), key=lambda r: _running(f"http://{r['host']}:{r['port']}"))
+
+    def kill(pieces: list[list[str]]) -> None:
+        wait_for(lambda: all(len(p) >= 4 for p in pieces), 120, "every stream under way", interval=0.05)
+        ns = f"fabric-lab-r-{victim['replica_id']}"
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            try:
+                os.kill(int(pid), 9)
+            except ProcessLookupError:
+                pass
+
+    pieces, usages, ids = run_all(kill)
+    assert all(u is not None and u.completion_tokens <= tokens for u in usages), usages
+    survivor = next(r for r in lab.replicas() if r["replica_id"] != victim["replica_id"])
+    moved_count = 0
+    for i, prompt in enumerate(prompts):
+        why = lab.tls.get(f"{lab.cfg.gateway_url}/api/ai/explain/request/{ids[i][0]}",
+                          headers={"Authorization": f"Bearer {lab.key}"}).json()
+        moves = [m for m in why.get("migrations", []) if m["outcome"] == "moved"]
+        text = "".join(pieces[i])
+        if not moves:
+            assert text == undisturbed[i], (i, text, undisturbed[i])
+            continue
+        moved_count += 1
+        sent = [p for p in pieces[i] if p][:moves[0]["after_tokens"]]
+        head = "".join(sent)
+        assert undisturbed[i].startswith(head), (i, head, undisturbed[i])
+        # The surviving engine's own greedy answer to the continuation the gateway sent.
+        cont = httpx.post(f"http://{survivor['host']}:{survivor['port']}/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "temperature": 0, "max_tokens": tokens - len(sent), "continue_final_message": True,
+            "add_generation_prompt": False, "messages": [{"role": "user", "content": prompt},
+                                                         {"role": "assistant", "content": head.rstrip()}]})
+        rest = cont.json()["choices"][0]["message"]["content"]
+        held = head[len(head.rstrip()):]
+        k = 0
+        while k < min(len(held), len(rest)) and rest[k] == held[k]:
+            k += 1
+        assert text == head + rest[k:], (i, text, head, rest)
+        lab.figures.setdefault("seam_s", []).extend(why.get("seam_s", []))
+    print(f"\nmigration: moved {moved_count} of {len(prompts)} streams; seams {lab.figures.get('seam_s')}",
+          file=sys.stderr)
+    assert moved_count, "no stream was on the killed engine"
