@@ -306,24 +306,27 @@ def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
     shutil.copy(key, node_pki / f"{NODE_ID}.key")
     shutil.copy(cfg.ca, node_pki / "ca.crt")
 
+    # The agent starts first: compiling the BPF program is most of a lab's start (seconds of one
+    # CPU), and fabricd and the mirror start beside it. The agent heartbeats until fabricd
+    # answers (every --heartbeat-secs) and downloads from the mirror only when a replica is placed.
+    engine = "the real vLLM engine (CPU build)" if cfg.engine == "vllm" else "fabric-engine-sim"
+    echo(f"lab: starting fabric-agent {NODE_ID} (lab VM driver, {cfg.gpus} simulated {cfg.gpu_name} GPUs, "
+         f"replicas run {engine})")
+    start_agent(cfg)
+
     echo(f"lab: starting fabricd on {cfg.url}")
     # the console's playground calls the lab's gateway, verified with the lab's CA
     console = {"FABRIC_CONSOLE_GATEWAY_URL": cfg.gateway_url, "FABRIC_CONSOLE_GATEWAY_CA": str(cfg.ca)}
     processes.start(cfg.state_dir, "fabricd", fabricd_command(cfg, fd, cfg.api_port), {**env, **console})
-    _wait_http(f"{cfg.url}/openapi.json", cfg.ca, "fabricd", log=cfg.state_dir / "logs" / "fabricd.log")
 
     echo(f"lab: starting a Hugging Face mirror on {cfg.mirror_url} serving {LAB_MODEL_REPO}")
     processes.start(cfg.state_dir, "hf-mirror", [
         sys.executable, "-m", "controlplane.lab.hf_mirror", "serve", "--root", str(cfg.state_dir / "hf-mirror"),
         "--listen", f"127.0.0.1:{cfg.mirror_port}", "--tiny", LAB_MODEL_REPO, "--tiny-adapter", LAB_ADAPTER_REPO],
         {"PYTHONUNBUFFERED": "1"})
+    _wait_http(f"{cfg.url}/openapi.json", cfg.ca, "fabricd", log=cfg.state_dir / "logs" / "fabricd.log")
     _wait_plain_http(f"{cfg.mirror_url}/api/models/{LAB_MODEL_REPO}", "the HF mirror",
                      log=cfg.state_dir / "logs" / "hf-mirror.log")
-
-    engine = "the real vLLM engine (CPU build)" if cfg.engine == "vllm" else "fabric-engine-sim"
-    echo(f"lab: starting fabric-agent {NODE_ID} (lab VM driver, {cfg.gpus} simulated {cfg.gpu_name} GPUs, "
-         f"replicas run {engine})")
-    start_agent(cfg)
 
     echo(f"lab: starting fabric-gateway on {cfg.gateway_url}")
     processes.start(cfg.state_dir, "gateway", gateway_command(cfg, cfg.gateway_port), {**env, **kv_index_env(cfg)})
