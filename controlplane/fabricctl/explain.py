@@ -37,6 +37,9 @@ def routing(endpoint: str = typer.Argument(..., metavar="ENDPOINT", help="an end
         return
     typer.echo(f"endpoint {endpoint}  VIP {data.get('vip')}  strategy {data.get('strategy', '')}  "
                f"forwarding {data.get('forwarding', 'nat')}")
+    cold = data.get("cold_start")
+    if cold:  # no replica ready: where the cold start stands (what a held call waits for)
+        typer.echo(f"cold start: {cold['phase']} ({cold['detail']})")
     emit_table(data.get("replicas", []), [col("REPLICA", "replica_id"), col("INCLUDED", "included"),
                                           col("WEIGHT", "weight"), col("REASON", "reason")], False)
 

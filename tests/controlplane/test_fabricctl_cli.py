@@ -62,7 +62,9 @@ def test_the_getting_started_story(ctl_env):
     endpoints = json.loads(ctl(ctl_env, "ai", "endpoint", "list", "--json").stdout)
     assert [(e["name"], e["routing"], e["forwarding"]) for e in endpoints] == [
         ("qwen3-8b-openai", "least_queue", "dsr-ipip")]
-    assert "forwarding dsr-ipip" in ctl(ctl_env, "ai", "explain", "routing", "qwen3-8b-openai").stdout
+    routing = ctl(ctl_env, "ai", "explain", "routing", "qwen3-8b-openai").stdout
+    assert "forwarding dsr-ipip" in routing
+    assert "cold start: placement (choosing a node for a replica)" in routing  # no replica yet (common.cold_phase)
     assert "edge-24g" in ctl(ctl_env, "ai", "profile", "list").stdout
     assert json.loads(ctl(ctl_env, "ai", "model", "show", "qwen3-8b", "--json").stdout)["source"] == "hf://Qwen/Qwen3-8B"
 
