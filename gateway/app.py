@@ -286,12 +286,14 @@ class GatewayApp:
             dry = st.settings.dry_run
             held_notes: dict = {}  # the phase a held call waited in (gateway.cold_start)
             if st.cold_start is not None and not dry:
-                held = HeldStream(send, [(b"x-fabric-request-id", request_id.encode())]) if info.stream else None
-                view = await run_unless_client_leaves(
-                    st.cold_start.view(endpoint, identity.tenant or identity.subject, held, held_notes), receive,
-                    scope.get("extensions", _NONE).get(GUARD))
-                if held is not None and held.opened:
-                    send = held  # the SSE head went out while held: the answer goes into that stream
+                view = await st.cold_start.ready_view(endpoint)
+                if view is None:  # refused, or held until a replica is ready (a client that leaves ends it)
+                    held = HeldStream(send, [(b"x-fabric-request-id", request_id.encode())]) if info.stream else None
+                    view = await run_unless_client_leaves(
+                        st.cold_start.view(endpoint, identity.tenant or identity.subject, held, held_notes), receive,
+                        scope.get("extensions", _NONE).get(GUARD))
+                    if held is not None and held.opened:
+                        send = held  # the SSE head went out while held: the answer goes into that stream
             else:
                 view = await st.upstreams.view(endpoint, need_upstream=not dry)
             label = endpoint  # resolved in the store: a bounded label from here on

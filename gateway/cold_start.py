@@ -145,7 +145,7 @@ class ColdStart:
         NotFound and other errors pass through. ``held``: a streamed call's send, opened (SSE
         head, keep-alive) once the call is held; ``notes``: the call's explanation, given the
         phase it waited in and for how long."""
-        view = await self._ready_view(endpoint)
+        view = await self.ready_view(endpoint)
         if view is not None:
             return view
         why = await self.refusal(endpoint)
@@ -160,7 +160,7 @@ class ColdStart:
         if full is not None:
             raise ModelLoading(f"{why.message} ({full})")
         t0, entered = time.monotonic(), self.phase(endpoint)
-        wake = self.room.enter(endpoint, tenant, lambda: Wake(lambda: self._ready_view(endpoint),
+        wake = self.room.enter(endpoint, tenant, lambda: Wake(lambda: self.ready_view(endpoint),
                                                               lambda: self._refresh(endpoint), POLL_S))
         try:
             if held is not None:
@@ -208,7 +208,8 @@ class ColdStart:
         replicas = [Replica.model_validate_json(r.value) for r in self.store.list(keyspace.replicas(ep.deployment))]
         return refusal(endpoint, ep.deployment, dep, replicas), cold_phase(dep, replicas), ep.hold_secs
 
-    async def _ready_view(self, endpoint: str) -> EndpointView | None:
+    async def ready_view(self, endpoint: str) -> EndpointView | None:
+        """The endpoint's view when it can take the call now, else None (then ``view`` decides)."""
         try:
             view = await self.upstreams.view(endpoint)
         except TransientError as exc:
