@@ -438,6 +438,7 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         models = state.models
         app.include_router(kv_index_router(
             state.kv_index.subscriber, model_dir=models.cache.path_for if models is not None else None,
+            manifest=models.cache.manifest_text if models is not None else None,
             simulated=runs_simulators(state.vm_driver), blind_after_s=state.kv_index.blind_after_s))
     _document_errors(app)
     return app

@@ -26,6 +26,8 @@ DEFAULT_MAX_FILES = 10000
 READ_CHUNK = 4 << 20
 # Dot-directories huggingface_hub or we may leave behind; never part of a model.
 IGNORED_DIRS = (".cache", ".fabric")
+# The files a gateway hashes prompts with (agent/kv_index/routes.py serves them, gateway/kv_source.py checks them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 class CheckFailed(Exception):
@@ -165,3 +167,23 @@ def parse_manifest(text: str, max_files: int = DEFAULT_MAX_FILES) -> Manifest:
     if manifest.text() != text:
         raise CheckFailed("Verifying", "manifest is not in canonical form (sorted, one newline per line)")
     return manifest
+
+
+def verify_served_files(digest: str, manifest_text: str, files: dict[str, bytes], required: tuple[str, ...],
+                        max_files: int = DEFAULT_MAX_FILES) -> None:
+    """Check files a peer served as part of the model ``digest``: the manifest must hash to the
+    digest, every served file must match its line (size and SHA-256), and every name of
+    ``required`` the manifest lists must be served (leaving out a config that changes behaviour
+    is tampering too). CheckFailed names the first mismatch."""
+    if hashlib.sha256(manifest_text.encode()).hexdigest() != digest:
+        raise CheckFailed("Verifying", "the manifest does not hash to the model's digest")
+    listed = {e.path: e for e in parse_manifest(manifest_text, max_files).entries}
+    for name, data in files.items():
+        entry = listed.get(name)
+        if entry is None:
+            raise CheckFailed("Verifying", f"{name} is not in the model's manifest")
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise CheckFailed("Verifying", f"{name} does not match the model's manifest")
+    missing = sorted(n for n in required if n in listed and n not in files)
+    if missing:
+        raise CheckFailed("Verifying", f"{', '.join(missing)} listed in the manifest but not served")

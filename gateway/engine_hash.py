@@ -13,6 +13,13 @@ seed of the engine), adding the request's LoRA adapter and ``cache_salt`` as vLL
 ``request_hashes`` returns None when the request cannot be tokenized here (no tokenizer, a
 message part that is not text, token-id prompts of several prompts, a template error): the
 router then uses the approximate router for it.
+
+A chat template is a tenant's code (a model's files come from whoever registered it), so it runs
+in ``BoundedSandbox``: jinja's immutable sandbox, plus a ``range`` of at most MAX_RANGE items and
+``+``/``*``/``**`` that refuse a result longer than MAX_SEQUENCE (``'x' * 10**9``) or a power over
+MAX_POWER_BITS, before anything is built. The sandbox bounds what one expression makes; nested
+loops still multiply, which is why an EngineTokenizer only ever runs in a worker process with CPU,
+memory and time limits (gateway/tokenize_pool.py), never on the gateway's event loop.
 """
 
 from __future__ import annotations
@@ -22,8 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.kv_events import BlockHasher, sim_token_ids
+from common.model_manifest import TOKENIZER_FILES
 
 MAX_BLOCKS = 4096  # the agents' match route takes at most this many hashes
+MAX_RANGE = 10_000  # items of one range() in a template (chat templates loop over messages)
+MAX_SEQUENCE = 1 << 22  # characters or items one + or * in a template may build (4 Mi)
+MAX_POWER_BITS = 4096  # bits of an integer ** result
 
 
 class Untokenizable(ValueError):
@@ -45,11 +56,55 @@ def _text_content(content) -> str:
     raise Untokenizable("message content is neither text nor parts")
 
 
+def _bounded_range(*args):
+    r = range(*args)
+    if len(r) > MAX_RANGE:
+        raise Untokenizable(f"chat template: range of {len(r)} items (at most {MAX_RANGE})")
+    return r
+
+
+def _seq_len(value) -> int | None:
+    return len(value) if isinstance(value, (str, bytes, list, tuple)) else None
+
+
+def _sandbox():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        """The immutable sandbox with bounded ranges, repetitions and powers (module docstring)."""
+
+        intercepted_binops = frozenset(["+", "*", "**"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, times in ((left, right), (right, left)):
+                    n = _seq_len(seq)
+                    if n is not None and isinstance(times, int) and n * max(times, 0) > MAX_SEQUENCE:
+                        raise Untokenizable(f"chat template: a repetition of {n} x {times} (at most {MAX_SEQUENCE})")
+            elif operator == "+":
+                a, b = _seq_len(left), _seq_len(right)
+                if a is not None and b is not None and a + b > MAX_SEQUENCE:
+                    raise Untokenizable(f"chat template: a concatenation of {a + b} (at most {MAX_SEQUENCE})")
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int):
+                if right > 0 and abs(left) > 1 and right * max(abs(left).bit_length(), 1) > MAX_POWER_BITS:
+                    raise Untokenizable(f"chat template: a power of over {MAX_POWER_BITS} bits")
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)
+            if __obj is range:  # a range a template reached some other way than the global
+                return _bounded_range(*args)
+            return super().call(__context, __obj, *args, **kwargs)
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["range"] = _bounded_range
+    env.globals["raise_exception"] = _raise
+    return env
+
+
 class EngineTokenizer:
     """A model's tokenizer and chat template, as the engine applies them."""
 
     def __init__(self, tokenizer_json: str, config: dict) -> None:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_str(tokenizer_json)
@@ -59,16 +114,12 @@ class EngineTokenizer:
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
         self._template = None
         if isinstance(template, str):
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.globals["raise_exception"] = _raise
-            self._template = env.from_string(template)
+            self._template = _sandbox().from_string(template)
 
     @classmethod
     def from_model_dir(cls, path: Path) -> EngineTokenizer:
         path = Path(path)
-        names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-        return cls.from_files({n: (path / n).read_text() for n in names if (path / n).exists()})
+        return cls.from_files({n: (path / n).read_text() for n in TOKENIZER_FILES if (path / n).exists()})
 
     @classmethod
     def from_files(cls, files: dict[str, str]) -> EngineTokenizer:
@@ -100,6 +151,8 @@ class EngineTokenizer:
         try:
             text = self._template.render(messages=msgs, add_generation_prompt=True,
                                          bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
+        except Untokenizable:
+            raise
         except Exception as exc:  # a template's raise_exception or any rendering error
             raise Untokenizable(f"chat template: {exc}") from None
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -148,6 +201,11 @@ class RequestHasher:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)  # token ids given: the engine hashes them as sent
         raise Untokenizable("no single text prompt or messages")
+
+    async def hash_request(self, data: dict) -> list[int] | None:
+        """``request_hashes`` for the router: only the simulator's tokenizer hashes in process (its
+        rendering is ours); a model's own template runs in gateway/tokenize_pool.py."""
+        return self.request_hashes(data)
 
     def request_hashes(self, data: dict) -> list[int] | None:
         """The request's block hashes (see the module), or None when it cannot be tokenized."""

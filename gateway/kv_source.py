@@ -12,7 +12,15 @@ Tokenizers, per deployment, first found wins:
   2. the supply chain's copy: the deployment's model record names its verified digest
      (status.digest), and the agent of a node hosting one of its replicas serves that model's
      tokenizer files from its cache (GET /v1/kv-index/tokenizer/{digest}); an agent whose
-     engines are simulators answers ``engine: sim``.
+     engines are simulators answers ``engine: sim``. The agent serves the model's manifest
+     with the files and the gateway checks both against the digest
+     (common/model_manifest.verify_served_files): files that do not match are not used (the
+     deployment routes approximately until another node serves the right ones), so a
+     compromised node cannot plant a template or a tokenizer.
+
+A model's files are never parsed in the gateway process: the hasher handed to the router sends
+them to gateway/tokenize_pool.py (bounded worker processes with a deadline per call); only the
+simulator's tokenizer, whose rendering is ours, hashes in process.
 
 A fetched tokenizer is kept while the model's digest stays the same (re-read from the store
 every CHECK_S); a deployment without one is asked again after RETRY_S. A call does not wait
@@ -51,10 +59,12 @@ from pathlib import Path
 from common import keyspace
 from common.errors import NotFound
 from common.kv_events import BlockHasher
+from common.model_manifest import TOKENIZER_FILES, CheckFailed, verify_served_files
 from common.rollouts import Revision
 from common.schemas import InferenceDeployment, ModelArtifact, Node
-from gateway.engine_hash import EngineTokenizer, RequestHasher, SimTokenizer
+from gateway.engine_hash import RequestHasher, SimTokenizer
 from gateway.kv_blind import BlindWatch
+from gateway.tokenize_pool import PooledHasher, TokenizePool
 from gateway.upstreams import read_view
 
 NODE_TTL_S = 30.0
@@ -70,9 +80,17 @@ OTHER_MODEL = "other_model"
 OTHER_BLOCK_SIZE = "other_block_size"
 
 
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """A model's tokenizer files, verified (or an operator's override), for the pool."""
+
+    key: str
+    files: dict[str, str]
+
+
 @dataclass
 class _Tok:
-    tokenizer: object | None
+    tokenizer: SimTokenizer | TokenizerFiles | None
     digest: str | None
     check_at: float
     origin: str  # override | agent | none: why (for the explanation)
@@ -83,7 +101,8 @@ class _Tok:
 class AgentKvSource:
     def __init__(self, store, client, tokenizer_root: Path | None = None, timeout_s: float = 0.1,
                  blind: BlindWatch | None = None, fetch_timeout_s: float = FETCH_TIMEOUT_S,
-                 refresh_s: float = REFRESH_S) -> None:
+                 refresh_s: float = REFRESH_S, pool: TokenizePool | None = None) -> None:
+        self.pool = pool or TokenizePool()
         self._store, self._client, self._timeout = store, client, timeout_s
         self._root = Path(tokenizer_root) if tokenizer_root else None
         self._fetch_timeout = fetch_timeout_s
@@ -107,9 +126,10 @@ class AgentKvSource:
             return _Tok(SimTokenizer(), None, float("inf"), "override")
         if (d / "tokenizer.json").exists():
             try:
-                return _Tok(EngineTokenizer.from_model_dir(d), None, float("inf"), "override")
-            except Exception:  # a broken file: approximate routing, not a failure
+                files = {n: (d / n).read_text() for n in TOKENIZER_FILES if (d / n).is_file()}
+            except (OSError, UnicodeDecodeError):  # an unreadable file: approximate routing, not a failure
                 return _Tok(None, None, float("inf"), "override")
+            return _Tok(TokenizerFiles(f"override:{deployment}", files), None, float("inf"), "override")
         return None
 
     def _current(self, deployment: str) -> tuple[str | None, int | None, str | None]:
@@ -142,11 +162,15 @@ class AgentKvSource:
                 continue
             try:
                 body = resp.json()
+                tok: SimTokenizer | TokenizerFiles
                 if body.get("engine") == "sim":
                     tok = SimTokenizer()
                 else:
-                    tok = await asyncio.to_thread(EngineTokenizer.from_files, dict(body.get("files") or {}))
-            except Exception:  # an answer or tokenizer this gateway cannot load: approximate, asked again later
+                    files = {str(k): str(v) for k, v in dict(body.get("files") or {}).items()}
+                    await asyncio.to_thread(verify_served_files, digest, str(body.get("manifest") or ""),
+                                            {k: v.encode() for k, v in files.items()}, TOKENIZER_FILES)
+                    tok = TokenizerFiles(digest, files)
+            except (CheckFailed, ValueError, TypeError, AttributeError):  # not the model's files: the next node
                 continue
             return _Tok(tok, digest, time.monotonic() + CHECK_S, "agent", model, revision)
         return _Tok(None, digest, time.monotonic() + RETRY_S, "none", model, revision)
@@ -183,14 +207,17 @@ class AgentKvSource:
         if not task.cancelled() and task.exception() is None:
             self._tokenizers[deployment] = task.result()
 
-    async def hasher(self, view) -> RequestHasher | None:
+    async def hasher(self, view) -> RequestHasher | PooledHasher | None:
         try:
             tok = await self._tokenizer(view)
         except Exception:  # a store hiccup or a record that does not parse: this call routes approximately
             return None
         if tok is None:
             return None
-        return RequestHasher(tok, BlockHasher(self._block_size.get(view.endpoint.deployment, DEFAULT_BLOCK_SIZE)))
+        block = BlockHasher(self._block_size.get(view.endpoint.deployment, DEFAULT_BLOCK_SIZE))
+        if isinstance(tok, TokenizerFiles):
+            return PooledHasher(self.pool, tok.key, tok.files, block)
+        return RequestHasher(tok, block)
 
     # -- the index ----------------------------------------------------------------------------
     def _node_address(self, node_id: str) -> str | None:

@@ -53,7 +53,7 @@ class ReplicaRouter:
     _rr: dict[str, int] = field(default_factory=dict)
     _explained: OrderedDict[str, tuple[float, str, dict]] = field(default_factory=OrderedDict)
     _rng: random.Random = field(default_factory=random.Random)
-    kv: object | None = None  # a KV-index source: .hasher(view) -> RequestHasher | None, async .match(view, hashes)
+    kv: object | None = None  # a KV-index source: .hasher(view) -> a hasher (async .hash_request) | None, async .match(view, hashes)
     _pending: dict[str, deque] = field(default_factory=dict)
 
     def _tree(self, endpoint: str) -> PrefixTree:
@@ -89,11 +89,11 @@ class ReplicaRouter:
         matched = hashes = None
         if self.kv is not None and data and view.endpoint.routing_l7 == "prefix":
             hasher = await self.kv.hasher(view)
-            hashes = hasher.request_hashes(data) if hasher is not None else None
+            hashes = await hasher.hash_request(data) if hasher is not None else None
             if hasher is None:
                 kv_note = "approximate: no tokenizer for this model"
             elif hashes is None:
-                kv_note = "approximate: the request cannot be tokenized here"
+                kv_note = "approximate: the request cannot be tokenized here in time"
             else:
                 try:
                     matched = await self.kv.match(view, hashes)

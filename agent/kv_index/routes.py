@@ -6,7 +6,8 @@
                                                     "block_size": the engine's | null}}}
     GET  /v1/kv-index         per replica: blocks held, last seq, gaps, resyncs, restarts, events seen
     GET  /v1/kv-index/tokenizer/{digest}
-                              -> {"engine": "vllm" | "sim", "digest": ..., "files": {name: text}}
+                              -> {"engine": "vllm" | "sim", "digest": ..., "files": {name: text},
+                                  "manifest": the model's manifest text}
 
 ``hashes``: the prompt's block hashes in order (64-bit ints, common/kv_events.py), at most
 MAX_HASHES; ``matched_blocks`` counts the leading ones the replica holds, null for a replica that
@@ -16,7 +17,9 @@ a fresh engine is ``warming`` until its first call stores a block.
 
 The tokenizer route hands a gateway the tokenizer files (TOKENIZER_FILES) of a model this node's
 cache holds under ``digest`` (the model record's status.digest), so the gateway hashes prompts
-with the engine's own tokenizer and chat template. On a node whose engines are simulators
+with the engine's own tokenizer and chat template, with the manifest stored when the model was
+verified (agent/models/cache.py): the gateway checks the files against the digest
+(common/model_manifest.verify_served_files), so a node cannot hand it other files. On a node whose engines are simulators
 (``simulated``) it answers ``engine: sim`` and no files: the simulator tokenizes its own way
 (common/kv_events.sim_token_ids).
 """
@@ -31,10 +34,10 @@ from pydantic import BaseModel, Field
 
 from common.errors import InvalidInput, NotFound
 from common.model_api import DIGEST
+from common.model_manifest import TOKENIZER_FILES
 
 MAX_HASHES = 4096  # 64k tokens of prefix at 16-token blocks
 MAX_REPLICAS = 1024
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 MAX_TOKENIZER_BYTES = 64 << 20  # the largest tokenizer.json on the Hub is ~30 MB
 
 
@@ -57,7 +60,7 @@ def tokenizer_files(path: Path) -> dict[str, str]:
 
 
 def kv_index_router(subscriber, *, model_dir: Callable[[str], Path | None] | None = None,
-                    simulated: bool = False, blind_after_s: float = 60.0) -> APIRouter:
+                    manifest: Callable[[str], str | None] | None = None, simulated: bool = False, blind_after_s: float = 60.0) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/kv-index/match")
@@ -85,6 +88,9 @@ def kv_index_router(subscriber, *, model_dir: Callable[[str], Path | None] | Non
         files = tokenizer_files(path)
         if "tokenizer.json" not in files:
             raise NotFound(f"model {digest} has no tokenizer.json on this node")
-        return {"engine": "vllm", "digest": digest, "files": files}
+        text = manifest(digest) if manifest is not None else None
+        if text is None:
+            raise NotFound(f"model {digest} has no stored manifest on this node")
+        return {"engine": "vllm", "digest": digest, "files": files, "manifest": text}
 
     return router

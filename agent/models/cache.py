@@ -6,6 +6,8 @@
     sources/<source-key>     the digest a source (repo@commit, or a local realpath) produced
     local/<sha256>.json      a local source under FABRIC_MODEL_DIR: its path (never copied)
     last-used/<sha256>       touched when a job or a VM uses the digest (LRU for eviction)
+    manifests/<sha256>       the verified manifest text of the digest (what the KV-index tokenizer
+                             route serves, so a gateway checks the files against the digest)
 
 A directory appears under by-digest/ only by an atomic rename of a finished staging directory,
 so nothing there is ever half-written. Eviction renames it out of by-digest/ first, then
@@ -45,7 +47,8 @@ class ModelCache:
         self.sources = self.root / "sources"
         self.local = self.root / "local"
         self.last_used = self.root / "last-used"
-        for d in (self.by_digest, self.staging, self.jobs, self.sources, self.local, self.last_used):
+        self.manifests = self.root / "manifests"
+        for d in (self.by_digest, self.staging, self.jobs, self.sources, self.local, self.last_used, self.manifests):
             d.mkdir(parents=True, exist_ok=True)
 
     # -- lookups ------------------------------------------------------------------------------
@@ -69,6 +72,19 @@ class ModelCache:
         digest = f.read_text().strip()
         return digest if self.path_for(digest) is not None else None
 
+    def manifest_text(self, digest: str) -> str | None:
+        """The manifest stored when the digest was published (None: none stored, an entry older
+        than this file)."""
+        f = self.manifests / digest
+        if not DIGEST.match(digest) or not f.is_file() or self.path_for(digest) is None:
+            return None
+        return f.read_text()
+
+    def _keep_manifest(self, digest: str, manifest_text: str) -> None:
+        tmp = self.manifests / f".{digest}.{uuid.uuid4().hex}"
+        tmp.write_text(manifest_text)
+        os.replace(tmp, self.manifests / digest)
+
     def digests(self) -> list[str]:
         found = [d.name for d in self.by_digest.iterdir() if DIGEST.match(d.name)]
         found += [f.stem for f in self.local.glob("*.json") if DIGEST.match(f.stem)]
@@ -78,7 +94,7 @@ class ModelCache:
     def touch(self, digest: str) -> None:
         (self.last_used / digest).write_text(str(time.time()))
 
-    def publish(self, staging_dir: Path, digest: str, source_key: str) -> Path:
+    def publish(self, staging_dir: Path, digest: str, source_key: str, manifest_text: str) -> Path:
         """Move a finished staging directory to by-digest/<digest> in one rename."""
         strip_ignored(staging_dir)  # .cache/, .fabric/: outside the digest, so never kept
         final = self.by_digest / digest
@@ -86,11 +102,13 @@ class ModelCache:
             shutil.rmtree(staging_dir, ignore_errors=True)
         else:
             os.rename(staging_dir, final)
+        self._keep_manifest(digest, manifest_text)
         self.remember_source(source_key, digest)
         self.touch(digest)
         return final
 
-    def publish_local(self, path: Path, digest: str, source_key: str) -> Path:
+    def publish_local(self, path: Path, digest: str, source_key: str, manifest_text: str) -> Path:
+        self._keep_manifest(digest, manifest_text)
         (self.local / f"{digest}.json").write_text(json.dumps({"path": str(path)}))
         self.remember_source(source_key, digest)
         self.touch(digest)
@@ -124,6 +142,7 @@ class ModelCache:
             if f.is_file() and f.read_text().strip() == digest:
                 f.unlink(missing_ok=True)
         (self.last_used / digest).unlink(missing_ok=True)
+        (self.manifests / digest).unlink(missing_ok=True)
         shutil.rmtree(doomed, ignore_errors=True)
         return True
 

@@ -309,7 +309,7 @@ class ModelJobs:
             manifest = self._verify(rec, want, staging, resolved)
             self._set(rec, "Scanning", f"{want.label}scanning file names and types")
             safetensors = scan(staging, self.settings.max_files)
-            path = self.cache.publish(staging, manifest.digest, key)
+            path = self.cache.publish(staging, manifest.digest, key, manifest.text())
             return _Got(manifest.digest, path, len(manifest.entries), manifest.size, safetensors,
                         resolved.revision, manifest)
 
@@ -374,7 +374,7 @@ class ModelJobs:
             manifest = self._verify(rec, want, path, None)
             self._set(rec, "Scanning", f"{want.label}scanning file names and types")
             safetensors = scan(path, self.settings.max_files)
-            self.cache.publish_local(path, manifest.digest, key)
+            self.cache.publish_local(path, manifest.digest, key, manifest.text())
             return _Got(manifest.digest, path, len(manifest.entries), manifest.size, safetensors, None, manifest)
 
     def _ready(self, rec: _Record, got: _Got, adapters: dict[str, AdapterFetched]) -> None:

@@ -8,6 +8,7 @@ traffic by the refresh; a rollout to another model routing the old revision appr
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 from fastapi import FastAPI
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from agent.kv_index.routes import kv_index_router, tokenizer_files
 from common import keyspace
 from common.kv_events import BlockHasher
+from common.model_manifest import build_manifest
 from common.schemas import (
     EndpointStatus,
     InferenceDeployment,
@@ -32,6 +34,7 @@ from gateway.engine_hash import EngineTokenizer, RequestHasher, SimTokenizer
 from gateway.kv_blind import BlindWatch, store_event_writer
 from gateway.kv_source import AgentKvSource
 from gateway.replica_router import ReplicaRouter
+from gateway.tokenize_pool import PooledHasher, TokenizePool
 from gateway.upstreams import EndpointView
 
 D1, D2 = "a" * 64, "b" * 64
@@ -57,7 +60,8 @@ class Sub:
 
 def _agent(sub: Sub, models: dict, simulated: bool = False):
     app = FastAPI()
-    app.include_router(kv_index_router(sub, model_dir=models.get, simulated=simulated))
+    app.include_router(kv_index_router(sub, model_dir=models.get, simulated=simulated,
+                                       manifest=lambda d: build_manifest(models[d]).text() if d in models else None))
     seen: list[str] = []
 
     async def counted(scope, receive, send):
@@ -86,16 +90,32 @@ def _view(n: int = 2) -> EndpointView:
 
 def test_the_tokenizer_comes_from_the_model_record_and_the_agents_cache(tmp_path):
     model = write_tiny_model(tmp_path / "model")
-    store = _store(tmp_path)
-    client, seen = _agent(Sub({"r0": "live", "r1": "live"}, {"r0": 0, "r1": 0}), {D1: model})
-    src = AgentKvSource(store, client, None, timeout_s=5)
+    digest = build_manifest(model).digest
+    store = _store(tmp_path, digest)
+    client, seen = _agent(Sub({"r0": "live", "r1": "live"}, {"r0": 0, "r1": 0}), {digest: model})
+    src = AgentKvSource(store, client, None, timeout_s=5, pool=TokenizePool(workers=1, deadline_s=30))
     hasher = asyncio.run(src.hasher(_view()))
     want = RequestHasher(EngineTokenizer.from_model_dir(model), BlockHasher(16)).request_hashes(CHAT)
-    assert hasher is not None and hasher.request_hashes(CHAT) == want
+    assert hasher is not None and asyncio.run(hasher.hash_request(CHAT)) == want  # hashed in a worker
     assert len(want) > 2  # the rendered chat spans several blocks
-    assert seen == [f"/v1/kv-index/tokenizer/{D1}"]
+    assert seen == [f"/v1/kv-index/tokenizer/{digest}"]
     asyncio.run(src.hasher(_view()))
-    assert seen == [f"/v1/kv-index/tokenizer/{D1}"]  # kept while the digest stays
+    assert seen == [f"/v1/kv-index/tokenizer/{digest}"]  # kept while the digest stays
+    store.close()
+
+
+def test_tokenizer_files_a_node_changed_are_refused(tmp_path):
+    """The attack: a compromised node serves its own chat template under the model's digest."""
+    model = write_tiny_model(tmp_path / "model")
+    digest = build_manifest(model).digest
+    store = _store(tmp_path, digest)
+    client, seen = _agent(Sub({}, {}), {digest: model})
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ 'x' }}"}))
+    src = AgentKvSource(store, client, None, timeout_s=5)
+    assert asyncio.run(src.hasher(_view())) is None and seen == [f"/v1/kv-index/tokenizer/{digest}"]
+    _, why = asyncio.run(ReplicaRouter(kv=src).apick(_view(), CHAT, 0.0))
+    assert why["kv_index"] == "approximate: no tokenizer for this model"
     store.close()
 
 
@@ -103,8 +123,9 @@ def test_a_new_digest_fetches_again_and_a_missing_one_routes_approximately(tmp_p
     import gateway.kv_source as ks
 
     model = write_tiny_model(tmp_path / "model")
+    d1 = build_manifest(model).digest
     store = _store(tmp_path, digest=None)
-    client, seen = _agent(Sub({}, {}), {D1: model})
+    client, seen = _agent(Sub({}, {}), {d1: model})
     src = AgentKvSource(store, client, None, timeout_s=5)
     assert asyncio.run(src.hasher(_view())) is None and seen == []  # no verified digest: nothing to ask
     store.put(keyspace.models("m"), ModelArtifact(name="m", source="hf://o/m", status=ModelStatus(
@@ -112,10 +133,10 @@ def test_a_new_digest_fetches_again_and_a_missing_one_routes_approximately(tmp_p
     src._tokenizers["d"].check_at = 0  # RETRY_S passed
     assert asyncio.run(src.hasher(_view())) is None and seen == [f"/v1/kv-index/tokenizer/{D2}"]  # not cached: 404
     store.put(keyspace.models("m"), ModelArtifact(name="m", source="hf://o/m", status=ModelStatus(
-        phase="Ready", digest=D1)).model_dump_json())
+        phase="Ready", digest=d1)).model_dump_json())
     src._tokenizers["d"].check_at = 0
-    assert asyncio.run(src.hasher(_view())) is not None and seen[-1] == f"/v1/kv-index/tokenizer/{D1}"
-    assert ks.CHECK_S > 0 and src._tokenizers["d"].digest == D1
+    assert asyncio.run(src.hasher(_view())) is not None and seen[-1] == f"/v1/kv-index/tokenizer/{d1}"
+    assert ks.CHECK_S > 0 and src._tokenizers["d"].digest == d1
     store.close()
 
 
@@ -127,7 +148,7 @@ def test_the_override_directory_wins_and_a_simulator_node_answers_sim(tmp_path):
     assert seen == [f"/v1/kv-index/tokenizer/{D1}"]
     model = write_tiny_model(tmp_path / "tok" / "d")
     over = AgentKvSource(store, client, tmp_path / "tok", timeout_s=5)
-    assert isinstance(asyncio.run(over.hasher(_view())).tokenizer, EngineTokenizer)
+    assert isinstance(asyncio.run(over.hasher(_view())), PooledHasher)  # a model's files: hashed in the pool
     assert seen == [f"/v1/kv-index/tokenizer/{D1}"]  # the override asked nobody
     assert set(tokenizer_files(model)) == {"tokenizer.json", "tokenizer_config.json"}
     store.close()
