@@ -323,7 +323,7 @@ class GatewayApp:
             picked = adapter = None
             external = placement.external if placement is not None else None
             if external is None:  # a replica: the caller's prefix-cache salt (gateway.cache_salt)
-                info = salted(info, body, route.path, identity.tenant, identity.subject)
+                info = salted(info, body, route, st.auth.hmac_secret, identity.tenant, identity.subject)
             if external is not None:
                 targets, why = [], {"mode": "external", "reason": "an external provider"}
             elif view.adapters and info.model in view.adapters and view.replicas and not dry:
