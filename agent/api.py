@@ -175,6 +175,10 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
     requests = Counter("fabric_agent_requests", "Agent API requests", ["route", "code"],
                        registry=state.registry)
     gpu_gauge = Gauge("fabric_agent_gpus", "GPUs in the inventory", registry=state.registry)
+    if state.fail_closed is not None:
+        Gauge("fabric_agent_fail_closed", "1 while the Maglev services are withdrawn: a fail-closed site's link "
+              "to fabricd is down (agent.fail_closed)", registry=state.registry).set_function(
+            lambda: float(bool(state.fail_closed.withdrawn)))
     vm_gauge = Gauge("fabric_agent_vms", "VMs (replicas) the driver tracks", ["state"],
                      registry=state.registry)
     if state.dataplane is not None and hasattr(state.dataplane, "flow_misses"):
@@ -363,6 +367,8 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         if unknown:
             raise InvalidInput(f"draining names backends not in the set: {', '.join(unknown)}")
         dp = _dataplane()
+        if state.fail_closed is not None:
+            state.fail_closed.admit_put()  # 503 fail_closed while a fail-closed site is cut off
         changed = dp.put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining),
                                  forwarding=spec.forwarding)
         if changed and state.bgp is not None:
@@ -409,10 +415,11 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
         vms = state.vm_driver.list()
         kvm = read_kvm(state.kvm)
         kvm_note = f"KVM not usable: {kvm.reason}" if kvm is not None and not kvm.usable else ""
-        notes = [m for m in (inv.message, state.dataplane_message, kvm_note) if m]
+        withdrawn = state.fail_closed.withdrawn if state.fail_closed is not None else ""
+        notes = [m for m in (inv.message, state.dataplane_message, kvm_note, withdrawn) if m]
         return AgentHealth(node_id=state.node_id, ok=True, vm_driver=state.vm_driver.name,
                            dataplane=state.dataplane is not None, gpus=len(inv.gpus), vms=len(vms),
-                           message="; ".join(notes) or "ok")
+                           message="; ".join(notes) or "ok", services_withdrawn=withdrawn)
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:

@@ -8,8 +8,9 @@ identity is its client certificate (CN = node id), so the body cannot claim anot
 
 A heartbeat answered 404 ``not_registered`` (fabricd lost the record, or a new store) registers
 again; other failures are logged and retried on the next tick, never fatal: fabricd being down
-must not stop the node serving what it already serves. Building the report is a pure function
-of what was read, so it is tested with plain data.
+must not stop the node serving what it already serves, unless its site is fail-closed
+(agent.fail_closed: every tick tells it whether the link is up). Building the report is a pure
+function of what was read, so it is tested with plain data.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +94,7 @@ def build_report(state: AgentState, address: str, gpus: list[GpuInfo], inventory
         vm_driver=state.vm_driver.name, inventory_message=inventory_message, nvswitches=list(nvswitches),
         model_jobs=state.models is not None, kvm=kvm,
         model_disk_free_bytes=state.models.cache.free_bytes() if state.models is not None else None,
+        services_withdrawn=state.fail_closed.withdrawn if state.fail_closed is not None else "",
     )
 
 
@@ -144,18 +147,28 @@ class Heartbeat:
         _raise_for(resp, "heartbeat")
         return resp.json()
 
+    def tick(self) -> None:
+        """One heartbeat and what it says about the link to fabricd (agent.fail_closed)."""
+        guard = self.state.fail_closed
+        try:
+            answer = self.beat()
+        except (httpx.HTTPError, HeartbeatRefused) as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            if message != self.last_error:  # one line per distinct failure, not per tick
+                log.warning("heartbeat failed: %s", message)
+            self.last_error = message
+            if guard is not None:
+                guard.link_down(time.time())
+            return
+        if self.last_error:
+            log.info("heartbeat to fabricd works again")
+        self.last_error = ""
+        if guard is not None:
+            guard.link_up(answer.get("fail_closed_unix"), time.time())
+
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            try:
-                self.beat()
-                if self.last_error:
-                    log.info("heartbeat to fabricd works again")
-                self.last_error = ""
-            except (httpx.HTTPError, HeartbeatRefused) as exc:
-                message = f"{type(exc).__name__}: {exc}"
-                if message != self.last_error:  # one line per distinct failure, not per tick
-                    log.warning("heartbeat failed: %s", message)
-                self.last_error = message
+            self.tick()
             stop.wait(self.interval_s)
 
     def start(self, stop: threading.Event) -> threading.Thread:

@@ -385,6 +385,9 @@ def serve(
     if state.kvm is not None:  # probe now, off the request path (kept per boot: later reads are free)
         threading.Thread(target=state.kvm.state, name="kvm-probe", daemon=True).start()
     bgp = _bgp_announcer(settings.bgp, dp, dataplane_iface, dataplane_netns, state_dir, state)
+    from agent.fail_closed import FailClosed
+
+    state.fail_closed = FailClosed(dp, bgp, settings.fail_closed_window_s)
     stop = threading.Event()
     beat = None
     if control_plane:

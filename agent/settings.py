@@ -10,6 +10,8 @@ travels in AgentState.settings to the API and the workers; nothing else reads os
   FABRIC_VFIO_KEEP_BOUND (0)    1: released GPUs stay on vfio-pci for the next VM (docs/gpu-hosts.md)
   FABRIC_PCI_MIG (0)            1: this agent creates and destroys MIG instances (agent/hw/mig.py)
   FABRIC_IMAGES_DIR             where the guest pieces live (default: the repository's images/)
+  FABRIC_FAIL_CLOSED_WINDOW_SECS (30)  a fail-closed site's node withdraws its services after this long
+                                without an answered heartbeat (agent/fail_closed.py)
   FABRIC_LAB_ENGINE (sim), FABRIC_LAB_ENGINE_PYTHON, FABRIC_LAB_ENGINE_KV_BYTES, FABRIC_LAB_ENGINE_NICE   the lab's engine (agent/vm/lab_engine.py)
 """
 
@@ -47,6 +49,7 @@ class AgentSettings:
     pci_mig: bool = False
     images_dir: Path | None = None  # None: the repository's images/
     lab_engine: LabEngineSettings = field(default_factory=LabEngineSettings)
+    fail_closed_window_s: float = 30.0
 
 
 def _dataplane_settings(env: Mapping[str, str]) -> DataplaneSettings:
@@ -83,10 +86,26 @@ def load(env: Mapping[str, str] | None = None, *, node_ip: str | None = None) ->
     images = env.get("FABRIC_IMAGES_DIR", "").strip()
     if images and not images.startswith("/"):
         errors.append(f"FABRIC_IMAGES_DIR={images!r} is not an absolute path")
+    window = _seconds(env, "FABRIC_FAIL_CLOSED_WINDOW_SECS", 30.0, errors)
     if errors:
         raise AgentSettingsError("; ".join(errors))
     return AgentSettings(dataplane, bgp, models, vfio_keep_bound=keep, pci_mig=mig,
-                         images_dir=Path(images) if images else None, lab_engine=lab_engine)
+                         images_dir=Path(images) if images else None, lab_engine=lab_engine,
+                         fail_closed_window_s=window)
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, errors: list[str]) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= 86400:
+        errors.append(f"{name} must be seconds between 1 and 86400, got {raw!r}")
+        return default
+    return value
 
 
 def images_dir_override(env: Mapping[str, str] | None = None) -> Path | None:

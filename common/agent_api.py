@@ -257,6 +257,7 @@ class AgentHealth(WireModel):
     gpus: int = 0
     vms: int = 0
     message: str = ""
+    services_withdrawn: str = Field("", description="why the Maglev services were withdrawn (fail-closed site)")
 
 
 class NodeReport(WireModel):
@@ -281,6 +282,8 @@ class NodeReport(WireModel):
     nvswitches: list[str] = Field(default_factory=list, description="HGX NVSwitch PCI addresses")
     kvm: KvmStatus | None = Field(None, description="whether KVM runs guests here; None: not probed (not libvirt)")
     model_disk_free_bytes: int | None = Field(None, ge=0, description="free disk in the model cache (model jobs)")
+    services_withdrawn: str = Field("", max_length=500, description="why the agent withdrew its Maglev services "
+                                    "(a fail-closed site cut off from fabricd); fabricd pushes them again")
 
     @field_validator("id")
     @classmethod

@@ -446,6 +446,9 @@ class InferenceEndpoint(Resource):
     preferred_site: str | None = None
     allowed_sites: list[str] = Field(default_factory=list)
     residency: str | None = None
+    hold_secs: float | None = Field(None, ge=0, le=3600, description="how long the gateway holds a call while a "
+                                    "replica starts (0: answer model_loading at once); unset: the gateway's "
+                                    "FABRIC_GATEWAY_HOLD_SECS")
     status: EndpointStatus = Field(default_factory=EndpointStatus)
 
     @field_validator("deployment")
@@ -458,9 +461,6 @@ class InferenceEndpoint(Resource):
     def _names(cls, v: list[str], info) -> list[str]:
         for name in v:
             check_name(name, info.field_name)
-    hold_secs: float | None = Field(None, ge=0, le=3600, description="how long the gateway holds a call while a "
-                                    "replica starts (0: answer model_loading at once); unset: the gateway's "
-                                    "FABRIC_GATEWAY_HOLD_SECS")
         if len(set(v)) != len(v):
             raise ValueError(f"{info.field_name} names an entry twice")
         return v
@@ -551,6 +551,9 @@ class Node(Spec):
     replica_networks: list[str] = Field(default_factory=list, max_length=16, description=(
         "admin-set CIDRs its replicas' addresses must lie in; empty: private addresses (loopback only "
         "when the agent itself is on loopback)"))
+    services_withdrawn: str = Field("", description="why its agent withdrew its Maglev services (a fail-closed "
+                                    "site cut off from fabricd; agent.fail_closed); the routing controller "
+                                    "pushes them again")
     model_disk_free_bytes: int | None = Field(None, ge=0, description="free disk in the agent's model cache; "
                                               "placement refuses a model declared larger (None: not reported)")
     last_heartbeat: float = 0

@@ -38,6 +38,7 @@ from controlplane.node_trust import identity_change
 from controlplane.orchestration_state import load_snapshot
 from controlplane.records import cas, gpu_reservations
 from controlplane.records import nodes as node_records
+from controlplane.records import sites as site_records
 from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
 from controlplane.state import AppState, get_state
 
@@ -62,6 +63,8 @@ class NodeView(Node):
     cpu_committed: int = 0
     memory_allocatable_gib: float = 0
     memory_committed_gib: float = 0
+    fail_closed_unix: float | None = Field(None, description="the node's site's fail_closed_unix, in the answer "
+                                           "to a registration or heartbeat (agent.fail_closed)")
 
 
 class GpuView(GpuInfo):
@@ -209,7 +212,14 @@ def register_node(report: NodeReport, request: Request, response: Response,
                      keep=state.settings.events_kept,
                  max_age_s=state.settings.events_max_age_s)
     response.status_code = 201 if created else 200
-    return node_view(node, node.last_heartbeat)
+    return _answer_to_agent(state, node)
+
+
+def _answer_to_agent(state, node: Node) -> NodeView:
+    """The node's view plus what its agent acts on: its site's fail_closed_unix."""
+    site = site_records.get(state.store, node.site) if node.site else None
+    return node_view(node, node.last_heartbeat).model_copy(
+        update={"fail_closed_unix": site.fail_closed_unix if site is not None else None})
 
 
 @router.post("/nodes/{node_id}/heartbeat", response_model=NodeView)
@@ -218,7 +228,7 @@ def heartbeat(node_id: str, report: NodeReport, state: StateDep,
     if report.id != caller:
         raise InvalidInput(f"body id {report.id!r} does not match the path's node {node_id!r}")
     node, _ = _save(state, report, must_exist=True)
-    return node_view(node, node.last_heartbeat)
+    return _answer_to_agent(state, node)
 
 
 @router.post("/nodes/{node_id}/certificate", response_model=NodeCertificate, dependencies=admin)

@@ -300,8 +300,11 @@ class RoutingWorker:
             self.store.put(key, record)
             self._managed[key] = record
         now, settings = self.clock(), SchedulerSettings()
+        # A node whose agent withdrew its services (a fail-closed site cut off: agent.fail_closed)
+        # gets every service again, whatever it was last sent, until its report says it has them.
         targets = [node for node in snap.nodes.values()
-                   if node_online(node, now, settings) and self._push_due((ep.name, node.id), backends, now)]
+                   if node_online(node, now, settings)
+                   and (node.services_withdrawn or self._push_due((ep.name, node.id), backends, now))]
         if targets:  # only push when weights change or the last push is old; to every agent at once
             spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in plan.backends},
                                      draining=list(plan.draining), forwarding=ep.forwarding)

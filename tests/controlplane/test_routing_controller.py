@@ -114,6 +114,37 @@ def test_an_agent_holding_other_weights_gets_the_plan_again_within_the_repush_pe
     asyncio.run(run())
 
 
+def test_a_node_that_withdrew_its_services_gets_them_again_at_once(store):
+    """A fail-closed site's agent deletes its services while cut off (agent.fail_closed) and says so
+    in its heartbeat (services_withdrawn): the next tick pushes every service to it, unchanged
+    weights and the re-push period notwithstanding, and stops once the report is clear."""
+    now = time.time()
+    seed(store, now)
+    agents = Agents()
+    worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), clock=lambda: now)
+    worker.scrape_all = lambda snap: asyncio.sleep(0)
+    key = ("10.96.0.1", 8000, "tcp")
+
+    def report_withdrawn(why: str) -> None:
+        n = node("n1", 4).model_copy(update={"last_heartbeat": now, "services_withdrawn": why})
+        store.put(keyspace.nodes("n1"), n.model_dump_json())
+
+    async def run():
+        await worker.tick()
+        agent = agents.by_node["n1"]
+        planned = dict(agent.services[key])
+        agent.services.clear()  # the agent withdrew them
+        report_withdrawn("fail-closed: no heartbeat answered")
+        await worker.tick()
+        assert agent.puts == 2 and agent.services[key] == planned
+        report_withdrawn("")
+        await worker.tick()
+        assert agent.puts == 2  # back to pushing on change only
+        await worker.aclose()
+
+    asyncio.run(run())
+
+
 def test_a_404_on_delete_counts_as_absent(store):
     now = time.time()
     seed(store, now)
