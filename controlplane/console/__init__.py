@@ -20,7 +20,7 @@ PREFIX = "/app/ai"
 
 
 def install(app: FastAPI) -> None:
-    from controlplane.console import actions, forms, pages, playground
+    from controlplane.console import actions, daily, forms, pages, playground
     from controlplane.history import HISTORY
     from controlplane.history_file import FILE_NAME, HistoryFile
 
@@ -35,5 +35,6 @@ def install(app: FastAPI) -> None:
     app.include_router(playground.router)
     app.include_router(pages.router)
     app.include_router(actions.router)
+    app.include_router(daily.router)
     # Last: any other console address is a page saying so (HTML), not the API's JSON 404.
     app.add_api_route(f"{PREFIX}/{{rest:path}}", pages.not_found, methods=["GET"], include_in_schema=False)

@@ -18,86 +18,55 @@ is refused here, naming its field); every rule stays in the API.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from common.runtimes import OPENAI_INCAPABLE, RUNTIME_NAMES
-from common.schemas import ROUTING_L7, ROUTING_STRATEGIES
+from common.schemas import (
+    ROUTING_L7,
+    ROUTING_STRATEGIES,
+    AutoscalingSpec,
+    InferenceDeployment,
+    InferenceEndpoint,
+    InferenceProfile,
+    ModelArtifact,
+)
 from controlplane.console import views
 from controlplane.console.actions import _failed, _guarded
 from controlplane.console.backend import Api, ApiError
 from controlplane.console.render import PREFIX, page, session_of, to_login
+from controlplane.console.schema_form import FormField, fields_of
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
 
-@dataclass
-class FormField:
-    name: str
-    label: str
-    kind: str = "text"  # text | number | select | textarea | checkbox
-    required: bool = False
-    hint: str = ""
-    options: list[str] = field(default_factory=list)
-    default: str = ""
-
-
+# Forms read the API's own models (schema_form.fields_of): a field added there shows up here.
 MODEL_FIELDS = [
-    FormField("name", "Name", required=True, hint="a DNS label; deployments and keys name it"),
-    FormField("source", "Source", required=True, hint="hf://ORG/NAME, file:///PATH under FABRIC_MODEL_DIR, or a path"),
+    *fields_of(ModelArtifact, skip={"adapters"}, labels={"digest": "Expected digest",
+                                                         "require_checksum": "Require the digest"}),
     FormField("revision", "Revision", hint="an hf:// commit or tag to pin (appended as @REVISION)"),
     FormField("adapters", "LoRA adapters", "textarea", hint="one per line: NAME=SOURCE"),
-    FormField("license", "License", hint="recorded with the model, e.g. apache-2.0"),
-    FormField("residency", "Residency", hint="a site or region the weights must stay in"),
-    FormField("digest", "Expected digest", hint="sha256:… of the sorted manifest; checked after download"),
-    FormField("require_checksum", "Require the digest", "checkbox", hint="refuse Ready without a matching digest"),
 ]
-PROFILE_FIELDS = [
-    FormField("name", "Name", required=True),
+PROFILE_FIELDS = fields_of(InferenceProfile, choices={
     # The runtimes the API accepts, from the one runtime table (common/runtimes.py): they cannot drift.
-    FormField("runtime", "Runtime", "select", options=[r for r in RUNTIME_NAMES if r not in OPENAI_INCAPABLE],
-              default="vllm"),
-    FormField("gpu.count", "GPUs per replica", "number", default="1"),
-    FormField("gpu.vram_gib", "VRAM per GPU (GiB)", "number", required=True, default="24"),
-    FormField("gpu.model", "GPU model", hint="optional filter, e.g. H100"),
-    FormField("gpu.mig_profile", "MIG profile", hint="optional, e.g. 1g.10gb"),
-    FormField("cpu", "vCPUs", "number", required=True, default="4"),
-    FormField("memory_gib", "Memory (GiB)", "number", required=True, default="16"),
-]
-DEPLOYMENT_FIELDS = [
-    FormField("name", "Name", required=True),
-    FormField("model", "Model", "select", required=True),
-    FormField("profile", "Profile", "select", required=True),
-    FormField("replicas", "Replicas", "number", required=True, default="1"),
-]
-ENDPOINT_FIELDS = [
-    FormField("name", "Name", required=True, hint="clients call /api/ai/openai/NAME/v1"),
-    FormField("deployment", "Deployment", "select", required=True),
-    FormField("routing", "Routing", "select", options=list(ROUTING_STRATEGIES), default="least_queue"),
-    FormField("routing_l7", "Gateway routing", "select", options=list(ROUTING_L7), default="affinity",
-              hint="affinity: through the VIP (its Maglev picks); the others: the gateway picks the replica"),
-]
-AUTOSCALING_FIELDS = [
-    FormField("enabled", "Enabled", "checkbox", default="on"),
-    FormField("min_replicas", "Min replicas", "number", default="1"),
-    FormField("max_replicas", "Max replicas", "number", default="4"),
-    FormField("scale_out_queue", "Scale out above queue", "number", default="20", hint="mean waiting per ready replica"),
-    FormField("scale_out_seconds", "… for seconds", "number", default="30"),
-    FormField("scale_in_queue", "Scale in below queue", "number", default="1"),
-    FormField("scale_in_seconds", "… for seconds", "number", default="300"),
-    FormField("scale_to_zero", "Scale to zero when idle", "checkbox"),
-]
+    "runtime": [r for r in RUNTIME_NAMES if r not in OPENAI_INCAPABLE]},
+    labels={"gpu.count": "GPUs per replica", "gpu.vram_gib": "VRAM per GPU (GiB)", "cpu": "vCPUs"})
+DEPLOYMENT_FIELDS = fields_of(InferenceDeployment, skip={"revision", "autoscaling"},
+                              choices={"model": [], "profile": []})
+ENDPOINT_FIELDS = fields_of(InferenceEndpoint, skip={"external"}, choices={
+    "deployment": [], "routing": list(ROUTING_STRATEGIES), "routing_l7": list(ROUTING_L7)},
+    labels={"routing_l7": "Gateway routing"})
+AUTOSCALING_FIELDS = fields_of(AutoscalingSpec)
 ROLLOUT_FIELDS = [
     FormField("model", "Model", "select", hint="the new revision's model (unchanged: the newest revision's)"),
     FormField("profile", "Profile", "select"),
     FormField("strategy", "Strategy", "select", options=["rolling", "canary", "blue-green"], default="rolling"),
-    FormField("canary_percent", "Canary share (%)", "number", hint="canary only: one step at this share, then 100"),
+    FormField("canary_percent", "Canary share (%)", "number", hint="canary only: one step at this share, then 100",
+              integer=True),
     FormField("reason", "Reason", hint="kept with the revision"),
 ]
-NUMBER_INT = {"gpu.count", "cpu", "replicas", "min_replicas", "max_replicas", "canary_percent"}
 
 
 def field_errors(exc: ApiError, names: list[str]) -> tuple[dict[str, str], str]:
@@ -130,23 +99,27 @@ def _set(body: dict, dotted: str, value) -> None:
 
 def to_body(fields: list[FormField], form: dict) -> tuple[dict, dict[str, str]]:
     """Form text -> JSON body (blank optional fields left out), and {field: why} for numbers
-    that are not numbers."""
+    that are not numbers. A checkbox the form did not carry at all (not even its hidden "off")
+    is left to the API's default."""
     body: dict = {}
     bad: dict[str, str] = {}
     for f in fields:
         raw = form.get(f.name, "").strip()
         if f.kind == "checkbox":
-            _set(body, f.name, raw in ("on", "true", "1"))
+            if f.name in form:
+                _set(body, f.name, raw in ("on", "true", "1"))
             continue
         if raw == "":
             continue
         if f.kind == "number":
             try:
-                value = int(raw) if f.name in NUMBER_INT else float(raw)
+                value = int(raw) if f.integer else float(raw)
             except ValueError:
-                bad[f.name] = "expected a whole number" if f.name in NUMBER_INT else "expected a number"
+                bad[f.name] = "expected a whole number" if f.integer else "expected a number"
                 continue
             _set(body, f.name, value)
+        elif f.lines:
+            _set(body, f.name, [line.strip() for line in raw.splitlines() if line.strip()])
         else:
             _set(body, f.name, raw)
     return body, bad

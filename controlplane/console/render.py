@@ -21,7 +21,8 @@ templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates")) 
 
 NAV = [("overview", "Overview", ""), ("models", "Models", "/models"), ("profiles", "Profiles", "/profiles"),
        ("deployments", "Deployments", "/deployments"), ("endpoints", "Endpoints", "/endpoints"),
-       ("keys", "API keys", "/keys"), ("nodes", "Nodes & GPUs", "/nodes"), ("events", "Events", "/events")]
+       ("keys", "API keys", "/keys"), ("nodes", "Nodes & GPUs", "/nodes"), ("usage", "Usage", "/usage"),
+       ("events", "Events", "/events")]
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
                                "frame-ancestors 'none'; form-action 'self'",
@@ -40,6 +41,7 @@ def to_login() -> RedirectResponse:
 
 
 def page(request: Request, template: str, session: Session | None, status: int = 200, **ctx) -> HTMLResponse:
+    ctx.setdefault("message", request.query_params.get("message", "")[:300])  # what a write redirected with
     resp = templates.TemplateResponse(request, template, {
         "session": session, "nav": NAV, "prefix": PREFIX, **ctx}, status_code=status)
     resp.headers.update(SECURITY_HEADERS)
