@@ -1,9 +1,11 @@
 """The loopback rig the chaos run and the etcd-cluster tests share: real processes, no netns.
 
-A three-member etcd cluster; two `fabricd serve --store etcd://A,B,C` (controllers on, one leader
-by the store lock, copies of one state dir); one `fabric-agent` (dry-run driver: each replica a
-real fabric-engine-sim process, fake GPUs) heartbeating to fabricd "b"; two `fabric-gateway`
-processes on the same cluster; a loopback HF mirror. One deployment with an endpoint is deployed
+A three-member etcd cluster (peer and client TLS, auth on); two `fabricd serve --store
+etcd://A,B,C` ("a" and "b"; ``fabricds=`` names more: controllers on, one leader by the store
+lock, copies of one state dir, each logged in as the etcd user fabricd); one `fabric-agent`
+(dry-run driver: each replica a real fabric-engine-sim process, fake GPUs) heartbeating to
+fabricd "b" first and failing over to the others; two `fabric-gateway` processes (``gateways=``)
+on the same cluster as the etcd user gateway; a loopback HF mirror. One deployment with an endpoint is deployed
 and Ready when ``start_rig`` yields. The VIP is allocated from a loopback pool (127.0.100.x) that
 nothing serves here (no dataplane), so the endpoint routes round_robin: the gateway picks the
 replica itself and never goes through the VIP.
@@ -74,7 +76,7 @@ class Rig:
 
     def serving(self) -> str:
         """A fabricd that answers now ("a" first): one may be restarting after an injection."""
-        for name in ("a", "b"):
+        for name in self.fabricd:
             try:
                 if self.fabricd[name].poll() is None and httpx.get(f"{self.url(name)}/healthz", timeout=2).status_code == 200:
                     return name
@@ -90,7 +92,7 @@ class Rig:
         return self.tmp / f"{name}.log"
 
     def tail(self) -> str:
-        names = ["fabricd-a", "fabricd-b", "agent"]
+        names = [*(f"fabricd-{n}" for n in self.fabricd), "agent"]
         text = "\n".join(f"--- {n}\n{self.log(n).read_text(errors='replace')[-2500:]}"
                          for n in names if self.log(n).exists())
         return text + "\n" + "\n".join(f"--- gateway {g.port}\n{g.log_text()[-1500:]}" for g in self.gateways)
@@ -120,7 +122,8 @@ class Rig:
     def start_agent(self, mode: str = "wb") -> None:
         self.agent = subprocess.Popen(
             agent_command() + [
-                "--node-id", NODE, "--listen", f"127.0.0.1:{self.agent_port}", "--control-plane", self.url("b"),
+                "--node-id", NODE, "--listen", f"127.0.0.1:{self.agent_port}",
+                "--control-plane", ",".join(self.url(n) for n in sorted(self.ports, key=lambda n: n != "b")),
                 "--insecure", "--vm-driver", "dry-run", "--fake-gpus", "6", "--no-dataplane",
                 "--heartbeat-secs", "1", "--cpus", "64", "--memory-gib", "256",
                 "--state-dir", str(self.tmp / "agent"), "--sysfs-root", str(self.tmp / "agent" / "sysfs"),
@@ -160,7 +163,8 @@ class Rig:
 
 
 @contextmanager
-def start_rig(tmp: Path, replicas: int = 2, gateway_env: dict[str, str] | None = None):
+def start_rig(tmp: Path, replicas: int = 2, gateway_env: dict[str, str] | None = None,
+              fabricds: tuple[str, ...] = ("a", "b"), gateways: int = 2):
     with EtcdCluster(3) as etcd:
         mirror = model_mirror(tmp)
         env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_LEADER_TTL_SECS": "3",
@@ -169,13 +173,16 @@ def start_rig(tmp: Path, replicas: int = 2, gateway_env: dict[str, str] | None =
         env.pop("HF_TOKEN", None)
         subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(tmp / "fabricd-a")], check=True,
                        capture_output=True, env=env)
-        # one init, copied: both share the admin password, the CA and the HMAC secret
-        shutil.copytree(tmp / "fabricd-a", tmp / "fabricd-b")
-        rig = Rig(tmp, etcd, etcd.open("fabricd"), env, {"a": free_port(), "b": free_port()}, agent_port=free_port(),
+        # one init, copied: all share the admin password, the CA and the HMAC secret
+        for name in fabricds[1:]:
+            shutil.copytree(tmp / "fabricd-a", tmp / f"fabricd-{name}")
+        rig = Rig(tmp, etcd, etcd.open("fabricd"), env, {n: free_port() for n in fabricds}, agent_port=free_port(),
                   gateway_env={**(gateway_env or {}), **etcd.env("gateway")})
         try:
-            rig.start_fabricd("a")
-            rig.start_fabricd("b")
+            for name in fabricds:
+                rig.start_fabricd(name, wait=False)
+            for name in fabricds:
+                _wait_fabricd(rig.url(name), rig.fabricd[name], rig.log(f"fabricd-{name}"))
             password = (tmp / "fabricd-a" / "admin-password").read_text().strip()
             rig.token = httpx.post(f"{rig.url('a')}/api/auth/login", json={"username": "admin", "password": password},
                                    timeout=10).json()["token"]
@@ -187,7 +194,8 @@ def start_rig(tmp: Path, replicas: int = 2, gateway_env: dict[str, str] | None =
                 deploy(api, DEP, EP, replicas, routing_l7="round_robin")
                 wait_for(lambda: len(rig.ready_replicas(api)) == replicas, 90, f"{replicas} ready replicas")
                 wait_for(lambda: api.get(f"/api/ai/endpoints/{EP}").json()["status"].get("vip"), 30, "the VIP")
-            rig.gateways = [GatewayProcess.start(tmp, etcd.url, rig.gateway_env, gateway_id=f"gw-{i}") for i in range(2)]
+            rig.gateways = [GatewayProcess.start(tmp, etcd.url, rig.gateway_env, gateway_id=f"gw-{i}")
+                            for i in range(gateways)]
             wait_for(rig.leader, 30, "a fabricd to hold the leader lock")
             yield rig
         except (AssertionError, RuntimeError) as exc:
