@@ -65,6 +65,7 @@ from gateway.proxy import UpstreamBroke, UpstreamTimeout, VipConnections, forwar
 from gateway.readiness import readiness, store_failure
 from gateway.replica_router import ReplicaRouter
 from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
+from gateway.router_gate import conversation_key
 from gateway.routes import PREFIX, Route, check_served, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.stream_migration import Deaths, EndpointQuota, Migration, refusal
@@ -335,7 +336,9 @@ class GatewayApp:
                                                     time.time())
                 targets = replica_targets(view, picked, st.scheme)
             else:
-                session = headers.get("x-session-id") or info.prompt_head or None
+                # no x-session-id: the conversation's own key (its system prompt and first user
+                # turn), so sessions on one shared system prompt do not all hash to one replica
+                session = headers.get("x-session-id") or conversation_key(info.data) or info.prompt_head or None
                 targets = order_targets(view, session, st.scheme)
                 if view.endpoint.status.vip and targets:  # a drain must reach kept-alive VIP connections
                     st.vip_connections.note(st.client, view.endpoint.name, targets[0], view.replicas)

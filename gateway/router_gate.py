@@ -1,0 +1,140 @@
+"""Prefix routing with a saturation gate (pure): stay on the replica that holds the most of a
+prompt until its estimated time to first token exceeds the best replica's by more than a
+calibrated penalty, then take the best. Load is measured in tokens, not calls.
+
+Per candidate replica e, for a prompt of ``prompt_tokens``:
+
+    cost(e) = prefill_tokens(e)                 uncached prompt tokens routed to e, not yet prefilled
+            + prompt_tokens - matched_tokens(e) this prompt's own uncached tokens on e
+            + decode_weight * decoding(e)       sequences decoding on e, in prefill-token equivalents
+
+cost / peak_prefill_tps is the estimated TTFT. The sticky replica is the one holding the most
+tokens of this prompt (ties: the conversation's home replica, then the lower cost); with no
+match anywhere it is the conversation's home (``session_home``, the replica its earlier turns
+went to). The gate: the sticky replica is kept while cost(sticky) - min cost <= tau, where
+
+    tau = peak_prefill_tps * max_ttft_penalty_s   (tokens; one number per model, accelerator, engine)
+
+and past it the call goes to the cheapest replica (reason ``saturated``). A call with no home
+replica (a new conversation, a single-turn call) is kept on the best holder only while that holder
+has fewer than ``hot_share`` times the mean calls in flight (at least 1): past it, the cheapest
+other replica (``hotspot_guard``), so one prefix every call shares (an agent fleet's one system
+prompt) cannot pile its new conversations onto one replica. Without a sticky
+replica it goes to the cheapest (``load``); equal costs are drawn at random so a burst does not
+pile onto a fixed order.
+
+The differences from a threshold gate (llm-d's "sticky until saturated", whose warm set is the
+replicas holding at least 0.8 of the prompt): a replica holding 70% of a conversation that just
+grew by a tool output is still the sticky one (its saved prefill is counted in tokens, not cut
+at a fraction), decode pressure counts as load, and a conversation without a session key keeps a
+home replica from its own history (``conversation_key``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from gateway.prefix_router import _text
+
+SYSTEM_ROLES = ("system", "developer")
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    peak_prefill_tps: float = 8000.0  # the engine's measured peak prefill throughput (tokens/s)
+    max_ttft_penalty_s: float = 0.5  # how much TTFT stickiness may cost before it breaks
+    decode_weight: float = 0.0  # prefill-token equivalents per decoding sequence (0: prefill-bound)
+    tie_tokens: float = 1.0  # costs this close are a tie
+    hot_share: float = 1.5  # a call with no home replica sticks only below this times the mean calls in flight
+
+    @property
+    def tau(self) -> float:
+        return self.peak_prefill_tps * self.max_ttft_penalty_s
+
+
+@dataclass(frozen=True)
+class GateCandidate:
+    replica: str
+    matched_tokens: int  # leading tokens of this prompt the replica holds (KV index, or estimated)
+    prefill_tokens: float = 0.0  # uncached tokens routed to it whose first token has not come yet
+    decoding: int = 0  # its sequences past their first token, not finished
+    in_flight: int = 0  # calls routed to it, not finished (the hotspot guard's count)
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    chosen: str
+    reason: str  # sticky | saturated | load | random_tie
+    sticky: str | None
+    rows: tuple[dict, ...]
+
+    def explain(self) -> dict:
+        return {"chosen": self.chosen, "reason": self.reason, "sticky": self.sticky, "scores": list(self.rows)}
+
+
+def cost(c: GateCandidate, prompt_tokens: int, policy: GatePolicy) -> float:
+    return c.prefill_tokens + max(prompt_tokens - c.matched_tokens, 0) + policy.decode_weight * c.decoding
+
+
+def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_home: str | None = None,
+                 policy: GatePolicy = GatePolicy(), rng: random.Random | None = None) -> GateDecision:
+    """Pure but for ``rng``: the replica for a prompt of ``prompt_tokens``."""
+    if not candidates:
+        raise ValueError("no candidate replica")
+    rng = rng or random.Random()
+    costs = {c.replica: cost(c, prompt_tokens, policy) for c in candidates}
+    least = min(costs.values())
+    cheapest = [c for c in candidates if costs[c.replica] <= least + policy.tie_tokens]
+    most = max(c.matched_tokens for c in candidates)
+    sticky = None
+    if session_home in costs and (most == 0 or next(c for c in candidates if c.replica == session_home)
+                                  .matched_tokens == most):
+        sticky = session_home
+    elif most > 0:
+        holders = [c for c in candidates if c.matched_tokens == most]
+        sticky = min(holders, key=lambda c: (costs[c.replica], c.replica)).replica
+        total = sum(c.in_flight for c in candidates)
+        mine = next(c.in_flight for c in candidates if c.replica == sticky)
+        if mine >= max(policy.hot_share * (total + 1) / len(candidates), 1.0):  # the hotspot guard
+            others = [c for c in candidates if c.replica != sticky] or candidates
+            low = min(costs[c.replica] for c in others)
+            pick = rng.choice([c for c in others if costs[c.replica] <= low + policy.tie_tokens]).replica
+            return GateDecision(pick, "hotspot_guard", sticky, _rows(candidates, costs))
+    if sticky is not None and costs[sticky] - least <= policy.tau:
+        chosen, reason = sticky, "sticky"
+    elif sticky is not None:
+        chosen, reason = rng.choice(cheapest).replica, "saturated"
+    else:
+        chosen = rng.choice(cheapest).replica
+        reason = "random_tie" if len(cheapest) == len(candidates) else "load"
+    return GateDecision(chosen, reason, sticky, _rows(candidates, costs))
+
+
+def _rows(candidates: list[GateCandidate], costs: dict[str, float]) -> tuple[dict, ...]:
+    return tuple({"replica": c.replica, "matched_tokens": c.matched_tokens, "prefill_tokens": c.prefill_tokens,
+                  "decoding": c.decoding, "in_flight": c.in_flight, "cost_tokens": round(costs[c.replica], 1)}
+                 for c in sorted(candidates, key=lambda c: costs[c.replica]))
+
+
+def conversation_key(data: dict | None) -> str | None:
+    """A conversation's own key, from its history, for traffic without ``x-session-id``: the hash
+    of its system prompt(s) and its first user turn. Every later turn of the conversation resends
+    both unchanged, so all its turns share the key; conversations on one shared system prompt
+    differ by their first user turn. None for a body that is not a chat with a user turn."""
+    msgs = data.get("messages") if isinstance(data, dict) else None
+    if not isinstance(msgs, list):
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    for m in msgs:
+        if not isinstance(m, dict):
+            return None
+        role = m.get("role")
+        h.update(str(role).encode() + b"\0" + _text(m.get("content")).encode() + b"\0")
+        if role == "user":
+            return h.hexdigest()
+        if role not in SYSTEM_ROLES:
+            return None
+    return None
+

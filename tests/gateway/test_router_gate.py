@@ -1,0 +1,103 @@
+"""The saturation gate (gateway/router_gate.py), keyless conversation keys in the affinity mode,
+and a small seeded profile of each field workload (gateway/router_profiles.py; the full tables
+come from scripts/bench-router --workload profiles)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from common.schemas import EndpointStatus, InferenceEndpoint
+from gateway.router_gate import GateCandidate, GatePolicy, choose_gated, conversation_key
+from gateway.router_profiles import PROFILES, BenchConfig, profile, simulate
+from gateway.upstreams import EndpointView, Replica, order_targets
+
+SYSTEM = {"role": "system", "content": "You are the fleet's agent. Use the tools. " * 40}
+
+
+def _view(n: int) -> EndpointView:
+    ep = InferenceEndpoint(name="e", deployment="d", status=EndpointStatus())
+    reps = tuple(Replica(replica_id=f"r{i}", deployment="d", ordinal=i, node="n", host=f"10.0.0.{i + 1}",
+                         ready=True) for i in range(n))
+    return EndpointView(ep, reps, {})
+
+
+def _first_replica(view: EndpointView, session: str) -> str:
+    return order_targets(view, session)[0]
+
+
+def test_64_keyless_sessions_on_one_system_prompt_spread_and_each_keeps_its_replica():
+    view = _view(4)
+    sessions = [[SYSTEM, {"role": "user", "content": f"task {i}: fix the build of service {i * 7}"}] for i in range(64)]
+    # the old key, the prompt's head, is one key for all 64: every session on one replica
+    heads = {("<|system|>" + s[0]["content"])[:64] for s in sessions}
+    assert len(heads) == 1
+    keys = [conversation_key({"messages": s}) for s in sessions]
+    assert len(set(keys)) == 64
+    first = [_first_replica(view, k) for k in keys]
+    counts = {r: first.count(r) for r in set(first)}
+    assert len(counts) == 4 and 4 * max(counts.values()) / 64 <= 1.5  # hotspot index
+    for i in (0, 17, 63):  # later turns (answers, tool outputs) keep the conversation's key and replica
+        later = sessions[i] + [{"role": "assistant", "content": "calling make"},
+                               {"role": "tool", "content": "error: missing header"},
+                               {"role": "user", "content": "and now?"}]
+        assert conversation_key({"messages": later}) == keys[i]
+        assert _first_replica(view, conversation_key({"messages": later})) == first[i]
+
+
+def test_conversation_key_needs_a_chat_with_a_user_turn():
+    assert conversation_key(None) is None
+    assert conversation_key({"prompt": "hello"}) is None
+    assert conversation_key({"messages": [SYSTEM]}) is None
+    assert conversation_key({"messages": [{"role": "assistant", "content": "hi"}]}) is None
+    a = conversation_key({"messages": [SYSTEM, {"role": "user", "content": "x"}]})
+    b = conversation_key({"messages": [{"role": "system", "content": "other"}, {"role": "user", "content": "x"}]})
+    assert a and b and a != b  # the same first turn under another system prompt is another conversation
+
+
+def test_the_gate_sticks_until_the_penalty_then_takes_the_cheapest():
+    pol = GatePolicy(peak_prefill_tps=1000.0, max_ttft_penalty_s=1.0)  # tau = 1000 tokens
+    rng = random.Random(0)
+    warm = GateCandidate("a", matched_tokens=2000, prefill_tokens=900)
+    cold = GateCandidate("b", matched_tokens=0)
+    d = choose_gated([warm, cold], 2100, "a", pol, rng)  # costs 1000 vs 2100: sticky
+    assert (d.chosen, d.reason) == ("a", "sticky")
+    busy = replace(warm, prefill_tokens=3200)  # 3300 - 2100 > tau
+    d = choose_gated([busy, cold], 2100, "a", pol, rng)
+    assert (d.chosen, d.reason) == ("b", "saturated")
+    # a 70% holder still sticks (no 0.8 threshold): its saved prefill counts in tokens
+    part = GateCandidate("a", matched_tokens=1400)
+    assert choose_gated([part, cold], 2000, "a", pol, rng).chosen == "a"
+    # decode pressure is load too
+    decoding = replace(warm, prefill_tokens=0, decoding=12)  # 100 + 3600 - 2100 > tau
+    assert choose_gated([decoding, cold], 2100, "a", replace(pol, decode_weight=300.0), rng).chosen == "b"
+
+
+def test_a_new_conversation_on_a_shared_prefix_is_spread_by_the_hotspot_guard():
+    rng = random.Random(0)
+    cands = [GateCandidate("a", 1000, in_flight=6)] + [GateCandidate(r, 0, in_flight=1) for r in "bcd"]
+    d = choose_gated(cands, 1040, None, GatePolicy(), rng)  # 6 >= 1.5 * 10 / 4
+    assert d.reason == "hotspot_guard" and d.chosen != "a"
+    assert choose_gated(cands, 1040, "a", GatePolicy(), rng).chosen == "a"  # its own home stays
+    with pytest.raises(ValueError):
+        choose_gated([], 10)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_each_profile_small_and_seeded(name):
+    prof = profile(name, scale=20)
+    rates = prof.stages
+    prof = replace(prof, stages=((rates[1][0], 6.0), (rates[3][0], 6.0)))
+    cfg = BenchConfig(prof, seed=3)
+    rows = {r: simulate(cfg, r)["stages"] for r in ("round_robin", "llmd", "session", "gate")}
+    assert rows["gate"] == simulate(cfg, "gate")["stages"]  # seeded: the same table again
+    for r, stages in rows.items():
+        assert all(s["calls"] > 0 and s["success"] == 1.0 for s in stages), r
+    top = -1
+    assert rows["gate"][top]["hit_rate"] >= rows["round_robin"][top]["hit_rate"]
+    if name == "b2b_saas":  # hundreds of calls (a few long conversations per replica are lumpy)
+        assert rows["gate"][top]["hotspot_index"] <= 1.5
+    if name == "agentic":  # keyless: the conversation's own history finds its replica
+        assert rows["session"][top]["hit_rate"] - rows["gate"][top]["hit_rate"] <= 0.05
