@@ -209,3 +209,41 @@ def test_new_pages_at_phone_width_keyboard_only_and_as_viewer(browser, cluster):
     expect(page.get_by_role("button", name="Start rollout")).to_have_count(0)
     expect(page.get_by_role("button", name="Set autoscaling")).to_have_count(0)
     ctx.close()
+
+
+def test_delete_drain_and_usage_keyboard_only_at_phone_width(browser, cluster):
+    from tests.controlplane.console.test_console_daily import _idle_node
+
+    with cluster.api() as api:
+        assert api.post("/api/ai/profiles", json={"name": "kbd-del", "gpu": {"vram_gib": 24}, "cpu": 1,
+                                                  "memory_gib": 1}).status_code == 201
+        if api.get("/api/ai/nodes/idle-node").status_code == 404:
+            _idle_node(cluster, api)
+    ctx, page = new_page(browser, 390, 844)
+    sign_in(page, cluster)
+    for path in ("/usage", "/profiles/kbd-del/delete", "/nodes", "/profiles"):
+        page.goto(f"{cluster.url}{CONSOLE}{path}")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 391, f"{path} is {width}px wide on a 390px phone"
+        assert page.evaluate(CONTRAST_JS) == [], f"text below 4.5:1 contrast on {path}"
+    # Delete, keyboard only: the list's link, then the confirmation's button.
+    page.get_by_role("link", name="Delete kbd-del").focus()
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", name="Delete profile kbd-del?")).to_be_visible()
+    shot(page, "phone-delete-confirm")
+    page.get_by_role("button", name="Delete profile kbd-del").focus()
+    page.keyboard.press("Enter")
+    expect(page.get_by_test_id("message")).to_contain_text("profile kbd-del deleted")
+    # Drain then uncordon a node: type the reason, Enter submits.
+    page.goto(f"{cluster.url}{CONSOLE}/nodes")
+    page.locator("#drain-idle-node").focus()
+    page.keyboard.type("browser drain")
+    page.keyboard.press("Enter")
+    expect(page.get_by_test_id("message")).to_contain_text("node idle-node cordoned (browser drain)")
+    page.get_by_role("button", name="Uncordon idle-node").focus()
+    page.keyboard.press("Enter")
+    expect(page.get_by_test_id("message")).to_contain_text("node idle-node open to new replicas")
+    page.goto(f"{cluster.url}{CONSOLE}/usage")
+    expect(page.get_by_role("heading", name="Room left per tenant")).to_be_visible()
+    shot(page, "phone-usage")
+    ctx.close()
