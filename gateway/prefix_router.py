@@ -2,8 +2,10 @@
 
 The rendered chat prompt (role tags plus contents, as a chat template lays it out) is cut into
 chunks of CHUNK_CHARS characters (about 16 tokens: one engine KV block); each chunk is named by a
-hash chained over every chunk before it, so one hash names one whole prefix -- a chunk-hash trie
-whose edges are implicit. Each node keeps, per replica, how many requests it sent there (hits),
+hash chained over every chunk before it and the call's cache salt (gateway.cache_salt: keyed per
+tenant), so one hash names one whole prefix of one tenant -- a chunk-hash trie whose edges are
+implicit, in which a tenant only ever matches its own prompts, and an explanation's
+``matched_chunks`` and ``hits`` count only the caller's tenant's calls. Each node keeps, per replica, how many requests it sent there (hits),
 so a prefix that a randomizing picker spread over several replicas still points at the ones that
 served it most. The tree is bounded (max_nodes, least recently used dropped first; a lookup
 touches a path leaf-first, so ancestors outlive their descendants) and so is each node
@@ -51,9 +53,11 @@ def _text(value) -> str:
     return ""
 
 
-def chunk_hashes(text: str, chunk_chars: int = CHUNK_CHARS, max_chunks: int = MAX_CHUNKS) -> list[bytes]:
-    """Chained hashes of the prompt's full chunks (a partial last chunk is never cached by an engine)."""
-    return chained_chunk_hashes(text, chunk_chars, max_chunks)
+def chunk_hashes(text: str, chunk_chars: int = CHUNK_CHARS, max_chunks: int = MAX_CHUNKS,
+                 salt: str | None = None) -> list[bytes]:
+    """Chained hashes of the prompt's full chunks (a partial last chunk is never cached by an
+    engine), started from the call's cache salt: one tenant's prefixes never match another's."""
+    return chained_chunk_hashes(text, chunk_chars, max_chunks, salt)
 
 
 @dataclass
@@ -174,8 +178,9 @@ def choose(candidates: list[Candidate], hashes: list[bytes], tree: PrefixTree,
     else:  # no affinity won: load decided, or the replica remembering the least, or the hash
         chosen = best[5]
         reason = "load" if matched or chosen.load < max(r[5].load for r in rows) else "hash"
+    # What the tree holds for other salts (its per-replica node counts) stays out of the explanation.
     scores = tuple({"replica": r[5].replica, "score": round(r[0], 4), "matched_chunks": r[6], "hits": r[1],
-                    "queue": r[5].queue, "in_flight": r[5].in_flight, "prefix_nodes": -r[3]} for r in rows)
+                    "queue": r[5].queue, "in_flight": r[5].in_flight} for r in rows)
     return Decision(chosen.replica, reason, len(hashes), scores)
 
 

@@ -120,7 +120,8 @@ class ReplicaRouter:
             return cands[i % len(cands)].replica, {"mode": mode, "reason": "next in turn", "scores": loads}
         if mode == "random":
             return self._rng.choice(cands).replica, {"mode": mode, "reason": "uniform draw", "scores": loads}
-        hashes = chunk_hashes(render_prompt(data)) if data else []
+        salt = data.get("cache_salt") if data else None  # per tenant (gateway.cache_salt)
+        hashes = chunk_hashes(render_prompt(data), salt=salt if isinstance(salt, str) else None) if data else []
         tree = self._tree(name)
         if matched is not None and block_hashes is not None and mode == "prefix":
             approx = {r: d for r, (d, _) in tree.match(hashes).items()}

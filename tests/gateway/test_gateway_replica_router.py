@@ -38,3 +38,27 @@ def test_explain_secs_setting_defaults_to_the_ttl_and_is_bounded():
     for bad in ("0.5", "3601", "nan", "x"):
         with pytest.raises(gs.SettingsError, match="FABRIC_GATEWAY_EXPLAIN_SECS"):
             gs.load({"FABRIC_GATEWAY_EXPLAIN_SECS": bad})
+
+
+def test_an_explanation_shows_only_the_callers_own_tenants_prefixes():
+    """The attack (issue 50, Medium 5): a key holder of tenant B sends a guessed system prompt and
+    reads matched_chunks/hits in its routing explanation to learn whether tenant A sent it."""
+    from common.schemas import EndpointStatus, InferenceEndpoint, Replica
+    from gateway.cache_salt import salt_for
+    from gateway.upstreams import EndpointView
+
+    ep = InferenceEndpoint(name="e", deployment="d", routing_l7="prefix", status=EndpointStatus())
+    view = EndpointView(ep, tuple(Replica(replica_id=f"r{i}", deployment="d", ordinal=i, node="n",
+                                          host=f"10.0.0.{i + 1}", ready=True) for i in range(2)), {})
+    secret = b"gateway secret"
+    prompt = {"model": "m", "messages": [{"role": "system", "content": "Acme's confidential playbook. " * 20}]}
+    a = {**prompt, "cache_salt": salt_for(secret, "acme", "k1")}
+    b = {**prompt, "cache_salt": salt_for(secret, "globex", "k2")}
+    r = ReplicaRouter()
+    for _ in range(3):
+        r.pick(view, a, 0.0)
+    _, seen_by_b = r.pick(view, b, 0.0)
+    assert all(s["matched_chunks"] == 0 and s["hits"] == 0 for s in seen_by_b["scores"])
+    assert all("prefix_nodes" not in s for s in seen_by_b["scores"])
+    _, seen_by_a = r.pick(view, a, 0.0)  # the caller's own prefixes still route by affinity
+    assert max(s["matched_chunks"] for s in seen_by_a["scores"]) == seen_by_a["prompt_chunks"] > 0
