@@ -98,7 +98,7 @@ def issue(
 
 
 @credential_app.command("revoke")
-def revoke(endpoint: str = typer.Argument(..., metavar="ENDPOINT"),
+def revoke(endpoint: str = typer.Argument(..., metavar="ENDPOINT", help="the endpoint the credential calls"),
            credential_id: str = typer.Argument(..., metavar="ID", help="the id `issue` printed"),
            as_json: bool = JSON_OPT) -> None:
     """Revoke a credential: the gateway refuses it from then on."""
