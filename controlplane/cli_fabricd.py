@@ -19,11 +19,6 @@
       The key is written only there: never printed, never kept under DIR.
   fabricd backup keygen|create|restore
       the encrypted disaster-recovery archive (controlplane/backup/commands.py; docs/install.md).
-  fabricd pki issue-etcd --state-dir DIR --out OUT --name MEMBER [--san HOST ...]
-      an etcd member's certificate from the cluster CA (server and client EKU: it serves clients
-      and peers, and calls peers; CN MEMBER, SANs 127.0.0.1, localhost, --san) as OUT/etcd.crt,
-      OUT/etcd.key (0600, in a 0700 OUT) and OUT/ca.crt, for ETCD_CERT_FILE and ETCD_PEER_CERT_FILE
-      (scripts/install-host). Reissued on every call.
   fabricd lab ...   present when controlplane.lab.cli (with `lab_app`) exists; loaded for `fabricd lab` only.
 """
 
@@ -209,22 +204,6 @@ def pki_issue_client(
 
 
 app.add_typer(backup_app, name="backup")
-
-
-@pki_app.command("issue-etcd")
-def pki_issue_etcd(
-    state_dir: Path = typer.Option(..., "--state-dir", help="fabricd's state directory (holds pki/ca.key)"),
-    out: Path = typer.Option(..., "--out", help="directory for etcd.crt, etcd.key (0600) and ca.crt"),
-    name: str = typer.Option(..., "--name", help="the etcd member's name (the certificate's CN)"),
-    san: list[str] = typer.Option([], "--san", help="an address or name clients and peers use (repeatable)"),
-) -> None:
-    """Issue an etcd member's certificate from the cluster CA (serving clients and peers)."""
-    ca_crt = _cluster_ca(state_dir)
-    hosts = list(dict.fromkeys(["127.0.0.1", "localhost", *san]))
-    cert_pem, key_pem = sign_leaf(state_dir, name, server=True, client=True, hosts=hosts)
-    crt, key = write_leaf(out, "etcd", cert_pem, key_pem, ca_crt)
-    typer.echo(f"certificate: {crt} (CN {name}; SANs {', '.join(hosts)})\nkey:         {key} (0600)\n"
-               f"CA:          {out / 'ca.crt'}")
 
 
 def _add_lab(root: typer.Typer) -> None:

@@ -5,11 +5,12 @@
       DIR/etcd-pki (made on first use): OUT/MEMBER.crt, OUT/MEMBER.key (0600), OUT/ca.crt.
   fabricd store issue-client --state-dir DIR --out OUT --role fabricd|gateway|root
       a client certificate (no CN) for a process that logs in as ROLE: OUT/etcd-ROLE.crt/.key, OUT/ca.crt.
-  fabricd store init-auth --store URL --passwords DIR
+  fabricd store init-auth --store URL --passwords DIR [--check]
       with FABRIC_ETCD_CA/_CERT/_KEY set: adds the users root, fabricd and gateway (random
       passwords in DIR/USER.password, 0600; existing files kept), makes the roles fabricd and
       gateway hold exactly what common.store.etcd_auth.ROLES says, and turns etcd's auth on.
-      Idempotent: a second run prints "unchanged".
+      Idempotent: a second run prints "unchanged". --check changes nothing: it prints what a run
+      would change and exits 1 when that is anything (scripts/install-host's check).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def store_issue_client(
 def store_init_auth(
     store: str = typer.Option(..., "--store", help="etcd://HOST:PORT[,HOST:PORT...]"),
     passwords: Path = typer.Option(..., "--passwords", help="directory of USER.password files (0600)"),
+    check: bool = typer.Option(False, "--check", help="change nothing; exit 1 when a run would change something"),
 ) -> None:
     """Create etcd's users and roles for Fabric and turn etcd's auth on (idempotent)."""
     try:
@@ -82,9 +84,13 @@ def store_init_auth(
         typer.echo(f"error: --store: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
-        changes = init_auth(endpoints, access, passwords)
+        changes = init_auth(endpoints, access, passwords, apply=not check)
     except FabricError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(1) from None
-    for line in changes or ["unchanged: users, roles and auth already as Fabric needs them"]:
-        typer.echo(line)
+    for line in changes:
+        typer.echo(f"would change: {line}" if check else line)
+    if not changes:
+        typer.echo("unchanged: users, roles and auth already as Fabric needs them")
+    if check and changes:
+        raise typer.Exit(1)

@@ -64,9 +64,12 @@ def test_every_role_s_plan_in_the_docs_is_what_the_script_prints():
     (["--role", "gateway"], "--wheel"),
     (["--role", "control-plane", "--wheel", "x.whl"], "needs --address"),
     (["--role", "gateway", "--wheel", "x.whl"], "needs --store"),
+    (["--role", "gateway", "--wheel", "x.whl", "--store", "etcd://h:2379"], "needs --etcd-gateway-dir"),
+    (["--role", "control-plane", "--role", "gateway", "--wheel", "x.whl", "--address", "10.0.0.1",
+      "--etcd-gateway-dir", "/x"], "a control-plane host issues the gateway's etcd login itself"),
     (["--role", "gpu-host", "--wheel", "x.whl", "--node-id", "n1"], "needs --node-id and --control-plane"),
-    (["--role", "gateway", "--wheel", "x.whl", "--store", "etcd://h:2379", "--node-id", "n1"],
-     "belong to --role gpu-host"),
+    (["--role", "gateway", "--wheel", "x.whl", "--store", "etcd://h:2379", "--etcd-gateway-dir", "/x",
+      "--node-id", "n1"], "belong to --role gpu-host"),
     (["--role", "gpu-host", "--wheel", "x.whl", "--node-id", "n", "--control-plane", "https://h:8443",
       "--address", "10.0.0.1"], "belong to --role control-plane"),
     (["--role", "gpu-host", "--bogus"], "unknown option --bogus"),
@@ -77,8 +80,21 @@ def test_bad_options_exit_2_naming_what_is_wrong(args, reason):
 
 
 def test_a_missing_wheel_is_refused_before_anything_runs(tmp_path):
-    result = run_script("--role", "gateway", "--wheel", str(tmp_path / "none.whl"), "--store", "etcd://h:2379")
+    result = run_script("--role", "gateway", "--wheel", str(tmp_path / "none.whl"), "--store", "etcd://h:2379",
+                        "--etcd-gateway-dir", str(tmp_path))
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_a_gateway_s_etcd_login_copy_must_be_whole(tmp_path):
+    # Without its password or key the gateway could not log in to etcd: refused before anything runs.
+    wheel, login = tmp_path / "fabric-1.0-py3-none-any.whl", tmp_path / "etcd-gateway"
+    wheel.write_bytes(b"w")
+    login.mkdir()
+    for name in ("ca.crt", "etcd-gateway.crt", "etcd-gateway.key"):
+        (login / name).write_text("x")
+    result = run_script("--role", "gateway", "--wheel", str(wheel), "--store", "etcd://h:2379",
+                        "--etcd-gateway-dir", str(login))
+    assert result.returncode == 2 and f"--etcd-gateway-dir {login} has no gateway.password" in result.stderr
 
 
 def test_a_step_acts_once_then_reports_ok_and_dry_run_changes_nothing(tmp_path):
@@ -99,15 +115,16 @@ RESTART=() CHANGES=0; put; echo "second changes=$CHANGES restart=${{RESTART[svc]
 
 def test_services_restart_only_when_what_they_run_changed(tmp_path):
     # A run where the wheel step changed: fabricd restarts. One where nothing changed: no restart,
-    # no start (the stub reports every unit enabled and active), and the run says so.
+    # no start (the stub reports every unit enabled and active), and the run says so. (etcd is
+    # brought up earlier, by the control-plane steps, before init-auth talks to it.)
     snippet = """
 ROLES=(control-plane)
 RESTART[fabricd]=1; start_services; echo "--"
 RESTART=(); start_services; [ "$CHANGES" = 0 ] && echo "nothing changed"
 """
     result = bash(snippet, tmp_path)
-    first, second = (tmp_path / "calls").read_text().split("systemctl -q is-enabled etcd")[1:]
-    assert "systemctl restart fabricd" in first and "systemctl restart etcd" not in first
+    first, second = (tmp_path / "calls").read_text().split("systemctl -q is-enabled fabricd")[1:]
+    assert "systemctl restart fabricd" in first and "etcd" not in first
     assert "restart" not in second and "start " not in second
     assert "nothing changed" in result.stdout
 

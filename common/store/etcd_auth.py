@@ -85,21 +85,28 @@ def _perms(role: dict) -> frozenset[Perm]:
                      for p in role.get("perm") or [])
 
 
-def _password(password_dir: Path, user: str) -> tuple[str, bool]:
+def _password(password_dir: Path, user: str, *, write: bool = True) -> tuple[str, bool]:
+    """(USER's password, whether it is new): read from USER.password, else made (and written 0600
+    when `write`)."""
     path = password_dir / f"{user}.password"
     if path.exists():
         return path.read_text().strip(), False
     value = secrets.token_urlsafe(24)
-    write_private(path, value.encode() + b"\n")
+    if write:
+        write_private(path, value.encode() + b"\n")
     return value, True
 
 
-def init_auth(url_endpoints: list[tuple[str, int]], tls: EtcdAccess, password_dir: Path) -> list[str]:
+def init_auth(url_endpoints: list[tuple[str, int]], tls: EtcdAccess, password_dir: Path, *,
+              apply: bool = True) -> list[str]:
     """Make etcd's users and roles match USERS/ROLES and turn auth on; returns what changed.
 
     `tls` carries the CA and a client certificate (its login fields are ignored). Passwords live
-    in `password_dir` as USER.password (0600); root's must be there once auth is on."""
-    private_dir(password_dir)
+    in `password_dir` as USER.password (0600); root's must be there once auth is on. With
+    `apply=False` nothing is written (to etcd or to `password_dir`): the list says what a run
+    would change (`fabricd store init-auth --check`)."""
+    if apply:
+        private_dir(password_dir)
     changes: list[str] = []
     anonymous = EtcdAccess(ca=tls.ca, cert=tls.cert, key=tls.key)
     store = EtcdStore(*url_endpoints[0], endpoints=url_endpoints, access=anonymous)
@@ -112,45 +119,50 @@ def init_auth(url_endpoints: list[tuple[str, int]], tls: EtcdAccess, password_di
         enabled = True
     finally:
         store.close()
-    root_pw, root_new = _password(password_dir, "root")
+    root_pw, root_new = _password(password_dir, "root", write=False)
     if enabled and root_new:
-        (password_dir / "root.password").unlink()
         raise StoreAccessDenied(f"etcd has authentication on and {password_dir}/root.password is missing: "
                                 "put root's password there to change users and roles")
+    if root_new and apply:
+        write_private(password_dir / "root.password", root_pw.encode() + b"\n")
     admin = EtcdAccess(ca=tls.ca, cert=tls.cert, key=tls.key, user="root" if enabled else "", password=root_pw)
     store = EtcdStore(*url_endpoints[0], endpoints=url_endpoints, access=admin)
+
+    def call(path: str, body: dict, change: str) -> None:
+        changes.append(change)
+        if apply:
+            store.auth_call(path, body)
+
     try:
         users = set(store.auth_call("/auth/user/list", {}).get("users") or [])
         roles = set(store.auth_call("/auth/role/list", {}).get("roles") or [])
         for user in USERS:
-            password, new = (root_pw, root_new) if user == "root" else _password(password_dir, user)
+            password, new = (root_pw, root_new) if user == "root" else _password(password_dir, user, write=apply)
             if user not in users:
-                store.auth_call("/auth/user/add", {"name": user, "password": password})
-                changes.append(f"user {user} added")
+                call("/auth/user/add", {"name": user, "password": password}, f"user {user} added")
             elif new:
-                store.auth_call("/auth/user/changepw", {"name": user, "password": password})
-                changes.append(f"user {user}: password set from a new {user}.password")
+                call("/auth/user/changepw", {"name": user, "password": password},
+                     f"user {user}: password set from a new {user}.password")
         for role, wanted in ROLES.items():
+            current: frozenset[Perm] = frozenset()
             if role not in roles:
-                store.auth_call("/auth/role/add", {"name": role})
-                changes.append(f"role {role} added")
-            current = _perms(store.auth_call("/auth/role/get", {"role": role}))
+                call("/auth/role/add", {"name": role}, f"role {role} added")
+            else:
+                current = _perms(store.auth_call("/auth/role/get", {"role": role}))
             grant, revoke = plan_role(current, wanted)
             for p in revoke:
-                store.auth_call("/auth/role/revoke", {"role": role, "key": _b64(p.key), "range_end": _b64(p.range_end)})
-                changes.append(f"role {role}: revoked {p.type} {p.key}")
+                call("/auth/role/revoke", {"role": role, "key": _b64(p.key), "range_end": _b64(p.range_end)},
+                     f"role {role}: revoked {p.type} {p.key}")
             for p in grant:
-                store.auth_call("/auth/role/grant", {"name": role, "perm": {
-                    "permType": p.type, "key": _b64(p.key), "range_end": _b64(p.range_end)}})
-                changes.append(f"role {role}: granted {p.type} {p.key}" + ("*" if p.range_end else ""))
+                call("/auth/role/grant", {"name": role, "perm": {
+                    "permType": p.type, "key": _b64(p.key), "range_end": _b64(p.range_end)}},
+                    f"role {role}: granted {p.type} {p.key}" + ("*" if p.range_end else ""))
         for user in USERS:
-            held = set(store.auth_call("/auth/user/get", {"name": user}).get("roles") or [])
+            held = set(store.auth_call("/auth/user/get", {"name": user}).get("roles") or []) if user in users else set()
             if user not in held:
-                store.auth_call("/auth/user/grant", {"user": user, "role": user})
-                changes.append(f"user {user}: role {user} granted")
+                call("/auth/user/grant", {"user": user, "role": user}, f"user {user}: role {user} granted")
         if not enabled:
-            store.auth_call("/auth/enable", {})
-            changes.append("authentication enabled")
+            call("/auth/enable", {}, "authentication enabled")
     finally:
         store.close()
     return changes

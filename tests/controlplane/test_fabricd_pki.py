@@ -61,28 +61,3 @@ def test_issue_client_refuses_a_host_without_the_ca_and_a_name_a_node_could_hold
                               "--out", str(tmp_path / "o2"), "--cn", "gpu-1"])
     assert res.exit_code == 2 and "--cn 'gpu-1'" in res.output and "act as a node" in res.output
     assert not (tmp_path / "o2").exists()
-
-
-def test_issue_etcd_writes_a_member_certificate_for_clients_and_peers(tmp_path):
-    state, out = tmp_path / "fabricd", tmp_path / "etcd"
-    ca_crt, _ = ensure_ca(state)
-    res = CliRunner().invoke(app, ["pki", "issue-etcd", "--state-dir", str(state), "--out", str(out),
-                                   "--name", "etcd-1", "--san", "10.0.0.11", "--san", "etcd-1.example"])
-    assert res.exit_code == 0, res.output
-    crt_path, key_path = out / "etcd.crt", out / "etcd.key"
-    assert _mode(out) == 0o700 and _mode(key_path) == 0o600 and _mode(crt_path) == 0o644
-    assert "PRIVATE KEY" not in res.output
-    assert (out / "ca.crt").read_bytes() == ca_crt.read_bytes()
-    cert = x509.load_pem_x509_certificate(crt_path.read_bytes())
-    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_crt.read_bytes()))
-    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "etcd-1"
-    # etcd serves clients and peers with it and calls its peers with it.
-    ekus = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
-    assert ekus == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "10.0.0.11"}
-    assert {"localhost", "etcd-1.example"} <= set(sans.get_values_for_type(x509.DNSName))
-    res = CliRunner().invoke(app, ["pki", "issue-etcd", "--state-dir", str(tmp_path / "none"),
-                                   "--out", str(tmp_path / "o"), "--name", "etcd-1"])
-    assert res.exit_code == 2 and "holds no cluster CA" in res.output
-    assert not (tmp_path / "o").exists()

@@ -61,11 +61,19 @@ def test_init_auth_then_fabricd_runs_as_its_own_user(bare_tls_etcd, tmp_path):
     tls = {"FABRIC_ETCD_CA": str(certs / "ca.crt"), "FABRIC_ETCD_CERT": str(certs / "etcd-root.crt"),
            "FABRIC_ETCD_KEY": str(certs / "etcd-root.key")}
     passwords = tmp_path / "passwords"
-    first = fabricd("store", "init-auth", "--store", server.url, "--passwords", str(passwords), env=tls)
+    init_auth = ("store", "init-auth", "--store", server.url, "--passwords", str(passwords))
+    # --check (scripts/install-host's check) says what would change, exits 1, and writes nothing.
+    checked = fabricd(*init_auth, "--check", env=tls)
+    assert checked.returncode == 1, checked.stderr
+    assert "would change: authentication enabled" in checked.stdout and "would change: role gateway added" in checked.stdout
+    assert not passwords.exists()
+    first = fabricd(*init_auth, env=tls)
     assert first.returncode == 0, first.stderr
     assert "authentication enabled" in first.stdout and "role gateway added" in first.stdout
-    again = fabricd("store", "init-auth", "--store", server.url, "--passwords", str(passwords), env=tls)
+    again = fabricd(*init_auth, env=tls)
     assert again.returncode == 0 and again.stdout.startswith("unchanged"), again.stdout + again.stderr
+    checked = fabricd(*init_auth, "--check", env=tls)
+    assert checked.returncode == 0 and checked.stdout.startswith("unchanged"), checked.stdout + checked.stderr
     env = {**tls, "FABRIC_ETCD_CERT": str(certs / "etcd-fabricd.crt"), "FABRIC_ETCD_KEY": str(certs / "etcd-fabricd.key"),
            "FABRIC_ETCD_USER": "fabricd", "FABRIC_ETCD_PASSWORD_FILE": str(passwords / "fabricd.password")}
     (tmp_path / "f").mkdir()
