@@ -32,7 +32,7 @@ from common.errors import LimitExceeded, NotFound
 from common.http1_client import UpstreamError, UpstreamPool, UpstreamTimeoutError
 from common.schemas import ExternalProvider, InferenceEndpoint
 from gateway import breaker
-from gateway.provider_headers import provider_headers
+from gateway.provider_headers import RESPONSE_ALLOWED, provider_headers
 from gateway.proxy import ProxyResult, UpstreamTimeout, relay
 from gateway.request_body import with_field
 
@@ -239,7 +239,7 @@ class ExternalRouter:
                 resp.close()
                 continue
             notes["key"] = ring.label(i)
-            return await relay(resp, send, t0, extra)
+            return await relay(resp, send, t0, extra, allow=RESPONSE_ALLOWED)  # never the account's headers
         notes["keys"] = ring.states()
         raise ProviderUnavailable(f"no key of external endpoint {ep.name!r} is usable now "
                                   f"({', '.join(k['key'] + ' ' + k['state'] for k in notes['keys'])})",

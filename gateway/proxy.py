@@ -89,8 +89,10 @@ def upstream_headers(raw: list[tuple[bytes, bytes]], request_id: bytes) -> list[
     return out
 
 
-def client_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+def client_headers(raw: list[tuple[bytes, bytes]], allow: frozenset[bytes] | None = None) -> list[tuple[bytes, bytes]]:
     # The upstream client lowercases header names.
+    if allow is not None:
+        return [(k, v) for k, v in raw if k in allow]
     return [(k, v) for k, v in raw if k not in HOP_BY_HOP]
 
 
@@ -255,15 +257,17 @@ async def _relay_body(resp: UpstreamResponse, send, head: dict, t0: float) -> Pr
 
 
 async def relay(resp: UpstreamResponse, send, t0: float, extra: list | None = None,
-                expect_done: bool = True, strip=None, budget=None) -> ProxyResult:
+                expect_done: bool = True, strip=None, budget=None,
+                allow: frozenset[bytes] | None = None) -> ProxyResult:
     """Send an opened upstream response to the client as it arrives; closes it in any case.
     ``expect_done``: an SSE answer that ends without ``data: [DONE]`` (or, for the Responses
     API, its final response event) was cut (OpenAI-style streams, vLLM's included, always end
-    with it)."""
+    with it). ``allow``: only these response headers reach the client (an external provider's),
+    else all but the hop-by-hop ones."""
     try:
         ctype = resp.header(b"content-type") or b""
         head = {"type": "http.response.start", "status": resp.status,
-                "headers": client_headers(resp.headers) + (extra or [])}
+                "headers": client_headers(resp.headers, allow) + (extra or [])}
         if not ctype.startswith(b"text/event-stream"):
             return await _relay_body(resp, send, head, t0)
         scanner = SseUsageScanner()

@@ -26,6 +26,7 @@ class Provider:
 
     def __init__(self):
         self.answers = {"key-a": 429, "key-b": 401}
+        self.reply_headers: dict[str, str] = {}  # sent with every answer
         self.seen: list[dict] = []
         outer = self
 
@@ -51,6 +52,8 @@ class Provider:
                 self.send_header("content-length", str(len(raw)))
                 if status == 429:
                     self.send_header("retry-after", "1")
+                for name, value in outer.reply_headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(raw)
 
