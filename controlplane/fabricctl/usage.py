@@ -170,7 +170,7 @@ def budget_list(as_json: bool = JSON_OPT) -> None:
 
 
 @budget_app.command("delete")
-def budget_delete(name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON_OPT) -> None:
+def budget_delete(name: str = typer.Argument(..., metavar="NAME", help="the budget to remove"), as_json: bool = JSON_OPT) -> None:
     """Remove a budget and its spend."""
     with session() as c:
         emit_object(c.delete(f"/api/ai/budgets/{name}"), as_json)
@@ -214,7 +214,7 @@ def webhook_list(as_json: bool = JSON_OPT) -> None:
 
 
 @webhook_app.command("delete")
-def webhook_delete(name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON_OPT) -> None:
+def webhook_delete(name: str = typer.Argument(..., metavar="NAME", help="the webhook to remove"), as_json: bool = JSON_OPT) -> None:
     """Remove a webhook."""
     with session() as c:
         emit_object(c.delete(f"/api/ai/webhooks/{name}"), as_json)
