@@ -18,10 +18,10 @@
 
 Who may call: TLS admits only certificates from the cluster CA (the server demands one), and
 every node holds such a certificate, so the app also checks the certificate's common name
-against ``allowed_client_cns`` (default ``fabricd``, the control plane's client certificate):
-any other CN, a node's included, gets 403 ``caller_not_allowed``. The CNs in ``kv_index_cns``
-(default ``fabric-gateway``: the gateways' client certificate) may call /v1/kv-index/* and
-nothing else. The app sees the certificate
+against ``allowed_client_cns`` (default ``fabricd``, the control plane's client certificate)
+and its role (common.pki: ``fabricd``, or ``tool`` for an operator's extra CN): any other CN or role, a node's included, gets 403
+``caller_not_allowed``. The CNs in ``kv_index_cns`` (default ``fabric-gateway``: the gateways'
+client certificate, role ``gateway``) may call /v1/kv-index/* and nothing else. The app sees the certificate
 only when served with ``common.peer_cert.PeerCertH11Protocol`` (``fabric-agent serve`` does);
 an HTTPS request without it is refused rather than let through unchecked. Plain HTTP
 (``--insecure``, loopback only) has no certificate to check. Handlers are sync on purpose: sysfs writes, libvirt and BPF map updates block,
@@ -68,7 +68,8 @@ from common.errors import Conflict, FabricError, Forbidden, InvalidInput, NotFou
 from common.health import healthz_body
 from common.http_allow import allow_headers
 from common.openapi_errors import add_error_responses
-from common.peer_cert import CN_KEY, scope_tls
+from common.peer_cert import CN_KEY, ROLE_KEY, scope_tls
+from common.pki import ROLE_FABRICD, ROLE_GATEWAY, ROLE_TOOL
 
 DEFAULT_ALLOWED_CLIENT_CNS = ("fabricd",)
 DEFAULT_KV_INDEX_CNS = ("fabric-gateway",)  # read-only: the KV index and tokenizers (docs/kv-events.md)
@@ -155,11 +156,13 @@ def caller_refusal(scope: Mapping[str, Any], allowed: Collection[str],
     if cn is None:
         return f"a client certificate is required; only the control plane ({who}) may call this agent"
     path = scope.get("path", "")
-    if cn in kv_index_cns and (path == KV_INDEX_PATH or path.startswith(KV_INDEX_PATH + "/")):
+    role = tls.get(ROLE_KEY)
+    if (cn in kv_index_cns and role == ROLE_GATEWAY
+            and (path == KV_INDEX_PATH or path.startswith(KV_INDEX_PATH + "/"))):
         return None
-    if cn not in allowed:
-        return (f"certificate CN {cn!r} may not call this agent; only the control plane ({who}) may "
-                "(fabric-agent serve --allowed-client-cn)")
+    if cn not in allowed or role not in (ROLE_FABRICD, ROLE_TOOL):
+        return (f"certificate CN {cn!r} (role {role or 'none'}) may not call this agent; only the control "
+                f"plane ({who}, role fabricd or tool) may (fabric-agent serve --allowed-client-cn)")
     return None
 
 

@@ -32,6 +32,10 @@ def nodes(node_id: str = "") -> str:
     return f"{ROOT}/nodes/{node_id}"
 
 
+def node_certs(node_id: str = "") -> str:
+    return f"{ROOT}/node-certs/{node_id}"
+
+
 def sites(name: str = "") -> str:
     return f"{ROOT}/sites/{name}"
 

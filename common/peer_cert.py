@@ -5,7 +5,9 @@ small subclass of uvicorn's h11 protocol that, once per connection (asyncio call
 ``connection_made`` after the handshake), reads the verified peer certificate from the SSL
 object and wraps the connection's ASGI app so every request on that connection carries it in
 ``scope["extensions"]["tls"]`` in the shape of the ASGI TLS extension (``client_cert_chain``
-as PEM, ``client_cert_name``), plus ``fabric_client_cn``. It relies only on uvicorn's
+as PEM, ``client_cert_name``), plus ``fabric_client_cn``, ``fabric_client_role`` (common.pki's
+role, None without one) and ``fabric_client_issued`` (when it was signed, UNIX seconds: what a
+revocation compares with). It relies only on uvicorn's
 ``self.app`` attribute and the asyncio protocol method, not on uvicorn's request internals.
 Serve with ``uvicorn.Config(app, ssl_..., http=PeerCertH11Protocol)``.
 
@@ -23,10 +25,12 @@ from typing import Any, cast
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from common.pki import peer_common_name
+from common.pki import LEAF_BACKDATE_S, peer_common_name, peer_role
 
 TLS_EXT = "tls"
 CN_KEY = "fabric_client_cn"
+ROLE_KEY = "fabric_client_role"
+ISSUED_KEY = "fabric_client_issued"
 
 
 def peer_tls_extension(ssl_object: ssl.SSLObject | None) -> dict | None:
@@ -37,13 +41,15 @@ def peer_tls_extension(ssl_object: ssl.SSLObject | None) -> dict | None:
     # getpeercert() (parsed) is only filled for a certificate the handshake verified.
     parsed = ssl_object.getpeercert() if der else None
     ext: dict = {"client_cert_chain": [], "client_cert_name": None, "client_cert_error": None,
-                 "tls_version": None, "cipher_suite": None, CN_KEY: None}
+                 "tls_version": None, "cipher_suite": None, CN_KEY: None, ROLE_KEY: None, ISSUED_KEY: None}
     if der and parsed:
         ext["client_cert_chain"] = [ssl.DER_cert_to_PEM_cert(der)]
         ext["client_cert_name"] = ",".join(
             f"{k}={v}" for rdn in cast(Any, parsed).get("subject", ()) for k, v in rdn
         )
         ext[CN_KEY] = peer_common_name(parsed)
+        ext[ROLE_KEY] = peer_role(parsed)
+        ext[ISSUED_KEY] = ssl.cert_time_to_seconds(str(parsed["notBefore"])) + LEAF_BACKDATE_S
     return ext
 
 
@@ -76,3 +82,15 @@ def scope_client_cn(scope: Mapping[str, Any]) -> str | None:
     """The verified client certificate's common name, or None (no TLS or no certificate)."""
     tls = scope_tls(scope)
     return None if not tls else tls.get(CN_KEY)
+
+
+def scope_client_role(scope: Mapping[str, Any]) -> str | None:
+    """The verified client certificate's role (common.pki.ROLES), or None."""
+    tls = scope_tls(scope)
+    return None if not tls else tls.get(ROLE_KEY)
+
+
+def scope_client_issued(scope: Mapping[str, Any]) -> float:
+    """When the verified client certificate was signed (UNIX seconds); 0 without one."""
+    tls = scope_tls(scope)
+    return float((tls or {}).get(ISSUED_KEY) or 0)

@@ -6,8 +6,15 @@ Layout under the state directory (the directory is 0700, keys 0600, certificates
 
 fabricd serves its REST API with a leaf from this CA; the control plane and the agents use
 the same CA for mutual TLS, where the peer's identity is the certificate's common name
-(`peer_common_name`). Calling `ensure_ca` again never replaces an existing CA, because every
-certificate already handed out would stop verifying.
+(`peer_common_name`) and what it may do is its role (`peer_role`): one of ROLES, written into
+the subject's organizational unit (OU) by the signer only. Every mTLS route checks the role as
+well as the name (a gateway's client certificate is never a node, whatever its CN), and a
+certificate without a role is nobody's. Calling `ensure_ca` again never replaces an existing CA,
+because every certificate already handed out would stop verifying.
+
+Node ids are server names in the node's certificate (fabricd pins an agent's TLS to its id), so
+`node_id_refusal` keeps special names out: a component's certificate name, `localhost` and its
+kin, and anything a resolver or a TLS library could read as an address.
 """
 
 from __future__ import annotations
@@ -27,6 +34,17 @@ from common.private_fs import private_dir, write_private
 
 CA_DAYS = 3650
 LEAF_DAYS = 825
+LEAF_BACKDATE_S = 300  # not_valid_before is this far before the signing (clock skew)
+# What a certificate's holder is; written as the subject's OU "fabric-<role>".
+ROLE_NODE, ROLE_GATEWAY, ROLE_FABRICD, ROLE_TOOL = "node", "gateway", "fabricd", "tool"
+ROLES = (ROLE_NODE, ROLE_GATEWAY, ROLE_FABRICD, ROLE_TOOL)
+_ROLE_OU = "fabric-"
+# Leaf names fabricd and the gateway use in the PKI directory, and names a TLS client treats
+# specially: a node by one of these would overwrite their certificates or be served under them.
+RESERVED_CERT_NAMES = frozenset({"ca", "fabricd", "fabric-gateway", "gateway", "fabricctl", "etcd", "root",
+                                 "localhost", "localdomain", "ip6-localhost", "ip6-loopback", "broadcasthost",
+                                 "wpad"})
+_ADDRESS_LIKE = re.compile(r"^(0x[0-9a-f]+|[0-9]+)$")  # 2130706433 and 0x7f000001 read as 127.0.0.1
 
 
 def pki_dir(state_dir: Path) -> Path:
@@ -101,6 +119,15 @@ def check_san_host(host: str) -> str:
     return name
 
 
+def node_id_refusal(node_id: str) -> str | None:
+    """Why ``node_id`` may not name a node (None: it may). Callers check the DNS-label shape first."""
+    if node_id in RESERVED_CERT_NAMES or node_id.startswith("localhost"):
+        return f"node id {node_id!r} is reserved (a Fabric component's certificate or a special host name)"
+    if _ADDRESS_LIKE.match(node_id):
+        return f"node id {node_id!r} reads as an IP address; a node id needs a letter that is not a hex digit"
+    return None
+
+
 def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
     names: list[x509.GeneralName] = []
     for h in hosts:
@@ -117,12 +144,13 @@ def issue_cert(
     *,
     server: bool,
     client: bool,
+    role: str | None,
     hosts: list[str] | None = None,
 ) -> tuple[Path, Path]:
-    """Sign a leaf for `name` (CN=name, SANs from hosts, plus `name` itself when it is a DNS
-    label) and write {name}.crt/.key; reissues on each call. The name as a SAN is what fabricd
-    pins an agent's certificate to (controlplane.agent_client: the node id as TLS server name)."""
-    cert_pem, key_pem = sign_leaf(state_dir, name, server=server, client=client, hosts=hosts)
+    """Sign a leaf for `name` (CN=name, OU=the role, SANs from hosts, plus `name` itself when it
+    is a DNS label) and write {name}.crt/.key; reissues on each call. The name as a SAN is what
+    fabricd pins an agent's certificate to (controlplane.agent_client: the node id as TLS server name)."""
+    cert_pem, key_pem = sign_leaf(state_dir, name, server=server, client=client, role=role, hosts=hosts)
     d = pki_dir(state_dir)
     crt_path, key_path = d / f"{name}.crt", d / f"{name}.key"
     _write_private(key_path, key_pem)
@@ -136,16 +164,20 @@ def sign_leaf(
     *,
     server: bool,
     client: bool,
+    role: str | None,
     hosts: list[str] | None = None,
     ca_dir: Path | None = None,
     subject: x509.Name | None = None,
 ) -> tuple[bytes, bytes]:
     """(certificate PEM, key PEM) of a new leaf signed by the CA, as issue_cert makes it, written
-    nowhere: for a key that belongs on another host (`fabricd pki issue-client`). ``ca_dir``
-    signs with another CA than the cluster's; ``subject`` replaces CN=name (etcd's gateway
-    refuses client certificates that carry a CN once its auth is on)."""
+    nowhere: for a key that belongs on another host (`fabricd pki issue-client`). ``role`` is one
+    of ROLES (None only for another CA's leaves: etcd's, where Fabric's roles mean nothing).
+    ``ca_dir`` signs with another CA than the cluster's; ``subject`` replaces CN=name (etcd's
+    gateway refuses client certificates that carry a CN once its auth is on)."""
     if not (server or client):
         raise ValueError("a certificate must be for a server, a client or both")
+    if subject is None:
+        subject = leaf_subject(name, role)
     hosts = ["127.0.0.1", "localhost"] if hosts is None else hosts
     if server and _DNS_NAME.match(name) and name not in hosts:
         hosts = [name, *hosts]
@@ -160,11 +192,11 @@ def sign_leaf(
     now = _now()
     builder = (
         x509.CertificateBuilder()
-        .subject_name(subject if subject is not None else x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .subject_name(subject)
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_before(now - datetime.timedelta(seconds=LEAF_BACKDATE_S))
         .not_valid_after(now + datetime.timedelta(days=LEAF_DAYS))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(ekus), critical=False)
@@ -176,6 +208,16 @@ def sign_leaf(
         builder = builder.add_extension(_san(hosts), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def leaf_subject(name: str, role: str | None) -> x509.Name:
+    """CN=name, and OU=fabric-<role> when a role is given (the one place a role is written)."""
+    if role is not None and role not in ROLES:
+        raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, name)]
+    if role is not None:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, _ROLE_OU + role))
+    return x509.Name(attrs)
 
 
 def write_leaf(out: Path, name: str, cert_pem: bytes, key_pem: bytes, ca_crt: Path) -> tuple[Path, Path]:
@@ -213,6 +255,13 @@ def client_ssl_context(ca: Path, cert: Path | None = None, key: Path | None = No
     if cert is not None and key is not None:
         ctx.load_cert_chain(str(cert), str(key))
     return ctx
+
+
+def peer_role(peercert: dict | None) -> str | None:
+    """The Fabric role of a verified peer certificate (`getpeercert()`'s dict); None without one."""
+    roles = [value[len(_ROLE_OU):] for rdn in (peercert or {}).get("subject", ()) for attr, value in rdn
+             if attr == "organizationalUnitName" and value.startswith(_ROLE_OU)]
+    return roles[0] if len(roles) == 1 and roles[0] in ROLES else None
 
 
 def peer_common_name(peercert: dict | None) -> str | None:

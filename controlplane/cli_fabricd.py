@@ -34,7 +34,7 @@ import typer
 
 from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
-from common.pki import ensure_ca, issue_cert, pki_dir, sign_leaf, write_leaf
+from common.pki import ROLE_FABRICD, ROLE_GATEWAY, ensure_ca, issue_cert, pki_dir, sign_leaf, write_leaf
 from common.private_fs import private_dir, restrict_umask
 from controlplane.backup.commands import backup_app
 from controlplane.cli_store import store_app
@@ -78,7 +78,8 @@ def init(
     crt = pki_dir(state_dir) / f"{SERVER_CERT_NAME}.crt"
     if san or not crt.exists():
         hosts = ["127.0.0.1", "localhost", socket.gethostname(), *san]
-        crt, _ = issue_cert(state_dir, SERVER_CERT_NAME, server=True, client=True, hosts=list(dict.fromkeys(hosts)))
+        crt, _ = issue_cert(state_dir, SERVER_CERT_NAME, server=True, client=True, role=ROLE_FABRICD,
+                            hosts=list(dict.fromkeys(hosts)))
     typer.echo(f"admin password: {password_path} ({'created' if created else 'kept'})")
     typer.echo(f"viewer password: {viewer_path} ({'created' if viewer_created else 'kept'}; read-only login)")
     typer.echo(f"cluster CA:     {ca_crt}")
@@ -193,7 +194,7 @@ def pki_issue_client(
                    "node of that name toward fabricd", err=True)
         raise typer.Exit(2)
     ca_crt = _cluster_ca(state_dir)
-    cert_pem, key_pem = sign_leaf(state_dir, cn, server=False, client=True, hosts=[])
+    cert_pem, key_pem = sign_leaf(state_dir, cn, server=False, client=True, role=ROLE_GATEWAY, hosts=[])
     crt, key = write_leaf(out, cn, cert_pem, key_pem, ca_crt)
     ca = out / "ca.crt"
     typer.echo(f"certificate: {crt}\nkey:         {key} (0600)\nCA:          {ca}")

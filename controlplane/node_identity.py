@@ -1,5 +1,7 @@
 """How fabricd knows that a caller is node X: a client certificate from the cluster CA whose
-common name equals X.
+common name equals X, whose role (common.pki) is ``node``, and that was not revoked
+(controlplane.node_certs: `fabricctl ai node delete`). A gateway's, fabricd's or a tool's
+certificate is no node's, whatever its CN.
 
 The choice: one HTTPS listener with ``ssl.CERT_OPTIONAL`` (common.pki.server_ssl_context with
 ``ca=`` and ``require_client_cert=False``), so operators keep using bearer tokens without a
@@ -26,8 +28,17 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from common.errors import Forbidden, Unauthorized
-from common.peer_cert import CN_KEY, TLS_EXT, PeerCertH11Protocol, peer_tls_extension, scope_client_cn
-from common.pki import server_ssl_context
+from common.peer_cert import (
+    CN_KEY,
+    TLS_EXT,
+    PeerCertH11Protocol,
+    peer_tls_extension,
+    scope_client_cn,
+    scope_client_issued,
+    scope_client_role,
+)
+from common.pki import ROLE_NODE, server_ssl_context
+from controlplane.node_certs import check_not_revoked
 from controlplane.state import AppState, get_state
 
 NODE_CERT_REQUIRED = ("a node certificate from the cluster CA is required to act as a node "
@@ -70,8 +81,12 @@ def authenticate_node(request: Request, state: AppState, claimed: str) -> str:
         if request.url.scheme == "http" and state.settings.insecure and _loopback(request):
             return claimed
         raise Unauthorized(NODE_CERT_REQUIRED, code="no_node_certificate")
+    if scope_client_role(request.scope) != ROLE_NODE:
+        raise Forbidden("this certificate is not a node's (its role is not node); nodes join with "
+                        "`fabric-agent join` or get one from `fabricctl ai node add`", code="not_a_node_certificate")
     if cn != claimed:
         raise Forbidden(f"this certificate does not belong to node {claimed}", code="wrong_node")
+    check_not_revoked(state.store, cn, scope_client_issued(request.scope))
     return cn
 
 

@@ -102,7 +102,7 @@ def serve(
             from common import pki
 
             pki.ensure_ca(state_dir)
-            tls_cert, tls_key = pki.issue_cert(state_dir, "gateway", server=True, client=False,
+            tls_cert, tls_key = pki.issue_cert(state_dir, "gateway", server=True, client=False, role=pki.ROLE_GATEWAY,
                                                hosts=sorted({host, "127.0.0.1", "localhost", socket.gethostname()}))
         ssl_args = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
     gid = gateway_id or f"{socket.gethostname()}:{port}"

@@ -36,7 +36,7 @@ def ensure_etcd_ca(state_dir: Path) -> tuple[Path, Path]:
 def issue_server(state_dir: Path, member: str, hosts: list[str], out: Path) -> tuple[Path, Path, Path]:
     """Write OUT/MEMBER.crt, OUT/MEMBER.key (0600) and OUT/ca.crt for one etcd member."""
     ca_crt, _ = ensure_etcd_ca(state_dir)
-    cert_pem, key_pem = sign_leaf(state_dir, member, server=True, client=True, hosts=hosts,
+    cert_pem, key_pem = sign_leaf(state_dir, member, server=True, client=True, role=None, hosts=hosts,
                                   ca_dir=etcd_ca_dir(state_dir))
     return (*write_leaf(out, member, cert_pem, key_pem, ca_crt), out / "ca.crt")
 
@@ -47,6 +47,6 @@ def issue_client(state_dir: Path, role: str, out: Path) -> tuple[Path, Path, Pat
     ca_crt, _ = ensure_etcd_ca(state_dir)
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Fabric"),
                          x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)])
-    cert_pem, key_pem = sign_leaf(state_dir, role, server=False, client=True, hosts=[],
+    cert_pem, key_pem = sign_leaf(state_dir, role, server=False, client=True, role=None, hosts=[],
                                   ca_dir=etcd_ca_dir(state_dir), subject=subject)
     return (*write_leaf(out, f"etcd-{role}", cert_pem, key_pem, ca_crt), out / "ca.crt")

@@ -29,10 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from common.agent_api import NodeCertificate, NodeReport
 from common.errors import Conflict, InvalidInput, NotFound, TransientError
-from common.pki import MAX_SAN_HOSTS, check_san_host, ensure_ca, issue_cert
+from common.pki import MAX_SAN_HOSTS, ROLE_NODE, check_san_host, ensure_ca, issue_cert, node_id_refusal
 from common.schemas import GpuInfo, Node, check_name
+from controlplane import node_certs
 from controlplane.auth import require_admin
 from controlplane.events import record_event
+from controlplane.node_certs import NodeGrant
 from controlplane.node_identity import authenticate_node, require_node
 from controlplane.node_trust import identity_change
 from controlplane.orchestration_state import load_snapshot
@@ -47,9 +49,6 @@ admin = [Depends(require_admin)]
 StateDep = Annotated[AppState, Depends(get_state)]
 
 OFFLINE_AFTER_S = SchedulerSettings().offline_after_s
-# Leaf names fabricd and the gateway use in the same PKI directory; a node by that name would
-# overwrite their certificates.
-RESERVED_CERT_NAMES = frozenset({"ca", "fabricd", "fabric-gateway", "gateway", "fabricctl"})
 UPDATE_RETRIES = 10
 
 
@@ -73,7 +72,7 @@ class GpuView(GpuInfo):
     allocated_to: str | None = None
 
 
-class CertificateRequest(BaseModel):
+class CertificateRequest(NodeGrant):
     model_config = ConfigDict(extra="forbid")
     hosts: list[str] = Field(default_factory=list, max_length=MAX_SAN_HOSTS,
                              description=f"extra SANs the agent serves under: IP addresses or DNS names "
@@ -176,7 +175,16 @@ def _save(state: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Nod
                            code="not_registered")
         if stored is not None and (why := identity_change(stored, report.address, report.site)):
             raise Conflict(why, code="node_identity_fixed")
-        return merge_report(stored, report, time.time())
+        node = merge_report(stored, report, time.time())
+        if stored is None and granted is not None:  # site and networks from its token or admin
+            if report.site != granted.site:
+                raise Conflict(f"node {report.id} reports site {report.site or '(none)'}, but its certificate was "
+                               f"granted site {granted.site or '(none)'}; an admin changes it with "
+                               f"PUT /api/ai/nodes/{report.id}/identity after registration", code="node_identity_fixed")
+            node = node.model_copy(update={"replica_networks": granted.replica_networks})
+        return node
+
+    granted = node_certs.records.get(state.store, report.id)
 
     try:
         return node_records.upsert(state.store, report.id, build, retries=UPDATE_RETRIES)
@@ -240,11 +248,13 @@ def issue_node_certificate(node_id: str, state: StateDep,
         check_name(node_id, "node id")
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    if node_id in RESERVED_CERT_NAMES:
-        raise Conflict(f"node id {node_id!r} is reserved for a Fabric component's certificate")
+    if why := node_id_refusal(node_id):
+        raise Conflict(why, code="reserved_name")
     hosts = list(dict.fromkeys([node_id, "localhost", "127.0.0.1", *(body.hosts if body else [])]))
+    node_certs.grant(state.store, node_id, site=(body.site if body else None) or "",
+                     replica_networks=body.replica_networks if body else [], any_node=False, now=time.time())
     ca_crt, _ = ensure_ca(Path(state.state_dir))
-    crt, key = issue_cert(Path(state.state_dir), node_id, server=True, client=True, hosts=hosts)
+    crt, key = issue_cert(Path(state.state_dir), node_id, server=True, client=True, role=ROLE_NODE, hosts=hosts)
     try:
         issued = NodeCertificate(node_id=node_id, cert_pem=crt.read_text(), key_pem=key.read_text(),
                                  ca_pem=ca_crt.read_text())

@@ -1,9 +1,14 @@
 """`fabricctl ai node ...` and `fabricctl ai gpus`.
 
-    node add NAME [--out DIR] [--host H ...]   issue NAME's certificate from the cluster CA and write
+    node add NAME [--out DIR] [--host H ...] [--site S] [--replica-network CIDR ...]
+                                               issue NAME's certificate from the cluster CA and write
                                                 DIR/NAME.crt, DIR/NAME.key (0600) and DIR/ca.crt: copy
                                                 DIR to the node and start `fabric-agent serve --pki-dir DIR`
-    node join-token [--node-id N] [--host H]   a one-time token `fabric-agent join` trades for its certificate
+    node join-token [--node-id N] [--host H] [--site S] [--replica-network CIDR ...]
+                                               a one-time token `fabric-agent join` trades for its
+                                               certificate; without --node-id it only creates a new node;
+                                               the node registers in the site and networks named here
+    node delete NAME                           remove NAME and revoke its certificates (drain it first)
     node list | node show NAME                 nodes with online/offline and why
     node drain NAME [--grace-seconds S] [--reason R]
                                                close NAME to new replicas and drain its replicas (each is
@@ -62,12 +67,16 @@ def node_add(
         "--out", help="directory for NAME.crt, NAME.key, ca.crt (default ./NAME-pki)")] = None,
     host: Annotated[list[str] | None, typer.Option(
         "--host", help="extra host name or IP the agent serves under")] = None,
+    site: Annotated[str | None, typer.Option("--site", help="the site the node registers in")] = None,
+    network: Annotated[list[str] | None, typer.Option(
+        "--replica-network", help="a CIDR its replicas' addresses must lie in (repeatable)")] = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Issue a node certificate from the cluster CA (the node registers itself when its agent starts)."""
     out = out or Path(f"{name}-pki")
     with session() as c:
-        issued = c.post(f"/api/ai/nodes/{name}/certificate", {"hosts": host or []})
+        issued = c.post(f"/api/ai/nodes/{name}/certificate", {"hosts": host or [], "site": site,
+                                                              "replica_networks": network or []})
     crt, key, ca = write_node_files(out, issued)
     if as_json:
         emit_object({"node_id": name, "cert": str(crt), "key": str(key), "ca": str(ca)}, True)
@@ -82,17 +91,28 @@ def node_join_token(
     host: Annotated[list[str] | None, typer.Option(
         "--host", help="extra host name or IP the node's certificate names (repeatable)")] = None,
     ttl: int = typer.Option(900, "--ttl", help="seconds the token is valid (60-86400)"),
+    site: Annotated[str | None, typer.Option("--site", help="the site the node registers in")] = None,
+    network: Annotated[list[str] | None, typer.Option(
+        "--replica-network", help="a CIDR its replicas' addresses must lie in (repeatable)")] = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """A one-time, short-lived token a new node trades for its certificate (fabric-agent join)."""
     with session() as c:
-        made = c.post("/api/ai/join-tokens", {"node_id": node_id, "hosts": host or [], "ttl_s": ttl})
+        made = c.post("/api/ai/join-tokens", {"node_id": node_id, "hosts": host or [], "ttl_s": ttl,
+                                              "site": site, "replica_networks": network or []})
     if as_json:
         emit_object(made, True)
         return
     typer.echo(made["token"])
-    typer.echo(f"valid once, for {ttl}s; on the node: FABRIC_JOIN_TOKEN=<token> "
-               + made["command"].replace(" --token TOKEN", ""), err=True)
+    typer.echo(f"valid once, for {ttl}s; on the node: {made['command']}", err=True)
+
+
+@node_app.command("delete")
+def node_delete(name: str = typer.Argument(..., metavar="NAME", help="the node's id")) -> None:
+    """Remove a node and revoke its certificates (it can no longer heartbeat or renew)."""
+    with session() as c:
+        c.delete(f"/api/ai/nodes/{name}")
+    typer.echo(f"node {name} deleted; its certificates are revoked")
 
 
 @node_app.command("list")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from common.pki import ensure_ca, issue_cert, pki_dir
+from common.pki import ROLE_GATEWAY, ROLE_NODE, ensure_ca, issue_cert, pki_dir
 from common.private_fs import private_dir, write_private
 from controlplane.lab import processes
 from controlplane.lab.topology import LabTopology, leftovers
@@ -245,7 +245,7 @@ def gateway_command(cfg: LabConfig, port: int, gateway_id: str | None = None) ->
 def kv_index_env(cfg: LabConfig) -> dict[str, str]:
     """The gateway's client certificate for the agents' KV index (CN fabric-gateway, which the
     agents admit on /v1/kv-index* only), so prefix endpoints route precisely (docs/kv-events.md)."""
-    crt, key = issue_cert(cfg.fabricd_dir, "fabric-gateway", server=False, client=True)
+    crt, key = issue_cert(cfg.fabricd_dir, "fabric-gateway", server=False, client=True, role=ROLE_GATEWAY)
     return {"FABRIC_GATEWAY_KV_CLIENT_CERT": str(crt), "FABRIC_GATEWAY_KV_CLIENT_KEY": str(key),
             "FABRIC_GATEWAY_KV_CA": str(cfg.ca)}
 
@@ -301,7 +301,7 @@ def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
     ensure_ca(fd)
     node_pki = cfg.state_dir / "agent-pki"
     private_dir(node_pki)
-    crt, key = issue_cert(fd, NODE_ID, server=True, client=True, hosts=["127.0.0.1", "localhost"])
+    crt, key = issue_cert(fd, NODE_ID, server=True, client=True, role=ROLE_NODE, hosts=["127.0.0.1", "localhost"])
     shutil.copy(crt, node_pki / f"{NODE_ID}.crt")
     shutil.copy(key, node_pki / f"{NODE_ID}.key")
     shutil.copy(cfg.ca, node_pki / "ca.crt")

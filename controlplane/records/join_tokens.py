@@ -20,6 +20,8 @@ class JoinTokenRecord(BaseModel):
     secret_sha256: str
     node_id: str | None = None  # None: any node id the joiner names
     hosts: list[str] = []
+    site: str | None = None  # granted to the node (None: no site)
+    replica_networks: list[str] = []  # granted to the node
     created_at: float
     expires_at: float
 

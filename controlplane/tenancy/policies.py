@@ -1,7 +1,10 @@
 """Per-tenant deploy policies: which models and sources a tenant may deploy, and when (UTC hours).
 
 A policy (keyspace.policies(tenant)) holds ``allowed_models`` (model names; absent: any),
-``allowed_source_prefixes`` (a model's source must start with one; absent: any),
+``allowed_source_prefixes`` (a model's source must lie under one, whole path segments: ``hf://team-a``
+admits ``hf://team-a/m`` but not ``hf://team-a-evil/m``, ``source_under``; absent: any),
+``allow_pr_revisions`` (whether its tenant-bound callers may name ``@refs/pr/N`` revisions of
+``hf://`` repositories: a pull request anyone may open on the Hub; off unless an admin sets it),
 ``allowed_capacity_classes`` (the capacity classes its deployments may use; absent: any) and an optional
 ``deploy_hour_start``/``deploy_hour_end`` window in whole UTC hours, start included, end
 excluded: both absent means always; start after end wraps past midnight (22 -> 6 is 22:00-05:59);
@@ -32,6 +35,8 @@ class TenantPolicy(Spec):
     allowed_models: list[str] | None = Field(None, max_length=MAX_NAMES, description="model names; absent: any")
     allowed_source_prefixes: list[str] | None = Field(
         None, max_length=MAX_NAMES, description="e.g. hf://my-org/ or file:///models/; absent: any")
+    allow_pr_revisions: bool = Field(False, description="tenant-bound callers may register hf:// sources at "
+                                     "@refs/pr/N (unreviewed pull-request revisions); off unless an admin allows")
     allowed_capacity_classes: list[CapacityClass] | None = Field(
         None, max_length=3, description="critical, standard, opportunistic; absent: any")
     deploy_hour_start: int | None = Field(None, ge=0, le=23, description="UTC hour deploys may start (included)")
@@ -52,6 +57,17 @@ class TenantPolicy(Spec):
             raise ValueError(f"deploy_hour_start equals deploy_hour_end ({start}): an empty window; "
                              "leave both out to allow deploys at any hour")
         return self
+
+
+def source_under(source: str, prefix: str) -> bool:
+    """Pure: ``source`` is ``prefix`` or lies below it by whole path segments (the next character
+    is ``/``, or ``@`` starting an hf:// revision; a prefix ending in ``/`` is a segment already)."""
+    if not prefix or not source.startswith(prefix):
+        return False
+    if len(source) == len(prefix) or prefix.endswith("/"):
+        return True
+    after = source[len(prefix)]
+    return after == "/" or (after == "@" and source.startswith("hf://"))
 
 
 def hour_allowed(start: int | None, end: int | None, hour: int) -> bool:
@@ -82,7 +98,7 @@ def refusals(policy: TenantPolicy | None, deploy: Deploy) -> list[str]:
     if policy.allowed_models is not None and deploy.model not in policy.allowed_models:
         why.append(f"model {deploy.model!r} is not in tenant {deploy.tenant!r}'s allowed_models")
     prefixes = policy.allowed_source_prefixes
-    if prefixes is not None and not any((deploy.source or "").startswith(p) for p in prefixes):
+    if prefixes is not None and not any(source_under(deploy.source or "", p) for p in prefixes):
         why.append(f"model {deploy.model!r} comes from {deploy.source!r}, outside tenant {deploy.tenant!r}'s "
                    f"allowed_source_prefixes ({', '.join(prefixes) or 'none'})")
     classes = policy.allowed_capacity_classes

@@ -162,6 +162,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("PUT", "/api/ai/nodes/{node_id}/identity"): admin(),
     ("POST", "/api/ai/nodes/{node_id}/drain"): admin(),
     ("POST", "/api/ai/nodes/{node_id}/uncordon"): admin(),
+    ("DELETE", "/api/ai/nodes/{node_id}"): admin(),
     ("GET", "/api/ai/gpus"): read(),
     ("GET", "/api/ai/nodes/{node_id}/mig"): read(),
     ("POST", "/api/ai/nodes/{node_id}/mig"): admin(),

@@ -31,7 +31,7 @@ NODE = "node-a"
 
 def agent_tls(pki_state: Path) -> dict:
     ca, _ = ensure_ca(pki_state)
-    crt, key = issue_cert(pki_state, NODE, server=True, client=True, hosts=["127.0.0.1", "localhost"])
+    crt, key = issue_cert(pki_state, NODE, server=True, client=True, role="node", hosts=["127.0.0.1", "localhost"])
     # As `fabric-agent serve` serves: the protocol shows the client certificate to the app.
     return {"ssl_certfile": str(crt), "ssl_keyfile": str(key), "ssl_ca_certs": str(ca),
             "ssl_cert_reqs": int(ssl.CERT_REQUIRED), "http": PeerCertH11Protocol}
@@ -42,8 +42,8 @@ def cluster(tmp_path_factory):
     """The cluster PKI, plus a second CA that must never be trusted."""
     base = tmp_path_factory.mktemp("pki")
     tls = agent_tls(base / "cluster")
-    fabricd_crt, fabricd_key = issue_cert(base / "cluster", "fabricd", server=True, client=True)
-    other_crt, other_key = issue_cert(base / "other", "fabricd", server=False, client=True)
+    fabricd_crt, fabricd_key = issue_cert(base / "cluster", "fabricd", server=True, client=True, role="fabricd")
+    other_crt, other_key = issue_cert(base / "other", "fabricd", server=False, client=True, role="fabricd")
     return {"tls": tls, "ca": Path(tls["ssl_ca_certs"]), "client": (fabricd_crt, fabricd_key),
             "other": (other_crt, other_key)}
 

@@ -20,7 +20,7 @@ from agent.hw.gpu_inventory import NvmlInventory
 from agent.hw.nvml_fake import FakeNvml, make_gpus
 from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
-from common.peer_cert import CN_KEY, TLS_EXT, PeerCertH11Protocol
+from common.peer_cert import CN_KEY, ROLE_KEY, TLS_EXT, PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert, pki_dir
 from tests.integration.orchestration_harness import agent_command, clean_env
 from tests.support.servers import free_port, serve_in_thread
@@ -33,10 +33,10 @@ def pki(tmp_path_factory) -> Path:
     """One cluster CA: the agent's node cert, fabricd's client cert, another node's, an operator's."""
     state = tmp_path_factory.mktemp("cluster")
     ensure_ca(state)
-    issue_cert(state, NODE, server=True, client=True)
-    issue_cert(state, "fabricd", server=True, client=True)
-    issue_cert(state, "node-b", server=True, client=True)
-    issue_cert(state, "ops", server=False, client=True)
+    issue_cert(state, NODE, server=True, client=True, role="node")
+    issue_cert(state, "fabricd", server=True, client=True, role="fabricd")
+    issue_cert(state, "node-b", server=True, client=True, role="node")
+    issue_cert(state, "ops", server=False, client=True, role="tool")
     return pki_dir(state)
 
 
@@ -121,8 +121,8 @@ def test_an_agent_that_cannot_see_certificates_admits_nobody(pki, driver):
 
 
 def test_caller_refusal_is_a_pure_rule():
-    def scope(scheme, cn=None, tls=True):
-        ext = {TLS_EXT: {CN_KEY: cn}} if tls else {}
+    def scope(scheme, cn=None, tls=True, role="fabricd"):
+        ext = {TLS_EXT: {CN_KEY: cn, ROLE_KEY: role}} if tls else {}
         return {"scheme": scheme, "extensions": ext}
 
     allowed = {"fabricd"}

@@ -43,7 +43,7 @@ def cluster(tmp_path):
     state_dir = tmp_path / "fabricd"
     ensure_admin_password(state_dir)
     ca, _ = ensure_ca(state_dir)
-    crt, key = issue_cert(state_dir, "fabricd", server=True, client=True)
+    crt, key = issue_cert(state_dir, "fabricd", server=True, client=True, role="fabricd")
     store = SqliteStore(state_dir / "fabric.db")
     stacks = [ExitStack(), ExitStack()]
     urls = []
@@ -89,7 +89,7 @@ def test_join_renew_and_heartbeat_through_failover(cluster, tmp_path):
     pki = tmp_path / "agent-pki"
     files = join(token, "gpu-9", [dead_url(), *cluster["urls"]], pki)
     cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
-    assert cert.subject.rfc4514_string() == "CN=gpu-9"
+    assert cert.subject.rfc4514_string() == "OU=fabric-node,CN=gpu-9"  # role node (common.pki)
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "gpu-9" in sans.get_values_for_type(x509.DNSName)
     assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.9"]

@@ -57,7 +57,7 @@ def fabricd(tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("fabricd")
     ensure_admin_password(state_dir)
     ca, _ = ensure_ca(state_dir)
-    crt, key = issue_cert(state_dir, "fabricd", server=True, client=True)
+    crt, key = issue_cert(state_dir, "fabricd", server=True, client=True, role="fabricd")
     store = SqliteStore(state_dir / "fabric.db")
     state = AppState(store=store, state_dir=state_dir, settings=Settings())
     with serve_in_thread(create_app(state), **uvicorn_tls_kwargs(crt, key, ca)) as port:
@@ -76,9 +76,9 @@ def admin(fabricd):
         yield c
 
 
-def node_files(admin, tmp: Path, node_id: str) -> tuple[Path, Path, Path]:
+def node_files(admin, tmp: Path, node_id: str, site: str | None = None) -> tuple[Path, Path, Path]:
     """Issue node_id's certificate through the API, as `fabricctl ai node add` does."""
-    r = admin.post(f"/api/ai/nodes/{node_id}/certificate", json={"hosts": ["127.0.0.1"]})
+    r = admin.post(f"/api/ai/nodes/{node_id}/certificate", json={"hosts": ["127.0.0.1"], "site": site})
     assert r.status_code == 200, r.text
     issued = r.json()
     d = tmp / node_id
@@ -135,14 +135,14 @@ def test_node_a_cannot_act_as_node_b(fabricd, node_a):
 
 
 def test_a_certificate_from_another_ca_fails_the_handshake(fabricd, tmp_path):
-    crt, key = issue_cert(tmp_path / "rogue", "node-a", server=False, client=True)
+    crt, key = issue_cert(tmp_path / "rogue", "node-a", server=False, client=True, role="node")
     ctx = client_ssl_context(fabricd["ca"], crt, key)
     with pytest.raises(httpx.TransportError), httpx.Client(base_url=fabricd["url"], verify=ctx, timeout=5) as c:
         c.post("/api/ai/nodes", json=report("node-a"))
 
 
 def test_heartbeat_before_registration_is_404_and_the_agent_registers(fabricd, admin, tmp_path):
-    files = node_files(admin, tmp_path, "node-c")
+    files = node_files(admin, tmp_path, "node-c", site="eu-1")  # the site comes from the admin
     with as_node(fabricd, files) as c:
         r = c.post("/api/ai/nodes/node-c/heartbeat", json=report("node-c"))
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_registered"
@@ -290,7 +290,7 @@ def test_agent_client_unreachable_is_transient(fabricd):
 
 
 def test_agent_refuses_a_client_from_another_ca(real_agent, tmp_path):
-    issue_cert(tmp_path, "fabricd", server=True, client=True)
+    issue_cert(tmp_path, "fabricd", server=True, client=True, role="fabricd")
 
     async def scenario():
         # A second cluster's fabricd: its own CA and client cert, trusting nothing of ours.
@@ -378,7 +378,7 @@ def test_fabricd_refuses_another_nodes_agent_at_a_reported_address(fabricd, real
 
 
 def test_a_nodes_address_and_site_are_fixed_after_registration(fabricd, admin, tmp_path):
-    files = node_files(admin, tmp_path, "node-f")
+    files = node_files(admin, tmp_path, "node-f", site="east")
     with as_node(fabricd, files) as c:
         assert c.post("/api/ai/nodes", json=report("node-f", site="east")).status_code == 201
         moved = c.post("/api/ai/nodes/node-f/heartbeat",

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_one_context_for_the_pool_and_the_bridge(tmp_path, monkeypatch):
     ca, _ = pki.ensure_ca(tmp_path)
-    crt, key = pki.issue_cert(tmp_path, "gateway", server=False, client=True)
+    crt, key = pki.issue_cert(tmp_path, "gateway", server=False, client=True, role="gateway")
     built = []
     real = assemble.backend_ssl
     monkeypatch.setattr(assemble, "backend_ssl", lambda tls: built.append(tls) or real(tls))

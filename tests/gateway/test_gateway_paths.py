@@ -237,8 +237,8 @@ class TlsFront:
 def tls(cluster):
     state: Path = cluster["state"]
     ca, _ = pki.ensure_ca(state)
-    srv_crt, srv_key = pki.issue_cert(state, "engine-upstream", server=True, client=False)
-    cli_crt, cli_key = pki.issue_cert(state, "gateway-upstream-client", server=False, client=True)
+    srv_crt, srv_key = pki.issue_cert(state, "engine-upstream", server=True, client=False, role=None)
+    cli_crt, cli_key = pki.issue_cert(state, "gateway-upstream-client", server=False, client=True, role=None)
     engine = cluster["engines"]["rep-a"]
     plain = TlsFront(engine.port, pki.server_ssl_context(srv_crt, srv_key))
     mutual = TlsFront(engine.port, pki.server_ssl_context(srv_crt, srv_key, ca=ca, require_client_cert=True))

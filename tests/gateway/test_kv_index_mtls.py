@@ -42,11 +42,11 @@ CHAT = {"model": "sim-m", "max_tokens": 1, "messages": [{"role": "system", "cont
 def cluster(tmp_path_factory):
     state, url, store = sqlite_state(tmp_path_factory, "kvmtls")
     ensure_ca(state)
-    issue_cert(state, NODE, server=True, client=True, hosts=["127.0.0.1"])
+    issue_cert(state, NODE, server=True, client=True, role="node", hosts=["127.0.0.1"])
     issued = CliRunner().invoke(fabricd_app, ["pki", "issue-client", "--state-dir", str(state),
                                               "--out", str(state / "gw-kv")])
     assert issued.exit_code == 0, issued.output
-    issue_cert(state, "intruder", server=False, client=True)
+    issue_cert(state, "intruder", server=False, client=True, role="node")
     pki = pki_dir(state)
     port = free_port()
     log = state / "agent.log"

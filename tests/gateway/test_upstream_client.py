@@ -429,8 +429,8 @@ def test_tls_with_client_certificate_as_the_gateway_configures_it(tmp_path):
     from gateway.settings import BackendTls, GatewaySettings
 
     ca, _ = pki.ensure_ca(tmp_path)
-    srv_crt, srv_key = pki.issue_cert(tmp_path, "engine", server=True, client=False)
-    cli_crt, cli_key = pki.issue_cert(tmp_path, "gateway", server=False, client=True)
+    srv_crt, srv_key = pki.issue_cert(tmp_path, "engine", server=True, client=False, role=None)
+    cli_crt, cli_key = pki.issue_cert(tmp_path, "gateway", server=False, client=True, role="gateway")
     server_ctx = pki.server_ssl_context(srv_crt, srv_key, ca, require_client_cert=True)
     seen_cn = []
 

@@ -183,9 +183,9 @@ def agent_over_mtls(tmp: Path):
 
     pki = tmp / "pki"
     ca, _ = ensure_ca(pki)
-    crt, key = issue_cert(pki, "node-fuzz", server=True, client=True, hosts=["127.0.0.1", "localhost"])
-    control = issue_cert(pki, "fabricd", server=False, client=True)
-    node = issue_cert(pki, "node-other", server=False, client=True)
+    crt, key = issue_cert(pki, "node-fuzz", server=True, client=True, role="node", hosts=["127.0.0.1", "localhost"])
+    control = issue_cert(pki, "fabricd", server=False, client=True, role="fabricd")
+    node = issue_cert(pki, "node-other", server=False, client=True, role="node")
     inventory = NvmlInventory(nvml_module=FakeNvml(gpus=make_gpus(2, "h100")))
     fake = FakeSysfs(tmp / "sysfs")
     for i, gpu in enumerate(inventory.read().gpus):

@@ -60,3 +60,31 @@ def test_refusal_is_pure_and_names_no_other_tenants_path():
     assert refusal("hf://org/m", "t", ROOT, ["hf://org/"]) is None
     assert refusal("hf://orgx/m", "t", ROOT, ["hf://org/"])
     assert refusal("hf://org/m", "t", ROOT, ["/srv/models/"])  # a local prefix allows no hf:// repository
+
+
+def test_an_allow_list_entry_admits_whole_segments_and_no_pull_request_revision(tenancy_fabricd, tokens, ops):
+    """The attacks (issue 50, Low): ``hf://team-a`` admitted ``hf://team-a-evil/...`` (a repository
+    anyone may name so), and ``@refs/pr/N`` (a pull request anyone may open) was accepted."""
+    with tenancy_fabricd.client(ops["src-a"]) as a, tenancy_fabricd.client(tokens["admin"]) as admin:
+        policy = {"tenant": "src-a", "allowed_source_prefixes": ["hf://team-a", f"{ROOT}/tenants/src-a/"]}
+        assert admin.post("/api/ai/policies", json=policy).status_code == 201
+        _refused(a.post("/api/ai/models", json={"name": "evil-twin", "source": "hf://team-a-evil/weights"}))
+        _refused(a.post("/api/ai/models", json={"name": "pr-rev", "source": "hf://team-a/tuned@refs/pr/7"}))
+        ok = a.post("/api/ai/models", json={"name": "team-a-tuned", "source": "hf://team-a/tuned@main"})
+        assert ok.status_code == 201, ok.text
+        allowed = admin.post("/api/ai/policies", json={**policy, "allow_pr_revisions": True})
+        assert allowed.status_code == 201, allowed.text
+        pr = a.post("/api/ai/models", json={"name": "pr-rev", "source": "hf://team-a/tuned@refs/pr/7"})
+        assert pr.status_code == 201, pr.text
+
+
+def test_source_under_matches_whole_segments():
+    from controlplane.tenancy.policies import source_under
+
+    assert source_under("hf://team-a/m", "hf://team-a") and source_under("hf://team-a/m", "hf://team-a/")
+    assert source_under("hf://team-a/m@v1", "hf://team-a/m") and source_under("hf://team-a", "hf://team-a")
+    assert not source_under("hf://team-a-evil/m", "hf://team-a")
+    assert not source_under("hf://team-a/model-x", "hf://team-a/model")
+    assert not source_under("/srv/models/tenants/a-evil/x", "/srv/models/tenants/a")
+    assert refusal("hf://org/m@refs/pr/1", "t", ROOT, ["hf://org"])
+    assert refusal("hf://org/m@refs/pr/1", "t", ROOT, ["hf://org"], allow_pr_revisions=True) is None
