@@ -5,14 +5,19 @@ usage ledger's rollup and each tenant's room; the viewer is refused every one of
 
 from __future__ import annotations
 
+import time
+
 import httpx
 from pydantic import Field
 
 from common.agent_api import NodeReport
 from common.pki import client_ssl_context
 from common.schemas import InferenceProfile
+from common.store import open_store
+from common.usage_ledger import Dims
 from controlplane.console import forms
 from controlplane.console.schema_form import fields_of
+from gateway.usage_ledger import Call, UsageLedger
 from tests.controlplane.console.conftest import CONSOLE, csrf_of, signed_in
 
 
@@ -112,3 +117,33 @@ def test_the_usage_page_shows_each_tenants_room_and_usage(cluster):
         assert "memory_gib unlimited" in page.text
         assert "No calls recorded in the last 7 days for team-a" in page.text
         assert 'aria-current="page"' in page.text
+
+
+def test_the_usage_page_shows_the_ledgers_records_with_their_cost(cluster):
+    """Calls written by the gateway's own ledger writer into fabricd's store show on the page
+    with their tokens and the cost the price sheet gives them."""
+    store = open_store(f"sqlite://{cluster.server.state_dir}/fabric.db")  # fabricd's store (SQLite, WAL)
+    ledger = UsageLedger(store, "gw-console-test")
+    # an endpoint with no deployment behind it: no GPU-seconds, so the cost is the tokens' alone
+    dims = Dims("team-u", "key-u", "usage-ep", "m-usage", None, "ok")
+    now = time.time()
+    ledger.record(Call(now, dims, 1000, 500, 200))
+    ledger.record(Call(now, dims, 3000, 1500, 0))
+    ledger.record(Call(now, Dims("team-v", "key-v", "usage-ep", "m-usage", None, "ok"), 10, 5, 0))
+    ledger.close()  # a clean stop writes what is queued
+    store.close()
+    with cluster.api() as api:
+        r = api.put("/api/ai/prices", json={"gpu_hour": 0, "models": {
+            "m-usage": {"input_per_mtok": 2.0, "output_per_mtok": 8.0, "cached_per_mtok": 1.0}}})
+        assert r.status_code == 200, r.text
+    with signed_in(cluster) as c:
+        page = c.get(f"{CONSOLE}/usage?tenant=team-u")
+    assert page.status_code == 200 and 'data-testid="usage-rows"' in page.text
+    # (3800 uncached input at 2 + 200 cached at 1 + 2000 output at 8) / 1e6
+    cost = f"{(3800 * 2 + 200 * 1 + 2000 * 8) / 1e6:.4f}"
+    totals = page.text.split('data-testid="usage-totals"')[1].split("</table>")[0]
+    assert f"<td>team-u</td><td>2</td><td>6000</td><td>0.0</td><td>{cost}</td>" in totals
+    assert "team-v" not in page.text  # the page's tenant filter
+    rows = page.text.split('data-testid="usage-rows"')[1].split("</table>")[0]
+    assert (f"<td>team-u</td><td>m-usage</td><td>2</td><td>4000</td><td>2000</td><td>200</td><td>0.0</td>"
+            f"<td>{cost}</td>") in rows
