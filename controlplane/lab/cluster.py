@@ -77,6 +77,9 @@ class LabConfig:
     # fabricd's and the gateway's store: None is SQLite in the state dir; "etcd://A,B,C" an etcd
     # cluster someone else runs (the chaos run's), so a second fabricd and gateway can join it.
     store: str | None = None
+    # how each process kind ("fabricd", "gateway") reaches that etcd: its FABRIC_ETCD_* (TLS
+    # files and login, docs/store.md); empty for SQLite
+    store_env: dict[str, dict[str, str]] = field(default_factory=dict, hash=False, compare=False)
     # the agent's connection-table size (None: the dataplane's default, 1Mi entries)
     flow_entries: int | None = None
     # what a replica of runtime vllm runs: "sim" (fabric-engine-sim) or "vllm" (the real engine,
@@ -161,10 +164,12 @@ def _wait_plain_http(url: str, what: str, timeout: float = 30.0, log: Path | Non
     raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s\n{tail}")
 
 
-def service_env(cfg: LabConfig) -> dict[str, str]:
-    """Environment shared by fabricd and the gateway in the lab."""
+def service_env(cfg: LabConfig, process: str) -> dict[str, str]:
+    """The environment of the lab's fabricd or gateway (`process`): what they share, and the
+    store login of that process kind."""
     t = cfg.topology
     return {
+        **cfg.store_env.get(process, {}),
         "FABRIC_ADDRESS_POOL": t.vip_pool,
         "FABRIC_KEY_HMAC_SECRET_FILE": str(cfg.state_dir / "key-hmac-secret"),
         "FABRIC_RECONCILE_SECS": str(cfg.reconcile_secs),
@@ -291,7 +296,7 @@ def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
     echo(f"lab: network namespaces {t.node_ns} (XDP on {', '.join(t.xdp_ifaces)}, bridge {t.bridge}) "
          f"and {t.client_ns}")
     topo_up(t)
-    env = service_env(cfg)
+    env = service_env(cfg, "fabricd")
     secret = cfg.state_dir / "key-hmac-secret"
     if not secret.exists():
         write_private(secret, secrets.token_hex(32))
@@ -329,7 +334,8 @@ def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
                      log=cfg.state_dir / "logs" / "hf-mirror.log")
 
     echo(f"lab: starting fabric-gateway on {cfg.gateway_url}")
-    processes.start(cfg.state_dir, "gateway", gateway_command(cfg, cfg.gateway_port), {**env, **kv_index_env(cfg)})
+    processes.start(cfg.state_dir, "gateway", gateway_command(cfg, cfg.gateway_port),
+                    {**service_env(cfg, "gateway"), **kv_index_env(cfg)})
 
     password = (fd / "admin-password").read_text().strip()
     ctx = ssl.create_default_context(cafile=str(cfg.ca))

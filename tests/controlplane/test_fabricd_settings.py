@@ -63,7 +63,7 @@ def test_the_real_engine_lab_gives_busy_cpu_engines_longer_deadlines(tmp_path):
     from controlplane.lab.cluster import LabConfig, service_env
 
     (tmp_path / "key-hmac-secret").write_text("s" * 32)  # up writes it before fabricd starts
-    real, sim = service_env(LabConfig(tmp_path, engine="vllm")), service_env(LabConfig(tmp_path))
+    real, sim = service_env(LabConfig(tmp_path, engine="vllm"), "fabricd"), service_env(LabConfig(tmp_path), "fabricd")
     assert load(real).controllers.scrape_timeout_s == 10.0 and load(real).controllers.health_timeout_s == 10.0
     assert load(real).controllers.drain_grace_s == 120.0
     assert load(sim).controllers.scrape_timeout_s == 2.0 and load(sim).controllers.drain_grace_s == 30.0

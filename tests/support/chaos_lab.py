@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from common.store.base import Store, open_store
+from common.store.base import Store
 from common.store.locks import lock_view
 from controlplane.controllers import LEADER_NAME
 from controlplane.lab import processes
@@ -114,7 +114,8 @@ class LabRig:
     def start_fabricd(self, name: str, mode: str = "", *, wait: bool = True) -> None:
         state = self.cfg.fabricd_dir if name == "a" else self.cfg.state_dir / f"fabricd-{name}"
         processes.start(self.cfg.state_dir, f"fabricd-{name}",
-                        fabricd_command(self.cfg, state, self.fabricd_ports[name]), service_env(self.cfg))
+                        fabricd_command(self.cfg, state, self.fabricd_ports[name]),
+                        service_env(self.cfg, "fabricd"))
         if wait:
             wait_for(lambda: self._answers(self.fabricd_url(name), "/healthz", self.ctx), 60, f"fabricd {name}")
 
@@ -156,7 +157,7 @@ class LabRig:
     def restart_gateway(self, i: int) -> None:
         port = self.gateway_ports[i]
         processes.start(self.cfg.state_dir, self.gateway_name(i), gateway_command(self.cfg, port, f"gw-{i}"),
-                        service_env(self.cfg))
+                        service_env(self.cfg, "gateway"))
         wait_for(lambda: self._answers(f"https://127.0.0.1:{port}", "/metrics", self.ctx), 60, f"gateway {i}")
 
     def new_key(self, request_quota: int | None = None) -> str:
@@ -209,13 +210,14 @@ def start_lab_rig(base: Path, replicas: int = 2, dep: str = "chaos-llm"):
     from controlplane.lab.cluster import down, up
     from tests.support.etcd_cluster import EtcdCluster
 
-    # Plain HTTP on loopback: the lab's `up` starts its processes without FABRIC_ETCD_* settings.
-    with EtcdCluster(3, secure=False) as etcd:
+    # Secured as docs/store.md prescribes: fabricd and the gateways log in as their own etcd users.
+    with EtcdCluster(3) as etcd:
         cfg = LabConfig(state_dir=base / "lab", api_port=free_port(), agent_port=free_port(),
                         gateway_port=free_port(), mirror_port=free_port(),
                         pin_dir=Path(f"/sys/fs/bpf/fabric-chaos-{base.name[-6:]}"), reconcile_secs=1.0,
-                        routing_secs=1.0, store=etcd.url, flow_entries=FLOW_ENTRIES)
-        store = open_store(etcd.url)
+                        routing_secs=1.0, store=etcd.url, flow_entries=FLOW_ENTRIES,
+                        store_env={"fabricd": etcd.env("fabricd"), "gateway": etcd.env("gateway")})
+        store = etcd.open("fabricd")
         rig = None
         try:
             handle = up(cfg, echo=lambda *_: None)
