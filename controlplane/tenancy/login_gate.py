@@ -8,12 +8,23 @@ or not. Logins used to wait for it in the thread pool that also serves every syn
     a waiting login holds no thread of the shared pool;
   - at most MAX_WAITING logins are queued or running at once; one more is answered 429
     "login_busy" with Retry-After at once, before any hash;
-  - after FREE_FAILURES wrong passwords for one account, or SOURCE_FREE_FAILURES from one source
-    address (several people may share one), within FAILURE_WINDOW_S, further logins for it are
-    429 "login_backoff" for a delay that doubles with
-    each further failure (BASE_DELAY_S up to MAX_DELAY_S), without a hash. A success clears the
-    account's count (not the source's). Counts live in this process's memory: several fabricd
-    processes each keep their own, so a guesser gains at most a factor of their number.
+  - failures are counted three ways within FAILURE_WINDOW_S, and each count past its free
+    allowance answers 429 "login_backoff" for a delay that doubles with each further failure
+    (BASE_DELAY_S up to MAX_DELAY_S), without a hash:
+      * per account AND source (FREE_FAILURES): a guesser at one address is slowed on that
+        account, and only there;
+      * per source (SOURCE_FREE_FAILURES; several people may share one address): one address
+        guessing many accounts;
+      * per account from everywhere (ACCOUNT_FREE_FAILURES): guessing spread over many
+        addresses. This one never refuses a source that logged in to the account successfully
+        before (the KNOWN_SOURCES last ones per account), so nobody can lock the real admin out
+        by failing on purpose: an attacker's failures slow the attacker's own addresses, and the
+        account-wide bound only slows addresses the account has never logged in from.
+    A success clears its account-and-source count (not the source's or the account's).
+  - Counts live in this process's memory: several fabricd processes each keep their own, so a
+    guesser gains at most a factor of their number. An operator unlocks at once by restarting
+    fabricd (`systemctl restart fabricd`: the counts start empty); otherwise they expire
+    FAILURE_WINDOW_S after the last failure.
 
 ``LoginGate.check(account, source, verify)`` is the one door: the console and the API call it.
 The pure decision is ``Failures.delay``; the tables are bounded (oldest entries go first).
@@ -36,6 +47,8 @@ HASH_WORKERS = 2
 MAX_WAITING = 16
 FREE_FAILURES = 5
 SOURCE_FREE_FAILURES = 20
+ACCOUNT_FREE_FAILURES = 100
+KNOWN_SOURCES = 8
 FAILURE_WINDOW_S = 15 * 60.0
 BASE_DELAY_S = 1.0
 MAX_DELAY_S = 300.0
@@ -83,6 +96,10 @@ class Failures:
         self._seen.pop(name, None)
 
 
+def _pair(account: str, source: str) -> str:
+    return f"{account}\0{source}"
+
+
 class LoginGate:
     def __init__(self, workers: int = HASH_WORKERS, max_waiting: int = MAX_WAITING,
                  clock: Callable[[], float] = time.monotonic):
@@ -91,11 +108,24 @@ class LoginGate:
         self._waiting = 0
         self._lock = threading.Lock()  # the tables are touched from the loop and from sync tests
         self._clock = clock
-        self.accounts = Failures()
+        self.pairs = Failures()  # "account\0source"
         self.sources = Failures(free=SOURCE_FREE_FAILURES)
+        self.accounts = Failures(free=ACCOUNT_FREE_FAILURES)
+        self._known: OrderedDict[str, list[str]] = OrderedDict()  # account -> sources it logged in from
+
+    def known_source(self, account: str, source: str) -> bool:
+        return source in self._known.get(account, ())
+
+    def _succeeded(self, account: str, source: str) -> None:
+        self.pairs.clear(_pair(account, source))
+        known = [s for s in self._known.pop(account, []) if s != source][-(KNOWN_SOURCES - 1):]
+        self._known[account] = [*known, source]
+        while len(self._known) > MAX_TRACKED:
+            self._known.popitem(last=False)
 
     def _refuse_backoff(self, account: str, source: str, now: float) -> None:
-        wait = max(self.accounts.delay(account, now), self.sources.delay(source, now))
+        wait = max(self.pairs.delay(_pair(account, source), now), self.sources.delay(source, now),
+                   0.0 if self.known_source(account, source) else self.accounts.delay(account, now))
         if wait > 0:
             raise LimitExceeded("too many failed logins for this account or from this address; wait and try again",
                                 retry_after=wait, code="login_backoff")
@@ -115,14 +145,15 @@ class LoginGate:
         except Exception:
             with self._lock:
                 now = self._clock()
-                self.accounts.failed(account, now)
+                self.pairs.failed(_pair(account, source), now)
                 self.sources.failed(source, now)
+                self.accounts.failed(account, now)
             raise
         finally:
             with self._lock:
                 self._waiting -= 1
         with self._lock:
-            self.accounts.clear(account)
+            self._succeeded(account, source)
         return result
 
     def close(self) -> None:

@@ -10,7 +10,13 @@ import httpx
 import pytest
 
 from common.errors import LimitExceeded, Unauthorized
-from controlplane.tenancy.login_gate import FREE_FAILURES, MAX_WAITING, Failures, LoginGate
+from controlplane.tenancy.login_gate import (
+    ACCOUNT_FREE_FAILURES,
+    FREE_FAILURES,
+    MAX_WAITING,
+    Failures,
+    LoginGate,
+)
 from tests.controlplane.conftest import start_fabricd
 
 FLOOD = 150
@@ -58,6 +64,20 @@ def test_wrong_passwords_for_one_account_back_off(flood_fabricd):
         assert "guess" not in refused.text and flood_fabricd.password not in refused.text
 
 
+def test_an_attackers_failures_do_not_lock_the_admin_out_from_another_address(flood_fabricd):
+    """Issue 50: twelve wrong passwords an hour for admin from one address used to keep admin at
+    429 everywhere. The attacker (127.0.0.2) is slowed; the admin (127.0.0.1) logs in."""
+    attacker = httpx.Client(base_url=flood_fabricd.url, timeout=30,
+                            transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    with attacker:
+        codes = [attacker.post("/api/auth/login", json={"username": "admin", "password": f"guess-{i}-guess"})
+                 .status_code for i in range(12)]
+    assert codes[:FREE_FAILURES] == [401] * FREE_FAILURES and codes[-1] == 429
+    with flood_fabricd.client() as c:
+        ok = c.post("/api/auth/login", json={"username": "admin", "password": flood_fabricd.password})
+    assert ok.status_code == 200, ok.text
+
+
 # --- the pure parts ------------------------------------------------------------------------------
 
 def test_failures_double_the_delay_and_forget_after_the_window():
@@ -93,12 +113,13 @@ def test_gate_counts_failures_per_account_and_source_and_clears_on_success():
             with pytest.raises(Unauthorized):
                 await gate.check("alice", "10.0.0.1", wrong)
         with pytest.raises(LimitExceeded) as exc:
-            await gate.check("alice", "10.0.0.2", lambda: "ok")  # the account backs off from anywhere
+            await gate.check("alice", "10.0.0.1", lambda: "ok")  # the guessing address backs off on alice
         assert exc.value.code == "login_backoff"
+        assert await gate.check("alice", "10.0.0.2", lambda: "ok") == "ok"  # alice from elsewhere: not locked
         assert await gate.check("bob", "10.0.0.1", lambda: "ok") == "ok"  # the source is under its own bound
         now[0] += 3600  # past the window
         assert await gate.check("alice", "10.0.0.1", lambda: "ok") == "ok"
-        assert gate.accounts.delay("alice", now[0]) == 0
+        assert gate.pairs.delay("alice\0" + "10.0.0.1", now[0]) == 0
 
     try:
         asyncio.run(scenario())
@@ -132,3 +153,25 @@ def test_gate_refuses_beyond_its_queue_before_any_check():
     finally:
         gate.close()
     assert len(ran) == 2
+
+
+def test_guessing_spread_over_many_addresses_slows_new_addresses_but_not_known_ones():
+    now = [0.0]
+    gate = LoginGate(clock=lambda: now[0])
+
+    def wrong():
+        raise Unauthorized("wrong username or password", code="bad_credentials")
+
+    async def scenario():
+        assert await gate.check("admin", "10.0.0.1", lambda: "ok") == "ok"  # the admin's usual address
+        for i in range(ACCOUNT_FREE_FAILURES):
+            with pytest.raises(Unauthorized):
+                await gate.check("admin", f"192.0.2.{i}", wrong)  # a fresh address each try
+        with pytest.raises(LimitExceeded):
+            await gate.check("admin", "198.51.100.7", lambda: "ok")  # a new address: slowed
+        assert await gate.check("admin", "10.0.0.1", lambda: "ok") == "ok"  # a known one: never locked out
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gate.close()
