@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
 
-from controlplane.fabricctl.client import ClientError
+from controlplane.fabricctl.client import ClientError, FabricClient
 from controlplane.fabricctl.output import emit_object, session
 
 credential_app = typer.Typer(help="Agent runtime credentials: a short-lived key for one endpoint and its "
@@ -77,24 +78,35 @@ def issue(
         write_env_file(env_file, cred)
         typer.echo(f"credential {cred['id']} for endpoint {endpoint} written to {env_file}; expires at "
                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cred['expires_at']))}", err=True)
-        while watch:
-            time.sleep(max(1.0, cred["refresh_after"] - time.time()))
-            try:
-                cred = c.post(f"/api/ai/endpoints/{endpoint}/credentials/{cred['id']}/refresh", {})
-            except ClientError as exc:
-                # fabricd away for a moment: the current secret still works until expires_at; a
-                # refusal (the credential revoked, 404) or an expired secret ends the watch.
-                if exc.status < 500 or time.time() >= cred["expires_at"]:
-                    raise
-                typer.echo(f"renewal failed ({exc.message}); retrying", err=True)
-                cred = {**cred, "refresh_after": time.time() + RETRY_S}
-                continue
-            # A gateway learns a new secret at its next record refresh (FABRIC_GATEWAY_CACHE_SECS,
-            # 1 s by default); the old one works until its expiry, so the file changes after that.
-            time.sleep(SETTLE_S)
-            write_env_file(env_file, cred)
-            typer.echo(f"credential {cred['id']} renewed; expires at "
-                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cred['expires_at']))}", err=True)
+        if watch:
+            keep_fresh(c, endpoint, env_file, cred)
+
+
+def keep_fresh(client: FabricClient, endpoint: str, env_file: Path, cred: dict, *,
+               clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+               settle_s: float = SETTLE_S, retry_s: float = RETRY_S) -> None:
+    """Renew ``cred`` at each refresh_after and rewrite ``env_file`` with the new secret, until a
+    refusal (the credential revoked: 404) or the secret's expiry while fabricd is away ends it
+    with that ClientError. ``clock`` and ``sleep`` are the loop's only timing (a test steps them)."""
+    while True:
+        sleep(max(1.0, cred["refresh_after"] - clock()))
+        try:
+            cred = client.post(f"/api/ai/endpoints/{endpoint}/credentials/{cred['id']}/refresh", {})
+        except ClientError as exc:
+            # fabricd away for a moment (unreachable: status 0, or a 5xx): the current secret still
+            # works until expires_at; a refusal (the credential revoked, 404) or an expired secret
+            # ends the watch.
+            if 0 < exc.status < 500 or clock() >= cred["expires_at"]:
+                raise
+            typer.echo(f"renewal failed ({exc.message}); retrying", err=True)
+            cred = {**cred, "refresh_after": clock() + retry_s}
+            continue
+        # A gateway learns a new secret at its next record refresh (FABRIC_GATEWAY_CACHE_SECS,
+        # 1 s by default); the old one works until its expiry, so the file changes after that.
+        sleep(settle_s)
+        write_env_file(env_file, cred)
+        typer.echo(f"credential {cred['id']} renewed; expires at "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cred['expires_at']))}", err=True)
 
 
 @credential_app.command("revoke")

@@ -11,6 +11,7 @@ import os
 import socket
 import stat
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -18,6 +19,9 @@ import pytest
 from common import keyspace
 from common.schemas import ApiKeyRecord
 from common.store.base import open_store
+from controlplane.fabricctl import credentials
+from controlplane.fabricctl.client import ClientError, FabricClient
+from controlplane.fabricctl.contexts import Resolved
 from tests.controlplane.conftest import BIN, login, start_fabricd
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, publish_endpoint, sim_engine
 
@@ -54,8 +58,6 @@ def _call(base: str, key: str) -> httpx.Response:
 
 def _eventually(check, what: str) -> None:
     """The gateway caches a record for FABRIC_GATEWAY_CACHE_SECS (0.2 s): a change is seen within a few calls."""
-    import time
-
     for _ in range(100):
         if check():
             return
@@ -152,3 +154,65 @@ def test_fabricctl_writes_the_runtime_env_file_and_revokes(stack, tmp_path):
     assert "revoked" in ctl("revoke", "chat", cred_id).stdout
     _eventually(lambda: _call(values["FABRIC_INFERENCE_BASE"], values["FABRIC_AI_API_KEY"]).status_code == 401,
                 "a credential revoked with fabricctl is still accepted")
+
+
+def test_watch_renews_and_rewrites_the_env_file_atomically(stack, tmp_path):
+    """`credential issue --env-file F --watch`'s loop (credentials.keep_fresh) stepped by a clock
+    and sleep of the test's: it renews at refresh_after, rewrites F (0600, a new file renamed over
+    it) only after the settle, retries while fabricd is unreachable, and stops at a revocation."""
+    server, _, gw = stack
+    token = login(server)
+    resolved = Resolved(url=server.url, ca=None, token=token, context=None, token_source="flag",
+                        config_path=tmp_path / "config")
+    dead = Resolved(**{**resolved.__dict__, "url": f"http://127.0.0.1:{_free_port()}"})
+    live, away = FabricClient(resolved), FabricClient(dead)
+    target = tmp_path / "agent.env"
+    first = live.post("/api/ai/endpoints/chat/credentials", {"runtime": "watcher", "ttl_secs": 120})
+    credentials.write_env_file(target, first)
+
+    def values() -> dict[str, str]:
+        return dict(line.split("=", 1) for line in target.read_text().splitlines())
+
+    now = [time.time()]
+    slept: list[float] = []
+    keys = [first["key"]]
+    state = {"unreachable": False}
+
+    class Client:  # the real client; once, fabricd unreachable (a refused connection)
+        def post(self, path: str, body: dict):
+            if state["unreachable"]:
+                state["unreachable"] = False
+                return away.post(path, body)
+            return live.post(path, body)
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+        n = len(slept)
+        if n == 2:  # the settle after the first renewal: F still holds the first key, which still works
+            assert values()["FABRIC_AI_API_KEY"] == first["key"]
+        if n == 3:  # F rewritten with the renewed key: a new file (renamed over F), 0600, no temp left
+            renewed = values()["FABRIC_AI_API_KEY"]
+            assert renewed not in keys and target.stat().st_ino != inode
+            assert stat.S_IMODE(target.stat().st_mode) == 0o600
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.env"]
+            _eventually(lambda: _call(values()["FABRIC_INFERENCE_BASE"], renewed).status_code == 200,
+                        "the renewed key is refused")
+            assert _call(gw.openai_base("chat"), first["key"]).status_code == 200  # overlap: old still valid
+            keys.append(renewed)
+            state["unreachable"] = True
+        if n == 6:  # the renewal after the retry written; revoke: the next refresh is refused (404)
+            keys.append(values()["FABRIC_AI_API_KEY"])
+            live.delete(f"/api/ai/endpoints/chat/credentials/{first['id']}")
+
+    inode = target.stat().st_ino
+    with pytest.raises(ClientError) as refused:
+        credentials.keep_fresh(Client(), "chat", target, first, clock=lambda: now[0], sleep=sleep,
+                               settle_s=2.0, retry_s=3.0)
+    assert refused.value.status == 404
+    assert slept[0] == pytest.approx(80, abs=5)  # refresh_after: two thirds into the 120 s TTL
+    assert slept[1] == 2.0 and slept[3] == pytest.approx(3.0)  # the settle; the retry after the refused connection
+    assert slept[4] == 2.0 and len(slept) == 6
+    assert len(set(keys)) == 3 and values()["FABRIC_AI_API_KEY"] == keys[-1]
+    live.close()
+    away.close()
