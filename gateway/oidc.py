@@ -3,9 +3,14 @@
 A token is accepted when its issuer is a configured provider, its signature checks against a
 key of that provider's JWKS, and its audience is exactly ``fabric-inference`` -- any other
 audience (the control plane's ``fabric-admin`` tokens included) is refused unless
-FABRIC_GATEWAY_ACCEPT_JWT=1. What a verified token may call is gateway.oidc_access's decision:
-the FABRIC_OIDC_ENDPOINTS_CLAIM claim (default ``fabric_endpoints``: a list, or a
-space-separated string; ``*`` for all) is one of its sources.
+FABRIC_GATEWAY_ACCEPT_JWT=1. What a verified token may call is gateway.oidc_access's decision.
+
+An issuer asserts only the claims its configuration lists (OidcProvider.claims, none unless
+configured): ``tenant`` (the token's ``tenant`` claim names its tenant) and ``endpoints`` (the
+FABRIC_OIDC_ENDPOINTS_CLAIM claim, default ``fabric_endpoints``: a list, or a space-separated
+string; ``*`` for all). Any other issuer's ``tenant`` or endpoints claim is ignored: an identity
+provider that lets users edit their own attributes cannot make them another tenant. ``sub``
+never names a tenant.
 
 The key set is cached per provider for the TTL its Cache-Control max-age gives (default 5 min,
 bounded 10 s .. 1 day), so a withdrawn key stops verifying within that TTL; a set past its TTL
@@ -43,7 +48,7 @@ def looks_like_jwt(token: str) -> bool:
 @dataclass(frozen=True)
 class OidcClaims:
     subject: str
-    tenant: str
+    tenant: str | None  # the tenant claim, when the issuer may assert it (module docstring)
     issuer: str
     endpoints: frozenset[str] | None = None  # None: the token names no endpoints
     claims: dict = field(default_factory=dict, compare=False)  # every verified claim (gateway.oidc_access)
@@ -156,6 +161,8 @@ class OidcVerifier:
             raise Unauthorized(f"the JWT's audience is not {INFERENCE_AUDIENCE}", code="invalid_audience") from None
         except jwt.PyJWTError:
             raise Unauthorized("the JWT did not verify", code="invalid_token") from None
-        subject = str(claims["sub"])
-        return OidcClaims(subject=subject, tenant=str(claims.get("tenant") or subject), issuer=provider.issuer,
-                          endpoints=endpoints_of(claims, self.endpoints_claim), claims=claims)
+        tenant = claims.get("tenant") if "tenant" in provider.claims else None
+        return OidcClaims(subject=str(claims["sub"]), tenant=tenant if isinstance(tenant, str) and tenant else None,
+                          issuer=provider.issuer, claims=claims,
+                          endpoints=endpoints_of(claims, self.endpoints_claim) if "endpoints" in provider.claims
+                          else None)

@@ -2,7 +2,8 @@
 
 Identity providers emit groups and roles, rarely a list of our endpoints, so a token's access is
 the union of three sources:
-1. the FABRIC_OIDC_ENDPOINTS_CLAIM claim (default ``fabric_endpoints``), when the token has one;
+1. the FABRIC_OIDC_ENDPOINTS_CLAIM claim (default ``fabric_endpoints``), when the token has one
+   and its issuer may assert it (gateway.oidc);
 2. the identity mappings its claims match (common.identity_mappings, stored in fabricd and
    managed with ``fabricctl ai identity-mapping``): e.g. Keycloak's ``groups`` holding
    ``/ml-team`` or ``realm_access.roles`` holding ``ml-user``, Entra ID's ``roles`` or ``groups``
@@ -10,8 +11,9 @@ the union of three sources:
 3. the endpoints its tenant owns (an endpoint's ``tenant``), unless FABRIC_OIDC_TENANT_ENDPOINTS=0:
    issuer and audience suffice for a tenant's own endpoints.
 
-The tenant is the token's ``tenant`` claim, else the ``tenant`` of the first matched mapping (by
-name) that sets one, else ``sub``. ``decide`` is pure; OidcAccess reads the mappings and the
+The tenant is the token's ``tenant`` claim (when its issuer may assert it), else the ``tenant``
+of the first matched mapping (by name) that sets one, else none: ``sub`` is never taken for a
+tenant name, so a user whose subject happens to equal a tenant's name owns nothing. ``decide`` is pure; OidcAccess reads the mappings and the
 endpoints' owners from the store through gateway.refresh_cache (one read per TTL for every
 caller together, never on a call's path while fresh).
 """
@@ -32,7 +34,7 @@ from gateway.refresh_cache import RefreshCache
 
 @dataclass(frozen=True)
 class Grant:
-    tenant: str
+    tenant: str | None
     endpoints: frozenset[str]  # "*": every endpoint
     mappings: tuple[str, ...] = ()  # the matched mappings' names
 
@@ -41,14 +43,11 @@ def decide(claims: OidcClaims, mappings: Iterable[IdentityMapping], owners: Mapp
            by_ownership: bool = True) -> Grant:
     """Pure: the tenant and endpoints of a verified token."""
     matched = matching(mappings, claims.claims, claims.issuer)
-    if claims.claims.get("tenant"):
-        tenant = claims.tenant
-    else:
-        tenant = next((m.tenant for m in matched if m.tenant), None) or claims.subject
+    tenant = claims.tenant or next((m.tenant for m in matched if m.tenant), None)
     endpoints = set(claims.endpoints or ())
     for m in matched:
         endpoints.update(m.endpoints)
-    if by_ownership:
+    if by_ownership and tenant is not None:
         endpoints.update(e for e, owner in owners.items() if owner is not None and owner == tenant)
     return Grant(tenant, frozenset(endpoints), tuple(m.name for m in matched))
 

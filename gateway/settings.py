@@ -28,6 +28,9 @@ class SettingsError(ValueError):
 class OidcProvider:
     issuer: str
     jwks_url: str
+    # The claims this issuer may assert (OIDC_CLAIMS): ``tenant`` (the token's tenant) and
+    # ``endpoints`` (FABRIC_OIDC_ENDPOINTS_CLAIM); none unless configured (gateway.oidc).
+    claims: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -124,22 +127,37 @@ def _flag(env: dict[str, str], name: str) -> bool:
     raise SettingsError(f"{name}={raw!r}: expected 1 or 0")
 
 
+OIDC_CLAIMS = ("tenant", "endpoints")
+
+
+def _oidc_claims(names, where: str) -> frozenset[str]:
+    if isinstance(names, str):
+        names = names.replace(",", " ").split()
+    if not isinstance(names, list) or any(n not in OIDC_CLAIMS for n in names):
+        raise SettingsError(f"{where}: the claims an issuer may assert are a list of {', '.join(OIDC_CLAIMS)}")
+    return frozenset(names)
+
+
 def _oidc(env: dict[str, str]) -> tuple[OidcProvider, ...]:
-    """FABRIC_OIDC_PROVIDERS is a JSON list of {issuer, jwks_url}; FABRIC_OIDC_ISSUER plus
-    FABRIC_OIDC_JWKS_URL is the one-provider shorthand."""
+    """FABRIC_OIDC_PROVIDERS is a JSON list of {issuer, jwks_url, claims?}; FABRIC_OIDC_ISSUER plus
+    FABRIC_OIDC_JWKS_URL (and FABRIC_OIDC_CLAIMS) is the one-provider shorthand. ``claims``: which
+    of OIDC_CLAIMS the issuer may assert (absent: none)."""
     providers: list[OidcProvider] = []
     raw = env.get("FABRIC_OIDC_PROVIDERS", "").strip()
     if raw:
         try:
             items = json.loads(raw)
-            providers += [OidcProvider(str(i["issuer"]), str(i["jwks_url"])) for i in items]
-        except (ValueError, KeyError, TypeError):
-            raise SettingsError("FABRIC_OIDC_PROVIDERS must be a JSON list of {issuer, jwks_url}") from None
+            providers += [OidcProvider(str(i["issuer"]), str(i["jwks_url"]),
+                                       _oidc_claims(i.get("claims", []), "FABRIC_OIDC_PROVIDERS")) for i in items]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise SettingsError("FABRIC_OIDC_PROVIDERS must be a JSON list of {issuer, jwks_url, claims?} "
+                                f"(claims: a list of {', '.join(OIDC_CLAIMS)})") from None
     issuer, jwks = env.get("FABRIC_OIDC_ISSUER", "").strip(), env.get("FABRIC_OIDC_JWKS_URL", "").strip()
     if bool(issuer) != bool(jwks):
         raise SettingsError("FABRIC_OIDC_ISSUER and FABRIC_OIDC_JWKS_URL must be set together")
     if issuer:
-        providers.append(OidcProvider(issuer, jwks))
+        providers.append(OidcProvider(issuer, jwks, _oidc_claims(env.get("FABRIC_OIDC_CLAIMS", ""),
+                                                                 "FABRIC_OIDC_CLAIMS")))
     return tuple(providers)
 
 

@@ -28,8 +28,8 @@ def env(tmp_path_factory):
     slow = RotatingIdp(max_age=300, issuer=SLOW_ISSUER, hang=True)
     engine = sim_engine()
     publish_endpoint(store, "chat", [engine])
-    providers = json.dumps([{"issuer": ISSUER, "jwks_url": idp.jwks_url},
-                            {"issuer": SLOW_ISSUER, "jwks_url": slow.jwks_url}])
+    providers = json.dumps([{"issuer": ISSUER, "jwks_url": idp.jwks_url, "claims": ["tenant", "endpoints"]},
+                            {"issuer": SLOW_ISSUER, "jwks_url": slow.jwks_url, "claims": ["tenant", "endpoints"]}])
     gw = GatewayProcess.start(state, url, {"FABRIC_OIDC_PROVIDERS": providers, "FABRIC_GATEWAY_CACHE_SECS": "0.2"})
     yield {"gw": gw, "idp": idp, "slow": slow, "store": store}
     slow.release.set()

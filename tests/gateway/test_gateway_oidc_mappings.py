@@ -51,8 +51,8 @@ def env(tmp_path_factory):
               IdentityMapping(name="entra-vision", claim="roles", value="Fabric.Vision", tenant="vision-team")):
         identity_mappings.put(store, m)
     tenant_limits.put(store, TenantLimits(tenant="acme", max_context_tokens=64))
-    providers = json.dumps([{"issuer": KEYCLOAK, "jwks_url": keycloak.jwks_url},
-                            {"issuer": ENTRA, "jwks_url": entra.jwks_url}])
+    providers = json.dumps([{"issuer": KEYCLOAK, "jwks_url": keycloak.jwks_url, "claims": ["tenant", "endpoints"]},
+                            {"issuer": ENTRA, "jwks_url": entra.jwks_url}])  # Entra asserts no claim of ours
     gw = GatewayProcess.start(state, url, {"FABRIC_OIDC_PROVIDERS": providers, "FABRIC_GATEWAY_CACHE_SECS": "0.2"})
     yield {"gw": gw, "keycloak": keycloak, "entra": entra, "store": store}
     gw.stop()
@@ -121,9 +121,13 @@ def test_issuer_and_audience_suffice_for_the_tenants_own_endpoints(env):
     acme = keycloak_token(env["keycloak"], tenant="acme")
     assert chat(env, acme, "acme-chat").choices
     refused(env, acme, "chat")
+    # The attacks (issue 50, Medium 7): a sub equal to the tenant's name, and a tenant claim from
+    # an issuer not configured to assert one, get nothing of acme's.
     by_sub = env["keycloak"].sign({"iss": KEYCLOAK, "aud": "fabric-inference", "sub": "acme",
                                    "exp": int(time.time()) + 300})
-    assert chat(env, by_sub, "acme-chat").choices  # no tenant claim: sub is the tenant
+    refused(env, by_sub, "acme-chat")
+    refused(env, entra_token(env["entra"], tenant="acme"), "acme-chat")
+    refused(env, entra_token(env["entra"], fabric_endpoints=["acme-chat"]), "acme-chat")
 
 
 def test_fabric_endpoints_claim_still_grants(env):

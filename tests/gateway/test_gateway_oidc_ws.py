@@ -105,7 +105,8 @@ def env(tmp_path_factory):
     # a VIP nothing answers (no dataplane here) in front of a ready echo replica
     vip = InferenceEndpoint(name="wsvip", deployment="ws-dep", status=EndpointStatus(phase="Ready", vip="127.0.100.9"))
     store.put(keyspace.endpoints("wsvip"), vip.model_dump_json())
-    oidc_env = {"FABRIC_OIDC_ISSUER": ISSUER, "FABRIC_OIDC_JWKS_URL": idp.jwks_url, "FABRIC_USER_STREAMS": "1"}
+    oidc_env = {"FABRIC_OIDC_ISSUER": ISSUER, "FABRIC_OIDC_JWKS_URL": idp.jwks_url, "FABRIC_OIDC_CLAIMS": "tenant endpoints",
+                "FABRIC_USER_STREAMS": "1"}
     strict = GatewayProcess.start(state, url, oidc_env)
     store.put(keyspace.endpoints("nogpu"), InferenceEndpoint(name="nogpu", deployment="nogpu-dep",
                                                              status=EndpointStatus(phase="Pending")).model_dump_json())

@@ -22,7 +22,7 @@ MAPPINGS = (
 
 def claims(**c) -> OidcClaims:
     c.setdefault("sub", "u-1")
-    return OidcClaims(subject=c["sub"], tenant=str(c.get("tenant") or c["sub"]), issuer=c.pop("iss", KC),
+    return OidcClaims(subject=c["sub"], tenant=c.get("tenant"), issuer=c.pop("iss", KC),
                       endpoints=frozenset(c["fabric_endpoints"]) if "fabric_endpoints" in c else None, claims=c)
 
 
@@ -35,12 +35,14 @@ def test_claim_values_reads_lists_strings_and_paths():
     assert claim_values(token, "missing") == frozenset()
 
 
-def test_tenant_precedence_claim_then_first_mapping_then_sub():
+def test_tenant_precedence_claim_then_first_mapping_then_none():
     assert decide(claims(tenant="acme", groups=["/ml-team"]), MAPPINGS, OWNERS).tenant == "acme"
     # Two mappings name a tenant: the first by name wins (a-ml-other, any issuer).
     assert decide(claims(groups=["/ml-team"]), MAPPINGS, OWNERS).tenant == "other"
-    assert decide(claims(groups=["/ml-team"], iss="https://other.test"), MAPPINGS[:1], OWNERS).tenant == "u-1"
-    assert decide(claims(sub="acme"), (), OWNERS).endpoints == {"acme-chat"}
+    assert decide(claims(groups=["/ml-team"], iss="https://other.test"), MAPPINGS[:1], OWNERS).tenant is None
+    # The attack (issue 50, Medium 7): a user whose sub equals a tenant's name got its endpoints.
+    by_sub = decide(claims(sub="acme"), (), OWNERS)
+    assert by_sub.tenant is None and by_sub.endpoints == frozenset()
 
 
 def test_endpoints_are_the_union_of_claim_mappings_and_ownership():
@@ -65,3 +67,39 @@ def test_a_mapping_must_grant_something_and_its_claim_is_a_path():
 def test_tenant_ownership_can_be_turned_off():
     assert load({}).oidc_tenant_endpoints is True
     assert load({"FABRIC_OIDC_TENANT_ENDPOINTS": "0"}).oidc_tenant_endpoints is False
+
+
+def test_an_issuer_asserts_only_the_claims_its_configuration_lists():
+    """The attack (issue 50, Medium 7): any configured issuer's ``tenant`` claim named the tenant."""
+    import asyncio
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from gateway.oidc import OidcVerifier
+    from gateway.settings import OidcProvider, SettingsError
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pub = jwt.PyJWK.from_dict({**jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True), "kid": "k"})
+
+    class Keys:
+        async def key(self, provider, kid):
+            return pub
+
+    def verify(provider: OidcProvider, **extra) -> OidcClaims:
+        token = jwt.encode({"iss": provider.issuer, "aud": "fabric-inference", "sub": "u-9", "exp": 2**31, **extra},
+                           key, algorithm="RS256", headers={"kid": "k"})
+        return asyncio.run(OidcVerifier((provider,), jwks=Keys()).verify(token))  # type: ignore[arg-type]
+
+    social = OidcProvider("https://social.test", "https://social.test/jwks")  # asserts nothing
+    got = verify(social, tenant="acme", fabric_endpoints=["*"])
+    assert got.tenant is None and got.endpoints is None
+    assert decide(got, (), OWNERS).endpoints == frozenset()
+    corp = OidcProvider("https://corp.test", "https://corp.test/jwks", frozenset({"tenant", "endpoints"}))
+    got = verify(corp, tenant="acme", fabric_endpoints=["x"])
+    assert got.tenant == "acme" and got.endpoints == {"x"}
+    assert load({"FABRIC_OIDC_ISSUER": "https://i", "FABRIC_OIDC_JWKS_URL": "https://i/j"}).oidc_providers[0].claims == set()
+    assert load({"FABRIC_OIDC_PROVIDERS": '[{"issuer": "a", "jwks_url": "b", "claims": ["tenant"]}]'}
+                ).oidc_providers[0].claims == {"tenant"}
+    with pytest.raises(SettingsError, match="claims"):
+        load({"FABRIC_OIDC_ISSUER": "https://i", "FABRIC_OIDC_JWKS_URL": "https://i/j", "FABRIC_OIDC_CLAIMS": "admin"})
