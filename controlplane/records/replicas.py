@@ -3,6 +3,7 @@ delete also moves the replica's lifetime ledger entry (controlplane.tenancy.life
 
 from __future__ import annotations
 
+import builtins
 import time
 
 from pydantic import ValidationError
@@ -24,13 +25,13 @@ def get(store: Store, deployment: str, replica_id: str) -> Replica | None:
         return None
 
 
-def list(store: Store, deployment: str | None = None) -> list[Replica]:  # noqa: A001 - the module's verb
+def list(store: Store, deployment: str | None = None) -> builtins.list[Replica]:  # noqa: A001 - the module's verb
     """Every replica, or one deployment's."""
     prefix = keyspace.replicas(deployment, "") if deployment else keyspace.replicas()
     return [cas.parse(Replica, kv.value) for kv in store.list(prefix)]
 
 
-def readable(store: Store) -> list[dict]:
+def readable(store: Store) -> builtins.list[dict]:
     """Every replica record as stored that is JSON (unreadable ones skipped)."""
     return readable_values(store, keyspace.replicas())
 
