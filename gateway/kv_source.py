@@ -51,6 +51,7 @@ makes it), which the agents admit on /v1/kv-index/* when its CN is one of their
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ DEFAULT_BLOCK_SIZE = 16
 CHECK_S = 30.0  # how often a fetched tokenizer's digest is compared with the model record's
 RETRY_S = 30.0  # a deployment whose tokenizer could not be had is asked again after this
 FETCH_TIMEOUT_S = 20.0
+MAX_TOKENIZER_ANSWER = 256 << 20  # the agent's three files at their cap (64 MiB each) as JSON text, with room
 MAX_ENDPOINTS = 1024  # endpoints whose last answer's states are kept (for explanations)
 REFRESH_S = 15.0  # an endpoint not asked for this long is asked again (states without traffic)
 REFRESH_CONCURRENCY = 16  # endpoints refreshed at once
@@ -153,15 +155,14 @@ class AgentKvSource:
             if address is None:
                 continue
             try:
-                resp = await asyncio.wait_for(self._client.get(
-                    f"{address.rstrip('/')}/v1/kv-index/tokenizer/{digest}", extensions=_sni(address, node)),
-                    self._fetch_timeout)
-            except Exception:  # transport errors of any client: try the next node
+                raw = await asyncio.wait_for(self._read_capped(
+                    f"{address.rstrip('/')}/v1/kv-index/tokenizer/{digest}", _sni(address, node)), self._fetch_timeout)
+            except Exception:  # transport errors of any client, an answer over the cap: try the next node
                 continue
-            if resp.status_code != 200:
+            if raw is None:
                 continue
             try:
-                body = resp.json()
+                body = json.loads(raw)
                 tok: SimTokenizer | TokenizerFiles
                 if body.get("engine") == "sim":
                     tok = SimTokenizer()
@@ -174,6 +175,19 @@ class AgentKvSource:
                 continue
             return _Tok(tok, digest, time.monotonic() + CHECK_S, "agent", model, revision)
         return _Tok(None, digest, time.monotonic() + RETRY_S, "none", model, revision)
+
+    async def _read_capped(self, url: str, extensions: dict) -> bytes | None:
+        """A 200 answer's body, read up to MAX_TOKENIZER_ANSWER (a node cannot make the gateway
+        buffer an endless answer); None for another status."""
+        async with self._client.stream("GET", url, extensions=extensions) as resp:
+            if resp.status_code != 200:
+                return None
+            body = bytearray()
+            async for chunk in resp.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_TOKENIZER_ANSWER:
+                    raise ValueError("the tokenizer answer is over MAX_TOKENIZER_ANSWER")
+            return bytes(body)
 
     async def _tokenizer(self, view):
         deployment = view.endpoint.deployment

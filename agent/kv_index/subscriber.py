@@ -7,6 +7,12 @@ socket for every batch from seq 0 that the engine still buffers (vLLM keeps ``bu
 from the missing seq; when the replay does not reach back that far (the engine's buffer moved
 on), the replica is resynced (its blocks forgotten, rebuilt from the next batches -- the engine
 re-announces the blocks it reuses). A replica without a replay socket is resynced on a gap at once.
+
+Everything an engine sends is bounded, since a compromised replica's engine is on the other end:
+a message over ``max_message_bytes`` (ZMQ_MAXMSGSIZE) drops that peer's connection instead of
+being read, and one replay reads at most ``max_replay_frames`` batches for at most
+``replay_deadline_s`` seconds (an engine that never sends its end marker cannot hold the
+subscriber's thread); a gap repair that was cut short resyncs the replica.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ from common.kv_events import END_SEQ, decode_batch
 from common.kv_index import KvIndex
 
 log = logging.getLogger(__name__)
-REPLAY_TIMEOUT_MS = 1000
+REPLAY_TIMEOUT_MS = 1000  # the longest wait for the next replayed batch
+MAX_MESSAGE_BYTES = 16 << 20  # one batch (a 100k-token prefill is well under 1 MiB of events)
+MAX_REPLAY_FRAMES = 20_000  # twice vLLM's default buffer_steps
+REPLAY_DEADLINE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -34,8 +43,13 @@ class EventSource:
 
 
 class KvEventSubscriber:
-    def __init__(self, index: KvIndex) -> None:
+    def __init__(self, index: KvIndex, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 max_replay_frames: int = MAX_REPLAY_FRAMES, replay_deadline_s: float = REPLAY_DEADLINE_S) -> None:
         import zmq
+
+        self.max_message_bytes, self.max_replay_frames = max_message_bytes, max_replay_frames
+        self.replay_deadline_s = replay_deadline_s
+        self.replays_cut = 0  # replays that ended without the end marker (a bound, or no answer)
 
         self._zmq = zmq
         self.index = index
@@ -109,6 +123,7 @@ class KvEventSubscriber:
                         by_sock.pop(old[1], None)
                         old[1].close(linger=0)
                     sock = self._ctx.socket(zmq.SUB)
+                    sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
                     sock.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
                     if src.bind:
                         sock.bind(src.endpoint)
@@ -170,16 +185,23 @@ class KvEventSubscriber:
             return
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         first: int | None = None
+        ended = False
+        deadline = time.monotonic() + self.replay_deadline_s
         try:
             sock.connect(src.replay_endpoint)
             sock.send_multipart((b"", start.to_bytes(8, "big")))
-            while sock.poll(REPLAY_TIMEOUT_MS, zmq.POLLIN):
+            for _ in range(self.max_replay_frames):
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0 or not sock.poll(min(REPLAY_TIMEOUT_MS, left_ms), zmq.POLLIN):
+                    break
                 frames = sock.recv_multipart()
                 if len(frames) != 4:
                     continue
                 _, _, seq_b, payload = frames
                 if seq_b == END_SEQ:
+                    ended = True
                     break
                 seq = int.from_bytes(seq_b, "big")
                 first = seq if first is None else first
@@ -191,6 +213,8 @@ class KvEventSubscriber:
                     self.index.apply(src.replica, seq, batch)
         finally:
             sock.close(linger=0)
-        if until is not None and (first is None or first > start):
+        if not ended:
+            self.replays_cut += 1
+        if until is not None and (first is None or first > start or not ended):
             with self._lock:  # the engine's buffer no longer holds what was lost
                 self.index.resync(src.replica)

@@ -212,3 +212,57 @@ def test_the_gateways_cn_may_call_the_kv_index_routes_and_nothing_else():
     for path in ("/v1/vms", "/v1/health", "/metrics", "/v1/kv-indexes", "/v1/gpus/0000:3b:00.0/bind"):
         assert "fabric-gateway" in caller_refusal(scope(path, "fabric-gateway"), allowed, readers)
     assert caller_refusal(scope("/v1/vms", "fabricd"), allowed, readers) is None
+
+
+def test_an_engine_cannot_flood_the_subscriber_with_huge_messages_or_an_endless_replay():
+    """The attacks (issue 50, Low): a compromised replica's engine sends one huge message, and
+    answers a replay with batches that never end."""
+    import threading
+
+    import zmq
+
+    port, rport = free_port(), free_port()
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{rport}")
+    stop = threading.Event()
+    replayed = []
+
+    def endless_replay():  # answers every replay request with batches and never the end marker
+        while not stop.is_set():
+            if router.poll(50):
+                ident, *_ = router.recv_multipart()
+                seq = 0
+                while not stop.is_set() and seq < 100_000:
+                    router.send_multipart([ident, b"", b"kv", seq.to_bytes(8, "big"),
+                                           encode_batch([block_stored([7000 + seq % 10], None, [], 16)])])
+                    seq += 1
+                    replayed.append(seq)
+                    time.sleep(0.001)
+
+    server = threading.Thread(target=endless_replay, daemon=True)
+    server.start()
+    sub = KvEventSubscriber(KvIndex(), max_message_bytes=64 << 10, max_replay_frames=50, replay_deadline_s=30)
+    try:
+        sub.watch(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv", bind=True))
+        assert _until(lambda: sub.replays_cut == 1, timeout=60)  # the watch's replay stopped at 50 batches
+        assert sub.status()["r1"]["last_seq"] == 49
+        pub.connect(f"tcp://127.0.0.1:{port}")
+        huge = encode_batch([block_stored([999], None, list(range(200_000)), 16)])
+        assert len(huge) > 64 << 10
+        small = encode_batch([block_stored([50], None, [], 16)])
+
+        def sent_until_seen() -> bool:
+            pub.send_multipart([b"kv", (50).to_bytes(8, "big"), huge])
+            pub.send_multipart([b"kv", (50).to_bytes(8, "big"), small])
+            return sub.match([50], ["r1"]) == {"r1": 1}
+
+        assert _until(sent_until_seen, timeout=60)
+        assert sub.match([999], ["r1"]) == {"r1": 0}  # the huge batch was never read
+    finally:
+        stop.set()
+        server.join(5)
+        sub.close()
+        pub.close(linger=0)
+        router.close(linger=0)

@@ -373,3 +373,25 @@ def test_a_replica_with_another_block_size_is_scored_approximately(tmp_path):
     _, why = asyncio.run(router.apick(view, CHAT, 0.0))
     assert set(why["kv_states"].values()) == {"live"}
     store.close()
+
+
+def test_a_tokenizer_answer_over_the_cap_is_refused(tmp_path, monkeypatch):
+    """The attack (issue 50, Low): a node answers the tokenizer fetch with an unbounded body."""
+    import gateway.kv_source as ks
+
+    store = _store(tmp_path)
+    chunk = b" " * (64 << 10)
+
+    async def flood(scope, receive, send):  # a valid answer behind 4 MiB of whitespace, in chunks
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        for _ in range(64):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b'{"engine": "sim", "files": {}}'})
+
+    monkeypatch.setattr(ks, "MAX_TOKENIZER_ANSWER", 1 << 20)
+    src = AgentKvSource(store, httpx.AsyncClient(transport=httpx.ASGITransport(app=flood)), None, timeout_s=5)
+    assert asyncio.run(src.hasher(_view())) is None
+    monkeypatch.setattr(ks, "MAX_TOKENIZER_ANSWER", 8 << 20)  # the same answer under the cap is used
+    src = AgentKvSource(store, httpx.AsyncClient(transport=httpx.ASGITransport(app=flood)), None, timeout_s=5)
+    assert isinstance(asyncio.run(src.hasher(_view())), RequestHasher)
+    store.close()
