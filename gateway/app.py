@@ -370,7 +370,7 @@ class GatewayApp:
             in_flight = st.metrics.in_flight_for(endpoint)
             in_flight.inc()
             if picked:
-                st.router.started(picked)
+                st.router.started(picked, why.get("load_tokens", 0.0))
             try:
                 sent = info.body if info.body is not None else body
                 marks = [(b"x-fabric-request-id", request_id.encode())]
@@ -403,7 +403,7 @@ class GatewayApp:
             finally:
                 in_flight.dec()
                 if picked:
-                    st.router.finished(picked)
+                    st.router.finished(picked, why.get("load_tokens", 0.0))
             status, tokens = result.status, result.tokens
             outcome = ("success" if result.ok else "upstream_cut" if result.cut else
                        "budget_cut" if result.cut_by else "upstream_error")

@@ -9,7 +9,7 @@ arrivals in ``stages`` of (rate/s, seconds), each call a uniform draw from the p
 are the simulator's (common/kv_events.sim_token_ids, 4 characters each) and blocks are hashed as
 vLLM does (BlockHasher, 16 tokens).
 
-Engine: at most ``max_num_seqs`` sequences run, and only while their blocks (prompt blocks not
+Engine (``Engine``, shared with gateway/router_profiles.py): at most ``max_num_seqs`` sequences run, and only while their blocks (prompt blocks not
 already held by another running sequence, plus their output blocks) fit in the KV cache's
 ``cache_blocks`` (vLLM's admission); the rest wait, first come first served. An admitted sequence looks
 its prompt up in the prefix cache (leading cached blocks hit), then prefills its uncached tokens
@@ -19,10 +19,11 @@ sequence holds stay cached until the least recently used are evicted for new one
 below the working set; every store and eviction is a KV event,
 applied to the precise router's index ``event_lag_s`` later.
 
-Routers: random; least_queue (fewest of this gateway's calls in flight); approximate (today's
-PrefixTree + choose on the rendered text, load = scraped queue + in flight, scraped every
-``scrape_s``); precise (choose_precise on the KV index fed by events); oracle (choose_precise on
-each engine's cache read at decision time). Columns, as llm-d reports them, over the calls that
+Routers: random; least_queue (fewest of this gateway's calls in flight); and the gateway's
+saturation gate (gateway/router_gate.choose_gated, load in uncached prompt tokens of calls in
+flight, GateLoad) reading what each replica holds from: the approximate PrefixTree on the rendered
+text (approximate), the KV index fed by events (precise), or each engine's cache read at decision
+time (oracle). Columns, as llm-d reports them, over the calls that
 arrived in the last (highest) stage: output tok/s, requests/s, TTFT p90 and mean, wait-queue mean
 (waiting sequences per replica, sampled at each arrival), KV usage (distinct blocks of running
 sequences / cache blocks, same samples), prefix-cache hit rate (hit tokens / prompt tokens).
@@ -37,9 +38,11 @@ from dataclasses import dataclass, field
 
 from common.kv_events import Batch, BlockHasher, block_removed, block_stored, sim_token_ids
 from common.kv_index import KvIndex
-from gateway.prefix_router import Candidate, PrefixPolicy, PrefixTree, choose, choose_precise, chunk_hashes
+from gateway.prefix_router import PrefixTree, chunk_hashes
+from gateway.router_gate import GateCandidate, GatePolicy, choose_gated
 
 ROUTERS = ("random", "least_queue", "approximate", "precise", "oracle")
+GATED = ("approximate", "precise", "oracle")
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,6 @@ class BenchConfig:
     max_num_seqs: int = 128
     prefill_tps: float = 8000.0
     decode_tps: float = 40.0
-    scrape_s: float = 1.0
     event_lag_s: float = 0.05
     block_tokens: int = 16
     seed: int = 0
@@ -96,54 +98,44 @@ class Call:
     prompt: Prompt
     arrived: float
     stage: int
+    out: int
     replica: int = -1
     first_token: float | None = None
     done: float | None = None
     hit_tokens: int = 0
+    load_tokens: int = 0
+
+    @property
+    def blocks(self) -> list[int]:
+        return self.prompt.blocks
 
 
 @dataclass
 class Engine:
-    cfg: BenchConfig
-    index: int
+    """One simulated engine (shared by both benches): a call is anything with ``id``, ``blocks``
+    (its prompt's block hashes) and ``out`` (its output tokens)."""
+    cache_blocks: int
+    max_num_seqs: int
+    block_tokens: int = 16
     cache: OrderedDict = field(default_factory=OrderedDict)
     waiting: deque = field(default_factory=deque)
-    running: dict = field(default_factory=dict)  # call id -> its prompt's blocks
+    running: dict = field(default_factory=dict)  # call id -> the call
     in_use: dict = field(default_factory=dict)  # block -> running sequences holding it
     prefill_free_at: float = 0.0
 
-    def out_blocks(self) -> int:
-        return -(-self.cfg.output_tokens // self.cfg.block_tokens)
+    def out_blocks(self, c) -> int:
+        return -(-c.out // self.block_tokens)
 
-    def fits(self, blocks: list[int]) -> bool:
+    def held_out(self) -> int:
+        return sum(self.out_blocks(c) for c in self.running.values())
+
+    def fits(self, c) -> bool:
         """vLLM's admission: the sequence's new prompt blocks and its output blocks fit in the KV
         cache's blocks not held by running sequences (cached, unused blocks are evictable)."""
-        if len(self.running) >= self.cfg.max_num_seqs:
+        if len(self.running) >= self.max_num_seqs:
             return False
-        new = sum(1 for h in blocks if h not in self.in_use)
-        held = len(self.in_use) + self.out_blocks() * len(self.running)
-        return held + new + self.out_blocks() <= self.cfg.cache_blocks or not self.running
-
-    def lookup_insert(self, blocks: list[int]) -> tuple[int, list[int]]:
-        hit = 0
-        for h in blocks:
-            if h not in self.cache:
-                break
-            hit += 1
-        for h in blocks:
-            self.cache[h] = None
-            self.cache.move_to_end(h)
-        evicted = []
-        budget = self.cfg.cache_blocks - self.out_blocks() * (len(self.running) + 1)
-        if len(self.cache) > budget:
-            keep = set(blocks)
-            for h in list(self.cache):  # least recently used first; blocks in use stay
-                if len(self.cache) <= budget:
-                    break
-                if h not in self.in_use and h not in keep:
-                    del self.cache[h]
-                    evicted.append(h)
-        return hit, evicted
+        new = sum(1 for h in c.blocks if h not in self.in_use)
+        return len(self.in_use) + self.held_out() + new + self.out_blocks(c) <= self.cache_blocks or not self.running
 
     def held(self, blocks: list[int]) -> int:
         n = 0
@@ -153,6 +145,65 @@ class Engine:
             n += 1
         return n
 
+    def admit(self, c) -> tuple[int, list[int]]:
+        """Run ``c``: (its leading cached blocks, the blocks evicted for it; least recently used
+        first, never one a running sequence holds)."""
+        hit = self.held(c.blocks)
+        for h in c.blocks:
+            self.cache[h] = None
+            self.cache.move_to_end(h)
+        budget = self.cache_blocks - self.held_out() - self.out_blocks(c)
+        evicted = []
+        if len(self.cache) > budget:
+            keep = set(c.blocks)
+            for h in list(self.cache):
+                if len(self.cache) <= budget:
+                    break
+                if h not in self.in_use and h not in keep:
+                    del self.cache[h]
+                    evicted.append(h)
+        self.running[c.id] = c
+        for h in c.blocks:
+            self.in_use[h] = self.in_use.get(h, 0) + 1
+        return hit, evicted
+
+    def release(self, c) -> None:
+        self.running.pop(c.id, None)
+        for h in c.blocks:
+            left = self.in_use[h] - 1
+            if left:
+                self.in_use[h] = left
+            else:
+                del self.in_use[h]
+
+
+@dataclass
+class GateLoad:
+    """The gate's load view in a simulation, as a gateway keeps it (gateway/replica_router.py):
+    per replica, the uncached prompt tokens and the calls routed there and not finished."""
+    replicas: int
+    tokens: list = field(default_factory=list)
+    calls: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tokens, self.calls = [0.0] * self.replicas, [0] * self.replicas
+
+    def pick(self, held_tokens: list[int], prompt_tokens: int, home: int | None, policy: GatePolicy,
+             rng: random.Random) -> tuple[int, int]:
+        """(replica, the call's load tokens) by router_gate.choose_gated; counted until ``done``."""
+        names = [f"r{i}" for i in range(self.replicas)]
+        cands = [GateCandidate(names[i], held_tokens[i], self.tokens[i], 0, self.calls[i]) for i in range(self.replicas)]
+        i = names.index(choose_gated(cands, prompt_tokens, names[home] if home is not None else None,
+                                     policy, rng).chosen)
+        load = max(prompt_tokens - held_tokens[i], 0)
+        self.tokens[i] += load
+        self.calls[i] += 1
+        return i, load
+
+    def done(self, i: int, load: int) -> None:
+        self.tokens[i] -= load
+        self.calls[i] -= 1
+
 
 def simulate(cfg: BenchConfig, router: str) -> dict:
     if router not in ROUTERS:
@@ -160,14 +211,14 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
     prompts = make_prompts(cfg)
     rng = random.Random(cfg.seed + 1)  # the arrivals: the same for every router
     choice_rng = random.Random(cfg.seed + 2)
-    engines = [Engine(cfg, i) for i in range(cfg.replicas)]
+    engines = [Engine(cfg.cache_blocks, cfg.max_num_seqs, cfg.block_tokens) for _ in range(cfg.replicas)]
     names = [f"r{i}" for i in range(cfg.replicas)]
-    tree, policy, kv = PrefixTree(), PrefixPolicy(), KvIndex()
+    tree, kv, gate = PrefixTree(), KvIndex(), GateLoad(cfg.replicas)
+    policy = GatePolicy(peak_prefill_tps=cfg.prefill_tps)
     for n in names:  # every engine publishes from the start
         kv.apply(n, 0, Batch(0.0, [], 0), now=0.0)
     seqs = {n: 0 for n in names}
     in_flight = [0] * cfg.replicas
-    scraped = [0.0] * cfg.replicas
     events: list = []
     calls: list[Call] = []
     t, cid = 0.0, 0
@@ -178,9 +229,9 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
             if t >= end:
                 t = end
                 break
-            calls.append(Call(cid, rng.choice(prompts), t, stage))
+            calls.append(Call(cid, rng.choice(prompts), t, stage, cfg.output_tokens))
             cid += 1
-    horizon = t
+
     order = 0
 
     def push(at: float, kind: str, payload) -> None:
@@ -190,47 +241,44 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
 
     for c in calls:
         push(c.arrived, "arrive", c)
-    s = 0.0
-    while s < horizon:
-        push(s, "scrape", None)
-        s += cfg.scrape_s
     samples: list[tuple[int, float, float]] = []  # (stage, waiting per replica, kv usage)
 
-    def publish(e: Engine, at: float, stored: list[int], evicted: list[int]) -> None:
+    def publish(i: int, at: float, stored: list[int], evicted: list[int]) -> None:
         evs = [block_stored(stored, None, [], cfg.block_tokens)]
         if evicted:
             evs.append(block_removed(evicted))
-        push(at + cfg.event_lag_s, "kv", (names[e.index], Batch(at, evs, 0)))
+        push(at + cfg.event_lag_s, "kv", (names[i], Batch(at, evs, 0)))
 
-    def admit(e: Engine, c: Call, now: float) -> None:
-        hit, evicted = e.lookup_insert(c.prompt.blocks)
-        publish(e, now, c.prompt.blocks, evicted)
+    def admit(i: int, c: Call, now: float) -> None:
+        e = engines[i]
+        hit, evicted = e.admit(c)
+        publish(i, now, c.prompt.blocks, evicted)
         c.hit_tokens = min(c.prompt.tokens, hit * cfg.block_tokens)
         start = max(now, e.prefill_free_at)
         e.prefill_free_at = start + (c.prompt.tokens - c.hit_tokens) / cfg.prefill_tps
         c.first_token = e.prefill_free_at
-        e.running[c.id] = c.prompt.blocks
-        for h in c.prompt.blocks:
-            e.in_use[h] = e.in_use.get(h, 0) + 1
         push(c.first_token + cfg.output_tokens / cfg.decode_tps, "finish", c)
 
     def pick(c: Call, now: float) -> int:
-        cands = [Candidate(names[i], scraped[i], in_flight[i]) for i in range(cfg.replicas)]
         if router == "random":
             return choice_rng.randrange(cfg.replicas)
         if router == "least_queue":
             least = min(in_flight)
             return choice_rng.choice([i for i in range(cfg.replicas) if in_flight[i] == least])
+        chunk_tokens = c.prompt.tokens / max(len(c.prompt.chunks), 1)
         if router == "approximate":
-            d = choose(cands, c.prompt.chunks, tree, policy)
-            tree.record(c.prompt.chunks, d.chosen)
-            return names.index(d.chosen)
-        if router == "precise":
-            matched = kv.match(c.prompt.blocks, names)
+            got = tree.match(c.prompt.chunks)
+            held = [int(got.get(n, (0, 0))[0] * chunk_tokens) for n in names]
+        elif router == "precise":
+            got_blocks = kv.match(c.prompt.blocks, names)
+            held = [int(got_blocks.get(n) or 0) * cfg.block_tokens for n in names]
         else:  # oracle: every engine's cache as it is now
-            matched = {names[i]: engines[i].held(c.prompt.blocks) for i in range(cfg.replicas)}
-        d = choose_precise(cands, matched, len(c.prompt.blocks), policy=policy, rng=choice_rng)
-        return names.index(d.chosen)
+            held = [e.held(c.prompt.blocks) * cfg.block_tokens for e in engines]
+        i, c.load_tokens = gate.pick([min(h, c.prompt.tokens) for h in held], c.prompt.tokens, None, policy,
+                                     choice_rng)
+        if router == "approximate":
+            tree.record(c.prompt.chunks, names[i])
+        return i
 
     while events:
         now, _, kind, payload = heapq.heappop(events)
@@ -240,11 +288,11 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
             c.replica = i
             in_flight[i] += 1
             e = engines[i]
-            if not e.waiting and e.fits(c.prompt.blocks):
-                admit(e, c, now)
+            if not e.waiting and e.fits(c):
+                admit(i, c, now)
             else:
                 e.waiting.append(c)  # first come, first served: nothing passes the head
-            usage = sum((len(x.in_use) + x.out_blocks() * len(x.running)) / cfg.cache_blocks for x in engines)
+            usage = sum((len(x.in_use) + x.held_out()) / cfg.cache_blocks for x in engines)
             usage /= cfg.replicas
             samples.append((c.stage, sum(len(x.waiting) for x in engines) / cfg.replicas, min(usage, 1.0)))
         elif kind == "finish":
@@ -252,17 +300,11 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
             c.done = now
             e = engines[c.replica]
             in_flight[c.replica] -= 1
-            for h in e.running.pop(c.id):
-                left = e.in_use[h] - 1
-                if left:
-                    e.in_use[h] = left
-                else:
-                    del e.in_use[h]
-            while e.waiting and e.fits(e.waiting[0].prompt.blocks):
-                admit(e, e.waiting.popleft(), now)
-        elif kind == "scrape":
-            for i, e in enumerate(engines):
-                scraped[i] = float(len(e.waiting))
+            if router in GATED:
+                gate.done(c.replica, c.load_tokens)
+            e.release(c)
+            while e.waiting and e.fits(e.waiting[0]):
+                admit(c.replica, e.waiting.popleft(), now)
         elif kind == "kv":
             name, batch = payload
             seqs[name] += 1

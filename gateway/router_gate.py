@@ -79,29 +79,31 @@ def cost(c: GateCandidate, prompt_tokens: int, policy: GatePolicy) -> float:
 
 
 def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_home: str | None = None,
-                 policy: GatePolicy = GatePolicy(), rng: random.Random | None = None) -> GateDecision:
-    """Pure but for ``rng``: the replica for a prompt of ``prompt_tokens``."""
+                 policy: GatePolicy = GatePolicy(), rng: random.Random | None = None,
+                 notes: dict[str, dict] | None = None) -> GateDecision:
+    """Pure but for ``rng``: the replica for a prompt of ``prompt_tokens``. ``notes``: more
+    columns per replica for the explanation's rows (what the caller matched them from)."""
     if not candidates:
         raise ValueError("no candidate replica")
     rng = rng or random.Random()
     costs = {c.replica: cost(c, prompt_tokens, policy) for c in candidates}
     least = min(costs.values())
-    cheapest = [c for c in candidates if costs[c.replica] <= least + policy.tie_tokens]
+    cheapest = _fewest_calls([c for c in candidates if costs[c.replica] <= least + policy.tie_tokens])
     most = max(c.matched_tokens for c in candidates)
     sticky = None
     if session_home in costs and (most == 0 or next(c for c in candidates if c.replica == session_home)
                                   .matched_tokens == most):
         sticky = session_home
-    elif most > 0:
+    elif most > 0:  # the best holder; equal holders (a prefix every replica holds): fewest calls, then a draw
         holders = [c for c in candidates if c.matched_tokens == most]
-        sticky = min(holders, key=lambda c: (costs[c.replica], c.replica)).replica
-        total = sum(c.in_flight for c in candidates)
-        mine = next(c.in_flight for c in candidates if c.replica == sticky)
-        if mine >= max(policy.hot_share * (total + 1) / len(candidates), 1.0):  # the hotspot guard
-            others = [c for c in candidates if c.replica != sticky] or candidates
-            low = min(costs[c.replica] for c in others)
-            pick = rng.choice([c for c in others if costs[c.replica] <= low + policy.tie_tokens]).replica
-            return GateDecision(pick, "hotspot_guard", sticky, _rows(candidates, costs))
+        low = min(costs[c.replica] for c in holders)
+        sticky = rng.choice(_fewest_calls([c for c in holders if costs[c.replica] <= low + policy.tie_tokens])).replica
+    if sticky is not None and _hot(candidates, sticky, policy):  # the hotspot guard, homes included
+        others = [c for c in candidates if c.replica != sticky] or candidates
+        low = min(costs[c.replica] for c in others)
+        pick = rng.choice(_fewest_calls([c for c in others if costs[c.replica] <= low + policy.tie_tokens])).replica
+        if costs[pick] - costs[sticky] <= policy.tau:  # moving may not cost more TTFT than the gate allows
+            return GateDecision(pick, "hotspot_guard", sticky, _rows(candidates, costs, notes))
     if sticky is not None and costs[sticky] - least <= policy.tau:
         chosen, reason = sticky, "sticky"
     elif sticky is not None:
@@ -109,12 +111,28 @@ def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_ho
     else:
         chosen = rng.choice(cheapest).replica
         reason = "random_tie" if len(cheapest) == len(candidates) else "load"
-    return GateDecision(chosen, reason, sticky, _rows(candidates, costs))
+    return GateDecision(chosen, reason, sticky, _rows(candidates, costs, notes))
 
 
-def _rows(candidates: list[GateCandidate], costs: dict[str, float]) -> tuple[dict, ...]:
-    return tuple({"replica": c.replica, "matched_tokens": c.matched_tokens, "prefill_tokens": c.prefill_tokens,
-                  "decoding": c.decoding, "in_flight": c.in_flight, "cost_tokens": round(costs[c.replica], 1)}
+def _fewest_calls(pool: list[GateCandidate]) -> list[GateCandidate]:
+    lo = min(c.in_flight for c in pool)
+    return [c for c in pool if c.in_flight == lo]
+
+
+def _hot(candidates: list[GateCandidate], replica: str, policy: GatePolicy) -> bool:
+    """Whether ``replica`` has at least ``hot_share`` times the mean calls in flight (counting
+    the call being placed), and at least one more than the least busy replica."""
+    total = sum(c.in_flight for c in candidates)
+    mine = next(c.in_flight for c in candidates if c.replica == replica)
+    fewest = min(c.in_flight for c in candidates)
+    return mine >= max(policy.hot_share * (total + 1) / len(candidates), 1.0) and mine > fewest
+
+
+def _rows(candidates: list[GateCandidate], costs: dict[str, float],
+          notes: dict[str, dict] | None) -> tuple[dict, ...]:
+    return tuple({"replica": c.replica, "matched_tokens": c.matched_tokens, "prefill_tokens": round(c.prefill_tokens, 1),
+                  "decoding": c.decoding, "in_flight": c.in_flight, "cost_tokens": round(costs[c.replica], 1),
+                  **(notes or {}).get(c.replica, {})}
                  for c in sorted(candidates, key=lambda c: costs[c.replica]))
 
 

@@ -31,9 +31,10 @@ Routers:
   the best cold one's by more than ``max_ttft_penalty_s``, i.e. unless (load + uncached) differs
   by more than tau = peak prefill throughput x max_ttft_penalty_s tokens; else least token load.
 - ``session``: affinity on the true conversation id (an oracle session key), rendezvous hash.
-- ``approximate`` / ``precise``: Fabric's blend (gateway/prefix_router.choose / choose_precise).
-- ``gate``: Fabric's saturation gate (gateway/router_gate.choose_gated) on the same KV index, tau
-  the same as llmd's, conversations keyed by their own history (router_gate.conversation_key's rule).
+- ``approximate`` / ``precise``: Fabric's prefix mode, the saturation gate
+  (gateway/router_gate.choose_gated) with the gateway's token load (router_bench.GateLoad), tau
+  the same as llmd's, conversations keyed by their own history (router_gate.conversation_key's
+  rule); what each replica holds from the approximate tree or from the KV index.
 
 Columns per stage: offered rate (the stage's nominal rate, and the calls that arrived in it per
 second: a multi-turn profile's next turns wait for answers), achieved req/s, success, output and input tok/s, TTFT p50/p90/p99,
@@ -47,16 +48,16 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from common.kv_events import Batch, block_removed, block_stored
 from common.kv_index import KvIndex
-from gateway.prefix_router import Candidate, PrefixPolicy, PrefixTree, choose, choose_precise
-from gateway.router_bench import _p
-from gateway.router_gate import GateCandidate, GatePolicy, choose_gated
+from gateway.prefix_router import PrefixTree
+from gateway.router_bench import Engine, GateLoad, _p
+from gateway.router_gate import GatePolicy
 
-ROUTERS = ("round_robin", "llmd", "session", "approximate", "precise", "gate")
+ROUTERS = ("round_robin", "llmd", "session", "approximate", "precise")
+GATED = ("approximate", "precise")
 PROFILES = ("b2b_saas", "codegen", "agentic", "decode_bound")
 BLOCK = 16
 
@@ -116,7 +117,6 @@ class BenchConfig:
     affinity_threshold: float = 0.8
     max_ttft_penalty_s: float = 0.5
     event_lag_s: float = 0.05
-    scrape_s: float = 1.0
     timeout_s: float = 30.0
     seed: int = 0
 
@@ -170,66 +170,6 @@ class Call:
     uncached_est: int = 0
 
 
-@dataclass
-class Engine:
-    cfg: BenchConfig
-    cache: OrderedDict = field(default_factory=OrderedDict)
-    waiting: deque = field(default_factory=deque)
-    running: dict = field(default_factory=dict)
-    in_use: dict = field(default_factory=dict)
-    prefill_free_at: float = 0.0
-
-    def out_blocks(self, c: Call) -> int:
-        return -(-c.out // BLOCK)
-
-    def held_out(self) -> int:
-        return sum(self.out_blocks(c) for c in self.running.values())
-
-    def fits(self, c: Call) -> bool:
-        e = self.cfg.engine
-        if len(self.running) >= e.max_num_seqs:
-            return False
-        new = sum(1 for h in c.blocks if h not in self.in_use)
-        return len(self.in_use) + self.held_out() + new + self.out_blocks(c) <= e.cache_blocks or not self.running
-
-    def held(self, blocks: list[int]) -> int:
-        n = 0
-        for h in blocks:
-            if h not in self.cache:
-                break
-            n += 1
-        return n
-
-    def admit(self, c: Call) -> tuple[int, list[int]]:
-        hit = self.held(c.blocks)
-        for h in c.blocks:
-            self.cache[h] = None
-            self.cache.move_to_end(h)
-        budget = self.cfg.engine.cache_blocks - self.held_out() - self.out_blocks(c)
-        evicted = []
-        if len(self.cache) > budget:
-            keep = set(c.blocks)
-            for h in list(self.cache):
-                if len(self.cache) <= budget:
-                    break
-                if h not in self.in_use and h not in keep:
-                    del self.cache[h]
-                    evicted.append(h)
-        self.running[c.id] = c
-        for h in c.blocks:
-            self.in_use[h] = self.in_use.get(h, 0) + 1
-        return hit, evicted
-
-    def release(self, c: Call) -> None:
-        self.running.pop(c.id, None)
-        for h in c.blocks:
-            left = self.in_use[h] - 1
-            if left:
-                self.in_use[h] = left
-            else:
-                del self.in_use[h]
-
-
 def _rendezvous(key: str, replica: int) -> int:
     return _h(key, replica)
 
@@ -241,19 +181,17 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
     n = cfg.replicas
     wl = random.Random(cfg.seed)  # the workload: the same for every router
     choice_rng = random.Random(cfg.seed + 2)
-    engines = [Engine(cfg) for _ in range(n)]
+    engines = [Engine(e.cache_blocks, e.max_num_seqs, BLOCK) for _ in range(n)]
     names = [f"r{i}" for i in range(n)]
-    kv, tree, policy = KvIndex(), PrefixTree(), PrefixPolicy()
-    gate_policy = GatePolicy(peak_prefill_tps=e.prefill_tps, max_ttft_penalty_s=cfg.max_ttft_penalty_s,
-                             decode_weight=e.prefill_tps * e.step_per_seq_s * p.output_tokens)
+    kv, tree, gate = KvIndex(), PrefixTree(), GateLoad(n)
+    gate_policy = GatePolicy(peak_prefill_tps=e.prefill_tps, max_ttft_penalty_s=cfg.max_ttft_penalty_s)
     for name in names:
         kv.apply(name, 0, Batch(0.0, [], 0), now=0.0)
     seqs = {name: 0 for name in names}
-    in_flight, scraped = [0] * n, [0.0] * n
-    prefill_tokens, decoding = [0.0] * n, [0] * n  # the router's own token-load view
+    in_flight = [0] * n
+    prefill_tokens = [0.0] * n  # llmd's token-load view
     homes: dict[str, int] = {}
     rr = 0
-    scrape_due = 0.0
     events: list = []
     order = 0
 
@@ -329,21 +267,18 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
             return max(range(n), key=lambda i: _rendezvous(c.conv.key, i))
         if router == "approximate":
             chunks = [b.to_bytes(8, "big") for b in c.blocks[:256]]
-            d = choose([Candidate(names[i], scraped[i], in_flight[i]) for i in range(n)], chunks, tree, policy)
-            tree.record(chunks, d.chosen)
-            return names.index(d.chosen)
-        matched = kv.match(c.blocks, names)
-        held = [int(matched.get(names[i]) or 0) for i in range(n)]
-        if router == "precise":
-            cands = [Candidate(names[i], scraped[i], in_flight[i]) for i in range(n)]
-            return names.index(choose_precise(cands, dict(matched), len(c.blocks), policy=policy,
-                                              rng=choice_rng).chosen)
+            held = [tree.match(chunks).get(names[i], (0, 0))[0] for i in range(n)]
+        else:
+            matched = kv.match(c.blocks, names)
+            held = [int(matched.get(names[i]) or 0) for i in range(n)]
         if router == "llmd":
             return llmd_pick(held, c)
         home = homes.get(c.conv.inferred)
-        gc = [GateCandidate(names[i], held[i] * BLOCK, prefill_tokens[i], decoding[i], in_flight[i]) for i in range(n)]
-        g = choose_gated(gc, c.tokens, names[home] if home is not None else None, gate_policy, choice_rng)
-        return names.index(g.chosen)
+        i, c.uncached_est = gate.pick([min(h * BLOCK, c.tokens) for h in held], c.tokens, home, gate_policy,
+                                      choice_rng)
+        if router == "approximate":
+            tree.record(chunks, names[i])
+        return i
 
     def llmd_pick(held: list[int], c: Call) -> int:
         nb = max(len(c.blocks), 1)
@@ -371,9 +306,10 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         i = pick(c)
         c.replica = i
         homes[c.conv.inferred] = i
-        held = int(kv.match(c.blocks, [names[i]]).get(names[i]) or 0) if router in ("llmd", "gate") else 0
-        c.uncached_est = max(c.tokens - held * BLOCK, 0)
-        prefill_tokens[i] += c.uncached_est
+        if router == "llmd":  # its token load: uncached prompt tokens until the first token
+            held = int(kv.match(c.blocks, [names[i]]).get(names[i]) or 0)
+            c.uncached_est = max(c.tokens - held * BLOCK, 0)
+            prefill_tokens[i] += c.uncached_est
         in_flight[i] += 1
         eng = engines[i]
         if not eng.waiting and eng.fits(c):
@@ -396,15 +332,16 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         elif kind == "first":
             c = payload
             i = c.replica
-            prefill_tokens[i] -= c.uncached_est
-            decoding[i] += 1
+            if router == "llmd":
+                prefill_tokens[i] -= c.uncached_est
             step = e.step_base_s + e.step_per_seq_s * len(engines[i].running)
             push(now + c.out * step, "finish", c)
         elif kind == "finish":
             c = payload
             c.done = now
             i = c.replica
-            decoding[i] -= 1
+            if router in GATED:
+                gate.done(i, c.uncached_est)
             in_flight[i] -= 1
             engines[i].release(c)
             drain(i, now)
@@ -418,15 +355,15 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
                 eng.waiting.remove(c)
                 c.failed = True
                 in_flight[c.replica] -= 1
-                prefill_tokens[c.replica] -= c.uncached_est
+                if router == "llmd":
+                    prefill_tokens[c.replica] -= c.uncached_est
+                elif router in GATED:
+                    gate.done(c.replica, c.uncached_est)
                 drain(c.replica, now)
         elif kind == "kv":
             name, batch = payload
             seqs[name] += 1
             kv.apply(name, seqs[name], batch, now=now)
-        if now >= scrape_due:  # the scraped queue depths, refreshed once a scrape period
-            scraped[:] = [float(len(x.waiting)) for x in engines]
-            scrape_due = now + cfg.scrape_s
     return summarize(cfg, calls, samples)
 
 
@@ -468,22 +405,22 @@ def knee(stages: list[dict]) -> int:
 def run_profile(cfg: BenchConfig, routers: tuple[str, ...] = ROUTERS) -> dict:
     rows = {r: simulate(cfg, r)["stages"] for r in routers}
     out: dict = {"profile": cfg.profile.name, "rows": rows}
-    if {"llmd", "gate", "session"} <= set(rows):
-        b, g = rows["llmd"], rows["gate"]
+    if {"llmd", "precise", "session"} <= set(rows):
+        b, g = rows["llmd"], rows["precise"]
         k = knee(b)
         tok_ratio = g[k]["output_tok_s"] / b[k]["output_tok_s"] if b[k]["output_tok_s"] else None
         hit_gap = 100 * (rows["session"][k]["hit_rate"] - g[k]["hit_rate"])
         out["knee_stage"] = k
         out["targets"] = {
-            "gate_over_llmd_output_tok_s": round(tok_ratio, 3) if tok_ratio is not None else None,
-            "gate_over_llmd_output_tok_s_per_stage": [round(x["output_tok_s"] / y["output_tok_s"], 3)
+            "precise_over_llmd_output_tok_s": round(tok_ratio, 3) if tok_ratio is not None else None,
+            "precise_over_llmd_output_tok_s_per_stage": [round(x["output_tok_s"] / y["output_tok_s"], 3)
                                                       if y["output_tok_s"] else None for x, y in zip(g, b)],
             "output_tok_s_at_least_1_1x_llmd": bool(tok_ratio is not None and tok_ratio >= 1.1),
-            "gate_ttft_p90_s": g[k]["ttft_p90_s"], "llmd_ttft_p90_s": b[k]["ttft_p90_s"],
+            "precise_ttft_p90_s": g[k]["ttft_p90_s"], "llmd_ttft_p90_s": b[k]["ttft_p90_s"],
             "ttft_p90_no_worse": g[k]["ttft_p90_s"] <= b[k]["ttft_p90_s"] * 1.0001,
-            "gate_hotspot_max": max(s["hotspot_index"] for s in g),
+            "precise_hotspot_max": max(s["hotspot_index"] for s in g),
             "hotspot_at_most_1_5_every_stage": max(s["hotspot_index"] for s in g) <= 1.5,
-            "session_minus_gate_hit_rate_points": round(hit_gap, 2),
+            "session_minus_precise_hit_rate_points": round(hit_gap, 2),
             "hit_rate_within_5_points_of_session_oracle": hit_gap <= 5.0,
         }
     return out

@@ -1,7 +1,7 @@
-"""Precise prefix routing (gateway/replica_router.apick + prefix_router.choose_precise): the KV
-index's matched blocks against load read at decision time (calls chosen but not started count),
-randomized ties, the imbalance guard over a 64-call burst sharing one prefix, the fallback for
-blind replicas and untokenizable requests, and explain's per-replica rows."""
+"""Precise prefix routing (gateway/replica_router.apick + router_gate.choose_gated): the KV
+index's matched blocks against token load read at decision time (calls chosen but not started
+count), randomized ties, the hotspot guard over a 64-call burst sharing one prefix, the fallback
+for blind replicas and untokenizable requests, and explain's per-replica rows."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from common.kv_events import block_stored as stored
 from common.kv_index import KvIndex
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from gateway.engine_hash import RequestHasher, SimTokenizer
-from gateway.prefix_router import Candidate, PrefixPolicy, choose_precise, imbalanced
 from gateway.replica_router import ReplicaRouter
 from gateway.upstreams import EndpointView
 
@@ -61,25 +60,29 @@ def test_a_burst_of_64_sharing_one_prefix_spreads_as_the_load_guard_says():
     kv = FakeKv(_index_holding({"r2": blocks}, replicas), hasher)  # r2 holds the shared prefix
     router = ReplicaRouter(kv=kv, _rng=random.Random(7))
     view = _view(4)
-    policy = router.policy
     chosen = []
     for i in range(64):  # none of them has started when the next is chosen
-        cands = {c.replica: c.load for c in router.candidates(view, 0.0)}
+        before = {c.replica: c.in_flight for c in router.candidates(view, 0.0)}
         picked, why = asyncio.run(router.apick(view, _req(f"question {i}"), 0.0))
         assert why["kv_index"] == "precise" and why["blind_replicas"] == []
-        # the guard's promise, at every decision: never onto a replica the guard calls imbalanced
-        assert not imbalanced(cands[picked], min(cands.values()), policy)
-        chosen.append(picked)
-    counts = Counter(chosen)
+        # the guard's promise, at every decision: never onto a replica with 1.5x the mean calls
+        # and more than the least busy
+        assert before[picked] < max(1.5 * (sum(before.values()) + 1) / 4, 1.0) or before[picked] == min(before.values())
+        chosen.append((picked, why["load_tokens"]))
+    counts = Counter(r for r, _ in chosen)
     assert set(counts) == set(replicas)  # spread over all four
     assert counts["r2"] == max(counts.values())  # the one holding the prefix takes the most
-    least = min(counts.values())
-    assert counts["r2"] < max(least + policy.abs_gap, policy.rel_gap * least) + 1
-    assert sum(c.pending for c in router.candidates(view, 0.0)) == 64
-    for r in chosen:
-        router.started(r)
-    assert sum(c.pending for c in router.candidates(view, 0.0)) == 0
+    assert 4 * counts["r2"] / 64 <= 1.5 + 4 / 64  # hotspot index
+    assert sum(router.pending(r) for r in replicas) == 64
+    for r, tokens in chosen:
+        router.started(r, tokens)
+    assert sum(router.pending(r) for r in replicas) == 0
     assert sum(c.in_flight for c in router.candidates(view, 0.0)) == 64
+    loads = {c.replica: c.prefill_tokens for c in router.candidates(view, 0.0)}
+    assert loads == {r: sum(t for x, t in chosen if x == r) for r in replicas}  # token load, from the calls
+    for r, tokens in chosen:
+        router.finished(r, tokens)
+    assert all(c.prefill_tokens == 0 and c.in_flight == 0 for c in router.candidates(view, 0.0))
 
 
 def test_explain_shows_each_replicas_matched_blocks_load_and_score():
@@ -88,12 +91,13 @@ def test_explain_shows_each_replicas_matched_blocks_load_and_score():
     kv = FakeKv(_index_holding({"r0": blocks[:10], "r1": blocks}, ["r0", "r1"]), hasher)  # r2: blind
     router = ReplicaRouter(kv=kv)
     picked, why = asyncio.run(router.apick(_view(3), _req("q"), 0.0))
-    assert picked == "r1" and why["reason"] == "kv_match" and why["blind_replicas"] == ["r2"]
+    assert picked == "r1" and why["reason"] == "sticky" and why["blind_replicas"] == ["r2"]
     rows = {r["replica"]: r for r in why["scores"]}
     assert rows["r1"]["matched_blocks"] == len(blocks) == why["prompt_blocks"]
     assert rows["r0"]["matched_blocks"] == 10 and rows["r2"]["matched_blocks"] is None and rows["r2"]["blind"]
-    assert all({"score", "load", "queue", "in_flight", "pending"} <= set(r) for r in rows.values())
-    assert rows["r1"]["score"] > rows["r0"]["score"]
+    assert all({"cost_tokens", "matched_tokens", "prefill_tokens", "in_flight"} <= set(r) for r in rows.values())
+    assert rows["r1"]["cost_tokens"] < rows["r0"]["cost_tokens"] < rows["r2"]["cost_tokens"]
+    assert why["tau_tokens"] == router.policy.tau and why["load_tokens"] == rows["r1"]["cost_tokens"]
 
 
 def test_untokenizable_requests_and_a_silent_index_route_approximately():
@@ -120,16 +124,20 @@ def test_a_blind_replica_is_scored_by_the_approximate_tree():
     router.started(first)
     router.finished(first)
     again, why = asyncio.run(router.apick(view, _req("b"), 0.0))
-    assert again == first and why["reason"] == "blind_approximate" and why["blind_replicas"] == ["r0", "r1"]
+    assert again == first and why["reason"] == "sticky" and why["blind_replicas"] == ["r0", "r1"]
+    assert {r["replica"]: r["approx_chunks"] for r in why["scores"]}[first] > 0
 
 
 def test_ties_are_drawn_at_random_and_idle_replicas_are_preferred():
-    cands = [Candidate(f"r{i}", 0.0, 0) for i in range(4)]
-    picks = {choose_precise(cands, {c.replica: 0 for c in cands}, 8, rng=random.Random(s)).chosen for s in range(40)}
+    hasher = RequestHasher(SimTokenizer())
+    picks = set()
+    for seed in range(40):
+        router = ReplicaRouter(kv=FakeKv(_index_holding({}, ["r0", "r1", "r2", "r3"]), hasher), _rng=random.Random(seed))
+        picks.add(asyncio.run(router.apick(_view(4), _req("q"), 0.0))[0])
     assert len(picks) == 4  # no fixed order to pile onto
-    busy = [Candidate("warm", 0.0, 1), Candidate("new", 0.0, 0)]
-    d = choose_precise(busy, {"warm": 0, "new": 0}, 8, policy=PrefixPolicy(load_weight=0.0))
-    assert d.chosen == "new"  # equal scores but for the idle bonus
+    router = ReplicaRouter(kv=FakeKv(_index_holding({}, ["r0", "r1"]), hasher), _rng=random.Random(0))
+    router.started("r0")  # a call with no prompt tokens: equal token cost, one more call on r0
+    assert {asyncio.run(router.apick(_view(2), _req(f"q{i}"), 0.0))[0] for i in range(1)} == {"r1"}
 
 
 def test_lora_and_salt_change_the_hashes():

@@ -51,7 +51,7 @@ def test_shared_system_prompts_stay_on_the_replica_that_caches_them(stack):
             assert why["mode"] == "prefix" and why["endpoint"] == "pfx"
             assert {row["replica"] for row in why["scores"]} == {"pfx-dep-0", "pfx-dep-1", "pfx-dep-2"}
             if turn:
-                assert why["reason"] == "affinity", why
+                assert why["reason"] == "sticky", why
             chosen[s].add(why["chosen"])
     assert len(chosen[0]) == 1 and len(chosen[1]) == 1
     queried = sum(_counter(e.url, "vllm:prefix_cache_queries_total") for e in engines)

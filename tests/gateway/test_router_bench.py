@@ -36,17 +36,17 @@ def test_cache_aware_routers_hit_more_and_precise_tracks_the_oracle():
 
 
 def test_the_engine_admits_only_what_fits_and_never_evicts_blocks_in_use():
-    cfg = BenchConfig(cache_blocks=30, output_tokens=16, max_num_seqs=4)
-    e = Engine(cfg, 0)
-    a, b = list(range(1, 21)), list(range(100, 120))
+    from types import SimpleNamespace as Seq
+
+    e = Engine(cache_blocks=30, max_num_seqs=4)
+    a, b = Seq(id=1, blocks=list(range(1, 21)), out=16), Seq(id=2, blocks=list(range(100, 120)), out=16)
     assert e.fits(a)
-    e.lookup_insert(a)
-    e.running[1] = a
-    for h in a:
-        e.in_use[h] = 1
-    assert not e.fits(b)  # 20 held + 2 output blocks + 20 new + 1 > 30
-    hit, evicted = e.lookup_insert(b[:8])
-    assert hit == 0 and not set(evicted) & set(a)  # what a running sequence holds stays
+    e.admit(a)
+    assert not e.fits(b)  # 20 held + 1 output block + 20 new + 1 > 30
+    hit, evicted = e.admit(Seq(id=3, blocks=b.blocks[:8], out=16))
+    assert hit == 0 and not set(evicted) & set(a.blocks)  # what a running sequence holds stays
+    e.release(a)
+    assert e.held(a.blocks) > 0 and e.fits(b)  # released blocks stay cached, and evictable
 
 
 def test_the_workload_has_the_shared_prefix_shape():

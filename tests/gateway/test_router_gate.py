@@ -80,7 +80,14 @@ def test_a_new_conversation_on_a_shared_prefix_is_spread_by_the_hotspot_guard():
     cands = [GateCandidate("a", 1000, in_flight=6)] + [GateCandidate(r, 0, in_flight=1) for r in "bcd"]
     d = choose_gated(cands, 1040, None, GatePolicy(), rng)  # 6 >= 1.5 * 10 / 4
     assert d.reason == "hotspot_guard" and d.chosen != "a"
-    assert choose_gated(cands, 1040, "a", GatePolicy(), rng).chosen == "a"  # its own home stays
+    # a home is guarded too, but only while moving costs no more TTFT than the gate allows
+    assert choose_gated(cands, 1040, "a", GatePolicy(), rng).reason == "hotspot_guard"
+    long = [GateCandidate("a", 10_000, in_flight=6)] + [GateCandidate(r, 0, in_flight=1) for r in "bcd"]
+    d = choose_gated(long, 10_040, "a", GatePolicy(), rng)  # 10,000 tokens more on b > tau 4,000
+    assert (d.chosen, d.reason) == ("a", "sticky")
+    # a prefix every replica holds (one shared system prompt): new conversations go to the idlest
+    even = [GateCandidate("a", 1000, in_flight=1), GateCandidate("b", 1000, in_flight=0)]
+    assert {choose_gated(even, 1040, None, GatePolicy(), random.Random(s)).chosen for s in range(20)} == {"b"}
     with pytest.raises(ValueError):
         choose_gated([], 10)
 
@@ -91,13 +98,15 @@ def test_each_profile_small_and_seeded(name):
     rates = prof.stages
     prof = replace(prof, stages=((rates[1][0], 6.0), (rates[3][0], 6.0)))
     cfg = BenchConfig(prof, seed=3)
-    rows = {r: simulate(cfg, r)["stages"] for r in ("round_robin", "llmd", "session", "gate")}
-    assert rows["gate"] == simulate(cfg, "gate")["stages"]  # seeded: the same table again
+    rows = {r: simulate(cfg, r)["stages"] for r in ("round_robin", "llmd", "session", "precise")}
+    assert rows["precise"] == simulate(cfg, "precise")["stages"]  # seeded: the same table again
     for r, stages in rows.items():
         assert all(s["calls"] > 0 and s["success"] == 1.0 for s in stages), r
     top = -1
-    assert rows["gate"][top]["hit_rate"] >= rows["round_robin"][top]["hit_rate"]
+    assert rows["precise"][top]["hit_rate"] >= rows["round_robin"][top]["hit_rate"]
     if name == "b2b_saas":  # hundreds of calls (a few long conversations per replica are lumpy)
-        assert rows["gate"][top]["hotspot_index"] <= 1.5
-    if name == "agentic":  # keyless: the conversation's own history finds its replica
-        assert rows["session"][top]["hit_rate"] - rows["gate"][top]["hit_rate"] <= 0.05
+        assert rows["precise"][top]["hotspot_index"] <= 1.5
+    if name == "agentic":  # keyless: the conversation's own history finds its replica; the hotspot
+        # guard on homes moves some conversations (spread, for a few points of hit rate at this size)
+        assert rows["session"][top]["hit_rate"] - rows["precise"][top]["hit_rate"] <= 0.06
+        assert rows["precise"][top]["hotspot_index"] <= 1.6
