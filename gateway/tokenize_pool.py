@@ -82,7 +82,9 @@ class TokenizePool:
         task.add_done_callback(self._spawning.discard)
 
     async def _spawn(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "HOME")}
+        # Nothing of the gateway's environment (its key HMAC secret lives there); one tokenizer
+        # thread, so the CPU limit is this one call's.
+        env = {"TOKENIZERS_PARALLELISM": "false", "LANG": "C.UTF-8", "PATH": os.defpath}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.tokenize_worker", str(self.cpu_s), str(self.memory_bytes),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,

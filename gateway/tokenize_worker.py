@@ -17,7 +17,6 @@ CPU limit is what stops it when the pool itself is gone. A frame longer than MAX
 from __future__ import annotations
 
 import json
-import os
 import resource
 import struct
 import sys
@@ -86,6 +85,5 @@ def serve(cpu_s: int, memory_bytes: int) -> None:
             write_frame(stdout, {"error": f"{type(exc).__name__}: {str(exc)[:200]}"})
 
 
-if __name__ == "__main__":
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: the CPU limit is this process's
+if __name__ == "__main__":  # the pool sets TOKENIZERS_PARALLELISM=false: one thread, its CPU limit
     serve(int(sys.argv[1]), int(sys.argv[2]))

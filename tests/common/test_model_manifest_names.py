@@ -43,7 +43,8 @@ def test_a_cached_copy_keeps_nothing_the_digest_ignores(tmp_path):
     (staging / ".cache" / "huggingface" / "planted.py").write_text("import os")
     (staging / ".fabric").mkdir()
     (staging / "config.json").write_text("{}")
-    digest = build_manifest(staging).digest
-    final = cache.publish(staging, digest, "k")
+    manifest = build_manifest(staging)
+    final = cache.publish(staging, manifest.digest, "k", manifest.text())
     assert sorted(p.name for p in final.iterdir()) == ["config.json"]
-    assert build_manifest(final).digest == digest
+    assert build_manifest(final).digest == manifest.digest
+    assert cache.manifest_text(manifest.digest) == manifest.text()  # what the KV-index tokenizer route serves
