@@ -41,6 +41,7 @@ from controlplane.records import deployments, endpoints, replicas
 from controlplane.records.cas import Contended
 from controlplane.records.resource import Records
 from controlplane.scheduler import Committed, committed_resources
+from controlplane.tenancy.policies import TenantPolicy
 
 MANAGED_VMS = f"{keyspace.ROOT}/managed/vms/"
 MANAGED_SERVICES = f"{keyspace.ROOT}/managed/services/"
@@ -78,6 +79,8 @@ class Snapshot:
     rollouts: dict[str, Rollout] = field(default_factory=dict)  # the active one per deployment
     sites: dict[str, Site] = field(default_factory=dict)  # site records by name (residency, failover, cost)
     guaranteed_gpus: dict[str, int] = field(default_factory=dict)  # tenant -> its quota's guaranteed_gpus
+    # tenants whose policy lets their replicas preempt other tenants' (an admin's choice)
+    preempt_other_tenants: set[str] = field(default_factory=set)
 
     def template(self, dep: InferenceDeployment, revision: int):
         """(profile, model, engine_args) replicas of ``revision`` run: the deployment's own for its
@@ -187,6 +190,10 @@ def load_snapshot(store: Store) -> Snapshot:
         quota = _parse(kv, TenantQuota)
         if quota is not None and quota.guaranteed_gpus:
             snap.guaranteed_gpus[quota.tenant] = quota.guaranteed_gpus
+    for kv in store.list(keyspace.policies()):
+        policy = _parse(kv, TenantPolicy)
+        if policy is not None and policy.preempt_other_tenants:
+            snap.preempt_other_tenants.add(policy.tenant)
     for kv in store.list(keyspace.replicas()):
         rep = _parse(kv, Replica)
         if rep is not None:

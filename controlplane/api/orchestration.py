@@ -33,7 +33,7 @@ from common.schemas import InferenceDeployment, Spec
 from controlplane import vip_pool
 from controlplane.api.answers import Drained, Restarted
 from controlplane.api.nodes import node_resources
-from controlplane.auth import require_admin
+from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import EventSink
 from controlplane.orchestration_state import get_replica, load_snapshot, put_replica, update_deployment_status
 from controlplane.records import deployments
@@ -196,7 +196,7 @@ def _by_site(replicas, nodes) -> dict[str, int]:
 
 @router.get("/explain/placement/{deployment}", response_model=PlacementExplained,
             response_model_exclude_unset=True)
-def explain_placement(deployment: str, state: StateDep) -> dict:
+def explain_placement(deployment: str, state: StateDep, caller: PrincipalDep) -> dict:
     snap = load_snapshot(state.store)
     dep = snap.deployments.get(deployment)
     if dep is None:
@@ -226,15 +226,17 @@ def explain_placement(deployment: str, state: StateDep) -> dict:
         nodes=[{"node": v.node, "eligible": v.eligible, "chosen": v.node == plan.node, "score": v.score,
                 "reason": v.reason} for v in plan.verdicts],
     )
-    body.update(capacity_class=dep.capacity_class, preempted=dep.status.preempted,
-                preempted_by=dep.status.preempted_by)
+    by = snap.deployments.get(dep.status.preempted_by or "")
+    body.update(capacity_class=dep.capacity_class, preempted=dep.status.preempted,  # another tenant's: unnamed
+                preempted_by=dep.status.preempted_by if by is None or not caller.bound or by.tenant == caller.tenant
+                else "another tenant's deployment")
     if plan.node is None:  # what the reconciler's preemption planner would do (docs/capacity.md)
         from controlplane.placement import preempt_apply
         from controlplane.placement.preemption import plan_preemption
 
         index = preempt_apply.snapshot_index(snap, time.time(), settings_of(state).scheduler)
         body["preemption"] = plan_preemption(index, dep, profile, model, preempt_apply.holders_of(snap),
-                                             replicas=live).as_dict()
+                                             replicas=live).as_dict(viewer=caller.tenant_filter)
     return body
 
 

@@ -41,6 +41,7 @@ from controlplane.rollouts.plan import healthy, is_ready, window_of
 from controlplane.routing.final import endpoint_plan
 from controlplane.state import StateDep
 from controlplane.tenancy import policies
+from controlplane.tenancy.principal import ADMIN
 
 router = APIRouter(prefix="/api/ai", tags=["rollouts"])
 AdminDep = Annotated[str, Depends(require_admin)]
@@ -86,7 +87,7 @@ def create_revision(name: str, body: RevisionRequest, state: StateDep, caller: P
     if missing:
         raise InvalidInput("; ".join(missing), code="missing_reference")
     if template.model != newest.model:
-        policies.enforce(state.store, dep.tenant, template.model)
+        policies.enforce(state.store, dep.tenant, template.model, admin=caller.role == ADMIN)  # the model only
     if template == newest:
         raise Conflict(f"the template equals deployment {name!r}'s newest revision; nothing to write",
                        code="unchanged")

@@ -77,7 +77,7 @@ def holders_of(snap: Snapshot):
         return None if dep is None else snap.template(dep, r.revision)[0]
 
     return _per_pass(snap, "holders", lambda: holders_from(snap.all_replicas(), snap.deployments, profile_of,
-                                                           snap.guaranteed_gpus))
+                                                           snap.guaranteed_gpus, snap.preempt_other_tenants))
 
 
 def targets(dep: InferenceDeployment, current: Mapping[int, int] | None) -> Mapping[int, int] | None:

@@ -10,6 +10,9 @@ Capacity classes, lowest first: opportunistic, standard, critical (common.schema
 Rules:
   - only replicas of strictly lower classes are victims (critical replicas are never taken, and
     opportunistic ones never take any);
+  - a tenant's replica takes only replicas of its own tenant, unless an admin set its policy's
+    ``preempt_other_tenants`` (``Holders.cross_tenant``); a deployment without a tenant (made by
+    an admin or a cluster-wide operator, who act for every tenant) may take any;
   - a deployment never loses replicas below its own floor: ``autoscaling.min_replicas`` when it
     autoscales, else 0; a tenant never loses GPUs below its guaranteed share (its quota's
     ``guaranteed_gpus``, counted over its replicas not draining), whatever their classes;
@@ -72,12 +75,23 @@ class Preemption:
     waiting_on: tuple[str, ...] = ()
     message: str = ""
 
-    def as_dict(self) -> dict:
-        return {"outcome": self.outcome, "node": self.node, "gpus": list(self.gpus), "message": self.message,
-                "waiting_on": list(self.waiting_on),
+    def as_dict(self, viewer: str | None = None) -> dict:
+        """The plan as explain shows it. ``viewer``: a tenant-bound caller's tenant, who sees its own
+        victims by name and other tenants' only as a count (and a message naming none), and the
+        replicas it waits for only as a count."""
+        shown = [v for v in self.victims if viewer is None or v.tenant == viewer]
+        hidden = len(self.victims) - len(shown)
+        message = self.message
+        if viewer is not None and self.outcome == "waiting":
+            message = f"waiting for {len(self.waiting_on)} replicas to drain on {self.node}"
+        elif hidden:
+            message = f"preempting {len(self.victims)} replicas on {self.node} makes room ({hidden} of other tenants)"
+        return {"outcome": self.outcome, "node": self.node, "gpus": list(self.gpus), "message": message,
+                "waiting_on": [] if viewer is not None else list(self.waiting_on),  # ids may be others'
+                "waiting_on_count": len(self.waiting_on), "other_tenants_victims": hidden,
                 "victims": [{"replica_id": v.replica_id, "deployment": v.deployment,
                              "capacity_class": v.capacity_class, "node": v.node, "gpus": list(v.gpus),
-                             "created_at": v.created_at} for v in self.victims]}
+                             "created_at": v.created_at} for v in shown]}
 
 
 @dataclass
@@ -91,11 +105,13 @@ class Holders:
     draining: dict[str, list[Holder]] = field(default_factory=dict)  # node -> its draining replicas
     guaranteed: dict[str, int] = field(default_factory=dict)  # tenant -> GPUs preemption leaves it
     tenant_gpus: dict[str, int] = field(default_factory=dict)  # tenant -> GPUs of its replicas not draining
+    cross_tenant: frozenset[str] = frozenset()  # tenants an admin let preempt other tenants' replicas
 
     @classmethod
     def build(cls, holders: Iterable[Holder], floors: Mapping[str, int],
-              guaranteed: Mapping[str, int] | None = None) -> Holders:
-        out = cls(floors=dict(floors), guaranteed={t: g for t, g in (guaranteed or {}).items() if g > 0})
+              guaranteed: Mapping[str, int] | None = None, cross_tenant: Iterable[str] = ()) -> Holders:
+        out = cls(floors=dict(floors), guaranteed={t: g for t, g in (guaranteed or {}).items() if g > 0},
+                  cross_tenant=frozenset(cross_tenant))
         for h in holders:
             out.by_node.setdefault(h.node, []).append(h)
             if h.draining:
@@ -119,6 +135,10 @@ class Holders:
         if h.tenant is not None:
             self.tenant_gpus[h.tenant] = self.tenant_gpus.get(h.tenant, 0) - len(h.gpus)
 
+    def may_take(self, taker: str | None, victim: str | None) -> bool:
+        """May a replica of tenant ``taker`` preempt one of tenant ``victim``?"""
+        return taker is None or taker == victim or taker in self.cross_tenant
+
     def spare(self, deployment: str) -> int:
         """How many of the deployment's replicas may still be taken."""
         return max(0, self.live.get(deployment, 0) - self.floors.get(deployment, 0))
@@ -136,10 +156,11 @@ def floor_of(dep: InferenceDeployment) -> int:
 
 def holders_from(replicas: Iterable[Replica], deployments: Mapping[str, InferenceDeployment],
                  profile_of: Callable[[Replica], InferenceProfile | None],
-                 guaranteed: Mapping[str, int] | None = None) -> Holders:
+                 guaranteed: Mapping[str, int] | None = None, cross_tenant: Iterable[str] = ()) -> Holders:
     """Holders from replica records: every replica with a node and a known profile, in any phase
     but Deleting (a Deleting one is gone from every plan already; its room comes back with it).
-    ``guaranteed``: tenant -> its quota's guaranteed_gpus."""
+    ``guaranteed``: tenant -> its quota's guaranteed_gpus; ``cross_tenant``: the tenants whose
+    policy has preempt_other_tenants."""
     out = []
     for r in replicas:
         dep = deployments.get(r.deployment)
@@ -148,7 +169,7 @@ def holders_from(replicas: Iterable[Replica], deployments: Mapping[str, Inferenc
             continue
         out.append(Holder(r.replica_id, r.deployment, dep.capacity_class, r.node, tuple(r.gpus), profile.cpu,
                           profile.memory_gib, r.created_at, r.draining, dep.tenant))
-    return Holders.build(out, {name: floor_of(d) for name, d in deployments.items()}, guaranteed)
+    return Holders.build(out, {name: floor_of(d) for name, d in deployments.items()}, guaranteed, cross_tenant)
 
 
 def judge_without(index: PlacementIndex, node_id: str, removed: Sequence[Holder], deployment: InferenceDeployment,
@@ -221,7 +242,7 @@ def plan_preemption(index: PlacementIndex, deployment: InferenceDeployment, prof
     def takeable(h: Holder) -> bool:
         keeps = holders.spare_gpus(h.tenant)
         return (class_rank(h.capacity_class) < rank and h.node not in exclude and holders.spare(h.deployment) > 0
-                and (keeps is None or keeps >= len(h.gpus)))
+                and (keeps is None or keeps >= len(h.gpus)) and holders.may_take(deployment.tenant, h.tenant))
 
     # One victim: the first in victim order that makes room alone.
     for h in holders.ordered:

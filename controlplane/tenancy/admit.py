@@ -24,7 +24,7 @@ from common.store.base import Store
 from controlplane.records import deployments
 from controlplane.records.kinds import BY_KIND
 from controlplane.tenancy import policies, quotas
-from controlplane.tenancy.principal import Principal, visible
+from controlplane.tenancy.principal import ADMIN, Principal, visible
 
 REVIEW_API = "admission.k8s.io/v1"
 TENANT_LABEL = "fabric/tenant"
@@ -67,8 +67,8 @@ def review(store: Store, body: dict, who: Principal | None = None) -> Verdict:
         return Verdict(False, (f"{where or 'body'}: {first.get('msg', 'invalid')}",), body.get("name"))
     reasons = [f"{kind} {ref!r} does not exist" for kind, ref in (("model", dep.model), ("profile", dep.profile))
                if not _sees(who, kind, BY_KIND[kind].stored(store, ref))]
-    reasons += policies.refusals(policies.load(store, dep.tenant), policies.deploy_of(store, dep.tenant, dep.model,
-                                                                                  capacity_class=dep.capacity_class))
+    reasons += policies.refusals(policies.load(store, dep.tenant), policies.deploy_of(
+        store, dep.tenant, dep.model, capacity_class=dep.capacity_class), admin=who is not None and who.role == ADMIN)
     current = deployments.stored(store, dep.name)
     before = int(current.get("replicas", 0)) if _sees(who, "deployment", current) else 0
     refusal = quotas.check_deployment_change(store, dep.name, dep.tenant, dep.profile, before, dep.replicas)

@@ -5,12 +5,17 @@ A policy (keyspace.policies(tenant)) holds ``allowed_models`` (model names; abse
 admits ``hf://team-a/m`` but not ``hf://team-a-evil/m``, ``source_under``; absent: any),
 ``allow_pr_revisions`` (whether its tenant-bound callers may name ``@refs/pr/N`` revisions of
 ``hf://`` repositories: a pull request anyone may open on the Hub; off unless an admin sets it),
-``allowed_capacity_classes`` (the capacity classes its deployments may use; absent: any) and an optional
+``allowed_capacity_classes`` (the capacity classes its deployments may use; absent: standard and
+opportunistic, since ``critical`` needs an admin or this list naming it), ``preempt_other_tenants``
+(its deployments may take other tenants' lower-class replicas; off unless an admin sets it: a
+tenant's replicas otherwise preempt only its own) and an optional
 ``deploy_hour_start``/``deploy_hour_end`` window in whole UTC hours, start included, end
 excluded: both absent means always; start after end wraps past midnight (22 -> 6 is 22:00-05:59);
 start equal to end is refused (say "always" by leaving both out). A tenant without a policy, and
-a deployment without a tenant, deploy as before. ``refusals`` is the pure planner; deployment
-create, scale-up and POST /api/ai/admit run it (scaling down is always allowed).
+a deployment without a tenant, deploy as before, except that ``critical`` takes an admin. A policy
+record that does not parse refuses every deploy of its tenant (403 "policy_unreadable": fail
+closed, never "no policy"). ``refusals`` is the pure planner; deployment create, scale-up, a class
+change and POST /api/ai/admit run it (scaling down is always allowed).
 """
 
 from __future__ import annotations
@@ -38,7 +43,10 @@ class TenantPolicy(Spec):
     allow_pr_revisions: bool = Field(False, description="tenant-bound callers may register hf:// sources at "
                                      "@refs/pr/N (unreviewed pull-request revisions); off unless an admin allows")
     allowed_capacity_classes: list[CapacityClass] | None = Field(
-        None, max_length=3, description="critical, standard, opportunistic; absent: any")
+        None, max_length=3, description="critical, standard, opportunistic; absent: standard and opportunistic "
+        "(critical only when named here, or by an admin)")
+    preempt_other_tenants: bool = Field(False, description="its deployments may preempt other tenants' "
+                                        "lower-class replicas; off: only its own")
     deploy_hour_start: int | None = Field(None, ge=0, le=23, description="UTC hour deploys may start (included)")
     deploy_hour_end: int | None = Field(None, ge=0, le=23, description="UTC hour deploys stop (excluded)")
     updated_at: float = Field(default_factory=time.time)
@@ -90,11 +98,15 @@ class Deploy:
     capacity_class: str = "standard"
 
 
-def refusals(policy: TenantPolicy | None, deploy: Deploy) -> list[str]:
-    """Pure: why the policy refuses this deploy (empty: allowed)."""
-    if policy is None or deploy.tenant is None:
-        return []
+def refusals(policy: TenantPolicy | None, deploy: Deploy, *, admin: bool = False) -> list[str]:
+    """Pure: why the policy refuses this deploy (empty: allowed). ``admin``: an admin asks."""
     why = []
+    listed = policy is not None and policy.allowed_capacity_classes is not None  # judged by the list below
+    if deploy.capacity_class == "critical" and not admin and not listed:
+        why.append(f"capacity_class 'critical' needs an admin, or {'tenant ' + repr(deploy.tenant) if deploy.tenant else 'a tenant'}"
+                   "'s policy naming it in allowed_capacity_classes")
+    if policy is None or deploy.tenant is None:
+        return why
     if policy.allowed_models is not None and deploy.model not in policy.allowed_models:
         why.append(f"model {deploy.model!r} is not in tenant {deploy.tenant!r}'s allowed_models")
     prefixes = policy.allowed_source_prefixes
@@ -116,12 +128,15 @@ RECORDS = Records(TenantPolicy, keyspace.policies, "policy", name_field="tenant"
 
 
 def load(store: Store, tenant: str | None) -> TenantPolicy | None:
+    """The tenant's policy (None: it has none); 403 "policy_unreadable" when its record does not
+    parse, so a broken policy refuses instead of counting as no policy."""
     if tenant is None:
         return None
     try:
         return RECORDS.get(store, tenant)
     except ValidationError:
-        return None
+        raise Forbidden(f"tenant {tenant!r}'s policy record cannot be read; nothing is deployed for it until an "
+                        "admin writes it again (POST /api/ai/policies)", code="policy_unreadable") from None
 
 
 def list_all(store: Store) -> list[TenantPolicy]:
@@ -144,8 +159,9 @@ def deploy_of(store: Store, tenant: str | None, model: str, now: float | None = 
     return Deploy(tenant, model, source, hour, capacity_class)
 
 
-def enforce(store: Store, tenant: str | None, model: str, capacity_class: str = "standard") -> None:
+def enforce(store: Store, tenant: str | None, model: str, capacity_class: str = "standard", *,
+            admin: bool) -> None:
     """403 "policy_refused" naming every reason, for create, scale-up and a class change."""
-    why = refusals(load(store, tenant), deploy_of(store, tenant, model, capacity_class=capacity_class))
+    why = refusals(load(store, tenant), deploy_of(store, tenant, model, capacity_class=capacity_class), admin=admin)
     if why:
         raise Forbidden("; ".join(why), code="policy_refused")

@@ -19,7 +19,9 @@ def test_a_policy_caps_the_classes_a_tenant_may_use():
     why = refusals(policy, Deploy("acme", "m", "hf://o/m", 12, "critical"))
     assert why == [("capacity_class 'critical' is not in tenant 'acme''s allowed_capacity_classes "
                     "(standard, opportunistic)")]
-    assert refusals(TenantPolicy(tenant="acme", allowed_source_prefixes=None),
-                    Deploy("acme", "m", "hf://o/m", 12, "critical")) == []
+    # no class list: critical is an admin's (issue 50), the other classes anyone's
+    assert "needs an admin" in refusals(TenantPolicy(tenant="acme", allowed_source_prefixes=None),
+                                        Deploy("acme", "m", "hf://o/m", 12, "critical"))[0]
+    assert refusals(TenantPolicy(tenant="acme"), Deploy("acme", "m", "hf://o/m", 12, "critical"), admin=True) == []
     with pytest.raises(ValidationError):
         TenantPolicy(tenant="acme", allowed_capacity_classes=["gold"])

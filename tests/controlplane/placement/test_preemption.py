@@ -41,14 +41,14 @@ def pci(i):
     return f"0000:{0x10 + i:02x}:00.0"
 
 
-def plan(nodes, deployments, replicas, who, *, own=(), guaranteed=None):
+def plan(nodes, deployments, replicas, who, *, own=(), guaranteed=None, cross_tenant=()):
     deps = {d.name: d for d in deployments}
     reservations: dict[str, set[str]] = {}
     for r in replicas:
         reservations.setdefault(r.node, set()).update(r.gpus)
     committed = committed_resources(replicas, deps, PROFILES)
     index = PlacementIndex(nodes, reservations, NOW, committed=committed)
-    holders = holders_from(replicas, deps, lambda r: PROFILES[deps[r.deployment].profile], guaranteed)
+    holders = holders_from(replicas, deps, lambda r: PROFILES[deps[r.deployment].profile], guaranteed, cross_tenant)
     d = deps[who]
     return plan_preemption(index, d, PROFILES[d.profile], MODEL, holders, replicas=list(own))
 
