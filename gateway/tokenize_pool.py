@@ -104,9 +104,8 @@ class TokenizePool:
         if self.benched(key):
             return None
         idle = self._start()
-        try:
-            w = await asyncio.wait_for(idle.get(), self.deadline_s)
-        except asyncio.TimeoutError:  # every worker busy: this call routes approximately
+        w = await self._take(idle)
+        if w is None:  # every worker busy: this call routes approximately
             return None
         healthy = False
         try:
@@ -130,6 +129,23 @@ class TokenizePool:
             else:
                 self._kill(w)
                 self._respawn()
+
+    async def _take(self, idle: asyncio.Queue[_Worker]) -> _Worker | None:
+        """A free worker within the deadline, or None. Not wait_for(idle.get()): on Python 3.10
+        its timeout can drop an item the get had already taken, and the pool would shrink."""
+        getter = asyncio.ensure_future(idle.get())
+        try:
+            await asyncio.wait({getter}, timeout=self.deadline_s)
+        except asyncio.CancelledError:  # the call went away: a worker it took goes back
+            if getter.done() and not getter.cancelled():
+                idle.put_nowait(getter.result())
+            else:
+                getter.cancel()
+            raise
+        if not getter.done():
+            getter.cancel()  # a pending get leaves the item in the queue
+            return None
+        return getter.result()
 
     async def _ask(self, w: _Worker, msg: dict) -> dict:
         body = json.dumps(msg, separators=(",", ":")).encode()

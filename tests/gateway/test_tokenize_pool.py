@@ -114,3 +114,24 @@ def test_a_worker_that_exceeds_its_cpu_limit_is_ended_by_the_kernel():
         await pool.close()
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_call_that_finds_every_worker_busy_routes_approximately_without_a_bench():
+    pool = TokenizePool(workers=1, deadline_s=60, cpu_s=60)
+    evil = PooledHasher(pool, "evil", _files(NESTED))
+    fine = PooledHasher(pool, "fine", _files(CHAT_TEMPLATE))
+
+    async def main():
+        hostile = asyncio.create_task(evil.hash_request(CHAT))
+        while pool.asked == 0:
+            await asyncio.sleep(0.02)
+        pool.deadline_s = 0.2  # for the next call's wait for a free worker
+        assert await fine.hash_request(CHAT) is None and not pool.benched("fine")
+        hostile.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hostile
+        pool.deadline_s = 60
+        assert await fine.hash_request(CHAT)  # the replaced worker serves it
+        await pool.close()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
