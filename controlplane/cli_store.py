@@ -5,6 +5,9 @@
       DIR/etcd-pki (made on first use): OUT/MEMBER.crt, OUT/MEMBER.key (0600), OUT/ca.crt.
   fabricd store issue-client --state-dir DIR --out OUT --role fabricd|gateway|root
       a client certificate (no CN) for a process that logs in as ROLE: OUT/etcd-ROLE.crt/.key, OUT/ca.crt.
+  fabricd store passwords --passwords DIR
+      DIR/USER.password (0600, random) for root, fabricd and gateway where missing (existing files
+      kept): made before etcd runs, so every control-plane host is given the same DIR.
   fabricd store init-auth --store URL --passwords DIR [--check]
       with FABRIC_ETCD_CA/_CERT/_KEY set: adds the users root, fabricd and gateway (random
       passwords in DIR/USER.password, 0600; existing files kept), makes the roles fabricd and
@@ -24,7 +27,7 @@ from common.envvars import EnvError
 from common.errors import FabricError
 from common.store import etcd_access
 from common.store.base import etcd_endpoints
-from common.store.etcd_auth import USERS, init_auth
+from common.store.etcd_auth import USERS, init_auth, make_passwords
 from common.store.etcd_pki import issue_client, issue_server
 
 store_app = typer.Typer(help="etcd for Fabric: its CA, certificates, users and roles.", no_args_is_help=True)
@@ -60,6 +63,16 @@ def store_issue_client(
     typer.echo(f"certificate: {crt}\nkey:         {key} (0600)\nCA:          {ca}")
     typer.echo(f"set FABRIC_ETCD_CA={ca} FABRIC_ETCD_CERT={crt} FABRIC_ETCD_KEY={key} FABRIC_ETCD_USER={role} and "
                f"FABRIC_ETCD_PASSWORD_FILE to the {role}.password file `fabricd store init-auth` wrote")
+
+
+@store_app.command("passwords")
+def store_passwords(
+    passwords: Path = typer.Option(..., "--passwords", help="directory of USER.password files (0600)"),
+) -> None:
+    """Make the etcd users' passwords where missing (init-auth reads them from the same directory)."""
+    made = make_passwords(passwords)
+    for user in USERS:
+        typer.echo(f"{passwords / (user + '.password')}: {'made' if user in made else 'kept'}")
 
 
 @store_app.command("init-auth")

@@ -12,8 +12,8 @@ One etcd user per process kind, each with the role of the same name:
 
 ``plan_role`` is the pure step (the permissions to grant and revoke so a role holds exactly what
 ROLES says); ``init_auth`` reads etcd, applies the plans, adds missing users (a random password
-written 0600 to the password directory on first run; an existing file is kept) and turns auth
-on. A second run changes nothing.
+written 0600 to the password directory on first run, or earlier by ``make_passwords``; an existing
+file is kept) and turns auth on. A second run changes nothing.
 """
 
 from __future__ import annotations
@@ -95,6 +95,14 @@ def _password(password_dir: Path, user: str, *, write: bool = True) -> tuple[str
     if write:
         write_private(path, value.encode() + b"\n")
     return value, True
+
+
+def make_passwords(password_dir: Path) -> list[str]:
+    """USER.password (0600) for every user in USERS that has none, before etcd runs (`fabricd
+    store passwords`), so every control-plane host can be given the same ones; returns the users
+    whose password was made."""
+    private_dir(password_dir)
+    return [user for user in USERS if _password(password_dir, user)[1]]
 
 
 def init_auth(url_endpoints: list[tuple[str, int]], tls: EtcdAccess, password_dir: Path, *,

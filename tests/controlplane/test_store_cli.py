@@ -61,15 +61,24 @@ def test_init_auth_then_fabricd_runs_as_its_own_user(bare_tls_etcd, tmp_path):
     tls = {"FABRIC_ETCD_CA": str(certs / "ca.crt"), "FABRIC_ETCD_CERT": str(certs / "etcd-root.crt"),
            "FABRIC_ETCD_KEY": str(certs / "etcd-root.key")}
     passwords = tmp_path / "passwords"
+    # the passwords first, as scripts/install-host makes them before etcd runs; a second call keeps them
+    made = fabricd("store", "passwords", "--passwords", str(passwords))
+    assert made.returncode == 0 and made.stdout.count(": made") == 3, made.stdout + made.stderr
+    first_pw = (passwords / "fabricd.password").read_text()
+    assert {(passwords / f"{u}.password").stat().st_mode & 0o777 for u in ("root", "fabricd", "gateway")} == {0o600}
+    kept = fabricd("store", "passwords", "--passwords", str(passwords))
+    assert kept.stdout.count(": kept") == 3 and (passwords / "fabricd.password").read_text() == first_pw
     init_auth = ("store", "init-auth", "--store", server.url, "--passwords", str(passwords))
     # --check (scripts/install-host's check) says what would change, exits 1, and writes nothing.
     checked = fabricd(*init_auth, "--check", env=tls)
     assert checked.returncode == 1, checked.stderr
     assert "would change: authentication enabled" in checked.stdout and "would change: role gateway added" in checked.stdout
-    assert not passwords.exists()
+    nowhere = tmp_path / "unmade"
+    assert fabricd(*init_auth[:-1], str(nowhere), "--check", env=tls).returncode == 1 and not nowhere.exists()
     first = fabricd(*init_auth, env=tls)
     assert first.returncode == 0, first.stderr
     assert "authentication enabled" in first.stdout and "role gateway added" in first.stdout
+    assert (passwords / "fabricd.password").read_text() == first_pw  # init-auth used the ones made before
     again = fabricd(*init_auth, env=tls)
     assert again.returncode == 0 and again.stdout.startswith("unchanged"), again.stdout + again.stderr
     checked = fabricd(*init_auth, "--check", env=tls)
