@@ -67,6 +67,7 @@ from common.agent_api import (
 from common.errors import Conflict, FabricError, Forbidden, InvalidInput, NotFound, Refused
 from common.health import healthz_body
 from common.http_allow import allow_headers
+from common.model_manifest import CheckFailed
 from common.openapi_errors import add_error_responses
 from common.peer_cert import CN_KEY, ROLE_KEY, scope_tls
 from common.pki import ROLE_FABRICD, ROLE_GATEWAY, ROLE_TOOL
@@ -101,7 +102,8 @@ def _adapter_set(state: AgentState, req: VmCreateRequest) -> tuple[str, int | No
         return None
     if state.models is None:
         raise Conflict(f"node {state.node_id} has no model cache to hold adapters", code="model_not_ready")
-    return adapter_sets.for_vm(state.models.cache, req.adapter_digests, state.models.settings.max_files)
+    return adapter_sets.for_vm(state.models.cache, req.adapter_digests, state.models.settings.max_files,
+                               req.model_tenant)
 
 
 def _service_key(vip: str, port: int, proto: str) -> tuple[str, int, str]:
@@ -302,7 +304,11 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
                 raise Refused(f"GPUs {', '.join(missing)} are not in this node's inventory")
         model_dir = None
         if req.model_digest is not None:
-            path = state.models.cache.path_for(req.model_digest) if state.models is not None else None
+            try:  # a tenant's local source is hashed again: its tenant may have edited it since
+                path = (state.models.cache.ready_path(req.model_digest, req.model_tenant, state.models.settings.max_files)
+                        if state.models is not None else None)
+            except CheckFailed as exc:
+                raise Conflict(exc.message, code="model_changed") from None
             if path is None:
                 raise Conflict(f"model digest {req.model_digest} is not ready on node {state.node_id}; "
                                "materialize the model first", code="model_not_ready")
@@ -447,7 +453,7 @@ def create_app(state: AgentState, *, allowed_client_cns: Collection[str] = DEFAU
 
         models = state.models
         app.include_router(kv_index_router(
-            state.kv_index.subscriber, model_dir=models.cache.path_for if models is not None else None,
+            state.kv_index.subscriber, model_dir=models.cache.any_path_for if models is not None else None,
             manifest=models.cache.manifest_text if models is not None else None,
             simulated=runs_simulators(state.vm_driver), blind_after_s=state.kv_index.blind_after_s))
     _document_errors(app)

@@ -90,6 +90,8 @@ class VmCreateRequest(WireModel):
     extra_args: list[str] = Field(default_factory=list)
     engine_args: dict[str, str] = Field(default_factory=dict)
     model_digest: str | None = Field(None, description="the verified model directory the guest mounts at /models")
+    model_tenant: str | None = Field(None, description="the model's tenant: only its own local sources (hashed "
+                                     "again before the VM starts) or the agent's cached copies serve it")
     adapter_digests: dict[str, str] = Field(default_factory=dict, max_length=256,
                                             description="LoRA adapter name -> its verified digest on the node; "
                                                         "the guest sees them at /adapters/{name}")

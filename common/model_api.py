@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from common.schemas import tenant_name
 
 JobState = Literal["Registered", "Resolving", "Downloading", "Verifying", "Scanning", "Ready", "Failed"]
 JOB_STATES: tuple[str, ...] = ("Registered", "Resolving", "Downloading", "Verifying", "Scanning", "Ready", "Failed")
@@ -102,6 +105,13 @@ class AgentJobRequest(BaseModel):
     signature: str | None = Field(None, max_length=128)
     size_bytes: int | None = Field(None, ge=0)
     adapters: list[AdapterSource] = Field(default_factory=list, max_length=MAX_ADAPTERS)
+    tenant: str | None = Field(None, description="the model's tenant: its local sources must lie in that "
+                               "tenant's root, and the cache keeps them apart from other tenants'")
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, v: str | None) -> str | None:
+        return None if v is None else tenant_name(v)
 
     @field_validator("adapters")
     @classmethod
@@ -221,17 +231,42 @@ def progress_text(model: str, state: str, done: int, total: int, message: str = 
     return f"model {model}: {shown}; watch: fabricctl ai model status {model}"
 
 
-def local_source_path(source: str, model_dir: str) -> str:
+TENANT_ROOTS = "tenants"  # {FABRIC_MODEL_DIR}/tenants/<tenant>/: a tenant's own local sources
+
+
+def tenant_root(model_dir: str, tenant: str) -> str:
+    import os
+
+    return os.path.join(model_dir, TENANT_ROOTS, tenant_name(tenant))
+
+
+def local_source_path(source: str, model_dir: str, tenant: str | None = None) -> str:
     """The canonical directory of a local source (``file:///srv/models/x`` or ``/srv/models/x``):
-    its realpath, which must be ``model_dir`` or under it (``/srv/models/../../etc`` and symlinks
-    out of the model dir are refused). Raises ValueError naming both paths."""
+    its realpath, which must be ``model_dir`` (with ``tenant``: that tenant's root under it) or
+    under it. The path must be written under the model dir and no part of it below the model
+    dir may be a symlink, so neither ``/srv/models/../../etc`` nor a link from one tenant's root
+    into another's (or out) is followed. fabricd checks this when a source is registered and the
+    agent again before it hashes. Raises ValueError naming the paths."""
     import os
 
     raw = source.removeprefix("file://")
     if not raw.startswith("/"):
         raise ValueError(f"local source {source!r} is not an absolute path")
+    norm = os.path.normpath(raw)
+    for base in dict.fromkeys((os.path.normpath(model_dir), os.path.realpath(model_dir))):
+        if norm == base or norm.startswith(base.rstrip("/") + "/"):
+            below = Path(base)
+            for part in Path(norm).relative_to(base).parts:
+                below = below / part
+                if below.is_symlink():
+                    raise ValueError(f"local source {source!r} goes through a symlink ({below}); symlinks under "
+                                     "FABRIC_MODEL_DIR are not followed")
+            break
+    else:
+        raise ValueError(f"local source {source!r} lies outside FABRIC_MODEL_DIR ({model_dir})")
     real = os.path.realpath(raw)
-    root = os.path.realpath(model_dir)
+    root = os.path.realpath(model_dir if tenant is None else tenant_root(model_dir, tenant))
     if real != root and not real.startswith(root.rstrip("/") + "/"):
-        raise ValueError(f"local source {source!r} resolves to {real}, outside FABRIC_MODEL_DIR ({root})")
+        where = "FABRIC_MODEL_DIR" if tenant is None else f"the model root of tenant {tenant}"
+        raise ValueError(f"local source {source!r} resolves to {real}, outside {where} ({root})")
     return real

@@ -124,7 +124,8 @@ def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> st
     h = hashlib.sha256()
     buf = bytearray(READ_CHUNK)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
+    # O_NOFOLLOW: a file swapped for a symlink after the walk is refused, not followed
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)), "rb", buffering=0) as f:
         while n := f.readinto(buf):
             h.update(view[:n])
             if on_bytes is not None:

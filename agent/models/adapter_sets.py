@@ -53,8 +53,9 @@ def set_id(digests: Mapping[str, str]) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def build(cache: ModelCache, digests: Mapping[str, str], max_files: int = DEFAULT_MAX_FILES) -> Path:
-    """The set directory for these adapters (name -> digest), made if missing."""
+def build(cache: ModelCache, digests: Mapping[str, str], max_files: int = DEFAULT_MAX_FILES,
+          tenant: str | None = None) -> Path:
+    """The set directory for these adapters (name -> digest) of ``tenant``'s model, made if missing."""
     for name, digest in digests.items():
         check_adapter_name(name)
         check_digest(digest)
@@ -66,7 +67,7 @@ def build(cache: ModelCache, digests: Mapping[str, str], max_files: int = DEFAUL
         return final
     sources = {}
     for name, digest in sorted(digests.items()):
-        path = cache.path_for(digest)
+        path = cache.ready_path(digest, tenant, max_files)
         if path is None:
             raise AdapterMissing(f"adapter {name}: digest {digest} is not on this node; materialize the model")
         sources[name] = path
@@ -94,11 +95,12 @@ def build(cache: ModelCache, digests: Mapping[str, str], max_files: int = DEFAUL
     return final
 
 
-def for_vm(cache: ModelCache, digests: Mapping[str, str], max_files: int = DEFAULT_MAX_FILES) -> tuple[str, int | None]:
+def for_vm(cache: ModelCache, digests: Mapping[str, str], max_files: int = DEFAULT_MAX_FILES,
+           tenant: str | None = None) -> tuple[str, int | None]:
     """(the set's directory, its max_lora_rank) for a VM create: 409 when an adapter is not on
     the node, 422 when its files or rank cannot be served."""
     try:
-        path = build(cache, digests, max_files)
+        path = build(cache, digests, max_files, tenant)
         return str(path), max_lora_rank(path)
     except AdapterMissing as exc:
         raise Conflict(str(exc), code="model_not_ready") from None

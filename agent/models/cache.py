@@ -4,7 +4,8 @@
     staging/<source-key>/    downloads in progress; ``.fabric/partial/`` holds partial files
     jobs/<job-id>.json       durable job records (agent.models.jobs)
     sources/<source-key>     the digest a source (repo@commit, or a local realpath) produced
-    local/<sha256>.json      a local source under FABRIC_MODEL_DIR: its path (never copied)
+    local/<sha256>.json      local sources under FABRIC_MODEL_DIR with these bytes, by tenant
+                             ({"paths": {tenant or "": path}}; never copied)
     last-used/<sha256>       touched when a job or a VM uses the digest (LRU for eviction)
     manifests/<sha256>       the verified manifest text of the digest (what the KV-index tokenizer
                              route serves, so a gateway checks the files against the digest)
@@ -12,6 +13,12 @@
 A directory appears under by-digest/ only by an atomic rename of a finished staging directory,
 so nothing there is ever half-written. Eviction renames it out of by-digest/ first, then
 deletes it. Local sources are never deleted: they belong to the operator.
+
+Tenants keep apart (issue 50): a local source lives in its tenant's root, which that tenant can
+edit after it was hashed, so a local entry serves only its own tenant (``path_for(digest,
+tenant)``), never another tenant's replica that happens to want the same digest (say after the
+by-digest copy was evicted), and ``ready_path`` hashes a local source again before a replica
+starts on it. by-digest/ copies are the agent's own and serve anyone.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import uuid
 from pathlib import Path
 
 from common.model_api import DIGEST, CacheEntry
-from common.model_manifest import strip_ignored
+from common.model_manifest import CheckFailed, build_manifest, strip_ignored
 
 
 def dir_size(path: Path) -> int:
@@ -52,31 +59,58 @@ class ModelCache:
             d.mkdir(parents=True, exist_ok=True)
 
     # -- lookups ------------------------------------------------------------------------------
-    def path_for(self, digest: str) -> Path | None:
-        """The directory holding this digest on this node (cache or local source), or None."""
+    def _local_paths(self, digest: str) -> dict[str, str]:
+        record = self.local / f"{digest}.json"
+        if not record.exists():
+            return {}
+        data = json.loads(record.read_text())
+        return data.get("paths") or ({"": data["path"]} if "path" in data else {})
+
+    def path_for(self, digest: str, tenant: str | None = None) -> Path | None:
+        """The directory holding this digest for ``tenant``'s replicas (None: a model without a
+        tenant): the cached copy, else that tenant's own local source; None when neither."""
         if not DIGEST.match(digest):
             return None
         cached = self.by_digest / digest
         if cached.is_dir():
             return cached
-        record = self.local / f"{digest}.json"
-        if record.exists():
-            path = Path(json.loads(record.read_text())["path"])
-            return path if path.is_dir() else None
-        return None
+        path = self._local_paths(digest).get(tenant or "")
+        return Path(path) if path is not None and Path(path).is_dir() else None
 
-    def digest_of_source(self, key: str) -> str | None:
+    def any_path_for(self, digest: str) -> Path | None:
+        """Any directory with this digest, for readers that check the bytes against the digest
+        themselves (the KV index's tokenizer files, `fabricd model verify`)."""
+        if not DIGEST.match(digest):
+            return None
+        cached = self.by_digest / digest
+        if cached.is_dir():
+            return cached
+        paths = [Path(p) for p in self._local_paths(digest).values() if Path(p).is_dir()]
+        return paths[0] if paths else None
+
+    def ready_path(self, digest: str, tenant: str | None, max_files: int) -> Path | None:
+        """path_for, with a local source hashed again first (its tenant may have changed it since):
+        CheckFailed when its bytes no longer hash to ``digest``."""
+        path = self.path_for(digest, tenant)
+        if path is not None and path != self.by_digest / digest:
+            now = build_manifest(path, max_files).digest
+            if now != digest:
+                raise CheckFailed("Verifying", f"the local source {path} now hashes to {now}, not {digest}; "
+                                               "materialize the model again")
+        return path
+
+    def digest_of_source(self, key: str, tenant: str | None = None) -> str | None:
         f = self.sources / key
         if not f.exists():
             return None
         digest = f.read_text().strip()
-        return digest if self.path_for(digest) is not None else None
+        return digest if self.path_for(digest, tenant) is not None else None
 
     def manifest_text(self, digest: str) -> str | None:
         """The manifest stored when the digest was published (None: none stored, an entry older
         than this file)."""
         f = self.manifests / digest
-        if not DIGEST.match(digest) or not f.is_file() or self.path_for(digest) is None:
+        if not DIGEST.match(digest) or not f.is_file() or self.any_path_for(digest) is None:
             return None
         return f.read_text()
 
@@ -107,9 +141,13 @@ class ModelCache:
         self.touch(digest)
         return final
 
-    def publish_local(self, path: Path, digest: str, source_key: str, manifest_text: str) -> Path:
+    def publish_local(self, path: Path, digest: str, source_key: str, manifest_text: str,
+                      tenant: str | None = None) -> Path:
         self._keep_manifest(digest, manifest_text)
-        (self.local / f"{digest}.json").write_text(json.dumps({"path": str(path)}))
+        paths = {**self._local_paths(digest), tenant or "": str(path)}
+        tmp = self.local / f".{digest}.{uuid.uuid4().hex}"
+        tmp.write_text(json.dumps({"paths": paths}))
+        os.replace(tmp, self.local / f"{digest}.json")
         self.remember_source(source_key, digest)
         self.touch(digest)
         return path
@@ -122,7 +160,7 @@ class ModelCache:
     def entries(self) -> list[CacheEntry]:
         out = []
         for digest in self.digests():
-            path = self.path_for(digest)
+            path = self.any_path_for(digest)
             if path is None:
                 continue
             stamp = self.last_used / digest

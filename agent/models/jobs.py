@@ -208,13 +208,14 @@ class ModelJobs:
             self._set(rec, "Resolving", f"resolving {req.source}")
             rec.done_before = 0
             got = self._fetch(rec, _Want("", req.source, req.revision, req.expected_digest, req.require_checksum,
-                                         req.signature, req.size_bytes))
+                                         req.signature, req.size_bytes, req.tenant))
             fetched: dict[str, AdapterFetched] = {}
             done = got.size
             for a in req.adapters:  # after the model, one by one, the same way (module docstring)
                 rec.done_before = done
                 self._set(rec, "Resolving", f"adapter {a.name}: resolving {a.source}")
-                one = self._fetch(rec, _Want(f"adapter {a.name}: ", a.source, a.revision, a.expected_digest))
+                one = self._fetch(rec, _Want(f"adapter {a.name}: ", a.source, a.revision, a.expected_digest,
+                                             tenant=req.tenant))
                 fetched[a.name] = AdapterFetched(source=a.source, digest=one.digest, revision=one.revision,
                                                  size_bytes=one.size, files=one.files)
                 done += one.size
@@ -298,7 +299,7 @@ class ModelJobs:
                                + (f" ({skipped} files no runtime loads are skipped)" if skipped else ""),
                   bytes_total=rec.done_before + size, **about)
         with self._claim(rec, key):
-            digest = self.cache.digest_of_source(key)
+            digest = self.cache.digest_of_source(key, want.tenant)
             if digest is not None:
                 return self._from_cache(rec, want, digest, resolved)
             staging = self.cache.staging / key
@@ -356,13 +357,13 @@ class ModelJobs:
         self._set(rec, "Verifying", f"{want.label}bytes already verified as {digest}"
                                     + (f" by job {joined}" if joined else ""))
         self._policy(want, digest)
-        path = self.cache.path_for(digest)
+        path = self.cache.path_for(digest, want.tenant)
         self.cache.touch(digest)
         return _Got(digest, path, len(resolved.files), resolved.size, None, resolved.revision, None)
 
     def _local(self, rec: _Record, want: _Want) -> _Got:
         try:
-            path = Path(local_source_path(want.source, self.settings.model_dir))
+            path = Path(local_source_path(want.source, self.settings.model_dir, want.tenant))
         except ValueError as exc:
             raise CheckFailed("Resolving", str(exc)) from None
         if not path.is_dir():
@@ -374,7 +375,7 @@ class ModelJobs:
             manifest = self._verify(rec, want, path, None)
             self._set(rec, "Scanning", f"{want.label}scanning file names and types")
             safetensors = scan(path, self.settings.max_files)
-            self.cache.publish_local(path, manifest.digest, key, manifest.text())
+            self.cache.publish_local(path, manifest.digest, key, manifest.text(), want.tenant)
             return _Got(manifest.digest, path, len(manifest.entries), manifest.size, safetensors, None, manifest)
 
     def _ready(self, rec: _Record, got: _Got, adapters: dict[str, AdapterFetched]) -> None:
@@ -417,6 +418,7 @@ class _Want:
     require_checksum: bool = False
     signature: str | None = None
     size_bytes: int | None = None
+    tenant: str | None = None  # the model's: its local sources lie in that tenant's root
 
     @property
     def is_model(self) -> bool:

@@ -89,7 +89,7 @@ def add_model_routes(app: FastAPI, jobs: ModelJobs, node_id: str, registry: Coll
 
     @app.post("/v1/models/verify", response_model=VerifyResult)
     def verify(req: VerifyRequest) -> VerifyResult:
-        path = cache.path_for(req.digest)
+        path = cache.any_path_for(req.digest)  # hashed again below
         if path is None:
             raise NotFound(f"digest {req.digest} is not on node {node_id}")
         try:

@@ -46,7 +46,8 @@ def request_for(model: ModelArtifact, job: ModelJob) -> AgentJobRequest:
     return AgentJobRequest(job_id=job_id(model.name, job.node), attempt=job.attempt, model=model.name,
                            source=model.source, revision=job.revision or model.status.revision,
                            expected_digest=model.digest, require_checksum=bool(model.require_checksum),
-                           signature=model.signature, size_bytes=model.size_bytes, adapters=adapters)
+                           signature=model.signature, size_bytes=model.size_bytes, adapters=adapters,
+                           tenant=model.tenant)
 
 
 def adapters_current(model: ModelArtifact, job: ModelJob) -> bool:

@@ -377,7 +377,7 @@ class ReconcileWorker:
                 mig_slices=[pci for pci in replica.gpus if pci in slices],
                 gpu_memory_mib=gpu_mib, cpu=profile.cpu, memory_gib=profile.memory_gib,
                 max_model_len=profile.max_model_len, extra_args=list(profile.extra_args) + engine_args,
-                model_digest=gate.digest, adapter_digests=gate.adapters,
+                model_digest=gate.digest, model_tenant=model.tenant, adapter_digests=gate.adapters,
                 max_loras=model.max_loaded_adapters if gate.adapters else None, dsr_vips=dsr))
         except TransientError as exc:
             errors.append(exc.message)  # names the agent, the last error and the next try

@@ -22,19 +22,11 @@ sources follow the same rule. ``refusal`` is the pure decision.
 
 from __future__ import annotations
 
-import os
-
 from common.errors import Forbidden
-from common.model_api import local_source_path
+from common.model_api import local_source_path, tenant_root
 from common.store.base import Store
 from controlplane.tenancy import policies
 from controlplane.tenancy.principal import Principal
-
-TENANT_ROOTS = "tenants"
-
-
-def tenant_root(model_dir: str, tenant: str) -> str:
-    return os.path.join(model_dir, TENANT_ROOTS, tenant)
 
 
 def refusal(source: str, tenant: str, model_dir: str, allowed_prefixes: list[str] | None,
@@ -52,11 +44,11 @@ def refusal(source: str, tenant: str, model_dir: str, allowed_prefixes: list[str
                         "repositories (an admin adds them to allowed_source_prefixes, e.g. hf://your-org/)")
             return f"source {source!r} is not under the hf:// repositories tenant {tenant!r} may use: {', '.join(hf)}"
         return None
-    root = tenant_root(model_dir, tenant)
     try:
-        local_source_path(source, root)
-    except ValueError:
-        return f"a local source of tenant {tenant!r} must lie under its own model root {root}/"
+        local_source_path(source, model_dir, tenant)
+    except ValueError:  # its message may name where a link leads: another tenant's path
+        return (f"a local source of tenant {tenant!r} must lie under its own model root "
+                f"{tenant_root(model_dir, tenant)}/, reached without symlinks")
     return None
 
 
