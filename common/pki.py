@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.private_fs import private_dir, write_private
+from common.private_fs import private_dir, write_new, write_private
 
 CA_DAYS = 3650
 LEAF_DAYS = 825
@@ -222,14 +222,13 @@ def leaf_subject(name: str, role: str | None) -> x509.Name:
 
 def write_leaf(out: Path, name: str, cert_pem: bytes, key_pem: bytes, ca_crt: Path) -> tuple[Path, Path]:
     """OUT/NAME.crt and OUT/ca.crt (0644), OUT/NAME.key (0600) in a 0700 OUT: a leaf for another
-    host (`fabricd pki issue-*`, `fabricd store issue-*`)."""
+    host (`fabricd pki issue-*`, `fabricd store issue-*`). Each file is created anew,
+    O_EXCL|O_NOFOLLOW, so a link planted by its name is never followed."""
     private_dir(out)
     crt, key, ca = out / f"{name}.crt", out / f"{name}.key", out / "ca.crt"
-    write_private(key, key_pem)
-    crt.write_bytes(cert_pem)
-    ca.write_bytes(ca_crt.read_bytes())
-    for public in (crt, ca):
-        public.chmod(0o644)
+    write_new(key, key_pem)
+    write_new(crt, cert_pem, 0o644)
+    write_new(ca, ca_crt.read_bytes(), 0o644)
     return crt, key
 
 

@@ -34,6 +34,42 @@ def write_private(path: Path, data: str | bytes) -> None:
     os.chmod(path, FILE_MODE)
 
 
+def own_dir(path: Path) -> Path:
+    """A directory for another host's key (`fabricd pki issue-client --out`): made 0700 when
+    absent; an existing one must be a real directory (not a symlink) owned by this user that no
+    one else may write, else ValueError. A directory another local user prepared could let them
+    swap in a link or read the key."""
+    path = Path(path)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        path.mkdir(parents=True, mode=DIR_MODE)
+        os.chmod(path, DIR_MODE)
+        return path
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{path} is not a directory (a symlink is refused); name a new directory")
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"{path} belongs to uid {st.st_uid}, not to you; name a directory you own, or a new one")
+    if st.st_mode & 0o022:
+        raise ValueError(f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); name a directory "
+                         "only you may write, or a new one")
+    os.chmod(path, DIR_MODE)
+    return path
+
+
+def write_new(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
+    """Replace ``path`` with a new file of ``mode`` from creation: an old file (or a link by its
+    name) is unlinked, never followed, and the new one is opened O_EXCL|O_NOFOLLOW."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, mode, follow_symlinks=False)
+
+
 def touch_private(path: Path) -> None:
     """Create `path` empty with 0600 when absent, else make it 0600 (keeps its content)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE)

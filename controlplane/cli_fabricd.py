@@ -35,7 +35,7 @@ import typer
 from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
 from common.pki import ROLE_FABRICD, ROLE_GATEWAY, ensure_ca, issue_cert, pki_dir, sign_leaf, write_leaf
-from common.private_fs import private_dir, restrict_umask
+from common.private_fs import own_dir, private_dir, restrict_umask
 from controlplane.backup.commands import backup_app
 from controlplane.cli_store import store_app
 
@@ -195,7 +195,12 @@ def pki_issue_client(
         raise typer.Exit(2)
     ca_crt = _cluster_ca(state_dir)
     cert_pem, key_pem = sign_leaf(state_dir, cn, server=False, client=True, role=ROLE_GATEWAY, hosts=[])
-    crt, key = write_leaf(out, cn, cert_pem, key_pem, ca_crt)
+    try:
+        own_dir(out)  # new, or the caller's own that no one else may write: never a prepared one
+        crt, key = write_leaf(out, cn, cert_pem, key_pem, ca_crt)
+    except ValueError as exc:
+        typer.echo(f"error: --out {out}: {exc}", err=True)
+        raise typer.Exit(2) from None
     ca = out / "ca.crt"
     typer.echo(f"certificate: {crt}\nkey:         {key} (0600)\nCA:          {ca}")
     typer.echo(f"on each gateway host, install these as {GATEWAY_KV_DIR} (owner fabric, the key 0600) and "

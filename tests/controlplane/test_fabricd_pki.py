@@ -61,3 +61,37 @@ def test_issue_client_refuses_a_host_without_the_ca_and_a_name_a_node_could_hold
                               "--out", str(tmp_path / "o2"), "--cn", "gpu-1"])
     assert res.exit_code == 2 and "--cn 'gpu-1'" in res.output and "act as a node" in res.output
     assert not (tmp_path / "o2").exists()
+
+
+def test_issue_client_refuses_an_out_another_user_prepared(tmp_path):
+    """Issue 50 (Low): a local user prepares /tmp/gw-kv (world-writable, or theirs) with a link
+    by the key's name; the key must not land where they can read it or where the link points."""
+    import os
+
+    state = tmp_path / "fabricd"
+    ensure_ca(state)
+    runner = CliRunner()
+    shared = tmp_path / "gw-kv"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    res = runner.invoke(app, ["pki", "issue-client", "--state-dir", str(state), "--out", str(shared)])
+    assert res.exit_code == 2 and "writable by others" in res.output
+    assert list(shared.iterdir()) == []
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 4242, 4242)  # tests run as root: a directory of another user
+    res = runner.invoke(app, ["pki", "issue-client", "--state-dir", str(state), "--out", str(theirs)])
+    assert res.exit_code == 2 and "not to you" in res.output
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    os.symlink(tmp_path / "elsewhere", tmp_path / "link-out")
+    res = runner.invoke(app, ["pki", "issue-client", "--state-dir", str(state), "--out", str(tmp_path / "link-out")])
+    assert res.exit_code == 2 and "symlink" in res.output
+    # A link planted by the key's name inside the caller's own directory is replaced, not followed.
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    bait = tmp_path / "bait"
+    (mine / "fabric-gateway.key").symlink_to(bait)
+    res = runner.invoke(app, ["pki", "issue-client", "--state-dir", str(state), "--out", str(mine)])
+    assert res.exit_code == 0, res.output
+    assert not bait.exists() and not (mine / "fabric-gateway.key").is_symlink()
+    assert _mode(mine / "fabric-gateway.key") == 0o600
