@@ -115,6 +115,7 @@ class KeySpec:
     priority: str | None = None
     fallbacks: tuple[str, ...] = ()
     shadow_limits: tuple[str, ...] = ()
+    owner: str | None = None  # a playground key's user (controlplane.api.playground_keys)
 
 
 PRIORITIES = ("low", "normal", "high")
@@ -153,6 +154,7 @@ def build_record(spec: KeySpec, hmac_secret: bytes, now: float | None = None) ->
         max_concurrent=spec.max_concurrent,
         priority=spec.priority,
         fallbacks=list(spec.fallbacks),
+        owner=spec.owner,
         shadow_limits=sorted(set(spec.shadow_limits)),
         created_at=now,
     )

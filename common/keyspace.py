@@ -36,6 +36,11 @@ def node_certs(node_id: str = "") -> str:
     return f"{ROOT}/node-certs/{node_id}"
 
 
+def playground_slots(endpoint: str = "", owner: str = "") -> str:
+    """A user's live playground-key slots on an endpoint (``owner``: a hash of the user's name)."""
+    return f"{ROOT}/playground-slots/{endpoint}/{owner}{'/' if owner else ''}"
+
+
 def sites(name: str = "") -> str:
     return f"{ROOT}/sites/{name}"
 

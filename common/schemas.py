@@ -698,4 +698,6 @@ class ApiKeyRecord(BaseModel):
     shadow_limits: list[str] = Field(default_factory=list, description="limits only reported for this key's calls "
                                                                        "(request_quota, tokens_per_minute, "
                                                                        "max_concurrent, FABRIC_<LIMIT>)")
+    owner: str | None = Field(None, description="the console user a playground key was made for (None: any "
+                              "other key); only that user may revoke it through the playground route")
     created_at: float = Field(default_factory=time.time)

@@ -102,7 +102,8 @@ def resolve(ctx: AppState, caller: Principal, ref: str) -> ApiKeyRecord:
     return named[0]
 
 
-def create(ctx: AppState, caller: Principal, body: KeyCreate) -> NewSecret:
+def create(ctx: AppState, caller: Principal, body: KeyCreate, owner: str | None = None) -> NewSecret:
+    """A new key; ``owner``: the playground's user it is made for (never from a request body)."""
     body = claimed(body, caller)
     endpoint = endpoints.stored(ctx.store, body.endpoint)
     if endpoint is None or not visible(caller, "endpoint", endpoint.get("tenant")):
@@ -123,7 +124,7 @@ def create(ctx: AppState, caller: Principal, body: KeyCreate) -> NewSecret:
             raise InvalidInput(f"model: endpoint {body.endpoint!r} serves {', '.join(sorted(served)) or 'nothing'}; "
                                f"a key scoped to {body.model!r} could never be used", code="model_not_served")
     key_policies.enforce(ctx.store, body.endpoint, _shape(body))
-    spec = apikeys.KeySpec(**body.model_dump())
+    spec = apikeys.KeySpec(**body.model_dump(), owner=owner)
     record, plaintext = apikeys.create_key(ctx.store, spec, hmac_secret(ctx))
     return NewSecret(record, plaintext)
 

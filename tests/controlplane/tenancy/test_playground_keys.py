@@ -56,3 +56,47 @@ def test_a_caller_holds_only_a_few_live_playground_keys(tenancy_fabricd, tokens)
         assert over.status_code == 429 and over.json()["error"]["code"] == "playground_keys_held", over.text
         assert operator.delete(f"{where}/{held[0].json()['id']}").status_code == 200
         assert operator.post(where).status_code == 201  # one revoked: room for one more
+
+
+def test_concurrent_creates_cannot_pass_the_cap_together(tenancy_fabricd, tokens):
+    """Issue 50 (Low): the count was read, then the key written, so a burst of creates all passed
+    it. Each key now takes a slot with a create-if-absent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with tenancy_fabricd.client(tokens["admin"]) as admin:
+        ep = seed(admin, "b", "pg-race")["endpoint"]
+
+    def one(_):
+        with tenancy_fabricd.client(tokens["operator"]) as operator:
+            return operator.post(f"/api/ai/endpoints/{ep}/playground-key").status_code
+
+    with ThreadPoolExecutor(12) as pool:
+        codes = list(pool.map(one, range(12)))
+    assert codes.count(201) == 4 and codes.count(429) == 8, codes
+
+
+def test_the_owner_is_a_field_not_read_from_the_name_and_expired_keys_are_purged(tenancy_fabricd, tokens):
+    """Two users whose names agree in their first 40 characters got the same key-name prefix, so
+    one could revoke the other's playground keys; and expired ones stayed in the store for ever."""
+    import time
+
+    password = "correct-horse-battery-9"
+    users = ["u" * 40 + "-one", "u" * 40 + "-two"]
+    with tenancy_fabricd.client(tokens["admin"]) as admin:
+        ep = seed(admin, "b", "pg-own")["endpoint"]
+        for name in users:
+            assert admin.post("/api/ai/users", json={"name": name, "role": "operator", "tenant": "b",
+                                                     "password": password}).status_code == 201
+        assert admin.put(f"/api/ai/key-policies/{ep}", json={"max_ttl_secs": 1}).status_code == 200
+    where = f"/api/ai/endpoints/{ep}/playground-key"
+    with tenancy_fabricd.client() as c:
+        one, two = (c.post("/api/auth/login", json={"username": u, "password": password}).json()["token"]
+                    for u in users)
+    with tenancy_fabricd.client(one) as first, tenancy_fabricd.client(two) as second, \
+            tenancy_fabricd.client(tokens["admin"]) as admin:
+        key = first.post(where).json()
+        assert second.delete(f"{where}/{key['id']}").status_code == 404  # not the other user's to revoke
+        assert admin.get(f"/api/ai/keys/{key['id']}").status_code == 200
+        time.sleep(1.1)  # the key policy's 1 s TTL passes
+        assert first.post(where).status_code == 201
+        assert admin.get(f"/api/ai/keys/{key['id']}").status_code == 404  # purged by the next create
