@@ -20,6 +20,8 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,6 +164,27 @@ def _wait_plain_http(url: str, what: str, timeout: float = 30.0, log: Path | Non
         time.sleep(0.2)
     tail = log.read_text()[-2000:] if log and log.exists() else ""
     raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s\n{tail}")
+
+
+@contextmanager
+def mirror_socket(port: int) -> Iterator[socket.socket]:
+    """A listening socket on 127.0.0.1:port bound by the lab (RuntimeError naming the holder when
+    the port is taken); the mirror process inherits it, the lab's copy closes after the start."""
+    from common.port_holder import busy
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        raise RuntimeError(f"the lab's HF mirror port: {busy('127.0.0.1', port) or f'127.0.0.1:{port} is taken'}; "
+                           "free it or set another mirror port") from None
+    sock.listen(64)
+    try:
+        yield sock
+    finally:
+        sock.close()
 
 
 def service_env(cfg: LabConfig, process: str) -> dict[str, str]:
@@ -325,10 +348,13 @@ def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:
     processes.start(cfg.state_dir, "fabricd", fabricd_command(cfg, fd, cfg.api_port), {**env, **console})
 
     echo(f"lab: starting a Hugging Face mirror on {cfg.mirror_url} serving {LAB_MODEL_REPO}")
-    processes.start(cfg.state_dir, "hf-mirror", [
-        sys.executable, "-m", "controlplane.lab.hf_mirror", "serve", "--root", str(cfg.state_dir / "hf-mirror"),
-        "--listen", f"127.0.0.1:{cfg.mirror_port}", "--tiny", LAB_MODEL_REPO, "--tiny-adapter", LAB_ADAPTER_REPO],
-        {"PYTHONUNBUFFERED": "1"})
+    # The lab binds the mirror's port itself and hands the socket over: a 200 from whatever else
+    # listens on a fixed port is never taken for the mirror (the agent would fetch weights from it).
+    with mirror_socket(cfg.mirror_port) as sock:
+        processes.start(cfg.state_dir, "hf-mirror", [
+            sys.executable, "-m", "controlplane.lab.hf_mirror", "serve", "--root", str(cfg.state_dir / "hf-mirror"),
+            "--listen-fd", str(sock.fileno()), "--tiny", LAB_MODEL_REPO, "--tiny-adapter", LAB_ADAPTER_REPO],
+            {"PYTHONUNBUFFERED": "1"}, pass_fds=(sock.fileno(),))
     _wait_http(f"{cfg.url}/openapi.json", cfg.ca, "fabricd", log=cfg.state_dir / "logs" / "fabricd.log")
     _wait_plain_http(f"{cfg.mirror_url}/api/models/{LAB_MODEL_REPO}", "the HF mirror",
                      log=cfg.state_dir / "logs" / "hf-mirror.log")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import socket
 import threading
 import time
 from collections import deque
@@ -95,7 +96,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.dumps({"error": message}).encode()
         self.send_response(status)
         self.send_header("X-Error-Code", code)
-        self.send_header("X-Error-Message", message)
+        # never a CR or LF (or any control character) from a caller's path into a header line
+        self.send_header("X-Error-Message", "".join(ch if ch.isprintable() else "?" for ch in message))
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -123,6 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         parts = [unquote(p) for p in url.path.split("/") if p]
         self.server.cfg.requests.append((self.command, url.path, self.headers.get("Range", "")))
+        if any(not part.isprintable() for part in parts):  # %0d%0a and the like: refused, never echoed
+            return self._error(400, "BadRequest", "the path holds a control character")
         if parts[:2] == ["api", "models"] and len(parts) >= 4:
             org, name, rest = parts[2], parts[3], parts[4:]
             rev = rest[1] if len(rest) == 2 and rest[0] == "revision" else ("main" if not rest else None)
@@ -232,11 +236,20 @@ class _Server(ThreadingHTTPServer):
 
 
 class HfMirror:
-    """Serve a mirror on ``host:port`` (0: any free port) in a background thread."""
+    """Serve a mirror on ``host:port`` (0: any free port) in a background thread, or on a
+    listening socket handed in (``sock``: the lab binds its port itself and passes the socket, so
+    nobody else's server can stand in for the mirror)."""
 
-    def __init__(self, cfg: MirrorConfig, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, cfg: MirrorConfig, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None):
         self.cfg = cfg
-        self.server = _Server((host, port), _Handler)
+        if sock is None:
+            self.server = _Server((host, port), _Handler)
+        else:
+            self.server = _Server(sock.getsockname()[:2], _Handler, bind_and_activate=False)
+            self.server.socket.close()
+            self.server.socket = sock
+            self.server.server_address = sock.getsockname()[:2]
+            self.server.server_activate()
         self.server.cfg = cfg
         self.server.hashes = _HashCache()
         self._thread = threading.Thread(target=self.server.serve_forever, name="hf-mirror", daemon=True)
@@ -266,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("command", choices=["serve"], help="serve the mirror (the lab finds its processes by it)")
     p.add_argument("--root", type=Path, required=True, help="directory holding ORG/NAME/ repositories")
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (loopback)")
+    p.add_argument("--listen-fd", type=int, help="serve on this inherited, bound socket (the lab's own port)")
     p.add_argument("--tiny", metavar="ORG/NAME", help="first write a tiny safetensors model there, laid out "
                                                       "like a Llama 3.x repository (original/*.pth, a .bin copy)")
     p.add_argument("--tiny-adapter", metavar="ORG/NAME", action="append", default=[],
@@ -279,8 +293,11 @@ def main(argv: list[str] | None = None) -> None:
     for repo in args.tiny_adapter:
         if not (args.root / repo).is_dir():
             write_tiny_adapter(args.root / repo, base=args.tiny or "")
-    host, _, port = args.listen.rpartition(":")
-    mirror = HfMirror(MirrorConfig(args.root), host, int(port))
+    if args.listen_fd is not None:
+        mirror = HfMirror(MirrorConfig(args.root), sock=socket.socket(fileno=args.listen_fd))
+    else:
+        host, _, port = args.listen.rpartition(":")
+        mirror = HfMirror(MirrorConfig(args.root), host, int(port))
     print(f"hf mirror of {args.root} at {mirror.url}", flush=True)
     mirror.server.serve_forever()
 

@@ -20,12 +20,13 @@ def bin_path(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def start(state: Path, name: str, cmd: list[str], env: dict[str, str]) -> int:
+def start(state: Path, name: str, cmd: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> int:
     (state / "logs").mkdir(parents=True, exist_ok=True)
     (state / "pids").mkdir(parents=True, exist_ok=True)
     with open(state / "logs" / f"{name}.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env}, start_new_session=True, close_fds=True)
+                                env={**os.environ, **env}, start_new_session=True, close_fds=True,
+                                pass_fds=pass_fds)
     (state / "pids" / f"{name}.pid").write_text(str(proc.pid))
     return proc.pid
 
