@@ -199,10 +199,12 @@ def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics
 
 def test_the_gateways_cn_may_call_the_kv_index_routes_and_nothing_else():
     from agent.api import DEFAULT_KV_INDEX_CNS, caller_refusal
-    from common.peer_cert import CN_KEY, TLS_EXT
+    from common.peer_cert import CN_KEY, ROLE_KEY, TLS_EXT
+
+    roles = {"fabric-gateway": "gateway", "fabricd": "fabricd", "node-b": "node"}
 
     def scope(path, cn):
-        return {"scheme": "https", "path": path, "extensions": {TLS_EXT: {CN_KEY: cn}}}
+        return {"scheme": "https", "path": path, "extensions": {TLS_EXT: {CN_KEY: cn, ROLE_KEY: roles[cn]}}}
 
     allowed, readers = {"fabricd"}, set(DEFAULT_KV_INDEX_CNS)
     assert readers == {"fabric-gateway"}
