@@ -118,7 +118,7 @@ def capacity_fit(state: StateDep, profile: str = Query(..., min_length=1, max_le
     snap = load_snapshot(state.store)
     answer = fit(prof, list(snap.nodes.values()), snap.reserved_by_node(), snap.committed(), time.time(),
                  settings_of(state).scheduler, holders_of(snap), allowed_sites=sites, residency=residency,
-                 sites=snap.sites, model=artifact)
+                 sites=snap.sites, model=artifact, taker=who)  # preemption as the planner does it for who
     if who is not None:
         answer["tenant"] = tenant_room(state.store, who, prof, answer["fits"])
     return answer

@@ -123,12 +123,13 @@ def node_fit(node: Node, profile: InferenceProfile, reserved: Collection[str], c
     return count, "memory", f"{memory_left:g} GiB left, {profile.memory_gib:g} a replica"
 
 
-def removable(holders: Holders, below_rank: int) -> dict[str, list[Holder]]:
-    """node -> replicas a class of ``below_rank`` could take (each deployment keeps its floor, its
-    oldest replicas) plus the draining ones (their room is on its way)."""
+def removable(holders: Holders, below_rank: int, taker: str | None = None) -> dict[str, list[Holder]]:
+    """node -> replicas a class of ``below_rank`` of tenant ``taker`` could take (each deployment
+    keeps its floor, its oldest replicas; other tenants' only where the planner would take them,
+    ``Holders.may_take``) plus the draining ones (their room is on its way)."""
     by_dep: dict[str, list[Holder]] = {}
     for h in holders.ordered:
-        if class_rank(h.capacity_class) < below_rank:
+        if class_rank(h.capacity_class) < below_rank and holders.may_take(taker, h.tenant):
             by_dep.setdefault(h.deployment, []).append(h)
     out: dict[str, list[Holder]] = {}
     for dep, hs in by_dep.items():
@@ -143,10 +144,12 @@ def removable(holders: Holders, below_rank: int) -> dict[str, list[Holder]]:
 def fit(profile: InferenceProfile, nodes: Sequence[Node], reservations: Mapping[str, Collection[str]],
         committed: Mapping[str, Committed], now: float, settings: SchedulerSettings, holders: Holders, *,
         allowed_sites: Sequence[str] = (), residency: str | None = None,
-        sites: Mapping[str, Site] | None = None, model: ModelArtifact | None = None) -> dict:
-    """The answer of GET /api/ai/capacity/fit (see the module docstring)."""
+        sites: Mapping[str, Site] | None = None, model: ModelArtifact | None = None,
+        taker: str | None = None) -> dict:
+    """The answer of GET /api/ai/capacity/fit (see the module docstring); ``taker``: the tenant
+    whose replicas would preempt (None: a deployment without a tenant)."""
     draining = {n: [h for h in hs if h.draining] for n, hs in holders.by_node.items()}
-    take = {c: removable(holders, class_rank(c)) for c in PREEMPTING_CLASSES}
+    take = {c: removable(holders, class_rank(c), taker) for c in PREEMPTING_CLASSES}
     rows: list[NodeFit] = []
     for node in sorted(nodes, key=lambda n: n.id):
         rule = site_problem(node.site, allowed_sites, residency, sites or {})

@@ -92,3 +92,15 @@ def test_a_tenant_operator_cannot_deploy_critical_over_the_api(tenancy_fabricd, 
             "critical", "standard"]}).status_code == 201
     with tenancy_fabricd.client(token) as ops:
         assert ops.post("/api/ai/deployments", json={**body, "name": "mine-2"}).status_code == 201
+
+
+def test_capacity_fit_counts_only_what_the_tenants_preemption_could_take():
+    from controlplane.placement.capacity import removable
+    from controlplane.placement.preemption import Holder, Holders
+
+    theirs = Holder("b-1", "opp-b", "opportunistic", "a", (pci(0),), 1, 1.0, 0.0, tenant="bolt")
+    rank = 2  # critical
+    assert removable(Holders.build([theirs], {}), rank, "acme") == {"a": []}
+    assert [h.replica_id for h in removable(Holders.build([theirs], {}, cross_tenant={"acme"}), rank, "acme")["a"]] \
+        == ["b-1"]
+    assert [h.replica_id for h in removable(Holders.build([theirs], {}), rank, None)["a"]] == ["b-1"]
