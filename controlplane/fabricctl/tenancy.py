@@ -83,12 +83,18 @@ def policy_set(
     model: list[str] = typer.Option(None, "--model", help="repeatable: a model name the tenant may deploy"),
     source_prefix: list[str] = typer.Option(None, "--source-prefix", help="repeatable: e.g. hf://my-org/"),
     hours: str = typer.Option(None, "--hours", help="UTC START-END (end excluded; 22-6 wraps midnight)"),
+    capacity_class: list[str] = typer.Option(None, "--capacity-class", help="repeatable: critical, standard or "
+                                             "opportunistic (none given: standard and opportunistic)"),
+    preempt_other_tenants: bool = typer.Option(False, "--preempt-other-tenants",
+                                               help="its replicas may preempt other tenants' lower-class ones"),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Set TENANT's deploy policy (replaces its previous one; no option: allow everything)."""
+    """Set TENANT's deploy policy (replaces its previous one; no option: allow everything but critical)."""
     start, end = _hours(hours)
     body = {"tenant": tenant, "allowed_models": list(model) if model else None,
             "allowed_source_prefixes": list(source_prefix) if source_prefix else None,
+            "allowed_capacity_classes": list(capacity_class) if capacity_class else None,
+            "preempt_other_tenants": preempt_other_tenants,
             "deploy_hour_start": start, "deploy_hour_end": end}
     with session() as c:
         emit_object(c.post("/api/ai/policies", body), as_json)
