@@ -1,5 +1,5 @@
 """The engine's block hashes of a request, computed in the gateway: what precise prefix routing
-(gateway/prefix_router.choose_precise) looks up in the agents' KV index (agent/kv_index).
+(gateway/replica_router.py) looks up in the agents' KV index (agent/kv_index).
 
 ``EngineTokenizer.from_model_dir(dir)`` reads the model's own tokenizer.json and the chat
 template of its tokenizer_config.json (the files the supply chain fetched), so the token ids are

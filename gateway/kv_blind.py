@@ -4,7 +4,7 @@ The agents' match answer says, per replica, ``state``: live, warming, blind (wat
 one event: an engine started without --kv-events-config) or unwatched; the gateway adds refused
 (the agent answered 403: its --kv-index-client-cn does not name this gateway's certificate) and
 no_answer (the agent did not answer in time). Every replica that is not live is scored by the
-approximate router for that call (prefix_router.choose_precise).
+approximate tree for that call (gateway/replica_router.py).
 
 ``BlindWatch.observe`` turns one endpoint's states into
 

@@ -35,7 +35,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 
 from gateway.prefix_router import CHUNK_CHARS, PrefixTree, chunk_hashes, render_prompt
-from gateway.router_gate import GateCandidate, GatePolicy, choose_gated, conversation_key
+from gateway.router_gate import GateCandidate, GatePolicy, Recent, choose_gated, conversation_key
 from gateway.upstreams import MAX_READING_AGE, EndpointView
 
 MAX_ENDPOINTS = 256
@@ -60,6 +60,10 @@ class ReplicaRouter:
     kv: object | None = None  # a KV-index source: .hasher(view) -> a hasher (async .hash_request) | None, async .match(view, hashes)
     _pending: dict[str, deque] = field(default_factory=dict)  # replica -> (expiry, tokens) per call chosen, not started
     _homes: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    _recent: Recent = field(init=False)  # calls routed per replica lately (where new conversations spread)
+
+    def __post_init__(self) -> None:
+        self._recent = Recent(self.policy.recent_half_life_s)
 
     def _tree(self, endpoint: str) -> PrefixTree:
         tree = self._trees.get(endpoint)
@@ -78,8 +82,12 @@ class ReplicaRouter:
             queue = reading[0] if reading is not None and now - reading[1] < MAX_READING_AGE else 0.0
             pending = self._pending_live(r.replica_id)
             tokens = self._tokens.get(r.replica_id, 0.0) + sum(t for _, t in pending) + queue * prompt_tokens
-            out.append(GateCandidate(r.replica_id, 0, tokens, 0, self._in_flight.get(r.replica_id, 0) + len(pending)))
+            out.append(GateCandidate(r.replica_id, 0, tokens, self._in_flight.get(r.replica_id, 0) + len(pending),
+                                     self._recent_calls(r.replica_id)))
         return out
+
+    def _recent_calls(self, replica: str) -> float:
+        return self._recent.value(replica, time.monotonic())
 
     def pending(self, replica: str) -> int:
         """This process's calls chosen for ``replica`` and not started yet."""
@@ -175,6 +183,7 @@ class ReplicaRouter:
         home = self._homes.get(home_key) if home_key else None
         decision = choose_gated(cands, prompt_tokens, home, self.policy, self._rng, notes)
         chosen = decision.chosen
+        self._recent.add(chosen, time.monotonic())
         if hashes:
             tree.record(hashes, chosen)  # the replica actually chosen
         if home_key:

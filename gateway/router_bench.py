@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from common.kv_events import Batch, BlockHasher, block_removed, block_stored, sim_token_ids
 from common.kv_index import KvIndex
 from gateway.prefix_router import PrefixTree, chunk_hashes
-from gateway.router_gate import GateCandidate, GatePolicy, choose_gated
+from gateway.router_gate import GateCandidate, GatePolicy, Recent, choose_gated
 
 ROUTERS = ("random", "least_queue", "approximate", "precise", "oracle")
 GATED = ("approximate", "precise", "oracle")
@@ -187,14 +187,18 @@ class GateLoad:
 
     def __post_init__(self) -> None:
         self.tokens, self.calls = [0.0] * self.replicas, [0] * self.replicas
+        self.recent: Recent | None = None
 
     def pick(self, held_tokens: list[int], prompt_tokens: int, home: int | None, policy: GatePolicy,
-             rng: random.Random) -> tuple[int, int]:
+             rng: random.Random, now: float) -> tuple[int, int]:
         """(replica, the call's load tokens) by router_gate.choose_gated; counted until ``done``."""
         names = [f"r{i}" for i in range(self.replicas)]
-        cands = [GateCandidate(names[i], held_tokens[i], self.tokens[i], 0, self.calls[i]) for i in range(self.replicas)]
+        self.recent = self.recent or Recent(policy.recent_half_life_s)
+        cands = [GateCandidate(names[i], held_tokens[i], self.tokens[i], self.calls[i],
+                               self.recent.value(names[i], now)) for i in range(self.replicas)]
         i = names.index(choose_gated(cands, prompt_tokens, names[home] if home is not None else None,
                                      policy, rng).chosen)
+        self.recent.add(names[i], now)
         load = max(prompt_tokens - held_tokens[i], 0)
         self.tokens[i] += load
         self.calls[i] += 1
@@ -275,7 +279,7 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         else:  # oracle: every engine's cache as it is now
             held = [e.held(c.prompt.blocks) * cfg.block_tokens for e in engines]
         i, c.load_tokens = gate.pick([min(h, c.prompt.tokens) for h in held], c.prompt.tokens, None, policy,
-                                     choice_rng)
+                                     choice_rng, now)
         if router == "approximate":
             tree.record(c.prompt.chunks, names[i])
         return i

@@ -4,29 +4,38 @@ calibrated penalty, then take the best. Load is measured in tokens, not calls.
 
 Per candidate replica e, for a prompt of ``prompt_tokens``:
 
-    cost(e) = prefill_tokens(e)                 uncached prompt tokens routed to e, not yet prefilled
+    cost(e) = prefill_tokens(e)                 uncached prompt tokens of the calls routed to e, not finished
             + prompt_tokens - matched_tokens(e) this prompt's own uncached tokens on e
-            + decode_weight * decoding(e)       sequences decoding on e, in prefill-token equivalents
 
-cost / peak_prefill_tps is the estimated TTFT. The sticky replica is the one holding the most
-tokens of this prompt (ties: the conversation's home replica, then the lower cost); with no
-match anywhere it is the conversation's home (``session_home``, the replica its earlier turns
-went to). The gate: the sticky replica is kept while cost(sticky) - min cost <= tau, where
+cost / peak_prefill_tps is the estimated TTFT. The sticky replica is the conversation's home
+(``session_home``, the replica its earlier turns went to) while it holds the most of the prompt
+(or nobody holds any), else the replica holding the most (equal holders: the cheapest, then the
+fewest calls in flight, then the fewest ``recent`` calls, then a draw). In order:
 
-    tau = peak_prefill_tps * max_ttft_penalty_s   (tokens; one number per model, accelerator, engine)
+1. ``spread`` (low load: fewer calls in flight than replicas): a new conversation (no home)
+   whose sticky replica has taken at least ``hot_share`` times the recent calls of the quietest
+   idle replica (no call in flight), plus ``spread_gap``, goes to that idle one when that adds
+   at most ``spread_share`` of the prompt in prefill (the idle one already holds most of it, so
+   spreading copies little into another cache).
+2. ``hotspot_guard``: a new conversation whose sticky replica has at least ``hot_share`` times
+   the mean calls in flight (counting this one, at least 1) and at least ``hot_gap`` more than
+   the least busy goes to the cheapest other replica, when that costs at most tau more; so one
+   prefix every call shares (an agent fleet's one system prompt) cannot pile onto one replica.
+   A conversation's later turns are not moved by either (moving one re-prefills its history in
+   a cache that then holds it twice): only by ``saturated``.
+3. ``sticky``: kept while cost(sticky) - min cost <= tau, where
 
-and past it the call goes to the cheapest replica (reason ``saturated``). A call with no home
-replica (a new conversation, a single-turn call) is kept on the best holder only while that holder
-has fewer than ``hot_share`` times the mean calls in flight (at least 1): past it, the cheapest
-other replica (``hotspot_guard``), so one prefix every call shares (an agent fleet's one system
-prompt) cannot pile its new conversations onto one replica. Without a sticky
-replica it goes to the cheapest (``load``); equal costs are drawn at random so a burst does not
-pile onto a fixed order.
+       tau = peak_prefill_tps * max_ttft_penalty_s   (tokens; one number per model, accelerator, engine)
+
+   past it ``saturated``: the cheapest. Without a sticky replica: the cheapest (``load``, or
+   ``random_tie`` when all cost the same). Equal costs go to the fewest calls in flight, then
+   the fewest recent calls, then a random draw, so a burst does not pile onto a fixed order.
 
 The differences from a threshold gate (llm-d's "sticky until saturated", whose warm set is the
 replicas holding at least 0.8 of the prompt): a replica holding 70% of a conversation that just
 grew by a tool output is still the sticky one (its saved prefill is counted in tokens, not cut
-at a fraction), decode pressure counts as load, and a conversation without a session key keeps a
+at a fraction), a call's tokens count as load until it finishes (decode pressure included), new
+conversations spread while replicas are idle, and a conversation without a session key keeps a
 home replica from its own history (``conversation_key``).
 """
 
@@ -45,9 +54,12 @@ SYSTEM_ROLES = ("system", "developer")
 class GatePolicy:
     peak_prefill_tps: float = 8000.0  # the engine's measured peak prefill throughput (tokens/s)
     max_ttft_penalty_s: float = 0.5  # how much TTFT stickiness may cost before it breaks
-    decode_weight: float = 0.0  # prefill-token equivalents per decoding sequence (0: prefill-bound)
     tie_tokens: float = 1.0  # costs this close are a tie
-    hot_share: float = 1.5  # a call with no home replica sticks only below this times the mean calls in flight
+    hot_share: float = 1.5  # a new conversation's holder keeps it below this times the mean calls in flight
+    hot_gap: int = 4  # ... or below this many more calls in flight than the least busy replica
+    spread_gap: float = 1.0  # at low load: spread when the holder's recent calls >= hot_share x an idle one's + this
+    spread_share: float = 0.5  # ... and the idle one must prefill at most this share of the prompt more
+    recent_half_life_s: float = 10.0  # how fast ``recent`` forgets a call (Recent)
 
     @property
     def tau(self) -> float:
@@ -58,15 +70,15 @@ class GatePolicy:
 class GateCandidate:
     replica: str
     matched_tokens: int  # leading tokens of this prompt the replica holds (KV index, or estimated)
-    prefill_tokens: float = 0.0  # uncached tokens routed to it whose first token has not come yet
-    decoding: int = 0  # its sequences past their first token, not finished
+    prefill_tokens: float = 0.0  # uncached prompt tokens of the calls routed to it, not finished
     in_flight: int = 0  # calls routed to it, not finished (the hotspot guard's count)
+    recent: float = 0.0  # calls routed to it lately, decayed (Recent): where new conversations spread at low load
 
 
 @dataclass(frozen=True)
 class GateDecision:
     chosen: str
-    reason: str  # sticky | saturated | load | random_tie
+    reason: str  # sticky | saturated | spread | hotspot_guard | load | random_tie
     sticky: str | None
     rows: tuple[dict, ...]
 
@@ -75,7 +87,7 @@ class GateDecision:
 
 
 def cost(c: GateCandidate, prompt_tokens: int, policy: GatePolicy) -> float:
-    return c.prefill_tokens + max(prompt_tokens - c.matched_tokens, 0) + policy.decode_weight * c.decoding
+    return c.prefill_tokens + max(prompt_tokens - c.matched_tokens, 0)
 
 
 def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_home: str | None = None,
@@ -98,11 +110,20 @@ def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_ho
         holders = [c for c in candidates if c.matched_tokens == most]
         low = min(costs[c.replica] for c in holders)
         sticky = rng.choice(_fewest_calls([c for c in holders if costs[c.replica] <= low + policy.tie_tokens])).replica
-    if sticky is not None and _hot(candidates, sticky, policy):  # the hotspot guard, homes included
+    idle = [c for c in candidates if c.in_flight == 0 and c.replica != sticky]
+    low_load = sum(c.in_flight for c in candidates) < len(candidates)  # fewer calls in flight than replicas
+    if sticky is not None and session_home is None and idle and low_load:  # spread new conversations
+        quiet = min(c.recent for c in idle)
+        mine = next(c for c in candidates if c.replica == sticky)
+        pick = rng.choice([c for c in idle if c.recent == quiet]).replica
+        extra = costs[pick] - costs[sticky]
+        if mine.recent >= policy.hot_share * quiet + policy.spread_gap and extra <= policy.spread_share * prompt_tokens:
+            return GateDecision(pick, "spread", sticky, _rows(candidates, costs, notes))
+    if sticky is not None and session_home is None and _hot(candidates, sticky, policy):  # the hotspot guard
         others = [c for c in candidates if c.replica != sticky] or candidates
         low = min(costs[c.replica] for c in others)
         pick = rng.choice(_fewest_calls([c for c in others if costs[c.replica] <= low + policy.tie_tokens])).replica
-        if costs[pick] - costs[sticky] <= policy.tau:  # moving may not cost more TTFT than the gate allows
+        if costs[pick] - costs[sticky] <= policy.tau:
             return GateDecision(pick, "hotspot_guard", sticky, _rows(candidates, costs, notes))
     if sticky is not None and costs[sticky] - least <= policy.tau:
         chosen, reason = sticky, "sticky"
@@ -114,9 +135,32 @@ def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_ho
     return GateDecision(chosen, reason, sticky, _rows(candidates, costs, notes))
 
 
+class Recent:
+    """Calls routed per replica, each forgotten with a half-life: count(now) = sum 2^-(age/half)."""
+
+    MAX_REPLICAS = 4096
+
+    def __init__(self, half_life_s: float) -> None:
+        self.half = half_life_s
+        self._v: dict[str, tuple[float, float]] = {}  # replica -> (value, at)
+
+    def value(self, replica: str, now: float) -> float:
+        v, at = self._v.get(replica, (0.0, now))
+        return v * 2.0 ** (-(now - at) / self.half)
+
+    def add(self, replica: str, now: float) -> None:
+        self._v[replica] = (self.value(replica, now) + 1.0, now)
+        if len(self._v) > self.MAX_REPLICAS:  # bounded: replicas gone quiet are dropped
+            for r in [r for r in self._v if self.value(r, now) < 0.01]:
+                del self._v[r]
+
+
 def _fewest_calls(pool: list[GateCandidate]) -> list[GateCandidate]:
+    """The fewest calls in flight, then the fewest lately (within half a call)."""
     lo = min(c.in_flight for c in pool)
-    return [c for c in pool if c.in_flight == lo]
+    pool = [c for c in pool if c.in_flight == lo]
+    quiet = min(c.recent for c in pool)
+    return [c for c in pool if c.recent <= quiet + 0.5]
 
 
 def _hot(candidates: list[GateCandidate], replica: str, policy: GatePolicy) -> bool:
@@ -125,13 +169,13 @@ def _hot(candidates: list[GateCandidate], replica: str, policy: GatePolicy) -> b
     total = sum(c.in_flight for c in candidates)
     mine = next(c.in_flight for c in candidates if c.replica == replica)
     fewest = min(c.in_flight for c in candidates)
-    return mine >= max(policy.hot_share * (total + 1) / len(candidates), 1.0) and mine > fewest
+    return mine >= max(policy.hot_share * (total + 1) / len(candidates), 1.0) and mine - fewest >= policy.hot_gap
 
 
 def _rows(candidates: list[GateCandidate], costs: dict[str, float],
           notes: dict[str, dict] | None) -> tuple[dict, ...]:
     return tuple({"replica": c.replica, "matched_tokens": c.matched_tokens, "prefill_tokens": round(c.prefill_tokens, 1),
-                  "decoding": c.decoding, "in_flight": c.in_flight, "cost_tokens": round(costs[c.replica], 1),
+                  "in_flight": c.in_flight, "cost_tokens": round(costs[c.replica], 1),
                   **(notes or {}).get(c.replica, {})}
                  for c in sorted(candidates, key=lambda c: costs[c.replica]))
 

@@ -258,7 +258,7 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         c.first = eng.prefill_free_at
         push(c.first, "first", c)
 
-    def pick(c: Call) -> int:
+    def pick(c: Call, now: float) -> int:
         nonlocal rr
         if router == "round_robin":
             rr += 1
@@ -275,7 +275,7 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
             return llmd_pick(held, c)
         home = homes.get(c.conv.inferred)
         i, c.uncached_est = gate.pick([min(h * BLOCK, c.tokens) for h in held], c.tokens, home, gate_policy,
-                                      choice_rng)
+                                      choice_rng, now)
         if router == "approximate":
             tree.record(chunks, names[i])
         return i
@@ -303,7 +303,7 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         return k if ttft_w - ttft_c > cfg.max_ttft_penalty_s else w
 
     def route(c: Call, now: float) -> None:
-        i = pick(c)
+        i = pick(c, now)
         c.replica = i
         homes[c.conv.inferred] = i
         if router == "llmd":  # its token load: uncached prompt tokens until the first token

@@ -66,8 +66,8 @@ def test_a_burst_of_64_sharing_one_prefix_spreads_as_the_load_guard_says():
         picked, why = asyncio.run(router.apick(view, _req(f"question {i}"), 0.0))
         assert why["kv_index"] == "precise" and why["blind_replicas"] == []
         # the guard's promise, at every decision: never onto a replica with 1.5x the mean calls
-        # and more than the least busy
-        assert before[picked] < max(1.5 * (sum(before.values()) + 1) / 4, 1.0) or before[picked] == min(before.values())
+        # and 4 more than the least busy
+        assert before[picked] < max(1.5 * (sum(before.values()) + 1) / 4, 1.0) or before[picked] - min(before.values()) < 4
         chosen.append((picked, why["load_tokens"]))
     counts = Counter(r for r, _ in chosen)
     assert set(counts) == set(replicas)  # spread over all four

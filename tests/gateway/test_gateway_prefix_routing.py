@@ -1,6 +1,7 @@
 """routing_l7: prefix through real processes: a gateway in front of three fabric-engine-sim
-replicas with prefix caches. Conversations sharing a system prompt stay on the replica whose
-cache holds it (the engines' own vllm:prefix_cache_* counters say so), and
+replicas with prefix caches. Calls sharing a system prompt stay on the replicas whose caches hold
+it, spreading over idle ones one call at a time (the engines' own vllm:prefix_cache_* counters
+say what hit), and
 GET /api/ai/explain/request/{id} says which scores chose the replica, to its caller only."""
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ def stack(tmp_path_factory):
         yield store, gw, engines
 
 
-def test_shared_system_prompts_stay_on_the_replica_that_caches_them(stack):
+def test_shared_system_prompts_stay_on_the_replicas_that_cache_them_and_spread_while_idle(stack):
     store, gw, engines = stack
     _, key = make_key(store, "pfx", name="pfx-k")
     c = openai.OpenAI(base_url=gw.openai_base("pfx"), api_key=key, max_retries=0)
-    chosen: dict[int, set[str]] = {0: set(), 1: set()}
+    chosen: dict[int, list[str]] = {0: [], 1: []}
     for turn in range(6):
         for s, system in enumerate(SYSTEMS):
             raw = c.chat.completions.with_raw_response.create(
@@ -50,13 +51,20 @@ def test_shared_system_prompts_stay_on_the_replica_that_caches_them(stack):
             why = httpx.get(f"{gw.url}/api/ai/explain/request/{rid}", headers={"authorization": f"Bearer {key}"}).json()
             assert why["mode"] == "prefix" and why["endpoint"] == "pfx"
             assert {row["replica"] for row in why["scores"]} == {"pfx-dep-0", "pfx-dep-1", "pfx-dep-2"}
-            if turn:
-                assert why["reason"] == "sticky", why
-            chosen[s].add(why["chosen"])
-    assert len(chosen[0]) == 1 and len(chosen[1]) == 1
+            rows = {row["replica"]: row for row in why["scores"]}
+            if turn:  # kept where the prompt is cached, or (one call at a time: every replica idle)
+                # moved to a quieter idle replica for at most tau more prefill
+                assert why["reason"] in ("sticky", "spread"), why
+                if why["reason"] == "sticky":
+                    assert rows[why["chosen"]]["matched_tokens"] > 0
+                else:
+                    assert rows[why["chosen"]]["cost_tokens"] - rows[why["sticky"]]["cost_tokens"] <= why["tau_tokens"]
+            chosen[s].append(why["chosen"])
+    calls = chosen[0] + chosen[1]
+    assert 3 * max(calls.count(r) for r in set(calls)) / len(calls) <= 1.5  # hotspot index over 12 calls
     queried = sum(_counter(e.url, "vllm:prefix_cache_queries_total") for e in engines)
     hits = sum(_counter(e.url, "vllm:prefix_cache_hits_total") for e in engines)
-    assert queried > 0 and hits / queried > 0.7
+    assert queried > 0 and hits / queried > 0.5
 
 
 def test_explanations_are_for_their_caller_only(stack):
