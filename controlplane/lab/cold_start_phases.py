@@ -6,8 +6,9 @@ this module polls fabricd and the engine, and notes when each phase was first se
 from the call:
   wake          the deployment wants a replica (the autoscaler acted on the call's demand)
   placement     a replica record exists on a node
-  model_files   the replica left Pending: its node found the model's files present and checked
-                (the agent creates the replica's VM, here its engine, only after that gate)
+  model_files   the replica left Pending, or its engine runs, whichever is seen first: its node
+                found the model's files present and checked (the agent creates the replica's VM,
+                here its engine, only after that gate; fabricd's record can lag the launch)
   engine        the engine's processes run (the replica's network namespace holds a process)
   health        the engine's own GET /health answers 200
   ready         fabricd marks the replica Ready (the gateway routes to it from here)
@@ -75,6 +76,7 @@ def measure(api: httpx.Client, deployment: str, endpoint: str, stream: Callable[
             if r["phase"] != "Pending":
                 note("model_files")
             if "engine" not in seen and _netns_busy(netns_prefix + r["replica_id"]):
+                note("model_files")  # the engine starts only after the files' gate; its record may lag
                 note("engine")
             if r.get("host") and "health" not in seen:
                 try:
