@@ -52,7 +52,7 @@ SYSTEM_ROLES = ("system", "developer")
 
 @dataclass(frozen=True)
 class GatePolicy:
-    peak_prefill_tps: float = 8000.0  # the engine's measured peak prefill throughput (tokens/s)
+    peak_prefill_tps: float = 8000.0  # the engine's peak prefill (tokens/s): assumed; scripts/bench-prefill measures one
     max_ttft_penalty_s: float = 0.5  # how much TTFT stickiness may cost before it breaks
     tie_tokens: float = 1.0  # costs this close are a tie
     hot_share: float = 1.5  # a new conversation's holder keeps it below this times the mean calls in flight

@@ -66,8 +66,9 @@ BLOCK = 16
 class EngineCalibration:
     """The simulated engine's rates. Decode: the lab's real vLLM CPU engine as measured by
     scripts/bench-engine (docs/runtimes.md: 371 tok/s for 1 client, 958 for 4 -> a step of
-    2.20 ms + 0.49 ms per running sequence). Prefill: 8,000 uncached tokens/s, the rate the
-    shared_prefix bench assumes (not measured on the CPU engine)."""
+    2.20 ms + 0.49 ms per running sequence). Prefill: 8,000 uncached tokens/s, assumed (the
+    shared_prefix bench's rate and the gate's default); scripts/bench-prefill measured the same
+    engine and model at 39,500 (scripts/bench-router --prefill-tps runs with another)."""
     prefill_tps: float = 8000.0
     step_base_s: float = 0.00220
     step_per_seq_s: float = 0.00049
