@@ -48,7 +48,7 @@ def _bare(annotation):
 
 def _label(name: str) -> str:
     words = name.replace("_", " ").strip()
-    for short, full in (("gib", "GiB"), ("gpu", "GPU"), ("vram", "VRAM"), ("mig", "MIG"), ("cpu", "CPU"),
+    for short, full in (("gib", "(GiB)"), ("gpu", "GPU"), ("vram", "VRAM"), ("mig", "MIG"), ("cpu", "CPU"),
                         ("secs", "(s)"), ("ttft", "TTFT"), ("l7", "L7"), ("url", "URL")):
         words = " ".join(full if w == short else w for w in words.split())
     return words[:1].upper() + words[1:]

@@ -35,6 +35,7 @@ ALLOWED = {
     "controlplane/run_main.py": "the lab's process entry point (fabricd lab run)",
     "agent/cli.py": "the agent's CLI",
     "agent/server_cli.py": "the agent's serve entry point",
+    "agent/join_cli.py": "fabric-agent join (the one-time token from $FABRIC_JOIN_TOKEN or $CREDENTIALS_DIRECTORY, never argv)",
     "agent/engine_sim/cli.py": "the engine simulator's CLI",
     "agent/vm/vllm_launcher.py": "the launcher process started inside a VM",
     "gateway/cli.py": "the gateway's CLI (prometheus_client's multiprocess directory)",

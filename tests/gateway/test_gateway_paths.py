@@ -107,9 +107,16 @@ def test_session_affinity_by_header_and_prompt_prefix_and_prefix_never_logged(cl
                   for i in range(10)}
     assert len(by_session) == 1 and by_session <= set(REPLICAS)
 
-    # No header, the same first 64 prompt characters (and different tails): one replica.
-    by_prefix = {_chat(c, AFFINITY_PREFIX + f"then a different tail {i}")[0] for i in range(10)}
-    assert len(by_prefix) == 1 and by_prefix <= set(REPLICAS)
+    # No header: every turn of one conversation (its first user turn resent, the history growing)
+    # goes to one replica (the conversation's key: gateway.router_gate.conversation_key).
+    history = [{"role": "user", "content": AFFINITY_PREFIX + "the first turn"}]
+    by_conversation = set()
+    for i in range(10):
+        raw = c.chat.completions.with_raw_response.create(model="sim-m", messages=history, max_tokens=3)
+        by_conversation.add(raw.headers["x-fabric-replica"])
+        history += [{"role": "assistant", "content": raw.parse().choices[0].message.content or ""},
+                    {"role": "user", "content": f"then a different tail {i}"}]
+    assert len(by_conversation) == 1 and by_conversation <= set(REPLICAS)
 
     # Different session ids spread over more than one replica.
     spread = {_chat(c, "same prompt for every session", session=f"sess-{i}")[0] for i in range(20)}
