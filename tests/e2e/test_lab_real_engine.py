@@ -456,6 +456,7 @@ def test_a_call_at_zero_replicas_is_held_and_its_cold_start_timed_by_phase(lab: 
     assert shown and shown == sorted(shown, key=PHASES.index) and shown[0] in ("wake", "placement"), shown
 
 
+@pytest.mark.full  # flaky as an exact check: docs/reliability.md "The full profile"
 def test_streams_go_on_at_the_other_engine_when_one_is_killed_mid_answer(lab: Lab):
     """Two real engines, greedy streams through the gateway, one engine SIGKILLed mid-answer:
     every stream ends with its usage and [DONE] (the client raised nothing); a stream the kill
@@ -501,12 +502,15 @@ def test_streams_go_on_at_the_other_engine_when_one_is_killed_mid_answer(lab: La
     victims: list[dict] = []
 
     def kill(pieces: list[list[str]], ids: list[list[str]]) -> None:
-        wait_for(lambda: all(len(p) >= 4 for p in pieces), 120, "every stream under way", interval=0.05)
-        # The replica serving the most of these streams (the x-fabric-replica each answer carried;
-        # vLLM's running gauge reads 0 in many samples under load, so it cannot tell).
-        served = collections.Counter(i[1] for i in ids if len(i) > 1 and i[1])
-        victim = max(lab.replicas(), key=lambda r: (served[r["replica_id"]],
-                                                    _running(f"http://{r['host']}:{r['port']}")))
+        def mid_answer() -> list[int]:  # streams with a replica known, under way and not yet done
+            return [i for i, p in enumerate(pieces) if 4 <= len(p) < tokens and len(ids[i]) > 1 and ids[i][1]]
+
+        wait_for(lambda: mid_answer(), 120, "a stream under way", interval=0.02)
+        # The replica serving the most streams still mid-answer (the x-fabric-replica each answer
+        # carried; vLLM's running gauge reads 0 in many samples under load, so it cannot tell, and
+        # the engines answer at different speeds, so some streams may already be done).
+        served = collections.Counter(ids[i][1] for i in mid_answer())
+        victim = max(lab.replicas(), key=lambda r: served[r["replica_id"]])
         victims.append(victim)
         ns = f"fabric-lab-r-{victim['replica_id']}"
         for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
