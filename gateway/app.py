@@ -607,15 +607,21 @@ class GatewayApp:
                             endpoint=endpoint, model=info.model, status=status,
                             tokens=tokens or 0, latency_ms=round(elapsed * 1000, 3), reason=outcome, **shadow)
         st.metrics.outcome(label, outcome, elapsed)
-        if st.ledger is not None and identity is not None and label != "unknown":
+        ledgered = st.ledger is not None and identity is not None and label != "unknown"
+        # The caller names the model: a made-up name must not grow the metric labels or the hour's
+        # usage document, so a label is a catalogue model's name and a usage row keeps the name only
+        # when it is one or the call succeeded (the endpoint served it: an adapter or an alias).
+        models = await st.upstreams.known_models() if label != "unknown" and (tokens or ledgered) else frozenset()
+        known = info.model if info.model in models else "unknown"
+        if ledgered:
             entered, produced, cached = split(counted if outcome == "success" else (tokens or 0),
                                               info.prompt_chars // 4)
+            named = info.model or "unknown" if outcome == "success" else known
             st.ledger.record(Call(time.time(), Dims(identity.tenant, identity.record.id if identity.record else None,
-                                                    endpoint, info.model or "unknown", adapter, outcome),
+                                                    endpoint, named, adapter, outcome),
                                   entered, produced, cached))
         if tokens:
-            models = await st.upstreams.known_models() if label != "unknown" else frozenset()
-            st.metrics.tokens_for(label, info.model if info.model in models else "unknown").inc(tokens)
+            st.metrics.tokens_for(label, known).inc(tokens)
         st.tracer.span(endpoint=label, status=status, tokens=tokens or 0, seconds=elapsed)
         if outcome != "success":
             log.info("request %s endpoint=%s status=%s outcome=%s", request_id, label, status, outcome)

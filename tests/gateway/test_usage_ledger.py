@@ -83,6 +83,26 @@ def test_a_clean_stop_loses_no_usage_record(env):
     assert ledger_calls(store, key_id) == 40
 
 
+def test_made_up_model_names_do_not_grow_the_usage_document(env):
+    """An attacker with a key names a fresh model on every call: each is refused, and each is
+    recorded under one "unknown" row, so the hour's usage document stays one row long."""
+    store = env["store"]
+    key_id, key = make_key(store, "billed", tenant="namer")
+    gw = GatewayProcess.start(env["state"], env["url"], gateway_id="gw-namer")
+    try:
+        for i in range(12):
+            r = httpx.post(gw.openai_base("billed") + "/chat/completions", timeout=15,
+                           headers={"authorization": f"Bearer {key}"},
+                           json={"model": f"made-up-{i}", "messages": [{"role": "user", "content": "hi"}],
+                                 "max_tokens": 1})
+            assert r.status_code >= 400, r.text
+    finally:
+        gw.stop()
+    rows = [r for d in usage_ledger.docs(store) for r in d.rows if r.key == key_id]
+    assert sum(r.calls for r in rows) == 12
+    assert {r.model for r in rows} == {"unknown"}
+
+
 def test_a_full_queue_drops_and_counts(tmp_path):
     store = open_store(f"sqlite://{tmp_path}/f.db")
     dropped: list[tuple[str, int]] = []
