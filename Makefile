@@ -6,7 +6,7 @@ setup:
 	bash scripts/setup.sh
 
 run: setup
-	$(PY) -m controlplane.run_main
+	$(PY) -m lab.run_main
 
 test: setup
 	.venv/bin/ruff check .

@@ -74,5 +74,5 @@ def busy(host: str, port: int) -> str | None:
     pid, cmd = found[0]
     text = f"{host}:{port} is already in use by pid {pid} ({cmd[:200]})"
     if "lab" in cmd and ("fabricd" in cmd or "fabric-gateway" in cmd or "fabric-agent" in cmd):
-        text += "; it is the lab's: `fabricd lab status` shows it, `fabricd lab down` stops it"
+        text += "; it is the lab's: `fabric-lab status` shows it, `fabric-lab down` stops it"
     return text

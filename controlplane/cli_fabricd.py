@@ -19,12 +19,11 @@
       The key is written only there: never printed, never kept under DIR.
   fabricd backup keygen|create|restore
       the encrypted disaster-recovery archive (controlplane/backup/commands.py; docs/install.md).
-  fabricd lab ...   present when controlplane.lab.cli (with `lab_app`) exists; loaded for `fabricd lab` only.
+  The lab is its own program, `fabric-lab` (lab/cli.py).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import socket
 import sys
@@ -212,26 +211,9 @@ def pki_issue_client(
 app.add_typer(backup_app, name="backup")
 
 
-def _add_lab(root: typer.Typer) -> None:
-    name = "controlplane.lab.cli"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name not in (name, "controlplane.lab"):
-            raise
-        return
-    root.add_typer(module.lab_app, name="lab")
-
-
 def main() -> None:
     from common.cli_guard import run_guarded
 
-    # Only `fabricd lab ...` loads the lab: it imports the dataplane and with it numba, whose JIT
-    # check needs writable executable memory, which fabricd.service and fabric-backup.service deny
-    # (MemoryDenyWriteExecute=yes). Loaded for every command, it stopped `fabricd serve` at start
-    # under the shipped unit (scripts/test-install found it).
-    if sys.argv[1:2] == ["lab"]:
-        _add_lab(app)
     run_guarded(lambda: app(prog_name="fabricd"), "fabricd")
 
 

@@ -166,7 +166,7 @@ def _raise(message: str):
 
 
 class SimTokenizer:
-    """The engine simulator's tokens (agent/engine_sim: its chat rendering, sim_token_ids)."""
+    """The engine simulator's tokens (enginesim: its chat rendering, sim_token_ids)."""
 
     def __init__(self, chars_per_token: int = 4) -> None:
         self.chars_per_token = chars_per_token

@@ -12,7 +12,7 @@ APT_PACKAGES=(
   qemu-utils chromium prometheus
   bird2  # VIP announcements over BGP (agent/bgp/) and the two-node lab's router
   libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86 ovmf
-  # the GPU-less boot proof's guest (tests/support/tiny_guest.py): kernel, busybox, DHCP on libvirt's network
+  # the GPU-less boot proof's guest (lab/rigs/tiny_guest.py): kernel, busybox, DHCP on libvirt's network
   linux-image-amd64 busybox-static dnsmasq-base cpio
   systemd  # systemd-analyze verify/security and systemd-sysusers check images/host/ (tests/test_systemd_units.py)
   cloud-guest-utils gdisk fdisk  # growpart, sgdisk, sfdisk: the bake's root growth (tests/agent/test_guest_install.py)

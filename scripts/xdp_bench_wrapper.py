@@ -15,7 +15,7 @@ from scapy.all import IP, TCP, Ether, Raw
 
 from agent.dataplane.loader import BPF_DIR
 
-# the repository's dataplane/bench (BPF_DIR is the package's agent/dataplane/bpf link, with no bench/ beside it)
+# the repository's dataplane/bench (BPF_DIR is the package's dataplane/bpf link, with no bench/ beside it)
 IPIP_POP = Path(__file__).resolve().parents[1] / "dataplane" / "bench" / "ipip_pop.c"
 
 BENCH_LEN = 64  # bench.c restores this many bytes before each pass

@@ -38,7 +38,7 @@ from dataplane_nslab import NODE_IP, VIP, NsLab
 
 from agent.dataplane import Dataplane
 from agent.dataplane.decap import enable_dsr_backend
-from tests.support.bpf import new_pin_dir
+from lab.rigs.bpf import new_pin_dir
 
 BACKEND = "10.1.0.11"
 DSR_VIP = "10.9.0.101"

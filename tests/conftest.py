@@ -77,7 +77,7 @@ def store(tmp_path):
 @pytest.fixture(scope="session")
 def require_bpf():
     """Skip (a failure here, see above) where the real BPF dataplane cannot run."""
-    from tests.support.bpf import bpf_missing
+    from lab.rigs.bpf import bpf_missing
 
     reason = bpf_missing()
     if reason:
@@ -89,7 +89,7 @@ def plain_plane(require_bpf):
     """One compiled dataplane for the session, no node_ip (every backend reached without
     source NAT): the dataplane packet tables and the agent API's maps test share it
     (each compile costs 5-8 s); tests that add services there remove them."""
-    from tests.support.bpf import shared_plane
+    from lab.rigs.bpf import shared_plane
 
     yield from shared_plane(None)
 

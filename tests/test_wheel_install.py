@@ -1,7 +1,7 @@
 """The wheel works when installed: built from the checkout's files (offline, no build isolation),
 installed into a clean venv, and the XDP dataplane compiled and loaded from the installed copy.
 
-The BPF C sources and the guest seed pieces are package data (agent/dataplane/bpf and
+The BPF C sources and the guest seed pieces are package data (dataplane/bpf and
 agent/vm/images link to dataplane/bpf and images/ in a checkout), found with importlib.resources.
 The clean venv sees Debian's BCC (--system-site-packages) and the project's dependencies from the
 repo venv's site-packages as a plain path (its .pth files, the editable install's finder among
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.bpf import bpf_missing, new_pin_dir
-from tests.support.checkout import checkout_copy
+from lab.rigs.bpf import bpf_missing, new_pin_dir
+from lab.rigs.checkout import checkout_copy
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -51,6 +51,7 @@ from agent.dataplane.loader import (
     load,
     map_memory_bytes,
 )
+from agent.dataplane.maglev import MAX_WEIGHT, build_maglev_indices
 from agent.dataplane.pinned import open_pinned
 from agent.dataplane.pins import check_layout, read_meta, writer_lock
 from agent.dataplane.plan import FORWARDING_MODES, BackendState, allocate_ids, plan_service
@@ -64,7 +65,6 @@ from agent.dataplane.reading import (
 )
 from agent.dataplane.settings import DataplaneSettings
 from agent.dataplane.verdicts import Xmit
-from agent.maglev import MAX_WEIGHT, build_maglev_indices
 from common.errors import Conflict, InvalidInput
 
 log = logging.getLogger(__name__)

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 
 from agent.dataplane.pins import LAYOUT_VERSION, Meta
 from common.errors import InvalidInput
+from dataplane import BPF_DIR  # BCC needs the C as files on disk, which a checkout or an unpacked wheel gives
 
-# The C sources are package data of agent.dataplane (bpf/: in a checkout a link to the repo's
-# dataplane/bpf, in an installed wheel the files themselves), found the way any installed copy
-# is; BCC needs them as files on disk, which an unpacked install gives.
-BPF_DIR = Path(str(resources.files("agent.dataplane").joinpath("bpf")))
 MAX_SERVICES = 32
 MAX_BACKENDS = 4096
 # flow_entries: how many flows each CPU's LRU list of the forward and reverse tables

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 from enum import IntEnum
-from importlib import resources
 from pathlib import Path
 
-VERDICTS_HEADER = Path(str(resources.files("agent.dataplane").joinpath("bpf", "verdicts.h")))
+from dataplane import BPF_DIR
+
+VERDICTS_HEADER = BPF_DIR / "verdicts.h"
 
 
 class Verdict(IntEnum):

@@ -8,7 +8,7 @@
   the receiver finds a bad checksum and drops it. Real NICs deliver complete
   checksums; in the lab, senders whose packets reach XDP turn tx offload off.
 
-The lab (controlplane/lab/topology.py, agent/vm/lab_driver.py) and the
+The lab (lab/topology.py, agent/vm/lab_driver.py) and the
 dataplane tests call this on every veth end facing the node.
 """
 

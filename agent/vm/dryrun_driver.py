@@ -39,7 +39,7 @@ def default_engine_command() -> list[str]:
     one on PATH, else the module (same code, e.g. in a bare checkout)."""
     venv_exe = Path(sys.executable).with_name("fabric-engine-sim")
     exe = str(venv_exe) if venv_exe.exists() else shutil.which("fabric-engine-sim")
-    return [exe] if exe else [sys.executable, "-m", "agent.engine_sim.cli"]
+    return [exe] if exe else [sys.executable, "-m", "enginesim.cli"]
 
 
 def free_loopback_port(host: str = "127.0.0.1") -> int:

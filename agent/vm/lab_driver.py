@@ -80,7 +80,7 @@ class _Record:
 STOP_WAIT_S = 5.0  # a real engine given SIGTERM exits once its connections close; then SIGKILL
 
 
-# The vLLM flags the simulator implements the same way (agent/engine_sim/cli.py): a revision's
+# The vLLM flags the simulator implements the same way (enginesim/cli.py): a revision's
 # engine args and the profile's max_model_len reach the lab's replicas through these, so a canary
 # of `--max-num-seqs 2` in the lab really runs fewer sequences at once. Other vLLM flags have no
 # meaning for the simulator and are left out (a real engine gets them all: _start_real_engine).

@@ -8,9 +8,9 @@ from pathlib import Path
 from agent.models.cache import ModelCache
 from agent.models.jobs import ModelJobs, ModelSettings
 from common.model_api import AgentJobRequest
-from controlplane.lab.hf_mirror import HfMirror, MirrorConfig
-from controlplane.lab.tiny_model import write_tiny_model
-from tests.support.polling import wait_for
+from lab.hf_mirror import HfMirror, MirrorConfig
+from lab.rigs.polling import wait_for
+from lab.tiny_model import write_tiny_model
 
 REPO = "fab/tiny"
 

@@ -22,9 +22,9 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
+from lab.rigs.memory_dataplane import MemoryDataplane
+from lab.rigs.servers import serve_in_thread
 from tests.support.agent_ops import finished
-from tests.support.memory_dataplane import MemoryDataplane
-from tests.support.servers import serve_in_thread
 
 NODE = "node-a"
 

@@ -22,8 +22,8 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import CN_KEY, ROLE_KEY, TLS_EXT, PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert, pki_dir
+from lab.rigs.servers import free_port, serve_in_thread
 from tests.integration.orchestration_harness import agent_command, clean_env
-from tests.support.servers import free_port, serve_in_thread
 
 NODE = "node-a"
 

@@ -100,7 +100,7 @@ def test_engine_argv_turns_knobs_into_flags():
 
 def test_default_engine_command_finds_the_console_script():
     cmd = default_engine_command()
-    assert cmd[0].endswith("fabric-engine-sim") or cmd[-1] == "agent.engine_sim.cli"
+    assert cmd[0].endswith("fabric-engine-sim") or cmd[-1] == "enginesim.cli"
 
 
 def test_engine_argv_names_the_runtime_so_health_and_metrics_match_it():

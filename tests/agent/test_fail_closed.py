@@ -23,10 +23,10 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, pki_dir
+from lab.rigs.memory_dataplane import MemoryDataplane
+from lab.rigs.servers import free_port, serve_in_thread
 from tests.controlplane import test_nodes_mtls as mtls
 from tests.controlplane.test_nodes_mtls import as_node
-from tests.support.memory_dataplane import MemoryDataplane
-from tests.support.servers import free_port, serve_in_thread
 
 SERVICE = "/v1/maglev/services/10.96.0.7/8000/tcp"
 SPEC = {"backends": {"10.0.0.1:8000": 32}}

@@ -9,7 +9,6 @@ import time
 
 import httpx
 
-from agent.engine_sim.process import EngineProcess
 from agent.kv_index.subscriber import EventSource, KvEventSubscriber
 from common.kv_events import (
     Batch,
@@ -23,7 +22,8 @@ from common.kv_events import (
     sim_token_ids,
 )
 from common.kv_index import KvIndex
-from tests.support.servers import free_port
+from enginesim.process import EngineProcess
+from lab.rigs.servers import free_port
 
 
 def _b(*events) -> Batch:

@@ -43,8 +43,8 @@ from agent.vm.libvirt_driver import LibvirtDriver
 from common.agent_api import NodeReport
 from common.errors import InvalidInput, Refused
 from controlplane.api.nodes import merge_report
-from tests.support.kvm_verdict import choose_domain_type
-from tests.support.vm_boot import start_libvirtd
+from lab.rigs.kvm_verdict import choose_domain_type
+from lab.rigs.vm_boot import start_libvirtd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ def test_boot_sector_is_a_bootable_mbr_that_qemu_runs(tmp_path):
     proc = subprocess.Popen(["qemu-system-x86_64", "-accel", "tcg", "-M", "q35", "-m", "64", "-display", "none",
                              "-nodefaults", "-serial", f"file:{log}", "-drive", f"file={disk},format=raw,if=ide"])
     try:
-        from tests.support.polling import wait_for
+        from lab.rigs.polling import wait_for
 
         wait_for(lambda: log.exists() and MARKER in log.read_bytes(), timeout=60, what="the probe marker on COM1")
     finally:

@@ -15,7 +15,7 @@ import pytest
 
 from agent.vm.base import VmSpec
 from agent.vm.lab_driver import LabDriver, LabNetwork
-from controlplane.lab.tiny_model import write_tiny_adapter
+from lab.tiny_model import write_tiny_adapter
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="needs root and iproute2 for network namespaces")

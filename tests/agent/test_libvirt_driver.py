@@ -307,7 +307,7 @@ def test_seed_sets_up_dsr_ipip_only_when_asked(tmp_path):
 def test_a_replica_with_adapters_gets_their_share_and_lora_flags(host, tmp_path):
     """The model's LoRA adapter set is a second read-only virtiofs share (tag "adapters") in the
     domain libvirt stores, and the seed mounts it at /adapters and starts vLLM with LoRA on."""
-    from controlplane.lab.tiny_model import write_tiny_adapter
+    from lab.tiny_model import write_tiny_adapter
 
     driver, _golden, _network = host
     adapters = tmp_path / "set"

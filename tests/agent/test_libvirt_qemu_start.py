@@ -4,7 +4,7 @@ template, memfd shared memory, virtiofsd spawned on the read-only bind mount of 
 directory, the seed cdrom, the tap on a bridge), and delete leaves nothing behind.
 
 The domain is KVM where KVM really runs a guest (agent.hw.kvm's probe, once per boot:
-tests/support/kvm_verdict.py), else TCG, and the test prints why: a /dev/kvm that exists may be
+lab/rigs/kvm_verdict.py), else TCG, and the test prints why: a /dev/kvm that exists may be
 a nested KVM that cannot take the host CPU model (QEMU aborts at start: `failed to set MSR
 0x10a`) or a PVM KVM (QEMU pauses the guest: "emulation failure"). The guest OS is not booted
 here; a real boot (direct kernel boot, our seed, virtiofs, the engine unit, /health) is
@@ -31,7 +31,7 @@ from agent.vm.base import VmSpec
 from agent.vm.domain_xml import domain_name, tap_name
 from agent.vm.libvirt_driver import LibvirtDriver
 from agent.vm.ro_bind import mount_options
-from tests.support.kvm_verdict import choose_domain_type, host_probe
+from lab.rigs.kvm_verdict import choose_domain_type, host_probe
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,8 +19,8 @@ from agent.vm.cloud_init import build_seed
 from agent.vm.domain_xml import build_domain_xml
 from agent.vm.host_tuning import HostTuning
 from common.model_api import AdapterSource
-from controlplane.lab.hf_mirror import commit_of
-from controlplane.lab.tiny_model import write_tiny_adapter
+from lab.hf_mirror import commit_of
+from lab.tiny_model import write_tiny_adapter
 from tests.agent.model_support import REPO, finish, jobs_for, mirror, request, states
 from tests.agent.test_model_vm import NoGpus, NoVms
 from tests.support.agent_ops import finished

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.models.checks import build_manifest, signature_of
-from controlplane.lab.hf_mirror import commit_of
-from controlplane.lab.tiny_model import write_tiny_model
+from lab.hf_mirror import commit_of
+from lab.tiny_model import write_tiny_model
 from tests.agent.model_support import REPO, finish, jobs_for, mirror, request, states
 
 

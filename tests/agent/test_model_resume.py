@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 
 from agent.models.checks import build_manifest
+from lab.rigs.polling import clean_env, wait_for
+from lab.rigs.servers import free_port
 from tests.agent.model_support import REPO, mirror
-from tests.support.polling import clean_env, wait_for
-from tests.support.servers import free_port
 
 BIG = "model-00001-of-00002.safetensors"
 

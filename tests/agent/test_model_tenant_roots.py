@@ -16,7 +16,7 @@ import errno
 import pytest
 
 from common.model_manifest import CheckFailed, sha256_file
-from controlplane.lab.tiny_model import write_tiny_model
+from lab.tiny_model import write_tiny_model
 from tests.agent.model_support import finish, jobs_for, request
 
 

@@ -35,7 +35,7 @@ from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.node_identity import uvicorn_tls_kwargs
 from controlplane.state import AppState, Settings
-from tests.support.servers import free_port, serve_in_thread
+from lab.rigs.servers import free_port, serve_in_thread
 
 
 @pytest.fixture

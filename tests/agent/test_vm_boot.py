@@ -1,10 +1,10 @@
 """A real guest booted through our LibvirtDriver on qemu:///system, bounded for `make test`.
 
-The guest (tests/support/tiny_guest.py: the host's Debian kernel, a busybox initramfs, an ext4
+The guest (lab/rigs/tiny_guest.py: the host's Debian kernel, a busybox initramfs, an ext4
 root with python3 and the engine simulator as /opt/vllm/bin/vllm) is built here from installed
 packages; the driver makes the overlay, our cloud-init seed, the tap on an isolated libvirt
 network, and the domain (direct kernel boot; KVM where agent.hw.kvm's probe booted this same
-kernel through its init here, else TCG, and the test prints why: tests/support/kvm_verdict.py). Bounded to fit `make test`: it waits until the guest kernel has
+kernel through its init here, else TCG, and the test prints why: lab/rigs/kvm_verdict.py). Bounded to fit `make test`: it waits until the guest kernel has
 loaded the drivers for our devices and mounted the overlay as root (~20-30 s of TCG here), then
 delete and the network's removal must leave nothing. A second boot gives the engine a flag value
 its parser refuses and reads the refusal back from the engine log the agent serves (the unit's
@@ -29,8 +29,8 @@ import pytest
 
 from agent.vm.domain_xml import domain_name
 from agent.vm.engine_log import read_chunk
-from tests.support import tiny_guest, vm_boot
-from tests.support.kvm_verdict import choose_domain_type, host_probe
+from lab.rigs import tiny_guest, vm_boot
+from lab.rigs.kvm_verdict import choose_domain_type, host_probe
 
 
 def test_module_order_puts_dependencies_first_and_skips_builtins(tmp_path):

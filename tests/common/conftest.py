@@ -11,7 +11,7 @@ import pytest
 
 from common.store.etcd_store import EtcdStore
 from common.store.sqlite_store import SqliteStore
-from tests.support.etcd_server import etcd_server  # noqa: F401  (a fixture, used by name)
+from lab.rigs.etcd_server import etcd_server  # noqa: F401  (a fixture, used by name)
 
 
 @pytest.fixture(params=["sqlite", "etcd"])

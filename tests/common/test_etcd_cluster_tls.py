@@ -11,8 +11,8 @@ import urllib.request
 import pytest
 
 from common.errors import StoreAccessDenied, TransientError
-from tests.support.etcd_cluster import EtcdCluster
-from tests.support.etcd_server import ETCD_BINARY, etcd_available
+from lab.rigs.etcd_cluster import EtcdCluster
+from lab.rigs.etcd_server import ETCD_BINARY, etcd_available
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason=f"etcd binary not found at {ETCD_BINARY}")
 

@@ -9,7 +9,7 @@ import pytest
 from common.errors import TransientError
 from common.store.base import open_store
 from common.store.etcd_store import EtcdStore
-from tests.support.servers import free_port
+from lab.rigs.servers import free_port
 
 
 def test_a_refused_endpoint_is_skipped_and_the_next_one_serves(etcd_server):

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from common.port_holder import busy, holders
-from tests.support.polling import clean_env
-from tests.support.servers import free_port
+from lab.rigs.polling import clean_env
+from lab.rigs.servers import free_port
 
 BIN = Path(sys.executable).parent
 

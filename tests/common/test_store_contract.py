@@ -11,7 +11,7 @@ from common.errors import Conflict, NotFound, TransientError
 from common.store import open_store
 from common.store.etcd_store import EtcdStore
 from common.store.sqlite_store import SqliteStore, prefix_end
-from tests.support.etcd_server import free_port
+from lab.rigs.etcd_server import free_port
 
 
 def wait_until(predicate, limit_s: float, step_s: float = 0.1) -> bool:

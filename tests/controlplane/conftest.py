@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.engine_sim.process import PortTaken, bind_failed, on_free_port
+from enginesim.process import PortTaken, bind_failed, on_free_port
+from lab.rigs.polling import clean_env
 from tests.support.fabricd_init import init_state
-from tests.support.polling import clean_env
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 30.0

@@ -1,5 +1,5 @@
 """schemathesis against real fabricd (SQLite store, TLS on loopback) and a real agent app (mutual
-TLS on loopback): the bounded profile of scripts/fuzz-api (tests/support/api_fuzz.py says what
+TLS on loopback): the bounded profile of scripts/fuzz-api (lab/rigs/api_fuzz.py says what
 each pass checks). One run of every pass, shared by the assertions below."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.support.api_fuzz import BOUNDED, BOUNDED_REFUSALS, fuzz_all
+from lab.rigs.api_fuzz import BOUNDED, BOUNDED_REFUSALS, fuzz_all
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import httpx
 from common.store.sqlite_store import SqliteStore
 from controlplane.app import create_app
 from controlplane.state import AppState, Settings
-from tests.support.servers import serve_in_thread
+from lab.rigs.servers import serve_in_thread
 
 
 def test_a_500_is_answered_logged_once_and_counted(tmp_path, caplog):

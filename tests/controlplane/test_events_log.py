@@ -9,7 +9,7 @@ from common import keyspace
 from common.store.sqlite_store import SqliteStore
 from controlplane.api.events import parse_since
 from controlplane.events import EventSink, recent_events, record_event, trim
-from tests.support.etcd_server import etcd_server  # noqa: F401  (a fixture, used by name)
+from lab.rigs.etcd_server import etcd_server  # noqa: F401  (a fixture, used by name)
 
 T0 = 1_800_000_000.0
 

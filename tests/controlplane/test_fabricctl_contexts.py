@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from controlplane.fabricctl.contexts import ConfigError, ConfigFile, Context, load, resolve, save
+from fabricctl.contexts import ConfigError, ConfigFile, Context, load, resolve, save
 from tests.controlplane.conftest import BIN
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controlplane.fabricctl.docgen import missing_help, render_reference
+from fabricctl.docgen import missing_help, render_reference
 
 DOC = Path(__file__).parents[2] / "docs" / "cli.md"
 

@@ -1,4 +1,4 @@
-"""How fabricctl prints for people (controlplane.fabricctl.output), as plain data: numbers,
+"""How fabricctl prints for people (fabricctl.output), as plain data: numbers,
 times, records inside lists; -o json keeps the server's values."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from controlplane.fabricctl import output
-from controlplane.fabricctl.output import OutputChoice, age, emit_object, number, when
+from fabricctl import output
+from fabricctl.output import OutputChoice, age, emit_object, number, when
 
 NOW = 1_796_160_000.0  # 2026-12-01 21:20:00 UTC
 

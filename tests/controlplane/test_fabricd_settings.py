@@ -60,7 +60,7 @@ def test_defaults_and_good_values():
 def test_the_real_engine_lab_gives_busy_cpu_engines_longer_deadlines(tmp_path):
     """A real vLLM on a loaded 2-core machine can take seconds to answer /metrics or /health; the
     simulator's lab keeps fabricd's defaults."""
-    from controlplane.lab.cluster import LabConfig, service_env
+    from lab.cluster import LabConfig, service_env
 
     (tmp_path / "key-hmac-secret").write_text("s" * 32)  # up writes it before fabricd starts
     real, sim = service_env(LabConfig(tmp_path, engine="vllm"), "fabricd"), service_env(LabConfig(tmp_path), "fabricd")

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.lab.cluster import mirror_socket
-from controlplane.lab.hf_mirror import HfMirror, MirrorConfig
+from lab.cluster import mirror_socket
+from lab.hf_mirror import HfMirror, MirrorConfig
 
 
 def test_a_crlf_in_the_path_is_refused_and_writes_no_header(tmp_path):
@@ -47,7 +47,7 @@ def test_the_mirror_serves_on_the_socket_the_lab_bound(tmp_path):
     (tmp_path / "org" / "m" / "config.json").write_text("{}")
     with mirror_socket(0) as sock:
         port = sock.getsockname()[1]
-        proc = subprocess.Popen([sys.executable, "-m", "controlplane.lab.hf_mirror", "serve", "--root", str(tmp_path),
+        proc = subprocess.Popen([sys.executable, "-m", "lab.hf_mirror", "serve", "--root", str(tmp_path),
                                  "--listen-fd", str(sock.fileno())], pass_fds=(sock.fileno(),),
                                 cwd=Path(__file__).resolve().parents[2])
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab.load import pick_replica, weights_line
+from lab.load import pick_replica, weights_line
 from tests.controlplane.conftest import login, start_fabricd
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "lab-load"

@@ -7,7 +7,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from controlplane.lab.cluster import DEFAULT_STATE, env_file_text, lab_state_dir, write_private
+from lab.cluster import DEFAULT_STATE, env_file_text, lab_state_dir, write_private
 from tests.controlplane.conftest import BIN
 
 
@@ -32,12 +32,12 @@ def test_env_file_is_private_and_puts_fabricctl_on_path(tmp_path):
 def test_lab_commands_without_a_lab_say_so_in_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
     env["FABRIC_LAB_STATE"] = str(tmp_path / "nolab")
-    demo = subprocess.run([str(BIN / "fabricd"), "lab", "demo"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    demo = subprocess.run([str(BIN / "fabric-lab"), "demo"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert demo.returncode == 1 and "Traceback" not in demo.stderr
     assert demo.stderr.startswith("error: the lab is not up") and str(tmp_path / "nolab") in demo.stderr
     # Status of this (absent) lab names no process; another lab on the machine may hold the
     # shared namespace names, so only the processes are this lab's own.
-    status = subprocess.run([str(BIN / "fabricd"), "lab", "status"], capture_output=True, text=True, env=env,
+    status = subprocess.run([str(BIN / "fabric-lab"), "status"], capture_output=True, text=True, env=env,
                             cwd=tmp_path)
     assert status.returncode == 0 and "Traceback" not in status.stderr and "process " not in status.stdout
     load = subprocess.run([str(Path(__file__).parents[2] / "scripts" / "lab-load"), "--queue", "1",
@@ -46,7 +46,7 @@ def test_lab_commands_without_a_lab_say_so_in_one_line(tmp_path):
 
 
 def test_console_hint_names_the_url_and_login_files_fabricd_init_makes(tmp_path):
-    from controlplane.lab.cluster import LabConfig
+    from lab.cluster import LabConfig
 
     cfg = LabConfig(state_dir=tmp_path, api_port=18443)
     subprocess.run([str(BIN / "fabricd"), "init", "--state-dir", str(cfg.fabricd_dir)], check=True, capture_output=True)
@@ -66,8 +66,8 @@ def test_up_refuses_a_lab_that_is_up_and_keeps_its_state(tmp_path):
 
     import pytest
 
-    from controlplane.lab.cluster import LabConfig, LabIsUp, up, up_signs
-    from tests.support.servers import free_port
+    from lab.cluster import LabConfig, LabIsUp, up, up_signs
+    from lab.rigs.servers import free_port
 
     state = tmp_path / "lab"
     (state / "pids").mkdir(parents=True)
@@ -85,7 +85,7 @@ def test_up_refuses_a_lab_that_is_up_and_keeps_its_state(tmp_path):
         assert up_signs(cfg) == [f"fabricd pid {live.pid}"]
         with pytest.raises(LabIsUp) as err:
             up(cfg, echo=lambda *_: None)
-        assert str(err.value).startswith("the lab is up; 'fabricd lab down' first, or --force")
+        assert str(err.value).startswith("the lab is up; 'fabric-lab down' first, or --force")
         assert (state / "fabricd" / "store.db").read_text() == "the lab's records"
         assert live.poll() is None
     finally:
@@ -99,7 +99,7 @@ def test_up_refuses_a_lab_that_is_up_and_keeps_its_state(tmp_path):
 
 
 def test_the_lab_node_reports_a_site_and_the_server_sized_cpu_and_memory(tmp_path):
-    from controlplane.lab.cluster import LabConfig, agent_command
+    from lab.cluster import LabConfig, agent_command
 
     cmd = agent_command(LabConfig(state_dir=tmp_path))
     assert cmd[cmd.index("--site") + 1] == "default"
@@ -109,8 +109,8 @@ def test_the_lab_node_reports_a_site_and_the_server_sized_cpu_and_memory(tmp_pat
 def test_make_run_stops_waiting_when_its_labs_processes_are_gone(tmp_path, monkeypatch, capsys):
     """`make run` no longer prints "Lab running" over a lab taken down elsewhere: its wait ends,
     saying so, once no process of the lab's state directory is alive."""
-    from controlplane.lab.cluster import LabConfig
-    from controlplane.run_main import _wait
+    from lab.cluster import LabConfig
+    from lab.run_main import _wait
 
     monkeypatch.delenv("FABRIC_LAB_EXIT_AFTER_DEMO", raising=False)
     assert _wait(LabConfig(state_dir=tmp_path / "gone"), {"now": False}) is False
@@ -119,10 +119,10 @@ def test_make_run_stops_waiting_when_its_labs_processes_are_gone(tmp_path, monke
 
 
 def test_the_demo_reads_the_engine_the_running_lab_recorded(tmp_path):
-    """`fabricd lab demo` waits as long as the running lab's engine needs (real vLLM: minutes), whatever
+    """`fabric-lab demo` waits as long as the running lab's engine needs (real vLLM: minutes), whatever
     the config it was started with says; no lab.json: the config's engine."""
-    from controlplane.lab.cluster import LabConfig
-    from controlplane.lab.demo import lab_engine_of
+    from lab.cluster import LabConfig
+    from lab.demo import lab_engine_of
 
     assert lab_engine_of(LabConfig(tmp_path)) == "sim"
     (tmp_path / "lab.json").write_text('{"engine": "vllm", "FABRIC_URL": "https://127.0.0.1:8443"}')

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from lab.rigs.servers import free_port
 from tests.controlplane.conftest import BIN, fabricd_env, login, start_fabricd
-from tests.support.servers import free_port
 
 
 def _loose(root: Path) -> list[str]:

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.conftest import BIN, login, start_fabricd
-from tests.support.etcd_server import (
+from lab.rigs.etcd_server import (
     ETCD_BINARY,
     EtcdServer,
     etcd_available,
     etcd_server,  # noqa: F401  (a fixture, used by name)
 )
-from tests.support.polling import clean_env
+from lab.rigs.polling import clean_env
+from tests.controlplane.conftest import BIN, login, start_fabricd
 
 
 def fabricd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.support.bpf import new_pin_dir, shared_plane
+from lab.rigs.bpf import new_pin_dir, shared_plane
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from agent.dataplane.netns import run_in_netns
 from agent.dataplane.veth import prepare_veth_end
-from tests.support.bpf import new_pin_dir
+from lab.rigs.bpf import new_pin_dir
 
 VIP = "10.9.0.100"
 NODE_IP = "10.2.0.1"

@@ -27,7 +27,7 @@ from agent.dataplane.testrun import XDP_PASS, run_xdp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_packets import L2, TC_ACT_OK, _backend_of, _dnat, _run, _valid
 
-from tests.support.bpf import new_pin_dir, open_dataplane
+from lab.rigs.bpf import new_pin_dir, open_dataplane
 
 CLIENT = "10.0.0.2"
 VIP = "10.9.0.100"  # the module's main VIP: tcp/80 and udp/53

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dataplane_nslab import ROUTED_BACKEND, VIP, NsLab, agent_lab, http_get, read_response
 
 from agent.dataplane.netns import run_in_netns
-from tests.support.syn_scan import checksum as _csum
+from lab.rigs.syn_scan import checksum as _csum
 
 WEIGHTS = {"10.1.0.11:8080": 1, "10.1.0.12:8080": 2, "10.1.0.13:8080": 4}
 NAMES = {"b1", "b2", "b3"}

@@ -15,8 +15,8 @@ import pytest
 
 from agent.dataplane.loader import possible_cpus
 from agent.dataplane.testrun import run_xdp
-from tests.support.bpf import new_pin_dir, open_dataplane
-from tests.support.syn_scan import checksum
+from lab.rigs.bpf import new_pin_dir, open_dataplane
+from lab.rigs.syn_scan import checksum
 
 VIP = "10.96.7.1"
 CLIENT = "10.200.0.2"

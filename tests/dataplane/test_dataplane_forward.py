@@ -29,7 +29,7 @@ from scapy.all import IP, TCP, Ether, Raw
 from agent.dataplane.netns import run_in_netns
 from agent.dataplane.settings import DataplaneSettings
 from agent.dataplane.testrun import XDP_PASS, XDP_REDIRECT, XDP_TX, run_xdp
-from tests.support.bpf import new_pin_dir, open_dataplane
+from lab.rigs.bpf import new_pin_dir, open_dataplane
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_packets import _valid

@@ -1,10 +1,10 @@
-"""A bounded packet fuzz of the real XDP and TC programs (tests/support/packet_fuzz.py says what
+"""A bounded packet fuzz of the real XDP and TC programs (lab/rigs/packet_fuzz.py says what
 is generated and checked; scripts/fuzz-packets runs the long profile). Fixed seed: the same
 frames every run."""
 
 from __future__ import annotations
 
-from tests.support.packet_fuzz import fuzz, setup_services
+from lab.rigs.packet_fuzz import fuzz, setup_services
 
 FRAMES = 400
 

@@ -19,7 +19,7 @@ from agent.dataplane.addresses import ip_to_map, port_to_map
 from agent.dataplane.cli import maglev_app
 from agent.dataplane.pins import LAYOUT_VERSION, read_meta, remove_stale_pins
 from common.errors import Conflict, InvalidInput
-from tests.support.bpf import TEST_FLOW_ENTRIES, open_dataplane
+from lab.rigs.bpf import TEST_FLOW_ENTRIES, open_dataplane
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,4 +1,4 @@
-"""Unit tests of the weighted Maglev builder (agent/maglev.py)."""
+"""Unit tests of the weighted Maglev builder (agent/dataplane/maglev.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from agent.maglev import build_maglev_table, slot_quotas
+from agent.dataplane.maglev import build_maglev_table, slot_quotas
 
 
 def _backends(n: int, seed: int = 7) -> dict[str, int]:

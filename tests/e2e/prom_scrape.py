@@ -19,8 +19,8 @@ import httpx
 import yaml
 
 from common.pki import pki_dir
-from controlplane.lab.cluster import LabConfig
-from tests.support.servers import free_port
+from lab.cluster import LabConfig
+from lab.rigs.servers import free_port
 
 DASH = Path(__file__).resolve().parents[2] / "docs" / "dashboards"
 PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"

@@ -1,4 +1,4 @@
-"""The lab through its real console scripts from different directories: `fabricd lab up` in one,
+"""The lab through its real console scripts from different directories: `fabric-lab up` in one,
 `status`, `demo` (twice: it is re-runnable) and `down` in another; down stops what up started and
 names it, and nothing is left. A second `up` on the running lab refuses and keeps its data, and
 `make run`'s entry point on it attaches and shows the demo's objects instead of wiping them;
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab.cluster import LabConfig, status
-from controlplane.lab.processes import running
+from lab.cluster import LabConfig, status
+from lab.processes import running
+from lab.rigs.lab_lock import lab_lock, lab_unavailable
 from tests.e2e.prom_scrape import scrape_lab_and_query
-from tests.support.lab_lock import lab_lock, lab_unavailable
 
 BIN = Path(sys.executable).parent
 
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(lab_unavailable() is not None,
 
 
 def lab(cwd: Path, env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(BIN / "fabricd"), "lab", *args], cwd=cwd, env=env, capture_output=True, text=True,
+    proc = subprocess.run([str(BIN / "fabric-lab"), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     return proc
@@ -102,10 +102,10 @@ def test_lab_up_in_one_directory_demo_twice_and_down_in_another(tmp_path):
             # `lab up` again refuses (no silent down) and the demo's objects are still there.
             again = lab(here, env, "up")
             assert again.returncode == 1, again.stdout + again.stderr
-            assert "the lab is up; 'fabricd lab down' first, or --force" in again.stderr
+            assert "the lab is up; 'fabric-lab down' first, or --force" in again.stderr
             assert running(state) == pids_before
-            # `make run` (controlplane.run_main) on the up lab attaches and shows the demo's state.
-            attach = subprocess.run([sys.executable, "-m", "controlplane.run_main"], cwd=Path.cwd(),
+            # `make run` (lab.run_main) on the up lab attaches and shows the demo's state.
+            attach = subprocess.run([sys.executable, "-m", "lab.run_main"], cwd=Path.cwd(),
                                     env={**env, "FABRIC_LAB_EXIT_AFTER_DEMO": "1"}, capture_output=True, text=True,
                                     timeout=120)
             assert attach.returncode == 0, attach.stdout + attach.stderr

@@ -1,5 +1,5 @@
 """Two balancer nodes announcing VIPs over BGP to a router that spreads flows by ECMP
-(`fabricd lab ecmp up`, controlplane/lab/ecmp.py): the router's table holds each VIP with a next
+(`fabric-lab ecmp up`, lab/ecmp.py): the router's table holds each VIP with a next
 hop per node, new flows reach both nodes, a node whose service has no ready backend withdraws its
 route, an endpoint deleted on both withdraws it from both, an agent killed with SIGKILL loses its
 route at once (its BIRD dies with it) while established dsr-ipip streams keep their backend through
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab import ecmp
-from controlplane.lab.ecmp import DSR_VIP, NAT_VIP, EcmpConfig
-from controlplane.lab.processes import alive
-from controlplane.lab.topology_ecmp import EcmpTopology
-from tests.support.lab_lock import lab_unavailable
-from tests.support.polling import wait_for
+from lab import ecmp
+from lab.ecmp import DSR_VIP, NAT_VIP, EcmpConfig
+from lab.processes import alive
+from lab.rigs.lab_lock import lab_unavailable
+from lab.rigs.polling import wait_for
+from lab.topology_ecmp import EcmpTopology
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(lab_unavailable() is not None, reason=lab_unavailable() or "")]
 
@@ -39,7 +39,7 @@ RESTORE_BOUND = 40
 
 
 def fabricd(state: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(BIN / "fabricd"), "lab", "ecmp", *args, "--state-dir", str(state)],
+    proc = subprocess.run([str(BIN / "fabric-lab"), "ecmp", *args, "--state-dir", str(state)],
                           capture_output=True, text=True, timeout=300)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     return proc

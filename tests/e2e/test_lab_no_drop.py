@@ -25,12 +25,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.lab.cluster import LAB_MODEL_SOURCE
-from tests.e2e.lab_harness import running_lab
+from lab.cluster import LAB_MODEL_SOURCE
+from lab.rigs.chaos_vip import in_client_ns
+from lab.rigs.lab_lock import lab_unavailable
+from lab.rigs.polling import wait_for
 from tests.e2e.test_lab_story import Story
-from tests.support.chaos_vip import in_client_ns
-from tests.support.lab_lock import lab_unavailable
-from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(lab_unavailable() is not None, reason=lab_unavailable() or "")]
 
@@ -55,13 +54,13 @@ class Tally:
 
 
 class VipStreams:
-    """tests.support.vip_stream in the client namespace: WORKERS long streams to the VIP, each a
+    """lab.rigs.vip_stream in the client namespace: WORKERS long streams to the VIP, each a
     new connection; stopped (no new calls, the ones in flight finish) by closing its stdin."""
 
     def __init__(self, netns: str, vip: str, workers: int = 3):
         self.tally = Tally()
         self.proc = subprocess.Popen(
-            in_client_ns(netns, "tests.support.vip_stream", "--url", f"http://{vip}:8000", "--model", DEP,
+            in_client_ns(netns, "lab.rigs.vip_stream", "--url", f"http://{vip}:8000", "--model", DEP,
                          "--workers", str(workers), "--max-tokens", str(MAX_TOKENS),
                          "--timeout", str(STREAM_TIMEOUT_S)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
@@ -122,12 +121,13 @@ class GatewayStreams:
 
 
 @pytest.fixture(scope="module")
-def lab():
-    with running_lab("e2e-nd", reconcile_secs=1.0, routing_secs=1.0) as (cfg, handle):
-        story = Story(cfg, handle.token)
-        yield cfg, story
-        story.api.close()
-        story.agent.close()
+def lab(shared_lab):
+    """The e2e modules' shared lab (tests/e2e/conftest.py), as a fresh lab holds it."""
+    cfg, token = shared_lab
+    story = Story(cfg, token)
+    yield cfg, story
+    story.api.close()
+    story.agent.close()
 
 
 def test_every_removal_drains_and_no_stream_is_cut(lab):

@@ -30,10 +30,10 @@ import httpx
 import pytest
 
 from agent.vm.lab_engine import DEFAULT_NICE, engine_installed
-from controlplane.lab.cluster import LAB_ADAPTER_SOURCE, LAB_MODEL_SOURCE, LabConfig
+from lab.cluster import LAB_ADAPTER_SOURCE, LAB_MODEL_SOURCE, LabConfig
+from lab.rigs.lab_lock import lab_unavailable
+from lab.rigs.polling import wait_for
 from tests.e2e.lab_harness import running_lab
-from tests.support.lab_lock import lab_unavailable
-from tests.support.polling import wait_for
 
 MODEL, PROFILE, ENDPOINT = "tiny-chat", "cpu-vllm", "tiny-chat-openai"
 RSS_BUDGET = int(2.5 * (1 << 30))
@@ -356,12 +356,12 @@ def test_scale_in_through_the_vip_lets_every_real_stream_finish(lab: Lab):
     flow through the XDP program) while the deployment scales in from 2 to 1: the drained
     replica's streams in flight finish on it, new calls go to the one that stays, and every call
     ends with data: [DONE]."""
-    from tests.support.chaos_vip import in_client_ns
+    from lab.rigs.chaos_vip import in_client_ns
 
     reps = lab.replicas()
     engines = [f"http://{r['host']}:{r['port']}" for r in reps]
     proc = subprocess.Popen(
-        in_client_ns(lab.cfg.topology.client_ns, "tests.support.vip_stream", "--url", f"http://{lab.vip}:8000",
+        in_client_ns(lab.cfg.topology.client_ns, "lab.rigs.vip_stream", "--url", f"http://{lab.vip}:8000",
                      "--model", MODEL, "--workers", "4", "--max-tokens", "120", "--timeout", "150"),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=Path(__file__).resolve().parents[2])
@@ -428,7 +428,7 @@ def test_a_call_at_zero_replicas_is_held_and_its_cold_start_timed_by_phase(lab: 
     import openai
 
     from common.cold_phase import PHASES
-    from controlplane.lab.cold_start_phases import ORDER, measure
+    from lab.cold_start_phases import ORDER, measure
 
     api = lab.api
     r = api.put(f"/api/ai/deployments/{MODEL}/autoscaling", json={

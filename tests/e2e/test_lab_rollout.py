@@ -1,5 +1,5 @@
 """A canary at 20 % and autoscaling in the real lab (namespaces, XDP Maglev, fabricd, agent,
-engine sims), one lab for both (each has its own deployment and endpoint).
+engine sims), on the e2e modules' shared lab (each test has its own deployment and endpoint).
 
 Four replicas of revision 1, a canary to revision 2 held at 20 %: the new set's share of the
 live BPF Maglev table is within 0.1 point of 20 %, and of 500 new TCP connections through the
@@ -20,11 +20,10 @@ import subprocess
 import httpx
 import pytest
 
-from controlplane.lab.cluster import LAB_MODEL_SOURCE, LabConfig
-from tests.e2e.lab_harness import running_lab
+from lab.cluster import LAB_MODEL_SOURCE, LabConfig
+from lab.rigs.lab_lock import lab_unavailable
+from lab.rigs.polling import wait_for
 from tests.e2e.test_lab_story import Story
-from tests.support.lab_lock import lab_unavailable
-from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(lab_unavailable() is not None, reason=lab_unavailable() or "")]
 
@@ -34,12 +33,13 @@ CONNECTIONS = 500
 
 
 @pytest.fixture(scope="module")
-def lab():
-    with running_lab("e2e-ro", reconcile_secs=1.0, routing_secs=1.0, autoscale_secs=1.0) as (cfg, handle):
-        story = Story(cfg, handle.token)
-        yield cfg, story.api, story.agent
-        story.api.close()
-        story.agent.close()
+def lab(shared_lab):
+    """The e2e modules' shared lab (tests/e2e/conftest.py), as a fresh lab holds it."""
+    cfg, token = shared_lab
+    story = Story(cfg, token)
+    yield cfg, story.api, story.agent
+    story.api.close()
+    story.agent.close()
 
 
 def table(agent, vip) -> dict[str, tuple[int, int]] | None:

@@ -1,6 +1,7 @@
 """The lab story end to end: one real lab (namespaces, XDP, fabricd, agent, gateway), one story.
 
-Each test is a chapter and builds on the one before (pytest runs them in file order). Waits
+The lab is the e2e modules' shared one (tests/e2e/conftest.py), as a fresh lab holds it. Each
+test is a chapter and builds on the one before (pytest runs them in file order). Waits
 poll with bounded deadlines; assertions are on behaviour (who answered, weights in the live
 BPF maps, records in the store, routing ticks), never on elapsed time.
 """
@@ -16,13 +17,13 @@ import httpx
 import pytest
 
 from common.store.base import open_store
-from controlplane.lab.cluster import LAB_MODEL_SOURCE, NODE_ID, LabConfig, down, status
-from controlplane.lab.processes import running
-from tests.e2e.lab_harness import running_lab
-from tests.support import chaos
-from tests.support.chaos_lab import FLOW_ENTRIES, LabRig
-from tests.support.lab_lock import lab_unavailable
-from tests.support.polling import wait_for as poll
+from lab.cluster import LAB_MODEL_SOURCE, NODE_ID, LabConfig, down, status
+from lab.processes import running
+from lab.rigs import chaos
+from lab.rigs.chaos_lab import FLOW_ENTRIES, LabRig
+from lab.rigs.lab_lock import lab_unavailable
+from lab.rigs.polling import wait_for as poll
+from tests.e2e.lab_harness import SharedLab
 
 MODEL, PROFILE = "story-llm", "story-h100"
 ENDPOINT = f"{MODEL}-openai"
@@ -81,10 +82,13 @@ class Story:
 
 
 @pytest.fixture(scope="module")
-def story(tmp_path_factory) -> Story:
-    # a small connection table, so the chaos chapter's scan can fill it (4x its size)
-    with running_lab("e2e", flow_entries=FLOW_ENTRIES) as (cfg, handle):
-        yield Story(cfg, handle.token)
+def story(shared_lab) -> Story:
+    # the shared lab has a small connection table, so the chaos chapter's scan can fill it (4x its size)
+    cfg, token = shared_lab
+    story = Story(cfg, token)
+    yield story
+    story.api.close()
+    story.agent.close()
 
 
 def test_deploy_three_replicas_all_ready(story: Story):
@@ -228,7 +232,7 @@ def test_delete_endpoint_releases_vip_and_maglev_service(story: Story):
              lambda: story.vip not in {v["vip"] for v in story.api.get("/api/ai/capacity").json()["vips"]})
 
 
-def test_lab_down_leaves_nothing_behind(story: Story):
+def test_lab_down_leaves_nothing_behind(story: Story, shared_lab_holder: SharedLab):
     cfg = story.cfg
     down(cfg)
     assert status(cfg) == []
@@ -237,3 +241,4 @@ def test_lab_down_leaves_nothing_behind(story: Story):
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert cfg.topology.prefix not in left
     assert subprocess.run(["ip", "link", "show", cfg.topology.host_if], capture_output=True).returncode != 0
+    shared_lab_holder.close()  # a later chapter gets a new lab

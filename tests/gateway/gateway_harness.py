@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 
-from agent.engine_sim.process import EngineProcess, PortTaken, bind_failed, on_free_port
 from common import apikeys, counters, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from common.store.base import Store, open_store
+from enginesim.process import EngineProcess, PortTaken, bind_failed, on_free_port
 from tests.support.fake_clock import SUITE_CLOCK
 
 HMAC_SECRET = "gateway-test-hmac-secret"

@@ -19,9 +19,9 @@ import pytest
 from common import keyspace
 from common.schemas import ApiKeyRecord
 from common.store.base import open_store
-from controlplane.fabricctl import credentials
-from controlplane.fabricctl.client import ClientError, FabricClient
-from controlplane.fabricctl.contexts import Resolved
+from fabricctl import credentials
+from fabricctl.client import ClientError, FabricClient
+from fabricctl.contexts import Resolved
 from tests.controlplane.conftest import BIN, login, start_fabricd
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, publish_endpoint, sim_engine
 

@@ -11,7 +11,7 @@ import pytest
 
 from common import keyspace
 from common.schemas import InferenceDeployment, LoraAdapter, ModelArtifact
-from controlplane.lab.tiny_model import write_tiny_adapter
+from lab.tiny_model import write_tiny_adapter
 from tests.gateway.gateway_harness import gateway_over, make_key, publish_endpoint, sim_engine, sqlite_state
 
 ADAPTERS = ["sql", "poem", "code", "legal", "med", "chem"]

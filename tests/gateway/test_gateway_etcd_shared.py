@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from common import audit_chain
+from lab.rigs.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine
-from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 
 
 @pytest.fixture(scope="module")

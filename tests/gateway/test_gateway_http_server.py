@@ -13,7 +13,7 @@ import time
 import pytest
 import uvicorn
 
-from agent.engine_sim.process import free_port
+from enginesim.process import free_port
 from gateway import http_server
 from gateway.http_server import GatewayHttpProtocol
 

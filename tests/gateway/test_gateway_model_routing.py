@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from agent.engine_sim.process import EngineProcess
 from common import keyspace
 from common.store.base import open_store
+from enginesim.process import EngineProcess
 from tests.controlplane.conftest import BIN, login, start_fabricd
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key, publish_endpoint
 

@@ -18,9 +18,9 @@ from websockets.asyncio.server import serve as ws_serve
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from agent.engine_sim.process import free_port
 from common import audit_chain, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
+from enginesim.process import free_port
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 ISSUER = "https://idp.example.test"

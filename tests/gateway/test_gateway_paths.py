@@ -25,8 +25,8 @@ import httpx
 import openai
 import pytest
 
-from agent.engine_sim.process import EngineProcess, free_port
 from common import apikeys, audit_chain, pki
+from enginesim.process import EngineProcess, free_port
 from tests.gateway.gateway_harness import (
     BASE_ENV,
     GatewayProcess,

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from agent.engine_sim.process import EngineProcess
 from common import keyspace
 from common.schemas import InferenceEndpoint
+from enginesim.process import EngineProcess
 from tests.gateway.gateway_harness import gateway_over, make_key, publish_endpoint, sqlite_state
 
 SYSTEMS = [f"You are assistant number {i}. Follow the house style guide in every answer. " * 6 for i in range(2)]

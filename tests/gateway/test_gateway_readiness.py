@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
+from lab.rigs.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 from tests.gateway.gateway_harness import GatewayProcess
-from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 
 
 def test_ready_follows_the_store(tmp_path):

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
+from lab.rigs.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine
-from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
 
 
 def _call(gw: GatewayProcess, key: str) -> httpx.Response:

@@ -28,9 +28,9 @@ from common.schemas import (
     Replica,
 )
 from controlplane.cli_fabricd import app as fabricd_app
+from lab.rigs.servers import free_port
 from tests.gateway.gateway_harness import GatewayProcess, make_key, sim_engine, sqlite_state
 from tests.integration.orchestration_harness import agent_command, clean_env
-from tests.support.servers import free_port
 
 NODE = "node-kv"
 DIGEST = "c" * 64

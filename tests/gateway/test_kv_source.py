@@ -29,13 +29,13 @@ from common.schemas import (
 )
 from common.store.base import open_store
 from controlplane.events import recent_events
-from controlplane.lab.tiny_model import write_tiny_model
 from gateway.engine_hash import EngineTokenizer, RequestHasher, SimTokenizer
 from gateway.kv_blind import BlindWatch, store_event_writer
 from gateway.kv_source import AgentKvSource
 from gateway.replica_router import ReplicaRouter
 from gateway.tokenize_pool import PooledHasher, TokenizePool
 from gateway.upstreams import EndpointView
+from lab.tiny_model import write_tiny_model
 
 D1, D2 = "a" * 64, "b" * 64
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "You answer briefly. " * 40},

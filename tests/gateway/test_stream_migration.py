@@ -11,8 +11,8 @@ import signal
 import httpx
 import pytest
 
-from agent.engine_sim.process import EngineProcess
 from common.http1_client import UpstreamPool
+from enginesim.process import EngineProcess
 from gateway.proxy import forward
 from gateway.stream_migration import (
     Continuation,

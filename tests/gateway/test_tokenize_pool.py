@@ -11,11 +11,11 @@ import json
 import pytest
 
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
-from controlplane.lab.tiny_model import CHAT_TEMPLATE, tokenizer_json
 from gateway.engine_hash import EngineTokenizer, RequestHasher, SimTokenizer, Untokenizable
 from gateway.replica_router import ReplicaRouter
 from gateway.tokenize_pool import PooledHasher, TokenizePool
 from gateway.upstreams import EndpointView
+from lab.tiny_model import CHAT_TEMPLATE, tokenizer_json
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you today? " * 8}]}
 NESTED = ("{% for a in range(10000) %}{% for b in range(10000) %}{% for c in range(10000) %}"

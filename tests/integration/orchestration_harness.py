@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 
 from agent.vm.dryrun_driver import DryRunDriver
-from controlplane.lab.hf_mirror import HfMirror, MirrorConfig
-from controlplane.lab.tiny_model import write_tiny_model
+from lab.hf_mirror import HfMirror, MirrorConfig
+from lab.rigs.polling import clean_env, wait_for
+from lab.rigs.servers import free_port
+from lab.tiny_model import write_tiny_model
 from tests.support.fabricd_init import init_state
-from tests.support.polling import clean_env, wait_for
-from tests.support.servers import free_port
 
 BIN = Path(sys.executable).parent
 MIRRORED_REPOS = ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B")

@@ -18,9 +18,9 @@ import openai
 import pytest
 
 from common.store.base import open_store
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key
 from tests.integration.orchestration_harness import BIN, deploy, start_cluster
-from tests.support.polling import wait_for
 
 # full: scale out/in into the BPF map runs in make test as tests/e2e/test_lab_rollout.py::test_queue_scales_out_into_the_bpf_map_and_back_in, the wake-up's hold
 # as tests/gateway/test_gateway_cold_start.py, the decisions as tests/controlplane/scaling/.

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
+from lab.rigs.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
+from lab.rigs.polling import clean_env, wait_for
 from tests.integration.orchestration_harness import BIN, deploy, start_cluster
-from tests.support.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
-from tests.support.polling import clean_env, wait_for
 
 # full: make test keeps backup and restore on SQLite (tests/controlplane/backup/) and the store contract on etcd.
 pytestmark = [pytest.mark.full, pytest.mark.e2e, pytest.mark.etcd,

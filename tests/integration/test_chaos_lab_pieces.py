@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from common import keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from common.store.base import Store, open_store
-from tests.support.chaos_vip import maglev_problems
-from tests.support.syn_scan import checksum, syn_segment
+from lab.rigs.chaos_vip import maglev_problems
+from lab.rigs.syn_scan import checksum, syn_segment
 
 
 def test_syn_segment_is_a_checksummed_syn_from_the_given_port():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.servers import free_port
+from lab.rigs.servers import free_port
 
 BIN = Path(sys.executable).parent
 
@@ -43,7 +43,7 @@ def _cases(state: Path, tmp: Path) -> list[tuple[list[str], dict[str, str], int,
          {"FABRIC_RECONCILE_SECS": "soon"}, 2, "FABRIC_RECONCILE_SECS='soon' is not a number"),
         (["fabricd", "serve", "--state-dir", str(state), "--listen", "0.0.0.0:1", "--insecure"], {}, 2,
          "loopback"),
-        (["fabricd", "lab", "demo"], {"FABRIC_LAB_STATE": str(tmp / "no-lab")}, 1, "the lab is not up"),
+        (["fabric-lab", "demo"], {"FABRIC_LAB_STATE": str(tmp / "no-lab")}, 1, "the lab is not up"),
         # fabric-agent
         (["fabric-agent", "serve", "--node-id", "n1", "--pki-dir", str(tmp / "no-pki")], {}, 2,
          "TLS files not found"),

@@ -16,9 +16,9 @@ import subprocess
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from lab.rigs.polling import wait_for
 from tests.controlplane.console.test_console_browser import CHROMIUM, REPO, SCREENSHOTS
 from tests.integration.orchestration_harness import deploy, start_cluster
-from tests.support.polling import wait_for
 
 # full (scripts/test-full; 27 s); make test covers it with the weights' rule on the lab's live map (tests/e2e/test_lab_story.py's load chapter) and the console's pages in a browser (tests/controlplane/console/)
 pytestmark = [pytest.mark.e2e, pytest.mark.full]

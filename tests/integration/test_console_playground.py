@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from lab.rigs.polling import wait_for
+from lab.rigs.servers import free_port
 from tests.controlplane.console.test_console_browser import CHROMIUM, SCREENSHOTS
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess
 from tests.integration.orchestration_harness import start_cluster
-from tests.support.polling import wait_for
-from tests.support.servers import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from lab.rigs.polling import wait_for
 from tests.integration.orchestration_harness import deploy, start_cluster
-from tests.support.polling import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from lifecycle_bench import ENV, engine_killer, measure_drain  # noqa: E402  (scripts/lifecycle_bench.py)

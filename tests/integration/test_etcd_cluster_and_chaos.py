@@ -1,4 +1,4 @@
-"""The loopback rig (tests.support.chaos_rig: two fabricd, an agent with real engine-sim replicas
+"""The loopback rig (lab.rigs.chaos_rig: two fabricd, an agent with real engine-sim replicas
 and two gateways on a real three-member etcd cluster), shared by two suites in this module.
 
 etcd members SIGKILLed and restarted under load: a follower, then the leader. (Quorum loss, one
@@ -13,7 +13,7 @@ acknowledged write is there, no GPU reserved twice or for a replica that does no
 VIP allocated once, exactly ``quota`` calls admitted across both gateways, the audit chain
 verifies, and reads answered 200 while a quorum was up.
 
-Then the short chaos run (tests.support.chaos; scripts/chaos runs every injection): a subset of
+Then the short chaos run (lab.rigs.chaos; scripts/chaos runs every injection): a subset of
 the injections under streaming load, each with its client view and invariants checked.
 """
 
@@ -27,12 +27,12 @@ import httpx
 import pytest
 
 from common import audit_chain, keyspace
+from lab.rigs import chaos
+from lab.rigs.chaos_rig import DEP, EP, start_rig
+from lab.rigs.etcd_cluster import EtcdCluster
+from lab.rigs.etcd_server import ETCD_BINARY, etcd_available
+from lab.rigs.polling import scrape_gauge, wait_for
 from tests.gateway.gateway_harness import make_key
-from tests.support import chaos
-from tests.support.chaos_rig import DEP, EP, start_rig
-from tests.support.etcd_cluster import EtcdCluster
-from tests.support.etcd_server import ETCD_BINARY, etcd_available
-from tests.support.polling import scrape_gauge, wait_for
 
 # full: scripts/chaos and scripts/soak are its longer runs; make test keeps the store contract on etcd
 # (tests/common/test_store_contract.py, test_store_races.py, test_etcd_failover.py) and the

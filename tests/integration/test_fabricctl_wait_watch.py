@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from lab.rigs.polling import wait_for
 from tests.integration.orchestration_harness import start_cluster
-from tests.support.polling import wait_for
 
 # full (scripts/test-full; 32 s); make test covers it with --wait and watch in tests/controlplane/test_fabricctl_cli.py and tests/integration/test_cli_mistakes.py; logs and drain in tests/e2e/test_lab_cli_dirs.py and tests/e2e/test_lab_no_drop.py
 pytestmark = [pytest.mark.e2e, pytest.mark.full]

@@ -14,8 +14,8 @@ import re
 import httpx
 import pytest
 
+from lab.rigs.polling import wait_for
 from tests.integration.orchestration_harness import deploy, start_cluster
-from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 
+from lab.rigs.polling import clean_env, wait_for
+from lab.rigs.servers import free_port
 from tests.controlplane.conftest import start_fabricd
 from tests.gateway.gateway_harness import GatewayProcess
-from tests.support.polling import clean_env, wait_for
-from tests.support.servers import free_port
 
 BIN = Path(sys.executable).parent
 SHAPE = {"status", "component", "version", "checks"}

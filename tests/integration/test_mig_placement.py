@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
+from lab.rigs.polling import clean_env, wait_for
 from tests.integration.orchestration_harness import BIN, start_cluster
-from tests.support.polling import clean_env, wait_for
 
 # full (scripts/test-full; 16 s); make test covers it with the MIG planner and agent routes (tests/controlplane/placement/, tests/agent/)
 pytestmark = [pytest.mark.e2e, pytest.mark.full]

@@ -21,11 +21,11 @@ import pytest
 
 from agent.models.checks import build_manifest
 from common.store.base import open_store
-from controlplane.lab.hf_mirror import commit_of
-from controlplane.lab.tiny_model import write_tiny_adapter, write_tiny_model
+from lab.hf_mirror import commit_of
+from lab.rigs.polling import wait_for
+from lab.tiny_model import write_tiny_adapter, write_tiny_model
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key
 from tests.integration.orchestration_harness import BIN, start_cluster
-from tests.support.polling import wait_for
 
 # full (scripts/test-full; 14 s); make test covers it with an adapter loaded on its first call through the gateway on the real engine (tests/e2e/test_lab_real_engine.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.full]

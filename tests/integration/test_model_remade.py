@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.lab.tiny_model import write_tiny_model
+from lab.rigs.polling import wait_for
+from lab.tiny_model import write_tiny_model
 from tests.integration.orchestration_harness import start_cluster
-from tests.support.polling import wait_for
 
 # full (scripts/test-full; 12 s); make test covers it with the model jobs' records (tests/controlplane/models/) and the supply chain end to end (tests/integration/test_model_supply.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.full]

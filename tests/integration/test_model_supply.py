@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from agent.models.checks import build_manifest
-from controlplane.lab.hf_mirror import commit_of
-from controlplane.lab.tiny_model import write_tiny_model
+from lab.hf_mirror import commit_of
+from lab.rigs.polling import clean_env, wait_for
+from lab.tiny_model import write_tiny_model
 from tests.integration.orchestration_harness import start_cluster
-from tests.support.polling import clean_env, wait_for
 
 pytestmark = pytest.mark.e2e
 EVERY_STATE = ["Registered", "Resolving", "Downloading", "Verifying", "Scanning", "Ready"]

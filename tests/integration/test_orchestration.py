@@ -11,8 +11,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from lab.rigs.polling import wait_for
 from tests.integration.orchestration_harness import deploy, start_cluster
-from tests.support.polling import wait_for
 
 # full (scripts/test-full; 35 s): make test keeps the same story on the lab (tests/e2e/test_lab_story.py,
 # test_lab_no_drop.py: deploy, weights, health failure, drain, delete); docs/reliability.md

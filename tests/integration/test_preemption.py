@@ -16,9 +16,9 @@ import threading
 import httpx
 import pytest
 
+from lab.rigs.polling import wait_for
 from tests.controlplane.conftest import BIN
 from tests.integration.orchestration_harness import start_cluster
-from tests.support.polling import wait_for
 
 # full (scripts/test-full; 40 s): make test keeps the planner's rule (tests/controlplane/placement/)
 # and drains that cut no stream (tests/e2e/test_lab_no_drop.py); docs/reliability.md "The full profile"

@@ -1,6 +1,6 @@
 """The layout docs/install.md prescribes, in make test: three fabricd on a three-member etcd.
 
-One rig for the module (tests.support.chaos_rig): a three-member etcd cluster with peer and client
+One rig for the module (lab.rigs.chaos_rig): a three-member etcd cluster with peer and client
 TLS and auth on, three `fabricd serve` with controllers on (1 s periods, a 3 s leader lease),
 each logged in as the etcd user fabricd, and one agent (dry-run driver, each replica a real
 fabric-engine-sim process) that heartbeats to every fabricd in turn. The tests run in file order
@@ -31,9 +31,9 @@ import pytest
 from common import keyspace
 from common.store.locks import lock_view
 from controlplane.controllers import LEADER_NAME
-from tests.support.chaos_rig import DEP, EP, start_rig
-from tests.support.etcd_server import ETCD_BINARY, etcd_available
-from tests.support.polling import scrape_gauge, wait_for
+from lab.rigs.chaos_rig import DEP, EP, start_rig
+from lab.rigs.etcd_server import ETCD_BINARY, etcd_available
+from lab.rigs.polling import scrape_gauge, wait_for
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not etcd_available(), reason=f"etcd binary not found at {ETCD_BINARY}")]

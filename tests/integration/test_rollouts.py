@@ -14,8 +14,8 @@ import subprocess
 import httpx
 import pytest
 
+from lab.rigs.polling import wait_for
 from tests.integration.orchestration_harness import BIN, deploy, start_cluster
-from tests.support.polling import wait_for
 
 # full: make test keeps the canary through the VIP (tests/e2e/test_lab_rollout.py, test_lab_no_drop.py) and
 # the planner's tables (tests/controlplane/rollouts/).

@@ -12,9 +12,9 @@ import subprocess
 import pytest
 
 from controlplane.console.views import capacity_strip
+from lab.rigs.polling import wait_for
 from tests.controlplane.conftest import BIN
 from tests.integration.orchestration_harness import start_cluster
-from tests.support.polling import wait_for
 
 # full (scripts/test-full; 24 s); make test covers it with fabricctl's outputs and waits against a fabricd (tests/controlplane/test_fabricctl_cli.py, tests/integration/test_cli_mistakes.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.full]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.support.polling import wait_for
+from lab.rigs.polling import wait_for
 
 
 def finished(client: httpx.Client, started: httpx.Response, timeout: float = 30) -> dict:

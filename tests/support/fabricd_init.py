@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from controlplane.auth import PASSWORD_FILES, ensure_password
-from tests.support.polling import clean_env
+from lab.rigs.polling import clean_env
 
 BIN = Path(sys.executable).parent
 

@@ -15,7 +15,7 @@ from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.settings import load
 from controlplane.state import AppState
-from tests.support.servers import serve_in_thread
+from lab.rigs.servers import serve_in_thread
 
 
 @contextmanager

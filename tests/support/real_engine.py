@@ -14,7 +14,7 @@ from agent.vm.lab_engine import (
     real_engine_argv,
     real_engine_env,
 )
-from controlplane.lab.tiny_model import write_tiny_adapter, write_tiny_model
+from lab.tiny_model import write_tiny_adapter, write_tiny_model
 
 MODEL = "tiny-chat"
 

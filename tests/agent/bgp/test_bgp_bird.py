@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from agent.bgp.announcer import BgpAnnouncer
 from agent.bgp.settings import BgpSettings, Peer
+from lab.rigs.polling import wait_for
 from tests.agent.bgp.test_bgp_announcer import MemoryDataplane
-from tests.support.polling import wait_for
 
 ROUTER = """router id 10.249.0.1;
 protocol device { scan time 1; }

@@ -20,8 +20,8 @@ from common import keyspace
 from common.schemas import Node, Replica
 from common.store.base import open_store
 from controlplane.mig.catalog import MigSettings
+from lab.rigs.servers import serve_in_thread
 from tests.support.inprocess_fabricd import serve_fabricd
-from tests.support.servers import serve_in_thread
 
 FAKE_SMI = """#!/bin/sh
 echo "$@" >> "{log}"

@@ -15,8 +15,8 @@ import pytest
 from common.model_manifest import build_manifest
 from common.schemas import ModelArtifact, ModelStatus, Node, Site
 from controlplane.models import replicate
+from lab.rigs.servers import free_port
 from tests.controlplane.conftest import login, start_fabricd
-from tests.support.servers import free_port
 
 TOKEN = "replicate-secret-3f9a"
 

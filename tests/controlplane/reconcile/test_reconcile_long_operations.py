@@ -24,8 +24,8 @@ from common.store.sqlite_store import SqliteStore
 from controlplane.agent_client import AgentClient
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
+from lab.rigs.servers import serve_in_thread
 from tests.controlplane.planner_data import gpu, model, node, profile
-from tests.support.servers import serve_in_thread
 
 CLIENT_TIMEOUT_S = 1.0  # each request fabricd makes
 WORK_S = 3.0  # each bind and create: three times the request timeout

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from agent.maglev import build_maglev_indices
+from agent.dataplane.maglev import build_maglev_indices
 from common.maglev_quota import DEFAULT_SIZE, MAX_WEIGHT, slot_quotas
 from controlplane.rollouts.split import apportion, split
 from controlplane.rollouts.weights import apply_rollout

@@ -14,8 +14,8 @@ from common.store.sqlite_store import SqliteStore
 from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.state import AppState, Settings
+from lab.rigs.servers import free_port
 from tests.controlplane.tenancy.conftest import MODEL, PROFILE
-from tests.support.servers import free_port
 
 
 def test_admit_reads_another_tenants_model_as_missing(tenancy_fabricd, tokens):

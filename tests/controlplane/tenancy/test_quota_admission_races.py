@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from lab.rigs.etcd_server import etcd_server  # noqa: F401  (a fixture, used by name)
 from tests.controlplane.conftest import login, start_fabricd
-from tests.support.etcd_server import etcd_server  # noqa: F401  (a fixture, used by name)
 
 MAX_GPUS = 4
 CALLERS = 12

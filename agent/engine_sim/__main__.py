@@ -1,3 +1,0 @@
-from agent.engine_sim.cli import main
-
-main()

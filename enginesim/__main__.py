@@ -1,0 +1,3 @@
+from enginesim.cli import main
+
+main()
