@@ -63,7 +63,7 @@ class Engine:
         /health answers 200; a new request is answered 500 "cannot schedule new futures after
         shutdown"; the running requests run to their end, the waiting ones are never scheduled;
         once nothing runs (or N s have passed) the server exits and the waiting ones' connections
-        close with no end (server.py). tests/engine_sim/test_conformance_real.py holds both to
+        close with no end (server.py). tests/enginesim/test_conformance_real.py holds both to
         the real engine."""
         if self.config.shutdown_timeout_s <= 0:
             self.stopping = True

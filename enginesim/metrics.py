@@ -1,7 +1,7 @@
 """vLLM-named Prometheus metrics on a per-app registry.
 
 Names, labels and histogram buckets follow vLLM's (held to vLLM 0.32's own page by
-tests/engine_sim/test_conformance_real.py: every series carries ``engine="0"`` and
+tests/enginesim/test_conformance_real.py: every series carries ``engine="0"`` and
 ``model_name``; request_success has all five finished reasons), so routing code that scrapes a
 real vLLM scrapes this the same way. Gauges are read
 live from the scheduler at scrape time (plus any synthetic load), never cached.

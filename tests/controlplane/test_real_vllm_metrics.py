@@ -1,7 +1,7 @@
 """The routing parser on a /metrics page captured from the real engine: vLLM 0.32's CPU build
 (.venv-engine) serving the lab's tiny model with --max-num-seqs 2 under 6 concurrent requests
 (fixtures/vllm_0_32_cpu_metrics.txt, our own captured output; recapture the same way after an
-engine upgrade: tests/engine_sim/test_conformance_real.py checks the live page's families)."""
+engine upgrade: tests/enginesim/test_conformance_real.py checks the live page's families)."""
 
 from pathlib import Path
 
