@@ -197,9 +197,18 @@ class AgentOperation(WireModel):
     error: OperationError | None = None
 
 
-class MaglevServiceSpec(WireModel):
-    """PUT body: the whole backend set of one VIP:port:proto with weights 0-32."""
+def service_key(vip: str, port: int, proto: str) -> str:
+    """How a service is named where its generation is reported: ``VIP:PORT/PROTO``."""
+    return f"{vip}:{port}/{proto}"
 
+
+class MaglevServiceSpec(WireModel):
+    """PUT body: the whole backend set of one VIP:port:proto with weights 0-32, and the generation
+    of the routing plan it comes from (common.records.plans): an agent refuses a generation older
+    than the one it holds for that service (409 ``stale_generation``), so a late PUT never
+    overwrites a newer one. 0 is a hand-written service with no plan behind it."""
+
+    generation: int = Field(0, ge=0, description="the published plan's generation; older than held: 409")
     backends: dict[str, int] = Field(default_factory=dict, description='{"IP:PORT": weight 0-32}')
     draining: list[str] = Field(default_factory=list, description="backends taking no new flows")
     forwarding: Forwarding = Field("nat", description="nat (default): DNAT here, replies translated back here; "
@@ -219,6 +228,53 @@ class MaglevServiceSpec(WireModel):
     @classmethod
     def _draining(cls, v: list[str]) -> list[str]:
         return [check_backend(b) for b in v]
+
+
+class MaglevServicePut(MaglevServiceSpec):
+    """One service of a batch PUT (PUT /v1/maglev/services): its address and its spec."""
+
+    vip: str
+    port: int = Field(..., ge=1, le=65535)
+    proto: Proto = "tcp"
+
+    @field_validator("vip")
+    @classmethod
+    def _vip(cls, v: str) -> str:
+        try:
+            ipaddress.IPv4Address(v)
+        except ValueError:
+            raise ValueError(f"vip {v!r} is not an IPv4 address") from None
+        return v
+
+    @property
+    def key(self) -> str:
+        return service_key(self.vip, self.port, self.proto)
+
+    def spec(self) -> MaglevServiceSpec:
+        return MaglevServiceSpec.model_validate(self.model_dump(exclude={"vip", "port", "proto"}))
+
+
+class MaglevServiceBatch(WireModel):
+    """PUT /v1/maglev/services: every service whose generation moved, for one agent, in one request."""
+
+    services: list[MaglevServicePut] = Field(default_factory=list, max_length=4096)
+
+
+class MaglevPutResult(WireModel):
+    """What the agent did with one service of a batch: ``applied`` (maps written or already equal),
+    ``stale`` (an older generation than ``held``: refused, nothing written) or ``failed`` (``code``
+    and ``message`` say why; the others of the batch are applied all the same)."""
+
+    key: str
+    generation: int
+    outcome: Literal["applied", "stale", "failed"]
+    held: int = Field(0, description="the generation the agent holds for the service after this call")
+    code: str = ""
+    message: str = ""
+
+
+class MaglevBatchResult(WireModel):
+    results: list[MaglevPutResult] = Field(default_factory=list)
 
 
 class MaglevBackendStats(WireModel):
@@ -244,6 +300,7 @@ class MaglevServiceView(WireModel):
     backends: dict[str, int] = Field(default_factory=dict)
     draining: list[str] = Field(default_factory=list)
     forwarding: Forwarding = "nat"
+    generation: int = Field(0, description="the plan generation the agent holds for it (0: none)")
     stats: list[MaglevBackendStats] = Field(default_factory=list, description="from the live maps, when read")
 
 
@@ -286,6 +343,9 @@ class NodeReport(WireModel):
     model_disk_free_bytes: int | None = Field(None, ge=0, description="free disk in the model cache (model jobs)")
     services_withdrawn: str = Field("", max_length=500, description="why the agent withdrew its Maglev services "
                                     "(a fail-closed site cut off from fabricd); fabricd pushes them again")
+    service_generations: dict[str, int] = Field(default_factory=dict, max_length=4096, description=(
+        "VIP:PORT/PROTO -> the plan generation of each Maglev service its dataplane holds; the routing "
+        "controller re-sends a service whose generation differs from the published plan's"))
 
     @field_validator("id")
     @classmethod

@@ -554,6 +554,9 @@ class Node(Spec):
     services_withdrawn: str = Field("", description="why its agent withdrew its Maglev services (a fail-closed "
                                     "site cut off from fabricd; agent.fail_closed); the routing controller "
                                     "pushes them again")
+    service_generations: dict[str, int] = Field(default_factory=dict, description=(
+        "VIP:PORT/PROTO -> the plan generation of each Maglev service its agent reported holding at the last "
+        "heartbeat; the routing controller re-sends where it differs from the published plan"))
     model_disk_free_bytes: int | None = Field(None, ge=0, description="free disk in the agent's model cache; "
                                               "placement refuses a model declared larger (None: not reported)")
     last_heartbeat: float = 0
