@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from agent.hw.kvm import KvmProbe
     from agent.models.jobs import ModelJobs
 
+from agent.service_generations import ServiceGenerations
 from agent.settings import AgentSettings
 from agent.vm.base import VmDriver
 from common.schemas import GpuInfo, KvmStatus
@@ -50,6 +51,10 @@ class DataplaneLike(Protocol):
 
     def list_services(self) -> list[Any]: ...
 
+    def readiness(self) -> list[tuple[str, int, str, int, int]]:
+        """(vip, port, proto, backends taking new flows, backends) per service, cheaply."""
+        ...
+
 
 @dataclass
 class AgentState:
@@ -59,6 +64,7 @@ class AgentState:
     binder: GpuBinder | None = None  # None: this driver never binds GPUs (dry-run, lab)
     dataplane: DataplaneLike | None = None  # None: --no-dataplane or BPF unavailable
     dataplane_message: str = ""
+    services: ServiceGenerations = field(default_factory=ServiceGenerations)  # plan generations, in order
     bgp: Any = None  # agent.bgp.announcer.BgpAnnouncer when FABRIC_BGP=1, else None
     site: str = ""  # FABRIC_SITE; '' is no site
     failure_domain: str = "default"

@@ -21,3 +21,7 @@ class MemoryDataplane:
 
     def list_services(self):
         return list(self.services.values())
+
+    def readiness(self):
+        return [(vip, port, proto, sum(1 for b, w in s["backends"].items() if w > 0 and b not in s["draining"]), len(s["backends"]))
+                for (vip, port, proto), s in self.services.items()]
