@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common import keyspace
 from common.model_aliases import ModelAlias
-from controlplane.records.resource import Records
+from common.records.resource import Records
 
 KIND = "alias"
 RECORDS = Records(ModelAlias, keyspace.model_aliases, KIND)

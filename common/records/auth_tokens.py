@@ -8,8 +8,8 @@ from __future__ import annotations
 import secrets
 
 from common import keyspace
+from common.records import cas
 from common.store.base import KV, Store
-from controlplane.records import cas
 
 SECRET_KEY = keyspace.auth("token-secret")
 MAX_SUBJECT = 300

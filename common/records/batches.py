@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from common import keyspace
-from controlplane.batches.jobs import BatchJob
-from controlplane.records.resource import Records
+from common.batch_jobs import BatchJob
+from common.records.resource import Records
 
 KIND = "batch"
 RECORDS = Records(BatchJob, keyspace.batches, KIND, name_field="id")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from common import keyspace
 from common.budgets import Budget
-from controlplane.records.resource import Records
+from common.records.resource import Records
 
 KIND = "budget"
 RECORDS = Records(Budget, keyspace.budgets, KIND)

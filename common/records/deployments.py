@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from common import keyspace
+from common.records.resource import Records
 from common.schemas import InferenceDeployment
-from controlplane.records.resource import Records
 
 KIND = "deployment"
 RECORDS = Records(InferenceDeployment, keyspace.deployments, KIND)

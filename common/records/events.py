@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError, computed_field
 
 from common import keyspace
+from common.records import cas
 from common.store.base import Store
-from controlplane.records import cas
 
 
 class EventRecord(BaseModel):

@@ -3,6 +3,7 @@ reads and validated writes; the gateway reads the same records through gateway.o
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 
 from pydantic import ValidationError
@@ -10,8 +11,8 @@ from pydantic import ValidationError
 from common import keyspace
 from common.errors import NotFound
 from common.identity_mappings import IdentityMapping
+from common.records import cas
 from common.store.base import Store
-from controlplane.records import cas
 
 KIND = "identity mapping"
 
@@ -28,7 +29,7 @@ def require(store: Store, name: str) -> IdentityMapping:
     return found
 
 
-def list(store: Store) -> list[IdentityMapping]:  # noqa: A001 - the module's verb
+def list(store: Store) -> builtins.list[IdentityMapping]:  # noqa: A001 - the module's verb
     out = []
     for kv in store.list(keyspace.identity_mappings()):
         try:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from common import keyspace
+from common.records import cas
+from common.records.resource import Records
 from common.store.base import Store
-from controlplane.records import cas
-from controlplane.records.resource import Records
 
 PREFIX = f"{keyspace.ROOT}/join-tokens/"
 KIND = "join token"

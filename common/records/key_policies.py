@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from controlplane.tenancy.key_policies import (
- RECORDS,  # defined beside its model: the tenancy module reads through it
-)
+from common import keyspace
+from common.key_policies import KeyPolicy
+from common.records.resource import Records
 
+RECORDS = Records(KeyPolicy, keyspace.key_policies, "key policy", name_field="endpoint")
 (get, require, exists, stored, stored_items, list, create, put, update,  # noqa: A001 - the module's verbs
  upsert, update_at, update_status, delete, discard, versioned, count) = RECORDS.verbs()

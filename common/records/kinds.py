@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controlplane.records import deployments, endpoints, models, profiles
-from controlplane.records.resource import Records
+from common.records import deployments, endpoints, models, profiles
+from common.records.resource import Records
 
 BY_KIND: dict[str, Records] = {"model": models.RECORDS, "profile": profiles.RECORDS,
                                "deployment": deployments.RECORDS, "endpoint": endpoints.RECORDS}

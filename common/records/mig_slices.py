@@ -1,12 +1,14 @@
-"""MIG slice records (/fabric/mig-slices/<node>/<slice id>, controlplane.mig.catalog.MigSlice):
+"""MIG slice records (/fabric/mig-slices/<node>/<slice id>, common.mig_catalog.MigSlice):
 typed reads and validated writes."""
 
 from __future__ import annotations
 
+import builtins
+
 from common import keyspace
+from common.mig_catalog import MigSlice
+from common.records import cas
 from common.store.base import Store
-from controlplane.mig.catalog import MigSlice
-from controlplane.records import cas
 
 
 def versioned(store: Store, node: str, slice_id: str) -> tuple[MigSlice, int] | None:
@@ -15,7 +17,7 @@ def versioned(store: Store, node: str, slice_id: str) -> tuple[MigSlice, int] | 
     return None if kv is None else (cas.parse(MigSlice, kv.value), kv.mod_revision)
 
 
-def list(store: Store, node: str) -> list[MigSlice]:  # noqa: A001 - the module's verb
+def list(store: Store, node: str) -> builtins.list[MigSlice]:  # noqa: A001 - the module's verb
     return [cas.parse(MigSlice, kv.value) for kv in store.list(keyspace.mig_slices(node, ""))]
 
 

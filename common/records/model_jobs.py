@@ -2,7 +2,7 @@
 
 Writes use compare-and-swap on the record's revision (the API's materialize and the model
 controller both write it); creation uses create-if-absent, so two fabricd processes recording
-the same job make one record. A model's own record is controlplane.records.models.
+the same job make one record. A model's own record is common.records.models.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 
 from common import keyspace
 from common.errors import NotFound
-from common.model_api import ModelJob
+from common.model_api import ModelJob, retried
+from common.records import cas, models
 from common.store.base import Store
-from controlplane.records import cas, models
 
 CAS_RETRIES = 8
 
@@ -45,8 +45,6 @@ def create_job(store: Store, model: str, node: str, now: float | None = None) ->
 def restart_job(store: Store, model: str, node: str, from_states: tuple[str, ...], reason: str,
                 now: float | None = None) -> ModelJob | None:
     """Start a new attempt of the job if it is in one of ``from_states`` (CAS); the job as stored."""
-    from controlplane.models.plan import retried
-
     def retry(current: ModelJob) -> ModelJob | None:
         return retried(current, reason, time.time() if now is None else now) if current.state in from_states else None
 

@@ -9,8 +9,8 @@ import time
 from pydantic import BaseModel
 
 from common import keyspace
+from common.records import cas
 from common.store.base import Store
-from controlplane.records import cas
 
 
 class SiteCopy(BaseModel):

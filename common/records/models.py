@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from common import keyspace
+from common.records.resource import Records
 from common.schemas import ModelArtifact
-from controlplane.records.resource import Records
 
 KIND = "model"
 RECORDS = Records(ModelArtifact, keyspace.models, KIND)

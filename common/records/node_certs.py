@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from common import keyspace
-from controlplane.records.resource import Records
+from common.records.resource import Records
 
 KIND = "node certificate record"
 

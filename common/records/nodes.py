@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from common import keyspace
+from common.records.resource import Records
 from common.schemas import Node
-from controlplane.records.resource import Records
 
 KIND = "node"
 RECORDS = Records(Node, keyspace.nodes, KIND, name_field="id")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from common import keyspace
 from common.notifications import Notification
-from controlplane.records.resource import Records
+from common.records.resource import Records
 
 KIND = "notification"
 RECORDS = Records(Notification, keyspace.notifications, KIND, name_field="id")

@@ -4,8 +4,8 @@ engine): typed reads and validated writes (records.resource)."""
 from __future__ import annotations
 
 from common import keyspace
+from common.records.resource import Records
 from common.schemas import ReplicaObservation
-from controlplane.records.resource import Records
 
 KIND = "observation"
 RECORDS = Records(ReplicaObservation, keyspace.observations, KIND, name_field="replica_id")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from common import keyspace
+from common.records.resource import Records
 from common.schemas import TenantQuota
-from controlplane.records.resource import Records
 
 KIND = "quota"
 RECORDS = Records(TenantQuota, keyspace.quotas, KIND, name_field="tenant")

@@ -1,5 +1,5 @@
 """Replica records (/fabric/replicas/<deployment>/<replica_id>): typed reads and writes. A write or
-delete also moves the replica's lifetime ledger entry (controlplane.tenancy.lifetimes)."""
+delete also moves the replica's lifetime ledger entry (common.records.lifetimes)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import time
 from pydantic import ValidationError
 
 from common import keyspace
+from common.records import cas, lifetimes
+from common.records.resource import readable_values
 from common.schemas import Replica
 from common.store.base import Store
-from controlplane.records import cas
-from controlplane.records.resource import readable_values
-from controlplane.tenancy import lifetimes
 
 
 def get(store: Store, deployment: str, replica_id: str) -> Replica | None:

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Generic
 
 from common.errors import Conflict, NotFound
+from common.records import cas
+from common.records.cas import M
 from common.store.base import Store
-from controlplane.records import cas
-from controlplane.records.cas import M
 
 
 def readable_values(store: Store, prefix: str) -> list[dict]:

@@ -15,11 +15,11 @@ from pydantic import ValidationError
 
 from common import keyspace
 from common.errors import Conflict, NotFound
+from common.records import cas, deployments
+from common.records.cas import Contended
 from common.rollouts import Revision, Rollout
 from common.schemas import InferenceDeployment, Template
 from common.store.base import KV, Store
-from controlplane.records import cas, deployments
-from controlplane.records.cas import Contended
 
 CAS_RETRIES = 8
 KEEP_REVISIONS = 100  # beyond this, the oldest superseded revisions are dropped
@@ -66,7 +66,7 @@ def write_revision(store: Store, deployment: str, template: Template, *, who: st
 def mark_superseded(store: Store, deployment: str, revision: int, now: float) -> None:
     kv = store.get(keyspace.revisions(deployment, revision))
     rev = None if kv is None else _parse(kv, Revision)
-    if rev is not None and rev.superseded_at is None:
+    if kv is not None and rev is not None and rev.superseded_at is None:
         store.cas(kv.key, rev.model_copy(update={"superseded_at": now}).model_dump_json(), kv.mod_revision)
 
 
@@ -135,7 +135,7 @@ def update_rollout(store: Store, deployment: str, rollout_id: int, mutate, retri
 def get_rollout(store: Store, deployment: str, rollout_id: int) -> tuple[Rollout, int] | None:
     kv = store.get(keyspace.rollouts(deployment, rollout_id))
     rec = None if kv is None else _parse(kv, Rollout)
-    return None if rec is None else (rec, kv.mod_revision)
+    return None if kv is None or rec is None else (rec, kv.mod_revision)
 
 
 def forget(store: Store, deployment: str) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from common import keyspace
+from common.records.resource import Records
 from common.schemas import Site
-from controlplane.records.resource import Records
 
 KIND = "site"
 RECORDS = Records(Site, keyspace.sites, KIND)

@@ -3,13 +3,15 @@ validated writes; the gateway reads the same records through gateway.tenant_caps
 
 from __future__ import annotations
 
+import builtins
+
 from pydantic import ValidationError
 
 from common import keyspace
 from common.errors import NotFound
+from common.records import cas
 from common.store.base import Store
 from common.tenant_limits import TenantLimits
-from controlplane.records import cas
 
 KIND = "tenant limits"
 
@@ -19,7 +21,7 @@ def get(store: Store, tenant: str) -> TenantLimits | None:
     return None if kv is None else cas.parse(TenantLimits, kv.value)
 
 
-def list(store: Store) -> list[TenantLimits]:  # noqa: A001 - the module's verb
+def list(store: Store) -> builtins.list[TenantLimits]:  # noqa: A001 - the module's verb
     out = []
     for kv in store.list(keyspace.tenant_limits()):
         try:

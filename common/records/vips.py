@@ -1,4 +1,4 @@
-"""VIP allocations (/fabric/vips/<address>): taken with create-if-absent (controlplane.vip_pool picks
+"""VIP allocations (/fabric/vips/<address>): taken with create-if-absent (controlplane.placement.vip_pool picks
 the address) so two endpoints never hold one VIP, released only by the endpoint that holds it. A
 value is JSON {endpoint, allocated_at}; one that does not parse has no owner."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ValidationError
 
 from common import keyspace
+from common.records import cas
 from common.store.base import KV, Store
-from controlplane.records import cas
 
 
 class VipAllocation(BaseModel):
@@ -45,6 +45,6 @@ def claim(store: Store, address: str, endpoint: str, now: float) -> bool:
 def release(store: Store, address: str, endpoint: str) -> bool:
     """Free the address only if this endpoint still holds it; True if a key was deleted."""
     kv = store.get(keyspace.vips(address))
-    if _owner(kv) != endpoint:
+    if kv is None or _owner(kv) != endpoint:
         return False
     return store.delete(kv.key, mod_revision=kv.mod_revision)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from common import keyspace
 from common.notifications import Webhook
-from controlplane.records.resource import Records
+from common.records.resource import Records
 
 KIND = "webhook"
 RECORDS = Records(Webhook, keyspace.webhooks, KIND)

@@ -29,16 +29,17 @@ from pydantic import AliasChoices, BaseModel, Field
 
 from common.cold_phase import cold_phase
 from common.errors import Conflict, NotFound
+from common.records import deployments
 from common.schemas import InferenceDeployment, Spec
-from controlplane import vip_pool
 from controlplane.api.answers import Drained, Restarted
 from controlplane.api.nodes import node_resources
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import EventSink
 from controlplane.orchestration_state import get_replica, load_snapshot, put_replica, update_deployment_status
-from controlplane.records import deployments
+from controlplane.placement import vip_pool
+from controlplane.placement.index import place
+from controlplane.placement.scheduler import NOTHING_COMMITTED, node_online
 from controlplane.routing.final import endpoint_plan
-from controlplane.scheduler import NOTHING_COMMITTED, node_online, place
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, get_state
 
@@ -231,8 +232,8 @@ def explain_placement(deployment: str, state: StateDep, caller: PrincipalDep) ->
                 preempted_by=dep.status.preempted_by if by is None or not caller.bound or by.tenant == caller.tenant
                 else "another tenant's deployment")
     if plan.node is None:  # what the reconciler's preemption planner would do (docs/capacity.md)
-        from controlplane.placement import preempt_apply
         from controlplane.placement.preemption import plan_preemption
+        from controlplane.reconcile import preempt_apply
 
         index = preempt_apply.snapshot_index(snap, time.time(), settings_of(state).scheduler)
         body["preemption"] = plan_preemption(index, dep, profile, model, preempt_apply.holders_of(snap),

@@ -1,14 +1,14 @@
 """MIG slices as the scheduler sees them: a node's GPU list with each sliced parent marked in MIG
 mode (so no whole-GPU replica lands on it while slices exist) and one entry per slice (its id
 as the address, its memory, `mig_profile` set). A profile asking for `gpu.mig_profile` is placed
-only on such entries, and any other profile never is (controlplane.scheduler)."""
+only on such entries, and any other profile never is (controlplane.placement.scheduler)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from common.mig_catalog import MigSlice
 from common.schemas import GpuInfo, Node
-from controlplane.mig.catalog import MigSlice
 
 
 def slice_gpu(parent: GpuInfo, s: MigSlice) -> GpuInfo:

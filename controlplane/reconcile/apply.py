@@ -38,10 +38,11 @@ import httpx
 
 from common.agent_api import VmCreateRequest
 from common.errors import FabricError, TransientError
+from common.records import autoscaling, deployments, gpu_reservations, observations
+from common.records import rollouts as rollout_records
 from common.runtimes import health_path
 from common.schemas import InferenceDeployment, Node, Replica, runtime_refusal
 from common.store.base import Store
-from controlplane import vip_pool
 from controlplane.events import EventSink
 from controlplane.models.gate import model_gate
 from controlplane.node_trust import replica_host_refusal
@@ -55,14 +56,13 @@ from controlplane.orchestration_state import (
     put_replica,
     update_deployment_status,
 )
-from controlplane.placement import preempt_apply
+from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
+from controlplane.reconcile import preempt_apply
 from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
 from controlplane.reconcile.crashloop import CRASHLOOP_PHASE
 from controlplane.reconcile.engine_failure import engine_error_line
 from controlplane.reconcile.events import ReconcileEvents
-from controlplane.records import autoscaling, deployments, gpu_reservations, observations
-from controlplane.records import rollouts as rollout_records
 from controlplane.scaling.loop import with_note
 
 log = logging.getLogger("fabricd.reconcile")
