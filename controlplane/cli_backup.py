@@ -37,7 +37,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 def _open_store(url: str | None, state_dir: Path, insecure_store: bool, config=None):
     """The store fabricd serves with, reached with fabricd's FABRIC_ETCD_* (TLS, its login)."""
-    from common.store.base import open_store
+    from common.store.connect import open_store
     from controlplane.settings import SettingsError, load
 
     try:

@@ -18,7 +18,7 @@
       FABRIC_GATEWAY_KV_CLIENT_CERT/_KEY/_CA (the agents admit CN fabric-gateway on /v1/kv-index*).
       The key is written only there: never printed, never kept under DIR.
   fabricd backup keygen|create|restore
-      the encrypted disaster-recovery archive (controlplane/backup/commands.py; docs/install.md).
+      the encrypted disaster-recovery archive (controlplane/cli_backup.py; docs/install.md).
   The lab is its own program, `fabric-lab` (lab/cli.py).
 """
 
@@ -35,7 +35,7 @@ from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
 from common.pki import ROLE_FABRICD, ROLE_GATEWAY, ensure_ca, issue_cert, pki_dir, sign_leaf, write_leaf
 from common.private_fs import own_dir, private_dir, restrict_umask
-from controlplane.backup.commands import backup_app
+from controlplane.cli_backup import backup_app
 from controlplane.cli_store import store_app
 
 SERVER_CERT_NAME = "fabricd"
@@ -100,7 +100,7 @@ def serve(
     """Serve the REST API (and run the controllers when they are installed)."""
     import uvicorn
 
-    from common.store.base import open_store
+    from common.store.connect import open_store
     from controlplane.app import create_app
     from controlplane.auth import admin_password_path
     from controlplane.settings import SettingsError, load

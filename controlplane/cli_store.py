@@ -26,7 +26,7 @@ import typer
 from common.envvars import EnvError
 from common.errors import FabricError
 from common.store import etcd_access
-from common.store.base import etcd_endpoints
+from common.store.connect import etcd_endpoints
 from common.store.etcd_auth import USERS, init_auth, make_passwords
 from common.store.etcd_pki import issue_client, issue_server
 

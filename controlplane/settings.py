@@ -17,7 +17,7 @@ AppState without one (tests that build it by hand) gets ``of(state)``: every def
   FABRIC_CRASHLOOP_AFTER (5), FABRIC_CRASHLOOP_BACKOFF_SECS (10), FABRIC_CRASHLOOP_BACKOFF_MAX_SECS (300),
   FABRIC_CRASHLOOP_RESET_SECS (600)                      crash loop: park after N failures, backoff, reset
   FABRIC_DRY_RUN (0)                                     1: synthetic replicas, no agent (controlplane.dryrun)
-  FABRIC_ADDRESS_POOL / FABRIC_SERVICE_CIDR              VIP pool (controlplane.vip_pool syntax, IPv4)
+  FABRIC_ADDRESS_POOL / FABRIC_SERVICE_CIDR              VIP pool (controlplane.placement.vip_pool syntax, IPv4)
   FABRIC_AVOID_BUGGY_IPS (1)                             boolean
   FABRIC_MAX_GPU_TEMP_C, FABRIC_REJECT_ECC               scheduler filters
   FABRIC_DENY_RUNTIMES, FABRIC_ALLOW_RUNTIMES            comma-separated known runtime names
@@ -120,8 +120,8 @@ class _Reader:
 class FabricdSettings:
     api: object  # controlplane.state.Settings
     controllers: object  # controlplane.controllers.ControllerSettings
-    scheduler: object  # controlplane.scheduler.SchedulerSettings
-    pool: object  # controlplane.vip_pool.AddressPool
+    scheduler: object  # controlplane.placement.scheduler.SchedulerSettings
+    pool: object  # controlplane.placement.vip_pool.AddressPool
     deny_runtimes: tuple[str, ...] = ()
     allow_runtimes: tuple[str, ...] = ()
     # read by API routes per request, validated here once
@@ -159,10 +159,10 @@ def of(state) -> FabricdSettings:
 
 def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettings:
     """Parse and validate every setting; SettingsError naming each bad variable."""
-    from controlplane import vip_pool
     from controlplane.controllers import ControllerSettings, dry_run_from_env
     from controlplane.mig.catalog import MigSettings
-    from controlplane.scheduler import SchedulerSettings
+    from controlplane.placement import vip_pool
+    from controlplane.placement.scheduler import SchedulerSettings
     from controlplane.state import DEFAULT_EVENTS_KEPT, DEFAULT_MAX_BODY_BYTES, DEFAULT_TOKEN_TTL_S, Settings
 
     env = os.environ if env is None else env

@@ -63,7 +63,7 @@ def serve(
 
     from common.apikeys import HmacSecretError, load_hmac_secret
     from common.private_fs import private_dir, restrict_umask
-    from common.store.base import open_store
+    from common.store.connect import open_store
     from gateway import heap_profile
     from gateway import settings as settings_mod
     from gateway.assemble import create_app
@@ -147,7 +147,7 @@ def serve(
 def check_store(store: str | None, state_dir: Path, access, insecure_store: bool) -> None:
     """Open the store once and close it: the URL, FABRIC_ETCD_* and the plain-HTTP rule are
     refused (ValueError) before any socket opens or worker forks."""
-    from common.store.base import open_store
+    from common.store.connect import open_store
 
     open_store(store, state_dir, access=access, insecure=insecure_store).close()
 
@@ -156,7 +156,7 @@ def _tool_store(store: str | None, state_dir: Path, insecure_store: bool):
     """The store for verify-audit and slots: FABRIC_ETCD_* read here (a bad one exits 2 naming it)."""
     from common.envvars import EnvError
     from common.store import etcd_access
-    from common.store.base import open_store
+    from common.store.connect import open_store
 
     try:
         return open_store(store, state_dir, access=etcd_access.from_env(os.environ), insecure=insecure_store)

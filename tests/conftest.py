@@ -55,7 +55,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
         if config.getoption("--gateway-fallbacks") else None
 
 
-# fabricd's default VIP pool (controlplane.vip_pool.DEFAULT_SERVICE_CIDR). A gateway or client in a
+# fabricd's default VIP pool (controlplane.placement.vip_pool.DEFAULT_SERVICE_CIDR). A gateway or client in a
 # test that dials a VIP no namespace of the test serves would otherwise follow the host's default
 # route off the machine; an `unreachable` route (a high metric, so the lab's more specific routes
 # still win) makes such a dial fail at once, on this host. Removed at the end when this run added it.

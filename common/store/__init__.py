@@ -6,6 +6,7 @@
     failover between the members listed.
 """
 
-from common.store.base import KV, Event, Lease, Store, open_store
+from common.store.base import KV, Event, Lease, Store
+from common.store.connect import open_store
 
 __all__ = ["KV", "Event", "Lease", "Store", "open_store"]

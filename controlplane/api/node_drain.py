@@ -23,12 +23,12 @@ from fastapi import APIRouter, Depends
 from pydantic import AliasChoices, BaseModel, Field
 
 from common.errors import NotFound
-from common.records import nodes as node_records
-from common.records import replicas as replica_records
 from common.schemas import Node, Spec
 from controlplane.api.nodes import NodeView, node_view
 from controlplane.auth import require_admin
 from controlplane.events import record_event
+from controlplane.records import nodes as node_records
+from controlplane.records import replicas as replica_records
 from controlplane.state import AppState, get_state
 
 router = APIRouter(prefix="/api/ai", tags=["nodes"], dependencies=[Depends(require_admin)])

@@ -29,7 +29,6 @@ from pydantic import AliasChoices, BaseModel, Field
 
 from common.cold_phase import cold_phase
 from common.errors import Conflict, NotFound
-from common.records import deployments
 from common.schemas import InferenceDeployment, Spec
 from controlplane.api.answers import Drained, Restarted
 from controlplane.api.nodes import node_resources
@@ -39,6 +38,7 @@ from controlplane.orchestration_state import get_replica, load_snapshot, put_rep
 from controlplane.placement import vip_pool
 from controlplane.placement.index import place
 from controlplane.placement.scheduler import NOTHING_COMMITTED, node_online
+from controlplane.records import deployments
 from controlplane.routing.final import endpoint_plan
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, get_state

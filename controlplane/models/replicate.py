@@ -28,7 +28,7 @@ import httpx
 from common.model_api import local_source_path
 from common.model_manifest import CheckFailed, Manifest, build_manifest
 from common.schemas import ModelArtifact, Node, Site
-from controlplane.scheduler import SchedulerSettings, node_online
+from controlplane.placement.scheduler import SchedulerSettings, node_online
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 120.0

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from common.schemas import CAPACITY_CLASSES, InferenceProfile, ModelArtifact, Node, Site
 from common.sites import site_problem
 from controlplane.placement.preemption import Holder, Holders, class_rank
-from controlplane.scheduler import (
+from controlplane.placement.scheduler import (
     NOTHING_COMMITTED,
     Committed,
     SchedulerSettings,

@@ -28,7 +28,7 @@ import heapq
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 from common.schemas import GpuInfo, InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica, Site
-from controlplane.scheduler import (
+from controlplane.placement.scheduler import (
     NOTHING_COMMITTED,
     PENALTY_SAME_DOMAIN,
     PENALTY_SAME_NODE,
@@ -259,7 +259,7 @@ class PlacementIndex:
 
     def place(self, deployment: InferenceDeployment, profile: InferenceProfile, model: ModelArtifact, *,
               replicas: Sequence[Replica] = (), exclude: Collection[str] = ()) -> PlacementPlan:
-        """The walk's plan for one new replica (see ``scheduler.place``); nothing is reserved."""
+        """The walk's plan for one new replica (see ``place`` below); nothing is reserved."""
         replicas = list(replicas)
         exclude = set(exclude)
         best = self.best(deployment, profile, model, replicas=replicas, exclude=exclude)
@@ -272,3 +272,33 @@ class PlacementIndex:
                 return PlacementPlan(deployment.name, None, (), "no nodes are registered", ())
             return PlacementPlan(deployment.name, None, (), None, verdicts)
         return PlacementPlan(deployment.name, best.node, best.gpus, f"chose {best.node}: {best.reason}", verdicts)
+
+
+def place(
+    deployment: InferenceDeployment,
+    profile: InferenceProfile,
+    model: ModelArtifact,
+    nodes: Sequence[Node],
+    reservations: Mapping[str, Collection[str]],
+    now: float,
+    settings: SchedulerSettings = SchedulerSettings(),
+    *,
+    replicas: Sequence[Replica] = (),
+    exclude: Collection[str] = (),
+    committed: Mapping[str, Committed] | None = None,
+    sites: Mapping[str, Site] | None = None,
+) -> PlacementPlan:
+    """Choose a node and GPUs for one new replica of ``deployment``.
+
+    ``reservations`` maps node id -> PCI addresses already reserved; ``replicas`` are the
+    deployment's live replicas (for spread); ``exclude`` names nodes not to use (replacing a
+    replica away from its node); ``committed`` maps node id -> the CPU and memory the replicas
+    already there hold (``committed_resources``), subtracted from what the node offers; ``sites``
+    maps site name -> its record (residency).
+
+    The plan is the full walk's (every node judged, the best score, ties on node id), found
+    through this module's free-capacity index; a caller placing several
+    replicas builds one ``PlacementIndex`` and calls its ``place`` and ``reserve`` instead, so the
+    index is built once."""
+    index = PlacementIndex(nodes, reservations, now, settings, committed=committed, sites=sites)
+    return index.place(deployment, profile, model, replicas=replicas, exclude=exclude)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from common.schemas import CAPACITY_CLASSES, InferenceDeployment, InferenceProfile, ModelArtifact, Replica
 from controlplane.placement.index import PlacementIndex
-from controlplane.scheduler import NOTHING_COMMITTED, Committed, NodeVerdict, judge_node
+from controlplane.placement.scheduler import NOTHING_COMMITTED, Committed, NodeVerdict, judge_node
 
 MAX_SET = 8  # victims one plan may take (a node holds at most 8-16 GPUs)
 

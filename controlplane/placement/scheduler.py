@@ -26,7 +26,7 @@ Filters, in order (the first that fails is the node's rejection reason):
 Scores: model already cached (+100; by its digest once one is known, see ``model_cached``), the deployment's preferred site (+50), spread: -30 per
 replica of the deployment already in the node's failure domain and -10 more per one on the node.
 Ties break on node id, and GPUs are chosen in PCI order, so the same inputs give the same plan.
-``place`` finds that plan through a free-capacity index (controlplane.placement.index) instead of
+``controlplane.placement.index.place`` finds that plan through a free-capacity index instead of
 judging every node: the index skips only nodes these filters would reject and judges the rest
 with ``judge_node``, best possible score first (tests/controlplane/placement checks it against the
 walk on random clusters).
@@ -369,35 +369,3 @@ def judge_node(
         parts.append(f"{same_domain} replica(s) in its failure domain")
     reason = f"fits with score {score}" + (f" ({'; '.join(parts)})" if parts else "")
     return NodeVerdict(node.id, True, reason, score, chosen)
-
-
-def place(
-    deployment: InferenceDeployment,
-    profile: InferenceProfile,
-    model: ModelArtifact,
-    nodes: Sequence[Node],
-    reservations: Mapping[str, Collection[str]],
-    now: float,
-    settings: SchedulerSettings = SchedulerSettings(),
-    *,
-    replicas: Sequence[Replica] = (),
-    exclude: Collection[str] = (),
-    committed: Mapping[str, Committed] | None = None,
-    sites: Mapping[str, Site] | None = None,
-) -> PlacementPlan:
-    """Choose a node and GPUs for one new replica of ``deployment``.
-
-    ``reservations`` maps node id -> PCI addresses already reserved; ``replicas`` are the
-    deployment's live replicas (for spread); ``exclude`` names nodes not to use (replacing a
-    replica away from its node); ``committed`` maps node id -> the CPU and memory the replicas
-    already there hold (``committed_resources``), subtracted from what the node offers; ``sites``
-    maps site name -> its record (residency).
-
-    The plan is the full walk's (every node judged, the best score, ties on node id), found
-    through a free-capacity index (``controlplane.placement.index``); a caller placing several
-    replicas builds one ``PlacementIndex`` and calls its ``place`` and ``reserve`` instead, so the
-    index is built once."""
-    from controlplane.placement.index import PlacementIndex
-
-    index = PlacementIndex(nodes, reservations, now, settings, committed=committed, sites=sites)
-    return index.place(deployment, profile, model, replicas=replicas, exclude=exclude)

@@ -55,10 +55,10 @@ from common.schemas import (
     ReplicaObservation,
     Site,
 )
-from controlplane.placement.index import PlacementIndex
+from controlplane.placement.index import PlacementIndex, place
+from controlplane.placement.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
 from controlplane.reconcile.crashloop import BACKOFF_PHASE, CRASHLOOP_PHASE, CrashLoopSettings, crash_state
 from controlplane.routing.strategies import MAX_SCRAPE_AGE_S
-from controlplane.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online, place
 
 FAILURES_TO_REPLACE = 3
 

@@ -49,7 +49,6 @@ from common.agent_api import MaglevServiceSpec
 from common.errors import Conflict, FabricError, Refused
 from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
 from common.store.base import Store
-from controlplane import vip_pool
 from controlplane.events import EventSink
 from controlplane.history import HISTORY
 from controlplane.orchestration_state import (
@@ -60,6 +59,8 @@ from controlplane.orchestration_state import (
     managed_service_key,
     update_endpoint_status,
 )
+from controlplane.placement import vip_pool
+from controlplane.placement.scheduler import SchedulerSettings, node_online
 from controlplane.rollouts.apply import RolloutWorker
 from controlplane.routing.final import endpoint_plan
 from controlplane.routing.hold import hold, kept
@@ -76,7 +77,6 @@ from controlplane.routing.runtime_metrics import names_for, scrape_target
 from controlplane.routing.scrape import MetricsScraper, ScrapeError
 from controlplane.routing.stall import mark, stall_since
 from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan
-from controlplane.scheduler import SchedulerSettings, node_online
 
 log = logging.getLogger("fabricd.routing")
 SCRAPE_TIMEOUT_S = 2.0  # the default of FABRIC_SCRAPE_TIMEOUT_SECS

@@ -32,7 +32,8 @@ from pathlib import Path
 import pytest
 
 from common.pki import client_ssl_context
-from common.store.base import Store, open_store
+from common.store.base import Store
+from common.store.connect import open_store
 from common.store.etcd_access import EtcdAccess
 from common.store.etcd_auth import init_auth
 from common.store.etcd_pki import issue_client, issue_server

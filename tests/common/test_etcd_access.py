@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.envvars import EnvError
-from common.store.base import open_store
+from common.store.connect import open_store
 from common.store.etcd_access import from_env
 from common.store.etcd_pki import issue_client
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common.errors import TransientError
-from common.store.base import open_store
+from common.store.connect import open_store
 from common.store.etcd_store import EtcdStore
 from lab.rigs.servers import free_port
 

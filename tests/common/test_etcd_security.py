@@ -10,7 +10,7 @@ import pytest
 
 from common import keyspace
 from common.errors import StoreAccessDenied, TransientError
-from common.store.base import open_store
+from common.store.connect import open_store
 from common.store.etcd_access import EtcdAccess
 from common.store.etcd_auth import READWRITE, ROLES, Perm, init_auth, plan_role, prefix_end
 from common.store.etcd_pki import issue_client, issue_server

@@ -14,7 +14,7 @@ import pytest
 
 from common.errors import Unauthorized
 from common.pki import client_ssl_context
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.auth import TOKEN_AUDIENCE, ensure_token_secret, issue_token, verify_token
 from tests.controlplane.conftest import BIN, fabricd_env, login, start_fabricd
 

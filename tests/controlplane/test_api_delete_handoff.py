@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from common import keyspace
-from common.store.base import open_store
+from common.store.connect import open_store
 from tests.support.inprocess_fabricd import serve_fabricd
 
 

@@ -19,8 +19,8 @@ from common import keyspace
 from common.agent_api import GpuBindResult, VmInfo
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from common.store.sqlite_store import SqliteStore
-from controlplane import vip_pool
 from controlplane.controllers import ControllerHandle, ControllerSettings, FencedAgents, lead, sweep
+from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker

@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 
-from common.store.base import open_store
+from common.store.connect import open_store
 from tests.controlplane.conftest import start_fabricd
 
 TOKEN = "metrics-scrape-token-0123456789"

@@ -13,7 +13,7 @@ import pytest
 from common import keyspace
 from common.errors import TransientError
 from common.schemas import InferenceEndpoint, ReplicaObservation
-from controlplane import vip_pool
+from controlplane.placement import vip_pool
 from controlplane.routing.controller import REFRESH_AFTER_S, REPUSH_AFTER_S, RoutingWorker, material_change
 from controlplane.routing.metrics_parse import MetricsParseError, SeriesCache, parse_vllm_metrics
 from controlplane.routing.scrape import MetricsScraper, ScrapeError

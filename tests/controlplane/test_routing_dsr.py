@@ -12,7 +12,7 @@ import time
 from common import keyspace
 from common.agent_api import GpuBindResult, VmInfo
 from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
-from controlplane import vip_pool
+from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker

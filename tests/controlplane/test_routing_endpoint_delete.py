@@ -9,7 +9,7 @@ import pytest
 
 from common import keyspace
 from common.schemas import ReplicaObservation
-from controlplane import vip_pool
+from controlplane.placement import vip_pool
 from controlplane.routing.controller import RoutingWorker
 from tests.controlplane.test_routing_controller import Agents, seed
 

@@ -9,7 +9,7 @@ import pytest
 from common import keyspace
 from common.schemas import InferenceEndpoint, ReplicaObservation
 from common.store.sqlite_store import SqliteStore
-from controlplane import vip_pool
+from controlplane.placement import vip_pool
 from controlplane.routing.controller import RoutingWorker
 from controlplane.routing.hold import QUEUE_HOLD_S, describe, hold, kept
 from controlplane.routing.strategies import plan_routing, to_weight

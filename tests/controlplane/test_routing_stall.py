@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from common.schemas import ReplicaObservation
-from controlplane import vip_pool
+from controlplane.placement import vip_pool
 from controlplane.routing.controller import RoutingWorker
 from controlplane.routing.stall import mark, stall_since
 from controlplane.routing.strategies import plan_routing

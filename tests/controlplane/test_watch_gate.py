@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from common import keyspace
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.auth import ensure_token_secret, issue_token
 from controlplane.watch_gate import PER_CALLER, TOTAL
 from tests.controlplane.conftest import start_fabricd

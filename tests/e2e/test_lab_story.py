@@ -16,7 +16,7 @@ import subprocess
 import httpx
 import pytest
 
-from common.store.base import open_store
+from common.store.connect import open_store
 from lab.cluster import LAB_MODEL_SOURCE, NODE_ID, LabConfig, down, status
 from lab.processes import running
 from lab.rigs import chaos

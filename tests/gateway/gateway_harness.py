@@ -17,7 +17,8 @@ import httpx
 
 from common import apikeys, counters, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
-from common.store.base import Store, open_store
+from common.store.base import Store
+from common.store.connect import open_store
 from enginesim.process import EngineProcess, PortTaken, bind_failed, on_free_port
 from tests.support.fake_clock import SUITE_CLOCK
 

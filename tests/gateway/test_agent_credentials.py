@@ -18,7 +18,7 @@ import pytest
 
 from common import keyspace
 from common.schemas import ApiKeyRecord
-from common.store.base import open_store
+from common.store.connect import open_store
 from fabricctl import credentials
 from fabricctl.client import ClientError, FabricClient
 from fabricctl.contexts import Resolved

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from common import keyspace
-from common.store.base import open_store
+from common.store.connect import open_store
 from tests.controlplane.conftest import BIN, login, start_fabricd
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, publish_endpoint, sim_engine
 

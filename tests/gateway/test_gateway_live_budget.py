@@ -27,7 +27,7 @@ import pytest
 
 from common import apikeys, audit_chain, counters, keyspace
 from common.errors import InvalidInput
-from common.store.base import open_store
+from common.store.connect import open_store
 from gateway.limits import KEY_LIMITS, LimitKeeper, RequestFacts, key_shadowed, plan_admission
 from gateway.live_budget import LiveBudget
 from gateway.settings import GatewaySettings

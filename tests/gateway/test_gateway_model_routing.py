@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from common import keyspace
-from common.store.base import open_store
+from common.store.connect import open_store
 from enginesim.process import EngineProcess
 from tests.controlplane.conftest import BIN, login, start_fabricd
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key, publish_endpoint

@@ -155,7 +155,7 @@ def test_the_agent_source_asks_each_node_once_and_learns_the_block_size(tmp_path
     from agent.kv_index.routes import kv_index_router
     from common import keyspace
     from common.schemas import Node
-    from common.store.base import open_store
+    from common.store.connect import open_store
 
     class Sub:  # the agent's subscriber, as the route reads it
         def __init__(self, index):

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from common import audit_chain, keyspace
-from common.store.base import open_store
+from common.store.connect import open_store
 from gateway.app import call_band
 from gateway.audit import MAX_BATCH_BYTES, MAX_FIELD_CHARS, AuditWriter, capped, row_bytes, split_by_bytes
 from gateway.batch_writer import BatchWriter

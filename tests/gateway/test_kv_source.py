@@ -27,7 +27,7 @@ from common.schemas import (
     Node,
     Replica,
 )
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.events import recent_events
 from gateway.engine_hash import EngineTokenizer, RequestHasher, SimTokenizer
 from gateway.kv_blind import BlindWatch, store_event_writer

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from common.store.base import open_store
+from common.store.connect import open_store
 from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, make_key
 from tests.integration.orchestration_harness import BIN, deploy, start_cluster

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from common import keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
-from common.store.base import Store, open_store
+from common.store.base import Store
+from common.store.connect import open_store
 from lab.rigs.chaos_vip import maglev_problems
 from lab.rigs.syn_scan import checksum, syn_segment
 

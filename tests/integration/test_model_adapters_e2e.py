@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from agent.models.checks import build_manifest
-from common.store.base import open_store
+from common.store.connect import open_store
 from lab.hf_mirror import commit_of
 from lab.rigs.polling import wait_for
 from lab.tiny_model import write_tiny_adapter, write_tiny_model

@@ -17,12 +17,12 @@ from common.schemas import GpuInfo, Node
 WORKER = r"""
 import json, os, sys, time
 from common.store import etcd_access
-from common.store.base import open_store
+from common.store.connect import open_store
 from common.errors import Conflict
-from controlplane import vip_pool
+from controlplane.placement import vip_pool
 from controlplane.orchestration_state import load_snapshot
 from controlplane.reconcile.apply import reserve_gpus
-from controlplane.scheduler import place
+from controlplane.placement.index import place
 from common.schemas import GpuRequest, InferenceDeployment, InferenceProfile, ModelArtifact
 
 url, me, start = sys.argv[1], sys.argv[2], float(sys.argv[3])

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from common import keyspace
 from common.apikeys import find_by_prefix, parse_key, secret_matches
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.backup.archive import HMAC_SECRET_FILE, read_manifest
 from controlplane.cli_fabricd import app
 from tests.controlplane.backup.test_backup_restore_api import HMAC, populate

@@ -10,7 +10,7 @@ import pytest
 
 from common import keyspace
 from common.schemas import Site
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.backup.document import FORMAT, build, plan_restore
 from tests.support.inprocess_fabricd import serve_fabricd
 

@@ -12,7 +12,7 @@ import pytest
 from common import keyspace
 from common.errors import Conflict
 from common.schemas import InferenceDeployment, Replica
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.batches.jobs import BatchCreate, cancel, claim, finish, new_job
 from tests.support.inprocess_fabricd import serve_fabricd
 

@@ -148,7 +148,7 @@ def test_fabricd_exports_every_series_the_paging_alerts_read(cluster):
 def test_the_gateway_exports_fabric_store_up_from_its_readiness_probe(tmp_path):
     import asyncio
 
-    from common.store.base import open_store
+    from common.store.connect import open_store
     from gateway.metrics import GatewayMetrics
     from gateway.readiness import store_failure
 

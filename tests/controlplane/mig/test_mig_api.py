@@ -18,7 +18,7 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common import keyspace
 from common.schemas import Node, Replica
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.mig.catalog import MigSettings
 from lab.rigs.servers import serve_in_thread
 from tests.support.inprocess_fabricd import serve_fabricd

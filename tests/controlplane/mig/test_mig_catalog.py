@@ -9,7 +9,8 @@ from common.errors import Conflict, InvalidInput, NotFound, Refused
 from common.schemas import DeploymentStatus, GpuRequest, InferenceDeployment, InferenceProfile, ModelArtifact
 from controlplane.mig.catalog import MigSettings, check_delete, mode_for, plan_create
 from controlplane.mig.inventory import with_slices
-from controlplane.scheduler import SchedulerSettings, place
+from controlplane.placement.index import place
+from controlplane.placement.scheduler import SchedulerSettings
 from controlplane.settings import load
 from tests.controlplane.planner_data import NOW, node
 

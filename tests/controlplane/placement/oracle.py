@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from common.schemas import InferenceDeployment, InferenceProfile, ModelArtifact, Node, Replica, Site
-from controlplane.scheduler import (
+from controlplane.placement.scheduler import (
     NOTHING_COMMITTED,
     Committed,
     NodeVerdict,

@@ -20,7 +20,7 @@ from common.schemas import (
 from controlplane.placement.capacity import fit
 from controlplane.placement.index import PlacementIndex
 from controlplane.placement.preemption import holders_from, plan_preemption
-from controlplane.scheduler import (
+from controlplane.placement.scheduler import (
     NOTHING_COMMITTED,
     Committed,
     SchedulerSettings,

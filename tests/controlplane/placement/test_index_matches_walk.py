@@ -18,8 +18,8 @@ from common.schemas import (
     Replica,
     Site,
 )
-from controlplane.placement.index import PlacementIndex
-from controlplane.scheduler import Committed, SchedulerSettings, place
+from controlplane.placement.index import PlacementIndex, place
+from controlplane.placement.scheduler import Committed, SchedulerSettings
 from tests.controlplane.placement.oracle import walk_place
 
 NOW = 1_000_000.0

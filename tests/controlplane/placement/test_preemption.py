@@ -14,7 +14,7 @@ from common.schemas import (
 )
 from controlplane.placement.index import PlacementIndex
 from controlplane.placement.preemption import holders_from, plan_preemption
-from controlplane.scheduler import committed_resources
+from controlplane.placement.scheduler import committed_resources
 from tests.controlplane.planner_data import NOW, gpu, node
 
 P1 = InferenceProfile(name="p1", gpu=GpuRequest(count=1, vram_gib=24), cpu=4, memory_gib=16)

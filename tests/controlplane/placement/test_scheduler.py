@@ -5,7 +5,8 @@ import random
 import pytest
 
 from common.schemas import InferenceDeployment
-from controlplane.scheduler import Committed, SchedulerSettings, committed_resources, place
+from controlplane.placement.index import place
+from controlplane.placement.scheduler import Committed, SchedulerSettings, committed_resources
 from controlplane.settings import load
 from tests.controlplane.planner_data import NOW, deployment, gpu, model, node, profile, replica
 

@@ -4,7 +4,7 @@ a node that does not report its disk is no refusal."""
 
 import pytest
 
-from controlplane.scheduler import place
+from controlplane.placement.index import place
 from tests.controlplane.planner_data import NOW, deployment, model, node, profile
 
 GIB = 2**30

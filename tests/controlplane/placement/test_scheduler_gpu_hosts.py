@@ -1,7 +1,8 @@
 """Placement on GPU hosts as they are: IOMMU groups as one unit, lost GPUs, row remapping in
 the ECC filter, and HGX boards (NVSwitches) that take 1 GPU or the whole board."""
 
-from controlplane.scheduler import SchedulerSettings, place
+from controlplane.placement.index import place
+from controlplane.placement.scheduler import SchedulerSettings
 from tests.controlplane.planner_data import NOW, deployment, gpu, model, node, profile
 
 

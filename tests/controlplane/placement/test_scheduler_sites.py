@@ -2,7 +2,8 @@
 max_replicas_per_site, each named in the rejection reasons that explain placement returns."""
 
 from common.schemas import Site
-from controlplane.scheduler import SchedulerSettings, place
+from controlplane.placement.index import place
+from controlplane.placement.scheduler import SchedulerSettings
 from tests.controlplane.planner_data import NOW, deployment, model, node, profile, replica
 
 SITES = {"pune": Site(name="pune", residency="india"), "mumbai": Site(name="mumbai", residency="india"),

@@ -3,8 +3,8 @@
 import pytest
 
 from common.errors import Conflict, InvalidInput
+from controlplane.placement.vip_pool import allocate, iter_addresses, owner_of, parse_pool, release
 from controlplane.settings import load
-from controlplane.vip_pool import allocate, iter_addresses, owner_of, parse_pool, release
 
 
 def first(spec, n=None, avoid=True):

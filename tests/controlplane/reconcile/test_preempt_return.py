@@ -11,8 +11,8 @@ from common import keyspace
 from common.schemas import DeploymentStatus, InferenceDeployment
 from common.store.sqlite_store import SqliteStore
 from controlplane.orchestration_state import load_snapshot
-from controlplane.placement import preempt_apply
 from controlplane.reconcile import plan as rp
+from controlplane.reconcile import preempt_apply
 from tests.controlplane.planner_data import NOW, model, node, profile, replica
 
 

@@ -1,5 +1,6 @@
 """The reconcile plan for one deployment (pure, table-driven)."""
 
+from controlplane.placement.scheduler import Committed
 from controlplane.reconcile.plan import (
     CreateReplica,
     DeleteReplica,
@@ -11,7 +12,6 @@ from controlplane.reconcile.plan import (
     first_unused_ordinals,
     plan,
 )
-from controlplane.scheduler import Committed
 from tests.controlplane.planner_data import NOW, deployment, model, node, profile, replica
 
 OK, BAD = Probe(True), Probe(False, "connection refused")

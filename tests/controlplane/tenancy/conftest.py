@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.auth import ensure_token_secret, issue_token
 from tests.controlplane.conftest import login, start_fabricd
 from tests.support.oidc_idp import RotatingIdp

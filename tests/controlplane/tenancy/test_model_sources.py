@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.auth import ensure_token_secret, issue_token
 from controlplane.tenancy.model_sources import refusal
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.store.base import open_store
+from common.store.connect import open_store
 from controlplane.auth import ensure_token_secret, issue_token
 from controlplane.tenancy import route_rules
 from controlplane.tenancy.principal import Principal
