@@ -1,6 +1,6 @@
 """Wire models of the agent API and of node registration, shared by the agent and fabricd.
 
-The agent serves these over mutual TLS (agent/api.py); the control plane's client
+The agent serves these over mutual TLS (agent/api/); the control plane's client
 (controlplane/agent_client.py) parses them back. Node registration and heartbeat bodies
 (NodeReport) travel the other way, from the agent to fabricd (controlplane/api/nodes.py).
 Validation messages name the field that is wrong; both sides turn them into 422 bodies.

@@ -14,7 +14,7 @@ Serve with ``uvicorn.Config(app, ssl_..., http=PeerCertH11Protocol)``.
 Only a certificate the handshake verified reaches the app: with CERT_OPTIONAL or CERT_REQUIRED
 and a CA, the TLS layer already refused one that does not chain to that CA. fabricd uses this
 to know which node calls it (controlplane/node_identity.py); the agent uses it to admit only
-the control plane (agent/api.py).
+the control plane (agent/api/callers.py).
 """
 
 from __future__ import annotations

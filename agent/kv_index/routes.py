@@ -1,4 +1,4 @@
-"""The agent's KV-index routes (mounted by agent/api.py when the agent runs a subscriber):
+"""The agent's KV-index routes (mounted by agent/api/ when the agent runs a subscriber):
 
     POST /v1/kv-index/match   {"hashes": [int, ...], "replicas": [id, ...]?}
                               -> {"replicas": {id: {"matched_blocks": n | null, "blind": bool,
