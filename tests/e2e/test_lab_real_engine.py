@@ -586,7 +586,5 @@ def test_streams_go_on_at_the_other_engine_when_one_is_killed_mid_answer(lab: La
             k += 1
         assert text == head + rest[k:], (i, text, head, rest)
         seams.append(len(sent))
-        lab.figures.setdefault("seam_s", []).extend(why.get("seam_s", []))
-    print(f"\nmigration: killed {victims}; moved mid-answer after {seams} tokens; seams {lab.figures.get('seam_s')}",
-          file=sys.stderr)
+    print(f"\nmigration: killed {victims[0]}; moved mid-answer after {seams} tokens", file=sys.stderr)
     assert seams, "no stream was moved mid-answer"
