@@ -14,34 +14,26 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from pydantic import ValidationError
 
-from common.errors import Conflict, InvalidInput, NotFound
+from common.errors import InvalidInput, NotFound
 from common.model_aliases import ModelAlias
+from common.records import aliases
 from controlplane.api.answers import NameDeleted
-from controlplane.auth import require_admin
-from controlplane.records import aliases, deployments, endpoints
+from controlplane.auth import PrincipalDep, require_admin
+from controlplane.ops import gateway_config
 from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["aliases"], dependencies=[Depends(require_admin)])
 
 
-def _served(store) -> set[str]:
-    return {str(dep.get("model", "")) for _, dep in deployments.stored_items(store)} - {""}
-
-
 @router.post("/aliases", status_code=201, response_model=ModelAlias)
-def put_alias(body: dict, state: StateDep) -> dict:
+def put_alias(body: dict, state: StateDep, who: PrincipalDep) -> dict:
     try:
         alias = ModelAlias.model_validate({k: v for k, v in body.items() if k != "created_at"})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise InvalidInput(f"{where}: {first['msg']}", code="invalid_alias") from None
-    if not endpoints.exists(state.store, alias.endpoint):
-        raise NotFound(f"endpoint {alias.endpoint!r} does not exist")
-    if alias.name in _served(state.store):
-        raise Conflict(f"{alias.name!r} is a model a deployment serves; an alias may not shadow it",
-                       code="alias_shadows_model")
-    return aliases.put(state.store, alias).model_dump()
+    return gateway_config.put_alias(state, who, alias).model_dump()
 
 
 @router.get("/aliases", response_model=list[ModelAlias])
@@ -62,7 +54,6 @@ def get_alias(name: str, state: StateDep) -> dict:
 
 
 @router.delete("/aliases/{name:path}", response_model=NameDeleted)
-def delete_alias(name: str, state: StateDep) -> dict:
-    _get(state, name)
-    aliases.discard(state.store, name)
+def delete_alias(name: str, state: StateDep, who: PrincipalDep) -> dict:
+    gateway_config.delete_alias(state, who, name)
     return {"name": name, "deleted": True}

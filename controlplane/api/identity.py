@@ -14,32 +14,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from common.errors import InvalidInput
 from common.identity_mappings import IdentityMapping
+from common.records import identity_mappings
 from controlplane.api.answers import Deleted
-from controlplane.auth import require_admin
-from controlplane.events import record_event
-from controlplane.records import endpoints, identity_mappings
-from controlplane.state import AppState, StateDep
+from controlplane.auth import PrincipalDep, require_admin
+from controlplane.ops import gateway_config
+from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["identity"], dependencies=[Depends(require_admin)])
 
 
-def _event(state: AppState, name: str, action: str, message: str) -> None:
-    record_event(state.store, "identity-mapping", name, action, message, keep=state.settings.events_kept,
-                 max_age_s=state.settings.events_max_age_s)
-
-
 @router.post("/identity-mappings", status_code=201, response_model=IdentityMapping)
-def put_mapping(body: IdentityMapping, state: StateDep) -> dict:
-    missing = [e for e in body.endpoints if e != "*" and not endpoints.exists(state.store, e)]
-    if missing:
-        raise InvalidInput(f"endpoints: no endpoint named {', '.join(repr(e) for e in missing)}",
-                           code="unknown_endpoint")
-    mapping = identity_mappings.put(state.store, body)
-    _event(state, mapping.name, "updated", f"identity mapping {mapping.name}: {mapping.claim} holds "
-           f"{mapping.value!r} -> endpoints {', '.join(mapping.endpoints) or '-'}, tenant {mapping.tenant or '-'}")
-    return mapping.model_dump(mode="json")
+def put_mapping(body: IdentityMapping, state: StateDep, who: PrincipalDep) -> dict:
+    return gateway_config.put_identity_mapping(state, who, body).model_dump(mode="json")
 
 
 @router.get("/identity-mappings", response_model=list[IdentityMapping])
@@ -53,7 +40,6 @@ def get_mapping(name: str, state: StateDep) -> dict:
 
 
 @router.delete("/identity-mappings/{name}", response_model=Deleted)
-def delete_mapping(name: str, state: StateDep) -> dict:
-    identity_mappings.delete(state.store, name)
-    _event(state, name, "deleted", f"identity mapping {name} deleted")
+def delete_mapping(name: str, state: StateDep, who: PrincipalDep) -> dict:
+    gateway_config.delete_identity_mapping(state, who, name)
     return {"kind": "identity-mapping", "name": name, "deleted": True}

@@ -11,7 +11,8 @@ does: weight 0 in Maglev with its established flows kept, the gateway stops choo
 once its engine reports nothing running or the grace ends. The deployments keep their replica
 counts, so the reconciler places a replacement for each on another node (the replacement is
 placed while the old one drains). A second drain is harmless: replicas already draining are left
-as they are. Uncordon reopens the node; nothing moves back by itself.
+as they are. Uncordon reopens the node; nothing moves back by itself. Both are operations of
+controlplane.ops.drain, which drains a replica the same way for a deployment's drain.
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from pydantic import AliasChoices, BaseModel, Field
 
-from common.errors import NotFound
-from common.schemas import Node, Spec
+from common.schemas import Spec
 from controlplane.api.nodes import NodeView, node_view
-from controlplane.auth import require_admin
-from controlplane.events import record_event
-from controlplane.records import nodes as node_records
-from controlplane.records import replicas as replica_records
+from controlplane.auth import PrincipalDep, require_admin
+from controlplane.ops import drain as drain_ops
 from controlplane.state import AppState, get_state
 
 router = APIRouter(prefix="/api/ai", tags=["nodes"], dependencies=[Depends(require_admin)])
@@ -50,49 +48,13 @@ class NodeDrained(BaseModel):
     delete_after: float = Field(description="unix time the last of them is deleted at the latest")
 
 
-def _event(state: AppState, node_id: str, action: str, message: str) -> None:
-    record_event(state.store, "node", node_id, action, message, keep=state.settings.events_kept,
-                 max_age_s=state.settings.events_max_age_s)
-
-
 @router.post("/nodes/{node_id}/drain", status_code=202, response_model=NodeDrained)
-def drain_node(node_id: str, body: NodeDrainRequest, state: StateDep) -> NodeDrained:
-    store = state.store
-
-    def cordon(node: Node) -> Node:
-        node.cordoned = body.reason
-        return node
-
-    node = node_records.update(store, node_id, cordon)  # NotFound naming the node when absent
-    now = time.time()
-    deadline = now + body.grace_secs
-    drained = []
-    for r in replica_records.list(store):
-        if r.node != node_id or r.draining or r.phase == "Deleting":
-            continue
-        current = replica_records.get(store, r.deployment, r.replica_id)
-        if current is None or current.draining:
-            continue
-        replica_records.put(store, current.model_copy(update={
-            "draining": True, "drain_deadline": deadline, "drain_started": now, "phase": "Draining",
-            "message": f"node {node_id} drained: {body.reason}, {body.grace_secs:g}s grace"}))
-        drained.append(r.replica_id)
-    _event(state, node_id, "NodeDrained",
-           f"node {node_id} cordoned ({body.reason}); {len(drained)} replicas draining, {body.grace_secs:g}s grace")
-    return NodeDrained(node=node.id, cordoned=node.cordoned, drained=sorted(drained), delete_after=deadline)
+def drain_node(node_id: str, body: NodeDrainRequest, state: StateDep, who: PrincipalDep) -> NodeDrained:
+    node, drained = drain_ops.drain_node(state, who, node_id, body.grace_secs, body.reason)
+    return NodeDrained(node=node.id, cordoned=node.cordoned, drained=drained.replicas,
+                       delete_after=drained.delete_after)
 
 
 @router.post("/nodes/{node_id}/uncordon", response_model=NodeView)
-def uncordon_node(node_id: str, state: StateDep) -> NodeView:
-    if node_records.get(state.store, node_id) is None:
-        raise NotFound(f"node {node_id!r} not found")
-
-    def reopen(node: Node) -> Node | None:
-        if not node.cordoned:
-            return None  # already open: nothing written
-        node.cordoned = ""
-        return node
-
-    node = node_records.update(state.store, node_id, reopen)
-    _event(state, node_id, "NodeUncordoned", f"node {node_id} takes new replicas again")
-    return node_view(node, time.time())
+def uncordon_node(node_id: str, state: StateDep, who: PrincipalDep) -> NodeView:
+    return node_view(drain_ops.uncordon_node(state, who, node_id), time.time())

@@ -28,24 +28,22 @@ from fastapi import APIRouter, Depends
 from pydantic import AliasChoices, BaseModel, Field
 
 from common.cold_phase import cold_phase
-from common.errors import Conflict, NotFound
-from common.schemas import InferenceDeployment, Spec
+from common.errors import NotFound
+from common.schemas import Spec
 from controlplane.api.answers import Drained, Restarted
 from controlplane.api.nodes import node_resources
 from controlplane.auth import PrincipalDep, require_admin
-from controlplane.events import EventSink
-from controlplane.orchestration_state import get_replica, load_snapshot, put_replica, update_deployment_status
+from controlplane.ops import drain as drain_ops
+from controlplane.orchestration_state import load_snapshot
 from controlplane.placement import vip_pool
 from controlplane.placement.index import place
 from controlplane.placement.scheduler import NOTHING_COMMITTED, node_online
-from controlplane.records import deployments
 from controlplane.routing.final import endpoint_plan
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, get_state
 
 StateDep = Annotated[AppState, Depends(get_state)]
 router = APIRouter(prefix="/api/ai", tags=["orchestration"], dependencies=[Depends(require_admin)])
-CAS_RETRIES = 8
 
 
 class DrainRequest(Spec):
@@ -280,57 +278,16 @@ def deployment_metrics(name: str, state: StateDep) -> dict:
 
 
 @router.post("/deployments/{name}/drain", status_code=202, response_model=Drained)
-def drain(name: str, body: DrainRequest, state: StateDep) -> dict:
-    store = state.store
-    if not deployments.exists(store, name):
-        raise NotFound(f"deployment {name!r} not found")
-    deadline = time.time() + body.grace_secs
-    if body.replica is None:
-        def scale_to_zero(dep: InferenceDeployment) -> InferenceDeployment:
-            if dep.status.phase == "Deleting":
-                raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-            dep.replicas = 0
-            dep.status.message = f"draining all replicas for {body.grace_secs:g}s"
-            return dep
-
-        deployments.update(store, name, scale_to_zero, retries=CAS_RETRIES,
-                           busy=f"deployment {name!r} changed too often while draining; try again")
-    snap = load_snapshot(store)
-    targets = [r for r in snap.replicas.get(name, []) if body.replica in (None, r.replica_id)]
-    if body.replica is not None and not targets:
-        raise NotFound(f"replica {body.replica!r} of deployment {name!r} not found")
-    drained = []
-    for r in targets:
-        if r.draining or r.phase == "Deleting":
-            continue
-        current = get_replica(store, name, r.replica_id)
-        if current is None:
-            continue
-        put_replica(store, current.model_copy(update={"draining": True, "drain_deadline": deadline,
-                                                       "drain_started": time.time(),
-                                                       "phase": "Draining",
-                                                       "message": f"drained by operator, {body.grace_secs:g}s grace"}))
-        drained.append(r.replica_id)
-    return {"deployment": name, "drained": drained, "delete_after": deadline}
+def drain(name: str, body: DrainRequest, state: StateDep, who: PrincipalDep) -> dict:
+    drained = drain_ops.drain_deployment(state, who, name, body.grace_secs, body.replica)
+    return {"deployment": name, "drained": drained.replicas, "delete_after": drained.delete_after}
 
 
 @router.post("/deployments/{name}/restart", response_model=Restarted)
-def restart(name: str, state: StateDep) -> dict:
+def restart(name: str, state: StateDep, who: PrincipalDep) -> dict:
     """Unpark: the crash-loop count goes to 0 and the phase to Pending; the next reconcile pass
     creates replicas again (controlplane.reconcile.crashloop)."""
-    record = deployments.stored(state.store, name)
-    if record is None:
-        raise NotFound(f"deployment {name!r} not found")
-    before = record.get("status", {})
-    if before.get("phase") == "Deleting":
-        raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-    status = {"failures": 0, "last_failure_at": None}
-    if before.get("phase") in ("CrashLoop", "Backoff"):
-        status.update(phase="Pending", message=f"restarted by an operator after {before.get('failures', 0)} "
-                      f"replica failures (last: {before.get('last_failure') or 'none'})")
-    update_deployment_status(state.store, name, **status)
-    EventSink(state.store)("deployment", name, "Restarted", f"crash-loop count reset (was {before.get('failures', 0)})",
-                           tenant=record.get("tenant"))
+    before = drain_ops.restart(state, who, name)
     return {"deployment": name, "previous_phase": before.get("phase"), "previous_failures": before.get("failures", 0),
             "last_failure": before.get("last_failure", "")}
 

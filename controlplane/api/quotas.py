@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
+from common.records import deployments
 from common.schemas import TenantQuota
 from controlplane.api.answers import QuotaUse
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import quotas as quota_ops
-from controlplane.records import deployments
 from controlplane.state import StateDep
 from controlplane.tenancy import quotas
 
@@ -41,4 +41,6 @@ def set_quota(body: TenantQuota, state: StateDep, who: PrincipalDep) -> dict:
 def list_quotas(state: StateDep) -> list[dict]:
     amounts = quotas.per_replica(state.store)
     records = [dep for _, dep in deployments.stored_items(state.store)]
-    return [with_use(q, quotas.usage(records, q.tenant, amounts)) for _, q in sorted(quotas.load_all(state.store).items())]
+    surges = quotas.rollout_surges(state.store, amounts)
+    return [with_use(q, quotas.usage(records, q.tenant, amounts, surges=surges))
+            for _, q in sorted(quotas.load_all(state.store).items())]

@@ -12,10 +12,9 @@
   POST /api/ai/deployments/{name}/rollouts/{id}/{pause|resume|promote|rollback}
   GET  /api/ai/explain/rollout/{deployment}              where the newest rollout is and why
 
-Writing a revision does not touch running replicas; a rollout moves them. Starting one is
-controlplane.ops.rollouts.start (its surge passes the tenant's quota there). The record changes
-only through compare-and-swap, so an operator action and the leader's tick never overwrite
-each other (the loser re-reads). Every start and operator action is an event.
+Every change is an operation of controlplane.ops.rollouts (a revision's references and tenant
+policy, a start's surge against the tenant's quota, an operator action's compare-and-swap); these
+routes only adapt requests to it.
 """
 
 from __future__ import annotations
@@ -24,40 +23,20 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import Conflict, InvalidInput, NotFound
+from common.errors import NotFound
+from common.records import rollouts as rollout_records
 from common.rollouts import Revision, Rollout, RolloutRequest
-from common.schemas import Template, check_engine_args, check_name
 from controlplane.api.answers import RolloutExplained
 from controlplane.auth import PrincipalDep, require_admin
-from controlplane.events import record_event
 from controlplane.ops import rollouts as rollout_ops
-from controlplane.ops.common import reference_missing
 from controlplane.orchestration_state import load_snapshot
-from controlplane.records import rollouts as rollout_records
-from controlplane.rollouts import operate as ops
 from controlplane.rollouts.plan import healthy, is_ready, window_of
 from controlplane.routing.final import endpoint_plan
 from controlplane.state import StateDep
-from controlplane.tenancy import policies
-from controlplane.tenancy.principal import ADMIN
 
 router = APIRouter(prefix="/api/ai", tags=["rollouts"])
 AdminDep = Annotated[str, Depends(require_admin)]
-CAS_RETRIES = 8
-
-
-class RevisionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str | None = None
-    profile: str | None = None
-    engine_args: list[str] | None = None
-    reason: str = Field("", max_length=500)
-
-
-def _event(state, name: str, action: str, message: str) -> None:
-    record_event(state.store, "rollout", name, action, message, keep=state.settings.events_kept)
 
 
 @router.get("/deployments/{name}/revisions", response_model=list[Revision])
@@ -67,35 +46,8 @@ def list_revisions(name: str, state: StateDep, _: AdminDep) -> list[dict]:
 
 
 @router.post("/deployments/{name}/revisions", status_code=201, response_model=Revision)
-def create_revision(name: str, body: RevisionRequest, state: StateDep, caller: PrincipalDep) -> dict:
-    who = caller.subject
-    dep = rollout_ops.deployment(state, name)
-    if dep.status.phase == "Deleting":
-        raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-    newest = rollout_ops.ensure_first_revision(state, dep, who)[-1].template
-    try:
-        template = Template(model=check_name(body.model, "model") if body.model else newest.model,
-                            profile=check_name(body.profile, "profile") if body.profile else newest.profile,
-                            engine_args=check_engine_args(body.engine_args) if body.engine_args is not None
-                            else list(newest.engine_args))
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
-    # Another tenant's model or profile reads as missing, as on create (controlplane.tenancy).
-    missing = [f"{kind} {ref!r} does not exist" for kind, ref in (("model", template.model),
-                                                                  ("profile", template.profile))
-               if reference_missing(state.store, caller, kind, ref)]
-    if missing:
-        raise InvalidInput("; ".join(missing), code="missing_reference")
-    if template.model != newest.model:
-        policies.enforce(state.store, dep.tenant, template.model, admin=caller.role == ADMIN)  # the model only
-    if template == newest:
-        raise Conflict(f"the template equals deployment {name!r}'s newest revision; nothing to write",
-                       code="unchanged")
-    rev = rollout_records.write_revision(state.store, name, template, who=who, reason=body.reason, now=time.time())
-    # Engine args may carry a secret (a token flag): the event names only how many there are.
-    _event(state, name, "revision", f"revision {rev.revision}: model {template.model}, profile {template.profile}, "
-                                    f"{len(template.engine_args)} engine args")
-    return rev.model_dump(mode="json")
+def create_revision(name: str, body: rollout_ops.RevisionRequest, state: StateDep, caller: PrincipalDep) -> dict:
+    return rollout_ops.create_revision(state, caller, name, body).model_dump(mode="json")
 
 
 @router.get("/deployments/{name}/revisions/{revision}", response_model=Revision)
@@ -133,16 +85,9 @@ def get_rollout(name: str, rollout_id: int, state: StateDep, _: AdminDep) -> dic
 
 
 @router.post("/deployments/{name}/rollouts/{rollout_id}/{action}", response_model=Rollout)
-def operate_rollout(name: str, rollout_id: int, action: str, state: StateDep, who: AdminDep) -> dict:
-    if action not in ops.ACTIONS:
-        raise NotFound(f"no rollout action {action!r}; expected one of {', '.join(ops.ACTIONS)}")
-    try:
-        new = rollout_records.update_rollout(state.store, name, rollout_id,
-                                             lambda rec: ops.operate(rec, action, time.time()), retries=CAS_RETRIES)
-    except NotFound:
-        raise NotFound(f"rollout {rollout_id} of deployment {name!r} not found") from None
-    _event(state, name, action, f"rollout {rollout_id}: {action} by {who}")
-    return new.model_dump(mode="json")
+def operate_rollout(name: str, rollout_id: int, action: str, state: StateDep, caller: PrincipalDep,
+                    _: AdminDep) -> dict:
+    return rollout_ops.act(state, caller, name, rollout_id, action).model_dump(mode="json")
 
 
 @router.get("/explain/rollout/{deployment}", response_model=RolloutExplained,

@@ -14,16 +14,14 @@ any order.
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Depends, Response
 
 from common.errors import NotFound
+from common.records import nodes, sites
 from common.schemas import Node, Site
 from controlplane.api.answers import Deleted, SiteView
-from controlplane.auth import require_admin
-from controlplane.events import record_event
-from controlplane.records import nodes, sites
+from controlplane.auth import PrincipalDep, require_admin
+from controlplane.ops import sites as site_ops
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["sites"], dependencies=[Depends(require_admin)])
@@ -44,11 +42,6 @@ def _view(site: Site, nodes: dict[str, list[str]]) -> dict:
     return {**site.model_dump(mode="json"), "nodes": nodes.get(site.name, [])}
 
 
-def _event(state: AppState, name: str, action: str, message: str, tenant: str | None = None) -> None:
-    record_event(state.store, "site", name, action, message, tenant=tenant, keep=state.settings.events_kept,
-                 max_age_s=state.settings.events_max_age_s)
-
-
 @router.get("/sites", response_model=list[SiteView])
 def list_sites(state: StateDep) -> list[dict]:
     by_site = _nodes_by_site(state)
@@ -57,15 +50,10 @@ def list_sites(state: StateDep) -> list[dict]:
 
 @router.post("/sites", status_code=201, response_model=SiteView,
              responses={200: {"description": "the site existed and was replaced"}})
-def put_site(body: Site, state: StateDep, response: Response) -> dict:
-    site = body.model_copy(update={"created_at": time.time()})
-    existed = sites.exists(state.store, site.name)
-    site = sites.put(state.store, site)
+def put_site(body: Site, state: StateDep, response: Response, who: PrincipalDep) -> dict:
+    site, existed = site_ops.put_site(state, who, body)
     if existed:
         response.status_code = 200
-    detail = f"residency {site.residency or '-'}, cost tier {site.cost_tier:g}, failover " \
-             f"{', '.join(site.failover_sites) or '-'}"
-    _event(state, site.name, "updated" if existed else "created", f"site {site.name}: {detail}", site.tenant)
     return _view(site, _nodes_by_site(state))
 
 
@@ -78,8 +66,6 @@ def get_site(name: str, state: StateDep) -> dict:
 
 
 @router.delete("/sites/{name}", response_model=Deleted)
-def delete_site(name: str, state: StateDep) -> dict:
-    if not sites.discard(state.store, name):
-        raise NotFound(f"site {name!r} not found", code="site_not_found")
-    _event(state, name, "deleted", f"site {name} deleted")
+def delete_site(name: str, state: StateDep, who: PrincipalDep) -> dict:
+    site_ops.delete_site(state, who, name)
     return {"kind": "site", "name": name, "deleted": True}

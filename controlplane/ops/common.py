@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from common.errors import Conflict, NotFound
+from common.records import Store
+from common.records.kinds import BY_KIND
 from controlplane.events import record_event
-from controlplane.records import Store
-from controlplane.records.kinds import BY_KIND
 from controlplane.state import AppState
-from controlplane.tenancy.principal import Principal, visible
+from controlplane.tenancy.principal import ADMIN, Principal, visible
 
 DELETE_RETRIES = 20
 
@@ -33,6 +33,11 @@ def event(ctx: AppState, kind: str, name: str, action: str, message: str, *, ten
           type: str = "Normal") -> None:
     record_event(ctx.store, kind, name, action, message, tenant=tenant, keep=ctx.settings.events_kept,
                  max_age_s=ctx.settings.events_max_age_s, type=type)
+
+
+def acting_admin(caller: Principal | None) -> bool:
+    """An admin, or fabricd itself (no caller: its controllers, which act on what was admitted)."""
+    return caller is None or caller.role == ADMIN
 
 
 def fresh(resource, status):

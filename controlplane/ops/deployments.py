@@ -21,13 +21,13 @@ from __future__ import annotations
 from pydantic import Field
 
 from common.errors import Conflict, InvalidInput
+from common.records import Store, deployments, models
+from common.records import rollouts as rollout_records
 from common.schemas import AutoscalingSpec, DeploymentStatus, InferenceDeployment, Spec
 from controlplane.ops import apply, common
-from controlplane.records import Store, deployments, models
-from controlplane.records import rollouts as rollout_records
 from controlplane.state import AppState
 from controlplane.tenancy import admission, policies, quotas
-from controlplane.tenancy.principal import ADMIN, Principal, claimed
+from controlplane.tenancy.principal import Principal, claimed
 
 CAS_RETRIES = 20
 
@@ -54,18 +54,13 @@ def _with_model_residency(store: Store, body: InferenceDeployment) -> InferenceD
     return body.model_copy(update={"residency": body.residency or residency})
 
 
-def _admin(caller: Principal | None) -> bool:
-    """An admin, or fabricd itself (no caller: its controllers, which act on what was admitted)."""
-    return caller is None or caller.role == ADMIN
-
-
 def create(ctx: AppState, caller: Principal, body: InferenceDeployment) -> InferenceDeployment:
     body = claimed(body, caller)
     missing = [f"{kind} {ref!r} does not exist" for kind, ref in (("model", body.model), ("profile", body.profile))
                if common.reference_missing(ctx.store, caller, kind, ref)]
     if missing:
         raise InvalidInput("; ".join(missing), code="missing_reference")
-    policies.enforce(ctx.store, body.tenant, body.model, body.capacity_class, admin=_admin(caller))
+    policies.enforce(ctx.store, body.tenant, body.model, body.capacity_class, admin=common.acting_admin(caller))
     body = _with_model_residency(ctx.store, body)
     dep = common.fresh(body, DeploymentStatus(phase="Pending", message="waiting for placement"))
     dep = dep.model_copy(update={"revision": 1})
@@ -94,7 +89,7 @@ def scale(ctx: AppState, caller: Principal | None, name: str, body: ScaleRequest
                 raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
             before[:] = [dep.replicas]
             if body.replicas > dep.replicas:
-                policies.enforce(ctx.store, dep.tenant, dep.model, dep.capacity_class, admin=_admin(caller))
+                policies.enforce(ctx.store, dep.tenant, dep.model, dep.capacity_class, admin=common.acting_admin(caller))
                 _refuse_over_quota(ctx, name, quotas.check_deployment_change(
                     ctx.store, name, dep.tenant, dep.profile, dep.replicas, body.replicas))
             dep.replicas = body.replicas
@@ -141,7 +136,7 @@ def set_capacity_class(ctx: AppState, caller: Principal | None, name: str,
     """Change the capacity class in place, after the tenant policy's check (allowed_capacity_classes)."""
     stored = deployments.stored(ctx.store, name) or {}
     policies.enforce(ctx.store, stored.get("tenant"), str(stored.get("model", "")), capacity_class,
-                     admin=_admin(caller))
+                     admin=common.acting_admin(caller))
     return _merge(ctx, name, {"capacity_class": capacity_class})
 
 

@@ -5,7 +5,9 @@ A deployment holds ``replicas x`` its profile's (gpu.count, cpu, memory_gib): it
 not what happens to be running. A scale that was accepted is a promise the reconciler keeps, and
 a replica taken by preemption stays counted, so its return (controlplane.reconcile.preempt_apply
 restores it) never needs room the tenant does not already hold. A tenant's use is the sum over
-its deployments, except those being deleted. A deployment without a tenant, or a tenant without
+its deployments, except those being deleted, plus the surge of each of their active rollouts (the
+replicas a rollout runs beside the old set: ``surge_replicas`` at the new revision's profile,
+admitted at its start and held until it ends). A deployment without a tenant, or a tenant without
 a quota record, is not limited; a quota field left unset (None) does not limit that resource.
 
 ``guaranteed_gpus`` is the share preemption may not take: a lower-class replica of the tenant is
@@ -22,10 +24,11 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from common.errors import Conflict
+from common.records import deployments, profiles
+from common.records import quotas as quota_records
+from common.records import rollouts as rollout_records
 from common.schemas import TenantQuota
 from common.store.base import Store
-from controlplane.records import deployments, profiles
-from controlplane.records import quotas as quota_records
 
 
 @dataclass(frozen=True)
@@ -124,13 +127,35 @@ def per_replica(store: Store) -> dict[str, Amount]:
     return out
 
 
+def surge_replicas(strategy: str, replicas: int, max_surge: int) -> int:
+    """Pure: the most replicas a rollout runs beyond the deployment's count at once: min(max_surge,
+    N) for rolling, N for canary (its last step) and blue/green."""
+    return min(max_surge, replicas) if strategy == "rolling" else replicas
+
+
+def rollout_surges(store: Store, amounts: Mapping[str, Amount]) -> dict[str, Amount]:
+    """deployment -> what its active rollout holds beyond the deployment's replicas."""
+    out = {}
+    for name, (rec, _) in rollout_records.active_rollouts(store).items():
+        target = rollout_records.get_revision(store, name, rec.to_revision)
+        one = amounts.get(target.template.profile, UNKNOWN_PROFILE) if target is not None else UNKNOWN_PROFILE
+        out[name] = one.times(surge_replicas(rec.strategy, rec.replicas, rec.max_surge))
+    return out
+
+
 def usage(records: Iterable[Mapping], tenant: str, amounts: Mapping[str, Amount], *,
-          exclude: str | None = None) -> Amount:
-    """What the tenant's deployments hold, leaving out the deployment named ``exclude``."""
+          exclude: str | None = None, surges: Mapping[str, Amount] | None = None) -> Amount:
+    """What the tenant's deployments hold, leaving out the deployment named ``exclude`` (but not
+    the surge of its active rollout: a scale does not change that), plus ``surges``
+    (rollout_surges' answer) of its deployments not being deleted."""
     total = NONE
     for r in records:
-        if r.get("tenant") == tenant and r.get("name") != exclude:
+        if r.get("tenant") != tenant:
+            continue
+        if r.get("name") != exclude:
             total = total + held_by(r, amounts)
+        if surges and (r.get("status") or {}).get("phase") != "Deleting":
+            total = total + surges.get(str(r.get("name", "")), NONE)
     return total
 
 
@@ -155,7 +180,9 @@ def load_all(store: Store) -> dict[str, TenantQuota]:
 
 
 def tenant_usage(store: Store, tenant: str) -> Amount:
-    return usage([rec for _, rec in deployments.stored_items(store)], tenant, per_replica(store))
+    amounts = per_replica(store)
+    return usage([rec for _, rec in deployments.stored_items(store)], tenant, amounts,
+                 surges=rollout_surges(store, amounts))
 
 
 def check_growth(store: Store, name: str, tenant: str | None, adding: Amount) -> QuotaRefusal | None:
@@ -176,7 +203,8 @@ def check_deployment_change(store: Store, name: str, tenant: str | None, profile
     amounts = per_replica(store)
     records = [rec for _, rec in deployments.stored_items(store)]
     one = amounts.get(profile, UNKNOWN_PROFILE)
-    used = usage(records, tenant, amounts, exclude=name) + one.times(replicas_before)
+    used = usage(records, tenant, amounts, exclude=name, surges=rollout_surges(store, amounts)) + one.times(
+        replicas_before)
     return check(tenant, quota, used, one.times(replicas_after - replicas_before))
 
 

@@ -123,10 +123,10 @@ def test_revisions_and_rollouts_are_bounded(monkeypatch):
     import tempfile
     from pathlib import Path
 
+    from common.records import rollouts as rollout_records
     from common.rollouts import Rollout
     from common.schemas import Template
     from common.store.sqlite_store import SqliteStore
-    from controlplane.records import rollouts as rollout_records
 
     monkeypatch.setattr(rollout_records, "KEEP_REVISIONS", 3)
     monkeypatch.setattr(rollout_records, "KEEP_ROLLOUTS", 2)
@@ -168,3 +168,29 @@ def test_the_singular_rollout_route_is_the_same_operation_and_a_surge_passes_the
     assert error(api.post(f"{path}/rollouts", json={}), 409)["code"] == "rollout_active"  # one operation, one record
     events = api.get("/api/ai/events", params={"object": "deployment/d-sq"}).json()
     assert [e["type"] for e in events if e["reason"] == "QuotaRefused"] == ["Warning"]
+
+
+def test_a_running_blue_green_holds_its_green_set_against_the_tenants_max_gpus(api):
+    """A blue/green runs N new replicas beside the N old ones until it ends: those GPUs stay the
+    tenant's while it runs, so a second rollout or a new deployment cannot take them again."""
+    assert api.post("/api/ai/models", json={"name": "m-bg", "source": "hf://o/m", "tenant": "bg"}).status_code == 201
+    assert api.post("/api/ai/profiles", json={"name": "p-bg", "tenant": "bg", **PROFILE}).status_code == 201
+    assert api.post("/api/ai/quotas", json={"tenant": "bg", "max_gpus": 3}).status_code == 200
+    for name in ("d-bg1", "d-bg2"):
+        assert api.post("/api/ai/deployments", json={"name": name, "model": "m-bg", "profile": "p-bg", "replicas": 1,
+                                                     "tenant": "bg"}).status_code == 201  # 1 GPU each
+        assert api.post(f"/api/ai/deployments/{name}/revisions", json={"engine_args": ["--seed", "1"]}).status_code == 201
+    # 2 GPUs held and 1 more for the green set: 3 of 3.
+    started = api.post("/api/ai/deployments/d-bg1/rollouts", json={"strategy": "blue-green"})
+    assert started.status_code == 201, started.text
+    # The green set of d-bg1 is running: another blue/green needs a 4th GPU.
+    refused = error(api.post("/api/ai/deployments/d-bg2/rollouts", json={"strategy": "blue-green"}), 409)
+    assert refused["code"] == "quota_exceeded"
+    assert refused["message"] == "tenant 'bg' GPU quota is 3 (max_gpus); it uses 3 and this needs 1 more (4 > 3)"
+    assert api.get("/api/ai/deployments/d-bg2/rollouts").json() == []
+    assert error(api.post("/api/ai/deployments", json={"name": "d-bg3", "model": "m-bg", "profile": "p-bg",
+                                                       "replicas": 1, "tenant": "bg"}), 409)["code"] == "quota_exceeded"
+    assert error(api.post("/api/ai/deployments/d-bg2/scale", json={"replicas": 2}), 409)["code"] == "quota_exceeded"
+    assert [q["used_gpus"] for q in api.get("/api/ai/quotas").json() if q["tenant"] == "bg"] == [3]
+    # Rolled back, the green set goes and its GPU is free again.
+    assert api.post("/api/ai/deployments/d-bg1/rollouts/1/rollback").status_code == 200
