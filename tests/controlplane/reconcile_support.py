@@ -1,5 +1,5 @@
 """Scaffolding the reconcile tests share: a store seeded with one model, profile, node and
-deployment, and an agent pool whose agents record their calls in one list."""
+deployment (the agent pool is tests.support.fake_agents.FakeAgents)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,6 @@ import time
 from common import keyspace
 from common.store.sqlite_store import SqliteStore
 from tests.controlplane.planner_data import deployment, model, node, profile
-
-
-class Agents:
-    """`for_node` answers `agent(calls)` for every node; `calls` is the shared record."""
-
-    def __init__(self, agent):
-        self.agent = agent
-        self.calls: list = []
-
-    def for_node(self, n):
-        return self.agent(self.calls)
 
 
 def seeded_store(tmp_path, **node_update) -> SqliteStore:

@@ -23,6 +23,7 @@ from controlplane.reconcile.backoff import (
     is_due,
 )
 from tests.controlplane.planner_data import deployment, model, node, profile
+from tests.support.fake_agents import FakeAgents
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 
@@ -83,17 +84,12 @@ class FlakyAgent:
         return VmInfo(id=req.replica_id, state="running", host="127.0.0.1", port=self.owner.port)
 
 
-class FlakyAgents:
-    def __init__(self):
-        self.calls: list[str] = []
-        self.down = True
-        self.refuse = False
-        with socket.socket() as s:  # a closed port: health probes fail fast
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-
-    def for_node(self, n):
-        return FlakyAgent(self)
+def flaky_agents() -> FakeAgents:
+    """Agents that are down until the test says otherwise; their VMs answer on a closed port."""
+    with socket.socket() as s:  # a closed port: health probes fail fast
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return FakeAgents(FlakyAgent, down=True, refuse=False, port=port)
 
 
 @pytest.fixture
@@ -115,7 +111,7 @@ def status(store) -> dict:
 
 def test_an_unreachable_agent_leaves_the_deployment_pending_with_growing_backoff(store):
     now = [T0]
-    agents = FlakyAgents()
+    agents = flaky_agents()
     worker = ReconcileWorker(store, agents, rp.ReconcileSettings(), clock=lambda: now[0])
 
     async def run():
@@ -166,9 +162,9 @@ def test_an_unreachable_agent_leaves_the_deployment_pending_with_growing_backoff
 
 def test_an_answer_from_the_agent_resets_it_and_only_transient_errors_count():
     now = [T0]
-    agents = FlakyAgents()
+    agents = flaky_agents()
     table = AgentBackoff(clock=lambda: now[0])
-    agent = BackoffAgent(agents.for_node(None), "n1", table)
+    agent = BackoffAgent(FlakyAgent(agents), "n1", table)
 
     async def run():
         with pytest.raises(TransientError, match="1 try failed"):

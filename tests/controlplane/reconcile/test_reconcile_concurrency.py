@@ -17,6 +17,7 @@ from common.store.sqlite_store import SqliteStore
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import CONCURRENCY, ReconcileWorker
 from tests.controlplane.planner_data import model, node, profile
+from tests.support.fake_agents import FakeAgents
 
 NAMES = [f"d{i}" for i in range(6)]
 
@@ -56,20 +57,6 @@ class Agent:
         return VmInfo(id=req.replica_id, state="running", host="127.0.0.1", port=9)
 
 
-class Agents:
-    def __init__(self):
-        self.active: set[str] = set()
-        self.inside: set[str] = set()
-        self.peak = 0
-        self.overlap = False
-        self.done: list[str] = []
-        self.deleted: list[str] = []
-        self.release = asyncio.Event()
-
-    def for_node(self, n):
-        return Agent(self)
-
-
 @pytest.fixture
 def store(tmp_path):
     s = SqliteStore(tmp_path / "fabric.db")
@@ -86,7 +73,8 @@ def store(tmp_path):
 
 
 def test_a_hanging_deployment_does_not_hold_the_others_and_gpus_are_never_shared(store):
-    agents = Agents()
+    agents = FakeAgents(Agent, active=set(), inside=set(), peak=0, overlap=False, done=[], deleted=[],
+                        release=asyncio.Event())
 
     async def run():
         worker = ReconcileWorker(store, agents, rp.ReconcileSettings())

@@ -19,6 +19,7 @@ from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.settings import load
 from tests.controlplane.planner_data import NOW, deployment, model, node, profile, replica
+from tests.support.fake_agents import FakeAgents
 
 OK = {f"qwen-{i}-abc": rp.Probe(True) for i in range(4)}
 SETTINGS = rp.ReconcileSettings(drain_grace_s=30, drain_settle_s=11)
@@ -80,9 +81,8 @@ def test_deleting_a_deployment_drains_ready_replicas_and_removes_the_rest():
         rp.DeleteReplica("qwen-3-abc", "deployment deleted; drained: no requests running or waiting")]
 
 
-class NoAgents:
-    def for_node(self, node):
-        raise AssertionError(f"no agent call expected (asked for {node.id})")
+def no_agent(pool):
+    raise AssertionError("no agent call expected")
 
 
 @pytest.mark.parametrize("deny, why", [
@@ -102,7 +102,7 @@ def test_a_refused_runtime_loads_and_fails_its_deployment(tmp_path, deny, why):
         # fabricd's FABRIC_DENY_RUNTIMES reaches the reconciler through its settings; with none, a
         # runtime without an OpenAI API (refused at the API since) still starts nothing
         denied = dataclasses.replace(SETTINGS, deny_runtimes=load({"FABRIC_DENY_RUNTIMES": deny}).deny_runtimes)
-        worker = ReconcileWorker(store, NoAgents(), denied)
+        worker = ReconcileWorker(store, FakeAgents(no_agent), denied)
         asyncio.run(worker.tick())
         asyncio.run(worker.aclose())
         status = json.loads(store.get(keyspace.deployments("qwen")).value)["status"]

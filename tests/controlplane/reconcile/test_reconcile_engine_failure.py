@@ -16,7 +16,8 @@ from common.schemas import Replica
 from controlplane.events import recent_events
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
-from tests.controlplane.reconcile_support import Agents, seeded_store
+from tests.controlplane.reconcile_support import seeded_store
+from tests.support.fake_agents import FakeAgents
 
 LOG = ("INFO 12-01 loading model\nTraceback (most recent call last):\n  File \"vllm/config.py\", line 1\n"
        "OSError: /models does not appear to have a file named config.json\n"
@@ -63,7 +64,7 @@ def store(tmp_path):
 
 
 def test_the_engines_own_error_line_fails_the_replica_and_frees_its_gpu(store):
-    agents = Agents(Agent)
+    agents = FakeAgents(lambda pool: Agent(pool.calls))
 
     async def run():
         worker = ReconcileWorker(store, agents, rp.ReconcileSettings())

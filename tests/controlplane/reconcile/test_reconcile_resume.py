@@ -15,7 +15,8 @@ from common.agent_api import GpuBindResult, VmInfo
 from common.schemas import Replica
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker, reserve_gpus
-from tests.controlplane.reconcile_support import Agents, seeded_store
+from tests.controlplane.reconcile_support import seeded_store
+from tests.support.fake_agents import FakeAgents
 
 GPU0 = "0000:10:00.0"
 
@@ -63,7 +64,7 @@ def tick(store, agents):
 
 def test_the_next_pass_reserves_before_binding(store):
     r = half_created(store)
-    agents = Agents(Agent)
+    agents = FakeAgents(lambda pool: Agent(pool.calls))
     tick(store, agents)
     assert owner(store) == r.replica_id
     assert agents.calls == [("bind", GPU0), ("create_vm", r.replica_id)]
@@ -73,7 +74,7 @@ def test_the_next_pass_reserves_before_binding(store):
 def test_a_gpu_taken_meanwhile_is_never_shared(store):
     r = half_created(store)
     assert reserve_gpus(store, "n1", [GPU0], "other-0-bbbbbb", "other", time.time())
-    agents = Agents(Agent)
+    agents = FakeAgents(lambda pool: Agent(pool.calls))
     tick(store, agents)
     assert owner(store) == "other-0-bbbbbb"
     assert ("bind", GPU0) not in agents.calls  # the other replica's GPU is left alone
