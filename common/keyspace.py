@@ -183,7 +183,7 @@ def tenant_limits(tenant: str = "") -> str:
 
 
 def replica_lifetimes(replica_id: str = "") -> str:
-    """When each replica held its GPUs and was ready (controlplane.tenancy.lifetimes), kept after
+    """When each replica held its GPUs and was ready (common.records.lifetimes), kept after
     the replica is gone so finops can integrate GPU-seconds over a window."""
     return f"{ROOT}/replica-lifetimes/{replica_id}"
 
@@ -223,3 +223,8 @@ def webhooks(name: str = "") -> str:
 def notifications(event_id: str = "") -> str:
     """Notifications to deliver, one per event id (created if absent: the de-duplication)."""
     return f"{ROOT}/notifications/{event_id}"
+
+
+def routing_plans(endpoint: str = "") -> str:
+    """Each endpoint's published routing plan, with its generation (common.records.plans)."""
+    return f"{ROOT}/routing-plans/{endpoint}"

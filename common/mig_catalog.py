@@ -1,9 +1,12 @@
 """The H100 80GB MIG catalog (profiles, their share of the GPU), shared by the API schemas and
-the control plane's MIG decisions (controlplane/mig/catalog.py)."""
+the control plane's MIG decisions (controlplane/mig/catalog.py), and the slice record (MigSlice)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
 
 
 @dataclass(frozen=True)
@@ -31,3 +34,17 @@ def canonical_name(name: str) -> str:
         names = ", ".join(p for n in CATALOG for p in (n, n.split(".")[0]))
         raise ValueError(f"MIG profile {name!r} is not in the H100 catalog ({names})")
     return key
+
+
+class MigSlice(BaseModel):
+    id: str
+    node: str
+    parent_bdf: str
+    profile: str
+    index: int
+    compute: int
+    memory_gib: int
+    mode: str  # record | nvidia-smi
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    created_at: float = Field(default_factory=time.time)

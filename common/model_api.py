@@ -215,6 +215,14 @@ class ModelJob(BaseModel):
         return self.state in TERMINAL
 
 
+def retried(job: ModelJob, reason: str, now: float) -> ModelJob:
+    """A new attempt of the job (Registered again, attempt and retries + 1)."""
+    return job.model_copy(update={
+        "state": "Registered", "message": reason, "attempt": job.attempt + 1, "retries": job.retries + 1,
+        "bytes_done": 0, "joined": None, "digest": None, "path": None, "adapters": {}, "updated_at": now,
+        "history": [*job.history, {"state": "Registered", "at": now, "message": reason}]})
+
+
 def amount(done: int, total: int) -> str:
     """``3.1/16.4 GiB`` (MiB below 1 GiB, KiB below 1 MiB)."""
     unit, div = next((u, d) for u, d in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if total >= d or u == "KiB")

@@ -22,6 +22,9 @@ simulator serves the same paths with `--runtime NAME`. Facts come from each proj
                  takes the model's .gguf file (the agent finds it in the model directory)
   tei            `text-embeddings-router`, GET /health, /metrics on --prometheus-port (9000)
 
+Each runtime has a start budget (``start_budget_s``): how long its replica may take to become
+Ready; the gateway holds a call at zero replicas that long by default.
+
 Tensor parallelism is a flag only where the runtime has one (vLLM, TensorRT-LLM); Triton's
 is fixed when the engine is built, llama.cpp splits layers over every visible GPU by itself,
 and TEI runs one GPU. A context length (`max_model_len`) maps to the runtime's flag where it
@@ -48,6 +51,10 @@ class Runtime:
     max_len_flag: str | None
     args: tuple[str, ...]  # after the binary; {model}, {name}, {port} are filled in
     service_user: str = "fabric"
+    # The start budget: how long a replica of this runtime may take from its creation to Ready on
+    # a GPU host (the VM's boot, the driver, the weights' load, the engine's own warm-up). The
+    # gateway holds a call at zero replicas this long unless told otherwise (gateway.cold_start).
+    start_budget_s: float = 600.0
 
     def command_line(self, *, model_path: str, served_name: str, port: int, tensor_parallel: int,
                      max_model_len: int | None = None, extra_args: tuple[str, ...] = ()) -> list[str]:
@@ -88,6 +95,11 @@ TEI_METRICS_PORT = 9000
 # drains a replica before it deletes it, so this covers the stops it does not plan (a guest shut
 # down under the engine, a host going away), inside systemd's 90 s stop timeout.
 VLLM_SHUTDOWN_TIMEOUT_S = 30
+# Start budgets (Runtime.start_budget_s): a GPU VM's boot is 1-2 min; on top, vLLM loads the
+# weights and captures CUDA graphs (minutes for a large model), TensorRT-LLM and Triton
+# deserialize whole engines (longer still), while llama.cpp maps one GGUF file and TEI loads a
+# small encoder. Each stays inside fabricd's own start deadline (FABRIC_START_TIMEOUT_SECS, 900 s
+# by default), after which the replica is replaced, so a hold never outwaits the replica it waits for.
 
 RUNTIME_TABLE: dict[str, Runtime] = {
     r.name: r
@@ -96,25 +108,25 @@ RUNTIME_TABLE: dict[str, Runtime] = {
                 "--tensor-parallel-size", "--max-model-len",
                 ("serve", "{model}", "--served-model-name", "{name}", "--host", "0.0.0.0", "--port", "{port}",
                  "--kv-events-config", VLLM_KV_EVENTS_CONFIG, "--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT_S)),
-                service_user="vllm"),
+                service_user="vllm", start_budget_s=600.0),
         Runtime("tensorrt-llm", "TensorRT-LLM trtllm-serve", "/opt/trtllm/bin/trtllm-serve", "/health",
                 "/prometheus/metrics", None, "--tp_size", "--max_seq_len",
                 ("serve", "{model}", "--host", "0.0.0.0", "--port", "{port}",
-                 "--extra_llm_api_options", "/etc/fabric/trtllm-config.yaml")),
+                 "--extra_llm_api_options", "/etc/fabric/trtllm-config.yaml"), start_budget_s=900.0),
         # The model directory is a Triton model repository; HTTP on the API port, gRPC beside it.
         Runtime("triton", "Triton Inference Server", "/opt/tritonserver/bin/tritonserver",
                 "/v2/health/ready", "/metrics", TRITON_METRICS_PORT, None, None,
                 ("--model-repository={model}", "--http-port={port}", "--grpc-port=8001",
-                 f"--metrics-port={TRITON_METRICS_PORT}", "--allow-metrics=true")),
+                 f"--metrics-port={TRITON_METRICS_PORT}", "--allow-metrics=true"), start_budget_s=900.0),
         # -m names the GGUF file; -ngl 999 offloads every layer to the GPUs; --metrics enables /metrics.
         Runtime("llama.cpp", "llama.cpp llama-server", "/opt/llama.cpp/bin/llama-server", "/health", "/metrics",
                 None, None, "--ctx-size",
                 ("-m", "{model}", "--alias", "{name}", "--host", "0.0.0.0", "--port", "{port}", "--metrics",
-                 "-ngl", "999")),
+                 "-ngl", "999"), start_budget_s=300.0),
         Runtime("tei", "text-embeddings-inference router", "/opt/tei/bin/text-embeddings-router", "/health",
                 "/metrics", TEI_METRICS_PORT, None, None,
                 ("--model-id", "{model}", "--served-model-name", "{name}", "--hostname", "0.0.0.0",
-                 "--port", "{port}", f"--prometheus-port={TEI_METRICS_PORT}")),
+                 "--port", "{port}", f"--prometheus-port={TEI_METRICS_PORT}"), start_budget_s=300.0),
     )
 }
 RUNTIME_NAMES = tuple(RUNTIME_TABLE)
@@ -147,6 +159,11 @@ def runtime(name: str) -> Runtime:
         return RUNTIME_TABLE[name]
     except KeyError:
         raise ValueError(f"runtime {name!r} is unknown; expected one of {', '.join(RUNTIME_NAMES)}") from None
+
+
+def start_budget(name: str) -> float:
+    """The runtime's start budget in seconds; an unknown name (a record from a newer release) reads as vLLM's."""
+    return RUNTIME_TABLE.get(name, RUNTIME_TABLE["vllm"]).start_budget_s
 
 
 def health_path(name: str) -> str:

@@ -448,7 +448,7 @@ class InferenceEndpoint(Resource):
     residency: str | None = None
     hold_secs: float | None = Field(None, ge=0, le=3600, description="how long the gateway holds a call while a "
                                     "replica starts (0: answer model_loading at once); unset: the gateway's "
-                                    "FABRIC_GATEWAY_HOLD_SECS")
+                                    "FABRIC_GATEWAY_HOLD_SECS, else the runtime's start budget")
     status: EndpointStatus = Field(default_factory=EndpointStatus)
 
     @field_validator("deployment")

@@ -41,8 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from common.errors import Forbidden, Unauthorized
 from common.private_fs import private_dir
+from common.records import auth_tokens
 from common.store.base import Store
-from controlplane.records import auth_tokens
 from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
 from controlplane.tenancy import oidc_login, owners, revocation, route_rules, users

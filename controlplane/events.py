@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import time
 
+from common.records import events as event_records
+from common.records.events import EventRecord, event_key
 from common.store.base import Store
-from controlplane.records import events as event_records
-from controlplane.records.events import EventRecord, event_key
 
 __all__ = ["DEFAULT_MAX_AGE_S", "KNOWN_KINDS", "EventRecord", "EventSink", "event_key", "matches_object",
            "recent_events", "record_event", "trim", "unknown_kind"]

@@ -37,9 +37,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from common import join_token as common_join_token
 from common.errors import InvalidInput, Unauthorized
 from common.pki import LEAF_BACKDATE_S, ROLE_NODE, ensure_ca, leaf_subject
+from common.records import join_tokens as token_records
+from common.records.join_tokens import JoinTokenRecord
 from common.store.base import Store
-from controlplane.records import join_tokens as token_records
-from controlplane.records.join_tokens import JoinTokenRecord
 
 PREFIX = token_records.PREFIX
 DEFAULT_TTL_S = 900

@@ -24,11 +24,11 @@ import math
 from pydantic import BaseModel, Field, field_validator
 
 from common.errors import Conflict, Forbidden, LimitExceeded
+from common.records import node_certs as records
+from common.records import nodes as node_records
+from common.records.node_certs import NodeCertRecord
 from common.schemas import Node
 from common.store.base import Store
-from controlplane.records import node_certs as records
-from controlplane.records import nodes as node_records
-from controlplane.records.node_certs import NodeCertRecord
 
 RENEWALS_PER_HOUR = 4
 WINDOW_S = 3600.0

@@ -22,6 +22,10 @@ from pydantic import BaseModel, ValidationError
 
 from common import keyspace
 from common.errors import NotFound
+from common.mig_catalog import MigSlice
+from common.records import deployments, endpoints, replicas
+from common.records.cas import Contended
+from common.records.resource import Records
 from common.rollouts import Revision, Rollout
 from common.schemas import (
     InferenceDeployment,
@@ -35,13 +39,9 @@ from common.schemas import (
     TenantQuota,
 )
 from common.store.base import KV, Store
-from controlplane.mig.catalog import MigSlice
+from common.tenant_policies import TenantPolicy
 from controlplane.mig.inventory import nodes_with_slices
 from controlplane.placement.scheduler import Committed, committed_resources
-from controlplane.records import deployments, endpoints, replicas
-from controlplane.records.cas import Contended
-from controlplane.records.resource import Records
-from controlplane.tenancy.policies import TenantPolicy
 
 MANAGED_VMS = f"{keyspace.ROOT}/managed/vms/"
 MANAGED_SERVICES = f"{keyspace.ROOT}/managed/services/"
@@ -249,7 +249,7 @@ def load_routing_snapshot(store: Store, cache: ParseCache | None = None) -> Snap
     return snap
 
 
-# The replica write half lives in controlplane.records.replicas; the loops call it by these names.
+# The replica write half lives in common.records.replicas; the loops call it by these names.
 put_replica, delete_replica, get_replica = replicas.put, replicas.delete, replicas.get
 
 

@@ -8,7 +8,10 @@ per endpoint per DEMAND_WRITE_GAP_S per process, and only for an endpoint that e
 caller that authenticated, so names an attacker invents never reach the store). Then:
   - hold the call (gateway.hold: one wake per endpoint, bounded per endpoint and tenant, SSE
     keep-alive for a streamed call) until a replica is Ready (the call then proceeds) or the hold
-    bound passes: the endpoint's ``hold_secs``, else FABRIC_GATEWAY_HOLD_SECS (default 300 s);
+    bound passes (``hold_bound``): the endpoint's ``hold_secs``, else FABRIC_GATEWAY_HOLD_SECS when
+    set, else the start budget of the runtime its deployment's profile names (common.runtimes:
+    600 s for vLLM, 900 s for TensorRT-LLM, 300 s for llama.cpp), so a call waits as long as
+    such a replica may take to start and no longer;
   - then, or with a hold bound of 0, or with the waiting room full: 503 with Retry-After and an
     OpenAI-style error body ("model_loading": the model is loading), which the official openai
     SDK retries by itself.
@@ -46,7 +49,8 @@ from dataclasses import dataclass, field
 from common import keyspace
 from common.cold_phase import ColdPhase, cold_phase
 from common.errors import FabricError, TransientError
-from common.schemas import InferenceDeployment, InferenceEndpoint, Replica
+from common.runtimes import start_budget
+from common.schemas import InferenceDeployment, InferenceEndpoint, InferenceProfile, Replica
 from common.store.base import Store
 from gateway.hold import HeldStream, HoldPolicy, HoldRoom, Wake
 from gateway.upstreams import EndpointView, UpstreamCache
@@ -122,14 +126,27 @@ def refusal(endpoint: str, deployment_name: str, dep: InferenceDeployment | None
                    f"yet); retry in {RETRY_AFTER_S:g}s", True)
 
 
+def hold_bound(endpoint_secs: float | None, gateway_secs: float | None, runtime: str | None) -> float:
+    """Pure: how long a call for an endpoint with no ready replica may be held. The endpoint's own
+    ``hold_secs``, else the gateway's FABRIC_GATEWAY_HOLD_SECS, else the start budget of the
+    endpoint's runtime (None: the profile is unknown; an unknown runtime reads as vLLM's)."""
+    if endpoint_secs is not None:
+        return endpoint_secs
+    if gateway_secs is not None:
+        return gateway_secs
+    return start_budget(runtime or "vllm")
+
+
 @dataclass
 class ColdStart:
     store: Store
     upstreams: UpstreamCache
     hold: HoldPolicy = field(default_factory=HoldPolicy)
     clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic  # the hold's deadlines
+    poll_s: float = POLL_S
     _written: dict[str, float] = field(default_factory=dict)  # endpoint -> monotonic time of last write
-    _states: dict[str, tuple[float, Refusal, ColdPhase, float | None]] = field(default_factory=dict)
+    _states: dict[str, tuple[float, Refusal, ColdPhase, float]] = field(default_factory=dict)
     _room: HoldRoom | None = None
 
     @property
@@ -152,26 +169,27 @@ class ColdStart:
         if not why.loading:
             raise NotServing(why.message, code=why.code)
         await self.record_demand(endpoint)
-        bound = self._states[endpoint][3] if endpoint in self._states else None
-        secs = self.hold.secs if bound is None else bound
+        hit = self._states.get(endpoint)
+        secs = hit[3] if hit is not None else hold_bound(None, self.hold.secs, None)
         if secs <= 0:
             raise ModelLoading(why.message)
         full = self.room.full(endpoint, tenant)
         if full is not None:
             raise ModelLoading(f"{why.message} ({full})")
-        t0, entered = time.monotonic(), self.phase(endpoint)
+        t0, entered = self.monotonic(), self.phase(endpoint)
         wake = self.room.enter(endpoint, tenant, lambda: Wake(lambda: self.ready_view(endpoint),
-                                                              lambda: self._refresh(endpoint), POLL_S))
+                                                              lambda: self._refresh(endpoint), self.poll_s))
         try:
             if held is not None:
                 await held.open()
-            view = await wake.wait(t0 + secs, held.open if held is not None else None, self.hold.keepalive_s)
+            view = await wake.wait(t0 + secs, held.open if held is not None else None, self.hold.keepalive_s,
+                                   self.monotonic)
         finally:
             self.room.leave(endpoint, tenant, wake)
             if notes is not None and entered is not None:  # where it began waiting, where the wait ended
                 last = self.phase(endpoint) or entered
-                notes["cold_start"] = {**entered.as_dict(), "ended_in": last.phase,
-                                       "held_s": round(time.monotonic() - t0, 3)}
+                notes["cold_start"] = {**entered.as_dict(), "ended_in": last.phase, "hold_bound_s": secs,
+                                       "held_s": round(self.monotonic() - t0, 3)}
         if view is None:
             raise ModelLoading(why.message)
         return view
@@ -196,17 +214,22 @@ class ColdStart:
         self._states[endpoint] = (now, why, phase, bound)
         return why
 
-    def _read_state(self, endpoint: str) -> tuple[Refusal, ColdPhase, float | None]:
-        """(why no replica answers, the cold start's phase, the endpoint's own hold bound)."""
+    def _read_state(self, endpoint: str) -> tuple[Refusal, ColdPhase, float]:
+        """(why no replica answers, the cold start's phase, the hold bound: ``hold_bound``)."""
         kv = self.store.get(keyspace.endpoints(endpoint))
         if kv is None:  # deleted meanwhile: the loading answer is the old behaviour's
             return Refusal("model_loading", f"endpoint {endpoint!r} has no ready replica", True), \
-                cold_phase(None, []), None
+                cold_phase(None, []), hold_bound(None, self.hold.secs, None)
         ep = InferenceEndpoint.model_validate_json(kv.value)
         dkv = self.store.get(keyspace.deployments(ep.deployment))
         dep = InferenceDeployment.model_validate_json(dkv.value) if dkv is not None else None
         replicas = [Replica.model_validate_json(r.value) for r in self.store.list(keyspace.replicas(ep.deployment))]
-        return refusal(endpoint, ep.deployment, dep, replicas), cold_phase(dep, replicas), ep.hold_secs
+        runtime = None
+        if ep.hold_secs is None and self.hold.secs is None and dep is not None:  # the profile only when it decides
+            pkv = self.store.get(keyspace.profiles(dep.profile))
+            runtime = InferenceProfile.model_validate_json(pkv.value).runtime if pkv is not None else None
+        return (refusal(endpoint, ep.deployment, dep, replicas), cold_phase(dep, replicas),
+                hold_bound(ep.hold_secs, self.hold.secs, runtime))
 
     async def ready_view(self, endpoint: str) -> EndpointView | None:
         """The endpoint's view when it can take the call now, else None (then ``view`` decides)."""

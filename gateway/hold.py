@@ -34,7 +34,9 @@ KEEPALIVE = b": keep-alive\n\n"
 
 @dataclass(frozen=True)
 class HoldPolicy:
-    secs: float = 300.0  # FABRIC_GATEWAY_HOLD_SECS (an endpoint's hold_secs overrides it); 0: never hold
+    # FABRIC_GATEWAY_HOLD_SECS; None: each endpoint's runtime start budget (gateway.cold_start.hold_bound);
+    # an endpoint's hold_secs overrides either; 0: never hold
+    secs: float | None = None
     per_endpoint: int = 256  # FABRIC_GATEWAY_HOLD_PER_ENDPOINT
     per_tenant: int = 64  # FABRIC_GATEWAY_HOLD_PER_TENANT
     keepalive_s: float = 10.0  # FABRIC_GATEWAY_HOLD_KEEPALIVE_SECS
@@ -47,6 +49,7 @@ class Wake:
                  every_s: float):
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.held = 0
+        self.every_s = every_s
         self._task = asyncio.create_task(self._run(poll, refresh, every_s))
 
     async def _run(self, poll, refresh, every_s: float) -> None:
@@ -64,13 +67,18 @@ class Wake:
             if not self.ready.done():
                 self.ready.set_exception(exc)
 
-    async def wait(self, until: float, ping: Callable[[], Awaitable[None]] | None, ping_s: float):
-        """The view once ready; None when ``until`` (monotonic) passes first."""
-        while (left := until - time.monotonic()) > 0:
-            done, _ = await asyncio.wait({self.ready}, timeout=min(left, ping_s) if ping else left)
+    async def wait(self, until: float, ping: Callable[[], Awaitable[None]] | None, ping_s: float,
+                   now: Callable[[], float] = time.monotonic):
+        """The view once ready; None when ``until`` (read on ``now``) passes first. The clock is
+        read again at least once a poll period, so a clock that jumps is seen within one."""
+        pinged = now()
+        while (left := until - now()) > 0:
+            step = min(left, self.every_s, ping_s - (now() - pinged)) if ping else min(left, self.every_s)
+            done, _ = await asyncio.wait({self.ready}, timeout=max(0.0, step))
             if done:
                 return self.ready.result()
-            if ping is not None and until - time.monotonic() > 0:
+            if ping is not None and until - now() > 0 and now() - pinged >= ping_s:
+                pinged = now()
                 await ping()
         return None
 

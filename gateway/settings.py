@@ -311,14 +311,14 @@ def _http_server(env: dict[str, str]) -> str:
 
 
 def _hold(env: dict[str, str]) -> HoldPolicy:
-    """FABRIC_GATEWAY_HOLD_SECS (0: answer model_loading at once), the waiting rooms' bounds and
-    the keep-alive period of a held stream."""
+    """FABRIC_GATEWAY_HOLD_SECS (unset: each endpoint's runtime start budget, gateway.cold_start.hold_bound;
+    0: answer model_loading at once), the waiting rooms' bounds and the keep-alive period of a held stream."""
     raw = env.get("FABRIC_GATEWAY_HOLD_SECS", "").strip()
     try:
-        secs = float(raw) if raw else HoldPolicy.secs
+        secs = float(raw) if raw else None
     except ValueError:
         raise SettingsError(f"FABRIC_GATEWAY_HOLD_SECS={raw!r}: expected seconds from 0 to 3600") from None
-    if not 0 <= secs <= 3600:  # also refuses NaN
+    if secs is not None and not 0 <= secs <= 3600:  # also refuses NaN
         raise SettingsError(f"FABRIC_GATEWAY_HOLD_SECS={secs:g}: expected 0 to 3600 seconds")
     return HoldPolicy(secs=secs,
                       per_endpoint=_count(env, "FABRIC_GATEWAY_HOLD_PER_ENDPOINT", HoldPolicy.per_endpoint, 1, 100_000),

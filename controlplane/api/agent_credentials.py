@@ -25,12 +25,12 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
 from common.errors import NotFound, TransientError
+from common.records import endpoints
 from common.schemas import DNS_LABEL, Spec
 from controlplane.api.answers import KeyDeleted
 from controlplane.api.keys import deleted
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import keys as key_ops
-from controlplane.records import endpoints
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 

@@ -23,12 +23,12 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.errors import Conflict, InvalidInput, NotFound
+from common.records import Store
+from common.records.resource import Records
 from controlplane.api import documents as docs
 from controlplane.api.answers import Applied, Document, KindInfo
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops.apply import merge
-from controlplane.records import Store
-from controlplane.records.resource import Records
 from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["apply"])

@@ -24,12 +24,12 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
 from common.errors import InvalidInput, NotFound
+from common.records import models, profiles
 from common.schemas import check_name
 from controlplane.auth import require_admin
 from controlplane.orchestration_state import load_snapshot
 from controlplane.placement.capacity import fit
 from controlplane.reconcile.preempt_apply import holders_of
-from controlplane.records import models, profiles
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, get_state
 from controlplane.tenancy import quotas

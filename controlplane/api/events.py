@@ -30,10 +30,10 @@ from fastapi import APIRouter, Depends, Query
 
 from common import keyspace
 from common.errors import InvalidInput, NotFound
+from common.records import replicas
 from controlplane.api.answers import FailureExplained, WatchAnswer
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.events import EventRecord, recent_events, unknown_kind
-from controlplane.records import replicas
 from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["events"], dependencies=[Depends(require_admin)])

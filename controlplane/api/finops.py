@@ -15,13 +15,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from common import usage_ledger
+from common.records import deployments, endpoints, lifetimes
+from common.records import replicas as replica_records
 from common.schemas import Replica
 from controlplane.api.answers import FinopsReport
 from controlplane.auth import require_admin
-from controlplane.records import deployments, endpoints
-from controlplane.records import replicas as replica_records
 from controlplane.state import StateDep
-from controlplane.tenancy import finops, lifetimes
+from controlplane.tenancy import finops
 
 router = APIRouter(prefix="/api/ai", tags=["finops"], dependencies=[Depends(require_admin)])
 

@@ -19,6 +19,7 @@ import time
 from fastapi import APIRouter, Depends
 
 from common.errors import Conflict, NotFound
+from common.records import gpu_reservations, mig_slices, nodes, replicas
 from common.schemas import Node
 from controlplane.agent_client import AgentClients
 from controlplane.api.answers import Deleted
@@ -31,7 +32,6 @@ from controlplane.mig.catalog import (
     check_delete,
     plan_create,
 )
-from controlplane.records import gpu_reservations, mig_slices, nodes, replicas
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 

@@ -15,13 +15,13 @@ import time
 from fastapi import APIRouter, Depends
 from pydantic import field_validator
 
+from common.records import model_sites as site_copies
+from common.records import models, sites
+from common.records import nodes as node_records
 from common.schemas import ModelArtifact, Spec, check_name
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.models import replicate
-from controlplane.records import model_sites as site_copies
-from controlplane.records import models, sites
-from controlplane.records import nodes as node_records
 from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
 

@@ -26,16 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from common.errors import Conflict, FabricError, InvalidInput, NotFound, TransientError
 from common.model_api import ModelJob, VerifyRequest
-from common.schemas import ModelArtifact, Node, Spec
-from controlplane.auth import require_admin
-from controlplane.events import record_event
-from controlplane.models import plan
-from controlplane.models.worker import refresh_model_status
-from controlplane.placement.scheduler import node_online
-from controlplane.records import deployments
-from controlplane.records import models as model_records
-from controlplane.records import nodes as node_records
-from controlplane.records.model_jobs import (
+from common.records import deployments
+from common.records import models as model_records
+from common.records import nodes as node_records
+from common.records.model_jobs import (
     create_job,
     delete_jobs,
     get_job,
@@ -43,6 +37,12 @@ from controlplane.records.model_jobs import (
     put_job,
     restart_job,
 )
+from common.schemas import ModelArtifact, Node, Spec
+from controlplane.auth import require_admin
+from controlplane.events import record_event
+from controlplane.models import plan
+from controlplane.models.worker import refresh_model_status
+from controlplane.placement.scheduler import node_online
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 

@@ -27,13 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from common.errors import Conflict, InvalidInput, NotFound
 from common.peer_cert import TLS_EXT
 from common.pki import MAX_SAN_HOSTS, check_san_host, node_id_refusal
+from common.records import nodes as node_records
 from common.schemas import check_name
 from controlplane import join_tokens, node_certs
 from controlplane.auth import require_admin
 from controlplane.events import record_event
 from controlplane.node_certs import NodeGrant
 from controlplane.node_identity import peer_node_cn, require_node
-from controlplane.records import nodes as node_records
 from controlplane.state import AppState, get_state
 
 router = APIRouter(prefix="/api/ai", tags=["nodes"], dependencies=[Depends(require_admin)])

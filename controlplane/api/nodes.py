@@ -30,6 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from common.agent_api import NodeCertificate, NodeReport
 from common.errors import Conflict, InvalidInput, NotFound, TransientError
 from common.pki import MAX_SAN_HOSTS, ROLE_NODE, check_san_host, ensure_ca, issue_cert, node_id_refusal
+from common.records import cas, gpu_reservations
+from common.records import nodes as node_records
+from common.records import sites as site_records
 from common.schemas import GpuInfo, Node, check_name
 from controlplane import node_certs
 from controlplane.auth import require_admin
@@ -39,9 +42,6 @@ from controlplane.node_identity import authenticate_node, require_node
 from controlplane.node_trust import identity_change
 from controlplane.orchestration_state import load_snapshot
 from controlplane.placement.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
-from controlplane.records import cas, gpu_reservations
-from controlplane.records import nodes as node_records
-from controlplane.records import sites as site_records
 from controlplane.state import AppState, get_state
 
 router = APIRouter(prefix="/api/ai", tags=["nodes"])

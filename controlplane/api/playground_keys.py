@@ -29,11 +29,11 @@ from fastapi import APIRouter, Depends
 
 from common import apikeys, keyspace
 from common.errors import Forbidden, LimitExceeded, NotFound
+from common.records import deployments, endpoints
 from controlplane.api import keys as keys_api
 from controlplane.api.answers import KeyDeleted, NewKey
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import keys as key_ops
-from controlplane.records import deployments, endpoints
 from controlplane.state import StateDep
 from controlplane.tenancy import key_policies
 from controlplane.tenancy.principal import VIEWER, Principal

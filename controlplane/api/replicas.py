@@ -16,11 +16,11 @@ import time
 from fastapi import APIRouter, Depends, Query
 
 from common.errors import NotFound
+from common.records import nodes, replicas
 from common.schemas import Replica
 from controlplane.agent_client import AgentClients
 from controlplane.api.answers import LogChunk, ReplicaView
 from controlplane.auth import require_admin
-from controlplane.records import nodes, replicas
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["replicas"], dependencies=[Depends(require_admin)])

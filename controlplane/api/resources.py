@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Response
 
+from common.records.kinds import BY_KIND
 from common.schemas import InferenceDeployment, InferenceEndpoint, InferenceProfile, ModelArtifact
 from controlplane.api.answers import Deleted
 from controlplane.api.paging import DEFAULT_LIMIT, ContinueQuery, LimitQuery, page
@@ -33,7 +34,6 @@ from controlplane.ops import profiles as profile_ops
 from controlplane.ops.common import stored
 from controlplane.ops.deployments import ScaleRequest
 from controlplane.ops.endpoints import refuse_outbound_reach as refuse_outbound_reach  # backup's import
-from controlplane.records.kinds import BY_KIND
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import owners
 from controlplane.tenancy.principal import Principal

@@ -21,14 +21,14 @@ import os
 from fastapi import APIRouter, Body, Depends, Request
 
 from common.errors import NotFound
+from common.key_policies import KeyPolicy, KeyPolicyBody
+from common.tenant_policies import TenantPolicy
 from controlplane.api.answers import AdmissionReviewAnswer, AdmitVerdict, Deleted, UserView
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import tenancy as tenancy_ops
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import admit, key_policies, policies, users
-from controlplane.tenancy.key_policies import KeyPolicy, KeyPolicyBody
-from controlplane.tenancy.policies import TenantPolicy
 from controlplane.tenancy.principal import Principal, claimed_tenant
 
 router = APIRouter(prefix="/api/ai", tags=["tenancy"], dependencies=[Depends(require_admin)])

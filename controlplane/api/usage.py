@@ -27,10 +27,10 @@ from common.budgets import Budget
 from common.errors import NotFound
 from common.notifications import Webhook, read_webhooks
 from common.prices import PriceSheet
+from common.records import budgets as budget_records
+from common.records import notifications as notification_records
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import finops as finops_ops
-from controlplane.records import budgets as budget_records
-from controlplane.records import notifications as notification_records
 from controlplane.state import StateDep
 from controlplane.tenancy import notifier
 from controlplane.tenancy import usage as usage_report

@@ -1,6 +1,6 @@
 """The store side of backup and restore (the document is controlplane.backup.document): read every
 section's raw records, check a plan against the store, and write it. A backup copies whole
-keyspaces as they are, so this is the one place above controlplane.records that reads and writes
+keyspaces as they are, so this is the one place above common.records that reads and writes
 by prefix (create-if-absent for a create, so a record that appeared meanwhile is kept)."""
 
 from __future__ import annotations

@@ -21,14 +21,13 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from common.batch_jobs import BatchJob
 from common.errors import Conflict
 from common.schemas import Replica, check_name
 
-BatchState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -58,19 +57,6 @@ class BatchCreate(BaseModel):
 class BatchFinish(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ok: bool
-
-
-class BatchJob(BaseModel):
-    id: str
-    deployment: str
-    input_sha256: str
-    tenant: str | None = None
-    state: BatchState = "queued"
-    replica: str | None = Field(None, description="the replica that was ready when the job was claimed")
-    message: str = ""
-    created_at: float
-    started_at: float | None = None
-    finished_at: float | None = None
 
 
 def new_job(body: BatchCreate, now: float | None = None) -> BatchJob:

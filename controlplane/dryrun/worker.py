@@ -7,6 +7,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from common.records import deployments, observations
+from common.records import rollouts as rollout_records
 from common.store.base import Store
 from controlplane.dryrun.plan import plan
 from controlplane.orchestration_state import (
@@ -15,8 +17,6 @@ from controlplane.orchestration_state import (
     put_replica,
     update_deployment_status,
 )
-from controlplane.records import deployments, observations
-from controlplane.records import rollouts as rollout_records
 
 log = logging.getLogger("fabricd.dryrun")
 

@@ -17,13 +17,12 @@ A slice held by a replica (a GPU reservation on its id) cannot be deleted.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.errors import Conflict, InvalidInput, NotFound, Refused
-from common.mig_catalog import CATALOG, COMPUTE_SLICES, MigProfile, canonical_name
+from common.mig_catalog import CATALOG, COMPUTE_SLICES, MigProfile, MigSlice, canonical_name
 from common.schemas import Node
 
 SIMULATED_DRIVERS = ("lab", "dry-run")
@@ -45,20 +44,6 @@ class MigCreate(BaseModel):
 class MigProfileBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     profile: str = Field(..., min_length=1, max_length=16)
-
-
-class MigSlice(BaseModel):
-    id: str
-    node: str
-    parent_bdf: str
-    profile: str
-    index: int
-    compute: int
-    memory_gib: int
-    mode: str  # record | nvidia-smi
-    gpu_instance_id: int | None = None
-    compute_instance_id: int | None = None
-    created_at: float = Field(default_factory=time.time)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from common.mig_catalog import MigSlice
 from common.schemas import GpuInfo, Node
-from controlplane.mig.catalog import MigSlice
 
 
 def slice_gpu(parent: GpuInfo, s: MigSlice) -> GpuInfo:

@@ -9,10 +9,10 @@ report model jobs (an older agent) is not gated: its VM expects the weights to b
 
 from __future__ import annotations
 
+from common.records.model_jobs import create_job, get_job, restart_job
 from common.schemas import ModelArtifact, Node
 from common.store.base import Store
 from controlplane.models import plan
-from controlplane.records.model_jobs import create_job, get_job, restart_job
 
 
 def model_gate(store: Store, model: ModelArtifact, node: Node) -> plan.Gate:

@@ -77,14 +77,6 @@ def failed(job: ModelJob, message: str, now: float) -> ModelJob:
                                   "history": [*job.history, {"state": "Failed", "at": now, "message": message}]})
 
 
-def retried(job: ModelJob, reason: str, now: float) -> ModelJob:
-    """A new attempt of the job (Registered again, attempt and retries + 1)."""
-    return job.model_copy(update={
-        "state": "Registered", "message": reason, "attempt": job.attempt + 1, "retries": job.retries + 1,
-        "bytes_done": 0, "joined": None, "digest": None, "path": None, "adapters": {}, "updated_at": now,
-        "history": [*job.history, {"state": "Registered", "at": now, "message": reason}]})
-
-
 # A heartbeat this much newer than a job's Ready that lacks its digest means the node lost the bytes.
 HEARTBEAT_MARGIN_S = 2.0
 

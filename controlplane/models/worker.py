@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 from common.errors import FabricError, TransientError
 from common.model_api import ModelJob
+from common.records import models, nodes
+from common.records.model_jobs import list_jobs, update_job, update_model_status
 from common.schemas import ModelArtifact, Node
 from common.store.base import Store
 from controlplane.models import plan
-from controlplane.records import models, nodes
-from controlplane.records.model_jobs import list_jobs, update_job, update_model_status
 
 log = logging.getLogger("fabricd.models")
 

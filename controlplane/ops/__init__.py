@@ -10,7 +10,7 @@ console reaches them through the REST API in-process (controlplane.console.backe
 pass the same auth and route rules as fabricctl's.
 
 Layers (import-linter contracts in pyproject.toml): api -> ops -> records -> store. An operation
-reads and writes through controlplane.records and never imports the API or the console.
+reads and writes through common.records and never imports the API or the console.
 Errors are common.errors' (Conflict, Forbidden, InvalidInput, NotFound, TransientError); the API
 turns them into the same status codes and error codes for every caller.
 """

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from common.errors import NotFound
+from common.records.resource import Records
 from controlplane.ops import common
-from controlplane.records.resource import Records
 from controlplane.state import AppState
 
 UPDATE_RETRIES = 20

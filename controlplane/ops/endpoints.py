@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 
 from common.errors import Forbidden, InvalidInput
+from common.records import endpoints
 from common.schemas import EndpointStatus, InferenceEndpoint
 from controlplane.ops import common
-from controlplane.records import endpoints
 from controlplane.state import AppState
 from controlplane.tenancy.principal import ADMIN, Principal, claimed
 

@@ -14,9 +14,9 @@ from common import prices
 from common.budgets import Budget
 from common.notifications import Webhook
 from common.prices import PriceSheet
+from common.records import budgets as budget_records
+from common.records import webhooks as webhook_records
 from controlplane.ops import common
-from controlplane.records import budgets as budget_records
-from controlplane.records import webhooks as webhook_records
 from controlplane.state import AppState
 
 

@@ -19,8 +19,8 @@ from pydantic import Field
 
 from common import apikeys
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
+from common.records import deployments, endpoints, models
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
-from controlplane.records import deployments, endpoints, models
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState
 from controlplane.tenancy import key_policies, owners

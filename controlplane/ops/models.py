@@ -4,11 +4,11 @@ and delete (refused while in use)."""
 from __future__ import annotations
 
 from common.errors import Conflict
+from common.records import rollouts as rollout_records
+from common.records.model_jobs import delete_jobs
 from common.schemas import ModelArtifact, ModelStatus
 from controlplane.models.sources import check_local_source
 from controlplane.ops import common
-from controlplane.records import rollouts as rollout_records
-from controlplane.records.model_jobs import delete_jobs
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState
 from controlplane.tenancy import model_sources

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 from common.errors import InvalidInput
+from common.records import rollouts as rollout_records
 from common.schemas import InferenceProfile, runtime_refusal
 from controlplane.ops import common
-from controlplane.records import rollouts as rollout_records
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal, claimed

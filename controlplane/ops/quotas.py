@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 
+from common.records import quotas as quota_records
 from common.schemas import TenantQuota
 from controlplane.ops import common
-from controlplane.records import quotas as quota_records
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal
 

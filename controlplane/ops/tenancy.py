@@ -7,14 +7,14 @@ an event.
 
 from __future__ import annotations
 
+from common.key_policies import KeyPolicy, KeyPolicyBody
+from common.records import endpoints
+from common.records import key_policies as key_policy_records
+from common.records import policies as policy_records
+from common.tenant_policies import TenantPolicy
 from controlplane.ops import common
-from controlplane.records import endpoints
-from controlplane.records import key_policies as key_policy_records
-from controlplane.records import policies as policy_records
 from controlplane.state import AppState
 from controlplane.tenancy import revocation, users
-from controlplane.tenancy.key_policies import KeyPolicy, KeyPolicyBody
-from controlplane.tenancy.policies import TenantPolicy
 from controlplane.tenancy.principal import Principal
 
 

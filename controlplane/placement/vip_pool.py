@@ -24,9 +24,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from common.errors import Conflict, InvalidInput
+from common.records import vips
 from common.schemas import InferenceEndpoint
 from common.store.base import Store
-from controlplane.records import vips
 
 DEFAULT_SERVICE_CIDR = "10.96.0.0/16"
 MAX_ADDRESSES_PER_ENTRY = 1 << 16  # a /16

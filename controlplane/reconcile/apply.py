@@ -38,6 +38,8 @@ import httpx
 
 from common.agent_api import VmCreateRequest
 from common.errors import FabricError, TransientError
+from common.records import autoscaling, deployments, gpu_reservations, observations
+from common.records import rollouts as rollout_records
 from common.runtimes import health_path
 from common.schemas import InferenceDeployment, Node, Replica, runtime_refusal
 from common.store.base import Store
@@ -61,8 +63,6 @@ from controlplane.reconcile.backoff import AgentBackoff, BackoffAgent
 from controlplane.reconcile.crashloop import CRASHLOOP_PHASE
 from controlplane.reconcile.engine_failure import engine_error_line
 from controlplane.reconcile.events import ReconcileEvents
-from controlplane.records import autoscaling, deployments, gpu_reservations, observations
-from controlplane.records import rollouts as rollout_records
 from controlplane.scaling.loop import with_note
 
 log = logging.getLogger("fabricd.reconcile")

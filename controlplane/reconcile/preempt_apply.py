@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from common.records import deployments
 from common.schemas import InferenceDeployment, Replica
 from controlplane.orchestration_state import Snapshot, get_replica, update_deployment_status
 from controlplane.placement.index import PlacementIndex
 from controlplane.placement.preemption import Preemption, class_rank, holders_from, plan_preemption
-from controlplane.records import deployments
 
 PREEMPTED_PHASE = "Preempted"
 

@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import Counter, Gauge
 
+from common.records import rollouts as rollout_records
 from common.rollouts import Rollout
 from common.schemas import Replica, ReplicaObservation
 from common.store.base import Store
 from controlplane.events import record_event
-from controlplane.records import rollouts as rollout_records
 from controlplane.rollouts.plan import Activate, Event, SaveRecord, Supersede, plan_rollout
 
 log = logging.getLogger("fabricd.rollouts")

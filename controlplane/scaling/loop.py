@@ -29,12 +29,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from common.errors import TransientError
+from common.records import autoscaling, deployments
 from common.schemas import InferenceDeployment
 from common.store.base import Store
 from controlplane.events import EventSink
 from controlplane.history import HISTORY
 from controlplane.orchestration_state import Snapshot, load_snapshot
-from controlplane.records import autoscaling, deployments
 from controlplane.scaling.decide import Decision, Memory, Observations, QuotaView, decide
 from controlplane.tenancy import admission, quotas
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from common.errors import InvalidInput
+from common.records import deployments
+from common.records.kinds import BY_KIND
 from common.schemas import InferenceDeployment
 from common.store.base import Store
-from controlplane.records import deployments
-from controlplane.records.kinds import BY_KIND
 from controlplane.tenancy import policies, quotas
 from controlplane.tenancy.principal import ADMIN, Principal, visible
 

@@ -1,5 +1,5 @@
 """Chargeback (GET /api/ai/finops): GPU-seconds reserved and ready per deployment and tenant over
-a window, integrated from the replica lifetime ledger (controlplane.tenancy.lifetimes), and the
+a window, integrated from the replica lifetime ledger (common.records.lifetimes), and the
 tokens the usage ledger holds for the hours the window touches (common.usage_ledger), per
 deployment; a tenant's tokens are the sum of its deployments' (one figure, computed once, so the
 two tables always agree, untenanted deployments included). Usage per tenant, key and model over
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from common.records.lifetimes import Lifetime
 from common.schemas import Replica
-from controlplane.tenancy.lifetimes import Lifetime
 
 MAX_WINDOW_S = 31 * 86400
 

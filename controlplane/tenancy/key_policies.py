@@ -13,33 +13,14 @@ before. ``refusals`` is pure; the keys API calls ``enforce``.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
-from common import keyspace
 from common.errors import Forbidden
-from common.schemas import Spec
+from common.key_policies import KeyPolicy
+from common.records.key_policies import RECORDS
 from common.store.base import Store
-from controlplane.records.resource import Records
-
-MAX_TTL_SECS = 10 * 365 * 86400
-Scope = Literal["model", "tenant"]
-
-
-class KeyPolicyBody(Spec):
-    max_ttl_secs: int | None = Field(None, ge=1, le=MAX_TTL_SECS, description="keys must expire within this")
-    required_scopes: list[Scope] = Field(default_factory=list, description="model and/or tenant")
-    max_request_quota: int | None = Field(None, ge=1, le=10**15, description="keys need a quota at most this")
-    viewer_playground: bool = Field(False, description="viewers may try the endpoint in the console's playground "
-                                                       "(controlplane.api.playground_keys)")
-
-
-class KeyPolicy(KeyPolicyBody):
-    endpoint: str
-    updated_at: float = Field(default_factory=time.time)
 
 
 @dataclass(frozen=True)
@@ -71,8 +52,6 @@ def refusals(policy: KeyPolicy | None, key: KeyShape) -> list[str]:
     return why
 
 
-# The policy records, through the record layer (controlplane.records.key_policies exports the verbs).
-RECORDS = Records(KeyPolicy, keyspace.key_policies, "key policy", name_field="endpoint")
 
 
 def load(store: Store, endpoint: str) -> KeyPolicy | None:

@@ -29,11 +29,11 @@ import httpx
 
 from common import usage_ledger
 from common.notifications import Delivery, Notification, Webhook, raise_once, read_webhooks
+from common.records import nodes as node_records
+from common.records import notifications as notification_records
+from common.records import replicas as replica_records
 from common.store.base import Store
 from controlplane.backup.status import last_success
-from controlplane.records import nodes as node_records
-from controlplane.records import notifications as notification_records
-from controlplane.records import replicas as replica_records
 from controlplane.tenancy import alerts
 
 log = logging.getLogger("fabric.notify")

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from common import apikeys, keyspace
 from common.errors import Forbidden, NotFound
+from common.records.kinds import BY_KIND
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
-from controlplane.records.kinds import BY_KIND
 from controlplane.tenancy.principal import Principal, visible, writable
 
 _MISSING = object()

@@ -19,8 +19,8 @@ from __future__ import annotations
 import time
 
 from common.errors import Unauthorized
+from common.records import auth_tokens, cas
 from common.store.base import Store
-from controlplane.records import auth_tokens, cas
 
 MAX_SUBJECT = auth_tokens.MAX_SUBJECT
 

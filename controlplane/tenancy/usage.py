@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 from common import prices, usage_ledger
 from common.errors import InvalidInput
+from common.records import endpoints, lifetimes
+from common.records.lifetimes import Lifetime
 from common.store.base import Store
 from common.usage_ledger import UsageDoc
-from controlplane.records import endpoints
-from controlplane.tenancy import finops, lifetimes
-from controlplane.tenancy.lifetimes import Lifetime
+from controlplane.tenancy import finops
 
 DIMENSIONS = ("tenant", "key", "endpoint", "model", "adapter", "status")
 FIGURES = ("calls", "input_tokens", "output_tokens", "cached_tokens", "tokens", "gpu_seconds", "cost")

@@ -21,9 +21,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from common import keyspace
 from common.errors import InvalidInput
+from common.records.resource import Records
 from common.schemas import DNS_LABEL, Spec, tenant_name
 from common.store.base import Store
-from controlplane.records.resource import Records
 from controlplane.tenancy.principal import ADMIN, ROLES, Principal
 
 RESERVED = frozenset({"admin", "viewer"})

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from common import usage_ledger
+from common.records.lifetimes import Lifetime
 from common.schemas import InferenceDeployment, InferenceEndpoint, Replica
 from common.store import open_store
 from controlplane.orchestration_state import delete_replica, put_replica
-from controlplane.tenancy.lifetimes import Lifetime
 from tests.support.inprocess_fabricd import serve_fabricd
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from common.agent_api import NodeReport
+from common.records import nodes as node_records
+from common.records import replicas as replica_records
 from common.schemas import Replica
 from common.store.connect import open_store
 from controlplane.api.nodes import merge_report
-from controlplane.records import nodes as node_records
-from controlplane.records import replicas as replica_records
 from tests.controlplane.planner_data import gpu, node
 from tests.support.inprocess_fabricd import serve_fabricd
 

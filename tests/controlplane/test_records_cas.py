@@ -1,10 +1,10 @@
-"""controlplane.records.cas.swap (the one CAS loop on a raw value) and Records.update_status."""
+"""common.records.cas.swap (the one CAS loop on a raw value) and Records.update_status."""
 
 import pytest
 
+from common.records import cas
+from common.records import endpoints as eps
 from common.schemas import InferenceEndpoint
-from controlplane.records import cas
-from controlplane.records import endpoints as eps
 
 
 def test_swap_creates_an_absent_key_changes_it_and_leaves_it(store):

@@ -1,13 +1,13 @@
-"""controlplane.records: typed deployment reads, validated writes, and the one CAS helper."""
+"""common.records: typed deployment reads, validated writes, and the one CAS helper."""
 
 import pytest
 from pydantic import ValidationError
 
 from common import keyspace
 from common.errors import Conflict, NotFound
+from common.records import cas
+from common.records import deployments as deps
 from common.schemas import InferenceDeployment
-from controlplane.records import cas
-from controlplane.records import deployments as deps
 
 
 def _dep(name="chat", **kw):

@@ -9,14 +9,15 @@ from types import SimpleNamespace
 import pytest
 
 from common import keyspace
+from common.records import rollouts as rollout_records
 from common.schemas import InferenceEndpoint, ReplicaObservation
 from controlplane.api.orchestration import explain_routing
 from controlplane.placement import vip_pool
-from controlplane.records import rollouts as rollout_records
 from controlplane.routing.controller import RoutingWorker
 from tests.controlplane.planner_data import node
 from tests.controlplane.rollouts.rollout_data import record, rep
-from tests.controlplane.test_routing_controller import Agents
+from tests.controlplane.test_routing_controller import RecordingAgent
+from tests.support.fake_agents import FakeAgents
 
 
 class Rollouts:
@@ -42,7 +43,7 @@ def test_explain_equals_pushed_during_a_canary_and_draining_stays_in_the_service
             replica_id=r.replica_id, scraped_at=now, ok=True, queue_depth=r.ordinal % 3).model_dump_json())
     canary = record("canary", replicas=2).model_copy(update={"share": 20})
     assert rollout_records.create_rollout(store, canary)
-    agents = Agents()
+    agents = FakeAgents(lambda _: RecordingAgent())
     worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), rollouts=Rollouts({"qwen": canary}))
     worker.scrape_all = lambda snap: asyncio.sleep(0)  # observations are seeded
 

@@ -17,9 +17,9 @@ import pytest
 
 from common import keyspace
 from common.identity_mappings import IdentityMapping
+from common.records import identity_mappings, tenant_limits
 from common.schemas import InferenceEndpoint
 from common.tenant_limits import TenantLimits
-from controlplane.records import identity_mappings, tenant_limits
 from tests.gateway.gateway_harness import GatewayProcess, publish_endpoint, sim_engine, sqlite_state
 from tests.support.oidc_idp import RotatingIdp
 

@@ -104,7 +104,7 @@ def test_hold_and_migration_settings_are_checked_at_start(env, message):
 
 def test_hold_and_migration_defaults():
     s = load({"FABRIC_KEY_HMAC_SECRET": "s" * 32})
-    assert s.hold == HoldPolicy() and s.hold.secs == 300 and s.migrations_per_call == 2
+    assert s.hold == HoldPolicy() and s.hold.secs is None and s.migrations_per_call == 2  # None: the runtime's budget
     off = load({"FABRIC_KEY_HMAC_SECRET": "s" * 32, "FABRIC_GATEWAY_HOLD_SECS": "0",
                 "FABRIC_GATEWAY_MIGRATIONS_PER_CALL": "0"})
     assert off.hold.secs == 0 and off.migrations_per_call == 0

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from common import budgets, keyspace, usage_ledger
+from common.records import notifications as notification_records
 from common.store import open_store
 from common.usage_ledger import Dims
-from controlplane.records import notifications as notification_records
 from gateway.usage_ledger import Call, UsageLedger, split
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 

@@ -3,7 +3,7 @@ the model's phase and the scheduler's digest-based cache preference."""
 
 from __future__ import annotations
 
-from common.model_api import AgentJobView, CacheEntry, ModelJob, Transition
+from common.model_api import AgentJobView, CacheEntry, ModelJob, Transition, retried
 from common.schemas import ModelArtifact, ModelStatus, Node
 from controlplane.models import plan
 from controlplane.placement.scheduler import model_cached
@@ -105,7 +105,7 @@ def test_gate_notices_a_node_that_lost_the_bytes():
     assert plan.gate(m, ready, early).ready
     gone = plan.gate(m, ready, lost)
     assert not gone.ready and gone.restart_job and "no longer holds" in gone.message
-    again = plan.retried(ready, "fetch again", now=300.0)
+    again = retried(ready, "fetch again", now=300.0)
     assert again.state == "Registered" and again.attempt == 1 and again.retries == 1 and again.digest is None
 
 
@@ -136,5 +136,5 @@ def test_adapters_travel_with_the_job_and_gate_the_replica():
     more = m.model_copy(update={"adapters": [*m.adapters, LoraAdapter(name="code", source="hf://org/code")]})
     changed = plan.gate(more, ready)
     assert not changed.ready and changed.restart_job and "adapters changed" in changed.message
-    assert plan.retried(ready, "adapters changed", now=6.0).adapters == {}
+    assert retried(ready, "adapters changed", now=6.0).adapters == {}
     assert plan.gate(model(), job(state="Ready", digest=D1)).adapters == {}  # no adapters: as before

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.errors import Conflict, Forbidden, InvalidInput
+from common.records import deployments as deployment_records
 from common.schemas import (
     InferenceDeployment,
     InferenceEndpoint,
@@ -16,7 +17,6 @@ from common.schemas import (
 from controlplane.api.documents import find_kind
 from controlplane.events import recent_events
 from controlplane.ops import deployments, endpoints, models, profiles, quotas
-from controlplane.records import deployments as deployment_records
 from controlplane.state import AppState
 from controlplane.tenancy.principal import ADMIN, Principal
 

@@ -130,8 +130,8 @@ def test_rollout_worker_exports_share_and_transitions(tmp_path):
     from prometheus_client import CollectorRegistry
 
     from common import keyspace
+    from common.records import rollouts as rollout_records
     from common.store.sqlite_store import SqliteStore
-    from controlplane.records import rollouts as rollout_records
     from controlplane.rollouts.apply import RolloutMetrics, RolloutWorker
 
     store = SqliteStore(tmp_path / "s.db")

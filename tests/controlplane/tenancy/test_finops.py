@@ -1,11 +1,12 @@
 """GPU-seconds integrated from replica lifetimes, against a timeline computed by hand, and the
-ledger built from the replica writes that produce it (controlplane.tenancy.lifetimes/finops)."""
+ledger built from the replica writes that produce it (common.records.lifetimes/finops)."""
 
 import pytest
 
+from common.records import lifetimes
+from common.records.lifetimes import Lifetime, advance
 from common.schemas import Replica
-from controlplane.tenancy import finops, lifetimes
-from controlplane.tenancy.lifetimes import Lifetime, advance
+from controlplane.tenancy import finops
 
 T = 1_000_000.0  # window: [T, T + 1000]
 

@@ -18,12 +18,12 @@ import uvicorn
 
 from common import budgets, keyspace, usage_ledger
 from common.notifications import Notification, Webhook, raise_once
+from common.records import notifications as notification_records
+from common.records import webhooks as webhook_records
 from common.schemas import Node, Replica
 from common.store import open_store
 from common.usage_ledger import Dims
 from controlplane.backup.status import BackupStatus, record_success
-from controlplane.records import notifications as notification_records
-from controlplane.records import webhooks as webhook_records
 from controlplane.tenancy import alerts, notifier
 from gateway.usage_ledger import Call, UsageLedger
 

@@ -1,0 +1,13 @@
+"""ReplicaObservation records (/fabric/observations/<replica id>: the last scrape of a replica's
+engine): typed reads and validated writes (records.resource)."""
+
+from __future__ import annotations
+
+from common import keyspace
+from common.records.resource import Records
+from common.schemas import ReplicaObservation
+
+KIND = "observation"
+RECORDS = Records(ReplicaObservation, keyspace.observations, KIND, name_field="replica_id")
+(get, require, exists, stored, stored_items, list, create, put, update,  # noqa: A001 - the module's verbs
+ upsert, update_at, update_status, delete, discard, versioned, count) = RECORDS.verbs()

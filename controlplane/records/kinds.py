@@ -1,9 +1,0 @@
-"""The resource record modules by the kind name the API and events use ("model", "deployment", ...)."""
-
-from __future__ import annotations
-
-from controlplane.records import deployments, endpoints, models, profiles
-from controlplane.records.resource import Records
-
-BY_KIND: dict[str, Records] = {"model": models.RECORDS, "profile": profiles.RECORDS,
-                               "deployment": deployments.RECORDS, "endpoint": endpoints.RECORDS}
