@@ -31,8 +31,10 @@ from common.agent_api import (
     AgentOperation,
     GpuBindResult,
     GpuList,
+    MaglevBatchResult,
+    MaglevServiceBatch,
     MaglevServiceList,
-    MaglevServiceSpec,
+    MaglevServicePut,
     MaglevServiceView,
     VmCreateRequest,
     VmInfo,
@@ -166,10 +168,11 @@ class AgentClient:
         return await self._operation("DELETE", f"/v1/vms/{vm_id}", missing_ok=True) is not None
 
     # Maglev
-    async def put_service(self, vip: str, port: int, proto: str, spec: MaglevServiceSpec) -> MaglevServiceView:
-        resp = await self._call("PUT", f"/v1/maglev/services/{vip}/{port}/{proto}",
-                                json=spec.model_dump(mode="json"))
-        return MaglevServiceView.model_validate(resp.json())
+    async def put_services(self, services: list[MaglevServicePut], timeout: float | None = None) -> MaglevBatchResult:
+        """Every service whose generation moved, in one request (the routing controller's push)."""
+        resp = await self._call("PUT", "/v1/maglev/services", timeout=timeout,
+                                json=MaglevServiceBatch(services=services).model_dump(mode="json"))
+        return MaglevBatchResult.model_validate(resp.json())
 
     async def get_service(self, vip: str, port: int, proto: str) -> MaglevServiceView | None:
         resp = await self._call("GET", f"/v1/maglev/services/{vip}/{port}/{proto}", missing_ok=True)

@@ -16,21 +16,20 @@ then:
      see every queue change and never a live replica's observation past its eligibility window;
   1b. advance the active rollouts (controlplane.rollouts.apply) on those fresh observations;
   2. for every endpoint: take its VIP (vip_pool.allocate, create-if-absent; an event when taken),
-     record an event when its weights change, compute the routing
-     plan (with the rollout's weight split, controlplane.rollouts.weights), and PUT the service
-     on every online agent, concurrently, with the endpoint's forwarding mode, when the
-     backends, weights or mode changed since the last push, or that push is REPUSH_AFTER_S
-     (15 s) old (an agent without a dataplane answers 400 and is skipped). The periodic
-     re-push bounds how long an agent can hold other weights than the plan: a push that timed
-     out here may still be applied by the agent after a later one succeeded (the agent's
-     writers take a file lock in no set order), and an agent restart or a hand edit changes the
-     maps behind our back; an unchanged PUT makes the agent read its maps and the node's
-     addresses and write nothing (no egress refresh, no BGP pass);
+     record an event when its weights change, compute the routing plan (with the rollout's
+     weight split, controlplane.rollouts.weights, and the spillover deployments' routable
+     replicas) and publish it (common.records.plans) with a new generation when the decision
+     moved: the exact service the agents get, the entries explain and the console show, what the
+     gateway routes on;
+  2b. push (controlplane.routing.push): each online agent gets, in one request, the services whose
+     generation it does not hold (by its answers and its heartbeat's report); an agent refuses an
+     older generation, so a late PUT never overwrites a newer one. Nothing is re-sent on a timer.
+     Each agent has its own queue and deadline: a silent one is marked and waited for no more;
   3. for every VIP whose endpoint is gone: DELETE the service on every registered agent (404
-     counts as absent); only when all agents answered is the VIP released. An unreachable agent
-     keeps the VIP, retried next tick.
+     counts as absent); only when all agents answered is the VIP released. An unreachable or
+     silent agent keeps the VIP, retried next tick.
 Previous samples live in memory only to compute rates; a restart loses one scrape window.
-Those observation writes happen after step 2's pushes, so a metric change reaches the agents
+Those observation writes happen after step 2b's pushes, so a metric change reaches the agents
 without waiting for the store. Store writes stay one by one (each is fenced by the leader lease
 right before it happens).
 """
@@ -45,9 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common import keyspace
-from common.agent_api import MaglevServiceSpec
+from common.agent_api import MaglevServicePut
 from common.errors import Conflict, FabricError, Refused
-from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation
+from common.records import plans
+from common.records.plans import PublishedPlan, SpillPool, next_generation, same_decision
+from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
 from common.store.base import Store
 from controlplane.events import EventSink
 from controlplane.history import HISTORY
@@ -73,28 +74,27 @@ from controlplane.routing.metrics_parse import (
     observe,
     parse_lines,
 )
+from controlplane.routing.publish import PROTO, to_published
+from controlplane.routing.push import PUSH_DEADLINE_S, Pushes
 from controlplane.routing.runtime_metrics import names_for, scrape_target
 from controlplane.routing.scrape import MetricsScraper, ScrapeError
 from controlplane.routing.stall import mark, stall_since
-from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan
+from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan, plan_routing
 
 log = logging.getLogger("fabricd.routing")
 SCRAPE_TIMEOUT_S = 2.0  # the default of FABRIC_SCRAPE_TIMEOUT_SECS
 SCRAPE_CONCURRENCY = 64
 REFRESH_AFTER_S = MAX_SCRAPE_AGE_S / 2
-REPUSH_AFTER_S = 15.0
 KV_TOLERANCE = 0.005
 RATE_TOLERANCE = 0.02
-PROTO = "tcp"
 
 
 @dataclass
 class RoutingMemory:
     samples: dict[str, tuple[EngineSample, float]] = field(default_factory=dict)
     pages: dict[str, tuple[str, EngineSample]] = field(default_factory=dict)  # replica -> (kept lines, parse)
-    # (endpoint, node) -> ((backends, draining, forwarding), when the agent took it)
-    pushed: dict[tuple[str, str], tuple[tuple, float]] = field(default_factory=dict)
     plans: dict[str, RoutingPlan] = field(default_factory=dict)
+    published: dict[str, PublishedPlan] = field(default_factory=dict)  # endpoint -> its plan record, read each tick
     weights: dict[str, tuple] = field(default_factory=dict)  # endpoint -> weights last recorded as an event
     series: dict[str, set[str]] = field(default_factory=dict)  # endpoint -> replicas with a weight series
     stall_since: dict[str, float] = field(default_factory=dict)  # replica -> running with no token progress since
@@ -132,7 +132,7 @@ class RoutingWorker:
     def __init__(self, store: Store, agents, pool: vip_pool.AddressPool, *,
                  clock: Callable[[], float] = time.time, metrics=None, rollouts: RolloutWorker | None = None,
                  events: EventSink | None = None, stall_s: float = 60.0, drain_grace_s: float = 30.0,
-                 scrape_timeout_s: float = SCRAPE_TIMEOUT_S):
+                 scrape_timeout_s: float = SCRAPE_TIMEOUT_S, push_deadline_s: float = PUSH_DEADLINE_S):
         self.store = store
         self.stall_s = stall_s
         self.drain_grace_s = drain_grace_s
@@ -143,6 +143,7 @@ class RoutingWorker:
         self.clock = clock
         self.metrics = metrics
         self.memory = RoutingMemory()
+        self.pushes = Pushes(agents, clock, deadline_s=push_deadline_s, metrics=metrics)
         self.scraper = MetricsScraper(timeout_s=scrape_timeout_s, concurrency=SCRAPE_CONCURRENCY)
         self.series = SeriesCache()  # each engine's series go through prometheus_client's parser once
         self._parsed = ParseCache()  # store records by (key, mod_revision): unchanged ones are not re-validated
@@ -234,8 +235,9 @@ class RoutingWorker:
             self.store.put(keyspace.observations(obs.replica_id), obs.model_dump_json())
 
     def forget_pushes(self) -> None:
-        """Push every service again on the next tick (e.g. after another leader ran)."""
-        self.memory.pushed.clear()
+        """Trust no acknowledgement (another leader ran): the next tick compares every agent's
+        reported generations with the published plans and sends what differs."""
+        self.pushes.forget()
 
     # -- endpoints ---------------------------------------------------------------------------------
 
@@ -246,83 +248,108 @@ class RoutingWorker:
         if self.rollouts is not None:  # judged on this tick's counters; shares pushed below
             self.rollouts.advance(snap.replicas, snap.observations)
         self._managed = {kv.key: kv.value for kv in self.store.list(MANAGED_SERVICES)}
-        for name in sorted(snap.endpoints):  # weights reach the agents before the store writes
+        self.memory.published = {p.endpoint: p for p in plans.list(self.store)}
+        services: dict[str, MaglevServicePut] = {}  # this pass's services, by VIP:PORT/PROTO
+        routed: list[tuple[InferenceEndpoint, RoutingPlan, PublishedPlan]] = []
+        for name in sorted(snap.endpoints):
             ep = snap.endpoints[name]
             deleting = ep.status.phase == "Deleting"
             try:
                 if deleting:
-                    await self.drain_endpoint(snap, ep)
+                    await self.drain_endpoint(snap, ep, services)
                     continue
-                await self.apply_endpoint(snap, ep)
+                got = self.apply_endpoint(snap, ep, services)
             except FabricError as exc:
                 self._set_status(ep, phase="Deleting" if deleting else "Pending", message=exc.message)
+                continue
+            if got is not None:
+                routed.append(got)
+        now = self.clock()
+        await self.pushes.push([n for n in snap.nodes.values() if node_online(n, now, SchedulerSettings())],
+                               services)  # weights reach the agents before the store writes
+        for ep, plan, published in routed:
+            self._report(ep, plan, published)
         self.write_observations()
         HISTORY.observe_routing(snap, self.memory.plans)  # the console's charts (controlplane.history)
         await self.release_orphans(snap)
 
-    def plan(self, snap: Snapshot, ep: InferenceEndpoint, vip: str | None = None) -> RoutingPlan:
-        replicas, now = snap.replicas.get(ep.deployment, []), self.clock()
-        rollout = self.rollouts.active.get(ep.deployment) if self.rollouts is not None else None
-        return endpoint_plan(ep, replicas, snap.observations, snap.nodes, now, rollout=rollout, sites=snap.sites,
-                             vip=vip)[0]
-
-    async def apply_endpoint(self, snap: Snapshot, ep: InferenceEndpoint) -> None:
+    def apply_endpoint(self, snap: Snapshot, ep: InferenceEndpoint, services: dict[str, MaglevServicePut]
+                       ) -> tuple[InferenceEndpoint, RoutingPlan, PublishedPlan] | None:
+        """Take the VIP, decide and publish the plan, queue its service for the push."""
         try:
             vip = vip_pool.allocate(self.store, ep.name, self.pool)
         except Conflict as exc:
             self._set_status(ep, phase="Pending", message=exc.message)
-            return
+            return None
         if ep.status.vip != vip:
             self.events("endpoint", ep.name, "VipTaken", f"VIP {vip}:{ep.port} from the address pool",
                         tenant=ep.tenant)
-        plan = self.plan(snap, ep, vip)
+        replicas, now = snap.replicas.get(ep.deployment, []), self.clock()
+        rollout = self.rollouts.active.get(ep.deployment) if self.rollouts is not None else None
+        plan, split = endpoint_plan(ep, replicas, snap.observations, snap.nodes, now, rollout=rollout,
+                                    sites=snap.sites, vip=vip)
         self.memory.plans[ep.name] = plan
         self._record_weights(ep, plan)
-        notes = await self._push_plan(snap, ep, vip, plan)
+        published = self._publish(ep, plan, split, vip, self._spill(snap, ep, now), now)
+        self._queue(published, services)
+        return ep, plan, published
+
+    def _spill(self, snap: Snapshot, ep: InferenceEndpoint, now: float) -> list[SpillPool]:
+        """The replicas of each spillover deployment calls may go to, by the endpoint's rules."""
+        out = []
+        for d in ep.spillover:
+            p = plan_routing(ep, snap.replicas.get(d, []), snap.observations, snap.nodes, now, sites=snap.sites)
+            out.append(SpillPool(deployment=d, replicas=sorted(e.replica_id for e in p.entries if e.included)))
+        return out
+
+    def _publish(self, ep: InferenceEndpoint, plan: RoutingPlan, split, vip: str | None, spill: list[SpillPool],
+                 now: float) -> PublishedPlan:
+        """The endpoint's published plan: the stored one while the decision is the same, else a
+        new generation written to the store."""
+        previous = self.memory.published.get(ep.name)
+        fresh = to_published(ep, plan, split, vip, spill, now, previous.generation if previous else 1)
+        if same_decision(previous, fresh):
+            assert previous is not None
+            return previous
+        fresh = to_published(ep, plan, split, vip, spill, now, next_generation(self.store, previous))
+        plans.publish(self.store, fresh)
+        self.memory.published[ep.name] = fresh
+        return fresh
+
+    def _queue(self, published: PublishedPlan, services: dict[str, MaglevServicePut]) -> None:
+        """Add the plan's service to this pass's push (and record it as Fabric-made)."""
+        if published.service is None or published.vip is None:
+            return
+        key, record = managed_service_key(published.vip, published.port, PROTO), json.dumps(
+            {"endpoint": published.endpoint})
+        if self._managed.get(key) != record:
+            self.store.put(key, record)
+            self._managed[key] = record
+        put = MaglevServicePut(vip=published.vip, port=published.port, proto=published.proto,
+                               **published.service.model_dump())
+        services[put.key] = put
+
+    def _report(self, ep: InferenceEndpoint, plan: RoutingPlan, published: PublishedPlan) -> None:
+        """The endpoint's status after the push: VIP, replicas routed, agents that lag."""
+        vip = published.vip
         included = sum(1 for e in plan.entries if e.included)
         message = f"VIP {vip}:{ep.port} ({ep.forwarding}); {included}/{len(plan.entries)} replicas routed ({ep.routing})"
         if plan.entries and not plan.backends and included:
             message += "; no IP backends for Maglev (dry-run or hostname replicas, or dsr-ipip ones without the VIP), gateway only"
+        notes = self.pushes.notes(published.service_key or "") if published.service is not None else []
         if notes:
             message += "; " + "; ".join(notes)
         phase = "Ready" if included else "Pending"
         self._set_status(ep, phase=phase, message=message, vip=vip)
         self._export_weights(ep.name, plan)
 
-    async def _push_plan(self, snap: Snapshot, ep: InferenceEndpoint, vip: str, plan: RoutingPlan) -> list[str]:
-        """PUT the plan's service on every online agent whose copy differs; notes of failures."""
-        backends = (plan.backends, plan.draining, ep.forwarding)  # a change of any is pushed
-        notes: list[str] = []
-        if not plan.backends:
-            return notes
-        key, record = managed_service_key(vip, ep.port, PROTO), json.dumps({"endpoint": ep.name})
-        if self._managed.get(key) != record:
-            self.store.put(key, record)
-            self._managed[key] = record
-        now, settings = self.clock(), SchedulerSettings()
-        # A node whose agent withdrew its services (a fail-closed site cut off: agent.fail_closed)
-        # gets every service again, whatever it was last sent, until its report says it has them.
-        targets = [node for node in snap.nodes.values()
-                   if node_online(node, now, settings)
-                   and (node.services_withdrawn or self._push_due((ep.name, node.id), backends, now))]
-        if targets:  # only push when weights change or the last push is old; to every agent at once
-            spec = MaglevServiceSpec(backends={f"{h}:{p}": w for h, p, w in plan.backends},
-                                     draining=list(plan.draining), forwarding=ep.forwarding)
-            results = await asyncio.gather(*(self._push(node, ep, vip, spec, backends) for node in targets),
-                                           return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result  # LeaseLost or a bug: after every sibling push finished
-                if result:
-                    notes.append(result)
-        return notes
-
-    async def drain_endpoint(self, snap: Snapshot, ep: InferenceEndpoint) -> None:
+    async def drain_endpoint(self, snap: Snapshot, ep: InferenceEndpoint,
+                             services: dict[str, MaglevServicePut]) -> None:
         """An endpoint being deleted: its service stays with every backend draining (no new flows,
         the established ones finish) until the engines behind it report nothing running or
-        waiting in a scrape after that push, or the drain grace since the deletion has passed;
-        then the service goes from every agent, the VIP back to the pool, and the record last.
-        Until then its status says Deleting and why."""
+        waiting in a scrape after that plan was published, or the drain grace since the deletion
+        has passed; then the service goes from every agent, the VIP back to the pool, the plan
+        and the record last. Until then its status says Deleting and why."""
         now = self.clock()
         since = ep.status.deleting_since or now
         vip = ep.status.vip
@@ -330,7 +357,8 @@ class RoutingWorker:
         plan = endpoint_plan(ep, replicas, snap.observations, snap.nodes, now, sites=snap.sites, vip=vip)[0]
         busy = 0
         if vip is not None:
-            await self._push_plan(snap, ep, vip, plan)
+            published = self._publish(ep, plan, None, vip, [], now)
+            self._queue(published, services)
             pushed_at = self.memory.drain_pushed.setdefault(ep.name, now)
             live = {e.replica_id for e in plan.entries if e.draining}
             for rid in live:
@@ -341,6 +369,8 @@ class RoutingWorker:
                 self._set_status(ep, phase="Deleting", message=f"deleting: VIP {vip} drains the calls in flight on "
                                  f"{busy} replica(s) (until idle or {self.drain_grace_s:g}s after deletion)")
                 return
+            if published.service_key is not None:
+                services.pop(published.service_key, None)
             if not await self.remove_service(snap, vip, ep.port):
                 self._set_status(ep, phase="Deleting", message=f"deleting: waiting for every agent to drop VIP {vip}")
                 return
@@ -348,13 +378,13 @@ class RoutingWorker:
             vip_pool.release(self.store, vip, ep.name)
             self.events("endpoint", ep.name, "VipReleased", f"VIP {vip} back to the pool after the drain "
                         f"({'grace ended' if busy else 'idle'})", tenant=ep.tenant)
+        plans.discard(self.store, ep.name)
         self.store.delete(keyspace.endpoints(ep.name))
         self.events("endpoint", ep.name, "Deleted", f"endpoint {ep.name} deleted", tenant=ep.tenant)
         snap.endpoints.pop(ep.name, None)
         self.memory.drain_pushed.pop(ep.name, None)
-        for key in [k for k in self.memory.pushed if k[0] == ep.name]:
-            del self.memory.pushed[key]
         self.memory.plans.pop(ep.name, None)
+        self.memory.published.pop(ep.name, None)
         self.memory.weights.pop(ep.name, None)
 
     def _export_weights(self, endpoint: str, plan: RoutingPlan | None) -> None:
@@ -385,26 +415,6 @@ class RoutingWorker:
         text = ", ".join(f"{rid}={w}" for rid, w in weights) or "no replica routed"
         self.events("endpoint", ep.name, "WeightsChanged", f"{plan.strategy}: {text}", tenant=ep.tenant)
 
-    def _push_due(self, key: tuple[str, str], backends: tuple, now: float) -> bool:
-        """Whether this agent gets the service now: it changed, or the last push is old."""
-        last = self.memory.pushed.get(key)
-        return last is None or last[0] != backends or now - last[1] >= REPUSH_AFTER_S
-
-    async def _push(self, node: Node, ep: InferenceEndpoint, vip: str, spec: MaglevServiceSpec,
-                    backends: tuple) -> str | None:
-        """PUT the service on one agent; a note when it failed (retried next tick)."""
-        try:
-            await self.agents.for_node(node).put_service(vip, ep.port, PROTO, spec)
-        except Refused:
-            self.memory.pushed[(ep.name, node.id)] = (backends, self.clock())  # no dataplane there
-            return None
-        except FabricError as exc:
-            return f"Maglev push to {node.id} failed: {exc.message}"
-        self.memory.pushed[(ep.name, node.id)] = (backends, self.clock())
-        if self.metrics:
-            self.metrics.maglev_pushes.inc()
-        return None
-
     def _set_status(self, ep: InferenceEndpoint, **status) -> None:
         """Write the endpoint's status unless the snapshot already shows exactly these values."""
         if all(getattr(ep.status, k, None) == v for k, v in status.items()):
@@ -412,17 +422,25 @@ class RoutingWorker:
         update_endpoint_status(self.store, ep.name, **status)
 
     async def remove_service(self, snap: Snapshot, vip: str, port: int) -> bool:
-        """DELETE the service on every registered agent; True when it is absent on all."""
-        absent = True
-        for node in snap.nodes.values():
+        """DELETE the service on every registered agent at once; True when it is absent on all. A
+        silent agent (controlplane.routing.push) is not asked, and keeps the service counted."""
+        async def remove(node) -> bool:
+            if self.pushes.silent(node.id):
+                return False
             try:
                 await self.agents.for_node(node).delete_service(vip, port, PROTO)  # False on 404
             except Refused:
                 pass  # no dataplane on that agent: nothing there to remove
             except FabricError as exc:
                 log.warning("cannot remove service %s:%s on %s yet: %s", vip, port, node.id, exc.message)
-                absent = False
-        return absent
+                return False
+            return True
+
+        results = await asyncio.gather(*(remove(n) for n in snap.nodes.values()))
+        if all(results):
+            self.pushes.drop(f"{vip}:{port}/{PROTO}")
+            return True
+        return False
 
     async def release_orphans(self, snap: Snapshot) -> None:
         """Fabric-made services whose endpoint is gone (or moved port): Maglev first; then the VIPs
@@ -444,8 +462,9 @@ class RoutingWorker:
                 log.info("released VIP %s of deleted endpoint %s", vip, owner)
                 self.events("endpoint", owner, "VipReleased", f"VIP {vip} back to the pool; the endpoint is gone")
                 self.memory.weights.pop(owner, None)
-            for key in [k for k in self.memory.pushed if k[0] == owner]:
-                del self.memory.pushed[key]
             self.memory.plans.pop(owner, None)
         for gone in [name for name in self.memory.series if name not in snap.endpoints]:
             self._export_weights(gone, None)
+        for gone in [name for name in self.memory.published if name not in snap.endpoints]:
+            plans.discard(self.store, gone)  # the endpoint's record went another way (a restore, a hand edit)
+            del self.memory.published[gone]

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from common import keyspace
-from common.agent_api import GpuBindResult, VmInfo
+from common.agent_api import GpuBindResult, MaglevBatchResult, MaglevPutResult, VmInfo
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from common.store.sqlite_store import SqliteStore
 from controlplane.controllers import ControllerHandle, ControllerSettings, FencedAgents, lead, sweep
@@ -26,6 +26,7 @@ from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.state import AppState, Settings
 from tests.controlplane.planner_data import deployment, model, node, profile
+from tests.support.fake_agents import FakeAgents
 
 LOCK = "orchestration"
 
@@ -57,7 +58,7 @@ class RecordingStore:
             return [w for w in self.writes[mark:] if not w[1].startswith(keyspace.locks())]
 
 
-class FakeAgent:
+class Agent:
     def __init__(self, log: list, block_create: threading.Event | None = None, started=None):
         self.log, self.block_create, self.started = log, block_create, started
 
@@ -81,21 +82,14 @@ class FakeAgent:
         self.log.append(("delete_vm", vm_id))
         return True
 
-    async def put_service(self, vip, port, proto, spec):
-        self.log.append(("put_service", vip))
+    async def put_services(self, batch, timeout=None):
+        self.log.extend(("put_service", s.vip) for s in batch)
+        return MaglevBatchResult(results=[MaglevPutResult(key=s.key, generation=s.generation, outcome="applied",
+                                                          held=s.generation) for s in batch])
 
     async def delete_service(self, vip, port, proto):
         self.log.append(("delete_service", vip))
         return True
-
-
-class FakeAgents:
-    def __init__(self, **kw):
-        self.calls: list = []
-        self.kw = kw
-
-    def for_node(self, n):
-        return FakeAgent(self.calls, **self.kw)
 
 
 @pytest.fixture
@@ -144,7 +138,7 @@ def test_a_leader_whose_lease_expired_and_was_taken_over_writes_nothing(raw):
     seed(raw, replicas=1)
     rec_endpoint = '{"name": "ep", "deployment": "qwen"}'
     raw.put(keyspace.endpoints("ep"), rec_endpoint)
-    store, agents = FencedStore(rec, a), FakeAgents()
+    store, agents = FencedStore(rec, a), FakeAgents(lambda pool: Agent(pool.calls))
     fenced_agents = FencedAgents(agents, a)
     reconcile = ReconcileWorker(store, fenced_agents, rp.ReconcileSettings())
     routing = RoutingWorker(store, fenced_agents, vip_pool.parse_pool("10.96.0.0/30"))
@@ -200,7 +194,7 @@ def test_the_controller_loop_stops_writing_mid_pass_when_its_lease_is_taken_over
     rec = RecordingStore(raw)
     seed(raw, replicas=1)
     release, started = threading.Event(), threading.Event()
-    agents = FakeAgents(block_create=release, started=started)
+    agents = FakeAgents(lambda pool: Agent(pool.calls, block_create=release, started=started))
     state = AppState(store=rec, state_dir=tmp_path, settings=Settings(run_controllers=False),
                      registry=CollectorRegistry())
     handle = ControllerHandle(state, ControllerSettings(reconcile_s=0.2, routing_s=0.2, leader_ttl_s=1),

@@ -1,7 +1,7 @@
 """The routing controller's Maglev and VIP ordering on a real SQLite store, with a recording
-agent behind the AgentClients interface we own (for_node -> async put/delete_service); and its hot
-path: the /metrics scraper against a raw HTTP server, the parse cache, observation writes only on
-material change, concurrent pushes."""
+agent behind the AgentClients interface we own (for_node -> async put_services/delete_service); and
+its hot path: the /metrics scraper against a raw HTTP server, the parse cache, observation writes
+only on material change, concurrent pushes. Pushes by generation: tests/controlplane/test_routing_push.py."""
 
 import asyncio
 import gzip
@@ -11,41 +11,57 @@ from pathlib import Path
 import pytest
 
 from common import keyspace
+from common.agent_api import MaglevBatchResult, MaglevPutResult
 from common.errors import TransientError
 from common.schemas import InferenceEndpoint, ReplicaObservation
 from controlplane.placement import vip_pool
-from controlplane.routing.controller import REFRESH_AFTER_S, REPUSH_AFTER_S, RoutingWorker, material_change
+from controlplane.routing.controller import REFRESH_AFTER_S, RoutingWorker, material_change
 from controlplane.routing.metrics_parse import MetricsParseError, SeriesCache, parse_vllm_metrics
 from controlplane.routing.scrape import MetricsScraper, ScrapeError
 from controlplane.routing.strategies import UNREAD_WEIGHT
 from tests.controlplane.planner_data import node, replica
 from tests.controlplane.test_routing_strategies import bump
+from tests.support.fake_agents import FakeAgents
 
 
 class RecordingAgent:
+    """An agent's Maglev API in memory: ``puts`` counts services received, ``requests`` the batches."""
+
     def __init__(self):
         self.services: dict[tuple, dict] = {}
+        self.specs: dict[tuple, object] = {}
+        self.generations: dict[str, int] = {}
         self.puts = 0
+        self.requests = 0
         self.unreachable = False
 
-    async def put_service(self, vip, port, proto, spec):
+    async def put_services(self, batch, timeout=None):
         if self.unreachable:
             raise TransientError("agent unreachable")
-        self.puts += 1
-        self.services[(vip, port, proto)] = dict(spec.backends)
+        self.requests += 1
+        results = []
+        for s in batch:
+            held = self.generations.get(s.key, 0)
+            if s.generation < held:
+                results.append(MaglevPutResult(key=s.key, generation=s.generation, outcome="stale", held=held))
+                continue
+            self.puts += 1
+            self.services[(s.vip, s.port, s.proto)] = dict(s.backends)
+            self.specs[(s.vip, s.port, s.proto)] = s
+            self.generations[s.key] = s.generation
+            results.append(MaglevPutResult(key=s.key, generation=s.generation, outcome="applied", held=s.generation))
+        return MaglevBatchResult(results=results)
+
+    def report(self) -> dict[str, int]:
+        """What its heartbeat would say: the generation of each service it holds."""
+        held = {f"{vip}:{port}/{proto}" for vip, port, proto in self.services}
+        return {k: g for k, g in self.generations.items() if k in held}
 
     async def delete_service(self, vip, port, proto):
         if self.unreachable:
             raise TransientError("agent unreachable")
+        self.generations.pop(f"{vip}:{port}/{proto}", None)
         return self.services.pop((vip, port, proto), None) is not None  # False = 404
-
-
-class Agents:
-    def __init__(self):
-        self.by_node = {}
-
-    def for_node(self, n):
-        return self.by_node.setdefault(n.id, RecordingAgent())
 
 
 def seed(store, now):
@@ -63,7 +79,7 @@ def seed(store, now):
 def test_push_on_change_and_maglev_absent_before_vip_release(store):
     now = time.time()
     seed(store, now)
-    agents = Agents()
+    agents = FakeAgents(lambda _: RecordingAgent())
     worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"))
     worker.scrape_all = lambda snap: asyncio.sleep(0)  # observations are seeded, not scraped here
 
@@ -86,13 +102,19 @@ def test_push_on_change_and_maglev_absent_before_vip_release(store):
     asyncio.run(run())
 
 
-def test_an_agent_holding_other_weights_gets_the_plan_again_within_the_repush_period(store):
-    """A push that timed out may still land on the agent after a later one succeeded (the
-    agent's writers take a file lock in no set order): the worker's record says the new weights
-    are there while the maps hold the old. The periodic re-push puts the plan back."""
+def heartbeat(store, node_id: str, at: float, generations: dict[str, int], withdrawn: str = "") -> None:
+    n = node(node_id, 4).model_copy(update={"last_heartbeat": at, "service_generations": generations,
+                                            "services_withdrawn": withdrawn})
+    store.put(keyspace.nodes(node_id), n.model_dump_json())
+
+
+def test_an_agent_that_lost_a_service_gets_it_again_and_nothing_is_resent_on_a_timer(store):
+    """Nothing is re-sent because time passed: an agent holding the plan's generation (its answer,
+    then its heartbeat) gets nothing, however long. One whose heartbeat, newer than its answer,
+    reports another generation or none (a restart, a hand edit) gets that service again."""
     now = time.time()
     seed(store, now)
-    agents = Agents()
+    agents = FakeAgents(lambda _: RecordingAgent())
     clock = [now]
     worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), clock=lambda: clock[0])
     worker.scrape_all = lambda snap: asyncio.sleep(0)
@@ -102,11 +124,16 @@ def test_an_agent_holding_other_weights_gets_the_plan_again_within_the_repush_pe
         await worker.tick()
         agent = agents.by_node["n1"]
         planned = dict(agent.services[key])
-        agent.services[key] = {"10.0.0.1:8000": 5, "10.0.0.2:8000": 32}  # the late, stale push landed
-        clock[0] = now + REPUSH_AFTER_S - 1
-        await worker.tick()
-        assert agent.puts == 1 and agent.services[key] != planned  # within the period: not yet
-        clock[0] = now + REPUSH_AFTER_S
+        for hour in range(1, 4):  # hours pass, readings and heartbeats agree: no push
+            clock[0] = now + 3600 * hour
+            seed(store, clock[0])
+            heartbeat(store, "n1", clock[0], agent.report())
+            await worker.tick()
+        assert agent.puts == 1
+        agent.services.clear()  # the agent restarted without its services
+        agent.generations.clear()
+        clock[0] += 10
+        heartbeat(store, "n1", clock[0], {})
         await worker.tick()
         assert agent.puts == 2 and agent.services[key] == planned
         await worker.aclose()
@@ -115,29 +142,29 @@ def test_an_agent_holding_other_weights_gets_the_plan_again_within_the_repush_pe
 
 
 def test_a_node_that_withdrew_its_services_gets_them_again_at_once(store):
-    """A fail-closed site's agent deletes its services while cut off (agent.fail_closed) and says so
-    in its heartbeat (services_withdrawn): the next tick pushes every service to it, unchanged
-    weights and the re-push period notwithstanding, and stops once the report is clear."""
+    """A fail-closed site's agent deletes its services while cut off (agent.fail_closed): its
+    heartbeat then reports none, and the next tick pushes them to it again; once the report
+    carries the generation, nothing more."""
     now = time.time()
     seed(store, now)
-    agents = Agents()
-    worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), clock=lambda: now)
+    agents = FakeAgents(lambda _: RecordingAgent())
+    clock = [now]
+    worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), clock=lambda: clock[0])
     worker.scrape_all = lambda snap: asyncio.sleep(0)
     key = ("10.96.0.1", 8000, "tcp")
-
-    def report_withdrawn(why: str) -> None:
-        n = node("n1", 4).model_copy(update={"last_heartbeat": now, "services_withdrawn": why})
-        store.put(keyspace.nodes("n1"), n.model_dump_json())
 
     async def run():
         await worker.tick()
         agent = agents.by_node["n1"]
         planned = dict(agent.services[key])
         agent.services.clear()  # the agent withdrew them
-        report_withdrawn("fail-closed: no heartbeat answered")
+        agent.generations.clear()
+        clock[0] += 1
+        heartbeat(store, "n1", clock[0], {}, "fail-closed: no heartbeat answered")
         await worker.tick()
         assert agent.puts == 2 and agent.services[key] == planned
-        report_withdrawn("")
+        clock[0] += 1
+        heartbeat(store, "n1", clock[0], agent.report())
         await worker.tick()
         assert agent.puts == 2  # back to pushing on change only
         await worker.aclose()
@@ -148,7 +175,7 @@ def test_a_node_that_withdrew_its_services_gets_them_again_at_once(store):
 def test_a_404_on_delete_counts_as_absent(store):
     now = time.time()
     seed(store, now)
-    agents = Agents()
+    agents = FakeAgents(lambda _: RecordingAgent())
     worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"))
     worker.scrape_all = lambda snap: asyncio.sleep(0)
 
@@ -273,7 +300,7 @@ def test_the_scrape_deadline_is_the_setting(store):
         slow.queue = 3
         r = replica(0, "n1", host="127.0.0.1").model_copy(update={"port": slow.port})
         for timeout_s, ok in ((0.1, False), (3.0, True)):
-            worker = RoutingWorker(store, Agents(), vip_pool.parse_pool("10.96.0.0/30"), scrape_timeout_s=timeout_s)
+            worker = RoutingWorker(store, FakeAgents(lambda _: RecordingAgent()), vip_pool.parse_pool("10.96.0.0/30"), scrape_timeout_s=timeout_s)
             obs = await worker._scrape(r)
             await worker.aclose()
             assert obs.ok is ok, (timeout_s, obs.error)
@@ -322,7 +349,7 @@ def test_observations_written_on_material_change_and_the_plan_uses_fresh_ones(st
                                                               routing="least_queue").model_dump_json())
         r = replica(0, "n1", host="127.0.0.1").model_copy(update={"port": srv.port})
         store.put(keyspace.replicas("qwen", r.replica_id), r.model_dump_json())
-        agents = Agents()
+        agents = FakeAgents(lambda _: RecordingAgent())
         worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), clock=lambda: clock[0])
         key = keyspace.observations(r.replica_id)
 
@@ -374,14 +401,14 @@ def test_pushes_reach_every_agent_concurrently_and_only_on_change(store):
             super().__init__()
             self.name = name
 
-        async def put_service(self, vip, port, proto, spec):
+        async def put_services(self, batch, timeout=None):
             started.append(self.name)
             if len(started) == 2:
                 both_started.set()
             await asyncio.wait_for(both_started.wait(), 2.0)  # a sequential push would time out here
-            await super().put_service(vip, port, proto, spec)
+            return await super().put_services(batch, timeout)
 
-    agents = Agents()
+    agents = FakeAgents(lambda _: RecordingAgent())
     agents.by_node = {"n1": SlowAgent("n1"), "n2": SlowAgent("n2")}
     worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"))
     worker.scrape_all = lambda snap: asyncio.sleep(0)
@@ -406,7 +433,7 @@ def test_weight_series_follow_the_fleet(store):
     now = time.time()
     seed(store, now)
     registry = CollectorRegistry()
-    worker = RoutingWorker(store, Agents(), vip_pool.parse_pool("10.96.0.0/30"), metrics=ControllerMetrics(registry))
+    worker = RoutingWorker(store, FakeAgents(lambda _: RecordingAgent()), vip_pool.parse_pool("10.96.0.0/30"), metrics=ControllerMetrics(registry))
     worker.scrape_all = lambda snap: asyncio.sleep(0)
 
     def series() -> dict[str, float]:

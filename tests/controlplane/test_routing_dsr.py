@@ -2,7 +2,7 @@
 the replicas that cannot answer dsr-ipip, the routing controller sends the mode with every
 service it puts on an agent, and a new replica of an exposed deployment gets the VIP in its VM
 create request. Real SQLite store; the agents are recorders behind the AgentClients interface
-we own (for_node -> put_service / create_vm), as in test_routing_controller and the reconcile tests."""
+we own (for_node -> put_services / create_vm), as in test_routing_controller and the reconcile tests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import asyncio
 import time
 
 from common import keyspace
-from common.agent_api import GpuBindResult, VmInfo
+from common.agent_api import GpuBindResult, MaglevBatchResult, MaglevPutResult, VmInfo
 from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
 from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
@@ -18,6 +18,7 @@ from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.routing.strategies import plan_routing
 from tests.controlplane.planner_data import NOW, deployment, model, node, profile, replica
+from tests.support.fake_agents import FakeAgents
 
 VIP = "10.96.0.1"
 
@@ -70,20 +71,13 @@ class RecordingAgent:
     def __init__(self):
         self.specs: list = []
 
-    async def put_service(self, vip, port, proto, spec):
-        self.specs.append(((vip, port, proto), spec))
+    async def put_services(self, batch, timeout=None):
+        self.specs.extend(((s.vip, s.port, s.proto), s) for s in batch)
+        return MaglevBatchResult(results=[MaglevPutResult(key=s.key, generation=s.generation, outcome="applied",
+                                                          held=s.generation) for s in batch])
 
     async def delete_service(self, vip, port, proto):
         return True
-
-
-class Agents:
-    def __init__(self, agent_type):
-        self.agent_type = agent_type
-        self.by_node: dict = {}
-
-    def for_node(self, n):
-        return self.by_node.setdefault(n.id, self.agent_type(self))
 
 
 def test_the_controller_puts_the_endpoints_mode_and_pushes_again_when_it_changes(store):
@@ -95,7 +89,7 @@ def test_the_controller_puts_the_endpoints_mode_and_pushes_again_when_it_changes
         store.put(keyspace.replicas("qwen", r.replica_id), r.model_dump_json())
         store.put(keyspace.observations(r.replica_id), fresh(r).model_copy(update={"scraped_at": now})
                   .model_dump_json())
-    agents = Agents(lambda _: RecordingAgent())
+    agents = FakeAgents(lambda _: RecordingAgent())
     worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), clock=lambda: now)
     worker.scrape_all = lambda snap: asyncio.sleep(0)  # observations are seeded, not scraped here
 
@@ -145,8 +139,7 @@ def test_a_new_replica_of_a_dsr_exposed_deployment_gets_the_vip_in_its_vm_reques
     pool = vip_pool.parse_pool("10.96.0.0/29")
     vip = vip_pool.allocate(store, "ep", pool)
     vip_pool.allocate(store, "plain", pool)
-    agents = Agents(VmAgent)
-    agents.requests = []
+    agents = FakeAgents(VmAgent, requests=[])
 
     async def run():
         worker = ReconcileWorker(store, agents, rp.ReconcileSettings())

@@ -1,0 +1,31 @@
+"""The routing plan as it is published (pure): common.records.plans.PublishedPlan from the
+controller's RoutingPlan, the rollout split and the spillover pools."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from common.agent_api import MaglevServiceSpec
+from common.records.plans import PlanEntry, PlanSplit, PublishedPlan, SpillPool
+from common.schemas import InferenceEndpoint
+from controlplane.rollouts.split import Split
+from controlplane.routing.strategies import RoutingPlan
+
+PROTO = "tcp"
+
+
+def to_published(ep: InferenceEndpoint, plan: RoutingPlan, split: Split | None, vip: str | None,
+                 spill: Sequence[SpillPool], now: float, generation: int) -> PublishedPlan:
+    """The record for ``plan``; its service (what the agents get) only with a VIP and IP backends."""
+    service = None
+    if vip is not None and plan.backends:
+        service = MaglevServiceSpec(generation=generation, backends={f"{h}:{p}": w for h, p, w in plan.backends},
+                                    draining=list(plan.draining), forwarding=ep.forwarding)
+    return PublishedPlan(
+        endpoint=ep.name, deployment=ep.deployment, generation=generation, decided_at=now, strategy=plan.strategy,
+        vip=vip, port=ep.port, proto=PROTO, forwarding=ep.forwarding, service=service,
+        entries=[PlanEntry(replica_id=e.replica_id, included=e.included, reason=e.reason, weight=e.weight,
+                           host=e.host, port=e.port, maglev=e.in_maglev, draining=e.draining) for e in plan.entries],
+        split=None if split is None else PlanSplit(percent=split.percent, table_share=split.table_share,
+                                                   slot_error=split.slot_error),
+        spill=list(spill))
