@@ -24,16 +24,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from common.errors import Conflict, InvalidInput, NotFound
+from common.errors import InvalidInput
 from common.peer_cert import TLS_EXT
 from common.pki import MAX_SAN_HOSTS, check_san_host, node_id_refusal
-from common.records import nodes as node_records
 from common.schemas import check_name
 from controlplane import join_tokens, node_certs
-from controlplane.auth import require_admin
-from controlplane.events import record_event
+from controlplane.auth import PrincipalDep, require_admin
 from controlplane.node_certs import NodeGrant
 from controlplane.node_identity import peer_node_cn, require_node
+from controlplane.ops import nodes as node_ops
 from controlplane.state import AppState, get_state
 
 router = APIRouter(prefix="/api/ai", tags=["nodes"], dependencies=[Depends(require_admin)])
@@ -107,13 +106,9 @@ class SignedCertificate(BaseModel):
 
 
 @router.post("/join-tokens", response_model=JoinToken, status_code=201)
-def create_join_token(body: JoinTokenRequest, state: StateDep) -> JoinToken:
-    token, record = join_tokens.create(state.store, Path(state.state_dir), node_id=body.node_id, hosts=body.hosts,
-                                       ttl_s=body.ttl_s, now=time.time(), site=body.site,
-                                       replica_networks=body.replica_networks)
-    record_event(state.store, "node", body.node_id or "-", "join-token-created",
-                 f"join token {record.id} for {body.node_id or 'any node'}, valid {body.ttl_s}s",
-                 keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+def create_join_token(body: JoinTokenRequest, state: StateDep, who: PrincipalDep) -> JoinToken:
+    token, record = node_ops.create_join_token(state, who, node_id=body.node_id, hosts=body.hosts, ttl_s=body.ttl_s,
+                                               site=body.site, replica_networks=body.replica_networks)
     node = body.node_id or "NODE"
     return JoinToken(token=token, id=record.id, node_id=record.node_id, expires_at=record.expires_at,
                      command=f"FABRIC_JOIN_TOKEN_FILE=FILE fabric-agent join --node-id {node} --control-plane URL "
@@ -135,18 +130,7 @@ def cluster_ca(state: StateDep) -> str:
 
 @public.post("/join", response_model=SignedCertificate)
 def join(body: JoinRequest, state: StateDep) -> SignedCertificate:
-    now = time.time()
-    taken = node_certs.join_refusal(node_certs.records.get(state.store, body.node_id),
-                                    node_records.exists(state.store, body.node_id), any_node=True)
-    if taken and join_tokens.for_any_node(state.store, body.token):
-        raise Conflict(taken, code="node_id_taken")  # said before the token is spent
-    record = join_tokens.consume(state.store, body.token, body.node_id, now)
-    node_certs.grant(state.store, body.node_id, site=record.site or "", replica_networks=record.replica_networks,
-                     any_node=record.node_id is None, now=now)
-    cert, ca, not_after = join_tokens.sign_csr(Path(state.state_dir), body.csr_pem, body.node_id, record.hosts)
-    record_event(state.store, "node", body.node_id, "joined",
-                 f"node {body.node_id} joined with token {record.id}; certificate until {time.ctime(not_after)}",
-                 keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+    cert, ca, not_after = node_ops.join(state, body.token, body.node_id, body.csr_pem)
     return SignedCertificate(node_id=body.node_id, cert_pem=cert, ca_pem=ca, not_after=not_after)
 
 
@@ -160,27 +144,12 @@ def renew(node_id: str, body: RenewRequest, request: Request, state: StateDep,
     hosts = join_tokens.cert_hosts(chain[0])  # a renewal keeps the SANs the admin allowed
     cert, ca, not_after = join_tokens.sign_csr(Path(state.state_dir), body.csr_pem, caller,
                                                [h for h in hosts if h != caller])
-    record_event(state.store, "node", caller, "certificate-renewed",
-                 f"node {caller} renewed its certificate until {time.ctime(not_after)}",
-                 keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+    node_ops.renewed(state, caller, not_after)
     return SignedCertificate(node_id=caller, cert_pem=cert, ca_pem=ca, not_after=not_after)
 
 
 @router.delete("/nodes/{node_id}", status_code=204)
-def delete_node(node_id: str, state: StateDep) -> None:
+def delete_node(node_id: str, state: StateDep, who: PrincipalDep) -> None:
     """Remove a node and revoke its certificates: one signed before now can no longer register,
     heartbeat or renew (controlplane.node_certs). A stolen certificate dies with it."""
-    from controlplane.orchestration_state import load_snapshot
-
-    held = load_snapshot(state.store).committed().get(node_id)
-    if held is not None and held.replicas:
-        raise Conflict(f"node {node_id} holds {held.replicas} replicas; drain it first "
-                       f"(fabricctl ai node drain {node_id}) and delete it once they are gone", code="node_busy")
-    known = node_records.exists(state.store, node_id) or node_certs.records.exists(state.store, node_id)
-    if not known:
-        raise NotFound(f"node {node_id!r} not found")
-    node_certs.revoke(state.store, node_id, time.time())
-    node_records.discard(state.store, node_id)
-    record_event(state.store, "node", node_id, "deleted",
-                 f"node {node_id} deleted by an admin; its certificates are revoked",
-                 keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
+    node_ops.delete(state, who, node_id)

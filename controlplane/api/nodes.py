@@ -21,25 +21,22 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.agent_api import NodeCertificate, NodeReport
-from common.errors import Conflict, InvalidInput, NotFound, TransientError
-from common.pki import MAX_SAN_HOSTS, ROLE_NODE, check_san_host, ensure_ca, issue_cert, node_id_refusal
-from common.records import cas, gpu_reservations
+from common.errors import Conflict, InvalidInput
+from common.pki import MAX_SAN_HOSTS, check_san_host, node_id_refusal
+from common.records import gpu_reservations
 from common.records import nodes as node_records
 from common.records import sites as site_records
 from common.schemas import GpuInfo, Node, check_name
-from controlplane import node_certs
-from controlplane.auth import require_admin
-from controlplane.events import record_event
+from controlplane.auth import PrincipalDep, require_admin
 from controlplane.node_certs import NodeGrant
 from controlplane.node_identity import authenticate_node, require_node
-from controlplane.node_trust import identity_change
+from controlplane.ops import nodes as node_ops
 from controlplane.orchestration_state import load_snapshot
 from controlplane.placement.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
 from controlplane.state import AppState, get_state
@@ -84,34 +81,7 @@ class CertificateRequest(NodeGrant):
         return [check_san_host(h) for h in hosts]
 
 
-# -- pure decisions -------------------------------------------------------------------------------
-
-def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
-    """The node record after a registration or heartbeat: the report wins, except that
-    - a temperature or power of 0 (unknown: no sensor, no nvidia-smi) keeps the stored reading;
-    - a GPU whose readings are not live (bound to vfio-pci, or lost: nobody can read it) keeps
-      its stored ECC count and row-remap flags. Live ECC counts and flags replace the stored
-      ones, 0 included, so they can return to 0.
-    GPUs are matched by PCI address."""
-    previous = {g.pci: g for g in stored.gpus} if stored else {}
-    gpus = []
-    for gpu in report.gpus:
-        old = previous.get(gpu.pci)
-        if old is not None:
-            update: dict[str, object] = {
-                "temperature_c": gpu.temperature_c or old.temperature_c,
-                "power_w": gpu.power_w or old.power_w,
-            }
-            if not gpu.readings_live:
-                update.update(ecc_uncorrected=old.ecc_uncorrected, remapped_rows_pending=old.remapped_rows_pending,
-                              remapped_rows_failed=old.remapped_rows_failed)
-            gpu = gpu.model_copy(update=update)
-        gpus.append(gpu)
-    fixed = {} if stored is None else {  # set at registration, changed by an admin only (node_trust)
-        "address": stored.address, "site": stored.site, "replica_networks": stored.replica_networks,
-        "cordoned": stored.cordoned}
-    return Node(**{**report.model_dump(exclude={"gpus"}), "gpus": gpus, "last_heartbeat": now, **fixed})
-
+# -- views ----------------------------------------------------------------------------------------
 
 def node_resources(node: Node, held: Committed) -> dict:
     """A node's CPU and memory as every view shows them (node list/show, capacity, the console's
@@ -165,33 +135,6 @@ def gpu_views(nodes: list[Node], reservations: dict[tuple[str, str], str], now: 
     return out
 
 
-# -- record helpers -------------------------------------------------------------------------------
-
-def _save(state: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Node, bool]:
-    """Read-modify-write of one node record (created when absent); returns (node, created)."""
-    def build(stored: Node | None) -> Node:
-        if stored is None and must_exist:
-            raise NotFound(f"node {report.id} is not registered; POST /api/ai/nodes first",
-                           code="not_registered")
-        if stored is not None and (why := identity_change(stored, report.address, report.site)):
-            raise Conflict(why, code="node_identity_fixed")
-        node = merge_report(stored, report, time.time())
-        if stored is None and granted is not None:  # site and networks from its token or admin
-            if report.site != granted.site:
-                raise Conflict(f"node {report.id} reports site {report.site or '(none)'}, but its certificate was "
-                               f"granted site {granted.site or '(none)'}; an admin changes it with "
-                               f"PUT /api/ai/nodes/{report.id}/identity after registration", code="node_identity_fixed")
-            node = node.model_copy(update={"replica_networks": granted.replica_networks})
-        return node
-
-    granted = node_certs.records.get(state.store, report.id)
-
-    try:
-        return node_records.upsert(state.store, report.id, build, retries=UPDATE_RETRIES)
-    except cas.Contended:
-        raise TransientError(f"node {report.id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
-
-
 # -- routes ---------------------------------------------------------------------------------------
 
 @router.get("/nodes", response_model=list[NodeView], dependencies=admin)
@@ -213,12 +156,7 @@ def get_node(node_id: str, state: StateDep) -> NodeView:
 def register_node(report: NodeReport, request: Request, response: Response,
                   state: StateDep) -> NodeView:
     authenticate_node(request, state, report.id)
-    node, created = _save(state, report, must_exist=False)
-    if created:
-        record_event(state.store, "node", node.id, "registered",
-                     f"node {node.id} registered with {len(node.gpus)} GPUs ({node.vm_driver} driver)",
-                     keep=state.settings.events_kept,
-                 max_age_s=state.settings.events_max_age_s)
+    node, created = node_ops.register(state, report)
     response.status_code = 201 if created else 200
     return _answer_to_agent(state, node)
 
@@ -235,12 +173,11 @@ def heartbeat(node_id: str, report: NodeReport, state: StateDep,
               caller: Annotated[str, Depends(require_node)]) -> NodeView:
     if report.id != caller:
         raise InvalidInput(f"body id {report.id!r} does not match the path's node {node_id!r}")
-    node, _ = _save(state, report, must_exist=True)
-    return _answer_to_agent(state, node)
+    return _answer_to_agent(state, node_ops.heartbeat(state, report))
 
 
 @router.post("/nodes/{node_id}/certificate", response_model=NodeCertificate, dependencies=admin)
-def issue_node_certificate(node_id: str, state: StateDep,
+def issue_node_certificate(node_id: str, state: StateDep, who: PrincipalDep,
                            body: CertificateRequest | None = None) -> NodeCertificate:
     """Sign a client+server certificate with CN=node_id. The private key is returned once and
     removed from fabricd's PKI directory: only the node should keep it."""
@@ -251,20 +188,8 @@ def issue_node_certificate(node_id: str, state: StateDep,
     if why := node_id_refusal(node_id):
         raise Conflict(why, code="reserved_name")
     hosts = list(dict.fromkeys([node_id, "localhost", "127.0.0.1", *(body.hosts if body else [])]))
-    node_certs.grant(state.store, node_id, site=(body.site if body else None) or "",
-                     replica_networks=body.replica_networks if body else [], any_node=False, now=time.time())
-    ca_crt, _ = ensure_ca(Path(state.state_dir))
-    crt, key = issue_cert(Path(state.state_dir), node_id, server=True, client=True, role=ROLE_NODE, hosts=hosts)
-    try:
-        issued = NodeCertificate(node_id=node_id, cert_pem=crt.read_text(), key_pem=key.read_text(),
-                                 ca_pem=ca_crt.read_text())
-    finally:
-        key.unlink(missing_ok=True)
-    record_event(state.store, "node", node_id, "certificate-issued",
-                 f"certificate for node {node_id} issued (SANs: {', '.join(hosts)})",
-                 keep=state.settings.events_kept,
-                 max_age_s=state.settings.events_max_age_s)
-    return issued
+    return node_ops.issue_certificate(state, who, node_id, hosts, (body.site if body else None) or "",
+                                      body.replica_networks if body else [])
 
 
 class NodeIdentity(BaseModel):
@@ -277,28 +202,10 @@ class NodeIdentity(BaseModel):
 
 
 @router.put("/nodes/{node_id}/identity", response_model=NodeView, dependencies=admin)
-def set_node_identity(node_id: str, body: NodeIdentity, state: StateDep) -> NodeView:
+def set_node_identity(node_id: str, body: NodeIdentity, state: StateDep, who: PrincipalDep) -> NodeView:
     """Change a node's agent address, site or replica networks (a node's own reports cannot)."""
     changes = {k: v for k, v in body.model_dump().items() if v is not None}
-
-    def set_identity(stored: Node) -> Node:
-        try:
-            node = Node.model_validate({**stored.model_dump(), **changes})
-            if "address" in changes:
-                NodeReport(id=node_id, address=node.address)  # the same address rule as a report
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise InvalidInput(f"{'.'.join(str(x) for x in first['loc']) or 'identity'}: {first['msg']}") from None
-        return node
-
-    try:
-        node = node_records.update(state.store, node_id, set_identity, retries=UPDATE_RETRIES)
-    except cas.Contended:
-        raise TransientError(f"node {node_id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
-    record_event(state.store, "node", node_id, "identity-set",
-                 f"node {node_id}: {', '.join(f'{k} {v}' for k, v in sorted(changes.items()))} (by an admin)",
-                 keep=state.settings.events_kept, max_age_s=state.settings.events_max_age_s)
-    return node_view(node, time.time())
+    return node_view(node_ops.set_identity(state, who, node_id, changes), time.time())
 
 
 @router.get("/gpus", response_model=list[GpuView], dependencies=admin)

@@ -42,7 +42,7 @@ from agent.vm.dryrun_driver import DryRunDriver
 from agent.vm.libvirt_driver import LibvirtDriver
 from common.agent_api import NodeReport
 from common.errors import InvalidInput, Refused
-from controlplane.api.nodes import merge_report
+from controlplane.ops.nodes import merge_report
 from lab.rigs.kvm_verdict import choose_domain_type
 from lab.rigs.vm_boot import start_libvirtd
 

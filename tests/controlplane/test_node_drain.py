@@ -16,7 +16,7 @@ from common.records import nodes as node_records
 from common.records import replicas as replica_records
 from common.schemas import Replica
 from common.store.connect import open_store
-from controlplane.api.nodes import merge_report
+from controlplane.ops.nodes import merge_report
 from tests.controlplane.planner_data import gpu, node
 from tests.support.inprocess_fabricd import serve_fabricd
 

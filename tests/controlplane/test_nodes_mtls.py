@@ -34,10 +34,11 @@ from common.pki import client_ssl_context, ensure_ca, issue_cert
 from common.schemas import GpuInfo, Node
 from common.store.sqlite_store import SqliteStore
 from controlplane.agent_client import AgentClients
-from controlplane.api.nodes import merge_report, node_view
+from controlplane.api.nodes import node_view
 from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.node_identity import uvicorn_tls_kwargs
+from controlplane.ops.nodes import merge_report
 from controlplane.state import AppState, Settings
 from lab.rigs.servers import free_port, serve_in_thread
 

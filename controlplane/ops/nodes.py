@@ -1,0 +1,182 @@
+"""Node operations: what an agent reports (register, heartbeat), what only an admin changes (a
+node's identity, its certificate, join tokens, deleting it) and a node's join with a token.
+
+  - A report may not change a registered node's address or site (409 node_identity_fixed:
+    controlplane.node_trust); a first registration takes the site and replica networks its
+    certificate or join token granted. A heartbeat of an unregistered node is 404 not_registered.
+  - A node holding replicas cannot be deleted (409 node_busy: drain it first); deleting one
+    revokes its certificates, so a stolen one dies with it.
+Every change but a heartbeat is an event (the join token and private keys never are).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from common.agent_api import NodeCertificate, NodeReport
+from common.errors import Conflict, InvalidInput, NotFound, TransientError
+from common.pki import ROLE_NODE, ensure_ca, issue_cert
+from common.records import cas
+from common.records import nodes as node_records
+from common.schemas import Node
+from controlplane import join_tokens, node_certs
+from controlplane.node_trust import identity_change
+from controlplane.ops import common
+from controlplane.orchestration_state import load_snapshot
+from controlplane.state import AppState
+from controlplane.tenancy.principal import Principal
+
+UPDATE_RETRIES = 10
+
+
+def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
+    """The node record after a registration or heartbeat: the report wins, except that
+    - a temperature or power of 0 (unknown: no sensor, no nvidia-smi) keeps the stored reading;
+    - a GPU whose readings are not live (bound to vfio-pci, or lost: nobody can read it) keeps
+      its stored ECC count and row-remap flags. Live ECC counts and flags replace the stored
+      ones, 0 included, so they can return to 0.
+    GPUs are matched by PCI address."""
+    previous = {g.pci: g for g in stored.gpus} if stored else {}
+    gpus = []
+    for gpu in report.gpus:
+        old = previous.get(gpu.pci)
+        if old is not None:
+            update: dict[str, object] = {
+                "temperature_c": gpu.temperature_c or old.temperature_c,
+                "power_w": gpu.power_w or old.power_w,
+            }
+            if not gpu.readings_live:
+                update.update(ecc_uncorrected=old.ecc_uncorrected, remapped_rows_pending=old.remapped_rows_pending,
+                              remapped_rows_failed=old.remapped_rows_failed)
+            gpu = gpu.model_copy(update=update)
+        gpus.append(gpu)
+    fixed = {} if stored is None else {  # set at registration, changed by an admin only (node_trust)
+        "address": stored.address, "site": stored.site, "replica_networks": stored.replica_networks,
+        "cordoned": stored.cordoned}
+    return Node(**{**report.model_dump(exclude={"gpus"}), "gpus": gpus, "last_heartbeat": now, **fixed})
+
+
+def _save(ctx: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Node, bool]:
+    """Read-modify-write of one node record (created when absent); returns (node, created)."""
+    def build(stored: Node | None) -> Node:
+        if stored is None and must_exist:
+            raise NotFound(f"node {report.id} is not registered; POST /api/ai/nodes first",
+                           code="not_registered")
+        if stored is not None and (why := identity_change(stored, report.address, report.site)):
+            raise Conflict(why, code="node_identity_fixed")
+        node = merge_report(stored, report, time.time())
+        if stored is None and granted is not None:  # site and networks from its token or admin
+            if report.site != granted.site:
+                raise Conflict(f"node {report.id} reports site {report.site or '(none)'}, but its certificate was "
+                               f"granted site {granted.site or '(none)'}; an admin changes it with "
+                               f"PUT /api/ai/nodes/{report.id}/identity after registration", code="node_identity_fixed")
+            node = node.model_copy(update={"replica_networks": granted.replica_networks})
+        return node
+
+    granted = node_certs.records.get(ctx.store, report.id)
+
+    try:
+        return node_records.upsert(ctx.store, report.id, build, retries=UPDATE_RETRIES)
+    except cas.Contended:
+        raise TransientError(f"node {report.id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
+
+
+def register(ctx: AppState, report: NodeReport) -> tuple[Node, bool]:
+    """A node's registration (the caller proved it is that node): (node, registered for the first time)."""
+    node, created = _save(ctx, report, must_exist=False)
+    if created:
+        common.event(ctx, "node", node.id, "registered",
+                     f"node {node.id} registered with {len(node.gpus)} GPUs ({node.vm_driver} driver)")
+    return node, created
+
+
+def heartbeat(ctx: AppState, report: NodeReport) -> Node:
+    return _save(ctx, report, must_exist=True)[0]
+
+
+def issue_certificate(ctx: AppState, caller: Principal | None, node_id: str, hosts: list[str], site: str,
+                      replica_networks: list[str]) -> NodeCertificate:
+    """A client+server certificate with CN=node_id from the cluster CA. The private key is returned
+    once and removed from fabricd's PKI directory: only the node should keep it."""
+    node_certs.grant(ctx.store, node_id, site=site, replica_networks=replica_networks, any_node=False,
+                     now=time.time())
+    ca_crt, _ = ensure_ca(Path(ctx.state_dir))
+    crt, key = issue_cert(Path(ctx.state_dir), node_id, server=True, client=True, role=ROLE_NODE, hosts=hosts)
+    try:
+        issued = NodeCertificate(node_id=node_id, cert_pem=crt.read_text(), key_pem=key.read_text(),
+                                 ca_pem=ca_crt.read_text())
+    finally:
+        key.unlink(missing_ok=True)
+    common.event(ctx, "node", node_id, "certificate-issued",
+                 f"certificate for node {node_id} issued (SANs: {', '.join(hosts)})")
+    return issued
+
+
+def set_identity(ctx: AppState, caller: Principal | None, node_id: str, changes: dict) -> Node:
+    """Change a node's agent address, site or replica networks (a node's own reports cannot)."""
+    def change(stored: Node) -> Node:
+        try:
+            node = Node.model_validate({**stored.model_dump(), **changes})
+            if "address" in changes:
+                NodeReport(id=node_id, address=node.address)  # the same address rule as a report
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise InvalidInput(f"{'.'.join(str(x) for x in first['loc']) or 'identity'}: {first['msg']}") from None
+        return node
+
+    try:
+        node = node_records.update(ctx.store, node_id, change, retries=UPDATE_RETRIES)
+    except cas.Contended:
+        raise TransientError(f"node {node_id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
+    common.event(ctx, "node", node_id, "identity-set",
+                 f"node {node_id}: {', '.join(f'{k} {v}' for k, v in sorted(changes.items()))} (by an admin)")
+    return node
+
+
+def create_join_token(ctx: AppState, caller: Principal | None, *, node_id: str | None, hosts: list[str], ttl_s: int,
+                      site: str | None, replica_networks: list[str]):
+    """(the token, shown once; its record)."""
+    token, record = join_tokens.create(ctx.store, Path(ctx.state_dir), node_id=node_id, hosts=hosts, ttl_s=ttl_s,
+                                       now=time.time(), site=site, replica_networks=replica_networks)
+    common.event(ctx, "node", node_id or "-", "join-token-created",
+                 f"join token {record.id} for {node_id or 'any node'}, valid {ttl_s}s")
+    return token, record
+
+
+def join(ctx: AppState, token: str, node_id: str, csr_pem: str) -> tuple[str, str, float]:
+    """Spend a join token on ``node_id``'s CSR: (certificate, CA, not_after)."""
+    now = time.time()
+    taken = node_certs.join_refusal(node_certs.records.get(ctx.store, node_id),
+                                    node_records.exists(ctx.store, node_id), any_node=True)
+    if taken and join_tokens.for_any_node(ctx.store, token):
+        raise Conflict(taken, code="node_id_taken")  # said before the token is spent
+    record = join_tokens.consume(ctx.store, token, node_id, now)
+    node_certs.grant(ctx.store, node_id, site=record.site or "", replica_networks=record.replica_networks,
+                     any_node=record.node_id is None, now=now)
+    cert, ca, not_after = join_tokens.sign_csr(Path(ctx.state_dir), csr_pem, node_id, record.hosts)
+    common.event(ctx, "node", node_id, "joined",
+                 f"node {node_id} joined with token {record.id}; certificate until {time.ctime(not_after)}")
+    return cert, ca, not_after
+
+
+def renewed(ctx: AppState, node_id: str, not_after: float) -> None:
+    common.event(ctx, "node", node_id, "certificate-renewed",
+                 f"node {node_id} renewed its certificate until {time.ctime(not_after)}")
+
+
+def delete(ctx: AppState, caller: Principal | None, node_id: str) -> None:
+    """Remove a node and revoke its certificates: one signed before now can no longer register,
+    heartbeat or renew (controlplane.node_certs)."""
+    held = load_snapshot(ctx.store).committed().get(node_id)
+    if held is not None and held.replicas:
+        raise Conflict(f"node {node_id} holds {held.replicas} replicas; drain it first "
+                       f"(fabricctl ai node drain {node_id}) and delete it once they are gone", code="node_busy")
+    known = node_records.exists(ctx.store, node_id) or node_certs.records.exists(ctx.store, node_id)
+    if not known:
+        raise NotFound(f"node {node_id!r} not found")
+    node_certs.revoke(ctx.store, node_id, time.time())
+    node_records.discard(ctx.store, node_id)
+    common.event(ctx, "node", node_id, "deleted", f"node {node_id} deleted by an admin; its certificates are revoked")
