@@ -1,7 +1,10 @@
-"""Helpers the subprocess-driven tests share: polling for a condition and a FABRIC_-free environment."""
+"""Helpers the subprocess-driven tests share: polling for a condition (`wait_for`, and
+`wait_for_async` inside an event loop) and a FABRIC_-free environment."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import time
 
@@ -15,6 +18,21 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
         if last:
             return last
         time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+async def wait_for_async(predicate, timeout: float, what: str, interval: float = 0.25):
+    """`wait_for` inside an event loop: sleeps with asyncio, and awaits ``predicate()`` when it
+    returns an awaitable, so the loop's other tasks run while it waits."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if inspect.isawaitable(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 

@@ -6,7 +6,6 @@ processes, and an in-memory dataplane standing in for the BPF maps where the rea
 from __future__ import annotations
 
 import ssl
-import time
 from pathlib import Path
 
 import httpx
@@ -23,6 +22,7 @@ from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert
 from lab.rigs.memory_dataplane import MemoryDataplane
+from lab.rigs.polling import wait_for
 from lab.rigs.servers import serve_in_thread
 from tests.support.agent_ops import finished
 
@@ -144,14 +144,12 @@ def test_bad_and_unknown_pci_addresses(client):
 # -- VMs (dry-run: real engine-sim processes) ---------------------------------------------------------
 
 def _wait_running(client, vm_id: str) -> dict:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def running() -> dict | None:
         vm = client.get(f"/v1/vms/{vm_id}").json()
-        if vm["state"] == "running":
-            return vm
-        assert vm["state"] == "starting", vm
-        time.sleep(0.1)
-    raise AssertionError(f"{vm_id} never became running")
+        assert vm["state"] in ("running", "starting"), vm
+        return vm if vm["state"] == "running" else None
+
+    return wait_for(running, 30, f"{vm_id} to become running", interval=0.1)
 
 
 def test_vm_lifecycle_runs_a_real_engine(client):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ssl
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +21,7 @@ from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.peer_cert import CN_KEY, ROLE_KEY, TLS_EXT, PeerCertH11Protocol
 from common.pki import client_ssl_context, ensure_ca, issue_cert, pki_dir
+from lab.rigs.polling import wait_for
 from lab.rigs.servers import free_port, serve_in_thread
 from tests.integration.orchestration_harness import agent_command, clean_env
 
@@ -146,16 +146,16 @@ def test_fabric_agent_serve_takes_repeatable_allowed_client_cn(pki, tmp_path):
             stdout=out, stderr=subprocess.STDOUT, env=clean_env({}))
     url = f"https://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def answers() -> bool:
             assert proc.poll() is None, log.read_text()[-2000:]
             try:
                 with as_caller(pki, url, "fabricd") as c:
                     assert c.get("/v1/health").status_code == 200
-                break
+                return True
             except httpx.TransportError:
-                assert time.monotonic() < deadline, log.read_text()[-2000:]
-                time.sleep(0.2)
+                return False
+
+        wait_for(answers, 30, f"the agent at {url} to answer (log: {log})", interval=0.2)
         with as_caller(pki, url, "ops") as c:
             assert c.get("/v1/health").status_code == 200
         with as_caller(pki, url, "node-b") as c:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import httpx
 import pytest
 
 from agent.vm.base import VmSpec
 from agent.vm.dryrun_driver import DryRunDriver, default_engine_command, engine_argv
+from lab.rigs.polling import wait_for
 
 
 def spec(replica_id: str, **kw) -> VmSpec:
@@ -19,14 +19,11 @@ def spec(replica_id: str, **kw) -> VmSpec:
 
 
 def wait_state(driver: DryRunDriver, vm_id: str, want: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    status = driver.get(vm_id)
-    while time.monotonic() < deadline:
+    def reached():
         status = driver.get(vm_id)
-        if status is not None and status.state == want:
-            return status
-        time.sleep(0.05)
-    raise AssertionError(f"{vm_id}: wanted {want}, last {status}")
+        return status if status is not None and status.state == want else None
+
+    return wait_for(reached, timeout, f"{vm_id} to be {want} (now {driver.get(vm_id)})", interval=0.05)
 
 
 @pytest.fixture

@@ -4,11 +4,11 @@ and FABRIC_* stay with the agent; the search path and Python's own variables go 
 from __future__ import annotations
 
 import json
-import time
 
 from agent.vm.base import VmSpec
 from agent.vm.dryrun_driver import DryRunDriver
 from agent.vm.engine_env import engine_env
+from lab.rigs.polling import wait_for
 
 
 def test_engine_env_keeps_only_what_an_engine_needs():
@@ -24,13 +24,13 @@ def test_a_dry_run_engine_process_has_no_hf_token(tmp_path, monkeypatch):
     try:
         driver.create(VmSpec(replica_id="env-0", deployment="d", model_name="m", model_source="/models/m"))
         pid = json.loads((driver.state_dir / "env-0.json").read_text())["pid"]
-        deadline = time.monotonic() + 10
-        environ = b""
-        while not environ and time.monotonic() < deadline:
+        def read_environ() -> bytes:
             try:
-                environ = open(f"/proc/{pid}/environ", "rb").read()
+                return open(f"/proc/{pid}/environ", "rb").read()
             except OSError:
-                time.sleep(0.05)
+                return b""
+
+        environ = wait_for(read_environ, 10, f"engine {pid}'s /proc environ", interval=0.05)
         names = {item.split(b"=", 1)[0] for item in environ.split(b"\0") if item}
         assert names and b"PATH" in names
         assert b"HF_TOKEN" not in names and b"FABRIC_KEY_HMAC_SECRET" not in names

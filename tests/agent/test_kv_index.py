@@ -23,20 +23,12 @@ from common.kv_events import (
 )
 from common.kv_index import KvIndex
 from enginesim.process import EngineProcess
+from lab.rigs.polling import wait_for
 from lab.rigs.servers import free_port
 
 
 def _b(*events) -> Batch:
     return decode_batch(encode_batch(list(events)))
-
-
-def _until(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_sequence_verdicts_and_match_counts_only_a_leading_prefix():
@@ -73,9 +65,9 @@ def test_a_new_subscriber_starts_from_the_replay_snapshot_and_repairs_a_gap():
     try:
         for i in range(5):  # before anyone listens: only the replay buffer has them
             pub.publish([block_stored([100 + i], None, [], 16)])
-        assert _until(lambda: len(pub._buffer) == 5)
+        wait_for(lambda: len(pub._buffer) == 5, 10, "the publisher buffer to hold 5 events", interval=0.02)
         sub.watch(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv", bind=True))
-        assert _until(lambda: sub.match([100, 101, 102, 103, 104], ["r1"]) == {"r1": 5})
+        wait_for(lambda: sub.match([100, 101, 102, 103, 104], ["r1"]) == {"r1": 5}, 10, "r1 to match 5 blocks", interval=0.02)
         # a batch the live stream lost: seq 5 only in the buffer, seq 6 arrives -> replay 5
         pub._buffer.append((5, encode_batch([block_stored([105], None, [], 16)])))
         pub._seq = 6
@@ -92,7 +84,7 @@ def test_a_new_subscriber_starts_from_the_replay_snapshot_and_repairs_a_gap():
         assert st["resyncs"] == 1 and st["last_seq"] == 9
         assert sub.match([100], ["r1"]) == {"r1": 0} and sub.match([109], ["r1"]) == {"r1": 1}
         sub.forget("r1")
-        assert _until(lambda: "r1" not in sub.status())
+        wait_for(lambda: "r1" not in sub.status(), 10, "r1 to leave the subscriber", interval=0.02)
     finally:
         sub.close()
         pub.close()
@@ -126,12 +118,12 @@ def test_the_simulators_events_name_the_blocks_a_gateway_hashes_from_the_prompt(
                                                                           "prompt": texts[1]})
                 return False
 
-            assert _until(announced)
+            wait_for(announced, 10, "the engine blocks to be announced", interval=0.02)
             # a third, unrelated prompt evicts blocks past the 12-block bound: BlockRemoved arrives
             other = "z" * 64 * 10
             assert httpx.post(eng.url + "/v1/completions", timeout=10,
                               json={"model": "sim-m", "max_tokens": 2, "prompt": other}).status_code == 200
-            assert _until(lambda: sub.status()["sim"]["blocks"] == 12)
+            wait_for(lambda: sub.status()["sim"]["blocks"] == 12, 10, "12 blocks from the sim", interval=0.02)
             assert sub.match(want, ["sim"])["sim"] < 9
         finally:
             sub.close()
@@ -174,8 +166,8 @@ def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics
             pub.publish([block_stored([11, 12, 13], None, [], 16)])
             return client.post("/v1/kv-index/match", json={"hashes": [11, 12, 99]}).json()["replicas"]
 
-        assert _until(lambda: matched()["r1"] == {"matched_blocks": 2, "blind": False, "state": "live",
-                                                  "block_size": None})
+        wait_for(lambda: matched()["r1"] == {"matched_blocks": 2, "blind": False, "state": "live",
+                                             "block_size": None}, 10, "r1 to match 2 live blocks", interval=0.02)
         assert matched()["r2"] == {"matched_blocks": None, "blind": True, "state": "blind", "block_size": None}
         patient = FastAPI()  # the agent's own bound: a replica silent for less than 60 s is warming, not blind
         patient.include_router(kv_index_router(svc.subscriber))
@@ -191,7 +183,7 @@ def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics
         assert 'fabric_kv_index_blocks{replica="r1"} 3.0' in text
         assert client.get("/v1/kv-index").json()["replicas"]["r1"]["events"] is True
         svc.sync([Driver.statuses[0]])  # r2 went away
-        assert _until(lambda: set(svc.subscriber.status()) == {"r1"})
+        wait_for(lambda: set(svc.subscriber.status()) == {"r1"}, 10, "r1 alone in the subscriber", interval=0.02)
     finally:
         pub.close()
         svc.close()
@@ -248,7 +240,7 @@ def test_an_engine_cannot_flood_the_subscriber_with_huge_messages_or_an_endless_
     sub = KvEventSubscriber(KvIndex(), max_message_bytes=64 << 10, max_replay_frames=50, replay_deadline_s=30)
     try:
         sub.watch(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv", bind=True))
-        assert _until(lambda: sub.replays_cut == 1, timeout=60)  # the watch's replay stopped at 50 batches
+        wait_for(lambda: sub.replays_cut == 1, 60, "the watch replay to be cut once", interval=0.02)  # the watch's replay stopped at 50 batches
         assert sub.status()["r1"]["last_seq"] == 49
         pub.connect(f"tcp://127.0.0.1:{port}")
         huge = encode_batch([block_stored([999], None, list(range(200_000)), 16)])
@@ -260,7 +252,7 @@ def test_an_engine_cannot_flood_the_subscriber_with_huge_messages_or_an_endless_
             pub.send_multipart([b"kv", (50).to_bytes(8, "big"), small])
             return sub.match([50], ["r1"]) == {"r1": 1}
 
-        assert _until(sent_until_seen, timeout=60)
+        wait_for(sent_until_seen, 60, "the subscriber to see what was sent", interval=0.02)
         assert sub.match([999], ["r1"]) == {"r1": 0}  # the huge batch was never read
     finally:
         stop.set()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from agent.vm.base import VmSpec
 from agent.vm.lab_driver import LabDriver, LabNetwork
+from lab.rigs.polling import wait_for
 from lab.tiny_model import write_tiny_adapter
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
@@ -52,13 +52,13 @@ def node(tmp_path):
 
 
 def wait_models(host: str) -> dict:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def models() -> dict | None:
         try:
             return httpx.get(f"http://{host}:8000/v1/models", timeout=1).json()
         except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError(f"engine at {host} never answered")
+            return None
+
+    return wait_for(models, 30, f"the engine at {host} to answer", interval=0.2)
 
 
 def test_replica_namespace_serves_is_adopted_after_restart_and_is_deleted_whole(node):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from agent.vm.lab_engine import LabEngineSettings, pick_worker_cpu, real_engine_env, yield_cpu
 from common.errors import InvalidInput
+from lab.rigs.polling import wait_for
 
 
 def test_each_replica_worker_gets_a_core_of_its_own_while_there_are_cores():
@@ -61,12 +61,8 @@ def test_an_engine_yields_the_cpu_with_its_session_and_the_children_it_starts_la
         proc.stdin.write(b"go\n")
         proc.stdin.flush()
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-        for _ in range(200):
-            kids = children.read_text().split()
-            if kids:
-                break
-            time.sleep(0.01)
-        assert kids and os.getpriority(os.PRIO_PROCESS, int(kids[0])) == 7
+        kids = wait_for(lambda: children.read_text().split(), 2, "the child process", interval=0.01)
+        assert os.getpriority(os.PRIO_PROCESS, int(kids[0])) == 7
         group = Path(f"/proc/{proc.pid}/autogroup")
         if group.exists():
             assert group.read_text().split()[-1] == "7"

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import libvirt
@@ -32,6 +31,7 @@ from agent.vm.domain_xml import domain_name, tap_name
 from agent.vm.libvirt_driver import LibvirtDriver
 from agent.vm.ro_bind import mount_options
 from lab.rigs.kvm_verdict import choose_domain_type, host_probe
+from lab.rigs.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,11 +63,12 @@ def test_gpu_less_replica_starts_on_qemu_and_delete_leaves_nothing(workdir, caps
     try:
         status = driver.create(spec)
         assert status.state in ("running", "starting"), status.message
-        deadline = time.monotonic() + 30
-        daemons = ""
-        while time.monotonic() < deadline and spec.replica_id not in daemons:
+
+        def virtiofsd() -> str:
             daemons = subprocess.run(["pgrep", "-a", "virtiofsd"], capture_output=True, text=True).stdout
-            time.sleep(0.2)
+            return daemons if spec.replica_id in daemons else ""
+
+        daemons = wait_for(virtiofsd, 30, f"virtiofsd of {spec.replica_id}", interval=0.2)
         if not ro_ok:
             assert f"source={share}" in daemons  # virtiofsd exports the read-only bind mount
             assert mount_options(share.resolve(), Path("/proc/self/mountinfo").read_text()).split(",")[0] == "ro"
