@@ -17,15 +17,11 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, Query
 from pydantic import BaseModel, Field
 
-from common.errors import Conflict
-from common.schemas import InferenceEndpoint
-from controlplane.api.resources import refuse_outbound_reach
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.backup import store_io
 from controlplane.backup.document import RestorePlan, build, plan_restore
-from controlplane.events import record_event
+from controlplane.ops import backup as backup_ops
 from controlplane.state import StateDep
-from controlplane.tenancy.principal import Principal
 
 router = APIRouter(prefix="/api/ai", tags=["backup"], dependencies=[Depends(require_admin)])
 
@@ -69,32 +65,14 @@ def backup(state: StateDep) -> dict:
     return build(store_io.listed(state.store))
 
 
-def _check_outbound_reach(who: Principal, plan: RestorePlan) -> None:
-    """Endpoints with an external provider or fallbacks are an admin's to write, here as through
-    POST /api/ai/endpoints (controlplane.api.resources.refuse_outbound_reach)."""
-    for (section, _name), record in plan.records.items():
-        if section == "endpoints":
-            refuse_outbound_reach(who, InferenceEndpoint.model_validate(record))
-
-
 @router.post("/restore", response_model=RestoreAnswer, response_model_exclude_unset=True)
 def restore(state: StateDep, who: PrincipalDep, doc: Any = Body(...), apply: bool = Query(False),
             replace: bool = Query(False)) -> dict:
-    store = state.store
-    plan = plan_restore(doc, store_io.current(store))
-    _check_outbound_reach(who, plan)
+    plan = plan_restore(doc, store_io.current(state.store))
     if not apply:
+        backup_ops.check(who, plan)
         return _plan_body(plan, applied=False)
-    if plan.conflicts and not replace:
-        names = ", ".join(f"{c.section}/{c.name}" for c in plan.conflicts[:20])
-        raise Conflict(f"{len(plan.conflicts)} record(s) differ from this store ({names}); nothing was written. "
-                       "Pass replace=true to overwrite them", code="conflict")
-    store_io.check_key_prefixes(store, plan)
-    written, raced = store_io.write(store, plan)
-    record_event(store, "backup", "restore", "restored",
-                 f"restore wrote {len(written)} record(s)" + (f"; {len(raced)} appeared meanwhile and were kept: "
-                                                               f"{', '.join(raced[:10])}" if raced else ""),
-                 keep=state.settings.events_kept)
+    written, raced = backup_ops.restore(state, who, plan, replace=replace)
     body = _plan_body(plan, applied=True, written=written)
     body["kept_meanwhile"] = raced
     return body

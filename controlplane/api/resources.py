@@ -33,7 +33,6 @@ from controlplane.ops import models as model_ops
 from controlplane.ops import profiles as profile_ops
 from controlplane.ops.common import stored
 from controlplane.ops.deployments import ScaleRequest
-from controlplane.ops.endpoints import refuse_outbound_reach as refuse_outbound_reach  # backup's import
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import owners
 from controlplane.tenancy.principal import Principal
