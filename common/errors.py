@@ -11,6 +11,9 @@
     ├── Refused        (400)    a request that is well-formed but cannot be done as asked
     └── TransientError (503)    try again later (store or agent unreachable, timeouts);
         │                       loops retry these with backoff, never permanent errors
+        ├── Contended           another writer changed a record on every try of the one
+        │                       read-modify-write loop (common.records.cas), or holds its lock;
+        │                       code "contended", answered 503 with Retry-After
         └── StoreAccessDenied   the store refused this process: its TLS certificate, its login
                                 or its role (a setting the operator fixes; loops keep retrying so
                                 they recover when it is fixed; API callers see 503)
@@ -86,6 +89,14 @@ class TransientError(FabricError):
     def __init__(self, message: str, *, delay: float = 1.0, code: str | None = None):
         super().__init__(message, code=code)
         self.delay = delay
+
+
+class Contended(TransientError):
+    code = "contended"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, code: str | None = None):
+        super().__init__(message, delay=retry_after, code=code)
+        self.retry_after = retry_after
 
 
 class StoreAccessDenied(TransientError):

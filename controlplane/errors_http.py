@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from common.errors import FabricError, LimitExceeded, Unauthorized
+from common.errors import Contended, FabricError, LimitExceeded, Unauthorized
 from common.http_allow import allow_headers
 
 log = logging.getLogger("fabricd.errors")
@@ -49,7 +49,7 @@ async def _fabric_error(request: Request, exc: FabricError) -> JSONResponse:
     headers = {}
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(exc, LimitExceeded):
+    if isinstance(exc, (LimitExceeded, Contended)):
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
     return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 

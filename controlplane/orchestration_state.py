@@ -257,7 +257,7 @@ def _update_status(records: Records, store: Store, name: str, status: dict) -> b
     """Compare-and-swap the status fields onto the stored record (the API writes the spec); False
     when the record is gone or kept changing."""
     try:
-        records.update_status(store, name, retries=5, **status)
+        records.update_status(store, name, **status)
     except (NotFound, Contended):
         return False
     return True

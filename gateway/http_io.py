@@ -63,7 +63,7 @@ async def send_error(send, exc: FabricError, close: bool = False, request_id: st
     extra = [(b"connection", b"close")] if close else []
     if request_id is not None:
         extra.append((b"x-fabric-request-id", request_id.encode()))
-    retry_after = getattr(exc, "retry_after", None)  # LimitExceeded, cold_start.ModelLoading
+    retry_after = getattr(exc, "retry_after", None)  # LimitExceeded, Contended, cold_start.ModelLoading
     if retry_after is not None:
         extra.append((b"retry-after", str(max(1, round(retry_after))).encode()))
     extra.extend(getattr(exc, "headers", ()))  # LimitExceeded from gateway.limits: x-ratelimit-*

@@ -38,7 +38,7 @@ def generation(store: Store, subject: str) -> int:
         return 0
 
 
-def bump_generation(store: Store, subject: str, retries: int = 20) -> int:
+def bump_generation(store: Store, subject: str) -> int:
     """Add one to the subject's generation (CAS); the new value. cas.Contended when it kept changing."""
     written: list[int] = []
 
@@ -46,7 +46,7 @@ def bump_generation(store: Store, subject: str, retries: int = 20) -> int:
         written[:] = [(int(kv.value) if kv is not None and kv.value.isdigit() else 0) + 1]
         return str(written[0])
 
-    cas.swap(store, _generation_key(subject), bump, retries=retries)
+    cas.swap(store, _generation_key(subject), bump, busy=f"the generation of {subject!r} changed too often; try again")
     return written[0]
 
 

@@ -1,27 +1,31 @@
-"""The one compare-and-swap read-modify-write: read the record, let ``mutate`` change it, validate
-the result through the resource's model, write it only if the record's revision is unchanged, and
-retry a bounded number of times when another writer got there first.
+"""The one read-modify-write loop and its one retry policy: read, decide, write only if nothing
+changed since the read, and try again when another writer got there first, at most RETRIES
+times with a short random pause that doubles (up to PAUSE_MAX_S) between tries. After the last
+lost race the caller gets ``Contended`` (common.errors: transient, 503 with Retry-After).
 
-``swap`` is the loop itself, over a raw value (a counter, a record that is created when absent);
-``update`` is the typed form every resource's records module uses. Nothing else in fabricd writes
-its own retry loop: a caller that used to give up quietly catches ``Contended``."""
+``retry`` is the loop itself, over any conditional write (``attempt`` returns None when it lost);
+``swap`` is it over one raw value (a counter, a record created when absent); ``update`` is the
+typed form every resource's records module uses. Nothing else in any process writes its own
+retry loop (tests/common/test_store_door.py counts them)."""
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from pydantic import BaseModel
 
-from common.errors import Conflict, NotFound
+from common.errors import Contended, NotFound
 from common.store.base import KV, Store
 
 M = TypeVar("M", bound=BaseModel)
-RETRIES = 10
+T = TypeVar("T")
+RETRIES = 20
+PAUSE_S, PAUSE_MAX_S = 0.001, 0.05
 
-
-class Contended(Conflict):
-    """The record changed on every try; the caller may try again."""
+__all__ = ["Contended", "M", "RETRIES", "parse", "retry", "swap", "update", "validated"]
 
 
 def parse(model: type[M], value: str) -> M:
@@ -34,26 +38,38 @@ def validated(model: type[M], record: BaseModel) -> M:
     return model.model_validate(record.model_dump(), context={"stored": True})
 
 
-def swap(store: Store, key: str, change: Callable[[KV | None], str | None], *, retries: int = RETRIES,
-         busy: str = "") -> bool:
-    """The CAS loop on a raw value. ``change(kv)`` (kv None: the key is absent) returns the value to
+def retry(attempt: Callable[[], T | None], busy: str) -> T:
+    """Run ``attempt`` (read, decide, conditional write) until it returns a result; None means it
+    lost a race. Contended (message ``busy``) after RETRIES lost races."""
+    for n in range(RETRIES):
+        result = attempt()
+        if result is not None:
+            return result
+        if n + 1 < RETRIES:
+            time.sleep(random.uniform(0, min(PAUSE_MAX_S, PAUSE_S * 2 ** n)))
+    raise Contended(busy)
+
+
+def swap(store: Store, key: str, change: Callable[[KV | None], str | None], *, busy: str = "") -> bool:
+    """The loop on one raw value. ``change(kv)`` (kv None: the key is absent) returns the value to
     write, or None to leave the key as it is; an absent key is written with create-if-absent.
-    True when a value was written, False when ``change`` left it; Contended after ``retries``
-    lost races (``busy`` is its message)."""
-    for _ in range(retries):
+    True when a value was written, False when ``change`` left it; Contended (``busy`` is its
+    message) when every try lost a race."""
+    def attempt() -> bool | None:
         kv = store.get(key)
         value = change(kv)
         if value is None:
             return False
-        if store.create(key, value) if kv is None else store.cas(key, value, kv.mod_revision):
-            return True
-    raise Contended(busy or f"{key} changed too often; try again", code="contended")
+        won = store.create(key, value) if kv is None else store.cas(key, value, kv.mod_revision)
+        return True if won else None
+
+    return retry(attempt, busy or f"{key} changed too often; try again")
 
 
 def update(store: Store, key: str, model: type[M], mutate: Callable[[M], M | None], *, kind: str, name: str,
-           retries: int = RETRIES, busy: str = "") -> M:
+           busy: str = "") -> M:
     """Apply ``mutate`` (returns the new record, or None for "leave it as it is") under CAS.
-    NotFound when the key is absent; Contended after ``retries`` lost races (``busy`` is its
+    NotFound when the key is absent; Contended when every try lost a race (``busy`` is its
     message; default "<kind> '<name>' changed too often; try again")."""
     result: list[M] = []
 
@@ -65,5 +81,5 @@ def update(store: Store, key: str, model: type[M], mutate: Callable[[M], M | Non
         result[:] = [current if changed is None else validated(model, changed)]
         return None if changed is None else result[0].model_dump_json()
 
-    swap(store, key, change, retries=retries, busy=busy or f"{kind} {name!r} changed too often; try again")
+    swap(store, key, change, busy=busy or f"{kind} {name!r} changed too often; try again")
     return result[0]

@@ -67,7 +67,6 @@ def replace_at(store: Store, name: str, life: Lifetime, mod_revision: int) -> bo
 
 RETENTION_S = 31 * 86400.0
 MAX_SPANS = 256
-ATTEMPTS = 10
 
 
 def _tenant(store: Store, deployment: str) -> str | None:
@@ -117,7 +116,7 @@ def note(store: Store, replica: Replica | None, now: float, *, replica_id: str =
         return None if new == life else new.model_dump_json()
 
     try:
-        cas.swap(store, at, change, retries=ATTEMPTS)
+        cas.swap(store, at, change)
     except cas.Contended:
         pass  # the ledger is best effort: the replica's next write tries again
 

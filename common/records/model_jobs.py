@@ -15,8 +15,6 @@ from common.model_api import ModelJob, retried
 from common.records import cas, models
 from common.store.base import Store
 
-CAS_RETRIES = 8
-
 
 def get_job(store: Store, model: str, node: str) -> tuple[ModelJob, int] | None:
     kv = store.get(keyspace.model_jobs(model, node))
@@ -50,12 +48,12 @@ def restart_job(store: Store, model: str, node: str, from_states: tuple[str, ...
 
     try:
         return cas.update(store, keyspace.model_jobs(model, node), ModelJob, retry, kind="model job",
-                          name=f"{model}/{node}", retries=CAS_RETRIES)
+                          name=f"{model}/{node}")
     except (NotFound, cas.Contended):
         return None
 
 
-def update_job(store: Store, model: str, node: str, change, retries: int = CAS_RETRIES
+def update_job(store: Store, model: str, node: str, change
                ) -> tuple[ModelJob, ModelJob | None] | None:
     """Compare-and-swap ``change(current)`` (the new job, or None: leave it) onto one job record:
     (the job as read on the try that won, the job written or None); None when the record is gone
@@ -68,7 +66,7 @@ def update_job(store: Store, model: str, node: str, change, retries: int = CAS_R
 
     try:
         after = cas.update(store, keyspace.model_jobs(model, node), ModelJob, mutate, kind="model job",
-                           name=f"{model}/{node}", retries=retries)
+                           name=f"{model}/{node}")
     except (NotFound, cas.Contended):
         return None
     return seen[0], (None if after == seen[0] else after)
@@ -87,6 +85,6 @@ def delete_jobs(store: Store, model: str, node: str | None = None) -> None:
 def update_model_status(store: Store, name: str, **fields) -> None:
     """Set fields of a model's status (CAS; the model may be deleted meanwhile)."""
     try:
-        models.update_status(store, name, retries=CAS_RETRIES, **fields)
+        models.update_status(store, name, **fields)
     except (NotFound, cas.Contended):
         pass

@@ -93,15 +93,12 @@ class Records(Generic[M]):
         store.put(self.key(getattr(record, self.name_field)), record.model_dump_json())
         return record
 
-    def update(self, store: Store, name: str, mutate: Callable[[M], M | None], retries: int = cas.RETRIES,
-               busy: str = "") -> M:
-        return cas.update(store, self.key(name), self.model, mutate, kind=self.kind, name=name, retries=retries,
-                          busy=busy)
+    def update(self, store: Store, name: str, mutate: Callable[[M], M | None], busy: str = "") -> M:
+        return cas.update(store, self.key(name), self.model, mutate, kind=self.kind, name=name, busy=busy)
 
-    def upsert(self, store: Store, name: str, build: Callable[[M | None], M], retries: int = cas.RETRIES,
-               busy: str = "") -> tuple[M, bool]:
+    def upsert(self, store: Store, name: str, build: Callable[[M | None], M], busy: str = "") -> tuple[M, bool]:
         """CAS create-or-update: ``build(current or None)`` returns the record to write; (record,
-        created). Contended after ``retries`` lost races."""
+        created). Contended when every try lost a race."""
         out: builtins.list = []
 
         def change(kv) -> str:
@@ -109,7 +106,7 @@ class Records(Generic[M]):
             out[:] = [cas.validated(self.model, build(current)), current is None]
             return out[0].model_dump_json()
 
-        cas.swap(store, self.key(name), change, retries=retries, busy=busy)
+        cas.swap(store, self.key(name), change, busy=busy)
         return out[0], out[1]
 
     def update_at(self, store: Store, name: str, mod_revision: int, mutate: Callable[[M], M]) -> bool:
@@ -121,7 +118,7 @@ class Records(Generic[M]):
         record = cas.validated(self.model, mutate(cas.parse(self.model, kv.value)))
         return store.cas(kv.key, record.model_dump_json(), mod_revision)
 
-    def update_status(self, store: Store, name: str, retries: int = cas.RETRIES, **fields) -> M:
+    def update_status(self, store: Store, name: str, **fields) -> M:
         """Set fields of the record's status (no write when they already hold those values)."""
         def mutate(record):
             status = record.status
@@ -130,7 +127,7 @@ class Records(Generic[M]):
             record.status = status.model_copy(update=fields)
             return record
 
-        return self.update(store, name, mutate, retries=retries)
+        return self.update(store, name, mutate)
 
     def delete(self, store: Store, name: str) -> None:
         if not store.delete(self.key(name)):

@@ -14,14 +14,13 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from common import keyspace
-from common.errors import Conflict, NotFound
+from common.errors import NotFound
 from common.records import cas, deployments
 from common.records.cas import Contended
 from common.rollouts import Revision, Rollout
 from common.schemas import InferenceDeployment, Template
 from common.store.base import KV, Store
 
-CAS_RETRIES = 8
 KEEP_REVISIONS = 100  # beyond this, the oldest superseded revisions are dropped
 KEEP_ROLLOUTS = 50  # beyond this, the oldest finished rollouts are dropped
 
@@ -50,17 +49,19 @@ def get_revision(store: Store, deployment: str, revision: int) -> Revision | Non
 def write_revision(store: Store, deployment: str, template: Template, *, who: str, reason: str,
                    now: float) -> Revision:
     """Revision N+1 of ``deployment`` (1 when it has none), taken with create-if-absent."""
-    for _ in range(CAS_RETRIES):
+    def attempt() -> Revision | None:
         existing = list_revisions(store, deployment)
         number = existing[-1].revision + 1 if existing else 1
         rev = Revision(deployment=deployment, revision=number, template=template, created_at=now,
                        who=who, reason=reason)
-        if store.create(keyspace.revisions(deployment, number), rev.model_dump_json()):
-            surplus = len(existing) + 1 - KEEP_REVISIONS
-            for old in [r for r in existing if r.superseded_at is not None][:max(0, surplus)]:
-                store.delete(keyspace.revisions(deployment, old.revision))
-            return rev
-    raise Conflict(f"revisions of {deployment!r} changed too often; try again", code="contended")
+        if not store.create(keyspace.revisions(deployment, number), rev.model_dump_json()):
+            return None
+        surplus = len(existing) + 1 - KEEP_REVISIONS
+        for old in [r for r in existing if r.superseded_at is not None][:max(0, surplus)]:
+            store.delete(keyspace.revisions(deployment, old.revision))
+        return rev
+
+    return cas.retry(attempt, f"revisions of {deployment!r} changed too often; try again")
 
 
 def mark_superseded(store: Store, deployment: str, revision: int, now: float) -> None:
@@ -124,11 +125,11 @@ def save_rollout(store: Store, record: Rollout, mod_revision: int) -> bool:
     return store.cas(keyspace.rollouts(record.deployment, record.id), record.model_dump_json(), mod_revision)
 
 
-def update_rollout(store: Store, deployment: str, rollout_id: int, mutate, retries: int = CAS_RETRIES) -> Rollout:
+def update_rollout(store: Store, deployment: str, rollout_id: int, mutate) -> Rollout:
     """Compare-and-swap ``mutate`` (the new record, or None: leave it) onto one rollout record.
-    NotFound when it is absent; cas.Contended after ``retries`` lost races."""
+    NotFound when it is absent; cas.Contended when every try lost a race."""
     return cas.update(store, keyspace.rollouts(deployment, rollout_id), Rollout, mutate, kind="rollout",
-                      name=f"{deployment}/{rollout_id}", retries=retries,
+                      name=f"{deployment}/{rollout_id}",
                       busy=f"rollout {rollout_id} changed too often; try again")
 
 
@@ -153,7 +154,7 @@ def activate(store: Store, deployment: str, revision: Revision) -> bool:
                                       "engine_args": list(t.engine_args)})
 
     try:
-        deployments.update(store, deployment, name_it, retries=CAS_RETRIES)
+        deployments.update(store, deployment, name_it)
     except (NotFound, Contended):
         return False
     return True

@@ -24,7 +24,7 @@ import time
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from common.errors import Conflict, FabricError, InvalidInput, NotFound, TransientError
+from common.errors import Conflict, Contended, FabricError, InvalidInput, NotFound, TransientError
 from common.model_api import ModelJob, VerifyRequest
 from common.records import deployments
 from common.records import models as model_records
@@ -214,7 +214,7 @@ def materialize(name: str, state: StateDep, body: MaterializeRequest | None = No
 def _retry(state: AppState, job: ModelJob) -> ModelJob:
     restarted = restart_job(state.store, job.model, job.node, ("Failed",), f"retry {job.attempt + 1} requested")
     if restarted is None:
-        raise Conflict(f"model job {job.id} changed too often; try again", code="contended")
+        raise Contended(f"model job {job.id} changed too often; try again")
     return restarted
 
 

@@ -46,7 +46,6 @@ admin = [Depends(require_admin)]
 StateDep = Annotated[AppState, Depends(get_state)]
 
 OFFLINE_AFTER_S = SchedulerSettings().offline_after_s
-UPDATE_RETRIES = 10
 
 
 class NodeView(Node):

@@ -75,7 +75,7 @@ class ModelWorker:
             update={"message": message, "updated_at": self.clock()}))
 
     def _write(self, job: ModelJob, change) -> None:
-        moved = update_job(self.store, job.model, job.node, change, retries=4)
+        moved = update_job(self.store, job.model, job.node, change)
         if moved is None:
             return  # deleted meanwhile (model deleted or evicted), or it kept changing
         current, updated = moved

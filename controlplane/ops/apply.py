@@ -14,8 +14,6 @@ from common.records.resource import Records
 from controlplane.ops import common
 from controlplane.state import AppState
 
-UPDATE_RETRIES = 20
-
 
 def merge(ctx: AppState, records: Records, name: str, changes: dict, *, label: str, event_kind: str) -> BaseModel:
     """Write ``changes`` into record ``name``; ``label`` names the document kind in messages."""
@@ -23,7 +21,7 @@ def merge(ctx: AppState, records: Records, name: str, changes: dict, *, label: s
         return records.model.model_validate({**record.model_dump(mode="json"), **changes}, context={"stored": True})
 
     try:
-        record = records.update(ctx.store, name, change, retries=UPDATE_RETRIES,
+        record = records.update(ctx.store, name, change,
                                 busy=f"{label} {name!r} changed too often while applying; try again")
     except NotFound:
         raise NotFound(f"{label} {name!r} was deleted meanwhile") from None

@@ -14,15 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from common.errors import Conflict, InvalidInput, LimitExceeded, NotFound
+from common.errors import Conflict, Contended, InvalidInput, LimitExceeded, NotFound
 from common.records import batches, deployments, replicas
 from controlplane.batches.jobs import FINISHED, BatchCreate, BatchJob, cancel, claim, finish, new_job
 from controlplane.ops import common
 from controlplane.settings import of as settings_of
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal
-
-CAS_RETRIES = 8
 
 
 def load(ctx: AppState, batch_id: str) -> tuple[BatchJob, int]:
@@ -43,13 +41,13 @@ def create(ctx: AppState, caller: Principal | None, body: BatchCreate) -> BatchJ
     try:
         job = batches.create(ctx.store, job)
     except Conflict:
-        raise Conflict(f"batch id {job.id} collided; try again", code="contended") from None
+        raise Contended(f"batch id {job.id} collided; try again") from None
     common.event(ctx, "batch", job.id, "queued", f"batch {job.id} for deployment {job.deployment}", tenant=job.tenant)
     return job
 
 
 def _move(ctx: AppState, batch_id: str, step: Callable[[BatchJob], BatchJob]) -> BatchJob:
-    moved = batches.update(ctx.store, batch_id, step, retries=CAS_RETRIES,
+    moved = batches.update(ctx.store, batch_id, step,
                            busy=f"batch {batch_id} changed too often; try again")
     common.event(ctx, "batch", batch_id, moved.state, moved.message, tenant=moved.tenant)
     return moved
@@ -73,4 +71,4 @@ def delete(ctx: AppState, caller: Principal | None, batch_id: str) -> None:
     if job.state not in FINISHED:
         raise Conflict(f"batch {batch_id} is {job.state}; cancel it before deleting the record", code="not_finished")
     if not batches.discard(ctx.store, batch_id, mod_revision=rev):
-        raise Conflict(f"batch {batch_id} changed meanwhile; try again", code="contended")
+        raise Contended(f"batch {batch_id} changed meanwhile; try again")

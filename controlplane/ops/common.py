@@ -15,8 +15,6 @@ from controlplane.events import record_event
 from controlplane.state import AppState
 from controlplane.tenancy.principal import ADMIN, Principal, visible
 
-DELETE_RETRIES = 20
-
 
 @dataclass(frozen=True)
 class Deletion:
@@ -105,7 +103,7 @@ def mark_deleting(ctx: AppState, kind: str, name: str, status: dict):
         return record
 
     try:
-        record = BY_KIND[kind].update(ctx.store, name, mark, retries=DELETE_RETRIES,
+        record = BY_KIND[kind].update(ctx.store, name, mark,
                                       busy=f"{kind} {name!r} changed too often while deleting; try again")
     except NotFound:
         return None, False

@@ -29,8 +29,6 @@ from controlplane.state import AppState
 from controlplane.tenancy import admission, policies, quotas
 from controlplane.tenancy.principal import Principal, claimed
 
-CAS_RETRIES = 20
-
 
 class ScaleRequest(Spec):
     replicas: int = Field(..., ge=0, le=64)
@@ -97,7 +95,7 @@ def scale(ctx: AppState, caller: Principal | None, name: str, body: ScaleRequest
             return dep
 
         # Compare-and-swap: the reconciler writes status to the same record.
-        dep = deployments.update(ctx.store, name, change, retries=CAS_RETRIES,
+        dep = deployments.update(ctx.store, name, change,
                                  busy=f"deployment {name!r} changed too often while scaling; try again")
     common.event(ctx, "deployment", name, "scaled",
                  f"deployment {name} scaled from {before[0]} to {body.replicas} replicas", tenant=dep.tenant)
@@ -113,7 +111,7 @@ def set_autoscaling(ctx: AppState, caller: Principal | None, name: str,
         dep.autoscaling = body
         return dep
 
-    dep = deployments.update(ctx.store, name, set_spec, retries=CAS_RETRIES)
+    dep = deployments.update(ctx.store, name, set_spec)
     what = (f"autoscaling {body.min_replicas}-{body.max_replicas} replicas, scale out at queue > "
             f"{body.scale_out_queue:g} for {body.scale_out_seconds:g}s, in at < {body.scale_in_queue:g} "
             f"for {body.scale_in_seconds:g}s{', to zero when idle' if body.scale_to_zero else ''}")

@@ -30,8 +30,6 @@ from controlplane.orchestration_state import load_snapshot, update_deployment_st
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal
 
-CAS_RETRIES = 8
-
 
 @dataclass(frozen=True)
 class Drained:
@@ -64,7 +62,7 @@ def drain_deployment(ctx: AppState, caller: Principal | None, name: str, grace_s
             dep.status.message = f"draining all replicas for {grace_secs:g}s"
             return dep
 
-        deployments.update(ctx.store, name, scale_to_zero, retries=CAS_RETRIES,
+        deployments.update(ctx.store, name, scale_to_zero,
                            busy=f"deployment {name!r} changed too often while draining; try again")
     targets = [r for r in load_snapshot(ctx.store).replicas.get(name, []) if replica in (None, r.replica_id)]
     if replica is not None and not targets:

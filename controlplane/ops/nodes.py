@@ -17,9 +17,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from common.agent_api import NodeCertificate, NodeReport
-from common.errors import Conflict, InvalidInput, NotFound, TransientError
+from common.errors import Conflict, InvalidInput, NotFound
 from common.pki import ROLE_NODE, ensure_ca, issue_cert
-from common.records import cas
 from common.records import nodes as node_records
 from common.schemas import Node
 from controlplane import join_tokens, node_certs
@@ -28,8 +27,6 @@ from controlplane.ops import common
 from controlplane.orchestration_state import load_snapshot
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal
-
-UPDATE_RETRIES = 10
 
 
 def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
@@ -78,10 +75,7 @@ def _save(ctx: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Node,
 
     granted = node_certs.records.get(ctx.store, report.id)
 
-    try:
-        return node_records.upsert(ctx.store, report.id, build, retries=UPDATE_RETRIES)
-    except cas.Contended:
-        raise TransientError(f"node {report.id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
+    return node_records.upsert(ctx.store, report.id, build)
 
 
 def register(ctx: AppState, report: NodeReport) -> tuple[Node, bool]:
@@ -127,10 +121,7 @@ def set_identity(ctx: AppState, caller: Principal | None, node_id: str, changes:
             raise InvalidInput(f"{'.'.join(str(x) for x in first['loc']) or 'identity'}: {first['msg']}") from None
         return node
 
-    try:
-        node = node_records.update(ctx.store, node_id, change, retries=UPDATE_RETRIES)
-    except cas.Contended:
-        raise TransientError(f"node {node_id} changed under {UPDATE_RETRIES} concurrent updates; retry") from None
+    node = node_records.update(ctx.store, node_id, change)
     common.event(ctx, "node", node_id, "identity-set",
                  f"node {node_id}: {', '.join(f'{k} {v}' for k, v in sorted(changes.items()))} (by an admin)")
     return node

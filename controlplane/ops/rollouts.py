@@ -37,8 +37,6 @@ from controlplane.state import AppState
 from controlplane.tenancy import admission, policies, quotas
 from controlplane.tenancy.principal import Principal
 
-CAS_RETRIES = 8
-
 
 class RevisionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -104,8 +102,7 @@ def act(ctx: AppState, caller: Principal | None, name: str, rollout_id: int, act
         raise NotFound(f"no rollout action {action!r}; expected one of {', '.join(operate.ACTIONS)}")
     try:
         new = rollout_records.update_rollout(ctx.store, name, rollout_id,
-                                             lambda rec: operate.operate(rec, action, time.time()),
-                                             retries=CAS_RETRIES)
+                                             lambda rec: operate.operate(rec, action, time.time()))
     except NotFound:
         raise NotFound(f"rollout {rollout_id} of deployment {name!r} not found") from None
     who = caller.subject if caller is not None else "fabricd"

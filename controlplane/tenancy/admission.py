@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from common.errors import TransientError
+from common.errors import Contended, TransientError
 from common.store.base import Store
 from common.store.locks import LeaseLock
 
@@ -47,7 +47,7 @@ def tenant_admission(store: Store, tenant: str | None, *, wait_s: float = WAIT_S
     deadline = time.monotonic() + wait_s
     while not lock.try_acquire():
         if time.monotonic() >= deadline:
-            raise TransientError(f"tenant {tenant!r} GPU admission is busy; try again", code="contended")
+            raise Contended(f"tenant {tenant!r} GPU admission is busy; try again")
         time.sleep(POLL_S)
     try:
         yield lock

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from common.errors import Unauthorized
-from common.records import auth_tokens, cas
+from common.records import auth_tokens
 from common.store.base import Store
 
 MAX_SUBJECT = auth_tokens.MAX_SUBJECT
@@ -31,10 +31,7 @@ def generation(store: Store, subject: str) -> int:
 
 def revoke_subject(store: Store, subject: str) -> int:
     """Every token issued to ``subject`` so far stops working; returns the new generation."""
-    try:
-        return auth_tokens.bump_generation(store, subject, retries=20)
-    except cas.Contended:
-        raise RuntimeError(f"the generation of {subject!r} changed too often") from None
+    return auth_tokens.bump_generation(store, subject)
 
 
 def revoke_token(store: Store, jti: str, expires_at: float, now: float | None = None) -> None:

@@ -26,7 +26,7 @@ def test_swap_loses_every_race_then_is_contended(store):
         return "mine"
 
     with pytest.raises(cas.Contended) as exc:
-        cas.swap(store, "/t/k", racing, retries=3, busy="k kept changing")
+        cas.swap(store, "/t/k", racing, busy="k kept changing")
     assert exc.value.message == "k kept changing"
     assert store.get("/t/k").value == "other"
 

@@ -65,5 +65,5 @@ def test_update_retries_a_lost_race_then_gives_up(store):
         return d
 
     with pytest.raises(cas.Contended):
-        deps.update(store, "chat", always_loses, retries=3)
+        deps.update(store, "chat", always_loses)
     assert deps.get(store, "chat").replicas == 2
