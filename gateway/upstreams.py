@@ -8,18 +8,18 @@ first 64 prompt characters, hashed with rendezvous hashing so a replica set chan
 sessions) right after it, or first when there is no VIP; then the other ready replicas, which
 are only used for the single connect-failure retry.
 
-During a canary or blue/green rollout (common.rollouts, the deployment's active record with a
-share) the rendezvous hashing is weighted: the new revision's replicas together get ``share`` %
-of the sessions, the others the rest, so calls that pick a replica directly (no VIP) follow the
-same split as the Maglev table. A replica at weight 0 (the new set before its first step or
-switch, or during a rollback) is never first, only a last retry.
+Who gets calls is the endpoint's published routing plan (common.records.plans), the object the
+routing controller pushes to the agents and explain shows: its routed replicas (Ready, not
+draining, freshly scraped, on an allowed site, site_local's spill) and, for each spillover
+deployment, the replicas it names. The gateway never re-derives that; it only drops at once a
+replica whose record went draining or not Ready since the plan was made (the next plan leaves it
+out too), so a new Ready replica reaches the gateway at the next routing tick, as it reaches the
+Maglev map. An endpoint with no plan yet has no replica to call.
 
-A replica is a target only when ready, not draining, with an address, and -- when the endpoint
-sets ``allowed_sites`` or ``residency`` -- on a node whose site is allowed (common.sites, the
-routing controller's rule; a replica whose node or site is unknown is left out then). A
-``site_local`` endpoint with a preferred site keeps only the sites common.sites.spill says serve
-now, judged on the scraped queue depths (the preferred site, plus its failover sites once every
-preferred replica has SATURATED_QUEUE waiting).
+During a canary or blue/green share the plan's weights hash the sessions (weighted rendezvous
+hashing), so calls that pick a replica directly (no VIP) follow the same split as the Maglev
+table. A replica at weight 0 (the new set before its first step or switch, or during a
+rollback) is never first, only a last retry.
 
 Shedding refuses a call when ANY ready replica's queue is over the priority-scaled
 FABRIC_SHED_QUEUE, counting only readings younger than MAX_READING_AGE (a stale or failed scrape
@@ -31,15 +31,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common import keyspace
 from common.errors import LimitExceeded, NotFound, TransientError
-from common.rollouts import Rollout
-from common.schemas import InferenceEndpoint, ModelArtifact, Node, Replica, ReplicaObservation, Site
-from common.sites import saturated, site_problem, spill
+from common.records import plans
+from common.schemas import InferenceEndpoint, ModelArtifact, Replica, ReplicaObservation
 from common.store.base import Store
 from gateway.capacity import MAX_READING_AGE, Reading
 from gateway.refresh_cache import RefreshCache
@@ -66,33 +63,10 @@ class EndpointView:
         return [(self.endpoint.deployment, self.replicas), *self.spill_pools]
 
 
-def eligible(replicas: list[Replica], endpoint: InferenceEndpoint | None = None,
-             sites: dict[str, str] | None = None, site_records: Mapping[str, Site] | None = None,
-             depths: Mapping[str, tuple[float, float]] | None = None, now: float | None = None) -> tuple[Replica, ...]:
-    """Pure: the replicas calls may go to. ``sites`` maps node id -> site, ``site_records`` site
-    name -> record; ``depths`` (replica id -> (queue, scraped_at)) decide site_local's spill.
-    The same rules as the routing planner's (common.sites)."""
-    sites, records = sites or {}, site_records or {}
-    out = [r for r in replicas if r.ready and not r.draining and r.host]
-    if endpoint is not None:
-        out = [r for r in out
-               if site_problem(sites.get(r.node), endpoint.allowed_sites, endpoint.residency, records) is None]
-        if endpoint.routing == "site_local" and endpoint.preferred_site:
-            out = _local(out, endpoint, sites, records, depths or {}, time.time() if now is None else now)
-    return tuple(sorted(out, key=lambda r: r.replica_id))
-
-
-def _local(replicas: list[Replica], endpoint: InferenceEndpoint, sites: Mapping[str, str],
-           records: Mapping[str, Site], depths: Mapping[str, tuple[float, float]], now: float) -> list[Replica]:
-    full: dict[str, bool] = {}
-    for r in replicas:
-        site = sites.get(r.node)
-        reading = depths.get(r.replica_id)
-        queue = reading[0] if reading is not None and now - reading[1] < MAX_READING_AGE else 0.0
-        if site:
-            full[site] = full.get(site, True) and saturated(queue)
-    decision = spill(endpoint.preferred_site, records, [sites.get(r.node) for r in replicas], full)
-    return [r for r in replicas if decision.excludes(sites.get(r.node)) is None]
+def routable(replicas: list[Replica], routed: set[str]) -> tuple[Replica, ...]:
+    """Pure: the plan's routed replicas whose records still say Ready, not draining, with an address."""
+    return tuple(sorted((r for r in replicas if r.replica_id in routed and r.ready and not r.draining and r.host),
+                        key=lambda r: r.replica_id))
 
 
 def _score(session: str, replica_id: str) -> int:
@@ -105,19 +79,6 @@ def _weighted_score(session: str, replica_id: str, weight: float) -> float:
         return -math.inf
     u = (_score(session, replica_id) + 0.5) / 2**64
     return -weight / math.log(u)
-
-
-def rollout_weights(replicas: tuple[Replica, ...], record: Rollout | None) -> dict[str, float]:
-    """Pure: per-replica weights for a rollout's share (empty when there is no split)."""
-    if record is None or not record.active or record.share is None:
-        return {}
-    new = [r for r in replicas if r.revision == record.to_revision]
-    old = [r for r in replicas if r.revision != record.to_revision]
-    if not new or not old:
-        return {}
-    out = {r.replica_id: record.share / len(new) for r in new}
-    out.update({r.replica_id: (100 - record.share) / len(old) for r in old})
-    return out
 
 
 def order_targets(view: EndpointView, session: str | None, scheme: str = "http") -> list[str]:
@@ -174,15 +135,19 @@ def read_view(store: Store, name: str) -> EndpointView:
     if kv is None:
         raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
     endpoint = InferenceEndpoint.model_validate_json(kv.value)
-    ready, depths, readings = _pool(store, endpoint, endpoint.deployment)
+    plan = plans.get(store, name)
+    if plan is not None and plan.deployment != endpoint.deployment:
+        plan = None  # a plan of the endpoint's earlier self: the next routing tick replaces it
+    ready, depths, readings = _pool(store, endpoint.deployment, set(plan.routed()) if plan else set())
     pools = []
-    for d in endpoint.spillover:
-        pool, _, pool_readings = _pool(store, endpoint, d)
-        pools.append((d, pool))
+    for spilled in plan.spill if plan else []:
+        pool, _, pool_readings = _pool(store, spilled.deployment, set(spilled.replicas))
+        pools.append((spilled.deployment, pool))
         readings.update(pool_readings)
+    weights = plan.gateway_weights() if plan else {}
     adapters, cap = _adapters(store, endpoint.deployment)
-    return EndpointView(endpoint, ready, depths, rollout_weights(ready, _active_rollout(store, endpoint.deployment)),
-                        readings, tuple(pools), adapters, cap)
+    return EndpointView(endpoint, ready, depths, {r.replica_id: weights[r.replica_id] for r in ready
+                                                  if r.replica_id in weights}, readings, tuple(pools), adapters, cap)
 
 
 def _adapters(store: Store, deployment: str) -> tuple[frozenset[str], int]:
@@ -195,45 +160,21 @@ def _adapters(store: Store, deployment: str) -> tuple[frozenset[str], int]:
     return frozenset(a.name for a in m.adapters), m.max_loaded_adapters
 
 
-def _pool(store: Store, endpoint: InferenceEndpoint, deployment: str
+def _pool(store: Store, deployment: str, routed: set[str]
           ) -> tuple[tuple[Replica, ...], dict[str, tuple[float, float]], dict[str, Reading]]:
-    """One deployment's replicas that calls of this endpoint may go to, with their readings."""
+    """One deployment's replicas the plan routes calls to, with their readings."""
     replicas = [Replica.model_validate_json(r.value) for r in store.list(keyspace.replicas(deployment))]
-    sites: dict[str, str] = {}
-    records: dict[str, Site] = {}
-    if endpoint.allowed_sites or endpoint.residency or endpoint.routing == "site_local":
-        for node_id in {r.node for r in replicas}:
-            kv = store.get(keyspace.nodes(node_id))
-            if kv is not None:
-                sites[node_id] = Node.model_validate_json(kv.value).site
-        for kv in store.list(keyspace.sites()):
-            site = Site.model_validate_json(kv.value)
-            records[site.name] = site
+    ready = routable(replicas, routed)
     depths: dict[str, tuple[float, float]] = {}
     readings: dict[str, Reading] = {}
-    for r in replicas:
-        if not (r.ready and not r.draining and r.host):
-            continue
+    for r in ready:
         ob = store.get(keyspace.observations(r.replica_id))
         if ob is not None:
             obs = ReplicaObservation.model_validate_json(ob.value)
             if obs.ok:
                 depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
                 readings[r.replica_id] = Reading(obs.queue_depth, obs.kv_cache_usage, obs.scraped_at)
-    ready = eligible(replicas, endpoint, sites, records, depths)
-    keep = {r.replica_id for r in ready}
-    return (ready, {k: v for k, v in depths.items() if k in keep}, {k: v for k, v in readings.items() if k in keep})
-
-
-def _active_rollout(store: Store, deployment: str) -> Rollout | None:
-    kvs = store.list(keyspace.rollouts(deployment))
-    if not kvs:
-        return None
-    try:
-        record = Rollout.model_validate_json(max(kvs, key=lambda kv: kv.key).value)
-    except ValueError:
-        return None
-    return record if record.active else None
+    return ready, depths, readings
 
 
 def _view_or_none(store: Store, name: str) -> EndpointView | None:

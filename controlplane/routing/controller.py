@@ -74,12 +74,12 @@ from controlplane.routing.metrics_parse import (
     observe,
     parse_lines,
 )
-from controlplane.routing.publish import PROTO, to_published
+from controlplane.routing.publish import PROTO, spill_pools, to_published
 from controlplane.routing.push import PUSH_DEADLINE_S, Pushes
 from controlplane.routing.runtime_metrics import names_for, scrape_target
 from controlplane.routing.scrape import MetricsScraper, ScrapeError
 from controlplane.routing.stall import mark, stall_since
-from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan, plan_routing
+from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan
 
 log = logging.getLogger("fabricd.routing")
 SCRAPE_TIMEOUT_S = 2.0  # the default of FABRIC_SCRAPE_TIMEOUT_SECS
@@ -290,17 +290,9 @@ class RoutingWorker:
                                     sites=snap.sites, vip=vip)
         self.memory.plans[ep.name] = plan
         self._record_weights(ep, plan)
-        published = self._publish(ep, plan, split, vip, self._spill(snap, ep, now), now)
+        published = self._publish(ep, plan, split, vip, spill_pools(ep, snap.replicas, snap.observations, snap.nodes, now, snap.sites), now)
         self._queue(published, services)
         return ep, plan, published
-
-    def _spill(self, snap: Snapshot, ep: InferenceEndpoint, now: float) -> list[SpillPool]:
-        """The replicas of each spillover deployment calls may go to, by the endpoint's rules."""
-        out = []
-        for d in ep.spillover:
-            p = plan_routing(ep, snap.replicas.get(d, []), snap.observations, snap.nodes, now, sites=snap.sites)
-            out.append(SpillPool(deployment=d, replicas=sorted(e.replica_id for e in p.entries if e.included)))
-        return out
 
     def _publish(self, ep: InferenceEndpoint, plan: RoutingPlan, split, vip: str | None, spill: list[SpillPool],
                  now: float) -> PublishedPlan:

@@ -3,13 +3,13 @@ controller's RoutingPlan, the rollout split and the spillover pools."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from common.agent_api import MaglevServiceSpec
 from common.records.plans import PlanEntry, PlanSplit, PublishedPlan, SpillPool
-from common.schemas import InferenceEndpoint
+from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation, Site
 from controlplane.rollouts.split import Split
-from controlplane.routing.strategies import RoutingPlan
+from controlplane.routing.strategies import RoutingPlan, plan_routing
 
 PROTO = "tcp"
 
@@ -29,3 +29,14 @@ def to_published(ep: InferenceEndpoint, plan: RoutingPlan, split: Split | None, 
         split=None if split is None else PlanSplit(percent=split.percent, table_share=split.table_share,
                                                    slot_error=split.slot_error),
         spill=list(spill))
+
+
+def spill_pools(ep: InferenceEndpoint, replicas: Mapping[str, Sequence[Replica]],
+                observations: Mapping[str, ReplicaObservation], nodes: Mapping[str, Node], now: float,
+                sites: Mapping[str, Site] | None = None) -> list[SpillPool]:
+    """The replicas of each spillover deployment calls may go to, by the endpoint's rules."""
+    out = []
+    for d in ep.spillover:
+        p = plan_routing(ep, replicas.get(d, []), observations, nodes, now, sites=sites)
+        out.append(SpillPool(deployment=d, replicas=sorted(e.replica_id for e in p.entries if e.included)))
+    return out

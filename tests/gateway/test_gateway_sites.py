@@ -1,6 +1,7 @@
-"""The gateway's own replica choice keeps to the routing planner's site rules (common.sites):
-residency by site record, no-site replicas out, site_local spill only to failover sites once
-the preferred site's replicas are saturated -- read from a real SQLite store as the gateway does."""
+"""The gateway's own replica choice is the published routing plan, so it keeps the planner's site
+rules (common.sites): residency by site record, no-site replicas out, site_local spill only to
+failover sites once the preferred site's replicas are saturated -- read from a real SQLite store
+as the gateway does, after the planner published."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation,
 from common.sites import SATURATED_QUEUE
 from common.store import open_store
 from gateway.upstreams import read_view
+from tests.support.routing_plans import publish_plans
 
 NODES = {"n-eu1": "eu-1", "n-eu2": "eu-2", "n-us": "us-1", "n-none": ""}
 
@@ -39,6 +41,7 @@ def queue(store, replica_id, depth):
 
 def targets(store, **kw):
     store.put(keyspace.endpoints("e"), InferenceEndpoint(name="e", deployment="d", **kw).model_dump_json())
+    publish_plans(store)
     return {r.replica_id for r in read_view(store, "e").replicas}
 
 

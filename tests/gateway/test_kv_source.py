@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 from fastapi import FastAPI
@@ -26,6 +27,7 @@ from common.schemas import (
     ModelStatus,
     Node,
     Replica,
+    ReplicaObservation,
 )
 from common.store.connect import open_store
 from controlplane.events import recent_events
@@ -36,6 +38,7 @@ from gateway.replica_router import ReplicaRouter
 from gateway.tokenize_pool import PooledHasher, TokenizePool
 from gateway.upstreams import EndpointView
 from lab.tiny_model import write_tiny_model
+from tests.support.routing_plans import publish_plans
 
 D1, D2 = "a" * 64, "b" * 64
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "You answer briefly. " * 40},
@@ -261,6 +264,9 @@ def _stored_endpoint(store, replicas: list[Replica]) -> None:
                                                          status=EndpointStatus()).model_dump_json())
     for r in replicas:
         store.put(keyspace.replicas("d", r.replica_id), r.model_dump_json())
+        store.put(keyspace.observations(r.replica_id), ReplicaObservation(
+            replica_id=r.replica_id, scraped_at=time.time(), ok=True).model_dump_json())
+    publish_plans(store)  # the routing controller's plan: the replicas the gateway reads
 
 
 def test_the_blind_gauge_follows_the_replicas_without_traffic(tmp_path):

@@ -1,0 +1,29 @@
+"""Publish routing plans the way the routing controller's tick does (its real planner and record),
+for tests that run the gateway or explain without a routing loop: no scrape, no VIP, no push."""
+
+from __future__ import annotations
+
+import time
+
+from common.records import plans
+from common.records.plans import PublishedPlan, next_generation
+from common.store.base import Store
+from controlplane.orchestration_state import load_snapshot
+from controlplane.routing.final import endpoint_plan
+from controlplane.routing.publish import spill_pools, to_published
+
+
+def publish_plans(store: Store, now: float | None = None) -> dict[str, PublishedPlan]:
+    """Every endpoint's plan on the store's current replicas and observations, published."""
+    now = time.time() if now is None else now
+    snap = load_snapshot(store)
+    out = {}
+    for ep in snap.endpoints.values():
+        replicas = snap.replicas.get(ep.deployment, [])
+        plan, split = endpoint_plan(ep, replicas, snap.observations, snap.nodes, now,
+                                    rollout=snap.rollouts.get(ep.deployment), sites=snap.sites, vip=ep.status.vip)
+        spill = spill_pools(ep, snap.replicas, snap.observations, snap.nodes, now, snap.sites)
+        published = to_published(ep, plan, split, ep.status.vip, spill, now,
+                                 next_generation(store, plans.get(store, ep.name)))
+        out[ep.name] = plans.publish(store, published)
+    return out
