@@ -5,7 +5,6 @@ members without losing either."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from common.errors import StoreAccessDenied, TransientError
 from lab.rigs.etcd_cluster import EtcdCluster
 from lab.rigs.etcd_server import ETCD_BINARY, etcd_available
+from lab.rigs.polling import wait_for
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason=f"etcd binary not found at {ETCD_BINARY}")
 
@@ -35,16 +35,15 @@ def test_a_secured_cluster_keeps_serving_through_a_member_loss():
         victim = cluster.leader()
         cluster.kill(victim)
         # the store moves to a live member; the write made before the loss is there
-        deadline = time.monotonic() + 30
-        while True:
+        def moved() -> bool:
             try:
                 assert fabricd.get("/fabric/models/m").mod_revision == rev
                 assert fabricd.put("/fabric/models/n", "{}") > rev
-                break
+                return True
             except TransientError:  # no leader yet: etcd answers after its election
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+                return False
+
+        wait_for(moved, 30, "the store to answer from a live member", interval=0.2)
         cluster.restart(victim)  # rejoins over peer TLS
         assert cluster.wait_healthy(30)
         gateway = cluster.open("gateway")

@@ -12,16 +12,7 @@ from common.store import open_store
 from common.store.etcd_store import EtcdStore
 from common.store.sqlite_store import SqliteStore, prefix_end
 from lab.rigs.etcd_server import free_port
-
-
-def wait_until(predicate, limit_s: float, step_s: float = 0.1) -> bool:
-    """Poll predicate until true or limit_s passes: a bound, never a timing assertion."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return predicate()
+from lab.rigs.polling import wait_for
 
 
 def test_get_put_revisions(store, ns):
@@ -138,7 +129,7 @@ def test_lease_expiry_removes_keys(store, ns):
     store.put(ns + "keep", "no lease")
     assert store.get(ns + "hb/n1").lease == lease.id
     start = store.revision()
-    assert wait_until(lambda: store.get(ns + "hb/n1") is None, lease.ttl + 6)
+    wait_for(lambda: store.get(ns + "hb/n1") is None, lease.ttl + 6, "the lease's key to go", interval=0.1)
     assert store.get(ns + "keep").value == "no lease"
     assert store.refresh_lease(lease.id) is False
     events = store.watch(ns, start, 2)

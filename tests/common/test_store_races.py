@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
-import time
 
 from common.store import open_store
+from lab.rigs.polling import wait_for
 
 CLAIMERS = 8
 INCREMENTS = 200
@@ -148,10 +148,7 @@ def test_leader_lock_handover_and_expiry(backend):
     old_fence = second.fence
 
     # b stops refreshing: its lease expires in the store and a takes over with a larger fence.
-    deadline = time.monotonic() + 10  # a bound on the wait, not a timing assertion
-    while not first.try_acquire():
-        assert time.monotonic() < deadline, "b's lease never expired"
-        time.sleep(0.2)
+    wait_for(first.try_acquire, 10, "b's lease to expire", interval=0.2)  # a bound, not a timing assertion
     assert first.fence > old_fence
     assert second.keep_alive() is False and not second.held()
     first.release()
