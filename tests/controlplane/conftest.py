@@ -11,7 +11,6 @@ from __future__ import annotations
 import ssl
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ import httpx
 import pytest
 
 from enginesim.process import PortTaken, bind_failed, on_free_port
-from lab.rigs.polling import clean_env
+from lab.rigs.polling import clean_env, wait_for
 from tests.support.fabricd_init import init_state
 
 BIN = Path(sys.executable).parent
@@ -89,19 +88,17 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _wait_ready(server: Fabricd, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
     with server.client() as c:
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if server.proc.poll() is not None:
                 out = log.read_text()[-2000:]
                 raise (PortTaken if bind_failed(out) else RuntimeError)(f"fabricd exited {server.proc.returncode}: {out}")
             try:
-                if c.get("/healthz").status_code == 200:
-                    return
+                return c.get("/healthz").status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-    raise RuntimeError(f"fabricd did not become ready: {log.read_text()[-2000:]}")
+                return False
+
+        wait_for(ready, START_TIMEOUT_S, f"fabricd to become ready (log: {log})", interval=0.1)
 
 
 def login(server: Fabricd) -> str:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
+from lab.rigs.polling import wait_for
 from lab.rigs.servers import free_port
 from tests.controlplane.conftest import BIN, fabricd_env, login, start_fabricd
 
@@ -67,15 +67,16 @@ def test_agent_state_dir_is_private(tmp_path):
                                  "--vm-driver", "dry-run", "--no-dataplane"],
                                 stdout=log, stderr=subprocess.STDOUT, env=fabricd_env())
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def answers() -> bool:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code < 500:
-                    break
+                    return True
             except httpx.HTTPError:
                 pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
-            time.sleep(0.2)
+            assert proc.poll() is None, (tmp_path / "agent.log").read_text()
+            return False
+
+        wait_for(answers, 30, f"the agent's /healthz (log: {tmp_path / 'agent.log'})", interval=0.2)
         assert _loose(state) == []
     finally:
         proc.terminate()

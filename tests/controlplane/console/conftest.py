@@ -7,7 +7,6 @@ with a model, a profile, two deployments (one autoscaled), an endpoint and one r
 from __future__ import annotations
 
 import re
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ import pytest
 from common.agent_api import NodeReport
 from common.pki import client_ssl_context
 from common.schemas import GpuInfo
+from lab.rigs.polling import wait_for
 from tests.controlplane.conftest import Fabricd, login, start_fabricd
 
 CONSOLE = "/app/ai"
@@ -35,16 +35,6 @@ class Cluster:
 
     def api(self) -> httpx.Client:
         return self.server.client(self.admin_token)
-
-
-def wait_for(what: str, probe, timeout: float = WAIT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _seed(server: Fabricd, api: httpx.Client, tmp) -> None:
@@ -76,11 +66,12 @@ def _seed(server: Fabricd, api: httpx.Client, tmp) -> None:
         assert r.status_code in (200, 201), r.text
     r = api.post("/api/ai/nodes/gpu-node-1/mig", json={"parent_bdf": "0000:3b:00.0", "profile": "1g.10gb"})
     assert r.status_code == 201, r.text  # a simulated node's slice is a record
-    wait_for("3 ready chat replicas",
-             lambda: api.get("/api/ai/deployments/chat").json()["status"].get("ready_replicas") == 3)
-    wait_for("a VIP on chat-openai", lambda: api.get("/api/ai/endpoints/chat-openai").json()["status"].get("vip"))
-    wait_for("routing weights", lambda: any(
-        e["weight"] for e in api.get("/api/ai/explain/routing/chat-openai").json()["replicas"]))
+    wait_for(lambda: api.get("/api/ai/deployments/chat").json()["status"].get("ready_replicas") == 3,
+             WAIT_S, "3 ready chat replicas", interval=0.2)
+    wait_for(lambda: api.get("/api/ai/endpoints/chat-openai").json()["status"].get("vip"),
+             WAIT_S, "a VIP on chat-openai", interval=0.2)
+    wait_for(lambda: any(e["weight"] for e in api.get("/api/ai/explain/routing/chat-openai").json()["replicas"]),
+             WAIT_S, "routing weights", interval=0.2)
 
 
 @pytest.fixture(scope="package")

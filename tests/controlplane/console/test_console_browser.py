@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.controlplane.console.conftest import CONSOLE, wait_for
+from lab.rigs.polling import wait_for
+from tests.controlplane.console.conftest import CONSOLE, WAIT_S
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[3]
@@ -101,7 +102,8 @@ def test_weights_chart_follows_the_cluster_without_a_reload(browser, cluster):
             expect(bars).to_have_count(2, timeout=30_000)  # the htmx poll redraws it
         finally:
             api.post("/api/ai/deployments/chat/scale", json={"replicas": 3})
-            wait_for("3 ready", lambda: api.get("/api/ai/deployments/chat").json()["status"]["ready_replicas"] == 3)
+            wait_for(lambda: api.get("/api/ai/deployments/chat").json()["status"]["ready_replicas"] == 3,
+                     WAIT_S, "3 ready", interval=0.2)
     ctx.close()
 
 
@@ -124,7 +126,8 @@ def test_scale_from_the_console_and_watch_the_count(browser, cluster):
     page.get_by_role("button", name="Scale chat", exact=True).click()
     expect(page.get_by_test_id("message")).to_contain_text("scaled to 3")
     with cluster.api() as api:
-        wait_for("3 ready", lambda: api.get("/api/ai/deployments/chat").json()["status"]["ready_replicas"] == 3)
+        wait_for(lambda: api.get("/api/ai/deployments/chat").json()["status"]["ready_replicas"] == 3,
+                 WAIT_S, "3 ready", interval=0.2)
     ctx.close()
 
 

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from tests.controlplane.console.conftest import CONSOLE, csrf_of, signed_in, wait_for
+from lab.rigs.polling import wait_for
+from tests.controlplane.console.conftest import CONSOLE, csrf_of, signed_in
 
 WRITES = [  # (console form action, REST call the same write makes)
     ("/models/new", {"name": "v-m", "source": "hf://org/m"}, ("POST", "/api/ai/models")),
@@ -146,7 +147,7 @@ def test_endpoint_page_charts_the_weight_history(cluster):
         def charted():
             r = c.get(f"{CONSOLE}/endpoints/chat-openai/charts")
             return r.status_code == 200 and 'data-series="chat-' in r.text and r.text
-        html = wait_for("a weight point per replica", charted, timeout=30)
+        html = wait_for(charted, 30, "a weight point per replica", interval=0.2)
         assert 'data-testid="chart-chat-openai-weight"' in html and "fabricd history" in html
         page = c.get(f"{CONSOLE}/endpoints/chat-openai")
         assert page.status_code == 200 and "/endpoints/chat-openai/try" in page.text

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.console.conftest import CONSOLE, csrf_of, signed_in, wait_for
+from lab.rigs.polling import wait_for
+from tests.controlplane.console.conftest import CONSOLE, WAIT_S, csrf_of, signed_in
 
 PAGES = {
     "": ["GPUs", "chat", "free of 2"],
@@ -136,12 +137,13 @@ def test_scale_changes_the_replica_count(cluster):
         r = c.post(f"{CONSOLE}/deployments/chat/scale", data={"replicas": "2", "csrf": csrf})
         assert r.status_code == 303 and "scaled" in r.headers["location"]
         assert api.get("/api/ai/deployments/chat").json()["replicas"] == 2
-        wait_for("2 chat replicas", lambda: len(api.get("/api/ai/replicas", params={"deployment": "chat"}).json()) == 2)
+        wait_for(lambda: len(api.get("/api/ai/replicas", params={"deployment": "chat"}).json()) == 2,
+                 WAIT_S, "2 chat replicas", interval=0.2)
         assert "<strong>2</strong> desired" in c.get(f"{CONSOLE}/deployments").text
         r = c.post(f"{CONSOLE}/deployments/chat/scale", data={"replicas": "3", "csrf": csrf})
         assert r.status_code == 303
-        wait_for("3 ready chat replicas",
-                 lambda: api.get("/api/ai/deployments/chat").json()["status"].get("ready_replicas") == 3)
+        wait_for(lambda: api.get("/api/ai/deployments/chat").json()["status"].get("ready_replicas") == 3,
+                 WAIT_S, "3 ready chat replicas", interval=0.2)
 
 
 def test_viewer_sees_no_write_buttons_and_the_api_refuses_its_writes(cluster):

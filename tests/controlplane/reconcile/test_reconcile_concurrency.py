@@ -16,6 +16,7 @@ from common.schemas import InferenceDeployment
 from common.store.sqlite_store import SqliteStore
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import CONCURRENCY, ReconcileWorker
+from lab.rigs.polling import wait_for_async
 from tests.controlplane.planner_data import model, node, profile
 from tests.support.fake_agents import FakeAgents
 
@@ -79,10 +80,8 @@ def test_a_hanging_deployment_does_not_hold_the_others_and_gpus_are_never_shared
     async def run():
         worker = ReconcileWorker(store, agents, rp.ReconcileSettings())
         first = asyncio.create_task(worker.tick())
-        for _ in range(400):  # the others finish while d0 hangs
-            if len(agents.done) == len(NAMES) - 1:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: len(agents.done) == len(NAMES) - 1, 4, "the others to finish while d0 hangs",
+                             interval=0.01)
         assert sorted(agents.done) == NAMES[1:]
         second = asyncio.create_task(worker.tick())  # a second pass meets d0 still locked
         await asyncio.sleep(0.2)

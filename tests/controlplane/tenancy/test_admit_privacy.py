@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import httpx
 import uvicorn
@@ -14,6 +13,7 @@ from common.store.sqlite_store import SqliteStore
 from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.state import AppState, Settings
+from lab.rigs.polling import wait_for
 from lab.rigs.servers import free_port
 from tests.controlplane.tenancy.conftest import MODEL, PROFILE
 
@@ -55,10 +55,11 @@ def test_the_admission_token_is_not_in_the_access_log(tmp_path):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline
-            time.sleep(0.02)
+        def started() -> bool:
+            assert thread.is_alive()
+            return server.started
+
+        wait_for(started, 20, "uvicorn to start", interval=0.02)
         access.addHandler(captured)
         # Whether the token is right (it is not configured here: 404) the path is logged.
         assert httpx.post(f"http://127.0.0.1:{port}/api/ai/admit/{token}", json={"name": "x"}, timeout=10).status_code == 404

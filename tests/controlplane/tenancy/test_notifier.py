@@ -26,6 +26,7 @@ from common.usage_ledger import Dims
 from controlplane.backup.status import BackupStatus, record_success
 from controlplane.tenancy import alerts, notifier
 from gateway.usage_ledger import Call, UsageLedger
+from lab.rigs.polling import wait_for
 
 SECRET = "s3cret-for-signing-0123"
 
@@ -59,10 +60,11 @@ def serve_on(app, port: int):
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline
-        time.sleep(0.02)
+    def started() -> bool:
+        assert thread.is_alive()
+        return server.started
+
+    wait_for(started, 20, "uvicorn to start", interval=0.02)
     try:
         yield
     finally:
