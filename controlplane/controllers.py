@@ -36,7 +36,6 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
@@ -55,6 +54,7 @@ from controlplane.reconcile.events import ReconcileEvents
 from controlplane.rollouts.apply import RolloutMetrics, RolloutWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.scaling.loop import AutoscaleWorker
+from controlplane.settings import ControllerSettings
 from controlplane.settings import of as settings_of
 from controlplane.tenancy.notifier import NotifyWorker
 
@@ -62,35 +62,6 @@ log = logging.getLogger("fabricd.controllers")
 LEADER_NAME = "orchestration"
 LEADER_KEY = keyspace.locks(LEADER_NAME)
 WAKE_GAP_S = 1.0
-
-
-@dataclass(frozen=True)
-class ControllerSettings:
-    reconcile_s: float = 15.0
-    routing_s: float = 10.0
-    autoscale_s: float = 15.0
-    leader_ttl_s: int = 15
-    drain_grace_s: float = 30.0
-    models_s: float = 2.0  # model jobs: poll the agents for progress
-    start_timeout_s: float = 900.0  # a replica's start budget (controlplane.reconcile.plan)
-    stall_s: float = 60.0  # running > 0 and no new tokens this long: weight 0 (controlplane.routing.stall)
-    scrape_timeout_s: float = 2.0  # one /metrics scrape's deadline; a miss excludes the replica that tick
-    health_timeout_s: float = 2.0  # one health probe's deadline (controlplane.reconcile.plan.FAILURES_TO_REPLACE)
-    crashloop_after: int = 5  # controlplane.reconcile.crashloop
-    crashloop_backoff_s: float = 10.0
-    crashloop_backoff_max_s: float = 300.0
-    crashloop_reset_s: float = 600.0
-    dry_run: bool = False  # FABRIC_DRY_RUN=1: synthetic replicas, no agent (controlplane.dryrun)
-    # every field read and range-checked from FABRIC_* by controlplane.settings.load
-
-
-def dry_run_from_env(env) -> bool:
-    raw = env.get("FABRIC_DRY_RUN", "").strip().lower()
-    if raw in ("", "0", "false", "no"):
-        return False
-    if raw in ("1", "true", "yes"):
-        return True
-    raise ValueError(f"FABRIC_DRY_RUN={env.get('FABRIC_DRY_RUN')!r}: expected 1 (dry run) or 0")
 
 
 class ControllerMetrics:

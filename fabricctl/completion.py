@@ -20,10 +20,10 @@ class Shell(str, Enum):
     fish = "fish"
 
 
-def completion(shell: Shell = typer.Argument(..., metavar="SHELL", help="bash, zsh or fish")) -> None:
+def completion(ctx: typer.Context,
+               shell: Shell = typer.Argument(..., metavar="SHELL", help="bash, zsh or fish")) -> None:
     """Print the completion script for SHELL (source it, or save it where the shell looks)."""
-    from fabricctl import build_command
-
     typer.completion.completion_init()
-    code = typer.completion.shell_complete(build_command(), {}, "fabricctl", COMPLETE_VAR, f"source_{shell.value}")
+    root = ctx.find_root().command  # the whole fabricctl command this one was reached through
+    code = typer.completion.shell_complete(root, {}, "fabricctl", COMPLETE_VAR, f"source_{shell.value}")
     raise typer.Exit(code)

@@ -10,12 +10,28 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gateway.http_server import GatewayHttpProtocol
+from typing import Protocol
 
 log = logging.getLogger("fabric.gateway.http")
+
+
+class Connection(Protocol):
+    """What a cycle uses of its connection (gateway.http_server.GatewayHttpProtocol)."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    write_paused: asyncio.Future | None
+
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]: ...
+
+    def resume_reading(self) -> None: ...
+
+    def write_close(self, data: bytes) -> None: ...
+
+    def response_done(self, cycle: Cycle) -> None: ...
+
+
 STATUS_LINE = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
 
 
@@ -52,7 +68,7 @@ class Cycle:
         "waiter",
     )
 
-    def __init__(self, proto: GatewayHttpProtocol, scope: dict, keep_alive: bool, expect_continue: bool):
+    def __init__(self, proto: Connection, scope: dict, keep_alive: bool, expect_continue: bool):
         self.proto = proto
         self.scope = scope
         self.body = bytearray()

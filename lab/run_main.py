@@ -54,7 +54,8 @@ def attach(cfg: LabConfig, stop: dict, signs: list[str]) -> int:
 
 def lab_engine(echo=print) -> str:
     """FABRIC_LAB_ENGINE when set (sim or vllm), else vllm when it is installed."""
-    from agent.vm.lab_engine import LabEngineSettings, engine_installed
+    from agent.settings import LabEngineSettings
+    from agent.vm.lab_engine import engine_installed
 
     settings = LabEngineSettings.from_env(os.environ)
     if os.environ.get("FABRIC_LAB_ENGINE", "").strip():

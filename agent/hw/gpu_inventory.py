@@ -12,11 +12,11 @@ stay 0, which the schema defines as unknown.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agent.hw.pci_sysfs import normalise_pci
 from common.schemas import GpuInfo
 
 if TYPE_CHECKING:
@@ -24,25 +24,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
-
-
 @dataclass
 class Inventory:
     gpus: list[GpuInfo]
     message: str
-
-
-def normalise_pci(bus_id: str | bytes) -> str:
-    """NVML's `00000000:3B:00.0` (or `3B:00.0`) -> sysfs `0000:3b:00.0`."""
-    if isinstance(bus_id, bytes):
-        bus_id = bus_id.decode("ascii", "replace")
-    match = _PCI.match(bus_id.strip().rstrip("\x00"))
-    if not match:
-        raise ValueError(f"not a PCI address: {bus_id!r}")
-    domain, bus, dev, fn = match.groups()
-    domain_value = int(domain, 16) if domain else 0
-    return f"{domain_value:04x}:{bus.lower()}:{dev.lower()}.{fn}"
 
 
 class NvmlInventory:
@@ -167,4 +152,4 @@ def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-__all__ = ["Inventory", "NvmlInventory", "apply_smi_readings", "normalise_pci"]
+__all__ = ["Inventory", "NvmlInventory", "apply_smi_readings"]

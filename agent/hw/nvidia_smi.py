@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from agent.hw.gpu_inventory import normalise_pci
+from agent.hw.pci_sysfs import normalise_pci
 
 log = logging.getLogger(__name__)
 

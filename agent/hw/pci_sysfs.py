@@ -14,8 +14,24 @@ agent.hw.sysfs_fake trees and a real /sys run the same code.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+_PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+
+
+def normalise_pci(bus_id: str | bytes) -> str:
+    """NVML's `00000000:3B:00.0` (or `3B:00.0`) -> sysfs `0000:3b:00.0`."""
+    if isinstance(bus_id, bytes):
+        bus_id = bus_id.decode("ascii", "replace")
+    match = _PCI.match(bus_id.strip().rstrip("\x00"))
+    if not match:
+        raise ValueError(f"not a PCI address: {bus_id!r}")
+    domain, bus, dev, fn = match.groups()
+    domain_value = int(domain, 16) if domain else 0
+    return f"{domain_value:04x}:{bus.lower()}:{dev.lower()}.{fn}"
+
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")

@@ -35,11 +35,11 @@ from pathlib import Path
 
 from agent.dataplane.decap import enable_dsr_backend
 from agent.dataplane.veth import prepare_veth_end
+from agent.settings import LabEngineSettings
 from agent.vm.base import VmSpec, VmStatus
 from agent.vm.dryrun_driver import default_engine_command
 from agent.vm.engine_env import engine_env
 from agent.vm.lab_engine import (
-    LabEngineSettings,
     engine_error_line,
     guest_argv,
     in_guest_mounts,

@@ -43,57 +43,13 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
+from agent.settings import BASE_ENV, REPO_ENGINE_PYTHON
 from common.errors import InvalidInput
 
-ENGINES = ("sim", "vllm")
-DEFAULT_KV_BYTES = 128 << 20
-DEFAULT_NICE = 10
 LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
-REPO_ENGINE_PYTHON = Path(__file__).resolve().parents[2] / ".venv-engine" / "bin" / "python"
 GUEST_MODELS, GUEST_ADAPTERS = "/models", "/adapters"
-BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")  # what the engine inherits from the agent
-
-
-@dataclass(frozen=True)
-class LabEngineSettings:
-    engine: str = "sim"
-    python: Path = REPO_ENGINE_PYTHON
-    kv_cache_bytes: int = DEFAULT_KV_BYTES
-    nice: int = DEFAULT_NICE
-    # PATH and locale of the agent's own environment, as read at start: the engine's base
-    base_env: tuple[tuple[str, str], ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise InvalidInput(f"FABRIC_LAB_ENGINE must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if not 16 << 20 <= self.kv_cache_bytes <= 64 << 30:
-            raise InvalidInput(f"FABRIC_LAB_ENGINE_KV_BYTES must be from 16 MiB to 64 GiB, got {self.kv_cache_bytes}")
-        if not 0 <= self.nice <= 19:
-            raise InvalidInput(f"FABRIC_LAB_ENGINE_NICE must be from 0 to 19, got {self.nice}")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> LabEngineSettings:
-        """env: the process environment its settings read at start (agent/settings.py, the lab CLI)."""
-        kv = _whole(env, "FABRIC_LAB_ENGINE_KV_BYTES", DEFAULT_KV_BYTES, "a whole number of bytes")
-        nice = _whole(env, "FABRIC_LAB_ENGINE_NICE", DEFAULT_NICE, "a whole number from 0 to 19")
-        python = env.get("FABRIC_LAB_ENGINE_PYTHON", "").strip()
-        return cls(engine=env.get("FABRIC_LAB_ENGINE", "").strip().lower() or "sim",
-                   python=Path(python) if python else REPO_ENGINE_PYTHON, kv_cache_bytes=kv, nice=nice,
-                   base_env=tuple((k, env[k]) for k in BASE_ENV if k in env))
-
-    def real_for(self, runtime: str) -> bool:
-        return self.engine == "vllm" and runtime == "vllm"
-
-
-def _whole(env: Mapping[str, str], name: str, default: int, what: str) -> int:
-    raw = env.get(name, "").strip()
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise InvalidInput(f"{name} must be {what}, got {raw!r}") from None
 
 
 def engine_installed(python: Path = REPO_ENGINE_PYTHON) -> str | None:

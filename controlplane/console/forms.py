@@ -17,6 +17,7 @@ is refused here, naming its field); every rule stays in the API.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from urllib.parse import quote
 
@@ -33,7 +34,7 @@ from common.schemas import (
     InferenceProfile,
     ModelArtifact,
 )
-from controlplane.console import views
+from controlplane.console import charts, views
 from controlplane.console.actions import _failed, _guarded
 from controlplane.console.backend import Api, ApiError
 from controlplane.console.render import PREFIX, page, session_of, to_login
@@ -231,9 +232,29 @@ def _back(name: str, message: str) -> RedirectResponse:
     return RedirectResponse(f"{PREFIX}/deployments/{quote(name, safe='')}?message={quote(message)}", status_code=303)
 
 
-async def _detail_with_errors(request, session, name: str, exc: ApiError, which: str, form: dict):
-    from controlplane.console.pages import deployment_context  # the page this form sits on
+async def deployment_context(api: Api, name: str) -> dict:
+    """Everything the deployment page draws (pages.deployment, and these forms' page when they refuse)."""
+    q = quote(name, safe="")
+    dep, replicas = await asyncio.gather(api.get(f"/api/ai/deployments/{q}"), api.get("/api/ai/replicas"))
+    rollouts, placement, scaling, events, models, profiles = await asyncio.gather(
+        api.maybe(f"/api/ai/deployments/{q}/rollouts", []), api.maybe(f"/api/ai/explain/placement/{q}"),
+        api.maybe(f"/api/ai/explain/scaling/{q}"), api.maybe(f"/api/ai/events?object=deployment/{q}&limit=30", []),
+        api.maybe("/api/ai/models", []), api.maybe("/api/ai/profiles", []))
+    mine = [r for r in replicas if r.get("deployment") == name]
+    auto = dep.get("autoscaling") or {}
+    auto_values = {k: ("on" if v is True else "" if v is False else str(v)) for k, v in auto.items()}
+    return {"d": dep, "revisions": views.replicas_by_revision(mine),
+            "rollouts": rollouts if isinstance(rollouts, list) else [], "placement": placement,
+            "scaling": scaling, "events": events or [], "charts": charts.deployment_charts(name),
+            "autoscaling_fields": AUTOSCALING_FIELDS, "rollout_fields": ROLLOUT_FIELDS,
+            "autoscaling_values": auto_values or {f.name: f.default for f in AUTOSCALING_FIELDS},
+            "rollout_values": {"strategy": "rolling"}, "autoscaling_errors": {}, "rollout_errors": {},
+            "autoscaling_general": "", "rollout_general": "",
+            "options": {"model": [m["name"] for m in models or []], "profile": [p["name"] for p in profiles or []]},
+            "message": ""}
 
+
+async def _detail_with_errors(request, session, name: str, exc: ApiError, which: str, form: dict):
     fields = AUTOSCALING_FIELDS if which == "autoscaling" else ROLLOUT_FIELDS
     errors, general = field_errors(exc, [f.name for f in fields])
     try:

@@ -143,32 +143,10 @@ async def not_found(request: Request, rest: str):
                 error={"status": 404, "code": "not_found", "message": f"there is no console page {where}"})
 
 
-async def deployment_context(api: Api, name: str) -> dict:
-    """Everything the deployment page draws (also the forms' page when they refuse)."""
-    q = quote(name, safe="")
-    dep, replicas = await asyncio.gather(api.get(f"/api/ai/deployments/{q}"), api.get("/api/ai/replicas"))
-    rollouts, placement, scaling, events, models, profiles = await asyncio.gather(
-        api.maybe(f"/api/ai/deployments/{q}/rollouts", []), api.maybe(f"/api/ai/explain/placement/{q}"),
-        api.maybe(f"/api/ai/explain/scaling/{q}"), api.maybe(f"/api/ai/events?object=deployment/{q}&limit=30", []),
-        api.maybe("/api/ai/models", []), api.maybe("/api/ai/profiles", []))
-    mine = [r for r in replicas if r.get("deployment") == name]
-    auto = dep.get("autoscaling") or {}
-    auto_values = {k: ("on" if v is True else "" if v is False else str(v)) for k, v in auto.items()}
-    return {"d": dep, "revisions": views.replicas_by_revision(mine),
-            "rollouts": rollouts if isinstance(rollouts, list) else [], "placement": placement,
-            "scaling": scaling, "events": events or [], "charts": charts.deployment_charts(name),
-            "autoscaling_fields": forms.AUTOSCALING_FIELDS, "rollout_fields": forms.ROLLOUT_FIELDS,
-            "autoscaling_values": auto_values or {f.name: f.default for f in forms.AUTOSCALING_FIELDS},
-            "rollout_values": {"strategy": "rolling"}, "autoscaling_errors": {}, "rollout_errors": {},
-            "autoscaling_general": "", "rollout_general": "",
-            "options": {"model": [m["name"] for m in models or []], "profile": [p["name"] for p in profiles or []]},
-            "message": ""}
-
-
 @router.get("/deployments/{name}", response_class=HTMLResponse)
 async def deployment(request: Request, name: str, message: str = ""):
     async def load(api: Api):
-        ctx = await deployment_context(api, name)
+        ctx = await forms.deployment_context(api, name)
         ctx["message"] = message[:300]
         return ctx
     return await _render(request, "deployment.html", "deployments", load)

@@ -16,8 +16,8 @@ import pytest
 
 from agent.hw.devcheck import Devcheck, DevcheckConfig
 from agent.hw.gpu_holders import device_nodes
-from agent.hw.gpu_inventory import normalise_pci
 from agent.hw.nvml_fake import FakeNvml, make_gpus
+from agent.hw.pci_sysfs import normalise_pci
 from agent.hw.sysfs_fake import FakeSysfs
 
 ROOT = Path(__file__).resolve().parents[2]

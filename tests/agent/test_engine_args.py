@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.settings import REPO_ENGINE_PYTHON
 from agent.vm.baked import baked_vllm_version
 from agent.vm.engine_checks import PROFILE_FLAGS, render, vllm_argvs
-from agent.vm.lab_engine import REPO_ENGINE_PYTHON, engine_installed
+from agent.vm.lab_engine import engine_installed
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = REPO / "images/guest/engine-args.json"

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from agent.hw import nvml_fake
-from agent.hw.gpu_inventory import NvmlInventory, apply_smi_readings, normalise_pci
+from agent.hw.gpu_inventory import NvmlInventory, apply_smi_readings
 from agent.hw.nvidia_smi import parse_smi_csv, read_smi
 from agent.hw.nvml_fake import FakeNvml, make_gpus
+from agent.hw.pci_sysfs import normalise_pci
 
 
 def test_normalise_pci_from_nvml_forms():

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.vm.lab_engine import LabEngineSettings, pick_worker_cpu, real_engine_env, yield_cpu
+from agent.settings import LabEngineSettings
+from agent.vm.lab_engine import pick_worker_cpu, real_engine_env, yield_cpu
 from common.errors import InvalidInput
 from lab.rigs.polling import wait_for
 

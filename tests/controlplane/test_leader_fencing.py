@@ -19,11 +19,12 @@ from common import keyspace
 from common.agent_api import GpuBindResult, MaglevBatchResult, MaglevPutResult, VmInfo
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from common.store.sqlite_store import SqliteStore
-from controlplane.controllers import ControllerHandle, ControllerSettings, FencedAgents, lead, sweep
+from controlplane.controllers import ControllerHandle, FencedAgents, lead, sweep
 from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker
+from controlplane.settings import ControllerSettings
 from controlplane.state import AppState, Settings
 from tests.controlplane.planner_data import deployment, model, node, profile
 from tests.support.fake_agents import FakeAgents

@@ -31,7 +31,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.vm.lab_engine import DEFAULT_NICE, engine_installed
+from agent.settings import DEFAULT_NICE
+from agent.vm.lab_engine import engine_installed
 from lab.cluster import LAB_ADAPTER_SOURCE, LAB_MODEL_SOURCE, LabConfig
 from lab.rigs.lab_lock import lab_unavailable
 from lab.rigs.polling import wait_for

@@ -7,13 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.vm.lab_engine import (
-    DEFAULT_KV_BYTES,
-    REPO_ENGINE_PYTHON,
-    engine_installed,
-    real_engine_argv,
-    real_engine_env,
-)
+from agent.settings import DEFAULT_KV_BYTES, REPO_ENGINE_PYTHON
+from agent.vm.lab_engine import engine_installed, real_engine_argv, real_engine_env
 from lab.tiny_model import write_tiny_adapter, write_tiny_model
 
 MODEL = "tiny-chat"

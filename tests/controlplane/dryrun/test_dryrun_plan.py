@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from common.schemas import DeploymentStatus, InferenceDeployment, InferenceEndpoint
-from controlplane.controllers import dry_run_from_env
 from controlplane.dryrun.plan import NODE, plan, replica_id, synthetic_observation
 from controlplane.routing.strategies import plan_routing
+from controlplane.settings import dry_run_from_env
 
 NOW = 1000.0
 
