@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from pathlib import Path
 from agent.dataplane.netns import run_in_netns
 from agent.dataplane.veth import prepare_veth_end
 from lab.rigs.bpf import new_pin_dir
+from lab.rigs.polling import wait_for
 
 VIP = "10.9.0.100"
 NODE_IP = "10.2.0.1"
@@ -169,13 +169,15 @@ class NsLab:
     def _wait_listening(self, addr: str) -> None:
         ip, port = addr.split(":")
         # from the node namespace, which reaches every backend directly
-        for _ in range(100):
+
+        def listening() -> bool:
             try:
                 run_in_netns(self.node, lambda: socket.create_connection((ip, int(port)), timeout=1).close())
-                return
+                return True
             except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"backend {addr} never listened")
+                return False
+
+        wait_for(listening, 10, f"backend {addr} to listen", interval=0.1)
 
     def connect(self, port: int = 80) -> socket.socket:
         """A TCP connection from the client namespace to the VIP."""

@@ -30,6 +30,7 @@ from agent.dataplane.netns import run_in_netns
 from agent.dataplane.settings import DataplaneSettings
 from agent.dataplane.testrun import XDP_PASS, XDP_REDIRECT, XDP_TX, run_xdp
 from lab.rigs.bpf import new_pin_dir, open_dataplane
+from lab.rigs.polling import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_packets import _valid
@@ -277,7 +278,6 @@ def test_established_packets_reuse_the_backends_fib_result_until_the_generation_
 
 def test_fib_watch_bumps_the_generation_on_a_neighbour_change(net, plane):
     """What attach starts: a neighbour change in the namespace reaches the program without a put."""
-    import time
 
     from agent.dataplane.fibwatch import FibWatch
 
@@ -295,18 +295,14 @@ def test_fib_watch_bumps_the_generation_on_a_neighbour_change(net, plane):
         _xdp(net, plane, _cache_packet(47101))
         assert _xdp(net, plane, _cache_packet(47102))[1] == {"redirect": 1, "fib_cached": 1}
         _set_backend_mac(net, moved)
-        deadline = time.monotonic() + 10
-        while not calls and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert calls and calls[0] is False  # a neighbour message: the cache, not the device maps
+        wait_for(lambda: calls, 10, "the FIB watch to see the neighbour message", interval=0.05)
+        assert calls[0] is False  # a neighbour message: the cache, not the device maps
         result, xmit = _xdp(net, plane, _cache_packet(47103))
         assert (xmit, Ether(result.output).dst) == ({"redirect": 1}, moved)
         calls.clear()
         sh("bridge", "-n", net.ns, "fdb", "replace", "02:00:00:00:03:77", "dev", "vp", "master", "static")
-        deadline = time.monotonic() + 10
-        while not any(calls) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert any(calls), f"no device-map re-read after the FDB change: {calls}"  # an FDB message re-reads them
+        # an FDB message re-reads them
+        wait_for(lambda: any(calls), 10, "a device-map re-read after the FDB change", interval=0.05)
     finally:
         watch.stop()
         sh("bridge", "-n", net.ns, "fdb", "del", "02:00:00:00:03:77", "dev", "vp", "master")

@@ -5,7 +5,6 @@ the engine's queue and metrics during a batch, cancellation, listing)."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -17,6 +16,7 @@ from enginesim import EngineConfig, create_app
 from enginesim import batch_routes as br
 from enginesim.multipart import parse_multipart
 from enginesim.process import EngineProcess
+from lab.rigs.polling import wait_for
 
 DONE = ("completed", "failed", "cancelled")
 
@@ -31,13 +31,11 @@ def chat_line(cid: str, content: str = "hello", max_tokens: int = 3, model: str 
 
 
 def wait_batch(client: openai.OpenAI, batch_id: str, until=DONE, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    batch = client.batches.retrieve(batch_id)
-    while batch.status not in until and time.monotonic() < deadline:
-        time.sleep(0.02)
+    def reached():
         batch = client.batches.retrieve(batch_id)
-    assert batch.status in until, batch
-    return batch
+        return batch if batch.status in until else None
+
+    return wait_for(reached, timeout, f"batch {batch_id} to be {' or '.join(sorted(until))}", interval=0.02)
 
 
 def rows_of(client: openai.OpenAI, file_id: str) -> list[dict]:
@@ -242,17 +240,14 @@ def test_batch_fills_the_queue_and_cancel_stops_it_keeping_finished_lines(slow_e
     rows = [chat_line("quick", max_tokens=1)] + [chat_line(f"long-{i}", max_tokens=200) for i in range(5)]
     f = client.files.create(file=("in.jsonl", jsonl(rows)), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def one_done_one_running_one_waiting():
         b = client.batches.retrieve(batch.id)
-        running = metric(slow_engine, "vllm:num_requests_running")
-        waiting = metric(slow_engine, "vllm:num_requests_waiting")
-        if b.request_counts.completed == 1 and (running, waiting) == (1, 1):
-            break
-        time.sleep(0.02)
+        gauges = (metric(slow_engine, "vllm:num_requests_running"), metric(slow_engine, "vllm:num_requests_waiting"))
+        return b if b.request_counts.completed == 1 and gauges == (1, 1) else None
+
     # 2 x max-num-seqs lines at a time: one runs, one waits in the engine's FIFO queue.
+    b = wait_for(one_done_one_running_one_waiting, 10, "one line done, one running, one waiting", interval=0.02)
     assert b.status == "in_progress" and b.request_counts.total == 6
-    assert (running, waiting) == (1, 1)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     done = wait_batch(client, batch.id, timeout=5)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from enginesim.process import free_port
+from lab.rigs.polling import wait_for
 
 SCRIPT = Path(sys.executable).parent / "fabric-engine-sim"
 
@@ -34,14 +34,13 @@ def test_console_script_serves_with_start_flags():
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(400):
+        def health():
             try:
-                resp = httpx.get(url + "/health", timeout=1)
-                break
+                return httpx.get(url + "/health", timeout=1)
             except httpx.TransportError:
-                time.sleep(0.05)
-        else:
-            pytest.fail("fabric-engine-sim never answered")
+                return None
+
+        resp = wait_for(health, 20, "fabric-engine-sim to answer", interval=0.05)
         assert resp.status_code == 503 and resp.headers["x-fabric-replica"] == "from-cli"
         assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "cli-m"
     finally:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
 from enginesim.process import EngineProcess
+from lab.rigs.polling import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +49,6 @@ def stream_chat(url: str, prompt: str, max_tokens: int, out: Timed) -> None:
         out.done = time.monotonic()
 
 
-def wait_for(cond: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"never saw {what}")
-
-
 def scheduler_state(url: str) -> dict:
     return httpx.get(url + "/sim/state").json()["scheduler"]
 
@@ -85,7 +77,7 @@ def test_requests_beyond_max_num_seqs_wait_in_fifo_order(slow_engine: EngineProc
         t.start()
         threads.append(t)
         # Arrive one after another so FIFO order is well defined.
-        wait_for(lambda i=i: queued_total(url) == i + 1, f"request {i} admitted or queued")
+        wait_for(lambda i=i: queued_total(url) == i + 1, 10, f"request {i} admitted or queued", interval=0.01)
     assert gauge(url, "vllm:num_requests_waiting") == 2
     assert gauge(url, "vllm:num_requests_running") == 1
     assert gauge(url, "vllm:kv_cache_usage_perc") > 0
@@ -95,7 +87,8 @@ def test_requests_beyond_max_num_seqs_wait_in_fifo_order(slow_engine: EngineProc
     # Queue wait is part of TTFT: each later request waited for the ones before it.
     assert runs[0].ttft < runs[1].ttft < runs[2].ttft
     assert runs[0].first_token < runs[1].first_token < runs[2].first_token
-    wait_for(lambda: scheduler_state(url) == {"running": 0, "waiting": 0, "held_tokens": 0}, "engine idle")
+    wait_for(lambda: scheduler_state(url) == {"running": 0, "waiting": 0, "held_tokens": 0},
+             10, "engine idle", interval=0.01)
 
 
 def test_client_that_leaves_mid_stream_frees_its_slot(slow_engine: EngineProcess):
@@ -106,7 +99,7 @@ def test_client_that_leaves_mid_stream_frees_its_slot(slow_engine: EngineProcess
         assert next(lines).startswith("data: ")
         assert scheduler_state(url)["running"] == 1
     # The 400-token request would hold the only slot for 20 s; leaving must free it.
-    wait_for(lambda: scheduler_state(url)["running"] == 0, "slot released after disconnect")
+    wait_for(lambda: scheduler_state(url)["running"] == 0, 10, "slot released after disconnect", interval=0.01)
     quick = httpx.post(url + "/v1/chat/completions", timeout=30, json={
         "model": "slow", "messages": [{"role": "user", "content": "next"}], "max_tokens": 1})
     assert quick.status_code == 200
