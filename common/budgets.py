@@ -8,7 +8,7 @@ default) and what happens at 100%: ``refuse`` (the gateway answers new calls 429
 
 Spend is a counter per budget (/fabric/counters/budget/{name}, "<period start> <amount>"; cost in
 micro-units so it stays an integer) added to by every gateway in its usage ledger's batches with
-one compare-and-swap per budget per batch (common.counters.period_reserve), so several gateways
+one compare-and-swap per budget per batch (common.records.counters.period_reserve), so several gateways
 add up exactly. The batch that takes a counter across a threshold raises one notification whose
 id names the budget, period and threshold (common.notifications: created if absent), so however
 many gateways see it, it is sent once.
@@ -24,7 +24,8 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from common import counters, keyspace
+from common import keyspace
+from common.records import counters
 from common.schemas import Spec, check_name, tenant_name
 from common.store.base import Store
 

@@ -1,7 +1,7 @@
 """Request limits: the pure part decides which counters a call needs; the applier reserves them.
 
 plan_admission(settings, facts) -> list[Reservation] names every counter to take, with its
-limit. admit() takes them in order from the store (common.counters: exact under several
+limit. admit() takes them in order from the store (common.records.counters: exact under several
 processes) and, if one refuses, gives back the ones already taken and raises LimitExceeded
 with Retry-After. After the call, settle() corrects token windows from the estimate to the real
 usage and release() frees in-flight slots (streams, max_concurrent) -- the caller runs both in a
@@ -35,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import counters, keyspace
+from common import keyspace
 from common.errors import LimitExceeded, NotFound
+from common.records import counters
 from common.store.base import Store
 from gateway.openai_errors import RequestTooLarge
 from gateway.ratelimit_headers import headers_for
@@ -195,7 +196,7 @@ def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reser
 
 
 def window_of(now: float, window_secs: int | None) -> int:
-    """The start of the fixed window ``now`` falls in (common.counters' arithmetic); 0: no window."""
+    """The start of the fixed window ``now`` falls in (common.records.counters' arithmetic); 0: no window."""
     return int(now // window_secs) * window_secs if window_secs else 0
 
 

@@ -2,7 +2,7 @@
 
 Each gateway process is a *holder*: ``counters/holders/{holder}`` lives under a lease of
 FABRIC_GATEWAY_SLOT_LEASE_SECS that a background task renews every third of it. Held counters
-(``counters/slots/...``, common.counters.held_reserve) count each holder's slots separately and
+(``counters/slots/...``, common.records.counters.held_reserve) count each holder's slots separately and
 add up only live holders, so a SIGKILLed process's slots stop counting once its lease expires.
 A live holder is never mistaken for a dead one: a holder missing from the cached set of live
 holders (refreshed every second) is looked up directly before its slots are dropped; a dead one
@@ -26,8 +26,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from common import counters, keyspace
+from common import keyspace
 from common.errors import NotFound, TransientError
+from common.records import counters
 from common.store.base import Store
 
 log = logging.getLogger("fabric.gateway.slots")

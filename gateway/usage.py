@@ -3,7 +3,7 @@
 A key WITH a request quota is counted by its exact reservation (gateway.limits): admission must
 see the count. A key without one only needs the number to be right soon after, so the call only
 appends its key id (gateway.batch_writer); one background thread takes them every 50 ms, adds
-the counts up per key and applies each key's total with one compare-and-swap (common.counters.reserve, no limit). Measured
+the counts up per key and applies each key's total with one compare-and-swap (common.records.counters.reserve, no limit). Measured
 at 64 clients, a synchronous reservation per call doubled the gateway's CPU per call (a SQLite
 transaction plus a thread hop); this costs a queue put. Counts still queued when a gateway is
 killed with SIGKILL are lost (at most a few milliseconds' worth); a clean stop flushes them.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from common import counters, keyspace
+from common import keyspace
+from common.records import counters
 from common.store.base import Store
 from gateway.batch_writer import BatchWriter
 

@@ -24,7 +24,7 @@ instead of the store, and a write attempted while ``lock.held()`` is false raise
 and writes nothing. ``LeaseLost`` is deliberately not a FabricError: the per-item
 ``except FabricError`` handlers of a pass (which record an error status, itself a write) must
 not absorb it; it ends the whole pass, and the loop retries leadership.
-(Exact counters live in common/counters.py.)
+(Exact counters live in common/records/counters.py.)
 """
 
 from __future__ import annotations

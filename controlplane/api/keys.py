@@ -30,7 +30,8 @@ import time
 
 from fastapi import APIRouter, Depends
 
-from common import apikeys, audit_chain, counters, keyspace
+from common import apikeys, audit_chain, keyspace
+from common.records import counters
 from controlplane.api.answers import AuditCheck, KeyDeleted, KeyView, NewKey
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import keys as key_ops

@@ -15,12 +15,15 @@ from pathlib import Path
 
 import httpx
 
-from common import apikeys, counters, keyspace
+from common import apikeys, keyspace
+from common.records import counters
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from common.store.base import Store
 from common.store.connect import open_store
 from enginesim.process import EngineProcess, PortTaken, bind_failed, on_free_port
+from lab.rigs.polling import wait_for
 from tests.support.fake_clock import SUITE_CLOCK
+from tests.support.routing_plans import publish_plans
 
 HMAC_SECRET = "gateway-test-hmac-secret"
 # Every gateway's limit windows read the suite's one fake clock (tests/support/fake_clock.py).
@@ -62,8 +65,7 @@ class GatewayProcess:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                                     cwd=str(Path(__file__).resolve().parents[2]))
         gw = cls(proc, port, log_path)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def started() -> bool:
             if proc.poll() is not None:
                 log = gw.log_text()[-2000:]
                 raise (PortTaken if bind_failed(log) else RuntimeError)(f"gateway exited: {log}")
@@ -72,13 +74,16 @@ class GatewayProcess:
                 # then a /health answer can come from another process holding the port (this one
                 # then exits). With --workers the supervisor binds before anything starts.
                 bound = "--workers" in (args or []) or "Uvicorn running on" in gw.log_text()
-                if bound and httpx.get(gw.url + "/health", timeout=1).status_code == 200:
-                    return gw
+                return bound and httpx.get(gw.url + "/health", timeout=1).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        gw.stop()
-        raise RuntimeError("gateway did not start")
+                return False
+
+        try:
+            wait_for(started, 30, f"the gateway on port {port} to start", interval=0.05)
+        except AssertionError:
+            gw.stop()
+            raise
+        return gw
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -137,6 +142,7 @@ def publish_endpoint(store: Store, name: str, engines: list[EngineProcess], depl
         rep = Replica(replica_id=rid, deployment=deployment, ordinal=i, node="n1", host=engine.host,
                       port=engine.port, phase="Ready", ready=True)
         store.put(keyspace.replicas(deployment, rid), rep.model_dump_json())
+    publish_plans(store)  # the routing controller's plan: what the gateway routes on
 
 
 def make_key(store: Store, endpoint: str, **fields) -> tuple[str, str]:

@@ -25,13 +25,15 @@ import httpx
 import openai
 import pytest
 
-from common import apikeys, audit_chain, counters, keyspace
+from common import apikeys, audit_chain, keyspace
 from common.errors import InvalidInput
+from common.records import counters
 from common.store.connect import open_store
 from gateway.limits import KEY_LIMITS, LimitKeeper, RequestFacts, key_shadowed, plan_admission
 from gateway.live_budget import LiveBudget
 from gateway.settings import GatewaySettings
 from gateway.slots import SlotHolder, slot_view
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, sqlite_state, tpm_used
 from tests.support.fake_clock import FakeClock
 
@@ -107,18 +109,16 @@ def env(tmp_path_factory):
 
 
 def _settled(store, key_id: str, want: int) -> int:
-    deadline = time.monotonic() + 5
-    while tpm_used(store, key_id) != want and time.monotonic() < deadline:
-        time.sleep(0.05)  # settled in the call's finally, after the last byte
+    # settled in the call's finally, after the last byte
+    wait_for(lambda: tpm_used(store, key_id) == want, 5, f"{key_id}'s tokens to settle at {want}", interval=0.05)
     return tpm_used(store, key_id)
 
 
 def _in_flight(store) -> int:
     """Slots held, once the call's finally has had its moment (it releases after it settles)."""
-    deadline = time.monotonic() + 5
-    while (held := sum(c["in_flight"] for c in slot_view(store)["counters"])) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return held
+    wait_for(lambda: sum(c["in_flight"] for c in slot_view(store)["counters"]) == 0, 5, "every slot released",
+             interval=0.05)
+    return sum(c["in_flight"] for c in slot_view(store)["counters"])
 
 
 def test_the_stream_ends_at_the_keys_tpm_with_an_error_event_and_settles_exactly(env):
@@ -132,10 +132,8 @@ def test_the_stream_ends_at_the_keys_tpm_with_an_error_event_and_settles_exactly
     assert received > 10  # past what admission held (prompt + max_tokens), to the limit
     assert _settled(env["store"], key_id, 1 + received) == 1 + received <= 60
     assert _in_flight(env["store"]) == 0
-    deadline = time.monotonic() + 5
-    while not env["upstream"].cut_seen and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert env["upstream"].cut_seen  # the upstream was closed, not read to its end
+    # the upstream was closed, not read to its end
+    wait_for(lambda: env["upstream"].cut_seen, 5, "the upstream to see the cut", interval=0.05)
 
 
 def test_a_responses_stream_ends_at_the_budget_too(env):
@@ -175,14 +173,10 @@ def test_a_shadowed_key_limit_lets_the_stream_finish_and_reports_it(env):
     explained = httpx.get(env["gw"].url + f"/api/ai/explain/request/{request_id}",
                           headers={"authorization": f"Bearer {key}"}).json()
     assert explained["would_refuse"] == [KEY_LIMITS["tokens_per_minute"]]
-    deadline = time.monotonic() + 10
-    rows: list = []
-    while time.monotonic() < deadline and not rows:
-        rows = [r for r in audit_chain.read_rows(env["store"])
-                if r.get("request_id") == request_id and r.get("kind", r.get("event")) != "ATTEMPT"
-                and r.get("would_refuse")]
-        time.sleep(0.1)
-    assert rows and rows[0]["would_refuse"] == KEY_LIMITS["tokens_per_minute"]
+    rows = wait_for(lambda: [r for r in audit_chain.read_rows(env["store"])
+                             if r.get("request_id") == request_id and r.get("kind", r.get("event")) != "ATTEMPT"
+                             and r.get("would_refuse")], 10, "the call's shadow refusal in the audit", interval=0.1)
+    assert rows[0]["would_refuse"] == KEY_LIMITS["tokens_per_minute"]
     metrics = httpx.get(env["gw"].url + "/metrics").text
     assert 'fabric_gateway_shadow_refusals_total{limit="the API key\'s tokens_per_minute"} 1.0' in metrics
 

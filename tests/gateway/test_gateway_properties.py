@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import counters
 from common.errors import FabricError
+from common.records import counters
 from common.store.sqlite_store import SqliteStore
 from gateway.limits import RequestFacts, check_caps, plan_admission
 from gateway.request_body import GenerationPolicy, parse_body, with_field

@@ -17,7 +17,8 @@ import time
 import httpx
 import pytest
 
-from common import counters, keyspace
+from common import keyspace
+from common.records import counters
 from gateway.slots import slot_view
 from tests.gateway.gateway_harness import (
     GatewayProcess,

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from common import audit_chain, counters, keyspace
+from common import audit_chain, keyspace
+from common.records import counters
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from gateway import settings as gs
 from gateway.limits import RequestFacts, plan_admission, window_clock

@@ -1,7 +1,8 @@
 """Exact counters and fixed windows in the store, shared by every process that uses the store.
 
 Every change is a read then a compare-and-swap on the key's mod_revision (or create-if-absent
-for the first write), retried on conflict. A reservation that would pass its limit is refused
+for the first write), retried by the one loop (common.records.cas.retry; Contended when it keeps
+losing). A reservation that would pass its limit is refused
 without writing, so concurrent callers in several processes can never over-admit: the store
 orders the writes and a stale reader's cas fails.
 
@@ -23,10 +24,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.errors import TransientError
+from common.records import cas
 from common.store.base import Store
-
-MAX_ATTEMPTS = 200
 
 
 @dataclass(frozen=True)
@@ -44,14 +43,16 @@ def _write(store: Store, key: str, value: str, kv) -> bool:
 
 def reserve(store: Store, key: str, amount: int, limit: int | None) -> Outcome:
     """Add amount unless the total would pass limit (None: no limit)."""
-    for _ in range(MAX_ATTEMPTS):
+    def attempt() -> Outcome | None:
         kv = store.get(key)
         current = int(kv.value) if kv else 0
         if limit is not None and amount > 0 and current + amount > limit:
             return Outcome(False, current)
         if _write(store, key, str(max(0, current + amount)), kv):
             return Outcome(True, max(0, current + amount))
-    raise TransientError(f"counter {key} is too contended; try again")
+        return None
+
+    return cas.retry(attempt, f"counter {key} is too contended; try again")
 
 
 def read(store: Store, key: str) -> int:
@@ -91,7 +92,7 @@ def period_reserve(store: Store, key: str, amount: int, limit: int | None, start
                    lease: int | None = None) -> Outcome:
     """Add amount to the period [start, end) (a fixed window, or a calendar day or month) unless it
     would pass limit; a stored value of another period counts as 0 and is replaced."""
-    for _ in range(MAX_ATTEMPTS):
+    def attempt() -> Outcome | None:
         kv = store.get(key)
         current = period_value(kv.value, start) if kv is not None else 0
         if limit is not None and amount > 0 and current + amount > limit:
@@ -100,9 +101,9 @@ def period_reserve(store: Store, key: str, amount: int, limit: int | None, start
         value = f"{start} {new}"
         ok = store.create(key, value, lease=lease) if kv is None else store.cas(key, value, kv.mod_revision,
                                                                                  lease=lease)
-        if ok:
-            return Outcome(True, new)
-    raise TransientError(f"window {key} is too contended; try again")
+        return Outcome(True, new) if ok else None
+
+    return cas.retry(attempt, f"window {key} is too contended; try again")
 
 
 def parse_held(value: str | None) -> dict[str, int]:
@@ -121,7 +122,7 @@ def parse_held(value: str | None) -> dict[str, int]:
 def held_reserve(store: Store, key: str, holder: str, amount: int, limit: int | None,
                  is_live: Callable[[str], bool]) -> Outcome:
     """Add amount to holder's slots unless the live total would pass limit (amount < 0 frees)."""
-    for _ in range(MAX_ATTEMPTS):
+    def attempt() -> Outcome | None:
         kv = store.get(key)
         held = {h: n for h, n in parse_held(kv.value if kv else None).items() if h == holder or is_live(h)}
         total = sum(held.values())
@@ -136,6 +137,6 @@ def held_reserve(store: Store, key: str, holder: str, amount: int, limit: int | 
             ok = kv is None or store.delete(key, mod_revision=kv.mod_revision)
         else:
             ok = _write(store, key, json.dumps(held, sort_keys=True, separators=(",", ":")), kv)
-        if ok:
-            return Outcome(True, sum(held.values()))
-    raise TransientError(f"counter {key} is too contended; try again")
+        return Outcome(True, sum(held.values())) if ok else None
+
+    return cas.retry(attempt, f"counter {key} is too contended; try again")
