@@ -44,7 +44,7 @@ from common.errors import FabricError, TransientError
 from common.store.base import Store
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from controlplane.dryrun.worker import DryRunWorker
-from controlplane.events import EventSink
+from common.records.events import EventSink
 from controlplane.models.worker import ModelWorker
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
 from controlplane.reconcile import plan as rp

@@ -21,13 +21,11 @@ Labels carry the endpoint name only; replica ids are in the events and the expla
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from common import keyspace
+from common.records import events
 
 MAX_TRACKED = 10_000  # replicas remembered; the least recently seen go first
 MISSING = ("the replica has sent no KV events to its node's index (engine started without "
@@ -36,16 +34,11 @@ RESUMED = "the replica sends KV events again; the gateway routes it on what its 
 
 
 def store_event_writer(store, gateway_id: str) -> Callable[[str, str, str, str], None]:
-    """(name, action, message, type) -> one event record in the store's event log, in the shape
-    fabricd's log holds (controlplane/events.EventRecord; fabricd's next write trims the log)."""
+    """(name, action, message, type) -> one event record in the store's event log, through the
+    one event writer (common.records.events.record_event, which also keeps the log bounded)."""
 
     def write(name: str, action: str, message: str, type_: str) -> None:
-        import json
-
-        now = time.time()
-        record = {"time": now, "kind": "replica", "name": name, "action": action,
-                  "message": f"{message} (gateway {gateway_id})", "type": type_, "tenant": None}
-        store.put(keyspace.events(f"{int(now * 1e9):020d}-{secrets.token_hex(4)}"), json.dumps(record))
+        events.record_event(store, "replica", name, action, f"{message} (gateway {gateway_id})", type=type_)
 
     return write
 

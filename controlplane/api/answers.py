@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.records.events import EventRecord
 from common.schemas import ApiKeyRecord, Replica, Site, TenantQuota
-from controlplane.events import EventRecord
 
 
 class Deleted(BaseModel):

@@ -1,4 +1,4 @@
-"""The event log (see controlplane.events), a watch on it, and what it explains.
+"""The event log (see common.records.events), a watch on it, and what it explains.
 
     GET /api/ai/events?object=&kind=&name=&since=&limit=
                                                newest matching events, oldest first; object is NAME or
@@ -31,9 +31,9 @@ from fastapi import APIRouter, Depends, Query
 from common import keyspace
 from common.errors import InvalidInput, NotFound
 from common.records import replicas
+from common.records.events import EventRecord, recent_events, unknown_kind
 from controlplane.api.answers import FailureExplained, WatchAnswer
 from controlplane.auth import PrincipalDep, require_admin
-from controlplane.events import EventRecord, recent_events, unknown_kind
 from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["events"], dependencies=[Depends(require_admin)])

@@ -39,7 +39,7 @@ from common.records.model_jobs import (
 )
 from common.schemas import ModelArtifact, Node, Spec
 from controlplane.auth import require_admin
-from controlplane.events import record_event
+from common.records.events import record_event
 from controlplane.models import plan
 from controlplane.models.worker import refresh_model_status
 from controlplane.placement.scheduler import node_online

@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from common.errors import Conflict, NotFound
 from common.records import Store
+from common.records.events import record_event
 from common.records.kinds import BY_KIND
-from controlplane.events import record_event
 from controlplane.state import AppState
 from controlplane.tenancy.principal import ADMIN, Principal, visible
 

@@ -40,10 +40,10 @@ from common.agent_api import VmCreateRequest
 from common.errors import FabricError, TransientError
 from common.records import autoscaling, deployments, gpu_reservations, observations
 from common.records import rollouts as rollout_records
+from common.records.events import EventSink
 from common.runtimes import health_path
 from common.schemas import InferenceDeployment, Node, Replica, runtime_refusal
 from common.store.base import Store
-from controlplane.events import EventSink
 from controlplane.models.gate import model_gate
 from controlplane.node_trust import replica_host_refusal
 from controlplane.orchestration_state import (

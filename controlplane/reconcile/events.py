@@ -1,4 +1,4 @@
-"""What the reconciler records in the event log (controlplane.events), one event per change.
+"""What the reconciler records in the event log (common.records.events), one event per change.
 
 Replica events are on object ``replica/{replica_id}`` (the VM has the same name), so
 GET /api/ai/explain/failure/{replica} reads a replica's whole history from them: created (with
@@ -11,8 +11,8 @@ and an agent still in backoff (the agent is not called) record nothing.
 from __future__ import annotations
 
 from common.errors import TransientError
+from common.records.events import EventSink
 from common.schemas import InferenceDeployment, Replica
-from controlplane.events import EventSink
 from controlplane.reconcile import plan as rp
 
 

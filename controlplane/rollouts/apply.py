@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping
 from prometheus_client import Counter, Gauge
 
 from common.records import rollouts as rollout_records
+from common.records.events import record_event
 from common.rollouts import Rollout
 from common.schemas import Replica, ReplicaObservation
 from common.store.base import Store
-from controlplane.events import record_event
 from controlplane.rollouts.plan import Activate, Event, SaveRecord, Supersede, plan_rollout
 
 log = logging.getLogger("fabricd.rollouts")

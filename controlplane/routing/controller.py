@@ -47,10 +47,10 @@ from common import keyspace
 from common.agent_api import MaglevServicePut
 from common.errors import Conflict, FabricError, Refused
 from common.records import plans
+from common.records.events import EventSink
 from common.records.plans import PublishedPlan, SpillPool, next_generation, same_decision
 from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
 from common.store.base import Store
-from controlplane.events import EventSink
 from controlplane.history import HISTORY
 from controlplane.orchestration_state import (
     MANAGED_SERVICES,

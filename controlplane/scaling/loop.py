@@ -30,9 +30,9 @@ from dataclasses import asdict
 
 from common.errors import TransientError
 from common.records import autoscaling, deployments
+from common.records.events import EventSink
 from common.schemas import InferenceDeployment
 from common.store.base import Store
-from controlplane.events import EventSink
 from controlplane.history import HISTORY
 from controlplane.orchestration_state import Snapshot, load_snapshot
 from controlplane.scaling.decide import Decision, Memory, Observations, QuotaView, decide

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from common import keyspace
+from common.records.events import EventSink, recent_events, record_event, trim
 from common.store.sqlite_store import SqliteStore
 from controlplane.api.events import parse_since
-from controlplane.events import EventSink, recent_events, record_event, trim
 from lab.rigs.etcd_server import etcd_server  # noqa: F401  (a fixture, used by name)
 
 T0 = 1_800_000_000.0

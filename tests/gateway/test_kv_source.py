@@ -19,6 +19,7 @@ from agent.kv_index.routes import kv_index_router, tokenizer_files
 from common import keyspace
 from common.kv_events import BlockHasher
 from common.model_manifest import build_manifest
+from common.records.events import recent_events
 from common.schemas import (
     EndpointStatus,
     InferenceDeployment,
@@ -30,7 +31,6 @@ from common.schemas import (
     ReplicaObservation,
 )
 from common.store.connect import open_store
-from controlplane.events import recent_events
 from gateway.engine_hash import EngineTokenizer, RequestHasher, SimTokenizer
 from gateway.kv_blind import BlindWatch, store_event_writer
 from gateway.kv_source import AgentKvSource

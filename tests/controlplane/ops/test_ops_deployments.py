@@ -7,6 +7,7 @@ import pytest
 
 from common.errors import Conflict, Forbidden, InvalidInput
 from common.records import deployments as deployment_records
+from common.records.events import recent_events
 from common.schemas import (
     InferenceDeployment,
     InferenceEndpoint,
@@ -15,7 +16,6 @@ from common.schemas import (
     TenantQuota,
 )
 from controlplane.api.documents import find_kind
-from controlplane.events import recent_events
 from controlplane.ops import deployments, endpoints, models, profiles, quotas
 from controlplane.state import AppState
 from controlplane.tenancy.principal import ADMIN, Principal

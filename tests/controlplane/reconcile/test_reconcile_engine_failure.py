@@ -12,8 +12,8 @@ import pytest
 
 from common import keyspace
 from common.agent_api import GpuBindResult, VmInfo
+from common.records.events import recent_events
 from common.schemas import Replica
-from controlplane.events import recent_events
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from tests.controlplane.reconcile_support import seeded_store

@@ -9,6 +9,7 @@ import asyncio
 import json
 
 from common import keyspace
+from common.records.events import recent_events
 from common.schemas import (
     AutoscalingSpec,
     InferenceDeployment,
@@ -18,7 +19,6 @@ from common.schemas import (
     ReplicaObservation,
     TenantQuota,
 )
-from controlplane.events import recent_events
 from controlplane.orchestration_state import load_snapshot
 from controlplane.scaling.loop import AutoscaleWorker, load_memory, with_note
 
