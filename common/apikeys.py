@@ -38,6 +38,9 @@ class HmacSecretError(ValueError):
     """The HMAC secret is not configured or unreadable (a start-up error)."""
 
 
+NO_HMAC_SECRET = "set FABRIC_KEY_HMAC_SECRET or FABRIC_KEY_HMAC_SECRET_FILE"  # why keys are unavailable
+
+
 def load_hmac_secret(env: Mapping[str, str]) -> bytes:
     """env: the process's environment as its settings read it at start (fabricd, the gateway)."""
     path = env.get("FABRIC_KEY_HMAC_SECRET_FILE", "").strip()
@@ -51,7 +54,7 @@ def load_hmac_secret(env: Mapping[str, str]) -> bytes:
         return data
     value = env.get("FABRIC_KEY_HMAC_SECRET", "")
     if not value.strip():
-        raise HmacSecretError("set FABRIC_KEY_HMAC_SECRET or FABRIC_KEY_HMAC_SECRET_FILE")
+        raise HmacSecretError(NO_HMAC_SECRET)
     return value.strip().encode()
 
 

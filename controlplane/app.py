@@ -22,7 +22,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 from common import runtime_metrics
 from common.health import healthz_body
 from controlplane import console, log_redact, openapi_doc
-from controlplane import settings as fabricd_settings
 from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
 from controlplane.cluster_metrics import ClusterCollector
@@ -100,7 +99,7 @@ def create_app(state: AppState) -> FastAPI:
     console.install(app)
     openapi_doc.install(app)
 
-    metrics_token = fabricd_settings.of(state).metrics_token  # read once, at start
+    metrics_token = state.settings.metrics_token  # read once, at start
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:

@@ -43,7 +43,6 @@ from common.errors import Forbidden, Unauthorized
 from common.private_fs import private_dir
 from common.records import auth_tokens
 from common.store.base import Store
-from controlplane.settings import of as settings_of
 from controlplane.state import StateDep
 from controlplane.tenancy import oidc_login, owners, revocation, route_rules, users
 from controlplane.tenancy.principal import ROLES, Principal
@@ -290,7 +289,7 @@ class OidcLoginRequest(BaseModel):
 @router.post("/oidc", response_model=LoginResponse)
 def login_oidc(body: OidcLoginRequest, request: Request, state: StateDep) -> LoginResponse:
     """Exchange the identity provider's ID token for a fabricd token (tenancy/oidc_login.py)."""
-    principal = oidc_login.login_of(request.app.state, settings_of(state).login_oidc).verify(body.id_token)
+    principal = oidc_login.login_of(request.app.state, state.settings.login_oidc).verify(body.id_token)
     token, expires_at = token_for(state, principal)
     return LoginResponse(token=token, expires_at=expires_at, role=principal.role, tenant=principal.tenant)
 

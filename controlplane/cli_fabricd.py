@@ -107,7 +107,7 @@ def serve(
     from controlplane.state import AppState
 
     try:
-        config = load(insecure=insecure, run_controllers=controllers)
+        settings = load(insecure=insecure, run_controllers=controllers)
     except SettingsError as exc:
         typer.echo(f"error: fabricd will not start with these settings: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -140,11 +140,11 @@ def serve(
     restrict_umask()
     private_dir(state_dir)
     try:
-        the_store = open_store(store, state_dir, access=config.store_access, insecure=insecure_store)
+        the_store = open_store(store, state_dir, access=settings.store_access, insecure=insecure_store)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    state = AppState(store=the_store, state_dir=state_dir, settings=config.api, config=config)
+    state = AppState(store=the_store, state_dir=state_dir, settings=settings)
     from common.port_holder import busy
 
     taken = busy(host, port)  # said before uvicorn's bare "[Errno 98] address already in use"

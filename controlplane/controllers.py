@@ -41,10 +41,10 @@ from prometheus_client import Counter, Gauge
 
 from common import keyspace
 from common.errors import FabricError, TransientError
+from common.records.events import EventSink
 from common.store.base import Store
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from controlplane.dryrun.worker import DryRunWorker
-from common.records.events import EventSink
 from controlplane.models.worker import ModelWorker
 from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
 from controlplane.reconcile import plan as rp
@@ -55,7 +55,6 @@ from controlplane.rollouts.apply import RolloutMetrics, RolloutWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.scaling.loop import AutoscaleWorker
 from controlplane.settings import ControllerSettings
-from controlplane.settings import of as settings_of
 from controlplane.tenancy.notifier import NotifyWorker
 
 log = logging.getLogger("fabricd.controllers")
@@ -174,7 +173,7 @@ class ControllerHandle:
         if agents is None:
             from controlplane.agent_client import AgentClients
 
-            agents = AgentClients(state.state_dir, insecure=getattr(state.settings, "insecure", False))
+            agents = AgentClients(state.state_dir, insecure=state.settings.insecure)
         self.agents = agents
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -234,9 +233,8 @@ class ControllerHandle:
         lock = LeaseLock(raw, LEADER_NAME, holder=leader_identity(), ttl=self.settings.leader_ttl_s)
         self.lock = lock
         store, agents = FencedStore(raw, lock), FencedAgents(self.agents, lock)
-        config = settings_of(self.state)  # controlplane.settings.FabricdSettings (every default if none)
-        api = self.state.settings
-        events = EventSink(store, keep=api.events_kept, max_age_s=api.events_max_age_s)
+        config = self.state.settings  # the process's FabricdSettings, read at start
+        events = EventSink(store, keep=config.events_kept, max_age_s=config.events_max_age_s)
         if self.settings.dry_run:
             log.info("FABRIC_DRY_RUN=1: no agents; every deployment gets synthetic replicas")
             reconcile = DryRunWorker(store)
@@ -253,7 +251,7 @@ class ControllerHandle:
                                             cs.crashloop_reset_s),
                 deny_runtimes=config.deny_runtimes, allow_runtimes=config.allow_runtimes),
                 events=ReconcileEvents(events), crashloop_gauge=self.metrics.crashloop)
-        rollouts = RolloutWorker(store, events_kept=api.events_kept, metrics=self.metrics.rollouts)
+        rollouts = RolloutWorker(store, events_kept=config.events_kept, metrics=self.metrics.rollouts)
         routing = RoutingWorker(store, agents, config.pool,
                                 metrics=self.metrics, rollouts=rollouts, events=events, stall_s=self.settings.stall_s,
                                 drain_grace_s=self.settings.drain_grace_s,
@@ -369,5 +367,5 @@ class ControllerHandle:
 
 
 def start(state, *, settings: ControllerSettings | None = None, agents=None) -> ControllerHandle:
-    settings = settings or settings_of(state).controllers
+    settings = settings or state.settings.controllers
     return ControllerHandle(state, settings, agents).start()

@@ -29,7 +29,8 @@ from controlplane.api.model_blobs import BLOB_PATH
 from controlplane.auth import verify_claims
 from controlplane.errors_http import error_body
 from controlplane.node_identity import NODE_CERT_REQUIRED
-from controlplane.state import DEFAULT_MAX_BODY_BYTES, AppState
+from controlplane.settings import DEFAULT_MAX_BODY_BYTES
+from controlplane.state import AppState
 from controlplane.tenancy.route_rules import NODE_AUTH, PUBLIC_AUTH, RULES
 
 

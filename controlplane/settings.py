@@ -2,9 +2,10 @@
 
 ``fabricd serve`` calls ``load`` before it binds anything; a bad value stops it with a message
 naming each bad variable and why (exit status 2), instead of a live API over dead controllers.
-The result, one ``FabricdSettings``, travels in AppState.config to the API and the controllers;
-no other module reads os.environ (tests/common/test_settings_only_read_env.py). Code handed an
-AppState without one (tests that build it by hand) gets ``of(state)``: every default.
+The result, one frozen ``FabricdSettings``, is the process's one handle: AppState.settings, read
+by the API, ops and the controllers; no other module reads os.environ
+(tests/common/test_settings_only_read_env.py). ``FabricdSettings()`` is every default (what an
+AppState built without settings holds).
 
   FABRIC_RECONCILE_SECS (15)  FABRIC_ROUTING_SECS (10)  FABRIC_AUTOSCALE_SECS (15)   periods, 0.05-3600
   FABRIC_MODEL_JOBS_SECS (2)                             model jobs period, 0.05-3600
@@ -45,19 +46,24 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 
-from common.apikeys import HmacSecretError, load_hmac_secret
+from common.apikeys import NO_HMAC_SECRET, HmacSecretError, load_hmac_secret
 from common.envvars import EnvError
 from common.errors import FabricError
 from common.schemas import RUNTIMES
 from common.store import etcd_access
 from common.store.etcd_access import EtcdAccess
+from controlplane.mig.catalog import MigSettings
+from controlplane.placement import vip_pool
+from controlplane.placement.scheduler import SchedulerSettings
 from controlplane.tenancy import oidc_login
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 MIN_ADMIT_TOKEN = 16
+DEFAULT_TOKEN_TTL_S = 12 * 3600
+DEFAULT_EVENTS_KEPT = 1000
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024  # fabricd refuses larger request bodies with 413
 
 
 class SettingsError(ValueError):
@@ -145,14 +151,24 @@ def dry_run_from_env(env) -> bool:
     raise ValueError(f"FABRIC_DRY_RUN={env.get('FABRIC_DRY_RUN')!r}: expected 1 (dry run) or 0")
 
 
+def _default_pool() -> vip_pool.AddressPool:
+    return vip_pool.parse_pool(vip_pool.DEFAULT_SERVICE_CIDR)
+
+
 @dataclass(frozen=True)
 class FabricdSettings:
-    api: object  # controlplane.state.Settings
-    controllers: ControllerSettings
-    scheduler: object  # controlplane.placement.scheduler.SchedulerSettings
-    pool: object  # controlplane.placement.vip_pool.AddressPool
+    controllers: ControllerSettings = field(default_factory=ControllerSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    pool: vip_pool.AddressPool = field(default_factory=_default_pool)
     deny_runtimes: tuple[str, ...] = ()
     allow_runtimes: tuple[str, ...] = ()
+    # the API's own
+    token_ttl_s: int = DEFAULT_TOKEN_TTL_S  # FABRIC_TOKEN_TTL: lifetime of an admin bearer token
+    events_kept: int = DEFAULT_EVENTS_KEPT  # FABRIC_EVENTS_KEPT: older events are trimmed from the store
+    events_max_age_s: float = 7 * 86400.0  # FABRIC_EVENTS_MAX_AGE_SECS: and events older than this
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # FABRIC_MAX_BODY_BYTES: larger request bodies get 413
+    insecure: bool = False  # serving plain HTTP on loopback (fabricd serve --insecure)
+    run_controllers: bool = True  # False: an API-only process (fabricd serve --no-controllers)
     # read by API routes per request, validated here once
     model_dir: str = "/srv/models"  # FABRIC_MODEL_DIR
     model_cache_bytes: int | None = None  # FABRIC_MODEL_CACHE_BYTES; None: unset
@@ -161,38 +177,23 @@ class FabricdSettings:
     notify_s: float = 5.0  # FABRIC_NOTIFY_SECS
     notify_alerts: bool = False  # FABRIC_NOTIFY_ALERTS
     max_blob_bytes: int = 1 << 40  # FABRIC_MAX_BLOB_BYTES
-    mig: object = None  # controlplane.mig.catalog.MigSettings (FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY)
-    login_oidc: object = None  # controlplane.tenancy.oidc_login settings; None: OIDC login off
+    mig: MigSettings = field(default_factory=MigSettings)  # FABRIC_PCI_MIG, FABRIC_PCI_MIG_RECORD_ONLY
+    login_oidc: oidc_login.OidcLoginSettings | None = None  # None: OIDC login off
     admit_token: str = field(default="", repr=False)  # FABRIC_ADMIT_TOKEN; "": the webhook is off
     replicate_token: str = field(default="", repr=False)  # FABRIC_REPLICATE_TOKEN; "": blob copies refused
     metrics_token: str = field(default="", repr=False)  # FABRIC_METRICS_TOKEN; "": /metrics is public
     key_hmac_secret: bytes | None = field(default=None, repr=False)  # None: see key_hmac_error
-    key_hmac_error: str = ""  # why API keys are unavailable (no secret configured)
+    key_hmac_error: str = NO_HMAC_SECRET  # why API keys are unavailable (no secret configured)
     prometheus_url: str = ""  # FABRIC_PROMETHEUS_URL; "": the console charts read fabricd's own bounded history
     gateway_url: str = ""  # FABRIC_CONSOLE_GATEWAY_URL; "": the console playground is off
     gateway_ca: str = ""  # FABRIC_CONSOLE_GATEWAY_CA: the CA file the playground verifies the gateway with; "": system CAs
     store_access: EtcdAccess | None = None  # FABRIC_ETCD_*: TLS files and login for an etcd store; None: plain
 
 
-@cache
-def defaults() -> FabricdSettings:
-    """Every setting at its default (no environment)."""
-    return load({})
-
-
-def of(state) -> FabricdSettings:
-    """The process's settings: AppState.config, or every default for an AppState built without one."""
-    config = getattr(state, "config", None)
-    return config if config is not None else defaults()
-
-
-def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettings:
-    """Parse and validate every setting; SettingsError naming each bad variable."""
-    from controlplane.mig.catalog import MigSettings
-    from controlplane.placement import vip_pool
-    from controlplane.placement.scheduler import SchedulerSettings
-    from controlplane.state import DEFAULT_EVENTS_KEPT, DEFAULT_MAX_BODY_BYTES, DEFAULT_TOKEN_TTL_S, Settings
-
+def load(env: Mapping[str, str] | None = None, *, insecure: bool = False,
+         run_controllers: bool = True) -> FabricdSettings:
+    """Parse and validate every setting; SettingsError naming each bad variable. ``insecure`` and
+    ``run_controllers`` are fabricd serve's flags (--insecure, --no-controllers)."""
     env = os.environ if env is None else env
     r = _Reader(env)
     controllers = ControllerSettings(
@@ -219,12 +220,12 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
     pool_text = r.raw(pool_var) or vip_pool.DEFAULT_SERVICE_CIDR
     pool = r.check(f"{pool_var}={pool_text!r}", lambda: vip_pool.parse_pool(pool_text, avoid_buggy=avoid))
     deny, allow = r.runtimes("FABRIC_DENY_RUNTIMES"), r.runtimes("FABRIC_ALLOW_RUNTIMES")
-    api = Settings(
+    api = dict(
         token_ttl_s=r.number("FABRIC_TOKEN_TTL", DEFAULT_TOKEN_TTL_S, 60, 30 * 86400, integer=True),
         events_kept=r.number("FABRIC_EVENTS_KEPT", DEFAULT_EVENTS_KEPT, 10, 1_000_000, integer=True),
         events_max_age_s=r.number("FABRIC_EVENTS_MAX_AGE_SECS", 7 * 86400.0, 60, 365 * 86400),
         max_body_bytes=r.number("FABRIC_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3, integer=True),
-        **api_overrides,
+        insecure=insecure, run_controllers=run_controllers,
     )
     # Used by API routes per request (model cache eviction, batches, finops, blobs, MIG).
     cache_bytes = r.number("FABRIC_MODEL_CACHE_BYTES", None, 0, 2**62, integer=True)
@@ -270,7 +271,7 @@ def load(env: Mapping[str, str] | None = None, **api_overrides) -> FabricdSettin
         r.errors.append(str(exc))
     if r.errors:
         raise SettingsError("; ".join(r.errors))
-    return FabricdSettings(api, controllers, scheduler, pool, deny, allow, model_dir=model_dir,
+    return FabricdSettings(controllers, scheduler, pool, deny, allow, **api, model_dir=model_dir,
                            model_cache_bytes=cache_bytes, max_batches=max_batches, usage_retention_s=usage_retention_s,
                            notify_s=notify_s, notify_alerts=notify_alerts,
                            max_blob_bytes=max_blob_bytes, mig=mig, login_oidc=login_oidc,

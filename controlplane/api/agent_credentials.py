@@ -31,7 +31,6 @@ from controlplane.api.answers import KeyDeleted
 from controlplane.api.keys import deleted
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import keys as key_ops
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["keys"], dependencies=[Depends(require_admin)])
@@ -59,7 +58,7 @@ class AgentCredential(BaseModel):
 
 
 def _base(state: AppState, endpoint: str) -> str:
-    gateway = settings_of(state).gateway_url
+    gateway = state.settings.gateway_url
     if not gateway:
         raise TransientError("this fabricd does not know the gateway clients use: set FABRIC_CONSOLE_GATEWAY_URL "
                              "(docs/console.md) to give agent runtimes an inference base", code="no_gateway")

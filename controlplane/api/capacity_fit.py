@@ -30,7 +30,6 @@ from controlplane.auth import require_admin
 from controlplane.orchestration_state import load_snapshot
 from controlplane.placement.capacity import fit
 from controlplane.reconcile.preempt_apply import holders_of
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState, get_state
 from controlplane.tenancy import quotas
 
@@ -117,7 +116,7 @@ def capacity_fit(state: StateDep, profile: str = Query(..., min_length=1, max_le
     who = _name(tenant, "tenant") if tenant else None
     snap = load_snapshot(state.store)
     answer = fit(prof, list(snap.nodes.values()), snap.reserved_by_node(), snap.committed(), time.time(),
-                 settings_of(state).scheduler, holders_of(snap), allowed_sites=sites, residency=residency,
+                 state.settings.scheduler, holders_of(snap), allowed_sites=sites, residency=residency,
                  sites=snap.sites, model=artifact, taker=who)  # preemption as the planner does it for who
     if who is not None:
         answer["tenant"] = tenant_room(state.store, who, prof, answer["fits"])

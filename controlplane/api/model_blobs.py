@@ -26,7 +26,6 @@ from fastapi.responses import JSONResponse
 from common.errors import FabricError, InvalidInput, NotFound
 from controlplane.api.answers import BlobStored
 from controlplane.models import blob_store
-from controlplane.settings import of as settings_of
 
 router = APIRouter(prefix="/api/ai", tags=["models"])
 BLOB_PATH = re.compile(r"^/api/ai/models/[^/]+/blobs/[^/]+$")  # the request guard lets these stream
@@ -48,7 +47,7 @@ def check_token(sent: str | None, expected: str) -> None:
 
 @router.put("/models/{name}/blobs/{digest}", status_code=201, response_model=BlobStored)
 async def put_blob(name: str, digest: str, request: Request) -> JSONResponse:
-    config = settings_of(request.app.state.fabric)
+    config = request.app.state.fabric.settings
     check_token(request.headers.get("x-fabric-replicate-token"), config.replicate_token)
     root = Path(config.model_dir)
     if request.headers.get("x-fabric-manifest") == "1":

@@ -29,6 +29,7 @@ from common.model_api import ModelJob, VerifyRequest
 from common.records import deployments
 from common.records import models as model_records
 from common.records import nodes as node_records
+from common.records.events import record_event
 from common.records.model_jobs import (
     create_job,
     delete_jobs,
@@ -39,11 +40,9 @@ from common.records.model_jobs import (
 )
 from common.schemas import ModelArtifact, Node, Spec
 from controlplane.auth import require_admin
-from common.records.events import record_event
 from controlplane.models import plan
 from controlplane.models.worker import refresh_model_status
 from controlplane.placement.scheduler import node_online
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["models"], dependencies=[Depends(require_admin)])
@@ -195,7 +194,7 @@ def materialize(name: str, state: StateDep, body: MaterializeRequest | None = No
             raise InvalidInput(f"unknown nodes: {', '.join(unknown)}", code="unknown_node")
         targets = sorted(set(body.nodes))
     else:
-        now, settings = time.time(), settings_of(state).scheduler
+        now, settings = time.time(), state.settings.scheduler
         targets = sorted(n.id for n in nodes.values() if node_online(n, now, settings) and not n.taints)
     if not targets:
         raise Conflict("no online, untainted node to materialize on", code="no_nodes")
@@ -263,7 +262,7 @@ def _fail(state: AppState, job: ModelJob, message: str) -> None:
 def _budget(body: EvictRequest, state: AppState) -> int:
     if body.budget_bytes is not None:
         return body.budget_bytes
-    configured = settings_of(state).model_cache_bytes  # FABRIC_MODEL_CACHE_BYTES, validated at start
+    configured = state.settings.model_cache_bytes  # FABRIC_MODEL_CACHE_BYTES, validated at start
     if configured is None:
         raise InvalidInput("give budget_bytes or set FABRIC_MODEL_CACHE_BYTES", code="no_budget")
     return configured

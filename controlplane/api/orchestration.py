@@ -39,7 +39,6 @@ from controlplane.placement import vip_pool
 from controlplane.placement.index import place
 from controlplane.placement.scheduler import NOTHING_COMMITTED, node_online
 from controlplane.routing.final import endpoint_plan
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState, get_state
 
 StateDep = Annotated[AppState, Depends(get_state)]
@@ -219,7 +218,7 @@ def explain_placement(deployment: str, state: StateDep, caller: PrincipalDep) ->
         return body
     live = [r for r in replicas if not r.draining and r.phase != "Deleting"]
     plan = place(dep, profile, model, list(snap.nodes.values()), snap.reserved_by_node(), time.time(),
-                 settings_of(state).scheduler, replicas=live, committed=snap.committed(), sites=snap.sites)
+                 state.settings.scheduler, replicas=live, committed=snap.committed(), sites=snap.sites)
     body.update(
         node=plan.node, gpus=list(plan.gpus), message=plan.message,
         nodes=[{"node": v.node, "eligible": v.eligible, "chosen": v.node == plan.node, "score": v.score,
@@ -233,7 +232,7 @@ def explain_placement(deployment: str, state: StateDep, caller: PrincipalDep) ->
         from controlplane.placement.preemption import plan_preemption
         from controlplane.reconcile import preempt_apply
 
-        index = preempt_apply.snapshot_index(snap, time.time(), settings_of(state).scheduler)
+        index = preempt_apply.snapshot_index(snap, time.time(), state.settings.scheduler)
         body["preemption"] = plan_preemption(index, dep, profile, model, preempt_apply.holders_of(snap),
                                              replicas=live).as_dict(viewer=caller.tenant_filter)
     return body
@@ -297,7 +296,7 @@ def capacity(state: StateDep) -> dict:
     snap = load_snapshot(state.store)
     reserved = snap.reserved_by_node()
     now = time.time()
-    settings = settings_of(state).scheduler
+    settings = state.settings.scheduler
     committed = snap.committed()
     nodes, sites = [], {}
     for node in sorted(snap.nodes.values(), key=lambda n: n.id):

@@ -26,7 +26,6 @@ from common.tenant_policies import TenantPolicy
 from controlplane.api.answers import AdmissionReviewAnswer, AdmitVerdict, Deleted, UserView
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import tenancy as tenancy_ops
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState, StateDep
 from controlplane.tenancy import admit, key_policies, policies, users
 from controlplane.tenancy.principal import Principal, claimed_tenant
@@ -110,7 +109,7 @@ def admit_with_token(state: StateDep, who: PrincipalDep, body: dict = Body(...))
 
 
 def _admit_token(state: AppState) -> str:
-    return settings_of(state).admit_token  # FABRIC_ADMIT_TOKEN, read at start
+    return state.settings.admit_token  # FABRIC_ADMIT_TOKEN, read at start
 
 
 @webhook.post("/admit/{token}", response_model=AdmitVerdict | AdmissionReviewAnswer,

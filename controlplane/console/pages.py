@@ -18,7 +18,6 @@ from controlplane.console import playground as playground_mod
 from controlplane.console import session as sessions
 from controlplane.console.backend import Api, ApiError
 from controlplane.console.render import PREFIX, page, session_of, to_login
-from controlplane.settings import of as settings_of
 from controlplane.state import get_state
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
@@ -93,7 +92,7 @@ async def deployments(request: Request, message: str = ""):
 async def endpoints(request: Request):
     async def load(api: Api):
         items = await api.get("/api/ai/endpoints")
-        gateway = settings_of(get_state(request)).gateway_url
+        gateway = get_state(request).settings.gateway_url
         return {"endpoints": [{"ep": ep, "path": views.gateway_base(ep["name"], gateway)} for ep in items],
                 "refresh_s": WEIGHTS_REFRESH_S}
     return await _render(request, "endpoints.html", "endpoints", load)
@@ -156,8 +155,8 @@ async def deployment(request: Request, name: str, message: str = ""):
 async def endpoint(request: Request, name: str, message: str = ""):
     async def load(api: Api):
         ep = await api.get(f"/api/ai/endpoints/{quote(name, safe='')}")
-        return {"e": ep, "path": views.gateway_base(name, settings_of(get_state(request)).gateway_url), "refresh_s": WEIGHTS_REFRESH_S, "message": message[:300],
-                "charts": await charts.endpoint_charts(settings_of(get_state(request)).prometheus_url, name)}
+        return {"e": ep, "path": views.gateway_base(name, get_state(request).settings.gateway_url), "refresh_s": WEIGHTS_REFRESH_S, "message": message[:300],
+                "charts": await charts.endpoint_charts(get_state(request).settings.prometheus_url, name)}
     return await _render(request, "endpoint.html", "endpoints", load)
 
 
@@ -165,7 +164,7 @@ async def endpoint(request: Request, name: str, message: str = ""):
 async def endpoint_charts(request: Request, name: str):
     async def load(api: Api):
         await api.get(f"/api/ai/endpoints/{quote(name, safe='')}")  # the caller may read it
-        return {"charts": await charts.endpoint_charts(settings_of(get_state(request)).prometheus_url, name)}
+        return {"charts": await charts.endpoint_charts(get_state(request).settings.prometheus_url, name)}
     return await _render(request, "_charts.html", "endpoints", load)
 
 
@@ -182,7 +181,7 @@ async def model_jobs(request: Request):
 async def playground(request: Request, name: str):
     async def load(api: Api):
         ep = await api.get(f"/api/ai/endpoints/{quote(name, safe='')}")
-        config = settings_of(get_state(request))
+        config = get_state(request).settings
         model = await playground_mod.served_model(api, name)
         policy = await api.maybe(f"/api/ai/key-policies/{quote(name, safe='')}", None) or {}
         viewers = bool(policy.get("viewer_playground"))

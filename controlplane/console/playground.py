@@ -33,7 +33,6 @@ from controlplane.api.playground_keys import PLAYGROUND_TTL_S
 from controlplane.console import session as sessions
 from controlplane.console.backend import Api, ApiError
 from controlplane.console.render import PREFIX, session_of
-from controlplane.settings import of as settings_of
 from controlplane.state import get_state
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
@@ -79,7 +78,7 @@ async def chat(request: Request, name: str):
     if not prompt or len(prompt) > MAX_PROMPT:
         return JSONResponse({"error": {"code": "invalid", "message": f"prompt: 1 to {MAX_PROMPT} characters"}},
                             status_code=422)
-    config = settings_of(get_state(request))
+    config = get_state(request).settings
     api = Api(request, session)
     return StreamingResponse(_relay(api, config.gateway_url, name, prompt, max_tokens, config.gateway_ca),
                              media_type="text/event-stream", headers={"Cache-Control": "no-store"})

@@ -18,7 +18,6 @@ from common.errors import Conflict, Contended, InvalidInput, LimitExceeded, NotF
 from common.records import batches, deployments, replicas
 from controlplane.batches.jobs import FINISHED, BatchCreate, BatchJob, cancel, claim, finish, new_job
 from controlplane.ops import common
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal
 
@@ -33,7 +32,7 @@ def load(ctx: AppState, batch_id: str) -> tuple[BatchJob, int]:
 def create(ctx: AppState, caller: Principal | None, body: BatchCreate) -> BatchJob:
     if not deployments.exists(ctx.store, body.deployment):
         raise InvalidInput(f"deployment {body.deployment!r} does not exist")
-    limit = settings_of(ctx).max_batches  # FABRIC_MAX_BATCHES
+    limit = ctx.settings.max_batches  # FABRIC_MAX_BATCHES
     if batches.count(ctx.store) >= limit:
         raise LimitExceeded(f"{limit} batch records are kept at most (FABRIC_MAX_BATCHES); delete finished ones",
                             retry_after=60)

@@ -21,7 +21,6 @@ from common import apikeys
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
 from common.records import deployments, endpoints, models
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState
 from controlplane.tenancy import key_policies, owners
 from controlplane.tenancy.principal import Principal, claimed, visible
@@ -61,7 +60,7 @@ class NewSecret:
 
 def hmac_secret(ctx: AppState) -> bytes:
     """FABRIC_KEY_HMAC_SECRET(_FILE), read at start (controlplane.settings); 503 when none is set."""
-    config = settings_of(ctx)
+    config = ctx.settings
     if config.key_hmac_secret is None:
         raise TransientError(f"API keys are unavailable on this fabricd: {config.key_hmac_error}",
                              code="no_hmac_secret")

@@ -15,7 +15,6 @@ from common.records import gpu_reservations, mig_slices, nodes, replicas
 from controlplane.agent_client import AgentClients
 from controlplane.mig.catalog import MigSlice, check_delete, plan_create
 from controlplane.ops import common
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal
 
@@ -26,7 +25,7 @@ def _agents(ctx: AppState) -> AgentClients:
 
 async def create(ctx: AppState, caller: Principal | None, node_id: str, parent_bdf: str, profile: str) -> MigSlice:
     node = nodes.require(ctx.store, node_id)
-    planned = plan_create(node, parent_bdf, profile, mig_slices.list(ctx.store, node_id), settings_of(ctx).mig,
+    planned = plan_create(node, parent_bdf, profile, mig_slices.list(ctx.store, node_id), ctx.settings.mig,
                           time.time())
     if planned.mode == "nvidia-smi":
         agents = _agents(ctx)

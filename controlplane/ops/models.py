@@ -15,7 +15,6 @@ from common.schemas import ModelArtifact, ModelStatus
 from controlplane.models import replicate as replicate_plan
 from controlplane.models.sources import check_local_source
 from controlplane.ops import common
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState
 from controlplane.tenancy import model_sources
 from controlplane.tenancy.principal import Principal, claimed
@@ -23,7 +22,7 @@ from controlplane.tenancy.principal import Principal, claimed
 
 def create(ctx: AppState, caller: Principal, body: ModelArtifact, *, dry_run: bool = False) -> ModelArtifact:
     body = claimed(body, caller)
-    model_dir = settings_of(ctx).model_dir  # FABRIC_MODEL_DIR, read at start
+    model_dir = ctx.settings.model_dir  # FABRIC_MODEL_DIR, read at start
     check_local_source(body.source, model_dir)
     for adapter in body.adapters:
         check_local_source(adapter.source, model_dir)
@@ -60,7 +59,7 @@ def replicate(ctx: AppState, caller: Principal | None, name: str, site_name: str
         copy = copy.model_copy(update={"phase": "Ready", "via": "node"})
     elif decision.action == "push":
         try:
-            config = settings_of(ctx)
+            config = ctx.settings
             digest = replicate_plan.push(model, decision.digest, site.peer_url, config.replicate_token,
                                          config.model_dir)
             copy = copy.model_copy(update={"phase": "Ready", "via": "peer", "digest": digest,

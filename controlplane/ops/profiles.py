@@ -9,13 +9,12 @@ from common.errors import InvalidInput
 from common.records import rollouts as rollout_records
 from common.schemas import InferenceProfile, runtime_refusal
 from controlplane.ops import common
-from controlplane.settings import of as settings_of
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal, claimed
 
 
 def create(ctx: AppState, caller: Principal, body: InferenceProfile) -> InferenceProfile:
-    config = settings_of(ctx)  # FABRIC_DENY_RUNTIMES / FABRIC_ALLOW_RUNTIMES, read at start
+    config = ctx.settings  # FABRIC_DENY_RUNTIMES / FABRIC_ALLOW_RUNTIMES, read at start
     refusal = runtime_refusal(body.runtime, config.deny_runtimes, config.allow_runtimes)
     if refusal is not None:
         raise InvalidInput(f"body.runtime: {refusal}")

@@ -34,7 +34,8 @@ from controlplane import join_tokens
 from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.node_identity import uvicorn_tls_kwargs
-from controlplane.state import AppState, Settings
+from controlplane.settings import FabricdSettings
+from controlplane.state import AppState
 from lab.rigs.servers import free_port, serve_in_thread
 
 
@@ -48,7 +49,7 @@ def cluster(tmp_path):
     stacks = [ExitStack(), ExitStack()]
     urls = []
     for stack in stacks:  # two fabricd over one store, as three would be over one etcd
-        app = create_app(AppState(store=store, state_dir=state_dir, settings=Settings()))
+        app = create_app(AppState(store=store, state_dir=state_dir, settings=FabricdSettings()))
         port = stack.enter_context(serve_in_thread(app, **uvicorn_tls_kwargs(crt, key, ca)))
         urls.append(f"https://127.0.0.1:{port}")
     with httpx.Client(base_url=urls[0], verify=client_ssl_context(ca), timeout=10) as c:

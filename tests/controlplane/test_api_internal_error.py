@@ -9,13 +9,14 @@ import httpx
 
 from common.store.sqlite_store import SqliteStore
 from controlplane.app import create_app
-from controlplane.state import AppState, Settings
+from controlplane.settings import FabricdSettings
+from controlplane.state import AppState
 from lab.rigs.servers import serve_in_thread
 
 
 def test_a_500_is_answered_logged_once_and_counted(tmp_path, caplog):
     state = AppState(store=SqliteStore(tmp_path / "fabric.db"), state_dir=tmp_path,
-                     settings=Settings(run_controllers=False))
+                     settings=FabricdSettings(run_controllers=False))
     app = create_app(state)
 
     @app.get("/boom")

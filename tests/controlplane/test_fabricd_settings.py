@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.settings import SettingsError, load
+from controlplane.settings import FabricdSettings, SettingsError, load
+from controlplane.state import AppState
 
 
 @pytest.mark.parametrize("name, value, why", [
@@ -46,11 +47,13 @@ def test_bad_values_are_named(name, value, why):
 
 def test_defaults_and_good_values():
     s = load({})
+    # an AppState built without settings holds exactly what fabricd reads from an empty environment
+    assert s == FabricdSettings() == AppState(store=None, state_dir=None).settings  # type: ignore[arg-type]
     assert (s.controllers.reconcile_s, s.controllers.routing_s, s.controllers.autoscale_s) == (15.0, 10.0, 15.0)
     s = load({"FABRIC_AUTOSCALE_SECS": "2.5", "FABRIC_ADDRESS_POOL": "10.96.0.7", "FABRIC_REJECT_ECC": "true",
               "FABRIC_DENY_RUNTIMES": "triton", "FABRIC_EVENTS_KEPT": "50"}, insecure=True)
     assert s.controllers.autoscale_s == 2.5 and s.scheduler.reject_ecc is True
-    assert s.deny_runtimes == ("triton",) and s.api.events_kept == 50 and s.api.insecure is True
+    assert s.deny_runtimes == ("triton",) and s.events_kept == 50 and s.insecure is True
     assert [e.text for e in s.pool.entries] == ["10.96.0.7"]
     assert (s.controllers.scrape_timeout_s, s.controllers.health_timeout_s) == (2.0, 2.0)
     s = load({"FABRIC_SCRAPE_TIMEOUT_SECS": "10", "FABRIC_HEALTH_TIMEOUT_SECS": "7.5"})

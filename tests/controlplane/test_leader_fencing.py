@@ -24,8 +24,8 @@ from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker
-from controlplane.settings import ControllerSettings
-from controlplane.state import AppState, Settings
+from controlplane.settings import ControllerSettings, FabricdSettings
+from controlplane.state import AppState
 from tests.controlplane.planner_data import deployment, model, node, profile
 from tests.support.fake_agents import FakeAgents
 
@@ -196,7 +196,7 @@ def test_the_controller_loop_stops_writing_mid_pass_when_its_lease_is_taken_over
     seed(raw, replicas=1)
     release, started = threading.Event(), threading.Event()
     agents = FakeAgents(lambda pool: Agent(pool.calls, block_create=release, started=started))
-    state = AppState(store=rec, state_dir=tmp_path, settings=Settings(run_controllers=False),
+    state = AppState(store=rec, state_dir=tmp_path, settings=FabricdSettings(run_controllers=False),
                      registry=CollectorRegistry())
     handle = ControllerHandle(state, ControllerSettings(reconcile_s=0.2, routing_s=0.2, leader_ttl_s=1),
                               agents=agents).start()

@@ -39,7 +39,8 @@ from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
 from controlplane.node_identity import uvicorn_tls_kwargs
 from controlplane.ops.nodes import merge_report
-from controlplane.state import AppState, Settings
+from controlplane.settings import FabricdSettings
+from controlplane.state import AppState
 from lab.rigs.servers import free_port, serve_in_thread
 
 BIN = Path(sys.executable).parent
@@ -60,7 +61,7 @@ def fabricd(tmp_path_factory):
     ca, _ = ensure_ca(state_dir)
     crt, key = issue_cert(state_dir, "fabricd", server=True, client=True, role="fabricd")
     store = SqliteStore(state_dir / "fabric.db")
-    state = AppState(store=store, state_dir=state_dir, settings=Settings())
+    state = AppState(store=store, state_dir=state_dir, settings=FabricdSettings())
     with serve_in_thread(create_app(state), **uvicorn_tls_kwargs(crt, key, ca)) as port:
         url = f"https://127.0.0.1:{port}"
         with httpx.Client(base_url=url, verify=client_ssl_context(ca), timeout=10) as c:
@@ -335,8 +336,8 @@ def test_fabricctl_node_add_list_and_gpus(fabricd, tmp_path):
 def test_insecure_loopback_fabricd_accepts_a_node_naming_itself(tmp_path):
     ensure_admin_password(tmp_path)
     store = SqliteStore(tmp_path / "fabric.db")
-    insecure = AppState(store=store, state_dir=tmp_path, settings=Settings(insecure=True))
-    strict = AppState(store=store, state_dir=tmp_path, settings=Settings(insecure=False))
+    insecure = AppState(store=store, state_dir=tmp_path, settings=FabricdSettings(insecure=True))
+    strict = AppState(store=store, state_dir=tmp_path, settings=FabricdSettings(insecure=False))
     try:
         with serve_in_thread(create_app(insecure)) as port:
             r = httpx.post(f"http://127.0.0.1:{port}/api/ai/nodes", json=report("lab-node"), timeout=10)

@@ -25,10 +25,10 @@ def serve_fabricd(store: Store, state_dir: Path, *, controllers_running: bool = 
     """``insecure`` lets fabricd call agents over plain HTTP on loopback (fabricd serve --insecure).
     ``env``: the FABRIC_* variables fabricd would start with (controlplane.settings.load), read
     once here as fabricd reads them; the test's own environment is not read. A test changes a
-    setting later with ``state.config = dataclasses.replace(state.config, ...)``."""
+    setting later with ``state.settings = dataclasses.replace(state.settings, ...)``."""
     ensure_admin_password(state_dir)
-    config = load(env or {}, run_controllers=run_controllers, insecure=insecure)
-    state = AppState(store=store, state_dir=state_dir, settings=config.api, config=config)
+    settings = load(env or {}, run_controllers=run_controllers, insecure=insecure)
+    state = AppState(store=store, state_dir=state_dir, settings=settings)
     state.controllers_running = controllers_running
     with serve_in_thread(create_app(state)) as port:
         password = (state_dir / "admin-password").read_text().strip()

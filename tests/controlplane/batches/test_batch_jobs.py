@@ -133,7 +133,7 @@ def test_two_claims_race_and_one_wins(served):
 
 def test_records_are_capped(served_state):
     api, _, state = served_state
-    state.config = replace(state.config, max_batches=2)  # as FABRIC_MAX_BATCHES=2 at start
+    state.settings = replace(state.settings, max_batches=2)  # as FABRIC_MAX_BATCHES=2 at start
     for _ in range(2):
         assert api.post("/api/ai/batches", json={"deployment": "d", "input_sha256": DIGEST}).status_code == 201
     over = api.post("/api/ai/batches", json={"deployment": "d", "input_sha256": DIGEST})

@@ -116,7 +116,7 @@ def test_a_pci_parent_needs_the_flag(fabricd_state, fake_smi):
     parent = put_node(store, "gpu-1", "libvirt").gpus[0].pci
     refused = api.post("/api/ai/nodes/gpu-1/mig", json={"parent_bdf": parent, "profile": "1g"})
     assert refused.status_code == 400 and "FABRIC_PCI_MIG=1" in refused.json()["error"]["message"]
-    state.config = replace(state.config, mig=MigSettings(pci_mig=True, record_only=True))
+    state.settings = replace(state.settings, mig=MigSettings(pci_mig=True, record_only=True))
     recorded = api.post("/api/ai/nodes/gpu-1/mig", json={"parent_bdf": parent, "profile": "1g"})
     assert recorded.status_code == 201 and recorded.json()["mode"] == "record"
     assert fake_smi.read_text() == ""  # record-only: the driver was never called
@@ -125,7 +125,7 @@ def test_a_pci_parent_needs_the_flag(fabricd_state, fake_smi):
 def test_with_the_flag_the_agent_runs_nvidia_smi_and_destroys_on_delete(fabricd_state, agent_url, agent_state,
                                                                          fake_smi):
     api, store, state = fabricd_state
-    state.config = replace(state.config, mig=MigSettings(pci_mig=True))  # fabricd's FABRIC_PCI_MIG=1
+    state.settings = replace(state.settings, mig=MigSettings(pci_mig=True))  # fabricd's FABRIC_PCI_MIG=1
     agent_state.settings = AgentSettings(pci_mig=True)  # the agent's, as its start read it
     parent = put_node(store, "gpu-1", "libvirt", agent_url).gpus[0].pci
     made = api.post("/api/ai/nodes/gpu-1/mig", json={"parent_bdf": parent, "profile": "1g"})

@@ -12,7 +12,8 @@ import uvicorn
 from common.store.sqlite_store import SqliteStore
 from controlplane.app import create_app
 from controlplane.auth import ensure_admin_password
-from controlplane.state import AppState, Settings
+from controlplane.settings import FabricdSettings
+from controlplane.state import AppState
 from lab.rigs.polling import wait_for
 from lab.rigs.servers import free_port
 from tests.controlplane.tenancy.conftest import MODEL, PROFILE
@@ -47,7 +48,7 @@ def test_the_admission_token_is_not_in_the_access_log(tmp_path):
     token = "admit-token-that-must-not-be-logged-0123"
     ensure_admin_password(tmp_path)
     store = SqliteStore(tmp_path / "fabric.db")
-    state = AppState(store=store, state_dir=tmp_path, settings=Settings(run_controllers=False))
+    state = AppState(store=store, state_dir=tmp_path, settings=FabricdSettings(run_controllers=False))
     captured = _Lines()
     access = logging.getLogger("uvicorn.access")
     port = free_port()
