@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from common.errors import Conflict, NotFound
+from common.errors import Contended, NotFound
 from common.records import gpu_reservations, mig_slices, nodes, replicas
 from controlplane.agent_client import AgentClients
 from controlplane.mig.catalog import MigSlice, check_delete, plan_create
@@ -36,11 +36,11 @@ async def create(ctx: AppState, caller: Principal | None, node_id: str, parent_b
             if not mig_slices.create(ctx.store, planned):
                 await agents.for_node(node).destroy_mig(parent_bdf, planned.gpu_instance_id,
                                                         planned.compute_instance_id)
-                raise Conflict(f"slice {planned.id} was created meanwhile; try again", code="contended")
+                raise Contended(f"slice {planned.id} was created meanwhile; try again")
         finally:
             await agents.aclose()
     elif not mig_slices.create(ctx.store, planned):
-        raise Conflict(f"slice {planned.id} was created meanwhile; try again", code="contended")
+        raise Contended(f"slice {planned.id} was created meanwhile; try again")
     common.event(ctx, "node", node_id, "mig-created", f"MIG slice {planned.id} ({planned.mode}) on {parent_bdf}")
     return planned
 
@@ -60,5 +60,5 @@ async def delete(ctx: AppState, caller: Principal | None, node_id: str, slice_id
         finally:
             await agents.aclose()
     if not mig_slices.discard(ctx.store, node_id, slice_id, mod_revision=rev):
-        raise Conflict(f"MIG slice {slice_id} changed meanwhile; try again", code="contended")
+        raise Contended(f"MIG slice {slice_id} changed meanwhile; try again")
     common.event(ctx, "node", node_id, "mig-deleted", f"MIG slice {slice_id} deleted")

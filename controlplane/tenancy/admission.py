@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from common.errors import Contended, TransientError
+from common.errors import Contended
 from common.store.base import Store
 from common.store.locks import LeaseLock
 
@@ -58,5 +58,4 @@ def tenant_admission(store: Store, tenant: str | None, *, wait_s: float = WAIT_S
 def still_held(lock: LeaseLock | None) -> None:
     """Call right before the deployment write: a lock lost to a stall must not admit anything."""
     if lock is not None and not lock.held():
-        raise TransientError(f"lost the GPU admission lock {lock.name!r} before writing; try again",
-                             code="contended")
+        raise Contended(f"lost the GPU admission lock {lock.name!r} before writing; try again")
