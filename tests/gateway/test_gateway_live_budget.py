@@ -36,6 +36,7 @@ from gateway.slots import SlotHolder, slot_view
 from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, sqlite_state, tpm_used
 from tests.support.fake_clock import FakeClock
+from tests.support.routing_plans import publish_plans
 
 MSG = [{"role": "user", "content": "hi"}]  # 2 characters: a prompt estimate of 1 token
 STREAMED = 100  # content events the upstream sends, whatever max_tokens says
@@ -101,6 +102,7 @@ def env(tmp_path_factory):
     rep = Replica(replica_id="chat-dep-0", deployment="chat-dep", ordinal=0, node="n1", host="127.0.0.1",
                   port=upstream.server_address[1], phase="Ready", ready=True)
     store.put(keyspace.replicas("chat-dep", rep.replica_id), rep.model_dump_json())
+    publish_plans(store)  # the routing controller's plan: what the gateway routes on
     gw = GatewayProcess.start(state, url, {"FABRIC_GATEWAY_CACHE_SECS": "0.2"})
     yield {"store": store, "gw": gw, "upstream": upstream}
     gw.stop()
