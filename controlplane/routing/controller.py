@@ -17,7 +17,7 @@ then:
   1b. advance the active rollouts (controlplane.rollouts.apply) on those fresh observations;
   2. for every endpoint: take its VIP (vip_pool.allocate, create-if-absent; an event when taken),
      record an event when its weights change, compute the routing plan (with the rollout's
-     weight split, controlplane.rollouts.weights, and the spillover deployments' routable
+     weight split, controlplane.routing.rollout_weights, and the spillover deployments' routable
      replicas) and publish it (common.records.plans) with a new generation when the decision
      moved: the exact service the agents get, the entries explain and the console show, what the
      gateway routes on;

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 from common.rollouts import Rollout
 from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation, Site
-from controlplane.rollouts.split import Split
-from controlplane.rollouts.weights import apply_rollout
+from controlplane.routing.rollout_weights import apply_rollout
+from controlplane.routing.split import Split
 from controlplane.routing.strategies import RoutingPlan, plan_routing
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from common.agent_api import MaglevServiceSpec
 from common.records.plans import PlanEntry, PlanSplit, PublishedPlan, SpillPool
 from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation, Site
-from controlplane.rollouts.split import Split
+from controlplane.routing.split import Split
 from controlplane.routing.strategies import RoutingPlan, plan_routing
 
 PROTO = "tcp"

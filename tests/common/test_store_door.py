@@ -272,7 +272,7 @@ def test_one_read_modify_write_loop_one_contended_error_one_retry_policy(counted
     assert _within(loops, OWN_LOOPS_YET) == [], "retry through common.records.cas.retry"
     assert counted["contended_errors"] == ["Contended"]
     # the other two bound no store retry: a weight search and a webhook's delivery attempts
-    assert counted["retry_constants"] == ["common/records/cas.py:RETRIES", "controlplane/rollouts/split.py:MAX_TRIES",
+    assert counted["retry_constants"] == ["common/records/cas.py:RETRIES", "controlplane/routing/split.py:MAX_TRIES",
                                           "controlplane/tenancy/notifier.py:MAX_ATTEMPTS"]
 
 

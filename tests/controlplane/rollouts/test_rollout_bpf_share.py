@@ -1,4 +1,4 @@
-"""The split's share as the real BPF dataplane holds it: weights from controlplane.rollouts.split
+"""The split's share as the real BPF dataplane holds it: weights from controlplane.routing.split
 written with Dataplane.put_service, slot counts read back from the active Maglev table."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.maglev_quota import DEFAULT_SIZE
-from controlplane.rollouts.split import split
+from controlplane.routing.split import split
 
 VIP = "10.96.7.1"
 

@@ -10,8 +10,8 @@ import pytest
 
 from agent.dataplane.maglev import build_maglev_indices
 from common.maglev_quota import DEFAULT_SIZE, MAX_WEIGHT, slot_quotas
-from controlplane.rollouts.split import apportion, split
-from controlplane.rollouts.weights import apply_rollout
+from controlplane.routing.rollout_weights import apply_rollout
+from controlplane.routing.split import apportion, split
 from controlplane.routing.strategies import RoutingEntry, RoutingPlan
 from tests.controlplane.rollouts.rollout_data import NOW, news, olds, record
 

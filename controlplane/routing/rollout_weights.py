@@ -18,7 +18,7 @@ from dataclasses import replace
 from common.rollouts import Rollout
 from common.schemas import Replica
 from controlplane.rollouts.plan import healthy
-from controlplane.rollouts.split import Split, split
+from controlplane.routing.split import Split, split
 from controlplane.routing.strategies import RoutingEntry, RoutingPlan
 
 
