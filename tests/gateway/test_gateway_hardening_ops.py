@@ -16,6 +16,7 @@ import pytest
 from common import audit_chain, keyspace, usage_ledger
 from common.schemas import EndpointStatus, InferenceEndpoint, Node, Replica, ReplicaObservation, Site
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
+from tests.support.routing_plans import publish_plans
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,7 @@ def env(tmp_path_factory):
             store.put(keyspace.replicas(f"{name}-dep", rep.replica_id), rep.model_dump_json())
     for node, site in (("node-eu", "eu"), ("node-us", "us")):
         store.put(keyspace.nodes(node), Node(id=node, address="https://127.0.0.1:1", site=site).model_dump_json())
+    publish_plans(store)  # the routing controller's plan: what the gateway routes on
     gw = GatewayProcess.start(state, url, {"FABRIC_GATEWAY_CACHE_SECS": "0.2", "FABRIC_SHED_QUEUE": "2"})
     yield {"store": store, "gw": gw, "state": state, "url": url}
     gw.stop()

@@ -22,6 +22,7 @@ from common import audit_chain, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from enginesim.process import free_port
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
+from tests.support.routing_plans import publish_plans
 
 ISSUER = "https://idp.example.test"
 
@@ -105,6 +106,7 @@ def env(tmp_path_factory):
     # a VIP nothing answers (no dataplane here) in front of a ready echo replica
     vip = InferenceEndpoint(name="wsvip", deployment="ws-dep", status=EndpointStatus(phase="Ready", vip="127.0.100.9"))
     store.put(keyspace.endpoints("wsvip"), vip.model_dump_json())
+    publish_plans(store)  # the routing controller's plan: what the gateway routes on
     oidc_env = {"FABRIC_OIDC_ISSUER": ISSUER, "FABRIC_OIDC_JWKS_URL": idp.jwks_url, "FABRIC_OIDC_CLAIMS": "tenant endpoints",
                 "FABRIC_USER_STREAMS": "1"}
     strict = GatewayProcess.start(state, url, oidc_env)

@@ -31,6 +31,7 @@ from controlplane.cli_fabricd import app as fabricd_app
 from lab.rigs.servers import free_port
 from tests.gateway.gateway_harness import GatewayProcess, make_key, sim_engine, sqlite_state
 from tests.integration.orchestration_harness import agent_command, clean_env
+from tests.support.routing_plans import publish_plans
 
 NODE = "node-kv"
 DIGEST = "c" * 64
@@ -69,6 +70,7 @@ def cluster(tmp_path_factory):
         store.put(keyspace.replicas("d", "d-0"), Replica(
             replica_id="d-0", deployment="d", ordinal=0, node=NODE, host=engine.host, port=engine.port,
             phase="Ready", ready=True).model_dump_json())
+        publish_plans(store)  # the routing controller's plan: what the gateway routes on
         yield state, url, store, pki, address
     finally:
         engine.stop()
