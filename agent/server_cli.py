@@ -374,7 +374,8 @@ def serve(
     models = _model_jobs(state_dir, settings.models)
     state = AgentState(node_id=node_id, models=models, settings=settings, vm_driver=_vm_driver(vm_driver, state_dir, libvirt_uri, lab, {
         "image": golden_image, "models_dir": models_dir, "bridge": bridge, "hugepages": hugepages, "numa": numa,
-        "readonly_share": readonly_share, "sysfs_root": sysfs_root, "binder": binder, "domain_type": domain_type},
+        "readonly_share": readonly_share, "sysfs_root": sysfs_root, "binder": binder, "domain_type": domain_type,
+        "images_dir": settings.images_dir, "secrets": settings.secrets},
         settings.lab_engine),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
                        site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from agent.hw.kvm import KvmProbe
     from agent.models.jobs import ModelJobs
 
+from agent.hw.vfio import GpuBinder
 from agent.service_generations import ServiceGenerations
 from agent.settings import AgentSettings
 from agent.vm.base import VmDriver
@@ -31,14 +32,6 @@ class InventorySource(Protocol):
     def read(self) -> Any:
         """An object with ``gpus`` (list of GpuInfo) and ``message`` (why empty/partial)."""
         ...
-
-
-class GpuBinder(Protocol):
-    def bind(self, bdf: str) -> Any: ...
-
-    def release(self, bdf: str) -> Any: ...
-
-    def status(self, bdf: str) -> Any: ...
 
 
 class DataplaneLike(Protocol):

@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from xdp_bench_wrapper import BenchWrapper, enter_netns, load_ipip_pop, packet
 
 from agent.dataplane import Dataplane, loader
-from agent.dataplane.settings import DataplaneSettings
 from agent.dataplane.testrun import run_xdp
+from agent.settings import DataplaneSettings
 
 REPEAT = int(os.environ.get("BENCH_REPEAT", "1000000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agent.bgp.bird import BirdDaemon, BirdError, ProtocolState
 from agent.bgp.plan import AnnouncePlan, ServiceReadiness, plan_announcements
-from agent.bgp.settings import BgpSettings
+from agent.settings import BgpSettings
 
 log = logging.getLogger("fabric-agent.bgp")
 MAX_EVENTS = 200

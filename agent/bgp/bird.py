@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.bgp.settings import BgpSettings
 from agent.dataplane.netns import NETNS_DIR
+from agent.settings import BgpSettings
 
 STATIC_PROTOCOL = "vips"
 

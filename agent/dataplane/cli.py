@@ -37,9 +37,9 @@ def _open(pin_dir: str, node_ip: str | None, table_size: int | None, flow_entrie
           programs: bool = False):
     """programs=False for the map commands: existing pins open without a BPF compile (pinned.py)."""
     from agent.dataplane.dataplane import Dataplane
-    from agent.dataplane.settings import DataplaneSettings
+    from agent.settings import DataplaneSettings
 
-    settings = DataplaneSettings.from_env()
+    settings = DataplaneSettings.from_env(os.environ)  # this CLI's own process: read once, here
     return Dataplane(pin_dir=pin_dir, node_ip=node_ip, table_size=table_size, flow_entries=flow_entries,
                      settings=settings, programs=programs)
 

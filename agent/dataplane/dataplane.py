@@ -63,8 +63,8 @@ from agent.dataplane.reading import (
     SERVICE_NO_BACKENDS,
     MapReader,
 )
-from agent.dataplane.settings import DataplaneSettings
 from agent.dataplane.verdicts import Xmit
+from agent.settings import DataplaneSettings
 from common.errors import Conflict, InvalidInput
 
 log = logging.getLogger(__name__)

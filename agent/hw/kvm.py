@@ -9,7 +9,7 @@ A /dev/kvm that exists is not a KVM that works. Two ways it fails that we have m
 - a KVM that starts a guest and runs its real-mode firmware but hangs a real kernel: a boot
   sector printed its marker, then the guests' kernel printed nothing for minutes.
 So the probe boots a real kernel: a transient libvirt domain of the driver's shape (q35, the
-driver's `<cpu>` element from agent.vm.domain_xml, 256 MiB) booting a copy of this host's own
+driver's `<cpu>` element (add_cpu below), 256 MiB) booting a copy of this host's own
 kernel (/boot/vmlinuz-`uname -r`, else the newest /boot/vmlinuz-*) directly with no root and no
 initramfs. The guest ran only if the kernel's last words without a root ("VFS: Unable to mount
 root fs") reach the serial log: it went through its whole init (long mode, paging, MSRs, APIC
@@ -123,12 +123,23 @@ def probe_kernel(boot_dir: Path = BOOT_DIR) -> Path | None:
     return None
 
 
+def add_cpu(dom: ET.Element, domain_type: str, vcpus: int = 1) -> ET.Element:
+    """The guests' <cpu> element (agent.vm.domain_xml's guests and this probe boot the same one) with
+    a topology: one socket of `vcpus` cores, one thread each (without it QEMU makes one socket per
+    vCPU, and guests size per-socket caches and licences from that)."""
+    if domain_type == "qemu":  # TCG has no host CPU to pass through; "maximum" is QEMU's -cpu max
+        cpu = ET.SubElement(dom, "cpu", {"mode": "maximum", "check": "none"})
+    else:
+        cpu = ET.SubElement(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
+        ET.SubElement(cpu, "maxphysaddr", {"mode": "passthrough"})
+    ET.SubElement(cpu, "topology", {"sockets": "1", "dies": "1", "cores": str(vcpus), "threads": "1"})
+    return cpu
+
+
 def probe_domain_xml(name: str, disk: Path | None, console_log: Path, domain_type: str = "kvm",
                      kernel: Path | None = None) -> str:
     """The probe guest: the driver's machine and <cpu> element, COM1 logged, and either `kernel`
     booted directly (no disk) or SeaBIOS booting `disk` (SATA)."""
-    from agent.vm.domain_xml import add_cpu
-
     dom = ET.Element("domain", {"type": domain_type})
     ET.SubElement(dom, "name").text = name
     ET.SubElement(dom, "memory", {"unit": "KiB"}).text = str((256 if kernel else 64) * 1024)

@@ -36,7 +36,7 @@ import json
 import logging
 import threading
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.hw.gpu_holders import GpuDaemons, LinuxKernelIO, holder_hints
 from agent.hw.pci_sysfs import link_name, read_attr
@@ -56,6 +56,16 @@ from common.errors import NotFound, Refused
 
 log = logging.getLogger(__name__)
 
+
+
+class GpuBinder(Protocol):
+    """What the agent binds GPUs with (VfioBinder; fakes in tests): AgentState.binder, the libvirt driver."""
+
+    def bind(self, bdf: str) -> Any: ...
+
+    def release(self, bdf: str) -> Any: ...
+
+    def status(self, bdf: str) -> Any: ...
 
 
 class KernelIO(Protocol):

@@ -51,7 +51,7 @@ from agent.models.checks import (
 )
 from agent.models.file_selection import select_files
 from agent.models.hf_fetch import FetchFailed, HfFetcher, Resolved, parse_hf_source
-from agent.models.settings import ModelSettings
+from agent.settings import ModelSettings
 from common.model_api import (
     TERMINAL,
     AdapterFetched,

@@ -1,6 +1,8 @@
 """What the golden image was baked with: images/guest/versions.env, the one file the bake
 script sources for its versions (scripts/bake-ai-vllm-image.sh), read here for the choices the
-agent makes from them (vLLM's accepted LoRA ranks, the TensorRT-LLM options)."""
+agent makes from them (vLLM's accepted LoRA ranks, the TensorRT-LLM options). The file is the
+agent's own package data (agent/vm/images), the versions this agent was built and baked with;
+FABRIC_IMAGES_DIR (AgentSettings.images_dir) moves only the guest pieces a seed is made from."""
 
 from __future__ import annotations
 

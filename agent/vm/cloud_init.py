@@ -26,7 +26,6 @@ from pathlib import Path
 
 import yaml
 
-from agent import settings as agent_settings
 from agent.vm import runtime_units
 from agent.vm.base import VmSpec
 from agent.vm.parallelism import choose_parallel, read_model_config
@@ -37,10 +36,10 @@ MODELS_TAG = "models"
 ADAPTERS_TAG = "adapters"
 
 
-def images_dir() -> Path:
-    """Where the guest pieces live: package data of agent.vm (images/: in a checkout a link to
-    the repo's images/, in an installed wheel the files), unless FABRIC_IMAGES_DIR says."""
-    override = agent_settings.images_dir_override()
+def images_dir(override: Path | None = None) -> Path:
+    """Where the guest pieces live: ``override`` (AgentSettings.images_dir, FABRIC_IMAGES_DIR), else
+    package data of agent.vm (images/: in a checkout a link to the repo's images/, in an installed
+    wheel the files)."""
     return override if override else Path(str(resources.files("agent.vm").joinpath("images")))
 
 
@@ -99,7 +98,7 @@ def gguf_file(host_dir: Path | None) -> str:
     return firsts[0].relative_to(host_dir).as_posix()
 
 
-def render_engine_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
+def render_engine_unit(spec: VmSpec, models_dir: Path | None = None, images: Path | None = None) -> str:
     if spec.runtime in OPENAI_INCAPABLE:
         raise InvalidInput(f"runtime {spec.runtime}: {OPENAI_INCAPABLE[spec.runtime]}")
     host_dir = host_model_dir(spec, models_dir)
@@ -113,7 +112,7 @@ def render_engine_unit(spec: VmSpec, models_dir: Path | None = None) -> str:
     if spec.runtime == "llama.cpp":
         model_path = f"{model_path.rstrip('/')}/{gguf_file(host_dir)}"
     return runtime_units.render_unit(
-        images_dir(), spec.runtime, model_path=model_path, served_name=spec.model_name,
+        images_dir(images), spec.runtime, model_path=model_path, served_name=spec.model_name,
         port=spec.port, tensor_parallel=plan.tensor, max_model_len=spec.max_model_len, extra_args=extra,
         environment=LORA_ENV if has_adapters(spec) else None,
         mounts=("/models", "/adapters") if has_adapters(spec) else ("/models",))
@@ -169,11 +168,12 @@ WantedBy=multi-user.target
 
 
 
-def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None,
-               instance_id: str | None = None) -> tuple[str, str]:
-    """hostname: a DNS label (agent.vm.domain_xml.guest_hostname); instance_id: the domain name."""
+def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None, instance_id: str | None = None,
+               images: Path | None = None, secrets: tuple[tuple[str, str], ...] = ()) -> tuple[str, str]:
+    """hostname: a DNS label (agent.vm.domain_xml.guest_hostname); instance_id: the domain name;
+    images: AgentSettings.images_dir; secrets: AgentSettings.secrets (a seed holding one is refused)."""
     meta = yaml.safe_dump({"instance-id": instance_id or hostname, "local-hostname": hostname}, sort_keys=False)
-    base_text = (images_dir() / "cloud-init/user-data.base.yaml").read_text()
+    base_text = (images_dir(images) / "cloud-init/user-data.base.yaml").read_text()
     config = yaml.safe_load(base_text) or {}
     config["hostname"] = hostname
     config["mounts"] = [[MODELS_TAG, "/models", "virtiofs", "ro,nofail", "0", "0"]]
@@ -186,7 +186,7 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None,
             "path": f"/etc/systemd/system/{runtime_units.UNIT_NAME}",
             "owner": "root:root",
             "permissions": "0644",
-            "content": render_engine_unit(spec, models_dir),
+            "content": render_engine_unit(spec, models_dir, images),
         },
         {"path": "/etc/systemd/system/fabric-models.service", "owner": "root:root", "permissions": "0644",
          "content": mount_unit(mounts)},
@@ -209,7 +209,7 @@ def build_seed(spec: VmSpec, *, hostname: str, models_dir: Path | None = None,
         config["runcmd"].insert(1, ["sysctl", "--system"])
         config["runcmd"].append(["systemctl", "enable", "--now", DSR_UNIT])
     user = "#cloud-config\n" + yaml.dump(config, Dumper=_BlockDumper, sort_keys=False, width=1000)
-    check_no_secrets(meta + user)
+    check_no_secrets(meta + user, secrets)
     return meta, user
 
 
@@ -256,19 +256,21 @@ def _str_block(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _BlockDumper.add_representer(str, _str_block)
 
 
-def check_no_secrets(text: str) -> None:
-    """Refuse text that contains a secret value this process can see (defence in depth)."""
-    for name, value in agent_settings.secret_values():
+def check_no_secrets(text: str, secrets: tuple[tuple[str, str], ...]) -> None:
+    """Refuse text that contains one of ``secrets`` (AgentSettings.secrets: the agent's own, as read
+    at start; defence in depth)."""
+    for name, value in secrets:
         if len(value) >= 8 and value in text:
             raise Refused(f"refusing to write a seed that contains the value of ${name}")
 
 
-def write_seed_iso(directory: Path, meta: str, user: str, *, name: str = "seed.iso") -> Path:
+def write_seed_iso(directory: Path, meta: str, user: str, *, name: str = "seed.iso",
+                   secrets: tuple[tuple[str, str], ...] = ()) -> Path:
     """Write a NoCloud ISO (volume label cidata) with meta-data and user-data; returns its path.
 
     Uses cloud-localds, genisoimage, mkisofs or xorriso when present, else pycdlib (pure Python).
     """
-    check_no_secrets(meta + user)
+    check_no_secrets(meta + user, secrets)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / name

@@ -41,6 +41,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.hw.kvm import add_cpu
 from agent.vm.base import VmSpec
 from agent.vm.host_tuning import HostTuning
 from agent.vm.mmio import mmio64_mib
@@ -255,19 +256,6 @@ def build_domain_xml(
 
     ET.indent(dom, space="  ")
     return ET.tostring(dom, encoding="unicode") + "\n"
-
-
-def add_cpu(dom: ET.Element, domain_type: str, vcpus: int = 1) -> ET.Element:
-    """The guests' <cpu> element (agent.hw.kvm's probe boots the same one) with a topology: one
-    socket of `vcpus` cores, one thread each (without it QEMU makes one socket per vCPU, and
-    guests size per-socket caches and licences from that)."""
-    if domain_type == "qemu":  # TCG has no host CPU to pass through; "maximum" is QEMU's -cpu max
-        cpu = _sub(dom, "cpu", {"mode": "maximum", "check": "none"})
-    else:
-        cpu = _sub(dom, "cpu", {"mode": "host-passthrough", "check": "none", "migratable": "off"})
-        _sub(cpu, "maxphysaddr", {"mode": "passthrough"})
-    _sub(cpu, "topology", {"sockets": "1", "dies": "1", "cores": str(vcpus), "threads": "1"})
-    return cpu
 
 
 def _share(dev: ET.Element, source: Path, tag: str, readonly: bool) -> None:

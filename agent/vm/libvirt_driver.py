@@ -23,9 +23,9 @@ import libvirt
 
 from agent.hw.kvm import KvmProbe
 from agent.hw.pci_sysfs import nvidia_functions
+from agent.hw.vfio import GpuBinder
 from agent.net.arp_table import read_arp_address
 from agent.net.bridge import BridgeNetwork
-from agent.state import GpuBinder
 from agent.vm.base import VmSpec, VmState, VmStatus
 from agent.vm.cloud_init import build_seed, has_adapters, write_seed_iso
 from agent.vm.domain_xml import (
@@ -95,6 +95,8 @@ class LibvirtDriver:
         domain_type: str = "kvm",
         boot: DirectBoot | None = None,
         kvm: KvmProbe | None = None,
+        images_dir: Path | None = None,
+        secrets: tuple[tuple[str, str], ...] = (),
     ):
         """hugepages auto|1G|2M|off and numa auto|off: agent.vm.host_tuning. readonly_share:
         auto (virtiofs <readonly/> where libvirt and virtiofsd support it, else a read-only bind
@@ -129,6 +131,8 @@ class LibvirtDriver:
         self.domain_type = domain_type
         self.boot = boot
         self.kvm = kvm
+        self.images_dir = images_dir  # AgentSettings.images_dir: the guest pieces (None: the package's)
+        self.secrets = secrets  # AgentSettings.secrets: a seed holding one is refused
         self._conn: libvirt.virConnect | None = None
         self._lock = threading.Lock()
 
@@ -279,8 +283,9 @@ class LibvirtDriver:
         create_overlay(self.image, paths.overlay)
         meta, user = build_seed(spec, hostname=guest_hostname(spec.replica_id),
                                 instance_id=domain_name(spec.replica_id),
-                                models_dir=None if spec.model_dir else self.models_dir)
-        write_seed_iso(self.state_dir, meta, user, name=paths.seed.name)
+                                models_dir=None if spec.model_dir else self.models_dir,
+                                images=self.images_dir, secrets=self.secrets)
+        write_seed_iso(self.state_dir, meta, user, name=paths.seed.name, secrets=self.secrets)
         self.network.create_tap(tap_name(spec.replica_id))
         self.log_path(spec.replica_id).parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -11,7 +11,9 @@ import typer
 from typer.testing import CliRunner
 
 from agent.server_cli import serve
-from agent.settings import AgentSettings, AgentSettingsError, load, secret_values
+from agent.settings import AgentSettings, AgentSettingsError, load
+from agent.vm.cloud_init import check_no_secrets
+from common.errors import Refused
 
 app = typer.Typer()
 app.command("serve")(serve)
@@ -58,6 +60,12 @@ def test_secrets_never_reach_the_settings_repr():
     assert "hf_abcdefghijklmnop" not in repr(s) and "k" * 32 not in repr(s)
 
 
-def test_secret_values_are_the_token_names_and_fabric_secrets():
-    env = {"HF_TOKEN": "a", "FABRIC_ADMIN_PASSWORD": "b", "FABRIC_SITE": "c", "PATH": "/bin"}
-    assert dict(secret_values(env)) == {"HF_TOKEN": "a", "FABRIC_ADMIN_PASSWORD": "b"}
+def test_the_secrets_are_read_at_start_and_a_seed_holding_one_is_refused():
+    env = {"HF_TOKEN": "hf_token_value", "FABRIC_ADMIN_PASSWORD": "password-value", "FABRIC_SITE": "site-a",
+           "PATH": "/bin"}
+    s = load(env)
+    assert dict(s.secrets) == {"HF_TOKEN": "hf_token_value", "FABRIC_ADMIN_PASSWORD": "password-value"}
+    assert "password-value" not in repr(s)
+    check_no_secrets("hostname: site-a", s.secrets)  # not a secret
+    with pytest.raises(Refused, match=r"\$FABRIC_ADMIN_PASSWORD"):
+        check_no_secrets("runcmd: [echo, password-value]", s.secrets)

@@ -22,9 +22,6 @@ ALLOWED = {
     # settings modules: read once at start, validate, build the frozen object
     "controlplane/settings.py": "fabricd's settings",
     "agent/settings.py": "the agent's settings",
-    "agent/dataplane/settings.py": "the dataplane's part of the agent's settings",
-    "agent/bgp/settings.py": "the BGP part of the agent's settings",
-    "agent/models/settings.py": "the model-download part of the agent's settings",
     "gateway/settings.py": "the gateway's settings",
     # the CLIs' entry points: their own flags' environment defaults, and the environment they
     # hand to the processes they start
@@ -38,6 +35,8 @@ ALLOWED = {
     "agent/join_cli.py": "fabric-agent join (the one-time token from $FABRIC_JOIN_TOKEN or $CREDENTIALS_DIRECTORY, never argv)",
     "enginesim/cli.py": "the engine simulator's CLI",
     "agent/vm/vllm_launcher.py": "the launcher process started inside a VM",
+    "agent/vm/engine_env.py": "an engine child's environment: the agent's PATH and locale passed through, nothing else",
+    "agent/dataplane/cli.py": "fabric-agent dataplane: its own process's FABRIC_UDP_FLOW_SECS etc. for the maps it makes",
     "gateway/cli.py": "the gateway's CLI (prometheus_client's multiprocess directory)",
     "common/cli_guard.py": "the CLIs' error guard (FABRIC_DEBUG: a traceback)",
 }

@@ -27,8 +27,8 @@ import pytest
 from scapy.all import IP, TCP, Ether, Raw
 
 from agent.dataplane.netns import run_in_netns
-from agent.dataplane.settings import DataplaneSettings
 from agent.dataplane.testrun import XDP_PASS, XDP_REDIRECT, XDP_TX, run_xdp
+from agent.settings import DataplaneSettings
 from lab.rigs.bpf import new_pin_dir, open_dataplane
 from lab.rigs.polling import wait_for
 

@@ -17,8 +17,8 @@ from scapy.all import IP, TCP, UDP, Ether, Raw
 
 from agent.dataplane.addresses import ip_to_map, port_to_map
 from agent.dataplane.flowtable import monotonic_ns
-from agent.dataplane.settings import DataplaneSettings
 from agent.dataplane.testrun import XDP_DROP, XDP_PASS, run_xdp
+from agent.settings import DataplaneSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_packets import L2, TC_ACT_OK, _backend_of, _dnat, _run, _valid

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.bgp.announcer import BgpAnnouncer
 from agent.bgp.bird import BirdError, ProtocolState
-from agent.bgp.settings import BgpSettings, Peer
+from agent.settings import BgpSettings, Peer
 
 SETTINGS = BgpSettings(enabled=True, local_asn=65001, peers=(Peer("10.250.0.1", 65000),))
 PEER = "peer_10_250_0_1"

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.bgp.announcer import BgpAnnouncer
-from agent.bgp.settings import BgpSettings, Peer
+from agent.settings import BgpSettings, Peer
 from lab.rigs.polling import wait_for
 from tests.agent.bgp.test_bgp_announcer import MemoryDataplane
 

@@ -8,7 +8,7 @@ import pytest
 
 from agent.bgp.bird import ProtocolState, parse_protocols, render_config
 from agent.bgp.plan import ServiceReadiness, plan_announcements
-from agent.bgp.settings import BgpSettings, Peer
+from agent.settings import BgpSettings, Peer
 from common.errors import InvalidInput
 
 ON = {"FABRIC_BGP": "1", "FABRIC_BGP_LOCAL_ASN": "65001", "FABRIC_BGP_PEERS": "10.250.0.1:65000"}
