@@ -61,7 +61,6 @@ def serve(
 
     import uvicorn
 
-    from common.apikeys import HmacSecretError, load_hmac_secret
     from common.private_fs import private_dir, restrict_umask
     from common.store.connect import open_store
     from gateway import heap_profile
@@ -83,11 +82,14 @@ def serve(
             raise typer.BadParameter(f"{flag} {path} does not exist")
     try:
         settings = settings_mod.load()
-        hmac_secret = load_hmac_secret(os.environ)
-        profiler = heap_profile.from_env(state_dir, os.environ)  # FABRIC_GATEWAY_TRACEMALLOC: off unless set
-    except (settings_mod.SettingsError, HmacSecretError, ValueError) as exc:
+    except settings_mod.SettingsError as exc:
         typer.echo(f"fabric-gateway: {exc}", err=True)
         raise typer.Exit(2) from None
+    hmac_secret = settings.key_hmac_secret
+    if hmac_secret is None:
+        typer.echo(f"fabric-gateway: {settings.key_hmac_error}", err=True)
+        raise typer.Exit(2)
+    profiler = heap_profile.start(state_dir, settings.heap_frames)  # FABRIC_GATEWAY_TRACEMALLOC: off unless set
     # The state dir holds the store and the gateway's key: 0700, and every file made from here on 0600.
     restrict_umask()
     private_dir(state_dir)

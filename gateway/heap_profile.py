@@ -26,7 +26,7 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 from common.private_fs import private_dir, write_private
@@ -175,10 +175,9 @@ def cache_sizes(app) -> dict:
     return out
 
 
-def from_env(state_dir: Path, env: Mapping[str, str]) -> HeapProfiler | None:
+def start(state_dir: Path, frames: int | None) -> HeapProfiler | None:
     """A started profiler writing under STATE_DIR/heap-profile when FABRIC_GATEWAY_TRACEMALLOC is set
-    (env: the gateway CLI's environment, read at start)."""
-    frames = frames_from_env(dict(env))
+    (frames: GatewaySettings.heap_frames, read at start)."""
     if frames is None:
         return None
     profiler = HeapProfiler(state_dir / "heap-profile", frames)

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import envvars
+from common.apikeys import NO_HMAC_SECRET, HmacSecretError, load_hmac_secret
 from common.store import etcd_access
 from common.store.etcd_access import EtcdAccess
+from gateway.heap_profile import frames_from_env
 from gateway.hold import HoldPolicy
 from gateway.shadow import shadowed_limits
 
@@ -100,6 +102,11 @@ class GatewaySettings:
     # (gateway.limits.window_clock; the tests' one fake clock)
     clock_file: str | None = None
     store_access: EtcdAccess | None = None  # FABRIC_ETCD_*: TLS files and login for an etcd store (common.store.etcd_access)
+    # FABRIC_KEY_HMAC_SECRET(_FILE): API key digests; None: unset (fabric-gateway serve refuses to start,
+    # saying key_hmac_error)
+    key_hmac_secret: bytes | None = field(default=None, repr=False)
+    key_hmac_error: str = NO_HMAC_SECRET
+    heap_frames: int | None = None  # FABRIC_GATEWAY_TRACEMALLOC (gateway.heap_profile): None off, 0 native
 
 
 def _number(env: dict[str, str], name: str, default=None, cast=int):
@@ -261,7 +268,26 @@ def load(env: dict[str, str] | None = None) -> GatewaySettings:
         metrics_token=env.get("FABRIC_METRICS_TOKEN", "").strip() or None,
         clock_file=_clock_file(env),
         store_access=_store_access(env),
+        **_hmac_secret(env),
+        heap_frames=_heap_frames(env),
     )
+
+
+def _hmac_secret(env: dict[str, str]) -> dict:
+    """A named FABRIC_KEY_HMAC_SECRET_FILE that is unusable is refused; none at all is said at serve."""
+    try:
+        return {"key_hmac_secret": load_hmac_secret(env), "key_hmac_error": ""}
+    except HmacSecretError as exc:
+        if env.get("FABRIC_KEY_HMAC_SECRET_FILE", "").strip():
+            raise SettingsError(str(exc)) from None
+        return {"key_hmac_secret": None, "key_hmac_error": str(exc)}
+
+
+def _heap_frames(env: dict[str, str]) -> int | None:
+    try:
+        return frames_from_env(env)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _store_access(env: dict[str, str]) -> EtcdAccess | None:

@@ -9,13 +9,13 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from gateway.heap_profile import HeapProfiler, frames_from_env, from_env
+from gateway.heap_profile import HeapProfiler, frames_from_env, start
+from lab.rigs.polling import wait_for
 
 
 def test_frames_from_env_is_off_unless_set_and_names_the_variable_when_bad():
@@ -27,7 +27,7 @@ def test_frames_from_env_is_off_unless_set_and_names_the_variable_when_bad():
     for bad in ("65", "-1", "yes", "1.5"):
         with pytest.raises(ValueError, match="FABRIC_GATEWAY_TRACEMALLOC"):
             frames_from_env({"FABRIC_GATEWAY_TRACEMALLOC": bad})
-    assert from_env(__import__("pathlib").Path("/nonexistent"), {}) is None
+    assert start(__import__("pathlib").Path("/nonexistent"), None) is None
 
 
 def _grow(n: int) -> list:
@@ -81,9 +81,7 @@ def test_sigusr2_writes_a_report(profiler, tmp_path):
     try:
         profiler.install()
         os.kill(os.getpid(), signal.SIGUSR2)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not list((tmp_path / "heap-profile").glob("heap-*.json")):
-            time.sleep(0.05)
+        wait_for(lambda: list((tmp_path / "heap-profile").glob("heap-*.json")), 30, "a heap report", interval=0.05)
     finally:
         signal.signal(signal.SIGUSR2, old)
     reports = list((tmp_path / "heap-profile").glob(f"heap-{os.getpid()}-*.json"))
@@ -142,3 +140,15 @@ def test_garbage_in_old_cycles_waits_for_a_full_collection_and_reclaim_frees_it(
     out = subprocess.run([sys.executable, "-c", RECLAIM_SCENARIO], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert json.loads(out.stdout) == {"before": 2000, "after": 0}
+
+
+def test_the_hmac_secret_and_the_tracemalloc_frames_are_settings_read_at_start(tmp_path):
+    from gateway import settings as gs
+
+    assert gs.load({}).key_hmac_secret is None  # fabric-gateway serve then refuses to start, saying so
+    s = gs.load({"FABRIC_KEY_HMAC_SECRET": " k3y-value ", "FABRIC_GATEWAY_TRACEMALLOC": "native"})
+    assert s.key_hmac_secret == b"k3y-value" and s.heap_frames == 0 and "k3y-value" not in repr(s)
+    with pytest.raises(gs.SettingsError, match="FABRIC_KEY_HMAC_SECRET_FILE"):
+        gs.load({"FABRIC_KEY_HMAC_SECRET_FILE": str(tmp_path / "missing")})
+    with pytest.raises(gs.SettingsError, match="FABRIC_GATEWAY_TRACEMALLOC"):
+        gs.load({"FABRIC_GATEWAY_TRACEMALLOC": "lots"})
