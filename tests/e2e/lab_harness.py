@@ -46,8 +46,7 @@ def running_lab(tag: str, **settings):
 # chaos chapter's scan fills 4x it), and 1 s reconcile, routing and autoscaling passes (the
 # no-drop and rollout chapters' pace).
 SHARED_SETTINGS = {"flow_entries": FLOW_ENTRIES, "reconcile_secs": 1.0, "routing_secs": 1.0, "autoscale_secs": 1.0}
-# what a chapter creates, in the order it is deleted (an endpoint before its deployment, a
-# deployment before its profile and model)
+# what a chapter creates (SharedLab.reset deletes profiles and models once their deployments are gone)
 KINDS = ("endpoints", "deployments", "keys", "profiles", "models")
 
 
@@ -55,8 +54,9 @@ class SharedLab:
     """One lab for the story, no-drop and rollout chapters. `get` brings it up on first use;
     afterwards it first deletes what earlier chapters left (whatever was not there right after
     `up`) and waits until their replicas and Maglev services are gone, so each chapter starts
-    on what a fresh lab holds, whichever ran before it. `close` takes it down (again, when a
-    chapter took it down itself); the next `get` then brings up a new one."""
+    on what a fresh lab holds, whichever ran before it; where that fails (a chapter left the lab
+    broken) it brings up a new one. `close` takes it down (again, when a chapter took it down
+    itself); the next `get` then brings up a new one."""
 
     def __init__(self) -> None:
         self._stack: ExitStack | None = None
@@ -69,14 +69,18 @@ class SharedLab:
         return self._stack is not None
 
     def get(self) -> tuple[LabConfig, str]:
+        if self._stack is not None:
+            try:
+                self.reset()
+            except (AssertionError, httpx.HTTPError) as exc:  # a chapter left it broken: start over
+                print(f"shared lab: reset failed ({exc}); bringing up a new one")
+                self.close()
         if self._stack is None or self.cfg is None:
             stack = ExitStack()
             cfg, handle = stack.enter_context(running_lab("e2e", **SHARED_SETTINGS))
             self._stack, self.cfg, self.token = stack, cfg, handle.token
             with self._api() as api:
                 self._baseline = {kind: set(self._names(api, kind)) for kind in KINDS}
-        else:
-            self.reset()
         return self.cfg, self.token
 
     def _api(self) -> httpx.Client:
@@ -91,18 +95,25 @@ class SharedLab:
         return [item["id"] if kind == "keys" else item["name"] for item in r.json()]
 
     def reset(self) -> None:
-        """Delete what chapters made since `up`; wait for the deployments' replicas and the
-        endpoints' Maglev services to be gone (their GPUs and VIPs free again)."""
+        """Delete what chapters made since `up` (the endpoints and deployments at once, so they
+        drain at the same time); wait for the deployments, their replicas and the endpoints' Maglev
+        services to be gone (their GPUs and VIPs free again)."""
         assert self.cfg is not None
         with self._api() as api:
-            for kind in KINDS:
-                for name in set(self._names(api, kind)) - self._baseline.get(kind, set()):
-                    r = api.delete(f"/api/ai/{kind}/{name}")
-                    assert r.status_code in (200, 202, 204, 404), (kind, name, r.status_code, r.text)
-                    if kind in ("endpoints", "deployments"):
-                        wait_for(lambda k=kind, n=name: api.get(f"/api/ai/{k}/{n}").status_code == 404, 120,
-                                 f"{kind[:-1]} {name} gone before the next chapter")
+            made = {kind: set(self._names(api, kind)) - self._baseline.get(kind, set()) for kind in KINDS}
+
+            def delete(kinds: tuple[str, ...]) -> None:
+                for kind in kinds:
+                    for name in made[kind]:
+                        r = api.delete(f"/api/ai/{kind}/{name}")
+                        assert r.status_code in (200, 202, 204, 404), (kind, name, r.status_code, r.text)
+
+            delete(("endpoints", "deployments", "keys"))
+            wait_for(lambda: not any(api.get(f"/api/ai/{kind}/{name}").status_code != 404
+                                     for kind in ("endpoints", "deployments") for name in made[kind]),
+                     120, f"{sorted(made['endpoints'] | made['deployments'])} gone before the next chapter")
             wait_for(lambda: api.get("/api/ai/replicas").json() == [], 120, "no replicas left")
+            delete(("profiles", "models"))  # in use until their deployments are gone
         agent_ctx = ssl.create_default_context(cafile=str(self.cfg.ca))
         pki = self.cfg.fabricd_dir / "pki"
         agent_ctx.load_cert_chain(str(pki / "fabricd.crt"), str(pki / "fabricd.key"))

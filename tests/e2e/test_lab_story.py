@@ -12,6 +12,7 @@ import collections
 import json
 import ssl
 import subprocess
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -82,7 +83,7 @@ class Story:
 
 
 @pytest.fixture(scope="module")
-def story(shared_lab) -> Story:
+def story(shared_lab) -> Iterator[Story]:
     # the shared lab has a small connection table, so the chaos chapter's scan can fill it (4x its size)
     cfg, token = shared_lab
     story = Story(cfg, token)
