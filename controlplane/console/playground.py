@@ -29,10 +29,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from common.errors import Forbidden
-from controlplane.api.playground_keys import PLAYGROUND_TTL_S
 from controlplane.console import session as sessions
 from controlplane.console.backend import Api, ApiError
 from controlplane.console.render import PREFIX, session_of
+from controlplane.ops.keys import PLAYGROUND_TTL_S
 from controlplane.state import get_state
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)

@@ -8,24 +8,44 @@ key acting for another tenant than its endpoint's). The endpoint's key policy
 (controlplane.tenancy.key_policies) is checked at create and rotate. Digests use
 FABRIC_KEY_HMAC_SECRET(_FILE), read at start (503 no_hmac_secret when none is set), checked
 after everything else so a refused create says why it was refused.
+
+Playground keys (the console's playground, create_playground): an operator or admin gets one for
+any endpoint it sees (it could make the same key with create). A viewer gets one only where the
+endpoint's key policy says ``viewer_playground: true``; otherwise 403 ``playground_refused``. A
+caller holds at most MAX_LIVE_PER_CALLER live playground keys per endpoint (429
+``playground_keys_held`` beyond), so a loop of creates cannot grow the store: each key takes one of
+the caller's slots (common.records.playground_slots), so concurrent creates cannot all pass the
+count; revoking the key frees its slot, expiry lets the lease drop it. Each create also deletes the
+endpoint's expired playground keys. The key is the narrowest the endpoint allows: scoped to the
+endpoint and its deployment's model, the endpoint's tenant, PLAYGROUND_REQUESTS requests, expiring
+after PLAYGROUND_TTL_S (or the key policy's max_ttl_secs when shorter), and made through create, so
+the key policy and every other create check apply. The caller is stored in the key's ``owner``
+field (never read back from its name), which is how a caller may revoke only its own playground
+keys (delete_playground).
 """
 
 from __future__ import annotations
 
+import secrets
+import time
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from common import apikeys
-from common.errors import Conflict, Forbidden, InvalidInput, NotFound, TransientError
-from common.records import deployments, endpoints, models
+from common.errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound, TransientError
+from common.records import deployments, endpoints, models, playground_slots
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
 from controlplane.state import AppState
 from controlplane.tenancy import key_policies, owners
-from controlplane.tenancy.principal import Principal, claimed, visible
+from controlplane.tenancy.principal import VIEWER, Principal, claimed, visible
 
 MAX_TTL_SECS = 10 * 365 * 86400
+PLAYGROUND_TTL_S = 900
+PLAYGROUND_REQUESTS = 20
+MAX_LIVE_PER_CALLER = 4  # live playground keys one caller may hold on one endpoint: a loop cannot grow the store
+PLAYGROUND_PREFIX = "console-try-"
 
 
 class KeyCreate(Spec):
@@ -151,3 +171,62 @@ def delete(ctx: AppState, caller: Principal, ref: str) -> ApiKeyRecord:
     record = resolve(ctx, caller, ref)
     apikeys.delete_key(ctx.store, record.id)
     return record
+
+
+def _purge_expired_playground(ctx: AppState, endpoint: str, now: float) -> None:
+    """Delete the endpoint's expired playground keys, and free their slots."""
+    gone = set()
+    for k in apikeys.list_keys(ctx.store):
+        if k.endpoint == endpoint and k.owner is not None and apikeys.is_expired(k, now):
+            apikeys.delete_key(ctx.store, k.id)
+            gone.add(k.id)
+    if gone:
+        playground_slots.free(ctx.store, endpoint, gone)
+
+
+def create_playground(ctx: AppState, caller: Principal, endpoint: str) -> NewSecret:
+    """A short-lived key on ``endpoint`` for ``caller`` (the module's docstring says which)."""
+    ep = endpoints.get(ctx.store, endpoint)
+    if ep is None:
+        raise NotFound(f"endpoint {endpoint!r} does not exist")
+    policy = key_policies.load(ctx.store, endpoint)
+    if caller.role == VIEWER and not (policy is not None and policy.viewer_playground):
+        raise Forbidden(f"viewers may not use endpoint {endpoint!r}'s playground: its key policy does not set "
+                        f"viewer_playground (an admin can: fabricctl ai key-policy set {endpoint} "
+                        "--viewer-playground)", code="playground_refused")
+    _purge_expired_playground(ctx, endpoint, time.time())
+    dep = deployments.get(ctx.store, ep.deployment)
+    ttl = min(PLAYGROUND_TTL_S, policy.max_ttl_secs or PLAYGROUND_TTL_S) if policy else PLAYGROUND_TTL_S
+    slot = playground_slots.take(ctx.store, endpoint, caller.subject, MAX_LIVE_PER_CALLER, ttl)
+    if slot is None:
+        raise LimitExceeded(f"you hold {MAX_LIVE_PER_CALLER} live playground keys for endpoint {endpoint!r} (at "
+                            f"most {MAX_LIVE_PER_CALLER}); each is revoked after its call or expires", retry_after=60,
+                            code="playground_keys_held")
+    quota = min(PLAYGROUND_REQUESTS, policy.max_request_quota or PLAYGROUND_REQUESTS) if policy else PLAYGROUND_REQUESTS
+    body = KeyCreate(name=f"{PLAYGROUND_PREFIX}{caller.subject[:40]}-{secrets.token_hex(4)}", endpoint=endpoint,
+                     model=dep.model if dep is not None else None, tenant=ep.tenant, ttl_secs=ttl,
+                     request_quota=quota)
+    # The create's own checks run as an operator of the caller's tenant: the viewer role is the
+    # one thing a playground key lifts, and only for this key.
+    acting = caller if caller.role != VIEWER else Principal(caller.subject, "operator", caller.tenant)
+    try:
+        made = create(ctx, acting, body, owner=caller.subject)
+    except Exception:
+        playground_slots.give_back(ctx.store, slot)  # the slot goes back when no key was made
+        raise
+    playground_slots.hold(ctx.store, slot, made.record.id)
+    return made
+
+
+def delete_playground(ctx: AppState, caller: Principal, endpoint: str, ref: str) -> ApiKeyRecord:
+    """Revoke one of ``caller``'s own playground keys on ``endpoint`` (404 for any other key) and
+    free its slot."""
+    try:
+        record = resolve(ctx, caller, ref)
+    except NotFound:
+        record = None
+    if record is None or record.endpoint != endpoint or record.owner != caller.subject:
+        raise NotFound(f"endpoint {endpoint!r} has no playground key {ref!r} of yours")
+    deleted = delete(ctx, caller, record.id)
+    playground_slots.free(ctx.store, endpoint, {deleted.id}, caller.subject)
+    return deleted

@@ -230,7 +230,7 @@ def count(root: Path = ROOT) -> dict:
 # only shrinks. A file that goes through common.records leaves it; no file joins it, and no listed
 # file gains a raw call (each count is a ceiling).
 NOT_YET_THROUGH_THE_DOOR = {
-    "controlplane/api/playground_keys.py": 7, "controlplane/backup/archive.py": 3,
+    "controlplane/backup/archive.py": 3,
     "controlplane/backup/status.py": 2, "controlplane/backup/store_io.py": 6, "controlplane/controllers.py": 3,
     "controlplane/reconcile/apply.py": 2, "controlplane/routing/controller.py": 7, "common/apikeys.py": 15,
     "common/audit_chain.py": 6, "common/budgets.py": 4, "common/notifications.py": 2, "common/prices.py": 2,
@@ -240,7 +240,7 @@ NOT_YET_THROUGH_THE_DOOR = {
 }
 PARSED_BY_HAND_YET = {"controlplane/api/events.py": 1, "controlplane/routing/controller.py": 1,
                       "gateway/model_routing.py": 4, "gateway/oidc_access.py": 1, "gateway/upstreams.py": 1}
-OWN_LOOPS_YET = {"controlplane/api/playground_keys.py": 1, "controlplane/backup/archive.py": 1,
+OWN_LOOPS_YET = {"controlplane/backup/archive.py": 1,
                  "controlplane/tenancy/admission.py": 1, "common/apikeys.py": 2, "common/audit_chain.py": 1}
 
 

@@ -7,8 +7,8 @@ header of the gateway's forwarded call. The refusal never names the key file."""
 from __future__ import annotations
 
 from common.schemas import InferenceEndpoint
-from controlplane.api import backup
 from controlplane.backup.document import RestorePlan
+from controlplane.ops import backup as backup_ops
 from controlplane.tenancy.principal import Principal
 
 KEY_FILE = "/etc/fabric/provider-keys/team-b-secret-key"
@@ -74,16 +74,17 @@ def test_apply_and_restore_refuse_an_operators_external_endpoint(tenancy_fabricd
 
 
 def test_restore_checks_the_writer_itself_not_only_the_route_rule():
-    """Restore calls the same refusal as the create route, so a rule loosened later still holds."""
+    """Restore (controlplane.ops.backup) calls the same refusal as the create route, so a rule loosened
+    later still holds."""
     record = InferenceEndpoint.model_validate(_external("ext-r")).model_dump(mode="json")
     plan = RestorePlan(records={("endpoints", "ext-r"): record})
     try:
-        backup._check_outbound_reach(Principal("op", "operator"), plan)
+        backup_ops.check(Principal("op", "operator"), plan)
     except Exception as exc:  # noqa: BLE001 - the type is asserted below
         assert getattr(exc, "code", None) == "forbidden" and KEY_FILE not in str(exc)
     else:
         raise AssertionError("an operator's external endpoint was accepted by restore")
-    backup._check_outbound_reach(Principal("root", "admin"), plan)  # an admin's passes
+    backup_ops.check(Principal("root", "admin"), plan)  # an admin's passes
 
 
 def test_the_console_has_no_endpoint_write_of_its_own():
