@@ -4,14 +4,22 @@ Routes:
   /api/ai/openai/{endpoint}/{path...}   the OpenAI proxy (HTTP, or WebSocket when upgraded)
   /metrics                              Prometheus text
   /health                               liveness
-A call, in this order (nothing an unauthenticated caller sends is read before the credential):
-one decoding of the raw path (gateway.routes), authenticate from the headers (a refusal is
-audited and answered with Connection: close, body unread), read the body streaming under the
-cap of the route, parse it the way the engine will (off the event loop when large), check the
-key's model scope on the operation, audit ATTEMPT, resolve the endpoint (only then is its name a
-metric label), shed, check caps, reserve limits, and then proxy -- or, in dry run, answer
-synthetically having applied every check and limit. Tokens are settled, slots freed and
-SUCCESS/FAILED audited in a finally that a disconnect cannot skip.
+A call passes named stages, each a method of GatewayApp with its invariant in its docstring,
+carrying one CallState (gateway.call_state); nothing an unauthenticated caller sends is read
+before the credential:
+  authenticate  one decoding of the raw path (gateway.routes), the credential from the headers (a
+                refusal is audited and answered with Connection: close, body unread)
+  read          the body, streaming under the route's cap, parsed the way the engine will (off the
+                event loop when large)
+  resolve       the key's model scope, ATTEMPT audited, the endpoint and its view (only then is its
+                name a metric label; a cold endpoint holds the call)
+  admit         shed, dispatch's pool, caps, the usage budget
+  pick          the target, by one of the pickers of gateway.pickers (external, adapter, scored,
+                affinity), explained
+  reserve       the batch scope, the limits' reservation
+  forward       proxy -- or, in dry run, answer synthetically having applied every check and limit
+  finish        tokens settled, slots freed and SUCCESS/FAILED audited, in a finally that a
+                disconnect cannot skip
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from gateway.adapters import AdapterRouter
 from gateway.audit import AuditWriter
 from gateway.bands import QueueRefused
 from gateway.cache_salt import salted
-from gateway.capacity import replica_saturated
+from gateway.call_state import CallState
 from gateway.cold_start import ColdStart
 from gateway.deadlines import Deadlines
 from gateway.dispatch import Dispatcher, Placement, needed
@@ -61,17 +69,25 @@ from gateway.limits import Admission, LimitKeeper, RequestFacts, check_caps, key
 from gateway.live_budget import live_budget
 from gateway.metrics import GatewayMetrics
 from gateway.model_routing import CatalogueCache, endpoint_without_model, models_page, resolve, visible_models
+from gateway.pickers import (
+    AdapterPicker,
+    AffinityPicker,
+    ExternalPicker,
+    Pickers,
+    PickInput,
+    ScoredPicker,
+    replica_urls,
+)
 from gateway.proxy import UpstreamBroke, UpstreamTimeout, VipConnections, forward, upstream_headers
 from gateway.readiness import readiness, store_failure
 from gateway.replica_router import ReplicaRouter
 from gateway.request_body import BodyInfo, GenerationPolicy, parse_body, with_field
-from gateway.router_gate import conversation_key
 from gateway.routes import PREFIX, Route, check_served, is_root, parse_route
 from gateway.settings import GatewaySettings
 from gateway.stream_migration import Deaths, EndpointQuota, Migration, refusal
 from gateway.telemetry import Tracer
 from gateway.tenant_caps import TenantCaps, tighter
-from gateway.upstreams import UpstreamCache, check_shed, order_targets, replica_target, replica_targets
+from gateway.upstreams import UpstreamCache, check_shed, replica_target
 from gateway.usage_inject import UsageStripper, fallback_tokens, inject
 from gateway.usage_ledger import Call, UsageLedger, split
 
@@ -176,6 +192,11 @@ class GatewayApp:
         self._trimmer: asyncio.Task | None = None
         self._moves = EndpointQuota(state.settings.migrations_per_endpoint)  # gateway.stream_migration
         self._deaths = Deaths()  # replicas that died under streams here
+        self._pickers = Pickers(  # where a call goes (gateway.pickers)
+            ExternalPicker(),
+            AdapterPicker(state.adapters, state.client, state.router, state.dispatcher, state.scheme),
+            ScoredPicker(state.router, state.scheme),
+            AffinityPicker(state.vip_connections, state.client, state.scheme))
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -237,196 +258,231 @@ class GatewayApp:
                 return
 
     async def call(self, scope, receive, send) -> None:
-        st = self.state
-        t0 = time.perf_counter()
-        request_id = f"{self._id_prefix}{next(self._id_seq):016x}"
-        label, status, tokens, outcome, endpoint = "unknown", 500, None, "error", ""
-        identity: Identity | None = None
-        admission: Admission | None = None
-        info = BodyInfo()
-        body_read = False
-        holder: str | None = None
-        budget = None  # a stream's live token count (gateway.live_budget)
-        used_adapter: str | None = None  # the LoRA adapter that served the call (the usage ledger's row)
+        """A proxied call through its stages, in order: authenticate, read, resolve, admit, pick,
+        reserve, forward; finish runs in a finally that a disconnect cannot skip. A stage refuses
+        by raising a FabricError, answered here (with Connection: close while the body is unread)."""
+        c = CallState(scope, receive, send, f"{self._id_prefix}{next(self._id_seq):016x}", time.perf_counter())
         try:
-            route = self._route(scope)
-            endpoint = route.endpoint
-            headers = request_headers(scope["headers"])
-            identity = await self._identify(headers, endpoint or None, request_id)
-            self._keep_route(scope, route)  # cached only for authenticated callers
-            check_served(route.path)  # the engine's control routes are never a caller's
-            holder = self._hold_call(identity.subject)
-            # Batch input files are uploaded whole; they get their own, larger cap.
-            cap = st.settings.max_upload if route.is_upload else st.settings.max_body
-            guard = scope.get("extensions", _NONE).get(GUARD)
-            try:
-                with self._deadlines.after(max(UPLOAD_DEADLINE_S, st.settings.body_secs) if route.is_upload
-                                           else st.settings.body_secs,
-                                           guard.task if guard is not None else None):
-                    body = await read_body(receive, headers, cap)
-            except TimeoutError:
-                raise BodyTimeout("the request body did not arrive in time; send it whole, without pauses") from None
-            body_read = True
-            tenant_context = await st.tenant_caps.max_context(identity.tenant) if st.tenant_caps else None
-            info = await self._parse(body, headers.get("content-type", ""), route, tenant_context)
-            if not endpoint:  # the root /v1: the endpoint comes from the body's model
-                if scope["method"] == "GET" and route.path.rstrip("/") == "/v1/models":
-                    cat = await st.catalogue.get()
-                    page = models_page(cat, visible_models(cat, identity))
-                    await send_json(send, 200, page)
-                    status, outcome = 200, "success"
-                    return
-                route, info = await self._by_model(identity, route, info, body)
-                endpoint = route.endpoint
-            check_model(identity, info.model, route.path, scope["method"])
-            st.audit.record("ATTEMPT", request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
-                            endpoint=endpoint, model=info.model)
-            deadline = request_timeout(headers, st.settings.total_deadline_secs)
-            priority = call_band(headers.get("x-request-priority"),
-                                 identity.record.priority if identity.record else None)
-            dry = st.settings.dry_run
-            held_notes: dict = {}  # the phase a held call waited in (gateway.cold_start)
-            if st.cold_start is not None and not dry:
-                view = await st.cold_start.ready_view(endpoint)
-                if view is None:  # refused, or held until a replica is ready (a client that leaves ends it)
-                    held = HeldStream(send, [(b"x-fabric-request-id", request_id.encode())]) if info.stream else None
-                    view = await run_unless_client_leaves(
-                        st.cold_start.view(endpoint, identity.tenant or identity.subject, held, held_notes), receive,
-                        scope.get("extensions", _NONE).get(GUARD))
-                    if held is not None and held.opened:
-                        send = held  # the SSE head went out while held: the answer goes into that stream
-            else:
-                view = await st.upstreams.view(endpoint, need_upstream=not dry)
-            label = endpoint  # resolved in the store: a bounded label from here on
-            if not dry:
-                check_shed(view, st.settings.shed_queue, priority, time.time())
-            placement: Placement | None = None
-            d = st.dispatcher
-            if not dry and d is not None and needed(view, d.measure, d.room is not None):
-                placement = await self._place(view, identity, priority, request_id, endpoint, info.model,
-                                              (info.prompt_chars + 3) // 4 + (info.max_tokens or 0) * info.choices)
-                view = placement.view
-                if placement.external is not None:
-                    endpoint = placement.external.name  # limits, audit and spans name where the prompt went
-            rec = identity.record
-            facts = RequestFacts(
-                endpoint=endpoint, model=info.model or "unknown", tenant=identity.tenant,
-                project=headers.get("x-project-id"), user=headers.get("x-user-id"), gateway_id=st.gateway_id,
-                caller=identity.subject,
-                prompt_chars=info.prompt_chars, max_tokens=info.max_tokens, choices=info.choices,
-                key_id=rec.id if rec else None, request_quota=rec.request_quota if rec else None,
-                key_tokens_per_minute=rec.tokens_per_minute if rec else None,
-                key_max_concurrent=rec.max_concurrent if rec else None,
-            )
-            check_caps(st.settings, facts, tenant_context)
-            if st.ledger is not None:  # a refusing budget at 100% (gateway.usage_ledger)
-                await st.ledger.check(identity.tenant, facts.key_id)
-            picked = adapter = None
-            external = placement.external if placement is not None else None
-            if external is None:  # a replica: the caller's prefix-cache salt (gateway.cache_salt)
-                info = salted(info, body, route, st.auth.hmac_secret, identity.tenant, identity.subject)
-            if external is not None:
-                targets, why = [], {"mode": "external", "reason": "an external provider"}
-            elif view.adapters and info.model in view.adapters and view.replicas and not dry:
-                adapter = used_adapter = info.model
-                picked, why = await self._adapter_replica(view, adapter)
-                targets = replica_targets(view, picked, st.scheme)
-            elif view.endpoint.routing_l7 != "affinity" and view.replicas and not dry:
-                picked, why = await st.router.apick(view, info.data if route.kind == "generate" else None,
-                                                    time.time())
-                targets = replica_targets(view, picked, st.scheme)
-            else:
-                # no x-session-id: the conversation's own key (its system prompt and first user
-                # turn), so sessions on one shared system prompt do not all hash to one replica
-                session = headers.get("x-session-id") or conversation_key(info.data) or info.prompt_head or None
-                targets = order_targets(view, session, st.scheme)
-                if view.endpoint.status.vip and targets:  # a drain must reach kept-alive VIP connections
-                    st.vip_connections.note(st.client, view.endpoint.name, targets[0], view.replicas)
-                why = {"mode": "affinity", "reason": "the endpoint's VIP" if view.endpoint.status.vip else
-                       "rendezvous hash of the session" if session else "replica order"}
-            explained = {"request_id": request_id, "endpoint": endpoint, "model": info.model, "band": priority,
-                         **why, **(placement.notes if placement is not None else {}), **held_notes}
-            st.router.remember(request_id, identity.subject, explained)
-            fwd_headers = upstream_headers(scope["headers"], request_id.encode())
-            creates_batch = scope["method"] == "POST" and route.path.rstrip("/") == "/v1/batches"
-            if rec is not None and rec.model and creates_batch and external is not None:
-                raise Forbidden("a model-scoped key cannot create batches at an external provider",
-                                code="model_not_allowed")
-            if rec is not None and rec.model and creates_batch and not dry:
-                await batch_scope.check_batch(st.client, targets, fwd_headers, info.data, rec.model,
-                                              st.settings.max_upload)
-            plan = plan_admission(st.settings, facts)
-            if plan:
-                admission = await st.limits.admit(plan, facts.token_estimate,
-                                                  key_shadowed(rec.shadow_limits) if rec is not None else frozenset())
-                self._count_shadowed(admission, 0)
-                if admission.shadow:  # explained with the call (the same list, so a stream's additions too)
-                    explained["would_refuse"] = admission.would_refuse
-            st.limits.count_use(facts)
-            if dry:
-                status, tokens = await dry_run.respond(send, info, endpoint)
-                outcome = "success"
+            await self._authenticate(c)
+            await self._read(c)
+            if await self._resolve(c):
                 return
-            in_flight = st.metrics.in_flight_for(endpoint)
-            in_flight.inc()
-            if picked:
-                st.router.started(picked, why.get("load_tokens", 0.0))
-            try:
-                sent = info.body if info.body is not None else body
-                marks = [(b"x-fabric-request-id", request_id.encode())]
-                if admission is not None:
-                    marks += admission.headers  # x-ratelimit-* (gateway.ratelimit_headers)
-                guard = scope.get("extensions", _NONE).get(GUARD)
-                with self._deadlines.after(deadline, guard.task if guard is not None else None):
-                    if external is not None:
-                        call = st.external.forward(send, external, scope["method"], route.target, fwd_headers, sent,
-                                                   info.data, explained, marks)
-                    elif adapter:
-                        call = st.adapters.forward(st.client, send, self._urls(view), picked, adapter,
-                                                   lambda: self._adapter_replica(view, adapter), scope["method"],
-                                                   route.target, fwd_headers, sent, info.stream, marks, explained)
-                    else:
-                        strip = None
-                        if (asked := inject(info, sent, route.path)) is not None:  # usage always known
-                            sent, strip = asked, UsageStripper()
-                        names = {url: rid for rid, url in self._urls(view).items()}  # x-fabric-replica
-                        shadowed = len(admission.would_refuse) if admission is not None else 0
-                        if st.settings.live_budget:
-                            budget = live_budget(st.limits, admission, info.stream, route.path, facts.prompt_tokens)
-                        moving = self._migration(view, route.path, info, sent, fwd_headers, scope["method"],
-                                                 route.target, endpoint, explained)
-                        call = forward(st.client, send, targets, scope["method"], route.target, fwd_headers, sent,
-                                       info.stream, marks, strip, names, budget, moving)
-                    result = await run_unless_client_leaves(call, receive, guard)
-                    if budget is not None:
-                        self._count_shadowed(admission, shadowed)  # passed mid-stream (gateway.live_budget)
-            finally:
-                in_flight.dec()
-                if picked:
-                    st.router.finished(picked, why.get("load_tokens", 0.0))
-            status, tokens = result.status, result.tokens
-            outcome = ("success" if result.ok else "upstream_cut" if result.cut else
-                       "budget_cut" if result.cut_by else "upstream_error")
-            if result.ttft_s is not None:
-                st.metrics.ttft_for(endpoint).observe(result.ttft_s)
+            await self._admit(c)
+            await self._pick(c)
+            await self._reserve(c)
+            await self._forward(c)
         except ClientGone:
-            status, outcome = 499, "client_closed"
-            if budget is not None:  # charged what was relayed before the client left
-                tokens = budget.used
+            c.status, c.outcome = 499, "client_closed"
+            if c.budget is not None:  # charged what was relayed before the client left
+                c.tokens = c.budget.used
         except UpstreamBroke:
-            status, outcome = 502, "upstream_cut"
+            c.status, c.outcome = 502, "upstream_cut"
             raise  # aborts the connection, so the client sees a truncated response
         except TimeoutError:
-            status, outcome = 504, "upstream_error"
-            await self._send_fabric_error(send, UpstreamTimeout("the upstream deadline passed"), request_id=request_id)
+            c.status, c.outcome = 504, "upstream_error"
+            await self._send_fabric_error(c.send, UpstreamTimeout("the upstream deadline passed"),
+                                          request_id=c.request_id)
         except FabricError as exc:
-            status, outcome = exc.status, outcome_of(exc)
-            await self._send_fabric_error(send, exc, close=not body_read, request_id=request_id)
+            c.status, c.outcome = exc.status, outcome_of(exc)
+            await self._send_fabric_error(c.send, exc, close=not c.body_read, request_id=c.request_id)
         finally:
-            if holder is not None:
-                self._release_call(holder)
-            await self._finish(identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0,
-                               used_adapter)
+            if c.holder is not None:
+                self._release_call(c.holder)
+            await self._finish(c)
+
+    async def _authenticate(self, c: CallState) -> None:
+        """Who calls, before anything they send is read: one decoding of the raw path, the
+        credential from the headers (a refusal is audited), the engine's control routes refused,
+        and one of the credential's calls in progress held (429 past calls_per_key)."""
+        c.route = self._route(c.scope)
+        c.endpoint = c.route.endpoint
+        c.headers = request_headers(c.scope["headers"])
+        c.identity = await self._identify(c.headers, c.endpoint or None, c.request_id)
+        self._keep_route(c.scope, c.route)  # cached only for authenticated callers
+        check_served(c.route.path)  # the engine's control routes are never a caller's
+        c.holder = self._hold_call(c.identity.subject)
+
+    async def _read(self, c: CallState) -> None:
+        """The body, whole, under the route's cap and before its deadline (408 when it trickles),
+        then parsed the way the engine will read it, within the tenant's context cap."""
+        st = self.state
+        # Batch input files are uploaded whole; they get their own, larger cap.
+        cap = st.settings.max_upload if c.route.is_upload else st.settings.max_body
+        guard = c.scope.get("extensions", _NONE).get(GUARD)
+        try:
+            with self._deadlines.after(max(UPLOAD_DEADLINE_S, st.settings.body_secs) if c.route.is_upload
+                                       else st.settings.body_secs, guard.task if guard is not None else None):
+                c.body = await read_body(c.receive, c.headers, cap)
+        except TimeoutError:
+            raise BodyTimeout("the request body did not arrive in time; send it whole, without pauses") from None
+        c.body_read = True
+        c.tenant_context = await st.tenant_caps.max_context(c.identity.tenant) if st.tenant_caps else None
+        c.info = await self._parse(c.body, c.headers.get("content-type", ""), c.route, c.tenant_context)
+
+    async def _resolve(self, c: CallState) -> bool:
+        """The endpoint and its view; True when the call was answered here (the root /v1/models).
+        The root /v1 takes its endpoint from the body's model; the key's model scope is checked on
+        the operation and ATTEMPT audited before the store is asked; the band and deadline come
+        from the headers; a cold endpoint holds (or refuses) the call until a replica is ready.
+        Only a resolved endpoint becomes a metric label."""
+        st = self.state
+        identity = c.identity
+        if not c.endpoint:  # the root /v1: the endpoint comes from the body's model
+            if c.scope["method"] == "GET" and c.route.path.rstrip("/") == "/v1/models":
+                cat = await st.catalogue.get()
+                await send_json(c.send, 200, models_page(cat, visible_models(cat, identity)))
+                c.status, c.outcome = 200, "success"
+                return True
+            c.route, c.info = await self._by_model(identity, c.route, c.info, c.body)
+            c.endpoint = c.route.endpoint
+        check_model(identity, c.info.model, c.route.path, c.scope["method"])
+        st.audit.record("ATTEMPT", request_id=c.request_id, key_id=identity.subject, tenant=identity.tenant,
+                        endpoint=c.endpoint, model=c.info.model)
+        c.deadline = request_timeout(c.headers, st.settings.total_deadline_secs)
+        c.priority = call_band(c.headers.get("x-request-priority"),
+                               identity.record.priority if identity.record else None)
+        if st.cold_start is not None and not st.settings.dry_run:
+            view = await st.cold_start.ready_view(c.endpoint)
+            if view is None:  # refused, or held until a replica is ready (a client that leaves ends it)
+                held = HeldStream(c.send, [(b"x-fabric-request-id", c.request_id.encode())]) if c.info.stream else None
+                view = await run_unless_client_leaves(
+                    st.cold_start.view(c.endpoint, identity.tenant or identity.subject, held, c.held_notes), c.receive,
+                    c.scope.get("extensions", _NONE).get(GUARD))
+                if held is not None and held.opened:
+                    c.send = held  # the SSE head went out while held: the answer goes into that stream
+        else:
+            view = await st.upstreams.view(c.endpoint, need_upstream=not st.settings.dry_run)
+        c.view = view
+        c.label = c.endpoint  # resolved in the store: a bounded label from here on
+        return False
+
+    async def _admit(self, c: CallState) -> None:
+        """Whether the call may go, and to which pool, before a replica is chosen: shed by queue
+        depth for its band, placed by dispatch (spillover, bands, an external fallback, whose name
+        limits, audit and spans then carry), the settings' and tenant's caps, the usage budget."""
+        st = self.state
+        dry = st.settings.dry_run
+        identity, info = c.identity, c.info
+        if not dry:
+            check_shed(c.view, st.settings.shed_queue, c.priority, time.time())
+        d = st.dispatcher
+        if not dry and d is not None and needed(c.view, d.measure, d.room is not None):
+            c.placement = await self._place(c.view, identity, c.priority, c.request_id, c.endpoint, info.model,
+                                            (info.prompt_chars + 3) // 4 + (info.max_tokens or 0) * info.choices)
+            c.view = c.placement.view
+            if c.placement.external is not None:
+                c.endpoint = c.placement.external.name  # limits, audit and spans name where the prompt went
+        rec = identity.record
+        c.facts = RequestFacts(
+            endpoint=c.endpoint, model=info.model or "unknown", tenant=identity.tenant,
+            project=c.headers.get("x-project-id"), user=c.headers.get("x-user-id"), gateway_id=st.gateway_id,
+            caller=identity.subject,
+            prompt_chars=info.prompt_chars, max_tokens=info.max_tokens, choices=info.choices,
+            key_id=rec.id if rec else None, request_quota=rec.request_quota if rec else None,
+            key_tokens_per_minute=rec.tokens_per_minute if rec else None,
+            key_max_concurrent=rec.max_concurrent if rec else None,
+        )
+        check_caps(st.settings, c.facts, c.tenant_context)
+        if st.ledger is not None:  # a refusing budget at 100% (gateway.usage_ledger)
+            await st.ledger.check(identity.tenant, c.facts.key_id)
+
+    async def _pick(self, c: CallState) -> None:
+        """Where the call goes (gateway.pickers), explained and kept for its caller. A call to a
+        replica carries its caller's prefix-cache salt (gateway.cache_salt) before the choice."""
+        st = self.state
+        external = c.placement.external if c.placement is not None else None
+        if external is None:
+            c.info = salted(c.info, c.body, c.route, st.auth.hmac_secret, c.identity.tenant, c.identity.subject)
+        picker = self._pickers.for_call(c.view, c.info, external, st.settings.dry_run)
+        if picker.kind == "adapter":
+            c.used_adapter = c.info.model  # the usage row names it even when no replica can take it
+        c.pick = await picker.pick(PickInput(c.view, c.info, c.route, c.headers, external))
+        c.explained = {"request_id": c.request_id, "endpoint": c.endpoint, "model": c.info.model,
+                       "band": c.priority, **c.pick.why, **(c.placement.notes if c.placement is not None else {}),
+                       **c.held_notes}
+        st.router.remember(c.request_id, c.identity.subject, c.explained)
+
+    async def _reserve(self, c: CallState) -> None:
+        """What the call takes, once it has a place to go: a model-scoped key's batch is checked
+        against the picked targets (so this follows pick), then the limits' reservation (tokens,
+        requests, concurrency; a shadowed limit is only counted and explained), then its use."""
+        st = self.state
+        rec = c.identity.record
+        c.fwd_headers = upstream_headers(c.scope["headers"], c.request_id.encode())
+        creates_batch = c.scope["method"] == "POST" and c.route.path.rstrip("/") == "/v1/batches"
+        if rec is not None and rec.model and creates_batch and c.pick.external is not None:
+            raise Forbidden("a model-scoped key cannot create batches at an external provider",
+                            code="model_not_allowed")
+        if rec is not None and rec.model and creates_batch and not st.settings.dry_run:
+            await batch_scope.check_batch(st.client, c.pick.targets, c.fwd_headers, c.info.data, rec.model,
+                                          st.settings.max_upload)
+        plan = plan_admission(st.settings, c.facts)
+        if plan:
+            c.admission = await st.limits.admit(plan, c.facts.token_estimate,
+                                                key_shadowed(rec.shadow_limits) if rec is not None else frozenset())
+            self._count_shadowed(c.admission, 0)
+            if c.admission.shadow:  # explained with the call (the same list, so a stream's additions too)
+                c.explained["would_refuse"] = c.admission.would_refuse
+        st.limits.count_use(c.facts)
+
+    async def _forward(self, c: CallState) -> None:
+        """The call at its pick, under the call's deadline: an external provider, an adapter's
+        replica, or the picked replicas (usage always asked for, stream migration, a live token
+        budget); the chosen replica's load counts the call while it runs. In dry run: a
+        synthetic answer, every check and limit having been applied."""
+        st = self.state
+        if st.settings.dry_run:
+            c.status, c.tokens = await dry_run.respond(c.send, c.info, c.endpoint)
+            c.outcome = "success"
+            return
+        pick = c.pick
+        in_flight = st.metrics.in_flight_for(c.endpoint)
+        in_flight.inc()
+        if pick.replica:
+            st.router.started(pick.replica, pick.why.get("load_tokens", 0.0))
+        try:
+            guard = c.scope.get("extensions", _NONE).get(GUARD)
+            with self._deadlines.after(c.deadline, guard.task if guard is not None else None):
+                result = await run_unless_client_leaves(self._upstream_call(c), c.receive, guard)
+                if c.budget is not None:
+                    self._count_shadowed(c.admission, c.shadowed)  # passed mid-stream (gateway.live_budget)
+        finally:
+            in_flight.dec()
+            if pick.replica:
+                st.router.finished(pick.replica, pick.why.get("load_tokens", 0.0))
+        c.status, c.tokens = result.status, result.tokens
+        c.outcome = ("success" if result.ok else "upstream_cut" if result.cut else
+                     "budget_cut" if result.cut_by else "upstream_error")
+        if result.ttft_s is not None:
+            st.metrics.ttft_for(c.endpoint).observe(result.ttft_s)
+
+    def _upstream_call(self, c: CallState):
+        """The coroutine that proxies the call to its pick (not yet awaited)."""
+        st, pick, info, route = self.state, c.pick, c.info, c.route
+        method = c.scope["method"]
+        sent = info.body if info.body is not None else c.body
+        marks = [(b"x-fabric-request-id", c.request_id.encode())]
+        if c.admission is not None:
+            marks += c.admission.headers  # x-ratelimit-* (gateway.ratelimit_headers)
+        if pick.external is not None:
+            return st.external.forward(c.send, pick.external, method, route.target, c.fwd_headers, sent,
+                                       info.data, c.explained, marks)
+        if pick.adapter:
+            view, adapter, adapters = c.view, pick.adapter, self._pickers.adapter
+            return st.adapters.forward(st.client, c.send, replica_urls(view, st.scheme), pick.replica, adapter,
+                                       lambda: adapters.replica(view, adapter), method, route.target,
+                                       c.fwd_headers, sent, info.stream, marks, c.explained)
+        strip = None
+        if (asked := inject(info, sent, route.path)) is not None:  # usage always known
+            sent, strip = asked, UsageStripper()
+        names = {url: rid for rid, url in replica_urls(c.view, st.scheme).items()}  # x-fabric-replica
+        c.shadowed = len(c.admission.would_refuse) if c.admission is not None else 0
+        if st.settings.live_budget:
+            c.budget = live_budget(st.limits, c.admission, info.stream, route.path, c.facts.prompt_tokens)
+        moving = self._migration(c.view, route.path, info, sent, c.fwd_headers, method, route.target, c.endpoint,
+                                 c.explained)
+        return forward(st.client, c.send, pick.targets, method, route.target, c.fwd_headers, sent, info.stream,
+                       marks, strip, names, c.budget, moving)
 
     def _count_shadowed(self, admission: Admission, since: int) -> None:
         """Shadow mode: the limits this call passed without being refused (gateway.shadow)."""
@@ -452,20 +508,6 @@ class GatewayApp:
         return Migration(st.client, path, method, target, headers, sent, endpoint, others,
                          st.settings.migrations_per_call, self._moves, self._deaths, notes,
                          st.metrics.migration if st.metrics.migrations is not None else None)
-
-    def _urls(self, view) -> dict[str, str]:
-        return {r.replica_id: replica_target(r, self.state.scheme) for r in view.replicas}
-
-    async def _adapter_replica(self, view, adapter: str) -> tuple[str, dict]:
-        """gateway.adapters: a replica of the view's pool holding the adapter (loading it there,
-        unloading the least recently used idle one when the replica is full)."""
-        st = self.state
-        now = time.time()
-        measure = st.dispatcher.measure if st.dispatcher is not None else None
-        saturated = {r.replica_id for r in view.replicas
-                     if measure is not None and replica_saturated(view.readings.get(r.replica_id), measure, now)}
-        return await st.adapters.place(st.client, self._urls(view), adapter, view.max_adapters, saturated,
-                                       st.router.in_flight)
 
     async def _place(self, view, identity: Identity, band: str, request_id: str, endpoint: str,
                      model: str | None, cost: int = 0) -> Placement:
@@ -588,10 +630,12 @@ class GatewayApp:
         except (RuntimeError, OSError):
             log.debug("could not send an error body; the response had started")
 
-    async def _finish(self, identity, admission, info, request_id, endpoint, label, status, tokens, outcome, t0,
-                      adapter=None):
+    async def _finish(self, c: CallState) -> None:
+        """Whatever stopped the call: its limits settled and its slot freed (shielded from a client
+        that leaves), SUCCESS/FAILED audited, its outcome, tokens, usage row and span recorded."""
         st = self.state
-        elapsed = time.perf_counter() - t0
+        identity, admission, info, label, outcome, tokens = c.identity, c.admission, c.info, c.label, c.outcome, c.tokens
+        elapsed = time.perf_counter() - c.t0
         counted = tokens if tokens is not None else admission.estimate if admission else 0
         if tokens is None and outcome == "success" and info.max_tokens is not None:
             counted = fallback_tokens(info)  # a generating call whose answer had no usage
@@ -603,8 +647,8 @@ class GatewayApp:
         if identity is not None:
             kind = "SUCCESS" if outcome == "success" else "FAILED"
             shadow = {"would_refuse": ",".join(admission.would_refuse)} if admission and admission.would_refuse else {}
-            st.audit.record(kind, request_id=request_id, key_id=identity.subject, tenant=identity.tenant,
-                            endpoint=endpoint, model=info.model, status=status,
+            st.audit.record(kind, request_id=c.request_id, key_id=identity.subject, tenant=identity.tenant,
+                            endpoint=c.endpoint, model=info.model, status=c.status,
                             tokens=tokens or 0, latency_ms=round(elapsed * 1000, 3), reason=outcome, **shadow)
         st.metrics.outcome(label, outcome, elapsed)
         ledgered = st.ledger is not None and identity is not None and label != "unknown"
@@ -618,13 +662,13 @@ class GatewayApp:
                                               info.prompt_chars // 4)
             named = info.model or "unknown" if outcome == "success" else known
             st.ledger.record(Call(time.time(), Dims(identity.tenant, identity.record.id if identity.record else None,
-                                                    endpoint, named, adapter, outcome),
+                                                    c.endpoint, named, c.used_adapter, outcome),
                                   entered, produced, cached))
         if tokens:
             st.metrics.tokens_for(label, known).inc(tokens)
-        st.tracer.span(endpoint=label, status=status, tokens=tokens or 0, seconds=elapsed)
+        st.tracer.span(endpoint=label, status=c.status, tokens=tokens or 0, seconds=elapsed)
         if outcome != "success":
-            log.info("request %s endpoint=%s status=%s outcome=%s", request_id, label, status, outcome)
+            log.info("request %s endpoint=%s status=%s outcome=%s", c.request_id, label, c.status, outcome)
 
     async def _settle(self, admission: Admission, tokens: int) -> None:
         try:
