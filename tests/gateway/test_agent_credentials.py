@@ -22,6 +22,7 @@ from common.store.connect import open_store
 from fabricctl import credentials
 from fabricctl.client import ClientError, FabricClient
 from fabricctl.contexts import Resolved
+from lab.rigs.polling import wait_for
 from tests.controlplane.conftest import BIN, login, start_fabricd
 from tests.gateway.gateway_harness import HMAC_SECRET, GatewayProcess, publish_endpoint, sim_engine
 
@@ -58,11 +59,7 @@ def _call(base: str, key: str) -> httpx.Response:
 
 def _eventually(check, what: str) -> None:
     """The gateway caches a record for FABRIC_GATEWAY_CACHE_SECS (0.2 s): a change is seen within a few calls."""
-    for _ in range(100):
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(what)
+    wait_for(check, 5, what, interval=0.05)
 
 
 def _age(store, key_id: str, **times: float) -> None:

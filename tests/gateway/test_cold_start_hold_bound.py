@@ -24,6 +24,7 @@ from common.schemas import (
 from common.store.sqlite_store import SqliteStore
 from gateway.cold_start import ColdStart, ModelLoading, hold_bound
 from gateway.hold import HoldPolicy
+from lab.rigs.polling import wait_for_async
 from tests.support.fake_clock import START, FakeClock
 
 VLLM, TRTLLM = RUNTIME_TABLE["vllm"].start_budget_s, RUNTIME_TABLE["tensorrt-llm"].start_budget_s
@@ -49,12 +50,8 @@ def parked(store, name: str, runtime: str, hold_secs: float | None = None) -> No
 
 
 async def settle(done) -> None:
-    """Let the held calls' tasks run until ``done()`` (bounded in turns of the loop, not in time)."""
-    for _ in range(500):
-        if done():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("the held calls did not reach the expected state")
+    """Let the held calls' tasks run until ``done()``."""
+    await wait_for_async(done, 2.5, "the held calls to reach the expected state", interval=0.005)
 
 
 def test_a_runtime_with_a_longer_start_budget_holds_longer_by_default(tmp_path):

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from common import apikeys, audit_chain
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import (
     HMAC_SECRET,
     GatewayProcess,
@@ -132,19 +133,12 @@ def test_client_disconnect_cancels_upstream(env):
             next(chunks)
         assert engine_running(env["slow"]) == 1
     # Closed: the engine must see the request go within a second (bounded poll, not a timing assert).
-    deadline = time.monotonic() + 1.0
-    while engine_running(env["slow"]) != 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert engine_running(env["slow"]) == 0
+    wait_for(lambda: engine_running(env["slow"]) == 0, 1.0, "the engine to see the request go", interval=0.05)
 
 
-def _rows(store, wait_for: int, timeout: float = 5.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    rows = audit_chain.read_rows(store)
-    while len(rows) < wait_for and time.monotonic() < deadline:
-        time.sleep(0.05)
-        rows = audit_chain.read_rows(store)
-    return rows
+def _rows(store, n: int, timeout: float = 5.0) -> list[dict]:
+    return wait_for(lambda: rows if len(rows := audit_chain.read_rows(store)) >= n else None, timeout,
+                    f"{n} audit rows", interval=0.05)
 
 
 def test_upstream_death_mid_stream_errors_the_client_and_audits_failed(env):
@@ -156,12 +150,9 @@ def test_upstream_death_mid_stream_errors_the_client_and_audits_failed(env):
         for i, _chunk in enumerate(stream):
             if i == 1:
                 env["doomed"].proc.kill()
-    deadline = time.monotonic() + 5
-    failed = []
-    while not failed and time.monotonic() < deadline:
-        failed = [r for r in audit_chain.read_rows(env["store"]) if r["key_id"] == key_id and r["kind"] == "FAILED"]
-        time.sleep(0.05)
-    assert failed and failed[0]["status"] == 502
+    failed = wait_for(lambda: [r for r in audit_chain.read_rows(env["store"])
+                               if r["key_id"] == key_id and r["kind"] == "FAILED"], 5, "a FAILED audit row", interval=0.05)
+    assert failed[0]["status"] == 502
 
 
 def test_audit_chain_verifies_and_holds_no_key_or_prompt_and_logs_neither(env):
@@ -192,10 +183,8 @@ def test_a_call_past_its_deadline_is_answered_504_and_audited(env):
                    headers={"authorization": f"Bearer {key}", "x-request-timeout": "1"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
     assert r.headers["x-fabric-request-id"]  # explainable like every other refusal
-    deadline, failed = time.monotonic() + 5, []
-    while not failed and time.monotonic() < deadline:  # the audit writer drains every 10 ms
-        time.sleep(0.05)
-        failed = [x for x in audit_chain.read_rows(env["store"])
-                  if x.get("key_id") == key_id and x["kind"] == "FAILED"]
-    assert failed and failed[0]["status"] == 504
+    failed = wait_for(lambda: [x for x in audit_chain.read_rows(env["store"])  # the audit writer drains every 10 ms
+                               if x.get("key_id") == key_id and x["kind"] == "FAILED"], 5, "a FAILED audit row",
+                      interval=0.05)
+    assert failed[0]["status"] == 504
     assert failed[0]["request_id"] == r.headers["x-fabric-request-id"]

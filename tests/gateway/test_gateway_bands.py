@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from gateway.bands import Queued, QueuePolicy, QueueRefused, WaitingRoom, expired, plan_enqueue, release_order
+from lab.rigs.polling import wait_for_async
 
 
 def q(spec: str) -> list[Queued]:
@@ -117,11 +118,7 @@ def test_two_gateways_on_one_store_hold_the_total_between_them(tmp_path):
             return False
 
         async def until(check):  # the rooms read the live gateways from the store in a thread
-            for _ in range(500):
-                if check():
-                    return
-                await asyncio.sleep(0.01)
-            raise AssertionError("the waiting rooms never reached the expected depths")
+            await wait_for_async(check, 5, "the waiting rooms to reach the expected depths", interval=0.01)
 
         tasks = []
         for g, room in zip("ab", rooms):

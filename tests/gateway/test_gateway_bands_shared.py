@@ -13,6 +13,7 @@ import pytest
 
 from common import keyspace
 from common.schemas import ReplicaObservation
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 CHAT = {"model": "sim-m", "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]}
@@ -52,10 +53,7 @@ def waiting(gw) -> dict[str, float]:
 
 
 def until(what: str, check) -> None:
-    deadline = time.monotonic() + 20
-    while not check():
-        assert time.monotonic() < deadline, f"never {what}"
-        time.sleep(0.05)
+    wait_for(check, 20, what, interval=0.05)
 
 
 def test_two_gateways_share_the_total_and_displace_within_themselves(stack):

@@ -4,12 +4,12 @@ front of a real fabric-engine-sim, with a real API key: the official openai clie
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import openai
 import pytest
 
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 
@@ -36,10 +36,8 @@ def test_batch_through_the_gateway_with_the_openai_client(env):
     assert f.bytes == len(data) and f.purpose == "batch"
     assert c.files.retrieve(f.id).filename == "batch.jsonl"
     batch = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 15
-    while batch.status not in ("completed", "failed", "cancelled") and time.monotonic() < deadline:
-        time.sleep(0.05)
-        batch = c.batches.retrieve(batch.id)
+    batch = wait_for(lambda: b if (b := c.batches.retrieve(batch.id)).status in ("completed", "failed", "cancelled")
+                     else None, 15, f"batch {batch.id} to end", interval=0.05)
     assert batch.status == "completed", batch
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (6, 6, 0)
     assert batch.id in [b.id for b in c.batches.list()]

@@ -15,6 +15,7 @@ import pytest
 
 from common import keyspace
 from common.schemas import ExternalProvider, InferenceEndpoint, ProviderKey, ReplicaObservation
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 MAIN, SPILL = ["cap-main-0", "cap-main-1"], ["cap-spill-0"]
@@ -128,10 +129,8 @@ def metric(gw, name: str) -> float:
 
 def waiting(gw, band: str, n: int) -> None:
     """Until the gateway reports n calls waiting in the band (its fabric_gateway_waiting gauge)."""
-    deadline = time.monotonic() + 20
-    while metric(gw, f'fabric_gateway_waiting{{band="{band}",endpoint="cap"}}') != n:
-        assert time.monotonic() < deadline, f"never {n} waiting in {band}"
-        time.sleep(0.05)
+    wait_for(lambda: metric(gw, f'fabric_gateway_waiting{{band="{band}",endpoint="cap"}}') == n, 20,
+             f"{n} waiting in {band}", interval=0.05)
 
 
 SATURATED_MAIN = {"cap_main_0": 5, "cap_main_1": 5}

@@ -22,6 +22,7 @@ from common.schemas import (
     InferenceDeployment,
     InferenceEndpoint,
 )
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 
@@ -89,9 +90,8 @@ def test_hold_is_on_by_default_and_the_openai_client_gets_its_answer(tmp_path_fa
 
         def autoscaler_stand_in():
             # What fabricd does when it sees the demand: a replica becomes Ready a bit later.
-            deadline = time.monotonic() + 15
-            while store.get(keyspace.demand("hold")) is None and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_for(lambda: store.get(keyspace.demand("hold")) is not None,
+                     15, "the held call's demand", interval=0.1)
             time.sleep(1.0)
             publish_endpoint(store, "hold", [engine])
 

@@ -14,6 +14,7 @@ import pytest
 
 from common import audit_chain
 from lab.rigs.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine
 
 
@@ -67,8 +68,7 @@ def test_two_gateways_share_one_rpm_window_and_one_audit_chain(pair):
             break
     assert codes.count(200) == 15 and codes.count(429) == 15
     rows_expected = 2 * (60 + 30 * (attempt + 1))
-    deadline = time.monotonic() + 10
-    while len(audit_chain.read_rows(store)) < rows_expected and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: len(audit_chain.read_rows(store)) >= rows_expected, 10, f"{rows_expected} audit rows",
+             interval=0.1)
     result = audit_chain.verify(store)
     assert result.ok and result.rows == rows_expected

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import httpx
 import pytest
 
 from common import audit_chain
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 ENV = {
@@ -93,12 +93,10 @@ def test_failed_authentication_is_audited_without_the_secret(env):
     r = httpx.post(env["gw"].openai_base("chat") + "/chat/completions", headers={"authorization": f"Bearer {bad}"},
                    json={"model": "sim-m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
     assert r.status_code == 401
-    rows: list = []
-    deadline = time.monotonic() + 5
-    while not rows and time.monotonic() < deadline:
-        rows = [row for row in audit_chain.read_rows(env["store"]) if row.get("key_id") == "prefix:0123456789ab"]
-        time.sleep(0.05)
-    assert rows and rows[-1]["kind"] == "FAILED" and rows[-1]["status"] == 401 and rows[-1]["reason"]
+    rows = wait_for(lambda: [row for row in audit_chain.read_rows(env["store"])
+                             if row.get("key_id") == "prefix:0123456789ab"], 5, "the refused call's audit row",
+                    interval=0.05)
+    assert rows[-1]["kind"] == "FAILED" and rows[-1]["status"] == 401 and rows[-1]["reason"]
     text = json.dumps(audit_chain.read_rows(env["store"]))
     assert secret not in text and bad not in text
     assert audit_chain.verify(env["store"]).ok

@@ -16,6 +16,7 @@ import uvicorn
 from enginesim.process import free_port
 from gateway import http_server
 from gateway.http_server import GatewayHttpProtocol
+from lab.rigs.polling import wait_for
 
 
 async def app(scope, receive, send):
@@ -54,10 +55,7 @@ def server():
     srv.install_signal_handlers = lambda: None
     thread = threading.Thread(target=lambda: asyncio.run(srv.serve()), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert srv.started
+    wait_for(lambda: srv.started, 10, "the server to start", interval=0.02)
     yield port
     srv.should_exit = True
     thread.join(10)
@@ -235,7 +233,6 @@ def test_a_closed_connection_leaves_no_reference_cycle(server):
             s = connect(server)
             post_once(s)
             s.close()
-        deadline = time.monotonic() + 5
-        while live(GatewayHttpProtocol) > before and time.monotonic() < deadline:
-            time.sleep(0.05)  # the server sees each close on its own thread
-        assert live(GatewayHttpProtocol) <= before
+        # the server sees each close on its own thread
+        wait_for(lambda: live(GatewayHttpProtocol) <= before, 5, "the closed connections' protocols to go",
+                 interval=0.05)

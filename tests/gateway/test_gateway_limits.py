@@ -15,6 +15,7 @@ import pytest
 
 from common import keyspace
 from common.schemas import ReplicaObservation
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import (
     GatewayProcess,
     engine_running,
@@ -140,11 +141,8 @@ def test_user_streams_cap_is_released_when_the_stream_ends(env):
         second = h.post(env["gw"].openai_base("slow") + "/chat/completions", json=chat_body(), headers=hdr)
         assert second.status_code == 429, second.text
         assert "FABRIC_USER_STREAMS" in second.json()["error"]["message"]
-    deadline = time.monotonic() + 5
-    status = 429
-    while status == 429 and time.monotonic() < deadline:
-        status = post(env, "slow", key, headers={"x-user-id": "streamer"}).status_code
-        time.sleep(0.05)
+    status = wait_for(lambda: (s := post(env, "slow", key, headers={"x-user-id": "streamer"}).status_code) != 429 and s,
+                      5, "the user's stream slot to come back", interval=0.05)
     assert status == 200
 
 

@@ -20,6 +20,7 @@ from common.identity_mappings import IdentityMapping
 from common.records import identity_mappings, tenant_limits
 from common.schemas import InferenceEndpoint
 from common.tenant_limits import TenantLimits
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, publish_endpoint, sim_engine, sqlite_state
 from tests.support.oidc_idp import RotatingIdp
 
@@ -140,23 +141,17 @@ def test_a_deleted_mapping_stops_granting_within_the_cache_ttl(env):
     identity_mappings.put(env["store"], IdentityMapping(name="tmp", claim="groups", value="/tmp-team",
                                                         endpoints=["vision"]))
     token = keycloak_token(env["keycloak"], groups=["/tmp-team"])
-    deadline = time.monotonic() + 10
-    while True:  # the gateway reads mappings through its cache (TTL 0.2 s here)
+    def granted() -> bool:
         try:
             chat(env, token, "vision")
-            break
+            return True
         except openai.PermissionDeniedError:
-            assert time.monotonic() < deadline, "the new mapping never granted"
-            time.sleep(0.1)
+            return False
+
+    # the gateway reads mappings through its cache (TTL 0.2 s here)
+    wait_for(granted, 10, "the new mapping to grant", interval=0.1)
     identity_mappings.delete(env["store"], "tmp")
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            chat(env, token, "vision")
-        except openai.PermissionDeniedError:
-            break
-        assert time.monotonic() < deadline, "the deleted mapping still grants"
-        time.sleep(0.1)
+    wait_for(lambda: not granted(), 10, "the deleted mapping to stop granting", interval=0.1)
 
 
 def test_tenant_max_context_tokens_is_bad_request_context_length_exceeded(env):

@@ -21,6 +21,7 @@ from websockets.sync.client import connect as ws_connect
 from common import audit_chain, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from enginesim.process import free_port
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 from tests.support.routing_plans import publish_plans
 
@@ -145,12 +146,8 @@ def test_oidc_audience_issuer_and_tenant(env):
     assert chat(strict, idp.token(fabric_endpoints=["chat", "other"])) == 200
     assert chat(strict, idp.token(fabric_endpoints="other more")) == 403
     assert chat(strict, idp.token(fabric_endpoints=None)) == 403
-    deadline = time.monotonic() + 5
-    tenants: set = set()
-    while "acme" not in tenants and time.monotonic() < deadline:
-        tenants = {r.get("tenant") for r in audit_chain.read_rows(env["store"])}
-        time.sleep(0.05)
-    assert "acme" in tenants
+    wait_for(lambda: "acme" in {r.get("tenant") for r in audit_chain.read_rows(env["store"])}, 5,
+             "an audit row of tenant acme", interval=0.05)
 
 
 def test_dry_run_answers_after_auth_with_two_sse_chunks_when_streaming(env):
@@ -198,15 +195,15 @@ def test_websocket_echo_through_the_bridge_holds_a_stream_slot(env):
             ws_connect(ws_url(env["strict"], "ws"), additional_headers=hdr, open_timeout=5)
         assert held.value.response.status_code == 429
     assert env["echo"].seen_paths[-1] == "/v1/realtime?model=sim-m"
-    deadline, reopened = time.monotonic() + 5, False
-    while not reopened and time.monotonic() < deadline:
+    def reopened() -> bool:
         try:
             with ws_connect(ws_url(env["strict"], "ws"), additional_headers=hdr, open_timeout=5) as ws:
                 ws.send("again")
-                reopened = ws.recv(timeout=5) == "again"
+                return ws.recv(timeout=5) == "again"
         except InvalidStatus:
-            time.sleep(0.05)
-    assert reopened
+            return False
+
+    wait_for(reopened, 5, "a new session once the first one ended", interval=0.05)
 
 
 def test_websocket_falls_back_from_a_dead_vip_to_a_ready_replica(env):

@@ -27,6 +27,7 @@ import pytest
 
 from common import apikeys, audit_chain, pki
 from enginesim.process import EngineProcess, free_port
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import (
     BASE_ENV,
     GatewayProcess,
@@ -85,12 +86,11 @@ def _chat(c: openai.OpenAI, prompt: str, session: str | None = None, **kw) -> tu
 def _rows_for(store, key_id: str, n: int, timeout: float = 10.0) -> list[dict]:
     """Audit rows of one key, once it has at least n SUCCESS/FAILED rows (rows land a little after
     the response: the gateway writes them from a background thread)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = [r for r in audit_chain.read_rows(store) if r.get("key_id") == key_id]
-        if sum(r["kind"] != "ATTEMPT" for r in rows) >= n or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.05)
+    def rows() -> list[dict] | None:
+        mine = [r for r in audit_chain.read_rows(store) if r.get("key_id") == key_id]
+        return mine if sum(r["kind"] != "ATTEMPT" for r in mine) >= n else None
+
+    return wait_for(rows, timeout, f"{n} SUCCESS/FAILED audit rows of {key_id}", interval=0.05)
 
 
 # --- 1. session affinity --------------------------------------------------------------------
@@ -132,10 +132,9 @@ def test_session_affinity_by_header_and_prompt_prefix_and_prefix_never_logged(cl
     _, refused = make_key(store, "aff", model="another-model")
     with pytest.raises(openai.PermissionDeniedError):
         _chat(_client(gw, "aff", refused), AFFINITY_PREFIX + "refused")
-    deadline = time.monotonic() + 5  # the line is written just after the response goes out
-    while "status=403 outcome=refused" not in (log := gw.log_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "status=403 outcome=refused" in log  # the search below covers the gateway's own lines
+    # the line is written just after the response goes out; the search below covers the gateway's own lines
+    log = wait_for(lambda: text if "status=403 outcome=refused" in (text := gw.log_text()) else None, 5,
+                   "the refused call's log line", interval=0.05)
     head = AFFINITY_PREFIX[:64]
     text = json.dumps(audit_chain.read_rows(store)) + log
     assert "affinity-marker-q7vx2" not in text
@@ -396,9 +395,8 @@ def test_otlp_one_span_per_call_with_endpoint_status_tokens_and_no_prompt_or_key
                 model="sim-m", messages=[{"role": "user", "content": PROMPT_MARKER}])
         expected.append(("unknown", 401, 0))
 
-        deadline = time.monotonic() + 15  # the SDK's batch thread exports every 0.5 s
-        while len(collector.spans) < len(expected) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # the SDK's batch thread exports every 0.5 s
+        wait_for(lambda: len(collector.spans) >= len(expected), 15, f"{len(expected)} spans", interval=0.1)
     finally:
         g.stop()  # shutdown flushes anything still queued; nothing more may arrive after this
     try:

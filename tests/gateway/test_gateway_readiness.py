@@ -4,12 +4,11 @@ liveness answer, stays 200."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
 from lab.rigs.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess
 
 
@@ -23,9 +22,8 @@ def test_ready_follows_the_store(tmp_path):
         r = httpx.get(gw.url + "/ready", timeout=10)
         assert r.status_code == 200 and r.json() == {"status": "ready", "store": "reachable"}
         etcd.stop()
-        deadline = time.monotonic() + 30
-        while (r := httpx.get(gw.url + "/readyz", timeout=10)).status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        r = wait_for(lambda: r if (r := httpx.get(gw.url + "/readyz", timeout=10)).status_code != 200 else None, 30,
+                     "/readyz to say the store is gone", interval=0.2)
         assert r.status_code == 503 and r.json()["status"] == "not_ready" and r.json()["store"] == "unreachable"
         assert "127.0.0.1" not in r.text
         assert httpx.get(gw.url + "/health", timeout=10).status_code == 200

@@ -5,12 +5,11 @@ event's ``response.usage``; the stream has no [DONE] and is not taken as cut).""
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
 
 from common import audit_chain
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import (
     GatewayProcess,
     make_key,
@@ -38,19 +37,14 @@ def _client(env, key: str) -> openai.OpenAI:
 
 
 def _settled(env, key_id: str, want: int) -> int:
-    deadline = time.monotonic() + 5
-    while tpm_used(env["store"], key_id) != want and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: tpm_used(env["store"], key_id) == want,
+             5, f"{key_id}'s tokens to settle at {want}", interval=0.05)
     return tpm_used(env["store"], key_id)
 
 
 def _audited(env, key_id: str, kind: str) -> list[dict]:
-    deadline = time.monotonic() + 10
-    rows: list[dict] = []
-    while time.monotonic() < deadline and not rows:
-        rows = [r for r in audit_chain.read_rows(env["store"]) if r.get("key_id") == key_id and kind in r.values()]
-        time.sleep(0.1)
-    return rows
+    return wait_for(lambda: [r for r in audit_chain.read_rows(env["store"]) if r.get("key_id") == key_id
+                             and kind in r.values()], 10, f"a {kind} audit row of {key_id}", interval=0.1)
 
 
 def test_a_plain_response_is_charged_its_usage_and_audited(env):

@@ -5,14 +5,13 @@ refuses as before."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
 
 from common import audit_chain
 from gateway.shadow import shadowed_limits
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -45,12 +44,9 @@ def test_a_shadowed_limit_counts_and_audits_without_refusing(env):
         assert c.chat.completions.create(model="sim-m", messages=MSG, max_tokens=2,
                                          extra_headers={"x-user-id": "shadowed"}).choices
     assert _shadow_count(env["gw"]) == 2
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        rows = [r for r in audit_chain.read_rows(env["store"]) if r.get("would_refuse")]
-        if len(rows) >= 2:
-            break
-        time.sleep(0.1)
+    rows = wait_for(lambda: rows if len(rows := [r for r in audit_chain.read_rows(env["store"])
+                                                 if r.get("would_refuse")]) >= 2 else None,
+                    10, "two shadow refusals in the audit", interval=0.1)
     assert len(rows) == 2 and {r["would_refuse"] for r in rows} == {"FABRIC_USER_RPM"}, rows
     # The enforced limit beside it refuses as before.
     c.chat.completions.create(model="sim-m", messages=MSG, max_tokens=2, extra_headers={"x-project-id": "p"})

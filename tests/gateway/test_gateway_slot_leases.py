@@ -20,6 +20,7 @@ import pytest
 from common import keyspace
 from common.records import counters
 from gateway.slots import slot_view
+from lab.rigs.polling import wait_for, wait_for_async
 from tests.gateway.gateway_harness import (
     GatewayProcess,
     engine_running,
@@ -69,11 +70,7 @@ def global_in_flight(store) -> int:
 
 
 async def wait_statuses(statuses: list, n: int) -> None:
-    for _ in range(600):
-        if len(statuses) >= n:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"only {len(statuses)} of {n} streams answered")
+    await wait_for_async(lambda: len(statuses) >= n, 30, f"{n} streams to answer", interval=0.05)
 
 
 def test_sigkilled_gateway_gives_its_slots_back_and_survivors_never_over_admit(env):
@@ -132,10 +129,8 @@ def test_sigkilled_gateway_gives_its_slots_back_and_survivors_never_over_admit(e
 
     asyncio.run(scenario())
     # Every slot is released when the streams end: the counter key is deleted, not left at 0.
-    deadline = time.monotonic() + 20
-    while store.get(keyspace.counters("slots/" + GLOBAL)) is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert store.get(keyspace.counters("slots/" + GLOBAL)) is None
+    wait_for(lambda: store.get(keyspace.counters("slots/" + GLOBAL)) is None, 20, "the slot counter key to go",
+             interval=0.1)
 
 
 def test_slots_command_shows_holders(env):
@@ -162,7 +157,4 @@ def test_a_window_disappears_with_its_lease(env):
     key = keyspace.counters("rpm/user/short-lived")
     assert counters.window_reserve(store, key, 1, 10, 60, time.time(), lease.id).ok
     assert store.get(key) is not None
-    deadline = time.monotonic() + 10
-    while store.get(key) is not None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert store.get(key) is None
+    wait_for(lambda: store.get(key) is None, 10, "the leased counter to expire", interval=0.2)

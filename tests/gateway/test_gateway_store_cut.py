@@ -5,12 +5,11 @@ stale copy; its liveness answer stays 200."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
 from lab.rigs.etcd_server import ETCD_BINARY, EtcdServer, etcd_available
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine
 
 
@@ -34,9 +33,8 @@ def test_a_gateway_without_its_store_refuses_calls(tmp_path):
             gw = GatewayProcess.start(tmp_path, etcd.url, {**etcd.env("gateway"), "FABRIC_GATEWAY_CACHE_SECS": "0.5"})
             assert _call(gw, key).status_code == 200
             etcd.stop()
-            deadline = time.monotonic() + 30
-            while (r := _call(gw, key)).status_code == 200 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            r = wait_for(lambda: r if (r := _call(gw, key)).status_code != 200 else None, 30,
+                         "a refusal once the store is gone", interval=0.1)
             assert r.status_code == 503, r.text
             assert httpx.get(gw.url + "/health", timeout=10).status_code == 200
     finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import time
 
 import httpx
 import openai
@@ -17,6 +16,7 @@ import pytest
 
 from gateway.request_body import BodyInfo
 from gateway.usage_inject import UsageStripper, fallback_tokens, inject
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import (
     GatewayProcess,
     make_key,
@@ -55,10 +55,9 @@ def test_a_stream_without_include_usage_is_charged_exactly_and_sees_the_engines_
                        json={**body, "stream_options": {"include_usage": True}}).text
     usage = [json.loads(line[5:])["usage"] for line in asked.splitlines()
              if line.startswith("data: {") and '"usage"' in line][-1]
-    deadline = time.monotonic() + 5
-    while tpm_used(env["store"], key_id) != usage["total_tokens"] and time.monotonic() < deadline:
-        time.sleep(0.05)  # settled in the call's finally, after the last byte
-    assert tpm_used(env["store"], key_id) == usage["total_tokens"]
+    # settled in the call's finally, after the last byte
+    wait_for(lambda: tpm_used(env["store"], key_id) == usage["total_tokens"], 5, "the call's tokens to settle",
+             interval=0.05)
 
 
 def test_a_client_that_asks_for_usage_still_gets_it(env):

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import time
 
 import httpx
 import pytest
 
 from common import apikeys, audit_chain
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 
@@ -47,9 +47,8 @@ def worker_pids(gw: GatewayProcess) -> set[str]:
 
 def test_two_workers_share_the_quota_exactly_and_sum_metrics(env):
     gw = env["gw"]
-    deadline = time.monotonic() + 15  # /health answered once the first worker was up
-    while len(worker_pids(gw)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # /health answered once the first worker was up
+    wait_for(lambda: len(worker_pids(gw)) >= 2, 15, "the second worker", interval=0.05)
     assert len(worker_pids(gw)) == 2
     _, key = make_key(env["store"], "chat", request_quota=20)
     codes = asyncio.run(fresh_connections(gw.openai_base("chat"), key, 60))

@@ -10,7 +10,6 @@ certificate is the one `fabricd pki issue-client` writes, as an operator install
 from __future__ import annotations
 
 import subprocess
-import time
 
 import httpx
 import pytest
@@ -28,6 +27,7 @@ from common.schemas import (
     Replica,
 )
 from controlplane.cli_fabricd import app as fabricd_app
+from lab.rigs.polling import wait_for
 from lab.rigs.servers import free_port
 from tests.gateway.gateway_harness import GatewayProcess, make_key, sim_engine, sqlite_state
 from tests.integration.orchestration_harness import agent_command, clean_env
@@ -91,16 +91,14 @@ def _gateway_ctx(pki):
 
 def _wait_for_agent(proc, address, pki, log):
     ctx = _gateway_ctx(pki)
-    deadline = time.monotonic() + 40
-    while True:
+    def answers() -> bool:
         assert proc.poll() is None, log.read_text()[-2000:]
         try:
-            if httpx.get(address + "/v1/kv-index", verify=ctx, timeout=2).status_code == 200:
-                return
+            return httpx.get(address + "/v1/kv-index", verify=ctx, timeout=2).status_code == 200
         except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.2)
+            return False
+
+    wait_for(answers, 40, f"the agent's /v1/kv-index (log: {log})", interval=0.2)
 
 
 def _gateway(state, url, pki, cn: str, gateway_id: str, extra: dict | None = None) -> GatewayProcess:
@@ -116,17 +114,16 @@ def _explained(gw: GatewayProcess, store) -> dict:
     cold TLS connection on a busy machine may take longer), so the first ones may be approximate."""
     _, key = make_key(store, "e")
     auth = {"authorization": f"Bearer {key}"}
-    deadline = time.monotonic() + 20
-    while True:
+    def explained() -> dict | None:
         r = httpx.post(gw.openai_base("e") + "/chat/completions", json=CHAT, headers=auth, timeout=30)
         assert r.status_code == 200, r.text  # the replica over plain HTTP, the agent over mTLS
         rid = r.headers.get("x-fabric-request-id")
         why = httpx.get(f"{gw.url}/api/ai/explain/request/{rid}", headers=auth, timeout=10)
         assert why.status_code == 200, why.text
         settled = why.json()["kv_index"] == "precise" and "no_answer" not in why.json()["kv_states"].values()
-        if settled or time.monotonic() > deadline:
-            return why.json()
-        time.sleep(0.2)
+        return why.json() if settled else None
+
+    return wait_for(explained, 20, "a call explained with the precise index", interval=0.2)
 
 
 def test_the_gateway_reads_the_agents_index_over_mtls(cluster):

@@ -20,6 +20,7 @@ from common.http1_client import (
     UpstreamPool,
     UpstreamTimeoutError,
 )
+from lab.rigs.polling import wait_for_async
 
 
 class RawServer:
@@ -326,11 +327,9 @@ def test_closing_a_response_early_closes_the_upstream_socket_at_once():
             assert await resp.next_chunk()
             t0 = time.monotonic()
             resp.close()  # what forward() does in its finally when the client leaves
-            for _ in range(100):
-                if srv.closed_at:
-                    break
-                await asyncio.sleep(0.01)
-            assert srv.closed_at and srv.closed_at[0] - t0 < 0.5
+            await wait_for_async(lambda: srv.closed_at,
+                                 1, "the upstream to see the connection close", interval=0.01)
+            assert srv.closed_at[0] - t0 < 0.5
             assert not pool._idle.get(("http", "127.0.0.1", srv.port))
             pool.close()
 
@@ -361,11 +360,9 @@ def test_cancelling_the_reader_closes_the_upstream_socket():
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            for _ in range(100):
-                if srv.closed_at:
-                    break
-                await asyncio.sleep(0.01)
-            assert srv.closed_at and srv.closed_at[0] - t0 < 0.5
+            await wait_for_async(lambda: srv.closed_at,
+                                 1, "the upstream to see the connection close", interval=0.01)
+            assert srv.closed_at[0] - t0 < 0.5
             pool.close()
 
     asyncio.run(main())

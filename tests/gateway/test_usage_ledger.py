@@ -15,6 +15,7 @@ from common.records import notifications as notification_records
 from common.store import open_store
 from common.usage_ledger import Dims
 from gateway.usage_ledger import Call, UsageLedger, split
+from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 
@@ -47,13 +48,8 @@ def test_a_refusing_budget_answers_429_naming_it_once_spent(env):
     gw = GatewayProcess.start(env["state"], env["url"], {"FABRIC_GATEWAY_CACHE_SECS": "0.2"}, gateway_id="gw-budget")
     try:
         assert chat(gw, key).status_code == 200  # under the limit: served, then charged (> 10 tokens)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            r = chat(gw, key)
-            if r.status_code == 429:
-                break
-            time.sleep(0.1)
-        assert r.status_code == 429, r.text
+        r = wait_for(lambda: r if (r := chat(gw, key)).status_code == 429 else None, 15, "the budget to refuse",
+                     interval=0.1)
         err = r.json()["error"]
         assert err["code"] == "budget_exceeded" and err["type"] == "budget_exceeded"
         assert "spender-day" in err["message"] and int(r.headers["retry-after"]) >= 1
