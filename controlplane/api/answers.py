@@ -177,7 +177,8 @@ class RolloutExplained(BaseModel):
     window: dict[str, Any] | None = Field(None, description="finished, failed, error_rate, mean_ttft_ms, "
                                           "min_requests")
     endpoints: list[dict[str, Any]] | None = Field(None, description="endpoint, share_percent, table_share, "
-                                                   "slot_error, weights")
+                                                   "slot_error, weights (of its published plan), published, "
+                                                   "generation")
 
 
 class ScalingDecision(BaseModel):

@@ -1,11 +1,15 @@
 """Orchestration views and actions: explain placement/routing, deployment metrics, drain, capacity.
 
-The explain endpoints run the same pure planners the controllers run (scheduler.place,
-routing.final.endpoint_plan: the strategy's weights times the rollout share) on the current store contents, so what they say is what the
-next tick will do. All routes need an admin bearer token.
+Explain placement runs the scheduler's pure planner (placement.index.place) on the current store
+contents, so what it says is what the next reconcile pass will do. Explain routing shows the
+endpoint's published plan (common.records.plans): the one object the routing controller pushed
+to the agents and the gateway routes on, with its generation; for an endpoint no routing tick has
+published yet it computes the plan the next tick would publish (routing.publish.live_plan) and
+says so (``published`` false, ``generation`` null). All routes need an admin bearer token.
 
   GET  /api/ai/explain/placement/{deployment}   chosen node for the next replica, reason per node
-  GET  /api/ai/explain/routing/{endpoint}       each replica included/excluded, reason, metrics, weight
+  GET  /api/ai/explain/routing/{endpoint}       each replica included/excluded, reason, metrics, weight,
+                                                the plan's generation
   GET  /api/ai/deployments/{name}/metrics       the last scrape of each replica
   POST /api/ai/deployments/{name}/drain         {"grace_secs": 30, "replica": null} (or "grace_seconds")
   POST /api/ai/deployments/{name}/restart       unpark a CrashLoop (or Backoff) deployment: zero its
@@ -34,11 +38,11 @@ from controlplane.api.answers import Drained, Restarted
 from controlplane.api.nodes import node_resources
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import drain as drain_ops
-from controlplane.orchestration_state import load_snapshot
+from controlplane.orchestration_state import Snapshot, load_snapshot
 from controlplane.placement import vip_pool
 from controlplane.placement.index import place
 from controlplane.placement.scheduler import NOTHING_COMMITTED, node_online
-from controlplane.routing.final import endpoint_plan
+from controlplane.routing.publish import shown_plan
 from controlplane.state import AppState, get_state
 
 StateDep = Annotated[AppState, Depends(get_state)]
@@ -103,7 +107,7 @@ class RoutedReplica(BaseModel):
     host: str | None
     port: int
     maglev: bool
-    metrics: dict[str, Any]
+    metrics: dict[str, Any] = Field(..., description="the replica's last stored scrape")
 
 
 class RoutedBackend(BaseModel):
@@ -119,6 +123,12 @@ class RoutingExplained(BaseModel):
     vip: str | None
     port: int
     forwarding: str
+    published: bool = Field(..., description="the routing controller's published plan (false: none published "
+                            "yet for this endpoint and deployment, so the plan its next tick would publish)")
+    generation: int | None = Field(..., description="the published plan's generation (what the agents hold)")
+    decided_at: float = Field(..., description="when the plan was decided (unix seconds)")
+    split: dict[str, Any] | None = Field(None, description="the rollout share the weights realise: percent, "
+                                         "table_share, slot_error")
     replicas: list[RoutedReplica]
     backends: list[RoutedBackend]
     # with no replica ready: the phase a held call waits in (common.cold_phase, the gateway's function too)
@@ -244,21 +254,27 @@ def explain_routing(endpoint: str, state: StateDep) -> dict:
     ep = snap.endpoints.get(endpoint)
     if ep is None:
         raise NotFound(f"endpoint {endpoint!r} not found")
-    # The weights the agents carry: the strategy's times the active rollout's share.
+    plan, published = shown_plan(state.store, ep, snap, time.time())  # what the agents and gateways hold
+    service = plan.service
     replicas = snap.replicas.get(ep.deployment, [])
-    plan, _ = endpoint_plan(ep, replicas, snap.observations, snap.nodes, time.time(),
-                            rollout=snap.rollouts.get(ep.deployment), sites=snap.sites)
     return {
-        "endpoint": endpoint, "deployment": ep.deployment, "strategy": plan.strategy, "vip": ep.status.vip,
-        "port": ep.port, "forwarding": ep.forwarding,
+        "endpoint": endpoint, "deployment": ep.deployment, "strategy": plan.strategy, "vip": plan.vip,
+        "port": plan.port, "forwarding": plan.forwarding, "published": published,
+        "generation": plan.generation if published else None, "decided_at": plan.decided_at,
+        "split": None if plan.split is None else plan.split.model_dump(),
         "replicas": [{"replica_id": e.replica_id, "included": e.included, "reason": e.reason, "weight": e.weight,
-                      "host": e.host, "port": e.port, "maglev": e.in_maglev, "metrics": e.metrics}
+                      "host": e.host, "port": e.port, "maglev": e.maglev, "metrics": _last_scrape(snap, e.replica_id)}
                      for e in plan.entries],
-        "backends": [{"backend": f"{h}:{p}", "weight": w, "draining": f"{h}:{p}" in plan.draining}
-                     for h, p, w in plan.backends],
+        "backends": [] if service is None else [{"backend": b, "weight": w, "draining": b in service.draining}
+                                                for b, w in service.backends.items()],
         "cold_start": None if any(r.ready and not r.draining for r in replicas) else
         cold_phase(snap.deployments.get(ep.deployment), replicas).as_dict(),
     }
+
+
+def _last_scrape(snap: Snapshot, replica_id: str) -> dict:
+    obs = snap.observations.get(replica_id)
+    return {} if obs is None else obs.model_dump(exclude={"replica_id"})
 
 
 @router.get("/deployments/{name}/metrics", response_model=DeploymentMetrics)

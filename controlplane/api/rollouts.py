@@ -32,7 +32,7 @@ from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import rollouts as rollout_ops
 from controlplane.orchestration_state import load_snapshot
 from controlplane.rollouts.plan import healthy, is_ready, window_of
-from controlplane.routing.final import endpoint_plan
+from controlplane.routing.publish import shown_plan
 from controlplane.state import StateDep
 
 router = APIRouter(prefix="/api/ai", tags=["rollouts"])
@@ -123,10 +123,11 @@ def explain_rollout(deployment: str, state: StateDep, _: AdminDep) -> dict:
                         "mean_ttft_ms": window.mean_ttft_ms, "min_requests": rec.thresholds.min_requests})
     endpoints = []
     for ep in sorted((e for e in snap.endpoints.values() if e.deployment == deployment), key=lambda e: e.name):
-        plan, split = endpoint_plan(ep, replicas, snap.observations, snap.nodes, now, rollout=rec, sites=snap.sites)
+        plan, published = shown_plan(state.store, ep, snap, now)  # routing explain's object
         endpoints.append({"endpoint": ep.name, "share_percent": rec.share,
-                          "table_share": None if split is None else split.table_share,
-                          "slot_error": None if split is None else split.slot_error,
-                          "weights": {e.replica_id: e.weight for e in plan.entries if e.included}})
+                          "table_share": None if plan.split is None else plan.split.table_share,
+                          "slot_error": None if plan.split is None else plan.split.slot_error,
+                          "weights": plan.routed(), "published": published,
+                          "generation": plan.generation if published else None})
     body["endpoints"] = endpoints
     return body

@@ -1,13 +1,19 @@
-"""The routing plan as it is published (pure): common.records.plans.PublishedPlan from the
-controller's RoutingPlan, the rollout split and the spillover pools."""
+"""The routing plan as it is published: common.records.plans.PublishedPlan from the controller's
+RoutingPlan, the rollout split and the spillover pools (pure); ``shown_plan``: the one explain,
+the rollout explain and the console show, the published record, or for an endpoint no tick has
+published yet the plan the next tick would publish (``live_plan``), marked as not published."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 from common.agent_api import MaglevServiceSpec
+from common.records import plans
 from common.records.plans import PlanEntry, PlanSplit, PublishedPlan, SpillPool
 from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation, Site
+from common.store.base import Store
+from controlplane.orchestration_state import Snapshot
+from controlplane.routing.final import endpoint_plan
 from controlplane.routing.split import Split
 from controlplane.routing.strategies import RoutingPlan, plan_routing
 
@@ -40,3 +46,22 @@ def spill_pools(ep: InferenceEndpoint, replicas: Mapping[str, Sequence[Replica]]
         p = plan_routing(ep, replicas.get(d, []), observations, nodes, now, sites=sites)
         out.append(SpillPool(deployment=d, replicas=sorted(e.replica_id for e in p.entries if e.included)))
     return out
+
+
+def live_plan(ep: InferenceEndpoint, snap: Snapshot, now: float, generation: int = 1) -> PublishedPlan:
+    """The plan the routing tick would publish for ``ep`` on ``snap``: its strategy, its active
+    rollout's split, its VIP and spillover pools, with ``generation``."""
+    plan, split = endpoint_plan(ep, snap.replicas.get(ep.deployment, []), snap.observations, snap.nodes, now,
+                                rollout=snap.rollouts.get(ep.deployment), sites=snap.sites, vip=ep.status.vip)
+    spill = spill_pools(ep, snap.replicas, snap.observations, snap.nodes, now, snap.sites)
+    return to_published(ep, plan, split, ep.status.vip, spill, now, generation)
+
+
+def shown_plan(store: Store, ep: InferenceEndpoint, snap: Snapshot, now: float) -> tuple[PublishedPlan, bool]:
+    """(plan, published): ``ep``'s published plan, what the agents hold and the gateway routes on;
+    without one for its deployment (no tick yet, or a record left by an earlier endpoint of that
+    name), the plan the next tick would publish, and False."""
+    plan = plans.get(store, ep.name)
+    if plan is not None and plan.deployment == ep.deployment:
+        return plan, True
+    return live_plan(ep, snap, now), False

@@ -11,8 +11,7 @@ from common.records.plans import PublishedPlan, next_generation
 from common.schemas import Replica, ReplicaObservation
 from common.store.base import Store
 from controlplane.orchestration_state import load_snapshot
-from controlplane.routing.final import endpoint_plan
-from controlplane.routing.publish import spill_pools, to_published
+from controlplane.routing.publish import live_plan
 
 
 def publish_plans(store: Store, now: float | None = None, *, scraped: bool = True) -> dict[str, PublishedPlan]:
@@ -27,13 +26,5 @@ def publish_plans(store: Store, now: float | None = None, *, scraped: bool = Tru
                 store.put(keyspace.observations(r.replica_id),
                           ReplicaObservation(replica_id=r.replica_id, scraped_at=now, ok=True).model_dump_json())
     snap = load_snapshot(store)
-    out = {}
-    for ep in snap.endpoints.values():
-        replicas = snap.replicas.get(ep.deployment, [])
-        plan, split = endpoint_plan(ep, replicas, snap.observations, snap.nodes, now,
-                                    rollout=snap.rollouts.get(ep.deployment), sites=snap.sites, vip=ep.status.vip)
-        spill = spill_pools(ep, snap.replicas, snap.observations, snap.nodes, now, snap.sites)
-        published = to_published(ep, plan, split, ep.status.vip, spill, now,
-                                 next_generation(store, plans.get(store, ep.name)))
-        out[ep.name] = plans.publish(store, published)
-    return out
+    return {name: plans.publish(store, live_plan(ep, snap, now, next_generation(store, plans.get(store, name))))
+            for name, ep in snap.endpoints.items()}
