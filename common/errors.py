@@ -9,6 +9,8 @@
     ├── LimitExceeded  (429)    a quota or rate limit; carries retry_after seconds
     ├── PayloadTooLarge(413)
     ├── Refused        (400)    a request that is well-formed but cannot be done as asked
+    ├── UnreadableRecord (500)  a stored record that does not parse as its kind; the message
+    │                           names the kind and the key (an operator fixes or deletes it)
     └── TransientError (503)    try again later (store or agent unreachable, timeouts);
         │                       loops retry these with backoff, never permanent errors
         ├── Contended           another writer changed a record on every try of the one
@@ -80,6 +82,10 @@ class PayloadTooLarge(FabricError):
 class Refused(FabricError):
     status = 400
     code = "refused"
+
+
+class UnreadableRecord(FabricError):
+    code = "unreadable_record"
 
 
 class TransientError(FabricError):

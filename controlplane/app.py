@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 
 from common import runtime_metrics
 from common.health import healthz_body
+from common.records import reading
 from controlplane import console, log_redact, openapi_doc
 from controlplane.api import routers
 from controlplane.auth import ensure_token_secret
@@ -47,6 +48,7 @@ def create_app(state: AppState) -> FastAPI:
         state.token_secret = ensure_token_secret(state.store)
 
     runtime = runtime_metrics.install(state.registry)
+    reading.install(state.registry)  # records a store listing skipped (fabric_records_unreadable_total{kind})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

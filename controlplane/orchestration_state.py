@@ -3,8 +3,8 @@
 ``load_snapshot(store)`` reads nodes, models, profiles, deployments, endpoints, replicas,
 observations and GPU reservations once, so a tick (or an explain request) plans from one
 consistent-enough picture. Records load as they were stored (a profile whose runtime was
-denied later still loads); records that fail validation are skipped rather than crashing a
-loop. ``load_routing_snapshot(store, cache=...)`` reads only what
+denied later still loads); records that fail validation are skipped and counted rather than
+crashing a loop (the door's parse policy, common.records.reading). ``load_routing_snapshot(store, cache=...)`` reads only what
 the routing job plans from (nodes, endpoints, replicas, observations: one list per prefix), and
 with a ParseCache it re-validates only records whose mod_revision changed since the last call.
 
@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from common import keyspace
 from common.errors import NotFound
 from common.mig_catalog import MigSlice
-from common.records import deployments, endpoints, replicas
+from common.records import deployments, endpoints, reading, replicas
 from common.records.cas import Contended
 from common.records.resource import Records
 from common.rollouts import Revision, Rollout
@@ -120,13 +120,18 @@ def json_field(kv: KV | None, name: str) -> str | None:
         return None
 
 
+_KINDS: dict[type[BaseModel], str] = {
+    Node: "node", ModelArtifact: "model", InferenceProfile: "profile", InferenceDeployment: "deployment",
+    InferenceEndpoint: "endpoint", Site: "site", TenantQuota: "quota", TenantPolicy: "policy", Replica: "replica",
+    ReplicaObservation: "observation", Revision: "revision", Rollout: "rollout", MigSlice: "MIG slice"}
+
+
 def _parse(kv: KV, model: type[BaseModel]):
-    try:
-        # "stored": a record loads as it was accepted (a profile whose runtime is denied since
-        # still loads; the reconciler says why its deployment cannot run).
-        return model.model_validate_json(kv.value, context={"stored": True})
-    except ValidationError:
-        return None
+    """The record, or None (skipped and counted) when it does not parse. "Stored": a record loads
+    as it was accepted (a profile whose runtime is denied since still loads; the reconciler says
+    why its deployment cannot run)."""
+    found = reading.pairs(model, [kv], _KINDS.get(model, model.__name__))
+    return found[0][1] if found else None
 
 
 class ParseCache:
@@ -168,7 +173,7 @@ def load_deployment(store: Store, name: str) -> tuple[InferenceDeployment | None
     kv = store.get(keyspace.deployments(name))
     if kv is None:
         return None, 0
-    return _parse(kv, InferenceDeployment), kv.mod_revision
+    return reading.one(InferenceDeployment, kv, "deployment"), kv.mod_revision
 
 
 def load_snapshot(store: Store) -> Snapshot:

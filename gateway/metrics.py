@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from common import runtime_metrics
+from common.records import reading
 from gateway.metric_tally import Tally
 
 OUTCOMES = ("success", "upstream_error", "upstream_cut", "budget_cut", "client_closed", "refused", "unauthorized", "rate_limited", "error")
@@ -49,6 +50,7 @@ class GatewayMetrics:
     def create(cls, registry: CollectorRegistry | None = None, *, multiprocess: bool = False) -> GatewayMetrics:
         """multiprocess: GatewaySettings.metrics_multiprocess (PROMETHEUS_MULTIPROC_DIR, `--workers N`)."""
         reg = registry or CollectorRegistry()
+        reading.install(reg)  # records a store listing skipped (fabric_records_unreadable_total{kind})
         return cls(
             _direct=multiprocess,
             registry=reg,

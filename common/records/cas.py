@@ -18,6 +18,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from common.errors import Contended, NotFound
+from common.records import reading
 from common.store.base import KV, Store
 
 M = TypeVar("M", bound=BaseModel)
@@ -25,12 +26,7 @@ T = TypeVar("T")
 RETRIES = 20
 PAUSE_S, PAUSE_MAX_S = 0.001, 0.05
 
-__all__ = ["Contended", "M", "RETRIES", "parse", "retry", "swap", "update", "validated"]
-
-
-def parse(model: type[M], value: str) -> M:
-    # "stored": a record loads as it was accepted (docs: orchestration_state._parse).
-    return model.model_validate_json(value, context={"stored": True})
+__all__ = ["Contended", "M", "RETRIES", "retry", "swap", "update", "validated"]
 
 
 def validated(model: type[M], record: BaseModel) -> M:
@@ -69,14 +65,14 @@ def swap(store: Store, key: str, change: Callable[[KV | None], str | None], *, b
 def update(store: Store, key: str, model: type[M], mutate: Callable[[M], M | None], *, kind: str, name: str,
            busy: str = "") -> M:
     """Apply ``mutate`` (returns the new record, or None for "leave it as it is") under CAS.
-    NotFound when the key is absent; Contended when every try lost a race (``busy`` is its
+    NotFound when the key is absent; UnreadableRecord when it does not parse; Contended when every try lost a race (``busy`` is its
     message; default "<kind> '<name>' changed too often; try again")."""
     result: list[M] = []
 
     def change(kv: KV | None) -> str | None:
         if kv is None:
             raise NotFound(f"{kind} {name!r} not found")
-        current = parse(model, kv.value)
+        current = reading.one(model, kv, kind)
         changed = mutate(current.model_copy(deep=True))
         result[:] = [current if changed is None else validated(model, changed)]
         return None if changed is None else result[0].model_dump_json()

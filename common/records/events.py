@@ -24,10 +24,10 @@ import secrets
 import time
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, computed_field
+from pydantic import BaseModel, Field, computed_field
 
 from common import keyspace
-from common.records import cas
+from common.records import reading
 from common.store.base import Store
 
 
@@ -75,10 +75,7 @@ def timed(store: Store, since: float | None = None) -> list[tuple[float, EventRe
         at = key_time(kv.key)
         if since is not None and at <= since - 1e-6:
             continue
-        try:
-            out.append((at, cas.parse(EventRecord, kv.value)))
-        except ValidationError:
-            continue
+        out += [(at, event) for event in reading.each(EventRecord, [kv], "event")]
     return out
 
 

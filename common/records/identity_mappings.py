@@ -6,12 +6,10 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable
 
-from pydantic import ValidationError
-
 from common import keyspace
 from common.errors import NotFound
 from common.identity_mappings import IdentityMapping
-from common.records import cas
+from common.records import cas, reading
 from common.store.base import Store
 
 KIND = "identity mapping"
@@ -19,7 +17,7 @@ KIND = "identity mapping"
 
 def get(store: Store, name: str) -> IdentityMapping | None:
     kv = store.get(keyspace.identity_mappings(name))
-    return None if kv is None else cas.parse(IdentityMapping, kv.value)
+    return None if kv is None else reading.one(IdentityMapping, kv, KIND)
 
 
 def require(store: Store, name: str) -> IdentityMapping:
@@ -30,12 +28,7 @@ def require(store: Store, name: str) -> IdentityMapping:
 
 
 def list(store: Store) -> builtins.list[IdentityMapping]:  # noqa: A001 - the module's verb
-    out = []
-    for kv in store.list(keyspace.identity_mappings()):
-        try:
-            out.append(cas.parse(IdentityMapping, kv.value))
-        except ValidationError:
-            continue  # a record a later release wrote: skipped, never a 500
+    out = reading.each(IdentityMapping, store.list(keyspace.identity_mappings()), KIND)
     return sorted(out, key=lambda m: m.name)
 
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import builtins
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from common import keyspace
-from common.records import cas, deployments
+from common.errors import UnreadableRecord
+from common.records import cas, deployments, reading
 from common.records.resource import Records
 from common.schemas import Replica
 from common.store.base import KV, Store
@@ -50,13 +51,8 @@ key, discard = RECORDS.key, RECORDS.discard
 
 def versioned_list(store: Store) -> builtins.list[tuple[str, Lifetime, int]]:
     """(name under the prefix, lifetime, mod_revision) of every record that parses, in key order."""
-    prefix, out = keyspace.replica_lifetimes(), []
-    for kv in store.list(prefix):
-        try:
-            out.append((kv.key[len(prefix):], cas.parse(Lifetime, kv.value), kv.mod_revision))
-        except ValidationError:
-            continue
-    return out
+    prefix = keyspace.replica_lifetimes()
+    return [(kv.key[len(prefix):], life, kv.mod_revision) for kv, life in reading.pairs(Lifetime, store.list(prefix), KIND)]
 
 
 def replace_at(store: Store, name: str, life: Lifetime, mod_revision: int) -> bool:
@@ -72,7 +68,7 @@ MAX_SPANS = 256
 def _tenant(store: Store, deployment: str) -> str | None:
     try:
         record = deployments.stored(store, deployment)
-    except ValueError:
+    except UnreadableRecord:
         return None
     return None if record is None else record.get("tenant")
 
@@ -111,7 +107,7 @@ def note(store: Store, replica: Replica | None, now: float, *, replica_id: str =
             life = Lifetime(replica_id=rid, deployment=replica.deployment, tenant=_tenant(store, replica.deployment),
                             gpus=len(replica.gpus), created_at=replica.created_at)
             return advance(life, replica, now).model_dump_json()
-        life = Lifetime.model_validate_json(kv.value)
+        life = reading.one(Lifetime, kv, KIND)
         new = advance(life, replica, now)
         return None if new == life else new.model_dump_json()
 

@@ -7,18 +7,18 @@ import builtins
 
 from common import keyspace
 from common.mig_catalog import MigSlice
-from common.records import cas
+from common.records import cas, reading
 from common.store.base import Store
 
 
 def versioned(store: Store, node: str, slice_id: str) -> tuple[MigSlice, int] | None:
     """(slice, mod_revision), for a delete of exactly what was read."""
     kv = store.get(keyspace.mig_slices(node, slice_id))
-    return None if kv is None else (cas.parse(MigSlice, kv.value), kv.mod_revision)
+    return None if kv is None else (reading.one(MigSlice, kv, "MIG slice"), kv.mod_revision)
 
 
 def list(store: Store, node: str) -> builtins.list[MigSlice]:  # noqa: A001 - the module's verb
-    return [cas.parse(MigSlice, kv.value) for kv in store.list(keyspace.mig_slices(node, ""))]
+    return reading.each(MigSlice, store.list(keyspace.mig_slices(node, "")), "MIG slice")
 
 
 def create(store: Store, slice_: MigSlice) -> bool:

@@ -12,7 +12,7 @@ import time
 from common import keyspace
 from common.errors import NotFound
 from common.model_api import ModelJob, retried
-from common.records import cas, models
+from common.records import cas, models, reading
 from common.store.base import Store
 
 
@@ -20,12 +20,12 @@ def get_job(store: Store, model: str, node: str) -> tuple[ModelJob, int] | None:
     kv = store.get(keyspace.model_jobs(model, node))
     if kv is None:
         return None
-    return ModelJob.model_validate_json(kv.value), kv.mod_revision
+    return reading.one(ModelJob, kv, "model job"), kv.mod_revision
 
 
 def list_jobs(store: Store, model: str | None = None) -> list[ModelJob]:
     prefix = keyspace.model_jobs(model, "") if model else keyspace.model_jobs()
-    return sorted((ModelJob.model_validate_json(kv.value) for kv in store.list(prefix)),
+    return sorted(reading.each(ModelJob, store.list(prefix), "model job"),
                   key=lambda j: (j.model, j.node))
 
 

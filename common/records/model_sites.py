@@ -9,7 +9,7 @@ import time
 from pydantic import BaseModel
 
 from common import keyspace
-from common.records import cas
+from common.records import cas, reading
 from common.store.base import Store
 
 
@@ -32,5 +32,5 @@ def record(store: Store, copy: SiteCopy, now: float | None = None) -> SiteCopy:
 
 def list_copies(store: Store, model: str) -> list[SiteCopy]:
     """The model's copies, by site."""
-    return sorted((cas.parse(SiteCopy, kv.value) for kv in store.list(keyspace.model_sites(model, ""))),
+    return sorted(reading.each(SiteCopy, store.list(keyspace.model_sites(model, "")), "model site copy"),
                   key=lambda c: c.site)

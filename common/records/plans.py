@@ -22,9 +22,11 @@ from pydantic import BaseModel, Field
 
 from common import keyspace
 from common.agent_api import MaglevServiceSpec, service_key
-from common.records import cas
+from common.records import cas, reading
 from common.schemas import Forwarding
 from common.store.base import Store
+
+KIND = "routing plan"
 
 
 class PlanEntry(BaseModel):
@@ -102,18 +104,12 @@ def next_generation(store: Store, previous: PublishedPlan | None) -> int:
 
 def get(store: Store, endpoint: str) -> PublishedPlan | None:
     kv = store.get(keyspace.routing_plans(endpoint))
-    return None if kv is None else cas.parse(PublishedPlan, kv.value)
+    return None if kv is None else reading.one(PublishedPlan, kv, KIND)
 
 
 def list(store: Store) -> builtins.list[PublishedPlan]:
-    """Every readable plan; one that does not parse is skipped (the leader writes it again)."""
-    out = []
-    for kv in store.list(keyspace.routing_plans()):
-        try:
-            out.append(cas.parse(PublishedPlan, kv.value))
-        except ValueError:
-            continue
-    return out
+    """Every readable plan; one that does not parse is skipped and counted (the leader writes it again)."""
+    return reading.each(PublishedPlan, store.list(keyspace.routing_plans()), KIND)
 
 
 def publish(store: Store, plan: PublishedPlan) -> PublishedPlan:

@@ -6,33 +6,30 @@ from __future__ import annotations
 import builtins
 import time
 
-from pydantic import ValidationError
-
 from common import keyspace
-from common.records import cas, lifetimes
+from common.records import lifetimes, reading
 from common.records.resource import readable_values
 from common.schemas import Replica
 from common.store.base import Store
 
+KIND = "replica"
+
 
 def get(store: Store, deployment: str, replica_id: str) -> Replica | None:
-    """The replica; None when absent or unreadable (the loops skip a record they cannot parse)."""
+    """The replica; None when absent (UnreadableRecord when it does not parse)."""
     kv = store.get(keyspace.replicas(deployment, replica_id))
-    try:
-        return None if kv is None else cas.parse(Replica, kv.value)
-    except ValidationError:
-        return None
+    return None if kv is None else reading.one(Replica, kv, KIND)
 
 
 def list(store: Store, deployment: str | None = None) -> builtins.list[Replica]:  # noqa: A001 - the module's verb
-    """Every replica, or one deployment's."""
+    """Every replica that parses, or one deployment's (the rest skipped and counted)."""
     prefix = keyspace.replicas(deployment, "") if deployment else keyspace.replicas()
-    return [cas.parse(Replica, kv.value) for kv in store.list(prefix)]
+    return reading.each(Replica, store.list(prefix), KIND)
 
 
 def readable(store: Store) -> builtins.list[dict]:
-    """Every replica record as stored that is JSON (unreadable ones skipped)."""
-    return readable_values(store, keyspace.replicas())
+    """Every replica record as stored that is a JSON object (the rest skipped and counted)."""
+    return readable_values(store, keyspace.replicas(), KIND)
 
 
 def put(store: Store, replica: Replica, now: float | None = None) -> None:

@@ -2,31 +2,26 @@
 resource's module (deployments.py, endpoints.py, ...) binds one and exports its verbs, so every
 kind reads, validates and compare-and-swaps the same way.
 
-``stored``/``stored_list`` answer the JSON exactly as it was written (the API's reads return it as
-is, so a record stays readable whatever was added to its model since); everything else is typed."""
+``stored``/``stored_items`` answer the JSON exactly as it was written (the API's reads return it as
+is, so a record stays readable whatever was added to its model since); everything else is typed.
+Reads follow the door's parse policy (common.records.reading): a get of a record that does not
+parse raises UnreadableRecord naming it, a list skips it and counts it under the kind."""
 
 from __future__ import annotations
 
 import builtins
-import json
 from collections.abc import Callable
 from typing import Generic
 
 from common.errors import Conflict, NotFound
-from common.records import cas
+from common.records import cas, reading
 from common.records.cas import M
 from common.store.base import Store
 
 
-def readable_values(store: Store, prefix: str) -> list[dict]:
-    """The JSON values under ``prefix``; values that are not JSON are skipped."""
-    out = []
-    for kv in store.list(prefix):
-        try:
-            out.append(json.loads(kv.value))
-        except ValueError:
-            continue
-    return out
+def readable_values(store: Store, prefix: str, kind: str) -> list[dict]:
+    """The JSON objects under ``prefix``, as stored; the rest are skipped and counted."""
+    return [data for _kv, data in reading.each_value(store.list(prefix), kind)]
 
 
 class Records(Generic[M]):
@@ -42,12 +37,12 @@ class Records(Generic[M]):
 
     def get(self, store: Store, name: str) -> M | None:
         kv = store.get(self.key(name))
-        return None if kv is None else cas.parse(self.model, kv.value)
+        return None if kv is None else reading.one(self.model, kv, self.kind)
 
     def versioned(self, store: Store, name: str) -> tuple[M, int] | None:
         """(record, mod_revision), for a caller that deletes only what it read (discard's mod_revision)."""
         kv = store.get(self.key(name))
-        return None if kv is None else (cas.parse(self.model, kv.value), kv.mod_revision)
+        return None if kv is None else (reading.one(self.model, kv, self.kind), kv.mod_revision)
 
     def count(self, store: Store) -> int:
         return len(store.list(self.key()))
@@ -64,20 +59,20 @@ class Records(Generic[M]):
 
     def stored(self, store: Store, name: str) -> dict | None:
         kv = store.get(self.key(name))
-        return None if kv is None else json.loads(kv.value)
+        return None if kv is None else reading.value(kv, self.kind)
 
     def readable(self, store: Store) -> builtins.list[dict]:
-        """Every record as stored that parses as a JSON object's text; the rest are skipped (for
+        """Every record as stored that is a JSON object; the rest are skipped and counted (for
         reports that must answer whatever one record holds)."""
-        return readable_values(store, self.key())
+        return readable_values(store, self.key(), self.kind)
 
     def list(self, store: Store) -> builtins.list[M]:
-        return [cas.parse(self.model, kv.value) for kv in store.list(self.key())]
+        return reading.each(self.model, store.list(self.key()), self.kind)
 
     def stored_items(self, store: Store) -> builtins.list[tuple[str, dict]]:
         """(name, JSON as stored) of every record, in key order."""
         prefix = self.key()
-        return [(kv.key[len(prefix):], json.loads(kv.value)) for kv in store.list(prefix)]
+        return [(kv.key[len(prefix):], data) for kv, data in reading.each_value(store.list(prefix), self.kind)]
 
     def create(self, store: Store, record: M) -> M:
         """Create-if-absent; Conflict when a record of that name exists."""
@@ -102,7 +97,7 @@ class Records(Generic[M]):
         out: builtins.list = []
 
         def change(kv) -> str:
-            current = None if kv is None else cas.parse(self.model, kv.value)
+            current = None if kv is None else reading.one(self.model, kv, self.kind)
             out[:] = [cas.validated(self.model, build(current)), current is None]
             return out[0].model_dump_json()
 
@@ -115,7 +110,7 @@ class Records(Generic[M]):
         kv = store.get(self.key(name))
         if kv is None or kv.mod_revision != mod_revision:
             return False
-        record = cas.validated(self.model, mutate(cas.parse(self.model, kv.value)))
+        record = cas.validated(self.model, mutate(reading.one(self.model, kv, self.kind)))
         return store.cas(kv.key, record.model_dump_json(), mod_revision)
 
     def update_status(self, store: Store, name: str, **fields) -> M:

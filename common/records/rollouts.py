@@ -11,25 +11,16 @@ Updates of a rollout record are compare-and-swap against the version that was re
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 from common import keyspace
 from common.errors import NotFound
-from common.records import cas, deployments
+from common.records import cas, deployments, reading
 from common.records.cas import Contended
 from common.rollouts import Revision, Rollout
 from common.schemas import InferenceDeployment, Template
-from common.store.base import KV, Store
+from common.store.base import Store
 
 KEEP_REVISIONS = 100  # beyond this, the oldest superseded revisions are dropped
 KEEP_ROLLOUTS = 50  # beyond this, the oldest finished rollouts are dropped
-
-
-def _parse(kv: KV, model):
-    try:
-        return model.model_validate_json(kv.value)
-    except ValidationError:
-        return None
 
 
 def template_of(dep: InferenceDeployment) -> Template:
@@ -37,13 +28,13 @@ def template_of(dep: InferenceDeployment) -> Template:
 
 
 def list_revisions(store: Store, deployment: str) -> list[Revision]:
-    out = [_parse(kv, Revision) for kv in store.list(keyspace.revisions(deployment))]
-    return sorted((r for r in out if r is not None), key=lambda r: r.revision)
+    return sorted(reading.each(Revision, store.list(keyspace.revisions(deployment)), "revision"),
+                  key=lambda r: r.revision)
 
 
 def get_revision(store: Store, deployment: str, revision: int) -> Revision | None:
     kv = store.get(keyspace.revisions(deployment, revision))
-    return None if kv is None else _parse(kv, Revision)
+    return None if kv is None else reading.one(Revision, kv, "revision")
 
 
 def write_revision(store: Store, deployment: str, template: Template, *, who: str, reason: str,
@@ -66,18 +57,14 @@ def write_revision(store: Store, deployment: str, template: Template, *, who: st
 
 def mark_superseded(store: Store, deployment: str, revision: int, now: float) -> None:
     kv = store.get(keyspace.revisions(deployment, revision))
-    rev = None if kv is None else _parse(kv, Revision)
+    rev = None if kv is None else reading.one(Revision, kv, "revision")
     if kv is not None and rev is not None and rev.superseded_at is None:
         store.cas(kv.key, rev.model_copy(update={"superseded_at": now}).model_dump_json(), kv.mod_revision)
 
 
 def list_rollouts(store: Store, deployment: str) -> list[tuple[Rollout, int]]:
     """(record, mod_revision), oldest first."""
-    out = []
-    for kv in store.list(keyspace.rollouts(deployment)):
-        rec = _parse(kv, Rollout)
-        if rec is not None:
-            out.append((rec, kv.mod_revision))
+    out = [(rec, kv.mod_revision) for kv, rec in reading.pairs(Rollout, store.list(keyspace.rollouts(deployment)), "rollout")]
     return sorted(out, key=lambda p: p[0].id)
 
 
@@ -89,9 +76,8 @@ def active_rollout(store: Store, deployment: str) -> Rollout | None:
 def active_rollouts(store: Store) -> dict[str, tuple[Rollout, int]]:
     """deployment -> (its active rollout, mod_revision)."""
     newest: dict[str, tuple[Rollout, int]] = {}
-    for kv in store.list(keyspace.rollouts()):
-        rec = _parse(kv, Rollout)
-        if rec is not None and (rec.deployment not in newest or rec.id > newest[rec.deployment][0].id):
+    for kv, rec in reading.pairs(Rollout, store.list(keyspace.rollouts()), "rollout"):
+        if rec.deployment not in newest or rec.id > newest[rec.deployment][0].id:
             newest[rec.deployment] = (rec, kv.mod_revision)
     return {d: p for d, p in newest.items() if p[0].active}
 
@@ -135,8 +121,7 @@ def update_rollout(store: Store, deployment: str, rollout_id: int, mutate) -> Ro
 
 def get_rollout(store: Store, deployment: str, rollout_id: int) -> tuple[Rollout, int] | None:
     kv = store.get(keyspace.rollouts(deployment, rollout_id))
-    rec = None if kv is None else _parse(kv, Rollout)
-    return None if kv is None or rec is None else (rec, kv.mod_revision)
+    return None if kv is None else (reading.one(Rollout, kv, "rollout"), kv.mod_revision)
 
 
 def forget(store: Store, deployment: str) -> None:

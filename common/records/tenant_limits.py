@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import builtins
 
-from pydantic import ValidationError
-
 from common import keyspace
 from common.errors import NotFound
-from common.records import cas
+from common.records import reading
 from common.store.base import Store
 from common.tenant_limits import TenantLimits
 
@@ -18,16 +16,11 @@ KIND = "tenant limits"
 
 def get(store: Store, tenant: str) -> TenantLimits | None:
     kv = store.get(keyspace.tenant_limits(tenant))
-    return None if kv is None else cas.parse(TenantLimits, kv.value)
+    return None if kv is None else reading.one(TenantLimits, kv, KIND)
 
 
 def list(store: Store) -> builtins.list[TenantLimits]:  # noqa: A001 - the module's verb
-    out = []
-    for kv in store.list(keyspace.tenant_limits()):
-        try:
-            out.append(cas.parse(TenantLimits, kv.value))
-        except ValidationError:
-            continue
+    out = reading.each(TenantLimits, store.list(keyspace.tenant_limits()), KIND)
     return sorted(out, key=lambda t: t.tenant)
 
 

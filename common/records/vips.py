@@ -1,14 +1,17 @@
 """VIP allocations (/fabric/vips/<address>): taken with create-if-absent (controlplane.placement.vip_pool picks
 the address) so two endpoints never hold one VIP, released only by the endpoint that holds it. A
-value is JSON {endpoint, allocated_at}; one that does not parse has no owner."""
+value is JSON {endpoint, allocated_at}. A get of one that does not parse raises (the door's parse
+policy); in the listing and on release it has no owner, and is counted (common.records.reading)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from common import keyspace
-from common.records import cas
+from common.records import cas, reading
 from common.store.base import KV, Store
+
+KIND = "VIP allocation"
 
 
 class VipAllocation(BaseModel):
@@ -20,14 +23,16 @@ def _owner(kv: KV | None) -> str | None:
     if kv is None:
         return None
     try:
-        return cas.parse(VipAllocation, kv.value).endpoint
-    except ValidationError:
+        return reading.parse(VipAllocation, kv.value).endpoint
+    except ValueError:
+        reading.skipped(KIND, kv.key)
         return None
 
 
 def owner(store: Store, address: str) -> str | None:
-    """The endpoint holding ``address``, or None (free, or a value that does not parse)."""
-    return _owner(store.get(keyspace.vips(address)))
+    """The endpoint holding ``address``, or None when free (UnreadableRecord when it does not parse)."""
+    kv = store.get(keyspace.vips(address))
+    return None if kv is None else reading.one(VipAllocation, kv, KIND).endpoint
 
 
 def owners(store: Store) -> dict[str, str]:

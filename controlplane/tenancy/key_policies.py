@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
-from common.errors import Forbidden
+from common.errors import Forbidden, UnreadableRecord
 from common.key_policies import KeyPolicy
 from common.records.key_policies import RECORDS
 from common.store.base import Store
@@ -58,7 +56,7 @@ def load(store: Store, endpoint: str) -> KeyPolicy | None:
     """The endpoint's policy; None when it has none or its record does not parse."""
     try:
         return RECORDS.get(store, endpoint)
-    except ValidationError:
+    except UnreadableRecord:
         return None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from common import apikeys, keyspace
-from common.errors import Forbidden, NotFound
+from common.errors import Forbidden, NotFound, UnreadableRecord
 from common.records.kinds import BY_KIND
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
@@ -32,7 +32,7 @@ def record_tenant(store: Store, kind: str, name: str):
     try:
         record = BY_KIND[kind].stored(store, name)
         return _MISSING if record is None else record.get("tenant")
-    except (ValueError, AttributeError):
+    except UnreadableRecord:
         return _MISSING
 
 

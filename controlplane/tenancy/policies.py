@@ -23,9 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
-from common.errors import Forbidden
+from common.errors import Forbidden, UnreadableRecord
 from common.records import models
 from common.records.policies import RECORDS
 from common.store.base import Store
@@ -97,20 +95,14 @@ def load(store: Store, tenant: str | None) -> TenantPolicy | None:
         return None
     try:
         return RECORDS.get(store, tenant)
-    except ValidationError:
+    except UnreadableRecord:
         raise Forbidden(f"tenant {tenant!r}'s policy record cannot be read; nothing is deployed for it until an "
                         "admin writes it again (POST /api/ai/policies)", code="policy_unreadable") from None
 
 
 def list_all(store: Store) -> list[TenantPolicy]:
-    """Every policy whose record parses (one that does not is skipped)."""
-    out = []
-    for record in RECORDS.readable(store):
-        try:
-            out.append(TenantPolicy.model_validate(record, context={"stored": True}))
-        except ValidationError:
-            continue
-    return out
+    """Every policy whose record parses (one that does not is skipped and counted)."""
+    return RECORDS.list(store)
 
 
 def deploy_of(store: Store, tenant: str | None, model: str, now: float | None = None,

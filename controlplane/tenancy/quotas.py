@@ -21,9 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
-from common.errors import Conflict
+from common.errors import Conflict, UnreadableRecord
 from common.records import deployments, profiles
 from common.records import quotas as quota_records
 from common.records import rollouts as rollout_records
@@ -164,19 +162,12 @@ def load_quota(store: Store, tenant: str | None) -> TenantQuota | None:
         return None
     try:
         return quota_records.get(store, tenant)
-    except ValidationError:
+    except UnreadableRecord:
         return None
 
 
 def load_all(store: Store) -> dict[str, TenantQuota]:
-    out = {}
-    for rec in quota_records.RECORDS.readable(store):
-        try:
-            q = TenantQuota.model_validate(rec)
-        except ValidationError:
-            continue
-        out[q.tenant] = q
-    return out
+    return {q.tenant: q for q in quota_records.RECORDS.list(store)}
 
 
 def tenant_usage(store: Store, tenant: str) -> Amount:
