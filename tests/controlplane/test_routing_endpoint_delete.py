@@ -11,7 +11,8 @@ from common import keyspace
 from common.schemas import ReplicaObservation
 from controlplane.placement import vip_pool
 from controlplane.routing.controller import RoutingWorker
-from tests.controlplane.test_routing_controller import Agents, seed
+from tests.controlplane.test_routing_controller import RecordingAgent, seed
+from tests.support.fake_agents import FakeAgents
 
 
 class Clock:
@@ -39,7 +40,7 @@ def mark_deleting(store, t):
 def test_endpoint_delete_drains_the_vip_then_releases_it(store, ends):
     clock = Clock(1_000_000.0)
     seed(store, clock.t)
-    agents = Agents()
+    agents = FakeAgents(lambda _: RecordingAgent())
     worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), clock=clock, drain_grace_s=30)
     worker.scrape_all = lambda snap: asyncio.sleep(0)  # observations are written by the test
     service = ("10.96.0.1", 8000, "tcp")

@@ -14,8 +14,9 @@ from controlplane.routing.controller import RoutingWorker
 from controlplane.routing.hold import QUEUE_HOLD_S, describe, hold, kept
 from controlplane.routing.strategies import plan_routing, to_weight
 from tests.controlplane.planner_data import NOW, node, replica
-from tests.controlplane.test_routing_controller import Agents, EngineServer
+from tests.controlplane.test_routing_controller import EngineServer, RecordingAgent
 from tests.controlplane.test_routing_strategies import ep
+from tests.support.fake_agents import FakeAgents
 
 
 def read(t, queue, ok=True):
@@ -67,7 +68,8 @@ def test_the_controller_holds_each_replicas_readings_across_ticks(tmp_path):
                                                               routing="least_queue").model_dump_json())
         r = replica(0, "n1", host="127.0.0.1").model_copy(update={"port": srv.port})
         store.put(keyspace.replicas("qwen", r.replica_id), r.model_dump_json())
-        worker = RoutingWorker(store, Agents(), vip_pool.parse_pool("10.96.0.0/30"), clock=lambda: clock[0])
+        worker = RoutingWorker(store, FakeAgents(lambda _: RecordingAgent()), vip_pool.parse_pool("10.96.0.0/30"),
+                               clock=lambda: clock[0])
         seen = []
         for queue in (6, 0, 0, 0):
             srv.queue = queue
