@@ -26,6 +26,7 @@ from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker
 from controlplane.settings import ControllerSettings, FabricdSettings
 from controlplane.state import AppState
+from lab.rigs.polling import wait_for
 from tests.controlplane.planner_data import deployment, model, node, profile
 from tests.support.fake_agents import FakeAgents
 
@@ -109,19 +110,12 @@ def seed(store, replicas=1):
     store.put(keyspace.deployments("qwen"), deployment(replicas).model_dump_json())
 
 
-def wait_until(pred, timeout=5.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_fenced_store_writes_only_while_held(raw):
     lock = LeaseLock(raw, LOCK, holder="a", ttl=1)
     assert lock.try_acquire()
     fenced = FencedStore(raw, lock)
     fenced.put("/fabric/x", "1")
-    wait_until(lambda: not lock.held(), 2.0, "the local validity to lapse")  # 0.8 x TTL
+    wait_for(lambda: not lock.held(), 2.0, "the local validity to lapse", interval=0.02)  # 0.8 x TTL
     before = raw.revision()
     for write in (lambda: fenced.put("/fabric/x", "2"), lambda: fenced.create("/fabric/y", "1"),
                   lambda: fenced.cas("/fabric/x", "3", 1), lambda: fenced.delete("/fabric/x"),
@@ -207,15 +201,15 @@ def test_the_controller_loop_stops_writing_mid_pass_when_its_lease_is_taken_over
         assert len(replica_keys) == 1
         # Meanwhile another process takes over (the lease is revoked under the holder).
         b = LeaseLock(raw, LOCK, holder="b", ttl=30)
-        for _ in range(20):
+        def took_over() -> bool:
             lease = handle.lock.lease_id
             if lease is not None:
                 raw.revoke_lease(lease)
-            if b.try_acquire():
-                break
-            time.sleep(0.05)
+            return b.try_acquire()
+
+        wait_for(took_over, 1, "b to take the lock", interval=0.05)
         assert b.held()
-        wait_until(lambda: not handle.lock.held(), 3.0, "the keeper to notice the takeover")
+        wait_for(lambda: not handle.lock.held(), 3.0, "the keeper to notice the takeover", interval=0.02)
         mark, calls = len(rec.writes), len(agents.calls)
         raw.put(keyspace.deployments("qwen"), deployment(2).model_dump_json())
         release.set()  # create_vm returns; the pass would now record host/port and go on
@@ -231,7 +225,7 @@ def test_the_controller_loop_stops_writing_mid_pass_when_its_lease_is_taken_over
 
         # Once b lets go, the process leads again and its writes resume (the recorder sees them).
         b.release()
-        wait_until(lambda: len(raw.list(keyspace.replicas())) == 2, 10, "the new leader to scale to 2")
+        wait_for(lambda: len(raw.list(keyspace.replicas())) == 2, 10, "the new leader to scale to 2", interval=0.02)
         assert rec.since(mark)
     finally:
         release.set()
