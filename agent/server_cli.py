@@ -27,6 +27,7 @@ from typing import Annotated
 
 import typer
 
+from agent.service_generations import GENERATIONS_FILE, ServiceGenerations
 from agent.state import AgentState
 from common.listen import is_loopback
 from common.listen import parse_listen as _parse_listen
@@ -378,7 +379,8 @@ def serve(
         "images_dir": settings.images_dir, "secrets": settings.secrets},
         settings.lab_engine),
                        inventory=inventory, binder=binder, dataplane=dp, dataplane_message=dp_message,
-                       site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir)
+                       site=site, failure_domain=failure_domain, taints=list(taint or []), models_dir=models_dir,
+                       services=ServiceGenerations(state_dir / GENERATIONS_FILE))
     state.kvm = getattr(state.vm_driver, "kvm", None)
     from agent.kv_index.service import KvIndexService
 

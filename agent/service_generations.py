@@ -7,20 +7,35 @@ current one, on two threads of the API's pool) are applied in generation order: 
 is refused with 409 ``stale_generation`` and writes nothing, whichever arrives last. An equal
 generation is applied again (a re-send after a lost answer writes nothing new).
 
+The held generations are kept in the agent's state directory (``service-generations.json``,
+written atomically after the maps and only when a generation moves), so they survive an agent
+restart as the pinned maps do: a late PUT of an older generation that arrives while the agent
+restarts is refused as it would be before. The maps are written first: a crash between the two
+leaves the file one generation behind the maps, which the heartbeat reports and fabricd mends by
+sending the newer one again (never a file ahead of maps that hold less). A file that cannot be
+read is set aside (logged) and the agent starts with nothing held, as before there was a file.
+
 What the agent holds is reported with every heartbeat (``report``): only services the dataplane
 still has, so a service removed behind the API's back (the fail-closed withdrawal, the
-``fabric-agent maglev`` CLI) or an agent restart (held generations live in memory; the maps
-survive) shows as missing, and fabricd sends it again. Generation 0 (a hand PUT with no plan)
-is held as 0: any plan's generation replaces it.
+``fabric-agent maglev`` CLI) or lost with the maps (a reboot empties bpffs; the file stays and
+keeps refusing older generations) shows as missing, and fabricd sends it again. Generation 0 (a
+hand PUT with no plan) is held as 0: any plan's generation replaces it.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 from common.agent_api import MaglevServiceSpec, service_key
 from common.errors import Conflict
+
+log = logging.getLogger("fabric.agent.services")
+GENERATIONS_FILE = "service-generations.json"
 
 
 class StaleGeneration(Conflict):
@@ -35,9 +50,11 @@ class StaleGeneration(Conflict):
 class ServiceGenerations:
     """The generation of each service this agent wrote, and the one lock its writers share."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path | None = None) -> None:
+        """``path``: the file that keeps the held generations across restarts (None: memory only)."""
         self._lock = threading.Lock()
-        self._held: dict[str, int] = {}
+        self._path = path
+        self._held: dict[str, int] = _load(path) if path is not None else {}
 
     def put(self, dataplane: Any, vip: str, port: int, proto: str, spec: MaglevServiceSpec) -> bool:
         """Write the service unless its generation is older than the held one (StaleGeneration);
@@ -49,14 +66,18 @@ class ServiceGenerations:
                 raise StaleGeneration(key, spec.generation, held)
             changed = dataplane.put_service(vip, port, proto, dict(spec.backends), draining=tuple(spec.draining),
                                             forwarding=spec.forwarding)
-            self._held[key] = spec.generation
+            if self._held.get(key) != spec.generation:
+                self._held[key] = spec.generation
+                self._save()
             return bool(changed)
 
     def delete(self, dataplane: Any, vip: str, port: int, proto: str) -> bool:
         """Remove the service and forget its generation (a later endpoint may reuse the VIP)."""
         with self._lock:
-            self._held.pop(service_key(vip, port, proto), None)
-            return bool(dataplane.delete_service(vip, port, proto))
+            removed = bool(dataplane.delete_service(vip, port, proto))
+            if self._held.pop(service_key(vip, port, proto), None) is not None:
+                self._save()
+            return removed
 
     def held(self, key: str) -> int:
         with self._lock:
@@ -68,3 +89,34 @@ class ServiceGenerations:
         present = [service_key(vip, port, proto) for vip, port, proto, *_ in dataplane.readiness()]
         with self._lock:
             return {key: self._held.get(key, 0) for key in present}
+
+    def _save(self) -> None:
+        """Replace the file with what is held (under the lock): a new file, synced, renamed over."""
+        if self._path is None:
+            return
+        tmp = self._path.with_name(self._path.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"generations": self._held}, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path)
+
+
+def _load(path: Path) -> dict[str, int]:
+    try:
+        raw = json.loads(path.read_text())
+        held = raw["generations"]
+        if not isinstance(held, dict) or not all(isinstance(k, str) and type(v) is int and v >= 0
+                                                 for k, v in held.items()):
+            raise ValueError("generations must map service keys to generations")
+        return dict(held)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        aside = path.with_name(path.name + ".unreadable")
+        log.warning("%s cannot be read (%s): moved to %s; no service generation held", path, exc, aside)
+        try:
+            os.replace(path, aside)
+        except OSError:
+            pass
+        return {}

@@ -1,7 +1,8 @@
 """Maglev services in plan-generation order (agent.service_generations, agent/api/maglev.py): an
 older generation is refused 409 and writes nothing, whichever thread gets there last; the batch
-PUT applies the others; the heartbeat reports what the dataplane holds. The real agent app served
-over plain HTTP on loopback, the dataplane in memory (the BPF one: tests/dataplane)."""
+PUT applies the others; the heartbeat reports what the dataplane holds; the held generations
+survive an agent restart (the state directory's file). The real agent app served over plain HTTP
+on loopback, the dataplane in memory (the BPF one: tests/dataplane/test_dataplane_pins.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from agent.api import create_app
 from agent.heartbeat import HostResources, build_report
-from agent.service_generations import ServiceGenerations, StaleGeneration
+from agent.service_generations import GENERATIONS_FILE, ServiceGenerations, StaleGeneration
 from agent.state import AgentState
 from agent.vm.dryrun_driver import DryRunDriver
 from common.agent_api import MaglevServiceSpec
@@ -133,3 +134,48 @@ def test_racing_writers_apply_in_generation_order_under_one_lock():
     assert len(errors) == 1 and errors[0].held == 5
     assert plane.get_service("10.200.0.10", 8000, "tcp")["backends"]["10.0.0.1:8000"] == 20
     assert services.held(KEY) == 5
+
+
+def serve(state: AgentState):
+    return serve_in_thread(create_app(state))
+
+
+def test_a_restarted_agent_still_refuses_an_older_generation(tmp_path):
+    """The maps outlive the agent process (pinned); so do the generations it held. Generation 6
+    is applied, the agent restarts, and generation 5 (a push from before, arriving late) is still
+    refused; the heartbeat of the new process reports 6, so fabricd re-sends nothing."""
+    plane, path = MemoryDataplane(), tmp_path / GENERATIONS_FILE
+
+    def agent_process() -> AgentState:
+        return AgentState(node_id="n1", vm_driver=DryRunDriver(tmp_path / "dry-run"), inventory=NoGpus(),
+                          dataplane=plane, services=ServiceGenerations(path))
+
+    with serve(agent_process()) as port:
+        assert httpx.put(f"http://127.0.0.1:{port}{PATH}", json=spec(6, 20), timeout=10).status_code == 200
+    restarted = agent_process()
+    with serve(restarted) as port:
+        late = httpx.put(f"http://127.0.0.1:{port}{PATH}", json=spec(5, 3), timeout=10)
+        assert late.status_code == 409 and late.json()["error"]["code"] == "stale_generation"
+        assert plane.get_service("10.200.0.10", 8000, "tcp")["backends"]["10.0.0.1:8000"] == 20
+        report = build_report(restarted, "http://127.0.0.1:1", [], "", HostResources(cpu_free=1, memory_free_gib=1), [])
+        assert report.service_generations == {KEY: 6}
+        assert httpx.delete(f"http://127.0.0.1:{port}{PATH}", timeout=10).status_code == 204
+    assert ServiceGenerations(path).held(KEY) == 0  # a delete is kept too: a new endpoint may reuse the VIP
+
+
+class FailingDataplane(MemoryDataplane):
+    def put_service(self, *args, **kwargs):
+        raise OSError("map update failed")
+
+
+def test_the_file_follows_the_maps_and_an_unreadable_one_is_set_aside(tmp_path, caplog):
+    path = tmp_path / GENERATIONS_FILE
+    services = ServiceGenerations(path)
+    services.put(MemoryDataplane(), "10.200.0.10", 8000, "tcp", MaglevServiceSpec.model_validate(spec(3, 1)))
+    with pytest.raises(OSError):  # the maps refused generation 4: the file keeps 3, never ahead of the maps
+        services.put(FailingDataplane(), "10.200.0.10", 8000, "tcp", MaglevServiceSpec.model_validate(spec(4, 1)))
+    assert ServiceGenerations(path).held(KEY) == 3
+    path.write_text('{"generations": {"10.200.0.10:8000/tcp": "many"}}')
+    assert ServiceGenerations(path).held(KEY) == 0  # nothing held, as an agent before the file
+    assert (tmp_path / (GENERATIONS_FILE + ".unreadable")).exists() and not path.exists()
+    assert "cannot be read" in caplog.text

@@ -1,6 +1,7 @@
 """The pin directory: one writer at a time across processes, versioned pins
 (a layout mismatch is refused, stale pins removed by detach), node_ip written only
-by attach or an explicit setting, VIPs on the node's own addresses refused."""
+by attach or an explicit setting, VIPs on the node's own addresses refused, and the
+plan generations an agent held outliving its process as the pinned maps do."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from agent.dataplane import Dataplane
 from agent.dataplane.addresses import ip_to_map, port_to_map
 from agent.dataplane.cli import maglev_app
 from agent.dataplane.pins import LAYOUT_VERSION, read_meta, remove_stale_pins
+from agent.service_generations import GENERATIONS_FILE, ServiceGenerations, StaleGeneration
+from common.agent_api import MaglevServiceSpec
 from common.errors import Conflict, InvalidInput
 from lab.rigs.bpf import TEST_FLOW_ENTRIES, open_dataplane
 
@@ -59,6 +62,31 @@ def test_two_writer_processes_never_collide(pin_dir):
         key = dp._backend_addrs.Key()
         key.ip, key.port = ip_to_map("10.1.0.99"), port_to_map(8080)
         assert dp._backend_addrs[key].value == sum(1 << i for i in ids)
+    finally:
+        dp.close()
+
+
+def test_a_restarted_writer_keeps_the_maps_and_refuses_an_older_generation(pin_dir, tmp_path):
+    """Generation 6 written through the real maps, the process gone (its handle closed), a new
+    one on the same pins and state file: generation 5 arriving late is refused and writes
+    nothing; the new process reports 6 for the service its maps hold."""
+    path = tmp_path / GENERATIONS_FILE
+    spec = MaglevServiceSpec(generation=6, backends={"10.1.0.11:8080": 20, "10.1.0.12:8080": 1})
+    dp = open_dataplane(pin_dir)
+    try:
+        assert ServiceGenerations(path).put(dp, "10.9.3.1", 80, "tcp", spec)
+    finally:
+        dp.close()
+    dp = open_dataplane(pin_dir, programs=False)
+    try:
+        restarted = ServiceGenerations(path)
+        late = spec.model_copy(update={"generation": 5, "backends": {"10.1.0.11:8080": 1}})
+        with pytest.raises(StaleGeneration) as refused:
+            restarted.put(dp, "10.9.3.1", 80, "tcp", late)
+        assert refused.value.held == 6
+        view = dp.get_service("10.9.3.1", 80, "tcp")
+        assert {b.address: b.weight for b in view.backends} == {"10.1.0.11:8080": 20, "10.1.0.12:8080": 1}
+        assert restarted.report(dp) == {"10.9.3.1:80/tcp": 6}
     finally:
         dp.close()
 
