@@ -41,16 +41,16 @@ per endpoint and process.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from common import keyspace
 from common.cold_phase import ColdPhase, cold_phase
 from common.errors import FabricError, TransientError
+from common.records import autoscaling, deployments, endpoints, profiles
+from common.records import replicas as replica_records
 from common.runtimes import start_budget
-from common.schemas import InferenceDeployment, InferenceEndpoint, InferenceProfile, Replica
+from common.schemas import InferenceDeployment, Replica
 from common.store.base import Store
 from gateway.hold import HeldStream, HoldPolicy, HoldRoom, Wake
 from gateway.upstreams import EndpointView, UpstreamCache
@@ -216,18 +216,16 @@ class ColdStart:
 
     def _read_state(self, endpoint: str) -> tuple[Refusal, ColdPhase, float]:
         """(why no replica answers, the cold start's phase, the hold bound: ``hold_bound``)."""
-        kv = self.store.get(keyspace.endpoints(endpoint))
-        if kv is None:  # deleted meanwhile: the loading answer is the old behaviour's
+        ep = endpoints.get(self.store, endpoint)
+        if ep is None:  # deleted meanwhile: the loading answer is the old behaviour's
             return Refusal("model_loading", f"endpoint {endpoint!r} has no ready replica", True), \
                 cold_phase(None, []), hold_bound(None, self.hold.secs, None)
-        ep = InferenceEndpoint.model_validate_json(kv.value)
-        dkv = self.store.get(keyspace.deployments(ep.deployment))
-        dep = InferenceDeployment.model_validate_json(dkv.value) if dkv is not None else None
-        replicas = [Replica.model_validate_json(r.value) for r in self.store.list(keyspace.replicas(ep.deployment))]
+        dep = deployments.get(self.store, ep.deployment)
+        replicas = replica_records.list(self.store, ep.deployment)
         runtime = None
         if ep.hold_secs is None and self.hold.secs is None and dep is not None:  # the profile only when it decides
-            pkv = self.store.get(keyspace.profiles(dep.profile))
-            runtime = InferenceProfile.model_validate_json(pkv.value).runtime if pkv is not None else None
+            profile = profiles.get(self.store, dep.profile)
+            runtime = profile.runtime if profile is not None else None
         return (refusal(endpoint, ep.deployment, dep, replicas), cold_phase(dep, replicas),
                 hold_bound(ep.hold_secs, self.hold.secs, runtime))
 
@@ -250,5 +248,4 @@ class ColdStart:
         if len(self._written) >= DEMAND_MEMO_MAX:  # endpoints come and go; keep the memo small
             self._written.clear()
         self._written[endpoint] = now
-        value = json.dumps({"at": self.clock()})
-        await asyncio.to_thread(self.store.put, keyspace.demand(endpoint), value)
+        await asyncio.to_thread(autoscaling.note_demand, self.store, endpoint, self.clock())

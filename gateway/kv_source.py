@@ -57,12 +57,10 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import keyspace
 from common.errors import NotFound
 from common.kv_events import BlockHasher
 from common.model_manifest import TOKENIZER_FILES, CheckFailed, verify_served_files
-from common.rollouts import Revision
-from common.schemas import InferenceDeployment, ModelArtifact, Node
+from common.records import deployments, models, nodes, rollouts
 from gateway.engine_hash import RequestHasher, SimTokenizer
 from gateway.kv_blind import BlindWatch
 from gateway.tokenize_pool import PooledHasher, TokenizePool
@@ -136,13 +134,11 @@ class AgentKvSource:
 
     def _current(self, deployment: str) -> tuple[str | None, int | None, str | None]:
         """(model, revision, the model's verified digest) the deployment names now."""
-        kv = self._store.get(keyspace.deployments(deployment))
-        if kv is None:
+        dep = deployments.get(self._store, deployment)
+        if dep is None:
             return None, None, None
-        dep = InferenceDeployment.model_validate_json(kv.value)
-        mkv = self._store.get(keyspace.models(dep.model))
-        digest = ModelArtifact.model_validate_json(mkv.value).status.digest if mkv is not None else None
-        return dep.model, dep.revision, digest
+        model = models.get(self._store, dep.model)
+        return dep.model, dep.revision, model.status.digest if model is not None else None
 
     async def _fetch(self, view, current: tuple[str | None, int | None, str | None]) -> _Tok:
         model, revision, digest = current
@@ -239,8 +235,8 @@ class AgentKvSource:
         now = time.monotonic()
         if hit is not None and hit[0] > now:
             return hit[1]
-        kv = self._store.get(keyspace.nodes(node_id))
-        address = Node.model_validate_json(kv.value).address if kv is not None else None
+        node = nodes.get(self._store, node_id)
+        address = node.address if node is not None else None
         self._nodes[node_id] = (now + NODE_TTL_S, address)
         return address
 
@@ -253,8 +249,8 @@ class AgentKvSource:
         if hit is not None and hit[1] > now:
             return hit[0]
         try:
-            kv = self._store.get(keyspace.revisions(deployment, revision))
-            model = Revision.model_validate_json(kv.value).template.model if kv is not None else None
+            rev = rollouts.get_revision(self._store, deployment, revision)
+            model = rev.template.model if rev is not None else None
         except Exception:  # a store hiccup or a broken record: unknown, so approximate
             model = None
         self._revisions[key] = (model, float("inf") if model is not None else now + CHECK_S)

@@ -42,7 +42,7 @@ from common.store.base import Store
 from gateway.openai_errors import RequestTooLarge
 from gateway.ratelimit_headers import headers_for
 from gateway.settings import GatewaySettings
-from gateway.slots import SlotHolder, slots_prefix
+from gateway.slots import SlotHolder
 from gateway.usage import UsageCounter, usage_key
 
 MINUTE = 60
@@ -159,7 +159,7 @@ def _scopes(facts: RequestFacts) -> dict[str, str | None]:
 
 
 def _slot(name: str) -> str:
-    return slots_prefix() + name
+    return counters.held_key(name)
 
 
 def plan_admission(settings: GatewaySettings, facts: RequestFacts) -> list[Reservation]:

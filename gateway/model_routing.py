@@ -9,7 +9,7 @@ claim), so an unknown name and another tenant's model get the same 404 ``model_n
 that names nothing else. The key's model scope then applies to the resolved model as on the
 per-endpoint path.
 
-The catalogue (endpoints, deployments, aliases) is read from the store and cached for the
+The catalogue (endpoints, deployments, aliases, models) is read through common.records and cached for the
 gateway's cache TTL; resolving and listing are pure functions of it.
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from common import keyspace
 from common.errors import InvalidInput, NotFound
+from common.records import aliases, deployments, endpoints, models
 from common.store.base import Store
 from gateway.key_auth import Identity
 from gateway.refresh_cache import RefreshCache
@@ -101,40 +101,17 @@ def models_page(cat: Catalogue, names: list[str], created: int = 0) -> bytes:
 
 
 def read_catalogue(store: Store) -> Catalogue:
-    deployments: dict[str, str] = {}
-    for kv in store.list(keyspace.deployments()):
-        try:
-            d = json.loads(kv.value)
-            deployments[str(d["name"])] = str(d["model"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    endpoint_models: dict[str, str] = {}
-    for kv in store.list(keyspace.endpoints()):
-        try:
-            e = json.loads(kv.value)
-            model = deployments.get(str(e["deployment"]))
-        except (ValueError, KeyError, TypeError):
-            continue
-        if model:
-            endpoint_models[str(e["name"])] = model
-    aliases: dict[str, tuple[str, str | None]] = {}
-    for kv in store.list(keyspace.model_aliases()):
-        try:
-            a = json.loads(kv.value)
-            aliases[str(a["name"])] = (str(a["endpoint"]), a.get("model_name"))
-        except (ValueError, KeyError, TypeError):
-            continue
+    """The catalogue from the typed records (a record that does not parse is skipped and counted)."""
+    served = {d.name: d.model for d in deployments.list(store)}
+    endpoint_models = {e.name: served[e.deployment] for e in endpoints.list(store) if served.get(e.deployment)}
+    alias_targets = {a.name: (a.endpoint, a.model_name) for a in aliases.list(store)}
     adapters: dict[str, str] = {}
     descriptions: dict[str, str] = {}
-    for kv in store.list(keyspace.models()):
-        try:
-            m = json.loads(kv.value)
-            adapters.update({str(a["name"]): str(m["name"]) for a in m.get("adapters") or []})
-            if m.get("description"):
-                descriptions[str(m["name"])] = str(m["description"])
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return Catalogue(endpoint_models, aliases, adapters, descriptions)
+    for m in models.list(store):
+        adapters.update({a.name: m.name for a in m.adapters})
+        if m.description:
+            descriptions[m.name] = m.description
+    return Catalogue(endpoint_models, alias_targets, adapters, descriptions)
 
 
 @dataclass

@@ -20,13 +20,13 @@ caller together, never on a call's path while fresh).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from common import keyspace
 from common.errors import Forbidden
 from common.identity_mappings import IdentityMapping, matching
+from common.records import endpoints as endpoint_records
+from common.records import identity_mappings
 from common.store.base import Store
 from gateway.oidc import OidcClaims
 from gateway.refresh_cache import RefreshCache
@@ -62,24 +62,12 @@ def check_endpoint(grant: Grant, endpoint: str, claim: str) -> None:
 
 
 def read_mappings(store: Store) -> tuple[IdentityMapping, ...]:
-    out = []
-    for kv in store.list(keyspace.identity_mappings()):
-        try:
-            out.append(IdentityMapping.model_validate_json(kv.value, context={"stored": True}))
-        except ValueError:
-            continue  # unreadable: grants nothing
-    return tuple(out)
+    """Every mapping, by name; an unreadable one is skipped and counted (it grants nothing)."""
+    return tuple(identity_mappings.list(store))
 
 
 def read_owners(store: Store) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for kv in store.list(keyspace.endpoints()):
-        try:
-            e = json.loads(kv.value)
-            out[str(e["name"])] = e.get("tenant")
-        except (ValueError, KeyError, TypeError):
-            continue
-    return out
+    return {e.name: e.tenant for e in endpoint_records.list(store)}
 
 
 @dataclass

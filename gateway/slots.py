@@ -26,21 +26,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from common import keyspace
 from common.errors import NotFound, TransientError
 from common.records import counters
 from common.store.base import Store
 
 log = logging.getLogger("fabric.gateway.slots")
 LIVE_CACHE_SECS = 1.0
-
-
-def holders_prefix() -> str:
-    return keyspace.counters("holders/")
-
-
-def slots_prefix() -> str:
-    return keyspace.counters("slots/")
 
 
 def holder_name(gateway_id: str) -> str:
@@ -66,11 +57,9 @@ class SlotHolder:
     # --- the lease (blocking; called from threads or at start) -----------------------------------
     def register(self) -> None:
         with self._lock:
-            lease = self.store.grant_lease(self.lease_secs)
-            self.store.put(holders_prefix() + self.name,
-                           f'{{"gateway_id":"{self.gateway_id}","pid":{os.getpid()},"since":{time.time():.0f}}}',
-                           lease=lease.id)
-            self._lease = lease.id
+            self._lease = counters.register_holder(
+                self.store, self.name, {"gateway_id": self.gateway_id, "pid": os.getpid(), "since": round(time.time())},
+                self.lease_secs)
 
     def renew(self) -> None:
         if self._lease is None or not self.store.refresh_lease(self._lease):
@@ -92,7 +81,7 @@ class SlotHolder:
         self._refresh_live()
         if holder in self._live:
             return True
-        alive = self.store.get(holders_prefix() + holder) is not None  # registered after our listing?
+        alive = counters.holder_alive(self.store, holder)  # registered after our listing?
         if alive:
             self._live = self._live | {holder}
         return alive
@@ -111,8 +100,7 @@ class SlotHolder:
     def _refresh_live(self) -> None:
         now = time.monotonic()
         if now - self._live_at > LIVE_CACHE_SECS:
-            prefix = holders_prefix()
-            self._live = frozenset(kv.key[len(prefix):] for kv in self.store.list(prefix))
+            self._live = counters.live_holders(self.store)
             self._live_at = now
 
     def change(self, key: str, amount: int, limit: int | None) -> counters.Outcome:
@@ -121,10 +109,9 @@ class SlotHolder:
     def sweep(self) -> int:
         """Drop dead holders' slots from every held counter; returns how many keys changed."""
         changed = 0
-        for kv in self.store.list(slots_prefix()):
-            held = counters.parse_held(kv.value)
+        for name, held in counters.held_counters(self.store):
             if any(not self.is_live(h) for h in held):
-                counters.held_reserve(self.store, kv.key, self.name, 0, None, self.is_live)
+                counters.held_reserve(self.store, counters.held_key(name), self.name, 0, None, self.is_live)
                 changed += 1
         return changed
 
@@ -153,12 +140,11 @@ class SlotHolder:
 
 def slot_view(store: Store) -> dict:
     """Every held counter with its holders, and which holders are alive (the `slots` command)."""
-    live = {kv.key[len(holders_prefix()):] for kv in store.list(holders_prefix())}
+    live = counters.live_holders(store)
     slots = []
-    for kv in store.list(slots_prefix()):
-        held = counters.parse_held(kv.value)
+    for name, held in counters.held_counters(store):
         slots.append({
-            "counter": kv.key[len(slots_prefix()):],
+            "counter": name,
             "in_flight": sum(n for h, n in held.items() if h in live),
             "holders": {h: {"slots": n, "alive": h in live} for h, n in sorted(held.items())},
         })

@@ -9,21 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common import keyspace
+from common.records import tenant_limits
 from common.store.base import Store
 from common.tenant_limits import TenantLimits
 from gateway.refresh_cache import RefreshCache
 
 
 def read_limits(store: Store) -> dict[str, TenantLimits]:
-    out = {}
-    for kv in store.list(keyspace.tenant_limits()):
-        try:
-            limits = TenantLimits.model_validate_json(kv.value, context={"stored": True})
-        except ValueError:
-            continue  # unreadable: the gateway-wide limits apply
-        out[limits.tenant] = limits
-    return out
+    """Every tenant's limits; an unreadable record is skipped and counted (the gateway-wide limits apply)."""
+    return {limits.tenant: limits for limits in tenant_limits.list(store)}
 
 
 def tighter(gateway_wide: int, tenant: int | None) -> int:

@@ -29,14 +29,12 @@ says nothing about the queue now).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 
-from common import keyspace
-from common.errors import LimitExceeded, NotFound, TransientError
-from common.records import plans
-from common.schemas import InferenceEndpoint, ModelArtifact, Replica, ReplicaObservation
+from common.errors import LimitExceeded, NotFound, TransientError, UnreadableRecord
+from common.records import deployments, endpoints, models, observations, plans, replicas
+from common.schemas import InferenceEndpoint, Replica
 from common.store.base import Store
 from gateway.capacity import MAX_READING_AGE, Reading
 from gateway.refresh_cache import RefreshCache
@@ -131,10 +129,9 @@ def check_shed(view: EndpointView, threshold: float | None, priority: str, now: 
 
 
 def read_view(store: Store, name: str) -> EndpointView:
-    kv = store.get(keyspace.endpoints(name))
-    if kv is None:
+    endpoint = endpoints.get(store, name)
+    if endpoint is None:
         raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
-    endpoint = InferenceEndpoint.model_validate_json(kv.value)
     plan = plans.get(store, name)
     if plan is not None and plan.deployment != endpoint.deployment:
         plan = None  # a plan of the endpoint's earlier self: the next routing tick replaces it
@@ -152,28 +149,27 @@ def read_view(store: Store, name: str) -> EndpointView:
 
 def _adapters(store: Store, deployment: str) -> tuple[frozenset[str], int]:
     """The LoRA adapters of the deployment's model and how many a replica holds at once."""
-    dep = store.get(keyspace.deployments(deployment))
-    model = store.get(keyspace.models(str(json.loads(dep.value).get("model", "")))) if dep else None
-    if model is None:
+    dep = deployments.get(store, deployment)
+    m = models.get(store, dep.model) if dep else None
+    if m is None:
         return frozenset(), 4
-    m = ModelArtifact.model_validate_json(model.value)
     return frozenset(a.name for a in m.adapters), m.max_loaded_adapters
 
 
 def _pool(store: Store, deployment: str, routed: set[str]
           ) -> tuple[tuple[Replica, ...], dict[str, tuple[float, float]], dict[str, Reading]]:
     """One deployment's replicas the plan routes calls to, with their readings."""
-    replicas = [Replica.model_validate_json(r.value) for r in store.list(keyspace.replicas(deployment))]
-    ready = routable(replicas, routed)
+    ready = routable(replicas.list(store, deployment), routed)
     depths: dict[str, tuple[float, float]] = {}
     readings: dict[str, Reading] = {}
     for r in ready:
-        ob = store.get(keyspace.observations(r.replica_id))
-        if ob is not None:
-            obs = ReplicaObservation.model_validate_json(ob.value)
-            if obs.ok:
-                depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
-                readings[r.replica_id] = Reading(obs.queue_depth, obs.kv_cache_usage, obs.scraped_at)
+        try:
+            obs = observations.get(store, r.replica_id)
+        except UnreadableRecord:
+            obs = None  # a reading that does not parse says nothing about the queue now
+        if obs is not None and obs.ok:
+            depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
+            readings[r.replica_id] = Reading(obs.queue_depth, obs.kv_cache_usage, obs.scraped_at)
     return ready, depths, readings
 
 
@@ -185,7 +181,7 @@ def _view_or_none(store: Store, name: str) -> EndpointView | None:
 
 
 def _model_names(store: Store) -> frozenset[str]:
-    return frozenset(kv.key.rsplit("/", 1)[-1] for kv in store.list(keyspace.models()))
+    return frozenset(m.name for m in models.list(store))
 
 
 @dataclass

@@ -30,6 +30,11 @@ def forget(store: Store, deployment: str) -> None:
     store.delete(keyspace.scaling(deployment))
 
 
+def note_demand(store: Store, endpoint: str, at: float) -> None:
+    """The gateway saw a call for ``endpoint`` at ``at`` (unix time; it writes at most one a few seconds)."""
+    store.put(keyspace.demand(endpoint), json.dumps({"at": at}))
+
+
 def demand_at(store: Store, endpoint: str) -> float | None:
     kv = store.get(keyspace.demand(endpoint))
     try:

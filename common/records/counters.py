@@ -14,7 +14,9 @@ A held counter (in-flight slots) is a JSON object ``{holder: n}``: each process 
 slots under its holder name, and the total is the sum over LIVE holders only (``is_live``: the
 holder's lease key still exists). So a process that dies without releasing gives its slots back
 when its lease expires, while the one compare-and-swap per change keeps the total exact across
-processes. A change drops dead holders' entries; a key with no slot left is deleted.
+processes. A change drops dead holders' entries; a key with no slot left is deleted. Holders are
+``counters/holders/<name>`` keys under their process's lease (``register_holder``); held counters
+live under ``counters/slots/`` (``held_key``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common import keyspace
 from common.records import cas
 from common.store.base import Store
+
+HOLDERS = keyspace.counters("holders/")  # a live holder's key, under its lease
+SLOTS = keyspace.counters("slots/")  # held counters
 
 
 @dataclass(frozen=True)
@@ -140,3 +146,30 @@ def held_reserve(store: Store, key: str, holder: str, amount: int, limit: int | 
         return Outcome(True, sum(held.values())) if ok else None
 
     return cas.retry(attempt, f"counter {key} is too contended; try again")
+
+
+def held_key(name: str) -> str:
+    """The held counter ``name`` (an endpoint's, a key's ... in-flight slots)."""
+    return SLOTS + name
+
+
+def register_holder(store: Store, holder: str, info: dict, lease_secs: int) -> int:
+    """Register ``holder`` (with ``info``: its gateway id, pid, start) under a fresh lease of
+    ``lease_secs``; the lease id, which the holder refreshes to stay live."""
+    lease = store.grant_lease(lease_secs)
+    store.put(HOLDERS + holder, json.dumps(info, sort_keys=True), lease=lease.id)
+    return lease.id
+
+
+def live_holders(store: Store) -> frozenset[str]:
+    """Every holder whose lease is alive."""
+    return frozenset(kv.key[len(HOLDERS):] for kv in store.list(HOLDERS))
+
+
+def holder_alive(store: Store, holder: str) -> bool:
+    return store.get(HOLDERS + holder) is not None
+
+
+def held_counters(store: Store) -> list[tuple[str, dict[str, int]]]:
+    """(name under the slots prefix, {holder: n}) of every held counter, in key order."""
+    return [(kv.key[len(SLOTS):], parse_held(kv.value)) for kv in store.list(SLOTS)]
