@@ -1,0 +1,341 @@
+"""The scale rig behind scripts/bench-scale: the project's own loops on a simulated fleet.
+
+A fleet is ``nodes`` x ``per_node`` Ready replicas spread over ``endpoints`` endpoints (one
+deployment each, replica i in deployment i mod E, on node i // per_node), written to a real store
+(SQLite, or a real etcd from lab.rigs.etcd_server, secured as in production). Engines are one
+helper process serving a 50 KB vLLM page per replica port (lab.rigs.sim_engines, "quiet": frozen
+until made busy); agents are one helper process with a port per node (lab.rigs.sim_agents),
+counting what they are sent; one of them may be silent. The leader's loops are the real ones:
+controlplane.routing.controller.RoutingWorker (with its AgentClients over HTTP on loopback),
+controlplane.reconcile.apply.ReconcileWorker, and a gateway's view refresh (gateway.upstreams
+read_view over every endpoint, what its cache reloads every half TTL).
+
+Each measured pass records (``Figures``): the leader process's CPU-seconds (time.process_time:
+every thread of this process, so work moved off the event loop still counts), wall seconds, the
+longest stretch the event loop did not yield (a task sleeping 10 ms records how late it woke),
+store write and read calls, connections the leader opened to engines and to agents, requests
+engines answered, push requests and services agents received, endpoints whose plan generation
+moved and replicas whose observation was rewritten. Between passes (``Fleet.between_passes``,
+not measured) engines and agents drop idle kept-alive connections, as their 5 s keep-alive
+timeout does within fabricd's 10 s and 15 s periods, and every agent heartbeats with the service
+generations it holds, as agents do every 10 s.
+
+Routing passes, in order: ``first`` (everything new), ``second`` (the first rates appear),
+``idle`` (nothing moved), ``change`` (the
+queue of one replica in each of ``changed`` endpoints rises), ``busy`` (every engine's counters
+move: every observation changes, the worst case). Reconcile: ``first`` and ``steady``. Gateway:
+one refresh of every endpoint's view.
+
+Balancer nodes (issue 49 item 1): ``balancers`` marks the first N nodes as balancers through the
+Node field that item adds (``roles`` or ``balancer``, whichever the schema has); until then every
+node is one, and ``Fleet.balancer_role`` says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import keyspace
+from common.records import plans
+from common.schemas import (
+    GpuInfo,
+    GpuRequest,
+    InferenceDeployment,
+    InferenceEndpoint,
+    InferenceProfile,
+    ModelArtifact,
+    Node,
+    Replica,
+)
+from common.store.base import Store
+from controlplane.agent_client import AgentClients
+from controlplane.placement import vip_pool
+from controlplane.reconcile import plan as rp
+from controlplane.reconcile.apply import ReconcileWorker
+from controlplane.routing.controller import RoutingWorker
+from gateway.upstreams import read_view
+from lab.rigs.loopback_http import free_ports, raise_fd_limit
+from lab.rigs.sim_agents import SimAgents
+from lab.rigs.sim_engines import SimEngines
+
+WRITES = frozenset({"put", "create", "cas", "create_all", "delete", "delete_prefix"})
+READS = frozenset({"get", "list", "revision"})
+SETUP_BATCH = 50  # records per create_all at setup (etcd's default --max-txn-ops is 128)
+LAG_TICK_S = 0.01
+
+
+class CountingStore:
+    """A Store that counts the calls made through it: writes by kind of record, reads."""
+
+    def __init__(self, inner: Store):
+        self.inner = inner
+        self.writes = 0
+        self.reads = 0
+        self.written: dict[str, int] = {}  # /fabric/<kind>/ -> write calls
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name in WRITES:
+            def counted(key, *args, **kwargs):
+                self.writes += 1
+                kind = "batch" if name == "create_all" else key.split("/")[2]
+                self.written[kind] = self.written.get(kind, 0) + 1
+                return attr(key, *args, **kwargs)
+            return counted
+        if name in READS:
+            def read(*args, **kwargs):
+                self.reads += 1
+                return attr(*args, **kwargs)
+            return read
+        return attr
+
+
+class LagProbe:
+    """The longest the event loop went without running a task due every 10 ms."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(LAG_TICK_S)
+            self.worst = max(self.worst, loop.time() - t0 - LAG_TICK_S)
+
+    def __enter__(self) -> LagProbe:
+        self.worst = 0.0
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+@dataclass
+class Figures:
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    max_stall_s: float = 0.0
+    store_writes: int = 0
+    store_reads: int = 0
+    writes_by_kind: dict[str, int] = field(default_factory=dict)
+    engine_connections: int = 0
+    engine_requests: int = 0
+    agent_connections: int = 0
+    push_requests: int = 0
+    push_services: int = 0
+    agent_calls: dict[str, int] = field(default_factory=dict)
+    changed_endpoints: int = 0
+    observations_written: int = 0
+    agents_pushed: int = 0  # agents that received at least one request in the pass
+    waited_silent: bool = False  # the pass waited for the silent agent's answer
+
+    def rounded(self) -> dict:
+        out = asdict(self)
+        for k in ("cpu_s", "wall_s", "max_stall_s"):
+            out[k] = round(out[k], 4)
+        return out
+
+
+@dataclass(frozen=True)
+class Size:
+    nodes: int
+    endpoints: int
+    per_node: int = 8
+    balancers: int | None = None  # None: every node (the only choice until nodes have roles)
+    silent_agent: bool = False
+    changed: int = 0  # endpoints whose replica's queue rises in the change pass; 0: max(1, E // 10)
+
+    @property
+    def replicas(self) -> int:
+        return self.nodes * self.per_node
+
+    @property
+    def changed_endpoints(self) -> int:
+        return min(self.changed or max(1, self.endpoints // 10), self.endpoints, self.replicas)
+
+
+def _balancer_fields(index: int, balancers: int | None) -> dict:
+    if balancers is None:
+        return {}
+    if "roles" in Node.model_fields:
+        return {"roles": ["balancer"] if index < balancers else []}
+    if "balancer" in Node.model_fields:
+        return {"balancer": index < balancers}
+    return {}
+
+
+class Fleet:
+    """The records, engines and agents of one Size on one store (a context manager)."""
+
+    def __init__(self, store: Store, size: Size):
+        self.raw = store
+        self.size = size
+        self.store = CountingStore(store)
+        self.engine_ports = free_ports(size.replicas)
+        self.agent_ports = free_ports(size.nodes + 1)  # [0]: the agents' control port
+        self.silent_port = self.agent_ports[1] if size.silent_agent else None
+        self.balancer_role = bool(_balancer_fields(0, 1))
+        self._stack = ExitStack()
+        self.engines: SimEngines
+        self.agents: SimAgents
+
+    def __enter__(self) -> Fleet:
+        raise_fd_limit()
+        self.engines = self._stack.enter_context(SimEngines(self.engine_ports, "quiet"))
+        self.agents = self._stack.enter_context(SimAgents(self.agent_ports, {self.silent_port} if self.silent_port
+                                                          else set()))
+        self._write_records()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def deployment_of(self, i: int) -> str:
+        return f"d{i % self.size.endpoints:04d}"
+
+    def _write_records(self) -> None:
+        s, now = self.size, time.time()
+        gpus = [GpuInfo(index=g, uuid=f"g{g}", name="NVIDIA H100", pci=f"0000:{0x10 + g:02x}:00.0",
+                        memory_total_mib=81920) for g in range(s.per_node)]
+        items = [(keyspace.models("m"), ModelArtifact(name="m", source="hf://org/m").model_dump_json()),
+                 (keyspace.profiles("p"), InferenceProfile(name="p", gpu=GpuRequest(count=1, vram_gib=40), cpu=4,
+                                                           memory_gib=16).model_dump_json())]
+        self.nodes = [Node(id=f"n{n:04d}", address=f"http://127.0.0.1:{self.agent_ports[n + 1]}", gpus=gpus,
+                           cpu_free=128, memory_free_gib=1024, last_heartbeat=now, **_balancer_fields(n, s.balancers))
+                      for n in range(s.nodes)]
+        items += [(keyspace.nodes(n.id), n.model_dump_json()) for n in self.nodes]
+        counts = [0] * s.endpoints
+        for i in range(s.replicas):
+            counts[i % s.endpoints] += 1
+        for e in range(s.endpoints):
+            d = f"d{e:04d}"
+            items.append((keyspace.deployments(d), InferenceDeployment(name=d, model="m", profile="p",
+                                                                       replicas=counts[e]).model_dump_json()))
+            items.append((keyspace.endpoints(f"e{e:04d}"), InferenceEndpoint(name=f"e{e:04d}", deployment=d,
+                                                                              routing="least_queue").model_dump_json()))
+        for i, port in enumerate(self.engine_ports):
+            d, node = self.deployment_of(i), i // s.per_node
+            r = Replica(replica_id=f"{d}-{i}", deployment=d, ordinal=i // s.endpoints, node=f"n{node:04d}",
+                        gpus=[gpus[i % s.per_node].pci], host="127.0.0.1", port=port, phase="Ready", ready=True,
+                        ready_since=now - 60)
+            items.append((keyspace.replicas(d, r.replica_id), r.model_dump_json()))
+        for k in range(0, len(items), SETUP_BATCH):
+            assert self.raw.create_all(items[k:k + SETUP_BATCH]), "the store already holds this fleet"
+
+    def between_passes(self) -> None:
+        """What happens in the period between two passes, outside the measurement: the engines' and
+        agents' keep-alive timeouts close idle connections, and every agent heartbeats (through
+        fabricd's API, not the leader's loops) with the service generations it holds."""
+        self.engines.drop_idle()
+        self.agents.drop_idle()
+        held, now = self.agents.held(), time.time()
+        for n, port in zip(self.nodes, self.agent_ports[1:]):
+            self.raw.put(keyspace.nodes(n.id), n.model_copy(update={
+                "last_heartbeat": now, "service_generations": held.get(port, {})}).model_dump_json())
+
+    def change_queues(self, waiting: int) -> None:
+        """The first replica of each of the first ``changed_endpoints`` endpoints gets ``waiting`` queued."""
+        for i in range(self.size.changed_endpoints):
+            self.engines.set_load(self.engine_ports[i], waiting)
+
+    async def measure(self, run: Callable[[], Awaitable[None]], routing: RoutingWorker | None = None) -> Figures:
+        self.between_passes()
+        before_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
+        eng0, ag0 = self.engines.stats(), self.agents.stats()
+        w0, r0, kinds0 = self.store.writes, self.store.reads, dict(self.store.written)
+        silent_node = f"n{0:04d}" if self.silent_port else None
+        with LagProbe() as lag:
+            c0, t0 = time.process_time(), time.perf_counter()
+            await run()
+            cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+        eng1, ag1 = self.engines.stats(), self.agents.stats()
+        after_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
+        kinds = {k: v - kinds0.get(k, 0) for k, v in self.store.written.items() if v != kinds0.get(k, 0)}
+        return Figures(
+            cpu_s=cpu, wall_s=wall, max_stall_s=lag.worst, store_writes=self.store.writes - w0,
+            store_reads=self.store.reads - r0, writes_by_kind=kinds,
+            engine_connections=eng1["connections"] - eng0["connections"],
+            engine_requests=(eng1["metrics"] + eng1["health"]) - (eng0["metrics"] + eng0["health"]),
+            agent_connections=ag1["connections"] - ag0["connections"],
+            push_requests=ag1["calls"].get("PUT /v1/maglev/services", 0) - ag0["calls"].get(
+                "PUT /v1/maglev/services", 0),
+            push_services=ag1["services"] - ag0["services"],
+            agent_calls={k: v - ag0["calls"].get(k, 0) for k, v in ag1["calls"].items()
+                         if v != ag0["calls"].get(k, 0)},
+            changed_endpoints=sum(1 for e, g in after_plans.items() if before_plans.get(e) != g),
+            observations_written=kinds.get("observations", 0),
+            agents_pushed=sum(1 for p, n in ag1["per_agent"].items() if n != ag0["per_agent"].get(p, 0)),
+            waited_silent=bool(routing is not None and silent_node in routing.pushes.waited))
+
+
+def gateway_refresh(store: Store, endpoints: list[str]) -> None:
+    """What one gateway's view cache does per refresh: every endpoint's view read again."""
+    for name in endpoints:
+        read_view(store, name)
+
+
+async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> dict:
+    """Every measured pass of the rig on ``fleet`` (see the module docstring)."""
+    agents = AgentClients(state_dir, insecure=True)
+    routing = RoutingWorker(fleet.store, agents, vip_pool.parse_pool("10.96.0.0/20"),
+                            push_deadline_s=push_deadline_s)
+    reconcile = ReconcileWorker(fleet.store, agents, rp.ReconcileSettings())
+    out: dict[str, dict] = {"routing": {}, "reconcile": {}, "gateway": {}}
+    try:
+        out["routing"]["first"] = (await fleet.measure(routing.tick, routing)).rounded()
+        # The second scrape gives every replica its first rates: each observation is written again.
+        out["routing"]["second"] = (await fleet.measure(routing.tick, routing)).rounded()
+        out["routing"]["idle"] = (await fleet.measure(routing.tick, routing)).rounded()
+        fleet.change_queues(8)
+        out["routing"]["change"] = (await fleet.measure(routing.tick, routing)).rounded()
+        fleet.engines.set_busy(True)
+        out["routing"]["busy"] = (await fleet.measure(routing.tick, routing)).rounded()
+        fleet.engines.set_busy(False)
+        out["reconcile"]["first"] = (await fleet.measure(reconcile.tick)).rounded()
+        out["reconcile"]["steady"] = (await fleet.measure(reconcile.tick)).rounded()
+        names = [f"e{e:04d}" for e in range(fleet.size.endpoints)]
+        gw = CountingStore(fleet.raw)
+
+        async def refresh() -> None:
+            gateway_refresh(gw, names)
+
+        out["gateway"]["refresh"] = (await fleet.measure(refresh)).rounded()
+        out["gateway"]["refresh"]["store_reads"] = gw.reads
+    finally:
+        await routing.aclose()
+        await reconcile.aclose()
+        await agents.aclose()
+    return out
+
+
+def run_size(size: Size, store_kind: str, *, etcd=None, push_deadline_s: float = 5.0) -> dict:
+    """One fleet on a fresh store: ``store_kind`` "sqlite", or "etcd" on the running ``etcd``
+    server (its keys are removed first). The figures of every pass, by loop."""
+    from common.store.sqlite_store import SqliteStore
+
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        if store_kind == "sqlite":
+            store: Store = SqliteStore(Path(tmp) / "fabric.db")
+        else:
+            store = etcd.open()
+            store.delete_prefix(keyspace.ROOT + "/")
+        try:
+            t0 = time.perf_counter()
+            with Fleet(store, size) as fleet:
+                setup_s = time.perf_counter() - t0
+                out = asyncio.run(run_loops(fleet, Path(tmp), push_deadline_s))
+        finally:
+            store.close()
+    return {"store": store_kind, **asdict(size), "replicas": size.replicas, "setup_s": round(setup_s, 2),
+            "balancer_role": fleet.balancer_role, **out}

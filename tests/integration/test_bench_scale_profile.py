@@ -1,0 +1,87 @@
+"""bench-scale's small profile: the growth laws' shape at three tiny fleets, never a time.
+
+lab.rigs.scale drives the real routing controller, reconcile loop and a gateway's view refresh
+on SQLite with simulated engines (50 KB vLLM pages) and agents (one of them silent) on loopback,
+at 2, 4 and 8 nodes x 8 replicas behind 4 endpoints. Each test states one law over all three
+sizes. A law today's code breaks is marked xfail(strict=True) with the issue item that fixes it,
+so the mark fails the suite the day the law holds and must then go.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lab.rigs.scale import Size, run_size
+from lab.rigs.scale_laws import laws
+
+NODES = (2, 4, 8)
+ENDPOINTS = 4
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    # A short push deadline: the silent agent is waited for once, in each fleet's first pass.
+    return [run_size(Size(nodes=n, endpoints=ENDPOINTS, silent_agent=True), "sqlite", push_deadline_s=0.5)
+            for n in NODES]
+
+
+def test_an_idle_pass_pushes_nothing_and_writes_nothing(runs):
+    for run in runs:
+        idle = run["routing"]["idle"]
+        assert (idle["push_requests"], idle["push_services"]) == (0, 0), run["nodes"]
+        assert idle["changed_endpoints"] == 0
+        assert idle["store_writes"] == 0, idle["writes_by_kind"]
+
+
+def test_pushes_follow_changed_endpoints_times_answering_agents_in_one_batch_each(runs):
+    for run in runs:
+        change = run["routing"]["change"]
+        answering = run["nodes"] - 1  # the silent agent still holds its first request: not sent more
+        assert change["changed_endpoints"] == Size(nodes=run["nodes"], endpoints=ENDPOINTS).changed_endpoints
+        assert change["push_services"] == answering * change["changed_endpoints"]
+        assert change["push_requests"] == answering  # one request per agent per pass
+        assert change["agents_pushed"] == answering
+
+
+def test_a_silent_agent_is_waited_for_once_and_delays_no_other_agent(runs):
+    for run in runs:
+        assert run["routing"]["first"]["waited_silent"]
+        assert not run["routing"]["change"]["waited_silent"]
+        assert run["routing"]["change"]["agents_pushed"] == run["nodes"] - 1
+
+
+def test_observations_are_written_when_they_change_materially(runs):
+    for run in runs:
+        change, busy = run["routing"]["change"], run["routing"]["busy"]
+        assert change["observations_written"] == change["changed_endpoints"]  # one replica each moved
+        assert busy["observations_written"] == run["replicas"]  # every engine moved
+
+
+def test_the_routing_pass_reads_the_store_a_fixed_number_of_times(runs):
+    assert laws(runs, "replicas")["routing_store_reads_busy"] == 0.0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 49 item 4: one store write per changed observation, not batched")
+def test_store_writes_are_batched(runs):
+    for run in runs:
+        busy = run["routing"]["busy"]
+        assert busy["store_writes"] < busy["observations_written"]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 49 item 3: the leader scrapes every replica's /metrics itself")
+def test_the_routing_leader_opens_no_connection_per_replica(runs):
+    for run in runs:
+        assert run["routing"]["busy"]["engine_requests"] == 0
+        assert run["routing"]["busy"]["engine_connections"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 49 item 3: the reconcile pass probes every replica's /health itself")
+def test_the_reconcile_leader_opens_no_connection_per_replica(runs):
+    for run in runs:
+        assert run["reconcile"]["steady"]["engine_requests"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 49 item 4: a gateway re-reads every replica's observation per refresh "
+                   "instead of listing once and watching")
+def test_a_gateway_refresh_reads_do_not_grow_with_replicas(runs):
+    assert laws(runs, "replicas")["gateway_store_reads"] == 0.0
