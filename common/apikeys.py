@@ -1,4 +1,4 @@
-"""Inference API keys: format, HMAC hashing, verification and their records in the store.
+"""Inference API keys: format, HMAC hashing, verification and rotation (their records: common.records.api_keys).
 
 A key reads ``fvai_<prefix>_<secret>``. The prefix (12 hex chars) is an index, not a secret:
 the gateway looks the record up by prefix, then compares HMAC-SHA256(server secret, whole key)
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import keyspace
-from common.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from common.errors import InvalidInput, Unauthorized
+from common.records import api_keys
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
 
@@ -184,91 +184,27 @@ def rotated(record: ApiKeyRecord, hmac_secret: bytes, overlap_secs: int, now: fl
     return record.model_copy(update=update), plaintext
 
 
-# --- records in the store -------------------------------------------------------------------
-
-
-def index_items(record: ApiKeyRecord) -> list[tuple[str, str]]:
-    """The index keys a record owns: prefix -> id (the gateway's lookup) and (endpoint, name) -> id
-    (names are unique per endpoint)."""
-    return [(keyspace.api_key_prefixes(record.prefix), record.id),
-            (keyspace.api_key_names(record.endpoint, record.name), record.id)]
-
-
-def _drop_stale_name(store: Store, record: ApiKeyRecord) -> bool:
-    """Remove a name index entry whose key record is gone (a delete that stopped half-way);
-    True if the name is free to claim again."""
-    kv = store.get(keyspace.api_key_names(record.endpoint, record.name))
-    if kv is None:
-        return True
-    if store.get(keyspace.api_keys(kv.value)) is not None:
-        return False
-    return store.delete(kv.key, mod_revision=kv.mod_revision) or store.get(kv.key) is None
-
-
-def save_new(store: Store, record: ApiKeyRecord) -> None:
-    """Write the record and both index keys in one create-all transaction: of concurrent creates
-    of the same (endpoint, name) exactly one wins, and a loser writes nothing. Raises Conflict
-    (already_exists) when the name is held, InvalidInput on a (random) prefix collision."""
-    items = [*index_items(record), (keyspace.api_keys(record.id), record.model_dump_json())]
-    for _ in range(3):
-        if store.create_all(items):
-            return
-        if not _drop_stale_name(store, record):
-            raise Conflict(f"endpoint {record.endpoint!r} already has a key named {record.name!r}; rotate or "
-                           "delete it", code="already_exists")
-        if store.get(keyspace.api_key_prefixes(record.prefix)) is not None:
-            raise InvalidInput("key prefix collision; try again")
-    raise InvalidInput(f"key name {record.name!r} is being changed concurrently; try again")
+# --- records in the store (common.records.api_keys) -------------------------------------------
 
 
 def create_key(store: Store, spec: KeySpec, hmac_secret: bytes) -> tuple[ApiKeyRecord, str]:
     record, plaintext = build_record(spec, hmac_secret)
-    save_new(store, record)
+    api_keys.save_new(store, record)
     return record, plaintext
-
-
-def get_key(store: Store, key_id: str) -> ApiKeyRecord:
-    kv = store.get(keyspace.api_keys(key_id))
-    if kv is None:
-        raise NotFound(f"API key {key_id!r} does not exist")
-    return ApiKeyRecord.model_validate_json(kv.value)
-
-
-def find_by_prefix(store: Store, prefix: str) -> ApiKeyRecord | None:
-    kv = store.get(keyspace.api_key_prefixes(prefix))
-    if kv is None:
-        return None
-    rec = store.get(keyspace.api_keys(kv.value))
-    return None if rec is None else ApiKeyRecord.model_validate_json(rec.value)
-
-
-def list_keys(store: Store) -> list[ApiKeyRecord]:
-    return [ApiKeyRecord.model_validate_json(kv.value) for kv in store.list(keyspace.api_keys())]
-
-
-def delete_key(store: Store, key_id: str) -> None:
-    """The record first (the key stops working), then its index entries, each only while it
-    still points at this id (never a successor's claim on the same name)."""
-    record = get_key(store, key_id)
-    store.delete(keyspace.api_keys(key_id))
-    for key, owner in index_items(record):
-        kv = store.get(key)
-        if kv is not None and kv.value == owner:
-            store.delete(key, mod_revision=kv.mod_revision)
 
 
 def rotate_key(
     store: Store, key_id: str, hmac_secret: bytes, overlap_secs: int = DEFAULT_OVERLAP_SECS, renew: bool = False
 ) -> tuple[ApiKeyRecord, str]:
-    for _ in range(20):
-        kv = store.get(keyspace.api_keys(key_id))
-        if kv is None:
-            raise NotFound(f"API key {key_id!r} does not exist")
-        new, plaintext = rotated(ApiKeyRecord.model_validate_json(kv.value), hmac_secret, overlap_secs, time.time(),
-                                 renew)
-        if store.cas(kv.key, new.model_dump_json(), kv.mod_revision):
-            return new, plaintext
-    raise InvalidInput(f"API key {key_id!r} is being changed concurrently; try again")
+    """A new secret for the key (its old one valid ``overlap_secs`` more); (record, plaintext)."""
+    plaintext: list[str] = []
+
+    def rotate(record: ApiKeyRecord) -> ApiKeyRecord:
+        new, text = rotated(record, hmac_secret, overlap_secs, time.time(), renew)
+        plaintext[:] = [text]
+        return new
+
+    return api_keys.update(store, key_id, rotate), plaintext[0]
 
 
 def public_view(record: ApiKeyRecord) -> dict:

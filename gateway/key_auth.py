@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from common import apikeys
 from common.errors import Forbidden, Unauthorized
+from common.records import api_keys
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
 from gateway.oidc import OidcVerifier, looks_like_jwt
@@ -124,7 +125,7 @@ class Authenticator:
         return True
 
     async def _record(self, prefix: str) -> ApiKeyRecord | None:
-        return await self._cache.get(prefix, lambda: apikeys.find_by_prefix(self.store, prefix))
+        return await self._cache.get(prefix, lambda: api_keys.find_by_prefix(self.store, prefix))
 
     async def identify(self, headers: dict[str, str], endpoint: str | None) -> Identity:
         """Who is calling, from the headers alone (run before any body byte is read). endpoint

@@ -1,6 +1,6 @@
 """Inference API key operations: create, rotate, delete (and resolve a key by id or name).
 
-A name is unique per endpoint (409 already_exists; the exact claim is apikeys.save_new's
+A name is unique per endpoint (409 already_exists; the exact claim is api_keys.save_new's
 create-all). A key scoped to a model must name what the endpoint's deployment serves (422
 model_not_served). A tenant-bound caller sees only its tenant's keys (others are absent, 404),
 and a key it creates gets its tenant and must be on an endpoint of it (403 tenant_mismatch for a
@@ -35,7 +35,7 @@ from pydantic import Field
 
 from common import apikeys
 from common.errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound, TransientError
-from common.records import deployments, endpoints, models, playground_slots
+from common.records import api_keys, deployments, endpoints, models, playground_slots
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
 from controlplane.state import AppState
 from controlplane.tenancy import key_policies, owners
@@ -107,7 +107,7 @@ def resolve(ctx: AppState, caller: Principal, ref: str) -> ApiKeyRecord:
     """A key by id, else by name (unique per endpoint; the same name on two endpoints is ambiguous),
     among the keys `caller` may see."""
     try:
-        record = apikeys.get_key(ctx.store, ref)
+        record = api_keys.get(ctx.store, ref)
         if visible(caller, "key", owners.key_tenant(ctx.store, record)):
             return record
     except NotFound:
@@ -132,9 +132,9 @@ def create(ctx: AppState, caller: Principal, body: KeyCreate, owner: str | None 
         # A key acts for its tenant (limits, audit, chargeback): never another than its endpoint's.
         raise Forbidden(f"tenant: endpoint {body.endpoint!r} belongs to tenant {ep_tenant!r}; its keys cannot act "
                         f"for tenant {body.tenant!r}", code="tenant_mismatch")
-    if any(r.name == body.name and r.endpoint == body.endpoint for r in apikeys.list_keys(ctx.store)):
+    if any(r.name == body.name and r.endpoint == body.endpoint for r in api_keys.list(ctx.store)):
         # Fast path, and the guard for keys stored before the name index; the exact claim is
-        # apikeys.save_new's create-all.
+        # api_keys.save_new's create-all.
         raise Conflict(f"endpoint {body.endpoint!r} already has a key named {body.name!r}; rotate or delete it",
                        code="already_exists")
     if body.model is not None:
@@ -169,16 +169,16 @@ def renew(ctx: AppState, caller: Principal, ref: str) -> NewSecret:
 
 def delete(ctx: AppState, caller: Principal, ref: str) -> ApiKeyRecord:
     record = resolve(ctx, caller, ref)
-    apikeys.delete_key(ctx.store, record.id)
+    api_keys.delete(ctx.store, record.id)
     return record
 
 
 def _purge_expired_playground(ctx: AppState, endpoint: str, now: float) -> None:
     """Delete the endpoint's expired playground keys, and free their slots."""
     gone = set()
-    for k in apikeys.list_keys(ctx.store):
+    for k in api_keys.list(ctx.store):
         if k.endpoint == endpoint and k.owner is not None and apikeys.is_expired(k, now):
-            apikeys.delete_key(ctx.store, k.id)
+            api_keys.delete(ctx.store, k.id)
             gone.add(k.id)
     if gone:
         playground_slots.free(ctx.store, endpoint, gone)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from common import apikeys, keyspace
+from common import keyspace
 from common.errors import Forbidden, NotFound, UnreadableRecord
+from common.records import api_keys
 from common.records.kinds import BY_KIND
 from common.schemas import ApiKeyRecord
 from common.store.base import Store
@@ -45,7 +46,7 @@ def key_tenant(store: Store, record: ApiKeyRecord) -> str | None:
 
 def _key_tenant(store: Store, ref: str):
     try:
-        record = apikeys.get_key(store, ref)  # the key records' one reader (common.apikeys)
+        record = api_keys.get(store, ref)  # the key records' one reader (common.records.api_keys)
     except NotFound:
         return _MISSING  # by name: the handler resolves among the caller's own keys (keys_for)
     return key_tenant(store, record)
@@ -53,7 +54,7 @@ def _key_tenant(store: Store, ref: str):
 
 def keys_for(store: Store, principal: Principal) -> list[ApiKeyRecord]:
     """The keys ``principal`` may see (all of them for a cluster-wide caller)."""
-    records = apikeys.list_keys(store)
+    records = api_keys.list(store)
     if not principal.bound:
         return records
     return [r for r in records if visible(principal, "key", key_tenant(store, r))]

@@ -10,6 +10,7 @@ import pytest
 
 from common import apikeys, keyspace
 from common.errors import Conflict
+from common.records import api_keys
 
 SECRET = b"s" * 32
 
@@ -23,19 +24,19 @@ def test_a_second_key_of_the_same_name_writes_nothing_and_delete_frees_it(store)
     first, _ = apikeys.create_key(store, spec(ep, "a/b c"), SECRET)  # any name; the index encodes it
     loser, _ = apikeys.build_record(spec(ep, "a/b c"), SECRET)
     with pytest.raises(Conflict) as refused:
-        apikeys.save_new(store, loser)
+        api_keys.save_new(store, loser)
     assert refused.value.code == "already_exists"
     assert store.get(keyspace.api_keys(loser.id)) is None
     assert store.get(keyspace.api_key_prefixes(loser.prefix)) is None
     assert store.get(keyspace.api_key_names(ep, "a/b c")).value == first.id
     other, _ = apikeys.create_key(store, spec(f"{ep}-2", "a/b c"), SECRET)  # another endpoint: fine
-    apikeys.delete_key(store, first.id)
+    api_keys.delete(store, first.id)
     assert store.get(keyspace.api_key_names(ep, "a/b c")) is None
     assert store.get(keyspace.api_key_names(f"{ep}-2", "a/b c")).value == other.id
     again, _ = apikeys.create_key(store, spec(ep, "a/b c"), SECRET)
     assert store.get(keyspace.api_key_names(ep, "a/b c")).value == again.id
     for rec in (other, again):
-        apikeys.delete_key(store, rec.id)
+        api_keys.delete(store, rec.id)
 
 
 def test_a_name_left_behind_by_a_half_done_delete_is_reclaimed(store):
@@ -45,5 +46,5 @@ def test_a_name_left_behind_by_a_half_done_delete_is_reclaimed(store):
     new, _ = apikeys.create_key(store, spec(ep), SECRET)
     assert store.get(keyspace.api_key_names(ep, "k")).value == new.id
     store.delete(keyspace.api_key_prefixes(old.prefix))
-    apikeys.delete_key(store, new.id)
+    api_keys.delete(store, new.id)
     assert store.get(keyspace.api_key_names(ep, "k")) is None

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from common import apikeys, audit_chain
+from common.records import api_keys
 from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import (
     HMAC_SECRET,
@@ -86,7 +87,7 @@ def test_refusals_have_openai_error_shape_and_right_status(env):
                                                                                           "content": "x"}])
     record, expired = apikeys.build_record(apikeys.KeySpec(name="old", endpoint="chat", ttl_secs=60),
                                            HMAC_SECRET.encode(), now=time.time() - 120)
-    apikeys.save_new(store, record)
+    api_keys.save_new(store, record)
     assert _status(env, "chat", {"authorization": f"Bearer {expired}"}) == (401, "expired_api_key")
     r = httpx.post(env["gw"].openai_base("chat") + "/chat/completions", content=b"x" * (1024 * 1024 + 10),
                    headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
@@ -114,7 +115,7 @@ def test_rotation_keeps_old_secret_during_overlap_only(env):
     assert _status(env, "chat", {"authorization": f"Bearer {new}"})[0] == 401
     assert _status(env, "chat", {"authorization": f"Bearer {old}"})[0] == 401
     assert _status(env, "chat", {"authorization": f"Bearer {newest}"})[0] == 200
-    apikeys.delete_key(store, key_id)
+    api_keys.delete(store, key_id)
     time.sleep(0.3)
     assert _status(env, "chat", {"authorization": f"Bearer {newest}"})[0] == 401
     env["keys"] += [old, new, newest]

@@ -11,7 +11,8 @@ import re
 import httpx
 import pytest
 
-from common import apikeys, audit_chain
+from common import audit_chain
+from common.records import api_keys
 from lab.rigs.polling import wait_for
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
@@ -67,7 +68,7 @@ def test_a_deleted_key_stops_working_in_every_worker_within_the_cache_ttl(env):
     gw = env["gw"]
     key_id, key = make_key(env["store"], "chat")
     assert set(asyncio.run(fresh_connections(gw.openai_base("chat"), key, 8))) == {200}
-    apikeys.delete_key(env["store"], key_id)
+    api_keys.delete(env["store"], key_id)
     asyncio.run(asyncio.sleep(0.5))
     assert set(asyncio.run(fresh_connections(gw.openai_base("chat"), key, 8))) == {401}
 

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from common import keyspace
-from common.apikeys import find_by_prefix, parse_key, secret_matches
+from common.apikeys import parse_key, secret_matches
+from common.records.api_keys import find_by_prefix
 from common.store.connect import open_store
 from controlplane.backup.archive import HMAC_SECRET_FILE, read_manifest
 from controlplane.cli_fabricd import app
