@@ -22,8 +22,8 @@ from common.store.base import Store
 from common.store.connect import open_store
 from enginesim.process import EngineProcess, PortTaken, bind_failed, on_free_port
 from lab.rigs.polling import wait_for
+from lab.rigs.routing_plans import publish_plans
 from tests.support.fake_clock import SUITE_CLOCK
-from tests.support.routing_plans import publish_plans
 
 HMAC_SECRET = "gateway-test-hmac-secret"
 # Every gateway's limit windows read the suite's one fake clock (tests/support/fake_clock.py).

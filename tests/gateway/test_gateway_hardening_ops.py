@@ -16,8 +16,8 @@ import pytest
 from common import audit_chain, keyspace, usage_ledger
 from common.schemas import EndpointStatus, InferenceEndpoint, Node, Replica, ReplicaObservation, Site
 from lab.rigs.polling import wait_for
+from lab.rigs.routing_plans import publish_plans
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
-from tests.support.routing_plans import publish_plans
 
 
 @pytest.fixture(scope="module")

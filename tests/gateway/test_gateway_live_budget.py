@@ -34,9 +34,9 @@ from gateway.live_budget import LiveBudget
 from gateway.settings import GatewaySettings
 from gateway.slots import SlotHolder, slot_view
 from lab.rigs.polling import wait_for
+from lab.rigs.routing_plans import publish_plans
 from tests.gateway.gateway_harness import GatewayProcess, make_key, sqlite_state, tpm_used
 from tests.support.fake_clock import FakeClock
-from tests.support.routing_plans import publish_plans
 
 MSG = [{"role": "user", "content": "hi"}]  # 2 characters: a prompt estimate of 1 token
 STREAMED = 100  # content events the upstream sends, whatever max_tokens says

@@ -22,8 +22,8 @@ from common import audit_chain, keyspace
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from enginesim.process import free_port
 from lab.rigs.polling import wait_for
+from lab.rigs.routing_plans import publish_plans
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
-from tests.support.routing_plans import publish_plans
 
 ISSUER = "https://idp.example.test"
 

@@ -9,7 +9,7 @@ import pytest
 from common.rollouts import Rollout
 from common.schemas import EndpointStatus, InferenceEndpoint, Node, Replica, ReplicaObservation
 from gateway.upstreams import EndpointView, order_targets, read_view
-from tests.support.routing_plans import publish_plans
+from lab.rigs.routing_plans import publish_plans
 
 
 def view(share: int | None, n_old: int = 4, n_new: int = 1, phase: str = "Progressing", tmp_path=None) -> EndpointView:

@@ -14,7 +14,7 @@ from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation,
 from common.sites import SATURATED_QUEUE
 from common.store import open_store
 from gateway.upstreams import read_view
-from tests.support.routing_plans import publish_plans
+from lab.rigs.routing_plans import publish_plans
 
 NODES = {"n-eu1": "eu-1", "n-eu2": "eu-2", "n-us": "us-1", "n-none": ""}
 

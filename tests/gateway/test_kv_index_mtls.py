@@ -28,10 +28,10 @@ from common.schemas import (
 )
 from controlplane.cli_fabricd import app as fabricd_app
 from lab.rigs.polling import wait_for
+from lab.rigs.routing_plans import publish_plans
 from lab.rigs.servers import free_port
 from tests.gateway.gateway_harness import GatewayProcess, make_key, sim_engine, sqlite_state
 from tests.integration.orchestration_harness import agent_command, clean_env
-from tests.support.routing_plans import publish_plans
 
 NODE = "node-kv"
 DIGEST = "c" * 64

@@ -37,8 +37,8 @@ from gateway.kv_source import AgentKvSource
 from gateway.replica_router import ReplicaRouter
 from gateway.tokenize_pool import PooledHasher, TokenizePool
 from gateway.upstreams import EndpointView
+from lab.rigs.routing_plans import publish_plans
 from lab.tiny_model import write_tiny_model
-from tests.support.routing_plans import publish_plans
 
 D1, D2 = "a" * 64, "b" * 64
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "You answer briefly. " * 40},

@@ -1,5 +1,6 @@
 """Publish routing plans the way the routing controller's tick does (its real planner and record),
-for tests that run the gateway or explain without a routing loop: no scrape, no VIP, no push."""
+for tests and benchmarks that run the gateway or explain without a routing loop: no scrape, no
+VIP, no push."""
 
 from __future__ import annotations
 
