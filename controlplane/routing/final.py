@@ -1,9 +1,11 @@
 """An endpoint's final weights: the strategy's plan times the active rollout's share.
 
-One function, called by everyone who shows or pushes weights: the routing controller (what the
-agents get), GET /api/ai/explain/routing/{endpoint}, the rollout explain route and, through the
-routing explain, the console's weight bars. They cannot drift apart (a canary's split used to
-reach the agents while explain showed the strategy's weights alone).
+One function, called by the routing controller, whose result it publishes as the endpoint's plan
+(common.records.plans): the agents get that plan's service, and GET /api/ai/explain/routing, the
+rollout explain and the console's weight bars show that record (routing.publish.shown_plan; for
+an endpoint not published yet, this function's answer through routing.publish.live_plan). They
+cannot drift apart (a canary's split used to reach the agents while explain showed the strategy's
+weights alone).
 """
 
 from __future__ import annotations
