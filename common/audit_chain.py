@@ -13,8 +13,9 @@ Rows are numbered 1, 2, 3... and stored in *entries* at ``keyspace.audit(f"{firs
   gateway writing one chain must run the same version (an older writer advances one number
   per entry and would write inside a version 2 batch's range: verify then names the break).
 Appending is exact under several processes: a writer takes its entry's key with
-create-if-absent; a loser follows the entries forward to the real end and tries again, so no
-two entries share a number and every entry links to its predecessor. A tip hint
+create-if-absent (common.records.audit_log); a loser follows the entries forward to the real end
+and tries again on the one loop (common.records.cas), so no two entries share a number and every
+entry links to its predecessor. A tip hint
 (``keyspace.audit("tip")`` -> "<last row> <its entry's hash>") saves scanning; it may lag,
 never lead.
 
@@ -38,20 +39,16 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from common import keyspace
+from common.records import audit_log, cas
 from common.store.base import Store
 
 KINDS = ("ATTEMPT", "SUCCESS", "FAILED")
 GENESIS = "0" * 64
-TIP = "tip"
 _PLAIN = (str, int, bool, type(None))  # types orjson and json write alike (ASCII text aside)
 # would_refuse: the limits in shadow mode (gateway.shadow) that would have refused the call
 ALLOWED_FIELDS = {"request_id", "key_id", "tenant", "endpoint", "model", "status", "tokens", "latency_ms", "reason",
                   "would_refuse"}
 
-
-def _row_key(seq: int) -> str:
-    return keyspace.audit(f"{seq:012d}")
 
 
 def _canonical(body: dict) -> str:
@@ -143,8 +140,8 @@ class AuditChain:
     _loaded: bool = field(default=False)
 
     def _load_tip(self) -> None:
-        kv = self.store.get(keyspace.audit(TIP))
-        tip = parse_tip(kv.value) if kv else Tip(0)
+        hint = audit_log.tip(self.store)
+        tip = parse_tip(hint) if hint else Tip(0)
         if tip.seq and tip.hash:  # may lag (the append then walks forward), never leads
             self._seq, self._prev = tip.seq, tip.hash
         else:  # none yet, or a hint without a hash: walk from the start
@@ -172,18 +169,22 @@ class AuditChain:
         if not self._loaded:
             self._load_tip()
         now = time.time()
-        while True:
+
+        def attempt() -> int | None:
             first = self._seq + 1
             digest, value = seal(first, self._prev, now, rows)
-            if self.store.create_all([(_row_key(first), value)]):
+            if audit_log.claim(self.store, first, value):
                 self._seq, self._prev = first + len(rows) - 1, digest
                 if update_tip:
-                    self.store.put(keyspace.audit(TIP), f"{self._seq} {self._prev}")
+                    audit_log.put_tip(self.store, f"{self._seq} {self._prev}")
                 return first
             # Another writer took this number: follow the entries forward to the real end.
-            while (kv := self.store.get(_row_key(self._seq + 1))) is not None:
-                entry = parse_entry(kv.value)
+            while (text := audit_log.entry(self.store, self._seq + 1)) is not None:
+                entry = parse_entry(text)
                 self._seq, self._prev = entry.seq + len(entry.rows) - 1, entry.hash
+            return None
+
+        return cas.retry(attempt, "the audit chain's end moved on every try; try again")
 
 
 @dataclass(frozen=True)
@@ -205,14 +206,10 @@ class VerifyResult:
     reason: str = ""
 
 
-def _entries(store: Store) -> list[tuple[str, str]]:
-    return [(kv.key, kv.value) for kv in store.list(keyspace.audit()) if not kv.key.endswith("/" + TIP)]
-
-
 def read_rows(store: Store) -> list[dict]:
     """Every row on its own, in order (an unreadable entry is skipped: verify names it)."""
     rows = []
-    for _, value in _entries(store):
+    for _, value in audit_log.entries(store):
         try:
             rows += parse_entry(value).rows
         except BadEntry:
@@ -221,11 +218,11 @@ def read_rows(store: Store) -> list[dict]:
 
 
 def verify(store: Store, stored_tip: Tip | None = None) -> VerifyResult:
-    hint = store.get(keyspace.audit(TIP))  # before the rows: a row appended meanwhile makes it lag, not lead
-    result, spans = _verify_links(_entries(store))
+    hint = audit_log.tip(store)  # before the rows: a row appended meanwhile makes it lag, not lead
+    result, spans = _verify_links(audit_log.entries(store))
     if not result.ok:
         return result
-    for tip, where in ((parse_tip(hint.value) if hint else None, "the store's tip"), (stored_tip, "the stored tip")):
+    for tip, where in ((parse_tip(hint) if hint else None, "the store's tip"), (stored_tip, "the stored tip")):
         if tip is None or tip.seq == 0:
             continue
         if tip.seq > result.rows:
@@ -253,7 +250,7 @@ def _verify_links(entries: list[tuple[str, str]]) -> tuple[VerifyResult, list[tu
             entry = parse_entry(value)
         except BadEntry:
             return VerifyResult(False, total, expected, f"row {expected}'s entry {key} is unreadable"), spans
-        if entry.seq != expected or key != _row_key(entry.seq):
+        if entry.seq != expected or key != audit_log.entry_key(entry.seq):
             return VerifyResult(False, total, expected, f"row {expected} is missing or out of order"), spans
         if entry.prev != prev:
             return VerifyResult(False, total, expected, f"row {expected} does not link to row {expected - 1}"), spans

@@ -3,8 +3,9 @@
 One etcd user per process kind, each with the role of the same name:
   - ``fabricd``: read and write on all of ``/fabric/`` (it owns every record);
   - ``gateway``: read on what a gateway routes and authenticates with (endpoints, deployments,
-    models, replicas, nodes, sites, observations, revisions, rollouts, model aliases, identity
-    mappings, tenant limits, API key records and their prefix index, budgets), read and write on
+    models, profiles, replicas, nodes, sites, observations, revisions, rollouts, the published
+    routing plans, model aliases, identity mappings, tenant limits, API key records and their
+    prefix index, budgets), read and write on
     what it counts and records (counters: limits, slots, usage; demand: cold starts; events; the
     audit chain; the usage ledger). It cannot read ``/fabric/auth/`` (the admin-token key), ``/fabric/users/`` or join
     tokens, and cannot write a deployment, a key or a node;
@@ -32,9 +33,9 @@ from common.store.etcd_store import EtcdStore
 READ, WRITE, READWRITE = "READ", "WRITE", "READWRITE"
 USERS = ("root", "fabricd", "gateway")
 
-GATEWAY_READS = ("endpoints/", "deployments/", "models/", "replicas/", "nodes/", "sites/", "observations/",
-                 "revisions/", "rollouts/", "model-aliases/", "identity-mappings/", "tenant-limits/", "keys/",
-                 "key-prefixes/", "budgets/")
+GATEWAY_READS = ("endpoints/", "deployments/", "models/", "profiles/", "replicas/", "nodes/", "sites/",
+                 "observations/", "revisions/", "rollouts/", "routing-plans/", "model-aliases/", "identity-mappings/",
+                 "tenant-limits/", "keys/", "key-prefixes/", "budgets/")
 GATEWAY_WRITES = ("counters/", "demand/", "events/", "audit/", "usage/")
 REVISION_PROBE = f"{ROOT}/.revision-probe"  # EtcdStore.revision() reads it
 

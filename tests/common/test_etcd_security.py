@@ -3,8 +3,10 @@ and a refused client gets nothing and a StoreAccessDenied saying which setting t
 
 from __future__ import annotations
 
+import ast
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -112,19 +114,48 @@ def test_the_gateway_role_reads_and_writes_what_a_gateway_does(etcd_server):
     gateway.close()
 
 
-def test_every_prefix_the_gateway_code_names_is_in_its_role():
-    """A new gateway feature that reads or writes a new part of the store must widen the role."""
-    import ast
-    from pathlib import Path
+def _keyspace_names(node: ast.AST) -> set[str]:
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "keyspace"}
 
+
+def _record_uses(tree: ast.AST) -> set[tuple[str, str]]:
+    """(records module, function) for every ``x.f`` where x is a module imported from common.records."""
+    modules = {a.asname or a.name: a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               and n.module == "common.records" for a in n.names}
+    return {(modules[n.value.id], n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id in modules}
+
+
+def _reached_through(root: Path, module: str, func: str) -> set[str]:
+    """The keyspace names ``common.records.<module>.<func>`` reaches: its body and the module's own
+    functions it calls; a verb bound from a Records object (no def of its own): the module's top level."""
+    tree = ast.parse((root / "common" / "records" / f"{module}.py").read_text())
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    if func not in defs:
+        return set().union(*(_keyspace_names(n) for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))))
+    names, todo, seen = set(), [func], set()
+    while todo:
+        fn = defs[todo.pop()]
+        seen.add(fn.name)
+        names |= _keyspace_names(fn)
+        todo += [n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id in defs and n.func.id not in seen]
+    return names
+
+
+def test_every_prefix_the_gateway_code_names_is_in_its_role():
+    """A new gateway feature that reads or writes a new part of the store must widen the role: the
+    prefixes its code names, and those the common.records functions it calls reach."""
     root = Path(__file__).resolve().parents[2]
-    names = set()
+    names: set[str] = set()
     for path in [*(root / "gateway").rglob("*.py"), root / "common" / "usage_ledger.py", root / "common" / "budgets.py",
                  root / "common" / "audit_chain.py"]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "keyspace":
-                names.add(node.attr)
-    assert names >= {"endpoints", "counters", "audit"}
+        tree = ast.parse(path.read_text())
+        names |= _keyspace_names(tree)
+        for module, func in _record_uses(tree):
+            names |= _reached_through(root, module, func)
+    assert names >= {"endpoints", "counters", "audit", "routing_plans", "api_keys", "api_key_prefixes"}
     granted = ROLES["gateway"]
     for name in sorted(names - {"ROOT"}):
         prefix = getattr(keyspace, name)()
