@@ -11,6 +11,10 @@ Semantics (etcd's, so the SQLite backend can be swapped for etcd without surpris
   - ``create_all`` creates several absent keys in one transaction at one revision, or none of
     them (an etcd txn; one SQLite transaction): how the audit writer appends a batch of rows
     with one commit instead of one per row.
+  - ``put_all`` writes several keys unconditionally in as few transactions as the backend allows
+    (SQLite: one; etcd: one txn per MAX_TXN_OPS keys, etcd's default --max-txn-ops), each
+    transaction at one revision: how a pass stores its changed observations with one round trip
+    instead of one per replica.
   - A key attached to a lease disappears when the lease expires (TTL seconds without refresh)
     or is revoked.
   - ``watch`` long-polls: it returns the events under a prefix with revision > after_revision,
@@ -23,6 +27,9 @@ from __future__ import annotations
 import builtins
 from dataclasses import dataclass
 from typing import Literal, Protocol
+
+
+MAX_TXN_OPS = 128  # etcd's default --max-txn-ops: the most keys one put_all transaction holds
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,11 @@ class Store(Protocol):
     def create_all(self, items: builtins.list[tuple[str, str]]) -> bool:
         """Create every (key, value) if none of the keys exists, at one revision; else write
         nothing and return False."""
+        ...
+
+    def put_all(self, items: builtins.list[tuple[str, str]]) -> int:
+        """Write every (key, value) (distinct keys) unconditionally, MAX_TXN_OPS keys per transaction (each at one
+        revision); returns the last revision written (the current one when items is empty)."""
         ...
 
     def delete(self, key: str, *, mod_revision: int | None = None) -> bool:

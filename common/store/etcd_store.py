@@ -44,7 +44,7 @@ import urllib3
 from etcd3gw import exceptions as etcd_exc
 
 from common.errors import Conflict, NotFound, StoreAccessDenied, TransientError
-from common.store.base import KV, Event, Lease
+from common.store.base import KV, MAX_TXN_OPS, Event, Lease
 from common.store.etcd_access import EtcdAccess
 
 REQUEST_TIMEOUT_S = 10.0
@@ -336,6 +336,16 @@ class EtcdStore:
             "failure": [],
         })
         return bool(result.get("succeeded", False))
+
+    def put_all(self, items: builtins.list[tuple[str, str]]) -> int:
+        if not items:
+            return self.revision()
+        rev = 0
+        for i in range(0, len(items), MAX_TXN_OPS):  # etcd refuses a txn over --max-txn-ops
+            result = self._post("/kv/txn", {"compare": [], "failure": [], "success": [
+                {"request_put": self._put_request(k, v, None)} for k, v in items[i:i + MAX_TXN_OPS]]})
+            rev = int(result["header"]["revision"])
+        return rev
 
     def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
         # An absent key compares as mod_revision 0 in etcd; the contract says "exists", so refuse 0.

@@ -176,6 +176,10 @@ class FencedStore:
         self.lock.check(f"create {len(items)} keys")
         return self.inner.create_all(items)
 
+    def put_all(self, items: builtins.list[tuple[str, str]]) -> int:
+        self.lock.check(f"put {len(items)} keys")
+        return self.inner.put_all(items)
+
     def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
         self.lock.check(f"cas {key}")
         return self.inner.cas(key, value, mod_revision, lease=lease)

@@ -194,6 +194,16 @@ class SqliteStore:
             db.executemany(_EVENT, [(rev, key, value) for key, value in items])
             return True
 
+    def put_all(self, items: builtins.list[tuple[str, str]]) -> int:
+        if not items:
+            return self.revision()
+        with self._write() as db:  # one transaction whatever the count: SQLite has no op bound
+            rev = _bump(db)
+            # _UPSERT keeps an existing key's create_revision: rev is only a new key's
+            db.executemany(_UPSERT, [(key, value, rev, rev, None) for key, value in items])
+            db.executemany(_EVENT, [(rev, key, value) for key, value in items])
+            return rev
+
     def cas(self, key: str, value: str, mod_revision: int, *, lease: int | None = None) -> bool:
         with self._write() as db:
             _check_lease(db, lease)

@@ -9,6 +9,7 @@ import pytest
 
 from common.errors import Conflict, NotFound, TransientError
 from common.store import open_store
+from common.store.base import MAX_TXN_OPS
 from common.store.etcd_store import EtcdStore
 from common.store.sqlite_store import SqliteStore, prefix_end
 from lab.rigs.etcd_server import free_port
@@ -69,6 +70,23 @@ def test_create_all_is_all_or_nothing_at_one_revision(store, ns):
     assert store.create_all([(ns + "batch/3", "x"), (ns + "batch/1", "y")]) is False
     assert store.get(ns + "batch/3") is None and store.get(ns + "batch/1").value == "v1"
     assert store.create_all([]) is True
+
+
+def test_put_all_writes_each_batch_at_one_revision(store, ns):
+    store.put(ns + "p/0", "old")
+    created = store.get(ns + "p/0").create_revision
+    rev = store.put_all([(ns + "p/0", "new"), (ns + "p/1", "v1")])
+    kvs = store.list(ns + "p/")
+    assert [(kv.value, kv.mod_revision) for kv in kvs] == [("new", rev), ("v1", rev)]
+    assert kvs[0].create_revision == created and kvs[1].create_revision == rev  # an update keeps its creation
+    assert store.put_all([]) == store.revision() == rev
+    # More keys than one etcd txn may hold: every one is written, watchers see each put.
+    many = [(ns + f"m/{i:04d}", str(i)) for i in range(MAX_TXN_OPS * 2 + 5)]
+    last = store.put_all(many)
+    assert [(kv.key, kv.value) for kv in store.list(ns + "m/")] == many
+    assert last == store.revision()
+    events = store.watch(ns + "m/", rev, timeout=1.0)
+    assert sorted(e.key for e in events if e.type == "put") == [k for k, _ in many]
 
 
 def test_cas(store, ns):
