@@ -28,7 +28,6 @@ import builtins
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops: the most keys one put_all transaction holds
 
 
