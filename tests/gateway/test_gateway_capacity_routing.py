@@ -16,6 +16,7 @@ import pytest
 from common import keyspace
 from common.schemas import ExternalProvider, InferenceEndpoint, ProviderKey, ReplicaObservation
 from lab.rigs.polling import wait_for
+from lab.rigs.routing_plans import publish_plans
 from tests.gateway.gateway_harness import GatewayProcess, make_key, publish_endpoint, sim_engine, sqlite_state
 
 MAIN, SPILL = ["cap-main-0", "cap-main-1"], ["cap-spill-0"]
@@ -85,6 +86,7 @@ def stack(tmp_path_factory):
             keys=[ProviderKey(file=str(keys / "key-a")), ProviderKey(file=str(keys / "key-b")),
                   ProviderKey(file=str(outside)), ProviderKey(file=str(keys / "escape"))]))
         store.put(keyspace.endpoints("ext"), ext.model_dump_json())
+        publish_plans(store)  # cap's plan with its spillover pool, as the routing tick publishes it
         gw = GatewayProcess.start(state, url, env={
             "FABRIC_SATURATION_QUEUE": "2", "FABRIC_GATEWAY_CACHE_SECS": "0.1", "FABRIC_BAND_QUEUE": "2",
             "FABRIC_BAND_TOTAL": "2", "FABRIC_BAND_TTL_SECS": "5", "FABRIC_PROVIDER_KEY_DIR": str(keys)})
