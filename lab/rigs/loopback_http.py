@@ -15,6 +15,7 @@ import asyncio
 import functools
 import json
 import resource
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -38,10 +39,11 @@ def raise_fd_limit(want: int = 65536) -> None:
 
 
 class LoopbackServers:
-    def __init__(self, ports: list[int], handler: Handler):
-        self.ports = ports
+    def __init__(self, count: int, handler: Handler):
+        self.count = count
+        self.ports: list[int] = []  # bound by start(), in order
         self.handler = handler
-        self.connections: dict[int, int] = {p: 0 for p in ports}  # accepted, per port
+        self.connections: dict[int, int] = {}  # accepted, per port
         self.idle: set[asyncio.StreamWriter] = set()  # kept-alive connections between requests
 
     def drop_idle(self) -> int:
@@ -55,7 +57,7 @@ class LoopbackServers:
         return len(dropped)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int) -> None:
-        self.connections[port] += 1
+        self.connections[port] = self.connections.get(port, 0) + 1
         try:
             while True:
                 self.idle.add(writer)
@@ -88,52 +90,46 @@ class LoopbackServers:
             writer.close()
 
     async def start(self) -> None:
-        for p in self.ports:
-            await asyncio.start_server(functools.partial(self._serve, port=p), "127.0.0.1", p, backlog=1024)
+        """Bind ``count`` free loopback ports here, so no other process can take one meanwhile."""
+        for _ in range(self.count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            self.ports.append(port)
+            await asyncio.start_server(functools.partial(self._serve, port=port), sock=sock, backlog=1024)
 
     async def serve_forever(self) -> None:
-        """A helper process's life: listen on every port, say "ready" (HelperProcess waits for it)."""
+        """A helper process's life: listen, say "ready PORT,PORT,..." (HelperProcess reads it)."""
         raise_fd_limit()
         await self.start()
-        print("ready", flush=True)
+        print("ready " + ",".join(map(str, self.ports)), flush=True)
         await asyncio.Event().wait()
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (held all at once while choosing, so none repeats)."""
-    import socket
-
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
 class HelperProcess:
-    """A helper (``python -m <module> PORTS ARGS...``) that prints "ready" once it serves; a
-    context manager. Its /sim/* controls go to ``ports[0]``; ``stats()`` reads GET /sim/stats
-    with ``connections`` less the ones these controls opened, so it counts only the client's."""
+    """A helper (``python -m <module> COUNT ARGS...``) serving COUNT ports it binds itself, which
+    it prints after "ready" (``ports``, once entered); a context manager. Its /sim/* controls go to
+    ``ports[0]``; ``stats()`` reads GET /sim/stats with ``connections`` less the ones these controls
+    opened, so it counts only the client's."""
 
     module = ""
 
-    def __init__(self, ports: list[int], *args: str):
-        self.ports = ports
+    def __init__(self, count: int, *args: str):
+        self.count = count
+        self.ports: list[int] = []
         self.args = args
         self.proc: subprocess.Popen | None = None
         self.control_connections = 0
 
     def __enter__(self):
-        self.proc = subprocess.Popen([sys.executable, "-m", self.module, ",".join(map(str, self.ports)), *self.args],
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, str(self.count), *self.args],
                                      stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert self.proc.stdout is not None
-        if self.proc.stdout.readline().strip() != "ready":
+        ready, _, ports = self.proc.stdout.readline().strip().partition(" ")
+        if ready != "ready":
             self.close()
             raise RuntimeError(f"{self.module} did not start")
+        self.ports = [int(p) for p in ports.split(",")]
         return self
 
     def __exit__(self, *exc) -> None:

@@ -61,7 +61,7 @@ from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker
 from gateway.upstreams import read_view
-from lab.rigs.loopback_http import free_ports, raise_fd_limit
+from lab.rigs.loopback_http import raise_fd_limit
 from lab.rigs.sim_agents import SimAgents
 from lab.rigs.sim_engines import SimEngines
 
@@ -182,9 +182,6 @@ class Fleet:
         self.raw = store
         self.size = size
         self.store = CountingStore(store)
-        self.engine_ports = free_ports(size.replicas)
-        self.agent_ports = free_ports(size.nodes + 1)  # [0]: the agents' control port
-        self.silent_port = self.agent_ports[1] if size.silent_agent else None
         self.balancer_role = bool(_balancer_fields(0, 1))
         self._stack = ExitStack()
         self.engines: SimEngines
@@ -192,9 +189,10 @@ class Fleet:
 
     def __enter__(self) -> Fleet:
         raise_fd_limit()
-        self.engines = self._stack.enter_context(SimEngines(self.engine_ports, "quiet"))
-        self.agents = self._stack.enter_context(SimAgents(self.agent_ports, {self.silent_port} if self.silent_port
-                                                          else set()))
+        self.engines = self._stack.enter_context(SimEngines(self.size.replicas, "quiet"))
+        self.agents = self._stack.enter_context(SimAgents(self.size.nodes, frozenset({0} if self.size.silent_agent
+                                                                                     else ())))
+        self.engine_ports, self.agent_ports = self.engines.ports, self.agents.ports  # agent_ports[0]: control
         self._write_records()
         return self
 
@@ -254,7 +252,7 @@ class Fleet:
         before_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
         eng0, ag0 = self.engines.stats(), self.agents.stats()
         w0, r0, kinds0 = self.store.writes, self.store.reads, dict(self.store.written)
-        silent_node = f"n{0:04d}" if self.silent_port else None
+        silent_node = "n0000" if self.size.silent_agent else None
         with LagProbe() as lag:
             c0, t0 = time.process_time(), time.perf_counter()
             await run()

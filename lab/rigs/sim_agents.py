@@ -3,13 +3,13 @@
 Each port answers the calls the routing and reconcile loops make of an agent, and counts them:
 PUT /v1/maglev/services (the batch push: every service "applied" at the generation sent, as an
 agent with a dataplane answers), DELETE /v1/maglev/services/... and GET /v1/vms/... (404: nothing
-there), GET /v1/health. The ports named silent accept connections and never answer (an agent
+there), GET /v1/health. The agents named silent accept connections and never answer (an agent
 wedged, or a network that drops replies). ``ports[0]`` is the control port, no agent: GET
 /sim/stats answers JSON with, for all agents together, the connections accepted, requests and
 services received, and ``per_agent`` requests by port; GET /sim/held: each agent's service key ->
 generation held (what its heartbeat reports); POST /sim/drop-idle as lab.rigs.loopback_http says.
 
-``SimAgents(ports, silent)`` starts it (``python -m lab.rigs.sim_agents``); lab.rigs.scale uses it.
+``SimAgents(agents, silent)`` starts it (``python -m lab.rigs.sim_agents``); lab.rigs.scale uses it.
 """
 
 from __future__ import annotations
@@ -23,37 +23,37 @@ from lab.rigs.loopback_http import HelperProcess, LoopbackServers
 
 
 class Agents:
-    def __init__(self, ports: list[int], silent: set[int]):
-        self.control = ports[0]
-        self.silent = silent
-        self.requests = {p: 0 for p in ports[1:]}
+    def __init__(self, agents: int, silent: set[int]):
+        self.silent_agents = silent  # indexes among the agents
+        self.requests: dict[int, int] = {}
         self.services = 0
-        self.held: dict[int, dict[str, int]] = {p: {} for p in ports[1:]}  # agent -> service key -> generation
+        self.held: dict[int, dict[str, int]] = {}  # agent port -> service key -> generation
         self.calls: dict[str, int] = {}
-        self.servers = LoopbackServers(ports, self.handle)
+        self.servers = LoopbackServers(agents + 1, self.handle)
 
     async def handle(self, port: int, method: str, path: str, body: bytes) -> tuple[int, bytes] | None:
+        self.control = self.servers.ports[0]
+        agents = self.servers.ports[1:]
         if port == self.control and path.startswith("/sim/drop-idle"):
             self.servers.drop_idle()
             return 200, b"ok"
         if port == self.control and path.startswith("/sim/held"):
             return 200, json.dumps({str(p): h for p, h in self.held.items()}).encode()
         if port == self.control:
-            agents = [p for p in self.requests]
             return 200, json.dumps({
                 "connections": sum(self.servers.connections.values()),  # less the controls: HelperProcess.stats
                 "requests": sum(self.requests.values()), "services": self.services, "calls": self.calls,
-                "per_agent": {str(p): self.requests[p] for p in agents}}).encode()
-        self.requests[port] += 1
+                "per_agent": {str(p): self.requests.get(p, 0) for p in agents}}).encode()
+        self.requests[port] = self.requests.get(port, 0) + 1
         kind = f"{method} {'/'.join(path.split('/')[:4])}"
         self.calls[kind] = self.calls.get(kind, 0) + 1
-        if port in self.silent:
+        if any(agents[i] == port for i in self.silent_agents):
             return None
         if method == "PUT" and path == "/v1/maglev/services":
             batch = json.loads(body)["services"]
             self.services += len(batch)
             for s in batch:
-                self.held[port][f"{s['vip']}:{s['port']}/{s.get('proto', 'tcp')}"] = s["generation"]
+                self.held.setdefault(port, {})[f"{s['vip']}:{s['port']}/{s.get('proto', 'tcp')}"] = s["generation"]
             results = [{"key": f"{s['vip']}:{s['port']}/{s.get('proto', 'tcp')}", "generation": s["generation"],
                         "outcome": "applied", "held": s["generation"]} for s in batch]
             return 200, json.dumps({"results": results}).encode()
@@ -63,12 +63,13 @@ class Agents:
 
 
 class SimAgents(HelperProcess):
-    """``ports[0]`` controls, ``ports[1:]`` are agents; ``silent`` agent ports never answer."""
+    """``SimAgents(agents, silent)``: ``ports[0]`` controls, ``ports[1:]`` are the agents; the
+    agents whose indexes ``silent`` names never answer."""
 
     module = "lab.rigs.sim_agents"
 
-    def __init__(self, ports: list[int], silent: set[int] = frozenset()):  # type: ignore[assignment]
-        super().__init__(ports, ",".join(map(str, sorted(silent))) or "-")
+    def __init__(self, agents: int, silent: frozenset[int] = frozenset()):
+        super().__init__(agents + 1, ",".join(map(str, sorted(silent))) or "-")
 
     def held(self) -> dict[int, dict[str, int]]:
         self.control_connections += 1
@@ -77,5 +78,5 @@ class SimAgents(HelperProcess):
 
 
 if __name__ == "__main__":
-    asyncio.run(Agents([int(p) for p in sys.argv[1].split(",")],
-                       {int(p) for p in sys.argv[2].split(",") if p.strip("-")}).servers.serve_forever())
+    asyncio.run(Agents(int(sys.argv[1]) - 1,
+                       {int(i) for i in sys.argv[2].split(",") if i.strip("-")}).servers.serve_forever())

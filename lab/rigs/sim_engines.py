@@ -11,7 +11,7 @@ POST /sim/load on a port sets that engine's vllm:num_requests_waiting; GET /sim/
 answers JSON: connections accepted, /metrics and /health requests, all ports together; POST
 /sim/drop-idle closes every idle kept-alive connection (lab.rigs.loopback_http).
 
-``SimEngines(ports, kind)`` starts the helper (``python -m lab.rigs.sim_engines``) and stops it;
+``SimEngines(count, kind)`` starts the helper (``python -m lab.rigs.sim_engines``) and stops it;
 scripts/bench-control and scripts/bench-scale (lab.rigs.scale) run their engines this way.
 """
 
@@ -90,13 +90,13 @@ def full_page(k: int, waiting: float) -> str:
 
 
 class Engines:
-    def __init__(self, ports: list[int], kind: str):
+    def __init__(self, count: int, kind: str):
         self.kind = kind
         self.busy = kind == "busy"
-        self.waiting = {p: 0 for p in ports}
-        self.scrapes = {p: 0 for p in ports}
+        self.waiting: dict[int, int] = {}
+        self.scrapes: dict[int, int] = {}
         self.stats = {"metrics": 0, "health": 0}
-        self.servers = LoopbackServers(ports, self.handle)
+        self.servers = LoopbackServers(count, self.handle)
 
     async def handle(self, port: int, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         if path.startswith("/sim/load"):
@@ -114,15 +114,17 @@ class Engines:
             self.stats["health"] += 1
             return 200, b""
         self.stats["metrics"] += 1
+        waiting = self.waiting.get(port, 0)
         if self.kind == "small":
-            return 200, (SMALL % self.waiting[port]).encode()
+            return 200, (SMALL % waiting).encode()
         if self.busy:
-            self.scrapes[port] += 1
-        return 200, full_page(self.scrapes[port], self.waiting[port]).encode()
+            self.scrapes[port] = self.scrapes.get(port, 0) + 1
+        return 200, full_page(self.scrapes.get(port, 0), waiting).encode()
 
 
 class SimEngines(HelperProcess):
-    """The helper process serving ``ports`` (see the module docstring); a context manager."""
+    """``SimEngines(count, kind)``: the helper process serving ``count`` engines on the ``ports``
+    it chose (see the module docstring); a context manager."""
 
     module = "lab.rigs.sim_engines"
 
@@ -134,4 +136,4 @@ class SimEngines(HelperProcess):
 
 
 if __name__ == "__main__":
-    asyncio.run(Engines([int(p) for p in sys.argv[1].split(",")], sys.argv[2]).servers.serve_forever())
+    asyncio.run(Engines(int(sys.argv[1]), sys.argv[2]).servers.serve_forever())
