@@ -22,6 +22,7 @@ class JoinTokenRecord(BaseModel):
     hosts: list[str] = []
     site: str | None = None  # granted to the node (None: no site)
     replica_networks: list[str] = []  # granted to the node
+    balancer: bool | None = None  # granted to the node (None: a balancer only if no node is one yet)
     created_at: float
     expires_at: float
 

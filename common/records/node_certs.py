@@ -17,6 +17,7 @@ class NodeCertRecord(BaseModel):
     node_id: str
     site: str = ""  # the site the node registers in, granted with its first certificate
     replica_networks: list[str] = Field(default_factory=list)  # granted the same way
+    balancer: bool | None = None  # granted the same way (None: a balancer only if no node is one yet)
     signed: list[float] = Field(default_factory=list)  # recent signings (UNIX s), oldest first
     revoked_before: float = 0  # a certificate of this node signed before this is revoked
 
