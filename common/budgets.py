@@ -22,12 +22,9 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from common import keyspace
-from common.records import counters
 from common.schemas import Spec, check_name, tenant_name
-from common.store.base import Store
 
 Metric = Literal["tokens", "cost"]
 Period = Literal["day", "month"]
@@ -87,15 +84,6 @@ def period_bounds(period: str, now: float) -> tuple[int, int]:
     return start, start + calendar.monthrange(d.year, d.month)[1] * 86400
 
 
-def counter_key(name: str) -> str:
-    return keyspace.counters(f"budget/{name}")
-
-
-def forget(store: Store, name: str) -> None:
-    """Drop a budget's spend counter (the budget was deleted)."""
-    store.delete(counter_key(name))
-
-
 def amount(budget: Budget, tokens: int, cost: float) -> int:
     return int(round(cost * MICRO)) if budget.metric == "cost" else tokens
 
@@ -104,41 +92,6 @@ def crossed(before: int, after: int, budget: Budget) -> list[int]:
     """The thresholds (percent) that an addition from ``before`` to ``after`` passed or reached."""
     units = budget.units()
     return [t for t in budget.thresholds if before * 100 < t * units <= after * 100]
-
-
-def spent(store: Store, budget: Budget, now: float) -> int:
-    """The budget's counter for the period containing ``now`` (counter units)."""
-    kv = store.get(counter_key(budget.name))
-    return 0 if kv is None else counters.period_value(kv.value, period_bounds(budget.period, now)[0])
-
-
-def add(store: Store, budget: Budget, units: int, now: float) -> tuple[int, int]:
-    """Add ``units`` to the budget's current period; (before, after)."""
-    start, end = period_bounds(budget.period, now)
-    after = counters.period_reserve(store, counter_key(budget.name), units, None, start, end, now).value
-    return after - units, after
-
-
-def read_all(store: Store) -> list[Budget]:
-    out = []
-    for kv in store.list(keyspace.budgets()):
-        try:
-            out.append(Budget.model_validate_json(kv.value, context={"stored": True}))
-        except ValidationError:
-            continue  # unreadable: it neither counts nor refuses
-    return sorted(out, key=lambda b: b.name)
-
-
-def spends(store: Store, now: float) -> dict[str, int]:
-    """budget name -> its counter in the current period of its own (one store list for all)."""
-    by_name = {b.name: b for b in read_all(store)}
-    prefix = keyspace.counters("budget/")
-    out = {}
-    for kv in store.list(prefix):
-        b = by_name.get(kv.key[len(prefix):])
-        if b is not None:
-            out[b.name] = counters.period_value(kv.value, period_bounds(b.period, now)[0])
-    return out
 
 
 def exhausted(budgets: Iterable[Budget], spend: dict[str, int], tenant: str | None, key: str | None) -> Budget | None:

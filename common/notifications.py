@@ -19,11 +19,9 @@ import re
 import time
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from common import keyspace
 from common.schemas import Spec, check_name, tenant_name
-from common.store.base import Store
 
 Kind = Literal["budget", "alert", "test"]
 KINDS: list[Kind] = ["budget", "alert", "test"]
@@ -101,18 +99,3 @@ class Webhook(Spec):
     def shown(self) -> dict:
         """The webhook as the API answers it: never its secret."""
         return self.model_dump(mode="json", exclude={"secret"})
-
-
-def raise_once(store: Store, n: Notification) -> bool:
-    """Create the notification unless one with its id exists; True when this call created it."""
-    return store.create(keyspace.notifications(n.id), n.model_dump_json())
-
-
-def read_webhooks(store: Store) -> list[Webhook]:
-    out = []
-    for kv in store.list(keyspace.webhooks()):
-        try:
-            out.append(Webhook.model_validate_json(kv.value, context={"stored": True}))
-        except ValidationError:
-            continue
-    return sorted(out, key=lambda w: w.name)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import time
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from common import keyspace
 from common.schemas import Spec
-from common.store.base import Store
 
 MAX_PRICE = 1e9
 
@@ -58,20 +56,3 @@ def cost(sheet: PriceSheet | None, model: str, input_tokens: int, output_tokens:
         total += ((input_tokens - cached) * p.input_per_mtok + cached * cached_price
                   + output_tokens * p.output_per_mtok) / 1e6
     return total
-
-
-def read(store: Store) -> PriceSheet | None:
-    """The sheet, or None when none was set (or it cannot be read: nothing is priced)."""
-    kv = store.get(keyspace.prices())
-    if kv is None:
-        return None
-    try:
-        return PriceSheet.model_validate_json(kv.value, context={"stored": True})
-    except ValidationError:
-        return None
-
-
-def write(store: Store, sheet: PriceSheet) -> PriceSheet:
-    sheet = PriceSheet.model_validate(sheet.model_dump(), context={"stored": True})
-    store.put(keyspace.prices(), sheet.model_dump_json())
-    return sheet

@@ -16,15 +16,13 @@ reads (controlplane.tenancy.usage: the deployment's ready GPU-seconds split by t
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from common import keyspace
-from common.store.base import Store
 
 HOUR = 3600
 DAY = 86400
@@ -100,29 +98,6 @@ def merge(rows: Iterable[UsageRow]) -> list[UsageRow]:
     return list(out.values())
 
 
-def put(store: Store, doc: UsageDoc) -> None:
-    """Write a document whole (its writer is its only writer)."""
-    store.put(keyspace.usage(doc.span, doc.start, doc.source), doc.model_dump_json())
-
-
-def docs(store: Store, since: float = 0.0, until: float = float("inf")) -> list[UsageDoc]:
-    """Every readable document whose span overlaps [since, until); unreadable ones are skipped,
-    and so is an hour a day document already holds (compaction deletes it after writing the day)."""
-    found = []
-    for kv in store.list(keyspace.usage()):
-        try:
-            found.append((kv.key, UsageDoc.model_validate_json(kv.value)))
-        except ValidationError:
-            continue
-    folded = {k for _, doc in found if doc.span == "day" for k in doc.folded}
-    return [doc for key, doc in found
-            if key not in folded and doc.start < until and doc.start + SPANS.get(doc.span, HOUR) > since]
-
-
-def stored_keys(store: Store) -> list[str]:
-    return [kv.key for kv in store.list(keyspace.usage())]
-
-
 @dataclass(frozen=True)
 class Compaction:
     """What fabricd's pass writes and deletes (pure: ``plan_compaction``)."""
@@ -131,7 +106,7 @@ class Compaction:
 
 
 def plan_compaction(stored: list[UsageDoc], keys: list[str], now: float, retention_s: float) -> Compaction:
-    """``stored``: the readable documents (``docs``); ``keys``: every key under the ledger. Hour
+    """``stored``: the readable documents (common.records.usage_docs.docs); ``keys``: every key under the ledger. Hour
     documents older than COMPACT_AFTER_S fold into their day's document (merged with the day
     already stored, which then names them in ``folded``); any document whose span ended before
     now - retention goes; a folded hour still stored is deleted."""
@@ -158,14 +133,3 @@ def plan_compaction(stored: list[UsageDoc], keys: list[str], now: float, retenti
     written = [UsageDoc(span="day", start=d, source="all", rows=merge(rows), updated_at=now, folded=folded[d])
                for d, rows in sorted(days.items())]
     return Compaction(written, delete)
-
-
-def compact(store: Store, now: float | None = None, retention_s: float = 90 * DAY) -> Compaction:
-    """Apply ``plan_compaction``: a day is written (naming the hours it holds, which readers then
-    skip) before those hours are deleted, so a crash in between neither loses nor doubles a row."""
-    plan = plan_compaction(docs(store), stored_keys(store), time.time() if now is None else now, retention_s)
-    for doc in plan.days:
-        put(store, doc)
-    for key in plan.delete:
-        store.delete(key)
-    return plan

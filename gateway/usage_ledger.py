@@ -22,7 +22,11 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from common import budgets, notifications, prices, usage_ledger
-from common.errors import LimitExceeded
+from common.errors import LimitExceeded, UnreadableRecord
+from common.records import budgets as budget_records
+from common.records import notifications as notification_records
+from common.records import prices as price_records
+from common.records import usage_docs
 from common.store.base import Store
 from common.usage_ledger import Dims, UsageDoc, UsageRow
 from gateway.batch_writer import BatchWriter
@@ -90,13 +94,16 @@ class UsageLedger:
                                 retry_after=max(1.0, end - now), code="budget_exceeded")
 
     def _read_budgets(self) -> tuple[list[budgets.Budget], dict[str, int]]:
-        found = budgets.read_all(self._store)
-        return found, (budgets.spends(self._store, self._clock()) if found else {})
+        found = budget_records.list(self._store)
+        return found, (budget_records.spends(self._store, self._clock()) if found else {})
 
     def _sheet(self, now: float) -> prices.PriceSheet | None:
         read_at, sheet = self._prices
         if now - read_at >= PRICES_TTL_S:
-            sheet = prices.read(self._store)
+            try:
+                sheet = price_records.read(self._store)
+            except UnreadableRecord:  # an operator's sheet that does not parse: nothing is priced
+                sheet = None
             self._prices = (now, sheet)
         return sheet
 
@@ -122,7 +129,7 @@ class UsageLedger:
             sums[3] += c.cached_tokens
             dirty.add(hour)
         for hour in sorted(dirty):
-            usage_ledger.put(self._store, UsageDoc(span="hour", start=hour, source=self._source, updated_at=now, rows=[
+            usage_docs.put(self._store, UsageDoc(span="hour", start=hour, source=self._source, updated_at=now, rows=[
                 UsageRow(tenant=d.tenant, key=d.key, endpoint=d.endpoint, model=d.model, adapter=d.adapter,
                          status=d.status, calls=n[0], input_tokens=n[1], output_tokens=n[2], cached_tokens=n[3])
                 for d, n in self._hours[hour].items()]))
@@ -131,7 +138,7 @@ class UsageLedger:
         self._charge(calls, now)
 
     def _charge(self, calls: list[Call], now: float) -> None:
-        found = budgets.read_all(self._store)
+        found = budget_records.list(self._store)
         if not found:
             return
         sheet = self._sheet(now) if any(b.metric == "cost" for b in found) else None
@@ -143,11 +150,11 @@ class UsageLedger:
                     units += budgets.amount(b, c.input_tokens + c.output_tokens, cost)
             if units <= 0:
                 continue
-            before, after = budgets.add(self._store, b, units, now)
+            before, after = budget_records.add(self._store, b, units, now)
             start = budgets.period_bounds(b.period, now)[0]
             for pct in budgets.crossed(before, after, b):
                 refused = pct >= 100 and b.action == "refuse"
-                notifications.raise_once(self._store, notifications.Notification(
+                notification_records.raise_once(self._store, notifications.Notification(
                     id=budgets.event_id(b, start, pct), kind="budget", severity="page" if pct >= 100 else "warning",
                     title=f"budget {b.name} at {pct}%",
                     message=(f"{b.name} ({'key ' + b.key if b.key else 'tenant ' + str(b.tenant)}) used {pct}% "

@@ -5,9 +5,9 @@ One etcd user per process kind, each with the role of the same name:
   - ``gateway``: read on what a gateway routes and authenticates with (endpoints, deployments,
     models, profiles, replicas, nodes, sites, observations, revisions, rollouts, the published
     routing plans, model aliases, identity mappings, tenant limits, API key records and their
-    prefix index, budgets), read and write on
+    prefix index, budgets, the price sheet), read and write on
     what it counts and records (counters: limits, slots, usage; demand: cold starts; events; the
-    audit chain; the usage ledger). It cannot read ``/fabric/auth/`` (the admin-token key), ``/fabric/users/`` or join
+    audit chain; the usage ledger; budget notifications). It cannot read ``/fabric/auth/`` (the admin-token key), ``/fabric/users/`` or join
     tokens, and cannot write a deployment, a key or a node;
   - ``root``: etcd's administrator, used only by init-auth itself (and operators' etcdctl).
 
@@ -35,8 +35,8 @@ USERS = ("root", "fabricd", "gateway")
 
 GATEWAY_READS = ("endpoints/", "deployments/", "models/", "profiles/", "replicas/", "nodes/", "sites/",
                  "observations/", "revisions/", "rollouts/", "routing-plans/", "model-aliases/", "identity-mappings/",
-                 "tenant-limits/", "keys/", "key-prefixes/", "budgets/")
-GATEWAY_WRITES = ("counters/", "demand/", "events/", "audit/", "usage/")
+                 "tenant-limits/", "keys/", "key-prefixes/", "budgets/", "prices")
+GATEWAY_WRITES = ("counters/", "demand/", "events/", "audit/", "usage/", "notifications/")
 REVISION_PROBE = f"{ROOT}/.revision-probe"  # EtcdStore.revision() reads it
 
 

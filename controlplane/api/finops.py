@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from common import usage_ledger
-from common.records import deployments, endpoints, lifetimes
+from common.records import deployments, endpoints, lifetimes, usage_docs
 from common.records import replicas as replica_records
 from common.schemas import Replica
 from controlplane.api.answers import FinopsReport
@@ -34,7 +34,7 @@ def get_finops(state: StateDep, window: Annotated[float, Query(gt=0, le=finops.M
     replicas = [Replica.model_validate(r) for r in replica_records.readable(store)]
     first_hour = usage_ledger.hour_of(now - window)
     counted: dict[str, int] = {}
-    for doc in usage_ledger.docs(store, first_hour, now):
+    for doc in usage_docs.docs(store, first_hour, now):
         for row in doc.rows:
             counted[row.endpoint] = counted.get(row.endpoint, 0) + row.tokens
     dep_tokens: dict[str, int] = {}

@@ -22,13 +22,14 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import PlainTextResponse, Response
 
 from common import budgets as budget_model
-from common import prices
 from common.budgets import Budget
 from common.errors import NotFound
-from common.notifications import Webhook, read_webhooks
+from common.notifications import Webhook
 from common.prices import PriceSheet
 from common.records import budgets as budget_records
 from common.records import notifications as notification_records
+from common.records import prices as price_records
+from common.records import webhooks
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import finops as finops_ops
 from controlplane.state import StateDep
@@ -66,7 +67,7 @@ def get_usage(
 
 @router.get("/prices", response_model=PriceSheet)
 def get_prices(state: StateDep) -> dict:
-    sheet = prices.read(state.store)
+    sheet = price_records.read(state.store)
     return (sheet or PriceSheet(updated_at=0)).model_dump(mode="json")
 
 
@@ -78,7 +79,7 @@ def put_prices(body: PriceSheet, state: StateDep) -> dict:
 @router.get("/budgets")
 def list_budgets(state: StateDep, who: PrincipalDep) -> list[dict]:
     now = time.time()
-    spend = budget_model.spends(state.store, now)
+    spend = budget_records.spends(state.store, now)
     out = []
     for b in budget_records.list(state.store):
         if who.bound and b.tenant != who.tenant:
@@ -105,7 +106,7 @@ def delete_budget(name: str, state: StateDep) -> dict:
 
 @router.get("/webhooks")
 def list_webhooks(state: StateDep) -> list[dict]:
-    return [w.shown() for w in read_webhooks(state.store)]
+    return [w.shown() for w in webhooks.list(state.store)]
 
 
 @router.post("/webhooks", status_code=201)
@@ -121,7 +122,7 @@ def delete_webhook(name: str, state: StateDep) -> dict:
 
 @router.post("/notify/test")
 async def notify_test(state: StateDep, webhook: str | None = None) -> dict:
-    hooks = [w for w in read_webhooks(state.store) if webhook is None or w.name == webhook]
+    hooks = [w for w in webhooks.list(state.store) if webhook is None or w.name == webhook]
     if not hooks:
         raise NotFound(f"webhook {webhook!r} not found" if webhook else "no webhook is set (POST /api/ai/webhooks)")
     outcomes = await notifier.send_test(state.store, hooks, time.time())

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import time
 
-from common import budgets as budget_model
-from common import prices
 from common.budgets import Budget
 from common.notifications import Webhook
 from common.prices import PriceSheet
 from common.records import budgets as budget_records
+from common.records import prices as price_records
 from common.records import webhooks as webhook_records
 from controlplane.ops import common
 from controlplane.state import AppState
 
 
 def set_prices(ctx: AppState, sheet: PriceSheet) -> PriceSheet:
-    sheet = prices.write(ctx.store, sheet.model_copy(update={"updated_at": time.time()}))
+    sheet = price_records.write(ctx.store, sheet.model_copy(update={"updated_at": time.time()}))
     common.event(ctx, "prices", "prices", "PricesSet",
                  f"gpu_hour {sheet.gpu_hour:g} {sheet.currency}, {len(sheet.models)} model prices")
     return sheet
@@ -39,7 +38,7 @@ def put_budget(ctx: AppState, body: Budget) -> Budget:
 def delete_budget(ctx: AppState, name: str) -> None:
     b = budget_records.require(ctx.store, name)
     budget_records.delete(ctx.store, name)
-    budget_model.forget(ctx.store, name)
+    budget_records.forget(ctx.store, name)
     common.event(ctx, "budget", name, "BudgetDeleted", f"budget {name} removed", tenant=b.tenant)
 
 

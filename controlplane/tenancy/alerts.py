@@ -8,7 +8,7 @@ docs/dashboards/fabric-alerts.yml, evaluated by fabricd's notify pass from the s
   backup too old          the last successful backup is over BACKUP_MAX_AGE_S old, or there was
                           none (FabricBackupTooOld); one per last backup
 
-``raised`` is pure; each notification is created if absent (common.notifications.raise_once),
+``raised`` is pure; each notification is created if absent (common.records.notifications.raise_once),
 so a condition that stays true is sent once, and a new incident gets a new id.
 """
 

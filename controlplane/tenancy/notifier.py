@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import httpx
 
-from common import usage_ledger
-from common.notifications import Delivery, Notification, Webhook, raise_once, read_webhooks
+from common.notifications import Delivery, Notification, Webhook
 from common.records import nodes as node_records
 from common.records import notifications as notification_records
 from common.records import replicas as replica_records
+from common.records import usage_docs, webhooks
 from common.store.base import Store
 from controlplane.backup.status import last_success
 from controlplane.tenancy import alerts
@@ -128,7 +128,7 @@ class Notifier:
     async def tick(self, now: float | None = None) -> list[Outcome]:
         now = time.time() if now is None else now
         notes = await asyncio.to_thread(notification_records.list, self.store)
-        hooks = await asyncio.to_thread(read_webhooks, self.store)
+        hooks = await asyncio.to_thread(webhooks.list, self.store)
         for n in notes:
             if now - n.created_at > KEEP_S:
                 await asyncio.to_thread(notification_records.discard, self.store, n.id)
@@ -196,7 +196,7 @@ class NotifyWorker:
             await asyncio.to_thread(self._raise_alerts, now)
         outcomes = await self.notifier.tick(now)
         if now - self._compacted_at >= self.COMPACT_EVERY_S:
-            await asyncio.to_thread(usage_ledger.compact, self.store, now, self.retention_s)
+            await asyncio.to_thread(usage_docs.compact, self.store, now, self.retention_s)
             self._compacted_at = now
         return outcomes
 
@@ -207,7 +207,7 @@ class NotifyWorker:
                 per_node[r["node"]] = per_node.get(r["node"], 0) + 1
         backup = last_success(self.store)
         for n in alerts.raised(node_records.list(self.store), per_node, backup.at if backup else None, now):
-            raise_once(self.store, n)
+            notification_records.raise_once(self.store, n)
 
     async def aclose(self) -> None:
         await self.notifier.aclose()

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from common import prices, usage_ledger
 from common.errors import InvalidInput
-from common.records import endpoints, lifetimes
+from common.records import endpoints, lifetimes, usage_docs
+from common.records import prices as price_records
 from common.records.lifetimes import Lifetime
 from common.store.base import Store
 from common.usage_ledger import UsageDoc
@@ -127,9 +128,9 @@ def deployment_of(store: Store) -> dict[str, str]:
 def report(store: Store, query: UsageQuery, now: float) -> dict:
     """The usage report for ``query`` from the store: the one call behind GET /api/ai/usage,
     `fabricctl ai usage` and the console's tenant usage page (filters={"tenant": ...})."""
-    docs = usage_ledger.docs(store, query.since, query.until)
+    docs = usage_docs.docs(store, query.since, query.until)
     lives = lifetimes.load(store, now)
-    return rollup(docs, query, prices.read(store), attribute(docs, lives, deployment_of(store)))
+    return rollup(docs, query, price_records.read(store), attribute(docs, lives, deployment_of(store)))
 
 
 def to_csv(report_: dict) -> str:

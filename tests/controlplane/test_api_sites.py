@@ -9,6 +9,7 @@ import time
 import pytest
 
 from common import usage_ledger
+from common.records import usage_docs
 from common.records.lifetimes import Lifetime
 from common.schemas import InferenceDeployment, InferenceEndpoint, Replica
 from common.store import open_store
@@ -76,7 +77,7 @@ def test_finops_from_the_lifetimes_and_the_usage_ledger(served, monkeypatch):
     put_replica(store, r, now - 100)
     put_replica(store, r.model_copy(update={"ready": True, "ready_since": now - 50}), now - 50)
     delete_replica(store, "billed", "billed-0", now - 10)
-    usage_ledger.put(store, usage_ledger.UsageDoc(span="hour", start=usage_ledger.hour_of(now), source="gw-1", rows=[
+    usage_docs.put(store, usage_ledger.UsageDoc(span="hour", start=usage_ledger.hour_of(now), source="gw-1", rows=[
         usage_ledger.UsageRow(tenant="acme", endpoint="billed-ep", model="m", calls=3, input_tokens=500,
                               output_tokens=200)]))
     out = api.get("/api/ai/finops", params={"window": 3600}).json()

@@ -13,6 +13,8 @@ import time
 import pytest
 
 from common import budgets, usage_ledger
+from common.records import budgets as budget_records
+from common.records import usage_docs
 from common.schemas import InferenceEndpoint, Replica
 from common.store import open_store
 from common.usage_ledger import UsageDoc, UsageRow
@@ -32,9 +34,9 @@ def served(tmp_path_factory):
                      output_tokens=500, cached_tokens=400),
             UsageRow(tenant="beta", key="k2", endpoint="chat", model="m7", calls=1, input_tokens=100,
                      output_tokens=400, status="upstream_error")]
-    usage_ledger.put(store, UsageDoc(span="hour", start=HOUR, source="gw-a", rows=rows[:1]))
-    usage_ledger.put(store, UsageDoc(span="hour", start=HOUR, source="gw-b", rows=rows[1:]))
-    usage_ledger.put(store, UsageDoc(span="hour", start=HOUR + 3600, source="gw-a", rows=rows[:1]))
+    usage_docs.put(store, UsageDoc(span="hour", start=HOUR, source="gw-a", rows=rows[:1]))
+    usage_docs.put(store, UsageDoc(span="hour", start=HOUR, source="gw-b", rows=rows[1:]))
+    usage_docs.put(store, UsageDoc(span="hour", start=HOUR + 3600, source="gw-a", rows=rows[:1]))
     store.put("/fabric/endpoints/chat", InferenceEndpoint(name="chat", deployment="chat-dep").model_dump_json())
     # chat-dep: 2 GPUs ready for the whole first hour -> 7200 GPU-s, split 1500:500 by tokens
     rep = Replica(replica_id="chat-0", deployment="chat-dep", ordinal=0, node="n", gpus=["a", "b"],
@@ -79,7 +81,7 @@ def test_budgets_show_their_spend_and_refuse_bad_input(served):
     api, store = served
     r = api.post("/api/ai/budgets", json={"name": "acme-month", "tenant": "acme", "limit": 1000, "action": "refuse"})
     assert r.status_code == 201, r.text
-    budgets.add(store, budgets.Budget.model_validate(r.json()), 850, time.time())
+    budget_records.add(store, budgets.Budget.model_validate(r.json()), 850, time.time())
     [row] = api.get("/api/ai/budgets").json()
     assert (row["spent"], row["percent"], row["refusing"]) == (850, 85.0, False)
     for bad in ({"name": "x", "limit": 5}, {"name": "x", "tenant": "acme", "limit": 0},
@@ -87,7 +89,7 @@ def test_budgets_show_their_spend_and_refuse_bad_input(served):
         assert api.post("/api/ai/budgets", json=bad).status_code == 422, bad
     assert api.delete("/api/ai/budgets/acme-month").status_code == 200
     assert api.get("/api/ai/budgets").json() == []
-    assert budgets.spent(store, budgets.Budget.model_validate(r.json()), time.time()) == 0
+    assert budget_records.spent(store, budgets.Budget.model_validate(r.json()), time.time()) == 0
     assert api.delete("/api/ai/budgets/acme-month").status_code == 404
 
 

@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from common import audit_chain, keyspace, usage_ledger
+from common import audit_chain, keyspace
+from common.records import usage_docs
 from common.schemas import EndpointStatus, InferenceEndpoint, Node, Replica, ReplicaObservation, Site
 from lab.rigs.polling import wait_for
 from lab.rigs.routing_plans import publish_plans
@@ -91,7 +92,7 @@ def test_calls_land_in_the_usage_ledger_per_tenant_and_key(env):
     r = post(env, "sited", key, "finops")
     assert r.status_code == 200
     usage = r.json()["usage"]
-    rows = wait_for(lambda: [row for doc in usage_ledger.docs(store) for row in doc.rows if row.key == key_id],
+    rows = wait_for(lambda: [row for doc in usage_docs.docs(store) for row in doc.rows if row.key == key_id],
                     10, "the key's usage row", interval=0.05)  # the gateway writes its ledger every second
     assert [(r.tenant, r.endpoint, r.model, r.status, r.calls) for r in rows] == [("acme", "sited", "sim-m", "success", 1)]
     assert (rows[0].input_tokens, rows[0].output_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])

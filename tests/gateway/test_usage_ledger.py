@@ -10,8 +10,9 @@ import time
 import httpx
 import pytest
 
-from common import budgets, keyspace, usage_ledger
+from common import budgets, keyspace
 from common.records import notifications as notification_records
+from common.records import usage_docs
 from common.store import open_store
 from common.usage_ledger import Dims
 from gateway.usage_ledger import Call, UsageLedger, split
@@ -37,7 +38,7 @@ def chat(gw: GatewayProcess, key: str) -> httpx.Response:
 
 
 def ledger_calls(store, key_id: str) -> int:
-    return sum(r.calls for d in usage_ledger.docs(store) for r in d.rows if r.key == key_id)
+    return sum(r.calls for d in usage_docs.docs(store) for r in d.rows if r.key == key_id)
 
 
 def test_a_refusing_budget_answers_429_naming_it_once_spent(env):
@@ -60,7 +61,7 @@ def test_a_refusing_budget_answers_429_naming_it_once_spent(env):
     start = budgets.period_bounds("day", time.time())[0]
     ids = {n.id for n in notification_records.list(store)}
     assert {f"budget-spender-day-{start}-80", f"budget-spender-day-{start}-100"} <= ids
-    rows = [r for d in usage_ledger.docs(store) for r in d.rows if r.key == key_id]
+    rows = [r for d in usage_docs.docs(store) for r in d.rows if r.key == key_id]
     assert {r.status for r in rows} >= {"success", "rate_limited"}
 
 
@@ -94,7 +95,7 @@ def test_made_up_model_names_do_not_grow_the_usage_document(env):
             assert r.status_code >= 400, r.text
     finally:
         gw.stop()
-    rows = [r for d in usage_ledger.docs(store) for r in d.rows if r.key == key_id]
+    rows = [r for d in usage_docs.docs(store) for r in d.rows if r.key == key_id]
     assert sum(r.calls for r in rows) == 12
     assert {r.model for r in rows} == {"unknown"}
 
@@ -109,7 +110,7 @@ def test_a_full_queue_drops_and_counts(tmp_path):
         assert ledger.dropped == 2 and dropped == [("queue_full", 1), ("queue_full", 1)]
     finally:
         ledger.close()  # writes the three it kept
-    assert sum(r.calls for d in usage_ledger.docs(store) for r in d.rows) == 3
+    assert sum(r.calls for d in usage_docs.docs(store) for r in d.rows) == 3
     store.close()
 
 

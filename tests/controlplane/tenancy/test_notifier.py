@@ -16,9 +16,11 @@ from contextlib import contextmanager
 import pytest
 import uvicorn
 
-from common import budgets, keyspace, usage_ledger
-from common.notifications import Notification, Webhook, raise_once
+from common import budgets, keyspace
+from common.notifications import Notification, Webhook
+from common.records import budgets as budget_records
 from common.records import notifications as notification_records
+from common.records import usage_docs
 from common.records import webhooks as webhook_records
 from common.schemas import Node, Replica
 from common.store import open_store
@@ -116,8 +118,8 @@ def tick(store, now: float):
 def test_a_receiver_down_for_a_while_gets_the_notification_once_it_is_back(store):
     port = closed_port()
     webhook_records.put(store, hook(port))
-    assert raise_once(store, note())
-    assert not raise_once(store, note())  # the same id again (another gateway): nothing new
+    assert notification_records.raise_once(store, note())
+    assert not notification_records.raise_once(store, note())  # the same id again (another gateway): nothing new
     t = 2000.0
     [first] = tick(store, t)  # nothing listens: refused
     assert not first.ok and "no answer" in first.error
@@ -148,13 +150,13 @@ def test_slack_body_filters_and_giving_up(store):
     webhook_records.put(store, hook(port, name="slack", format="slack"))
     webhook_records.put(store, hook(port, name="beta-only", tenant="beta"))  # another tenant's: not sent
     webhook_records.put(store, hook(port, name="late", updated_at=5000.0))  # came after the notification
-    raise_once(store, note())
+    notification_records.raise_once(store, note())
     with serve_on(receiver, port):
         [out] = tick(store, 2000.0)
     assert out.webhook == "slack" and out.ok
     headers, body = receiver.got[0]
     assert json.loads(body) == {"text": "[warning] budget acme at 80%: acme used 80%"} and verify(headers, body)
-    raise_once(store, note("budget-acme-1-100"))
+    notification_records.raise_once(store, note("budget-acme-1-100"))
     now = 2000.0
     for _ in range(notifier.MAX_ATTEMPTS):  # nobody listens any more
         tick(store, now)
@@ -190,8 +192,8 @@ def test_budget_thresholds_raise_one_notification_each_however_many_gateways(sto
     start = budgets.period_bounds("day", now)[0]
     ids = sorted(n.id for n in notification_records.list(store))
     assert ids == [f"budget-acme-day-{start}-100", f"budget-acme-day-{start}-80"]
-    assert budgets.spent(store, budgets.Budget(name="acme-day", tenant="acme", period="day", limit=100), now) == 135
-    rows = [r for d in usage_ledger.docs(store) for r in d.rows]
+    assert budget_records.spent(store, budgets.Budget(name="acme-day", tenant="acme", period="day", limit=100), now) == 135
+    rows = [r for d in usage_docs.docs(store) for r in d.rows]
     assert sorted((r.key, r.calls) for r in rows) == [("k1", 1), ("k1", 2)]  # one row per gateway
 
 
