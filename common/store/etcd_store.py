@@ -410,7 +410,6 @@ class EtcdStore:
 
     def _watch_once(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
         create = _range_request(prefix) | {"start_revision": str(after_revision + 1)}
-        deadline = time.monotonic() + max(0.0, timeout)
         url, where = self._client.get_url("/watch"), self._where()
         try:
             with self._new_session() as session, session.post(
@@ -425,7 +424,9 @@ class EtcdStore:
                     if refusal:
                         raise StoreAccessDenied(refusal)
                     raise TransientError(f"{where}: watch failed with HTTP {resp.status_code}")
-                return _read_first_events(resp, deadline)
+                # counted from the open stream, not the connect: history already there (sent right
+                # after the "created" answer) is returned even with a short timeout
+                return _read_first_events(resp, time.monotonic() + max(0.0, timeout))
         except _WatchCancelled as exc:
             refusal = self._refusal(str(exc), where, "watch", create)
             if refusal:

@@ -1,0 +1,239 @@
+"""A local copy of the keys under a few prefixes: listed once, then kept current by ``watch``.
+
+A reader that looks at the whole fleet often (a gateway's endpoint views twice a second, the
+routing pass's snapshot) reads through a Mirror instead of the store: ``poll()`` asks the store
+only for what changed under each prefix since the last poll (``Store.watch`` with no wait), so a
+refresh costs O(changes), not O(keys). ``get``/``list``/``revision`` answer from memory for keys
+under the mirrored prefixes and fall through to the store for any other key, so the record
+modules (common.records) read a Mirror exactly as they read a Store. It has no write verbs.
+
+Invariants:
+  - A prefix is listed at the revision read just before the list, and watched from there: an
+    event between the two is applied again, and an event older than the key's copy is skipped,
+    so the copy never goes back in time.
+  - Watch history that is gone (etcd compacted it, SQLite pruned it: Conflict "compacted")
+    relists that prefix: the copy is rebuilt, never patched past a gap. Other store errors
+    (TransientError) reach the caller; the copy stays as it was and the next poll asks again.
+  - Every applied change bumps ``version``; ``moved(reads, since)`` says whether any key or
+    listed prefix a reader looked at (``Reads``, recorded by ``tracked()``) changed after the
+    version it read at, so a cache recomputes only what a change touched. A prefix counts as
+    changed when any key under it (at a "/" boundary) was put or deleted.
+Not thread-safe: ``fetch`` (store calls) may run in an executor; ``apply`` and the reads run on
+the owner's thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import builtins
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from common.errors import Conflict
+from common.store.base import KV, Event, Store
+
+log = logging.getLogger("fabric.store.mirror")
+# How long a fetch waits on each prefix's watch for history it has not seen: etcd sends history
+# from a past revision when its sync loop next runs (every 100 ms), so a zero wait would miss it.
+WATCH_WAIT_S = 0.2
+
+
+@dataclass
+class Fetched:
+    """One fetch: per prefix, the events since the last apply, or a fresh list at a revision."""
+
+    events: dict[str, builtins.list[Event]] = field(default_factory=dict)
+    lists: dict[str, tuple[int, builtins.list[KV]]] = field(default_factory=dict)
+    seen: int | None = None  # the store's revision before the fetch asked anything
+
+
+@dataclass
+class Reads:
+    """What one reader looked at through ``Mirror.tracked()``."""
+
+    keys: set[str] = field(default_factory=set)
+    prefixes: set[str] = field(default_factory=set)
+
+
+class Mirror:
+    def __init__(self, store: Store, prefixes: builtins.list[str]):
+        self.store = store
+        self.prefixes = sorted(set(prefixes))
+        self.version = 0  # bumped per applied change
+        self.events_applied = 0  # every change applied since the start (tests and benchmarks read it)
+        self.lists = 0  # prefixes listed (first poll, or again after a gap)
+        self._kvs: dict[str, KV] = {}
+        self._sorted: builtins.list[str] | None = []  # the keys in order; None: rebuild at next list
+        # the prefixes are asked at once: etcd answers a watch from a past revision only when its
+        # sync loop next runs (every 100 ms), so one after the other would add those waits up
+        self._pool = ThreadPoolExecutor(max_workers=len(self.prefixes), thread_name_prefix="fabric-mirror")
+        self._seen: int | None = None  # the store's revision at the last fetch applied
+        self._after: dict[str, int | None] = {p: None for p in self.prefixes}  # None: list at next poll
+        self._key_version: dict[str, int] = {}  # key -> version of its last change (deletes kept)
+        self._dir_version: dict[str, int] = {}  # "/"-ended prefix -> version of the last change under it
+
+    # -- keeping the copy ---------------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Fetch and apply in one go (a caller that reads from the same thread)."""
+        return self.apply(self.fetch())
+
+    def fetch(self) -> Fetched:
+        """What changed under each prefix since the last apply (blocking: store calls; safe in an
+        executor while the owner thread reads, since it changes nothing here)."""
+        out = Fetched()
+        now = self.store.revision()
+        if now == self._seen and None not in self._after.values():
+            return out  # nothing was written anywhere since the last fetch: no watch to ask
+        for prefix, got in zip(self.prefixes, self._pool.map(self._fetch_one, self.prefixes)):
+            if isinstance(got, tuple):
+                out.lists[prefix] = got
+            else:
+                out.events[prefix] = got
+        out.seen = now
+        return out
+
+    def _fetch_one(self, prefix: str) -> builtins.list[Event] | tuple[int, builtins.list[KV]]:
+        after = self._after[prefix]
+        if after is not None:
+            try:
+                return self._changes(prefix, after)
+            except Conflict as exc:
+                if exc.code != "compacted":
+                    raise
+                log.info("mirror of %s: %s; listing again", prefix, exc.message)
+        rev = self.store.revision()  # before the list: a change in between is watched again
+        return rev, self.store.list(prefix)
+
+    def _changes(self, prefix: str, after: int) -> builtins.list[Event]:
+        """Every event under prefix after ``after``: one watch answer holds one batch of history,
+        so ask again from its last revision until an answer is empty."""
+        out: builtins.list[Event] = []
+        while True:
+            batch = self.store.watch(prefix, after, timeout=WATCH_WAIT_S)
+            if not batch:
+                return out
+            out += batch
+            after = max(ev.revision for ev in batch)
+
+    def apply(self, fetched: Fetched) -> int:
+        """Apply what ``fetch`` brought (fast, in memory); returns the changes applied."""
+        applied = 0
+        if fetched.seen is not None:
+            self._seen = fetched.seen
+        for prefix, (rev, kvs) in fetched.lists.items():
+            applied += self._relist(prefix, rev, kvs)
+        for prefix, events in fetched.events.items():
+            for ev in events:
+                applied += self._apply(ev)
+                self._after[prefix] = max(self._after[prefix] or 0, ev.revision)
+        return applied
+
+    def _relist(self, prefix: str, rev: int, kvs: builtins.list[KV]) -> int:
+        listed = {kv.key: kv for kv in kvs}
+        self.lists += 1
+        changed = 0
+        for key in [k for k in self._kvs if k.startswith(prefix) and k not in listed]:
+            del self._kvs[key]
+            self._sorted = None
+            changed += self._bump(key)
+        for key, kv in listed.items():
+            old = self._kvs.get(key)
+            if old != kv:
+                self._kvs[key] = kv
+                changed += self._bump(key, new=old is None)
+        self._after[prefix] = rev
+        return changed
+
+    def _apply(self, ev: Event) -> int:
+        old = self._kvs.get(ev.key)
+        if old is not None and old.mod_revision >= ev.revision:
+            return 0  # the list already had this key at this revision or later
+        if ev.type == "delete":
+            if old is None:
+                return 0
+            del self._kvs[ev.key]
+            self._sorted = None
+        else:
+            assert ev.value is not None
+            self._kvs[ev.key] = KV(ev.key, ev.value, ev.revision, old.create_revision if old else ev.revision)
+            if old is None:
+                self._sorted = None
+        self.events_applied += 1
+        return self._bump(ev.key)
+
+    def _bump(self, key: str, new: bool = False) -> int:
+        self.version += 1
+        if new:
+            self._sorted = None
+        self._key_version[key] = self.version
+        cut = key.rfind("/")
+        while cut > 0:
+            self._dir_version[key[:cut + 1]] = self.version
+            cut = key.rfind("/", 0, cut)
+        return 1
+
+    def _mirrored(self, key: str) -> bool:
+        return any(key.startswith(p) for p in self.prefixes)
+
+    # -- reading (the Store read verbs) --------------------------------------------------------------
+
+    def get(self, key: str) -> KV | None:
+        return self._kvs.get(key) if self._mirrored(key) else self.store.get(key)
+
+    def list(self, prefix: str) -> builtins.list[KV]:
+        if not self._mirrored(prefix):
+            return self.store.list(prefix)
+        if self._sorted is None:
+            self._sorted = sorted(self._kvs)
+        keys = self._sorted
+        out = []
+        for i in range(bisect.bisect_left(keys, prefix), len(keys)):
+            if not keys[i].startswith(prefix):
+                break
+            out.append(self._kvs[keys[i]])
+        return out
+
+    def revision(self) -> int:
+        return self.store.revision()
+
+    def close(self) -> None:
+        """Stop the fetch threads; the store belongs to whoever opened it."""
+        self._pool.shutdown(wait=False)
+
+    def tracked(self) -> tuple[_Tracked, Reads]:
+        """A read view that records what it is asked, for ``moved``."""
+        reads = Reads()
+        return _Tracked(self, reads), reads
+
+    def moved(self, reads: Reads, since: int) -> bool:
+        """Whether anything ``reads`` looked at changed after version ``since``."""
+        if any(not self._mirrored(k) for k in reads.keys) or any(not self._mirrored(p) for p in reads.prefixes):
+            return True  # read from the store itself: no change record, so always read again
+        if any(self._key_version.get(k, 0) > since for k in reads.keys):
+            return True
+        return any(self._prefix_version(p) > since for p in reads.prefixes)
+
+    def _prefix_version(self, prefix: str) -> int:
+        if prefix.endswith("/"):
+            return self._dir_version.get(prefix, 0)
+        return self.version  # not at a "/" boundary: no record of its own, so any change counts
+
+
+class _Tracked:
+    """Mirror reads that note each key and prefix asked (Mirror.tracked)."""
+
+    def __init__(self, mirror: Mirror, reads: Reads):
+        self._mirror, self._reads = mirror, reads
+
+    def get(self, key: str) -> KV | None:
+        self._reads.keys.add(key)
+        return self._mirror.get(key)
+
+    def list(self, prefix: str) -> builtins.list[KV]:
+        self._reads.prefixes.add(prefix)
+        return self._mirror.list(prefix)
+
+    def revision(self) -> int:
+        return self._mirror.revision()
