@@ -63,13 +63,13 @@ def parse_token(token: str) -> tuple[str, str, str]:
 
 
 def create(store: Store, state_dir: Path, *, node_id: str | None, hosts: list[str], ttl_s: int,
-           now: float, site: str | None = None, replica_networks: list[str] | None = None
-           ) -> tuple[str, JoinTokenRecord]:
+           now: float, site: str | None = None, replica_networks: list[str] | None = None,
+           balancer: bool | None = None) -> tuple[str, JoinTokenRecord]:
     if not 60 <= ttl_s <= MAX_TTL_S:
         raise InvalidInput(f"ttl must be 60-{MAX_TTL_S} seconds, got {ttl_s}")
     token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
     record = JoinTokenRecord(id=token_id, secret_sha256=hashlib.sha256(secret.encode()).hexdigest(),
-                             node_id=node_id, hosts=hosts, site=site, replica_networks=replica_networks or [],
+                             node_id=node_id, hosts=hosts, site=site, replica_networks=replica_networks or [], balancer=balancer,
                              created_at=now, expires_at=now + ttl_s)
     # the store forgets an unused token by itself
     if not token_records.create_leased(store, record, ttl_s + 60):

@@ -5,8 +5,8 @@ revocation, renewal floods).
   node record and no live certificate (signed since its last revocation). The check and the
   signing's record are one compare-and-swap, so two joiners racing for one id get one certificate.
   A token bound to an id, or an admin's `fabricctl ai node add`, may re-key an existing node.
-- The site and replica networks a node registers with come from its token or the admin who
-  issued its certificate (the grant on its record), never from the node's own first report.
+- The site, replica networks and balancer role a node registers with come from its token or the
+  admin who issued its certificate (the grant on its record), never from the node's own first report.
 - `fabricctl ai node delete` revokes: every certificate of the node signed before the delete is
   refused on every node route (register, heartbeat, renew, ...). Revocation is by node id and
   signing time, so a certificate signed for a re-added node afterwards is good; certificates
@@ -39,6 +39,9 @@ class NodeGrant(BaseModel):
     site: str | None = Field(None, description="the site the node registers in (default: none)")
     replica_networks: list[str] = Field(default_factory=list, max_length=16,
                                         description="CIDRs its replicas' addresses must lie in")
+    balancer: bool | None = Field(None, description="the node carries the VIPs' services and announces them "
+                                  "(a balancer); default: only when no node is a balancer yet (a single "
+                                  "host, a fleet's first node)")
 
     @field_validator("replica_networks")
     @classmethod
@@ -76,7 +79,7 @@ def _signed(record: NodeCertRecord, now: float) -> NodeCertRecord:
 
 
 def grant(store: Store, node_id: str, *, site: str | None, replica_networks: list[str] | None,
-          any_node: bool, now: float) -> NodeCertRecord:
+          any_node: bool, now: float, balancer: bool | None = None) -> NodeCertRecord:
     """Record a first certificate (join, or an admin's issue) for node_id and what it is granted;
     Conflict when an any-node token names a taken id. None keeps the stored grant."""
     exists = node_records.exists(store, node_id)
@@ -90,6 +93,8 @@ def grant(store: Store, node_id: str, *, site: str | None, replica_networks: lis
             update["site"] = site
         if replica_networks is not None:
             update["replica_networks"] = replica_networks
+        if balancer is not None:
+            update["balancer"] = balancer
         return _signed(base.model_copy(update=update), now)
 
     return records.upsert(store, node_id, build)[0]

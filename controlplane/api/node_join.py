@@ -108,7 +108,8 @@ class SignedCertificate(BaseModel):
 @router.post("/join-tokens", response_model=JoinToken, status_code=201)
 def create_join_token(body: JoinTokenRequest, state: StateDep, who: PrincipalDep) -> JoinToken:
     token, record = node_ops.create_join_token(state, who, node_id=body.node_id, hosts=body.hosts, ttl_s=body.ttl_s,
-                                               site=body.site, replica_networks=body.replica_networks)
+                                               site=body.site, replica_networks=body.replica_networks,
+                                               balancer=body.balancer)
     node = body.node_id or "NODE"
     return JoinToken(token=token, id=record.id, node_id=record.node_id, expires_at=record.expires_at,
                      command=f"FABRIC_JOIN_TOKEN_FILE=FILE fabric-agent join --node-id {node} --control-plane URL "

@@ -7,6 +7,8 @@
     POST /api/ai/nodes/{id}/certificate     admin: issue the node's certificate from the cluster CA
     PUT  /api/ai/nodes/{id}/identity        admin: the node's address, site, replica networks (a node's
                                             own report cannot change them: controlplane.node_trust)
+    PUT  /api/ai/nodes/{id}/role            admin: {"balancer": true|false}, whether the node carries the
+                                            VIPs' Maglev services and announces them (docs/dataplane.md)
     GET  /api/ai/gpus                       admin: every GPU with the replica holding it, if any
 
 "node" means the caller proved it is that node (controlplane/node_identity.py: a client
@@ -188,7 +190,7 @@ def issue_node_certificate(node_id: str, state: StateDep, who: PrincipalDep,
         raise Conflict(why, code="reserved_name")
     hosts = list(dict.fromkeys([node_id, "localhost", "127.0.0.1", *(body.hosts if body else [])]))
     return node_ops.issue_certificate(state, who, node_id, hosts, (body.site if body else None) or "",
-                                      body.replica_networks if body else [])
+                                      body.replica_networks if body else [], body.balancer if body else None)
 
 
 class NodeIdentity(BaseModel):
@@ -205,6 +207,20 @@ def set_node_identity(node_id: str, body: NodeIdentity, state: StateDep, who: Pr
     """Change a node's agent address, site or replica networks (a node's own reports cannot)."""
     changes = {k: v for k, v in body.model_dump().items() if v is not None}
     return node_view(node_ops.set_identity(state, who, node_id, changes), time.time())
+
+
+class NodeRole(BaseModel):
+    """A node's role (controlplane.ops.nodes.set_role)."""
+    model_config = ConfigDict(extra="forbid")
+    balancer: bool = Field(..., description="carry every VIP's Maglev service and announce the VIPs over BGP")
+
+
+@router.put("/nodes/{node_id}/role", response_model=NodeView, dependencies=admin)
+def set_node_role(node_id: str, body: NodeRole, state: StateDep, who: PrincipalDep) -> NodeView:
+    """Make a node a balancer or take the role away; the routing controller's next pass pushes every
+    service to a new balancer and removes them from a former one."""
+    node = node_ops.set_role(state, who, node_id, body.balancer)
+    return node_view(node, time.time(), held=load_snapshot(state.store).committed().get(node_id, NOTHING_COMMITTED))
 
 
 @router.get("/gpus", response_model=list[GpuView], dependencies=admin)

@@ -2,8 +2,12 @@
 node's identity, its certificate, join tokens, deleting it) and a node's join with a token.
 
   - A report may not change a registered node's address or site (409 node_identity_fixed:
-    controlplane.node_trust); a first registration takes the site and replica networks its
-    certificate or join token granted. A heartbeat of an unregistered node is 404 not_registered.
+    controlplane.node_trust); a first registration takes the site, replica networks and balancer
+    role its certificate or join token granted. A heartbeat of an unregistered node is 404 not_registered.
+  - A node is a balancer (it carries the VIPs' Maglev services and announces them) when its grant
+    says so, or, when the grant is silent, when no registered node is a balancer yet: a single host
+    and a fleet's first node serve VIPs without a step (``first_role``). An admin changes the role
+    (``set_role``); the routing controller moves the services on its next pass.
   - A node holding replicas cannot be deleted (409 node_busy: drain it first); deleting one
     revokes its certificates, so a stolen one dies with it.
 Every change but a heartbeat is an event (the join token and private keys never are).
@@ -52,8 +56,14 @@ def merge_report(stored: Node | None, report: NodeReport, now: float) -> Node:
         gpus.append(gpu)
     fixed = {} if stored is None else {  # set at registration, changed by an admin only (node_trust)
         "address": stored.address, "site": stored.site, "replica_networks": stored.replica_networks,
-        "cordoned": stored.cordoned}
+        "cordoned": stored.cordoned, "balancer": stored.balancer}
     return Node(**{**report.model_dump(exclude={"gpus"}), "gpus": gpus, "last_heartbeat": now, **fixed})
+
+
+def first_role(granted: bool | None, fleet_has_balancer: bool) -> bool:
+    """Pure: whether a node registering for the first time is a balancer. ``granted``: its token's
+    or admin's word (None: none given)."""
+    return (not fleet_has_balancer) if granted is None else granted
 
 
 def _save(ctx: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Node, bool]:
@@ -71,6 +81,10 @@ def _save(ctx: AppState, report: NodeReport, *, must_exist: bool) -> tuple[Node,
                                f"granted site {granted.site or '(none)'}; an admin changes it with "
                                f"PUT /api/ai/nodes/{report.id}/identity after registration", code="node_identity_fixed")
             node = node.model_copy(update={"replica_networks": granted.replica_networks})
+        if stored is None:
+            node = node.model_copy(update={"balancer": first_role(
+                granted.balancer if granted is not None else None,
+                any(n.balancer for n in node_records.list(ctx.store)))})
         return node
 
     granted = node_certs.records.get(ctx.store, report.id)
@@ -83,7 +97,8 @@ def register(ctx: AppState, report: NodeReport) -> tuple[Node, bool]:
     node, created = _save(ctx, report, must_exist=False)
     if created:
         common.event(ctx, "node", node.id, "registered",
-                     f"node {node.id} registered with {len(node.gpus)} GPUs ({node.vm_driver} driver)")
+                     f"node {node.id} registered with {len(node.gpus)} GPUs ({node.vm_driver} driver)"
+                     f"{', a balancer' if node.balancer else ''}")
     return node, created
 
 
@@ -92,11 +107,11 @@ def heartbeat(ctx: AppState, report: NodeReport) -> Node:
 
 
 def issue_certificate(ctx: AppState, caller: Principal | None, node_id: str, hosts: list[str], site: str,
-                      replica_networks: list[str]) -> NodeCertificate:
+                      replica_networks: list[str], balancer: bool | None = None) -> NodeCertificate:
     """A client+server certificate with CN=node_id from the cluster CA. The private key is returned
     once and removed from fabricd's PKI directory: only the node should keep it."""
     node_certs.grant(ctx.store, node_id, site=site, replica_networks=replica_networks, any_node=False,
-                     now=time.time())
+                     now=time.time(), balancer=balancer)
     ca_crt, _ = ensure_ca(Path(ctx.state_dir))
     crt, key = issue_cert(Path(ctx.state_dir), node_id, server=True, client=True, role=ROLE_NODE, hosts=hosts)
     try:
@@ -127,11 +142,29 @@ def set_identity(ctx: AppState, caller: Principal | None, node_id: str, changes:
     return node
 
 
+def set_role(ctx: AppState, caller: Principal | None, node_id: str, balancer: bool) -> Node:
+    """Make a node a balancer or take the role away (an admin's). The routing controller pushes
+    every service to a new balancer and removes them from a former one on its next pass."""
+    before: list[bool] = []
+
+    def change(stored: Node) -> Node:
+        before[:] = [stored.balancer]
+        return stored.model_copy(update={"balancer": balancer})
+
+    node = node_records.update(ctx.store, node_id, change)
+    if before != [balancer]:
+        common.event(ctx, "node", node_id, "role-set",
+                     f"node {node_id} is {'now a balancer' if balancer else 'no longer a balancer'} (by an admin); "
+                     "the routing controller moves its VIP services on its next pass")
+    return node
+
+
 def create_join_token(ctx: AppState, caller: Principal | None, *, node_id: str | None, hosts: list[str], ttl_s: int,
-                      site: str | None, replica_networks: list[str]):
+                      site: str | None, replica_networks: list[str], balancer: bool | None = None):
     """(the token, shown once; its record)."""
     token, record = join_tokens.create(ctx.store, Path(ctx.state_dir), node_id=node_id, hosts=hosts, ttl_s=ttl_s,
-                                       now=time.time(), site=site, replica_networks=replica_networks)
+                                       now=time.time(), site=site, replica_networks=replica_networks,
+                                       balancer=balancer)
     common.event(ctx, "node", node_id or "-", "join-token-created",
                  f"join token {record.id} for {node_id or 'any node'}, valid {ttl_s}s")
     return token, record
@@ -146,7 +179,7 @@ def join(ctx: AppState, token: str, node_id: str, csr_pem: str) -> tuple[str, st
         raise Conflict(taken, code="node_id_taken")  # said before the token is spent
     record = join_tokens.consume(ctx.store, token, node_id, now)
     node_certs.grant(ctx.store, node_id, site=record.site or "", replica_networks=record.replica_networks,
-                     any_node=record.node_id is None, now=now)
+                     any_node=record.node_id is None, now=now, balancer=record.balancer)
     cert, ca, not_after = join_tokens.sign_csr(Path(ctx.state_dir), csr_pem, node_id, record.hosts)
     common.event(ctx, "node", node_id, "joined",
                  f"node {node_id} joined with token {record.id}; certificate until {time.ctime(not_after)}")

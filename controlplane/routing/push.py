@@ -1,8 +1,14 @@
 """Pushing published plans to agents: once, on change, batched, never behind the slowest agent.
 
-Each pass hands ``Pushes.push`` the service of every published plan (common.records.plans) by its
-key ``VIP:PORT/PROTO``. An agent is sent, in one PUT /v1/maglev/services, exactly the services
-``due`` names: those whose generation it has not acknowledged, and those its latest heartbeat
+Each pass hands ``Pushes.push`` the online nodes and the service of every published plan
+(common.records.plans) by its key ``VIP:PORT/PROTO``. Only balancer nodes (``Node.balancer``, an
+admin's role: docs/dataplane.md) carry services; a GPU host without the role needs nothing pushed
+for its own replicas (the balancer that picks a nat flow keeps its reverse entry and source-NATs
+to its own address, and a dsr-ipip replica decapsulates with the VIPs its VM was created with).
+A node that is not a balancer but holds services of this pass (it lost the role, or the agent
+kept them from before) has each DELETEd through its own queue (``held``), so a role change
+moves the services on the next pass. A balancer is sent, in one PUT /v1/maglev/services, exactly
+the services ``due`` names: those whose generation it has not acknowledged, and those its latest heartbeat
 (newer than the acknowledgement) reports at another generation -- an agent restart, a fail-closed
 withdrawal or a hand edit shows there, and only that service goes again. Nothing is re-sent on
 a timer: an unchanged plan costs no request.
@@ -43,6 +49,7 @@ class AgentPushes:
     silent_since: float | None = None
     failure: str = ""
     failed_keys: set[str] = field(default_factory=set)
+    removed: dict[str, float] = field(default_factory=dict)  # key -> when its DELETE succeeded (not a balancer)
 
     @property
     def busy(self) -> bool:
@@ -64,6 +71,24 @@ def due(wanted: Mapping[str, int], acked: Mapping[str, tuple[int, float]], repor
     return sorted(out)
 
 
+def held(wanted: Mapping[str, int], acked: Mapping[str, tuple[int, float]], reported: Mapping[str, int],
+         reported_at: float, removed: Mapping[str, float]) -> list[str]:
+    """Pure: the service keys a node that is not a balancer must have removed: those of this pass it
+    acknowledged, and those its heartbeat reports unless that heartbeat is older than the removal."""
+    out = []
+    for key in wanted:
+        if key in acked or (key in reported and reported_at > removed.get(key, float("-inf"))):
+            out.append(key)
+    return sorted(out)
+
+
+def service_address(key: str) -> tuple[str, int, str]:
+    """(vip, port, proto) of a key ``VIP:PORT/PROTO``."""
+    address, _, proto = key.partition("/")
+    vip, _, port = address.rpartition(":")
+    return vip, int(port), proto
+
+
 class Pushes:
     def __init__(self, agents, clock: Callable[[], float], *, deadline_s: float = PUSH_DEADLINE_S, metrics=None):
         self.agents = agents
@@ -73,6 +98,7 @@ class Pushes:
         self.by_node: dict[str, AgentPushes] = {}
         self.sent = 0  # services sent, all passes (bench-scale and tests read it)
         self.requests = 0
+        self.withdrawn = 0  # services removed from nodes that are not balancers, all passes
         self.waited: list[str] = []  # the agents the last pass waited for
 
     def of(self, node_id: str) -> AgentPushes:
@@ -83,6 +109,7 @@ class Pushes:
         again. Requests in flight keep running."""
         for state in self.by_node.values():
             state.acked.clear()
+            state.removed.clear()
 
     def drop(self, key: str) -> None:
         """A service that left every agent: forget its acknowledgements."""
@@ -93,6 +120,12 @@ class Pushes:
     def silent(self, node_id: str) -> bool:
         state = self.by_node.get(node_id)
         return state is not None and state.silent_since is not None
+
+    def may_hold(self, node: Node, key: str) -> bool:
+        """Whether ``node`` may hold the service ``key``: every balancer, and any node that
+        acknowledged it or reports it (endpoint deletion asks these only)."""
+        state = self.by_node.get(node.id)
+        return node.balancer or key in node.service_generations or (state is not None and key in state.acked)
 
     def notes(self, key: str) -> list[str]:
         """Why agents do not hold this service as published (for the endpoint's status)."""
@@ -105,17 +138,29 @@ class Pushes:
         return out
 
     async def push(self, nodes: Iterable[Node], services: Mapping[str, MaglevServicePut]) -> None:
-        """One pass: start each agent's batch, wait for the answers up to the deadline."""
+        """One pass over the online ``nodes``: start each balancer's batch and each former holder's
+        removals, wait for the answers up to the deadline."""
         wanted = {key: s.generation for key, s in services.items()}
         waited: dict[str, asyncio.Task] = {}
         for node in nodes:
-            state = self.of(node.id)
-            keys = due(wanted, state.acked, node.service_generations, node.last_heartbeat)
+            if node.balancer:
+                state = self.of(node.id)
+                keys = due(wanted, state.acked, node.service_generations, node.last_heartbeat)
+            else:
+                found = self.by_node.get(node.id)
+                keys = held(wanted, found.acked if found else {}, node.service_generations, node.last_heartbeat,
+                            found.removed if found else {})
+                state = self.of(node.id) if keys else AgentPushes()
             if not keys or state.busy:
                 continue  # nothing moved, or its previous request is still out (its own queue)
-            batch = [services[k] for k in keys]
-            state.task = asyncio.create_task(self._send(node, state, batch), name=f"maglev-push-{node.id}")
-            self.sent += len(batch)
+            if node.balancer:
+                batch = [services[k] for k in keys]
+                work = self._send(node, state, batch)
+                self.sent += len(batch)
+            else:
+                work = self._withdraw(node, state, keys)
+                self.withdrawn += len(keys)
+            state.task = asyncio.create_task(work, name=f"maglev-push-{node.id}")
             self.requests += 1
             if state.silent_since is None:
                 waited[node.id] = state.task
@@ -132,6 +177,23 @@ class Pushes:
                             "until it answers", node_id, self.deadline_s)
         for task in done:
             task.result()  # a bug in _send surfaces here; agents' failures were recorded
+
+    async def _withdraw(self, node: Node, state: AgentPushes, keys: list[str]) -> None:
+        """DELETE each of ``keys`` on a node that is not a balancer (404 and no dataplane: absent)."""
+        client = self.agents.for_node(node)
+        for key in keys:
+            try:
+                await client.delete_service(*service_address(key))
+            except Refused:
+                pass  # no dataplane there: nothing to remove
+            except FabricError as exc:
+                state.failure = f"removing {key} (not a balancer): {exc.message}"
+                state.failed_keys.add(key)
+                return
+            state.acked.pop(key, None)
+            state.removed[key] = self.clock()
+            state.failed_keys.discard(key)
+        state.silent_since, state.failure = None, ""
 
     async def _send(self, node: Node, state: AgentPushes, batch: list[MaglevServicePut]) -> None:
         keys = {s.key for s in batch}

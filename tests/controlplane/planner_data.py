@@ -19,11 +19,12 @@ def gpu(i, mib=81920, name="NVIDIA H100 80GB HBM3", temp=40.0, ecc=0, mig=False,
 
 
 def node(nid, n_gpus=2, *, site="default", domain=None, age=5.0, taints=(), cpu=64, mem=256.0, cached=(),
-         gpus=None, driver="libvirt"):
+         gpus=None, driver="libvirt", balancer=True):
+    """A node; a balancer unless told (the routing tests' nodes carry the services, as the lab's do)."""
     return Node(id=nid, address=f"https://{nid}:7443", site=site, failure_domain=domain or nid,
                 taints=list(taints), gpus=gpus if gpus is not None else [gpu(i) for i in range(n_gpus)],
                 cpu_free=cpu, memory_free_gib=mem, cached_models=list(cached), last_heartbeat=NOW - age,
-                vm_driver=driver)
+                vm_driver=driver, balancer=balancer)
 
 
 def deployment(replicas=1, **kw):
