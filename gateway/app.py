@@ -247,6 +247,7 @@ class GatewayApp:
                     self._trimmer.cancel()
                 await self.state.auth.oidc.jwks.close()
                 self.state.client.close()
+                self.state.upstreams.close()
                 self.state.external.close()
                 self.state.audit.close()
                 if self.state.limits.usage is not None:

@@ -1,7 +1,8 @@
 """Where a call goes: the endpoint's VIP and its ready replicas, read from the store and cached.
 
-The store is the source of truth; a short TTL cache (default 1 s) keeps store round trips off
-the hot path. Choosing and ordering targets, and shedding, are pure functions of that view.
+The store is the source of truth; the gateway keeps a copy of the records views are made of,
+listed once and then kept by watch (UpstreamCache: at most 1 s old by default, O(changes) per
+refresh), so store round trips stay off the hot path and a refresh never lists the fleet. Choosing and ordering targets, and shedding, are pure functions of that view.
 
 Order: the VIP first when the endpoint has one; the session's replica (x-session-id, else the
 first 64 prompt characters, hashed with rendezvous hashing so a replica set change moves few
@@ -28,16 +29,20 @@ says nothing about the queue now).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from common import keyspace
 from common.errors import LimitExceeded, NotFound, TransientError, UnreadableRecord
 from common.records import deployments, endpoints, models, observations, plans, replicas
 from common.schemas import InferenceEndpoint, Replica
 from common.store.base import Store
+from common.store.mirror import Mirror, Reads
 from gateway.capacity import MAX_READING_AGE, Reading
-from gateway.refresh_cache import RefreshCache
 
 PRIORITY_FACTOR = {"low": 0.5, "normal": 1.0, "high": 2.0}
 VIEW_CACHE_MAX = 1024  # endpoint names cached (existing or not); a flood of names cannot grow it
@@ -184,19 +189,76 @@ def _model_names(store: Store) -> frozenset[str]:
     return frozenset(m.name for m in models.list(store))
 
 
+# What a view reads: listed once by the gateway's Mirror, then only their changes.
+VIEW_PREFIXES = (keyspace.endpoints(), keyspace.routing_plans(), keyspace.replicas(), keyspace.observations(),
+                 keyspace.deployments(), keyspace.models())
+
+
 @dataclass
 class UpstreamCache:
+    """Endpoint views read from a Mirror of the records they are made of (common.store.mirror).
+
+    The mirror is brought up to date at most every ``ttl_secs`` (one watch per prefix, in the
+    thread pool, never on a call's path once warm: past half the TTL the first call starts the
+    fetch and goes on with the copy it has; only a copy older than the TTL is waited for). A view
+    is rebuilt only when a key or prefix it was built from changed, so a refresh costs
+    O(changes), never a list of every replica."""
+
     store: Store
     ttl_secs: float = 1.0
+    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
-        # gateway.refresh_cache: one store read per endpoint per TTL, never on a call's path
-        self._views: RefreshCache[EndpointView | None] = RefreshCache(self.ttl_secs, VIEW_CACHE_MAX)
-        self._names: RefreshCache[frozenset[str]] = RefreshCache(10 * self.ttl_secs, 1)
+        self.mirror = Mirror(self.store, list(VIEW_PREFIXES))
+        self._views: dict[str, tuple[EndpointView | None, Reads, int]] = {}  # name -> view, its reads, at version
+        self._synced = -math.inf  # clock() when the last applied fetch started
+        self._fetching: asyncio.Future | None = None
+        self.views_built = 0  # tests and benchmarks read it
+
+    async def refresh(self) -> None:
+        """The mirror no older than the TTL (see the class docstring)."""
+        now = self.clock()
+        age = now - self._synced
+        if age < self.ttl_secs:
+            if age >= self.ttl_secs / 2 and self._fetching is None:
+                self._start(now)  # refresh ahead: nobody waits for it
+            return
+        if self._fetching is None:
+            self._start(now)
+        assert self._fetching is not None
+        # shielded: a caller that is cancelled (its client left) must not cancel the shared fetch
+        await asyncio.shield(self._fetching)
+
+    def _start(self, now: float) -> None:
+        fetching = asyncio.get_running_loop().run_in_executor(None, self.mirror.fetch)
+        self._fetching = fetching
+
+        def done(fut: asyncio.Future) -> None:  # runs before any waiter resumes
+            self._fetching = None
+            if fut.cancelled() or fut.exception() is not None:
+                return  # waiters get the error; the copy stays until it is older than the TTL
+            self.mirror.apply(fut.result())
+            self._synced = now  # counted from the fetch's start: never older than that
+
+        fetching.add_done_callback(done)
+
+    def _view_now(self, name: str) -> EndpointView | None:
+        cached = self._views.get(name)
+        if cached is not None and not self.mirror.moved(cached[1], cached[2]):
+            return cached[0]
+        version = self.mirror.version
+        reader, reads = self.mirror.tracked()
+        view = _view_or_none(reader, name)  # type: ignore[arg-type]  # the Store read verbs
+        if cached is None and len(self._views) >= VIEW_CACHE_MAX:
+            self._views.clear()  # crude bound: a flood of names cannot grow memory
+        self._views[name] = (view, reads, version)
+        self.views_built += 1
+        return view
 
     async def view(self, name: str, need_upstream: bool = True) -> EndpointView:
         """need_upstream=False (dry run): the endpoint must exist, replicas need not."""
-        view = await self._views.get(name, lambda: _view_or_none(self.store, name))
+        await self.refresh()
+        view = self._view_now(name)
         if view is None:
             raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
         ep = view.endpoint
@@ -209,4 +271,8 @@ class UpstreamCache:
 
     async def known_models(self) -> frozenset[str]:
         """Model names in the catalogue, for metric labels (anything else is "unknown")."""
-        return await self._names.get("models", lambda: _model_names(self.store))
+        await self.refresh()
+        return _model_names(self.mirror)  # type: ignore[arg-type]  # the Store read verbs
+
+    def close(self) -> None:
+        self.mirror.close()

@@ -8,7 +8,7 @@ until made busy); agents are one helper process with a port per node (lab.rigs.s
 counting what they are sent; one of them may be silent. The leader's loops are the real ones:
 controlplane.routing.controller.RoutingWorker (with its AgentClients over HTTP on loopback),
 controlplane.reconcile.apply.ReconcileWorker, and a gateway's view refresh (gateway.upstreams
-read_view over every endpoint, what its cache reloads every half TTL).
+UpstreamCache: its mirror of the store brought up to date and every endpoint's view asked).
 
 Each measured pass records (``Figures``): the leader process's CPU-seconds (time.process_time:
 every thread of this process, so work moved off the event loop still counts), wall seconds, the
@@ -24,7 +24,8 @@ Routing passes, in order: ``first`` (everything new), ``second`` (the first rate
 ``idle`` (nothing moved), ``change`` (the
 queue of one replica in each of ``changed`` endpoints rises), ``busy`` (every engine's counters
 move: every observation changes, the worst case). Reconcile: ``first`` and ``steady``. Gateway:
-one refresh of every endpoint's view.
+``first`` (its mirror lists the store) and ``refresh`` (between passes every agent heartbeats,
+so the mirror follows those changes).
 
 Balancer nodes (issue 49 item 1): ``balancers`` marks the first N nodes as balancers through the
 Node field that item adds (``roles`` or ``balancer``, whichever the schema has); until then every
@@ -60,13 +61,14 @@ from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker
-from gateway.upstreams import read_view
+from gateway.upstreams import UpstreamCache
 from lab.rigs.loopback_http import raise_fd_limit
 from lab.rigs.sim_agents import SimAgents
 from lab.rigs.sim_engines import SimEngines
 
-WRITES = frozenset({"put", "create", "cas", "create_all", "delete", "delete_prefix"})
-READS = frozenset({"get", "list", "revision"})
+WRITES = frozenset({"put", "create", "cas", "create_all", "put_all", "delete", "delete_prefix"})
+BATCHES = frozenset({"create_all", "put_all"})
+READS = frozenset({"get", "list", "revision", "watch"})
 SETUP_BATCH = 50  # records per create_all at setup (etcd's default --max-txn-ops is 128)
 LAG_TICK_S = 0.01
 
@@ -78,15 +80,18 @@ class CountingStore:
         self.inner = inner
         self.writes = 0
         self.reads = 0
-        self.written: dict[str, int] = {}  # /fabric/<kind>/ -> write calls
+        self.written: dict[str, int] = {}  # /fabric/<kind>/ -> write calls ("batch": create_all, put_all)
+        self.items: dict[str, int] = {}  # /fabric/<kind>/ -> keys written, in batches or alone
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
         if name in WRITES:
             def counted(key, *args, **kwargs):
                 self.writes += 1
-                kind = "batch" if name == "create_all" else key.split("/")[2]
+                kind = "batch" if name in BATCHES else key.split("/")[2]
                 self.written[kind] = self.written.get(kind, 0) + 1
+                for k in ([k for k, _ in key] if name in BATCHES else [key]):
+                    self.items[k.split("/")[2]] = self.items.get(k.split("/")[2], 0) + 1
                 return attr(key, *args, **kwargs)
             return counted
         if name in READS:
@@ -251,7 +256,7 @@ class Fleet:
         self.between_passes()
         before_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
         eng0, ag0 = self.engines.stats(), self.agents.stats()
-        w0, r0, kinds0 = self.store.writes, self.store.reads, dict(self.store.written)
+        w0, r0, kinds0, items0 = self.store.writes, self.store.reads, dict(self.store.written), dict(self.store.items)
         silent_node = "n0000" if self.size.silent_agent else None
         with LagProbe() as lag:
             c0, t0 = time.process_time(), time.perf_counter()
@@ -272,15 +277,16 @@ class Fleet:
             agent_calls={k: v - ag0["calls"].get(k, 0) for k, v in ag1["calls"].items()
                          if v != ag0["calls"].get(k, 0)},
             changed_endpoints=sum(1 for e, g in after_plans.items() if before_plans.get(e) != g),
-            observations_written=kinds.get("observations", 0),
+            observations_written=self.store.items.get("observations", 0) - items0.get("observations", 0),
             agents_pushed=sum(1 for p, n in ag1["per_agent"].items() if n != ag0["per_agent"].get(p, 0)),
             waited_silent=bool(routing is not None and silent_node in routing.pushes.waited))
 
 
-def gateway_refresh(store: Store, endpoints: list[str]) -> None:
-    """What one gateway's view cache does per refresh: every endpoint's view read again."""
+async def gateway_refresh(cache: UpstreamCache, endpoints: list[str]) -> None:
+    """What one gateway's view cache does per refresh: its mirror brought up to date (a list of
+    every prefix the first time, the changes since after that) and every endpoint's view asked."""
     for name in endpoints:
-        read_view(store, name)
+        await cache.view(name, need_upstream=False)
 
 
 async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> dict:
@@ -304,12 +310,15 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
         out["reconcile"]["steady"] = (await fleet.measure(reconcile.tick)).rounded()
         names = [f"e{e:04d}" for e in range(fleet.size.endpoints)]
         gw = CountingStore(fleet.raw)
-
-        async def refresh() -> None:
-            gateway_refresh(gw, names)
-
-        out["gateway"]["refresh"] = (await fleet.measure(refresh)).rounded()
-        out["gateway"]["refresh"]["store_reads"] = gw.reads
+        cache = UpstreamCache(gw, ttl_secs=0.0)  # every refresh asks the store: the worst case
+        try:
+            for label in ("first", "refresh"):  # the first lists, the second follows the changes
+                reads0, built0 = gw.reads, cache.views_built
+                out["gateway"][label] = (await fleet.measure(lambda: gateway_refresh(cache, names))).rounded()
+                out["gateway"][label]["store_reads"] = gw.reads - reads0
+                out["gateway"][label]["views_built"] = cache.views_built - built0
+        finally:
+            cache.close()
     finally:
         await routing.aclose()
         await reconcile.aclose()

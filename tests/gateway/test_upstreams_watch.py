@@ -1,0 +1,74 @@
+"""The gateway's endpoint views list the store once, then follow its changes (issue 49 item 4):
+a refresh with nothing changed lists nothing and rebuilds no view; a change rebuilds only the
+views made from it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from common import keyspace
+from common.schemas import EndpointStatus, InferenceEndpoint, Node, Replica, ReplicaObservation
+from common.store.sqlite_store import SqliteStore
+from gateway.upstreams import UpstreamCache
+from lab.rigs.routing_plans import publish_plans
+
+
+class Counted:
+    """The store with its list calls counted."""
+
+    def __init__(self, inner):
+        self.inner, self.lists = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def list(self, prefix):
+        self.lists += 1
+        return self.inner.list(prefix)
+
+
+def fleet(store, endpoints: int = 3, per: int = 4) -> None:
+    now = time.time()
+    store.put(keyspace.nodes("n"), Node(id="n", address="https://127.0.0.1:1", last_heartbeat=now).model_dump_json())
+    for e in range(endpoints):
+        d = f"d{e}"
+        store.put(keyspace.endpoints(f"e{e}"), InferenceEndpoint(name=f"e{e}", deployment=d,
+                                                                  status=EndpointStatus()).model_dump_json())
+        for i in range(per):
+            rid = f"{d}-{i}"
+            store.put(keyspace.replicas(d, rid), Replica(replica_id=rid, deployment=d, ordinal=i, node="n",
+                                                         phase="Ready", host=f"10.0.{e}.{i + 1}", port=8000,
+                                                         ready=True).model_dump_json())
+            store.put(keyspace.observations(rid), ReplicaObservation(replica_id=rid, scraped_at=now, ok=True)
+                      .model_dump_json())
+    publish_plans(store)
+
+
+def test_a_refresh_lists_nothing_when_nothing_changed(tmp_path):
+    raw = SqliteStore(tmp_path / "f.db")
+    fleet(raw)
+    store = Counted(raw)
+    cache = UpstreamCache(store, ttl_secs=0.0)  # every call refreshes: the worst case for the store
+
+    async def views():
+        return [await cache.view(f"e{e}") for e in range(3)]
+
+    first = asyncio.run(views())
+    assert [len(v.replicas) for v in first] == [4, 4, 4]
+    lists, built = store.lists, cache.views_built
+    assert asyncio.run(views()) == first
+    assert (store.lists, cache.views_built) == (lists, built)  # no list, no view rebuilt
+    # One replica's queue moves: only its endpoint's view is rebuilt, still without a list.
+    raw.put(keyspace.observations("d1-2"), ReplicaObservation(replica_id="d1-2", scraped_at=time.time(), ok=True,
+                                                              queue_depth=7).model_dump_json())
+    again = asyncio.run(views())
+    assert store.lists == lists and cache.views_built == built + 1
+    assert again[1].queue_depths["d1-2"][0] == 7 and again[0] is first[0]
+    # A replica drains: the gateway drops it at the next refresh.
+    rep = Replica.model_validate_json(raw.get(keyspace.replicas("d2", "d2-0")).value)
+    raw.put(keyspace.replicas("d2", "d2-0"), rep.model_copy(update={"draining": True}).model_dump_json())
+    assert [r.replica_id for r in asyncio.run(views())[2].replicas] == ["d2-1", "d2-2", "d2-3"]
+    assert store.lists == lists
+    cache.close()
+    raw.close()
