@@ -82,6 +82,7 @@ class CountingStore:
         self.reads = 0
         self.written: dict[str, int] = {}  # /fabric/<kind>/ -> write calls ("batch": create_all, put_all)
         self.items: dict[str, int] = {}  # /fabric/<kind>/ -> keys written, in batches or alone
+        self.calls: dict[str, int] = {}  # read verb -> calls
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -97,6 +98,7 @@ class CountingStore:
         if name in READS:
             def read(*args, **kwargs):
                 self.reads += 1
+                self.calls[name] = self.calls.get(name, 0) + 1
                 return attr(*args, **kwargs)
             return read
         return attr

@@ -4,33 +4,20 @@ from __future__ import annotations
 
 from common.errors import Conflict
 from common.store.mirror import Mirror
-
-
-class CountingReads:
-    """The store seen through a counter of its list calls."""
-
-    def __init__(self, inner):
-        self.inner, self.lists = inner, 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def list(self, prefix):
-        self.lists += 1
-        return self.inner.list(prefix)
+from lab.rigs.scale import CountingStore
 
 
 def test_lists_once_then_applies_only_changes(store, ns):
     store.put_all([(ns + f"r/d1/{i}", f"v{i}") for i in range(5)] + [(ns + "r/d2/0", "x"), (ns + "e/a", "1")])
-    counted = CountingReads(store)
+    counted = CountingStore(store)
     mirror = Mirror(counted, [ns + "r/", ns + "e/"])
-    assert mirror.poll() == 7 and counted.lists == 2
+    assert mirror.poll() == 7 and counted.calls.get("list", 0) == 2
     assert [kv.value for kv in mirror.list(ns + "r/d1/")] == [f"v{i}" for i in range(5)]
     assert mirror.poll() == 0  # nothing changed: no list, nothing applied
     store.put(ns + "r/d1/2", "new")
     store.delete(ns + "r/d2/0")
     store.put(ns + "other", "not mirrored")
-    assert mirror.poll() == 2 and counted.lists == 2
+    assert mirror.poll() == 2 and counted.calls.get("list", 0) == 2
     assert mirror.get(ns + "r/d1/2").value == "new" and mirror.get(ns + "r/d2/0") is None
     assert mirror.get(ns + "r/d1/2").mod_revision == store.get(ns + "r/d1/2").mod_revision
     assert mirror.list(ns + "r/d2/") == [] and mirror.get(ns + "other").value == "not mirrored"  # falls through
@@ -58,7 +45,7 @@ def test_moved_names_only_what_a_reader_looked_at(store, ns):
 def test_a_gap_in_watch_history_lists_again(store, ns):
     store.put(ns + "k/a", "1")
 
-    class Compacted(CountingReads):
+    class Compacted(CountingStore):
         def watch(self, prefix, after_revision, timeout):
             raise Conflict("history before this revision was compacted", code="compacted")
 
@@ -68,5 +55,5 @@ def test_a_gap_in_watch_history_lists_again(store, ns):
     store.put(ns + "k/b", "2")
     gapped = Compacted(store)
     mirror.store = gapped
-    assert mirror.poll() == 2 and gapped.lists == 1
+    assert mirror.poll() == 2 and gapped.calls.get("list", 0) == 1
     assert [kv.key for kv in mirror.list(ns + "k/")] == [ns + "k/b"]

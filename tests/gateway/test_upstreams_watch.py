@@ -12,20 +12,7 @@ from common.schemas import EndpointStatus, InferenceEndpoint, Node, Replica, Rep
 from common.store.sqlite_store import SqliteStore
 from gateway.upstreams import UpstreamCache
 from lab.rigs.routing_plans import publish_plans
-
-
-class Counted:
-    """The store with its list calls counted."""
-
-    def __init__(self, inner):
-        self.inner, self.lists = inner, 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def list(self, prefix):
-        self.lists += 1
-        return self.inner.list(prefix)
+from lab.rigs.scale import CountingStore
 
 
 def fleet(store, endpoints: int = 3, per: int = 4) -> None:
@@ -48,7 +35,7 @@ def fleet(store, endpoints: int = 3, per: int = 4) -> None:
 def test_a_refresh_lists_nothing_when_nothing_changed(tmp_path):
     raw = SqliteStore(tmp_path / "f.db")
     fleet(raw)
-    store = Counted(raw)
+    store = CountingStore(raw)
     cache = UpstreamCache(store, ttl_secs=0.0)  # every call refreshes: the worst case for the store
 
     async def views():
@@ -56,19 +43,19 @@ def test_a_refresh_lists_nothing_when_nothing_changed(tmp_path):
 
     first = asyncio.run(views())
     assert [len(v.replicas) for v in first] == [4, 4, 4]
-    lists, built = store.lists, cache.views_built
+    lists, built = store.calls.get("list", 0), cache.views_built
     assert asyncio.run(views()) == first
-    assert (store.lists, cache.views_built) == (lists, built)  # no list, no view rebuilt
+    assert (store.calls.get("list", 0), cache.views_built) == (lists, built)  # no list, no view rebuilt
     # One replica's queue moves: only its endpoint's view is rebuilt, still without a list.
     raw.put(keyspace.observations("d1-2"), ReplicaObservation(replica_id="d1-2", scraped_at=time.time(), ok=True,
                                                               queue_depth=7).model_dump_json())
     again = asyncio.run(views())
-    assert store.lists == lists and cache.views_built == built + 1
+    assert store.calls.get("list", 0) == lists and cache.views_built == built + 1
     assert again[1].queue_depths["d1-2"][0] == 7 and again[0] is first[0]
     # A replica drains: the gateway drops it at the next refresh.
     rep = Replica.model_validate_json(raw.get(keyspace.replicas("d2", "d2-0")).value)
     raw.put(keyspace.replicas("d2", "d2-0"), rep.model_copy(update={"draining": True}).model_dump_json())
     assert [r.replica_id for r in asyncio.run(views())[2].replicas] == ["d2-1", "d2-2", "d2-3"]
-    assert store.lists == lists
+    assert store.calls.get("list", 0) == lists
     cache.close()
     raw.close()
