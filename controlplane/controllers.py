@@ -41,12 +41,13 @@ from prometheus_client import Counter, Gauge
 
 from common import keyspace
 from common.errors import FabricError, TransientError
+from common.records import gpu_reservations, managed
 from common.records.events import EventSink
 from common.store.base import Store
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from controlplane.dryrun.worker import DryRunWorker
 from controlplane.models.worker import ModelWorker
-from controlplane.orchestration_state import MANAGED_VMS, load_snapshot
+from controlplane.orchestration_state import load_snapshot
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.reconcile.crashloop import CrashLoopSettings
@@ -147,18 +148,17 @@ async def sweep(store: Store, worker: ReconcileWorker) -> None:
         try:
             if node is not None:
                 await worker.agent(node).release_gpu(res.pci)
-            store.delete(keyspace.gpu_reservations(res.node, res.pci), mod_revision=res.mod_revision)
+            gpu_reservations.release(store, res.node, res.pci, mod_revision=res.mod_revision)
         except FabricError as exc:
             errors.append(f"orphan reservation {res.node}/{res.pci}: {exc.message}")
-    for kv in store.list(MANAGED_VMS):
-        node_id, _, vm_id = kv.key[len(MANAGED_VMS):].partition("/")
+    for node_id, vm_id, mod_revision in managed.vms(store):
         if vm_id in live_ids:
             continue
         node = snap.nodes.get(node_id)
         try:
             if node is not None:
                 await worker.agent(node).delete_vm(vm_id)
-            store.delete(kv.key, mod_revision=kv.mod_revision)
+            managed.forget_vm(store, node_id, vm_id, mod_revision)
         except FabricError as exc:
             errors.append(f"orphan VM {vm_id} on {node_id}: {exc.message}")
     for e in errors:

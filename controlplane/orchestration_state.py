@@ -8,9 +8,10 @@ crashing a loop (the door's parse policy, common.records.reading). ``load_routin
 the routing job plans from (nodes, endpoints, replicas, observations: one list per prefix), and
 with a ParseCache it re-validates only records whose mod_revision changed since the last call.
 
-Fabric records what it created under ``/fabric/managed/`` (VMs per node, Maglev services per
-VIP:port:proto) before creating it, so the sweep removes only its own leftovers and never a VM or
-service someone else made on the agent.
+Fabric records what it created before creating it, so the sweep removes only its own leftovers
+and never a VM or service someone else made on the agent: VMs in common.records.managed, Maglev
+services per VIP:port:proto under MANAGED_SERVICES (the routing controller's, until it reads and
+writes them through common.records too).
 """
 
 from __future__ import annotations
@@ -43,12 +44,7 @@ from common.tenant_policies import TenantPolicy
 from controlplane.mig.inventory import nodes_with_slices
 from controlplane.placement.scheduler import Committed, committed_resources
 
-MANAGED_VMS = f"{keyspace.ROOT}/managed/vms/"
 MANAGED_SERVICES = f"{keyspace.ROOT}/managed/services/"
-
-
-def managed_vm_key(node: str, vm_id: str) -> str:
-    return f"{MANAGED_VMS}{node}/{vm_id}"
 
 
 def managed_service_key(vip: str, port: int, proto: str = "tcp") -> str:

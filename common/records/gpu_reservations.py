@@ -60,5 +60,6 @@ def reserve(store: Store, node: str, gpus, replica_id: str, deployment: str, now
     return True
 
 
-def release(store: Store, node: str, pci: str) -> None:
-    store.delete(keyspace.gpu_reservations(node, pci))
+def release(store: Store, node: str, pci: str, mod_revision: int | None = None) -> bool:
+    """Free the reservation (only while unchanged since ``mod_revision``, when given); True if one went."""
+    return store.delete(keyspace.gpu_reservations(node, pci), mod_revision=mod_revision)

@@ -28,7 +28,6 @@ snapshot right away, so a deployment planned next sees them placed.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
@@ -38,7 +37,7 @@ import httpx
 
 from common.agent_api import VmCreateRequest
 from common.errors import FabricError, TransientError
-from common.records import autoscaling, deployments, gpu_reservations, observations
+from common.records import autoscaling, deployments, gpu_reservations, managed, observations
 from common.records import rollouts as rollout_records
 from common.records.events import EventSink
 from common.runtimes import health_path
@@ -52,7 +51,6 @@ from controlplane.orchestration_state import (
     delete_replica,
     get_replica,
     load_snapshot,
-    managed_vm_key,
     put_replica,
     update_deployment_status,
 )
@@ -368,7 +366,7 @@ class ReconcileWorker:
         try:
             for pci in whole:
                 await agent.bind_gpu(pci)
-            self.store.put(managed_vm_key(node.id, replica.replica_id), json.dumps({"deployment": dep.name}))
+            managed.note_vm(self.store, node.id, replica.replica_id, dep.name)
             gpu_mib = max((g.memory_total_mib for g in node.gpus if g.pci in replica.gpus), default=0)
             dsr = vip_pool.dsr_vips(dep.name, snap.endpoints.values(), vip_pool.allocations(self.store))
             vm = await agent.create_vm(VmCreateRequest(
@@ -407,7 +405,7 @@ class ReconcileWorker:
             agent = self.agent(node)
             try:
                 await agent.delete_vm(r.replica_id)
-                self.store.delete(managed_vm_key(node.id, r.replica_id))
+                managed.forget_vm(self.store, node.id, r.replica_id)
                 for pci in r.gpus:
                     if "--" not in pci:  # a MIG slice id (PARENT--PROFILE--N) was never bound
                         await agent.release_gpu(pci)

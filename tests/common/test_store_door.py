@@ -231,7 +231,7 @@ def count(root: Path = ROOT) -> dict:
 # file gains a raw call (each count is a ceiling).
 NOT_YET_THROUGH_THE_DOOR = {
     "controlplane/backup/archive.py": 3, "controlplane/backup/status.py": 2, "controlplane/backup/store_io.py": 6,
-    "controlplane/controllers.py": 3, "controlplane/reconcile/apply.py": 2, "controlplane/routing/controller.py": 7,
+    "controlplane/routing/controller.py": 7,
 }
 PARSED_BY_HAND_YET = {"controlplane/api/events.py": 1, "controlplane/routing/controller.py": 1}
 OWN_LOOPS_YET = {"controlplane/backup/archive.py": 1,
