@@ -15,8 +15,8 @@ One thread runs an asyncio loop with five periodic jobs, all leader-only:
              with no replica record, and Fabric-recorded VMs with no replica record. Only what
              Fabric recorded as its own is touched.
 Leadership is common.store.locks.LeaseLock on keyspace.locks("orchestration"): a key created
-with a store lease (TTL FABRIC_LEADER_TTL_SECS, 15 s) that a keeper task refreshes every TTL/3,
-also while a pass is waiting on agents. A process that does not hold it only retries taking it.
+with a store lease (TTL FABRIC_LEADER_TTL_SECS, 15 s) that a keeper thread (LeaseKeeper)
+refreshes every TTL/3, off the event loop: no pass, however long it holds the loop, delays it. A process that does not hold it only retries taking it.
 Every leader-only side effect is fenced by the lease: the workers get a FencedStore and
 FencedAgents instead of the store and the agent clients, so each store write (replica records,
 GPU reservations, managed records, deployment and endpoint status, VIPs, observations) and each
@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge
 
@@ -102,6 +103,39 @@ def lead(lock: LeaseLock) -> bool:
     if lock.lease_id is not None and lock.keep_alive():
         return True
     return lock.try_acquire()
+
+
+class LeaseKeeper:
+    """Refreshes the leader lease every ``period`` (or retries taking the lock) on its own thread.
+
+    Never on the event loop: a pass that holds the loop (a long synchronous stretch, a slow
+    store call) cannot starve the refresh, so it cannot cost the leadership either.
+    ``on_change(leading, lock)`` is called from this thread when leadership is taken or lost."""
+
+    def __init__(self, lock: LeaseLock, period: float, on_change: Callable[[bool, LeaseLock], None]):
+        self.lock, self.period, self.on_change = lock, period, on_change
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fabric-lease-keeper", daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            was = self.lock.held()
+            try:
+                leading = lead(self.lock)
+            except FabricError as exc:
+                log.warning("leadership check failed: %s", exc.message)
+                leading = self.lock.held()  # the local clock still bounds how long we may act
+            if leading != was:
+                self.on_change(leading, self.lock)
+            self._stop.wait(self.period)
 
 
 class FencedAgent:
@@ -259,7 +293,7 @@ class ControllerHandle:
         models = ModelWorker(store, agents, jobs_gauge=self.metrics.model_jobs)
         autoscale = AutoscaleWorker(store, events=events, metrics=self.metrics)
         notify = NotifyWorker(store, alerts=config.notify_alerts, retention_s=config.usage_retention_s)
-        keeper = asyncio.create_task(self._keep_leading(lock))
+        keeper = LeaseKeeper(lock, max(0.1, self.settings.leader_ttl_s / 3), self._leadership_changed).start()
         next_reconcile = next_routing = last_reconcile = last_routing = next_models = next_autoscale = next_notify = 0.0
         fence_seen: int | None = None
         try:
@@ -315,8 +349,7 @@ class ControllerHandle:
                 except asyncio.TimeoutError:  # not the builtin TimeoutError on Python 3.10
                     pass
         finally:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+            keeper.stop()  # before the release: a refresh racing it could outlive it
             try:
                 lock.release()
             except FabricError as exc:
@@ -329,23 +362,12 @@ class ControllerHandle:
             if closer is not None:
                 await closer()
 
-    async def _keep_leading(self, lock: LeaseLock) -> None:
-        """Refresh the lease every TTL/3 (also during a pass), or retry taking the lock."""
-        period = max(0.1, self.settings.leader_ttl_s / 3)
-        while True:
-            was = lock.held()
-            try:
-                leading = lead(lock)
-            except FabricError as exc:
-                log.warning("leadership check failed: %s", exc.message)
-                leading = lock.held()  # the local clock still bounds how long we may act
-            self.metrics.leader.set(1 if leading else 0)
-            if leading != was:
-                log.info("%s the orchestration lock (fence %s)", "took" if leading else "lost", lock.fence)
-                self.metrics.leader_changes.labels("took" if leading else "lost").inc()
-                if self._wake is not None:
-                    self._wake.set()
-            await asyncio.sleep(period)
+    def _leadership_changed(self, leading: bool, lock: LeaseLock) -> None:
+        """The keeper's report (its own thread): metrics, a log line, and a wake of the loop."""
+        self.metrics.leader.set(1 if leading else 0)
+        log.info("%s the orchestration lock (fence %s)", "took" if leading else "lost", lock.fence)
+        self.metrics.leader_changes.labels("took" if leading else "lost").inc()
+        self._poke()
 
     async def _job(self, name: str, lock: LeaseLock, fn) -> None:
         if not lock.held():

@@ -19,7 +19,7 @@ from common import keyspace
 from common.agent_api import GpuBindResult, MaglevBatchResult, MaglevPutResult, VmInfo
 from common.store.locks import FencedStore, LeaseLock, LeaseLost
 from common.store.sqlite_store import SqliteStore
-from controlplane.controllers import ControllerHandle, FencedAgents, lead, sweep
+from controlplane.controllers import ControllerHandle, FencedAgents, LeaseKeeper, lead, sweep
 from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
@@ -230,3 +230,25 @@ def test_the_controller_loop_stops_writing_mid_pass_when_its_lease_is_taken_over
     finally:
         release.set()
         handle.stop()
+
+
+def test_a_pass_that_holds_the_event_loop_past_the_ttl_keeps_the_lease(raw):
+    """The lease is refreshed on the keeper's own thread: a pass that does not yield for three
+    TTLs (a long synchronous stretch) neither loses the lock nor lets another process take it."""
+    lock = LeaseLock(raw, LOCK, holder="a", ttl=1)
+    changes: list[bool] = []
+    keeper = LeaseKeeper(lock, 0.2, lambda leading, _: changes.append(leading)).start()
+    try:
+        wait_for(lock.held, 2.0, "the keeper to take the lock", interval=0.02)
+        fence = lock.fence
+
+        async def long_pass() -> bool:
+            time.sleep(3.0)  # holds the loop: no task, no await, for three TTLs
+            return lock.held()
+
+        assert asyncio.run(long_pass())
+        assert lock.fence == fence and changes == [True]  # never lost, never retaken
+        assert not LeaseLock(raw, LOCK, holder="b", ttl=1).try_acquire()
+    finally:
+        keeper.stop()
+        lock.release()
