@@ -1,13 +1,15 @@
 """`fabricctl ai node ...` and `fabricctl ai gpus`.
 
-    node add NAME [--out DIR] [--host H ...] [--site S] [--replica-network CIDR ...]
+    node add NAME [--out DIR] [--host H ...] [--site S] [--replica-network CIDR ...] [--balancer|--no-balancer]
                                                issue NAME's certificate from the cluster CA and write
                                                 DIR/NAME.crt, DIR/NAME.key (0600) and DIR/ca.crt: copy
                                                 DIR to the node and start `fabric-agent serve --pki-dir DIR`
-    node join-token [--node-id N] [--host H] [--site S] [--replica-network CIDR ...]
+    node join-token [--node-id N] [--host H] [--site S] [--replica-network CIDR ...] [--balancer|--no-balancer]
                                                a one-time token `fabric-agent join` trades for its
                                                certificate; without --node-id it only creates a new node;
-                                               the node registers in the site and networks named here
+                                               the node registers in the site, networks and role named here
+    node role NAME --balancer|--no-balancer    give NAME the balancer role (it carries the VIPs' Maglev
+                                               services and announces them) or take it away
     node delete NAME                           remove NAME and revoke its certificates (drain it first)
     node list | node show NAME                 nodes with online/offline and why
     node drain NAME [--grace-seconds S] [--reason R]
@@ -27,11 +29,14 @@ from common.private_fs import private_dir, write_private
 from fabricctl.output import col, emit_json, emit_object, emit_table, session
 
 JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
+BALANCER_HELP = ("the node carries the VIPs' Maglev services and announces them over BGP (a balancer); "
+                 "default: a balancer only while no node is one (a single host, a fleet's first node)")
 
 node_app = typer.Typer(help="GPU hosts running fabric-agent.", no_args_is_help=True)
 
 NODE_COLUMNS = [col("NAME", "id"), col("PHASE", "phase"), col("SITE", "site"),
-                col("DOMAIN", "failure_domain"), ("GPUS", lambda n: len(n.get("gpus") or [])),
+                col("DOMAIN", "failure_domain"), ("ROLE", lambda n: "balancer" if n.get("balancer") else "-"),
+                ("GPUS", lambda n: len(n.get("gpus") or [])),
                 col("CPU_FREE", "cpu_free"), col("MEM_FREE_GIB", "memory_free_gib"),
                 col("DRIVER", "vm_driver"), col("TAINTS", "taints"), col("MESSAGE", "message")]
 GPU_COLUMNS = [col("NODE", "node"), col("PCI", "pci"), col("NAME", "name"),
@@ -70,13 +75,15 @@ def node_add(
     site: Annotated[str | None, typer.Option("--site", help="the site the node registers in")] = None,
     network: Annotated[list[str] | None, typer.Option(
         "--replica-network", help="a CIDR its replicas' addresses must lie in (repeatable)")] = None,
+    balancer: Annotated[bool | None, typer.Option("--balancer/--no-balancer", help=BALANCER_HELP)] = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Issue a node certificate from the cluster CA (the node registers itself when its agent starts)."""
     out = out or Path(f"{name}-pki")
     with session() as c:
         issued = c.post(f"/api/ai/nodes/{name}/certificate", {"hosts": host or [], "site": site,
-                                                              "replica_networks": network or []})
+                                                              "replica_networks": network or [],
+                                                              "balancer": balancer})
     crt, key, ca = write_node_files(out, issued)
     if as_json:
         emit_object({"node_id": name, "cert": str(crt), "key": str(key), "ca": str(ca)}, True)
@@ -94,17 +101,35 @@ def node_join_token(
     site: Annotated[str | None, typer.Option("--site", help="the site the node registers in")] = None,
     network: Annotated[list[str] | None, typer.Option(
         "--replica-network", help="a CIDR its replicas' addresses must lie in (repeatable)")] = None,
+    balancer: Annotated[bool | None, typer.Option("--balancer/--no-balancer", help=BALANCER_HELP)] = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """A one-time, short-lived token a new node trades for its certificate (fabric-agent join)."""
     with session() as c:
         made = c.post("/api/ai/join-tokens", {"node_id": node_id, "hosts": host or [], "ttl_s": ttl,
-                                              "site": site, "replica_networks": network or []})
+                                              "site": site, "replica_networks": network or [],
+                                              "balancer": balancer})
     if as_json:
         emit_object(made, True)
         return
     typer.echo(made["token"])
     typer.echo(f"valid once, for {ttl}s; on the node: {made['command']}", err=True)
+
+
+@node_app.command("role")
+def node_role(name: str = typer.Argument(..., metavar="NAME", help="the node's id"),
+              balancer: bool = typer.Option(..., "--balancer/--no-balancer",
+                                            help="give the balancer role, or take it away"),
+              as_json: bool = JSON_OPT) -> None:
+    """Make a node a balancer (it carries every VIP's Maglev service and announces the VIPs) or not;
+    the routing controller moves the services on its next pass."""
+    with session() as c:
+        data = c.put(f"/api/ai/nodes/{name}/role", {"balancer": balancer})
+    if as_json:
+        emit_json(data)
+        return
+    typer.echo(f"node {name} {'is a balancer' if data['balancer'] else 'is not a balancer'}; the routing "
+               "controller moves the VIP services on its next pass")
 
 
 @node_app.command("delete")

@@ -160,6 +160,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/api/ai/join"): PUBLIC,  # the join token in the body is the credential
     ("POST", "/api/ai/nodes/{node_id}/renew"): NODE,
     ("PUT", "/api/ai/nodes/{node_id}/identity"): admin(),
+    ("PUT", "/api/ai/nodes/{node_id}/role"): admin(),
     ("POST", "/api/ai/nodes/{node_id}/drain"): admin(),
     ("POST", "/api/ai/nodes/{node_id}/uncordon"): admin(),
     ("DELETE", "/api/ai/nodes/{node_id}"): admin(),
