@@ -85,9 +85,9 @@ VARIANTS: dict[str, tuple[str, str, str, str]] = {
                         "        out->snat_port = snat_find(fk, &reply, hash);\n",
                         "a source-NAT SYN searches its probe sequence for a surviving entry of its own "
                         "(the code before; run with BENCH_NODE_IP)"),
-    "nat_reverse_first": ("maglev.c", """    flows.update(fk, out);
-    reverse_flows.update(&reply, &rev);""", """    reverse_flows.update(&reply, &rev);
-    flows.update(fk, out);""", "a NAT new flow inserts its reverse entry before its forward entry (the code before)"),
+    "nat_forward_first": ("maglev.c", """    reverse_flows.update(&reply, &rev);
+    flows.update(fk, out);""", """    flows.update(fk, out);
+    reverse_flows.update(&reply, &rev);""", "a NAT new flow inserts its forward entry before its reverse entry"),
     "syn_no_miss_counter": ("maglev.c", """        if (m) {
             if (syn)""", """        if (0) {
             if (syn)""", "the per-service miss counter not kept (what it costs a new flow)"),
