@@ -117,7 +117,7 @@ def locks(name: str = "") -> str:
 
 
 def backups(name: str = "") -> str:
-    """Backup bookkeeping, e.g. the last archive written (controlplane.backup.status)."""
+    """Backup bookkeeping, e.g. the last archive written (common.records.backup_status)."""
     return f"{ROOT}/backups/{name}"
 
 

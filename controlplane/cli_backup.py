@@ -72,8 +72,8 @@ def create(
     insecure_store: bool = typer.Option(False, "--insecure-store", help="allow an etcd off loopback without TLS"),
 ) -> None:
     """Write one encrypted archive with everything a restore needs."""
+    from common.records.backup_status import BackupStatus, record_success
     from controlplane.backup.archive import ArchiveError, load_key, pack, snapshot
-    from controlplane.backup.status import BackupStatus, record_success
     from controlplane.settings import SettingsError, load
 
     restrict_umask()

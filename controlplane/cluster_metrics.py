@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from common.records.backup_status import last_success
 from common.store.base import Store
-from controlplane.backup.status import last_success
 from controlplane.gpu_metrics import gpu_families
 from controlplane.orchestration_state import Snapshot, load_snapshot
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken
 
 from common import keyspace
+from common.records import raw
 from common.store.base import Store
 
 FORMAT = "fabric-archive"
@@ -44,7 +45,6 @@ HMAC_SECRET_FILE = "key-hmac-secret"  # where a restore puts the secret (FABRIC_
 # Never copied from the state directory: the SQLite store (its keys are in the payload), its
 # journal, and archives a --out inside the state directory holds.
 SKIPPED = ("fabric.db", "fabric.db-wal", "fabric.db-shm", "fabric.db-journal", "backups")
-RESTORE_BATCH = 64  # keys per create_all: under etcd's default 128 operations per transaction
 
 
 class ArchiveError(ValueError):
@@ -91,8 +91,7 @@ def state_files(state_dir: Path) -> dict[str, bytes]:
 
 
 def snapshot(store: Store, state_dir: Path, hmac_secret: bytes, now: float | None = None) -> Contents:
-    kvs = store.list(keyspace.ROOT + "/")  # one range: every key at one revision
-    return Contents(store=[(kv.key, kv.value) for kv in kvs if not kv.lease], files=state_files(state_dir),
+    return Contents(store=raw.snapshot(store), files=state_files(state_dir),
                     hmac_secret=hmac_secret, created_at=time.time() if now is None else now)
 
 
@@ -153,19 +152,18 @@ def restore_into(contents: Contents, store: Store, state_dir: Path) -> Path:
     either already holds a cluster."""
     from common.private_fs import private_dir, write_private
 
-    held = store.list(keyspace.ROOT + "/")
+    held = raw.held(store)
     if held:
-        raise ArchiveError(f"the store already holds {len(held)} keys under {keyspace.ROOT}/: a restore writes "
+        raise ArchiveError(f"the store already holds {held} keys under {keyspace.ROOT}/: a restore writes "
                            "only into an empty store (a new etcd cluster, or a new SQLite file)")
     if (state_dir / "pki" / "ca.key").exists():
         raise ArchiveError(f"{state_dir} already holds a cluster CA (pki/ca.key): restore into a new state directory")
     for name in contents.files:
         if ".." in Path(name).parts or Path(name).is_absolute():
             raise ArchiveError(f"archive file name {name!r} leaves the state directory")
-    for start in range(0, len(contents.store), RESTORE_BATCH):
-        batch = contents.store[start:start + RESTORE_BATCH]
-        if not store.create_all(batch):
-            raise ArchiveError(f"a key of {batch[0][0]}..{batch[-1][0]} appeared in the store during the restore")
+    clash = raw.load_empty(store, contents.store)
+    if clash is not None:
+        raise ArchiveError(f"a key of {clash[0]}..{clash[1]} appeared in the store during the restore")
     private_dir(state_dir)
     for name, data in contents.files.items():
         target = state_dir / name

@@ -1,7 +1,7 @@
 """The store side of backup and restore (the document is controlplane.backup.document): read every
-section's raw records, check a plan against the store, and write it. A backup copies whole
-keyspaces as they are, so this is the one place above common.records that reads and writes
-by prefix (create-if-absent for a create, so a record that appeared meanwhile is kept)."""
+section's records as stored, check a plan against the store, and write it. A backup copies whole
+keyspaces as they are, so it reads and writes them as text through common.records.raw, the door's
+one uninterpreted reader (create-if-absent for a create, so a record that appeared meanwhile is kept)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import json
 
 from common import keyspace
 from common.errors import Conflict
+from common.records import raw
 from common.store.base import Store
 from controlplane.backup.document import BY_NAME, SECTIONS, RestorePlan, desired
 
 
 def listed(store: Store) -> dict[str, list[tuple[str, str]]]:
-    return {section.name: [(kv.key, kv.value) for kv in store.list(section.prefix)] for section in SECTIONS}
+    return {section.name: raw.items(store, section.prefix) for section in SECTIONS}
 
 
 def current(store: Store) -> dict[str, dict[str, dict]]:
@@ -36,9 +37,9 @@ def check_key_prefixes(store: Store, plan: RestorePlan) -> None:
     for (section, name), record in plan.records.items():
         if section != "keys":
             continue
-        owner = store.get(keyspace.api_key_prefixes(record["prefix"]))
-        if owner is not None and owner.value != name:
-            raise Conflict(f"key {name}: prefix {record['prefix']} already belongs to key {owner.value}",
+        owner = raw.value(store, keyspace.api_key_prefixes(record["prefix"]))
+        if owner is not None and owner != name:
+            raise Conflict(f"key {name}: prefix {record['prefix']} already belongs to key {owner}",
                            code="conflict")
 
 
@@ -52,14 +53,14 @@ def write(store: Store, plan: RestorePlan) -> tuple[list[str], list[str]]:
         key = section.prefix + change.name
         value = stored_form(change.section, plan.records[(change.section, change.name)])
         if change.action == "create":
-            if not store.create(key, value):
+            if not raw.create(store, key, value):
                 raced.append(f"{change.section}/{change.name}")
                 continue
         else:
-            store.put(key, value)
+            raw.put(store, key, value)
         if change.section == "keys":
             rec = plan.records[(change.section, change.name)]
-            store.create(keyspace.api_key_prefixes(rec["prefix"]), change.name)
-            store.create(keyspace.api_key_names(rec["endpoint"], rec["name"]), change.name)
+            raw.create(store, keyspace.api_key_prefixes(rec["prefix"]), change.name)
+            raw.create(store, keyspace.api_key_names(rec["endpoint"], rec["name"]), change.name)
         written.append(f"{change.section}/{change.name}")
     return written, raced

@@ -32,8 +32,8 @@ from common.records import nodes as node_records
 from common.records import notifications as notification_records
 from common.records import replicas as replica_records
 from common.records import usage_docs, webhooks
+from common.records.backup_status import last_success
 from common.store.base import Store
-from controlplane.backup.status import last_success
 from controlplane.tenancy import alerts
 
 log = logging.getLogger("fabric.notify")

@@ -22,10 +22,10 @@ from common.records import budgets as budget_records
 from common.records import notifications as notification_records
 from common.records import usage_docs
 from common.records import webhooks as webhook_records
+from common.records.backup_status import BackupStatus, record_success
 from common.schemas import Node, Replica
 from common.store import open_store
 from common.usage_ledger import Dims
-from controlplane.backup.status import BackupStatus, record_success
 from controlplane.tenancy import alerts, notifier
 from gateway.usage_ledger import Call, UsageLedger
 from lab.rigs.polling import wait_for

@@ -1,4 +1,4 @@
-"""The last backup that succeeded, as one store record that every fabricd reads.
+"""The last backup that succeeded (/fabric/backups/last-success), one record every fabricd reads.
 
 `fabricd backup create` writes it after the archive is safely on disk; each fabricd's /metrics
 turns it into fabric_backup_last_success_timestamp_seconds (controlplane.cluster_metrics), and
@@ -9,12 +9,14 @@ reports the same time, whichever host made the archive.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from common import keyspace
+from common.records import reading
 from common.store.base import Store
 
 KEY = keyspace.backups("last-success")
+KIND = "backup status"
 
 
 class BackupStatus(BaseModel):
@@ -30,10 +32,8 @@ def record_success(store: Store, status: BackupStatus) -> None:
 
 
 def last_success(store: Store) -> BackupStatus | None:
+    """The last success; None when there is none, or (skipped and counted) when the record does not
+    parse: it then reads as no backup, so the alert speaks up rather than the metrics failing."""
     kv = store.get(KEY)
-    if kv is None:
-        return None
-    try:
-        return BackupStatus.model_validate_json(kv.value)
-    except ValidationError:
-        return None  # written by another version: reads as no backup, so the alert speaks up
+    found = [] if kv is None else reading.each(BackupStatus, [kv], KIND)
+    return found[0] if found else None
