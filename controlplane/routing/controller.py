@@ -21,17 +21,19 @@ then:
      replicas) and publish it (common.records.plans) with a new generation when the decision
      moved: the exact service the agents get, the entries explain and the console show, what the
      gateway routes on;
-  2b. push (controlplane.routing.push): each online agent gets, in one request, the services whose
+  2b. push (controlplane.routing.push): each online balancer gets, in one request, the services whose
      generation it does not hold (by its answers and its heartbeat's report); an agent refuses an
      older generation, so a late PUT never overwrites a newer one. Nothing is re-sent on a timer.
-     Each agent has its own queue and deadline: a silent one is marked and waited for no more;
-  3. for every VIP whose endpoint is gone: DELETE the service on every registered agent (404
-     counts as absent); only when all agents answered is the VIP released. An unreachable or
-     silent agent keeps the VIP, retried next tick.
+     Each agent has its own queue and deadline: a silent one is marked and waited for no more. A
+     node that is not a balancer gets nothing, and what it still holds is removed (a role change);
+  3. for every VIP whose endpoint is gone: DELETE the service on every registered agent that may
+     hold it (balancers, and nodes that acknowledged or report it; 404 counts as absent); only
+     when all of them answered is the VIP released. An unreachable or silent agent keeps the VIP,
+     retried next tick.
 Previous samples live in memory only to compute rates; a restart loses one scrape window.
 Those observation writes happen after step 2b's pushes, so a metric change reaches the agents
-without waiting for the store. Store writes stay one by one (each is fenced by the leader lease
-right before it happens).
+without waiting for the store, and go in one batch off the event loop; the other store writes
+stay one by one (each is fenced by the leader lease right before it happens).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 from common import keyspace
 from common.agent_api import MaglevServicePut
 from common.errors import Conflict, FabricError, Refused
-from common.records import plans
+from common.records import observations, plans
 from common.records.events import EventSink
 from common.records.plans import PublishedPlan, SpillPool, next_generation, same_decision
 from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
@@ -227,12 +229,13 @@ class RoutingWorker:
             self.events("replica", r.replica_id, "ReplicaUnstalled", f"{r.deployment}: tokens advance again")
         return marked
 
-    def write_observations(self) -> None:
-        # One by one, after the scrapes: a fenced write that fails (lease lost) stops the pass
-        # instead of leaving sibling scrapes writing in the background.
-        while self._unwritten:
-            obs = self._unwritten.pop(0)
-            self.store.put(keyspace.observations(obs.replica_id), obs.model_dump_json())
+    async def write_observations(self) -> None:
+        """This pass's materially changed observations in one batch (Store.put_all: one
+        transaction, one etcd txn per 128), in a worker thread: never one synchronous write per
+        replica on the event loop. Fenced like every write: a lost lease writes none of them."""
+        batch, self._unwritten = self._unwritten, []
+        if batch:
+            await asyncio.to_thread(observations.put_all, self.store, batch)
 
     def forget_pushes(self) -> None:
         """Trust no acknowledgement (another leader ran): the next tick compares every agent's
@@ -269,7 +272,7 @@ class RoutingWorker:
                                services)  # weights reach the agents before the store writes
         for ep, plan, published in routed:
             self._report(ep, plan, published)
-        self.write_observations()
+        await self.write_observations()
         HISTORY.observe_routing(snap, self.memory.plans)  # the console's charts (controlplane.history)
         await self.release_orphans(snap)
 
@@ -428,9 +431,10 @@ class RoutingWorker:
                 return False
             return True
 
-        results = await asyncio.gather(*(remove(n) for n in snap.nodes.values()))
+        key = f"{vip}:{port}/{PROTO}"
+        results = await asyncio.gather(*(remove(n) for n in snap.nodes.values() if self.pushes.may_hold(n, key)))
         if all(results):
-            self.pushes.drop(f"{vip}:{port}/{PROTO}")
+            self.pushes.drop(key)
             return True
         return False
 

@@ -36,7 +36,7 @@ LOCK = "orchestration"
 class RecordingStore:
     """Passes everything to the real store and records each write that reaches it."""
 
-    WRITES = ("put", "create", "cas", "delete", "delete_prefix")
+    WRITES = ("put", "put_all", "create", "cas", "delete", "delete_prefix")
 
     def __init__(self, inner):
         self.inner = inner
@@ -49,8 +49,8 @@ class RecordingStore:
             return attr
 
         def write(key, *args, **kwargs):
-            with self._mu:
-                self.writes.append((name, key))
+            with self._mu:  # put_all: one entry per key it writes
+                self.writes += [(name, k) for k, _ in key] if name == "put_all" else [(name, key)]
             return attr(key, *args, **kwargs)
 
         return write
