@@ -4,10 +4,12 @@ Each node runs its own `fabric-agent` (the production code: dry-run VM driver, t
 program on its uplink, BIRD announcing the VIPs it can serve, FABRIC_BGP_*) and its own replicas
 (lab/ecmp_replica.py) on its bridge; the router namespace runs BIRD that peers with
 both nodes and installs each VIP with one next hop per node (ECMP, 5-tuple hash); the client sits
-behind the router (topology_ecmp.py). `up` pushes two services to both agents, as the routing
-controller pushes the same services and weights to every node: a dsr-ipip VIP and a nat VIP with
-every replica as a backend. There is no fabricd here: the lab is about the path a VIP client
-takes, and the agents' API is what fabricd would call.
+behind the router (topology_ecmp.py). `--gpu-hosts N` adds nodes without the balancer role: their
+agents run without BGP, and their replicas are backends the balancers reach through the router.
+`up` pushes two services with fabricd's own push code (controlplane.routing.push, over the
+agents' API) to the nodes as fabricd's records would hold them (``lab_nodes``), so only the
+balancers get them: a dsr-ipip VIP and a nat VIP with every replica as a backend. There is no
+fabricd here: the lab is about the path a VIP client takes.
 
 Faults for tests and benches: `kill_agent` (SIGKILL: BIRD dies with it, the router withdraws
 when the session closes), `silence_node` (the router drops everything to and from the node, as
@@ -17,6 +19,7 @@ State lives in $FABRIC_LAB_STATE/ecmp or /var/lib/fabric/lab-ecmp; `down` leaves
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -31,6 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.agent_api import MaglevServicePut
+from common.schemas import Node
+from controlplane.agent_client import AgentClients
+from controlplane.routing.push import Pushes
 from lab import processes
 from lab.topology_ecmp import (
     NODE_ASN,
@@ -109,6 +116,8 @@ def agent_command(cfg: EcmpConfig, n: int) -> list[str]:
 
 def agent_env(cfg: EcmpConfig, n: int) -> dict[str, str]:
     t = cfg.topology
+    if not t.balancer(n):  # a GPU host without the role speaks no BGP
+        return {"FABRIC_XDP_FORWARD": "0"}
     return {"FABRIC_BGP": "1", "FABRIC_BGP_LOCAL_ASN": str(NODE_ASN),
             "FABRIC_BGP_PEERS": f"{t.router_addr(n)}:{ROUTER_ASN}", "FABRIC_BGP_ROUTER_ID": t.node_addr(n),
             "FABRIC_BGP_HOLD_SECS": str(cfg.hold_secs), "FABRIC_BGP_BFD": "1" if cfg.bfd else "0",
@@ -149,20 +158,50 @@ def wait_agent(cfg: EcmpConfig, n: int, timeout: float = 120.0) -> None:
     raise RuntimeError(f"agent n{n} not ready within {timeout:.0f} s: {last}")
 
 
-def put_services(cfg: EcmpConfig, nodes: list[int] | None = None, backends: dict[str, int] | None = None) -> None:
-    """The same two services with the same backends and weights on every node."""
+def lab_nodes(cfg: EcmpConfig) -> dict[int, Node]:
+    """The lab's nodes as fabricd's records would hold them (online, balancer or not)."""
+    t = cfg.topology
+    return {n: Node(id=f"ecmp-n{n}", address=cfg.agent_url(n), balancer=t.balancer(n), last_heartbeat=time.time())
+            for n in t.node_numbers()}
+
+
+def put_services(cfg: EcmpConfig, nodes: list[int] | None = None, backends: dict[str, int] | None = None
+                 ) -> list[str]:
+    """The same two services with the same backends and weights, pushed by fabricd's push code to
+    ``nodes`` (default: every node; only the balancers get them); the node ids it sent to."""
     backends = cfg.backends() if backends is None else backends
-    for n in nodes or range(1, cfg.topology.nodes + 1):
-        for vip, mode in ((DSR_VIP, "dsr-ipip"), (NAT_VIP, "nat")):
-            code, body = _http("PUT", f"{cfg.agent_url(n)}/v1/maglev/services/{vip}/{VIP_PORT}/tcp",
-                               {"backends": backends, "forwarding": mode})
-            if code != 200:
-                raise RuntimeError(f"agent n{n} refused {vip} ({mode}): {code} {body}")
+    services = {s.key: s for s in (MaglevServicePut(vip=vip, port=VIP_PORT, proto="tcp", backends=backends,
+                                                    forwarding=mode)
+                                   for vip, mode in ((DSR_VIP, "dsr-ipip"), (NAT_VIP, "nat")))}
+    targets = [node for n, node in lab_nodes(cfg).items() if nodes is None or n in nodes]
+
+    async def push() -> Pushes:
+        agents = AgentClients(cfg.state_dir, insecure=True)
+        pushes = Pushes(agents, time.time)
+        try:
+            await pushes.push(targets, services)
+        finally:
+            await agents.aclose()
+        return pushes
+
+    pushes = asyncio.run(push())
+    failed = [note for key in services for note in pushes.notes(key)]
+    if failed:
+        raise RuntimeError("; ".join(failed))
+    return sorted(pushes.by_node)
 
 
 def delete_service(cfg: EcmpConfig, vip: str, nodes: list[int] | None = None) -> None:
     for n in nodes or range(1, cfg.topology.nodes + 1):
         _http("DELETE", f"{cfg.agent_url(n)}/v1/maglev/services/{vip}/{VIP_PORT}/tcp")
+
+
+def held_services(cfg: EcmpConfig, n: int) -> list[str]:
+    """The VIPs of the services node n's dataplane holds (its agent's GET /v1/maglev/services)."""
+    code, body = _http("GET", cfg.agent_url(n) + "/v1/maglev/services", timeout=5)
+    if code != 200:
+        raise RuntimeError(f"agent n{n}: GET /v1/maglev/services answered {code} {body}")
+    return sorted(s["vip"] for s in body.get("services", []))
 
 
 def bgp_status(cfg: EcmpConfig, n: int) -> dict:
@@ -227,11 +266,12 @@ def up(cfg: EcmpConfig, echo: Callable[[str], None] | None = None) -> None:
     topo_up(t)
     _say(echo, f"lab ecmp: router BIRD (AS {ROUTER_ASN}, hold {cfg.hold_secs} s{', BFD' if cfg.bfd else ''})")
     _start_router(cfg)
-    for n in range(1, t.nodes + 1):
-        _say(echo, f"lab ecmp: fabric-agent n{n} (XDP on {t.node_ns(n)}/{t.uplink}, BGP AS {NODE_ASN})")
+    for n in t.node_numbers():
+        role = f"BGP AS {NODE_ASN}" if t.balancer(n) else "a GPU host: not a balancer, no BGP"
+        _say(echo, f"lab ecmp: fabric-agent n{n} (XDP on {t.node_ns(n)}/{t.uplink}, {role})")
         start_agent(cfg, n)
     _start_replicas(cfg, echo)
-    for n in range(1, t.nodes + 1):
+    for n in t.node_numbers():
         wait_agent(cfg, n)
     put_services(cfg)
     for vip in (DSR_VIP, NAT_VIP):
@@ -244,18 +284,22 @@ def down(cfg: EcmpConfig) -> list[str]:
     remove the namespaces and the pinned maps; returns what was removed."""
     removed = [f"process {pid}" for pid in processes.stop_all(cfg.state_dir)]
     removed += topo_down(cfg.topology)
-    for n in range(1, cfg.topology.nodes + 1):
-        if os.path.isdir(cfg.pin_dir(n)):
-            shutil.rmtree(cfg.pin_dir(n), ignore_errors=True)
-            removed.append(f"pins {cfg.pin_dir(n)}")
+    for pins in pin_dirs():
+        shutil.rmtree(pins, ignore_errors=True)
+        removed.append(f"pins {pins}")
     return removed
+
+
+def pin_dirs() -> list[str]:
+    """Every node's pin directory there is (whatever the topology of the lab that made them)."""
+    return sorted(str(p) for p in Path(PIN_PREFIX).parent.glob(Path(PIN_PREFIX).name + "*") if p.is_dir())
 
 
 def status(cfg: EcmpConfig) -> list[str]:
     """What of the lab exists."""
     out = topo_leftovers(cfg.topology)
     out += [f"process {pid}" for pid in processes.running(cfg.state_dir)]
-    out += [f"pins {cfg.pin_dir(n)}" for n in range(1, cfg.topology.nodes + 1) if os.path.isdir(cfg.pin_dir(n))]
+    out += [f"pins {pins}" for pins in pin_dirs()]
     return out
 
 

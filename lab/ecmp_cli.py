@@ -19,9 +19,11 @@ StateOpt = typer.Option(None, "--state-dir", help="state and logs (default $FABR
                         "/var/lib/fabric/lab-ecmp)")
 
 
-def _cfg(state_dir: Path | None, replicas: int = 2, hold_secs: int = 3, bfd: bool = False) -> EcmpConfig:
+def _cfg(state_dir: Path | None, replicas: int = 2, hold_secs: int = 3, bfd: bool = False,
+         gpu_hosts: int = 0) -> EcmpConfig:
     return EcmpConfig(state_dir=state_dir.resolve() if state_dir else ecmp_state_dir(),
-                      topology=EcmpTopology(replicas_per_node=replicas), hold_secs=hold_secs, bfd=bfd)
+                      topology=EcmpTopology(replicas_per_node=replicas, gpu_hosts=gpu_hosts), hold_secs=hold_secs,
+                      bfd=bfd)
 
 
 def need_root() -> None:
@@ -35,10 +37,14 @@ def need_root() -> None:
 def up(state_dir: Path = StateOpt,
        replicas: int = typer.Option(2, "--replicas", min=1, max=8, help="replicas per node"),
        hold_secs: int = typer.Option(3, "--hold-secs", min=3, max=65535, help="BGP hold time, both sides"),
-       bfd: bool = typer.Option(False, "--bfd/--no-bfd", help="BFD on every session (100 ms x 3)")) -> None:
-    """Build the router, the client, two nodes with their agents and replicas; push two VIPs."""
+       bfd: bool = typer.Option(False, "--bfd/--no-bfd", help="BFD on every session (100 ms x 3)"),
+       gpu_hosts: int = typer.Option(0, "--gpu-hosts", min=0, max=4,
+                                     help="nodes without the balancer role (no BGP, no services), their "
+                                          "replicas backends reached through the router")) -> None:
+    """Build the router, the client, two balancer nodes (and --gpu-hosts more) with their agents and
+    replicas; push two VIPs to the balancers."""
     need_root()
-    cfg = _cfg(state_dir, replicas, hold_secs, bfd)
+    cfg = _cfg(state_dir, replicas, hold_secs, bfd, gpu_hosts)
     try:
         ecmp_up(cfg, echo=typer.echo)
     except RuntimeError as exc:

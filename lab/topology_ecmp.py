@@ -1,4 +1,6 @@
-"""The two-balancer lab's network: a router that learns each VIP from both nodes over BGP.
+"""The two-balancer lab's network: a router that learns each VIP from both balancer nodes over BGP,
+and optionally GPU hosts without the balancer role (``gpu_hosts``) whose replicas the balancers
+reach through the router.
 
     fabric-ecmp-client                     fabric-ecmp-router (BIRD, AS 65000)
       eth0 10.251.0.2/30 ──veth── rcli 10.251.0.1/30    fib_multipath_hash_policy=1 (5-tuple)
@@ -9,6 +11,10 @@
     node N (its own fabric-agent, XDP Maglev on eu0, BIRD AS 65001 speaking to the router):
       ebr 10.252.N.1/24 bridge ── replicas fabric-ecmp-nNrM at 10.252.N.(10+M), default via 10.252.N.1
       default via 10.250.N.1
+
+    GPU hosts are numbered after the balancers (node 3 with two balancers) and wired the same
+    way, but the router has no BGP session with them: no VIP is routed there, only their
+    replica subnet (static).
 
 Every namespace has the prefix `fabric-ecmp-`; the host namespace is not touched at all (the
 agents run there and reach their nodes only through setns). `down` removes every namespace with
@@ -30,7 +36,8 @@ NODE_ASN = 65001
 @dataclass(frozen=True)
 class EcmpTopology:
     prefix: str = "fabric-ecmp-"
-    nodes: int = 2
+    nodes: int = 2  # balancer nodes, numbered from 1
+    gpu_hosts: int = 0  # nodes without the balancer role, numbered after them
     replicas_per_node: int = 2
     uplink: str = "eu0"  # node side of the router link (XDP here)
     bridge: str = "ebr"
@@ -46,6 +53,13 @@ class EcmpTopology:
 
     client_addr: str = "10.251.0.2"
     client_gw: str = "10.251.0.1"
+
+    def node_numbers(self) -> range:
+        """Every node, balancers first."""
+        return range(1, self.nodes + self.gpu_hosts + 1)
+
+    def balancer(self, n: int) -> bool:
+        return n <= self.nodes
 
     def node_ns(self, n: int) -> str:
         return f"{self.prefix}n{n}"
@@ -73,10 +87,10 @@ class EcmpTopology:
         return f"10.252.{n}.{10 + m}"
 
     def replicas(self) -> list[tuple[int, int]]:
-        return [(n, m) for n in range(1, self.nodes + 1) for m in range(1, self.replicas_per_node + 1)]
+        return [(n, m) for n in self.node_numbers() for m in range(1, self.replicas_per_node + 1)]
 
     def namespaces(self) -> list[str]:
-        return ([self.router_ns, self.client_ns] + [self.node_ns(n) for n in range(1, self.nodes + 1)]
+        return ([self.router_ns, self.client_ns] + [self.node_ns(n) for n in self.node_numbers()]
                 + [self.replica_ns(n, m) for n, m in self.replicas()])
 
 
@@ -115,7 +129,7 @@ def up(t: EcmpTopology) -> None:
     _veth(r, "rcli", t.client_gw, t.client_ns, "eth0", t.client_addr)
     _run(["ip", "-n", t.client_ns, "route", "add", "default", "via", t.client_gw])
     prepare_veth_end(t.client_ns, "eth0")
-    for n in range(1, t.nodes + 1):
+    for n in t.node_numbers():
         ns = t.node_ns(n)
         _sysctl(ns, "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0")
         _veth(r, t.router_if(n), t.router_addr(n), ns, t.uplink, t.node_addr(n))

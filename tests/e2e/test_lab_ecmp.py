@@ -1,6 +1,7 @@
 """Two balancer nodes announcing VIPs over BGP to a router that spreads flows by ECMP
-(`fabric-lab ecmp up`, lab/ecmp.py): the router's table holds each VIP with a next
-hop per node, new flows reach both nodes, a node whose service has no ready backend withdraws its
+(`fabric-lab ecmp up --gpu-hosts 1`, lab/ecmp.py): the router's table holds each VIP with a next
+hop per balancer, new flows reach both balancers, a GPU host without the balancer role gets no
+service and announces nothing while its replica serves through the balancers, a node whose service has no ready backend withdraws its
 route, an endpoint deleted on both withdraws it from both, an agent killed with SIGKILL loses its
 route at once (its BIRD dies with it) while established dsr-ipip streams keep their backend through
 the other node, and a node that goes silent loses its route at the hold timer. The lab is built
@@ -48,11 +49,11 @@ def fabricd(state: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
     state = tmp_path_factory.mktemp("ecmp")
-    config = EcmpConfig(state_dir=state, topology=EcmpTopology(replicas_per_node=1), hold_secs=HOLD)
+    config = EcmpConfig(state_dir=state, topology=EcmpTopology(replicas_per_node=1, gpu_hosts=1), hold_secs=HOLD)
     with open("/tmp/fabric-ecmp-lab.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            up = fabricd(state, "up", "--replicas", "1", "--hold-secs", str(HOLD))
+            up = fabricd(state, "up", "--replicas", "1", "--gpu-hosts", "1", "--hold-secs", str(HOLD))
             assert up.returncode == 0, up.stdout + up.stderr
             yield config
         finally:
@@ -61,6 +62,10 @@ def cfg(tmp_path_factory):
     assert down.returncode == 0, down.stdout + down.stderr
     assert "nothing left behind" in down.stdout
     assert ecmp.status(config) == []
+
+
+GPU_HOST = 3  # node 3: no balancer role
+REPLICAS = {"n1r1", "n2r1", "n3r1"}  # one per node; n3r1 behind the GPU host
 
 
 def both(cfg):
@@ -85,8 +90,21 @@ def test_new_flows_reach_both_nodes_and_every_one_succeeds(cfg):
         answers = Counter(ecmp.one_request(cfg, vip, timeout=3) for _ in range(40))
         after = [ecmp.node_packets(cfg, n, vip) for n in (1, 2)]
         assert None not in answers, answers
-        assert set(answers) == {"n1r1", "n2r1"}, answers
+        assert set(answers) == REPLICAS, answers
         assert all(a > b for a, b in zip(after, before)), (vip, before, after)  # both nodes balanced flows
+
+
+def test_a_gpu_host_without_the_role_gets_no_services_and_serves_through_the_balancers(cfg):
+    # fabricd's push code, given the three nodes as their records say, sends to the balancers only
+    assert ecmp.put_services(cfg) == ["ecmp-n1", "ecmp-n2"]
+    assert ecmp.held_services(cfg, GPU_HOST) == []
+    for n in (1, 2):
+        assert ecmp.held_services(cfg, n) == [DSR_VIP, NAT_VIP]
+    for vip in (DSR_VIP, NAT_VIP):
+        assert ecmp.next_hops(cfg, vip) == both(cfg)  # announced by the balancers, never the GPU host
+        answers = Counter(ecmp.one_request(cfg, vip, timeout=3) for _ in range(30))
+        assert None not in answers and "n3r1" in answers, (vip, answers)  # its replica, through a balancer
+        assert ecmp.node_packets(cfg, GPU_HOST, vip) == 0  # its own XDP program balanced nothing
 
 
 def test_a_node_without_a_ready_backend_does_not_announce(cfg):
@@ -124,8 +142,8 @@ def test_sigkill_of_an_agent_withdraws_and_dsr_streams_keep_their_backend(cfg):
         ecmp.kill_agent(cfg, 1)
         ecmp.wait_next_hops(cfg, DSR_VIP, ecmp.node_hops(cfg, [2]), WITHDRAW_BOUND)
         ecmp.wait_next_hops(cfg, NAT_VIP, ecmp.node_hops(cfg, [2]), WITHDRAW_BOUND)
-        new = [ecmp.one_request(cfg, DSR_VIP, timeout=3) for _ in range(20)]
-        assert None not in new and set(new) == {"n1r1", "n2r1"}, new  # every new flow, both backends
+        new = [ecmp.one_request(cfg, DSR_VIP, timeout=3) for _ in range(30)]
+        assert None not in new and set(new) == REPLICAS, new  # every new flow, every backend
         kept = [ecmp.ask(s, "two") for s in streams]  # raises on a broken stream
         assert kept == first
     finally:
