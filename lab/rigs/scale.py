@@ -27,9 +27,8 @@ move: every observation changes, the worst case). Reconcile: ``first`` and ``ste
 ``first`` (its mirror lists the store) and ``refresh`` (between passes every agent heartbeats,
 so the mirror follows those changes).
 
-Balancer nodes (issue 49 item 1): ``balancers`` marks the first N nodes as balancers through the
-Node field that item adds (``roles`` or ``balancer``, whichever the schema has); until then every
-node is one, and ``Fleet.balancer_role`` says so.
+Balancer nodes (issue 49 item 1): ``balancers`` gives the first N nodes ``Node.balancer`` (None:
+every node); only balancers get the pushed services.
 """
 
 from __future__ import annotations
@@ -173,13 +172,8 @@ class Size:
 
 
 def _balancer_fields(index: int, balancers: int | None) -> dict:
-    if balancers is None:
-        return {}
-    if "roles" in Node.model_fields:
-        return {"roles": ["balancer"] if index < balancers else []}
-    if "balancer" in Node.model_fields:
-        return {"balancer": index < balancers}
-    return {}
+    """Node ``index``'s role: a balancer among the first ``balancers`` (None: every node)."""
+    return {"balancer": balancers is None or index < balancers}
 
 
 class Fleet:
