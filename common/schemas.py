@@ -539,7 +539,9 @@ class Node(Spec):
     taints: list[str] = Field(default_factory=list)
     cordoned: str = Field("", max_length=300, description="why an admin closed it to new replicas ('': open); "
                           "set by POST /api/ai/nodes/{id}/drain, cleared by .../uncordon, never by a heartbeat")
-    balancer: bool = Field(False, description=(
+    # True when absent: a record written before nodes had roles is a balancer, as every node was
+    # then, so an upgraded fleet keeps serving its VIPs. A registration always sets it (first_role).
+    balancer: bool = Field(True, description=(
         "a balancer node: it carries every VIP's Maglev service and announces the VIPs over BGP "
         "(docs/dataplane.md); taken from its grant at registration, changed by an admin with "
         "PUT /api/ai/nodes/{id}/role, never by a heartbeat"))

@@ -97,3 +97,21 @@ def test_fabricctl_node_role_and_the_list_column(served):
     rows = {line.split()[0]: line.split() for line in fabricctl("list").splitlines()[1:]}
     assert "balancer" in rows["gpu-2"] and "balancer" not in rows["gpu-1"]
     assert not node_records.require(state.store, "gpu-1").balancer
+
+
+def test_a_node_stored_before_roles_existed_stays_a_balancer(tmp_path):
+    """An upgraded fleet keeps serving its VIPs: a node record without the field (written before
+    nodes had roles, when every node carried the services) reads as a balancer, and a heartbeat
+    keeps it one."""
+    import json
+
+    from common.keyspace import nodes as node_key
+    from common.schemas import Node
+    store = open_store(None, tmp_path)
+    try:
+        old = Node(id="old-1", address="https://10.0.0.9:7443").model_dump(mode="json")
+        del old["balancer"]
+        store.put(node_key("old-1"), json.dumps(old))
+        assert node_records.get(store, "old-1").balancer is True
+    finally:
+        store.close()
