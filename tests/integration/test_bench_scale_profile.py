@@ -2,8 +2,8 @@
 
 lab.rigs.scale drives the real routing controller, reconcile loop and a gateway's view refresh
 on SQLite with simulated engines (50 KB vLLM pages) and agents (one of them silent) on loopback,
-at 2, 4 and 8 nodes x 8 replicas behind 4 endpoints. Each test states one law over all three
-sizes. A law today's code breaks is marked xfail(strict=True) with the issue item that fixes it,
+at 2, 4 and 8 nodes x 8 replicas behind 4 endpoints, 2 of the nodes balancers (the silent agent
+is one of them). Each test states one law over all three sizes. A law today's code breaks is marked xfail(strict=True) with the issue item that fixes it,
 so the mark fails the suite the day the law holds and must then go.
 """
 
@@ -16,13 +16,14 @@ from lab.rigs.scale_laws import laws
 
 NODES = (2, 4, 8)
 ENDPOINTS = 4
+BALANCERS = 2
 
 
 @pytest.fixture(scope="module")
 def runs() -> list[dict]:
     # A short push deadline: the silent agent is waited for once, in each fleet's first pass.
-    return [run_size(Size(nodes=n, endpoints=ENDPOINTS, silent_agent=True), "sqlite", push_deadline_s=0.5)
-            for n in NODES]
+    return [run_size(Size(nodes=n, endpoints=ENDPOINTS, balancers=BALANCERS, silent_agent=True), "sqlite",
+                     push_deadline_s=0.5) for n in NODES]
 
 
 def test_an_idle_pass_pushes_nothing_and_writes_nothing(runs):
@@ -33,21 +34,29 @@ def test_an_idle_pass_pushes_nothing_and_writes_nothing(runs):
         assert idle["store_writes"] == 0, idle["writes_by_kind"]
 
 
-def test_pushes_follow_changed_endpoints_times_answering_agents_in_one_batch_each(runs):
+def test_pushes_follow_changed_endpoints_times_answering_balancers_in_one_batch_each(runs):
     for run in runs:
         change = run["routing"]["change"]
-        answering = run["nodes"] - 1  # the silent agent still holds its first request: not sent more
+        answering = BALANCERS - 1  # the silent one still holds its first request: not sent more
         assert change["changed_endpoints"] == Size(nodes=run["nodes"], endpoints=ENDPOINTS).changed_endpoints
         assert change["push_services"] == answering * change["changed_endpoints"]
         assert change["push_requests"] == answering  # one request per agent per pass
         assert change["agents_pushed"] == answering
+    assert laws(runs, "replicas")["routing_push_services_change"] == 0.0  # the same at every fleet size
+
+
+def test_only_balancers_get_services(runs):
+    for run in runs:
+        first = run["routing"]["first"]  # every endpoint new: each balancer gets all, in one request
+        assert first["push_requests"] == BALANCERS
+        assert first["push_services"] == (BALANCERS - 1) * ENDPOINTS  # the silent one's were never taken
 
 
 def test_a_silent_agent_is_waited_for_once_and_delays_no_other_agent(runs):
     for run in runs:
         assert run["routing"]["first"]["waited_silent"]
         assert not run["routing"]["change"]["waited_silent"]
-        assert run["routing"]["change"]["agents_pushed"] == run["nodes"] - 1
+        assert run["routing"]["change"]["agents_pushed"] == BALANCERS - 1
 
 
 def test_observations_are_written_when_they_change_materially(runs):
