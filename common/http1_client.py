@@ -1,5 +1,5 @@
 """A small purpose-built asyncio HTTP/1.1 client, shared by the gateway's proxy hot path
-(gateway/proxy.py) and the routing controller's /metrics scraper (controlplane/routing/scrape.py).
+(gateway/proxy.py) and the routing controller's /metrics scraper (common/engine_metrics/scrape.py).
 
 Why not httpx here: per proxied call httpx/httpcore cost more CPU than the rest of the gateway
 (request/URL/header objects, an anyio stream layer, and a pool that polls every idle socket),

@@ -3,7 +3,7 @@ where it answers health, and where its Prometheus metrics are.
 
 Every runtime serves its API on the replica's port (8000). The agent renders the guest unit
 from `command_line`; fabricd probes `health_path` and scrapes `metrics_port`/`metrics_path`
-(controlplane/routing/runtime_metrics.py reads each runtime's own metric names); the engine
+(common/engine_metrics/names.py reads each runtime's own metric names); the engine
 simulator serves the same paths with `--runtime NAME`. Facts come from each project's docs:
 
   vllm           `vllm serve`, GET /health, /metrics on the API port; --shutdown-timeout 30 drains

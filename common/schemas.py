@@ -563,6 +563,9 @@ class Node(Spec):
     service_generations: dict[str, int] = Field(default_factory=dict, description=(
         "VIP:PORT/PROTO -> the plan generation of each Maglev service its agent reported holding at the last "
         "heartbeat; the routing controller re-sends where it differs from the published plan"))
+    observes_engines: bool = Field(False, description=(
+        "its agent scrapes its engines and reports their observations (common.engine_metrics); the "
+        "routing controller reads those and never connects to the engines itself"))
     model_disk_free_bytes: int | None = Field(None, ge=0, description="free disk in the agent's model cache; "
                                               "placement refuses a model declared larger (None: not reported)")
     last_heartbeat: float = 0

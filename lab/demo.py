@@ -201,7 +201,7 @@ def yours(cfg: LabConfig, vip: str, port: int) -> str:
 """
 
 
-# The engine's own metric families Fabric routes, scales and bills on (controlplane/routing/runtime_metrics.py).
+# The engine's own metric families Fabric routes, scales and bills on (common/engine_metrics/names.py).
 ENGINE_FAMILIES = ("vllm:num_requests_running{", "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{",
                    "vllm:prompt_tokens_total{", "vllm:generation_tokens_total{", "vllm:prefix_cache_queries_total{",
                    "vllm:prefix_cache_hits_total{")

@@ -22,8 +22,8 @@ docs/runtimes.md; strategies.py implements it.
 
 from __future__ import annotations
 
+from common.engine_metrics.parse import VLLM_NAMES, MetricNames
 from common.runtimes import RUNTIME_TABLE, Runtime
-from controlplane.routing.metrics_parse import VLLM_NAMES, MetricNames
 
 METRIC_NAMES: dict[str, MetricNames] = {
     "vllm": VLLM_NAMES,

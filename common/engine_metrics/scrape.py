@@ -1,6 +1,8 @@
-"""The routing controller's /metrics client: plain HTTP/1.1 GET through the shared keep-alive
-client (common.http1_client, the gateway proxy's), one kept-alive connection per engine, bounded
-concurrency, one timeout per scrape.
+"""The engines' HTTP client (a /metrics page, a /health probe): plain HTTP/1.1 GET through the
+shared keep-alive client (common.http1_client, the gateway proxy's), one kept-alive connection per
+engine, bounded concurrency (a semaphore), one timeout per request. The agent uses it for the
+engines on its host; fabricd for engines no agent observes (its scrape fallback, its reconcile
+health probes).
 
 Why not httpx here: one ``httpx.AsyncClient`` scraping N engines holds N origins in one httpcore
 pool, and the pool re-scans every connection for every queued request on each request start and
@@ -14,7 +16,7 @@ bodies, ``Connection: close``, interim 1xx answers, IPv6 literals, and a kept-al
 engine closed while idle (one retry on a fresh connection, only when nothing of the answer
 arrived). This module adds the scrape policy: a semaphore, one deadline per scrape, a gzip body
 (we ask for identity), and anything that is not a 200 with a body under ``max_bytes`` is a
-``ScrapeError`` (the connection is dropped). Idle connections expire after ``idle_s`` (below
+``ScrapeError`` (the connection is dropped); ``probe`` answers any status (a health probe). Idle connections expire after ``idle_s`` (below
 uvicorn's 5 s keep-alive, so a 10 s routing period normally reconnects; back-to-back passes reuse).
 """
 
@@ -32,7 +34,7 @@ DEFAULT_IDLE_S = 4.0
 DEFAULT_MAX_BYTES = 8 << 20
 
 _HEADERS = [(b"accept", b"text/plain;version=0.0.4, */*;q=0.1"), (b"accept-encoding", b"identity"),
-            (b"user-agent", b"fabricd-routing")]
+            (b"user-agent", b"fabric-engine-metrics")]
 
 
 class ScrapeError(Exception):
@@ -72,6 +74,18 @@ class MetricsScraper:
                 raise ScrapeError(str(exc)) from None
         return body.decode("utf-8", errors="replace")
 
+    async def probe(self, host: str, port: int, path: str) -> int:
+        """The HTTP status of ``GET http://host:port/path`` (its body read and dropped);
+        ScrapeError when no answer came in time."""
+        async with self._bind():
+            try:
+                status, _ = await asyncio.wait_for(self._fetch(host, port, path, any_status=True), self.timeout_s)
+            except (asyncio.TimeoutError, UpstreamTimeoutError):
+                raise ScrapeError(f"timed out after {self.timeout_s:g}s") from None
+            except UpstreamError as exc:
+                raise ScrapeError(str(exc)) from None
+        return status
+
     def keep_only(self, origins: set[tuple[str, int]]) -> None:
         """Close idle connections to engines that are no longer scraped."""
         if self._pool is not None:
@@ -86,9 +100,13 @@ class MetricsScraper:
             self._pool = None
 
     async def _get(self, host: str, port: int, path: str) -> bytes:
+        return (await self._fetch(host, port, path))[1]
+
+    async def _fetch(self, host: str, port: int, path: str, any_status: bool = False) -> tuple[int, bytes]:
+        assert self._pool is not None
         resp = await self._pool.request("http", host, port, "GET", path.encode("latin-1"), _HEADERS, b"")
         try:
-            if resp.status != 200:
+            if resp.status != 200 and not any_status:
                 raise ScrapeError(f"HTTP {resp.status}")
             length = resp.header(b"content-length")
             if length is not None and length.strip().isdigit() and int(length) > self.max_bytes:
@@ -105,6 +123,6 @@ class MetricsScraper:
                     body = gzip.decompress(body)
                 except (OSError, EOFError, zlib.error) as exc:
                     raise ScrapeError(f"bad gzip body: {exc}") from None
-            return body
+            return resp.status, body
         finally:
             resp.close()  # a fully read keep-alive answer goes back to the pool; anything else is aborted

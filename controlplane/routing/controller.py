@@ -2,18 +2,18 @@
 
 One tick reads the store once (load_routing_snapshot: nodes, endpoints, replicas, observations),
 then:
-  1. scrape every Ready replica's /metrics (draining ones too, for their running count) concurrently (MetricsScraper: one
-     kept-alive connection per engine, at most SCRAPE_CONCURRENCY in flight, scrape_timeout_s
-     each (FABRIC_SCRAPE_TIMEOUT_SECS, 2 s); port and path by the replica's runtime), parse that runtime's lines (runtime_metrics;
-     prometheus_client's parser sees each series once, see
-     metrics_parse; skipped when an engine's lines equal its last scrape's), and
-     turn them into ReplicaObservations (a failed scrape is ok=False, never zeros; the queue is held
-     over the last scrapes, routing.hold). The plan uses
-     these fresh observations directly. The store gets an observation only when it differs
-     materially from the stored one (ok, queue or running changed; KV usage by >= 0.005; a rate
-     by more than 2 %, or appearing/disappearing) or the stored one is REFRESH_AFTER_S (15 s, half the
-     30 s eligibility window) old, so readers of the store (gateway shedding, explain, metrics)
-     see every queue change and never a live replica's observation past its eligibility window;
+  1. observe every Ready replica (draining ones too, for their running count). A replica whose
+     node's agent observes its engines (Node.observes_engines: agent.engine_watch scrapes them one
+     hop away and reports what changed materially, POST /api/ai/nodes/{id}/observations) is read
+     from the store: this pass opens no connection to it, and an agent that stops reporting lets
+     its observations age past the 30 s window, so its replicas get weight 0 (flows kept) exactly
+     as after a failed scrape. The others (the lab without agents, dry-run) are scraped here by a
+     common.engine_metrics EngineObserver (the same code the agent runs: one kept-alive
+     connection per engine, at most SCRAPE_CONCURRENCY in flight, scrape_timeout_s each,
+     FABRIC_SCRAPE_TIMEOUT_SECS, 2 s). A failed scrape is ok=False, never zeros. The stall mark
+     (routing.stall) is applied to both. The plan uses these observations directly; the store
+     gets one only when it differs materially from the stored one
+     (common.engine_metrics.material: the agent reports by the same rule);
   1b. advance the active rollouts (controlplane.rollouts.apply) on those fresh observations;
   2. for every endpoint: take its VIP (vip_pool.allocate, create-if-absent; an event when taken),
      record an event when its weights change, compute the routing plan (with the rollout's
@@ -30,7 +30,6 @@ then:
      hold it (balancers, and nodes that acknowledged or report it; 404 counts as absent); only
      when all of them answered is the VIP released. An unreachable or silent agent keeps the VIP,
      retried next tick.
-Previous samples live in memory only to compute rates; a restart loses one scrape window.
 Those observation writes happen after step 2b's pushes, so a metric change reaches the agents
 without waiting for the store, and go in one batch off the event loop; the other store writes
 stay one by one (each is fenced by the leader lease right before it happens).
@@ -47,6 +46,9 @@ from dataclasses import dataclass, field
 
 from common import keyspace
 from common.agent_api import MaglevServicePut
+from common.engine_metrics.material import material_change
+from common.engine_metrics.observer import EngineObserver, EngineTarget
+from common.engine_metrics.scrape import MetricsScraper
 from common.errors import Conflict, FabricError, Refused
 from common.records import observations, plans
 from common.records.events import EventSink
@@ -66,35 +68,18 @@ from controlplane.placement import vip_pool
 from controlplane.placement.scheduler import SchedulerSettings, node_online
 from controlplane.rollouts.apply import RolloutWorker
 from controlplane.routing.final import endpoint_plan
-from controlplane.routing.hold import hold, kept
-from controlplane.routing.metrics_parse import (
-    EngineSample,
-    MetricsParseError,
-    SeriesCache,
-    failed_observation,
-    metric_lines,
-    observe,
-    parse_lines,
-)
 from controlplane.routing.publish import PROTO, spill_pools, to_published
 from controlplane.routing.push import PUSH_DEADLINE_S, Pushes
-from controlplane.routing.runtime_metrics import names_for, scrape_target
-from controlplane.routing.scrape import MetricsScraper, ScrapeError
 from controlplane.routing.stall import mark, stall_since
-from controlplane.routing.strategies import MAX_SCRAPE_AGE_S, RoutingPlan
+from controlplane.routing.strategies import RoutingPlan
 
 log = logging.getLogger("fabricd.routing")
 SCRAPE_TIMEOUT_S = 2.0  # the default of FABRIC_SCRAPE_TIMEOUT_SECS
 SCRAPE_CONCURRENCY = 64
-REFRESH_AFTER_S = MAX_SCRAPE_AGE_S / 2
-KV_TOLERANCE = 0.005
-RATE_TOLERANCE = 0.02
 
 
 @dataclass
 class RoutingMemory:
-    samples: dict[str, tuple[EngineSample, float]] = field(default_factory=dict)
-    pages: dict[str, tuple[str, EngineSample]] = field(default_factory=dict)  # replica -> (kept lines, parse)
     plans: dict[str, RoutingPlan] = field(default_factory=dict)
     published: dict[str, PublishedPlan] = field(default_factory=dict)  # endpoint -> its plan record, read each tick
     weights: dict[str, tuple] = field(default_factory=dict)  # endpoint -> weights last recorded as an event
@@ -102,32 +87,11 @@ class RoutingMemory:
     stall_since: dict[str, float] = field(default_factory=dict)  # replica -> running with no token progress since
     stalled: set[str] = field(default_factory=set)  # replicas marked stalled at their last scrape
     drain_pushed: dict[str, float] = field(default_factory=dict)  # deleting endpoint -> its drain first pushed
-    queue_reads: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # replica -> held (t, waiting)
 
 
-def _rate_moved(old: float | None, new: float | None, tolerance: float) -> bool:
-    if old is None or new is None:
-        return old is not new
-    return abs(new - old) > tolerance * max(abs(old), abs(new), 1e-9)
-
-
-def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
-                    refresh_after_s: float = REFRESH_AFTER_S) -> bool:
-    """Whether ``new`` must be written over ``stored`` (see the module docstring)."""
-    if stored is None or stored.ok != new.ok or new.scraped_at - stored.scraped_at >= refresh_after_s:
-        return True
-    if not new.ok:
-        return False  # still failing: the first failure was written, the age refresh keeps it current
-    return (
-        stored.queue_depth != new.queue_depth
-        or stored.missing != new.missing
-        or stored.running != new.running
-        or stored.stalled != new.stalled
-        or abs(stored.kv_cache_usage - new.kv_cache_usage) >= KV_TOLERANCE
-        or _rate_moved(stored.ttft_p50_s, new.ttft_p50_s, RATE_TOLERANCE)
-        or _rate_moved(stored.tokens_per_s, new.tokens_per_s, RATE_TOLERANCE)
-        or _rate_moved(stored.failure_ratio, new.failure_ratio, RATE_TOLERANCE)
-    )
+def _agent_observes(snap: Snapshot, r: Replica) -> bool:
+    node = snap.nodes.get(r.node)
+    return node is not None and node.observes_engines
 
 
 class RoutingWorker:
@@ -146,65 +110,43 @@ class RoutingWorker:
         self.metrics = metrics
         self.memory = RoutingMemory()
         self.pushes = Pushes(agents, clock, deadline_s=push_deadline_s, metrics=metrics)
-        self.scraper = MetricsScraper(timeout_s=scrape_timeout_s, concurrency=SCRAPE_CONCURRENCY)
-        self.series = SeriesCache()  # each engine's series go through prometheus_client's parser once
+        # Engines no agent observes (the lab without agents, dry-run): scraped from here.
+        self.observer = EngineObserver(MetricsScraper(timeout_s=scrape_timeout_s, concurrency=SCRAPE_CONCURRENCY),
+                                       clock=clock)
         self._parsed = ParseCache()  # store records by (key, mod_revision): unchanged ones are not re-validated
         self._managed: dict[str, str] = {}  # managed-service key -> value, as listed this tick
         self._unwritten: list[ReplicaObservation] = []  # this tick's observations the store needs
 
     async def aclose(self) -> None:
-        await self.scraper.aclose()
+        await self.observer.aclose()
 
     # -- scraping ---------------------------------------------------------------------------------
 
-    def _sample(self, replica_id: str, text: str, runtime: str = "vllm") -> EngineSample:
-        names = names_for(runtime)
-        lines = metric_lines(text, names)
-        cached = self.memory.pages.get(replica_id)
-        if cached is not None and cached[0] == lines:
-            return cached[1]  # the same lines as last time: the same sample
-        sample = parse_lines(lines, names, self.series)
-        self.memory.pages[replica_id] = (lines, sample)
-        return sample
-
-    async def _scrape(self, r: Replica) -> ReplicaObservation:
-        try:
-            port, path = scrape_target(r.runtime, r.port)
-            text = await self.scraper.get_text(r.host, port, path)
-            now = self.clock()
-            sample = self._sample(r.replica_id, text, r.runtime)
-        except (ScrapeError, MetricsParseError) as exc:
-            obs = failed_observation(r.replica_id, f"{type(exc).__name__}: {exc}"[:200], self.clock())
-            if self.metrics:
-                self.metrics.scrape_failures.inc()
-        else:
-            prev = self.memory.samples.get(r.replica_id)
-            obs = observe(r.replica_id, sample, prev[0] if prev else None, now - prev[1] if prev else 0.0, now)
-            self.memory.samples[r.replica_id] = (sample, now)
-            earlier = self.memory.queue_reads.get(r.replica_id, [])
-            obs = hold(obs, earlier)
-            self.memory.queue_reads[r.replica_id] = kept(earlier, now) + [(now, sample.waiting)]
-        return obs
-
     async def scrape_all(self, snap: Snapshot) -> None:
-        """Scrape every eligible replica; ``snap.observations`` gets the fresh observations and
+        """This pass's observation of every eligible replica in ``snap.observations``: the stored
+        one where the node's agent reports them, a scrape from here otherwise;
         ``write_observations`` later stores those that changed materially."""
         # Draining replicas too: their running count says when the drain may end (the plan
         # gives them no weight whatever they report).
         ready = [r for r in snap.all_replicas() if r.ready and r.host and r.phase != "Deleting"]
         by_id = {r.replica_id: r for r in ready}
-        for obs in await asyncio.gather(*(self._scrape(r) for r in ready)):
+        reported = [r for r in ready if _agent_observes(snap, r)]
+        scraped = [EngineTarget(r.replica_id, r.host or "", r.port, r.runtime, r.deployment)
+                   for r in ready if not _agent_observes(snap, r)]
+        fresh = await self.observer.observe_all(scraped)
+        if self.metrics:
+            self.metrics.scrape_failures.inc(sum(1 for o in fresh if not o.ok))
+        for obs in [*fresh, *(o for r in reported if (o := snap.observations.get(r.replica_id)) is not None)]:
             stored = snap.observations.get(obs.replica_id)
             obs = self._stall(by_id[obs.replica_id], obs)
             snap.observations[obs.replica_id] = obs
             if material_change(stored, obs):
                 self._unwritten.append(obs)
         live = {r.replica_id for r in snap.all_replicas()}
-        for memo in (self.memory.samples, self.memory.pages, self.memory.stall_since, self.memory.queue_reads):
-            for rid in [rid for rid in memo if rid not in live]:
-                del memo[rid]
+        self.observer.keep_only(live, {t.metrics_origin for t in scraped})
+        for rid in [rid for rid in self.memory.stall_since if rid not in live]:
+            del self.memory.stall_since[rid]
         self.memory.stalled &= live
-        self.scraper.keep_only({(r.host, scrape_target(r.runtime, r.port)[0]) for r in ready})
 
     def _stall(self, r: Replica, obs: ReplicaObservation) -> ReplicaObservation:
         """Mark a replica running requests without token progress for stall_s (routing.stall);
@@ -221,7 +163,7 @@ class RoutingWorker:
             self.memory.stalled.add(r.replica_id)
         else:
             self.memory.stalled.discard(r.replica_id)
-        if marked.stalled and not before:
+        if marked.stalled and not before and since is not None:
             self.events("replica", r.replica_id, "ReplicaStalled", f"{r.deployment}: {obs.running:g} requests running "
                         f"and no generated tokens for {obs.scraped_at - since:.0f}s; weight 0 until it moves",
                         warning=True)

@@ -33,13 +33,14 @@ import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from common.engine_metrics import material
+from common.engine_metrics.hold import describe
 from common.schemas import InferenceEndpoint, Node, Replica, ReplicaObservation, Site
 from common.sites import saturated, site_problem, spill
-from controlplane.routing.hold import describe
 
 MAX_WEIGHT = 32
 MIN_WEIGHT = 1
-MAX_SCRAPE_AGE_S = 30.0
+MAX_SCRAPE_AGE_S = material.MAX_SCRAPE_AGE_S
 # Every Ready replica's page failed or is stale (fabricd cut off from them, or all busy): each gets
 # this weight, so the VIP keeps taking connections on health alone.
 UNREAD_WEIGHT = 16

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 
 from common import keyspace
+from common.engine_metrics.hold import QUEUE_HOLD_S, describe, hold, kept
 from common.schemas import InferenceEndpoint, ReplicaObservation
 from common.store.sqlite_store import SqliteStore
 from controlplane.placement import vip_pool
 from controlplane.routing.controller import RoutingWorker
-from controlplane.routing.hold import QUEUE_HOLD_S, describe, hold, kept
 from controlplane.routing.strategies import plan_routing, to_weight
 from tests.controlplane.planner_data import NOW, node, replica
 from tests.controlplane.test_routing_controller import EngineServer, RecordingAgent
@@ -81,10 +81,10 @@ def test_the_controller_holds_each_replicas_readings_across_ticks(tmp_path):
         clock[0] += QUEUE_HOLD_S  # a long gap: nothing earlier counts
         srv.queue = 0
         await worker.tick()
-        assert worker.memory.queue_reads[r.replica_id] == [(clock[0], 0)]
+        assert worker.observer.queue_reads[r.replica_id] == [(clock[0], 0)]
         store.delete(keyspace.replicas("qwen", r.replica_id))
         await worker.tick()
-        assert r.replica_id not in worker.memory.queue_reads  # forgotten with the replica
+        assert r.replica_id not in worker.observer.queue_reads  # forgotten with the replica
         srv.close()
         await worker.aclose()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.routing.metrics_parse import (
+from common.engine_metrics.parse import (
     SeriesCache,
     observe,
     parse_vllm_lines,

@@ -12,12 +12,14 @@ import pytest
 
 from common import keyspace
 from common.agent_api import MaglevBatchResult, MaglevPutResult
+from common.engine_metrics.material import REFRESH_AFTER_S, material_change
+from common.engine_metrics.observer import EngineTarget
+from common.engine_metrics.parse import MetricsParseError, SeriesCache, parse_vllm_metrics
+from common.engine_metrics.scrape import MetricsScraper, ScrapeError
 from common.errors import TransientError
 from common.schemas import InferenceEndpoint, ReplicaObservation
 from controlplane.placement import vip_pool
-from controlplane.routing.controller import REFRESH_AFTER_S, RoutingWorker, material_change
-from controlplane.routing.metrics_parse import MetricsParseError, SeriesCache, parse_vllm_metrics
-from controlplane.routing.scrape import MetricsScraper, ScrapeError
+from controlplane.routing.controller import RoutingWorker
 from controlplane.routing.strategies import UNREAD_WEIGHT
 from tests.controlplane.planner_data import node, replica
 from tests.controlplane.test_routing_strategies import bump
@@ -301,7 +303,7 @@ def test_the_scrape_deadline_is_the_setting(store):
         r = replica(0, "n1", host="127.0.0.1").model_copy(update={"port": slow.port})
         for timeout_s, ok in ((0.1, False), (3.0, True)):
             worker = RoutingWorker(store, FakeAgents(lambda _: RecordingAgent()), vip_pool.parse_pool("10.96.0.0/30"), scrape_timeout_s=timeout_s)
-            obs = await worker._scrape(r)
+            obs = await worker.observer.observe(EngineTarget(r.replica_id, r.host, r.port, r.runtime))
             await worker.aclose()
             assert obs.ok is ok, (timeout_s, obs.error)
             assert obs.queue_depth == 3 if ok else "timed out after 0.1s" in obs.error
@@ -375,7 +377,7 @@ def test_observations_written_on_material_change_and_the_plan_uses_fresh_ones(st
 
         srv.close()
         await srv.server.wait_closed()
-        worker.scraper.keep_only(set())  # the kept-alive connection would otherwise still answer
+        worker.observer.scraper.keep_only(set())  # the kept-alive connection would otherwise still answer
         clock[0] += 1
         await worker.tick()  # a failed scrape is written at once and never read as idle
         obs = ReplicaObservation.model_validate_json(store.get(key).value)

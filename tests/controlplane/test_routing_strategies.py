@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from common.schemas import InferenceEndpoint, ReplicaObservation, Site
-from controlplane.routing.metrics_parse import (
+from common.engine_metrics.parse import (
     MetricsParseError,
     failed_observation,
     histogram_quantile,
     observe,
     parse_vllm_metrics,
 )
+from common.schemas import InferenceEndpoint, ReplicaObservation, Site
 from controlplane.routing.strategies import STRATEGIES, UNREAD_WEIGHT, plan_routing, to_weight
 from tests.controlplane.planner_data import NOW, gpu, node, replica
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from common.engine_metrics.names import METRIC_NAMES, names_for, scrape_target
+from common.engine_metrics.parse import MetricsParseError, metric_lines, parse_lines
 from common.schemas import InferenceEndpoint, ReplicaObservation
-from controlplane.routing.metrics_parse import MetricsParseError, metric_lines, parse_lines
-from controlplane.routing.runtime_metrics import METRIC_NAMES, names_for, scrape_target
 from controlplane.routing.strategies import plan_routing
 from tests.controlplane.planner_data import NOW, node, replica
 

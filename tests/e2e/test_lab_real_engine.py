@@ -259,7 +259,7 @@ def _waiting(engine: str) -> float:
 
 # vLLM 0.32's queue gauges read 0 / 0 in part of the scrapes under steady load, and a busy
 # engine's /metrics took 1-59 s (docs/runtimes.md, "Queue gauges flap"); fabricd holds each
-# replica's queue over its last 3 scrapes (controlplane/routing/hold.py), which this chapter needs.
+# replica's queue over its last 3 scrapes (common/engine_metrics/hold.py), which this chapter needs.
 def test_weights_follow_the_real_queue(lab: Lab):
     loaded, other = sorted(lab.replicas(), key=lambda r: r["ordinal"])
     addr, other_addr = f"{loaded['host']}:{loaded['port']}", f"{other['host']}:{other['port']}"

@@ -35,10 +35,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.kv_index.subscriber import EventSource, KvEventSubscriber
+from common.engine_metrics.parse import VLLM_NAMES, parse_vllm_metrics
 from common.kv_events import END_SEQ, BlockHasher, as_hash, decode_batch
 from common.kv_index import KvIndex
 from common.runtimes import VLLM_SHUTDOWN_TIMEOUT_S
-from controlplane.routing.metrics_parse import VLLM_NAMES, parse_vllm_metrics
 from gateway.engine_hash import EngineTokenizer, RequestHasher
 from lab.rigs.servers import free_port
 from tests.support.real_engine import MODEL, real_engine_command, tiny_model_and_adapters

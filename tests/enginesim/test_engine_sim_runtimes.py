@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from common.engine_metrics.names import METRIC_NAMES
+from common.engine_metrics.parse import MetricsParseError, metric_lines, observe, parse_lines
 from common.runtimes import RUNTIME_TABLE
-from controlplane.routing.metrics_parse import MetricsParseError, metric_lines, observe, parse_lines
-from controlplane.routing.runtime_metrics import METRIC_NAMES
 from enginesim.process import EngineProcess, free_port
 
 LACKS = {  # what each runtime's page does not carry, as the docs say (docs/runtimes.md)
