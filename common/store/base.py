@@ -18,7 +18,9 @@ Semantics (etcd's, so the SQLite backend can be swapped for etcd without surpris
   - A key attached to a lease disappears when the lease expires (TTL seconds without refresh)
     or is revoked.
   - ``watch`` long-polls: it returns the events under a prefix with revision > after_revision,
-    blocking up to ``timeout`` seconds for the first one; [] on timeout.
+    blocking up to ``timeout`` seconds for the first one; [] on timeout. History already written
+    may take a backend's ``history_wait_s`` to come, in several answers (etcd: its sync loop runs
+    every 100 ms); 0 says it comes at once, all in one answer (SQLite's events table).
 Transient failures (backend unreachable) raise common.errors.TransientError.
 """
 
@@ -29,6 +31,13 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops: the most keys one put_all transaction holds
+HISTORY_WAIT_S = 0.2  # for a backend that does not say its history_wait_s
+
+
+def history_wait_s(store: object) -> float:
+    """How long a watch from a past revision may wait for history already written (the module
+    docstring); a wrapper passes its inner store's on."""
+    return float(getattr(store, "history_wait_s", HISTORY_WAIT_S))
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,10 @@ def _described(path: str, payload: dict[str, Any]) -> str:
 class EtcdStore:
     """Store backend on an etcd v3 cluster (3.4+) reached over its HTTP/JSON gateway."""
 
+    # a watch from a past revision gets its history when etcd's sync loop next runs (every 100 ms),
+    # possibly in several answers: wait this long for each
+    history_wait_s = 0.2
+
     def __init__(self, host: str, port: int, *, timeout: float = REQUEST_TIMEOUT_S,
                  endpoints: list[tuple[str, int]] | None = None, access: EtcdAccess | None = None):
         self._endpoints = list(endpoints or [(host, port)])

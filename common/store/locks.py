@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from common import keyspace
 from common.errors import NotFound
-from common.store.base import KV, Event, Lease, Store
+from common.store.base import KV, Event, Lease, Store, history_wait_s
 
 SAFETY_MARGIN = 0.2  # fraction of the TTL kept back for clock drift and request latency
 
@@ -162,6 +162,10 @@ class FencedStore:
 
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
         return self.inner.watch(prefix, after_revision, timeout)
+
+    @property
+    def history_wait_s(self) -> float:
+        return history_wait_s(self.inner)
 
     # fenced writes
     def put(self, key: str, value: str, *, lease: int | None = None) -> int:

@@ -31,12 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from common.errors import Conflict
-from common.store.base import KV, Event, Store
+from common.store.base import KV, Event, Store, history_wait_s
 
 log = logging.getLogger("fabric.store.mirror")
-# How long a fetch waits on each prefix's watch for history it has not seen: etcd sends history
-# from a past revision when its sync loop next runs (every 100 ms), so a zero wait would miss it.
-WATCH_WAIT_S = 0.2
 
 
 @dataclass
@@ -107,13 +104,17 @@ class Mirror:
         return rev, self.store.list(prefix)
 
     def _changes(self, prefix: str, after: int) -> builtins.list[Event]:
-        """Every event under prefix after ``after``: one watch answer holds one batch of history,
-        so ask again from its last revision until an answer is empty."""
+        """Every event under prefix after ``after``. A backend whose history comes at once (SQLite,
+        ``history_wait_s`` 0) answers it all to one watch that waits for nothing; on etcd one answer
+        holds one batch of history, sent when its sync loop next runs (every 100 ms), so each
+        watch waits ``history_wait_s`` and is asked again from its last revision until an answer
+        is empty."""
         out: builtins.list[Event] = []
+        wait = history_wait_s(self.store)
         while True:
-            batch = self.store.watch(prefix, after, timeout=WATCH_WAIT_S)
-            if not batch:
-                return out
+            batch = self.store.watch(prefix, after, timeout=wait)
+            if not batch or not wait:
+                return out + batch
             out += batch
             after = max(ev.revision for ev in batch)
 

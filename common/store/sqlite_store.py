@@ -87,6 +87,9 @@ def prefix_end(prefix: str) -> str | None:
 class SqliteStore:
     """Store backend on one SQLite file; safe from many threads and processes."""
 
+    # a watch from a past revision answers every event since from the events table at once
+    history_wait_s = 0.0
+
     def __init__(self, path: Path):
         self.path = Path(path)
         # The store holds secrets (the admin-token key): 0600 file in a 0700 directory, and SQLite

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.errors import Conflict
+from common.store.locks import FencedStore
 from common.store.mirror import Mirror
 from lab.rigs.scale import CountingStore
 
@@ -57,3 +58,24 @@ def test_a_gap_in_watch_history_lists_again(store, ns):
     mirror.store = gapped
     assert mirror.poll() == 2 and gapped.calls.get("list", 0) == 1
     assert [kv.key for kv in mirror.list(ns + "k/")] == [ns + "k/b"]
+
+
+def test_history_that_comes_at_once_is_not_waited_for(store, ns):
+    store.put_all([(ns + "r/a", "1"), (ns + "e/a", "1")])
+    waits: list[float] = []
+
+    class Timed(CountingStore):
+        def watch(self, prefix, after_revision, timeout):
+            waits.append(timeout)
+            return self.inner.watch(prefix, after_revision, timeout)
+
+    mirror = Mirror(Timed(store), [ns + "r/", ns + "e/"])
+    mirror.poll()
+    store.put(ns + "r/a", "2")
+    store.put(ns + "r/b", "3")
+    assert mirror.poll() == 2 and [kv.value for kv in mirror.list(ns + "r/")] == ["2", "3"]
+    assert FencedStore(store, lock=None).history_wait_s == store.history_wait_s  # the leader's store says its own
+    if store.history_wait_s == 0:  # SQLite: one watch per prefix answers all of it, nothing waited for
+        assert waits == [0.0, 0.0]
+    else:  # etcd: each prefix is asked, waiting its sync, until an answer is empty
+        assert len(waits) >= 3 and set(waits) == {store.history_wait_s}
