@@ -121,23 +121,51 @@ def dsr_vips(deployment: str, endpoints: Iterable[InferenceEndpoint], owners: Ma
     return sorted((vip for vip, owner in owners.items() if owner in wanted), key=ipaddress.IPv4Address)
 
 
-def allocate(store: Store, endpoint: str, pool: AddressPool, *, now: float | None = None) -> str:
+class Held:
+    """The VIPs held (address -> owner, and each owner's first address), listed once for a pass
+    that allocates for many endpoints; what ``allocate`` and ``release`` do through it is entered."""
+
+    def __init__(self, owners: Mapping[str, str]):
+        self.owners = dict(owners)
+        self.by_owner: dict[str, str] = {}
+        for address, owner in self.owners.items():
+            self.by_owner.setdefault(owner, address)
+
+    def drop(self, address: str) -> None:
+        owner = self.owners.pop(address, None)
+        if owner is not None and self.by_owner.get(owner) == address:
+            del self.by_owner[owner]
+            for other, who in self.owners.items():  # another address of the same owner, if any
+                if who == owner:
+                    self.by_owner[owner] = other
+                    break
+
+
+def allocate(store: Store, endpoint: str, pool: AddressPool, *, now: float | None = None,
+             held: Held | None = None) -> str:
     """The endpoint's VIP: its existing one, else the first free address taken with create.
 
-    Losing a create race to another control plane just moves on to the next address."""
-    taken = allocations(store)
-    for address, owner in taken.items():
-        if owner == endpoint:
-            return address
+    Losing a create race to another control plane just moves on to the next address. ``held``:
+    the VIPs as the caller listed them (else they are listed here); the address taken is entered."""
+    held = Held(allocations(store)) if held is None else held
+    mine = held.by_owner.get(endpoint)
+    if mine is not None:
+        return mine
     now = time.time() if now is None else now
     for address in iter_addresses(pool):
-        if address in taken:
+        if address in held.owners:
             continue
         if vips.claim(store, address, endpoint, now):
+            held.owners[address] = endpoint
+            held.by_owner[endpoint] = address
             return address
     raise Conflict(f"address pool is exhausted: no free VIP for endpoint {endpoint!r}")
 
 
-def release(store: Store, address: str, endpoint: str) -> bool:
-    """Free the address only if this endpoint still holds it; True if a key was deleted."""
-    return vips.release(store, address, endpoint)
+def release(store: Store, address: str, endpoint: str, *, held: Held | None = None) -> bool:
+    """Free the address only if this endpoint still holds it; True if a key was deleted (then
+    ``held`` forgets it)."""
+    released = vips.release(store, address, endpoint)
+    if released and held is not None:
+        held.drop(address)
+    return released

@@ -89,3 +89,19 @@ def test_allocation_skips_an_address_another_process_created_meanwhile(store):
     pool = parse_pool("10.96.0.0/29")
     store.create(keyspace.vips("10.96.0.1"), '{"endpoint": "other"}')
     assert allocate(store, "mine", pool) == "10.96.0.2"
+
+
+def test_a_pass_lists_the_vips_once_and_its_claims_and_releases_enter_the_listing(store):
+    from controlplane.placement.vip_pool import Held, allocations
+    from lab.rigs.scale import CountingStore
+
+    pool = parse_pool("10.96.0.0/29")
+    allocate(store, "old", pool)
+    counted = CountingStore(store)
+    held = Held(allocations(counted))
+    got = [allocate(counted, f"ep-{i}", pool, held=held) for i in range(3)] + [allocate(counted, "old", pool, held=held)]
+    assert got == ["10.96.0.2", "10.96.0.3", "10.96.0.4", "10.96.0.1"]
+    assert counted.calls.get("list") == 1  # the one listing; each new endpoint costs only its create
+    assert held.owners == allocations(store) and held.by_owner["ep-1"] == "10.96.0.3"
+    assert release(counted, "10.96.0.3", "ep-1", held=held) and "ep-1" not in held.by_owner
+    assert allocate(counted, "new", pool, held=held) == "10.96.0.3" and counted.calls.get("list") == 1
