@@ -3,7 +3,8 @@
 The agent registers (POST /api/ai/nodes) and then heartbeats (POST /api/ai/nodes/{id}/heartbeat)
 every ``interval_s`` with a NodeReport: GPUs (NVML inventory with nvidia-smi readings laid over
 it), free CPU and memory, cached models, site, failure domain, taints, the VM driver and
-whether KVM runs guests here (agent.hw.kvm). Its
+whether KVM runs guests here (agent.hw.kvm), whether it observes its engines
+(agent.engine_watch: fabricd then reads its reports and never scrapes them). Its
 identity is its client certificate (CN = node id), so the body cannot claim another node.
 
 A heartbeat answered 404 ``not_registered`` (fabricd lost the record, or a new store) registers
@@ -96,6 +97,7 @@ def build_report(state: AgentState, address: str, gpus: list[GpuInfo], inventory
         model_disk_free_bytes=state.models.cache.free_bytes() if state.models is not None else None,
         services_withdrawn=state.fail_closed.withdrawn if state.fail_closed is not None else "",
         service_generations=state.services.report(state.dataplane) if state.dataplane is not None else {},
+        observes_engines=state.engines is not None,
     )
 
 

@@ -403,6 +403,12 @@ def serve(
                          advertised_address(host, port, plan.enabled, advertise),
                          interval_s=heartbeat_secs, smi_reader=smi,
                          resources=_resources(cpus, memory_gib))
+        if settings.observe_engines:  # this host's engines, scraped here and reported (agent.engine_watch)
+            from agent.engine_watch import EngineWatch, TargetBook
+
+            state.engines = EngineWatch(state.node_id, state.vm_driver, TargetBook(state_dir / "engine-targets"),
+                                        beat.client, interval_s=settings.observe_secs)
+            state.engines.start(stop)
     ssl_args: dict = {}
     if plan.enabled:
         ssl_args = uvicorn_mtls_kwargs(plan)

@@ -15,6 +15,9 @@ agent's: every agent package may import it.
   FABRIC_IMAGES_DIR             where the guest pieces live (default: the package's images/)
   FABRIC_FAIL_CLOSED_WINDOW_SECS (30)  a fail-closed site's node withdraws its services after this long
                                 without an answered heartbeat (agent/fail_closed.py)
+  FABRIC_OBSERVE_ENGINES (1), FABRIC_OBSERVE_SECS (5)   the agent scrapes the engines on its host
+                                every FABRIC_OBSERVE_SECS and reports what changed materially to
+                                fabricd (agent/engine_watch.py); 0: fabricd scrapes them itself
   FABRIC_LAB_ENGINE (sim), FABRIC_LAB_ENGINE_PYTHON, FABRIC_LAB_ENGINE_KV_BYTES, FABRIC_LAB_ENGINE_NICE   the lab's engine (LabEngineSettings below; agent/vm/lab_engine.py runs it)
   HF_TOKEN..., FABRIC_*TOKEN*/KEY/SECRET/PASSWORD   kept (never shown) so that a cloud-init seed is
                                 refused if it holds one (agent/vm/cloud_init.check_no_secrets)
@@ -239,6 +242,8 @@ class AgentSettings:
     images_dir: Path | None = None  # None: the repository's images/
     lab_engine: LabEngineSettings = field(default_factory=LabEngineSettings)
     fail_closed_window_s: float = 30.0
+    observe_engines: bool = True  # FABRIC_OBSERVE_ENGINES: agent.engine_watch reports this host's engines
+    observe_secs: float = 5.0  # FABRIC_OBSERVE_SECS: how often it scrapes them
     # (name, value) of every secret the agent's environment holds (SECRET_ENV, and FABRIC_* names
     # holding SECRET_WORDS): a seed holding one is refused (agent/vm/cloud_init.check_no_secrets)
     secrets: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -273,11 +278,14 @@ def load(env: Mapping[str, str] | None = None, *, node_ip: str | None = None) ->
     if images and not images.startswith("/"):
         errors.append(f"FABRIC_IMAGES_DIR={images!r} is not an absolute path")
     window = _seconds(env, "FABRIC_FAIL_CLOSED_WINDOW_SECS", 30.0, errors)
+    observe = part(lambda: _flag01(env, "FABRIC_OBSERVE_ENGINES", True))
+    observe_secs = _seconds(env, "FABRIC_OBSERVE_SECS", 5.0, errors)
     if errors:
         raise AgentSettingsError("; ".join(errors))
     return AgentSettings(dataplane, bgp, models, vfio_keep_bound=keep, pci_mig=mig,
                          images_dir=Path(images) if images else None, lab_engine=lab_engine,
-                         fail_closed_window_s=window, secrets=secret_values(env))
+                         fail_closed_window_s=window, observe_engines=bool(observe), observe_secs=observe_secs,
+                         secrets=secret_values(env))
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float, errors: list[str]) -> float:

@@ -69,6 +69,7 @@ class AgentState:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     kv_index: Any = None  # agent.kv_index.service.KvIndexService: the replicas' KV blocks (docs/kv-events.md)
     fail_closed: Any = None  # agent.fail_closed.FailClosed: withdraws services when a fail-closed site is cut off
+    engines: Any = None  # agent.engine_watch.EngineWatch: scrapes this host's engines and reports to fabricd
     # Serialises bind/release and VM create/delete: the kernel and libvirt are not happy with
     # two concurrent rebinds of one IOMMU group, and create-by-replica-id must be idempotent.
     lock: threading.Lock = field(default_factory=threading.Lock)

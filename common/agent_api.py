@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.model_api import check_adapter_name, check_digest
-from common.schemas import Forwarding, GpuInfo, KvmStatus, check_name
+from common.schemas import Forwarding, GpuInfo, KvmStatus, ReplicaObservation, check_name
 
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # Replica ids become file names (dry-run pid files) and libvirt domain names: keep them plain.
@@ -319,6 +319,35 @@ class AgentHealth(WireModel):
     services_withdrawn: str = Field("", description="why the Maglev services were withdrawn (fail-closed site)")
 
 
+MAX_REPORTED_REPLICAS = 512
+
+
+class ObservedReplica(ReplicaObservation):
+    """One replica's observation as its agent reports it; ``deployment`` names its record, so
+    fabricd checks the replica is placed on the reporting node with one read."""
+
+    model_config = ConfigDict(extra="forbid")
+    deployment: str = Field(..., min_length=1, max_length=253)
+
+    def record(self) -> ReplicaObservation:
+        return ReplicaObservation(**self.model_dump(exclude={"deployment"}))
+
+
+class ObservationReport(WireModel):
+    """POST /api/ai/nodes/{id}/observations: the engines on a node whose observation changed
+    materially since the agent's last report (common.engine_metrics.material), or aged past
+    the refresh. Sent without defaults (exclude_defaults), so an idle replica is a few dozen bytes."""
+
+    sent_at: float = Field(..., description="the agent's clock when it sent this; fabricd moves each "
+                                            "scraped_at onto its own clock by the difference")
+    observations: list[ObservedReplica] = Field(default_factory=list, max_length=MAX_REPORTED_REPLICAS)
+
+
+class ObservationAnswer(WireModel):
+    accepted: int = Field(..., description="observations stored")
+    ignored: list[str] = Field(default_factory=list, description="replicas fabricd no longer has (deleted)")
+
+
 class NodeReport(WireModel):
     """What an agent sends to register (POST /api/ai/nodes) and on every heartbeat.
 
@@ -346,6 +375,9 @@ class NodeReport(WireModel):
     service_generations: dict[str, int] = Field(default_factory=dict, max_length=4096, description=(
         "VIP:PORT/PROTO -> the plan generation of each Maglev service its dataplane holds; the routing "
         "controller re-sends a service whose generation differs from the published plan's"))
+    observes_engines: bool = Field(False, description=(
+        "the agent scrapes and probes the engines on its host and reports their observations "
+        "(POST /api/ai/nodes/{id}/observations); the leader then never connects to them"))
 
     @field_validator("id")
     @classmethod

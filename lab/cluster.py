@@ -304,7 +304,9 @@ def start_agent(cfg: LabConfig) -> int:
     """Start (or start again, after a crash) the lab's agent; its pid. The agent downloads
     models from the lab's mirror (HF_ENDPOINT, the library's own setting)."""
     return processes.start(cfg.state_dir, "agent", agent_command(cfg),
-                           {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": cfg.mirror_url, "FABRIC_LAB_ENGINE": cfg.engine})
+                           {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": cfg.mirror_url, "FABRIC_LAB_ENGINE": cfg.engine,
+                            # it scrapes its engines as often as the lab routes (agent.engine_watch)
+                            "FABRIC_OBSERVE_SECS": str(max(1.0, cfg.routing_secs))})
 
 
 def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:

@@ -97,6 +97,8 @@ def vms_router(state: AgentState, operations: Operations, vm_gauge: Gauge) -> AP
 
         def work() -> dict:
             with state.lock:
+                if state.engines is not None:  # its deployment and runtime, for the reports (agent.engine_watch)
+                    state.engines.book.note(req)
                 return {"vm": _vm_info(state.vm_driver.create(spec))}
 
         return operations.start("vm-create", req.replica_id, work)
@@ -125,7 +127,10 @@ def vms_router(state: AgentState, operations: Operations, vm_gauge: Gauge) -> AP
 
         def work() -> dict:
             with state.lock:
-                if not state.vm_driver.delete(vm_id):
+                gone = state.vm_driver.delete(vm_id)
+                if state.engines is not None:
+                    state.engines.book.forget(vm_id)
+                if not gone:
                     raise NotFound(f"vm {vm_id} does not exist on node {state.node_id}")
             return {}
 

@@ -4,6 +4,8 @@
     GET  /api/ai/nodes/{id}                 admin
     POST /api/ai/nodes                      node: register (body.id must be the caller's node)
     POST /api/ai/nodes/{id}/heartbeat       node: refresh; 404 "not_registered" tells the agent to register
+    POST /api/ai/nodes/{id}/observations    node: its engines' observations that changed materially (only
+                                            replicas placed on it: 403 not_your_replica; ops.nodes)
     POST /api/ai/nodes/{id}/certificate     admin: issue the node's certificate from the cluster CA
     PUT  /api/ai/nodes/{id}/identity        admin: the node's address, site, replica networks (a node's
                                             own report cannot change them: controlplane.node_trust)
@@ -28,7 +30,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from common.agent_api import NodeCertificate, NodeReport
+from common.agent_api import NodeCertificate, NodeReport, ObservationAnswer, ObservationReport
 from common.errors import Conflict, InvalidInput
 from common.pki import MAX_SAN_HOSTS, check_san_host, node_id_refusal
 from common.records import gpu_reservations
@@ -175,6 +177,14 @@ def heartbeat(node_id: str, report: NodeReport, state: StateDep,
     if report.id != caller:
         raise InvalidInput(f"body id {report.id!r} does not match the path's node {node_id!r}")
     return _answer_to_agent(state, node_ops.heartbeat(state, report))
+
+
+@router.post("/nodes/{node_id}/observations", response_model=ObservationAnswer)
+def report_observations(node_id: str, report: ObservationReport, state: StateDep,
+                        caller: Annotated[str, Depends(require_node)]) -> ObservationAnswer:
+    """The agent's report of its engines (agent.engine_watch); a sync route, so the batch write
+    runs in the server's thread pool, off the event loop."""
+    return node_ops.report_observations(state, caller, report, time.time())
 
 
 @router.post("/nodes/{node_id}/certificate", response_model=NodeCertificate, dependencies=admin)

@@ -8,6 +8,9 @@ node's identity, its certificate, join tokens, deleting it) and a node's join wi
     says so, or, when the grant is silent, when no registered node is a balancer yet: a single host
     and a fleet's first node serve VIPs without a step (``first_role``). An admin changes the role
     (``set_role``); the routing controller moves the services on its next pass.
+  - A node whose agent observes its engines reports their observations (``report_observations``):
+    only for replicas placed on it (403 not_your_replica otherwise), its clock moved onto fabricd's,
+    stored in one batch (common.records.observations.put_all).
   - A node holding replicas cannot be deleted (409 node_busy: drain it first); deleting one
     revokes its certificates, so a stolen one dies with it.
 Every change but a heartbeat is an event (the join token and private keys never are).
@@ -20,10 +23,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from common.agent_api import NodeCertificate, NodeReport
-from common.errors import Conflict, InvalidInput, NotFound
+from common.agent_api import NodeCertificate, NodeReport, ObservationAnswer, ObservationReport
+from common.errors import Conflict, Forbidden, InvalidInput, NotFound
 from common.pki import ROLE_NODE, ensure_ca, issue_cert
 from common.records import nodes as node_records
+from common.records import observations
+from common.records import replicas as replica_records
 from common.schemas import Node
 from controlplane import join_tokens, node_certs
 from controlplane.node_trust import identity_change
@@ -104,6 +109,30 @@ def register(ctx: AppState, report: NodeReport) -> tuple[Node, bool]:
 
 def heartbeat(ctx: AppState, report: NodeReport) -> Node:
     return _save(ctx, report, must_exist=True)[0]
+
+
+def report_observations(ctx: AppState, node_id: str, report: ObservationReport, now: float) -> ObservationAnswer:
+    """Store the observations a node's agent reports for the engines on its host. Each replica must
+    be placed on ``node_id`` (one read per reported replica: a report holds only what changed);
+    one placed elsewhere refuses the whole report, a replica already gone is ignored. Times move
+    onto fabricd's clock (now - sent_at), so a skewed agent clock neither ages nor freshens them."""
+    shift = now - report.sent_at
+    batch, ignored = [], []
+    for item in report.observations:
+        replica = replica_records.get(ctx.store, item.deployment, item.replica_id)
+        if replica is None:
+            ignored.append(item.replica_id)
+            continue
+        if replica.node != node_id:
+            raise Forbidden(f"replica {item.replica_id} is not placed on node {node_id}; a node reports only "
+                            "the engines on its own host", code="not_your_replica")
+        obs = item.record()
+        batch.append(obs.model_copy(update={
+            "scraped_at": obs.scraped_at + shift,
+            "stalled_since": obs.stalled_since + shift if obs.stalled_since is not None else None}))
+    if batch:
+        observations.put_all(ctx.store, batch)
+    return ObservationAnswer(accepted=len(batch), ignored=ignored)
 
 
 def issue_certificate(ctx: AppState, caller: Principal | None, node_id: str, hosts: list[str], site: str,
