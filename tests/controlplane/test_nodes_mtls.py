@@ -56,12 +56,16 @@ def report(node_id: str, **kw) -> dict:
 
 @pytest.fixture(scope="module")
 def fabricd(tmp_path_factory):
-    state_dir = tmp_path_factory.mktemp("fabricd")
+    yield from serve_fabricd(tmp_path_factory.mktemp("fabricd"), FabricdSettings())
+
+
+def serve_fabricd(state_dir: Path, settings: FabricdSettings):
+    """fabricd's real app over mutual TLS on loopback; yields what the tests use."""
     ensure_admin_password(state_dir)
     ca, _ = ensure_ca(state_dir)
     crt, key = issue_cert(state_dir, "fabricd", server=True, client=True, role="fabricd")
     store = SqliteStore(state_dir / "fabric.db")
-    state = AppState(store=store, state_dir=state_dir, settings=FabricdSettings())
+    state = AppState(store=store, state_dir=state_dir, settings=settings)
     with serve_in_thread(create_app(state), **uvicorn_tls_kwargs(crt, key, ca)) as port:
         url = f"https://127.0.0.1:{port}"
         with httpx.Client(base_url=url, verify=client_ssl_context(ca), timeout=10) as c:

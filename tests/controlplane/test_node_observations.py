@@ -1,0 +1,72 @@
+"""POST /api/ai/nodes/{id}/observations through real mutual TLS: a node reports only the engines
+placed on it. Its own replica's observation is stored with its time moved onto fabricd's clock;
+another node's replica refuses the whole report (403 not_your_replica) and stores nothing; a
+report under another node's path is refused by identity; a replica already gone is ignored."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from common import keyspace
+from common.agent_api import ObservationReport, ObservedReplica
+from common.records import replicas as replica_records
+from common.schemas import ReplicaObservation
+from controlplane.settings import FabricdSettings
+from tests.controlplane.planner_data import replica
+from tests.controlplane.test_nodes_mtls import admin, as_node, node_files, serve_fabricd  # noqa: F401 - a fixture
+
+
+@pytest.fixture(scope="module")
+def fabricd(tmp_path_factory):
+    """An API-only fabricd: no reconcile pass removes the replicas these records stand for."""
+    yield from serve_fabricd(tmp_path_factory.mktemp("fabricd"), FabricdSettings(run_controllers=False))
+
+SKEW_S = 1000.0  # the agent's clock runs this far behind fabricd's
+
+
+def body(*items: tuple[str, str], sent_at: float, queue: float = 2) -> str:
+    return ObservationReport(sent_at=sent_at, observations=[
+        ObservedReplica(replica_id=rid, deployment=dep, scraped_at=sent_at - 1, ok=True, queue_depth=queue)
+        for rid, dep in items]).model_dump_json(exclude_defaults=True)
+
+
+def stored(state, rid: str) -> ReplicaObservation | None:
+    kv = state.store.get(keyspace.observations(rid))
+    return None if kv is None else ReplicaObservation.model_validate_json(kv.value)
+
+
+def test_a_node_reports_only_its_own_replicas(fabricd, admin, tmp_path):  # noqa: F811 - the fixture
+    state = fabricd["state"]
+    mine = replica(0, "obs-a", host="10.0.0.1")
+    theirs = replica(1, "obs-b", host="10.0.0.2")
+    for r in (mine, theirs):
+        replica_records.put(state.store, r)
+    files = node_files(admin, tmp_path, "obs-a")
+    sent_at = time.time() - SKEW_S
+    with as_node(fabricd, files) as c:
+        ok = c.post("/api/ai/nodes/obs-a/observations", content=body((mine.replica_id, "qwen"), ("gone-0", "qwen"),
+                                                                      sent_at=sent_at),
+                    headers={"content-type": "application/json"})
+        assert ok.status_code == 200, ok.text
+        assert ok.json() == {"accepted": 1, "ignored": ["gone-0"]}
+        obs = stored(state, mine.replica_id)
+        assert obs is not None and obs.queue_depth == 2
+        assert abs(obs.scraped_at - (time.time() - 1)) < 30  # on fabricd's clock, not 1000 s old
+
+        other = c.post("/api/ai/nodes/obs-a/observations",
+                       content=body((mine.replica_id, "qwen"), (theirs.replica_id, "qwen"), sent_at=time.time(),
+                                    queue=7), headers={"content-type": "application/json"})
+        assert other.status_code == 403 and other.json()["error"]["code"] == "not_your_replica", other.text
+        assert stored(state, theirs.replica_id) is None
+        assert stored(state, mine.replica_id).queue_depth == 2  # the refused report stored nothing
+
+        as_b = c.post("/api/ai/nodes/obs-b/observations", content=body((theirs.replica_id, "qwen"),
+                                                                       sent_at=time.time()),
+                      headers={"content-type": "application/json"})
+        assert as_b.status_code == 403, as_b.text
+        assert stored(state, theirs.replica_id) is None
+
+        bad = c.post("/api/ai/nodes/obs-a/observations", json={"sent_at": 1, "observations": [{"replica_id": "x"}]})
+        assert bad.status_code in (400, 422), bad.text
