@@ -5,8 +5,10 @@ observations and GPU reservations once, so a tick (or an explain request) plans 
 consistent-enough picture. Records load as they were stored (a profile whose runtime was
 denied later still loads); records that fail validation are skipped and counted rather than
 crashing a loop (the door's parse policy, common.records.reading). ``load_routing_snapshot(store, cache=...)`` reads only what
-the routing job plans from (nodes, endpoints, replicas, observations: one list per prefix), and
-with a ParseCache it re-validates only records whose mod_revision changed since the last call.
+the routing job plans from (nodes, endpoints, sites, replicas, observations: one list per prefix,
+ROUTING_PREFIXES; the routing leader reads them from a Mirror, so the store is asked only for
+changes), and with a ParseCache it re-validates only records whose mod_revision changed since
+the last call.
 
 Fabric records what it created before creating it, so the sweep removes only its own leftovers
 and never a VM or service someone else made on the agent: VMs in common.records.managed, Maglev
@@ -229,8 +231,14 @@ def load_snapshot(store: Store) -> Snapshot:
     return snap
 
 
+# What load_routing_snapshot reads (the routing leader mirrors these: common.store.mirror).
+ROUTING_PREFIXES = (keyspace.nodes(), keyspace.endpoints(), keyspace.sites(), keyspace.replicas(),
+                    keyspace.observations())
+
+
 def load_routing_snapshot(store: Store, cache: ParseCache | None = None) -> Snapshot:
-    """Nodes, endpoints, replicas and observations only (what routing plans from)."""
+    """Nodes, endpoints, sites, replicas and observations only (what routing plans from: the
+    ROUTING_PREFIXES); ``store`` may be a Mirror of them."""
     cache = ParseCache() if cache is None else cache
     snap = Snapshot()
     listed: set[str] = set()

@@ -1,7 +1,10 @@
 """Applies routing plans: scrapes engines, records observations, owns endpoint VIPs and Maglev.
 
-One tick reads the store once (load_routing_snapshot: nodes, endpoints, replicas, observations),
-then:
+One tick reads its records from the leader's Mirror of the store (common.store.mirror: listed at
+the first tick, then only the changes since the last one, fetched off the event loop): the
+snapshot (load_routing_snapshot: nodes, endpoints, sites, replicas, observations), the published
+plans, the managed services and the VIP owners (vip_pool.Held, once per tick, never per
+endpoint), then:
   1. observe every Ready replica (draining ones too, for their running count). A replica whose
      node's agent observes its engines (Node.observes_engines: agent.engine_watch scrapes them one
      hop away and reports what changed materially, POST /api/ai/nodes/{id}/observations) is read
@@ -55,9 +58,11 @@ from common.records.events import EventSink
 from common.records.plans import PublishedPlan, SpillPool, next_generation, same_decision
 from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
 from common.store.base import Store
+from common.store.mirror import Mirror
 from controlplane.history import HISTORY
 from controlplane.orchestration_state import (
     MANAGED_SERVICES,
+    ROUTING_PREFIXES,
     ParseCache,
     Snapshot,
     load_routing_snapshot,
@@ -114,11 +119,16 @@ class RoutingWorker:
         self.observer = EngineObserver(MetricsScraper(timeout_s=scrape_timeout_s, concurrency=SCRAPE_CONCURRENCY),
                                        clock=clock)
         self._parsed = ParseCache()  # store records by (key, mod_revision): unchanged ones are not re-validated
-        self._managed: dict[str, str] = {}  # managed-service key -> value, as listed this tick
+        # The records a pass reads, listed once and then kept by watch (common.store.mirror): a
+        # pass asks the store only for what changed since the last one.
+        self.mirror = Mirror(store, [*ROUTING_PREFIXES, keyspace.routing_plans(), MANAGED_SERVICES, keyspace.vips()])
+        self._managed: dict[str, str] = {}  # managed-service key -> value: the mirror's, with this pass's writes
+        self._held = vip_pool.Held({})  # the VIPs as this pass began, with its claims and releases
         self._unwritten: list[ReplicaObservation] = []  # this tick's observations the store needs
 
     async def aclose(self) -> None:
         await self.observer.aclose()
+        self.mirror.close()
 
     # -- scraping ---------------------------------------------------------------------------------
 
@@ -187,13 +197,15 @@ class RoutingWorker:
     # -- endpoints ---------------------------------------------------------------------------------
 
     async def tick(self) -> None:
-        snap = load_routing_snapshot(self.store, cache=self._parsed)
+        self.mirror.apply(await asyncio.to_thread(self.mirror.fetch))  # the changes since the last pass
+        snap = load_routing_snapshot(self.mirror, cache=self._parsed)  # type: ignore[arg-type]  # the read verbs
         self._unwritten.clear()
         await self.scrape_all(snap)  # snap.observations now holds this tick's scrapes
         if self.rollouts is not None:  # judged on this tick's counters; shares pushed below
             self.rollouts.advance(snap.replicas, snap.observations)
-        self._managed = {kv.key: kv.value for kv in self.store.list(MANAGED_SERVICES)}
-        self.memory.published = {p.endpoint: p for p in plans.list(self.store)}
+        self._managed = {kv.key: kv.value for kv in self.mirror.list(MANAGED_SERVICES)}
+        self.memory.published = {p.endpoint: p for p in plans.list(self.mirror)}  # type: ignore[arg-type]
+        self._held = vip_pool.Held(vip_pool.allocations(self.mirror))  # type: ignore[arg-type]
         services: dict[str, MaglevServicePut] = {}  # this pass's services, by VIP:PORT/PROTO
         routed: list[tuple[InferenceEndpoint, RoutingPlan, PublishedPlan]] = []
         for name in sorted(snap.endpoints):
@@ -222,7 +234,7 @@ class RoutingWorker:
                        ) -> tuple[InferenceEndpoint, RoutingPlan, PublishedPlan] | None:
         """Take the VIP, decide and publish the plan, queue its service for the push."""
         try:
-            vip = vip_pool.allocate(self.store, ep.name, self.pool)
+            vip = vip_pool.allocate(self.store, ep.name, self.pool, held=self._held)
         except Conflict as exc:
             self._set_status(ep, phase="Pending", message=exc.message)
             return None
@@ -312,7 +324,8 @@ class RoutingWorker:
                 self._set_status(ep, phase="Deleting", message=f"deleting: waiting for every agent to drop VIP {vip}")
                 return
             self.store.delete(managed_service_key(vip, ep.port, PROTO))
-            vip_pool.release(self.store, vip, ep.name)
+            self._managed.pop(managed_service_key(vip, ep.port, PROTO), None)
+            vip_pool.release(self.store, vip, ep.name, held=self._held)
             self.events("endpoint", ep.name, "VipReleased", f"VIP {vip} back to the pool after the drain "
                         f"({'grace ended' if busy else 'idle'})", tenant=ep.tenant)
         plans.discard(self.store, ep.name)
@@ -384,19 +397,21 @@ class RoutingWorker:
         """Fabric-made services whose endpoint is gone (or moved port): Maglev first; then the VIPs
         of deleted endpoints, once no service of theirs is left on any agent."""
         still_served: set[str] = set()
-        for kv in self.store.list(MANAGED_SERVICES):
-            vip, port, _ = kv.key[len(MANAGED_SERVICES):].split(":")
-            ep = snap.endpoints.get(json.loads(kv.value).get("endpoint", ""))
+        for key, value in list(self._managed.items()):
+            vip, port, _ = key[len(MANAGED_SERVICES):].split(":")
+            ep = snap.endpoints.get(json.loads(value).get("endpoint", ""))
             if ep is not None and ep.port == int(port) and ep.status.vip in (None, vip):
                 continue
-            if await self.remove_service(snap, vip, int(port)):
-                self.store.delete(kv.key, mod_revision=kv.mod_revision)
-            else:
+            listed = self.mirror.get(key)
+            if listed is not None and listed.value == value and await self.remove_service(snap, vip, int(port)):
+                self.store.delete(key, mod_revision=listed.mod_revision)
+                del self._managed[key]
+            else:  # still on an agent, or written by this pass (the next one sees its revision)
                 still_served.add(vip)
-        for vip, owner in vip_pool.allocations(self.store).items():
+        for vip, owner in list(self._held.owners.items()):
             if owner in snap.endpoints or vip in still_served:
                 continue
-            if vip_pool.release(self.store, vip, owner):
+            if vip_pool.release(self.store, vip, owner, held=self._held):
                 log.info("released VIP %s of deleted endpoint %s", vip, owner)
                 self.events("endpoint", owner, "VipReleased", f"VIP {vip} back to the pool; the endpoint is gone")
                 self.memory.weights.pop(owner, None)

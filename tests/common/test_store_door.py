@@ -229,8 +229,8 @@ def count(root: Path = ROOT) -> dict:
 # What still reaches the store past the door, by file (issue 48 item 2 is not finished): the list
 # only shrinks. A file that goes through common.records leaves it; no file joins it, and no listed
 # file gains a raw call (each count is a ceiling).
-NOT_YET_THROUGH_THE_DOOR = {"controlplane/routing/controller.py": 7}
-PARSED_BY_HAND_YET = {"controlplane/api/events.py": 1, "controlplane/routing/controller.py": 1}
+NOT_YET_THROUGH_THE_DOOR = {"controlplane/routing/controller.py": 4}
+PARSED_BY_HAND_YET = {"controlplane/api/events.py": 1}
 OWN_LOOPS_YET = {"controlplane/tenancy/admission.py": 1}
 
 
