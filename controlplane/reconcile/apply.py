@@ -33,9 +33,8 @@ import secrets
 import time
 from collections.abc import Callable
 
-import httpx
-
 from common.agent_api import VmCreateRequest
+from common.engine_metrics.scrape import MetricsScraper, ScrapeError
 from common.errors import FabricError, TransientError
 from common.records import autoscaling, deployments, gpu_reservations, managed, observations
 from common.records import rollouts as rollout_records
@@ -65,6 +64,7 @@ from controlplane.scaling.loop import with_note
 
 log = logging.getLogger("fabricd.reconcile")
 CONCURRENCY = 4
+PROBE_CONCURRENCY = 64  # /health probes in flight at once
 LOG_TAIL_BYTES = 16384
 
 
@@ -88,7 +88,9 @@ class ReconcileWorker:
         self.on_tick = on_tick or (lambda outcome: None)
         self.backoff = AgentBackoff(clock=clock)
         self.events = events or ReconcileEvents(EventSink(store))
-        self._http = httpx.AsyncClient(timeout=settings.health_timeout_s)
+        # The engines' HTTP/1.1 client (common.engine_metrics.scrape: a kept-alive connection per
+        # engine, a semaphore), not one pooled httpx client whose bookkeeping grows with the fleet.
+        self._engines = MetricsScraper(timeout_s=settings.health_timeout_s, concurrency=PROBE_CONCURRENCY)
 
     def agent(self, node: Node) -> BackoffAgent:
         """The node's agent client, behind its backoff (see controlplane.reconcile.backoff)."""
@@ -99,7 +101,7 @@ class ReconcileWorker:
         return self.backoff.next_try_at()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._engines.aclose()
 
     # -- probes -----------------------------------------------------------------------------------
 
@@ -107,10 +109,10 @@ class ReconcileWorker:
         if not r.host:
             return None
         try:
-            resp = await self._http.get(f"http://{r.host}:{r.port}{health_path(r.runtime)}")
-        except httpx.HTTPError as exc:
-            return rp.Probe(False, type(exc).__name__)
-        return rp.Probe(resp.status_code == 200, f"HTTP {resp.status_code}", answered=True)
+            status = await self._engines.probe(r.host, r.port, health_path(r.runtime))
+        except ScrapeError as exc:
+            return rp.Probe(False, str(exc)[:200])
+        return rp.Probe(status == 200, f"HTTP {status}", answered=True)
 
     async def probe_all(self, replicas: list[Replica]) -> dict[str, rp.Probe]:
         live = [r for r in replicas if r.phase != "Deleting" and not r.draining]
