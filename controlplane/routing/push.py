@@ -100,6 +100,7 @@ class Pushes:
         self.requests = 0
         self.withdrawn = 0  # services removed from nodes that are not balancers, all passes
         self.waited: list[str] = []  # the agents the last pass waited for
+        self._troubled: list[str] = []  # agents silent or with a failed key after the last push (notes)
 
     def of(self, node_id: str) -> AgentPushes:
         return self.by_node.setdefault(node_id, AgentPushes())
@@ -128,9 +129,12 @@ class Pushes:
         return node.balancer or key in node.service_generations or (state is not None and key in state.acked)
 
     def notes(self, key: str) -> list[str]:
-        """Why agents do not hold this service as published (for the endpoint's status)."""
+        """Why agents do not hold this service as published (for the endpoint's status). Asks only
+        the agents that were silent or failing after the last push (indexed once per pass, so the
+        endpoints' statuses cost O(endpoints x those), not O(endpoints x nodes))."""
         out = []
-        for node_id, state in sorted(self.by_node.items()):
+        for node_id in self._troubled:
+            state = self.by_node[node_id]
             if state.silent_since is not None:
                 out.append(f"agent {node_id} silent (no answer within {self.deadline_s:g}s); skipped until it answers")
             elif key in state.failed_keys and state.failure:
@@ -165,18 +169,22 @@ class Pushes:
             if state.silent_since is None:
                 waited[node.id] = state.task
         self.waited = sorted(waited)
-        if not waited:
-            return
-        done, _ = await asyncio.wait(waited.values(), timeout=self.deadline_s)
-        now = self.clock()
-        for node_id, task in waited.items():
-            if task not in done:
-                state = self.of(node_id)
-                state.silent_since = now
-                log.warning("agent %s did not answer its Maglev push within %gs: marked silent, not waited for "
-                            "until it answers", node_id, self.deadline_s)
-        for task in done:
-            task.result()  # a bug in _send surfaces here; agents' failures were recorded
+        try:
+            if not waited:
+                return
+            done, _ = await asyncio.wait(waited.values(), timeout=self.deadline_s)
+            now = self.clock()
+            for node_id, task in waited.items():
+                if task not in done:
+                    state = self.of(node_id)
+                    state.silent_since = now
+                    log.warning("agent %s did not answer its Maglev push within %gs: marked silent, not waited "
+                                "for until it answers", node_id, self.deadline_s)
+            for task in done:
+                task.result()  # a bug in _send surfaces here; agents' failures were recorded
+        finally:
+            self._troubled = sorted(node_id for node_id, state in self.by_node.items()
+                                    if state.silent_since is not None or state.failed_keys)
 
     async def _withdraw(self, node: Node, state: AgentPushes, keys: list[str]) -> None:
         """DELETE each of ``keys`` on a node that is not a balancer (404 and no dataplane: absent)."""
