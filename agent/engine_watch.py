@@ -6,8 +6,8 @@ does: the kept-alive HTTP/1.1 client, a semaphore, the runtime's port and path, 
 hold), and posts to fabricd (POST /api/ai/nodes/{id}/observations) only the observations that
 differ materially from the last one fabricd accepted (common.engine_metrics.material: the same
 rule fabricd's own writes follow, including the 15 s refresh that keeps a quiet replica inside
-the 30 s eligibility window). The body leaves out defaults, so a quiet replica costs a few
-dozen bytes and an unchanged one nothing. The heartbeat says the agent does this
+the 30 s eligibility window). The body leaves out defaults: a changed replica costs 220-340
+bytes, an unchanged one nothing. The heartbeat says the agent does this
 (NodeReport.observes_engines), and the leader then never connects to these engines; if the
 agent stops, their observations age out and they get weight 0, as after a failed scrape.
 
