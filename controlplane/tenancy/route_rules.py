@@ -153,6 +153,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/ai/nodes/{node_id}"): read(),
     ("POST", "/api/ai/nodes"): NODE,
     ("POST", "/api/ai/nodes/{node_id}/heartbeat"): NODE,
+    ("POST", "/api/ai/nodes/{node_id}/observations"): NODE,  # its engines (agent.engine_watch)
     ("POST", "/api/ai/nodes/{node_id}/certificate"): admin(),
     ("POST", "/api/ai/join-tokens"): admin(),  # node join (controlplane.api.node_join)
     ("GET", "/api/ai/join-tokens"): admin(),
