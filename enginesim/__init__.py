@@ -9,12 +9,12 @@ and a KV-cache usage that follows the tokens held by running sequences.
 
 In-process use:
 
-    from enginesim import EngineConfig, create_app, run
-    app = create_app(EngineConfig(model="m", tokens_per_s=0))
+    from enginesim import EngineSettings, create_app, run
+    app = create_app(EngineSettings(model="m", tokens_per_s=0))
 """
 
 from enginesim.app import create_app
-from enginesim.config import EngineConfig, Faults, SyntheticLoad
 from enginesim.server import run
+from enginesim.settings import EngineSettings, Faults, SyntheticLoad
 
-__all__ = ["EngineConfig", "Faults", "SyntheticLoad", "create_app", "run"]
+__all__ = ["EngineSettings", "Faults", "SyntheticLoad", "create_app", "run"]

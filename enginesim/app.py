@@ -1,4 +1,4 @@
-"""create_app(config): the engine's ASGI app (Starlette, for low per-request cost).
+"""create_app(settings): the engine's ASGI app (Starlette, for low per-request cost).
 
 Every response carries `x-fabric-replica` so balancing tests can tell which replica
 answered. All state lives in the Engine made here; two apps in one process share
@@ -14,13 +14,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from enginesim.batch_routes import make_batch_routes
-from enginesim.config import EngineConfig
 from enginesim.control_routes import make_control_routes, metrics_routes
 from enginesim.engine import Engine
 from enginesim.generate_routes import make_generate_routes
 from enginesim.lora_routes import make_lora_routes
 from enginesim.pooling_routes import make_pooling_routes
 from enginesim.responses_routes import make_responses_routes
+from enginesim.settings import EngineSettings
 
 REPLICA_HEADER = "x-fabric-replica"
 
@@ -67,12 +67,12 @@ def create_metrics_app(engine: Engine) -> Starlette:
     return Starlette(routes=metrics_routes(engine))
 
 
-def create_app(config: EngineConfig) -> Starlette:
-    engine = Engine(config)
+def create_app(settings: EngineSettings) -> Starlette:
+    engine = Engine(settings)
     routes = [*make_generate_routes(engine), *make_responses_routes(engine), *make_pooling_routes(engine),
               *make_control_routes(engine),
               *make_batch_routes(engine), *make_lora_routes(engine.lora),
               WebSocketRoute("/v1/realtime", realtime_echo)]
-    app = Starlette(routes=routes, middleware=[Middleware(ReplicaHeader, replica_id=config.replica_id)])
+    app = Starlette(routes=routes, middleware=[Middleware(ReplicaHeader, replica_id=settings.replica_id)])
     app.state.engine = engine
     return app

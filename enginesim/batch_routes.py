@@ -246,7 +246,7 @@ class BatchService:
         self.files: dict[str, StoredFile] = {}
         self.batches: dict[str, BatchJob] = {}
         self.stored_bytes = 0
-        self.concurrency = 2 * engine.config.max_num_seqs
+        self.concurrency = 2 * engine.settings.max_num_seqs
         # The engine's own generate/pooling handlers, bound to the same Engine: a batch line
         # shares the scheduler, faults and metrics with HTTP traffic.
         self.inner = Starlette(routes=[*make_generate_routes(engine), *make_pooling_routes(engine)])
@@ -446,7 +446,7 @@ def make_batch_routes(engine: Engine) -> list[Route]:
             return bad_request(f"file `{f.id}` has purpose `{f.purpose}`, not `batch`", "input_file_id")
         job = BatchJob(id=f"batch_{uuid.uuid4().hex}", endpoint=req.endpoint, input_file_id=f.id,
                        completion_window=req.completion_window, metadata=req.metadata,
-                       model=engine.config.model, input_data=f.data)
+                       model=engine.settings.model, input_data=f.data)
         svc.start(job)
         return JsonBytes(fmt.to_json(job.to_obj()))
 

@@ -13,11 +13,11 @@ import argparse
 import sys
 
 from common.runtimes import RUNTIME_NAMES
-from enginesim.config import EngineConfig
+from enginesim.settings import EngineSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = EngineConfig()
+    d = EngineSettings()
     p = argparse.ArgumentParser(prog="fabric-engine-sim", description="Simulated vLLM engine (OpenAI API)")
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
@@ -67,12 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(argv: list[str] | None = None) -> EngineConfig:
+def settings_from_args(argv: list[str] | None = None) -> EngineSettings:
     parser = build_parser()
     args = parser.parse_args(argv)
     fields = {k: v for k, v in vars(args).items() if v is not None}
     try:
-        return EngineConfig(**fields)
+        return EngineSettings(**fields)
     except ValueError as err:
         parser.error(str(err))
         raise  # unreachable: parser.error exits
@@ -81,12 +81,12 @@ def config_from_args(argv: list[str] | None = None) -> EngineConfig:
 def main(argv: list[str] | None = None) -> None:
     from enginesim.server import run
 
-    config = config_from_args(argv if argv is not None else sys.argv[1:])
+    settings = settings_from_args(argv if argv is not None else sys.argv[1:])
     # One line to the log on start, as a real engine's first output would be (it is what
     # `fabricctl ai logs` shows for a lab or dry-run replica before any warning).
-    print(f"fabric-engine-sim: serving {config.model} on {config.host}:{config.port} "
-          f"(replica {config.replica_id or '-'})", flush=True)
-    run(config)
+    print(f"fabric-engine-sim: serving {settings.model} on {settings.host}:{settings.port} "
+          f"(replica {settings.replica_id or '-'})", flush=True)
+    run(settings)
 
 
 if __name__ == "__main__":

@@ -26,30 +26,30 @@ from enginesim.http_util import JsonBytes, parse_control
 
 def metrics_endpoint(engine: Engine):
     async def metrics(_: Request) -> Response:
-        return Response(engine.metrics.render(engine.config.runtime), media_type=CONTENT_TYPE_LATEST)
+        return Response(engine.metrics.render(engine.settings.runtime), media_type=CONTENT_TYPE_LATEST)
 
     return metrics
 
 
 def metrics_routes(engine: Engine) -> list[Route]:
     """/metrics alone, for a runtime that serves it on a port of its own (Triton, TEI)."""
-    return [Route(RUNTIME_TABLE[engine.config.runtime].metrics_path, metrics_endpoint(engine), methods=["GET"])]
+    return [Route(RUNTIME_TABLE[engine.settings.runtime].metrics_path, metrics_endpoint(engine), methods=["GET"])]
 
 
 def make_control_routes(engine: Engine) -> list[Route]:
-    config = engine.config
+    settings = engine.settings
 
     async def models(_: Request) -> Response:
         card = {
-            "id": config.model,
+            "id": settings.model,
             "object": "model",
             "created": int(engine.started_at),
             "owned_by": "vllm",
-            "root": config.model,
+            "root": settings.model,
             "parent": None,
-            "max_model_len": config.max_model_len,
+            "max_model_len": settings.max_model_len,
         }
-        adapters = [{**card, "id": name, "root": path, "parent": config.model}
+        adapters = [{**card, "id": name, "root": path, "parent": settings.model}
                     for name, path in engine.lora.loaded.items()]
         return JsonBytes(fmt.to_json({"object": "list", "data": [card, *adapters]}))
 
@@ -58,13 +58,13 @@ def make_control_routes(engine: Engine) -> list[Route]:
         return Response(status_code=503 if engine.faults.fail_health else 200)
 
     metrics = metrics_endpoint(engine)
-    rt = RUNTIME_TABLE[config.runtime]
+    rt = RUNTIME_TABLE[settings.runtime]
 
     def state_body() -> dict:
         live = engine.live_load()
         real = engine.scheduler.snapshot()
         return {
-            "config": dataclasses.asdict(config),
+            "config": dataclasses.asdict(settings),
             "faults": dataclasses.asdict(engine.faults),
             "synthetic_load": dataclasses.asdict(engine.load),
             "scheduler": dataclasses.asdict(real),
@@ -90,7 +90,7 @@ def make_control_routes(engine: Engine) -> list[Route]:
         return JsonBytes(fmt.to_json(state_body()))
 
     routes = [Route(rt.health_path, health, methods=["GET"])]
-    if config.serving_metrics_port == config.port:
+    if settings.serving_metrics_port == settings.port:
         routes.append(Route(rt.metrics_path, metrics, methods=["GET"]))
     return [
         *routes,

@@ -14,12 +14,12 @@ import time
 from collections.abc import AsyncIterator
 
 from enginesim.api_models import FaultsUpdate, LoadUpdate
-from enginesim.config import EngineConfig, Faults, SyntheticLoad
 from enginesim.generation_plan import MIN_SLEEP_S, GenerationPlan, kv_usage, token_delay
 from enginesim.lora_routes import LoraState
 from enginesim.metrics import EngineMetrics, LiveLoad
 from enginesim.prefix_cache import PrefixCache
 from enginesim.scheduler import SeqScheduler
+from enginesim.settings import EngineSettings, Faults, SyntheticLoad
 from enginesim.synthetic_output import token_text
 
 
@@ -37,18 +37,18 @@ def _publisher(text: str | None):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
-        self.config = config
-        self.faults: Faults = config.initial_faults()
+    def __init__(self, settings: EngineSettings):
+        self.settings = settings
+        self.faults: Faults = settings.initial_faults()
         self.load = SyntheticLoad()
-        self.scheduler = SeqScheduler(max_num_seqs=config.max_num_seqs)
-        self.metrics = EngineMetrics(config.model, self.live_load, config.legacy_metric_names)
-        self._rng = random.Random(config.seed)
-        self.kv_events = _publisher(config.kv_events_config)
-        self.prefix_cache = PrefixCache(config.prefix_cache_blocks, chars_per_token=config.chars_per_token,
+        self.scheduler = SeqScheduler(max_num_seqs=settings.max_num_seqs)
+        self.metrics = EngineMetrics(settings.model, self.live_load, settings.legacy_metric_names)
+        self._rng = random.Random(settings.seed)
+        self.kv_events = _publisher(settings.kv_events_config)
+        self.prefix_cache = PrefixCache(settings.prefix_cache_blocks, chars_per_token=settings.chars_per_token,
                                         publish=self.kv_events.publish if self.kv_events else None)
         self.started_at = time.time()
-        self.lora = LoraState(config.max_loras, root=config.lora_root)
+        self.lora = LoraState(settings.max_loras, root=settings.lora_root)
         self.stopping = False  # SIGTERM with --shutdown-timeout 0: stop() was called
         self.draining = False  # SIGTERM with --shutdown-timeout N: no new requests, the running ones finish
 
@@ -65,7 +65,7 @@ class Engine:
         once nothing runs (or N s have passed) the server exits and the waiting ones' connections
         close with no end (server.py). tests/enginesim/test_conformance_real.py holds both to
         the real engine."""
-        if self.config.shutdown_timeout_s <= 0:
+        if self.settings.shutdown_timeout_s <= 0:
             self.stopping = True
         else:
             self.draining = True
@@ -80,19 +80,19 @@ class Engine:
 
     def serves(self, model: str) -> bool:
         """The base model, or a LoRA adapter loaded now."""
-        return model == self.config.model or model in self.lora.loaded
+        return model == self.settings.model or model in self.lora.loaded
 
     def live_load(self) -> LiveLoad:
         snap = self.scheduler.snapshot()
         return LiveLoad(
             running=snap.running + self.load.running,
             waiting=snap.waiting + self.load.waiting,
-            kv_usage=kv_usage(snap.held_tokens + self.load.kv_tokens, self.config.kv_capacity_tokens),
+            kv_usage=kv_usage(snap.held_tokens + self.load.kv_tokens, self.settings.kv_capacity_tokens),
         )
 
     def with_prefix_cache(self, plan: GenerationPlan, prompt_text: str) -> GenerationPlan:
         """The plan with only the prompt's uncached tokens prefilled (and the cache counted)."""
-        if self.config.prefix_cache_blocks <= 0:
+        if self.settings.prefix_cache_blocks <= 0:
             return plan
         hit = self.prefix_cache.lookup_and_insert(prompt_text, plan.prompt_tokens)
         self.metrics.observe_prefix_cache(plan.prompt_tokens, hit)

@@ -48,7 +48,7 @@ def _finish(plan: GenerationPlan, sent: int) -> str | None:
 async def _chat_stream(
     engine: Engine, plan: GenerationPlan, arrived: float, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.config.model
+    rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.settings.model
     sent = 0
     async with aclosing(engine.run_sequence(plan, arrived)) as tokens:
         async for token in tokens:
@@ -68,7 +68,7 @@ async def _chat_stream(
 async def _completion_stream(
     engine: Engine, plan: GenerationPlan, arrived: float, include_usage: bool, echo: str
 ) -> AsyncIterator[bytes]:
-    rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.config.model
+    rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.settings.model
     sent = 0
     async with aclosing(engine.run_sequence(plan, arrived)) as tokens:
         async for token in tokens:
@@ -101,7 +101,7 @@ def make_generate_routes(engine: Engine) -> list[Route]:
             text = req.prompt_text()
             prior = req.continued_from()
             seed_text, start = (continued(prior[0] + prior[1], prior[0]) or (text, 0)) if prior else (text, 0)
-            plan = engine.with_prefix_cache(plan_generation(engine.config, text, req.output_limit(), req.ignore_eos,
+            plan = engine.with_prefix_cache(plan_generation(engine.settings, text, req.output_limit(), req.ignore_eos,
                                                             seed_text=seed_text, start=start), text)
         except PlanRejected as err:
             return bad_request(err.message, err.param)
@@ -132,7 +132,7 @@ def make_generate_routes(engine: Engine) -> list[Route]:
             return refused
         try:
             seed_text, start = (continued(prompt) if prompt_tokens is None else None) or (prompt, 0)
-            plan = engine.with_prefix_cache(plan_generation(engine.config, prompt, req.max_tokens, req.ignore_eos,
+            plan = engine.with_prefix_cache(plan_generation(engine.settings, prompt, req.max_tokens, req.ignore_eos,
                                                             prompt_tokens, seed_text, start), prompt)
         except PlanRejected as err:
             return bad_request(err.message, err.param)

@@ -10,7 +10,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-from enginesim.config import EngineConfig
+from enginesim.settings import EngineSettings
 from enginesim.synthetic_output import VOCABULARY, generated_text, token_text
 
 # Below this a sleep costs more than it models; we skip it so very high token rates
@@ -86,7 +86,7 @@ MAX_CONTINUED = 8192  # generated words looked back over
 
 
 def plan_generation(
-    config: EngineConfig,
+    settings: EngineSettings,
     prompt_text: str,
     max_tokens: int | None,
     ignore_eos: bool = False,
@@ -105,32 +105,32 @@ def plan_generation(
     if max_tokens is not None and max_tokens < 1:
         raise PlanRejected("max_tokens must be at least 1", param="max_tokens")
     n_prompt = prompt_tokens if prompt_tokens is not None else estimate_tokens(
-        prompt_text, config.chars_per_token
+        prompt_text, settings.chars_per_token
     )
     seed = text_seed(prompt_text if seed_text is None else seed_text)
     if max_tokens is not None:
         wanted, reason = max_tokens, "length"
-        if config.natural_length and not ignore_eos:
-            natural = max(0, natural_length(seed, config.natural_length) - start)
+        if settings.natural_length and not ignore_eos:
+            natural = max(0, natural_length(seed, settings.natural_length) - start)
             if natural < wanted:
                 wanted, reason = natural, "stop"
     else:
-        natural = natural_length(seed, config.natural_length) if config.natural_length else config.default_max_tokens
+        natural = natural_length(seed, settings.natural_length) if settings.natural_length else settings.default_max_tokens
         wanted = max(0, natural - start)
         reason = "stop"
-    if n_prompt + wanted > config.max_model_len:
-        if max_tokens is None and n_prompt < config.max_model_len:
+    if n_prompt + wanted > settings.max_model_len:
+        if max_tokens is None and n_prompt < settings.max_model_len:
             # Like vLLM: without max_tokens the output fills what the context allows.
-            wanted, reason = config.max_model_len - n_prompt, "length"
+            wanted, reason = settings.max_model_len - n_prompt, "length"
         else:
             raise PlanRejected(
-                f"This model's maximum context length is {config.max_model_len} tokens. However, you "
+                f"This model's maximum context length is {settings.max_model_len} tokens. However, you "
                 f"requested {n_prompt + wanted} tokens ({n_prompt} in the messages, {wanted} in the "
                 "completion). Please reduce the length of the messages or completion.",
                 param="max_tokens" if max_tokens is not None else "messages",
             )
-    prefill_s = n_prompt / config.prefill_tokens_per_s if config.prefill_tokens_per_s > 0 else 0.0
-    interval = 1.0 / config.tokens_per_s if config.tokens_per_s > 0 else 0.0
+    prefill_s = n_prompt / settings.prefill_tokens_per_s if settings.prefill_tokens_per_s > 0 else 0.0
+    interval = 1.0 / settings.tokens_per_s if settings.tokens_per_s > 0 else 0.0
     return GenerationPlan(
         prompt_tokens=n_prompt,
         completion_tokens=wanted,

@@ -23,7 +23,7 @@ from enginesim.synthetic_output import embedding, encode_base64, relevance_score
 
 
 def make_pooling_routes(engine: Engine) -> list[Route]:
-    config = engine.config
+    settings = engine.settings
 
     async def embeddings(request: Request) -> Response:
         req = await parse_openai(request, EmbeddingRequest)
@@ -36,18 +36,18 @@ def make_pooling_routes(engine: Engine) -> list[Route]:
         refused = check_common(engine, req.model)
         if refused:
             return refused
-        dim = req.dimensions or config.embedding_dim
+        dim = req.dimensions or settings.embedding_dim
         data = []
         for index, text in enumerate(texts):
             vector = embedding(text, dim)
             value = encode_base64(vector) if req.encoding_format == "base64" else vector
             data.append({"index": index, "object": "embedding", "embedding": value})
-        prompt_tokens = sum(estimate_tokens(t, config.chars_per_token) for t in texts)
+        prompt_tokens = sum(estimate_tokens(t, settings.chars_per_token) for t in texts)
         body = {
             "id": f"embd-{uuid.uuid4().hex}",
             "object": "list",
             "created": int(time.time()),
-            "model": config.model,
+            "model": settings.model,
             "data": data,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0},
         }
@@ -66,10 +66,10 @@ def make_pooling_routes(engine: Engine) -> list[Route]:
         )
         if req.top_n:
             scored = scored[: req.top_n]
-        tokens = sum(estimate_tokens(req.query + d, config.chars_per_token) for d in docs)
+        tokens = sum(estimate_tokens(req.query + d, settings.chars_per_token) for d in docs)
         body = {
             "id": f"rerank-{uuid.uuid4().hex}",
-            "model": config.model,
+            "model": settings.model,
             "usage": {"total_tokens": tokens},
             "results": [
                 {"index": i, "document": {"text": docs[i]}, "relevance_score": score} for i, score in scored

@@ -117,7 +117,7 @@ def make_responses_routes(engine: Engine) -> list[Route]:
             return refused
         try:
             text = req.prompt_text()
-            plan = engine.with_prefix_cache(plan_generation(engine.config, text, req.max_output_tokens,
+            plan = engine.with_prefix_cache(plan_generation(engine.settings, text, req.max_output_tokens,
                                                             req.ignore_eos), text)
         except PlanRejected as err:
             return bad_request(err.message, "max_output_tokens" if err.param == "max_tokens" else err.param)

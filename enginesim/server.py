@@ -1,4 +1,4 @@
-"""run(config): serve the engine with uvicorn on uvloop + httptools, no access log.
+"""run(settings): serve the engine with uvicorn on uvloop + httptools, no access log.
 
 The access log and the default asyncio loop each cost more per request than the
 simulated engine itself when it runs with tokens_per_s=0 as a benchmark upstream.
@@ -12,7 +12,7 @@ import uvicorn
 import uvloop
 
 from enginesim.app import create_app, create_metrics_app
-from enginesim.config import EngineConfig
+from enginesim.settings import EngineSettings
 
 
 class _Server(uvicorn.Server):
@@ -34,23 +34,23 @@ class _Server(uvicorn.Server):
         self._drain = asyncio.get_running_loop().create_task(self._exit_when_drained(sig, frame))
 
     async def _exit_when_drained(self, sig, frame) -> None:
-        deadline = asyncio.get_running_loop().time() + self._engine.config.shutdown_timeout_s
+        deadline = asyncio.get_running_loop().time() + self._engine.settings.shutdown_timeout_s
         while not self._engine.drained() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         super().handle_exit(sig, frame)
         self.force_exit = True  # the waiting requests never end: their connections close with the process
 
 
-def run(config: EngineConfig) -> None:
-    app = create_app(config)
+def run(settings: EngineSettings) -> None:
+    app = create_app(settings)
     engine = app.state.engine
-    if config.serving_metrics_port == config.port:
-        _Server(uvicorn.Config(app, **_options(config, config.port)), engine).run()
+    if settings.serving_metrics_port == settings.port:
+        _Server(uvicorn.Config(app, **_options(settings, settings.port)), engine).run()
         return
     # The runtime serves /metrics on a port of its own: two servers on one loop, one engine.
     metrics = create_metrics_app(engine)
-    servers = [_Server(uvicorn.Config(app, **_options(config, config.port)), engine),
-               _Server(uvicorn.Config(metrics, **_options(config, config.serving_metrics_port)), engine)]
+    servers = [_Server(uvicorn.Config(app, **_options(settings, settings.port)), engine),
+               _Server(uvicorn.Config(metrics, **_options(settings, settings.serving_metrics_port)), engine)]
 
     async def serve_both() -> None:
         # A signal reaches one server's handler: when either stops, stop the other too.
@@ -63,14 +63,14 @@ def run(config: EngineConfig) -> None:
     uvloop.run(serve_both())
 
 
-def _options(config: EngineConfig, port: int) -> dict:
+def _options(settings: EngineSettings, port: int) -> dict:
     return {
-        "host": config.host,
+        "host": settings.host,
         "port": port,
         "loop": "uvloop",
         "http": "httptools",
         "access_log": False,
-        "log_level": config.log_level,
+        "log_level": settings.log_level,
         # Many keep-alive connections from a concurrency-64 benchmark are normal.
         "backlog": 2048,
         "timeout_keep_alive": 30,

@@ -2,8 +2,8 @@
 
     fabricctl [--context C] [--server URL] [--ca FILE] [--token-file F] ai ... | config ... | completion SHELL
 
-Where fabricd is and how to trust and authenticate to it: flag > FABRIC_* variable > the
-current context of ~/.config/fabric/config (fabricctl.contexts).
+Where fabricd is and how to trust and authenticate to it: flag > FABRIC_* variable (read once at
+start, fabricctl.settings) > the current context of ~/.config/fabric/config (fabricctl.contexts).
 Every read prints a table or `field: value` lines for people and `-o json|yaml|wide|name`
 (`--json` = `-o json`) for scripts (fabricctl.formats adds -o to every command).
 
@@ -23,7 +23,6 @@ completion. They build on fabricctl.output (`session`, `emit_table`,
 
 from __future__ import annotations
 
-import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -53,9 +52,9 @@ def _root_callback(
     if show_version:
         typer.echo(f"fabricctl {fabric_version()}")
         raise typer.Exit(0)
-    from fabricctl.client import FLAGS
+    from fabricctl.settings import Flags, current, use
 
-    FLAGS.set({"context": context, "server": server, "ca": ca, "token_file": token_file})
+    use(current().with_flags(Flags(context=context, server=server, ca=ca, token_file=token_file)))
     if ctx.invoked_subcommand is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
@@ -163,12 +162,16 @@ def build_command():
 def main(argv: list[str] | None = None) -> None:
     import typer.completion
 
+    from fabricctl.settings import load, use
+
+    settings = load()  # the one read of the environment; the commands get it with settings.current()
+    use(settings)
     try:
         typer.completion.completion_init()
         command = build_command()
         command.main(args=argv, prog_name="fabricctl", standalone_mode=True)
     except Exception as exc:
-        if os.environ.get("FABRIC_DEBUG"):
+        if settings.debug:
             raise
         typer.echo(f"error: unexpected {type(exc).__name__}: {exc} (a fabricctl bug: please report it; "
                    "FABRIC_DEBUG=1 shows the traceback)", err=True)

@@ -10,21 +10,16 @@ The token never appears in an error.
 
 from __future__ import annotations
 
-import os
 import re
 import ssl
-from contextvars import ContextVar
-from pathlib import Path
 
 import httpx
 
 from common.pki import client_ssl_context
-from fabricctl.contexts import ConfigError, Resolved, config_path, load, resolve
+from fabricctl.contexts import ConfigError, Resolved, load, resolve
+from fabricctl.settings import CtlSettings, current
 
 TIMEOUT_S = 30.0
-# The root options (--context, --server, --ca, --token-file) of this invocation, set by the root
-# callback before any command runs.
-FLAGS: ContextVar[dict[str, str | None] | None] = ContextVar("fabricctl_flags", default=None)
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 
 
@@ -158,18 +153,15 @@ class FabricClient:
         self._http.close()
 
 
-def resolve_config(env: dict[str, str] | None = None, flags: dict[str, str | None] | None = None) -> Resolved:
-    env = dict(os.environ) if env is None else env
-    flags = (FLAGS.get() or {}) if flags is None else flags
+def resolve_config(settings: CtlSettings | None = None) -> Resolved:
+    """Where fabricd is and how to reach it, from this run's settings (flags, environment) and
+    the contexts file."""
+    settings = current() if settings is None else settings
     try:
-        return resolve(env, flags, load(config_path(env)))
+        return resolve(settings, load(settings.config_path))
     except ConfigError as exc:
         raise ClientError(0, "config", str(exc)) from None
 
 
 def client_from_context() -> FabricClient:
     return FabricClient(resolve_config())
-
-
-def config_file_path() -> Path:
-    return config_path(dict(os.environ))

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import typer
 
-from fabricctl.client import config_file_path
 from fabricctl.contexts import ConfigError, ConfigFile, Context, check_ca, check_url, load, save
 from fabricctl.output import col, emit_json, emit_table, fail
+from fabricctl.settings import current
 
 config_app = typer.Typer(help="Named contexts (fabricd URL, CA, token) in ~/.config/fabric/config.",
                          no_args_is_help=True)
@@ -27,7 +27,7 @@ JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
 
 def _load() -> ConfigFile:
     try:
-        return load(config_file_path())
+        return load(current().config_path)
     except ConfigError as exc:
         fail(str(exc), 2)
 

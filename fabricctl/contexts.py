@@ -1,7 +1,7 @@
 """Named contexts, like kubeconfig: where fabricd is, which CA signed it, and the token to use.
 
 The file is YAML at $FABRIC_CONFIG_DIR/config, else $XDG_CONFIG_HOME/fabric/config, else
-~/.config/fabric/config, written 0600 (it holds tokens):
+~/.config/fabric/config (fabricctl.settings), written 0600 (it holds tokens):
 
     current-context: lab
     contexts:
@@ -10,7 +10,8 @@ The file is YAML at $FABRIC_CONFIG_DIR/config, else $XDG_CONFIG_HOME/fabric/conf
         ca: /var/lib/fabric/lab/fabricd/pki/ca.crt
         token: ...          # written by `fabricctl ai login`
 
-Each setting is resolved flag > environment > context > default (`resolve`, a pure function):
+Each setting is resolved flag > environment > context > default (`resolve`, a pure function of
+the run's settings and the file):
 
     url    --server            FABRIC_URL      context url     https://127.0.0.1:8443
     ca     --ca                FABRIC_CA       context ca      the system's trust store
@@ -30,6 +31,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from fabricctl.settings import CtlSettings
+
 DEFAULT_URL = "https://127.0.0.1:8443"
 DEFAULT_CONTEXT = "default"
 
@@ -42,7 +45,7 @@ class ConfigError(Exception):
 class Context:
     url: str | None = None
     ca: str | None = None
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
 
     def as_dict(self) -> dict:
         return {k: v for k, v in (("url", self.url), ("ca", self.ca), ("token", self.token)) if v}
@@ -59,18 +62,10 @@ class ConfigFile:
 class Resolved:
     url: str
     ca: Path | None
-    token: str | None
+    token: str | None = field(repr=False)
     context: str | None
     token_source: str  # "flag", "env", "context" or "none": decides the hint on a 401
     config_path: Path
-
-
-def config_path(env: dict[str, str]) -> Path:
-    if env.get("FABRIC_CONFIG_DIR"):
-        return Path(env["FABRIC_CONFIG_DIR"]) / "config"
-    if env.get("XDG_CONFIG_HOME"):
-        return Path(env["XDG_CONFIG_HOME"]) / "fabric" / "config"
-    return Path(env.get("HOME") or "~").expanduser() / ".config" / "fabric" / "config"
 
 
 def load(path: Path) -> ConfigFile:
@@ -122,35 +117,39 @@ def check_ca(ca: str, source: str) -> Path:
     return path
 
 
-def _pick(flag: str | None, flag_name: str, env: dict[str, str], var: str, ctx_value: str | None,
+def _pick(flag: str | None, flag_name: str, env_value: str | None, var: str, ctx_value: str | None,
           ctx_name: str | None, path: Path) -> tuple[str | None, str, str]:
     """(value, source kind, source words) by precedence flag > env > context."""
     if flag:
         return flag, "flag", flag_name
-    if env.get(var):
-        return env[var], "env", var
+    if env_value:
+        return env_value, "env", var
     if ctx_value:
         return ctx_value, "context", f"context {ctx_name!r} in {path}"
     return None, "none", ""
 
 
-def resolve(env: dict[str, str], flags: dict[str, str | None], cfg: ConfigFile) -> Resolved:
-    name = flags.get("context") or env.get("FABRIC_CONTEXT") or cfg.current
+def resolve(settings: CtlSettings, cfg: ConfigFile) -> Resolved:
+    """The URL, CA and token to use: each from its flag, else its variable, else the context
+    (the flags and variables as `settings` holds them)."""
+    flags = settings.flags
+    name = flags.context or settings.context or cfg.current
     ctx = cfg.contexts.get(name) if name else None
-    if name and ctx is None and (flags.get("context") or env.get("FABRIC_CONTEXT")):
+    if name and ctx is None and (flags.context or settings.context):
         known = ", ".join(sorted(cfg.contexts)) or "none"
         raise ConfigError(f"context {name!r} is not in {cfg.path} (known: {known}); "
                           "see `fabricctl config get-contexts`")
     ctx = ctx or Context()
-    url, _, url_src = _pick(flags.get("server"), "--server", env, "FABRIC_URL", ctx.url, name, cfg.path)
+    url, _, url_src = _pick(flags.server, "--server", settings.url, "FABRIC_URL", ctx.url, name, cfg.path)
     url = check_url(url, url_src) if url else DEFAULT_URL
-    ca, _, ca_src = _pick(flags.get("ca"), "--ca", env, "FABRIC_CA", ctx.ca, name, cfg.path)
+    ca, _, ca_src = _pick(flags.ca, "--ca", settings.ca, "FABRIC_CA", ctx.ca, name, cfg.path)
     token_flag = None
-    if flags.get("token_file"):
+    if flags.token_file:
         try:
-            token_flag = Path(flags["token_file"]).read_text().strip() or None
+            token_flag = Path(flags.token_file).read_text().strip() or None
         except OSError as exc:
-            raise ConfigError(f"--token-file {flags['token_file']}: {exc.strerror}") from None
-    token, token_src, _ = _pick(token_flag, "--token-file", env, "FABRIC_TOKEN", ctx.token, name, cfg.path)
+            raise ConfigError(f"--token-file {flags.token_file}: {exc.strerror}") from None
+    token, token_src, _ = _pick(token_flag, "--token-file", settings.token, "FABRIC_TOKEN", ctx.token, name,
+                                cfg.path)
     return Resolved(url=url, ca=check_ca(ca, ca_src) if ca else None, token=token, context=name,
                     token_source=token_src, config_path=cfg.path)

@@ -10,7 +10,6 @@ so it stays out of shell history and `ps`. An exported FABRIC_TOKEN overrides th
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import typer
 from fabricctl.client import resolve_config
 from fabricctl.contexts import DEFAULT_CONTEXT, ConfigError, Context, load, save
 from fabricctl.output import emit_json, fail, session
+from fabricctl.settings import current
 
 
 def save_token(token: str) -> tuple[Path, str]:
@@ -62,10 +62,8 @@ def login(
             password = password_file.read_text().strip()
         except OSError as exc:
             fail(f"--password-file {password_file}: {exc.strerror}", 2)
-    elif os.environ.get("FABRIC_PASSWORD"):
-        password = os.environ["FABRIC_PASSWORD"]
     else:
-        password = typer.prompt("password", hide_input=True)
+        password = current().password or typer.prompt("password", hide_input=True)
     with session() as c:
         result = c.post("/api/auth/login", {"username": username, "password": password})
     _saved(result, username, as_json, print_token)
@@ -73,7 +71,7 @@ def login(
 
 def _saved(result: dict, username: str, as_json: bool, print_token: bool) -> None:
     path, context = save_token(result["token"])
-    if os.environ.get("FABRIC_TOKEN"):
+    if current().token:
         typer.echo("warning: FABRIC_TOKEN is set in this shell and overrides the saved token; "
                    "`unset FABRIC_TOKEN` to use it", err=True)
     if as_json:

@@ -6,13 +6,13 @@ twice), never the command line, so it stays out of shell history and `ps`.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
 import yaml
 
 from fabricctl.output import col, emit_json, emit_object, emit_table, fail, session
+from fabricctl.settings import current
 
 user_app = typer.Typer(help="Local control-plane users: role and tenant.", no_args_is_help=True)
 policy_app = typer.Typer(help="Tenant deploy policies: allowed models, sources and UTC hours.", no_args_is_help=True)
@@ -31,8 +31,9 @@ def _new_password(password_file: Path | None) -> str:
             return password_file.read_text().strip()
         except OSError as exc:
             fail(f"--password-file {password_file}: {exc.strerror}", 2)
-    if os.environ.get("FABRIC_NEW_PASSWORD"):
-        return os.environ["FABRIC_NEW_PASSWORD"]
+    new_password = current().new_password
+    if new_password:
+        return new_password
     return typer.prompt("new password", hide_input=True, confirmation_prompt=True)
 
 

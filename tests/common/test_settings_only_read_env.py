@@ -1,7 +1,8 @@
 """One settings object per process: only the settings modules and the CLIs' entry points read
 the process environment. Every other module gets its values from the settings object its
 process built at start (controlplane/settings.py, agent/settings.py, gateway/settings.py and
-the per-subsystem settings modules they hold), so a value is validated once, with one range
+the per-subsystem settings modules they hold, fabricctl/settings.py; the engine simulator takes
+all of its settings from flags, enginesim/settings.py), so a value is validated once, with one range
 rule, and a bad value stops the process at start naming the variable.
 
 The scan is of the source (AST): any use of `os.environ`, `os.environb`, `os.getenv`,
@@ -14,7 +15,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("common", "controlplane", "agent", "gateway")
+PACKAGES = ("common", "controlplane", "agent", "gateway", "fabricctl", "enginesim")
 ENV_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 
 # path (relative to the repository) or folder ending in "/" -> why it may read the environment
@@ -23,17 +24,16 @@ ALLOWED = {
     "controlplane/settings.py": "fabricd's settings",
     "agent/settings.py": "the agent's settings",
     "gateway/settings.py": "the gateway's settings",
+    "fabricctl/settings.py": "fabricctl's settings (FABRIC_URL, FABRIC_TOKEN, the passwords, its config file)",
     # the CLIs' entry points: their own flags' environment defaults, and the environment they
     # hand to the processes they start
     "controlplane/cli_fabricd.py": "fabricd's CLI",
     "controlplane/cli_store.py": "fabricd store init-auth (FABRIC_ETCD_* for its TLS)",
-    "fabricctl/": "fabricctl (FABRIC_URL, FABRIC_TOKEN, its config file)",
     "lab/": "the lab CLI: it starts processes with the caller's environment",
     "lab/run_main.py": "the lab's process entry point (fabric-lab run)",
     "agent/cli.py": "the agent's CLI",
     "agent/server_cli.py": "the agent's serve entry point",
     "agent/join_cli.py": "fabric-agent join (the one-time token from $FABRIC_JOIN_TOKEN or $CREDENTIALS_DIRECTORY, never argv)",
-    "enginesim/cli.py": "the engine simulator's CLI",
     "agent/vm/vllm_launcher.py": "the launcher process started inside a VM",
     "agent/vm/engine_env.py": "an engine child's environment: the agent's PATH and locale passed through, nothing else",
     "agent/dataplane/cli.py": "fabric-agent dataplane: its own process's FABRIC_UDP_FLOW_SECS etc. for the maps it makes",

@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from fabricctl.contexts import ConfigError, ConfigFile, Context, load, resolve, save
+from fabricctl.settings import Flags
+from fabricctl.settings import load as load_settings
 from tests.controlplane.conftest import BIN
 
 
@@ -24,36 +27,56 @@ def cfg(tmp_path) -> ConfigFile:
 
 
 def test_context_values_apply_when_nothing_overrides(cfg):
-    r = resolve({}, {}, cfg)
+    r = resolve(load_settings({}), cfg)
     assert (r.url, r.token, r.context, r.token_source) == ("https://10.0.0.1:8443", "ctx-token", "lab", "context")
 
 
 def test_environment_beats_context_and_flag_beats_environment(cfg, tmp_path):
     env = {"FABRIC_URL": "https://env:1", "FABRIC_TOKEN": "env-token"}
-    r = resolve(env, {}, cfg)
+    r = resolve(load_settings(env), cfg)
     assert (r.url, r.token, r.token_source) == ("https://env:1", "env-token", "env")
     token_file = tmp_path / "tok"
     token_file.write_text("flag-token\n")
-    r = resolve(env, {"server": "https://flag:2", "token_file": str(token_file)}, cfg)
+    r = resolve(load_settings(env).with_flags(Flags(server="https://flag:2", token_file=str(token_file))), cfg)
     assert (r.url, r.token, r.token_source) == ("https://flag:2", "flag-token", "flag")
 
 
 def test_context_flag_and_variable_pick_another_context(cfg):
-    assert resolve({"FABRIC_CONTEXT": "prod"}, {}, cfg).url == "https://prod:8443"
-    assert resolve({"FABRIC_CONTEXT": "prod"}, {"context": "lab"}, cfg).context == "lab"
+    prod = load_settings({"FABRIC_CONTEXT": "prod"})
+    assert resolve(prod, cfg).url == "https://prod:8443"
+    assert resolve(prod.with_flags(Flags(context="lab")), cfg).context == "lab"
     with pytest.raises(ConfigError, match="context 'nope' is not in .*known: lab, prod"):
-        resolve({}, {"context": "nope"}, cfg)
+        resolve(load_settings({}).with_flags(Flags(context="nope")), cfg)
 
 
 @pytest.mark.parametrize("url", ["notaurl", "ftp://x:1", "https://", "https://h:99999", "127.0.0.1:8443"])
 def test_a_bad_url_names_its_source(cfg, url):
     with pytest.raises(ConfigError, match=f"FABRIC_URL '{url}' is not a URL"):
-        resolve({"FABRIC_URL": url}, {}, cfg)
+        resolve(load_settings({"FABRIC_URL": url}), cfg)
 
 
 def test_a_missing_ca_names_the_variable_and_the_file(cfg):
     with pytest.raises(ConfigError, match="FABRIC_CA names /no/ca.crt, which does not exist"):
-        resolve({"FABRIC_CA": "/no/ca.crt"}, {}, cfg)
+        resolve(load_settings({"FABRIC_CA": "/no/ca.crt"}), cfg)
+
+
+def test_a_bad_variable_under_its_flag_is_no_error(cfg):
+    settings = load_settings({"FABRIC_URL": "notaurl"}).with_flags(Flags(server="https://flag:2"))
+    assert resolve(settings, cfg).url == "https://flag:2"
+
+
+def test_the_config_file_follows_the_variables(tmp_path):
+    assert load_settings({"FABRIC_CONFIG_DIR": "/d", "XDG_CONFIG_HOME": "/x"}).config_path == Path("/d/config")
+    assert load_settings({"XDG_CONFIG_HOME": "/x", "HOME": "/h"}).config_path == Path("/x/fabric/config")
+    assert load_settings({"HOME": "/h"}).config_path == Path("/h/.config/fabric/config")
+
+
+def test_secrets_stay_out_of_every_repr(cfg):
+    env = {"FABRIC_TOKEN": "tok-SECRET", "FABRIC_PASSWORD": "pw-SECRET", "FABRIC_NEW_PASSWORD": "new-SECRET"}
+    settings = load_settings(env)
+    assert (settings.token, settings.password, settings.new_password) == ("tok-SECRET", "pw-SECRET", "new-SECRET")
+    shown = repr(settings) + repr(resolve(settings, cfg)) + repr(cfg) + repr(load_settings({}))
+    assert "SECRET" not in shown and "ctx-token" not in shown and "https://10.0.0.1:8443" in shown
 
 
 def test_save_is_0600_and_round_trips(cfg):

@@ -12,7 +12,7 @@ import openai
 import pytest
 from starlette.testclient import TestClient
 
-from enginesim import EngineConfig, create_app
+from enginesim import EngineSettings, create_app
 from enginesim import batch_routes as br
 from enginesim.multipart import parse_multipart
 from enginesim.process import EngineProcess
@@ -94,7 +94,7 @@ def test_upload_caps_per_file_and_in_total(monkeypatch):
     monkeypatch.setattr(br, "_MULTIPART_SLACK", 1000)
     monkeypatch.setattr(br, "MAX_STORED_BYTES", 150)
     line = json.dumps({"pad": "x" * 60}).encode() + b"\n"  # 73 bytes
-    with TestClient(create_app(EngineConfig(model="m", replica_id="r"))) as http:
+    with TestClient(create_app(EngineSettings(model="m", replica_id="r"))) as http:
         def up(data: bytes):
             return http.post("/v1/files", data={"purpose": "batch"}, files={"file": ("f.jsonl", data)})
 

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from enginesim.config import EngineConfig
 from enginesim.generation_plan import (
     MIN_SLEEP_S,
     PlanRejected,
@@ -17,11 +16,12 @@ from enginesim.generation_plan import (
     token_delay,
 )
 from enginesim.scheduler import SeqScheduler
+from enginesim.settings import EngineSettings
 from enginesim.synthetic_output import embedding, encode_base64, generated_text, relevance_score
 
 
-def cfg(**kw) -> EngineConfig:
-    return EngineConfig(replica_id="r", **kw)
+def cfg(**kw) -> EngineSettings:
+    return EngineSettings(replica_id="r", **kw)
 
 
 def test_prompt_tokens_are_about_four_chars_each():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import httpx
 
-from enginesim.config import EngineConfig
 from enginesim.engine import Engine
 from enginesim.generation_plan import plan_generation
 from enginesim.prefix_cache import PrefixCache
 from enginesim.process import EngineProcess
+from enginesim.settings import EngineSettings
 
 SYSTEM = "You are a careful assistant. " * 20  # 580 chars: 9 full 64-char blocks
 
@@ -25,9 +25,9 @@ def test_only_a_whole_leading_prefix_hits_and_the_cache_is_bounded():
 
 
 def test_a_hit_prefills_only_the_missed_tokens():
-    engine = Engine(EngineConfig(model="m", prefill_tokens_per_s=1000, prefix_cache_blocks=64))
-    cold = engine.with_prefix_cache(plan_generation(engine.config, SYSTEM + "a", 4), SYSTEM + "a")
-    warm = engine.with_prefix_cache(plan_generation(engine.config, SYSTEM + "b", 4), SYSTEM + "b")
+    engine = Engine(EngineSettings(model="m", prefill_tokens_per_s=1000, prefix_cache_blocks=64))
+    cold = engine.with_prefix_cache(plan_generation(engine.settings, SYSTEM + "a", 4), SYSTEM + "a")
+    warm = engine.with_prefix_cache(plan_generation(engine.settings, SYSTEM + "b", 4), SYSTEM + "b")
     assert cold.prefill_s == cold.prompt_tokens / 1000
     assert warm.prefill_s == (warm.prompt_tokens - 9 * 16) / 1000 < cold.prefill_s
 

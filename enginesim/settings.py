@@ -1,6 +1,8 @@
-"""Engine knobs (fixed at start) and the fault/load state that changes at runtime.
+"""The simulator's settings (fixed at start) and the fault/load state that changes at runtime.
 
-`EngineConfig` is what `fabric-engine-sim` flags fill; `Faults` and `SyntheticLoad`
+`EngineSettings` is what `fabric-engine-sim` flags fill (enginesim.cli; the simulator reads no
+environment variable), made once at start and handed down as the engine's one handle
+(`Engine.settings`); `Faults` and `SyntheticLoad`
 start from it and are replaced wholesale by POST /sim/faults and POST /sim/load, so
 a reader never sees a half-applied update.
 """
@@ -14,7 +16,7 @@ from common.runtimes import RUNTIME_TABLE
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineSettings:
     model: str = "sim-model"
     host: str = "127.0.0.1"
     port: int = 8000
