@@ -1,7 +1,9 @@
 """The scale rig behind scripts/bench-scale: the project's own loops on a simulated fleet.
 
 A fleet is ``nodes`` x ``per_node`` Ready replicas spread over ``endpoints`` endpoints (one
-deployment each, replica i in deployment i mod E, on node i // per_node), written to a real store
+deployment each, replica i in deployment i mod D, on node i // per_node; D is E, or more where E
+deployments would each pass the 64 replicas a deployment may have: the extra ones have no
+endpoint, their replicas are still scraped and probed), written to a real store
 (SQLite, or a real etcd from lab.rigs.etcd_server, secured as in production). Engines are one
 helper process serving a 50 KB vLLM page per replica port (lab.rigs.sim_engines, "quiet": frozen
 until made busy); agents are one helper process with a port per node (lab.rigs.sim_agents),
@@ -70,6 +72,7 @@ BATCHES = frozenset({"create_all", "put_all"})
 READS = frozenset({"get", "list", "revision", "watch"})
 SETUP_BATCH = 50  # records per create_all at setup (etcd's default --max-txn-ops is 128)
 LAG_TICK_S = 0.01
+MAX_DEPLOYMENT_REPLICAS = next(m.le for m in InferenceDeployment.model_fields["replicas"].metadata if hasattr(m, "le"))
 
 
 class CountingStore:
@@ -167,6 +170,12 @@ class Size:
         return self.nodes * self.per_node
 
     @property
+    def deployments(self) -> int:
+        """One per endpoint, and more (without an endpoint) where an endpoint's share of the replicas
+        would pass a deployment's most (MAX_DEPLOYMENT_REPLICAS)."""
+        return max(self.endpoints, -(-self.replicas // MAX_DEPLOYMENT_REPLICAS))
+
+    @property
     def changed_endpoints(self) -> int:
         return min(self.changed or max(1, self.endpoints // 10), self.endpoints, self.replicas)
 
@@ -201,7 +210,7 @@ class Fleet:
         self._stack.close()
 
     def deployment_of(self, i: int) -> str:
-        return f"d{i % self.size.endpoints:04d}"
+        return f"d{i % self.size.deployments:04d}"
 
     def _write_records(self) -> None:
         s, now = self.size, time.time()
@@ -214,18 +223,19 @@ class Fleet:
                            cpu_free=128, memory_free_gib=1024, last_heartbeat=now, **_balancer_fields(n, s.balancers))
                       for n in range(s.nodes)]
         items += [(keyspace.nodes(n.id), n.model_dump_json()) for n in self.nodes]
-        counts = [0] * s.endpoints
+        counts = [0] * s.deployments
         for i in range(s.replicas):
-            counts[i % s.endpoints] += 1
-        for e in range(s.endpoints):
+            counts[i % s.deployments] += 1
+        for e in range(s.deployments):
             d = f"d{e:04d}"
             items.append((keyspace.deployments(d), InferenceDeployment(name=d, model="m", profile="p",
                                                                        replicas=counts[e]).model_dump_json()))
-            items.append((keyspace.endpoints(f"e{e:04d}"), InferenceEndpoint(name=f"e{e:04d}", deployment=d,
-                                                                              routing="least_queue").model_dump_json()))
+        for e in range(s.endpoints):
+            items.append((keyspace.endpoints(f"e{e:04d}"), InferenceEndpoint(
+                name=f"e{e:04d}", deployment=f"d{e:04d}", routing="least_queue").model_dump_json()))
         for i, port in enumerate(self.engine_ports):
             d, node = self.deployment_of(i), i // s.per_node
-            r = Replica(replica_id=f"{d}-{i}", deployment=d, ordinal=i // s.endpoints, node=f"n{node:04d}",
+            r = Replica(replica_id=f"{d}-{i}", deployment=d, ordinal=i // s.deployments, node=f"n{node:04d}",
                         gpus=[gpus[i % s.per_node].pci], host="127.0.0.1", port=port, phase="Ready", ready=True,
                         ready_since=now - 60)
             items.append((keyspace.replicas(d, r.replica_id), r.model_dump_json()))
