@@ -44,7 +44,13 @@ from common.schemas import (
 from common.store.base import KV, Store
 from common.tenant_policies import TenantPolicy
 from controlplane.mig.inventory import nodes_with_slices
-from controlplane.placement.scheduler import Committed, committed_resources
+from controlplane.placement.index import PlacementIndex
+from controlplane.placement.scheduler import (
+    NOTHING_COMMITTED,
+    Committed,
+    SchedulerSettings,
+    committed_resources,
+)
 
 MANAGED_SERVICES = f"{keyspace.ROOT}/managed/services/"
 
@@ -60,6 +66,25 @@ class Reservation:
     replica_id: str
     deployment: str
     mod_revision: int
+
+
+@dataclass
+class Capacity:
+    """What every node holds in one pass, computed once (``Snapshot.capacity``): the GPUs reserved
+    and the CPU and memory committed per node, and the free-capacity index the pass's plans place
+    with (built at the first placement; a plan reserves what it places in it). ``Snapshot.hold``
+    keeps the first two current, so a deployment planned later in the pass sees the replicas
+    planned before it without a recomputation over every replica."""
+
+    reserved: dict[str, set[str]]
+    committed: dict[str, Committed]
+    index: PlacementIndex | None = None
+
+    def placement(self, nodes: list[Node], now: float, settings: SchedulerSettings,
+                  sites: dict[str, Site]) -> PlacementIndex:
+        if self.index is None:
+            self.index = PlacementIndex(nodes, self.reserved, now, settings, committed=self.committed, sites=sites)
+        return self.index
 
 
 @dataclass
@@ -79,6 +104,7 @@ class Snapshot:
     guaranteed_gpus: dict[str, int] = field(default_factory=dict)  # tenant -> its quota's guaranteed_gpus
     # tenants whose policy lets their replicas preempt other tenants' (an admin's choice)
     preempt_other_tenants: set[str] = field(default_factory=set)
+    _capacity: Capacity | None = field(default=None, repr=False, compare=False)  # capacity(): once per pass
 
     def template(self, dep: InferenceDeployment, revision: int):
         """(profile, model, engine_args) replicas of ``revision`` run: the deployment's own for its
@@ -94,6 +120,28 @@ class Snapshot:
         for r in self.reservations:
             out.setdefault(r.node, set()).add(r.pci)
         return out
+
+    def capacity(self) -> Capacity:
+        """Reserved GPUs and committed CPU and memory per node: computed at the first call, then
+        kept current by ``hold`` (a replica entered any other way is not counted)."""
+        if self._capacity is None:
+            self._capacity = Capacity(self.reserved_by_node(), self.committed())
+        return self._capacity
+
+    def hold(self, replica: Replica) -> None:
+        """Enter a replica a plan will create: into the replicas, its GPUs into the reservations,
+        and both into the capacity once computed (its own revision's profile committed)."""
+        self.replicas.setdefault(replica.deployment, []).append(replica)
+        self.reservations.extend(Reservation(replica.node, pci, replica.replica_id, replica.deployment, 0)
+                                 for pci in replica.gpus)
+        cap = self._capacity
+        if cap is None or not replica.node:
+            return
+        cap.reserved.setdefault(replica.node, set()).update(replica.gpus)
+        dep = self.deployments.get(replica.deployment)
+        profile = None if dep is None else self.template(dep, replica.revision)[0]
+        if profile is not None:
+            cap.committed[replica.node] = cap.committed.get(replica.node, NOTHING_COMMITTED).plus(profile)
 
     def all_replicas(self) -> list[Replica]:
         return [r for reps in self.replicas.values() for r in reps]

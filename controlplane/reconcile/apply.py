@@ -200,13 +200,15 @@ class ReconcileWorker:
         templates = {rev: snap.template(dep, rev)[:2] for rev in snap.revisions.get(dep.name, {})}
         dep = preempt_apply.restore(self, snap, dep)  # a preempted replica back once room returned
         targets = preempt_apply.targets(dep, targets)
+        nodes, cap = list(node_of.values()), snap.capacity()  # computed once per pass, held current below
         plan = rp.plan(dep, snap.profiles.get(dep.profile), snap.models.get(dep.model), replicas,
-                       list(node_of.values()), probes, self.clock(), reservations=snap.reserved_by_node(),
-                       committed=snap.committed(), settings=self.settings, targets=targets, templates=templates,
+                       nodes, probes, self.clock(), reservations=cap.reserved,
+                       committed=cap.committed, settings=self.settings, targets=targets, templates=templates,
                        work=rp.replica_work(replicas, snap.observations, now), drained=drained,
                        sites=snap.sites, vm_failures=vm_failures,
                        model_failures={k: v for k, v in model_failures.items() if k in {r.replica_id for r in replicas}},
-                       model_waits=model_waits)
+                       model_waits=model_waits,
+                       placement=lambda: cap.placement(nodes, now, self.settings.scheduler, snap.sites))
         for rid in [r.replica_id for r in replicas]:
             self._model_state.pop(rid, None)
         self._hold_planned(snap, dep, plan)
@@ -258,15 +260,14 @@ class ReconcileWorker:
 
     @staticmethod
     def _hold_planned(snap: Snapshot, dep: InferenceDeployment, plan: rp.ReconcilePlan) -> None:
-        """Enter the replicas the plan will create into the shared snapshot before anything is
-        awaited, so deployments planned concurrently see their GPUs, CPU and memory taken."""
+        """Enter the replicas the plan will create into the shared snapshot (and its per-pass
+        capacity) before anything is awaited, so deployments planned concurrently see their GPUs,
+        CPU and memory taken."""
         for a in plan.actions:
             if isinstance(a, rp.CreateReplica):
-                rid = f"planned-{dep.name}-{a.ordinal}"
-                snap.replicas.setdefault(dep.name, []).append(
-                    Replica(replica_id=rid, deployment=dep.name, ordinal=a.ordinal, revision=a.revision,
-                            node=a.node, gpus=list(a.gpus), phase="Pending"))
-                snap.reservations.extend(Reservation(a.node, pci, rid, dep.name, 0) for pci in a.gpus)
+                snap.hold(Replica(replica_id=f"planned-{dep.name}-{a.ordinal}", deployment=dep.name,
+                                  ordinal=a.ordinal, revision=a.revision, node=a.node, gpus=list(a.gpus),
+                                  phase="Pending"))
 
     async def _remove(self, dep: InferenceDeployment, r: Replica, action, node_of, errors: list[str]) -> None:
         """StartDrain (weight 0 from the next routing tick) or DeleteReplica (teardown)."""

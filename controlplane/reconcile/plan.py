@@ -35,15 +35,17 @@ Rules:
     engine reported nothing running or waiting after its weight 0 reached the agents (``drained``,
     computed by the applier from the observations);
   - a deployment being deleted drains the same way (``plan_deletion``);
-  - each replica the plan creates adds its GPUs to the reservations and its profile's CPU and
-    memory to ``committed`` before the next one is placed. A replica the plan deletes still holds
+  - each replica the plan creates is reserved in its placement index (its GPUs, its profile's CPU
+    and memory) before the next one is placed; ``placement`` gives the pass's one index, shared by
+    every deployment's plan (the applier's per-pass capacity, orchestration_state.Capacity), else
+    the plan builds its own from ``reservations`` and ``committed``, which it only reads. A replica the plan deletes still holds
     both until the apply has removed it (its record and reservations go only after the agent
     confirmed), so its replacement is placed against a node that still holds it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.schemas import (
@@ -56,7 +58,7 @@ from common.schemas import (
     Site,
 )
 from controlplane.placement.index import PlacementIndex, place
-from controlplane.placement.scheduler import NOTHING_COMMITTED, Committed, SchedulerSettings, node_online
+from controlplane.placement.scheduler import Committed, SchedulerSettings, node_online
 from controlplane.reconcile.crashloop import BACKOFF_PHASE, CRASHLOOP_PHASE, CrashLoopSettings, crash_state
 from controlplane.routing.strategies import MAX_SCRAPE_AGE_S
 
@@ -163,12 +165,6 @@ def first_unused_ordinals(used: Collection[int], count: int) -> list[int]:
     return out
 
 
-def _reservations_with(reservations: Mapping[str, Collection[str]], node: str, gpus: Sequence[str]):
-    merged = {k: set(v) for k, v in reservations.items()}
-    merged.setdefault(node, set()).update(gpus)
-    return merged
-
-
 def plan(
     deployment: InferenceDeployment,
     profile: InferenceProfile | None,
@@ -189,6 +185,7 @@ def plan(
     vm_failures: Mapping[str, str] | None = None,
     model_failures: Mapping[str, str] | None = None,
     model_waits: Collection[str] = (),
+    placement: Callable[[], PlacementIndex] | None = None,
 ) -> ReconcilePlan:
     out = ReconcilePlan(deployment.name)
     total = len(replicas)
@@ -204,8 +201,8 @@ def plan(
 
     targets = dict(targets) if targets is not None else {deployment.revision: deployment.replicas}
     templates = {deployment.revision: (profile, model), **dict(templates or {})}
-    reservations = {k: set(v) for k, v in (reservations or {}).items()}
-    committed = dict(committed or {})
+    reservations = reservations or {}  # read only: what the plan places goes into its placement index
+    committed = committed or {}
     by_id = {n.id: n for n in nodes}
     gone: set[str] = set()
     drained_now: set[str] = set()  # drains started by this plan (they leave the live set)
@@ -336,6 +333,8 @@ def plan(
     used = {r.ordinal for r in replicas if r.replica_id not in deleted_now}
     placed = list(live)
     index: PlacementIndex | None = None  # one free-capacity index for every replica placed below
+    build = placement or (lambda: PlacementIndex(nodes, reservations, now, settings.scheduler, committed=committed,
+                                                 sites=sites))
     for rev in revisions:
         missing = targets.get(rev, 0) - sum(1 for r in live if r.revision == rev)
         if missing <= 0 or pending_message:
@@ -346,7 +345,7 @@ def plan(
             continue
         for ordinal in first_unused_ordinals(used, missing):
             if index is None:
-                index = PlacementIndex(nodes, reservations, now, settings.scheduler, committed=committed, sites=sites)
+                index = build()
             trial = index.place(deployment, r_profile, r_model, replicas=placed)
             if trial.node is None:
                 pending_message = trial.message
@@ -354,8 +353,6 @@ def plan(
             index.reserve(trial.node, trial.gpus, r_profile)
             used.add(ordinal)
             out.actions.append(CreateReplica(ordinal, trial.node, trial.gpus, trial.message, rev))
-            reservations = _reservations_with(reservations, trial.node, trial.gpus)
-            committed[trial.node] = committed.get(trial.node, NOTHING_COMMITTED).plus(r_profile)
             placed.append(Replica(replica_id=f"planned-{ordinal}", deployment=deployment.name,
                                   ordinal=ordinal, revision=rev, node=trial.node))
 
