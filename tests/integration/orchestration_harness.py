@@ -131,7 +131,8 @@ def model_mirror(tmp: Path) -> HfMirror:
 def start_cluster(tmp: Path, *, gpus: int = 4, env: dict[str, str] | None = None,
                   fabricd_args: tuple[str, ...] = ()):
     mirror = model_mirror(tmp)
-    env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_MODEL_JOBS_SECS": "0.5",
+    env = clean_env({"FABRIC_RECONCILE_SECS": "1", "FABRIC_ROUTING_SECS": "1", "FABRIC_OBSERVE_SECS": "1",
+                     "FABRIC_MODEL_JOBS_SECS": "0.5",
                      "HF_ENDPOINT": mirror.url, **(env or {})})
     env.pop("HF_TOKEN", None)
     state_dir = tmp / "fabricd"
