@@ -190,12 +190,14 @@ class GateLoad:
         self.recent: Recent | None = None
 
     def pick(self, held_tokens: list[int], prompt_tokens: int, home: int | None, policy: GatePolicy,
-             rng: random.Random, now: float) -> tuple[int, int]:
-        """(replica, the call's load tokens) by router_gate.choose_gated; counted until ``done``."""
+             rng: random.Random, now: float, evicting: list[bool] | None = None) -> tuple[int, int]:
+        """(replica, the call's load tokens) by router_gate.choose_gated; counted until ``done``.
+        ``evicting``: per replica, whether its KV events showed an eviction lately (None: not known)."""
         names = [f"r{i}" for i in range(self.replicas)]
         self.recent = self.recent or Recent(policy.recent_half_life_s)
         cands = [GateCandidate(names[i], held_tokens[i], self.tokens[i], self.calls[i],
-                               self.recent.value(names[i], now)) for i in range(self.replicas)]
+                               self.recent.value(names[i], now), None if evicting is None else evicting[i])
+                 for i in range(self.replicas)]
         i = names.index(choose_gated(cands, prompt_tokens, names[home] if home is not None else None,
                                      policy, rng).chosen)
         self.recent.add(names[i], now)

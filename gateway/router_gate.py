@@ -16,7 +16,10 @@ fewest calls in flight, then the fewest ``recent`` calls, then a draw). In order
    whose sticky replica has taken at least ``hot_share`` times the recent calls of the quietest
    idle replica (no call in flight), plus ``spread_gap``, goes to that idle one when that adds
    at most ``spread_share`` of the prompt in prefill (the idle one already holds most of it, so
-   spreading copies little into another cache).
+   spreading copies little into another cache). When the idle one's cache is known not to be
+   evicting (``evicting`` False, from its KV events) the copy displaces nobody's prefix, so the
+   conversation goes there whenever the sticky one has taken at least ``spread_gap`` more recent
+   calls and the copy costs at most tau (its idle prefill lane keeps the TTFT within the penalty).
 2. ``hotspot_guard``: a new conversation whose sticky replica has at least ``hot_share`` times
    the mean calls in flight (counting this one, at least 1) and at least ``hot_gap`` more than
    the least busy goes to the cheapest other replica, when that costs at most tau more; so one
@@ -57,7 +60,7 @@ class GatePolicy:
     tie_tokens: float = 1.0  # costs this close are a tie
     hot_share: float = 1.5  # a new conversation's holder keeps it below this times the mean calls in flight
     hot_gap: int = 4  # ... or below this many more calls in flight than the least busy replica
-    spread_gap: float = 1.0  # at low load: spread when the holder's recent calls >= hot_share x an idle one's + this
+    spread_gap: float = 1.0  # at low load: spread when the holder's recent calls >= hot_share x an idle one's + this (+ this alone: to a cache not evicting)
     spread_share: float = 0.5  # ... and the idle one must prefill at most this share of the prompt more
     recent_half_life_s: float = 10.0  # how fast ``recent`` forgets a call (Recent)
 
@@ -73,6 +76,7 @@ class GateCandidate:
     prefill_tokens: float = 0.0  # uncached prompt tokens of the calls routed to it, not finished
     in_flight: int = 0  # calls routed to it, not finished (the hotspot guard's count)
     recent: float = 0.0  # calls routed to it lately, decayed (Recent): where new conversations spread at low load
+    evicting: bool | None = None  # whether its cache evicted lately (its KV events' BlockRemoved); None: not known
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,11 @@ def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_ho
     if sticky is not None and session_home is None and idle and low_load:  # spread new conversations
         quiet = min(c.recent for c in idle)
         mine = next(c for c in candidates if c.replica == sticky)
-        pick = rng.choice([c for c in idle if c.recent == quiet]).replica
-        extra = costs[pick] - costs[sticky]
-        if mine.recent >= policy.hot_share * quiet + policy.spread_gap and extra <= policy.spread_share * prompt_tokens:
+        spare = rng.choice([c for c in idle if c.recent == quiet])
+        pick, extra = spare.replica, costs[spare.replica] - costs[sticky]
+        room = spare.evicting is False  # its cache evicts nothing: the copy displaces no one's prefix
+        if (mine.recent >= quiet + policy.spread_gap and extra <= policy.tau) if room else \
+                (mine.recent >= policy.hot_share * quiet + policy.spread_gap and extra <= policy.spread_share * prompt_tokens):
             return GateDecision(pick, "spread", sticky, _rows(candidates, costs, notes))
     if sticky is not None and session_home is None and _hot(candidates, sticky, policy):  # the hotspot guard
         others = [c for c in candidates if c.replica != sticky] or candidates

@@ -39,7 +39,8 @@ Routers:
 Columns per stage: offered rate (the stage's nominal rate, and the calls that arrived in it per
 second: a multi-turn profile's next turns wait for answers), achieved req/s, success, output and input tok/s, TTFT p50/p90/p99,
 ITL (mean), hit rate (engines' hit tokens / prompt tokens), hotspot index (replicas x the busiest
-replica's share of the stage's calls; 1 = even), wait-queue mean (waiting per replica, sampled at
+replica's share of the stage's calls; 1 = even; ``hotspot_floor``: the least any router that keeps a
+conversation on one replica can reach, from the stage's largest conversation and an even split), wait-queue mean (waiting per replica, sampled at
 each arrival).
 """
 
@@ -119,6 +120,7 @@ class BenchConfig:
     max_ttft_penalty_s: float = 0.5
     event_lag_s: float = 0.05
     timeout_s: float = 30.0
+    evict_window_s: float = 10.0  # precise: a replica whose KV events reported an eviction this recently is evicting
     seed: int = 0
 
 
@@ -192,6 +194,7 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
     in_flight = [0] * n
     prefill_tokens = [0.0] * n  # llmd's token-load view
     homes: dict[str, int] = {}
+    evicted_at = [float("-inf")] * n  # the last eviction each replica's KV events reported
     rr = 0
     events: list = []
     order = 0
@@ -275,8 +278,9 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         if router == "llmd":
             return llmd_pick(held, c)
         home = homes.get(c.conv.inferred)
+        evicting = [now - evicted_at[i] < cfg.evict_window_s for i in range(n)] if router == "precise" else None
         i, c.uncached_est = gate.pick([min(h * BLOCK, c.tokens) for h in held], c.tokens, home, gate_policy,
-                                      choice_rng, now)
+                                      choice_rng, now, evicting)
         if router == "approximate":
             tree.record(chunks, names[i])
         return i
@@ -364,6 +368,8 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         elif kind == "kv":
             name, batch = payload
             seqs[name] += 1
+            if any(ev.get("type") == "BlockRemoved" for ev in batch.events):  # what the precise router sees
+                evicted_at[names.index(name)] = now
             kv.apply(name, seqs[name], batch, now=now)
     return summarize(cfg, calls, samples)
 
@@ -380,6 +386,9 @@ def summarize(cfg: BenchConfig, calls: list[Call], samples: list) -> dict:
         itl = [(float(c.done or 0.0) - float(c.first or 0.0)) / max(c.out - 1, 1) for c in ok]
         prompt = sum(c.tokens for c in cs if c.first is not None)
         per = [sum(1 for c in cs if c.replica == i) for i in range(n)]
+        per_conv: dict[int, int] = {}  # a conversation's calls in the stage: one replica takes them all unless it moves
+        for c in cs:
+            per_conv[c.conv.id] = per_conv.get(c.conv.id, 0) + 1
         waits = [w for st, w in samples if st == k]
         stages.append({
             "offered_rate": rate, "offered_calls_s": round(len(cs) / secs, 2), "calls": len(cs), "achieved_req_s": round(len(ok) / span, 2),
@@ -391,6 +400,7 @@ def summarize(cfg: BenchConfig, calls: list[Call], samples: list) -> dict:
             "itl_ms": round(1000 * sum(itl) / len(itl), 2) if itl else 0.0,
             "hit_rate": round(sum(c.hit for c in cs if c.first is not None) / prompt, 4) if prompt else 0.0,
             "hotspot_index": round(n * max(per) / len(cs), 3) if cs else 1.0,
+            "hotspot_floor": round(n * max(max(per_conv.values()), -(-len(cs) // n)) / len(cs), 3) if cs else 1.0,
             "wait_queue_mean": round(sum(waits) / len(waits), 2) if waits else 0.0,
             "calls_per_replica": per,
         })

@@ -100,6 +100,20 @@ def test_at_low_load_a_new_conversation_spreads_to_an_idle_quiet_replica_and_a_h
     assert choose_gated(busy, 1040, None, GatePolicy(), rng).chosen == "a"  # 4 calls in flight on 4: not low load
     assert choose_gated([holder, quiet], 1040, "a", GatePolicy(), rng).chosen == "a"  # a conversation's next turn
     assert choose_gated([holder, replace(quiet, recent=1.5)], 1040, None, GatePolicy(), rng).chosen == "a"  # 3 < 3.25
+    assert choose_gated([holder, replace(cold, evicting=True)], 1040, None, GatePolicy(), rng).chosen == "a"
+
+
+def test_a_new_conversation_spreads_to_an_idle_cache_that_evicts_nothing_for_up_to_tau():
+    rng, policy = random.Random(0), GatePolicy(peak_prefill_tps=1000.0, max_ttft_penalty_s=1.0)  # tau 1,000
+    holder = GateCandidate("a", 1000, recent=2.0)  # idle now; 2 < 1.5 * 1 + 1 would not spread by share
+    roomy = GateCandidate("b", 0, recent=1.0, evicting=False)  # no eviction in its KV events lately
+    d = choose_gated([holder, roomy], 1040, None, policy, rng)
+    assert (d.chosen, d.reason) == ("b", "spread")  # the whole prompt copied: 1,000 tokens, tau
+    assert choose_gated([holder, replace(roomy, evicting=None)], 1040, None, policy, rng).chosen == "a"  # not known
+    assert choose_gated([holder, replace(roomy, evicting=True)], 1040, None, policy, rng).chosen == "a"
+    assert choose_gated([replace(holder, matched_tokens=1001), roomy], 1040, None, policy, rng).chosen == "a"  # past tau
+    assert choose_gated([holder, replace(roomy, recent=1.5)], 1040, None, policy, rng).chosen == "a"  # 2 < 1.5 + 1
+    assert choose_gated([holder, roomy], 1040, "a", policy, rng).chosen == "a"  # a conversation's next turn stays
     r = Recent(10.0)
     r.add("a", 0.0)
     r.add("a", 10.0)
@@ -122,6 +136,7 @@ def test_each_profile_small_and_seeded(name):
     assert rows["precise"][top]["hit_rate"] >= rows["round_robin"][top]["hit_rate"]
     if name == "b2b_saas":  # hundreds of calls (a few long conversations per replica are lumpy)
         assert rows["precise"][top]["hotspot_index"] <= 1.5
+    assert all(s["hotspot_floor"] <= s["hotspot_index"] for s in rows["session"])  # it never moves a conversation
     if name == "agentic":  # keyless: the conversation's own history finds its replica, spread evenly
         assert rows["session"][top]["hit_rate"] - rows["precise"][top]["hit_rate"] <= 0.05
         assert rows["precise"][top]["hotspot_index"] <= 1.5
