@@ -186,9 +186,12 @@ class ReconcileWorker:
             update_deployment_status(self.store, dep.name, phase="Failed", message=refusal,
                                      ready_replicas=ready, replicas=len(replicas))
             return
-        for r in [r for r in replicas if r.phase == "Pending" and not r.host]:
+        resumed = {r.replica_id for r in replicas if r.phase == "Pending" and not r.host}
+        for r in [r for r in replicas if r.replica_id in resumed]:
             await self.resume_create(snap, dep, r, errors)
-        replicas = [get_replica(self.store, dep.name, r.replica_id) or r for r in replicas]
+        # what the resumes wrote (the others are as the pass's snapshot read them: no get per replica)
+        replicas = [(get_replica(self.store, dep.name, r.replica_id) or r) if r.replica_id in resumed else r
+                    for r in replicas]
         probes = await self.probe_all(replicas)
         vm_failures = await self.vm_failures(snap, replicas, probes)
         model_failures = {rid: msg for rid, (failed, msg) in self._model_state.items() if failed}
