@@ -21,6 +21,13 @@ scores it with the approximate router instead (gateway/replica_router.py).
 ``match(hashes)``: per replica, how many leading blocks of this prompt it holds -- a prefix is
 cached only as a whole (a block's hash chains over every block before it), so counting stops at
 the first miss.
+
+``evicting(replicas, window_s)``: per replica, whether its cache evicted lately -- a GPU
+``BlockRemoved`` applied in the last ``window_s`` (EVICT_WINDOW_S; vLLM removes a cached block
+only to reuse its slot, so a removal means the cache is full). A resync counts as one (the lost
+batches may have held removals); an engine restart clears it (its cache is empty); None for a
+blind replica. The router's gate spreads new conversations onto an idle replica that is not
+evicting (gateway/router_gate.py).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from dataclasses import dataclass, field
 
 from common.kv_events import Batch, as_hash
 
+EVICT_WINDOW_S = 10.0  # a replica whose events removed a block this recently is evicting
 
 @dataclass
 class ReplicaBlocks:
@@ -43,13 +51,15 @@ class ReplicaBlocks:
     bad_events: int = 0
     block_size: int | None = None  # the engine's, from its BlockStored events
     last_event_at: float | None = None  # monotonic
+    evicted_at: float | None = None  # monotonic: the last batch that removed a block (or a resync)
     watched_since: float = field(default_factory=time.monotonic)
 
     def view(self, now: float) -> dict:
         return {"blocks": len(self.blocks), "block_size": self.block_size, "last_seq": self.last_seq, "batches": self.batches,
                 "gaps": self.gaps, "resyncs": self.resyncs, "restarts": self.restarts,
                 "bad_events": self.bad_events, "events": self.last_event_at is not None,
-                "last_event_age_s": None if self.last_event_at is None else round(now - self.last_event_at, 3)}
+                "last_event_age_s": None if self.last_event_at is None else round(now - self.last_event_at, 3),
+                "last_eviction_age_s": None if self.evicted_at is None else round(now - self.evicted_at, 3)}
 
 
 @dataclass
@@ -68,10 +78,12 @@ class KvIndex:
 
     def apply(self, replica: str, seq: int, batch: Batch, now: float | None = None) -> str:
         rb = self.watch(replica)
+        now = time.monotonic() if now is None else now
         verdict = "ok"
         if rb.last_seq is not None:
             if seq == 0 and rb.last_seq > 0:
                 rb.blocks.clear()
+                rb.evicted_at = None  # a restarted engine's cache is empty
                 rb.restarts += 1
                 verdict = "restart"
             elif seq <= rb.last_seq:
@@ -81,19 +93,21 @@ class KvIndex:
                 return "gap"
         for ev in batch.events:
             try:
-                self._apply_event(rb, ev)
+                if self._apply_event(rb, ev):
+                    rb.evicted_at = now
             except (ValueError, TypeError):
                 rb.bad_events += 1
         rb.last_seq = seq
         rb.batches += 1
-        rb.last_event_at = time.monotonic() if now is None else now
+        rb.last_event_at = now
         return verdict
 
-    def _apply_event(self, rb: ReplicaBlocks, ev: dict) -> None:
+    def _apply_event(self, rb: ReplicaBlocks, ev: dict) -> bool:
+        """Applies one event; True when it removed blocks from the GPU cache (an eviction)."""
         kind = ev.get("type")
         if kind == "BlockStored":
             if ev.get("medium") not in (None, "GPU"):  # an offload tier is not prefill-free here
-                return
+                return False
             n = ev.get("block_size")
             if isinstance(n, int) and n > 0 and len(ev.get("block_hashes") or ()) > 0 and \
                     len(ev.get("token_ids") or ()) >= n * len(ev["block_hashes"]):
@@ -103,19 +117,24 @@ class KvIndex:
                     rb.blocks.add(as_hash(h))
         elif kind == "BlockRemoved":
             if ev.get("medium") not in (None, "GPU"):
-                return
-            for h in ev.get("block_hashes") or ():
-                rb.blocks.discard(as_hash(h))
-        elif kind == "AllBlocksCleared":
+                return False
+            removed = [as_hash(h) for h in ev.get("block_hashes") or ()]
+            for h in removed:
+                rb.blocks.discard(h)
+            return bool(removed)
+        elif kind == "AllBlocksCleared":  # a prefix-cache reset, not pressure: no eviction
             rb.blocks.clear()
         else:
             raise ValueError(f"unknown event type {kind!r}")
+        return False
 
-    def resync(self, replica: str) -> None:
+    def resync(self, replica: str, now: float | None = None) -> None:
         rb = self.watch(replica)
         rb.blocks.clear()
         rb.last_seq = None
         rb.resyncs += 1
+        if rb.last_event_at is not None:  # the lost batches may have evicted: assume so for a window
+            rb.evicted_at = time.monotonic() if now is None else now
 
     def blind(self, replica: str) -> bool:
         rb = self.replicas.get(replica)
@@ -135,6 +154,20 @@ class KvIndex:
                     break
                 n += 1
             out[r] = n
+        return out
+
+    def evicting(self, replicas: list[str] | None = None, window_s: float = EVICT_WINDOW_S,
+                 now: float | None = None) -> dict[str, bool | None]:
+        """replica -> whether its cache evicted in the last ``window_s`` (module docstring); None
+        for a blind (or unknown) replica."""
+        now = time.monotonic() if now is None else now
+        out: dict[str, bool | None] = {}
+        for r in (self.replicas if replicas is None else replicas):
+            rb = self.replicas.get(r)
+            if rb is None or rb.last_event_at is None:
+                out[r] = None
+            else:
+                out[r] = rb.evicted_at is not None and now - rb.evicted_at < window_s
         return out
 
     def status(self, now: float | None = None) -> dict:

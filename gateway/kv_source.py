@@ -41,7 +41,13 @@ Block size: the one the agents report from the engines' events (``block_size``),
 deployment (the size most of its replicas report); 16 until the first answer. A live replica
 whose engine reports another size than the one a call's hashes were made with (a revision that
 changed --block-size, or the first call) is ``other_block_size`` for that call: scored
-approximately, since those hashes match nothing it holds. Node addresses come from the store (keyspace.nodes),
+approximately, since those hashes match nothing it holds.
+
+Evictions: each answer says per replica whether its engine evicted a cached block lately
+(``evicting``, the agent's 10 s window, common/kv_index.EVICT_WINDOW_S; null for a replica that
+sent no events). ``evicting(view)`` hands the last answer's to the router, which gives them to
+the gate (gateway/router_gate.GateCandidate.evicting: a new conversation spreads more readily
+onto an idle replica whose cache evicts nothing); a replica not answered is None (not known). Node addresses come from the store (keyspace.nodes),
 cached NODE_TTL_S. Agents are reached at their advertised address with the node id as TLS
 server name (their certificates name the node, as fabricd pins them), with the client
 certificate FABRIC_GATEWAY_KV_CLIENT_* names (else the backend one; `fabricd pki issue-client`
@@ -112,6 +118,7 @@ class AgentKvSource:
         self._block_size: dict[str, int] = {}
         self._nodes: dict[str, tuple[float, str | None]] = {}
         self._states: OrderedDict[str, dict[str, str]] = OrderedDict()  # endpoint -> its last answer's states
+        self._evicting: dict[str, dict[str, bool]] = {}  # endpoint -> its last answer's evicting flags
         self._asked: dict[str, float] = {}  # endpoint -> when its agents were last asked (monotonic)
         self._revisions: OrderedDict[tuple[str, int], tuple[str | None, float]] = OrderedDict()
         self._refresh_s = refresh_s
@@ -271,6 +278,11 @@ class AgentKvSource:
         last = self._states.get(view.endpoint.name, {})
         return {r.replica_id: last.get(r.replica_id, "no_answer") for r in view.replicas}
 
+    def evicting(self, view) -> dict[str, bool | None]:
+        """replica -> whether its engine evicted lately, in the last answer (None: not known)."""
+        last = self._evicting.get(view.endpoint.name, {})
+        return {r.replica_id: last.get(r.replica_id) for r in view.replicas}
+
     async def match(self, view, hashes: list[int], *, call: bool = True) -> dict[str, int | None]:
         """replica -> matched leading blocks (None: scored approximately); ``call`` False for the
         refresh, which updates states, gauge and events but counts no routed call."""
@@ -284,6 +296,7 @@ class AgentKvSource:
             if r.replica_id not in other:
                 by_node.setdefault(r.node, []).append(r.replica_id)
         out: dict[str, int | None] = {r.replica_id: None for r in view.replicas}
+        evicting: dict[str, bool] = {}
         states: dict[str, str] = {r.replica_id: OTHER_MODEL if r.replica_id in other else "no_answer"
                                   for r in view.replicas}
 
@@ -310,6 +323,8 @@ class AgentKvSource:
                     size = row.get("block_size")
                     if isinstance(size, int) and size > 0:
                         sizes[rid] = size
+                    if isinstance(row.get("evicting"), bool):
+                        evicting[rid] = row["evicting"]
 
         self._asked[view.endpoint.name] = time.monotonic()
         await asyncio.gather(*(ask(n, rs) for n, rs in by_node.items()))
@@ -320,6 +335,7 @@ class AgentKvSource:
             if hashes and size != used and states[rid] == "live":  # these hashes match nothing it holds
                 out[rid], states[rid] = None, OTHER_BLOCK_SIZE
         self._states[view.endpoint.name] = states
+        self._evicting[view.endpoint.name] = evicting
         self._states.move_to_end(view.endpoint.name)
         while len(self._states) > MAX_ENDPOINTS:
             self._forget(next(iter(self._states)))
@@ -368,6 +384,7 @@ class AgentKvSource:
 
     def _forget(self, endpoint: str) -> None:
         self._states.pop(endpoint, None)
+        self._evicting.pop(endpoint, None)
         self._asked.pop(endpoint, None)
         self.blind.forget(endpoint)
 

@@ -11,7 +11,9 @@ CHARS_PER_TOKEN characters a token); a request that cannot be hashed, an index t
 answer, and replicas that sent no KV events fall back to the tree (the explanation says which:
 ``kv_index``, ``blind_replicas``; ``kv_states`` and ``kv_blind`` give each replica's state in
 the agents' answer, gateway/kv_blind.py; ``kv_other_model`` the replicas of a revision with
-another model than the tokenizer's, gateway/kv_source.py).
+another model than the tokenizer's, gateway/kv_source.py). With the matches, the source's
+``evicting(view)`` (whether each replica's engine evicted lately, from its KV events) goes to the
+gate as GateCandidate.evicting; the approximate router does not know it (None).
 
 Token load per replica (what a gateway can know): the uncached prompt tokens of this process's
 calls to it that have not finished (``started`` .. ``finished``), those of its calls chosen but
@@ -105,7 +107,7 @@ class ReplicaRouter:
     async def apick(self, view: EndpointView, data: dict | None, now: float) -> tuple[str, dict]:
         """``pick``, with the agents' KV index asked first when the endpoint routes by prefix."""
         kv_note = None
-        matched = hashes = None
+        matched = hashes = evicting = None
         block_tokens = 16
         if self.kv is not None and data and view.endpoint.routing_l7 == "prefix":
             hasher = await self.kv.hasher(view)
@@ -120,8 +122,10 @@ class ReplicaRouter:
                     matched = await self.kv.match(view, hashes)
                 except Exception as exc:  # any transport error: route approximately, say why
                     kv_note = f"approximate: the KV index did not answer ({type(exc).__name__})"
+                else:  # the same answer's evictions (a source without them: not known)
+                    evicting = self.kv.evicting(view) if hasattr(self.kv, "evicting") else None
         picked, why = self.pick(view, data, now, matched=matched, block_hashes=hashes, kv_note=kv_note,
-                                block_tokens=block_tokens)
+                                block_tokens=block_tokens, evicting=evicting)
         if matched is not None and hasattr(self.kv, "states"):  # live | warming | blind | refused | ...
             states = self.kv.states(view)
             why["kv_states"] = states
@@ -131,9 +135,10 @@ class ReplicaRouter:
 
     def pick(self, view: EndpointView, data: dict | None, now: float, *, matched: dict | None = None,
              block_hashes: list[int] | None = None, kv_note: str | None = None,
-             block_tokens: int = 16) -> tuple[str, dict]:
+             block_tokens: int = 16, evicting: dict[str, bool | None] | None = None) -> tuple[str, dict]:
         """(replica id, explanation) for a view with at least one replica; ``matched`` (the KV
-        index's answer for ``block_hashes``) makes a prefix endpoint's choice precise. The
+        index's answer for ``block_hashes``) makes a prefix endpoint's choice precise, and
+        ``evicting`` (the same answer's) tells the gate which replicas' caches evict. The
         explanation's ``load_tokens`` is what the call adds to its replica's token load: pass it
         to ``started`` and ``finished``."""
         mode, name = view.endpoint.routing_l7, view.endpoint.name
@@ -157,7 +162,9 @@ class ReplicaRouter:
         chunk_tokens = CHUNK_CHARS / CHARS_PER_TOKEN
         notes: dict[str, dict] = {}
         held: dict[str, int] = {}
+        flags: dict[str, bool | None] = {}
         if matched is not None and block_hashes is not None and mode == "prefix":
+            flags = {r: evicting.get(r) for r in matched} if evicting else {}
             prompt_tokens = len(block_hashes) * block_tokens
             for r in view.replicas:
                 got = matched.get(r.replica_id)
@@ -167,7 +174,8 @@ class ReplicaRouter:
                     notes[r.replica_id] = {"matched_blocks": None, "approx_chunks": depth, "blind": True}
                 else:
                     held[r.replica_id] = got * block_tokens
-                    notes[r.replica_id] = {"matched_blocks": got, "approx_chunks": None, "blind": False}
+                    notes[r.replica_id] = {"matched_blocks": got, "approx_chunks": None, "blind": False,
+                                           "evicting": flags.get(r.replica_id)}
             extra = {"kv_index": "precise", "blind_replicas": sorted(r for r, n in matched.items() if n is None),
                      "prompt_blocks": len(block_hashes)}
         else:
@@ -177,7 +185,8 @@ class ReplicaRouter:
                 held[r.replica_id] = min(int(depth * chunk_tokens), prompt_tokens)
                 notes[r.replica_id] = {"matched_chunks": depth, "hits": hits}
             extra = {"prompt_chunks": len(hashes), **({"kv_index": kv_note} if kv_note else {})}
-        cands = [replace(c, matched_tokens=held.get(c.replica, 0)) for c in self.candidates(view, now, prompt_tokens)]
+        cands = [replace(c, matched_tokens=held.get(c.replica, 0), evicting=flags.get(c.replica))
+                 for c in self.candidates(view, now, prompt_tokens)]
         key = conversation_key(data)
         home_key = f"{name}\0{salt or ''}\0{key}" if key else None
         home = self._homes.get(home_key) if home_key else None

@@ -52,7 +52,7 @@ import random
 from dataclasses import dataclass, replace
 
 from common.kv_events import Batch, block_removed, block_stored
-from common.kv_index import KvIndex
+from common.kv_index import EVICT_WINDOW_S, KvIndex
 from gateway.prefix_router import PrefixTree
 from gateway.router_bench import Engine, GateLoad, _p
 from gateway.router_gate import GatePolicy
@@ -120,7 +120,7 @@ class BenchConfig:
     max_ttft_penalty_s: float = 0.5
     event_lag_s: float = 0.05
     timeout_s: float = 30.0
-    evict_window_s: float = 10.0  # precise: a replica whose KV events reported an eviction this recently is evicting
+    evict_window_s: float = EVICT_WINDOW_S  # precise: a replica whose KV events reported an eviction this recently is evicting
     seed: int = 0
 
 
@@ -194,7 +194,6 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
     in_flight = [0] * n
     prefill_tokens = [0.0] * n  # llmd's token-load view
     homes: dict[str, int] = {}
-    evicted_at = [float("-inf")] * n  # the last eviction each replica's KV events reported
     rr = 0
     events: list = []
     order = 0
@@ -278,7 +277,10 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         if router == "llmd":
             return llmd_pick(held, c)
         home = homes.get(c.conv.inferred)
-        evicting = [now - evicted_at[i] < cfg.evict_window_s for i in range(n)] if router == "precise" else None
+        evicting = None
+        if router == "precise":  # what the agents' index answers (KvIndex.evicting), from the events it applied
+            flags = kv.evicting(names, cfg.evict_window_s, now)
+            evicting = [bool(flags[name]) for name in names]
         i, c.uncached_est = gate.pick([min(h * BLOCK, c.tokens) for h in held], c.tokens, home, gate_policy,
                                       choice_rng, now, evicting)
         if router == "approximate":
@@ -368,8 +370,6 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         elif kind == "kv":
             name, batch = payload
             seqs[name] += 1
-            if any(ev.get("type") == "BlockRemoved" for ev in batch.events):  # what the precise router sees
-                evicted_at[names.index(name)] = now
             kv.apply(name, seqs[name], batch, now=now)
     return summarize(cfg, calls, samples)
 

@@ -3,7 +3,8 @@
     POST /v1/kv-index/match   {"hashes": [int, ...], "replicas": [id, ...]?}
                               -> {"replicas": {id: {"matched_blocks": n | null, "blind": bool,
                                                     "state": live | warming | blind | unwatched,
-                                                    "block_size": the engine's | null}}}
+                                                    "block_size": the engine's | null,
+                                                    "evicting": bool | null}}}
     GET  /v1/kv-index         per replica: blocks held, last seq, gaps, resyncs, restarts, events seen
     GET  /v1/kv-index/tokenizer/{digest}
                               -> {"engine": "vllm" | "sim", "digest": ..., "files": {name: text},
@@ -13,7 +14,10 @@
 MAX_HASHES; ``matched_blocks`` counts the leading ones the replica holds, null for a replica that
 sent no events (the caller falls back to its approximate router for it). ``blind`` is true only
 for a replica watched ``blind_after_s`` without one event (``state``, KvEventSubscriber.states):
-a fresh engine is ``warming`` until its first call stores a block.
+a fresh engine is ``warming`` until its first call stores a block. ``evicting``: whether the
+replica's engine removed a cached block in the last ``evict_window_s`` (common/kv_index.py
+KvIndex.evicting: its cache is full), null for a replica that sent no events; the gateway's gate
+spreads new conversations onto idle replicas that are not evicting (gateway/router_gate.py).
 
 The tokenizer route hands a gateway the tokenizer files (TOKENIZER_FILES) of a model this node's
 cache holds under ``digest`` (the model record's status.digest), so the gateway hashes prompts
@@ -33,6 +37,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from common.errors import InvalidInput, NotFound
+from common.kv_index import EVICT_WINDOW_S
 from common.model_api import DIGEST
 from common.model_manifest import TOKENIZER_FILES
 
@@ -60,7 +65,8 @@ def tokenizer_files(path: Path) -> dict[str, str]:
 
 
 def kv_index_router(subscriber, *, model_dir: Callable[[str], Path | None] | None = None,
-                    manifest: Callable[[str], str | None] | None = None, simulated: bool = False, blind_after_s: float = 60.0) -> APIRouter:
+                    manifest: Callable[[str], str | None] | None = None, simulated: bool = False, blind_after_s: float = 60.0,
+                    evict_window_s: float = EVICT_WINDOW_S) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/kv-index/match")
@@ -69,8 +75,9 @@ def kv_index_router(subscriber, *, model_dir: Callable[[str], Path | None] | Non
         got = subscriber.match(hashes, body.replicas)
         sizes = subscriber.block_sizes(list(got))
         states = subscriber.states(list(got), blind_after_s)
+        evicting = subscriber.evicting(list(got), evict_window_s)
         return {"replicas": {r: {"matched_blocks": n, "blind": states[r] == "blind", "state": states[r],
-                                 "block_size": sizes.get(r)} for r, n in got.items()}}
+                                 "block_size": sizes.get(r), "evicting": evicting.get(r)} for r, n in got.items()}}
 
     @router.get("/v1/kv-index")
     def status() -> dict:

@@ -79,6 +79,11 @@ class KvEventSubscriber:
             return {r: (self.index.replicas[r].block_size if r in self.index.replicas else None)
                     for r in (self.index.replicas if replicas is None else replicas)}
 
+    def evicting(self, replicas: list[str], window_s: float, now: float | None = None) -> dict[str, bool | None]:
+        """replica -> whether its engine evicted a block in the last ``window_s`` (KvIndex.evicting)."""
+        with self._lock:
+            return self.index.evicting(replicas, window_s, now)
+
     def status(self) -> dict:
         with self._lock:
             return self.index.status()

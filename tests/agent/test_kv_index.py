@@ -67,7 +67,8 @@ def test_a_new_subscriber_starts_from_the_replay_snapshot_and_repairs_a_gap():
             pub.publish([block_stored([100 + i], None, [], 16)])
         wait_for(lambda: len(pub._buffer) == 5, 10, "the publisher buffer to hold 5 events", interval=0.02)
         sub.watch(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv", bind=True))
-        wait_for(lambda: sub.match([100, 101, 102, 103, 104], ["r1"]) == {"r1": 5}, 10, "r1 to match 5 blocks", interval=0.02)
+        wait_for(lambda: sub.match([100, 101, 102, 103, 104], ["r1"]) == {"r1": 5},
+                 10, "r1 to match 5 blocks", interval=0.02)
         # a batch the live stream lost: seq 5 only in the buffer, seq 6 arrives -> replay 5
         pub._buffer.append((5, encode_batch([block_stored([105], None, [], 16)])))
         pub._seq = 6
@@ -167,14 +168,16 @@ def test_the_agent_service_watches_running_replicas_and_serves_match_and_metrics
             return client.post("/v1/kv-index/match", json={"hashes": [11, 12, 99]}).json()["replicas"]
 
         wait_for(lambda: matched()["r1"] == {"matched_blocks": 2, "blind": False, "state": "live",
-                                             "block_size": None}, 10, "r1 to match 2 live blocks", interval=0.02)
-        assert matched()["r2"] == {"matched_blocks": None, "blind": True, "state": "blind", "block_size": None}
+                                             "block_size": None, "evicting": False}, 10, "r1 to match 2 live blocks",
+                 interval=0.02)
+        assert matched()["r2"] == {"matched_blocks": None, "blind": True, "state": "blind", "block_size": None,
+                                   "evicting": None}
         patient = FastAPI()  # the agent's own bound: a replica silent for less than 60 s is warming, not blind
         patient.include_router(kv_index_router(svc.subscriber))
         rows = TestClient(patient).post("/v1/kv-index/match", json={"hashes": [11], "replicas": ["r2", "r9"]})
         assert rows.json()["replicas"]["r2"]["state"] == "warming" and rows.json()["replicas"]["r2"]["blind"] is False
         assert rows.json()["replicas"]["r9"] == {"matched_blocks": None, "blind": False, "state": "unwatched",
-                                                 "block_size": None}
+                                                 "block_size": None, "evicting": None}
         assert client.post("/v1/kv-index/match", json={"hashes": ["x"]}).status_code == 422
         text = generate_latest(registry).decode()
         assert 'fabric_kv_index_replicas{state="blind"} 1.0' in text
@@ -240,7 +243,8 @@ def test_an_engine_cannot_flood_the_subscriber_with_huge_messages_or_an_endless_
     sub = KvEventSubscriber(KvIndex(), max_message_bytes=64 << 10, max_replay_frames=50, replay_deadline_s=30)
     try:
         sub.watch(EventSource("r1", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", "kv", bind=True))
-        wait_for(lambda: sub.replays_cut == 1, 60, "the watch replay to be cut once", interval=0.02)  # the watch's replay stopped at 50 batches
+        # the watch's replay stopped at 50 batches
+        wait_for(lambda: sub.replays_cut == 1, 60, "the watch replay to be cut once", interval=0.02)
         assert sub.status()["r1"]["last_seq"] == 49
         pub.connect(f"tcp://127.0.0.1:{port}")
         huge = encode_batch([block_stored([999], None, list(range(200_000)), 16)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
 
 from common.kv_events import BlockHasher, decode_batch, encode_batch
@@ -100,6 +101,33 @@ def test_explain_shows_each_replicas_matched_blocks_load_and_score():
     assert why["tau_tokens"] == router.policy.tau and why["load_tokens"] == rows["r1"]["cost_tokens"]
 
 
+def test_the_agents_evicting_flags_reach_the_gate():
+    class Evicting(FakeKv):  # the agents' answer: whether each replica's engine evicted lately
+        flags: dict = {}
+
+        def evicting(self, view):
+            return {r.replica_id: self.flags.get(r.replica_id) for r in view.replicas}
+
+    hasher = RequestHasher(SimTokenizer())
+    blocks = hasher.request_hashes(_req("q"))
+
+    def pick(flags: dict) -> tuple[str, dict]:
+        kv = Evicting(_index_holding({"r0": blocks}, ["r0", "r1"]), hasher)  # r0 holds the prompt, r1 is live
+        kv.flags = flags
+        router = ReplicaRouter(kv=kv, _rng=random.Random(0))
+        for _ in range(2):  # r0 took the last two calls; both idle now
+            router._recent.add("r0", time.monotonic())
+        return asyncio.run(router.apick(_view(2), _req("q"), 0.0))
+
+    chosen, why = pick({"r0": True, "r1": False})  # r1's cache evicts nothing: the copy displaces no prefix
+    assert (chosen, why["reason"]) == ("r1", "spread")
+    assert {r["replica"]: r["evicting"] for r in why["scores"]} == {"r0": True, "r1": False}
+    for flags in ({"r0": True, "r1": True}, {}):  # r1 evicting, or not known: a whole prompt's copy is not worth it
+        chosen, why = pick(flags)
+        assert (chosen, why["reason"]) == ("r0", "sticky")
+    assert {r["replica"]: r["evicting"] for r in why["scores"]} == {"r0": None, "r1": None}
+
+
 def test_untokenizable_requests_and_a_silent_index_route_approximately():
     class Down(FakeKv):
         async def match(self, view, hashes):
@@ -170,6 +198,9 @@ def test_the_agent_source_asks_each_node_once_and_learns_the_block_size(tmp_path
         def states(self, replicas, blind_after_s):
             return {r: "unwatched" if r not in self.index.replicas else "live" for r in replicas}
 
+        def evicting(self, replicas, window_s):
+            return {r: r == "r1" if r in self.index.replicas else None for r in replicas}
+
     from gateway.kv_source import AgentKvSource
 
     hasher = RequestHasher(SimTokenizer())
@@ -194,5 +225,6 @@ def test_the_agent_source_asks_each_node_once_and_learns_the_block_size(tmp_path
     got = asyncio.run(src.match(view, blocks))
     assert got == {"r0": 0, "r1": 5, "r2": None} and seen == ["/v1/kv-index/match"]  # one call per node
     assert src._block_size == {"d": 16}
+    assert src.evicting(view) == {"r0": False, "r1": True, "r2": None}  # the same answer's, for the gate
     assert asyncio.run(AgentKvSource(store, client, tmp_path / "none").hasher(view)) is None  # no model record
     store.close()

@@ -60,6 +60,9 @@ class Sub:
     def states(self, replicas, blind_after_s):
         return {r: self.states_now.get(r, "unwatched") for r in replicas}
 
+    def evicting(self, replicas, window_s):
+        return {r: False if self.states_now.get(r) == "live" else None for r in replicas}
+
 
 def _agent(sub: Sub, models: dict, simulated: bool = False):
     app = FastAPI()
