@@ -1,21 +1,24 @@
 """The agent observes the engines on its own host and reports what changed to fabricd.
 
-Every ``FABRIC_OBSERVE_SECS`` (5 s) the watch scrapes each running replica's /metrics one hop
-away with common.engine_metrics.EngineObserver (the same code fabricd runs where no agent
-does: the kept-alive HTTP/1.1 client, a semaphore, the runtime's port and path, the queue
-hold), and posts to fabricd (POST /api/ai/nodes/{id}/observations) only the observations that
+Every ``FABRIC_OBSERVE_SECS`` (5 s) the watch scrapes each running replica's /metrics and probes
+its /health one hop away with common.engine_metrics.EngineObserver (the same code fabricd runs
+where no agent does: the kept-alive HTTP/1.1 client, a semaphore, the runtime's port and path,
+the queue hold), and posts to fabricd (POST /api/ai/nodes/{id}/observations) only the observations that
 differ materially from the last one fabricd accepted (common.engine_metrics.material: the same
 rule fabricd's own writes follow, including the 15 s refresh that keeps a quiet replica inside
 the 30 s eligibility window). The body leaves out defaults: a changed replica costs 220-340
-bytes, an unchanged one nothing. The heartbeat says the agent does this
-(NodeReport.observes_engines), and the leader then never connects to these engines; if the
-agent stops, their observations age out and they get weight 0, as after a failed scrape.
+bytes, an unchanged one nothing. The heartbeat names the replicas observed here whose
+observations fabricd accepted (NodeReport.observed_replicas, ``observed``): the routing
+controller and the reconcile probes read those from the store and never connect to these
+engines, and still scrape and probe the node's other replicas themselves. If the agent stops,
+its heartbeat stops too: those observations age out, so the replicas get weight 0 (as after a
+failed scrape) and their health reads as unknown (a failed probe).
 
 What to observe comes from two places: the VM driver (which replicas run, at which address)
 and ``TargetBook`` (each replica's deployment and runtime, noted when fabricd asked for the VM:
 a file per replica under the agent's state directory, so a restarted agent knows them again).
-A replica the book does not know (created before this agent version) is not observed here;
-its observations then stop, and a new VM or a fabricd without agent reports covers it.
+A replica the book does not know (created before this agent version) is not observed here, so
+the heartbeat leaves it out and fabricd goes on scraping and probing it.
 
 A report that fails (fabricd unreachable, a 5xx) is sent again whole on the next tick: nothing
 counts as reported until fabricd accepted it. Errors are logged once per distinct message.
@@ -90,8 +93,11 @@ class EngineWatch:
         self.interval_s = interval_s
         self.clock = clock
         self.observer = EngineObserver(MetricsScraper(timeout_s=scrape_timeout_s, concurrency=CONCURRENCY),
-                                       clock=clock)
+                                       clock=clock, health=True)
         self.reported: dict[str, ReplicaObservation] = {}  # replica -> the last observation fabricd accepted
+        # What the heartbeat reports (NodeReport.observed_replicas): the reported replicas still
+        # running, replaced whole after each tick (the heartbeat thread reads it).
+        self.observed: list[str] = []
         self.last_error = ""
         self.sent_bytes = 0  # report bodies sent, for the docs' figure and the tests
 
@@ -103,6 +109,7 @@ class EngineWatch:
         self.observer.keep_only(live, {t.metrics_origin for t in found})
         for rid in [rid for rid in self.reported if rid not in live]:
             del self.reported[rid]
+        self.observed = sorted(self.reported)
         return [ObservedReplica(**obs.model_dump(), deployment=t.deployment)
                 for t, obs in zip(found, observed) if material_change(self.reported.get(t.replica_id), obs)]
 
@@ -121,6 +128,7 @@ class EngineWatch:
             return self._failed(f"HTTP {resp.status_code}: {resp.text[:200]}")
         for item in items:
             self.reported[item.replica_id] = item.record()
+        self.observed = sorted(self.reported)
         if self.last_error:
             log.info("observation reports to fabricd work again")
         self.last_error = ""

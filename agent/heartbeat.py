@@ -97,7 +97,7 @@ def build_report(state: AgentState, address: str, gpus: list[GpuInfo], inventory
         model_disk_free_bytes=state.models.cache.free_bytes() if state.models is not None else None,
         services_withdrawn=state.fail_closed.withdrawn if state.fail_closed is not None else "",
         service_generations=state.services.report(state.dataplane) if state.dataplane is not None else {},
-        observes_engines=state.engines is not None,
+        observed_replicas=list(state.engines.observed) if state.engines is not None else [],
     )
 
 

@@ -375,9 +375,10 @@ class NodeReport(WireModel):
     service_generations: dict[str, int] = Field(default_factory=dict, max_length=4096, description=(
         "VIP:PORT/PROTO -> the plan generation of each Maglev service its dataplane holds; the routing "
         "controller re-sends a service whose generation differs from the published plan's"))
-    observes_engines: bool = Field(False, description=(
-        "the agent scrapes and probes the engines on its host and reports their observations "
-        "(POST /api/ai/nodes/{id}/observations); the leader then never connects to them"))
+    observed_replicas: list[str] = Field(default_factory=list, max_length=MAX_REPORTED_REPLICAS, description=(
+        "the replicas whose engines the agent scrapes and probes and whose observations fabricd accepted "
+        "(POST /api/ai/nodes/{id}/observations); the leader never connects to these, and scrapes and probes "
+        "the node's other replicas itself"))
 
     @field_validator("id")
     @classmethod

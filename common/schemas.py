@@ -563,9 +563,11 @@ class Node(Spec):
     service_generations: dict[str, int] = Field(default_factory=dict, description=(
         "VIP:PORT/PROTO -> the plan generation of each Maglev service its agent reported holding at the last "
         "heartbeat; the routing controller re-sends where it differs from the published plan"))
-    observes_engines: bool = Field(False, description=(
-        "its agent scrapes its engines and reports their observations (common.engine_metrics); the "
-        "routing controller reads those and never connects to the engines itself"))
+    observed_replicas: list[str] = Field(default_factory=list, description=(
+        "the replicas whose engines its agent scrapes and probes and whose observations fabricd accepted "
+        "(common.engine_metrics, at its last heartbeat): the routing controller and the reconcile probes read "
+        "those from the store and never connect to these engines; the node's other replicas (created before "
+        "the agent observed engines, say) are scraped and probed from fabricd"))
     model_disk_free_bytes: int | None = Field(None, ge=0, description="free disk in the agent's model cache; "
                                               "placement refuses a model declared larger (None: not reported)")
     last_heartbeat: float = 0
@@ -685,6 +687,10 @@ class ReplicaObservation(BaseModel):
     # controlplane.routing.stall: requests running, no generated tokens since stalled_since
     stalled_since: float | None = None
     stalled: bool = Field(False, description="running requests made no token progress for FABRIC_STALL_SECS")
+    health: int | None = Field(None, description=(
+        "the HTTP status of the engine's GET /health probed with this scrape by the node's agent (0: no "
+        "answer, health_error says why); None: not probed (fabricd's own scrapes: its reconcile probes)"))
+    health_error: str = ""
 
 
 class ApiKeyRecord(BaseModel):

@@ -1,7 +1,7 @@
 """Whether a new observation must replace the stored one (pure).
 
 An observation is written, and an agent reports it, only when it differs materially from the
-last one written: ok changed; the queue, running count, missing readings or the stall mark
+last one written: ok changed; the health probe's status changed; the queue, running count, missing readings or the stall mark
 changed; KV usage moved by ``KV_TOLERANCE`` (0.005) or more; a rate moved by more than
 ``RATE_TOLERANCE`` (2 %) or appeared or disappeared. Otherwise it is written again only when the
 stored one is ``REFRESH_AFTER_S`` (15 s, half the 30 s eligibility window) old, so readers of
@@ -30,6 +30,8 @@ def material_change(stored: ReplicaObservation | None, new: ReplicaObservation,
     """Whether ``new`` must be written over ``stored`` (see the module docstring)."""
     if stored is None or stored.ok != new.ok or new.scraped_at - stored.scraped_at >= refresh_after_s:
         return True
+    if stored.health != new.health:
+        return True  # the reconcile pass reads an agent's health probe from the stored observation
     if not new.ok:
         return False  # still failing: the first failure was written, the age refresh keeps it current
     return (

@@ -6,8 +6,10 @@ parse (a page whose kept lines did not change is not parsed again), and the queu
 hold keeps (common.engine_metrics.hold). A failed scrape or an unreadable page is an ok=False
 observation, never zeros. The port and path come from the replica's runtime (names.scrape_target).
 
-The agent runs one for the engines on its host (agent.engine_watch); fabricd's routing
-controller runs one for engines whose node's agent does not observe them.
+The agent runs one for the engines on its host (agent.engine_watch), which also probes each
+engine's /health with its scrape (``health``: the observation's health and health_error, so
+fabricd's reconcile probes read them); fabricd's routing controller runs one, without health,
+for engines whose node's agent does not observe them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from common.engine_metrics.parse import (
     parse_lines,
 )
 from common.engine_metrics.scrape import MetricsScraper, ScrapeError
+from common.runtimes import health_path
 from common.schemas import ReplicaObservation
 
 
@@ -48,9 +51,10 @@ class EngineTarget:
 
 
 class EngineObserver:
-    def __init__(self, scraper: MetricsScraper, *, clock: Callable[[], float] = time.time):
+    def __init__(self, scraper: MetricsScraper, *, clock: Callable[[], float] = time.time, health: bool = False):
         self.scraper = scraper
         self.clock = clock
+        self.health = health  # also GET the runtime's /health with each scrape (the agent: fabricd then never probes)
         self.series = SeriesCache()  # each engine's series go through prometheus_client's parser once
         self.samples: dict[str, tuple[EngineSample, float]] = {}
         self.pages: dict[str, tuple[str, EngineSample]] = {}  # replica -> (kept lines, parse)
@@ -67,7 +71,18 @@ class EngineObserver:
         return sample
 
     async def observe(self, t: EngineTarget) -> ReplicaObservation:
-        """One scrape of ``t``'s engine -> its observation (ok=False when it failed)."""
+        """One scrape of ``t``'s engine -> its observation (ok=False when it failed), with its
+        health probe's answer where this observer probes."""
+        obs = await self._metrics(t)
+        if not self.health:
+            return obs
+        try:
+            status, error = await self.scraper.probe(t.host, t.port, health_path(t.runtime)), ""
+        except ScrapeError as exc:
+            status, error = 0, str(exc)[:200]
+        return obs.model_copy(update={"health": status, "health_error": error})
+
+    async def _metrics(self, t: EngineTarget) -> ReplicaObservation:
         try:
             port, path = scrape_target(t.runtime, t.port)
             text = await self.scraper.get_text(t.host, port, path)

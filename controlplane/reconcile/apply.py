@@ -3,7 +3,8 @@
 Ordering invariants (each step is safe to repeat after a crash or restart):
   create:   replica record (Pending) -> GPU reservations with create-if-absent -> agent binds ->
             managed-VM record -> agent creates the VM -> record gets host/port (Starting);
-            Ready only when the plan sees GET /health answer.
+            Ready only when the plan sees GET /health answer (probed from here, or by the node's
+            agent where it observes the replica: ``probe_all``).
   teardown: agent deletes the VM -> agent releases each GPU -> reservation removed (only after a
             successful release) -> replica record and observation removed. An unreachable agent
             leaves the replica in phase Deleting, retried next tick.
@@ -34,13 +35,15 @@ import time
 from collections.abc import Callable
 
 from common.agent_api import VmCreateRequest
+from common.engine_metrics.material import MAX_SCRAPE_AGE_S
+from common.engine_metrics.reported import agent_observed
 from common.engine_metrics.scrape import MetricsScraper, ScrapeError
 from common.errors import FabricError, TransientError
 from common.records import autoscaling, deployments, gpu_reservations, managed, observations
 from common.records import rollouts as rollout_records
 from common.records.events import EventSink
 from common.runtimes import health_path
-from common.schemas import InferenceDeployment, Node, Replica, runtime_refusal
+from common.schemas import InferenceDeployment, Node, Replica, ReplicaObservation, runtime_refusal
 from common.store.base import Store
 from controlplane.models.gate import model_gate
 from controlplane.node_trust import replica_host_refusal
@@ -69,6 +72,17 @@ LOG_TAIL_BYTES = 16384
 
 
 reserve_gpus = gpu_reservations.reserve  # the name the tests and callers use
+
+
+def reported_probe(obs: ReplicaObservation | None, now: float, node: str) -> rp.Probe:
+    """The health probe an agent reported with ``obs`` (agent.engine_watch). None, not probed, or
+    older than the observations' eligibility window (a silent agent) is unknown health: a failed
+    probe without an answer, as a probe from here that got none."""
+    if obs is None or obs.health is None or now - obs.scraped_at > MAX_SCRAPE_AGE_S:
+        return rp.Probe(False, f"no health report from node {node}'s agent in the last {MAX_SCRAPE_AGE_S:.0f}s")
+    if obs.health == 0:
+        return rp.Probe(False, obs.health_error or "no answer")
+    return rp.Probe(obs.health == 200, f"HTTP {obs.health}", answered=True)
 
 
 class ReconcileWorker:
@@ -104,6 +118,8 @@ class ReconcileWorker:
         await self._engines.aclose()
 
     # -- probes -----------------------------------------------------------------------------------
+    # A replica its node's agent observes (common.engine_metrics.reported) gets the agent's probe,
+    # read from its observation; the others are probed from here.
 
     async def _probe(self, r: Replica) -> rp.Probe | None:
         if not r.host:
@@ -114,10 +130,18 @@ class ReconcileWorker:
             return rp.Probe(False, str(exc)[:200])
         return rp.Probe(status == 200, f"HTTP {status}", answered=True)
 
-    async def probe_all(self, replicas: list[Replica]) -> dict[str, rp.Probe]:
+    async def probe_all(self, snap: Snapshot, replicas: list[Replica]) -> dict[str, rp.Probe]:
+        """This pass's health of each live replica: what its node's agent probed (Node.observed_replicas,
+        read from its stored observation: no connection from here), a GET /health from here otherwise."""
         live = [r for r in replicas if r.phase != "Deleting" and not r.draining]
-        results = await asyncio.gather(*(self._probe(r) for r in live))
-        return {r.replica_id: p for r, p in zip(live, results) if p is not None}
+        by_agent = agent_observed(snap.nodes, live)
+        now = self.clock()
+        probed = [r for r in live if r.replica_id not in by_agent]
+        results = await asyncio.gather(*(self._probe(r) for r in probed))
+        out = {r.replica_id: reported_probe(snap.observations.get(r.replica_id), now, r.node)
+               for r in live if r.replica_id in by_agent and r.host}
+        out.update({r.replica_id: p for r, p in zip(probed, results) if p is not None})
+        return out
 
     # -- one tick ---------------------------------------------------------------------------------
 
@@ -192,7 +216,7 @@ class ReconcileWorker:
         # what the resumes wrote (the others are as the pass's snapshot read them: no get per replica)
         replicas = [(get_replica(self.store, dep.name, r.replica_id) or r) if r.replica_id in resumed else r
                     for r in replicas]
-        probes = await self.probe_all(replicas)
+        probes = await self.probe_all(snap, replicas)
         vm_failures = await self.vm_failures(snap, replicas, probes)
         model_failures = {rid: msg for rid, (failed, msg) in self._model_state.items() if failed}
         model_waits = {rid for rid, (failed, _) in self._model_state.items() if not failed}
@@ -288,7 +312,7 @@ class ReconcileWorker:
     async def delete_deployment(self, snap: Snapshot, dep: InferenceDeployment, replicas: list[Replica],
                                 drained: set[str], errors: list[str]) -> None:
         """Drain ready replicas (weight 0, in-flight work or the grace), remove the rest, then the record."""
-        probes = await self.probe_all(replicas)
+        probes = await self.probe_all(snap, replicas)
         ready_ids = {rid for rid, p in probes.items() if p.ok}
         by_id = {r.replica_id: r for r in replicas}
         for action in rp.plan_deletion(replicas, ready_ids, self.clock(), self.settings.drain_grace_s, drained):

@@ -5,10 +5,10 @@ the first tick, then only the changes since the last one, fetched off the event 
 snapshot (load_routing_snapshot: nodes, endpoints, sites, replicas, observations), the published
 plans, the managed services and the VIP owners (vip_pool.Held, once per tick, never per
 endpoint), then:
-  1. observe every Ready replica (draining ones too, for their running count). A replica whose
-     node's agent observes its engines (Node.observes_engines: agent.engine_watch scrapes them one
-     hop away and reports what changed materially, POST /api/ai/nodes/{id}/observations) is read
-     from the store: this pass opens no connection to it, and an agent that stops reporting lets
+  1. observe every Ready replica (draining ones too, for their running count). A replica its
+     node's agent observes (Node.observed_replicas, from the heartbeat: agent.engine_watch scrapes
+     it one hop away and reports what changed materially, POST /api/ai/nodes/{id}/observations)
+     is read from the store: this pass opens no connection to it, and an agent that stops reporting lets
      its observations age past the 30 s window, so its replicas get weight 0 (flows kept) exactly
      as after a failed scrape. The others (the lab without agents, dry-run) are scraped here by a
      common.engine_metrics EngineObserver (the same code the agent runs: one kept-alive
@@ -51,6 +51,7 @@ from common import keyspace
 from common.agent_api import MaglevServicePut
 from common.engine_metrics.material import material_change
 from common.engine_metrics.observer import EngineObserver, EngineTarget
+from common.engine_metrics.reported import agent_observed
 from common.engine_metrics.scrape import MetricsScraper
 from common.errors import Conflict, FabricError, Refused
 from common.records import observations, plans
@@ -94,11 +95,6 @@ class RoutingMemory:
     drain_pushed: dict[str, float] = field(default_factory=dict)  # deleting endpoint -> its drain first pushed
 
 
-def _agent_observes(snap: Snapshot, r: Replica) -> bool:
-    node = snap.nodes.get(r.node)
-    return node is not None and node.observes_engines
-
-
 class RoutingWorker:
     def __init__(self, store: Store, agents, pool: vip_pool.AddressPool, *,
                  clock: Callable[[], float] = time.time, metrics=None, rollouts: RolloutWorker | None = None,
@@ -140,9 +136,10 @@ class RoutingWorker:
         # gives them no weight whatever they report).
         ready = [r for r in snap.all_replicas() if r.ready and r.host and r.phase != "Deleting"]
         by_id = {r.replica_id: r for r in ready}
-        reported = [r for r in ready if _agent_observes(snap, r)]
+        by_agent = agent_observed(snap.nodes, ready)
+        reported = [r for r in ready if r.replica_id in by_agent]
         scraped = [EngineTarget(r.replica_id, r.host or "", r.port, r.runtime, r.deployment)
-                   for r in ready if not _agent_observes(snap, r)]
+                   for r in ready if r.replica_id not in by_agent]
         fresh = await self.observer.observe_all(scraped)
         if self.metrics:
             self.metrics.scrape_failures.inc(sum(1 for o in fresh if not o.ok))

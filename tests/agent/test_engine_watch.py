@@ -1,7 +1,8 @@
 """The agent's engine watch against the engine simulator on loopback: it reports a replica's
-observation the first time, nothing while the engine is unchanged, the replica again when its
-queue moves, and again after a failed report; only replicas the target book knows and the driver
-runs are scraped."""
+observation (with its /health probe) the first time, nothing while the engine is unchanged, the
+replica again when its queue or its health moves, and again after a failed report; only replicas
+the target book knows and the driver runs are scraped, and the heartbeat names exactly the ones
+fabricd accepted (``observed``)."""
 
 from __future__ import annotations
 
@@ -80,10 +81,18 @@ def test_reports_only_material_changes(engine, tmp_path):
     def load(**kw):
         httpx.post(f"{engine.url}/sim/load", json=kw).raise_for_status()
 
+    def faults(**kw):
+        httpx.post(f"{engine.url}/sim/faults", json=kw).raise_for_status()
+
     try:
+        fabricd.down = True
+        assert tick() == [] and watch.observed == []  # nothing accepted yet: fabricd scrapes it still
+        fabricd.down = False
         assert tick() == ["qwen-0"]  # first sight
+        assert watch.observed == ["qwen-0"]  # "not-noted" runs too, but the book does not know it
         first = fabricd.reports[0].observations[0]
         assert first.ok and first.deployment == "qwen" and first.queue_depth == 0
+        assert (first.health, first.health_error) == (200, "")
         clock[0] += 1
         assert tick() == ["qwen-0"]  # the second scrape gives the first rates (tokens/s appears)
         clock[0] += 1
@@ -94,6 +103,13 @@ def test_reports_only_material_changes(engine, tmp_path):
         assert fabricd.reports[-1].observations[0].queue_depth == 5
         clock[0] += 1
         assert tick() == []
+        faults(fail_health=True)
+        clock[0] += 1
+        assert tick() == ["qwen-0"]  # the health probe's answer changed: material
+        assert fabricd.reports[-1].observations[0].health == 503 and fabricd.reports[-1].observations[0].ok
+        faults(fail_health=False)
+        clock[0] += 1
+        assert tick() == ["qwen-0"] and fabricd.reports[-1].observations[0].health == 200
         fabricd.down = True
         load(waiting=5, running=2)
         clock[0] += 1
@@ -109,8 +125,9 @@ def test_reports_only_material_changes(engine, tmp_path):
         per_replica = len(body.model_dump_json(exclude_defaults=True)) - len('{"sent_at":0.0,"observations":[]}')
         assert per_replica < 600, per_replica
         driver.vms = []  # the replica went away: forgotten
-        assert tick() == [] and watch.reported == {}
+        assert tick() == [] and watch.reported == {} and watch.observed == []
     finally:
+        faults(fail_health=False)
         load(waiting=0, running=0)
         loop.run_until_complete(watch.observer.aclose())
         loop.close()
@@ -133,4 +150,5 @@ def test_a_failed_scrape_is_reported_once_not_as_idle(tmp_path):
     asyncio.run(twice())
     sent = [o for r in fabricd.reports for o in r.observations]
     assert len(sent) == 1 and not sent[0].ok and "ScrapeError" in sent[0].error
+    assert sent[0].health == 0 and sent[0].health_error  # no answer to the probe either: unknown health
     assert json.loads(ObservationReport(sent_at=0, observations=sent).model_dump_json())["observations"][0]["ok"] is False

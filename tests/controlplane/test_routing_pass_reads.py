@@ -1,7 +1,7 @@
 """What a routing pass asks the store: its records come from the leader's Mirror (listed once,
 then only changes), so the VIP owners and everything else are never listed per endpoint. Counted
 with lab.rigs.scale.CountingStore on a real SQLite store; the agents observe their engines
-(Node.observes_engines), so no pass scrapes. (Recording an event lists the event log to trim it:
+(Node.observed_replicas names each), so no pass scrapes. (Recording an event lists the event log to trim it:
 one list per event, common.records.events, so per change, not per pass.)"""
 
 from __future__ import annotations
@@ -20,9 +20,13 @@ from tests.support.fake_agents import FakeAgents
 
 
 def fleet(store, nodes: int, endpoints: int, now: float) -> None:
-    for n in range(nodes):
-        store.put(keyspace.nodes(f"n{n}"), node(f"n{n}", 4).model_copy(update={
-            "last_heartbeat": now, "observes_engines": True}).model_dump_json())
+    observed: dict[str, list[str]] = {f"n{n}": [] for n in range(nodes)}
+    for e in range(endpoints):
+        for i in range(2):
+            observed[f"n{(e + i) % nodes}"].append(f"d{e}-{i}")
+    for nid, rids in observed.items():
+        store.put(keyspace.nodes(nid), node(nid, 4).model_copy(update={
+            "last_heartbeat": now, "observed_replicas": rids}).model_dump_json())
     for e in range(endpoints):
         store.put(keyspace.endpoints(f"ep{e}"), InferenceEndpoint(name=f"ep{e}", deployment=f"d{e}",
                                                                   routing="least_queue").model_dump_json())
