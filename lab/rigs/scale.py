@@ -29,6 +29,14 @@ move: every observation changes, the worst case). Reconcile: ``first`` and ``ste
 ``first`` (its mirror lists the store) and ``refresh`` (between passes every agent heartbeats,
 so the mirror follows those changes).
 
+Agents that observe their engines (issue 49 item 3, ``Size.agents_observe``): between passes
+(not measured) every node's agent scrapes and probes its replicas with the agent's own observer
+(common.engine_metrics, health on), its materially changed observations are stored through
+fabricd's own report handler (controlplane.ops.nodes.report_observations: one batch per agent)
+and its heartbeat names them (Node.observed_replicas); the leader then reads them from the store
+and opens no connection per replica. ``reported_observations`` counts what those reports stored
+before a pass.
+
 Balancer nodes (issue 49 item 1): ``balancers`` gives the first N nodes ``Node.balancer`` (None:
 every node); only balancers get the pushed services.
 """
@@ -39,12 +47,18 @@ import asyncio
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from common import keyspace
+from common.agent_api import ObservationReport, ObservedReplica
+from common.engine_metrics.material import material_change
+from common.engine_metrics.observer import EngineObserver, EngineTarget
+from common.engine_metrics.scrape import MetricsScraper
 from common.records import plans
 from common.schemas import (
     GpuInfo,
@@ -55,9 +69,11 @@ from common.schemas import (
     ModelArtifact,
     Node,
     Replica,
+    ReplicaObservation,
 )
 from common.store.base import Store
 from controlplane.agent_client import AgentClients
+from controlplane.ops.nodes import report_observations
 from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
@@ -148,6 +164,7 @@ class Figures:
     observations_written: int = 0
     agents_pushed: int = 0  # agents that received at least one request in the pass
     waited_silent: bool = False  # the pass waited for the silent agent's answer
+    reported_observations: int = 0  # stored from the agents' reports before the pass (agents_observe)
 
     def rounded(self) -> dict:
         out = asdict(self)
@@ -164,6 +181,7 @@ class Size:
     balancers: int | None = None  # None: every node (the only choice until nodes have roles)
     silent_agent: bool = False
     changed: int = 0  # endpoints whose replica's queue rises in the change pass; 0: max(1, E // 10)
+    agents_observe: bool = False  # every agent scrapes and probes its engines and reports (AgentReports)
 
     @property
     def replicas(self) -> int:
@@ -185,6 +203,43 @@ def _balancer_fields(index: int, balancers: int | None) -> dict:
     return {"balancer": balancers is None or index < balancers}
 
 
+class AgentReports:
+    """What every node's agent does for its engines between passes (agent.engine_watch): scrape and
+    probe them (one observer for the fleet, on its own thread and event loop, as the agent's watch
+    runs), report the materially changed observations through fabricd's report handler, and name
+    the reported replicas in the heartbeat (``observed``)."""
+
+    def __init__(self, store: Store, targets: dict[str, list[EngineTarget]]):
+        self.store = store
+        self.targets = targets  # node id -> its replicas' engines
+        self.observer = EngineObserver(MetricsScraper(concurrency=64), health=True)
+        self.reported: dict[str, ReplicaObservation] = {}
+        self.observed: dict[str, list[str]] = {n: [] for n in targets}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sim-agent-reports")
+        self._loop = asyncio.new_event_loop()
+
+    def report(self) -> int:
+        """One tick of every agent; the observations fabricd stored."""
+        found = [t for ts in self.targets.values() for t in ts]
+        seen = self._pool.submit(self._loop.run_until_complete, self.observer.observe_all(found)).result()
+        by_id = dict(zip([t.replica_id for t in found], seen))
+        stored, now, ctx = 0, time.time(), SimpleNamespace(store=self.store)
+        for node_id, ts in self.targets.items():
+            items = [ObservedReplica(**by_id[t.replica_id].model_dump(), deployment=t.deployment) for t in ts
+                     if material_change(self.reported.get(t.replica_id), by_id[t.replica_id])]
+            if items:
+                stored += report_observations(ctx, node_id, ObservationReport(sent_at=now, observations=items),
+                                              now).accepted
+            self.reported.update({i.replica_id: i.record() for i in items})
+            self.observed[node_id] = sorted(t.replica_id for t in ts if t.replica_id in self.reported)
+        return stored
+
+    def close(self) -> None:
+        self._pool.submit(self._loop.run_until_complete, self.observer.aclose()).result()
+        self._pool.submit(self._loop.close).result()
+        self._pool.shutdown()
+
+
 class Fleet:
     """The records, engines and agents of one Size on one store (a context manager)."""
 
@@ -196,6 +251,7 @@ class Fleet:
         self._stack = ExitStack()
         self.engines: SimEngines
         self.agents: SimAgents
+        self.reports: AgentReports | None = None  # the agents' engine reports (Size.agents_observe)
 
     def __enter__(self) -> Fleet:
         raise_fd_limit()
@@ -204,7 +260,17 @@ class Fleet:
                                                                                      else ())))
         self.engine_ports, self.agent_ports = self.engines.ports, self.agents.ports  # agent_ports[0]: control
         self._write_records()
+        if self.size.agents_observe:
+            self.reports = AgentReports(self.raw, self._engine_targets())
+            self._stack.callback(self.reports.close)
         return self
+
+    def _engine_targets(self) -> dict[str, list[EngineTarget]]:
+        out: dict[str, list[EngineTarget]] = {n.id: [] for n in self.nodes}
+        for i, port in enumerate(self.engine_ports):
+            d = self.deployment_of(i)
+            out[f"n{i // self.size.per_node:04d}"].append(EngineTarget(f"{d}-{i}", "127.0.0.1", port, "vllm", d))
+        return out
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
@@ -242,16 +308,22 @@ class Fleet:
         for k in range(0, len(items), SETUP_BATCH):
             assert self.raw.create_all(items[k:k + SETUP_BATCH]), "the store already holds this fleet"
 
-    def between_passes(self) -> None:
-        """What happens in the period between two passes, outside the measurement: the engines' and
-        agents' keep-alive timeouts close idle connections, and every agent heartbeats (through
-        fabricd's API, not the leader's loops) with the service generations it holds."""
+    def between_passes(self) -> int:
+        """What happens in the period between two passes, outside the measurement: the agents that
+        observe their engines report them (``AgentReports``), the engines' and agents' keep-alive
+        timeouts close idle connections, and every agent heartbeats (through fabricd's API, not the
+        leader's loops) with the service generations it holds and the replicas it observes. Returns
+        the observations the agents' reports stored."""
+        reported = self.reports.report() if self.reports is not None else 0
         self.engines.drop_idle()
         self.agents.drop_idle()
         held, now = self.agents.held(), time.time()
         for n, port in zip(self.nodes, self.agent_ports[1:]):
             self.raw.put(keyspace.nodes(n.id), n.model_copy(update={
-                "last_heartbeat": now, "service_generations": held.get(port, {})}).model_dump_json())
+                "last_heartbeat": now, "service_generations": held.get(port, {}),
+                "observed_replicas": self.reports.observed[n.id] if self.reports is not None else []},
+            ).model_dump_json())
+        return reported
 
     def change_queues(self, waiting: int) -> None:
         """The first replica of each of the first ``changed_endpoints`` endpoints gets ``waiting`` queued."""
@@ -259,7 +331,7 @@ class Fleet:
             self.engines.set_load(self.engine_ports[i], waiting)
 
     async def measure(self, run: Callable[[], Awaitable[None]], routing: RoutingWorker | None = None) -> Figures:
-        self.between_passes()
+        reported = self.between_passes()
         before_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
         eng0, ag0 = self.engines.stats(), self.agents.stats()
         w0, r0, kinds0, items0 = self.store.writes, self.store.reads, dict(self.store.written), dict(self.store.items)
@@ -285,7 +357,8 @@ class Fleet:
             changed_endpoints=sum(1 for e, g in after_plans.items() if before_plans.get(e) != g),
             observations_written=self.store.items.get("observations", 0) - items0.get("observations", 0),
             agents_pushed=sum(1 for p, n in ag1["per_agent"].items() if n != ag0["per_agent"].get(p, 0)),
-            waited_silent=bool(routing is not None and silent_node in routing.pushes.waited))
+            waited_silent=bool(routing is not None and silent_node in routing.pushes.waited),
+            reported_observations=reported)
 
 
 async def gateway_refresh(cache: UpstreamCache, endpoints: list[str]) -> None:

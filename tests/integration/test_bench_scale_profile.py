@@ -3,7 +3,8 @@
 lab.rigs.scale drives the real routing controller, reconcile loop and a gateway's view refresh
 on SQLite with simulated engines (50 KB vLLM pages) and agents (one of them silent) on loopback,
 at 2, 4 and 8 nodes x 8 replicas behind 4 endpoints, 2 of the nodes balancers (the silent agent
-is one of them). Each test states one law over all three sizes. A law today's code breaks is marked xfail(strict=True) with the issue item that fixes it,
+is one of them), with fabricd scraping and probing every engine (``runs``) and with every agent
+observing its own (``agent_runs``). Each test states one law over all three sizes. A law today's code breaks is marked xfail(strict=True) with the issue item that fixes it,
 so the mark fails the suite the day the law holds and must then go.
 """
 
@@ -24,6 +25,12 @@ def runs() -> list[dict]:
     # A short push deadline: the silent agent is waited for once, in each fleet's first pass.
     return [run_size(Size(nodes=n, endpoints=ENDPOINTS, balancers=BALANCERS, silent_agent=True), "sqlite",
                      push_deadline_s=0.5) for n in NODES]
+
+
+@pytest.fixture(scope="module")
+def agent_runs() -> list[dict]:
+    return [run_size(Size(nodes=n, endpoints=ENDPOINTS, balancers=BALANCERS, silent_agent=True,
+                          agents_observe=True), "sqlite", push_deadline_s=0.5) for n in NODES]
 
 
 def test_an_idle_pass_pushes_nothing_and_writes_nothing(runs):
@@ -77,17 +84,41 @@ def test_store_writes_are_batched(runs):
         assert busy["writes_by_kind"].get("observations", 0) == 0  # none alone: all in the pass's put_all
 
 
-@pytest.mark.xfail(strict=True, reason="issue 49 item 3: the leader scrapes every replica's /metrics itself")
-def test_the_routing_leader_opens_no_connection_per_replica(runs):
-    for run in runs:
-        assert run["routing"]["busy"]["engine_requests"] == 0
-        assert run["routing"]["busy"]["engine_connections"] == 0
+def test_the_routing_leader_opens_no_connection_per_replica(agent_runs):
+    for run in agent_runs:
+        for label in ("first", "change", "busy"):
+            assert run["routing"][label]["engine_requests"] == 0, label
+            assert run["routing"][label]["engine_connections"] == 0, label
 
 
-@pytest.mark.xfail(strict=True, reason="issue 49 item 3: the reconcile pass probes every replica's /health itself")
-def test_the_reconcile_leader_opens_no_connection_per_replica(runs):
+def test_the_reconcile_leader_opens_no_connection_per_replica(agent_runs):
+    for run in agent_runs:
+        for label in ("first", "steady"):
+            assert run["reconcile"][label]["engine_requests"] == 0, label
+            assert run["reconcile"][label]["engine_connections"] == 0, label
+            # the reported health keeps every replica Ready: none rewritten, no agent asked for a VM
+            assert "replicas" not in run["reconcile"][label]["writes_by_kind"] and not run["reconcile"][label][
+                "agent_calls"], label
+
+
+def test_agent_reports_carry_material_changes_and_the_leader_rewrites_none(agent_runs):
+    for run in agent_runs:
+        routing = run["routing"]
+        assert routing["first"]["reported_observations"] == run["replicas"]  # first sight of every engine
+        assert routing["idle"]["reported_observations"] == 0
+        assert routing["change"]["reported_observations"] == routing["change"]["changed_endpoints"]
+        assert routing["busy"]["reported_observations"] == run["replicas"]
+        for label in ("first", "idle", "change", "busy"):
+            assert routing[label]["observations_written"] == 0, label
+        # the reported weights still move the plans: the change pass's queues reached them
+        assert routing["change"]["changed_endpoints"] == Size(nodes=run["nodes"], endpoints=ENDPOINTS).changed_endpoints
+
+
+def test_with_fabricd_scraping_the_leader_connects_to_every_engine(runs):
+    """The fallback (no agent observes): one scrape per replica, one /health per replica."""
     for run in runs:
-        assert run["reconcile"]["steady"]["engine_requests"] == 0
+        assert run["routing"]["busy"]["engine_requests"] == run["replicas"]
+        assert run["reconcile"]["steady"]["engine_requests"] == run["replicas"]
 
 
 def test_a_gateway_refresh_reads_do_not_grow_with_replicas(runs):
