@@ -259,10 +259,14 @@ class Fleet:
         self.agents = self._stack.enter_context(SimAgents(self.size.nodes, frozenset({0} if self.size.silent_agent
                                                                                      else ())))
         self.engine_ports, self.agent_ports = self.engines.ports, self.agents.ports  # agent_ports[0]: control
-        self._write_records()
-        if self.size.agents_observe:
-            self.reports = AgentReports(self.raw, self._engine_targets())
-            self._stack.callback(self.reports.close)
+        try:
+            self._write_records()
+            if self.size.agents_observe:
+                self.reports = AgentReports(self.raw, self._engine_targets())
+                self._stack.callback(self.reports.close)
+        except BaseException:
+            self._stack.close()  # __exit__ is not called when __enter__ fails: stop the helpers here
+            raise
         return self
 
     def _engine_targets(self) -> dict[str, list[EngineTarget]]:
