@@ -4,8 +4,8 @@ Each port answers GET /metrics with a vLLM 0.10-sized page (~470 lines, 50 KB: t
 plus the other latency/token histograms, process and GC metrics) and GET /health with 200. Kinds:
   busy   every scrape advances the counters and the TTFT histogram (4 requests finished, 480
          tokens), so no page equals the previous one and every rate moves: the worst case;
-  quiet  the same 50 KB page, frozen until POST /sim/busy "1" (on any port) makes every engine
-         busy; "0" freezes them again (idle engines: their lines repeat);
+  quiet  the same 50 KB page with nothing running, frozen until POST /sim/busy "1" (on any port)
+         makes every engine busy; "0" freezes them again (idle engines: their lines repeat);
   small  4 gauges and counters that never change.
 POST /sim/load on a port sets that engine's vllm:num_requests_waiting; GET /sim/stats (any port)
 answers JSON: connections accepted, /metrics and /health requests, all ports together; POST
@@ -69,9 +69,12 @@ def other_families() -> str:
 OTHER = other_families()
 
 
-def full_page(k: int, waiting: float) -> str:
-    """The 50 KB page after ``k`` scrapes' worth of work (4 requests finished and 480 tokens each)."""
-    lines = ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{L}}} {4 + k % 3}.0",
+def full_page(k: int, waiting: float, running: bool = True) -> str:
+    """The 50 KB page after ``k`` scrapes' worth of work (4 requests finished and 480 tokens each);
+    ``running`` False: nothing running (an idle engine: a running count without token progress
+    would read as a stalled engine, controlplane.routing.stall)."""
+    lines = ["# TYPE vllm:num_requests_running gauge",
+             f"vllm:num_requests_running{{{L}}} {4 + k % 3 if running else 0}.0",
              "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{L}}} {float(waiting)}",
              "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{{{L}}} {0.2 + (k % 7) / 100}",
              "# TYPE vllm:generation_tokens_total counter", f"vllm:generation_tokens_total{{{L}}} {480.0 * k}",
@@ -119,7 +122,7 @@ class Engines:
             return 200, (SMALL % waiting).encode()
         if self.busy:
             self.scrapes[port] = self.scrapes.get(port, 0) + 1
-        return 200, full_page(self.scrapes.get(port, 0), waiting).encode()
+        return 200, full_page(self.scrapes.get(port, 0), waiting, running=self.busy).encode()
 
 
 class SimEngines(HelperProcess):
