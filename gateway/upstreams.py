@@ -259,6 +259,8 @@ class UpstreamCache:
         """need_upstream=False (dry run): the endpoint must exist, replicas need not."""
         await self.refresh()
         view = self._view_now(name)
+        if view is None and await self._created_since(name):
+            view = self._view_now(name)
         if view is None:
             raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
         ep = view.endpoint
@@ -268,6 +270,20 @@ class UpstreamCache:
                 and not ep.spillover and not ep.fallbacks:
             raise TransientError(f"endpoint {name!r} has no ready replica", code="no_ready_replica")
         return view
+
+    async def _created_since(self, name: str) -> bool:
+        """A name the copy does not know: one point read of the store says whether the endpoint
+        was created since the copy was made; if so, the copy is brought up to date at once (the
+        fetch shared with any other caller), so a new endpoint answers from its first call."""
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, endpoints.exists, self.store, name):
+            return False
+        if self._fetching is not None:
+            await asyncio.shield(self._fetching)  # it may have started before the endpoint's write
+        self._start(self.clock())
+        assert self._fetching is not None
+        await asyncio.shield(self._fetching)
+        return True
 
     async def known_models(self) -> frozenset[str]:
         """Model names in the catalogue, for metric labels (anything else is "unknown")."""

@@ -179,7 +179,7 @@ def sim_packages(venv_python: Path) -> list[Path]:
     roots = set()
     for line in done.stdout.splitlines():
         name, path = line.split(" ", 1)
-        if name in ("agent", "common", "_distutils_hack") or name.startswith("__editable__"):
+        if name in ("enginesim", "common", "_distutils_hack") or name.startswith("__editable__"):
             continue  # the repo's packages are copied from the repo; the others are venv hooks
         p = Path(path)
         roots.add(p.parent if p.name == "__init__.py" else p)
@@ -223,8 +223,6 @@ def build_rootfs(root: Path, venv_python: Path) -> None:
             shutil.copytree(pkg, site / pkg.name, ignore=shutil.ignore_patterns("tests"))
         else:
             shutil.copy2(pkg, site / pkg.name)
-    (site / "agent").mkdir()
-    (site / "agent/__init__.py").write_text("")
     shutil.copytree(REPO / "enginesim", site / "enginesim", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "common", site / "common", ignore=shutil.ignore_patterns("__pycache__"))
     # Byte-compile here: the engine runs as `vllm` and cannot write __pycache__ into root's dirs, so

@@ -59,3 +59,33 @@ def test_a_refresh_lists_nothing_when_nothing_changed(tmp_path):
     assert store.calls.get("list", 0) == lists
     cache.close()
     raw.close()
+
+
+def test_an_endpoint_created_after_the_copy_answers_from_its_first_call(tmp_path):
+    """A name the copy does not know costs one point read: an endpoint created since the copy was
+    made brings the copy up to date at once (no 404 for a TTL); a name that does not exist is a
+    404 without a fetch."""
+    import pytest
+
+    from common.errors import NotFound
+
+    raw = SqliteStore(tmp_path / "f.db")
+    fleet(raw, endpoints=1)
+    store = CountingStore(raw)
+    cache = UpstreamCache(store, ttl_secs=3600.0)  # the copy would otherwise stay as it is for an hour
+
+    async def view(name):
+        return await cache.view(name)
+
+    asyncio.run(view("e0"))
+    reads = dict(store.calls)
+    with pytest.raises(NotFound):
+        asyncio.run(view("nope"))
+    assert store.calls.get("watch", 0) == reads.get("watch", 0)  # a made-up name fetched nothing
+    assert store.calls.get("list", 0) == reads.get("list", 0)
+    raw.put(keyspace.endpoints("new"), InferenceEndpoint(name="new", deployment="d0",
+                                                         status=EndpointStatus()).model_dump_json())
+    publish_plans(raw)
+    assert [r.replica_id for r in asyncio.run(view("new")).replicas] == ["d0-0", "d0-1", "d0-2", "d0-3"]
+    cache.close()
+    raw.close()
