@@ -224,6 +224,21 @@ def _stream_shape(url: str, path: str, body: dict) -> list[str]:
     return shape
 
 
+def _runs_merged(shape: list[str]) -> list[str]:
+    """The shape with each run of plain token chunks as one "token*": a busy vLLM server puts
+    every token its engine has ready into one chunk (its output processor drains what is queued),
+    so how many chunks carry the first tokens depends on load; the order of the kinds of chunk, the
+    last token's finish reason and the usage count do not."""
+    out: list[str] = []
+    for part in shape:
+        if part == "token":
+            if not out or out[-1] != "token*":
+                out.append("token*")
+        else:
+            out.append(part)
+    return out
+
+
 def test_streaming_chunk_shapes_with_and_without_usage(engines):
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
     completion = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}
@@ -231,8 +246,9 @@ def test_streaming_chunk_shapes_with_and_without_usage(engines):
         for usage in (False, True):
             extra = {"stream_options": {"include_usage": True}} if usage else {}
             shapes = {s.name: _stream_shape(s.url, path, {**body, **extra}) for s in both(engines)}
-            assert shapes["sim"] == shapes["real"], (path, usage, shapes)
-    assert shapes["real"] == ["token", "token", "token", "token:length", "usage:4", "DONE"]
+            assert _runs_merged(shapes["sim"]) == _runs_merged(shapes["real"]), (path, usage, shapes)
+    assert _runs_merged(shapes["real"]) == ["token*", "token:length", "usage:4", "DONE"]
+    assert shapes["sim"] == ["token", "token", "token", "token:length", "usage:4", "DONE"]  # one token per chunk
 
 
 WORDS = ("the quick brown fox jumps over a lazy dog while fabric routes every token to the replica that "
