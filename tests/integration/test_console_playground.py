@@ -80,11 +80,15 @@ def test_new_operator_adds_deploys_exposes_and_tries_a_model(tmp_path):
                                      api.get("/api/ai/explain/routing/lab-openai").json()["replicas"] or [{}]),
                          60, "weights on both replicas")
                 page.goto(f"{base}/endpoints/lab-openai/try")
-                for _ in range(15):  # the gateway's view of the new replicas may lag their weights a moment
+                # The gateway's copy of the store may be up to its refresh TTL behind the published
+                # plan: until it has the new replicas it sends through the VIP (Maglev picks, no
+                # replica is named) or answers an error; then an answer names its replica.
+                for _ in range(15):
                     page.get_by_role("button", name="Send").click()
                     expect(page.locator("#try-form[data-done], #try-error:not([hidden])")).to_have_count(
                         1, timeout=30_000)
-                    if page.locator("#try-form[data-done]").count():
+                    if page.locator("#try-form[data-done]").count() and \
+                            page.locator("#stat-replica").get_attribute("data-source") == "x-fabric-replica":
                         break
                     page.wait_for_timeout(2000)
                 expect(page.locator("#try-form[data-done]")).to_have_count(1)
