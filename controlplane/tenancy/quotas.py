@@ -18,7 +18,7 @@ read the store; ``refuse_over_quota`` turns a refusal into the API's 409.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from common.errors import Conflict, UnreadableRecord
@@ -131,10 +131,14 @@ def surge_replicas(strategy: str, replicas: int, max_surge: int) -> int:
     return min(max_surge, replicas) if strategy == "rolling" else replicas
 
 
-def rollout_surges(store: Store, amounts: Mapping[str, Amount]) -> dict[str, Amount]:
-    """deployment -> what its active rollout holds beyond the deployment's replicas."""
+def rollout_surges(store: Store, amounts: Mapping[str, Amount],
+                   among: Collection[str] | None = None) -> dict[str, Amount]:
+    """deployment -> what its active rollout holds beyond the deployment's replicas; only the
+    deployments in ``among`` when given (one revision read per rollout counted)."""
     out = {}
     for name, (rec, _) in rollout_records.active_rollouts(store).items():
+        if among is not None and name not in among:
+            continue
         target = rollout_records.get_revision(store, name, rec.to_revision)
         one = amounts.get(target.template.profile, UNKNOWN_PROFILE) if target is not None else UNKNOWN_PROFILE
         out[name] = one.times(surge_replicas(rec.strategy, rec.replicas, rec.max_surge))
@@ -170,10 +174,13 @@ def load_all(store: Store) -> dict[str, TenantQuota]:
     return {q.tenant: q for q in quota_records.RECORDS.list(store)}
 
 
-def tenant_usage(store: Store, tenant: str) -> Amount:
-    amounts = per_replica(store)
-    return usage([rec for _, rec in deployments.stored_items(store)], tenant, amounts,
-                 surges=rollout_surges(store, amounts))
+def tenant_usage(store: Store, tenant: str, *, exclude: str | None = None,
+                 amounts: Mapping[str, Amount] | None = None) -> Amount:
+    """What ``tenant`` holds (``usage``) on fresh reads: its deployments and their rollouts' surges."""
+    amounts = per_replica(store) if amounts is None else amounts
+    records = [rec for _, rec in deployments.stored_items(store) if rec.get("tenant") == tenant]
+    surges = rollout_surges(store, amounts, among={str(r.get("name", "")) for r in records})
+    return usage(records, tenant, amounts, exclude=exclude, surges=surges)
 
 
 def check_growth(store: Store, name: str, tenant: str | None, adding: Amount) -> QuotaRefusal | None:
@@ -192,10 +199,8 @@ def check_deployment_change(store: Store, name: str, tenant: str | None, profile
     if quota is None or tenant is None:
         return None
     amounts = per_replica(store)
-    records = [rec for _, rec in deployments.stored_items(store)]
     one = amounts.get(profile, UNKNOWN_PROFILE)
-    used = usage(records, tenant, amounts, exclude=name, surges=rollout_surges(store, amounts)) + one.times(
-        replicas_before)
+    used = tenant_usage(store, tenant, exclude=name, amounts=amounts) + one.times(replicas_before)
     return check(tenant, quota, used, one.times(replicas_after - replicas_before))
 
 
