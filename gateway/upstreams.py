@@ -213,6 +213,8 @@ class UpstreamCache:
         self._views: dict[str, tuple[EndpointView | None, Reads, int]] = {}  # name -> view, its reads, at version
         self._synced = -math.inf  # clock() when the last applied fetch started
         self._fetching: asyncio.Future | None = None
+        self._started = 0  # fetches started, numbered from 1
+        self._applied = 0  # the number of the latest fetch applied
         self.views_built = 0  # tests and benchmarks read it
 
     async def refresh(self) -> None:
@@ -230,8 +232,12 @@ class UpstreamCache:
         await asyncio.shield(self._fetching)
 
     def _start(self, now: float) -> None:
+        """One fetch; never while another is in flight (callers join ``_fetching`` instead)."""
+        assert self._fetching is None
         fetching = asyncio.get_running_loop().run_in_executor(None, self.mirror.fetch)
         self._fetching = fetching
+        self._started += 1
+        number = self._started
 
         def done(fut: asyncio.Future) -> None:  # runs before any waiter resumes
             self._fetching = None
@@ -239,6 +245,7 @@ class UpstreamCache:
                 return  # waiters get the error; the copy stays until it is older than the TTL
             self.mirror.apply(fut.result())
             self._synced = now  # counted from the fetch's start: never older than that
+            self._applied = number
 
         fetching.add_done_callback(done)
 
@@ -259,7 +266,8 @@ class UpstreamCache:
         """need_upstream=False (dry run): the endpoint must exist, replicas need not."""
         await self.refresh()
         view = self._view_now(name)
-        if view is None and await self._created_since(name):
+        if view is None:  # perhaps created since the copy was made: catch up, then look again
+            await self._caught_up()
             view = self._view_now(name)
         if view is None:
             raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
@@ -271,19 +279,18 @@ class UpstreamCache:
             raise TransientError(f"endpoint {name!r} has no ready replica", code="no_ready_replica")
         return view
 
-    async def _created_since(self, name: str) -> bool:
-        """A name the copy does not know: one point read of the store says whether the endpoint
-        was created since the copy was made; if so, the copy is brought up to date at once (the
-        fetch shared with any other caller), so a new endpoint answers from its first call."""
-        loop = asyncio.get_running_loop()
-        if not await loop.run_in_executor(None, endpoints.exists, self.store, name):
-            return False
-        if self._fetching is not None:
-            await asyncio.shield(self._fetching)  # it may have started before the endpoint's write
-        self._start(self.clock())
-        assert self._fetching is not None
-        await asyncio.shield(self._fetching)
-        return True
+    async def _caught_up(self) -> None:
+        """The copy holds every write made before this call: a fetch that started after it was
+        applied. The fetch is shared by every caller waiting at the same time and only one runs at
+        once, so a flood of names the copy does not know (made up, or created since) costs the
+        store one fetch at a time -- a revision read when nothing changed -- never a read per
+        call; a new endpoint still answers from its first call."""
+        after = self._started
+        while self._applied <= after:
+            if self._fetching is None:
+                self._start(self.clock())
+            assert self._fetching is not None
+            await asyncio.shield(self._fetching)
 
     async def known_models(self) -> frozenset[str]:
         """Model names in the catalogue, for metric labels (anything else is "unknown")."""

@@ -62,9 +62,9 @@ def test_a_refresh_lists_nothing_when_nothing_changed(tmp_path):
 
 
 def test_an_endpoint_created_after_the_copy_answers_from_its_first_call(tmp_path):
-    """A name the copy does not know costs one point read: an endpoint created since the copy was
-    made brings the copy up to date at once (no 404 for a TTL); a name that does not exist is a
-    404 without a fetch."""
+    """A name the copy does not know brings the copy up to date (one shared fetch): an endpoint
+    created since the copy was made answers at once (no 404 for a TTL); a name that does not
+    exist, with nothing written since, is a 404 without a watch or a list."""
     import pytest
 
     from common.errors import NotFound
@@ -87,5 +87,56 @@ def test_an_endpoint_created_after_the_copy_answers_from_its_first_call(tmp_path
                                                          status=EndpointStatus()).model_dump_json())
     publish_plans(raw)
     assert [r.replica_id for r in asyncio.run(view("new")).replicas] == ["d0-0", "d0-1", "d0-2", "d0-3"]
+    cache.close()
+    raw.close()
+
+
+def test_a_flood_of_unknown_names_shares_one_fetch_and_reads_no_key(tmp_path):
+    """Calls naming endpoints the copy does not know, all at once (made-up names and one created
+    since the copy): they share the fetches, one at a time, with no point read of the store per
+    call, and the new endpoint answers."""
+    import pytest
+
+    from common.errors import NotFound
+
+    raw = SqliteStore(tmp_path / "f.db")
+    fleet(raw, endpoints=1)
+    store = CountingStore(raw)
+    cache = UpstreamCache(store, ttl_secs=3600.0)
+    fetches, running = [], []
+    fetch = cache.mirror.fetch
+
+    def counted():
+        running.append(1)
+        fetches.append(len(running))  # how many ran at once, this one included
+        try:
+            return fetch()
+        finally:
+            running.pop()
+
+    cache.mirror.fetch = counted  # type: ignore[method-assign]
+
+    async def view(name):
+        return await cache.view(name)
+
+    asyncio.run(view("e0"))
+    gets = store.calls.get("get", 0)
+    raw.put(keyspace.endpoints("new"), InferenceEndpoint(name="new", deployment="d0",
+                                                         status=EndpointStatus()).model_dump_json())
+    publish_plans(raw)
+    before = len(fetches)
+
+    async def flood():
+        return await asyncio.gather(view("new"), *(view(f"made-up-{i}") for i in range(50)),
+                                    return_exceptions=True)
+
+    got = asyncio.run(flood())
+    # the first caller's fetch, then one for every caller that came while it ran; never two at once
+    assert 1 <= len(fetches) - before <= 2 and max(fetches) == 1
+    assert store.calls.get("get", 0) == gets  # no read of the store per name
+    assert [r.replica_id for r in got[0].replicas] == ["d0-0", "d0-1", "d0-2", "d0-3"]
+    assert all(isinstance(g, NotFound) for g in got[1:])
+    with pytest.raises(NotFound):  # nothing written since: the next made-up name fetches nothing new
+        asyncio.run(view("made-up-again"))
     cache.close()
     raw.close()
