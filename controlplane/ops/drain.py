@@ -26,7 +26,7 @@ from common.records import nodes as node_records
 from common.records import replicas as replica_records
 from common.schemas import InferenceDeployment, Node
 from controlplane.ops import common
-from controlplane.orchestration_state import load_snapshot, update_deployment_status
+from controlplane.orchestration_state import update_deployment_status
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal
 
@@ -64,7 +64,7 @@ def drain_deployment(ctx: AppState, caller: Principal | None, name: str, grace_s
 
         deployments.update(ctx.store, name, scale_to_zero,
                            busy=f"deployment {name!r} changed too often while draining; try again")
-    targets = [r for r in load_snapshot(ctx.store).replicas.get(name, []) if replica in (None, r.replica_id)]
+    targets = [r for r in replica_records.list(ctx.store, name) if replica in (None, r.replica_id)]
     if replica is not None and not targets:
         raise NotFound(f"replica {replica!r} of deployment {name!r} not found")
     drained = [r.replica_id for r in targets if not r.draining and r.phase != "Deleting"

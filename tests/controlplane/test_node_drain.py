@@ -127,3 +127,17 @@ def test_deployment_drain_takes_grace_seconds_as_the_product_notes_spell_it(serv
                          capture_output=True, text=True, env=env, timeout=60)
     assert old.returncode == 0, old.stderr  # the older spelling is kept
     assert api.get("/api/ai/deployments/d").json()["replicas"] == 0
+
+
+def test_a_whole_deployment_drain_drains_its_replicas_only(served):
+    """Without a replica, every replica of the deployment drains (read from its own replica records),
+    and none of a deployment whose name merely starts with its name."""
+    api, store, _ = served
+    api.post("/api/ai/deployments", json={"name": "d2", "model": "m", "profile": "p", "replicas": 1}).raise_for_status()
+    replica_records.put(store, Replica(replica_id="d2-0", deployment="d2", ordinal=0, node="node-a",
+                                       gpus=[gpu(1).pci], host="10.0.0.9", port=8000, ready=True, phase="Ready"))
+    resp = api.post("/api/ai/deployments/d/drain", json={"grace_seconds": 30})
+    assert resp.status_code == 202, resp.text
+    assert sorted(resp.json()["drained"]) == ["d-0", "d-1"]
+    assert [r.replica_id for r in replica_records.list(store) if r.draining] == ["d-0", "d-1"]
+    assert api.post("/api/ai/deployments/d/drain", json={"grace_seconds": 30}).json()["drained"] == []  # harmless again
