@@ -45,7 +45,7 @@ from common.store.mirror import Mirror, Reads
 from gateway.capacity import MAX_READING_AGE, Reading
 
 PRIORITY_FACTOR = {"low": 0.5, "normal": 1.0, "high": 2.0}
-VIEW_CACHE_MAX = 1024  # endpoint names cached (existing or not); a flood of names cannot grow it
+VIEW_CACHE_MAX = 1024  # endpoint views cached (only endpoints that exist: a made-up name is never kept)
 
 
 @dataclass(frozen=True)
@@ -256,10 +256,13 @@ class UpstreamCache:
         version = self.mirror.version
         reader, reads = self.mirror.tracked()
         view = _view_or_none(reader, name)  # type: ignore[arg-type]  # the Store read verbs
-        if cached is None and len(self._views) >= VIEW_CACHE_MAX:
-            self._views.clear()  # crude bound: a flood of names cannot grow memory
-        self._views[name] = (view, reads, version)
         self.views_built += 1
+        if view is None:  # a name with no endpoint is one lookup in the copy: never kept, so a
+            self._views.pop(name, None)  # flood of made-up names neither grows nor empties the cache
+            return None
+        if cached is None and len(self._views) >= VIEW_CACHE_MAX:
+            self._views.clear()  # crude bound: past this many endpoints memory still cannot grow
+        self._views[name] = (view, reads, version)
         return view
 
     async def view(self, name: str, need_upstream: bool = True) -> EndpointView:

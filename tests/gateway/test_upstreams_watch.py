@@ -136,6 +136,7 @@ def test_a_flood_of_unknown_names_shares_one_fetch_and_reads_no_key(tmp_path):
     assert store.calls.get("get", 0) == gets  # no read of the store per name
     assert [r.replica_id for r in got[0].replicas] == ["d0-0", "d0-1", "d0-2", "d0-3"]
     assert all(isinstance(g, NotFound) for g in got[1:])
+    assert set(cache._views) == {"e0", "new"}  # the made-up names are not kept
     with pytest.raises(NotFound):  # nothing written since: the next made-up name fetches nothing new
         asyncio.run(view("made-up-again"))
     cache.close()
