@@ -17,7 +17,11 @@ Invariants:
   - Every applied change bumps ``version``; ``moved(reads, since)`` says whether any key or
     listed prefix a reader looked at (``Reads``, recorded by ``tracked()``) changed after the
     version it read at, so a cache recomputes only what a change touched. A prefix counts as
-    changed when any key under it (at a "/" boundary) was put or deleted.
+    changed when any key under it (at a "/" boundary) was put or deleted. The change record of
+    a deleted key (and of a prefix no key is under any more) is kept until such records
+    outnumber the live keys by FORGET_SLACK; then they are dropped and each counts as changed at
+    that version (``_forgot``): a reader from before then reads again once, and a long-running
+    copy of a churning fleet (replicas made and deleted) keeps memory in proportion to its keys.
 Not thread-safe: ``fetch`` (store calls) may run in an executor; ``apply`` and the reads run on
 the owner's thread.
 """
@@ -34,6 +38,7 @@ from common.errors import Conflict
 from common.store.base import KV, Event, Store, history_wait_s
 
 log = logging.getLogger("fabric.store.mirror")
+FORGET_SLACK = 1024  # change records of deleted keys kept beyond the live keys' count
 
 
 @dataclass
@@ -69,6 +74,7 @@ class Mirror:
         self._after: dict[str, int | None] = {p: None for p in self.prefixes}  # None: list at next poll
         self._key_version: dict[str, int] = {}  # key -> version of its last change (deletes kept)
         self._dir_version: dict[str, int] = {}  # "/"-ended prefix -> version of the last change under it
+        self._forgot = 0  # a key or prefix with no record above changed at this version at the latest
 
     # -- keeping the copy ---------------------------------------------------------------------------
 
@@ -129,7 +135,22 @@ class Mirror:
             for ev in events:
                 applied += self._apply(ev)
                 self._after[prefix] = max(self._after[prefix] or 0, ev.revision)
+        if len(self._key_version) > 2 * len(self._kvs) + FORGET_SLACK:
+            self._forget()
         return applied
+
+    def _forget(self) -> None:
+        """Drop the change records of keys (and prefixes) that hold nothing now; ``moved`` reads
+        them as changed at this version (see the module's invariants)."""
+        self._key_version = {k: v for k, v in self._key_version.items() if k in self._kvs}
+        live: set[str] = set()
+        for key in self._kvs:
+            cut = key.rfind("/")
+            while cut > 0 and key[:cut + 1] not in live:
+                live.add(key[:cut + 1])
+                cut = key.rfind("/", 0, cut)
+        self._dir_version = {d: v for d, v in self._dir_version.items() if d in live}
+        self._forgot = self.version
 
     def _relist(self, prefix: str, rev: int, kvs: builtins.list[KV]) -> int:
         listed = {kv.key: kv for kv in kvs}
@@ -212,13 +233,13 @@ class Mirror:
         """Whether anything ``reads`` looked at changed after version ``since``."""
         if any(not self._mirrored(k) for k in reads.keys) or any(not self._mirrored(p) for p in reads.prefixes):
             return True  # read from the store itself: no change record, so always read again
-        if any(self._key_version.get(k, 0) > since for k in reads.keys):
+        if any(self._key_version.get(k, self._forgot) > since for k in reads.keys):
             return True
         return any(self._prefix_version(p) > since for p in reads.prefixes)
 
     def _prefix_version(self, prefix: str) -> int:
         if prefix.endswith("/"):
-            return self._dir_version.get(prefix, 0)
+            return self._dir_version.get(prefix, self._forgot)
         return self.version  # not at a "/" boundary: no record of its own, so any change counts
 
 

@@ -79,3 +79,34 @@ def test_history_that_comes_at_once_is_not_waited_for(store, ns):
         assert waits == [0.0, 0.0]
     else:  # etcd: each prefix is asked, waiting its sync, until an answer is empty
         assert len(waits) >= 3 and set(waits) == {store.history_wait_s}
+
+
+def test_deleted_keys_change_records_are_bounded_and_still_move_their_readers(store, ns, monkeypatch):
+    """A fleet that churns (keys made and deleted) keeps the copy's change records in proportion
+    to its live keys; a reader of a key whose record was dropped still sees it moved, once."""
+    from common.store import mirror as mirror_mod
+
+    monkeypatch.setattr(mirror_mod, "FORGET_SLACK", 4)
+    store.put_all([(ns + "r/keep/0", "k"), (ns + "r/gone/0", "g")])
+    mirror = Mirror(store, [ns + "r/"])
+    mirror.poll()
+    view, reads = mirror.tracked()
+    assert view.get(ns + "r/gone/0").value == "g" and view.list(ns + "r/gone/") != []
+    at = mirror.version
+    store.delete(ns + "r/gone/0")
+    for i in range(12):  # replicas made and deleted
+        store.put(ns + f"r/churn{i}/0", "x")
+        mirror.poll()
+        store.delete(ns + f"r/churn{i}/0")
+        mirror.poll()
+    assert len(mirror._key_version) <= 2 * 1 + 4 + 2 and len(mirror._dir_version) <= 8
+    assert mirror.moved(reads, at)  # its key was deleted: read again
+    view, reads = mirror.tracked()
+    assert view.get(ns + "r/gone/0") is None and view.list(ns + "r/gone/") == []
+    at = mirror.version
+    store.put(ns + "r/keep/1", "other deployment")
+    mirror.poll()
+    assert not mirror.moved(reads, at)  # nothing it read changed since
+    store.put(ns + "r/gone/0", "back")
+    mirror.poll()
+    assert mirror.moved(reads, at)
