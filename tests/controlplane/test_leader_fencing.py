@@ -252,3 +252,48 @@ def test_a_pass_that_holds_the_event_loop_past_the_ttl_keeps_the_lease(raw):
     finally:
         keeper.stop()
         lock.release()
+
+
+def test_a_wedged_loop_lets_the_lock_go_and_takes_it_again_when_it_comes_round(raw):
+    """The keeper runs on its own thread, so a loop that never comes round again (an await that
+    never ends) must not keep the leadership: once it has not beaten for stall_after_s the lock
+    goes and another process takes it; after the loop's next beat the keeper leads again."""
+    lock = LeaseLock(raw, LOCK, holder="a", ttl=1)
+    changes: list[bool] = []
+    keeper = LeaseKeeper(lock, 0.05, lambda leading, _: changes.append(leading), stall_after_s=0.5).start()
+    other = LeaseLock(raw, LOCK, holder="b", ttl=1)
+    try:
+        wait_for(lock.held, 2.0, "the keeper to take the lock", interval=0.02)
+        # no beat: the loop is wedged
+        wait_for(lambda: not lock.held(), 5.0, "the keeper to let the lock go", interval=0.02)
+        assert raw.get(keyspace.locks(LOCK)) is None  # released, not left to expire
+        assert other.try_acquire()
+        other.release()
+        keeper.beat()
+        wait_for(lock.held, 2.0, "the keeper to take the lock again after a beat", interval=0.02)
+        assert changes[:3] == [True, False, True]
+    finally:
+        keeper.stop()
+        lock.release()
+
+
+def test_an_unexpected_error_in_a_refresh_does_not_end_the_keeper(raw, monkeypatch):
+    """A bug in one refresh is logged; the thread goes on, so the process can still lead."""
+    lock = LeaseLock(raw, LOCK, holder="a", ttl=1)
+    calls = {"n": 0}
+    real = LeaseLock.try_acquire
+
+    def flaky(self):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return real(self)
+
+    monkeypatch.setattr(LeaseLock, "try_acquire", flaky)
+    keeper = LeaseKeeper(lock, 0.05, lambda leading, _: None).start()
+    try:
+        wait_for(lock.held, 3.0, "the keeper to take the lock after a failed try", interval=0.02)
+        assert calls["n"] >= 2
+    finally:
+        keeper.stop()
+        lock.release()
