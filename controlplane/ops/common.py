@@ -1,9 +1,12 @@
-"""What several operations share: events, references, the stored form of a new record, and the
-create / delete / mark-Deleting steps every resource family takes the same way."""
+"""What several operations share: events, references, the stored form of a new record, the
+create / delete / mark-Deleting steps every resource family takes the same way, and the agent
+clients of an operation that calls agents."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -12,6 +15,7 @@ from common.errors import Conflict, NotFound
 from common.records import Store
 from common.records.events import record_event
 from common.records.kinds import BY_KIND
+from controlplane.agent_client import AgentClients
 from controlplane.state import AppState
 from controlplane.tenancy.principal import ADMIN, Principal, visible
 
@@ -31,6 +35,20 @@ def event(ctx: AppState, kind: str, name: str, action: str, message: str, *, ten
           type: str = "Normal") -> None:
     record_event(ctx.store, kind, name, action, message, tenant=tenant, keep=ctx.settings.events_kept,
                  max_age_s=ctx.settings.events_max_age_s, type=type)
+
+
+@contextlib.asynccontextmanager
+async def agents(ctx: AppState) -> AsyncIterator[AgentClients]:
+    """The agent clients an operation calls agents with: AppState.agents when set (tests hand in
+    their own), else clients from fabricd's PKI, closed when the operation ends."""
+    if ctx.agents is not None:
+        yield ctx.agents  # type: ignore[misc]
+        return
+    clients = AgentClients(ctx.state_dir, insecure=ctx.settings.insecure)
+    try:
+        yield clients
+    finally:
+        await clients.aclose()
 
 
 def acting_admin(caller: Principal | None) -> bool:

@@ -12,15 +12,10 @@ import time
 
 from common.errors import Contended, NotFound
 from common.records import gpu_reservations, mig_slices, nodes, replicas
-from controlplane.agent_client import AgentClients
 from controlplane.mig.catalog import MigSlice, check_delete, plan_create
 from controlplane.ops import common
 from controlplane.state import AppState
 from controlplane.tenancy.principal import Principal
-
-
-def _agents(ctx: AppState) -> AgentClients:
-    return AgentClients(ctx.state_dir, insecure=ctx.settings.insecure)
 
 
 async def create(ctx: AppState, caller: Principal | None, node_id: str, parent_bdf: str, profile: str) -> MigSlice:
@@ -28,8 +23,7 @@ async def create(ctx: AppState, caller: Principal | None, node_id: str, parent_b
     planned = plan_create(node, parent_bdf, profile, mig_slices.list(ctx.store, node_id), ctx.settings.mig,
                           time.time())
     if planned.mode == "nvidia-smi":
-        agents = _agents(ctx)
-        try:
+        async with common.agents(ctx) as agents:
             made = await agents.for_node(node).create_mig(parent_bdf, planned.profile)
             planned = planned.model_copy(update={"gpu_instance_id": made["gpu_instance_id"],
                                                  "compute_instance_id": made["compute_instance_id"]})
@@ -37,8 +31,6 @@ async def create(ctx: AppState, caller: Principal | None, node_id: str, parent_b
                 await agents.for_node(node).destroy_mig(parent_bdf, planned.gpu_instance_id,
                                                         planned.compute_instance_id)
                 raise Contended(f"slice {planned.id} was created meanwhile; try again")
-        finally:
-            await agents.aclose()
     elif not mig_slices.create(ctx.store, planned):
         raise Contended(f"slice {planned.id} was created meanwhile; try again")
     common.event(ctx, "node", node_id, "mig-created", f"MIG slice {planned.id} ({planned.mode}) on {parent_bdf}")
@@ -53,12 +45,9 @@ async def delete(ctx: AppState, caller: Principal | None, node_id: str, slice_id
     holders = [r.replica_id for r in replicas.list(ctx.store) if r.node == node_id and slice_id in r.gpus]
     check_delete(slice_, holders[0] if holders else gpu_reservations.holder(ctx.store, node_id, slice_id))
     if slice_.mode == "nvidia-smi" and slice_.gpu_instance_id is not None:
-        agents = _agents(ctx)
-        try:
+        async with common.agents(ctx) as agents:
             await agents.for_node(nodes.require(ctx.store, node_id)).destroy_mig(
                 slice_.parent_bdf, slice_.gpu_instance_id, slice_.compute_instance_id or 0)
-        finally:
-            await agents.aclose()
     if not mig_slices.discard(ctx.store, node_id, slice_id, mod_revision=rev):
         raise Contended(f"MIG slice {slice_id} changed meanwhile; try again")
     common.event(ctx, "node", node_id, "mig-deleted", f"MIG slice {slice_id} deleted")

@@ -11,7 +11,6 @@ something are events. The jobs themselves run outside the request (controlplane.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -42,20 +41,6 @@ class Evicted:
 
 def _nodes(ctx: AppState) -> dict[str, Node]:
     return {n.id: n for n in node_records.list(ctx.store)}
-
-
-@contextlib.asynccontextmanager
-async def _agents(ctx: AppState):
-    if ctx.agents is not None:
-        yield ctx.agents
-        return
-    from controlplane.agent_client import AgentClients
-
-    clients = AgentClients(ctx.state_dir, insecure=ctx.settings.insecure)
-    try:
-        yield clients
-    finally:
-        await clients.aclose()
 
 
 def materialize(ctx: AppState, caller: Principal | None, name: str, nodes: list[str] | None) -> list[ModelJob]:
@@ -99,7 +84,7 @@ async def verify(ctx: AppState, caller: Principal | None, name: str) -> list[dic
     if not ready:
         raise Conflict(f"model {name!r} is not Ready on any node; materialize it first", code="not_ready")
     results = []
-    async with _agents(ctx) as agents:
+    async with common.agents(ctx) as agents:
         for job in ready:
             node = nodes.get(job.node)
             if node is None:
@@ -167,7 +152,7 @@ async def evict(ctx: AppState, caller: Principal | None, budget_bytes: int | Non
     if unknown:
         raise InvalidInput(f"unknown nodes: {', '.join(unknown)}", code="unknown_node")
     errors, entries = [], {}
-    async with _agents(ctx) as agents:
+    async with common.agents(ctx) as agents:
         for node_id in chosen:
             try:
                 entries[node_id] = (await agents.for_node(known[node_id]).model_cache()).entries
