@@ -32,7 +32,7 @@ class AppState:
     # then hands deployment deletion to the reconciler instead of deleting the record itself.
     controllers_running: bool = False
     token_secret: bytes | None = None  # loaded from the store at app start (controlplane.auth)
-    # Agent clients for API routes that call agents (model verify, cache eviction); None: made
+    # Agent clients for operations that call agents (model verify, cache eviction, MIG); None: made
     # from state_dir's PKI per request. Tests hand in their own.
     agents: object | None = None
     # Password logins: their own executor, a bounded queue and per-account/per-source backoff.
