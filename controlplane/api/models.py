@@ -40,10 +40,6 @@ class MaterializeRequest(BaseModel):
     nodes: list[str] | None = Field(None, description="nodes to materialize on (default: every online node)")
 
 
-class VerifyModelRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 class EvictRequest(Spec):
     budget_bytes: int | None = Field(None, ge=0, le=2**62, description="per-node cache budget (default FABRIC_MODEL_CACHE_BYTES)")
     nodes: list[str] | None = None
