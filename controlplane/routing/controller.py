@@ -219,6 +219,7 @@ class RoutingWorker:
             if got is not None:
                 routed.append(got)
         now = self.clock()
+        self.pushes.keep_only(snap.nodes)
         await self.pushes.push([n for n in snap.nodes.values() if node_online(n, now, SchedulerSettings())],
                                services)  # weights reach the agents before the store writes
         for ep, plan, published in routed:

@@ -18,7 +18,8 @@ requests it started at most ``deadline_s``; an agent that has not answered by th
 the connection and never answered, say) is marked silent and its request is left running on its
 own. While marked it is never waited for again: a pass starts its next request only once the
 previous one ended, in the background, and the first answer clears the mark. So one silent agent
-delays no other agent's weights, and a pass waits on it once.
+delays no other agent's weights, and a pass waits on it once. A node that is deleted takes its
+queue with it (``keep_only``, every pass).
 
 An agent without a dataplane answers 400 (Refused) and counts as holding what it was sent, so it
 is not asked again until the plan moves. A failure is kept per agent and shown in the endpoint's
@@ -111,6 +112,17 @@ class Pushes:
         for state in self.by_node.values():
             state.acked.clear()
             state.removed.clear()
+
+    def keep_only(self, registered: Iterable[str]) -> None:
+        """Forget the queues of nodes no longer registered (deleted): their acknowledgements, and a
+        request of theirs still out is cancelled, so a removed silent agent is no longer named in
+        every endpoint's status, and the queues do not grow with every node the fleet ever had."""
+        keep = set(registered)
+        for node_id in [n for n in self.by_node if n not in keep]:
+            task = self.by_node.pop(node_id).task
+            if task is not None:
+                task.cancel()
+        self._troubled = [n for n in self._troubled if n in keep]
 
     def drop(self, key: str) -> None:
         """A service that left every agent: forget its acknowledgements."""

@@ -138,3 +138,37 @@ def test_a_silent_agent_delays_no_other_agents_push_and_is_skipped_until_it_answ
         await worker.aclose()
 
     asyncio.run(run())
+
+
+def test_a_deleted_silent_node_takes_its_queue_and_its_status_note_with_it(store):
+    """A silent agent's node is deleted: its queue goes (its request out is cancelled) and the
+    endpoints' statuses stop naming it; the queues hold only registered nodes."""
+    now = time.time()
+    seed(store, now, endpoints=1, nodes=("good", "silent"))
+
+    async def run():
+        silent = await SilentServer().start()
+        client = AgentClient(f"http://127.0.0.1:{silent.port}", timeout=60.0)
+        agents = FakeAgents(lambda _: RecordingAgent())
+        agents.by_node = {"good": RecordingAgent(), "silent": client}
+        worker = RoutingWorker(store, agents, vip_pool.parse_pool("10.96.0.0/30"), clock=lambda: now,
+                               push_deadline_s=0.5)
+        worker.scrape_all = lambda snap: asyncio.sleep(0)
+        await worker.tick()
+        out = worker.pushes.of("silent").task
+        assert worker.pushes.silent("silent") and out is not None and not out.done()
+
+        store.delete(keyspace.nodes("silent"))
+        store.put(keyspace.observations("d0-1"), ReplicaObservation(
+            replica_id="d0-1", scraped_at=now, ok=True, queue_depth=9).model_dump_json())  # a status rewrite
+        await worker.tick()
+        await asyncio.sleep(0)
+        assert sorted(worker.pushes.by_node) == ["good"] and not worker.pushes.silent("silent")
+        assert out.cancelled()
+        ep = InferenceEndpoint.model_validate_json(store.get(keyspace.endpoints("ep0")).value)
+        assert "silent" not in ep.status.message
+        silent.close()
+        await client.aclose()
+        await worker.aclose()
+
+    asyncio.run(run())
