@@ -4,7 +4,8 @@ live playground keys on an endpoint stays bounded (controlplane.ops.keys.create_
 Each key takes one of the caller's ``count`` slots with create-if-absent under a store lease that
 outlives the key a little, so concurrent creates cannot all pass the count. Once the key is made
 the slot names it (``hold``), so revoking the key frees its slot (``free``); expiry lets the lease
-drop it. ``owner`` in the key is a hash of the caller's name, never the name.
+drop it. Each slot has a lease of its own, revoked when the slot is freed or given back, so a loop
+of creates and revokes leaves no lease behind. ``owner`` in the key is a hash of the caller's name, never the name.
 """
 
 from __future__ import annotations
@@ -46,13 +47,17 @@ def hold(store: Store, slot: Slot, key_id: str) -> None:
 
 
 def give_back(store: Store, slot: Slot) -> None:
-    """The slot is free again (no key was made in it)."""
-    store.delete(slot.key)
+    """The slot is free again (no key was made in it): its lease goes, and the slot with it."""
+    store.revoke_lease(slot.lease)
 
 
 def free(store: Store, endpoint: str, key_ids: set[str], subject: str | None = None) -> None:
-    """Free the slots on ``endpoint`` (of ``subject`` only, when given) that name one of ``key_ids``."""
+    """Free the slots on ``endpoint`` (of ``subject`` only, when given) that name one of ``key_ids``:
+    each slot's own lease is revoked, so no lease outlives its slot."""
     prefix = _prefix(endpoint, subject) if subject is not None else keyspace.playground_slots(endpoint)
     for kv in store.list(prefix):
         if kv.value in key_ids:
-            store.delete(kv.key)
+            if kv.lease:
+                store.revoke_lease(kv.lease)
+            else:
+                store.delete(kv.key)
