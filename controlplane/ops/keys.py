@@ -35,13 +35,13 @@ from pydantic import Field
 
 from common import apikeys
 from common.errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound, TransientError
+from common.key_policies import MAX_TTL_SECS
 from common.records import api_keys, deployments, endpoints, models, playground_slots
 from common.schemas import DNS_LABEL, ApiKeyRecord, Spec
 from controlplane.state import AppState
 from controlplane.tenancy import key_policies, owners
 from controlplane.tenancy.principal import VIEWER, Principal, claimed, visible
 
-MAX_TTL_SECS = 10 * 365 * 86400
 PLAYGROUND_TTL_S = 900
 PLAYGROUND_REQUESTS = 20
 MAX_LIVE_PER_CALLER = 4  # live playground keys one caller may hold on one endpoint: a loop cannot grow the store
