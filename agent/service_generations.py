@@ -8,7 +8,8 @@ is refused with 409 ``stale_generation`` and writes nothing, whichever arrives l
 generation is applied again (a re-send after a lost answer writes nothing new).
 
 The held generations are kept in the agent's state directory (``service-generations.json``,
-written atomically after the maps and only when a generation moves), so they survive an agent
+written atomically after the maps and only when a generation moves; a batch PUT writes it once,
+after all its services: ``batch()``), so they survive an agent
 restart as the pinned maps do: a late PUT of an older generation that arrives while the agent
 restarts is refused as it would be before. The maps are written first: a crash between the two
 leaves the file one generation behind the maps, which the heartbeat reports and fabricd mends by
@@ -28,6 +29,8 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +55,28 @@ class ServiceGenerations:
 
     def __init__(self, path: Path | None = None) -> None:
         """``path``: the file that keeps the held generations across restarts (None: memory only)."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by put() inside batch()
         self._path = path
         self._held: dict[str, int] = _load(path) if path is not None else {}
+        self._batching = False
+        self._unsaved = False
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold the lock for several puts and deletes, and write the file once when they end (one
+        fsync for a pushed batch of hundreds of services, not one rewrite of the whole file each).
+        The maps are written as each put goes, so the file still never runs ahead of them."""
+        with self._lock:
+            if self._batching:  # nested: the outer one saves
+                yield
+                return
+            self._batching = True
+            try:
+                yield
+            finally:
+                self._batching = False
+                if self._unsaved:
+                    self._save()
 
     def put(self, dataplane: Any, vip: str, port: int, proto: str, spec: MaglevServiceSpec) -> bool:
         """Write the service unless its generation is older than the held one (StaleGeneration);
@@ -91,9 +113,14 @@ class ServiceGenerations:
             return {key: self._held.get(key, 0) for key in present}
 
     def _save(self) -> None:
-        """Replace the file with what is held (under the lock): a new file, synced, renamed over."""
+        """Replace the file with what is held (under the lock): a new file, synced, renamed over;
+        inside ``batch()``, when it ends."""
         if self._path is None:
             return
+        if self._batching:
+            self._unsaved = True
+            return
+        self._unsaved = False
         tmp = self._path.with_name(self._path.name + ".tmp")
         with open(tmp, "w") as f:
             json.dump({"generations": self._held}, f, sort_keys=True)

@@ -96,19 +96,21 @@ def maglev_router(state: AgentState) -> APIRouter:
         if state.fail_closed is not None:
             state.fail_closed.admit_put()
         results, changed = [], False
-        for s in batch.services:
-            key = s.key
-            try:
-                changed = _put(s.vip, s.port, s.proto, s.spec()) or changed
-            except StaleGeneration as exc:
-                results.append(MaglevPutResult(key=key, generation=s.generation, outcome="stale", held=exc.held,
-                                               code=exc.code, message=exc.message))
-            except FabricError as exc:
-                results.append(MaglevPutResult(key=key, generation=s.generation, outcome="failed",
-                                               held=state.services.held(key), code=exc.code, message=exc.message))
-            else:
-                results.append(MaglevPutResult(key=key, generation=s.generation, outcome="applied",
-                                               held=s.generation))
+        with state.services.batch():  # the generations file is written once, after the batch
+            for s in batch.services:
+                key = s.key
+                try:
+                    changed = _put(s.vip, s.port, s.proto, s.spec()) or changed
+                except StaleGeneration as exc:
+                    results.append(MaglevPutResult(key=key, generation=s.generation, outcome="stale",
+                                                   held=exc.held, code=exc.code, message=exc.message))
+                except FabricError as exc:
+                    results.append(MaglevPutResult(key=key, generation=s.generation, outcome="failed",
+                                                   held=state.services.held(key), code=exc.code,
+                                                   message=exc.message))
+                else:
+                    results.append(MaglevPutResult(key=key, generation=s.generation, outcome="applied",
+                                                   held=s.generation))
         if changed and state.bgp is not None:
             state.bgp.poke()  # announce or withdraw the VIPs now, not at the next pass
         return MaglevBatchResult(results=results)

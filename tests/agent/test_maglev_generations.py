@@ -179,3 +179,24 @@ def test_the_file_follows_the_maps_and_an_unreadable_one_is_set_aside(tmp_path, 
     assert ServiceGenerations(path).held(KEY) == 0  # nothing held, as an agent before the file
     assert (tmp_path / (GENERATIONS_FILE + ".unreadable")).exists() and not path.exists()
     assert "cannot be read" in caplog.text
+
+
+def test_a_batch_writes_the_generations_file_once(tmp_path, monkeypatch):
+    """A pushed batch of many services rewrites service-generations.json once, after its maps,
+    not once per service (each a whole-file rewrite and an fsync on the push's path)."""
+    import agent.service_generations as generations
+
+    path, writes = tmp_path / GENERATIONS_FILE, []
+    real_replace = generations.os.replace
+    monkeypatch.setattr(generations.os, "replace", lambda a, b: (writes.append(b), real_replace(a, b)))
+    state = AgentState(node_id="n1", vm_driver=DryRunDriver(tmp_path / "dry-run"), inventory=NoGpus(),
+                       dataplane=MemoryDataplane(), services=ServiceGenerations(path))
+    batch = {"services": [{"vip": f"10.200.0.{i}", "port": 8000, "proto": "tcp", **spec(7, 1)} for i in range(1, 41)]}
+    with serve(state) as port:
+        resp = httpx.put(f"http://127.0.0.1:{port}/v1/maglev/services", json=batch, timeout=10)
+        assert resp.status_code == 200 and all(r["outcome"] == "applied" for r in resp.json()["results"])
+        assert writes == [path]
+        assert httpx.put(f"http://127.0.0.1:{port}/v1/maglev/services", json=batch, timeout=10).status_code == 200
+        assert writes == [path]  # the same generations again: nothing to write
+    reloaded = ServiceGenerations(path)
+    assert all(reloaded.held(f"10.200.0.{i}:8000/tcp") == 7 for i in range(1, 41))
