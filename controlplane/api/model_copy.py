@@ -15,7 +15,7 @@ from pydantic import field_validator
 
 from common.records import model_sites as site_copies
 from common.records import models
-from common.schemas import ModelArtifact, Spec, check_name
+from common.schemas import Spec, check_name
 from controlplane.auth import PrincipalDep, require_admin
 from controlplane.ops import models as model_ops
 from controlplane.state import StateDep
@@ -32,10 +32,6 @@ class ReplicateRequest(Spec):
         return check_name(v, "site")
 
 
-def _model(state, name: str) -> ModelArtifact:
-    return models.require(state.store, name)
-
-
 @router.post("/models/{name}/replicate", response_model=site_copies.SiteCopy)
 def replicate_model(name: str, body: ReplicateRequest, state: StateDep, who: PrincipalDep) -> dict:
     return model_ops.replicate(state, who, name, body.site).model_dump(mode="json")
@@ -43,5 +39,5 @@ def replicate_model(name: str, body: ReplicateRequest, state: StateDep, who: Pri
 
 @router.get("/models/{name}/sites", response_model=list[site_copies.SiteCopy])
 def model_sites(name: str, state: StateDep) -> list[dict]:
-    _model(state, name)
+    models.require(state.store, name)
     return [c.model_dump(mode="json") for c in site_copies.list_copies(state.store, name)]
