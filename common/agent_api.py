@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -320,14 +320,23 @@ class AgentHealth(WireModel):
 
 
 MAX_REPORTED_REPLICAS = 512
+MAX_REPORTED_TEXT = 1000  # an observation's error texts (the agent cuts them at 200)
+ReplicaName = Annotated[str, Field(min_length=1, max_length=253)]
+ServiceKeyText = Annotated[str, Field(min_length=1, max_length=64)]  # VIP:PORT/PROTO
 
 
 class ObservedReplica(ReplicaObservation):
     """One replica's observation as its agent reports it; ``deployment`` names its record, so
-    fabricd checks the replica is placed on the reporting node with one read."""
+    fabricd checks the replica is placed on the reporting node with one read. Each field a node
+    fills is bounded, so what it stores per replica stays the size of a real observation."""
 
     model_config = ConfigDict(extra="forbid")
-    deployment: str = Field(..., min_length=1, max_length=253)
+    deployment: ReplicaName
+    replica_id: ReplicaName
+    error: str = Field("", max_length=MAX_REPORTED_TEXT)
+    health_error: str = Field("", max_length=MAX_REPORTED_TEXT)
+    queue_reads: list[float] = Field(default_factory=list, max_length=16)
+    missing: list[str] = Field(default_factory=list, max_length=16)
 
     def record(self) -> ReplicaObservation:
         return ReplicaObservation(**self.model_dump(exclude={"deployment"}))
@@ -372,10 +381,10 @@ class NodeReport(WireModel):
     model_disk_free_bytes: int | None = Field(None, ge=0, description="free disk in the model cache (model jobs)")
     services_withdrawn: str = Field("", max_length=500, description="why the agent withdrew its Maglev services "
                                     "(a fail-closed site cut off from fabricd); fabricd pushes them again")
-    service_generations: dict[str, int] = Field(default_factory=dict, max_length=4096, description=(
+    service_generations: dict[ServiceKeyText, int] = Field(default_factory=dict, max_length=4096, description=(
         "VIP:PORT/PROTO -> the plan generation of each Maglev service its dataplane holds; the routing "
         "controller re-sends a service whose generation differs from the published plan's"))
-    observed_replicas: list[str] = Field(default_factory=list, max_length=MAX_REPORTED_REPLICAS, description=(
+    observed_replicas: list[ReplicaName] = Field(default_factory=list, max_length=MAX_REPORTED_REPLICAS, description=(
         "the replicas whose engines the agent scrapes and probes and whose observations fabricd accepted "
         "(POST /api/ai/nodes/{id}/observations); the leader never connects to these, and scrapes and probes "
         "the node's other replicas itself"))

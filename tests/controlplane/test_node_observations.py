@@ -10,7 +10,7 @@ import time
 import pytest
 
 from common import keyspace
-from common.agent_api import ObservationReport, ObservedReplica
+from common.agent_api import NodeReport, ObservationReport, ObservedReplica
 from common.records import replicas as replica_records
 from common.schemas import ReplicaObservation
 from controlplane.settings import FabricdSettings
@@ -70,3 +70,28 @@ def test_a_node_reports_only_its_own_replicas(fabricd, admin, tmp_path):  # noqa
 
         bad = c.post("/api/ai/nodes/obs-a/observations", json={"sent_at": 1, "observations": [{"replica_id": "x"}]})
         assert bad.status_code in (400, 422), bad.text
+
+
+def test_what_a_node_stores_per_replica_is_bounded(fabricd, admin, tmp_path):  # noqa: F811 - the fixture
+    """A node's report and heartbeat fields are bounded per item (under the body limit): an error
+    text, a queue history or a replica name the size of a megabyte is refused 422 and stores
+    nothing, so a node cannot grow its replicas' records (and every mirror of them) at will."""
+    state = fabricd["state"]
+    mine = replica(2, "obs-c", host="10.0.0.3")
+    replica_records.put(state.store, mine)
+    files = node_files(admin, tmp_path, "obs-c")
+    one = {"replica_id": mine.replica_id, "deployment": "qwen", "scraped_at": time.time(), "ok": True}
+    with as_node(fabricd, files) as c:
+        for huge in ({"error": "x" * 5000}, {"health_error": "x" * 5000}, {"queue_reads": [1.0] * 1000},
+                     {"missing": ["queue"] * 100}, {"replica_id": "r" * 300}):
+            refused = c.post("/api/ai/nodes/obs-c/observations",
+                             json={"sent_at": time.time(), "observations": [one | huge]})
+            assert refused.status_code == 422, (huge.keys(), refused.text)
+        assert stored(state, mine.replica_id) is None
+        ok = c.post("/api/ai/nodes/obs-c/observations",
+                    json={"sent_at": time.time(), "observations": [one | {"error": "x" * 200}]})
+        assert ok.status_code == 200 and ok.json()["accepted"] == 1, ok.text
+    with pytest.raises(ValueError):
+        NodeReport(id="obs-c", address="https://127.0.0.1:1", observed_replicas=["r" * 300])
+    with pytest.raises(ValueError):
+        NodeReport(id="obs-c", address="https://127.0.0.1:1", service_generations={"k" * 100: 1})
