@@ -305,6 +305,9 @@ class DeploymentStatus(Status):
     failures: int = Field(0, description="replica failures counted across replacements")
     last_failure: str = Field("", description="why the last replica failed")
     last_failure_at: float | None = None
+    scaled_at: float | None = Field(None, description="when the wanted replica count last changed (an operator's "
+                                    "scale or drain, or the autoscaler): only a call recorded after it wakes a "
+                                    "deployment at zero")
 
 
 class AutoscalingSpec(Spec):
@@ -389,6 +392,12 @@ class InferenceDeployment(Template, Resource):
                                           "that cannot be placed may preempt replicas of strictly lower classes")
     autoscaling: AutoscalingSpec | None = None
     status: DeploymentStatus = Field(default_factory=DeploymentStatus)
+
+    def scale_to(self, replicas: int, at: float) -> None:
+        """Want ``replicas``; a change is dated in status.scaled_at (every writer of the count calls this)."""
+        if replicas != self.replicas:
+            self.replicas = replicas
+            self.status.scaled_at = at
 
 
 class EndpointStatus(Status):

@@ -18,6 +18,8 @@ Every change is recorded as an event; a create also writes revision 1.
 
 from __future__ import annotations
 
+import time
+
 from pydantic import Field
 
 from common.errors import Conflict, InvalidInput
@@ -90,7 +92,7 @@ def scale(ctx: AppState, caller: Principal | None, name: str, body: ScaleRequest
                 policies.enforce(ctx.store, dep.tenant, dep.model, dep.capacity_class, admin=common.acting_admin(caller))
                 _refuse_over_quota(ctx, name, quotas.check_deployment_change(
                     ctx.store, name, dep.tenant, dep.profile, dep.replicas, body.replicas))
-            dep.replicas = body.replicas
+            dep.scale_to(body.replicas, time.time())
             admission.still_held(guard)
             return dep
 

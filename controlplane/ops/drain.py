@@ -58,7 +58,7 @@ def drain_deployment(ctx: AppState, caller: Principal | None, name: str, grace_s
         def scale_to_zero(dep: InferenceDeployment) -> InferenceDeployment:
             if dep.status.phase == "Deleting":
                 raise Conflict(f"deployment {name!r} is being deleted", code="deleting")
-            dep.replicas = 0
+            dep.scale_to(0, time.time())
             dep.status.message = f"draining all replicas for {grace_secs:g}s"
             return dep
 

@@ -6,8 +6,10 @@ it read and the memory to keep for the next tick (when each condition started to
 last change was made). Rules, in order:
 
   - disabled (or no spec), or the deployment is being deleted: hold, nothing changes;
-  - cold start: zero desired replicas and a gateway call recorded after the last change wakes it
-    to max(1, min_replicas), ignoring the cooldown (a caller is waiting);
+  - cold start: zero desired replicas and a gateway call recorded after the replica count last
+    changed (status.scaled_at: an operator's scale or drain, or this autoscaler) wakes it to
+    max(1, min_replicas), ignoring the cooldown (a caller is waiting); a call from before an
+    operator parked it at zero waits for nothing;
   - bounds: below min_replicas (and not parked at 0 by scale_to_zero) goes up to min; above
     max_replicas goes down to max;
   - while a replica is still starting (desired > ready), hold: its load is not measurable yet;
@@ -177,8 +179,11 @@ def decide(deployment: InferenceDeployment, spec: AutoscalingSpec | None, observ
 
     floor = 0 if spec.scale_to_zero else spec.min_replicas
     wake = max(1, spec.min_replicas)
+    # The count's last change, whoever made it (status.scaled_at; the memory's own for a record
+    # from before that was stamped): a call recorded before it waits for nothing now.
+    changed_at = max((t for t in (deployment.status.scaled_at, memory.last_scale_at) if t is not None), default=None)
     if desired == 0 and observations.demand_at is not None and (
-            memory.last_scale_at is None or observations.demand_at > memory.last_scale_at):
+            changed_at is None or observations.demand_at > changed_at):
         return out_to(wake, "cold_start", f"a call arrived with 0 replicas; starting {wake}")
     if desired < spec.min_replicas and not (desired == 0 and spec.scale_to_zero):
         return out_to(spec.min_replicas, "below_min", f"{desired} is below min_replicas {spec.min_replicas}")

@@ -125,7 +125,7 @@ class AutoscaleWorker:
         now = self.clock()
         decision, memory = plan_for(self.store, snap, dep, now)
         changed = decision.action != "hold" or decision.code != memory.last_code
-        if changed and not self._write(dep, mod_revision, decision):
+        if changed and not self._write(dep, mod_revision, decision, now):
             return decision  # the record changed since the snapshot: decide again next tick
         if decision.memory != memory:
             autoscaling.put_memory(self.store, dep.name, asdict(decision.memory))
@@ -138,9 +138,9 @@ class AutoscaleWorker:
             log.info("deployment %s: %s", dep.name, decision.summary)
         return decision
 
-    def _write(self, dep: InferenceDeployment, mod_revision: int, decision: Decision) -> bool:
+    def _write(self, dep: InferenceDeployment, mod_revision: int, decision: Decision, now: float) -> bool:
         if decision.action != "scale_out" or dep.tenant is None:
-            return self._cas(dep, mod_revision, decision)
+            return self._cas(dep, mod_revision, decision, now)
         # A scale-out adds GPUs: check the quota again on fresh reads under the tenant's admission
         # lock, and write before releasing it (controlplane.tenancy.admission).
         try:
@@ -150,19 +150,19 @@ class AutoscaleWorker:
                 if refusal is not None:
                     return False  # another change took the room: the next tick decides a quota hold
                 admission.still_held(guard)
-                return self._cas(dep, mod_revision, decision)
+                return self._cas(dep, mod_revision, decision, now)
         except TransientError as exc:
             log.info("deployment %s: scale-out deferred: %s", dep.name, exc)
             return False
 
-    def _cas(self, dep: InferenceDeployment, mod_revision: int, decision: Decision) -> bool:
+    def _cas(self, dep: InferenceDeployment, mod_revision: int, decision: Decision, now: float) -> bool:
         note = "" if decision.code == "disabled" else decision.summary
 
         def decided(record: InferenceDeployment) -> InferenceDeployment:
             record.status.scaling = note
             record.status.message = with_note(record.status.message, note)
             if decision.action != "hold":
-                record.replicas = decision.replicas
+                record.scale_to(decision.replicas, now)
             return record
 
         return deployments.update_at(self.store, dep.name, mod_revision, decided)

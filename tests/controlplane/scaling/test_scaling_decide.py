@@ -42,11 +42,12 @@ class Case:
     reason: str = ""
     running: list[float] | None = None  # requests running per ready replica (default 0)
     finished: list[float] | None = None  # finished-request counters per ready replica
+    scaled_at: float | None = None  # when the count last changed (status.scaled_at)
 
 
 def build(case: Case):
     dep = InferenceDeployment(name="d", model="m", profile="p", replicas=case.desired,
-                              status=DeploymentStatus(phase=case.phase))
+                              status=DeploymentStatus(phase=case.phase, scaled_at=case.scaled_at))
     reps, metrics = [], {}
     for i, q in enumerate(case.queues):
         rid = f"d-{i}"
@@ -153,6 +154,12 @@ CASES = [
          demand_at=NOW - 1, memory=Memory(last_scale_at=NOW - 5, last_action="scale_in")),
     Case("demand from before the scale to zero is old", 0, [], ("hold", 0, "idle_at_zero"),
          spec={"scale_to_zero": True}, demand_at=NOW - 100, memory=Memory(last_scale_at=NOW - 50)),
+    # an operator parked it at zero after the call (the autoscaler never acted): nobody waits
+    Case("demand from before an operator's scale to zero is old", 0, [], ("hold", 0, "idle_at_zero"),
+         spec={"scale_to_zero": True}, demand_at=NOW - 100, scaled_at=NOW - 50),
+    Case("demand after an operator's scale to zero wakes", 0, [], ("scale_out", 1, "cold_start"),
+         spec={"scale_to_zero": True}, demand_at=NOW - 1, scaled_at=NOW - 50,
+         memory=Memory(last_scale_at=NOW - 500, last_action="scale_out")),
     Case("cold start refused by quota", 0, [], ("hold", 0, "quota"), spec={"scale_to_zero": True},
          demand_at=NOW - 1, quota=gpu_quota(0, 0, 1)),
     Case("disabled holds", 3, [50, 50, 50], ("hold", 3, "disabled"), spec={"enabled": False}, memory=HELD_OUT),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from common import keyspace
 from common.records.events import recent_events
@@ -174,6 +175,33 @@ def test_idle_scales_to_zero_and_demand_wakes_it(store):
     run(worker)
     d = dep(store)
     assert d["replicas"] == 1 and "a call arrived with 0 replicas" in d["status"]["scaling"]
+
+
+def test_a_call_from_before_an_operator_scaled_to_zero_wakes_nothing(store, tmp_path):
+    """The gateway recorded demand while the deployment served (a call held for a new endpoint's
+    first plan); autoscaling is enabled later and the operator scales to zero: the autoscaler,
+    which never acted on it, must not read that old call as one waiting now. A call after wakes it."""
+    from controlplane.ops.deployments import ScaleRequest, scale
+    from controlplane.state import AppState
+
+    clock = Clock(time.time())
+    spec = AutoscalingSpec(min_replicas=0, max_replicas=2, scale_to_zero=True, cooldown_seconds=0)
+    seed(store, queue=0, spec=spec, now=clock.t)
+    store.put(keyspace.endpoints("e"), InferenceEndpoint(name="e", deployment="d").model_dump_json())
+    store.put(keyspace.demand("e"), json.dumps({"at": clock.t - 60}))  # what the gateway wrote then
+    scale(AppState(store=store, state_dir=tmp_path), None, "d", ScaleRequest(replicas=0))
+    assert dep(store)["status"]["scaled_at"] >= clock.t - 60
+    store.delete(keyspace.replicas("d", "d-0"))
+    worker = AutoscaleWorker(store, clock=clock)
+    run(worker)
+    d = dep(store)
+    assert d["replicas"] == 0 and d["status"]["scaling"].startswith("hold: scaled to zero"), d["status"]
+    clock.t = time.time() + 1
+    store.put(keyspace.demand("e"), json.dumps({"at": clock.t}))
+    run(worker)
+    d = dep(store)
+    assert d["replicas"] == 1 and "a call arrived with 0 replicas" in d["status"]["scaling"]
+    assert d["status"]["scaled_at"] == clock.t  # the autoscaler's change is dated too
 
 
 def test_with_note_replaces_the_previous_note():
