@@ -446,7 +446,12 @@ def test_a_call_at_zero_replicas_is_held_and_its_cold_start_timed_by_phase(lab: 
         "scale_in_seconds": 3600, "cooldown_seconds": 0})
     assert r.status_code == 200, r.text
     assert api.post(f"/api/ai/deployments/{MODEL}/scale", json={"replicas": 0}).status_code in (200, 202)
-    wait_for(lambda: not lab.replicas(), 180, "zero replicas")
+    try:
+        wait_for(lambda: not lab.replicas(), 180, "zero replicas")
+    except AssertionError as exc:  # say who keeps a replica: the autoscaler's decision, the replicas left
+        explain = api.get(f"/api/ai/explain/scaling/{MODEL}").json()
+        raise AssertionError(f"{exc}\nautoscaler: {explain.get('status')}; next: {explain.get('decision')}\n"
+                             f"replicas: {[(r['replica_id'], r.get('phase')) for r in lab.replicas()]}") from None
     client = openai.OpenAI(base_url=f"{lab.cfg.gateway_url}/api/ai/openai/{ENDPOINT}/v1", api_key=lab.key,
                            http_client=lab.tls)
 
