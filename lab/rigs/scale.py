@@ -178,7 +178,7 @@ class Size:
     nodes: int
     endpoints: int
     per_node: int = 8
-    balancers: int | None = None  # None: every node (the only choice until nodes have roles)
+    balancers: int | None = None  # the first N nodes have the balancer role; None: every node
     silent_agent: bool = False
     changed: int = 0  # endpoints whose replica's queue rises in the change pass; 0: max(1, E // 10)
     agents_observe: bool = False  # every agent scrapes and probes its engines and reports (AgentReports)
@@ -196,11 +196,6 @@ class Size:
     @property
     def changed_endpoints(self) -> int:
         return min(self.changed or max(1, self.endpoints // 10), self.endpoints, self.replicas)
-
-
-def _balancer_fields(index: int, balancers: int | None) -> dict:
-    """Node ``index``'s role: a balancer among the first ``balancers`` (None: every node)."""
-    return {"balancer": balancers is None or index < balancers}
 
 
 class AgentReports:
@@ -247,7 +242,6 @@ class Fleet:
         self.raw = store
         self.size = size
         self.store = CountingStore(store)
-        self.balancer_role = bool(_balancer_fields(0, 1))
         self._stack = ExitStack()
         self.engines: SimEngines
         self.agents: SimAgents
@@ -290,7 +284,8 @@ class Fleet:
                  (keyspace.profiles("p"), InferenceProfile(name="p", gpu=GpuRequest(count=1, vram_gib=40), cpu=4,
                                                            memory_gib=16).model_dump_json())]
         self.nodes = [Node(id=f"n{n:04d}", address=f"http://127.0.0.1:{self.agent_ports[n + 1]}", gpus=gpus,
-                           cpu_free=128, memory_free_gib=1024, last_heartbeat=now, **_balancer_fields(n, s.balancers))
+                           cpu_free=128, memory_free_gib=1024, last_heartbeat=now,
+                           balancer=s.balancers is None or n < s.balancers)
                       for n in range(s.nodes)]
         items += [(keyspace.nodes(n.id), n.model_dump_json()) for n in self.nodes]
         counts = [0] * s.deployments
@@ -427,5 +422,4 @@ def run_size(size: Size, store_kind: str, *, etcd=None, push_deadline_s: float =
                 out = asyncio.run(run_loops(fleet, Path(tmp), push_deadline_s))
         finally:
             store.close()
-    return {"store": store_kind, **asdict(size), "replicas": size.replicas, "setup_s": round(setup_s, 2),
-            "balancer_role": fleet.balancer_role, **out}
+    return {"store": store_kind, **asdict(size), "replicas": size.replicas, "setup_s": round(setup_s, 2), **out}
