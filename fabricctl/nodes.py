@@ -29,8 +29,14 @@ from common.private_fs import private_dir, write_private
 from fabricctl.output import col, emit_json, emit_object, emit_table, session
 
 JSON_OPT = typer.Option(False, "--json", help="print JSON for scripts")
-BALANCER_HELP = ("the node carries the VIPs' Maglev services and announces them over BGP (a balancer); "
-                 "default: a balancer only while no node is one (a single host, a fleet's first node)")
+# Where a new node registers: `node add` and `node join-token` take the same options.
+SiteOpt = Annotated[str | None, typer.Option("--site", help="the site the node registers in")]
+NetworksOpt = Annotated[list[str] | None, typer.Option(
+    "--replica-network", help="a CIDR its replicas' addresses must lie in (repeatable)")]
+BalancerOpt = Annotated[bool | None, typer.Option(
+    "--balancer/--no-balancer",
+    help="the node carries the VIPs' Maglev services and announces them over BGP (a balancer); "
+         "default: a balancer only while no node is one (a single host, a fleet's first node)")]
 
 node_app = typer.Typer(help="GPU hosts running fabric-agent.", no_args_is_help=True)
 
@@ -65,6 +71,12 @@ def write_node_files(out: Path, issued: dict) -> tuple[Path, Path, Path]:
     return crt, key, ca
 
 
+def _registration(host: list[str] | None, site: str | None, network: list[str] | None,
+                  balancer: bool | None) -> dict:
+    """What the new node's certificate names and where it registers (SiteOpt, NetworksOpt, BalancerOpt)."""
+    return {"hosts": host or [], "site": site, "replica_networks": network or [], "balancer": balancer}
+
+
 @node_app.command("add")
 def node_add(
     name: str = typer.Argument(..., metavar="NAME", help="the new node's id (its certificate's CN)"),
@@ -72,18 +84,15 @@ def node_add(
         "--out", help="directory for NAME.crt, NAME.key, ca.crt (default ./NAME-pki)")] = None,
     host: Annotated[list[str] | None, typer.Option(
         "--host", help="extra host name or IP the agent serves under")] = None,
-    site: Annotated[str | None, typer.Option("--site", help="the site the node registers in")] = None,
-    network: Annotated[list[str] | None, typer.Option(
-        "--replica-network", help="a CIDR its replicas' addresses must lie in (repeatable)")] = None,
-    balancer: Annotated[bool | None, typer.Option("--balancer/--no-balancer", help=BALANCER_HELP)] = None,
+    site: SiteOpt = None,
+    network: NetworksOpt = None,
+    balancer: BalancerOpt = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Issue a node certificate from the cluster CA (the node registers itself when its agent starts)."""
     out = out or Path(f"{name}-pki")
     with session() as c:
-        issued = c.post(f"/api/ai/nodes/{name}/certificate", {"hosts": host or [], "site": site,
-                                                              "replica_networks": network or [],
-                                                              "balancer": balancer})
+        issued = c.post(f"/api/ai/nodes/{name}/certificate", _registration(host, site, network, balancer))
     crt, key, ca = write_node_files(out, issued)
     if as_json:
         emit_object({"node_id": name, "cert": str(crt), "key": str(key), "ca": str(ca)}, True)
@@ -98,17 +107,15 @@ def node_join_token(
     host: Annotated[list[str] | None, typer.Option(
         "--host", help="extra host name or IP the node's certificate names (repeatable)")] = None,
     ttl: int = typer.Option(900, "--ttl", help="seconds the token is valid (60-86400)"),
-    site: Annotated[str | None, typer.Option("--site", help="the site the node registers in")] = None,
-    network: Annotated[list[str] | None, typer.Option(
-        "--replica-network", help="a CIDR its replicas' addresses must lie in (repeatable)")] = None,
-    balancer: Annotated[bool | None, typer.Option("--balancer/--no-balancer", help=BALANCER_HELP)] = None,
+    site: SiteOpt = None,
+    network: NetworksOpt = None,
+    balancer: BalancerOpt = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """A one-time, short-lived token a new node trades for its certificate (fabric-agent join)."""
     with session() as c:
-        made = c.post("/api/ai/join-tokens", {"node_id": node_id, "hosts": host or [], "ttl_s": ttl,
-                                              "site": site, "replica_networks": network or [],
-                                              "balancer": balancer})
+        made = c.post("/api/ai/join-tokens", {"node_id": node_id, "ttl_s": ttl,
+                                              **_registration(host, site, network, balancer)})
     if as_json:
         emit_object(made, True)
         return
