@@ -267,10 +267,11 @@ class UpstreamCache:
 
     async def view(self, name: str, need_upstream: bool = True) -> EndpointView:
         """need_upstream=False (dry run): the endpoint must exist, replicas need not."""
+        arrived = self._started  # the fetches started before this call
         await self.refresh()
         view = self._view_now(name)
         if view is None:  # perhaps created since the copy was made: catch up, then look again
-            await self._caught_up()
+            await self._caught_up(arrived)
             view = self._view_now(name)
         if view is None:
             raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
@@ -282,13 +283,13 @@ class UpstreamCache:
             raise TransientError(f"endpoint {name!r} has no ready replica", code="no_ready_replica")
         return view
 
-    async def _caught_up(self) -> None:
+    async def _caught_up(self, after: int) -> None:
         """The copy holds every write made before this call: a fetch that started after it was
         applied. The fetch is shared by every caller waiting at the same time and only one runs at
         once, so a flood of names the copy does not know (made up, or created since) costs the
         store one fetch at a time -- a revision read when nothing changed -- never a read per
-        call; a new endpoint still answers from its first call."""
-        after = self._started
+        call; a new endpoint still answers from its first call. ``after``: the fetches started
+        before the call (one the call's own refresh started counts)."""
         while self._applied <= after:
             if self._fetching is None:
                 self._start(self.clock())
