@@ -26,11 +26,13 @@ _VENV_PY = _Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
 if _VENV_PY.exists() and _Path(_sys.prefix).resolve() != _VENV_PY.parents[1].resolve():
     _os.execv(str(_VENV_PY), [str(_VENV_PY), *_sys.argv])
 
+import argparse
 import importlib.machinery
 import importlib.util
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -127,6 +129,9 @@ def variant_dir(name: str) -> Path:
 
 
 def main() -> None:
+    argparse.ArgumentParser(prog="bench_xdp_ablate.py", description=__doc__.splitlines()[0],
+                            epilog="BENCH_VARIANTS=a,b runs a subset; BENCH_NODE_IP source-NATs").parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's kill still removes the pins and namespaces
     spec = importlib.util.spec_from_loader("bench_xdp", importlib.machinery.SourceFileLoader(
         "bench_xdp", str(ROOT / "scripts" / "bench-xdp")))
     bench_xdp = importlib.util.module_from_spec(spec)
@@ -139,13 +144,15 @@ def main() -> None:
     names = ["as_built", *(ONLY or [*VARIANTS, *PLANE_VARIANTS])]
     planes: dict[str, Dataplane] = {}
     dirs: list[Path] = []
+    pins: list[str] = []  # noted before each Dataplane pins its maps there, so a kill midway leaves none
     try:
         for name in names:
             d = variant_dir(name)
             dirs.append(d)
             loader.BPF_DIR = d  # load() compiles BPF_DIR / maglev.c
-            dp = Dataplane(pin_dir=f"/sys/fs/bpf/fabric-ablate-{uuid.uuid4().hex[:8]}", flow_entries=FLOW_ENTRIES,
-                           route_netns=ns, **PLANE_VARIANTS.get(name, ({}, ""))[0])
+            pins.append(f"/sys/fs/bpf/fabric-ablate-{uuid.uuid4().hex[:8]}")
+            dp = Dataplane(pin_dir=pins[-1], flow_entries=FLOW_ENTRIES, route_netns=ns,
+                           **PLANE_VARIANTS.get(name, ({}, ""))[0])
             planes[name] = dp
             dp.configure(node_ip=NODE_IP, settings=DataplaneSettings(xdp_forward=True))
             dp.put_service(vip_addr, 80, "tcp", backends)
@@ -223,7 +230,8 @@ def main() -> None:
     finally:
         for dp in planes.values():
             dp.close()
-            shutil.rmtree(dp.pin_dir, ignore_errors=True)
+        for pin in pins:
+            shutil.rmtree(pin, ignore_errors=True)
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
         for name in (ns, ns + "p"):
