@@ -52,10 +52,11 @@ class Agents:
         if method == "PUT" and path == "/v1/maglev/services":
             batch = json.loads(body)["services"]
             self.services += len(batch)
+            held, results = self.held.setdefault(port, {}), []
             for s in batch:
-                self.held.setdefault(port, {})[f"{s['vip']}:{s['port']}/{s.get('proto', 'tcp')}"] = s["generation"]
-            results = [{"key": f"{s['vip']}:{s['port']}/{s.get('proto', 'tcp')}", "generation": s["generation"],
-                        "outcome": "applied", "held": s["generation"]} for s in batch]
+                key = f"{s['vip']}:{s['port']}/{s.get('proto', 'tcp')}"
+                held[key] = s["generation"]
+                results.append({"key": key, "generation": s["generation"], "outcome": "applied", "held": s["generation"]})
             return 200, json.dumps({"results": results}).encode()
         if path.startswith("/v1/health"):
             return 200, b"{}"
