@@ -234,20 +234,23 @@ class UpstreamCache:
     def _start(self, now: float) -> None:
         """One fetch; never while another is in flight (callers join ``_fetching`` instead)."""
         assert self._fetching is None
-        fetching = asyncio.get_running_loop().run_in_executor(None, self.mirror.fetch)
-        self._fetching = fetching
         self._started += 1
-        number = self._started
+        fetching = asyncio.ensure_future(self._fetch(now, self._started))
+        fetching.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "never retrieved"
+        self._fetching = fetching
 
-        def done(fut: asyncio.Future) -> None:  # runs before any waiter resumes
-            self._fetching = None
-            if fut.cancelled() or fut.exception() is not None:
-                return  # waiters get the error; the copy stays until it is older than the TTL
-            self.mirror.apply(fut.result())
-            self._synced = now  # counted from the fetch's start: never older than that
-            self._applied = number
-
-        fetching.add_done_callback(done)
+    async def _fetch(self, now: float, number: int) -> None:
+        """The fetch in the thread pool, applied by this task before it ends: a caller that finds
+        ``_fetching`` done finds its copy applied. (Applying in a done-callback left a window --
+        the executor's future done, the callback not yet run -- in which ``_caught_up`` awaited a
+        done future, which returns without yielding, and spun on the event loop forever.)"""
+        try:
+            fetched = await asyncio.get_running_loop().run_in_executor(None, self.mirror.fetch)
+        finally:
+            self._fetching = None  # an error reaches the waiters; the copy stays until past the TTL
+        self.mirror.apply(fetched)
+        self._synced = now  # counted from the fetch's start: never older than that
+        self._applied = number
 
     def _view_now(self, name: str) -> EndpointView | None:
         cached = self._views.get(name)

@@ -141,3 +141,48 @@ def test_a_flood_of_unknown_names_shares_one_fetch_and_reads_no_key(tmp_path):
         asyncio.run(view("made-up-again"))
     cache.close()
     raw.close()
+
+
+def test_a_call_arriving_as_a_fetch_finishes_waits_for_its_apply_and_does_not_spin(tmp_path):
+    """The window between the fetch's result reaching the event loop and the copy being applied:
+    a call that runs in it (a made-up name, so it waits for a fetch applied after it arrived)
+    must wait for that apply, not find a finished fetch and ask again without yielding -- which
+    spun the gateway's event loop forever under load (every call then timed out)."""
+    import threading
+
+    from common.errors import NotFound
+
+    raw = SqliteStore(tmp_path / "f.db")
+    fleet(raw, endpoints=1)
+    cache = UpstreamCache(raw, ttl_secs=3600.0)
+    release = threading.Event()
+    fetch = cache.mirror.fetch
+
+    def held():
+        release.wait(10)
+        return fetch()
+
+    cache.mirror.fetch = held  # type: ignore[method-assign]
+    results: list[object] = []
+
+    async def scenario():
+        first = asyncio.ensure_future(cache.view("e0"))  # starts the first fetch and waits for it
+        await asyncio.sleep(0.05)
+        release.set()
+        time.sleep(0.3)  # blocks the loop: the fetch ends and its result is queued on the loop
+        # this call's first step is queued after the fetch's result, so it runs before anything
+        # the result schedules when the loop takes it
+        late = asyncio.ensure_future(cache.view("made-up"))
+        results.append((await first).endpoint.name)
+        try:
+            await late
+        except NotFound as exc:
+            results.append(exc.code)
+
+    runner = threading.Thread(target=asyncio.run, args=(scenario(),), daemon=True)
+    runner.start()
+    runner.join(20)
+    assert not runner.is_alive(), "the event loop spun in UpstreamCache._caught_up"
+    assert results == ["e0", "endpoint_not_found"]
+    cache.close()
+    raw.close()
