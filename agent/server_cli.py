@@ -407,7 +407,8 @@ def serve(
             from agent.engine_watch import EngineWatch, TargetBook
 
             state.engines = EngineWatch(state.node_id, state.vm_driver, TargetBook(state_dir / "engine-targets"),
-                                        beat.client, interval_s=settings.observe_secs)
+                                        beat.client, interval_s=settings.observe_secs,
+                                        scrape_timeout_s=settings.scrape_timeout_s)
             state.engines.start(stop)
     ssl_args: dict = {}
     if plan.enabled:

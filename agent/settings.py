@@ -18,6 +18,8 @@ agent's: every agent package may import it.
   FABRIC_OBSERVE_ENGINES (1), FABRIC_OBSERVE_SECS (5)   the agent scrapes the engines on its host
                                 every FABRIC_OBSERVE_SECS and reports what changed materially to
                                 fabricd (agent/engine_watch.py); 0: fabricd scrapes them itself
+  FABRIC_SCRAPE_TIMEOUT_SECS (2)   one engine scrape's deadline there, its /health probe included
+                                (0.1-60; the same name and default as fabricd's)
   FABRIC_LAB_ENGINE (sim), FABRIC_LAB_ENGINE_PYTHON, FABRIC_LAB_ENGINE_KV_BYTES, FABRIC_LAB_ENGINE_NICE   the lab's engine (LabEngineSettings below; agent/vm/lab_engine.py runs it)
   HF_TOKEN..., FABRIC_*TOKEN*/KEY/SECRET/PASSWORD   kept (never shown) so that a cloud-init seed is
                                 refused if it holds one (agent/vm/cloud_init.check_no_secrets)
@@ -244,6 +246,7 @@ class AgentSettings:
     fail_closed_window_s: float = 30.0
     observe_engines: bool = True  # FABRIC_OBSERVE_ENGINES: agent.engine_watch reports this host's engines
     observe_secs: float = 5.0  # FABRIC_OBSERVE_SECS: how often it scrapes them
+    scrape_timeout_s: float = 2.0  # FABRIC_SCRAPE_TIMEOUT_SECS: one scrape's (and probe's) deadline
     # (name, value) of every secret the agent's environment holds (SECRET_ENV, and FABRIC_* names
     # holding SECRET_WORDS): a seed holding one is refused (agent/vm/cloud_init.check_no_secrets)
     secrets: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -280,15 +283,18 @@ def load(env: Mapping[str, str] | None = None, *, node_ip: str | None = None) ->
     window = _seconds(env, "FABRIC_FAIL_CLOSED_WINDOW_SECS", 30.0, errors)
     observe = part(lambda: _flag01(env, "FABRIC_OBSERVE_ENGINES", True))
     observe_secs = _seconds(env, "FABRIC_OBSERVE_SECS", 5.0, errors)
+    scrape_timeout = _seconds(env, "FABRIC_SCRAPE_TIMEOUT_SECS", 2.0, errors, lo=0.1, hi=60)
     if errors:
         raise AgentSettingsError("; ".join(errors))
     return AgentSettings(dataplane, bgp, models, vfio_keep_bound=keep, pci_mig=mig,
                          images_dir=Path(images) if images else None, lab_engine=lab_engine,
                          fail_closed_window_s=window, observe_engines=bool(observe), observe_secs=observe_secs,
+                         scrape_timeout_s=scrape_timeout,
                          secrets=secret_values(env))
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float, errors: list[str]) -> float:
+def _seconds(env: Mapping[str, str], name: str, default: float, errors: list[str],
+             lo: float = 1, hi: float = 86400) -> float:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -296,8 +302,8 @@ def _seconds(env: Mapping[str, str], name: str, default: float, errors: list[str
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not 1 <= value <= 86400:
-        errors.append(f"{name} must be seconds between 1 and 86400, got {raw!r}")
+    if not lo <= value <= hi:
+        errors.append(f"{name} must be seconds between {lo:g} and {hi:g}, got {raw!r}")
         return default
     return value
 

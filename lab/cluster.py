@@ -305,8 +305,10 @@ def start_agent(cfg: LabConfig) -> int:
     models from the lab's mirror (HF_ENDPOINT, the library's own setting)."""
     return processes.start(cfg.state_dir, "agent", agent_command(cfg),
                            {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": cfg.mirror_url, "FABRIC_LAB_ENGINE": cfg.engine,
-                            # it scrapes its engines as often as the lab routes (agent.engine_watch)
-                            "FABRIC_OBSERVE_SECS": str(max(1.0, cfg.routing_secs))})
+                            # it scrapes its engines as often as the lab routes (agent.engine_watch),
+                            # with fabricd's deadline: a real engine's busy loop answers late
+                            "FABRIC_OBSERVE_SECS": str(max(1.0, cfg.routing_secs)),
+                            "FABRIC_SCRAPE_TIMEOUT_SECS": str(cfg.scrape_timeout_secs)})
 
 
 def up(cfg: LabConfig, echo=print, force: bool = False) -> LabHandle:

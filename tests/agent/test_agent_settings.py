@@ -29,6 +29,7 @@ app.command("other")(lambda: None)  # two commands: `serve` stays a subcommand, 
     ("FABRIC_BGP", "2"),
     ("FABRIC_MODEL_RETRIES", "-1"),
     ("FABRIC_IMAGES_DIR", "images"),
+    ("FABRIC_SCRAPE_TIMEOUT_SECS", "0"),
 ])
 def test_serve_refuses_a_bad_value_naming_its_variable(tmp_path, name, value):
     args = ["serve", "--node-id", "n1", "--insecure", "--listen", "127.0.0.1:1", "--vm-driver", "dry-run",
@@ -46,8 +47,9 @@ def test_every_bad_variable_is_named_at_once():
 
 def test_values_are_parsed_once_into_one_frozen_object():
     s = load({"FABRIC_PCI_MIG": "1", "FABRIC_VFIO_KEEP_BOUND": "1", "FABRIC_UDP_FLOW_SECS": "45",
-              "FABRIC_MODEL_DIR": "/data/models", "FABRIC_IMAGES_DIR": "/opt/fabric/images"})
-    assert s.pci_mig and s.vfio_keep_bound and s.dataplane.udp_flow_secs == 45
+              "FABRIC_MODEL_DIR": "/data/models", "FABRIC_IMAGES_DIR": "/opt/fabric/images",
+              "FABRIC_SCRAPE_TIMEOUT_SECS": "7.5"})
+    assert s.pci_mig and s.vfio_keep_bound and s.dataplane.udp_flow_secs == 45 and s.scrape_timeout_s == 7.5
     assert s.models.model_dir == "/data/models" and s.images_dir == Path("/opt/fabric/images")
     assert load({}) == AgentSettings()
     with pytest.raises(AttributeError):
