@@ -1,7 +1,7 @@
 """Where a call goes: the endpoint's VIP and its ready replicas, read from the store and cached.
 
 The store is the source of truth; the gateway keeps a copy of the records views are made of,
-listed once and then kept by watch (UpstreamCache: at most 1 s old by default, O(changes) per
+listed once and then kept by its changes (UpstreamCache: at most 1 s old by default, O(changes) per
 refresh), so store round trips stay off the hot path and a refresh never lists the fleet. Choosing and ordering targets, and shedding, are pure functions of that view.
 
 Order: the VIP first when the endpoint has one; the session's replica (x-session-id, else the
@@ -198,8 +198,8 @@ VIEW_PREFIXES = (keyspace.endpoints(), keyspace.routing_plans(), keyspace.replic
 class UpstreamCache:
     """Endpoint views read from a Mirror of the records they are made of (common.store.mirror).
 
-    The mirror is brought up to date at most every ``ttl_secs`` (one watch per prefix, in the
-    thread pool, never on a call's path once warm: past half the TTL the first call starts the
+    The mirror is brought up to date at most every ``ttl_secs`` (one read of the changes per
+    prefix, in the thread pool, never on a call's path once warm: past half the TTL the first call starts the
     fetch and goes on with the copy it has; only a copy older than the TTL is waited for). A view
     is rebuilt only when a key or prefix it was built from changed, so a refresh costs
     O(changes), never a list of every replica."""

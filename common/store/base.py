@@ -19,8 +19,16 @@ Semantics (etcd's, so the SQLite backend can be swapped for etcd without surpris
     or is revoked.
   - ``watch`` long-polls: it returns the events under a prefix with revision > after_revision,
     blocking up to ``timeout`` seconds for the first one; [] on timeout. History already written
-    may take a backend's ``history_wait_s`` to come, in several answers (etcd: its sync loop runs
-    every 100 ms); 0 says it comes at once, all in one answer (SQLite's events table).
+    may come late and in several answers (etcd serves a watch from a past revision from its sync
+    loop, every 100 ms and slower under load), so [] never says the caller is caught up.
+  - ``changed_since(prefix, after, at)`` says, in one read, what a copy of the prefix taken at
+    revision ``after`` is missing at revision ``at``: the keys written after ``after`` (their
+    mod_revision is greater) and how many keys the prefix holds in all. Every other live key
+    is one the copy already holds unchanged, so a copy that holds more keys than that count
+    allows holds keys deleted since (common/store/mirror.py). etcd answers as of ``at`` exactly
+    (a Range at that revision with min_mod_revision); a backend that keeps no old versions
+    (SQLite) answers as of its current revision, never older than ``at``; ``Changes.revision``
+    says which. An ``at`` older than the history the store keeps raises Conflict "compacted".
 Transient failures (backend unreachable) raise common.errors.TransientError.
 """
 
@@ -31,13 +39,6 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops: the most keys one put_all transaction holds
-HISTORY_WAIT_S = 0.2  # for a backend that does not say its history_wait_s
-
-
-def history_wait_s(store: object) -> float:
-    """How long a watch from a past revision may wait for history already written (the module
-    docstring); a wrapper passes its inner store's on."""
-    return float(getattr(store, "history_wait_s", HISTORY_WAIT_S))
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,15 @@ class Event:
     key: str
     value: str | None
     revision: int
+
+
+@dataclass(frozen=True)
+class Changes:
+    """``Store.changed_since``'s answer, as of ``revision``."""
+
+    revision: int
+    kvs: list[KV]  # the keys under the prefix written after the revision asked about, sorted by key
+    count: int  # every key under the prefix, written since or not
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,12 @@ class Store(Protocol):
 
     def revision(self) -> int:
         """The store's current revision."""
+        ...
+
+    def changed_since(self, prefix: str, after_revision: int, at_revision: int) -> Changes:
+        """The keys under prefix with mod_revision > after_revision and the count of all keys
+        under it, as of at_revision (a revision the store has reached) or, where the backend
+        keeps no old versions, as of its current revision (the module docstring)."""
         ...
 
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]: ...

@@ -9,7 +9,8 @@ through the etcd3gw client's own ``post``/``get_url`` and builds the payloads it
   - create = txn[create_revision == 0] put; cas = txn[mod_revision == N] put;
     delete at a revision = txn[mod_revision == N] delete.
 Watch opens one streaming HTTP request of its own, reads until the first batch of events or the
-deadline, and closes it: no background threads, no pooled connection left half-read.
+deadline (finishing a message begun by then), and closes it: no background threads, no pooled
+connection left half-read.
 Unreachable etcd raises TransientError; a write naming an unknown lease raises NotFound.
 
 A cluster is reached through several endpoints (``etcd://h1:p1,h2:p2,h3:p3``). Calls go to the
@@ -44,7 +45,7 @@ import urllib3
 from etcd3gw import exceptions as etcd_exc
 
 from common.errors import Conflict, NotFound, StoreAccessDenied, TransientError
-from common.store.base import KV, MAX_TXN_OPS, Event, Lease
+from common.store.base import KV, MAX_TXN_OPS, Changes, Event, Lease
 from common.store.etcd_access import EtcdAccess
 
 REQUEST_TIMEOUT_S = 10.0
@@ -157,10 +158,6 @@ def _described(path: str, payload: dict[str, Any]) -> str:
 
 class EtcdStore:
     """Store backend on an etcd v3 cluster (3.4+) reached over its HTTP/JSON gateway."""
-
-    # a watch from a past revision gets its history when etcd's sync loop next runs (every 100 ms),
-    # possibly in several answers: wait this long for each
-    history_wait_s = 0.2
 
     def __init__(self, host: str, port: int, *, timeout: float = REQUEST_TIMEOUT_S,
                  endpoints: list[tuple[str, int]] | None = None, access: EtcdAccess | None = None):
@@ -310,6 +307,17 @@ class EtcdStore:
         result = self._post("/kv/range", {"key": _b64(_REVISION_PROBE_KEY), "count_only": True})
         return int(result["header"]["revision"])
 
+    def changed_since(self, prefix: str, after_revision: int, at_revision: int) -> Changes:
+        # One Range at at_revision: min_mod_revision filters the kvs etcd returns, never its
+        # count (every key in the range at that revision). A member behind the one that gave
+        # at_revision refuses it as a future revision: a TransientError, asked again next time.
+        if at_revision < 1:
+            raise ValueError(f"changed_since at revision {at_revision}: a revision the store has reached (>= 1)")
+        payload = _range_request(prefix) | {"revision": str(at_revision), "min_mod_revision": str(after_revision + 1),
+                                            "sort_order": "ASCEND", "sort_target": "KEY"}
+        result = self._post("/kv/range", payload)
+        return Changes(at_revision, [_kv(item) for item in result.get("kvs") or []], int(result.get("count", 0)))
+
     # -- writes -------------------------------------------------------------------------
 
     @staticmethod
@@ -454,7 +462,9 @@ class EtcdStore:
 
 
 def _read_first_events(resp: requests.Response, deadline: float) -> list[Event]:
-    """Read watch-stream messages until one carries events or the deadline passes."""
+    """Read watch-stream messages until one carries events or the deadline passes. A message
+    begun by the deadline is read to its end (each read still bounded by the read timeout):
+    its events are answered, not dropped with the half already read."""
     buffer = b""
     for chunk in resp.iter_content(chunk_size=None):
         buffer += chunk
@@ -475,7 +485,7 @@ def _read_first_events(resp: requests.Response, deadline: float) -> list[Event]:
             events = result.get("events") or []
             if events:
                 return [_event(e) for e in events]
-        if time.monotonic() >= deadline:
+        if not buffer.strip() and time.monotonic() >= deadline:
             return []
     return []
 

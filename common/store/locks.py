@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from common import keyspace
 from common.errors import NotFound
-from common.store.base import KV, Event, Lease, Store, history_wait_s
+from common.store.base import KV, Changes, Event, Lease, Store
 
 SAFETY_MARGIN = 0.2  # fraction of the TTL kept back for clock drift and request latency
 
@@ -160,12 +160,11 @@ class FencedStore:
     def revision(self) -> int:
         return self.inner.revision()
 
+    def changed_since(self, prefix: str, after_revision: int, at_revision: int) -> Changes:
+        return self.inner.changed_since(prefix, after_revision, at_revision)
+
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
         return self.inner.watch(prefix, after_revision, timeout)
-
-    @property
-    def history_wait_s(self) -> float:
-        return history_wait_s(self.inner)
 
     # fenced writes
     def put(self, key: str, value: str, *, lease: int | None = None) -> int:

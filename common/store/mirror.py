@@ -1,29 +1,39 @@
-"""A local copy of the keys under a few prefixes: listed once, then kept current by ``watch``.
+"""A local copy of the keys under a few prefixes: listed once, then kept current by ``changed_since``.
 
 A reader that looks at the whole fleet often (a gateway's endpoint views twice a second, the
-routing pass's snapshot) reads through a Mirror instead of the store: ``poll()`` asks the store
-only for what changed under each prefix since the last poll (``Store.watch`` with no wait), so a
-refresh costs O(changes), not O(keys). ``get``/``list``/``revision`` answer from memory for keys
-under the mirrored prefixes and fall through to the store for any other key, so the record
-modules (common.records) read a Mirror exactly as they read a Store. It has no write verbs.
+routing pass's snapshot) reads through a Mirror instead of the store: ``fetch()`` reads the
+store's revision once and asks each prefix, in one read as of that revision, for the keys written
+since the copy's revision and how many keys the prefix holds (``Store.changed_since``), so a
+refresh carries O(changes), not O(keys), and its answer does not depend on how soon the store
+answers (a watch from a past revision may come late on a busy etcd: an empty answer never said
+"caught up"). ``get``/``list``/``revision`` answer from memory for keys under the mirrored
+prefixes and fall through to the store for any other key, so the record modules
+(common.records) read a Mirror exactly as they read a Store. It has no write verbs.
 
 Invariants:
-  - A prefix is listed at the revision read just before the list, and watched from there: an
-    event between the two is applied again, and an event older than the key's copy is skipped,
-    so the copy never goes back in time.
-  - Watch history that is gone (etcd compacted it, SQLite pruned it: Conflict "compacted")
-    relists that prefix: the copy is rebuilt, never patched past a gap. Other store errors
-    (TransientError) reach the caller; the copy stays as it was and the next poll asks again.
-  - Every applied change bumps ``version``; ``moved(reads, since)`` says whether any key or
-    listed prefix a reader looked at (``Reads``, recorded by ``tracked()``) changed after the
-    version it read at, so a cache recomputes only what a change touched. A prefix counts as
-    changed when any key under it (at a "/" boundary) was put or deleted. The change record of
-    a deleted key (and of a prefix no key is under any more) is kept until such records
-    outnumber the live keys by FORGET_SLACK; then they are dropped and each counts as changed at
-    that version (``_forgot``): a reader from before then reads again once, and a long-running
-    copy of a churning fleet (replicas made and deleted) keeps memory in proportion to its keys.
-Not thread-safe: ``fetch`` (store calls) may run in an executor; ``apply`` and the reads run on
-the owner's thread.
+  - The copy of a prefix holds every key that was live at ``_after[prefix]``, each as it was then
+    or newer, and no key deleted by then. A list is recorded at a revision read just before it
+    (so it may be ahead; a key it holds newer than that is returned again and skipped), and a
+    put older than the key's copy is skipped, so the copy never goes back in time.
+  - Deletions: the live keys ``changed_since`` does not return (``count - len(kvs)`` of them)
+    were written at or before ``_after[prefix]``, so the copy holds each of them. When it holds
+    exactly that many keys of the prefix besides the returned ones, nothing was deleted; when it
+    holds more, the prefix is listed again and the keys the list lacks are deleted from the copy.
+  - History that is gone (etcd compacted the revision asked at, SQLite pruned it: Conflict
+    "compacted") relists that prefix: the copy is rebuilt, never patched past a gap. Other
+    store errors (TransientError) reach the caller; the copy stays as it was and the next fetch
+    asks again.
+  - Every applied change (a put, or a delete a list found) bumps ``version``; ``moved(reads,
+    since)`` says whether any key or listed prefix a reader looked at (``Reads``, recorded by
+    ``tracked()``) changed after the version it read at, so a cache recomputes only what a
+    change touched. A prefix counts as changed when any key under it (at a "/" boundary) was
+    put or deleted. The change record of a deleted key (and of a prefix no key is under any
+    more) is kept until such records outnumber the live keys by FORGET_SLACK; then they are
+    dropped and each counts as changed at that version (``_forgot``): a reader from before then
+    reads again once, and a long-running copy of a churning fleet (replicas made and deleted)
+    keeps memory in proportion to its keys.
+Not thread-safe: ``fetch`` (store calls, and reads of the copy) may run in an executor while the
+owner's thread reads, never while it applies; ``apply`` and the reads run on the owner's thread.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from common.errors import Conflict
-from common.store.base import KV, Event, Store, history_wait_s
+from common.store.base import KV, Changes, Store
 
 log = logging.getLogger("fabric.store.mirror")
 FORGET_SLACK = 1024  # change records of deleted keys kept beyond the live keys' count
@@ -43,9 +53,9 @@ FORGET_SLACK = 1024  # change records of deleted keys kept beyond the live keys'
 
 @dataclass
 class Fetched:
-    """One fetch: per prefix, the events since the last apply, or a fresh list at a revision."""
+    """One fetch: per prefix, what changed since the last apply, or a fresh list at a revision."""
 
-    events: dict[str, builtins.list[Event]] = field(default_factory=dict)
+    changes: dict[str, Changes] = field(default_factory=dict)
     lists: dict[str, tuple[int, builtins.list[KV]]] = field(default_factory=dict)
     seen: int | None = None  # the store's revision before the fetch asked anything
 
@@ -63,15 +73,15 @@ class Mirror:
         self.store = store
         self.prefixes = sorted(set(prefixes))
         self.version = 0  # bumped per applied change
-        self.events_applied = 0  # every change applied since the start (tests and benchmarks read it)
-        self.lists = 0  # prefixes listed (first poll, or again after a gap)
+        self.changes_applied = 0  # every change applied since the start (tests and benchmarks read it)
+        self.lists = 0  # prefixes listed (first fetch, after a gap, or to find deleted keys)
         self._kvs: dict[str, KV] = {}
         self._sorted: builtins.list[str] | None = []  # the keys in order; None: rebuild at next list
-        # the prefixes are asked at once: etcd answers a watch from a past revision only when its
-        # sync loop next runs (every 100 ms), so one after the other would add those waits up
+        self._held = {p: 0 for p in self.prefixes}  # prefix -> keys of the copy under it
+        # the prefixes are asked at once: one after the other would add their round trips up
         self._pool = ThreadPoolExecutor(max_workers=len(self.prefixes), thread_name_prefix="fabric-mirror")
         self._seen: int | None = None  # the store's revision at the last fetch applied
-        self._after: dict[str, int | None] = {p: None for p in self.prefixes}  # None: list at next poll
+        self._after: dict[str, int | None] = {p: None for p in self.prefixes}  # None: list at next fetch
         self._key_version: dict[str, int] = {}  # key -> version of its last change (deletes kept)
         self._dir_version: dict[str, int] = {}  # "/"-ended prefix -> version of the last change under it
         self._forgot = 0  # a key or prefix with no record above changed at this version at the latest
@@ -88,41 +98,32 @@ class Mirror:
         out = Fetched()
         now = self.store.revision()
         if now == self._seen and None not in self._after.values():
-            return out  # nothing was written anywhere since the last fetch: no watch to ask
-        for prefix, got in zip(self.prefixes, self._pool.map(self._fetch_one, self.prefixes)):
-            if isinstance(got, tuple):
-                out.lists[prefix] = got
+            return out  # nothing was written anywhere since the last fetch: nothing to ask
+        for prefix, got in zip(self.prefixes, self._pool.map(lambda p: self._fetch_one(p, now), self.prefixes)):
+            if isinstance(got, Changes):
+                out.changes[prefix] = got
             else:
-                out.events[prefix] = got
+                out.lists[prefix] = got
         out.seen = now
         return out
 
-    def _fetch_one(self, prefix: str) -> builtins.list[Event] | tuple[int, builtins.list[KV]]:
+    def _fetch_one(self, prefix: str, now: int) -> Changes | tuple[int, builtins.list[KV]]:
         after = self._after[prefix]
         if after is not None:
             try:
-                return self._changes(prefix, after)
+                got = self.store.changed_since(prefix, after, now)
             except Conflict as exc:
                 if exc.code != "compacted":
                     raise
                 log.info("mirror of %s: %s; listing again", prefix, exc.message)
-        rev = self.store.revision()  # before the list: a change in between is watched again
+            else:
+                # the copy's keys besides those written since: exactly the untouched live ones
+                # unless some were deleted (the module's invariants)
+                held = self._held[prefix] - sum(kv.key in self._kvs for kv in got.kvs)
+                if held == got.count - len(got.kvs):
+                    return got
+        rev = self.store.revision()  # before the list: a key written in between is asked about again
         return rev, self.store.list(prefix)
-
-    def _changes(self, prefix: str, after: int) -> builtins.list[Event]:
-        """Every event under prefix after ``after``. A backend whose history comes at once (SQLite,
-        ``history_wait_s`` 0) answers it all to one watch that waits for nothing; on etcd one answer
-        holds one batch of history, sent when its sync loop next runs (every 100 ms), so each
-        watch waits ``history_wait_s`` and is asked again from its last revision until an answer
-        is empty."""
-        out: builtins.list[Event] = []
-        wait = history_wait_s(self.store)
-        while True:
-            batch = self.store.watch(prefix, after, timeout=wait)
-            if not batch or not wait:
-                return out + batch
-            out += batch
-            after = max(ev.revision for ev in batch)
 
     def apply(self, fetched: Fetched) -> int:
         """Apply what ``fetch`` brought (fast, in memory); returns the changes applied."""
@@ -131,12 +132,13 @@ class Mirror:
             self._seen = fetched.seen
         for prefix, (rev, kvs) in fetched.lists.items():
             applied += self._relist(prefix, rev, kvs)
-        for prefix, events in fetched.events.items():
-            for ev in events:
-                applied += self._apply(ev)
-                self._after[prefix] = max(self._after[prefix] or 0, ev.revision)
+        for prefix, got in fetched.changes.items():
+            for kv in got.kvs:
+                applied += self._put(kv)
+            self._after[prefix] = max(self._after[prefix] or 0, got.revision)
         if len(self._key_version) > 2 * len(self._kvs) + FORGET_SLACK:
             self._forget()
+        self.changes_applied += applied
         return applied
 
     def _forget(self) -> None:
@@ -157,38 +159,40 @@ class Mirror:
         self.lists += 1
         changed = 0
         for key in [k for k in self._kvs if k.startswith(prefix) and k not in listed]:
-            del self._kvs[key]
-            self._sorted = None
+            self._drop(key)
             changed += self._bump(key)
         for key, kv in listed.items():
             old = self._kvs.get(key)
             if old != kv:
-                self._kvs[key] = kv
-                changed += self._bump(key, new=old is None)
+                self._hold(kv, new=old is None)
+                changed += self._bump(key)
         self._after[prefix] = rev
         return changed
 
-    def _apply(self, ev: Event) -> int:
-        old = self._kvs.get(ev.key)
-        if old is not None and old.mod_revision >= ev.revision:
+    def _put(self, kv: KV) -> int:
+        old = self._kvs.get(kv.key)
+        if old is not None and old.mod_revision >= kv.mod_revision:
             return 0  # the list already had this key at this revision or later
-        if ev.type == "delete":
-            if old is None:
-                return 0
-            del self._kvs[ev.key]
-            self._sorted = None
-        else:
-            assert ev.value is not None
-            self._kvs[ev.key] = KV(ev.key, ev.value, ev.revision, old.create_revision if old else ev.revision)
-            if old is None:
-                self._sorted = None
-        self.events_applied += 1
-        return self._bump(ev.key)
+        self._hold(kv, new=old is None)
+        return self._bump(kv.key)
 
-    def _bump(self, key: str, new: bool = False) -> int:
-        self.version += 1
+    def _hold(self, kv: KV, new: bool) -> None:
+        self._kvs[kv.key] = kv
         if new:
             self._sorted = None
+            for p in self.prefixes:
+                if kv.key.startswith(p):
+                    self._held[p] += 1
+
+    def _drop(self, key: str) -> None:
+        del self._kvs[key]
+        self._sorted = None
+        for p in self.prefixes:
+            if key.startswith(p):
+                self._held[p] -= 1
+
+    def _bump(self, key: str) -> int:
+        self.version += 1
         self._key_version[key] = self.version
         cut = key.rfind("/")
         while cut > 0:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common.errors import Conflict, NotFound, TransientError
 from common.private_fs import private_dir, touch_private
-from common.store.base import KV, Event, Lease
+from common.store.base import KV, Changes, Event, Lease
 
 BUSY_TIMEOUT_MS = 10_000
 EVENTS_KEPT = 10_000
@@ -86,9 +86,6 @@ def prefix_end(prefix: str) -> str | None:
 
 class SqliteStore:
     """Store backend on one SQLite file; safe from many threads and processes."""
-
-    # a watch from a past revision answers every event since from the events table at once
-    history_wait_s = 0.0
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -160,6 +157,25 @@ class SqliteStore:
     def revision(self) -> int:
         with self._read() as db:
             return _meta(db, "revision")
+
+    def changed_since(self, prefix: str, after_revision: int, at_revision: int) -> Changes:
+        # kv holds only the current version of each key: the answer is as of the current
+        # revision (never older than at_revision), one read snapshot for the rows and the count
+        sql, args = _prefix_clause(prefix)
+        with self._read() as db:
+            rev, compacted = _meta(db, "revision"), _meta(db, "compacted")
+            if at_revision > rev:
+                raise ValueError(f"changed_since at revision {at_revision}: the store is at {rev}")
+            if at_revision < compacted:
+                raise Conflict(f"revision {at_revision} is older than the history kept (pruned to {compacted})",
+                               code="compacted")
+            rows = db.execute(
+                "SELECT key, value, mod_revision, create_revision, lease FROM kv"
+                f" WHERE {sql} AND mod_revision > ? ORDER BY key",
+                (*args, after_revision),
+            ).fetchall()
+            count = int(db.execute(f"SELECT COUNT(*) FROM kv WHERE {sql}", args).fetchone()[0])
+        return Changes(rev, [_kv(r) for r in rows], count)
 
     # -- writes -------------------------------------------------------------------------
 

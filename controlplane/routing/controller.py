@@ -115,7 +115,7 @@ class RoutingWorker:
         self.observer = EngineObserver(MetricsScraper(timeout_s=scrape_timeout_s, concurrency=SCRAPE_CONCURRENCY),
                                        clock=clock)
         self._parsed = ParseCache()  # store records by (key, mod_revision): unchanged ones are not re-validated
-        # The records a pass reads, listed once and then kept by watch (common.store.mirror): a
+        # The records a pass reads, listed once and then kept by their changes (common.store.mirror): a
         # pass asks the store only for what changed since the last one.
         self.mirror = Mirror(store, [*ROUTING_PREFIXES, keyspace.routing_plans(), MANAGED_SERVICES, keyspace.vips()])
         self._managed: dict[str, str] = {}  # managed-service key -> value: the mirror's, with this pass's writes

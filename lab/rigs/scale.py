@@ -85,7 +85,7 @@ from lab.rigs.sim_engines import SimEngines
 
 WRITES = frozenset({"put", "create", "cas", "create_all", "put_all", "delete", "delete_prefix"})
 BATCHES = frozenset({"create_all", "put_all"})
-READS = frozenset({"get", "list", "revision", "watch"})
+READS = frozenset({"get", "list", "revision", "changed_since", "watch"})
 SETUP_BATCH = 50  # records per create_all at setup (etcd's default --max-txn-ops is 128)
 LAG_TICK_S = 0.01
 MAX_DEPLOYMENT_REPLICAS = next(m.le for m in InferenceDeployment.model_fields["replicas"].metadata if hasattr(m, "le"))

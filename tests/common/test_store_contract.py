@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import Conflict, NotFound, TransientError
 from common.store import open_store
-from common.store.base import MAX_TXN_OPS
+from common.store.base import MAX_TXN_OPS, Changes
 from common.store.etcd_store import EtcdStore
 from common.store.sqlite_store import SqliteStore, prefix_end
 from lab.rigs.etcd_server import free_port
@@ -218,6 +218,31 @@ def test_watch_blocks_until_a_write(store, ns):
     assert [(e.type, e.key, e.value) for e in events] == [("put", ns + "late", "v")]
 
 
+def test_changed_since_answers_the_keys_written_after_and_the_whole_count(store, ns):
+    store.put_all([(ns + "c/a", "1"), (ns + "c/b", "2"), (ns + "c/c", "3")])
+    after = store.revision()
+    store.put(ns + "c/b", "2b")
+    store.delete(ns + "c/c")
+    store.put(ns + "c/d", "4")
+    store.put(ns + "other", "not under the prefix")
+    at = store.revision()
+    got = store.changed_since(ns + "c/", after, at)
+    assert got.revision == at
+    assert got.kvs == [store.get(ns + "c/b"), store.get(ns + "c/d")]  # values, revisions, sorted by key
+    assert got.count == 3  # a (untouched), b, d; c deleted
+    assert store.changed_since(ns + "c/", at, at) == Changes(at, [], 3)
+    assert store.changed_since(ns + "c/", 0, at).kvs == store.list(ns + "c/")
+    assert store.changed_since(ns + "none/", 0, at) == Changes(at, [], 0)
+    # written after `at`: etcd answers as of `at`; SQLite keeps no old versions and says it
+    # answered as of its current revision
+    late = store.put(ns + "c/e", "5")
+    got = store.changed_since(ns + "c/", after, at)
+    if isinstance(store, EtcdStore):
+        assert (got.revision, [kv.key for kv in got.kvs], got.count) == (at, [ns + "c/b", ns + "c/d"], 3)
+    else:
+        assert (got.revision, [kv.key for kv in got.kvs], got.count) == (late, [ns + "c/b", ns + "c/d", ns + "c/e"], 4)
+
+
 def test_revision_monotonic_across_write_kinds(store, ns):
     seen = [store.revision()]
     seen.append(store.put(ns + "m", "1"))
@@ -233,7 +258,7 @@ def test_revision_monotonic_across_write_kinds(store, ns):
 # -- backend-specific behaviour ---------------------------------------------------------
 
 
-def test_sqlite_watch_before_pruned_history_is_compacted(tmp_path, monkeypatch):
+def test_sqlite_watch_or_read_before_pruned_history_is_compacted(tmp_path, monkeypatch):
     import common.store.sqlite_store as mod
 
     monkeypatch.setattr(mod, "EVENTS_KEPT", 5)
@@ -246,6 +271,11 @@ def test_sqlite_watch_before_pruned_history_is_compacted(tmp_path, monkeypatch):
     assert err.value.code == "compacted"
     recent = store.watch("/", store.revision() - 2, 0)
     assert [e.value for e in recent] == ["18", "19"]
+    with pytest.raises(Conflict) as err:
+        store.changed_since("/", 0, 2)  # a revision older than the history kept
+    assert err.value.code == "compacted"
+    # from a revision whose history is gone, at the current one: what changed since is still known
+    assert store.changed_since("/", 1, store.revision()).kvs == [store.get("/k")]
     store.close()
 
 
@@ -313,7 +343,7 @@ def test_sqlite_handle_survives_fork(tmp_path):
     store.close()
 
 
-def test_etcd_watch_from_compacted_revision(etcd_server):
+def test_etcd_watch_or_read_at_a_compacted_revision(etcd_server):
     store = etcd_server.open("root")  # compaction is etcd's administrator's
     ns = f"/fabric/t/compact-{free_port()}/"
     first = store.put(ns + "k", "1")
@@ -324,4 +354,9 @@ def test_etcd_watch_from_compacted_revision(etcd_server):
         store.watch(ns, first, 1)
     assert err.value.code == "compacted"
     assert store.watch(ns, latest, 0.2) == []
+    with pytest.raises(Conflict) as err:
+        store.changed_since(ns, 0, first)
+    assert err.value.code == "compacted"
+    # read at a revision kept: changes since a compacted one are still known
+    assert store.changed_since(ns, first, latest) == Changes(latest, [store.get(ns + "k")], 1)
     store.close()

@@ -86,6 +86,6 @@ def test_a_pass_lists_nothing_once_its_mirror_is_warm_whatever_the_fleet(tmp_pat
     # the first pass lists each prefix it reads once: not the VIP owners once per endpoint
     assert small[0][1] == big[0][1] == mirrored
     for few, many in zip(small[1:], big[1:]):
-        assert few[1] == many[1] == []  # later passes list nothing: the mirror asks for changes (watch)
+        assert few[1] == many[1] == []  # later passes list nothing: the mirror asks for changes (changed_since)
         assert few[0] == many[0]  # the same calls whatever the number of endpoints and nodes
-        assert few[0]["watch"] == len(mirrored)
+        assert few[0]["changed_since"] == len(mirrored)

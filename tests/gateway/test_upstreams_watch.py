@@ -81,7 +81,7 @@ def test_an_endpoint_created_after_the_copy_answers_from_its_first_call(tmp_path
     reads = dict(store.calls)
     with pytest.raises(NotFound):
         asyncio.run(view("nope"))
-    assert store.calls.get("watch", 0) == reads.get("watch", 0)  # a made-up name fetched nothing
+    assert store.calls.get("changed_since", 0) == reads.get("changed_since", 0)  # a made-up name fetched nothing
     assert store.calls.get("list", 0) == reads.get("list", 0)
     raw.put(keyspace.endpoints("new"), InferenceEndpoint(name="new", deployment="d0",
                                                          status=EndpointStatus()).model_dump_json())
