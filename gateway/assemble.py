@@ -39,8 +39,8 @@ def backend_ssl(tls: BackendTls) -> ssl.SSLContext | bool:
     return ctx
 
 
-def _kv_source(settings: GatewaySettings, store: Store, tls: ssl.SSLContext | None, metrics: GatewayMetrics,
-               gateway_id: str):
+def _kv_source(settings: GatewaySettings, store: Store, upstreams: UpstreamCache, tls: ssl.SSLContext | None,
+               metrics: GatewayMetrics, gateway_id: str):
     """The agents' KV index for precise prefix routing (gateway/kv_source.py): tokenizers from
     the agents' model caches, FABRIC_GATEWAY_KV_TOKENIZERS=DIR overriding them per deployment,
     ``off`` for approximate routing only. The agents must admit the gateway's certificate CN."""
@@ -57,7 +57,7 @@ def _kv_source(settings: GatewaySettings, store: Store, tls: ssl.SSLContext | No
         tls = backend_ssl(settings.kv_agent_tls)  # type: ignore[assignment]
     client = httpx.AsyncClient(verify=tls if tls is not None else True, timeout=1.0)
     blind = BlindWatch.exported(metrics.registry, store_event_writer(store, gateway_id))
-    return AgentKvSource(store, client, Path(settings.kv_tokenizers) if settings.kv_tokenizers else None,
+    return AgentKvSource(upstreams, client, Path(settings.kv_tokenizers) if settings.kv_tokenizers else None,
                          blind=blind)
 
 
@@ -118,7 +118,7 @@ def create_app(settings: GatewaySettings, store: Store, hmac_secret: bytes, gate
         catalogue=CatalogueCache(store, ttl_secs=settings.cache_ttl_secs),
         ledger=(UsageLedger(store, gateway_id, on_drop=metrics.usage_drop, cache_ttl_s=settings.cache_ttl_secs)
                 if settings.usage_ledger else None),
-        router=ReplicaRouter(explain_ttl=settings.explain_secs, kv=_kv_source(settings, store, tls, metrics, gateway_id)),
+        router=ReplicaRouter(explain_ttl=settings.explain_secs, kv=_kv_source(settings, store, upstreams, tls, metrics, gateway_id)),
         dispatcher=dispatcher(settings, upstreams, metrics, slots),
         external=ExternalRouter(settings.idle_secs, settings.provider_key_dir, on_key_state=metrics.key_state),
         tenant_caps=TenantCaps(store, ttl_secs=settings.cache_ttl_secs),

@@ -70,7 +70,7 @@ from common.records import deployments, models, nodes, rollouts
 from gateway.engine_hash import RequestHasher, SimTokenizer
 from gateway.kv_blind import BlindWatch
 from gateway.tokenize_pool import PooledHasher, TokenizePool
-from gateway.upstreams import read_view
+from gateway.upstreams import UpstreamCache
 
 NODE_TTL_S = 30.0
 DEFAULT_BLOCK_SIZE = 16
@@ -105,11 +105,15 @@ class _Tok:
 
 
 class AgentKvSource:
-    def __init__(self, store, client, tokenizer_root: Path | None = None, timeout_s: float = 0.1,
+    def __init__(self, upstreams: UpstreamCache, client, tokenizer_root: Path | None = None, timeout_s: float = 0.1,
                  blind: BlindWatch | None = None, fetch_timeout_s: float = FETCH_TIMEOUT_S,
                  refresh_s: float = REFRESH_S, pool: TokenizePool | None = None) -> None:
+        """``upstreams``: the gateway's endpoint views (the refresh reads them from its mirror,
+        never the store); its store answers the few point reads here (a deployment's model and
+        digest every CHECK_S, a node's address every NODE_TTL_S, an immutable revision once)."""
         self.pool = pool or TokenizePool()
-        self._store, self._client, self._timeout = store, client, timeout_s
+        self._upstreams = upstreams
+        self._store, self._client, self._timeout = upstreams.store, client, timeout_s
         self._root = Path(tokenizer_root) if tokenizer_root else None
         self._fetch_timeout = fetch_timeout_s
         self.blind = blind or BlindWatch()
@@ -366,7 +370,7 @@ class AgentKvSource:
         async def one(name: str) -> None:
             async with gate:
                 try:
-                    view = await asyncio.to_thread(read_view, self._store, name)
+                    view = await self._upstreams.view(name, need_upstream=False)
                 except NotFound:
                     self._forget(name)
                     return

@@ -16,7 +16,7 @@ from common.kv_index import KvIndex
 from common.schemas import EndpointStatus, InferenceEndpoint, Replica
 from gateway.engine_hash import RequestHasher, SimTokenizer
 from gateway.replica_router import ReplicaRouter
-from gateway.upstreams import EndpointView
+from gateway.upstreams import EndpointView, UpstreamCache
 
 SYSTEM = "You are the support assistant of a large shop. Answer briefly. " * 12
 
@@ -219,12 +219,12 @@ def test_the_agent_source_asks_each_node_once_and_learns_the_block_size(tmp_path
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "d.sim").write_text("")
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=handler_app))
-    src = AgentKvSource(store, client, tmp_path / "tok", timeout_s=5)
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), client, tmp_path / "tok", timeout_s=5)
     view = _view(3)
     assert asyncio.run(src.hasher(view)).request_hashes(_req("q")) == blocks
     got = asyncio.run(src.match(view, blocks))
     assert got == {"r0": 0, "r1": 5, "r2": None} and seen == ["/v1/kv-index/match"]  # one call per node
     assert src._block_size == {"d": 16}
     assert src.evicting(view) == {"r0": False, "r1": True, "r2": None}  # the same answer's, for the gate
-    assert asyncio.run(AgentKvSource(store, client, tmp_path / "none").hasher(view)) is None  # no model record
+    assert asyncio.run(AgentKvSource(UpstreamCache(store, ttl_secs=0), client, tmp_path / "none").hasher(view)) is None  # no model record
     store.close()

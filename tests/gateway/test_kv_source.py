@@ -36,7 +36,7 @@ from gateway.kv_blind import BlindWatch, store_event_writer
 from gateway.kv_source import AgentKvSource
 from gateway.replica_router import ReplicaRouter
 from gateway.tokenize_pool import PooledHasher, TokenizePool
-from gateway.upstreams import EndpointView
+from gateway.upstreams import EndpointView, UpstreamCache
 from lab.rigs.routing_plans import publish_plans
 from lab.tiny_model import write_tiny_model
 
@@ -99,7 +99,7 @@ def test_the_tokenizer_comes_from_the_model_record_and_the_agents_cache(tmp_path
     digest = build_manifest(model).digest
     store = _store(tmp_path, digest)
     client, seen = _agent(Sub({"r0": "live", "r1": "live"}, {"r0": 0, "r1": 0}), {digest: model})
-    src = AgentKvSource(store, client, None, timeout_s=5, pool=TokenizePool(workers=1, deadline_s=30))
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), client, None, timeout_s=5, pool=TokenizePool(workers=1, deadline_s=30))
     hasher = asyncio.run(src.hasher(_view()))
     want = RequestHasher(EngineTokenizer.from_model_dir(model), BlockHasher(16)).request_hashes(CHAT)
     assert hasher is not None and asyncio.run(hasher.hash_request(CHAT)) == want  # hashed in a worker
@@ -118,7 +118,7 @@ def test_tokenizer_files_a_node_changed_are_refused(tmp_path):
     client, seen = _agent(Sub({}, {}), {digest: model})
     config = json.loads((model / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ 'x' }}"}))
-    src = AgentKvSource(store, client, None, timeout_s=5)
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), client, None, timeout_s=5)
     assert asyncio.run(src.hasher(_view())) is None and seen == [f"/v1/kv-index/tokenizer/{digest}"]
     _, why = asyncio.run(ReplicaRouter(kv=src).apick(_view(), CHAT, 0.0))
     assert why["kv_index"] == "approximate: no tokenizer for this model"
@@ -132,7 +132,7 @@ def test_a_new_digest_fetches_again_and_a_missing_one_routes_approximately(tmp_p
     d1 = build_manifest(model).digest
     store = _store(tmp_path, digest=None)
     client, seen = _agent(Sub({}, {}), {d1: model})
-    src = AgentKvSource(store, client, None, timeout_s=5)
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), client, None, timeout_s=5)
     assert asyncio.run(src.hasher(_view())) is None and seen == []  # no verified digest: nothing to ask
     store.put(keyspace.models("m"), ModelArtifact(name="m", source="hf://o/m", status=ModelStatus(
         phase="Ready", digest=D2)).model_dump_json())
@@ -149,11 +149,11 @@ def test_a_new_digest_fetches_again_and_a_missing_one_routes_approximately(tmp_p
 def test_the_override_directory_wins_and_a_simulator_node_answers_sim(tmp_path):
     store = _store(tmp_path)
     client, seen = _agent(Sub({}, {}), {}, simulated=True)
-    src = AgentKvSource(store, client, None, timeout_s=5)
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), client, None, timeout_s=5)
     assert isinstance(asyncio.run(src.hasher(_view())).tokenizer, SimTokenizer)
     assert seen == [f"/v1/kv-index/tokenizer/{D1}"]
     model = write_tiny_model(tmp_path / "tok" / "d")
-    over = AgentKvSource(store, client, tmp_path / "tok", timeout_s=5)
+    over = AgentKvSource(UpstreamCache(store, ttl_secs=0), client, tmp_path / "tok", timeout_s=5)
     assert isinstance(asyncio.run(over.hasher(_view())), PooledHasher)  # a model's files: hashed in the pool
     assert seen == [f"/v1/kv-index/tokenizer/{D1}"]  # the override asked nobody
     assert set(tokenizer_files(model)) == {"tokenizer.json", "tokenizer_config.json"}
@@ -187,12 +187,13 @@ def test_the_tokenizer_route_names_what_is_wrong(tmp_path):
     assert r.status_code == 404 and "no tokenizer.json" in r.json()["error"]["message"]
 
 
-def _blind_setup(store):
-    """r0 live, r1 blind, behind a source whose blind watch exports to its own registry."""
+def _blind_setup(store, views_store=None):
+    """r0 live, r1 blind, behind a source whose blind watch exports to its own registry (the
+    endpoint views read ``views_store``, the same store by default)."""
     sub = Sub({"r0": "live", "r1": "blind"}, {"r0": 3, "r1": None})
     client, seen = _agent(sub, {}, simulated=True)
     registry = CollectorRegistry()
-    src = AgentKvSource(store, client, None, timeout_s=5,
+    src = AgentKvSource(UpstreamCache(views_store or store, ttl_secs=0), client, None, timeout_s=5,
                         blind=BlindWatch.exported(registry, store_event_writer(store, "gw-1")))
     return sub, seen, registry, src, ReplicaRouter(kv=src)
 
@@ -252,7 +253,7 @@ def test_a_broken_answer_or_record_routes_approximately_instead_of_failing(tmp_p
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"not json"})
 
-    src = AgentKvSource(store, httpx.AsyncClient(transport=httpx.ASGITransport(app=garbage)), None, timeout_s=5)
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), httpx.AsyncClient(transport=httpx.ASGITransport(app=garbage)), None, timeout_s=5)
     assert asyncio.run(src.hasher(_view())) is None
     store.put(keyspace.deployments("d"), "{not a record")
     src._tokenizers.clear()
@@ -276,11 +277,13 @@ def test_the_blind_gauge_follows_the_replicas_without_traffic(tmp_path):
     import time
 
     from gateway.kv_source import REFRESH_S
+    from lab.rigs.scale import CountingStore
 
     store = _store(tmp_path)
     view = _view()
     _stored_endpoint(store, list(view.replicas))
-    sub, seen, registry, src, router = _blind_setup(store)
+    counting = CountingStore(store)  # what the views read
+    sub, seen, registry, src, router = _blind_setup(store, counting)
 
     async def one_call() -> bool:
         await router.apick(view, CHAT, 0.0)
@@ -299,11 +302,13 @@ def test_the_blind_gauge_follows_the_replicas_without_traffic(tmp_path):
     asyncio.run(src.refresh())  # asked just now by the call: nothing to do
     assert len(seen) == asked
     sub.states_now["r1"] = "live"  # its engine now sends events; no call comes
-    refreshed()
+    refreshed()  # the first reads the views' mirror: its first fetch lists each prefix once
     assert gauge() == 0.0 and len(seen) == asked + 1
+    lists = counting.calls.get("list", 0)
     sub.states_now["r0"] = "blind"
     refreshed()
     assert gauge() == 1.0
+    assert counting.calls.get("list", 0) == lists  # the view came from the mirror: no list of the store
     assert [(e.name, e.action) for e in recent_events(store, kind="replica")] == [
         ("r1", "KvEventsMissing"), ("r1", "KvEventsResumed"), ("r0", "KvEventsMissing")]
     assert registry.get_sample_value("fabric_gateway_kv_blind_calls_total", {"endpoint": "e"}) == 1.0  # calls only
@@ -342,7 +347,7 @@ def test_a_rollout_to_another_model_routes_the_old_revision_approximately(tmp_pa
         return await real_post(url, **kw)
 
     client.post = post  # type: ignore[method-assign]
-    src = AgentKvSource(store, client, None, timeout_s=5)
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), client, None, timeout_s=5)
     _, why = asyncio.run(ReplicaRouter(kv=src).apick(view, CHAT, 0.0))
     assert why["kv_index"] == "precise"
     # r1's engine holds blocks of the old model: not asked, scored by the approximate tree.
@@ -369,7 +374,7 @@ def test_a_replica_with_another_block_size_is_scored_approximately(tmp_path):
     sub = Sub(dict.fromkeys(("r0", "r1", "r2"), "live"), dict.fromkeys(("r0", "r1", "r2"), 2),
               {"r0": 16, "r1": 32, "r2": 16})  # r1's revision runs --block-size 32
     client, _ = _agent(sub, {}, simulated=True)
-    src = AgentKvSource(store, client, None, timeout_s=5)
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), client, None, timeout_s=5)
     router = ReplicaRouter(kv=src)
     _, why = asyncio.run(router.apick(view, CHAT, 0.0))
     assert why["kv_states"] == {"r0": "live", "r1": "other_block_size", "r2": "live"}
@@ -398,9 +403,9 @@ def test_a_tokenizer_answer_over_the_cap_is_refused(tmp_path, monkeypatch):
         await send({"type": "http.response.body", "body": b'{"engine": "sim", "files": {}}'})
 
     monkeypatch.setattr(ks, "MAX_TOKENIZER_ANSWER", 1 << 20)
-    src = AgentKvSource(store, httpx.AsyncClient(transport=httpx.ASGITransport(app=flood)), None, timeout_s=5)
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), httpx.AsyncClient(transport=httpx.ASGITransport(app=flood)), None, timeout_s=5)
     assert asyncio.run(src.hasher(_view())) is None
     monkeypatch.setattr(ks, "MAX_TOKENIZER_ANSWER", 8 << 20)  # the same answer under the cap is used
-    src = AgentKvSource(store, httpx.AsyncClient(transport=httpx.ASGITransport(app=flood)), None, timeout_s=5)
+    src = AgentKvSource(UpstreamCache(store, ttl_secs=0), httpx.AsyncClient(transport=httpx.ASGITransport(app=flood)), None, timeout_s=5)
     assert isinstance(asyncio.run(src.hasher(_view())), RequestHasher)
     store.close()
