@@ -301,6 +301,37 @@ def test_etcd_unreachable_is_transient():
     store.close()
 
 
+def test_etcd_watch_finishes_a_message_begun_by_its_deadline():
+    """The stream's first message arrives in two reads, the deadline passing in between: its
+    events are answered, not dropped with the half already read."""
+    import base64
+    import json
+
+    from common.store.etcd_store import _read_first_events
+
+    def b64(text):
+        return base64.b64encode(text.encode()).decode()
+
+    message = json.dumps({"result": {"events": [
+        {"kv": {"key": b64("/fabric/a"), "value": b64("v" * 5000), "mod_revision": "7"}}]}}).encode() + b"\n"
+
+    class Stream:
+        def iter_content(self, chunk_size=None):
+            yield message[:100]
+            yield message[100:]
+
+    past = time.monotonic() - 1  # the deadline has passed before the first read
+    events = _read_first_events(Stream(), past)  # type: ignore[arg-type]  # the one method it reads
+    assert [(e.key, e.value, e.revision) for e in events] == [("/fabric/a", "v" * 5000, 7)]
+
+    class Quiet:
+        def iter_content(self, chunk_size=None):
+            yield b'{"result": {"created": true}}\n'
+            raise AssertionError("read past the deadline with no message begun")
+
+    assert _read_first_events(Quiet(), past) == []  # type: ignore[arg-type]
+
+
 def test_open_store_urls(tmp_path):
     assert isinstance(open_store(None, tmp_path), SqliteStore)
     assert isinstance(open_store(f"sqlite://{tmp_path / 'x.db'}"), SqliteStore)
