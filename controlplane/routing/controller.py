@@ -218,12 +218,17 @@ class RoutingWorker:
                 continue
             if got is not None:
                 routed.append(got)
+            # an endpoint's writes (VIP, plan, events, status: a few ms each on etcd) are the
+            # loop's; yielding after each keeps a pass that writes many (the first, 500 endpoints:
+            # about 20 s) from holding the event loop longer than one endpoint's
+            await asyncio.sleep(0)
         now = self.clock()
         self.pushes.keep_only(snap.nodes)
         await self.pushes.push([n for n in snap.nodes.values() if node_online(n, now, SchedulerSettings())],
                                services)  # weights reach the agents before the store writes
         for ep, plan, published in routed:
             self._report(ep, plan, published)
+            await asyncio.sleep(0)  # a status write each, at most: as above
         await self.write_observations()
         HISTORY.observe_routing(snap, self.memory.plans)  # the console's charts (controlplane.history)
         await self.release_orphans(snap)
