@@ -9,9 +9,13 @@ or Warning) and what in ``message``.
 
 Events are stored one key each under keyspace.events(), keyed by nanosecond time plus a random
 suffix, so a prefix listing is chronological and two fabricd processes never overwrite each
-other. The log is bounded on every store: each write drops the oldest events beyond ``keep``
+other. The log is bounded on every store: a trim drops the oldest events beyond ``keep``
 (FABRIC_EVENTS_KEPT, 1000) and those older than ``max_age_s`` (FABRIC_EVENTS_MAX_AGE_SECS,
-7 days). Controllers rate-limit themselves (one event per change, never per tick).
+7 days). A trim lists the whole log, so ``record_event`` (an API call's event, a gateway's note)
+trims after its write, and a loop's ``EventSink`` (a pass may write one event per endpoint whose
+weights moved) after every ``keep // 20`` of its writes or a minute after its last trim: the log
+holds at most that many events beyond ``keep`` per loop. Controllers rate-limit themselves (one
+event per change, never per tick).
 
 This module is the one event writer of every process (fabricd's API, ops and loops, and the
 gateway's KV-blind notes): ``record_event`` (or an ``EventSink`` with the bounds bound in) builds
@@ -123,9 +127,8 @@ def record_event(
     now: float | None = None,
     type: str = "Normal",
 ) -> EventRecord:
-    event = EventRecord(time=time.time() if now is None else now, kind=kind, name=name,
-                        action=action, message=message, tenant=tenant, type=type)
-    _append(store, event)
+    event = _append(store, EventRecord(time=time.time() if now is None else now, kind=kind, name=name,
+                                       action=action, message=message, tenant=tenant, type=type))
     trim(store, keep, max_age_s, now=event.time)
     return event
 
@@ -155,13 +158,27 @@ def recent_events(
     return matching[-limit:] if limit > 0 else []
 
 
+SINK_TRIM_SECS = 60.0  # a sink trims at least this often while it writes
+
+
 class EventSink:
-    """record_event with the log's bounds bound in, for the controllers."""
+    """record_event with the log's bounds bound in, for the controllers' loops: it trims after
+    every ``keep // 20`` of its writes (at least 1) or SINK_TRIM_SECS after its last trim, not
+    after each write (the module docstring)."""
 
     def __init__(self, store: Store, *, keep: int = 1000, max_age_s: float = DEFAULT_MAX_AGE_S):
         self.store, self.keep, self.max_age_s = store, keep, max_age_s
+        self.trim_every = max(1, keep // 20)
+        self._untrimmed = 0  # writes since the last trim
+        self._trimmed_at = -float("inf")
 
     def __call__(self, kind: str, name: str, reason: str, message: str, *, tenant: str | None = None,
                  warning: bool = False, now: float | None = None) -> EventRecord:
-        return record_event(self.store, kind, name, reason, message, tenant=tenant, keep=self.keep,
-                            max_age_s=self.max_age_s, now=now, type="Warning" if warning else "Normal")
+        event = _append(self.store, EventRecord(time=time.time() if now is None else now, kind=kind, name=name,
+                                                action=reason, message=message, tenant=tenant,
+                                                type="Warning" if warning else "Normal"))
+        self._untrimmed += 1
+        if self._untrimmed >= self.trim_every or event.time - self._trimmed_at >= SINK_TRIM_SECS:
+            trim(self.store, self.keep, self.max_age_s, now=event.time)
+            self._untrimmed, self._trimmed_at = 0, event.time
+        return event

@@ -66,3 +66,19 @@ def test_since_parses_ages_and_times():
     for bad in ("yesterday", "-5", "nan", "5x"):
         with pytest.raises(Exception, match="since"):
             parse_since(bad, 0)
+
+
+def test_a_loops_sink_trims_once_per_twentieth_of_keep_not_per_write(store):
+    """A trim lists the whole log: a loop writing many events a pass (routing: one per endpoint
+    whose weights moved) trims after keep // 20 of its writes, and the log stays within keep
+    plus that many."""
+    from lab.rigs.scale import CountingStore
+
+    counting = CountingStore(store)
+    sink = EventSink(counting, keep=100)
+    for i in range(200):
+        sink("endpoint", f"e{i}", "WeightsChanged", "moved", now=T0 + i * 0.1)  # 20 s of writes
+    assert counting.calls.get("list", 0) == 200 // sink.trim_every == 40  # per write it was 200
+    assert 100 <= len(recent_events(store, 1000)) <= 100 + sink.trim_every
+    sink("endpoint", "late", "WeightsChanged", "moved", now=T0 + 100)  # a minute after its last trim
+    assert counting.calls.get("list", 0) == 41
