@@ -64,11 +64,24 @@ def key_time(key: str) -> float:
     return int(stamp) / 1e9 if stamp.isdigit() else 0.0
 
 
-def _append(store: Store, event: EventRecord) -> EventRecord:
-    """Write one event under a fresh key (stored without its computed ``object``/``reason``)."""
-    event = EventRecord.model_validate(event.model_dump(exclude={"object", "reason"}), context={"stored": True})
-    store.put(event_key(event.time), event.model_dump_json(exclude={"object", "reason"}))
-    return event
+def new_event(kind: str, name: str, action: str, message: str, *, tenant: str | None = None,
+              warning: bool = False, now: float | None = None) -> EventRecord:
+    """An event record, not yet written (``EventSink.write_all`` writes a pass's in one batch)."""
+    return EventRecord(time=time.time() if now is None else now, kind=kind, name=name, action=action,
+                       message=message, tenant=tenant, type="Warning" if warning else "Normal")
+
+
+def _append(store: Store, *records: EventRecord) -> list[EventRecord]:
+    """Write events, each under a fresh key (stored without its computed ``object``/``reason``);
+    several in one batch."""
+    stored = [EventRecord.model_validate(e.model_dump(exclude={"object", "reason"}), context={"stored": True})
+              for e in records]
+    items = [(event_key(e.time), e.model_dump_json(exclude={"object", "reason"})) for e in stored]
+    if len(items) == 1:
+        store.put(*items[0])
+    elif items:
+        store.put_all(items)
+    return stored
 
 
 def timed(store: Store, since: float | None = None) -> list[tuple[float, EventRecord]]:
@@ -128,7 +141,7 @@ def record_event(
     type: str = "Normal",
 ) -> EventRecord:
     event = _append(store, EventRecord(time=time.time() if now is None else now, kind=kind, name=name,
-                                       action=action, message=message, tenant=tenant, type=type))
+                                       action=action, message=message, tenant=tenant, type=type))[0]
     trim(store, keep, max_age_s, now=event.time)
     return event
 
@@ -174,11 +187,15 @@ class EventSink:
 
     def __call__(self, kind: str, name: str, reason: str, message: str, *, tenant: str | None = None,
                  warning: bool = False, now: float | None = None) -> EventRecord:
-        event = _append(self.store, EventRecord(time=time.time() if now is None else now, kind=kind, name=name,
-                                                action=reason, message=message, tenant=tenant,
-                                                type="Warning" if warning else "Normal"))
-        self._untrimmed += 1
-        if self._untrimmed >= self.trim_every or event.time - self._trimmed_at >= SINK_TRIM_SECS:
-            trim(self.store, self.keep, self.max_age_s, now=event.time)
-            self._untrimmed, self._trimmed_at = 0, event.time
-        return event
+        return self.write_all([new_event(kind, name, reason, message, tenant=tenant, warning=warning, now=now)])[0]
+
+    def write_all(self, records: list[EventRecord]) -> list[EventRecord]:
+        """Write events in one batch, then trim if due (the class docstring)."""
+        stored = _append(self.store, *records)
+        if stored:
+            self._untrimmed += len(stored)
+            latest = max(e.time for e in stored)
+            if self._untrimmed >= self.trim_every or latest - self._trimmed_at >= SINK_TRIM_SECS:
+                trim(self.store, self.keep, self.max_age_s, now=latest)
+                self._untrimmed, self._trimmed_at = 0, latest
+        return stored

@@ -114,9 +114,16 @@ def list(store: Store) -> builtins.list[PublishedPlan]:
 
 def publish(store: Store, plan: PublishedPlan) -> PublishedPlan:
     """Write the plan (the routing leader is its only writer)."""
-    plan = cas.validated(PublishedPlan, plan)
-    store.put(keyspace.routing_plans(plan.endpoint), plan.model_dump_json())
+    publish_all(store, [plan])
     return plan
+
+
+def publish_all(store: Store, published: builtins.list[PublishedPlan]) -> None:
+    """Write plans in one batch (``Store.put_all``: a transaction per MAX_TXN_OPS keys), as the
+    routing pass does with the plans it decided."""
+    if published:
+        store.put_all([(keyspace.routing_plans(p.endpoint), cas.validated(PublishedPlan, p).model_dump_json())
+                       for p in published])
 
 
 def discard(store: Store, endpoint: str) -> bool:

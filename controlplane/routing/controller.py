@@ -55,8 +55,8 @@ from common.engine_metrics.reported import agent_observed
 from common.engine_metrics.scrape import MetricsScraper
 from common.errors import Conflict, FabricError, Refused
 from common.records import observations, plans
-from common.records.events import EventSink
-from common.records.plans import PublishedPlan, SpillPool, next_generation, same_decision
+from common.records.events import EventRecord, EventSink, new_event
+from common.records.plans import PublishedPlan, SpillPool, same_decision
 from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
 from common.store.base import Store
 from common.store.mirror import Mirror
@@ -95,6 +95,29 @@ class RoutingMemory:
     drain_pushed: dict[str, float] = field(default_factory=dict)  # deleting endpoint -> its drain first pushed
 
 
+@dataclass
+class Decided:
+    """What one routing pass decided to write: new plan generations and weight events, written
+    in one batch each (``write``) instead of a store call apiece on the event loop."""
+
+    plans: list[PublishedPlan] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
+    revision: int | None = None  # the store's revision, read once per pass for new generations
+
+    def generation(self, store: Store, previous: PublishedPlan | None) -> int:
+        """A new decision's generation (common.records.plans): above the previous one and above
+        every generation written before this pass, since each was at most the revision of its
+        pass plus one and writing it moved the revision past that."""
+        if self.revision is None:
+            self.revision = store.revision()
+        return max(previous.generation + 1 if previous is not None else 1, self.revision + 1)
+
+    def write(self, store: Store, events: EventSink) -> None:
+        plans.publish_all(store, self.plans)
+        events.write_all(self.events)
+        self.plans, self.events = [], []
+
+
 class RoutingWorker:
     def __init__(self, store: Store, agents, pool: vip_pool.AddressPool, *,
                  clock: Callable[[], float] = time.time, metrics=None, rollouts: RolloutWorker | None = None,
@@ -110,6 +133,7 @@ class RoutingWorker:
         self.clock = clock
         self.metrics = metrics
         self.memory = RoutingMemory()
+        self._decided = Decided()  # one per pass (tick)
         self.pushes = Pushes(agents, clock, deadline_s=push_deadline_s, metrics=metrics)
         # Engines no agent observes (the lab without agents, dry-run): scraped from here.
         self.observer = EngineObserver(MetricsScraper(timeout_s=scrape_timeout_s, concurrency=SCRAPE_CONCURRENCY),
@@ -203,6 +227,7 @@ class RoutingWorker:
         self._managed = {kv.key: kv.value for kv in self.mirror.list(MANAGED_SERVICES)}
         self.memory.published = {p.endpoint: p for p in plans.list(self.mirror)}  # type: ignore[arg-type]
         self._held = vip_pool.Held(vip_pool.allocations(self.mirror))  # type: ignore[arg-type]
+        self._decided = Decided()
         services: dict[str, MaglevServicePut] = {}  # this pass's services, by VIP:PORT/PROTO
         routed: list[tuple[InferenceEndpoint, RoutingPlan, PublishedPlan]] = []
         for name in sorted(snap.endpoints):
@@ -218,10 +243,13 @@ class RoutingWorker:
                 continue
             if got is not None:
                 routed.append(got)
-            # an endpoint's writes (VIP, plan, events, status: a few ms each on etcd) are the
-            # loop's; yielding after each keeps a pass that writes many (the first, 500 endpoints:
-            # about 20 s) from holding the event loop longer than one endpoint's
+            # an endpoint's own writes (a new VIP, a status) are the loop's; yielding after each
+            # keeps a pass that writes many (the first, 500 endpoints) from holding the event loop
+            # longer than one endpoint's
             await asyncio.sleep(0)
+        # the plans and weight events decided above, in one batch each, off the loop, before the
+        # push: an agent never holds a generation the store does not
+        await asyncio.to_thread(self._decided.write, self.store, self.events)
         now = self.clock()
         self.pushes.keep_only(snap.nodes)
         await self.pushes.push([n for n in snap.nodes.values() if node_online(n, now, SchedulerSettings())],
@@ -250,21 +278,26 @@ class RoutingWorker:
                                     sites=snap.sites, vip=vip)
         self.memory.plans[ep.name] = plan
         self._record_weights(ep, plan)
-        published = self._publish(ep, plan, split, vip, spill_pools(ep, snap.replicas, snap.observations, snap.nodes, now, snap.sites), now)
+        published = self._publish(ep, plan, split, vip, spill_pools(ep, snap.replicas, snap.observations, snap.nodes, now, snap.sites), now,
+                                  self._decided)
         self._queue(published, services)
         return ep, plan, published
 
     def _publish(self, ep: InferenceEndpoint, plan: RoutingPlan, split, vip: str | None, spill: list[SpillPool],
-                 now: float) -> PublishedPlan:
+                 now: float, batch: Decided | None = None) -> PublishedPlan:
         """The endpoint's published plan: the stored one while the decision is the same, else a
-        new generation written to the store."""
+        new generation, added to ``batch`` (written before the push) or written now."""
         previous = self.memory.published.get(ep.name)
         fresh = to_published(ep, plan, split, vip, spill, now, previous.generation if previous else 1)
         if same_decision(previous, fresh):
             assert previous is not None
             return previous
-        fresh = to_published(ep, plan, split, vip, spill, now, next_generation(self.store, previous))
-        plans.publish(self.store, fresh)
+        fresh = to_published(ep, plan, split, vip, spill, now, self._decided.generation(self.store, previous))
+        if batch is not None:
+            batch.plans.append(fresh)
+        else:  # written now (a draining endpoint's, before its service goes): later generations read anew
+            plans.publish(self.store, fresh)
+            self._decided.revision = None
         self.memory.published[ep.name] = fresh
         return fresh
 
@@ -366,7 +399,8 @@ class RoutingWorker:
             return
         self.memory.weights[ep.name] = weights
         text = ", ".join(f"{rid}={w}" for rid, w in weights) or "no replica routed"
-        self.events("endpoint", ep.name, "WeightsChanged", f"{plan.strategy}: {text}", tenant=ep.tenant)
+        self._decided.events.append(new_event("endpoint", ep.name, "WeightsChanged", f"{plan.strategy}: {text}",
+                                              tenant=ep.tenant))
 
     def _set_status(self, ep: InferenceEndpoint, **status) -> None:
         """Write the endpoint's status unless the snapshot already shows exactly these values."""

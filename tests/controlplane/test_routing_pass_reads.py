@@ -1,8 +1,9 @@
 """What a routing pass asks the store: its records come from the leader's Mirror (listed once,
 then only changes), so the VIP owners and everything else are never listed per endpoint. Counted
 with lab.rigs.scale.CountingStore on a real SQLite store; the agents observe their engines
-(Node.observed_replicas names each), so no pass scrapes. (Recording an event lists the event log to trim it:
-one list per event, common.records.events, so per change, not per pass.)"""
+(Node.observed_replicas names each), so no pass scrapes. (Trimming the event log lists it, once
+per 50 events a loop writes: common.records.events, so per change, not per pass.) What a pass
+decided (new plans, weight events) is written in one batch each."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import asyncio
 import time
 
 from common import keyspace
+from common.records import plans
+from common.records.events import recent_events
 from common.schemas import InferenceEndpoint, ReplicaObservation
 from controlplane.placement import vip_pool
 from controlplane.routing.controller import RoutingWorker
@@ -89,3 +92,27 @@ def test_a_pass_lists_nothing_once_its_mirror_is_warm_whatever_the_fleet(tmp_pat
         assert few[1] == many[1] == []  # later passes list nothing: the mirror asks for changes (changed_since)
         assert few[0] == many[0]  # the same calls whatever the number of endpoints and nodes
         assert few[0]["changed_since"] == len(mirrored)
+
+
+def test_a_pass_writes_its_plans_and_weight_events_in_one_batch_each(tmp_path):
+    from common.store.sqlite_store import SqliteStore
+
+    store = SqliteStore(tmp_path / "f.db")
+    now = time.time()
+    fleet(store, nodes=6, endpoints=9, now=now)
+    counted = CountingStore(store)
+    worker = RoutingWorker(counted, FakeAgents(lambda _: RecordingAgent()), vip_pool.parse_pool("10.96.0.0/24"),
+                           clock=lambda: now)
+
+    async def first_pass() -> None:
+        try:
+            await worker.tick()
+        finally:
+            await worker.aclose()
+
+    asyncio.run(first_pass())
+    assert counted.items["routing-plans"] == 9 and "routing-plans" not in counted.written  # no plan put alone
+    assert counted.written["batch"] == 2  # the nine plans, then the nine WeightsChanged events
+    weights = [e for e in recent_events(store, 100) if e.action == "WeightsChanged"]
+    assert sorted(e.name for e in weights) == [f"ep{e}" for e in range(9)]
+    assert sorted(p.endpoint for p in plans.list(store)) == [f"ep{e}" for e in range(9)]
