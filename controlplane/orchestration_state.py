@@ -19,11 +19,13 @@ writes them through common.records too).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
 from common import keyspace
+from common.engine_metrics.reported import agent_observed, observed_by_node
 from common.errors import NotFound
 from common.mig_catalog import MigSlice
 from common.records import deployments, endpoints, reading, replicas
@@ -105,6 +107,14 @@ class Snapshot:
     # tenants whose policy lets their replicas preempt other tenants' (an admin's choice)
     preempt_other_tenants: set[str] = field(default_factory=set)
     _capacity: Capacity | None = field(default=None, repr=False, compare=False)  # capacity(): once per pass
+    _observed: dict[str, set[str]] | None = field(default=None, repr=False, compare=False)  # agent_observed()
+
+    def agent_observed(self, replicas: Iterable[Replica]) -> set[str]:
+        """common.engine_metrics.reported.agent_observed, the nodes' lists indexed once per pass
+        (a pass asks once per deployment)."""
+        if self._observed is None:
+            self._observed = observed_by_node(self.nodes)
+        return agent_observed(self._observed, replicas)
 
     def template(self, dep: InferenceDeployment, revision: int):
         """(profile, model, engine_args) replicas of ``revision`` run: the deployment's own for its
@@ -222,7 +232,10 @@ def load_deployment(store: Store, name: str) -> tuple[InferenceDeployment | None
     return reading.one(InferenceDeployment, kv, "deployment"), kv.mod_revision
 
 
-def load_snapshot(store: Store) -> Snapshot:
+def load_snapshot(store: Store, cache: ParseCache | None = None) -> Snapshot:
+    """Everything the loops plan from. ``cache`` (a loop's own, kept across its passes): replicas
+    and observations unchanged since the last pass are not validated again (the bulk of a
+    pass's parsing at a thousand nodes); its objects are then shared, read-only."""
     snap = Snapshot()
     for kv in store.list(keyspace.nodes()):
         node = _parse(kv, Node)
@@ -245,14 +258,13 @@ def load_snapshot(store: Store) -> Snapshot:
         policy = _parse(kv, TenantPolicy)
         if policy is not None and policy.preempt_other_tenants:
             snap.preempt_other_tenants.add(policy.tenant)
-    for kv in store.list(keyspace.replicas()):
-        rep = _parse(kv, Replica)
-        if rep is not None:
-            snap.replicas.setdefault(rep.deployment, []).append(rep)
-    for kv in store.list(keyspace.observations()):
-        obs = _parse(kv, ReplicaObservation)
-        if obs is not None:
-            snap.observations[obs.replica_id] = obs
+    parsing = cache if cache is not None else ParseCache()
+    listed = store.list(keyspace.replicas())
+    for rep in parsing.parse_all(listed, Replica):
+        snap.replicas.setdefault(rep.deployment, []).append(rep)
+    observed = store.list(keyspace.observations())
+    snap.observations = {o.replica_id: o for o in parsing.parse_all(observed, ReplicaObservation)}
+    parsing.forget_except({kv.key for kv in listed} | {kv.key for kv in observed})
     for kv in store.list(keyspace.revisions()):
         rev = _parse(kv, Revision)
         if rev is not None:

@@ -18,7 +18,12 @@ from collections.abc import Iterable, Mapping
 from common.schemas import Node, Replica
 
 
-def agent_observed(nodes: Mapping[str, Node], replicas: Iterable[Replica]) -> set[str]:
-    """The ids of ``replicas`` that the agent of the node each is placed on reports."""
-    listed = {n.id: set(n.observed_replicas) for n in nodes.values() if n.observed_replicas}
+def observed_by_node(nodes: Mapping[str, Node]) -> dict[str, set[str]]:
+    """node id -> the replicas its agent reports (the index ``agent_observed`` reads)."""
+    return {n.id: set(n.observed_replicas) for n in nodes.values() if n.observed_replicas}
+
+
+def agent_observed(listed: Mapping[str, set[str]], replicas: Iterable[Replica]) -> set[str]:
+    """The ids of ``replicas`` that the agent of the node each is placed on reports
+    (``listed``: ``observed_by_node`` of the nodes)."""
     return {r.replica_id for r in replicas if r.replica_id in listed.get(r.node, ())}

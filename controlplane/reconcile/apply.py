@@ -36,7 +36,6 @@ from collections.abc import Callable
 
 from common.agent_api import VmCreateRequest
 from common.engine_metrics.material import MAX_SCRAPE_AGE_S
-from common.engine_metrics.reported import agent_observed
 from common.engine_metrics.scrape import MetricsScraper, ScrapeError
 from common.errors import FabricError, TransientError
 from common.records import autoscaling, deployments, gpu_reservations, managed, observations
@@ -48,6 +47,7 @@ from common.store.base import Store
 from controlplane.models.gate import model_gate
 from controlplane.node_trust import replica_host_refusal
 from controlplane.orchestration_state import (
+    ParseCache,
     Reservation,
     Snapshot,
     delete_replica,
@@ -102,6 +102,7 @@ class ReconcileWorker:
         self.on_tick = on_tick or (lambda outcome: None)
         self.backoff = AgentBackoff(clock=clock)
         self.events = events or ReconcileEvents(EventSink(store))
+        self._parsed = ParseCache()  # replicas and observations by mod_revision: unchanged ones not validated again
         # The engines' HTTP/1.1 client (common.engine_metrics.scrape: a kept-alive connection per
         # engine, a semaphore), not one pooled httpx client whose bookkeeping grows with the fleet.
         self._engines = MetricsScraper(timeout_s=settings.health_timeout_s, concurrency=PROBE_CONCURRENCY)
@@ -134,7 +135,7 @@ class ReconcileWorker:
         """This pass's health of each live replica: what its node's agent probed (Node.observed_replicas,
         read from its stored observation: no connection from here), a GET /health from here otherwise."""
         live = [r for r in replicas if r.phase != "Deleting" and not r.draining]
-        by_agent = agent_observed(snap.nodes, live)
+        by_agent = snap.agent_observed(live)
         now = self.clock()
         probed = [r for r in live if r.replica_id not in by_agent]
         results = await asyncio.gather(*(self._probe(r) for r in probed))
@@ -171,7 +172,7 @@ class ReconcileWorker:
         return out
 
     async def tick(self) -> None:
-        snap = load_snapshot(self.store)
+        snap = load_snapshot(self.store, self._parsed)
         gate = asyncio.Semaphore(CONCURRENCY)
 
         async def one(name: str) -> None:

@@ -51,7 +51,6 @@ from common import keyspace
 from common.agent_api import MaglevServicePut
 from common.engine_metrics.material import material_change
 from common.engine_metrics.observer import EngineObserver, EngineTarget
-from common.engine_metrics.reported import agent_observed
 from common.engine_metrics.scrape import MetricsScraper
 from common.errors import Conflict, FabricError, Refused
 from common.records import observations, plans
@@ -160,7 +159,7 @@ class RoutingWorker:
         # gives them no weight whatever they report).
         ready = [r for r in snap.all_replicas() if r.ready and r.host and r.phase != "Deleting"]
         by_id = {r.replica_id: r for r in ready}
-        by_agent = agent_observed(snap.nodes, ready)
+        by_agent = snap.agent_observed(ready)
         reported = [r for r in ready if r.replica_id in by_agent]
         scraped = [EngineTarget(r.replica_id, r.host or "", r.port, r.runtime, r.deployment)
                    for r in ready if r.replica_id not in by_agent]
