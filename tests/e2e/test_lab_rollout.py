@@ -50,6 +50,21 @@ def table(agent, vip) -> dict[str, tuple[int, int]] | None:
     return None
 
 
+def set_load(api, addr: str, waiting: int) -> None:
+    """Set the simulated queue of the engine at ``addr``; when it cannot be reached, fail saying
+    what the control plane shows of the deployment (replicas, their phases, its events)."""
+    try:
+        assert httpx.post(f"http://{addr}/sim/load", json={"waiting": waiting}, timeout=5).status_code == 200
+    except httpx.HTTPError as exc:
+        replicas = api.get(f"/api/ai/deployments/{AS_DEP}/metrics").json().get("replicas")
+        events = [(e["object"], e["reason"], e["message"]) for e in
+                  api.get("/api/ai/events", params={"object": f"deployment/{AS_DEP}"}).json()]
+        replica_events = [(e["object"], e["reason"], e["message"]) for e in
+                          api.get("/api/ai/events", params={"kind": "replica"}).json()][-20:]
+        raise AssertionError(f"engine {addr} unreachable ({exc!r}); replicas {replicas}; events {events}; "
+                             f"replica events {replica_events}") from exc
+
+
 def served(addr: str) -> float:
     text = httpx.get(f"http://{addr}/metrics", timeout=5).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -135,13 +150,13 @@ def test_queue_scales_out_into_the_bpf_map_and_back_in(lab):
     assert api.put(f"/api/ai/deployments/{AS_DEP}/autoscaling", json=spec).status_code == 200
 
     first = next(iter(table(agent, vip)))
-    assert httpx.post(f"http://{first}/sim/load", json={"waiting": 20}, timeout=5).status_code == 200
+    set_load(api, first, 20)
     wait_for(lambda: len(table(agent, vip) or {}) == 2, 120, "scale out: 2 backends in the BPF maps")
     assert api.get(f"/api/ai/deployments/{AS_DEP}").json()["replicas"] == 2
     events = api.get("/api/ai/events", params={"object": f"deployment/{AS_DEP}"}).json()
     assert "ScaledOut" in [e["reason"] for e in events]
 
-    assert httpx.post(f"http://{first}/sim/load", json={"waiting": 0}, timeout=5).status_code == 200
+    set_load(api, first, 0)
     wait_for(lambda: len(table(agent, vip) or {}) == 1, 120, "scale in: 1 backend in the BPF maps")
     wait_for(lambda: len(api.get(f"/api/ai/deployments/{AS_DEP}/metrics").json()["replicas"]) == 1, 60,
              "the drained replica deleted")
