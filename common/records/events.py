@@ -140,8 +140,8 @@ def record_event(
     now: float | None = None,
     type: str = "Normal",
 ) -> EventRecord:
-    event = _append(store, EventRecord(time=time.time() if now is None else now, kind=kind, name=name,
-                                       action=action, message=message, tenant=tenant, type=type))[0]
+    event = _append(store, new_event(kind, name, action, message, tenant=tenant, warning=type == "Warning",
+                                     now=now))[0]
     trim(store, keep, max_age_s, now=event.time)
     return event
 
