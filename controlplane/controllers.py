@@ -64,8 +64,8 @@ log = logging.getLogger("fabricd.controllers")
 LEADER_NAME = "orchestration"
 LEADER_KEY = keyspace.locks(LEADER_NAME)
 WAKE_GAP_S = 1.0
-# A loop that has not come round for this long is wedged, not busy: the largest measured pass
-# (bench-scale, 1,000 nodes on etcd, the first pass) holds it for about 30 s.
+# A loop that has not come round for this long is wedged, not busy: the longest measured pass
+# (bench-scale, 1,000 nodes on etcd, the first routing pass) takes about 10-30 s.
 LOOP_STALL_S = 300.0
 
 
