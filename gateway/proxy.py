@@ -151,14 +151,19 @@ async def _open(pool: UpstreamPool, targets: list[str], method: str, target: byt
         scheme, host, port = split_target(base)
         try:
             return await pool.request(scheme, host, port, method, target, headers, body), base
-        except UpstreamConnectError:
-            if i + 1 == len(tries):
-                raise UpstreamFailed("could not connect to any ready replica") from None
-        except UpstreamTimeoutError:
-            raise UpstreamTimeout("the upstream did not answer in time") from None
-        except UpstreamError:
-            raise UpstreamFailed("the upstream request failed") from None
+        except UpstreamError as exc:
+            if not isinstance(exc, UpstreamConnectError) or i + 1 == len(tries):
+                raise _failure(exc) from None
     raise UpstreamFailed("the endpoint has no upstream to try")
+
+
+def _failure(exc: UpstreamError) -> FabricError:
+    """The client's error for an upstream that failed before its response head."""
+    if isinstance(exc, UpstreamConnectError):
+        return UpstreamFailed("could not connect to any ready replica")
+    if isinstance(exc, UpstreamTimeoutError):
+        return UpstreamTimeout("the upstream did not answer in time")
+    return UpstreamFailed("the upstream request failed")
 
 
 async def forward(pool: UpstreamPool, send, targets: list[str], method: str, target: bytes,
@@ -168,16 +173,24 @@ async def forward(pool: UpstreamPool, send, targets: list[str], method: str, tar
     client did not: its usage event is counted, never relayed. ``names``: target URL -> replica
     id, for the x-fabric-replica header. ``budget``: a gateway.live_budget.LiveBudget that may
     end the stream at the call's token limits. ``migration``: a gateway.stream_migration.Migration
-    when a cut SSE answer may go on at another replica (charged what the engines computed)."""
+    when the call may go on at another replica: one that fails before its response head is
+    re-issued whole, a cut SSE answer continues (charged what the engines computed)."""
     t0 = time.perf_counter()
-    resp, base = await _open(pool, targets, method, target, headers, body, streaming)
-    replica = names.get(base) if names else None
+    failed, cut_at = [], None
+    if migration is None or not targets:
+        resp, base = await _open(pool, targets, method, target, headers, body, streaming)
+        replica = names.get(base) if names else None
+    else:
+        try:
+            resp, replica, failed, cut_at = await migration.open(targets[0], (names or {}).get(targets[0]))
+        except UpstreamError as exc:
+            raise _failure(exc) from None
     if replica and resp.header(REPLICA_HEADER) is None:
         extra = [*(extra or []), (REPLICA_HEADER, replica.encode())]
     if migration is None or not (resp.header(b"content-type") or b"").startswith(b"text/event-stream") \
             or resp.status != 200:
         return await relay(resp, send, t0, extra, strip=strip, budget=budget)
-    moving = migration.wrap(resp, replica)
+    moving = migration.wrap(resp, replica, failed, cut_at)
     result = await relay(moving, send, t0, extra, strip=strip, budget=budget)
     result.tokens = moving.charged(result.tokens)
     result.migrated = len(moving.hops) - 1

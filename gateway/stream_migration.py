@@ -4,9 +4,12 @@ at another replica, as a continuation of what the client already has (issue 51).
 The decision is pure (``read_sent``, ``continuation``, ``Seam``); ``MigratingResponse`` applies
 it under gateway.proxy.relay, which reads it like any upstream response.
 
-When an upstream ends a stream before its ``data: [DONE]`` (a reset, an EOF, a body that stops
-mid-event, an idle timeout), and the call may move, the gateway re-issues it to another ready
-replica:
+A replica that fails before its response head (refused, reset, closed, silent past the idle
+timeout) has sent the client nothing: ``Migration.open`` re-issues the call whole to another
+ready replica, under the same limits (a replica that got the request is charged its prompt; one
+never reached, nothing). When an upstream ends a stream before its ``data: [DONE]`` (a reset, an
+EOF, a body that stops mid-event, an idle timeout), and the call may move, the gateway re-issues
+it to another ready replica:
   chat          messages + an assistant message holding the text sent so far, with vLLM's
                 ``continue_final_message: true`` and ``add_generation_prompt: false`` (a call
                 that already continued its own assistant message gets the text appended to it);
@@ -44,7 +47,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from common.http1_client import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeoutError
+from common.http1_client import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeoutError,
+)
 from gateway.request_body import loads
 from gateway.usage_inject import complete_events
 
@@ -190,6 +199,7 @@ class Hop:
     prompt_tokens: int | None = None  # from its usage; None: it died before (estimated at the end)
     completion_tokens: int = 0
     exact: bool = False
+    reached: bool = True  # False: it could not be connected to, so it computed nothing
 
 
 class Seam:
@@ -325,29 +335,78 @@ class Migration:
     notes: dict  # the call's explanation (gateway.replica_router), shared
     on_move: Callable[[str, str], None] | None = None  # (endpoint, outcome) for the metric
 
-    def wrap(self, resp: UpstreamResponse, replica: str | None) -> MigratingResponse:
-        return MigratingResponse(self, resp, replica or "")
+    def wrap(self, resp: UpstreamResponse, replica: str | None, before: list[Hop] | None = None,
+             cut_at: float | None = None) -> MigratingResponse:
+        return MigratingResponse(self, resp, replica or "", before or [], cut_at)
+
+    async def open(self, url: str, replica: str | None) -> tuple[UpstreamResponse, str, list[Hop], float | None]:
+        """Open the call at ``url``. A replica that fails before its response head (refused,
+        reset, closed, silent past the idle timeout) has sent the client nothing: the call goes
+        whole to another ready replica, under the same limits as a cut stream. Returns the opened
+        response, its replica, the hops that failed first and when the first failed; raises the
+        last UpstreamError when the call may not or cannot move."""
+        failed: list[Hop] = []
+        cut_at = None
+        replica = replica or ""
+        while True:
+            try:
+                return await _request(self, url, self.body), replica, failed, cut_at
+            except UpstreamError as exc:
+                cut_at = time.monotonic() if cut_at is None else cut_at
+                reason = ("connect failed" if isinstance(exc, UpstreamConnectError) else "idle timeout"
+                          if isinstance(exc, UpstreamTimeoutError) else "connection broke") + " before the response head"
+                if replica:
+                    self.deaths.died(replica)
+                unreached = isinstance(exc, UpstreamConnectError)  # nothing was sent to it
+                failed.append(Hop(replica, exact=unreached, reached=not unreached))
+                why = (f"moved {self.per_call} times already" if len(failed) > self.per_call else
+                       None if self.quota.take(self.endpoint) else
+                       f"endpoint {self.endpoint!r} reached its moves per minute")
+                nxt = [] if why else (await self.targets(frozenset(h.replica for h in failed if h.replica)
+                                                         | self.deaths.excluded()))[:1]
+                if not nxt:
+                    self._note(replica, "not_moved", why or "no other ready replica", reason)
+                    raise
+                url, replica = nxt[0]
+                self._note(failed[-1].replica, "moved", f"to {replica}", reason, after_tokens=0)
+
+    def _note(self, replica: str, outcome: str, what: str, reason: str, **extra) -> None:
+        self.notes.setdefault("migrations", []).append(
+            {"from": replica or "unknown", "cut": reason, "outcome": outcome, "detail": what, **extra})
+        if self.on_move is not None:
+            self.on_move(self.endpoint, outcome)
+
+
+async def _request(mig: Migration, url: str, body: bytes) -> UpstreamResponse:
+    from gateway.proxy import split_target
+
+    scheme, host, port = split_target(url)
+    return await mig.pool.request(scheme, host, port, mig.method, mig.target, mig.headers, body)
 
 
 class MigratingResponse:
     """An upstream response for gateway.proxy.relay whose body goes on at another replica when
     its own is cut. Only complete events are handed out."""
 
-    def __init__(self, mig: Migration, resp: UpstreamResponse, replica: str):
+    def __init__(self, mig: Migration, resp: UpstreamResponse, replica: str, before: list[Hop],
+                 cut_at: float | None):
+        """``before``: the replicas that failed before their response head (Migration.open);
+        ``cut_at``: when the first of them failed."""
         self.mig = mig
+        self.chat = mig.path == "/v1/chat/completions"
         self._resp = self._first = resp
         self.status, self.headers = resp.status, resp.headers
         named = resp.header(b"x-fabric-replica")  # the engine's own (the simulator's), else the target's
-        self.hops = [Hop(named.decode() if named else replica)]
+        self.hops = [*before, Hop(named.decode() if named else replica)]
         self._pending = b""
         self._kept = bytearray()
-        self._seam: Seam | None = None
+        # A call that moved before its head: the usage still needs the seam's accounting.
+        self._seam = Seam(Sent(), Continuation(None, "", 0), self.chat, self.hops) if before else None
         self._queued = b""
         self._done = False
         self._end = False
-        self._cut_at: float | None = None
+        self._cut_at = cut_at
         self.seams: list[float] = []  # seconds from each cut to the continuation's first event
-        self.chat = mig.path == "/v1/chat/completions"
 
     def header(self, name: bytes) -> bytes | None:
         return self._first.header(name)  # the client's head is the first answer's
@@ -462,20 +521,13 @@ class MigratingResponse:
         return None
 
     async def _open(self, url: str, body: bytes) -> UpstreamResponse | None:
-        from gateway.proxy import split_target
-
-        scheme, host, port = split_target(url)
         try:
-            return await self.mig.pool.request(scheme, host, port, self.mig.method, self.mig.target,
-                                               self.mig.headers, body)
+            return await _request(self.mig, url, body)
         except UpstreamError:
             return None
 
     def _note(self, outcome: str, what: str, reason: str, **extra) -> None:
-        self.mig.notes.setdefault("migrations", []).append(
-            {"from": self.hops[-1].replica or "unknown", "cut": reason, "outcome": outcome, "detail": what, **extra})
-        if self.mig.on_move is not None:
-            self.mig.on_move(self.mig.endpoint, outcome)
+        self.mig._note(self.hops[-1].replica, outcome, what, reason, **extra)
 
     def charged(self, client_tokens: int | None) -> int | None:
         """What the engines computed, once the call moved (None: it did not; the usage stands).
@@ -490,7 +542,7 @@ class MigratingResponse:
         prompt = max(0, last.prompt_tokens - before)
         total, handed = 0, 0
         for h in self.hops[:-1]:
-            h.prompt_tokens = prompt + handed
+            h.prompt_tokens = prompt + handed if h.reached else 0
             total += h.prompt_tokens + h.completion_tokens
             handed += h.completion_tokens
         total += last.prompt_tokens + last.completion_tokens

@@ -146,7 +146,7 @@ def test_session_affinity_by_header_and_prompt_prefix_and_prefix_never_logged(cl
 # --- 2. connect-failure retry -----------------------------------------------------------------
 
 
-def test_connect_failure_retries_non_streaming_once_and_streams_fail_cleanly(cluster, gw):
+def test_connect_failure_retries_non_streaming_once_moves_a_stream_and_fails_an_unmovable_one_cleanly(cluster, gw):
     store = cluster["store"]
     doomed = _engine("rep-doomed")
     try:
@@ -173,9 +173,19 @@ def test_connect_failure_retries_non_streaming_once_and_streams_fail_cleanly(clu
     for s in to_live[:5]:
         assert _chat(c, "hello again", session=s)[0] == before[s]
 
-    # Streaming: no retry; a clean OpenAI-shaped 502 before any byte of the stream.
+    # Streaming: the call moves whole to another ready replica (stream migration, on by
+    # default: nothing was sent to the client yet), and says where it went.
+    with httpx.stream("POST", gw.openai_base("retry") + "/chat/completions", timeout=30,
+                      headers={"authorization": f"Bearer {key}", "x-session-id": to_doomed[0]},
+                      json={"model": "sim-m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                            "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["x-fabric-replica"] in ("rep-a", "rep-b")
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines)
+    # A stream that may not move (several choices): no retry; a clean OpenAI-shaped 502 before
+    # any byte of the stream.
     with pytest.raises(openai.APIStatusError) as err:
-        stream = c.chat.completions.create(model="sim-m", messages=[{"role": "user", "content": "hi"}],
+        stream = c.chat.completions.create(model="sim-m", messages=[{"role": "user", "content": "hi"}], n=2,
                                            max_tokens=3, stream=True, extra_headers={"x-session-id": to_doomed[0]})
         list(stream)
     assert err.value.status_code == 502
@@ -183,7 +193,7 @@ def test_connect_failure_retries_non_streaming_once_and_streams_fail_cleanly(clu
     r = httpx.post(gw.openai_base("retry") + "/chat/completions", timeout=30,
                    headers={"authorization": f"Bearer {key}", "x-session-id": to_doomed[0]},
                    json={"model": "sim-m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-                         "stream": True})
+                         "stream": True, "n": 2})
     assert r.status_code == 502 and r.headers["content-type"] == "application/json"
     error = r.json()["error"]
     assert set(error) == {"message", "type", "code"} and error["code"] == "upstream_unavailable"

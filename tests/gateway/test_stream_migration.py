@@ -207,3 +207,129 @@ def test_a_stream_whose_engine_is_killed_goes_on_at_the_other_with_the_same_text
     # charged: what both engines computed, more than what the client received
     assert result.tokens == sum(h["prompt_tokens"] + h["completion_tokens"] for h in computed)
     assert result.tokens > usage[0]["total_tokens"]
+
+
+# --- a replica that dies before its response head -----------------------------------------------
+
+DIES_ON_REQUEST = r"""
+import os, signal, socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(8)
+print(s.getsockname()[1], flush=True)
+conn, _ = s.accept()
+data = b""
+while b"\r\n\r\n" not in data:
+    data += conn.recv(65536)
+os.kill(os.getpid(), signal.SIGKILL)  # the request is in; the engine dies before any answer
+"""
+
+
+@pytest.fixture
+def dies_on_request():
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", DIES_ON_REQUEST], stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc, f"http://127.0.0.1:{int(proc.stdout.readline())}"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _free_port_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens there
+
+
+def _through(first: str, others: list[tuple[str, str]], request: dict, per_call: int = 2,
+             notes: dict | None = None):
+    """forward() of a streamed call whose first target is ``first`` ("dead" by name)."""
+    path = "/v1/chat/completions"
+    body = json.dumps(request).encode()
+    got: list[bytes] = []
+    notes = {} if notes is None else notes
+
+    async def main():
+        pool = UpstreamPool(idle_timeout=10)
+
+        async def targets(excluded):
+            return [(u, n) for u, n in others if n not in excluded]
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                got.append(message.get("body", b""))
+
+        mig = Migration(pool, path, "POST", path.encode(), [(b"content-type", b"application/json")], body, "ep",
+                        targets, per_call, EndpointQuota(100), Deaths(), notes)
+        try:
+            return await forward(pool, send, [first], "POST", path.encode(),
+                                 [(b"content-type", b"application/json")], body, True,
+                                 names={first: "dead"}, migration=mig)
+        finally:
+            pool.close()
+
+    return asyncio.run(main()), b"".join(got), notes
+
+
+HEADLESS = {"model": "sim-model", "messages": [{"role": "user", "content": "tell me before the head"}],
+        "max_tokens": 12, "stream": True, "stream_options": {"include_usage": True}}
+
+
+@pytest.mark.parametrize("how", ["killed after the request", "refused"])
+def test_a_replica_failing_before_its_response_head_hands_the_whole_call_to_another(sims, dies_on_request, how):
+    _, b = sims
+    with httpx.stream("POST", b.url + "/v1/chat/completions", json=HEADLESS, timeout=30) as r:
+        expected = _text([json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")], True)
+    proc, dying = dies_on_request
+    first = dying if how == "killed after the request" else _free_port_url()
+    result, stream, notes = _through(first, [(b.url, "sim-b")], HEADLESS)
+    if how == "killed after the request":
+        assert proc.wait(10) == -signal.SIGKILL
+    events = [e for e in stream.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]" and b'"error"' not in stream
+    objs = [json.loads(e[6:]) for e in events[:-1]]
+    assert _text(objs, True) == expected
+    assert sum(1 for o in objs for c in o["choices"] if c["delta"].get("role")) == 1
+    usage = [o["usage"] for o in objs if o.get("usage")]
+    assert len(usage) == 1 and usage[0]["completion_tokens"] == 12
+    assert result.ok and result.migrated == 1
+    move = notes["migrations"][0]
+    assert move["outcome"] == "moved" and move["from"] == "dead" and move["detail"] == "to sim-b"
+    assert "before the response head" in move["cut"]
+    computed = notes["usage_computed"]
+    assert [h["replica"] for h in computed] == ["dead", "sim-b"]
+    dead_prompt = computed[0]["prompt_tokens"]
+    # A replica that got the request may have computed its prompt: charged it. One that was never
+    # reached computed nothing.
+    assert dead_prompt == (usage[0]["prompt_tokens"] if how == "killed after the request" else 0)
+    assert result.tokens == dead_prompt + usage[0]["total_tokens"]
+
+
+def test_a_call_with_no_other_replica_fails_before_its_head_as_a_502(dies_on_request):
+    from gateway.proxy import UpstreamFailed
+
+    _, dying = dies_on_request
+    notes: dict = {}
+    with pytest.raises(UpstreamFailed):
+        _through(dying, [], HEADLESS, notes=notes)
+    assert [(m["from"], m["outcome"], m["detail"]) for m in notes["migrations"]] == [
+        ("dead", "not_moved", "no other ready replica")]
+
+
+def test_a_call_moves_before_its_head_only_within_its_limit(sims, dies_on_request):
+    """per_call 1: the first dead replica moves the call; the second failure ends it."""
+    from gateway.proxy import UpstreamFailed
+
+    _, dying = dies_on_request
+    never = _free_port_url()
+    notes: dict = {}
+    with pytest.raises(UpstreamFailed):
+        _through(dying, [(never, "gone")], HEADLESS, per_call=1, notes=notes)
+    assert [(m["from"], m["outcome"], m["detail"]) for m in notes["migrations"]] == [
+        ("dead", "moved", "to gone"), ("gone", "not_moved", "moved 1 times already")]
+    assert notes["migrations"][1]["cut"] == "connect failed before the response head"
