@@ -102,12 +102,16 @@ def kinds(store: Store) -> set[str]:
 
 def _trim_before(store: Store, keep: int, older_than: float) -> int:
     """Delete events beyond the newest ``keep`` and those keyed before ``older_than``; how many."""
-    kvs = store.list(keyspace.events())
-    surplus = max(0, len(kvs) - keep)
-    doomed = [kv for i, kv in enumerate(kvs) if i < surplus or key_time(kv.key) < older_than]
-    for kv in doomed:
-        store.delete(kv.key)
-    return len(doomed)
+    prefix = keyspace.events()
+    kvs = store.list(prefix)
+    # Keys sort by time (event_key), so the doomed ones are the oldest: one range delete up to
+    # the last of them (an event written meanwhile sorts after it and stays).
+    doomed = max(len(kvs) - keep, 0)
+    while doomed < len(kvs) and key_time(kvs[doomed].key) < older_than:
+        doomed += 1
+    if not doomed:
+        return 0
+    return store.delete_prefix(prefix, below=kvs[doomed - 1].key + "\0")
 
 
 DEFAULT_MAX_AGE_S = 7 * 86400.0

@@ -73,6 +73,14 @@ class Lease:
     ttl: int
 
 
+def below_nothing(prefix: str, below: str) -> bool:
+    """Store.delete_prefix's ``below`` check: True when the range is empty; a ValueError when
+    ``below`` is outside the prefix."""
+    if not below.startswith(prefix):
+        raise ValueError(f"delete_prefix: below={below!r} is not under prefix {prefix!r}")
+    return below == prefix
+
+
 class Store(Protocol):
     def get(self, key: str) -> KV | None: ...
 
@@ -106,7 +114,10 @@ class Store(Protocol):
         """Delete (only at this mod_revision when given); True if a key was deleted."""
         ...
 
-    def delete_prefix(self, prefix: str) -> int: ...
+    def delete_prefix(self, prefix: str, *, below: str | None = None) -> int:
+        """Delete the keys under prefix (only those sorted before ``below`` when given; it must
+        start with prefix: a ValueError otherwise), at one revision; how many."""
+        ...
 
     def grant_lease(self, ttl: int) -> Lease: ...
 

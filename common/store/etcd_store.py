@@ -45,7 +45,7 @@ import urllib3
 from etcd3gw import exceptions as etcd_exc
 
 from common.errors import Conflict, NotFound, StoreAccessDenied, TransientError
-from common.store.base import KV, MAX_TXN_OPS, Changes, Event, Lease
+from common.store.base import KV, MAX_TXN_OPS, Changes, Event, Lease, below_nothing
 from common.store.etcd_access import EtcdAccess
 
 REQUEST_TIMEOUT_S = 10.0
@@ -384,8 +384,13 @@ class EtcdStore:
         deleted = result["responses"][0].get("response_delete_range", {}).get("deleted", 0)
         return int(deleted) > 0
 
-    def delete_prefix(self, prefix: str) -> int:
-        result = self._post("/kv/deleterange", _range_request(prefix))
+    def delete_prefix(self, prefix: str, *, below: str | None = None) -> int:
+        request = _range_request(prefix)
+        if below is not None:
+            if below_nothing(prefix, below):
+                return 0
+            request["range_end"] = _b64(below)  # [prefix, below): inside the prefix's range
+        result = self._post("/kv/deleterange", request)
         return int(result.get("deleted", 0))
 
     # -- leases -------------------------------------------------------------------------

@@ -191,9 +191,9 @@ class FencedStore:
         self.lock.check(f"delete {key}")
         return self.inner.delete(key, mod_revision=mod_revision)
 
-    def delete_prefix(self, prefix: str) -> int:
+    def delete_prefix(self, prefix: str, *, below: str | None = None) -> int:
         self.lock.check(f"delete_prefix {prefix}")
-        return self.inner.delete_prefix(prefix)
+        return self.inner.delete_prefix(prefix, below=below)
 
     # leases: not leader state
     def grant_lease(self, ttl: int) -> Lease:

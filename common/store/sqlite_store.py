@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common.errors import Conflict, NotFound, TransientError
 from common.private_fs import private_dir, touch_private
-from common.store.base import KV, Changes, Event, Lease
+from common.store.base import KV, Changes, Event, Lease, below_nothing
 
 BUSY_TIMEOUT_MS = 10_000
 EVENTS_KEPT = 10_000
@@ -243,8 +243,12 @@ class SqliteStore:
             _delete_keys(db, [key], _bump(db))
             return True
 
-    def delete_prefix(self, prefix: str) -> int:
+    def delete_prefix(self, prefix: str, *, below: str | None = None) -> int:
         sql, args = _prefix_clause(prefix)
+        if below is not None:
+            if below_nothing(prefix, below):
+                return 0
+            sql, args = f"{sql} AND key < ?", (*args, below)
         with self._write() as db:
             keys = [r[0] for r in db.execute(f"SELECT key FROM kv WHERE {sql}", args)]
             if keys:

@@ -130,6 +130,20 @@ def test_delete_prefix(store, ns):
     assert store.revision() == after  # deleting nothing writes nothing
 
 
+def test_delete_prefix_below_a_key_deletes_only_the_keys_before_it(store, ns):
+    for key in ["ev/001", "ev/002", "ev/003", "ev/004", "ew"]:
+        store.put(ns + key, "v")
+    before = store.revision()
+    assert store.delete_prefix(ns + "ev/", below=ns + "ev/003") == 2
+    assert store.revision() == before + 1  # one revision for the range, as etcd's DeleteRange
+    assert [kv.key for kv in store.list(ns)] == [ns + "ev/003", ns + "ev/004", ns + "ew"]
+    assert store.delete_prefix(ns + "ev/", below=ns + "ev/") == 0
+    assert store.delete_prefix(ns + "ev/", below=ns + "ev/003\0") == 1  # up to and with a key
+    assert [kv.key for kv in store.list(ns)] == [ns + "ev/004", ns + "ew"]
+    with pytest.raises(ValueError, match="not under prefix"):
+        store.delete_prefix(ns + "ev/", below=ns + "ew")
+
+
 def test_write_with_unknown_lease_is_refused(store, ns):
     lease = store.grant_lease(30)
     store.revoke_lease(lease.id)

@@ -80,5 +80,8 @@ def test_a_loops_sink_trims_once_per_twentieth_of_keep_not_per_write(store):
         sink("endpoint", f"e{i}", "WeightsChanged", "moved", now=T0 + i * 0.1)  # 20 s of writes
     assert counting.calls.get("list", 0) == 200 // sink.trim_every == 40  # per write it was 200
     assert 100 <= len(recent_events(store, 1000)) <= 100 + sink.trim_every
+    # A trim deletes its surplus in one range delete: one write per trim past keep (writes
+    # 105, 110, ..., 200), not one per event.
+    assert counting.written["events"] == 200 + (200 - 100) // sink.trim_every
     sink("endpoint", "late", "WeightsChanged", "moved", now=T0 + 100)  # a minute after its last trim
     assert counting.calls.get("list", 0) == 41
