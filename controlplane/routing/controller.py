@@ -216,9 +216,16 @@ class RoutingWorker:
 
     # -- endpoints ---------------------------------------------------------------------------------
 
+    def _read(self) -> Snapshot:
+        """The changes since the last pass into the mirror, and the snapshot parsed from it: in a
+        worker thread, so the event loop runs its other tasks (the lease, the API) between the
+        interpreter's switches instead of waiting out 8,000 observations' parse (bench-scale).
+        Only the tick reads or writes the mirror and the parse cache."""
+        self.mirror.apply(self.mirror.fetch())
+        return load_routing_snapshot(self.mirror, cache=self._parsed)  # type: ignore[arg-type]  # the read verbs
+
     async def tick(self) -> None:
-        self.mirror.apply(await asyncio.to_thread(self.mirror.fetch))  # the changes since the last pass
-        snap = load_routing_snapshot(self.mirror, cache=self._parsed)  # type: ignore[arg-type]  # the read verbs
+        snap = await asyncio.to_thread(self._read)
         self._unwritten.clear()
         await self.scrape_all(snap)  # snap.observations now holds this tick's scrapes
         if self.rollouts is not None:  # judged on this tick's counters; shares pushed below

@@ -44,8 +44,11 @@ every node); only balancers get the pushed services.
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -123,27 +126,67 @@ class CountingStore:
 
 
 class LagProbe:
-    """The longest the event loop went without running a task due every 10 ms."""
+    """The longest the event loop went without running a task due every 10 ms, and where it was:
+    while the loop is late by more than STALL_SAMPLE_S, a watcher thread samples its stack every
+    STALL_SAMPLE_S and counts the project frames it finds (``where``: "file:function" chains,
+    innermost first; each sample stands for about STALL_SAMPLE_S of stall)."""
 
     def __init__(self) -> None:
         self.worst = 0.0
+        self.where: Counter[str] = Counter()
         self._task: asyncio.Task | None = None
+        self._beat = time.monotonic()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             t0 = loop.time()
+            self._beat = time.monotonic()
             await asyncio.sleep(LAG_TICK_S)
             self.worst = max(self.worst, loop.time() - t0 - LAG_TICK_S)
 
+    def _watch(self, thread_id: int) -> None:
+        while not self._stop.wait(STALL_SAMPLE_S):
+            if time.monotonic() - self._beat > STALL_SAMPLE_S + LAG_TICK_S:
+                frame = sys._current_frames().get(thread_id)
+                if frame is not None:
+                    self.where[_project_frames(frame)] += 1
+
+    def top(self, n: int = 5) -> list[dict]:
+        return [{"frames": k, "samples": v} for k, v in self.where.most_common(n)]
+
     def __enter__(self) -> LagProbe:
         self.worst = 0.0
+        self.where.clear()
         self._task = asyncio.get_running_loop().create_task(self._run())
+        self._stop.clear()
+        self._watcher = threading.Thread(target=self._watch, args=(threading.get_ident(),), daemon=True,
+                                         name="lag-probe")
+        self._watcher.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        assert self._task is not None
+        assert self._task is not None and self._watcher is not None
         self._task.cancel()
+        self._stop.set()
+        self._watcher.join()
+
+
+STALL_SAMPLE_S = 0.02
+_ROOT = str(Path(__file__).resolve().parents[2]) + "/"
+
+
+def _project_frames(frame, depth: int = 4) -> str:
+    """The innermost ``depth`` frames of this project's code (not its venv) on a stack."""
+    out: list[str] = []
+    while frame is not None and len(out) < depth:
+        name = frame.f_code.co_filename
+        if name.startswith(_ROOT) and "/.venv/" not in name:
+            out.append(f"{name[len(_ROOT):]}:{frame.f_code.co_name}:{frame.f_lineno}")
+        frame = frame.f_back
+    return " < ".join(out) or "outside the project's code"
 
 
 @dataclass
@@ -151,6 +194,7 @@ class Figures:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     max_stall_s: float = 0.0
+    stall_where: list[dict] = field(default_factory=list)  # LagProbe.top(): where the loop was while late
     store_writes: int = 0
     store_reads: int = 0
     writes_by_kind: dict[str, int] = field(default_factory=dict)
@@ -165,6 +209,7 @@ class Figures:
     agents_pushed: int = 0  # agents that received at least one request in the pass
     waited_silent: bool = False  # the pass waited for the silent agent's answer
     reported_observations: int = 0  # stored from the agents' reports before the pass (agents_observe)
+    agents_tick_s: float = 0.0  # the rig's one-process scrape of every engine before the pass (agents_observe)
 
     def rounded(self) -> dict:
         out = asdict(self)
@@ -210,15 +255,22 @@ class AgentReports:
         self.observer = EngineObserver(MetricsScraper(concurrency=64), health=True)
         self.reported: dict[str, ReplicaObservation] = {}
         self.observed: dict[str, list[str]] = {n: [] for n in targets}
+        self.tick_s = 0.0  # the last tick's scrape of every engine, in this one process
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sim-agent-reports")
         self._loop = asyncio.new_event_loop()
 
     def report(self) -> int:
         """One tick of every agent; the observations fabricd stored."""
         found = [t for ts in self.targets.values() for t in ts]
+        t0 = time.perf_counter()
         seen = self._pool.submit(self._loop.run_until_complete, self.observer.observe_all(found)).result()
-        by_id = dict(zip([t.replica_id for t in found], seen))
+        self.tick_s = time.perf_counter() - t0
         stored, now, ctx = 0, time.time(), SimpleNamespace(store=self.store)
+        # The tick's observations carry its end as their scrape time: a fleet's agents each scrape
+        # their own few engines at once, within a second of one another, where this one process
+        # scrapes them all in turn (at 1,000 nodes longer than the 30 s eligibility window, which
+        # would age the first-scraped out before the pass and flap every plan).
+        by_id = {t.replica_id: o.model_copy(update={"scraped_at": now}) for t, o in zip(found, seen)}
         for node_id, ts in self.targets.items():
             items = [ObservedReplica(**by_id[t.replica_id].model_dump(), deployment=t.deployment) for t in ts
                      if material_change(self.reported.get(t.replica_id), by_id[t.replica_id])]
@@ -343,7 +395,7 @@ class Fleet:
         after_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
         kinds = {k: v - kinds0.get(k, 0) for k, v in self.store.written.items() if v != kinds0.get(k, 0)}
         return Figures(
-            cpu_s=cpu, wall_s=wall, max_stall_s=lag.worst, store_writes=self.store.writes - w0,
+            cpu_s=cpu, wall_s=wall, max_stall_s=lag.worst, stall_where=lag.top(), store_writes=self.store.writes - w0,
             store_reads=self.store.reads - r0, writes_by_kind=kinds,
             engine_connections=eng1["connections"] - eng0["connections"],
             engine_requests=(eng1["metrics"] + eng1["health"]) - (eng0["metrics"] + eng0["health"]),
@@ -357,7 +409,8 @@ class Fleet:
             observations_written=self.store.items.get("observations", 0) - items0.get("observations", 0),
             agents_pushed=sum(1 for p, n in ag1["per_agent"].items() if n != ag0["per_agent"].get(p, 0)),
             waited_silent=bool(routing is not None and silent_node in routing.pushes.waited),
-            reported_observations=reported)
+            reported_observations=reported,
+            agents_tick_s=round(self.reports.tick_s, 2) if self.reports is not None else 0.0)
 
 
 async def gateway_refresh(cache: UpstreamCache, clock: list[float], endpoints: list[str]) -> None:
