@@ -98,8 +98,9 @@ VLLM_SHUTDOWN_TIMEOUT_S = 30
 # Start budgets (Runtime.start_budget_s): a GPU VM's boot is 1-2 min; on top, vLLM loads the
 # weights and captures CUDA graphs (minutes for a large model), TensorRT-LLM and Triton
 # deserialize whole engines (longer still), while llama.cpp maps one GGUF file and TEI loads a
-# small encoder. Each stays inside fabricd's own start deadline (FABRIC_START_TIMEOUT_SECS, 900 s
-# by default), after which the replica is replaced, so a hold never outwaits the replica it waits for.
+# small encoder. The reconcile pass replaces a replica not ready within its runtime's budget (at
+# most fabricd's FABRIC_START_TIMEOUT_SECS, 900 s by default), and the gateway holds a call at zero
+# replicas as long, so a hold never outwaits the replica it waits for.
 
 RUNTIME_TABLE: dict[str, Runtime] = {
     r.name: r

@@ -11,7 +11,8 @@ AppState built without settings holds).
   FABRIC_MODEL_JOBS_SECS (2)                             model jobs period, 0.05-3600
   FABRIC_LEADER_TTL_SECS (15)                            leader lease TTL, whole seconds 2-300
   FABRIC_DRAIN_GRACE_SECS (30)                           drain grace, 0-86400
-  FABRIC_START_TIMEOUT_SECS (900)                        a replica's start budget (Starting, not failing), 10-86400
+  FABRIC_START_TIMEOUT_SECS (900)                        the most a replica's start budget may be (its runtime's,
+                                                         common.runtimes; Starting, not failing), 10-86400
   FABRIC_STALL_SECS (60)                                 running requests, no new tokens this long: weight 0, 5-86400
   FABRIC_SCRAPE_TIMEOUT_SECS (2)                         one engine /metrics scrape's deadline (a miss excludes it), 0.1-60
   FABRIC_HEALTH_TIMEOUT_SECS (2)                         one health probe's deadline (3 misses replace a replica), 0.1-60
@@ -130,7 +131,7 @@ class ControllerSettings:
     leader_ttl_s: int = 15
     drain_grace_s: float = 30.0
     models_s: float = 2.0  # model jobs: poll the agents for progress
-    start_timeout_s: float = 900.0  # a replica's start budget (controlplane.reconcile.plan)
+    start_timeout_s: float = 900.0  # the cap on a replica's start budget (controlplane.reconcile.plan)
     stall_s: float = 60.0  # running > 0 and no new tokens this long: weight 0 (controlplane.routing.stall)
     scrape_timeout_s: float = 2.0  # one /metrics scrape's deadline; a miss excludes the replica that tick
     health_timeout_s: float = 2.0  # one health probe's deadline (controlplane.reconcile.plan.FAILURES_TO_REPLACE)

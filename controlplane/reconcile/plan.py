@@ -12,8 +12,10 @@ Rules:
     answers HTTP (an error status) drains first like any removal, one that does not answer is
     deleted at once (nothing can be in flight there); scale-up creates the replacement with the
     first unused ordinal;
-  - a replica still inside its start budget (``start_timeout_s``, FABRIC_START_TIMEOUT_SECS) is
-    Starting, whatever its probe says; past it, it is replaced (a failure);
+  - a replica still inside its start budget (its runtime's, common.runtimes.start_budget, at
+    most ``start_timeout_s``, FABRIC_START_TIMEOUT_SECS) is Starting, whatever its probe says;
+    past it, it is replaced (a failure): the gateway holds a call at zero replicas as long, so a
+    held call never outwaits the replica it waits for;
   - a replica whose VM or engine process ended (``vm_failures``: the engine's own last error
     line, read from its log by the applier) is Failed with that line as its reason and released;
     so is one whose model job failed (``model_failures``: the job's message), and one that never
@@ -48,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from common.runtimes import start_budget
 from common.schemas import (
     InferenceDeployment,
     InferenceProfile,
@@ -80,7 +83,7 @@ class ReconcileSettings:
     # A draining replica counts as idle only from a scrape this long after the drain started, so
     # the routing job (one period) has pushed its weight 0 and no new request can be in flight.
     drain_settle_s: float = 11.0
-    start_timeout_s: float = 900.0
+    start_timeout_s: float = 900.0  # the most any runtime's start budget may be (FABRIC_START_TIMEOUT_SECS)
     # One health probe's deadline (FABRIC_HEALTH_TIMEOUT_SECS); FAILURES_TO_REPLACE misses in a row
     # replace a Ready replica, so a busy CPU engine in the lab gets longer than a GPU guest's 2 s.
     health_timeout_s: float = 2.0
@@ -198,6 +201,7 @@ def plan(
         return out
     vm_failures, model_failures = vm_failures or {}, model_failures or {}
     failed_now: list[str] = []  # this tick's failures, for the crash-loop count
+    start_s = min(start_budget(profile.runtime), settings.start_timeout_s)
 
     targets = dict(targets) if targets is not None else {deployment.revision: deployment.replicas}
     templates = {deployment.revision: (profile, model), **dict(templates or {})}
@@ -231,10 +235,10 @@ def plan(
             continue
         if probe is None:
             if (not r.host and r.replica_id not in model_waits
-                    and now - r.created_at > settings.start_timeout_s):
+                    and now - r.created_at > start_s):
                 # Never got an address (a VM create that never finished): release its GPUs.
                 out.actions.append(FailReplica(r.replica_id, f"no address after the start budget "
-                                               f"({settings.start_timeout_s:.0f}s)"))
+                                               f"({start_s:.0f}s)"))
                 gone.add(r.replica_id)
             continue
         if probe.ok:
@@ -247,8 +251,8 @@ def plan(
         if not r.ready:
             # A booting replica (a VM takes minutes, an engine seconds) is judged by the start
             # timeout, not by failed probes: its health answers only once the engine is up.
-            if now - r.created_at > settings.start_timeout_s:
-                why = f"not ready after {settings.start_timeout_s:.0f}s ({probe.message})"
+            if now - r.created_at > start_s:
+                why = f"not ready after {start_s:.0f}s ({probe.message})"
                 out.actions.append(DeleteReplica(r.replica_id, why))
                 gone.add(r.replica_id)
                 failed_now.append(f"{r.replica_id}: {why}")

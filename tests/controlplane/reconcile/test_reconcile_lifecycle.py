@@ -85,14 +85,14 @@ def test_scale_in_and_deletion_are_not_failures():
 
 
 def test_starting_within_the_budget_is_starting_not_failing():
-    young = replica(0, ready=False, created=NOW - 899)
+    young = replica(0, ready=False, created=NOW - 599)  # vLLM's start budget: 600 s
     p = run([young], {"qwen-0-abc": REFUSED})
     (upd,) = kinds(p, UpdateHealth)
     assert upd.phase == "Starting" and not kinds(p, DeleteReplica) and p.status.failures == 0
-    old = replica(0, ready=False, created=NOW - 901)
+    old = replica(0, ready=False, created=NOW - 601)
     p = run([old], {"qwen-0-abc": REFUSED})
     (gone,) = kinds(p, DeleteReplica)
-    assert "not ready after 900s" in gone.reason and p.status.failures == 1
+    assert "not ready after 600s" in gone.reason and p.status.failures == 1
 
 
 def test_an_engine_that_exited_is_failed_with_its_own_line_not_restarted_forever():

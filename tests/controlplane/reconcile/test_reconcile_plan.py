@@ -1,5 +1,7 @@
 """The reconcile plan for one deployment (pure, table-driven)."""
 
+import pytest
+
 from controlplane.placement.scheduler import Committed
 from controlplane.reconcile.plan import (
     CreateReplica,
@@ -142,3 +144,18 @@ def test_scale_up_counts_cpu_of_replicas_placed_and_planned():
     assert [a.node for a in kinds(p, CreateReplica)] == ["n1", "n1"]
     assert p.status.phase == "Pending"
     assert "not enough CPU: 0 of 12 free after 3 replicas, needs 4" in p.status.message
+
+
+@pytest.mark.parametrize("runtime, budget", [("vllm", 600), ("llama.cpp", 300), ("tei", 300), ("tensorrt-llm", 900)])
+def test_a_starting_replica_is_replaced_at_its_runtimes_start_budget_capped_by_the_setting(runtime, budget):
+    prof = profile().model_copy(update={"runtime": runtime})
+    probes = {"qwen-0-abc": BAD}
+    inside = run([replica(0, ready=False, created=NOW - budget + 5)], dep=deployment(1), probes=probes, prof=prof)
+    assert not kinds(inside, DeleteReplica) and kinds(inside, UpdateHealth)[0].phase == "Starting"
+    past = run([replica(0, ready=False, created=NOW - budget - 5)], dep=deployment(1), probes=probes, prof=prof)
+    (gone,) = kinds(past, DeleteReplica)
+    assert f"not ready after {budget}s" in gone.reason
+    # FABRIC_START_TIMEOUT_SECS caps every runtime's budget
+    capped = run([replica(0, ready=False, created=NOW - 125)], dep=deployment(1), probes=probes, prof=prof,
+                 settings=ReconcileSettings(start_timeout_s=120))
+    assert "not ready after 120s" in kinds(capped, DeleteReplica)[0].reason
