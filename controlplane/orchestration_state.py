@@ -28,7 +28,7 @@ from common import keyspace
 from common.engine_metrics.reported import agent_observed, observed_by_node
 from common.errors import NotFound
 from common.mig_catalog import MigSlice
-from common.records import deployments, endpoints, reading, replicas
+from common.records import deployments, endpoints, plans, reading, replicas
 from common.records.cas import Contended
 from common.records.resource import Records
 from common.rollouts import Revision, Rollout
@@ -179,7 +179,8 @@ def json_field(kv: KV | None, name: str) -> str | None:
 _KINDS: dict[type[BaseModel], str] = {
     Node: "node", ModelArtifact: "model", InferenceProfile: "profile", InferenceDeployment: "deployment",
     InferenceEndpoint: "endpoint", Site: "site", TenantQuota: "quota", TenantPolicy: "policy", Replica: "replica",
-    ReplicaObservation: "observation", Revision: "revision", Rollout: "rollout", MigSlice: "MIG slice"}
+    ReplicaObservation: "observation", Revision: "revision", Rollout: "rollout", MigSlice: "MIG slice",
+    plans.PublishedPlan: plans.KIND}
 
 
 def _parse(kv: KV, model: type[BaseModel]):

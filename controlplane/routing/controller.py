@@ -81,6 +81,7 @@ from controlplane.routing.strategies import RoutingPlan
 log = logging.getLogger("fabricd.routing")
 SCRAPE_TIMEOUT_S = 2.0  # the default of FABRIC_SCRAPE_TIMEOUT_SECS
 SCRAPE_CONCURRENCY = 64
+YIELD_EVERY = 500  # replicas a pass judges between two yields to the event loop
 
 
 @dataclass
@@ -138,6 +139,7 @@ class RoutingWorker:
         self.observer = EngineObserver(MetricsScraper(timeout_s=scrape_timeout_s, concurrency=SCRAPE_CONCURRENCY),
                                        clock=clock)
         self._parsed = ParseCache()  # store records by (key, mod_revision): unchanged ones are not re-validated
+        self._parsed_plans = ParseCache()  # the published plans, likewise (shared: replaced, never changed)
         # The records a pass reads, listed once and then kept by their changes (common.store.mirror): a
         # pass asks the store only for what changed since the last one.
         self.mirror = Mirror(store, [*ROUTING_PREFIXES, keyspace.routing_plans(), MANAGED_SERVICES, keyspace.vips()])
@@ -166,7 +168,9 @@ class RoutingWorker:
         fresh = await self.observer.observe_all(scraped)
         if self.metrics:
             self.metrics.scrape_failures.inc(sum(1 for o in fresh if not o.ok))
-        for obs in [*fresh, *(o for r in reported if (o := snap.observations.get(r.replica_id)) is not None)]:
+        for i, obs in enumerate([*fresh, *(o for r in reported if (o := snap.observations.get(r.replica_id)) is not None)]):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # 8,000 replicas' stall marks: the loop's other tasks run between
             stored = snap.observations.get(obs.replica_id)
             obs = self._stall(by_id[obs.replica_id], obs)
             snap.observations[obs.replica_id] = obs
@@ -216,22 +220,26 @@ class RoutingWorker:
 
     # -- endpoints ---------------------------------------------------------------------------------
 
-    def _read(self) -> Snapshot:
-        """The changes since the last pass into the mirror, and the snapshot parsed from it: in a
-        worker thread, so the event loop runs its other tasks (the lease, the API) between the
-        interpreter's switches instead of waiting out 8,000 observations' parse (bench-scale).
-        Only the tick reads or writes the mirror and the parse cache."""
+    def _read(self) -> tuple[Snapshot, dict[str, PublishedPlan]]:
+        """The changes since the last pass into the mirror, and the snapshot and published plans
+        parsed from it (unchanged records not validated again): in a worker thread, so the event
+        loop runs its other tasks (the lease, the API) between the interpreter's switches instead
+        of waiting out 8,000 observations' parse (bench-scale). Only the tick reads or writes the
+        mirror and the parse caches."""
         self.mirror.apply(self.mirror.fetch())
-        return load_routing_snapshot(self.mirror, cache=self._parsed)  # type: ignore[arg-type]  # the read verbs
+        snap = load_routing_snapshot(self.mirror, cache=self._parsed)  # type: ignore[arg-type]  # the read verbs
+        kvs = self.mirror.list(keyspace.routing_plans())
+        published = {p.endpoint: p for p in self._parsed_plans.parse_all(kvs, PublishedPlan)}
+        self._parsed_plans.forget_except({kv.key for kv in kvs})
+        return snap, published
 
     async def tick(self) -> None:
-        snap = await asyncio.to_thread(self._read)
+        snap, self.memory.published = await asyncio.to_thread(self._read)
         self._unwritten.clear()
         await self.scrape_all(snap)  # snap.observations now holds this tick's scrapes
         if self.rollouts is not None:  # judged on this tick's counters; shares pushed below
             self.rollouts.advance(snap.replicas, snap.observations)
         self._managed = {kv.key: kv.value for kv in self.mirror.list(MANAGED_SERVICES)}
-        self.memory.published = {p.endpoint: p for p in plans.list(self.mirror)}  # type: ignore[arg-type]
         self._held = vip_pool.Held(vip_pool.allocations(self.mirror))  # type: ignore[arg-type]
         self._decided = Decided()
         services: dict[str, MaglevServicePut] = {}  # this pass's services, by VIP:PORT/PROTO
