@@ -210,6 +210,7 @@ class Figures:
     waited_silent: bool = False  # the pass waited for the silent agent's answer
     reported_observations: int = 0  # stored from the agents' reports before the pass (agents_observe)
     agents_tick_s: float = 0.0  # the rig's one-process scrape of every engine before the pass (agents_observe)
+    replicas_changed: int = 0  # replicas whose load the rig changed before the pass (the change pass)
 
     def rounded(self) -> dict:
         out = asdict(self)
@@ -298,6 +299,7 @@ class Fleet:
         self.engines: SimEngines
         self.agents: SimAgents
         self.reports: AgentReports | None = None  # the agents' engine reports (Size.agents_observe)
+        self.changed_replicas = 0  # set by change_queues, counted by the next measure
 
     def __enter__(self) -> Fleet:
         raise_fd_limit()
@@ -380,9 +382,11 @@ class Fleet:
         """The first replica of each of the first ``changed_endpoints`` endpoints gets ``waiting`` queued."""
         for i in range(self.size.changed_endpoints):
             self.engines.set_load(self.engine_ports[i], waiting)
+        self.changed_replicas = self.size.changed_endpoints
 
     async def measure(self, run: Callable[[], Awaitable[None]], routing: RoutingWorker | None = None) -> Figures:
         reported = self.between_passes()
+        changed, self.changed_replicas = self.changed_replicas, 0
         before_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
         eng0, ag0 = self.engines.stats(), self.agents.stats()
         w0, r0, kinds0, items0 = self.store.writes, self.store.reads, dict(self.store.written), dict(self.store.items)
@@ -409,7 +413,7 @@ class Fleet:
             observations_written=self.store.items.get("observations", 0) - items0.get("observations", 0),
             agents_pushed=sum(1 for p, n in ag1["per_agent"].items() if n != ag0["per_agent"].get(p, 0)),
             waited_silent=bool(routing is not None and silent_node in routing.pushes.waited),
-            reported_observations=reported,
+            reported_observations=reported, replicas_changed=changed,
             agents_tick_s=round(self.reports.tick_s, 2) if self.reports is not None else 0.0)
 
 

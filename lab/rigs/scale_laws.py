@@ -97,8 +97,9 @@ def targets(run: dict, balancers: int) -> dict:
         "routing_max_stall_s<=0.5": (busy["max_stall_s"], busy["max_stall_s"] <= 0.5),
         "push_services<=balancers*changed_endpoints": (
             change["push_services"], change["push_services"] <= balancers * change["changed_endpoints"]),
+        # the change pass follows one replica's queue rising in each changed endpoint
         "store_writes<=observations_changed": (
-            change["store_writes"], change["store_writes"] <= change["observations_written"]),
+            change["store_writes"], change["store_writes"] <= change.get("replicas_changed", 0)),
         "reconcile_cpu_s<=3": (run["reconcile"]["steady"]["cpu_s"], run["reconcile"]["steady"]["cpu_s"] <= 3.0),
         "gateway_refresh_s<=0.1": (run["gateway"]["refresh"]["wall_s"], run["gateway"]["refresh"]["wall_s"] <= 0.1),
         "silent_agent_delays_nobody": (change["waited_silent"], not change["waited_silent"]),

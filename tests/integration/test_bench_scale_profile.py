@@ -112,6 +112,10 @@ def test_agent_reports_carry_material_changes_and_the_leader_rewrites_none(agent
             assert routing[label]["observations_written"] == 0, label
         # the reported weights still move the plans: the change pass's queues reached them
         assert routing["change"]["changed_endpoints"] == Size(nodes=run["nodes"], endpoints=ENDPOINTS).changed_endpoints
+        # and the pass's writes do not grow with them: one batch of plans, one of weight events, at
+        # most one event-log trim
+        assert routing["change"]["replicas_changed"] == routing["change"]["changed_endpoints"]
+        assert 0 < routing["change"]["store_writes"] <= 3
 
 
 def test_with_fabricd_scraping_the_leader_connects_to_every_engine(runs):
