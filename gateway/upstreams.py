@@ -34,7 +34,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common import keyspace
 from common.errors import LimitExceeded, NotFound, TransientError, UnreadableRecord
@@ -133,23 +133,33 @@ def check_shed(view: EndpointView, threshold: float | None, priority: str, now: 
                             code="overloaded")
 
 
-def read_view(store: Store, name: str) -> EndpointView:
+def read_view(store: Store, name: str, readings_from: Store | None = None) -> EndpointView:
+    """``readings_from``: where the replicas' observations are read (``store`` when None); the
+    cache reads them through their own tracker, so a change of observations alone re-reads only
+    them (``with_readings``)."""
     endpoint = endpoints.get(store, name)
     if endpoint is None:
         raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
     plan = plans.get(store, name)
     if plan is not None and plan.deployment != endpoint.deployment:
         plan = None  # a plan of the endpoint's earlier self: the next routing tick replaces it
-    ready, depths, readings = _pool(store, endpoint.deployment, set(plan.routed()) if plan else set())
-    pools = []
-    for spilled in plan.spill if plan else []:
-        pool, _, pool_readings = _pool(store, spilled.deployment, set(spilled.replicas))
-        pools.append((spilled.deployment, pool))
-        readings.update(pool_readings)
+    ready = _pool(store, endpoint.deployment, set(plan.routed()) if plan else set())
+    pools = tuple((spilled.deployment, _pool(store, spilled.deployment, set(spilled.replicas)))
+                  for spilled in (plan.spill if plan else []))
     weights = plan.gateway_weights() if plan else {}
     adapters, cap = _adapters(store, endpoint.deployment)
-    return EndpointView(endpoint, ready, depths, {r.replica_id: weights[r.replica_id] for r in ready
-                                                  if r.replica_id in weights}, readings, tuple(pools), adapters, cap)
+    view = EndpointView(endpoint, ready, {}, {r.replica_id: weights[r.replica_id] for r in ready
+                                              if r.replica_id in weights}, {}, pools, adapters, cap)
+    return with_readings(readings_from or store, view)
+
+
+def with_readings(store: Store, view: EndpointView) -> EndpointView:
+    """The view with its replicas' queue depths (its own pool) and readings (every pool) read
+    again; the rest of it as it was."""
+    depths, readings = _readings(store, view.replicas)
+    for _, pool in view.spill_pools:
+        readings.update(_readings(store, pool)[1])
+    return replace(view, queue_depths=depths, readings=readings)
 
 
 def _adapters(store: Store, deployment: str) -> tuple[frozenset[str], int]:
@@ -161,10 +171,14 @@ def _adapters(store: Store, deployment: str) -> tuple[frozenset[str], int]:
     return frozenset(a.name for a in m.adapters), m.max_loaded_adapters
 
 
-def _pool(store: Store, deployment: str, routed: set[str]
-          ) -> tuple[tuple[Replica, ...], dict[str, tuple[float, float]], dict[str, Reading]]:
-    """One deployment's replicas the plan routes calls to, with their readings."""
-    ready = routable(replicas.list(store, deployment), routed)
+def _pool(store: Store, deployment: str, routed: set[str]) -> tuple[Replica, ...]:
+    """One deployment's replicas the plan routes calls to."""
+    return routable(replicas.list(store, deployment), routed)
+
+
+def _readings(store: Store, ready: tuple[Replica, ...]
+              ) -> tuple[dict[str, tuple[float, float]], dict[str, Reading]]:
+    """The replicas' queue depths and readings, from their ok observations."""
     depths: dict[str, tuple[float, float]] = {}
     readings: dict[str, Reading] = {}
     for r in ready:
@@ -175,12 +189,12 @@ def _pool(store: Store, deployment: str, routed: set[str]
         if obs is not None and obs.ok:
             depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
             readings[r.replica_id] = Reading(obs.queue_depth, obs.kv_cache_usage, obs.scraped_at)
-    return ready, depths, readings
+    return depths, readings
 
 
-def _view_or_none(store: Store, name: str) -> EndpointView | None:
+def _view_or_none(store: Store, name: str, readings_from: Store) -> EndpointView | None:
     try:
-        return read_view(store, name)
+        return read_view(store, name, readings_from)
     except NotFound:
         return None
 
@@ -210,12 +224,14 @@ class UpstreamCache:
 
     def __post_init__(self) -> None:
         self.mirror = Mirror(self.store, list(VIEW_PREFIXES))
-        self._views: dict[str, tuple[EndpointView | None, Reads, int]] = {}  # name -> view, its reads, at version
+        # name -> view, what it was made of, what its readings were read from, at version
+        self._views: dict[str, tuple[EndpointView | None, Reads, Reads, int]] = {}
         self._synced = -math.inf  # clock() when the last applied fetch started
         self._fetching: asyncio.Future | None = None
         self._started = 0  # fetches started, numbered from 1
         self._applied = 0  # the number of the latest fetch applied
-        self.views_built = 0  # tests and benchmarks read it
+        self.views_built = 0  # tests and benchmarks read these two
+        self.readings_read = 0  # views whose readings alone were read again
 
     async def refresh(self) -> None:
         """The mirror no older than the TTL (see the class docstring)."""
@@ -253,19 +269,28 @@ class UpstreamCache:
         self._applied = number
 
     def _view_now(self, name: str) -> EndpointView | None:
+        """The cached view while nothing it was made of changed; only its readings read again
+        when only observations changed (an agent's report: the common change); else built anew."""
         cached = self._views.get(name)
-        if cached is not None and not self.mirror.moved(cached[1], cached[2]):
-            return cached[0]
         version = self.mirror.version
+        if cached is not None and not self.mirror.moved(cached[1], cached[3]):
+            if not self.mirror.moved(cached[2], cached[3]):
+                return cached[0]
+            reader, seen = self.mirror.tracked()
+            view = with_readings(reader, cached[0])  # type: ignore[arg-type]  # the Store read verbs
+            self.readings_read += 1
+            self._views[name] = (view, cached[1], seen, version)
+            return view
         reader, reads = self.mirror.tracked()
-        view = _view_or_none(reader, name)  # type: ignore[arg-type]  # the Store read verbs
+        readings_reader, seen = self.mirror.tracked()
+        view = _view_or_none(reader, name, readings_reader)  # type: ignore[arg-type]  # the Store read verbs
         self.views_built += 1
         if view is None:  # a name with no endpoint is one lookup in the copy: never kept, so a
             self._views.pop(name, None)  # flood of made-up names neither grows nor empties the cache
             return None
         if cached is None and len(self._views) >= VIEW_CACHE_MAX:
             self._views.clear()  # crude bound: past this many endpoints memory still cannot grow
-        self._views[name] = (view, reads, version)
+        self._views[name] = (view, reads, seen, version)
         return view
 
     async def view(self, name: str, need_upstream: bool = True) -> EndpointView:

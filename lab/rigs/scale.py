@@ -453,10 +453,11 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
         cache = UpstreamCache(gw, ttl_secs=1.0, clock=lambda: clock[0])
         try:
             for label in ("first", "refresh"):  # the first lists, the second follows the changes
-                reads0, built0 = gw.reads, cache.views_built
+                reads0, built0, read0 = gw.reads, cache.views_built, cache.readings_read
                 out["gateway"][label] = (await fleet.measure(lambda: gateway_refresh(cache, clock, names))).rounded()
                 out["gateway"][label]["store_reads"] = gw.reads - reads0
                 out["gateway"][label]["views_built"] = cache.views_built - built0
+                out["gateway"][label]["readings_read"] = cache.readings_read - read0
         finally:
             cache.close()
     finally:

@@ -46,17 +46,19 @@ def test_a_refresh_lists_nothing_when_nothing_changed(tmp_path):
     lists, built = store.calls.get("list", 0), cache.views_built
     assert asyncio.run(views()) == first
     assert (store.calls.get("list", 0), cache.views_built) == (lists, built)  # no list, no view rebuilt
-    # One replica's queue moves: only its endpoint's view is rebuilt, still without a list.
+    # One replica's queue moves: only its endpoint's readings are read again (the rest of the
+    # view is kept, not rebuilt), still without a list.
     raw.put(keyspace.observations("d1-2"), ReplicaObservation(replica_id="d1-2", scraped_at=time.time(), ok=True,
                                                               queue_depth=7).model_dump_json())
     again = asyncio.run(views())
-    assert store.calls.get("list", 0) == lists and cache.views_built == built + 1
-    assert again[1].queue_depths["d1-2"][0] == 7 and again[0] is first[0]
-    # A replica drains: the gateway drops it at the next refresh.
+    assert store.calls.get("list", 0) == lists and (cache.views_built, cache.readings_read) == (built, 1)
+    assert again[1].queue_depths["d1-2"][0] == 7 and again[1].readings["d1-2"].queue == 7
+    assert again[0] is first[0] and again[1].replicas is first[1].replicas
+    # A replica drains: its view is built again, and the gateway drops it at the next refresh.
     rep = Replica.model_validate_json(raw.get(keyspace.replicas("d2", "d2-0")).value)
     raw.put(keyspace.replicas("d2", "d2-0"), rep.model_copy(update={"draining": True}).model_dump_json())
     assert [r.replica_id for r in asyncio.run(views())[2].replicas] == ["d2-1", "d2-2", "d2-3"]
-    assert store.calls.get("list", 0) == lists
+    assert store.calls.get("list", 0) == lists and (cache.views_built, cache.readings_read) == (built + 1, 1)
     cache.close()
     raw.close()
 
