@@ -26,8 +26,10 @@ Routing passes, in order: ``first`` (everything new), ``second`` (the first rate
 ``idle`` (nothing moved), ``change`` (the
 queue of one replica in each of ``changed`` endpoints rises), ``busy`` (every engine's counters
 move: every observation changes, the worst case). Reconcile: ``first`` and ``steady``. Gateway:
-``first`` (its mirror lists the store) and ``refresh`` (between passes every agent heartbeats,
-so the mirror follows those changes).
+``first`` (its mirror lists the store), ``refresh`` (between passes every agent heartbeats, and
+with agents observing re-reports every observation: the mirror follows those changes) and
+``steady`` (right after 1/30 of the observations were rewritten, what a steady fleet re-sends at
+the 15 s age within one 0.5 s period: ``Fleet.touch_observations``).
 
 Agents that observe their engines (issue 49 item 3, ``Size.agents_observe``): between passes
 (not measured) every node's agent scrapes and probes its replicas with the agent's own observer
@@ -62,7 +64,7 @@ from common.agent_api import ObservationReport, ObservedReplica
 from common.engine_metrics.material import material_change
 from common.engine_metrics.observer import EngineObserver, EngineTarget
 from common.engine_metrics.scrape import MetricsScraper
-from common.records import plans
+from common.records import observations, plans
 from common.schemas import (
     GpuInfo,
     GpuRequest,
@@ -384,8 +386,21 @@ class Fleet:
             self.engines.set_load(self.engine_ports[i], waiting)
         self.changed_replicas = self.size.changed_endpoints
 
-    async def measure(self, run: Callable[[], Awaitable[None]], routing: RoutingWorker | None = None) -> Figures:
-        reported = self.between_passes()
+    def touch_observations(self, count: int) -> int:
+        """Rewrite ``count`` stored observations (spread over the fleet), queue one higher: what one
+        gateway refresh period (0.5 s) of a steady fleet's reports holds. Returns how many."""
+        kvs = self.raw.list(keyspace.observations())
+        step = max(1, len(kvs) // max(1, count))
+        batch = [ReplicaObservation.model_validate_json(kv.value) for kv in kvs[::step][:count]]
+        observations.put_all(self.raw, [o.model_copy(update={"queue_depth": o.queue_depth + 1,
+                                                             "scraped_at": time.time()}) for o in batch])
+        return len(batch)
+
+    async def measure(self, run: Callable[[], Awaitable[None]], routing: RoutingWorker | None = None,
+                      between: bool = True) -> Figures:
+        """``between``: the period between passes happens first (Fleet.between_passes); False
+        measures right after whatever the caller changed."""
+        reported = self.between_passes() if between else 0
         changed, self.changed_replicas = self.changed_replicas, 0
         before_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
         eng0, ag0 = self.engines.stats(), self.agents.stats()
@@ -452,12 +467,18 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
         clock = [0.0]
         cache = UpstreamCache(gw, ttl_secs=1.0, clock=lambda: clock[0])
         try:
-            for label in ("first", "refresh"):  # the first lists, the second follows the changes
+            # the first lists, the second follows a period between passes (with agents observing,
+            # every observation re-reported), the third one refresh period of a steady fleet: the
+            # observations re-sent at the 15 s age within 0.5 s (1/30 of them), nothing between
+            for label in ("first", "refresh", "steady"):
+                touched = fleet.touch_observations(-(-fleet.size.replicas // 30)) if label == "steady" else 0
                 reads0, built0, read0 = gw.reads, cache.views_built, cache.readings_read
-                out["gateway"][label] = (await fleet.measure(lambda: gateway_refresh(cache, clock, names))).rounded()
+                out["gateway"][label] = (await fleet.measure(lambda: gateway_refresh(cache, clock, names),
+                                                             between=label != "steady")).rounded()
                 out["gateway"][label]["store_reads"] = gw.reads - reads0
                 out["gateway"][label]["views_built"] = cache.views_built - built0
                 out["gateway"][label]["readings_read"] = cache.readings_read - read0
+                out["gateway"][label]["observations_touched"] = touched
         finally:
             cache.close()
     finally:

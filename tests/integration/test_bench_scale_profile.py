@@ -129,3 +129,6 @@ def test_a_gateway_refresh_reads_do_not_grow_with_replicas(runs):
     assert laws(runs, "replicas")["gateway_store_reads"] == 0.0
     for run in runs:  # the first refresh lists; after it, only the changed views are built again
         assert run["gateway"]["refresh"]["views_built"] < run["gateway"]["first"]["views_built"] == ENDPOINTS
+        # observations alone changed: no view built, only the touched replicas' views read again
+        steady = run["gateway"]["steady"]
+        assert steady["views_built"] == 0 and 1 <= steady["readings_read"] <= steady["observations_touched"]
