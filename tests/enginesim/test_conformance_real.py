@@ -62,10 +62,14 @@ class Subject:
 
 
 def _health(url: str) -> str:
+    """The status, "refused", "closed" (the connection was taken and closed without an answer:
+    a probe that met the process exiting) or the error's name."""
     try:
         return str(httpx.get(f"{url}/health", timeout=2).status_code)
     except httpx.ConnectError:
         return "refused"
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        return "closed"
     except httpx.HTTPError as exc:
         return type(exc).__name__
 
@@ -410,8 +414,10 @@ def test_sigterm_with_shutdown_timeout_lets_the_running_requests_finish(engines)
         for g in running:
             assert g["done"] and '"finish_reason":"length"' in g["tail"].replace(" ", ""), (s.name, streams)
         # While it drains the listener stays open and /health answers 200; a new request is refused
-        # with a 500 (the real engine's own words); then the process exits.
-        assert health[0] == "200" and health[-1] in ("200", "refused"), (s.name, health)
+        # with a 500 (the real engine's own words); then the process exits (a probe in flight at
+        # that moment has its connection closed: one clean run in a few met it).
+        gone = next((i for i, h in enumerate(health) if h != "200"), len(health))  # 200 until the exit
+        assert health[0] == "200" and set(health[gone:]) <= {"refused", "closed"}, (s.name, health)
         assert new.startswith("500 ") and "cannot schedule new futures after shutdown" in new, (s.name, new)
         assert s.proc.returncode is not None
         # A stream still waiting at the signal: on the real engine it got nothing and no [DONE] in
