@@ -353,8 +353,7 @@ class Migration:
                 return await _request(self, url, self.body), replica, failed, cut_at
             except UpstreamError as exc:
                 cut_at = time.monotonic() if cut_at is None else cut_at
-                reason = ("connect failed" if isinstance(exc, UpstreamConnectError) else "idle timeout"
-                          if isinstance(exc, UpstreamTimeoutError) else "connection broke") + " before the response head"
+                reason = _cut(exc) + " before the response head"
                 if replica:
                     self.deaths.died(replica)
                 unreached = isinstance(exc, UpstreamConnectError)  # nothing was sent to it
@@ -375,6 +374,13 @@ class Migration:
             {"from": replica or "unknown", "cut": reason, "outcome": outcome, "detail": what, **extra})
         if self.on_move is not None:
             self.on_move(self.endpoint, outcome)
+
+
+def _cut(exc: UpstreamError) -> str:
+    """How an upstream failed, for explain's ``cut`` (a connect error only before the head)."""
+    if isinstance(exc, UpstreamConnectError):
+        return "connect failed"
+    return "idle timeout" if isinstance(exc, UpstreamTimeoutError) else "connection broke"
 
 
 async def _request(mig: Migration, url: str, body: bytes) -> UpstreamResponse:
@@ -429,8 +435,7 @@ class MigratingResponse:
             try:
                 chunk = await self._resp.next_chunk()
             except UpstreamError as exc:
-                reason = "idle timeout" if isinstance(exc, UpstreamTimeoutError) else "connection broke"
-                if await self._move(reason):
+                if await self._move(_cut(exc)):
                     continue
                 raise
             if chunk is None:
