@@ -23,7 +23,10 @@ from tests.controlplane.conftest import BIN
 from tests.controlplane.tenancy.test_notifier import Receiver, closed_port, serve_on, verify
 from tests.support.inprocess_fabricd import serve_fabricd
 
-HOUR = usage_ledger.hour_of(time.time()) - 3 * 3600
+_HOUR = usage_ledger.hour_of(time.time()) - 3 * 3600
+# The two hours the fixture fills must share a UTC day (the day rollup counts them as one row):
+# between 03:00 and 04:00 UTC the hour three back is 23:00 of the day before.
+HOUR = _HOUR - 3600 if usage_ledger.day_of(_HOUR) != usage_ledger.day_of(_HOUR + 3600) else _HOUR
 
 
 @pytest.fixture(scope="module")

@@ -221,7 +221,11 @@ def test_chat_through_the_vip_and_the_gateway_with_openai(lab: Lab):
     chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                                  max_tokens=5, stream=True, stream_options={"include_usage": True}))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
-    assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content) >= 2  # it really streamed
+    # It really streamed: the role's event, then the text's (vLLM merges tokens into one delta when
+    # its API server lags behind the engine, as on a loaded 2-core machine: one clean run had a
+    # single text event for the 5 tokens).
+    assert len([ch for ch in chunks if ch.choices]) >= 2
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 
 
 def _long_requests(engine: str, n: int, stop: threading.Event) -> list[threading.Thread]:
