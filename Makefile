@@ -12,7 +12,7 @@ test: setup
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
 	.venv/bin/mypy
-	$(PY) -m pytest -q --durations=30 -m "not full" tests  # the whole suite, full runs too: scripts/test-full
+	$(PY) -m pytest -q -n 2 --durations=30 -m "not full" tests  # two workers (tests/conftest.py groups them); full runs too: scripts/test-full
 
 # The CLI walk-through against a GPU-less fabricd (FABRIC_DRY_RUN=1); also part of `make test`.
 smoke: setup

@@ -43,11 +43,57 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="start every test gateway on aiohttp's upstream client and uvicorn's HTTP protocol")
 
 
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # a pytest-xdist worker (make test runs two)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--gateway-fallbacks"):
         from tests.gateway import gateway_harness
 
         gateway_harness.FALLBACK_ENV.update(gateway_harness.FALLBACKS)
+    # the host-wide guard route: added once by the process that runs the session (the controller
+    # under xdist), so no worker removes it while another still runs
+    config.stash[_GUARD_ADDED] = not _is_worker(config) and _guard_route("add")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_GUARD_ADDED, False):
+        _guard_route("del")
+
+
+# Under pytest-xdist (`make test`: -n 2) a file's tests stay on one worker, in file order, so
+# module fixtures come up once. The lab's names are fixed (one lab per host at a time), so every
+# module that brings a lab up (tests/e2e, and the lab-state CLI tests) forms one unit of work,
+# collected first so the longest unit starts at once. (xdist's own `--dist loadgroup` reads its
+# groups from a node id attribute pytest 9 no longer has, so the scheduler below groups instead.)
+LAB_GROUP = "lab"
+LAB_MODULES = ("tests/e2e/", "tests/controlplane/test_lab_state.py")
+
+
+def xdist_group_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return LAB_GROUP if path.startswith(LAB_MODULES) else path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.pluginmanager.hasplugin("xdist") and (_is_worker(config) or config.getoption("numprocesses", None)):
+        lab = [i for i in items if xdist_group_of(i.nodeid) == LAB_GROUP]
+        items[:] = lab + [i for i in items if xdist_group_of(i.nodeid) != LAB_GROUP]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        """Whole units by xdist_group_of, handed out in collection order (the lab first)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(nodeid)
+
+    config.option.loadscopereorder = False
+    return ByGroup(config, log)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -61,6 +107,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 # still win) makes such a dial fail at once, on this host. Removed at the end when this run added it.
 GUARDED_CIDR = "10.96.0.0/16"
 GUARD_METRIC = "4242"
+_GUARD_ADDED = pytest.StashKey[bool]()
 
 
 @pytest.fixture
@@ -94,16 +141,12 @@ def plain_plane(require_bpf):
     yield from shared_plane(None)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def vip_pool_stays_on_this_host():
-    argv = ["ip", "route", "{}", "unreachable", GUARDED_CIDR, "metric", GUARD_METRIC]
+def _guard_route(verb: str) -> bool:
+    argv = ["ip", "route", verb, "unreachable", GUARDED_CIDR, "metric", GUARD_METRIC]
     try:
-        added = subprocess.run([a.replace("{}", "add") for a in argv], capture_output=True).returncode == 0
+        return subprocess.run(argv, capture_output=True).returncode == 0
     except FileNotFoundError:  # no iproute2: make setup installs it; the BPF tests will say so
-        added = False
-    yield
-    if added:
-        subprocess.run([a.replace("{}", "del") for a in argv], capture_output=True)
+        return False
 
 
 @pytest.fixture(autouse=True)

@@ -27,6 +27,7 @@ from agent.hw.gpu_inventory import NvmlInventory
 from agent.hw.kvm import (
     KERNEL_DONE,
     MARKER,
+    PROBE_PREFIX,
     CachedKvmProbe,
     FakeKvmProbe,
     KvmState,
@@ -125,9 +126,11 @@ def test_probe_boots_the_hosts_kernel_with_no_disk(tmp_path):
 
 
 def _leaves_nothing(probe_dir: Path) -> None:
+    # this process's probes (named by its pid): another test process may be probing meanwhile
+    mine = f"{PROBE_PREFIX}{os.getpid()}_"
     assert not probe_dir.exists()  # its kernel copy or disk, log and directory are gone
-    assert not [n for n in _domains() if n.startswith("fabric_kvmprobe_")]
-    assert not list(Path("/var/log/libvirt/qemu").glob("fabric_kvmprobe_*"))
+    assert not [n for n in _domains() if n.startswith(mine)]
+    assert not list(Path("/var/log/libvirt/qemu").glob(f"{mine}*"))
 
 
 def test_tcg_probe_boots_a_kernel_through_its_init_and_leaves_nothing(libvirtd, probe_dir):
