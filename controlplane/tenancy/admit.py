@@ -14,7 +14,7 @@ nothing is written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
@@ -65,10 +65,13 @@ def review(store: Store, body: dict, who: Principal | None = None) -> Verdict:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         return Verdict(False, (f"{where or 'body'}: {first.get('msg', 'invalid')}",), body.get("name"))
-    reasons = [f"{kind} {ref!r} does not exist" for kind, ref in (("model", dep.model), ("profile", dep.profile))
-               if not _sees(who, kind, BY_KIND[kind].stored(store, ref))]
-    reasons += policies.refusals(policies.load(store, dep.tenant), policies.deploy_of(
-        store, dep.tenant, dep.model, capacity_class=dep.capacity_class), admin=who is not None and who.role == ADMIN)
+    unseen = [(kind, ref) for kind, ref in (("model", dep.model), ("profile", dep.profile))
+              if not _sees(who, kind, BY_KIND[kind].stored(store, ref))]
+    reasons = [f"{kind} {ref!r} does not exist" for kind, ref in unseen]
+    judged = policies.deploy_of(store, dep.tenant, dep.model, capacity_class=dep.capacity_class)
+    if ("model", dep.model) in unseen:  # another tenant's model is judged as an absent one: no source
+        judged = replace(judged, source=None)
+    reasons += policies.refusals(policies.load(store, dep.tenant), judged, admin=who is not None and who.role == ADMIN)
     current = deployments.stored(store, dep.name)
     before = int(current.get("replicas", 0)) if _sees(who, "deployment", current) else 0
     refusal = quotas.check_deployment_change(store, dep.name, dep.tenant, dep.profile, before, dep.replicas)

@@ -74,7 +74,8 @@ def refusals(policy: TenantPolicy | None, deploy: Deploy, *, admin: bool = False
         why.append(f"model {deploy.model!r} is not in tenant {deploy.tenant!r}'s allowed_models")
     prefixes = policy.allowed_source_prefixes
     if prefixes is not None and not any(source_under(deploy.source or "", p) for p in prefixes):
-        why.append(f"model {deploy.model!r} comes from {deploy.source!r}, outside tenant {deploy.tenant!r}'s "
+        origin = f"comes from {deploy.source!r}" if deploy.source else "has no known source"
+        why.append(f"model {deploy.model!r} {origin}, outside tenant {deploy.tenant!r}'s "
                    f"allowed_source_prefixes ({', '.join(prefixes) or 'none'})")
     classes = policy.allowed_capacity_classes
     if classes is not None and deploy.capacity_class not in classes:

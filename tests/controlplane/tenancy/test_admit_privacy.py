@@ -9,13 +9,15 @@ import threading
 import httpx
 import uvicorn
 
+from common.store.connect import open_store
 from common.store.sqlite_store import SqliteStore
 from controlplane.app import create_app
-from controlplane.auth import ensure_admin_password
+from controlplane.auth import ensure_admin_password, ensure_token_secret, issue_token
 from controlplane.settings import FabricdSettings
 from controlplane.state import AppState
 from lab.rigs.polling import wait_for
 from lab.rigs.servers import free_port
+from tests.controlplane.conftest import login
 from tests.controlplane.tenancy.conftest import MODEL, PROFILE
 
 
@@ -33,6 +35,35 @@ def test_admit_reads_another_tenants_model_as_missing(tenancy_fabricd, tokens):
     with tenancy_fabricd.client(tokens["admin"]) as admin:  # a cluster-wide caller sees it
         seen = admin.post("/api/ai/admit", json={**body, "tenant": "b"}).json()
         assert not any("does not exist" in r for r in seen["reasons"])
+
+
+def test_a_source_policy_does_not_tell_another_tenants_model_from_an_absent_one(tenancy_fabricd):
+    """With allowed_source_prefixes set, the source rule judged the other tenant's model by its real
+    source: an absent model got a refusal the other tenant's did not (its existence showed), and a
+    source outside the prefixes would have been quoted. Both now read as a model with no source."""
+    store = open_store(None, tenancy_fabricd.state_dir)
+    try:
+        caller = issue_token(ensure_token_secret(store), "ops-privc", 3600, role="operator", tenant="privc")[0]
+    finally:
+        store.close()
+    with tenancy_fabricd.client(login(tenancy_fabricd)) as admin:
+        assert admin.post("/api/ai/policies", json={"tenant": "privc", "allowed_source_prefixes": ["hf://Qwen/"]}
+                          ).status_code == 201
+        for name, source in (("privc-in", "hf://Qwen/Qwen3-8B"), ("privc-out", "hf://secret-org/private-model")):
+            resp = admin.post("/api/ai/models", json={"name": name, "tenant": "b", "source": source})
+            assert resp.status_code == 201, resp.text
+        assert admin.post("/api/ai/profiles", json={"name": "privc-p", "tenant": "privc", **PROFILE}).status_code == 201
+    with tenancy_fabricd.client(caller) as c:
+        def reasons(model: str) -> list[str]:
+            body = {"name": "probe", "model": model, "profile": "privc-p", "replicas": 1, "tenant": "privc"}
+            verdict = c.post("/api/ai/admit", json=body).json()
+            assert verdict["allowed"] is False
+            return [r.replace(model, "M") for r in verdict["reasons"]]
+        absent = reasons("privc-none")
+        assert absent == reasons("privc-in") == reasons("privc-out")
+    assert absent[:2] == ["model 'M' does not exist",
+                          "model 'M' has no known source, outside tenant 'privc''s allowed_source_prefixes (hf://Qwen/)"]
+    assert not any("secret-org" in r for r in absent)
 
 
 class _Lines(logging.Handler):
