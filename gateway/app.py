@@ -286,6 +286,9 @@ class GatewayApp:
         except FabricError as exc:
             c.status, c.outcome = exc.status, outcome_of(exc)
             await self._send_fabric_error(c.send, exc, close=not c.body_read, request_id=c.request_id)
+        except Exception as exc:  # a bug: the call is audited 500 "error", and the traceback says where
+            log.error("request %s failed inside the gateway", c.request_id, exc_info=exc)
+            raise
         finally:
             if c.holder is not None:
                 self._release_call(c.holder)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 
@@ -267,6 +268,35 @@ def test_the_route_cache_keeps_authenticated_paths_only(tmp_path):
     finally:
         app.state.audit.close()
         store.close()
+
+
+def test_a_failure_the_gateway_did_not_expect_is_logged_with_its_traceback(tmp_path, caplog):
+    """A bug in a call's stages aborts the call (audited 500 "error"); the log names the request and
+    where it failed, which the HTTP server alone would not (it logs an aborted response at debug)."""
+    from gateway.assemble import create_app
+    from gateway.settings import load
+
+    store = open_store(f"sqlite://{tmp_path}/r.db")
+    app = create_app(load({}), store, b"secret", "gw-unit")
+
+    async def broken(c):
+        raise RuntimeError("a stage that breaks")
+
+    app._authenticate = broken
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            with pytest.raises(RuntimeError, match="a stage that breaks"):
+                await client.post("/api/ai/openai/ep/v1/chat/completions", json={})
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="fabric.gateway"):
+            asyncio.run(scenario())
+    finally:
+        app.state.audit.close()
+        store.close()
+    failed = [r for r in caplog.records if "failed inside the gateway" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info and "a stage that breaks" in str(failed[0].exc_info[1])
 
 
 # --- a valid pipelined request before a malformed one --------------------------------------------
