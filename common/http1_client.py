@@ -384,7 +384,9 @@ class UpstreamPool:
         oldest_ok = time.monotonic() - self.keepalive_secs
         while idle:
             conn = idle.pop()
-            if not conn.closed and conn.idle_since >= oldest_ok:
+            # transport.is_closing(): the peer closed it and connection_lost is still queued (a
+            # write now raises RuntimeError on uvloop); nothing was sent on it, so it is skipped
+            if not conn.closed and not conn.transport.is_closing() and conn.idle_since >= oldest_ok:
                 conn.in_use = True
                 return conn
             conn.abort()
@@ -428,6 +430,8 @@ class UpstreamPool:
                 conn = await self._connect(scheme, host, port)
             conn.head_only = method == "HEAD"
             try:
+                if conn.transport.is_closing():  # closed by the peer as it opened: nothing sent
+                    raise UpstreamClosedError("the upstream closed the connection before the request was sent")
                 conn.transport.write(data)
                 # The whole head within the idle timeout: a trickle of bytes cannot stretch it.
                 head_deadline = conn.loop.time() + self.idle_timeout

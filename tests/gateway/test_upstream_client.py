@@ -13,6 +13,7 @@ import socket
 import time
 
 import pytest
+import uvloop
 
 from common.http1_client import (
     UpstreamClosedError,
@@ -202,6 +203,36 @@ def test_a_stale_kept_alive_socket_is_retried_only_for_idempotent_methods():
             pool.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+def test_a_pooled_socket_closing_before_its_loss_is_seen_is_never_written(loop_factory):
+    """The peer closed a kept-alive socket (an engine SIGKILLed) and its connection_lost is still
+    queued: the transport is closing, the pool's record not yet. A request must not be sent on it:
+    asyncio drops the write and the POST failed as stale; uvloop, once the handle is closed, raises
+    RuntimeError (a gateway audited a stream migration's retry as a 500). It opens a fresh
+    connection instead, a POST included, since nothing was sent on the closing one."""
+    async def main():
+        async with RawServer(keepalive_ok) as srv:
+            pool = UpstreamPool()
+            resp = await pool.request("http", "127.0.0.1", srv.port, "POST", b"/", [], b"a")
+            await read_all(resp)
+            resp.close()
+            (idle,) = pool._idle[("http", "127.0.0.1", srv.port)]
+            idle.transport.close()  # what a peer's close does; connection_lost runs on a later loop turn
+            assert idle.transport.is_closing() and not idle.closed
+            resp = await pool.request("http", "127.0.0.1", srv.port, "POST", b"/", [], b"b")
+            assert resp.status == 200 and b"".join(await read_all(resp)).startswith(b'{"echo":')
+            resp.close()
+            assert srv.connections == 2 and pool.opened == 2
+            pool.close()
+            await wait_for_async(lambda: len(srv.closed_at) == 2, 5, "both server connections closed")
+
+    loop = loop_factory()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
 
 
 def test_unsolicited_bytes_on_an_idle_socket_never_answer_the_next_request():
