@@ -77,7 +77,7 @@ def xdist_group_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.pluginmanager.hasplugin("xdist") and (_is_worker(config) or config.getoption("numprocesses", None)):
+    if _is_worker(config):  # under xdist only the workers collect; the scheduler takes their order
         lab = [i for i in items if xdist_group_of(i.nodeid) == LAB_GROUP]
         items[:] = lab + [i for i in items if xdist_group_of(i.nodeid) != LAB_GROUP]
 
