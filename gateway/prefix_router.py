@@ -50,6 +50,15 @@ def chunk_hashes(text: str, chunk_chars: int = CHUNK_CHARS, max_chunks: int = MA
     return chained_chunk_hashes(text, chunk_chars, max_chunks, salt)
 
 
+def deepest(matched: dict[str, tuple[int, int]]) -> str | None:
+    """The replica ``PrefixTree.match`` says was sent the most of a prompt's prefix (its deepest
+    chunk, then the most hits on that chunk); None when none was, or when two tie."""
+    ranked = sorted(matched.items(), key=lambda kv: kv[1], reverse=True)
+    if not ranked or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
+        return None
+    return ranked[0][0]
+
+
 @dataclass
 class PrefixTree:
     max_nodes: int = 100_000

@@ -36,7 +36,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 
-from gateway.prefix_router import CHUNK_CHARS, PrefixTree, chunk_hashes, render_prompt
+from gateway.prefix_router import CHUNK_CHARS, PrefixTree, chunk_hashes, deepest, render_prompt
 from gateway.router_gate import GateCandidate, GatePolicy, Recent, choose_gated, conversation_key
 from gateway.upstreams import MAX_READING_AGE, EndpointView
 
@@ -178,7 +178,10 @@ class ReplicaRouter:
                                            "evicting": flags.get(r.replica_id)}
             extra = {"kv_index": "precise", "blind_replicas": sorted(r for r, n in matched.items() if n is None),
                      "prompt_blocks": len(block_hashes)}
+            # where this gateway sent the prefix before (a replica still in the view): for when no engine holds any
+            history = deepest({r: m for r, m in approx.items() if r in held})
         else:
+            history = None  # the tree's matches are the held tokens already
             prompt_tokens = max(len(text) // CHARS_PER_TOKEN, 1)
             for r in view.replicas:
                 depth, hits = approx.get(r.replica_id, (0, 0))
@@ -190,7 +193,7 @@ class ReplicaRouter:
         key = conversation_key(data)
         home_key = f"{name}\0{salt or ''}\0{key}" if key else None
         home = self._homes.get(home_key) if home_key else None
-        decision = choose_gated(cands, prompt_tokens, home, self.policy, self._rng, notes)
+        decision = choose_gated(cands, prompt_tokens, home, self.policy, self._rng, notes, history)
         chosen = decision.chosen
         self._recent.add(chosen, time.monotonic())
         if hashes:

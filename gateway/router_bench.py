@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from common.kv_events import Batch, BlockHasher, block_removed, block_stored, sim_token_ids
 from common.kv_index import KvIndex
-from gateway.prefix_router import PrefixTree, chunk_hashes
+from gateway.prefix_router import PrefixTree, chunk_hashes, deepest
 from gateway.router_gate import GateCandidate, GatePolicy, Recent, choose_gated
 
 ROUTERS = ("random", "least_queue", "approximate", "precise", "oracle")
@@ -190,16 +190,18 @@ class GateLoad:
         self.recent: Recent | None = None
 
     def pick(self, held_tokens: list[int], prompt_tokens: int, home: int | None, policy: GatePolicy,
-             rng: random.Random, now: float, evicting: list[bool] | None = None) -> tuple[int, int]:
+             rng: random.Random, now: float, evicting: list[bool] | None = None,
+             history: str | None = None) -> tuple[int, int]:
         """(replica, the call's load tokens) by router_gate.choose_gated; counted until ``done``.
-        ``evicting``: per replica, whether its KV events showed an eviction lately (None: not known)."""
+        ``evicting``: per replica, whether its KV events showed an eviction lately (None: not known);
+        ``history``: the replica the router's tree says this prefix was sent to (prefix_router.deepest)."""
         names = [f"r{i}" for i in range(self.replicas)]
         self.recent = self.recent or Recent(policy.recent_half_life_s)
         cands = [GateCandidate(names[i], held_tokens[i], self.tokens[i], self.calls[i],
                                self.recent.value(names[i], now), None if evicting is None else evicting[i])
                  for i in range(self.replicas)]
         i = names.index(choose_gated(cands, prompt_tokens, names[home] if home is not None else None,
-                                     policy, rng).chosen)
+                                     policy, rng, history=history).chosen)
         self.recent.add(names[i], now)
         load = max(prompt_tokens - held_tokens[i], 0)
         self.tokens[i] += load
@@ -275,14 +277,15 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         if router == "approximate":
             got = tree.match(c.prompt.chunks)
             held = [int(got.get(n, (0, 0))[0] * chunk_tokens) for n in names]
-        elif router == "precise":
+        elif router == "precise":  # the index; the tree's history when no replica holds any (choose_gated)
             got_blocks = kv.match(c.prompt.blocks, names)
             held = [int(got_blocks.get(n) or 0) * cfg.block_tokens for n in names]
         else:  # oracle: every engine's cache as it is now
             held = [e.held(c.prompt.blocks) * cfg.block_tokens for e in engines]
+        history = deepest(tree.match(c.prompt.chunks)) if router in ("precise", "oracle") else None
         i, c.load_tokens = gate.pick([min(h, c.prompt.tokens) for h in held], c.prompt.tokens, None, policy,
-                                     choice_rng, now)
-        if router == "approximate":
+                                     choice_rng, now, history=history)
+        if router in GATED:
             tree.record(c.prompt.chunks, names[i])
         return i
 

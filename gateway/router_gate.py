@@ -10,7 +10,10 @@ Per candidate replica e, for a prompt of ``prompt_tokens``:
 cost / peak_prefill_tps is the estimated TTFT. The sticky replica is the conversation's home
 (``session_home``, the replica its earlier turns went to) while it holds the most of the prompt
 (or nobody holds any), else the replica holding the most (equal holders: the cheapest, then the
-fewest calls in flight, then the fewest ``recent`` calls, then a draw). In order:
+fewest calls in flight, then the fewest ``recent`` calls, then a draw), else, when no replica
+holds any of it, ``history``: the replica this gateway sent the prompt's prefix to before (its
+approximate tree), so a prefix whose blocks every cache evicted is cached again where it was,
+not copied onto whichever replica is least loaded (``sticky_from`` says which). In order:
 
 1. ``spread`` (low load: fewer calls in flight than replicas): a new conversation (no home)
    whose sticky replica has taken at least ``hot_share`` times the recent calls of the quietest
@@ -85,9 +88,11 @@ class GateDecision:
     reason: str  # sticky | saturated | spread | hotspot_guard | load | random_tie
     sticky: str | None
     rows: tuple[dict, ...]
+    sticky_from: str | None = None  # home | holder | history (None: no sticky replica)
 
     def explain(self) -> dict:
-        return {"chosen": self.chosen, "reason": self.reason, "sticky": self.sticky, "scores": list(self.rows)}
+        return {"chosen": self.chosen, "reason": self.reason, "sticky": self.sticky, "sticky_from": self.sticky_from,
+                "scores": list(self.rows)}
 
 
 def cost(c: GateCandidate, prompt_tokens: int, policy: GatePolicy) -> float:
@@ -96,9 +101,11 @@ def cost(c: GateCandidate, prompt_tokens: int, policy: GatePolicy) -> float:
 
 def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_home: str | None = None,
                  policy: GatePolicy = GatePolicy(), rng: random.Random | None = None,
-                 notes: dict[str, dict] | None = None) -> GateDecision:
+                 notes: dict[str, dict] | None = None, history: str | None = None) -> GateDecision:
     """Pure but for ``rng``: the replica for a prompt of ``prompt_tokens``. ``notes``: more
-    columns per replica for the explanation's rows (what the caller matched them from)."""
+    columns per replica for the explanation's rows (what the caller matched them from).
+    ``history``: where the caller sent this prompt's prefix before (``deepest``), the sticky
+    replica when no candidate holds any of the prompt and there is no home."""
     if not candidates:
         raise ValueError("no candidate replica")
     rng = rng or random.Random()
@@ -106,14 +113,17 @@ def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_ho
     least = min(costs.values())
     cheapest = _fewest_calls([c for c in candidates if costs[c.replica] <= least + policy.tie_tokens])
     most = max(c.matched_tokens for c in candidates)
-    sticky = None
+    sticky = sticky_from = None
     if session_home in costs and (most == 0 or next(c for c in candidates if c.replica == session_home)
                                   .matched_tokens == most):
-        sticky = session_home
+        sticky, sticky_from = session_home, "home"
     elif most > 0:  # the best holder; equal holders (a prefix every replica holds): fewest calls, then a draw
         holders = [c for c in candidates if c.matched_tokens == most]
         low = min(costs[c.replica] for c in holders)
         sticky = rng.choice(_fewest_calls([c for c in holders if costs[c.replica] <= low + policy.tie_tokens])).replica
+        sticky_from = "holder"
+    elif history in costs:  # nobody holds any of it: cache it again where it was sent before
+        sticky, sticky_from = history, "history"
     idle = [c for c in candidates if c.in_flight == 0 and c.replica != sticky]
     low_load = sum(c.in_flight for c in candidates) < len(candidates)  # fewer calls in flight than replicas
     if sticky is not None and session_home is None and idle and low_load:  # spread new conversations
@@ -124,13 +134,13 @@ def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_ho
         room = spare.evicting is False  # its cache evicts nothing: the copy displaces no one's prefix
         if (mine.recent >= quiet + policy.spread_gap and extra <= policy.tau) if room else \
                 (mine.recent >= policy.hot_share * quiet + policy.spread_gap and extra <= policy.spread_share * prompt_tokens):
-            return GateDecision(pick, "spread", sticky, _rows(candidates, costs, notes))
+            return GateDecision(pick, "spread", sticky, _rows(candidates, costs, notes), sticky_from)
     if sticky is not None and session_home is None and _hot(candidates, sticky, policy):  # the hotspot guard
         others = [c for c in candidates if c.replica != sticky] or candidates
         low = min(costs[c.replica] for c in others)
         pick = rng.choice(_fewest_calls([c for c in others if costs[c.replica] <= low + policy.tie_tokens])).replica
         if costs[pick] - costs[sticky] <= policy.tau:
-            return GateDecision(pick, "hotspot_guard", sticky, _rows(candidates, costs, notes))
+            return GateDecision(pick, "hotspot_guard", sticky, _rows(candidates, costs, notes), sticky_from)
     if sticky is not None and costs[sticky] - least <= policy.tau:
         chosen, reason = sticky, "sticky"
     elif sticky is not None:
@@ -138,7 +148,7 @@ def choose_gated(candidates: list[GateCandidate], prompt_tokens: int, session_ho
     else:
         chosen = rng.choice(cheapest).replica
         reason = "random_tie" if len(cheapest) == len(candidates) else "load"
-    return GateDecision(chosen, reason, sticky, _rows(candidates, costs, notes))
+    return GateDecision(chosen, reason, sticky, _rows(candidates, costs, notes), sticky_from)
 
 
 class Recent:
@@ -205,4 +215,5 @@ def conversation_key(data: dict | None) -> str | None:
         if role not in SYSTEM_ROLES:
             return None
     return None
+
 

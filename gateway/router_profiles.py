@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 
 from common.kv_events import Batch, block_removed, block_stored
 from common.kv_index import EVICT_WINDOW_S, KvIndex
-from gateway.prefix_router import PrefixTree
+from gateway.prefix_router import PrefixTree, deepest
 from gateway.router_bench import Engine, GateLoad, _p
 from gateway.router_gate import GatePolicy
 
@@ -268,8 +268,8 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
             return (rr - 1) % n
         if router == "session":
             return max(range(n), key=lambda i: _rendezvous(c.conv.key, i))
+        chunks = [b.to_bytes(8, "big") for b in c.blocks[:256]]
         if router == "approximate":
-            chunks = [b.to_bytes(8, "big") for b in c.blocks[:256]]
             held = [tree.match(chunks).get(names[i], (0, 0))[0] for i in range(n)]
         else:
             matched = kv.match(c.blocks, names)
@@ -281,9 +281,10 @@ def simulate(cfg: BenchConfig, router: str) -> dict:
         if router == "precise":  # what the agents' index answers (KvIndex.evicting), from the events it applied
             flags = kv.evicting(names, cfg.evict_window_s, now)
             evicting = [bool(flags[name]) for name in names]
+        history = deepest(tree.match(chunks)) if router == "precise" else None  # when no replica holds any
         i, c.uncached_est = gate.pick([min(h * BLOCK, c.tokens) for h in held], c.tokens, home, gate_policy,
-                                      choice_rng, now, evicting)
-        if router == "approximate":
+                                      choice_rng, now, evicting, history)
+        if router in GATED:
             tree.record(chunks, names[i])
         return i
 

@@ -10,6 +10,8 @@ from dataclasses import replace
 import pytest
 
 from common.schemas import EndpointStatus, InferenceEndpoint
+from gateway.prefix_router import PrefixTree, deepest
+from gateway.replica_router import ReplicaRouter
 from gateway.router_gate import GateCandidate, GatePolicy, Recent, choose_gated, conversation_key
 from gateway.router_profiles import PROFILES, BenchConfig, profile, simulate
 from gateway.upstreams import EndpointView, Replica, order_targets
@@ -120,6 +122,63 @@ def test_a_new_conversation_spreads_to_an_idle_cache_that_evicts_nothing_for_up_
     assert r.value("a", 10.0) == 1.5 and r.value("a", 20.0) == 0.75 and r.value("b", 5.0) == 0.0
     with pytest.raises(ValueError):
         choose_gated([], 10)
+
+
+def test_a_prefix_no_cache_holds_goes_back_where_it_was_sent_unless_that_costs_past_tau():
+    policy = GatePolicy(peak_prefill_tps=1000.0, max_ttft_penalty_s=1.0)  # tau 1,000 tokens
+    cold = [GateCandidate("a", 0, prefill_tokens=300, in_flight=2), GateCandidate("b", 0, in_flight=1)]
+    d = choose_gated(cold, 1040, None, policy, random.Random(0), history="a")
+    assert (d.chosen, d.reason, d.sticky, d.explain()["sticky_from"]) == ("a", "sticky", "a", "history")
+    assert choose_gated(cold, 1040, None, policy, random.Random(0)).chosen == "b"  # without it: by load
+    # a replica that holds any of the prompt is the sticky one, whatever the history says
+    part = [replace(cold[0], prefill_tokens=0), replace(cold[1], matched_tokens=160)]
+    d = choose_gated(part, 1040, None, policy, random.Random(0), history="a")
+    assert (d.chosen, d.sticky_from) == ("b", "holder")
+    # the history breaks as a holder does, past tau: 1,300 + 1,040 - 1,040 > 1,000
+    far = [replace(cold[0], prefill_tokens=1300), cold[1]]
+    assert choose_gated(far, 1040, None, policy, random.Random(0), history="a").reason == "saturated"
+    # a history replica that is no candidate (gone from the view) is ignored; a home comes first
+    assert choose_gated(cold, 1040, None, policy, random.Random(0), history="z").sticky is None
+    d = choose_gated(cold, 1040, "b", policy, random.Random(0), history="a")
+    assert (d.chosen, d.sticky_from) == ("b", "home")
+
+
+def test_deepest_names_the_replica_sent_the_most_of_a_prefix_and_none_on_a_tie():
+    tree = PrefixTree()
+    shared, other = [b"s1", b"s2"], [b"s1", b"x2", b"x3"]
+    assert deepest(tree.match(shared)) is None  # never sent
+    tree.record(shared, "a")
+    tree.record(shared, "b")
+    assert deepest(tree.match(shared)) is None  # as deep, as many hits: a tie
+    tree.record(shared, "b")
+    assert deepest(tree.match(shared)) == "b"  # as deep, more hits
+    tree.record(other, "a")
+    assert deepest(tree.match(other)) == "a"  # deeper
+
+
+def test_precise_routing_sends_a_prefix_no_engine_holds_back_to_the_replica_it_went_to():
+    """The gateway's router (precise: the KV index answered 0 blocks everywhere) places the first
+    call by load and records it; the next call of the same prefix, with every cache evicted, goes
+    to the same replica and says why."""
+    router = ReplicaRouter(_rng=random.Random(1))
+    view = replace(_view(3), endpoint=InferenceEndpoint(name="e", deployment="d", routing_l7="prefix",
+                                                        status=EndpointStatus()))
+    data = {"messages": [SYSTEM, {"role": "user", "content": "summarise the incident"}]}
+    none = {f"r{i}": 0 for i in range(3)}
+    hashes = list(range(40))
+    first, why = router.pick(view, data, 0.0, matched=none, block_hashes=hashes)
+    assert why["kv_index"] == "precise" and why["sticky_from"] is None
+    router.started(first, why["load_tokens"])
+    router.finished(first, why["load_tokens"])  # nothing in flight: load alone would draw again
+    chosen = set()
+    for turn in range(6):
+        other = {"messages": [SYSTEM, {"role": "user", "content": f"question {turn}"}]}
+        picked, why = router.pick(view, other, 1.0 + turn, matched=none, block_hashes=hashes)
+        router.started(picked, why["load_tokens"])
+        router.finished(picked, why["load_tokens"])
+        chosen.add(picked)
+        assert why["sticky_from"] == "history" and why["reason"] in ("sticky", "spread")
+    assert first in chosen and why["sticky"] == first
 
 
 @pytest.mark.parametrize("name", PROFILES)
