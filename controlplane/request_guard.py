@@ -9,6 +9,11 @@
     calls PUBLIC check their own secret, or none, and pass. Roles (403) stay with the routes;
   - a body over `max_body_bytes` (FABRIC_MAX_BODY_BYTES, default 1 MiB): 413 "payload_too_large",
     from Content-Length before reading, or as soon as a chunked body passes the limit;
+  - a body sent with ``Content-Encoding: gzip`` (an agent's observation report) is decompressed
+    here, under the same limit on what it decompresses to (413: a small body that inflates past
+    it is refused as soon as it does, never held whole), and reaches the route as plain JSON;
+    gzip that does not decode is 400 "invalid_encoding", any other encoding 415
+    "unsupported_encoding";
   - a JSON body holding a lone UTF-16 surrogate ("\\ud800"): Python decodes it into a str no
     store can encode, so it is refused as 422 "invalid" naming the field (`body.license`).
     Only a body whose bytes contain a \\ud8xx-\\udfxx escape is parsed a second time.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 
 from common.errors import Unauthorized
 from common.peer_cert import scope_client_cn
@@ -128,6 +134,17 @@ class RequestGuard:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        encoding = dict(scope.get("headers") or ()).get(b"content-encoding", b"").strip().lower()
+        if encoding == b"gzip":
+            body, refusal = gunzip_bounded(body, self.max_body_bytes)
+            if refusal is not None:
+                return await self._refuse(send, *refusal)
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"]
+                                          if k not in (b"content-encoding", b"content-length")]
+                     + [(b"content-length", str(len(body)).encode())]}
+        elif encoding not in (b"", b"identity"):
+            return await self._refuse(send, 415, "unsupported_encoding",
+                                      "the request body's Content-Encoding is not gzip or identity; send one of those")
         if _SURROGATE_ESCAPE.search(body):
             where = _lone_surrogate(body)
             if where:
@@ -156,6 +173,23 @@ class RequestGuard:
                                 (b"content-length", str(len(payload)).encode()),
                                 (b"connection", b"close"), *(extra or [])]})
         await send({"type": "http.response.body", "body": payload})
+
+
+def gunzip_bounded(body: bytes, limit: int) -> tuple[bytes, tuple[int, str, str] | None]:
+    """(the decompressed body, None), or (b"", (status, code, message)) for gzip that does not
+    decode as one whole member, or that decompresses past ``limit`` bytes (decompression stops
+    there: a small body that inflates without bound is never held whole)."""
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip framing
+    try:
+        out = inflate.decompress(body, limit + 1)
+    except zlib.error:
+        return b"", (400, "invalid_encoding", "the request body is not valid gzip (Content-Encoding: gzip)")
+    if len(out) > limit:
+        return b"", (413, "payload_too_large", f"the request body decompresses to over {limit} bytes "
+                                               "(FABRIC_MAX_BODY_BYTES); send less")
+    if not inflate.eof or inflate.unused_data:
+        return b"", (400, "invalid_encoding", "the request body is not one whole gzip member (Content-Encoding: gzip)")
+    return out, None
 
 
 def _lone_surrogate(body: bytes) -> str | None:

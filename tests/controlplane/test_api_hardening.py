@@ -4,6 +4,9 @@ and names what was wrong."""
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pytest
 
 from tests.controlplane.test_api_resources import MODEL, PROFILE, error, make_stack
@@ -99,6 +102,35 @@ def test_a_chunked_body_over_the_limit_is_413(api):
 
     resp = api.post("/api/ai/models", content=chunks(), headers={"content-type": "application/json"})
     assert error(resp, 413)["code"] == "payload_too_large"
+
+
+def test_a_gzip_body_is_read_as_its_json_and_one_that_inflates_past_the_limit_is_413(api):
+    body = json.dumps({"name": "zipped-m", **MODEL}).encode()
+    resp = api.post("/api/ai/models", content=gzip.compress(body),
+                    headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert resp.status_code in (200, 201), resp.text
+    assert api.get("/api/ai/models/zipped-m").json()["name"] == "zipped-m"
+    # 2 MiB of JSON in a ~2 KB body: refused once it inflates past FABRIC_MAX_BODY_BYTES
+    bomb = json.dumps({"name": "bomb-m", **MODEL, "license": " " * (2 << 20)}).encode()
+    packed = gzip.compress(bomb)
+    assert len(packed) < 8192
+    err = error(api.post("/api/ai/models", content=packed,
+                         headers={"content-type": "application/json", "content-encoding": "gzip"}), 413)
+    assert err["code"] == "payload_too_large" and "decompresses" in err["message"]
+    error(api.get("/api/ai/models/bomb-m"), 404)
+
+
+@pytest.mark.parametrize("encoding, content, status, code", [
+    ("gzip", b'{"name": "plain-m"}', 400, "invalid_encoding"),  # says gzip, is not
+    ("gzip", gzip.compress(b'{"name": "x"}') + b"trailing", 400, "invalid_encoding"),
+    ("gzip", gzip.compress(b'{"name": "x"}')[:-6], 400, "invalid_encoding"),  # cut short
+    ("br", b'{"name": "x"}', 415, "unsupported_encoding"),
+])
+def test_a_body_whose_encoding_cannot_be_read_is_refused_naming_it(api, encoding, content, status, code):
+    resp = api.post("/api/ai/models", content=content,
+                    headers={"content-type": "application/json", "content-encoding": encoding})
+    err = error(resp, status)
+    assert err["code"] == code and "Content-Encoding" in err["message"]
 
 
 def test_lists_are_bounded_and_page_with_continue(api):

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from common import keyspace
+from agent.engine_watch import EngineWatch, compact
 from common.agent_api import NodeReport, ObservationReport, ObservedReplica
 from common.records import replicas as replica_records
 from common.schemas import ReplicaObservation
@@ -95,3 +96,20 @@ def test_what_a_node_stores_per_replica_is_bounded(fabricd, admin, tmp_path):  #
         NodeReport(id="obs-c", address="https://127.0.0.1:1", observed_replicas=["r" * 300])
     with pytest.raises(ValueError):
         NodeReport(id="obs-c", address="https://127.0.0.1:1", service_generations={"k" * 100: 1})
+
+
+def test_an_agents_gzip_report_is_decompressed_and_stored(fabricd, admin, tmp_path):  # noqa: F811 - the fixture
+    """The agent's own sender (agent.engine_watch) over real mutual TLS: its report goes
+    gzip-compressed, fabricd's request guard decompresses it, and the route stores it."""
+    state = fabricd["state"]
+    mine = replica(2, "obs-z", host="10.0.0.3")
+    replica_records.put(state.store, mine)
+    files = node_files(admin, tmp_path, "obs-z")
+    with as_node(fabricd, files) as c:
+        watch = EngineWatch("obs-z", None, None, c, clock=time.time)
+        item = ObservedReplica(replica_id=mine.replica_id, deployment="qwen", scraped_at=time.time() - 1, ok=True,
+                               queue_depth=4, queue_reads=[4.0])
+        assert watch.send([compact(item)])
+        assert watch.gzip and watch.last_error == ""  # taken compressed: no plain resend
+    obs = stored(state, mine.replica_id)
+    assert obs is not None and obs.queue_depth == 4 and obs.queue_reads == [4.0]
