@@ -402,8 +402,10 @@ class MigratingResponse:
         self.chat = mig.path == "/v1/chat/completions"
         self._resp = self._first = resp
         self.status, self.headers = resp.status, resp.headers
-        named = resp.header(b"x-fabric-replica")  # the engine's own (the simulator's), else the target's
-        self.hops = [*before, Hop(named.decode() if named else replica)]
+        # the target's replica id, which the continuation's exclusion and the deaths are matched
+        # against; the engine's own x-fabric-replica only when the gateway named no target id
+        named = resp.header(b"x-fabric-replica")
+        self.hops = [*before, Hop(replica or (named.decode() if named else ""))]
         self._pending = b""
         self._kept = bytearray()
         # A call that moved before its head: the usage still needs the seam's accounting.

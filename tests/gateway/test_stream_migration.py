@@ -144,6 +144,48 @@ def sims():
         b.stop()
 
 
+def test_a_cut_stream_is_named_by_the_gateways_replica_id_and_never_continues_there(sims):
+    """The engines call themselves sim-a and sim-b (their x-fabric-replica), the gateway's
+    targets rep-a and rep-b. The dead hop is named rep-a, so the continuation's exclusion holds
+    it and the stream goes straight to rep-b (an engine's own name used to leave rep-a in the
+    list, and the continuation tried the dead engine first)."""
+    a, b = sims
+    request = {"model": "sim-model", "messages": [{"role": "user", "content": "tell me more"}], "max_tokens": 30,
+               "stream": True, "stream_options": {"include_usage": True}}
+    body = json.dumps(request).encode()
+    got: list[bytes] = []
+    notes: dict = {}
+    asked: list[frozenset] = []
+
+    async def main():
+        pool = UpstreamPool(idle_timeout=10)
+
+        async def targets(excluded):
+            asked.append(excluded)
+            return [(u, n) for u, n in ((a.url, "rep-a"), (b.url, "rep-b")) if n not in excluded]
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                got.append(message.get("body", b""))
+                if sum(x.count(b'"content":"') for x in got) >= 8 and a.proc.poll() is None:
+                    a.proc.send_signal(signal.SIGKILL)
+
+        mig = Migration(pool, "/v1/chat/completions", "POST", b"/v1/chat/completions",
+                        [(b"content-type", b"application/json")], body, "ep", targets, 2, EndpointQuota(100),
+                        Deaths(), notes)
+        result = await forward(pool, send, [a.url], "POST", b"/v1/chat/completions",
+                               [(b"content-type", b"application/json")], body, True, migration=mig,
+                               names={a.url: "rep-a", b.url: "rep-b"})
+        pool.close()
+        return result
+
+    result = asyncio.run(main())
+    assert result.ok and result.migrated == 1
+    assert asked and all("rep-a" in ex for ex in asked)
+    assert [(m["from"], m["outcome"], m["detail"]) for m in notes["migrations"]] == [("rep-a", "moved", "to rep-b")]
+    assert [h["replica"] for h in notes["usage_computed"]] == ["rep-a", "rep-b"]
+
+
 def _text(events: list[dict], chat: bool) -> str:
     key = "content"
     if chat:
