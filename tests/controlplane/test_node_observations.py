@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from common import keyspace
 from agent.engine_watch import EngineWatch, compact
+from common import keyspace
 from common.agent_api import NodeReport, ObservationReport, ObservedReplica
 from common.records import replicas as replica_records
 from common.schemas import ReplicaObservation
