@@ -65,6 +65,12 @@ def compact(item: ObservedReplica) -> ObservedReplica:
     return item.model_copy(update=fields)
 
 
+def report_body(items: list[ObservedReplica], sent_at: float, compress: bool = True) -> bytes:
+    """A report's body as it goes on the wire: defaults left out, gzip unless ``compress`` is False."""
+    body = ObservationReport(sent_at=sent_at, observations=items).model_dump_json(exclude_defaults=True).encode()
+    return gzip.compress(body, compresslevel=6, mtime=0) if compress else body
+
+
 @dataclass
 class _Target:
     replica_id: str
@@ -134,12 +140,11 @@ class EngineWatch:
         """POST the report; True when fabricd accepted it (then these count as reported)."""
         if not items:
             return True
-        body = ObservationReport(sent_at=self.clock(), observations=items).model_dump_json(
-            exclude_defaults=True).encode()
+        sent_at = self.clock()
         try:
-            resp = self._post(body, self.gzip)
+            resp = self._post(report_body(items, sent_at, self.gzip), self.gzip)
             if self.gzip and resp.status_code in (400, 415, 422):  # perhaps a fabricd that takes no gzip
-                plain = self._post(body, False)
+                plain = self._post(report_body(items, sent_at, False), False)
                 if plain.status_code < 400:
                     log.info("fabricd refused a gzip observation report and took it plain: "
                              "sending reports plain from now on")
@@ -157,10 +162,9 @@ class EngineWatch:
         self.last_error = ""
         return True
 
-    def _post(self, body: bytes, compress: bool) -> httpx.Response:
+    def _post(self, body: bytes, compressed: bool) -> httpx.Response:
         headers = {"content-type": "application/json"}
-        if compress:
-            body = gzip.compress(body, compresslevel=6, mtime=0)
+        if compressed:
             headers["content-encoding"] = "gzip"
         self.sent_bytes += len(body)
         return self.client.post(f"/api/ai/nodes/{self.node_id}/observations", content=body, headers=headers)

@@ -59,6 +59,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from agent.engine_watch import compact, report_body
 from common import keyspace
 from common.agent_api import ObservationReport, ObservedReplica
 from common.engine_metrics.material import material_change
@@ -213,6 +214,7 @@ class Figures:
     reported_observations: int = 0  # stored from the agents' reports before the pass (agents_observe)
     agents_tick_s: float = 0.0  # the rig's one-process scrape of every engine before the pass (agents_observe)
     replicas_changed: int = 0  # replicas whose load the rig changed before the pass (the change pass)
+    report_bytes: int = 0  # the agents' reports before the pass, gzip, as their POSTs carry them (agents_observe)
 
     def rounded(self) -> dict:
         out = asdict(self)
@@ -259,6 +261,8 @@ class AgentReports:
         self.reported: dict[str, ReplicaObservation] = {}
         self.observed: dict[str, list[str]] = {n: [] for n in targets}
         self.tick_s = 0.0  # the last tick's scrape of every engine, in this one process
+        self.wire_bytes = 0  # the reports' bodies as the agents send them (gzip), since the start
+        self.wire_replicas = 0  # the replicas those reports carried
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sim-agent-reports")
         self._loop = asyncio.new_event_loop()
 
@@ -275,9 +279,11 @@ class AgentReports:
         # would age the first-scraped out before the pass and flap every plan).
         by_id = {t.replica_id: o.model_copy(update={"scraped_at": now}) for t, o in zip(found, seen)}
         for node_id, ts in self.targets.items():
-            items = [ObservedReplica(**by_id[t.replica_id].model_dump(), deployment=t.deployment) for t in ts
+            items = [compact(ObservedReplica(**by_id[t.replica_id].model_dump(), deployment=t.deployment)) for t in ts
                      if material_change(self.reported.get(t.replica_id), by_id[t.replica_id])]
             if items:
+                self.wire_bytes += len(report_body(items, now))  # what the agent's POST would carry
+                self.wire_replicas += len(items)
                 stored += report_observations(ctx, node_id, ObservationReport(sent_at=now, observations=items),
                                               now).accepted
             self.reported.update({i.replica_id: i.record() for i in items})
@@ -400,7 +406,9 @@ class Fleet:
                       between: bool = True) -> Figures:
         """``between``: the period between passes happens first (Fleet.between_passes); False
         measures right after whatever the caller changed."""
+        wire0 = self.reports.wire_bytes if self.reports is not None else 0
         reported = self.between_passes() if between else 0
+        wire = (self.reports.wire_bytes if self.reports is not None else 0) - wire0
         changed, self.changed_replicas = self.changed_replicas, 0
         before_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
         eng0, ag0 = self.engines.stats(), self.agents.stats()
@@ -428,7 +436,7 @@ class Fleet:
             observations_written=self.store.items.get("observations", 0) - items0.get("observations", 0),
             agents_pushed=sum(1 for p, n in ag1["per_agent"].items() if n != ag0["per_agent"].get(p, 0)),
             waited_silent=bool(routing is not None and silent_node in routing.pushes.waited),
-            reported_observations=reported, replicas_changed=changed,
+            reported_observations=reported, replicas_changed=changed, report_bytes=wire,
             agents_tick_s=round(self.reports.tick_s, 2) if self.reports is not None else 0.0)
 
 

@@ -110,6 +110,9 @@ def test_agent_reports_carry_material_changes_and_the_leader_rewrites_none(agent
         assert routing["busy"]["reported_observations"] == run["replicas"]
         for label in ("first", "idle", "change", "busy"):
             assert routing[label]["observations_written"] == 0, label
+        # what the reports carry grows with what changed, not with the fleet: nothing when idle
+        assert routing["idle"]["report_bytes"] == 0
+        assert 0 < routing["change"]["report_bytes"] < routing["busy"]["report_bytes"]
         # the reported weights still move the plans: the change pass's queues reached them
         assert routing["change"]["changed_endpoints"] == Size(nodes=run["nodes"], endpoints=ENDPOINTS).changed_endpoints
         # and the pass's writes do not grow with them: one batch of plans, one of weight events, at
