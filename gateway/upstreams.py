@@ -153,12 +153,22 @@ def read_view(store: Store, name: str, readings_from: Store | None = None) -> En
     return with_readings(readings_from or store, view)
 
 
-def with_readings(store: Store, view: EndpointView) -> EndpointView:
+def with_readings(store: Store, view: EndpointView, only: set[str] | None = None) -> EndpointView:
     """The view with its replicas' queue depths (its own pool) and readings (every pool) read
-    again; the rest of it as it was."""
-    depths, readings = _readings(store, view.replicas)
+    again; the rest of it as it was. ``only``: read again just these replicas' (the ones whose
+    observation changed), the others' kept from ``view``."""
+    if only is None:
+        depths, readings = _readings(store, view.replicas)
+        for _, pool in view.spill_pools:
+            readings.update(_readings(store, pool)[1])
+        return replace(view, queue_depths=depths, readings=readings)
+    depths = {r: d for r, d in view.queue_depths.items() if r not in only}
+    readings = {r: d for r, d in view.readings.items() if r not in only}
+    own = _readings(store, tuple(r for r in view.replicas if r.replica_id in only))
+    depths.update(own[0])
+    readings.update(own[1])
     for _, pool in view.spill_pools:
-        readings.update(_readings(store, pool)[1])
+        readings.update(_readings(store, tuple(r for r in pool if r.replica_id in only))[1])
     return replace(view, queue_depths=depths, readings=readings)
 
 
@@ -232,6 +242,7 @@ class UpstreamCache:
         self._applied = 0  # the number of the latest fetch applied
         self.views_built = 0  # tests and benchmarks read these two
         self.readings_read = 0  # views whose readings alone were read again
+        self.observations_read = 0  # ... and the changed observations those read
 
     async def refresh(self) -> None:
         """The mirror no older than the TTL (see the class docstring)."""
@@ -269,16 +280,20 @@ class UpstreamCache:
         self._applied = number
 
     def _view_now(self, name: str) -> EndpointView | None:
-        """The cached view while nothing it was made of changed; only its readings read again
-        when only observations changed (an agent's report: the common change); else built anew."""
+        """The cached view while nothing it was made of changed; when only observations changed
+        (an agent's report: the common change), only the changed replicas' readings are read
+        again; else built anew."""
         cached = self._views.get(name)
         version = self.mirror.version
         if cached is not None and not self.mirror.moved(cached[1], cached[3]):
-            if not self.mirror.moved(cached[2], cached[3]):
+            seen = cached[2]  # the observation keys its readings come from: the same replicas still
+            moved = self.mirror.moved_keys(seen.keys, cached[3])
+            if not moved:
                 return cached[0]
-            reader, seen = self.mirror.tracked()
-            view = with_readings(reader, cached[0])  # type: ignore[arg-type]  # the Store read verbs
+            only = {key[len(keyspace.observations()):] for key in moved}
+            view = with_readings(self.mirror, cached[0], only)  # type: ignore[arg-type]  # the Store read verbs
             self.readings_read += 1
+            self.observations_read += len(only)
             self._views[name] = (view, cached[1], seen, version)
             return view
         reader, reads = self.mirror.tracked()

@@ -41,6 +41,7 @@ from __future__ import annotations
 import bisect
 import builtins
 import logging
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -240,6 +241,11 @@ class Mirror:
         if any(self._key_version.get(k, self._forgot) > since for k in reads.keys):
             return True
         return any(self._prefix_version(p) > since for p in reads.prefixes)
+
+    def moved_keys(self, keys: Iterable[str], since: int) -> set[str]:
+        """Which of ``keys`` changed after version ``since`` (a key outside the mirrored prefixes
+        always counts: it has no change record)."""
+        return {k for k in keys if not self._mirrored(k) or self._key_version.get(k, self._forgot) > since}
 
     def _prefix_version(self, prefix: str) -> int:
         if prefix.endswith("/"):

@@ -87,6 +87,14 @@ def test_moved_names_only_what_a_reader_looked_at(store, ns):
     store.put(ns + "o/0", "q2")  # a key read by get
     mirror.poll()
     assert mirror.moved(reads, at)
+    # which keys moved: only the one written since, and a key outside the copy always
+    store.put_all([(ns + "o/1", "x"), (ns + "o/2", "y")])
+    mirror.poll()
+    at = mirror.version
+    store.put(ns + "o/2", "y2")
+    mirror.poll()
+    assert mirror.moved_keys([ns + "o/0", ns + "o/1", ns + "o/2", ns + "elsewhere"], at) == {
+        ns + "o/2", ns + "elsewhere"}
 
 
 def test_a_gap_in_history_lists_again(store, ns):

@@ -54,11 +54,23 @@ def test_a_refresh_lists_nothing_when_nothing_changed(tmp_path):
     assert store.calls.get("list", 0) == lists and (cache.views_built, cache.readings_read) == (built, 1)
     assert again[1].queue_depths["d1-2"][0] == 7 and again[1].readings["d1-2"].queue == 7
     assert again[0] is first[0] and again[1].replicas is first[1].replicas
+    assert cache.observations_read == 1  # that one observation, not its endpoint's four
+    assert {r: again[1].readings[r] for r in ("d1-0", "d1-1", "d1-3")} == {
+        r: first[1].readings[r] for r in ("d1-0", "d1-1", "d1-3")}
+    # it fails now: it leaves the readings (and the queue depths) until it is ok again
+    raw.put(keyspace.observations("d1-2"), ReplicaObservation(replica_id="d1-2", scraped_at=time.time(), ok=False,
+                                                              error="ScrapeError").model_dump_json())
+    failed = asyncio.run(views())[1]
+    assert "d1-2" not in failed.readings and "d1-2" not in failed.queue_depths and len(failed.readings) == 3
+    assert (cache.readings_read, cache.observations_read) == (2, 2)
+    raw.put(keyspace.observations("d1-2"), ReplicaObservation(replica_id="d1-2", scraped_at=time.time(), ok=True,
+                                                              queue_depth=7).model_dump_json())
+    assert asyncio.run(views())[1].readings["d1-2"].queue == 7
     # A replica drains: its view is built again, and the gateway drops it at the next refresh.
     rep = Replica.model_validate_json(raw.get(keyspace.replicas("d2", "d2-0")).value)
     raw.put(keyspace.replicas("d2", "d2-0"), rep.model_copy(update={"draining": True}).model_dump_json())
     assert [r.replica_id for r in asyncio.run(views())[2].replicas] == ["d2-1", "d2-2", "d2-3"]
-    assert store.calls.get("list", 0) == lists and (cache.views_built, cache.readings_read) == (built + 1, 1)
+    assert store.calls.get("list", 0) == lists and (cache.views_built, cache.readings_read) == (built + 1, 3)
     cache.close()
     raw.close()
 
