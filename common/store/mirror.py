@@ -73,6 +73,7 @@ class Mirror:
     def __init__(self, store: Store, prefixes: builtins.list[str]):
         self.store = store
         self.prefixes = sorted(set(prefixes))
+        self._prefix_tuple = tuple(self.prefixes)
         self.version = 0  # bumped per applied change
         self.changes_applied = 0  # every change applied since the start (tests and benchmarks read it)
         self.lists = 0  # prefixes listed (first fetch, after a gap, or to find deleted keys)
@@ -202,7 +203,7 @@ class Mirror:
         return 1
 
     def _mirrored(self, key: str) -> bool:
-        return any(key.startswith(p) for p in self.prefixes)
+        return key.startswith(self._prefix_tuple)  # one C call for every prefix (a get's hot path)
 
     # -- reading (the Store read verbs) --------------------------------------------------------------
 
