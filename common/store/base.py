@@ -29,6 +29,7 @@ Semantics (etcd's, so the SQLite backend can be swapped for etcd without surpris
     (a Range at that revision with min_mod_revision); a backend that keeps no old versions
     (SQLite) answers as of its current revision, never older than ``at``; ``Changes.revision``
     says which. An ``at`` older than the history the store keeps raises Conflict "compacted".
+    ``start``/``end`` ask one range of the prefix: a large prefix is read in parts at once.
 Transient failures (backend unreachable) raise common.errors.TransientError.
 """
 
@@ -131,10 +132,12 @@ class Store(Protocol):
         """The store's current revision."""
         ...
 
-    def changed_since(self, prefix: str, after_revision: int, at_revision: int) -> Changes:
+    def changed_since(self, prefix: str, after_revision: int, at_revision: int, *,
+                      start: str | None = None, end: str | None = None) -> Changes:
         """The keys under prefix with mod_revision > after_revision and the count of all keys
         under it, as of at_revision (a revision the store has reached) or, where the backend
-        keeps no old versions, as of its current revision (the module docstring)."""
+        keeps no old versions, as of its current revision (the module docstring). ``start`` and
+        ``end`` (keys under the prefix) narrow both to the keys k with start <= k < end."""
         ...
 
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]: ...

@@ -307,14 +307,22 @@ class EtcdStore:
         result = self._post("/kv/range", {"key": _b64(_REVISION_PROBE_KEY), "count_only": True})
         return int(result["header"]["revision"])
 
-    def changed_since(self, prefix: str, after_revision: int, at_revision: int) -> Changes:
+    def changed_since(self, prefix: str, after_revision: int, at_revision: int, *,
+                      start: str | None = None, end: str | None = None) -> Changes:
         # One Range at at_revision: min_mod_revision filters the kvs etcd returns, never its
         # count (every key in the range at that revision). A member behind the one that gave
         # at_revision refuses it as a future revision: a TransientError, asked again next time.
         if at_revision < 1:
             raise ValueError(f"changed_since at revision {at_revision}: a revision the store has reached (>= 1)")
+        for bound in (start, end):
+            if bound is not None and not bound.startswith(prefix):
+                raise ValueError(f"changed_since: {bound!r} is not under the prefix {prefix!r}")
         payload = _range_request(prefix) | {"revision": str(at_revision), "min_mod_revision": str(after_revision + 1),
                                             "sort_order": "ASCEND", "sort_target": "KEY"}
+        if start is not None:
+            payload["key"] = _b64(start)
+        if end is not None:
+            payload["range_end"] = _b64(end)
         result = self._post("/kv/range", payload)
         return Changes(at_revision, [_kv(item) for item in result.get("kvs") or []], int(result.get("count", 0)))
 

@@ -160,8 +160,9 @@ class FencedStore:
     def revision(self) -> int:
         return self.inner.revision()
 
-    def changed_since(self, prefix: str, after_revision: int, at_revision: int) -> Changes:
-        return self.inner.changed_since(prefix, after_revision, at_revision)
+    def changed_since(self, prefix: str, after_revision: int, at_revision: int, *,
+                      start: str | None = None, end: str | None = None) -> Changes:
+        return self.inner.changed_since(prefix, after_revision, at_revision, start=start, end=end)
 
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
         return self.inner.watch(prefix, after_revision, timeout)

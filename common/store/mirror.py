@@ -50,6 +50,8 @@ from common.store.base import KV, Changes, Store
 
 log = logging.getLogger("fabric.store.mirror")
 FORGET_SLACK = 1024  # change records of deleted keys kept beyond the live keys' count
+SPLIT_KEYS = 2000  # a prefix holding this many keys or more is asked in parts (Mirror._parts)
+MAX_PARTS = 4
 
 
 @dataclass
@@ -81,7 +83,8 @@ class Mirror:
         self._sorted: builtins.list[str] | None = []  # the keys in order; None: rebuild at next list
         self._held = {p: 0 for p in self.prefixes}  # prefix -> keys of the copy under it
         # the prefixes are asked at once: one after the other would add their round trips up
-        self._pool = ThreadPoolExecutor(max_workers=len(self.prefixes), thread_name_prefix="fabric-mirror")
+        self._pool = ThreadPoolExecutor(max_workers=len(self.prefixes) + MAX_PARTS - 1,
+                                        thread_name_prefix="fabric-mirror")
         self._seen: int | None = None  # the store's revision at the last fetch applied
         self._after: dict[str, int | None] = {p: None for p in self.prefixes}  # None: list at next fetch
         self._key_version: dict[str, int] = {}  # key -> version of its last change (deletes kept)
@@ -101,29 +104,63 @@ class Mirror:
         now = self.store.revision()
         if now == self._seen and None not in self._after.values():
             return out  # nothing was written anywhere since the last fetch: nothing to ask
-        for prefix, got in zip(self.prefixes, self._pool.map(lambda p: self._fetch_one(p, now), self.prefixes)):
-            if isinstance(got, Changes):
-                out.changes[prefix] = got
-            else:
-                out.lists[prefix] = got
+        tasks = self._parts()
+        answers = list(self._pool.map(lambda t: self._changes(*t, now), tasks))
+        relist = []
+        for prefix in self.prefixes:
+            mine = [got for (p, *_), got in zip(tasks, answers) if p == prefix]
+            if any(got is None for got in mine):
+                relist.append(prefix)
+            else:  # the parts are disjoint ranges in key order: together, the prefix's answer
+                out.changes[prefix] = Changes(min(g.revision for g in mine if g is not None),
+                                              [kv for g in mine if g is not None for kv in g.kvs],
+                                              sum(g.count for g in mine if g is not None))
+        for prefix, listed in zip(relist, self._pool.map(self._list, relist)):
+            out.lists[prefix] = listed
         out.seen = now
         return out
 
-    def _fetch_one(self, prefix: str, now: int) -> Changes | tuple[int, builtins.list[KV]]:
+    def _parts(self) -> builtins.list[tuple[str, str | None, str | None, int]]:
+        """(prefix, start, end, keys the copy holds in that range) per read: a prefix whose copy
+        holds SPLIT_KEYS keys or more is asked in up to MAX_PARTS ranges of about equal size, all
+        at once (etcd answers a range at a cost per key; parallel ranges answer sooner), any
+        other in one."""
+        keys: builtins.list[str] | None = None
+        out: builtins.list[tuple[str, str | None, str | None, int]] = []
+        for prefix in self.prefixes:
+            n = min(MAX_PARTS, self._held[prefix] // SPLIT_KEYS + 1) if self._after[prefix] is not None else 1
+            if n < 2:
+                out.append((prefix, None, None, self._held[prefix]))
+                continue
+            keys = keys if keys is not None else (self._sorted if self._sorted is not None else sorted(self._kvs))
+            lo = hi = bisect.bisect_left(keys, prefix)
+            while hi < len(keys) and keys[hi].startswith(prefix):
+                hi += 1
+            at = [lo + i * (hi - lo) // n for i in range(n)] + [hi]  # each part's first key's index
+            bounds = [None, *(keys[i] for i in at[1:-1]), None]
+            out += [(prefix, bounds[i], bounds[i + 1], at[i + 1] - at[i]) for i in range(n)]
+        return out
+
+    def _changes(self, prefix: str, start: str | None, end: str | None, held: int, now: int) -> Changes | None:
+        """The changes in one range of the prefix since the copy's revision (``held``: the keys
+        the copy holds in it); None when the prefix must be listed again (never listed, history
+        compacted, or keys deleted in the range)."""
         after = self._after[prefix]
-        if after is not None:
-            try:
-                got = self.store.changed_since(prefix, after, now)
-            except Conflict as exc:
-                if exc.code != "compacted":
-                    raise
-                log.info("mirror of %s: %s; listing again", prefix, exc.message)
-            else:
-                # the copy's keys besides those written since: exactly the untouched live ones
-                # unless some were deleted (the module's invariants)
-                held = self._held[prefix] - sum(kv.key in self._kvs for kv in got.kvs)
-                if held == got.count - len(got.kvs):
-                    return got
+        if after is None:
+            return None
+        try:
+            got = self.store.changed_since(prefix, after, now, start=start, end=end)
+        except Conflict as exc:
+            if exc.code != "compacted":
+                raise
+            log.info("mirror of %s: %s; listing again", prefix, exc.message)
+            return None
+        # the copy's keys in the range besides those written since: exactly the untouched live
+        # ones unless some were deleted (the module's invariants)
+        untouched = held - sum(kv.key in self._kvs for kv in got.kvs)
+        return got if untouched == got.count - len(got.kvs) else None
+
+    def _list(self, prefix: str) -> tuple[int, builtins.list[KV]]:
         rev = self.store.revision()  # before the list: a key written in between is asked about again
         return rev, self.store.list(prefix)
 

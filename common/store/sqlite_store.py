@@ -158,10 +158,15 @@ class SqliteStore:
         with self._read() as db:
             return _meta(db, "revision")
 
-    def changed_since(self, prefix: str, after_revision: int, at_revision: int) -> Changes:
+    def changed_since(self, prefix: str, after_revision: int, at_revision: int, *,
+                      start: str | None = None, end: str | None = None) -> Changes:
         # kv holds only the current version of each key: the answer is as of the current
         # revision (never older than at_revision), one read snapshot for the rows and the count
         sql, args = _prefix_clause(prefix)
+        for bound, op in ((start, ">="), (end, "<")):
+            if bound is not None:
+                _check_within(prefix, bound)
+                sql, args = f"{sql} AND key {op} ?", (*args, bound)
         with self._read() as db:
             rev, compacted = _meta(db, "revision"), _meta(db, "compacted")
             if at_revision > rev:
@@ -449,6 +454,11 @@ def _sweep(db: sqlite3.Connection) -> None:
     expired = [r[0] for r in db.execute("SELECT id FROM leases WHERE expires_at <= ?", (time.time(),))]
     if expired:
         _drop_leases(db, expired)
+
+
+def _check_within(prefix: str, key: str) -> None:
+    if not key.startswith(prefix):
+        raise ValueError(f"changed_since: {key!r} is not under the prefix {prefix!r}")
 
 
 def _prefix_clause(prefix: str) -> tuple[str, tuple]:

@@ -257,6 +257,21 @@ def test_changed_since_answers_the_keys_written_after_and_the_whole_count(store,
         assert (got.revision, [kv.key for kv in got.kvs], got.count) == (late, [ns + "c/b", ns + "c/d", ns + "c/e"], 4)
 
 
+def test_changed_since_in_one_range_of_the_prefix(store, ns):
+    store.put_all([(ns + "c/a", "1"), (ns + "c/b", "2"), (ns + "c/c", "3"), (ns + "c/d", "4")])
+    after = store.revision()
+    store.put_all([(ns + "c/a", "1a"), (ns + "c/c", "3c"), (ns + "c/d", "4d")])
+    at = store.revision()
+    parts = [store.changed_since(ns + "c/", after, at, start=lo, end=hi)
+             for lo, hi in ((None, ns + "c/b"), (ns + "c/b", ns + "c/d"), (ns + "c/d", None))]
+    assert [[kv.key for kv in p.kvs] for p in parts] == [[ns + "c/a"], [ns + "c/c"], [ns + "c/d"]]
+    assert [p.count for p in parts] == [1, 2, 1]  # each range's keys: together the prefix's four
+    whole = store.changed_since(ns + "c/", after, at)
+    assert [kv for p in parts for kv in p.kvs] == whole.kvs and sum(p.count for p in parts) == whole.count
+    with pytest.raises(ValueError):
+        store.changed_since(ns + "c/", after, at, start=ns + "other")  # a bound outside the prefix
+
+
 def test_revision_monotonic_across_write_kinds(store, ns):
     seen = [store.revision()]
     seen.append(store.put(ns + "m", "1"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from common.errors import Conflict
 from common.store.locks import FencedStore
+from common.store import mirror as mirror_module
 from common.store.mirror import Mirror
 from lab.rigs.scale import CountingStore
 
@@ -28,6 +29,25 @@ def test_lists_once_then_applies_only_changes(store, ns):
     assert mirror.poll() == 1 and counted.calls.get("list", 0) == 3  # a delete: its prefix listed again
     assert mirror.get(ns + "r/d2/0") is None and mirror.list(ns + "r/d2/") == []
     assert exact(mirror, store, [ns + "r/", ns + "e/"]) and mirror.lists == 3
+
+
+def test_a_large_prefix_is_asked_in_parts_and_the_copy_stays_exact(store, ns, monkeypatch):
+    """Past SPLIT_KEYS keys a prefix is asked in ranges at once (MAX_PARTS at most): puts in every
+    range, a key new between two cut keys, and a delete in one range all reach the copy."""
+    monkeypatch.setattr(mirror_module, "SPLIT_KEYS", 4)
+    store.put_all([(ns + f"o/{i:02d}", "0") for i in range(16)] + [(ns + "e/a", "1")])
+    counted = CountingStore(store)
+    mirror = Mirror(counted, [ns + "o/", ns + "e/"])
+    mirror.poll()
+    asked = counted.calls.get("changed_since", 0)
+    store.put_all([(ns + f"o/{i:02d}", "1") for i in range(0, 16, 3)] + [(ns + "o/05x", "new")])
+    assert mirror.poll() == 7
+    assert counted.calls.get("changed_since", 0) - asked == mirror_module.MAX_PARTS + 1  # four ranges, and e/
+    assert exact(mirror, store, [ns + "o/", ns + "e/"]) and mirror.lists == 2
+    store.delete(ns + "o/09")
+    mirror.poll()
+    assert exact(mirror, store, [ns + "o/", ns + "e/"]) and mirror.lists == 3  # that prefix listed again
+    assert mirror.get(ns + "o/09") is None and mirror.get(ns + "o/05x").value == "new"
 
 
 def test_a_key_deleted_and_another_created_between_fetches(store, ns):
@@ -101,7 +121,7 @@ def test_a_gap_in_history_lists_again(store, ns):
     store.put(ns + "k/a", "1")
 
     class Compacted(CountingStore):
-        def changed_since(self, prefix, after_revision, at_revision):
+        def changed_since(self, prefix, after_revision, at_revision, **_range):
             raise Conflict("history before this revision was compacted", code="compacted")
 
     mirror = Mirror(store, [ns + "k/"])
