@@ -105,7 +105,7 @@ class Mirror:
         if now == self._seen and None not in self._after.values():
             return out  # nothing was written anywhere since the last fetch: nothing to ask
         tasks = self._parts()
-        answers = list(self._pool.map(lambda t: self._changes(*t, now), tasks))
+        answers = list(self._pool.map(lambda t: self._changes(t[0], t[1], t[2], t[3], now), tasks))
         relist = []
         for prefix in self.prefixes:
             mine = [got for (p, *_), got in zip(tasks, answers) if p == prefix]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from common.errors import Conflict
-from common.store.locks import FencedStore
 from common.store import mirror as mirror_module
+from common.store.locks import FencedStore
 from common.store.mirror import Mirror
 from lab.rigs.scale import CountingStore
 
