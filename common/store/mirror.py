@@ -6,7 +6,10 @@ store's revision once and asks each prefix, in one read as of that revision, for
 since the copy's revision and how many keys the prefix holds (``Store.changed_since``), so a
 refresh carries O(changes), not O(keys), and its answer does not depend on how soon the store
 answers (a watch from a past revision may come late on a busy etcd: an empty answer never said
-"caught up"). ``get``/``list``/``revision`` answer from memory for keys under the mirrored
+"caught up"). A prefix whose copy holds SPLIT_KEYS keys or more is asked as up to MAX_PARTS key
+ranges at once, cut at keys the copy holds (etcd answers a range at a cost per key), and each
+range's answer is checked for deletions against the keys the copy holds in it; together the
+ranges are the prefix's answer. ``get``/``list``/``revision`` answer from memory for keys under the mirrored
 prefixes and fall through to the store for any other key, so the record modules
 (common.records) read a Mirror exactly as they read a Store. It has no write verbs.
 
