@@ -133,9 +133,13 @@ class ReconcileWorker:
 
     async def probe_all(self, snap: Snapshot, replicas: list[Replica]) -> dict[str, rp.Probe]:
         """This pass's health of each live replica: what its node's agent probed (Node.observed_replicas,
-        read from its stored observation: no connection from here), a GET /health from here otherwise."""
+        read from its stored observation: no connection from here), a GET /health from here otherwise.
+        A replica its agent names whose stored observation carries no probe was last scraped by
+        fabricd itself (the routing pass scraped it while its snapshot did not yet list the agent's
+        report, and wrote over it): probed from here, never failed for want of a report."""
         live = [r for r in replicas if r.phase != "Deleting" and not r.draining]
-        by_agent = snap.agent_observed(live)
+        by_agent = {rid for rid in snap.agent_observed(live)
+                    if (o := snap.observations.get(rid)) is None or o.health is not None}
         now = self.clock()
         probed = [r for r in live if r.replica_id not in by_agent]
         results = await asyncio.gather(*(self._probe(r) for r in probed))
