@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
 
 from common.errors import Unauthorized
+from common.gzip_bounded import GzipInvalid, GzipTooLarge, gunzip_bounded
 from common.peer_cert import scope_client_cn
 from controlplane.api.model_blobs import BLOB_PATH
 from controlplane.auth import verify_claims
@@ -136,9 +136,14 @@ class RequestGuard:
         body = b"".join(chunks)
         encoding = dict(scope.get("headers") or ()).get(b"content-encoding", b"").strip().lower()
         if encoding == b"gzip":
-            body, refusal = gunzip_bounded(body, self.max_body_bytes)
-            if refusal is not None:
-                return await self._refuse(send, *refusal)
+            try:
+                body = gunzip_bounded(body, self.max_body_bytes)
+            except GzipTooLarge as exc:
+                return await self._refuse(send, 413, "payload_too_large",
+                                          f"the request body {exc} (FABRIC_MAX_BODY_BYTES); send less")
+            except GzipInvalid as exc:
+                return await self._refuse(send, 400, "invalid_encoding",
+                                          f"the request body is {exc} (Content-Encoding: gzip)")
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"]
                                           if k not in (b"content-encoding", b"content-length")]
                      + [(b"content-length", str(len(body)).encode())]}
@@ -173,23 +178,6 @@ class RequestGuard:
                                 (b"content-length", str(len(payload)).encode()),
                                 (b"connection", b"close"), *(extra or [])]})
         await send({"type": "http.response.body", "body": payload})
-
-
-def gunzip_bounded(body: bytes, limit: int) -> tuple[bytes, tuple[int, str, str] | None]:
-    """(the decompressed body, None), or (b"", (status, code, message)) for gzip that does not
-    decode as one whole member, or that decompresses past ``limit`` bytes (decompression stops
-    there: a small body that inflates without bound is never held whole)."""
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip framing
-    try:
-        out = inflate.decompress(body, limit + 1)
-    except zlib.error:
-        return b"", (400, "invalid_encoding", "the request body is not valid gzip (Content-Encoding: gzip)")
-    if len(out) > limit:
-        return b"", (413, "payload_too_large", f"the request body decompresses to over {limit} bytes "
-                                               "(FABRIC_MAX_BODY_BYTES); send less")
-    if not inflate.eof or inflate.unused_data:
-        return b"", (400, "invalid_encoding", "the request body is not one whole gzip member (Content-Encoding: gzip)")
-    return out, None
 
 
 def _lone_surrogate(body: bytes) -> str | None:

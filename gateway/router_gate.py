@@ -216,4 +216,3 @@ def conversation_key(data: dict | None) -> str | None:
             return None
     return None
 
-

@@ -157,18 +157,16 @@ def with_readings(store: Store, view: EndpointView, only: set[str] | None = None
     """The view with its replicas' queue depths (its own pool) and readings (every pool) read
     again; the rest of it as it was. ``only``: read again just these replicas' (the ones whose
     observation changed), the others' kept from ``view``."""
-    if only is None:
-        depths, readings = _readings(store, view.replicas)
-        for _, pool in view.spill_pools:
-            readings.update(_readings(store, pool)[1])
-        return replace(view, queue_depths=depths, readings=readings)
-    depths = {r: d for r, d in view.queue_depths.items() if r not in only}
-    readings = {r: d for r, d in view.readings.items() if r not in only}
-    own = _readings(store, tuple(r for r in view.replicas if r.replica_id in only))
-    depths.update(own[0])
-    readings.update(own[1])
+    def stale(pool: tuple[Replica, ...]) -> tuple[Replica, ...]:
+        return pool if only is None else tuple(r for r in pool if r.replica_id in only)
+
+    depths = {r: d for r, d in view.queue_depths.items() if only is not None and r not in only}
+    readings = {r: d for r, d in view.readings.items() if only is not None and r not in only}
+    fresh_depths, fresh = _readings(store, stale(view.replicas))
+    depths.update(fresh_depths)
+    readings.update(fresh)
     for _, pool in view.spill_pools:
-        readings.update(_readings(store, tuple(r for r in pool if r.replica_id in only))[1])
+        readings.update(_readings(store, stale(pool))[1])
     return replace(view, queue_depths=depths, readings=readings)
 
 

@@ -15,7 +15,7 @@ The shared client handles ``Content-Length``, ``Transfer-Encoding: chunked`` and
 bodies, ``Connection: close``, interim 1xx answers, IPv6 literals, and a kept-alive connection the
 engine closed while idle (one retry on a fresh connection, only when nothing of the answer
 arrived). This module adds the scrape policy: a semaphore, one deadline per scrape, a gzip body
-(we ask for identity), and anything that is not a 200 with a body under ``max_bytes`` is a
+(we ask for identity; inflated to at most ``max_bytes``, common.gzip_bounded), and anything that is not a 200 with a body under ``max_bytes`` is a
 ``ScrapeError`` (the connection is dropped); ``probe`` answers any status (a health probe). Idle connections expire after ``idle_s`` (below
 uvicorn's 5 s keep-alive, so a 10 s routing period normally reconnects; back-to-back passes reuse).
 """
@@ -23,9 +23,8 @@ uvicorn's 5 s keep-alive, so a 10 s routing period normally reconnects; back-to-
 from __future__ import annotations
 
 import asyncio
-import gzip
-import zlib
 
+from common.gzip_bounded import GzipInvalid, GzipTooLarge, gunzip_bounded
 from common.http1_client import UpstreamError, UpstreamPool, UpstreamTimeoutError
 
 DEFAULT_TIMEOUT_S = 2.0
@@ -120,8 +119,10 @@ class MetricsScraper:
             body = parts[0] if len(parts) == 1 else b"".join(parts)
             if (resp.header(b"content-encoding") or b"identity").strip().lower() == b"gzip":
                 try:
-                    body = gzip.decompress(body)
-                except (OSError, EOFError, zlib.error) as exc:
+                    body = gunzip_bounded(body, self.max_bytes)  # a page that inflates past max_bytes is refused
+                except GzipTooLarge as exc:
+                    raise ScrapeError(f"body {exc}") from None
+                except GzipInvalid as exc:
                     raise ScrapeError(f"bad gzip body: {exc}") from None
             return resp.status, body
         finally:

@@ -112,12 +112,12 @@ class Mirror:
         relist = []
         for prefix in self.prefixes:
             mine = [got for (p, *_), got in zip(tasks, answers) if p == prefix]
-            if any(got is None for got in mine):
+            parts = [got for got in mine if got is not None]
+            if len(parts) < len(mine):
                 relist.append(prefix)
             else:  # the parts are disjoint ranges in key order: together, the prefix's answer
-                out.changes[prefix] = Changes(min(g.revision for g in mine if g is not None),
-                                              [kv for g in mine if g is not None for kv in g.kvs],
-                                              sum(g.count for g in mine if g is not None))
+                out.changes[prefix] = Changes(min(g.revision for g in parts), [kv for g in parts for kv in g.kvs],
+                                              sum(g.count for g in parts))
         for prefix, listed in zip(relist, self._pool.map(self._list, relist)):
             out.lists[prefix] = listed
         out.seen = now
@@ -136,10 +136,9 @@ class Mirror:
                 out.append((prefix, None, None, self._held[prefix]))
                 continue
             keys = keys if keys is not None else (self._sorted if self._sorted is not None else sorted(self._kvs))
-            lo = hi = bisect.bisect_left(keys, prefix)
-            while hi < len(keys) and keys[hi].startswith(prefix):
-                hi += 1
-            at = [lo + i * (hi - lo) // n for i in range(n)] + [hi]  # each part's first key's index
+            lo = bisect.bisect_left(keys, prefix)  # the prefix's keys are the _held[prefix] from there
+            held = self._held[prefix]
+            at = [lo + i * held // n for i in range(n)] + [lo + held]  # each part's first key's index
             bounds = [None, *(keys[i] for i in at[1:-1]), None]
             out += [(prefix, bounds[i], bounds[i + 1], at[i + 1] - at[i]) for i in range(n)]
         return out
@@ -279,14 +278,17 @@ class Mirror:
         """Whether anything ``reads`` looked at changed after version ``since``."""
         if any(not self._mirrored(k) for k in reads.keys) or any(not self._mirrored(p) for p in reads.prefixes):
             return True  # read from the store itself: no change record, so always read again
-        if any(self._key_version.get(k, self._forgot) > since for k in reads.keys):
+        if any(self._key_moved(k, since) for k in reads.keys):
             return True
         return any(self._prefix_version(p) > since for p in reads.prefixes)
 
     def moved_keys(self, keys: Iterable[str], since: int) -> set[str]:
         """Which of ``keys`` changed after version ``since`` (a key outside the mirrored prefixes
         always counts: it has no change record)."""
-        return {k for k in keys if not self._mirrored(k) or self._key_version.get(k, self._forgot) > since}
+        return {k for k in keys if not self._mirrored(k) or self._key_moved(k, since)}
+
+    def _key_moved(self, key: str, since: int) -> bool:
+        return self._key_version.get(key, self._forgot) > since
 
     def _prefix_version(self, prefix: str) -> int:
         if prefix.endswith("/"):

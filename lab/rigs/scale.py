@@ -262,7 +262,6 @@ class AgentReports:
         self.observed: dict[str, list[str]] = {n: [] for n in targets}
         self.tick_s = 0.0  # the last tick's scrape of every engine, in this one process
         self.wire_bytes = 0  # the reports' bodies as the agents send them (gzip), since the start
-        self.wire_replicas = 0  # the replicas those reports carried
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sim-agent-reports")
         self._loop = asyncio.new_event_loop()
 
@@ -283,7 +282,6 @@ class AgentReports:
                      if material_change(self.reported.get(t.replica_id), by_id[t.replica_id])]
             if items:
                 self.wire_bytes += len(report_body(items, now))  # what the agent's POST would carry
-                self.wire_replicas += len(items)
                 stored += report_observations(ctx, node_id, ObservationReport(sent_at=now, observations=items),
                                               now).accepted
             self.reported.update({i.replica_id: i.record() for i in items})

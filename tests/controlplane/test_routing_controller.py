@@ -236,6 +236,10 @@ class EngineServer:
                     packed = gzip.compress(body)
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
                                  % (len(packed), packed))
+                elif self.mode == "gzip-bomb":  # a small body that inflates far past any page
+                    packed = gzip.compress(body + b" " * (8 << 20))
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(packed), packed))
                 elif self.mode == "close":  # no length: the body ends when the connection does
                     writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
                     await writer.drain()
@@ -283,6 +287,13 @@ def test_scraper_errors_are_scrape_errors():
             await scraper.get_text("127.0.0.1", bad.port)
         with pytest.raises(ScrapeError, match="timed out"):
             await scraper.get_text("127.0.0.1", slow.port)
+        # 8 KiB on the wire, 8 MiB inflated: refused once past max_bytes, never inflated whole
+        bomb = await EngineServer("gzip-bomb").start()
+        capped = MetricsScraper(timeout_s=2.0, max_bytes=1 << 20)
+        with pytest.raises(ScrapeError, match="decompresses to over"):
+            await capped.get_text("127.0.0.1", bomb.port)
+        await capped.aclose()
+        bomb.close()
         port = bad.port
         bad.close()
         slow.close()
