@@ -38,8 +38,8 @@ from dataclasses import dataclass, field, replace
 
 from common import keyspace
 from common.errors import LimitExceeded, NotFound, TransientError, UnreadableRecord
-from common.records import deployments, endpoints, models, observations, plans, replicas
-from common.schemas import InferenceEndpoint, Replica
+from common.records import deployments, endpoints, models, observations, plans, reading, replicas
+from common.schemas import InferenceEndpoint, Replica, ReplicaObservation
 from common.store.base import Store
 from common.store.mirror import Mirror, Reads
 from gateway.capacity import MAX_READING_AGE, Reading
@@ -189,15 +189,28 @@ def _readings(store: Store, ready: tuple[Replica, ...]
     """The replicas' queue depths and readings, from their ok observations."""
     depths: dict[str, tuple[float, float]] = {}
     readings: dict[str, Reading] = {}
+    decoded = getattr(store, "decoded", None)  # a Mirror's parsed copy (decode_observation)
     for r in ready:
-        try:
-            obs = observations.get(store, r.replica_id)
-        except UnreadableRecord:
-            obs = None  # a reading that does not parse says nothing about the queue now
+        if decoded is not None:
+            obs = decoded(keyspace.observations(r.replica_id))
+        else:
+            try:
+                obs = observations.get(store, r.replica_id)
+            except UnreadableRecord:
+                obs = None  # a reading that does not parse says nothing about the queue now
         if obs is not None and obs.ok:
             depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
             readings[r.replica_id] = Reading(obs.queue_depth, obs.kv_cache_usage, obs.scraped_at)
     return depths, readings
+
+
+def decode_observation(key: str, value: str) -> ReplicaObservation | None:
+    """A stored observation for the view cache's Mirror (Mirror.decoded), parsed in its
+    follower's thread as agents report; None when it does not parse (it says nothing then)."""
+    try:
+        return reading.parse(ReplicaObservation, value)
+    except ValueError:  # pydantic's ValidationError is a ValueError
+        return None
 
 
 def _view_or_none(store: Store, name: str, readings_from: Store) -> EndpointView | None:
@@ -231,7 +244,9 @@ class UpstreamCache:
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
-        self.mirror = Mirror(self.store, list(VIEW_PREFIXES))
+        # observations change most (every agent's report): streamed between fetches
+        self.mirror = Mirror(self.store, list(VIEW_PREFIXES), follow=[keyspace.observations()],
+                             decode=decode_observation)
         # name -> view, what it was made of, what its readings were read from, at version
         self._views: dict[str, tuple[EndpointView | None, Reads, Reads, int]] = {}
         self._synced = -math.inf  # clock() when the last applied fetch started

@@ -21,6 +21,9 @@ Semantics (etcd's, so the SQLite backend can be swapped for etcd without surpris
     blocking up to ``timeout`` seconds for the first one; [] on timeout. History already written
     may come late and in several answers (etcd serves a watch from a past revision from its sync
     loop, every 100 ms and slower under load), so [] never says the caller is caught up.
+  - ``follow`` is the watch kept open: a stream of the events under a prefix, each batch whole
+    revisions, until the caller stops it. A Mirror prefetches a busy prefix's changes with it
+    between fetches; ``changed_since`` stays the authority on being caught up.
   - ``changed_since(prefix, after, at)`` says, in one read, what a copy of the prefix taken at
     revision ``after`` is missing at revision ``at``: the keys written after ``after`` (their
     mod_revision is greater) and how many keys the prefix holds in all. Every other live key
@@ -36,6 +39,8 @@ Transient failures (backend unreachable) raise common.errors.TransientError.
 from __future__ import annotations
 
 import builtins
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -141,5 +146,13 @@ class Store(Protocol):
         ...
 
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]: ...
+
+    def follow(self, prefix: str, after_revision: int, stop: threading.Event) -> Iterator[builtins.list[Event]]:
+        """Every event under prefix after after_revision, in revision order, as the store has them:
+        each list holds whole revisions (a revision's events never straddle two lists), so after
+        a list every event through its last revision has been yielded. Runs until ``stop`` is
+        set (seen within about a second); raises Conflict("compacted") when the history asked
+        for is gone, TransientError when the store fails. One stream, not a call per change."""
+        ...
 
     def close(self) -> None: ...

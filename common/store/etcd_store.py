@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import http.client
 import json
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import etcd3gw
@@ -49,6 +52,7 @@ from common.store.base import KV, MAX_TXN_OPS, Changes, Event, Lease, below_noth
 from common.store.etcd_access import EtcdAccess
 
 REQUEST_TIMEOUT_S = 10.0
+FOLLOW_IDLE_S = 1.0  # Store.follow: an idle stream is opened again this often (stop is seen then)
 # The key range() reads to learn the store revision: any key works, a fixed absent one is cheapest.
 _REVISION_PROBE_KEY = "/fabric/.revision-probe"
 
@@ -90,6 +94,10 @@ def _kv(item: dict[str, Any]) -> KV:
 
 class _WatchCancelled(Exception):
     """etcd cancelled a watch it had created; the argument is its reason."""
+
+
+class _StreamIdle(Exception):
+    """A watch stream's read timed out: nothing came for its read timeout."""
 
 
 class _TokenExpired(Exception):
@@ -434,12 +442,42 @@ class EtcdStore:
             return self._watch_once(prefix, after_revision, timeout)
 
     def _watch_once(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
+        try:
+            with self._watch_stream(prefix, after_revision, max(0.05, timeout)) as resp:
+                # counted from the open stream, not the connect: history already there (sent right
+                # after the "created" answer) is returned even with a short timeout
+                return _read_first_events(resp, time.monotonic() + max(0.0, timeout))
+        except _StreamIdle:
+            return []
+
+    def follow(self, prefix: str, after_revision: int, stop: threading.Event) -> Iterator[builtins.list[Event]]:
+        """One watch stream kept open while events come (Store.follow); idle for FOLLOW_IDLE_S,
+        it is opened again from the last revision yielded, so ``stop`` is seen that often."""
+        after = after_revision
+        while not stop.is_set():
+            try:
+                with self._watch_stream(prefix, after, FOLLOW_IDLE_S) as resp:
+                    for events in _stream_events(resp):
+                        after = events[-1].revision
+                        yield events
+                        if stop.is_set():
+                            return
+            except _StreamIdle:
+                continue
+            except _TokenExpired:
+                self._login()
+
+    @contextlib.contextmanager
+    def _watch_stream(self, prefix: str, after_revision: int, read_timeout: float) -> Iterator[requests.Response]:
+        """An open watch stream of the prefix from after_revision + 1; its reads wait read_timeout.
+        A read that times out is _StreamIdle; etcd's refusals and failures are the Store's errors."""
+        if self._access is not None and self._access.user and self._token is None:
+            self._login()
         create = _range_request(prefix) | {"start_revision": str(after_revision + 1)}
         url, where = self._client.get_url("/watch"), self._where()
         try:
             with self._new_session() as session, session.post(
-                url, json={"create_request": create}, stream=True,
-                timeout=(self._timeout, max(0.05, timeout)),
+                url, json={"create_request": create}, stream=True, timeout=(self._timeout, read_timeout),
             ) as resp:
                 if resp.status_code == 401 and self._token is not None:
                     raise _TokenExpired()
@@ -449,9 +487,7 @@ class EtcdStore:
                     if refusal:
                         raise StoreAccessDenied(refusal)
                     raise TransientError(f"{where}: watch failed with HTTP {resp.status_code}")
-                # counted from the open stream, not the connect: history already there (sent right
-                # after the "created" answer) is returned even with a short timeout
-                return _read_first_events(resp, time.monotonic() + max(0.0, timeout))
+                yield resp
         except _WatchCancelled as exc:
             refusal = self._refusal(str(exc), where, "watch", create)
             if refusal:
@@ -460,14 +496,14 @@ class EtcdStore:
         except requests.exceptions.ConnectionError as exc:
             # A read timeout on a streamed body surfaces as ConnectionError wrapping ReadTimeoutError.
             if exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError):
-                return []
+                raise _StreamIdle() from None
             self._advance()
             refusal = _tls_refusal(exc, where, self._access)
             if refusal:
                 raise StoreAccessDenied(refusal) from None
             raise TransientError(f"{where} unreachable{self._cluster_note()}") from exc
         except requests.exceptions.Timeout:
-            return []
+            raise _StreamIdle() from None
 
     def close(self) -> None:
         for client in self._clients:
@@ -478,6 +514,19 @@ def _read_first_events(resp: requests.Response, deadline: float) -> list[Event]:
     """Read watch-stream messages until one carries events or the deadline passes. A message
     begun by the deadline is read to its end (each read still bounded by the read timeout):
     its events are answered, not dropped with the half already read."""
+    for events in _stream_events(resp, deadline):
+        if events:
+            return events
+        if time.monotonic() >= deadline:
+            return []
+    return []
+
+
+def _stream_events(resp: requests.Response, deadline: float | None = None) -> Iterator[list[Event]]:
+    """Each watch-stream message's events, in order (etcd keeps a revision's events in one
+    message); with a deadline, also an empty list whenever a read ends with no message begun,
+    so the caller can stop. A cancelled watch raises: Conflict("compacted") when the history
+    asked for is gone, _WatchCancelled otherwise."""
     buffer = b""
     for chunk in resp.iter_content(chunk_size=None):
         buffer += chunk
@@ -497,10 +546,9 @@ def _read_first_events(resp: requests.Response, deadline: float) -> list[Event]:
                 raise _WatchCancelled(result.get("cancel_reason", ""))
             events = result.get("events") or []
             if events:
-                return [_event(e) for e in events]
-        if not buffer.strip() and time.monotonic() >= deadline:
-            return []
-    return []
+                yield [_event(e) for e in events]
+        if deadline is not None and not buffer.strip():
+            yield []
 
 
 def _event(raw: dict[str, Any]) -> Event:

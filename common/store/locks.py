@@ -30,7 +30,9 @@ not absorb it; it ends the whole pass, and the loop retries leadership.
 from __future__ import annotations
 
 import builtins
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from common import keyspace
@@ -166,6 +168,9 @@ class FencedStore:
 
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
         return self.inner.watch(prefix, after_revision, timeout)
+
+    def follow(self, prefix: str, after_revision: int, stop: threading.Event) -> Iterator[builtins.list[Event]]:
+        return self.inner.follow(prefix, after_revision, stop)
 
     # fenced writes
     def put(self, key: str, value: str, *, lease: int | None = None) -> int:

@@ -6,10 +6,16 @@ store's revision once and asks each prefix, in one read as of that revision, for
 since the copy's revision and how many keys the prefix holds (``Store.changed_since``), so a
 refresh carries O(changes), not O(keys), and its answer does not depend on how soon the store
 answers (a watch from a past revision may come late on a busy etcd: an empty answer never said
-"caught up"). A prefix whose copy holds SPLIT_KEYS keys or more is asked as up to MAX_PARTS key
+"caught up"). A prefix whose copy holds SPLIT_KEYS keys or more, and whose last answer carried a
+quarter of that or more (churn like that is expected again), is asked as up to MAX_PARTS key
 ranges at once, cut at keys the copy holds (etcd answers a range at a cost per key), and each
 range's answer is checked for deletions against the keys the copy holds in it; together the
-ranges are the prefix's answer. ``get``/``list``/``revision`` answer from memory for keys under the mirrored
+ranges are the prefix's answer. A prefix named in ``follow`` (a busy one: replicas' observations)
+is also streamed between fetches (``Store.follow``, one open watch): a fetch then asks
+``changed_since`` only from the revision the stream has reached, so etcd's cost per key is paid
+as the keys are written, not in the fetch; the stream is a prefetch, never the authority (a
+stream that lags, fails or saw a deletion leaves the fetch asking from the copy's revision).
+``get``/``list``/``revision`` answer from memory for keys under the mirrored
 prefixes and fall through to the store for any other key, so the record modules
 (common.records) read a Mirror exactly as they read a Store. It has no write verbs.
 
@@ -35,8 +41,14 @@ Invariants:
     dropped and each counts as changed at that version (``_forgot``): a reader from before then
     reads again once, and a long-running copy of a churning fleet (replicas made and deleted)
     keeps memory in proportion to its keys.
+  - Following: a follower's events are every event of its prefix in (start, through], start
+    at or after a revision the copy had; a fetch at copy revision A uses them only when start
+    <= A < through, takes those in (A, min(through, now)], and asks ``changed_since`` from there.
+    Its deletion check counts the streamed puts as written since (a streamed key deleted later
+    fails it: listed again); streamed deletions are not used (the fetch asks from A).
 Not thread-safe: ``fetch`` (store calls, and reads of the copy) may run in an executor while the
-owner's thread reads, never while it applies; ``apply`` and the reads run on the owner's thread.
+owner's thread reads, never while it applies; ``apply`` and the reads run on the owner's thread
+(the followers' threads touch only their buffers, under their lock).
 """
 
 from __future__ import annotations
@@ -44,17 +56,20 @@ from __future__ import annotations
 import bisect
 import builtins
 import logging
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from common.errors import Conflict
-from common.store.base import KV, Changes, Store
+from common.store.base import KV, Changes, Event, Store
 
 log = logging.getLogger("fabric.store.mirror")
 FORGET_SLACK = 1024  # change records of deleted keys kept beyond the live keys' count
 SPLIT_KEYS = 2000  # a prefix holding this many keys or more is asked in parts (Mirror._parts)
 MAX_PARTS = 4
+FOLLOW_BUFFER = 100_000  # events a follower holds past the copy before it waits for a fetch
+FOLLOW_RETRY_S = 1.0  # a follower whose stream failed starts again after this
 
 
 @dataclass
@@ -64,6 +79,17 @@ class Fetched:
     changes: dict[str, Changes] = field(default_factory=dict)
     lists: dict[str, tuple[int, builtins.list[KV]]] = field(default_factory=dict)
     seen: int | None = None  # the store's revision before the fetch asked anything
+    decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (mod_revision, decoded)
+
+
+@dataclass
+class _Follower:
+    """One followed prefix's streamed events: all of them in (start, through], in order."""
+
+    start: int
+    through: int
+    events: builtins.list[Event] = field(default_factory=list)
+    decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (revision, decode's answer)
 
 
 @dataclass
@@ -75,9 +101,22 @@ class Reads:
 
 
 class Mirror:
-    def __init__(self, store: Store, prefixes: builtins.list[str]):
+    def __init__(self, store: Store, prefixes: builtins.list[str], follow: Iterable[str] = (),
+                 decode: Callable[[str, str], object] | None = None):
+        """``decode(key, value)``: what ``decoded`` answers for a followed key (a parsed record;
+        it must not raise), run in the follower's thread as the stream brings each put."""
         self.store = store
+        self._decode = decode
+        self._decoded: dict[str, tuple[int, object]] = {}  # followed key -> (mod_revision, decode's answer)
         self.prefixes = sorted(set(prefixes))
+        self.follow = sorted(set(follow))
+        if not set(self.follow) <= set(self.prefixes):
+            raise ValueError(f"Mirror: follow {sorted(set(self.follow) - set(self.prefixes))} is not mirrored")
+        self._followers: dict[str, _Follower] = {}  # prefix -> its stream's events (while one is open)
+        self._follow_lock = threading.Lock()
+        self._follow_threads: dict[str, threading.Thread] = {}
+        self._stop = threading.Event()
+        self.prefetched = 0  # changes a fetch took from a stream (tests and benchmarks read it)
         self._prefix_tuple = tuple(self.prefixes)
         self.version = 0  # bumped per applied change
         self.changes_applied = 0  # every change applied since the start (tests and benchmarks read it)
@@ -85,6 +124,7 @@ class Mirror:
         self._kvs: dict[str, KV] = {}
         self._sorted: builtins.list[str] | None = []  # the keys in order; None: rebuild at next list
         self._held = {p: 0 for p in self.prefixes}  # prefix -> keys of the copy under it
+        self._last_answer = {p: 0 for p in self.prefixes}  # prefix -> keys its last answer or list carried
         # the prefixes are asked at once: one after the other would add their round trips up
         self._pool = ThreadPoolExecutor(max_workers=len(self.prefixes) + MAX_PARTS - 1,
                                         thread_name_prefix="fabric-mirror")
@@ -107,8 +147,10 @@ class Mirror:
         now = self.store.revision()
         if now == self._seen and None not in self._after.values():
             return out  # nothing was written anywhere since the last fetch: nothing to ask
-        tasks = self._parts()
-        answers = list(self._pool.map(lambda t: self._changes(t[0], t[1], t[2], t[3], now), tasks))
+        streamed = {p: self._streamed(p, now) for p in self.follow}
+        tasks = self._parts({p for p, got in streamed.items() if got is not None})
+        answers = list(self._pool.map(lambda t: self._changes(t[0], t[1], t[2], t[3], now, streamed.get(t[0])),
+                                      tasks))
         relist = []
         for prefix in self.prefixes:
             mine = [got for (p, *_), got in zip(tasks, answers) if p == prefix]
@@ -120,18 +162,23 @@ class Mirror:
                                               sum(g.count for g in parts))
         for prefix, listed in zip(relist, self._pool.map(self._list, relist)):
             out.lists[prefix] = listed
+        with self._follow_lock:
+            for f in self._followers.values():
+                out.decoded.update(f.decoded)
         out.seen = now
         return out
 
-    def _parts(self) -> builtins.list[tuple[str, str | None, str | None, int]]:
+    def _parts(self, streamed: set[str]) -> builtins.list[tuple[str, str | None, str | None, int]]:
         """(prefix, start, end, keys the copy holds in that range) per read: a prefix whose copy
-        holds SPLIT_KEYS keys or more is asked in up to MAX_PARTS ranges of about equal size, all
-        at once (etcd answers a range at a cost per key; parallel ranges answer sooner), any
-        other in one."""
+        holds SPLIT_KEYS keys or more and whose last answer carried SPLIT_KEYS / 4 keys or more
+        is asked in up to MAX_PARTS ranges of about equal size, all at once (etcd answers a range
+        at a cost per key; parallel ranges answer sooner), any other in one, and so is a prefix
+        whose stream brought its changes (``streamed``: few are left to ask)."""
         keys: builtins.list[str] | None = None
         out: builtins.list[tuple[str, str | None, str | None, int]] = []
         for prefix in self.prefixes:
-            n = min(MAX_PARTS, self._held[prefix] // SPLIT_KEYS + 1) if self._after[prefix] is not None else 1
+            busy = self._last_answer[prefix] >= SPLIT_KEYS // 4 and prefix not in streamed
+            n = min(MAX_PARTS, self._held[prefix] // SPLIT_KEYS + 1) if busy and self._after[prefix] is not None else 1
             if n < 2:
                 out.append((prefix, None, None, self._held[prefix]))
                 continue
@@ -143,24 +190,64 @@ class Mirror:
             out += [(prefix, bounds[i], bounds[i + 1], at[i + 1] - at[i]) for i in range(n)]
         return out
 
-    def _changes(self, prefix: str, start: str | None, end: str | None, held: int, now: int) -> Changes | None:
+    def _streamed(self, prefix: str, now: int) -> tuple[int, builtins.list[Event]] | None:
+        """(W, the puts in (A, W]) when the prefix's stream covers the copy's revision A and
+        carried no deletion there (the module's invariants); None: ask from A."""
+        after = self._after[prefix]
+        with self._follow_lock:
+            f = self._followers.get(prefix)
+            if after is None or f is None or f.start > after or f.through <= after:
+                return None
+            through = min(f.through, now)
+            events = [e for e in f.events if after < e.revision <= through]
+        if any(e.type == "delete" for e in events):
+            return None
+        return through, events
+
+    def _changes(self, prefix: str, start: str | None, end: str | None, held: int, now: int,
+                 streamed: tuple[int, builtins.list[Event]] | None = None) -> Changes | None:
         """The changes in one range of the prefix since the copy's revision (``held``: the keys
-        the copy holds in it); None when the prefix must be listed again (never listed, history
-        compacted, or keys deleted in the range)."""
+        the copy holds in it), with the streamed puts when ``streamed`` covers the copy (then
+        ``changed_since`` is asked from where the stream reached); None when the prefix must be
+        listed again (never listed, history compacted, or keys deleted in the range)."""
         after = self._after[prefix]
         if after is None:
             return None
+        since = streamed[0] if streamed is not None else after
         try:
-            got = self.store.changed_since(prefix, after, now, start=start, end=end)
+            got = self.store.changed_since(prefix, since, now, start=start, end=end)
         except Conflict as exc:
             if exc.code != "compacted":
                 raise
             log.info("mirror of %s: %s; listing again", prefix, exc.message)
             return None
+        kvs = got.kvs
+        if streamed is not None and streamed[1]:
+            kvs = self._with_streamed(got.kvs, streamed[1], start, end)
         # the copy's keys in the range besides those written since: exactly the untouched live
         # ones unless some were deleted (the module's invariants)
-        untouched = held - sum(kv.key in self._kvs for kv in got.kvs)
-        return got if untouched == got.count - len(got.kvs) else None
+        untouched = held - sum(kv.key in self._kvs for kv in kvs)
+        return Changes(got.revision, kvs, got.count) if untouched == got.count - len(kvs) else None
+
+    def _with_streamed(self, kvs: builtins.list[KV], events: builtins.list[Event], start: str | None,
+                       end: str | None) -> builtins.list[KV]:
+        """``kvs`` (written after the stream's revision) and the streamed puts of keys in
+        [start, end) that they lack, each at its last put, sorted by key. A key the copy lacks
+        was created by its first streamed put (streams carry no deletions here)."""
+        fresh = {kv.key for kv in kvs}
+        latest: dict[str, tuple[int, Event]] = {}
+        for e in events:
+            if e.key in fresh or (start is not None and e.key < start) or (end is not None and e.key >= end):
+                continue
+            first = latest[e.key][0] if e.key in latest else e.revision
+            latest[e.key] = (first, e)
+        out = list(kvs)
+        for key, (first, e) in latest.items():
+            held = self._kvs.get(key)
+            out.append(KV(key, e.value or "", e.revision, held.create_revision if held is not None else first))
+        self.prefetched += len(latest)
+        out.sort(key=lambda kv: kv.key)
+        return out
 
     def _list(self, prefix: str) -> tuple[int, builtins.list[KV]]:
         rev = self.store.revision()  # before the list: a key written in between is asked about again
@@ -173,14 +260,71 @@ class Mirror:
             self._seen = fetched.seen
         for prefix, (rev, kvs) in fetched.lists.items():
             applied += self._relist(prefix, rev, kvs)
+            self._last_answer[prefix] = len(kvs)
         for prefix, got in fetched.changes.items():
+            self._last_answer[prefix] = len(got.kvs)
             for kv in got.kvs:
                 applied += self._put(kv)
             self._after[prefix] = max(self._after[prefix] or 0, got.revision)
+        for key, (rev, obj) in fetched.decoded.items():
+            held = self._kvs.get(key)
+            if held is not None and held.mod_revision == rev:
+                self._decoded[key] = (rev, obj)
+        self._follow_on()
         if len(self._key_version) > 2 * len(self._kvs) + FORGET_SLACK:
             self._forget()
         self.changes_applied += applied
         return applied
+
+    def _follow_on(self) -> None:
+        """Start each followed prefix's stream once the prefix has a copy, and drop the streamed
+        events the copy now holds."""
+        for prefix in self.follow:
+            after = self._after[prefix]
+            if after is None:
+                continue
+            if prefix not in self._follow_threads:
+                thread = threading.Thread(target=self._follow_prefix, args=(prefix,), daemon=True,
+                                          name="fabric-mirror-follow")
+                self._follow_threads[prefix] = thread
+                thread.start()
+            with self._follow_lock:
+                f = self._followers.get(prefix)
+                if f is not None and f.events and f.events[0].revision <= after:
+                    f.events = [e for e in f.events if e.revision > after]
+                    f.decoded = {k: d for k, d in f.decoded.items() if d[0] > after}
+
+    def _follow_prefix(self, prefix: str) -> None:
+        """A follower thread: stream the prefix from the copy's revision, again after a failure
+        (FOLLOW_RETRY_S later) or once fetches caught up with a full buffer."""
+        while not self._stop.is_set():
+            start = self._after[prefix]
+            assert start is not None  # started once the prefix had a copy; it only moves on
+            f = _Follower(start, start)
+            with self._follow_lock:
+                self._followers[prefix] = f
+            try:
+                for events in self.store.follow(prefix, start, self._stop):
+                    decode = self._decode
+                    decoded = {e.key: (e.revision, decode(e.key, e.value)) for e in events
+                               if decode is not None and e.type == "put" and e.value is not None}
+                    with self._follow_lock:
+                        if len(f.events) >= FOLLOW_BUFFER:
+                            break  # nobody fetches: hold no more; wait for the copy to move
+                        f.events.extend(events)
+                        f.decoded.update(decoded)
+                        f.through = events[-1].revision
+                else:
+                    continue  # the stream ended: stopped (the loop's test), or open it again
+                while not self._stop.is_set() and self._after[prefix] == start:
+                    self._stop.wait(FOLLOW_RETRY_S)
+            except Exception as exc:  # noqa: BLE001  a prefetch: fetch asks the store itself meanwhile
+                log.info("mirror of %s: stream stopped (%s); starting again", prefix, exc)
+                self._stop.wait(FOLLOW_RETRY_S)
+            finally:
+                with self._follow_lock:
+                    if self._followers.get(prefix) is f:
+                        del self._followers[prefix]
 
     def _forget(self) -> None:
         """Drop the change records of keys (and prefixes) that hold nothing now; ``moved`` reads
@@ -227,6 +371,7 @@ class Mirror:
 
     def _drop(self, key: str) -> None:
         del self._kvs[key]
+        self._decoded.pop(key, None)
         self._sorted = None
         for p in self.prefixes:
             if key.startswith(p):
@@ -265,8 +410,23 @@ class Mirror:
     def revision(self) -> int:
         return self.store.revision()
 
+    def decoded(self, key: str) -> object | None:
+        """``decode``'s answer for the copy's value of a key under a followed prefix (decoded in
+        the follower's thread when the stream brought it, else here, once per revision); None
+        when the copy has no such key."""
+        kv = self._kvs.get(key)
+        if kv is None or self._decode is None:
+            return None
+        held = self._decoded.get(key)
+        if held is not None and held[0] == kv.mod_revision:
+            return held[1]
+        obj = self._decode(key, kv.value)
+        self._decoded[key] = (kv.mod_revision, obj)
+        return obj
+
     def close(self) -> None:
-        """Stop the fetch threads; the store belongs to whoever opened it."""
+        """Stop the fetch and follow threads; the store belongs to whoever opened it."""
+        self._stop.set()
         self._pool.shutdown(wait=False)
 
     def tracked(self) -> tuple[_Tracked, Reads]:
@@ -305,6 +465,10 @@ class _Tracked:
     def get(self, key: str) -> KV | None:
         self._reads.keys.add(key)
         return self._mirror.get(key)
+
+    def decoded(self, key: str) -> object | None:
+        self._reads.keys.add(key)
+        return self._mirror.decoded(key)
 
     def list(self, prefix: str) -> builtins.list[KV]:
         self._reads.prefixes.add(prefix)

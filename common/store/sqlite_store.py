@@ -25,6 +25,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from common.errors import Conflict, NotFound, TransientError
@@ -39,6 +40,7 @@ EVENTS_MAX_BYTES = 64 * 1024 * 1024
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024  # the WAL is truncated back to this after a checkpoint
 PRUNE_EVERY = 1_000  # revisions between prunes: pruning each write would double the write cost
 WATCH_POLL_S = 0.05
+FOLLOW_WAIT_S = 0.5  # follow: each watch waits this long, so stop is seen that often
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -307,6 +309,16 @@ class SqliteStore:
             if left <= 0:
                 return []
             time.sleep(min(WATCH_POLL_S, left))
+
+    def follow(self, prefix: str, after_revision: int, stop: threading.Event) -> Iterator[builtins.list[Event]]:
+        """``watch`` asked again and again (a local file has no stream to keep open); each
+        answer is every event of the revisions it reaches, so whole revisions."""
+        after = after_revision
+        while not stop.is_set():
+            events = self.watch(prefix, after, FOLLOW_WAIT_S)
+            if events:
+                after = events[-1].revision
+                yield events
 
     def close(self) -> None:
         with self._lock:

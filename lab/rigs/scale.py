@@ -478,12 +478,13 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
             # observations re-sent at the 15 s age within 0.5 s (1/30 of them), nothing between
             for label in ("first", "refresh", "steady"):
                 touched = fleet.touch_observations(-(-fleet.size.replicas // 30)) if label == "steady" else 0
-                reads0, built0, read0 = gw.reads, cache.views_built, cache.readings_read
+                reads0, built0, read0, pre0 = gw.reads, cache.views_built, cache.readings_read, cache.mirror.prefetched
                 out["gateway"][label] = (await fleet.measure(lambda: gateway_refresh(cache, clock, names),
                                                              between=label != "steady")).rounded()
                 out["gateway"][label]["store_reads"] = gw.reads - reads0
                 out["gateway"][label]["views_built"] = cache.views_built - built0
                 out["gateway"][label]["readings_read"] = cache.readings_read - read0
+                out["gateway"][label]["streamed"] = cache.mirror.prefetched - pre0  # changes the stream brought
                 out["gateway"][label]["observations_touched"] = touched
         finally:
             cache.close()

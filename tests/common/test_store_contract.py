@@ -232,6 +232,57 @@ def test_watch_blocks_until_a_write(store, ns):
     assert [(e.type, e.key, e.value) for e in events] == [("put", ns + "late", "v")]
 
 
+def _follow_into(store, prefix, after, stop, seen):
+    """A thread that appends each batch Store.follow yields to ``seen`` until ``stop``."""
+    def run():
+        for batch in store.follow(prefix, after, stop):
+            seen.append(batch)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_follow_streams_every_event_in_order_in_whole_revisions_until_stopped(store, ns):
+    store.put(ns + "f/old", "before")
+    start = store.revision()
+    stop, seen = threading.Event(), []
+    thread = _follow_into(store, ns + "f/", start, stop, seen)
+    try:
+        store.put(ns + "f/a", "1")
+        store.put(ns + "other", "ignored")
+        txn = store.put_all([(ns + f"f/t{i}", str(i)) for i in range(5)])
+        store.delete(ns + "f/old")
+        wait_for(lambda: sum(len(b) for b in seen) >= 7, 10, what="the followed events")
+        time.sleep(0.3)  # a stream brings nothing else
+        events = [e for batch in seen for e in batch]
+        assert [(e.type, e.key, e.value) for e in events] == [
+            ("put", ns + "f/a", "1"), *(("put", ns + f"f/t{i}", str(i)) for i in range(5)),
+            ("delete", ns + "f/old", None)]
+        assert [e.revision for e in events] == sorted(e.revision for e in events)
+        # one transaction's events in one batch: a batch ends on a whole revision
+        assert any(len([e for e in b if e.revision == txn]) == 5 for b in seen)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()  # stopped within about a second of being asked
+
+
+def test_follow_from_a_past_revision_brings_the_history_then_what_comes(store, ns):
+    start = store.revision()
+    store.put(ns + "h/1", "a")
+    store.put(ns + "h/1", "b")
+    stop, seen = threading.Event(), []
+    thread = _follow_into(store, ns + "h/", start, stop, seen)
+    try:
+        wait_for(lambda: sum(len(b) for b in seen) >= 2, 10, what="the history")
+        store.put(ns + "h/2", "c")
+        wait_for(lambda: sum(len(b) for b in seen) >= 3, 10, what="the new put")
+    finally:
+        stop.set()
+        thread.join(5)
+    assert [e.value for b in seen for e in b] == ["a", "b", "c"]
+
+
 def test_changed_since_answers_the_keys_written_after_and_the_whole_count(store, ns):
     store.put_all([(ns + "c/a", "1"), (ns + "c/b", "2"), (ns + "c/c", "3")])
     after = store.revision()
@@ -416,6 +467,9 @@ def test_etcd_watch_or_read_at_a_compacted_revision(etcd_server):
     assert store.watch(ns, latest, 0.2) == []
     with pytest.raises(Conflict) as err:
         store.changed_since(ns, 0, first)
+    assert err.value.code == "compacted"
+    with pytest.raises(Conflict) as err:  # a stream from there too
+        next(store.follow(ns, first, threading.Event()))
     assert err.value.code == "compacted"
     # read at a revision kept: changes since a compacted one are still known
     assert store.changed_since(ns, first, latest) == Changes(latest, [store.get(ns + "k")], 1)

@@ -171,3 +171,64 @@ def test_deleted_keys_change_records_are_bounded_and_still_move_their_readers(st
     store.put(ns + "r/gone/0", "back")
     mirror.poll()
     assert mirror.moved(reads, at)
+
+
+def _streamed_up_to(mirror, prefix, revision):
+    """Wait until the prefix's stream has brought every event through ``revision``."""
+    from lab.rigs.polling import wait_for
+
+    def there():
+        with mirror._follow_lock:
+            f = mirror._followers.get(prefix)
+            return f is not None and f.through >= revision
+    wait_for(there, 10, what=f"the stream of {prefix} at revision {revision}", interval=0.02)
+
+
+def test_a_followed_prefix_takes_its_changes_from_the_stream_and_stays_exact(store, ns):
+    """Puts streamed between fetches reach the copy from the stream (changed_since then asks from
+    where the stream reached); a deletion, or a key streamed and deleted since, still lists the
+    prefix again; the copy is exact throughout, revisions included."""
+    store.put_all([(ns + f"o/{i}", f"v{i}") for i in range(6)] + [(ns + "e/a", "1")])
+    decoded_in: list[str] = []
+
+    def decode(key, value):
+        decoded_in.append(key)
+        return value.upper()
+    mirror = Mirror(store, [ns + "o/", ns + "e/"], follow=[ns + "o/"], decode=decode)
+    try:
+        mirror.poll()
+        rev = store.put_all([(ns + "o/1", "w1"), (ns + "o/new", "n")])
+        store.put(ns + "o/1", "w2")  # two puts of one key: the copy holds the last
+        last = store.put(ns + "o/2", "w3")
+        _streamed_up_to(mirror, ns + "o/", last)
+        assert mirror.poll() == 3 and mirror.prefetched == 3 and mirror.lists == 2
+        assert exact(mirror, store, [ns + "o/", ns + "e/"])
+        assert mirror.get(ns + "o/new").create_revision == rev  # created by its first streamed put
+        assert mirror.get(ns + "o/1").create_revision == store.get(ns + "o/1").create_revision
+        # decoded once, in the stream's thread; an unstreamed key is decoded when first read
+        assert mirror.decoded(ns + "o/2") == "W3" and mirror.decoded(ns + "o/0") == "V0"
+        assert decoded_in.count(ns + "o/2") == 1 and mirror.decoded(ns + "o/0") == "V0"
+        assert decoded_in.count(ns + "o/0") == 1 and mirror.decoded(ns + "o/gone") is None
+        # a put the stream has not brought yet: changed_since still finds it
+        store.put(ns + "o/3", "late")
+        assert mirror.poll() >= 1 and exact(mirror, store, [ns + "o/", ns + "e/"])
+        # a streamed deletion: the prefix is asked from the copy's revision and listed again
+        last = store.delete(ns + "o/4") and store.revision()
+        _streamed_up_to(mirror, ns + "o/", last)
+        mirror.poll()
+        assert exact(mirror, store, [ns + "o/", ns + "e/"]) and mirror.lists == 3
+        # streamed, then deleted after the stream's last event: listed again, never kept
+        last = store.put(ns + "o/brief", "x")
+        _streamed_up_to(mirror, ns + "o/", last)
+        store.delete(ns + "o/brief")
+        mirror.poll()
+        assert exact(mirror, store, [ns + "o/", ns + "e/"]) and mirror.get(ns + "o/brief") is None
+    finally:
+        mirror.close()
+
+
+def test_follow_names_only_mirrored_prefixes(store, ns):
+    import pytest
+
+    with pytest.raises(ValueError, match="not mirrored"):
+        Mirror(store, [ns + "o/"], follow=[ns + "x/"])
