@@ -99,8 +99,10 @@ class SqliteStore:
         touch_private(self.path)
         for suffix in ("-wal", "-shm"):
             side = self.path.with_name(self.path.name + suffix)
-            if side.exists():
+            try:
                 side.chmod(0o600)
+            except FileNotFoundError:
+                pass  # none, or another process's last connection just closed it (SQLite removes it then)
         # One connection guarded by a lock: Python's sqlite3 objects are not shareable across
         # threads unguarded, and the write lock is process-wide in SQLite anyway.
         self._lock = threading.Lock()
