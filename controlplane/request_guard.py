@@ -12,8 +12,8 @@
   - a body sent with ``Content-Encoding: gzip`` (an agent's observation report) is decompressed
     here, under the same limit on what it decompresses to (413: a small body that inflates past
     it is refused as soon as it does, never held whole), and reaches the route as plain JSON;
-    gzip that does not decode is 400 "invalid_encoding", any other encoding 415
-    "unsupported_encoding";
+    gzip that does not decode, or more than one Content-Encoding header, is 400
+    "invalid_encoding", any other encoding 415 "unsupported_encoding";
   - a JSON body holding a lone UTF-16 surrogate ("\\ud800"): Python decodes it into a str no
     store can encode, so it is refused as 422 "invalid" naming the field (`body.license`).
     Only a body whose bytes contain a \\ud8xx-\\udfxx escape is parsed a second time.
@@ -134,7 +134,11 @@ class RequestGuard:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        encoding = dict(scope.get("headers") or ()).get(b"content-encoding", b"").strip().lower()
+        encodings = [v.strip().lower() for k, v in scope.get("headers") or () if k == b"content-encoding"]
+        if len(encodings) > 1:  # which one counts would be a guess another reader might not share
+            return await self._refuse(send, 400, "invalid_encoding",
+                                      "the request carries more than one Content-Encoding header; send one")
+        encoding = encodings[0] if encodings else b""
         if encoding == b"gzip":
             try:
                 body = gunzip_bounded(body, self.max_body_bytes)

@@ -79,6 +79,13 @@ class Lease:
     ttl: int
 
 
+def check_range(prefix: str, start: str | None, end: str | None) -> None:
+    """Store.changed_since's ``start``/``end`` check: a ValueError for a bound outside the prefix."""
+    for bound in (start, end):
+        if bound is not None and not bound.startswith(prefix):
+            raise ValueError(f"changed_since: {bound!r} is not under the prefix {prefix!r}")
+
+
 def below_nothing(prefix: str, below: str) -> bool:
     """Store.delete_prefix's ``below`` check: True when the range is empty; a ValueError when
     ``below`` is outside the prefix."""

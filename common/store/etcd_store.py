@@ -48,7 +48,7 @@ import urllib3
 from etcd3gw import exceptions as etcd_exc
 
 from common.errors import Conflict, NotFound, StoreAccessDenied, TransientError
-from common.store.base import KV, MAX_TXN_OPS, Changes, Event, Lease, below_nothing
+from common.store.base import KV, MAX_TXN_OPS, Changes, Event, Lease, below_nothing, check_range
 from common.store.etcd_access import EtcdAccess
 
 REQUEST_TIMEOUT_S = 10.0
@@ -322,9 +322,7 @@ class EtcdStore:
         # at_revision refuses it as a future revision: a TransientError, asked again next time.
         if at_revision < 1:
             raise ValueError(f"changed_since at revision {at_revision}: a revision the store has reached (>= 1)")
-        for bound in (start, end):
-            if bound is not None and not bound.startswith(prefix):
-                raise ValueError(f"changed_since: {bound!r} is not under the prefix {prefix!r}")
+        check_range(prefix, start, end)
         payload = _range_request(prefix) | {"revision": str(at_revision), "min_mod_revision": str(after_revision + 1),
                                             "sort_order": "ASCEND", "sort_target": "KEY"}
         if start is not None:
@@ -433,8 +431,6 @@ class EtcdStore:
     # -- watch --------------------------------------------------------------------------
 
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
-        if self._access is not None and self._access.user and self._token is None:
-            self._login()
         try:
             return self._watch_once(prefix, after_revision, timeout)
         except _TokenExpired:

@@ -41,9 +41,10 @@ Invariants:
     dropped and each counts as changed at that version (``_forgot``): a reader from before then
     reads again once, and a long-running copy of a churning fleet (replicas made and deleted)
     keeps memory in proportion to its keys.
-  - Following: a follower's events are every event of its prefix in (start, through], start
-    at or after a revision the copy had; a fetch at copy revision A uses them only when start
-    <= A < through, takes those in (A, min(through, now)], and asks ``changed_since`` from there.
+  - Following: a follower's events are every event of its prefix after the revision the copy
+    had when it started (never after the copy's revision now: that only moves on) through
+    ``through``; a fetch at copy revision A uses them only when A < through, takes those in
+    (A, min(through, now)], and asks ``changed_since`` from there, in one range.
     Its deletion check counts the streamed puts as written since (a streamed key deleted later
     fails it: listed again); streamed deletions are not used (the fetch asks from A).
 Not thread-safe: ``fetch`` (store calls, and reads of the copy) may run in an executor while the
@@ -84,9 +85,9 @@ class Fetched:
 
 @dataclass
 class _Follower:
-    """One followed prefix's streamed events: all of them in (start, through], in order."""
+    """One followed prefix's streamed events, in order: every one from where it started through
+    ``through``."""
 
-    start: int
     through: int
     events: builtins.list[Event] = field(default_factory=list)
     decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (revision, decode's answer)
@@ -114,7 +115,7 @@ class Mirror:
             raise ValueError(f"Mirror: follow {sorted(set(self.follow) - set(self.prefixes))} is not mirrored")
         self._followers: dict[str, _Follower] = {}  # prefix -> its stream's events (while one is open)
         self._follow_lock = threading.Lock()
-        self._follow_threads: dict[str, threading.Thread] = {}
+        self._following: set[str] = set()  # prefixes whose follower thread is started
         self._stop = threading.Event()
         self.prefetched = 0  # changes a fetch took from a stream (tests and benchmarks read it)
         self._prefix_tuple = tuple(self.prefixes)
@@ -196,7 +197,7 @@ class Mirror:
         after = self._after[prefix]
         with self._follow_lock:
             f = self._followers.get(prefix)
-            if after is None or f is None or f.start > after or f.through <= after:
+            if after is None or f is None or f.through <= after:
                 return None
             through = min(f.through, now)
             events = [e for e in f.events if after < e.revision <= through]
@@ -221,31 +222,28 @@ class Mirror:
                 raise
             log.info("mirror of %s: %s; listing again", prefix, exc.message)
             return None
-        kvs = got.kvs
-        if streamed is not None and streamed[1]:
-            kvs = self._with_streamed(got.kvs, streamed[1], start, end)
+        kvs = got.kvs if streamed is None else self._with_streamed(got.kvs, streamed[1])
         # the copy's keys in the range besides those written since: exactly the untouched live
         # ones unless some were deleted (the module's invariants)
         untouched = held - sum(kv.key in self._kvs for kv in kvs)
-        return Changes(got.revision, kvs, got.count) if untouched == got.count - len(kvs) else None
+        if untouched != got.count - len(kvs):
+            return None
+        self.prefetched += len(kvs) - len(got.kvs)  # one thread asks a streamed prefix (one range)
+        return Changes(got.revision, kvs, got.count)
 
-    def _with_streamed(self, kvs: builtins.list[KV], events: builtins.list[Event], start: str | None,
-                       end: str | None) -> builtins.list[KV]:
-        """``kvs`` (written after the stream's revision) and the streamed puts of keys in
-        [start, end) that they lack, each at its last put, sorted by key. A key the copy lacks
-        was created by its first streamed put (streams carry no deletions here)."""
+    def _with_streamed(self, kvs: builtins.list[KV], events: builtins.list[Event]) -> builtins.list[KV]:
+        """``kvs`` (written after the stream's revision) and the streamed puts of the keys they
+        lack, each at its last put, sorted by key. A key the copy lacks was created by its first
+        streamed put (streams carry no deletions here)."""
         fresh = {kv.key for kv in kvs}
         latest: dict[str, tuple[int, Event]] = {}
         for e in events:
-            if e.key in fresh or (start is not None and e.key < start) or (end is not None and e.key >= end):
-                continue
-            first = latest[e.key][0] if e.key in latest else e.revision
-            latest[e.key] = (first, e)
+            if e.key not in fresh:
+                latest[e.key] = (latest[e.key][0] if e.key in latest else e.revision, e)
         out = list(kvs)
         for key, (first, e) in latest.items():
             held = self._kvs.get(key)
             out.append(KV(key, e.value or "", e.revision, held.create_revision if held is not None else first))
-        self.prefetched += len(latest)
         out.sort(key=lambda kv: kv.key)
         return out
 
@@ -283,11 +281,10 @@ class Mirror:
             after = self._after[prefix]
             if after is None:
                 continue
-            if prefix not in self._follow_threads:
-                thread = threading.Thread(target=self._follow_prefix, args=(prefix,), daemon=True,
-                                          name="fabric-mirror-follow")
-                self._follow_threads[prefix] = thread
-                thread.start()
+            if prefix not in self._following:
+                self._following.add(prefix)
+                threading.Thread(target=self._follow_prefix, args=(prefix,), daemon=True,
+                                 name="fabric-mirror-follow").start()
             with self._follow_lock:
                 f = self._followers.get(prefix)
                 if f is not None and f.events and f.events[0].revision <= after:
@@ -296,11 +293,13 @@ class Mirror:
 
     def _follow_prefix(self, prefix: str) -> None:
         """A follower thread: stream the prefix from the copy's revision, again after a failure
-        (FOLLOW_RETRY_S later) or once fetches caught up with a full buffer."""
+        (FOLLOW_RETRY_S later; a failure is logged when it differs from the last) or once
+        fetches caught up with a full buffer."""
+        failed = ""
         while not self._stop.is_set():
             start = self._after[prefix]
             assert start is not None  # started once the prefix had a copy; it only moves on
-            f = _Follower(start, start)
+            f = _Follower(start)
             with self._follow_lock:
                 self._followers[prefix] = f
             try:
@@ -314,12 +313,15 @@ class Mirror:
                         f.events.extend(events)
                         f.decoded.update(decoded)
                         f.through = events[-1].revision
+                    failed = ""
                 else:
                     continue  # the stream ended: stopped (the loop's test), or open it again
                 while not self._stop.is_set() and self._after[prefix] == start:
                     self._stop.wait(FOLLOW_RETRY_S)
             except Exception as exc:  # noqa: BLE001  a prefetch: fetch asks the store itself meanwhile
-                log.info("mirror of %s: stream stopped (%s); starting again", prefix, exc)
+                if str(exc) != failed:
+                    log.info("mirror of %s: stream stopped (%s); starting again", prefix, exc)
+                failed = str(exc)
                 self._stop.wait(FOLLOW_RETRY_S)
             finally:
                 with self._follow_lock:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from common.errors import Conflict, NotFound, TransientError
 from common.private_fs import private_dir, touch_private
-from common.store.base import KV, Changes, Event, Lease, below_nothing
+from common.store.base import KV, Changes, Event, Lease, below_nothing, check_range
 
 BUSY_TIMEOUT_MS = 10_000
 EVENTS_KEPT = 10_000
@@ -40,7 +40,7 @@ EVENTS_MAX_BYTES = 64 * 1024 * 1024
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024  # the WAL is truncated back to this after a checkpoint
 PRUNE_EVERY = 1_000  # revisions between prunes: pruning each write would double the write cost
 WATCH_POLL_S = 0.05
-FOLLOW_WAIT_S = 0.5  # follow: each watch waits this long, so stop is seen that often
+FOLLOW_POLL_S = 0.25  # follow: an idle prefix's events are read again this often (a prefetch: no hurry)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -167,9 +167,9 @@ class SqliteStore:
         # kv holds only the current version of each key: the answer is as of the current
         # revision (never older than at_revision), one read snapshot for the rows and the count
         sql, args = _prefix_clause(prefix)
+        check_range(prefix, start, end)
         for bound, op in ((start, ">="), (end, "<")):
             if bound is not None:
-                _check_within(prefix, bound)
                 sql, args = f"{sql} AND key {op} ?", (*args, bound)
         with self._read() as db:
             rev, compacted = _meta(db, "revision"), _meta(db, "compacted")
@@ -289,38 +289,46 @@ class SqliteStore:
     # -- watch --------------------------------------------------------------------------
 
     def watch(self, prefix: str, after_revision: int, timeout: float) -> builtins.list[Event]:
-        sql, args = _prefix_clause(prefix)
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
-            with self._read() as db:
-                compacted = _meta(db, "compacted")
-                if after_revision < compacted:
-                    raise Conflict(
-                        f"watch from revision {after_revision}: history before {compacted} was pruned;"
-                        " list again and watch from the list's revision",
-                        code="compacted",
-                    )
-                rows = db.execute(
-                    "SELECT type, key, value, revision FROM events"
-                    f" WHERE revision > ? AND {sql} ORDER BY seq",
-                    (after_revision, *args),
-                ).fetchall()
-            if rows:
-                return [Event(type=r[0], key=r[1], value=r[2], revision=r[3]) for r in rows]
+            events = self._events_after(prefix, after_revision)
+            if events:
+                return events
             left = deadline - time.monotonic()
             if left <= 0:
                 return []
             time.sleep(min(WATCH_POLL_S, left))
 
     def follow(self, prefix: str, after_revision: int, stop: threading.Event) -> Iterator[builtins.list[Event]]:
-        """``watch`` asked again and again (a local file has no stream to keep open); each
-        answer is every event of the revisions it reaches, so whole revisions."""
+        """The events table read every FOLLOW_POLL_S (a local file has no stream to keep open);
+        each read brings every event of the revisions it reaches, so whole revisions."""
         after = after_revision
         while not stop.is_set():
-            events = self.watch(prefix, after, FOLLOW_WAIT_S)
+            events = self._events_after(prefix, after)
             if events:
                 after = events[-1].revision
                 yield events
+            else:
+                stop.wait(FOLLOW_POLL_S)
+
+    def _events_after(self, prefix: str, after_revision: int) -> builtins.list[Event]:
+        """Every event under prefix with revision > after_revision, in order; Conflict "compacted"
+        when the history from there was pruned."""
+        sql, args = _prefix_clause(prefix)
+        with self._read() as db:
+            compacted = _meta(db, "compacted")
+            if after_revision < compacted:
+                raise Conflict(
+                    f"watch from revision {after_revision}: history before {compacted} was pruned;"
+                    " list again and watch from the list's revision",
+                    code="compacted",
+                )
+            rows = db.execute(
+                "SELECT type, key, value, revision FROM events"
+                f" WHERE revision > ? AND {sql} ORDER BY seq",
+                (after_revision, *args),
+            ).fetchall()
+        return [Event(type=r[0], key=r[1], value=r[2], revision=r[3]) for r in rows]
 
     def close(self) -> None:
         with self._lock:
@@ -468,11 +476,6 @@ def _sweep(db: sqlite3.Connection) -> None:
     expired = [r[0] for r in db.execute("SELECT id FROM leases WHERE expires_at <= ?", (time.time(),))]
     if expired:
         _drop_leases(db, expired)
-
-
-def _check_within(prefix: str, key: str) -> None:
-    if not key.startswith(prefix):
-        raise ValueError(f"changed_since: {key!r} is not under the prefix {prefix!r}")
 
 
 def _prefix_clause(prefix: str) -> tuple[str, tuple]:

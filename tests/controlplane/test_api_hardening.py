@@ -134,6 +134,16 @@ def test_a_body_whose_encoding_cannot_be_read_is_refused_naming_it(api, encoding
     assert err["code"] == code and "Content-Encoding" in err["message"]
 
 
+@pytest.mark.parametrize("first, second", [("identity", "gzip"), ("gzip", "identity"), ("gzip", "gzip")])
+def test_two_content_encoding_headers_are_refused_whatever_their_order(api, first, second):
+    body = gzip.compress(json.dumps({"name": "twice-m", **MODEL}).encode(), mtime=0)
+    resp = api.post("/api/ai/models", content=body, headers=[
+        ("content-type", "application/json"), ("content-encoding", first), ("content-encoding", second)])
+    err = error(resp, 400)
+    assert err["code"] == "invalid_encoding" and "more than one Content-Encoding" in err["message"]
+    error(api.get("/api/ai/models/twice-m"), 404)
+
+
 def test_lists_are_bounded_and_page_with_continue(api):
     names = [f"page-{i}" for i in range(5)]
     for n in names:
