@@ -244,9 +244,10 @@ class UpstreamCache:
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
-        # observations change most (every agent's report): streamed between fetches
-        self.mirror = Mirror(self.store, list(VIEW_PREFIXES), follow=[keyspace.observations()],
-                             decode=decode_observation)
+        # the fleet's keys streamed between fetches (a fetch then asks the store only its
+        # revision); observations, which change most (every agent's report), parsed as they come
+        self.mirror = Mirror(self.store, list(VIEW_PREFIXES), follow=keyspace.ROOT + "/",
+                             decode={keyspace.observations(): decode_observation})
         # name -> view, what it was made of, what its readings were read from, at version
         self._views: dict[str, tuple[EndpointView | None, Reads, Reads, int]] = {}
         self._synced = -math.inf  # clock() when the last applied fetch started

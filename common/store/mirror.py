@@ -10,11 +10,14 @@ answers (a watch from a past revision may come late on a busy etcd: an empty ans
 quarter of that or more (churn like that is expected again), is asked as up to MAX_PARTS key
 ranges at once, cut at keys the copy holds (etcd answers a range at a cost per key), and each
 range's answer is checked for deletions against the keys the copy holds in it; together the
-ranges are the prefix's answer. A prefix named in ``follow`` (a busy one: replicas' observations)
-is also streamed between fetches (``Store.follow``, one open watch): a fetch then asks
-``changed_since`` only from the revision the stream has reached, so etcd's cost per key is paid
-as the keys are written, not in the fetch; the stream is a prefetch, never the authority (a
-stream that lags, fails or saw a deletion leaves the fetch asking from the copy's revision).
+ranges are the prefix's answer. With ``follow`` (a key span holding every mirrored prefix: the
+fleet's root), one open watch (``Store.follow``) streams the span between fetches; a fetch whose
+revision the stream has reached (its last event is at that revision or later: events come in
+revision order, each revision whole) takes every mirrored prefix's changes, deletions included,
+from the stream and asks the store nothing but its revision. etcd answers a range at a cost per
+key it holds (8,000 keys: 12-17 ms, changed or not), so a fleet's copy then costs its changes
+only. A stream that is late (FOLLOW_WAIT_S past the fetch's revision), failed, or started after
+a prefix's copy leaves those prefixes to ``changed_since``.
 ``get``/``list``/``revision`` answer from memory for keys under the mirrored
 prefixes and fall through to the store for any other key, so the record modules
 (common.records) read a Mirror exactly as they read a Store. It has no write verbs.
@@ -32,8 +35,8 @@ Invariants:
     "compacted") relists that prefix: the copy is rebuilt, never patched past a gap. Other
     store errors (TransientError) reach the caller; the copy stays as it was and the next fetch
     asks again.
-  - Every applied change (a put, or a delete a list found) bumps ``version``; ``moved(reads,
-    since)`` says whether any key or listed prefix a reader looked at (``Reads``, recorded by
+  - Every apply that changes something (a put, or a delete) bumps ``version`` once and stamps
+    each key it changed with it; ``moved(reads, since)`` says whether any key or listed prefix a reader looked at (``Reads``, recorded by
     ``tracked()``) changed after the version it read at, so a cache recomputes only what a
     change touched. A prefix counts as changed when any key under it (at a "/" boundary) was
     put or deleted. The change record of a deleted key (and of a prefix no key is under any
@@ -41,15 +44,16 @@ Invariants:
     dropped and each counts as changed at that version (``_forgot``): a reader from before then
     reads again once, and a long-running copy of a churning fleet (replicas made and deleted)
     keeps memory in proportion to its keys.
-  - Following: a follower's events are every event of its prefix after the revision the copy
-    had when it started (never after the copy's revision now: that only moves on) through
-    ``through``; a fetch at copy revision A uses them only when A < through, takes those in
-    (A, min(through, now)], and asks ``changed_since`` from there, in one range.
-    Its deletion check counts the streamed puts as written since (a streamed key deleted later
-    fails it: listed again); streamed deletions are not used (the fetch asks from A).
+  - Following: the follower holds every event under a mirrored prefix after ``start`` (the
+    lowest revision of the copy's prefixes when it started) through ``through`` (its last
+    event's revision), less those at or below their prefix's copy revision (dropped as the copy
+    moves on). A fetch at store revision ``now`` with ``through >= now`` brings prefix p, whose
+    copy is at A >= start, to ``now`` with its events in (A, now], applied in order: a put or
+    delete at or below the copy's revision of the key is skipped (a list can be ahead), a key a
+    put creates gets that put's revision as its create_revision.
 Not thread-safe: ``fetch`` (store calls, and reads of the copy) may run in an executor while the
 owner's thread reads, never while it applies; ``apply`` and the reads run on the owner's thread
-(the followers' threads touch only their buffers, under their lock).
+(the follower's thread touches only its buffer, under its lock).
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ import bisect
 import builtins
 import logging
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -71,6 +76,7 @@ SPLIT_KEYS = 2000  # a prefix holding this many keys or more is asked in parts (
 MAX_PARTS = 4
 FOLLOW_BUFFER = 100_000  # events a follower holds past the copy before it waits for a fetch
 FOLLOW_RETRY_S = 1.0  # a follower whose stream failed starts again after this
+FOLLOW_WAIT_S = 0.05  # a fetch waits this long for the stream to reach its revision (once late: not at all)
 
 
 @dataclass
@@ -79,17 +85,20 @@ class Fetched:
 
     changes: dict[str, Changes] = field(default_factory=dict)
     lists: dict[str, tuple[int, builtins.list[KV]]] = field(default_factory=dict)
+    streamed: dict[str, tuple[int, builtins.list[Event]]] = field(default_factory=dict)  # prefix -> (now, its events)
     seen: int | None = None  # the store's revision before the fetch asked anything
     decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (mod_revision, decoded)
 
 
 @dataclass
 class _Follower:
-    """One followed prefix's streamed events, in order: every one from where it started through
-    ``through``."""
+    """The span's stream: per mirrored prefix, its events in order after ``start`` (less those
+    the copy holds) through ``through`` (the module's invariants)."""
 
+    start: int
     through: int
-    events: builtins.list[Event] = field(default_factory=list)
+    events: dict[str, builtins.list[Event]]
+    held: int = 0  # events in ``events``
     decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (revision, decode's answer)
 
 
@@ -102,24 +111,30 @@ class Reads:
 
 
 class Mirror:
-    def __init__(self, store: Store, prefixes: builtins.list[str], follow: Iterable[str] = (),
-                 decode: Callable[[str, str], object] | None = None):
-        """``decode(key, value)``: what ``decoded`` answers for a followed key (a parsed record;
-        it must not raise), run in the follower's thread as the stream brings each put."""
+    def __init__(self, store: Store, prefixes: builtins.list[str], follow: str | None = None,
+                 decode: Mapping[str, Callable[[str, str], object]] | None = None):
+        """``follow``: a key span holding every prefix, streamed between fetches (the module's
+        docstring). ``decode``: per mirrored prefix, ``fn(key, value)`` -> what ``decoded``
+        answers for its keys (a parsed record; it must not raise), run in the follower's thread
+        as the stream brings each put."""
         self.store = store
-        self._decode = decode
-        self._decoded: dict[str, tuple[int, object]] = {}  # followed key -> (mod_revision, decode's answer)
         self.prefixes = sorted(set(prefixes))
-        self.follow = sorted(set(follow))
-        if not set(self.follow) <= set(self.prefixes):
-            raise ValueError(f"Mirror: follow {sorted(set(self.follow) - set(self.prefixes))} is not mirrored")
-        self._followers: dict[str, _Follower] = {}  # prefix -> its stream's events (while one is open)
-        self._follow_lock = threading.Lock()
-        self._following: set[str] = set()  # prefixes whose follower thread is started
+        self._decode = dict(decode or {})
+        self._decoded: dict[str, tuple[int, object]] = {}  # key -> (mod_revision, decode's answer)
+        if follow is not None and not all(p.startswith(follow) for p in self.prefixes):
+            raise ValueError(f"Mirror: follow {follow!r} does not hold every mirrored prefix")
+        if not set(self._decode) <= set(self.prefixes):
+            raise ValueError(f"Mirror: decode {sorted(set(self._decode) - set(self.prefixes))} is not mirrored")
+        self.follow = follow
+        self._follower: _Follower | None = None  # the span's stream, while one is open
+        self._follow_lock = threading.Condition()  # notified as the stream moves on
+        self._following = False  # the follower thread is started
+        self._late = False  # the last fetch found the stream behind: the next one does not wait
         self._stop = threading.Event()
-        self.prefetched = 0  # changes a fetch took from a stream (tests and benchmarks read it)
+        self.prefetched = 0  # changes a fetch took from the stream (tests and benchmarks read it)
         self._prefix_tuple = tuple(self.prefixes)
-        self.version = 0  # bumped per applied change
+        self.version = 0  # bumped by each apply that changed something
+        self._stamped: set[str] = set()  # the "/"-ended prefixes _bump stamped in this apply
         self.changes_applied = 0  # every change applied since the start (tests and benchmarks read it)
         self.lists = 0  # prefixes listed (first fetch, after a gap, or to find deleted keys)
         self._kvs: dict[str, KV] = {}
@@ -148,37 +163,35 @@ class Mirror:
         now = self.store.revision()
         if now == self._seen and None not in self._after.values():
             return out  # nothing was written anywhere since the last fetch: nothing to ask
-        streamed = {p: self._streamed(p, now) for p in self.follow}
-        tasks = self._parts({p for p, got in streamed.items() if got is not None})
-        answers = list(self._pool.map(lambda t: self._changes(t[0], t[1], t[2], t[3], now, streamed.get(t[0])),
-                                      tasks))
+        out.streamed, out.decoded = self._streamed(now)
+        tasks = self._parts(set(out.streamed))
+        answers = list(self._pool.map(lambda t: self._changes(t[0], t[1], t[2], t[3], now), tasks))
         relist = []
         for prefix in self.prefixes:
             mine = [got for (p, *_), got in zip(tasks, answers) if p == prefix]
             parts = [got for got in mine if got is not None]
             if len(parts) < len(mine):
                 relist.append(prefix)
-            else:  # the parts are disjoint ranges in key order: together, the prefix's answer
+            elif mine:  # the parts are disjoint ranges in key order: together, the prefix's answer
                 out.changes[prefix] = Changes(min(g.revision for g in parts), [kv for g in parts for kv in g.kvs],
                                               sum(g.count for g in parts))
         for prefix, listed in zip(relist, self._pool.map(self._list, relist)):
             out.lists[prefix] = listed
-        with self._follow_lock:
-            for f in self._followers.values():
-                out.decoded.update(f.decoded)
         out.seen = now
         return out
 
     def _parts(self, streamed: set[str]) -> builtins.list[tuple[str, str | None, str | None, int]]:
-        """(prefix, start, end, keys the copy holds in that range) per read: a prefix whose copy
-        holds SPLIT_KEYS keys or more and whose last answer carried SPLIT_KEYS / 4 keys or more
-        is asked in up to MAX_PARTS ranges of about equal size, all at once (etcd answers a range
-        at a cost per key; parallel ranges answer sooner), any other in one, and so is a prefix
-        whose stream brought its changes (``streamed``: few are left to ask)."""
+        """(prefix, start, end, keys the copy holds in that range) per read, for every prefix but
+        the ``streamed`` ones: a prefix whose copy holds SPLIT_KEYS keys or more and whose last
+        answer carried SPLIT_KEYS / 4 keys or more is asked in up to MAX_PARTS ranges of about
+        equal size, all at once (etcd answers a range at a cost per key; parallel ranges answer
+        sooner), any other in one."""
         keys: builtins.list[str] | None = None
         out: builtins.list[tuple[str, str | None, str | None, int]] = []
         for prefix in self.prefixes:
-            busy = self._last_answer[prefix] >= SPLIT_KEYS // 4 and prefix not in streamed
+            if prefix in streamed:
+                continue
+            busy = self._last_answer[prefix] >= SPLIT_KEYS // 4
             n = min(MAX_PARTS, self._held[prefix] // SPLIT_KEYS + 1) if busy and self._after[prefix] is not None else 1
             if n < 2:
                 out.append((prefix, None, None, self._held[prefix]))
@@ -191,61 +204,51 @@ class Mirror:
             out += [(prefix, bounds[i], bounds[i + 1], at[i + 1] - at[i]) for i in range(n)]
         return out
 
-    def _streamed(self, prefix: str, now: int) -> tuple[int, builtins.list[Event]] | None:
-        """(W, the puts in (A, W]) when the prefix's stream covers the copy's revision A and
-        carried no deletion there (the module's invariants); None: ask from A."""
-        after = self._after[prefix]
+    def _streamed(self, now: int) -> tuple[dict[str, tuple[int, builtins.list[Event]]],
+                                           dict[str, tuple[int, object]]]:
+        """Per prefix the stream covers at ``now`` (the module's invariants): (now, its events in
+        (copy's revision, now]); and what the stream decoded. Waits up to FOLLOW_WAIT_S for the stream to reach ``now``,
+        unless the last fetch found it late (writes outside the span, say: it may never reach
+        the store's revision, and no fetch should wait for it each time)."""
+        deadline = time.monotonic() + (0.0 if self._late else FOLLOW_WAIT_S)
         with self._follow_lock:
-            f = self._followers.get(prefix)
-            if after is None or f is None or f.through <= after:
-                return None
-            through = min(f.through, now)
-            events = [e for e in f.events if after < e.revision <= through]
-        if any(e.type == "delete" for e in events):
-            return None
-        return through, events
+            while True:
+                f = self._follower
+                if f is not None and f.through >= now:
+                    break
+                left = deadline - time.monotonic()
+                if f is None or left <= 0:
+                    self._late = f is not None
+                    return {}, {}
+                self._follow_lock.wait(left)
+            self._late = False
+            out = {}
+            for prefix, events in f.events.items():
+                after = self._after[prefix]
+                if after is not None and f.start <= after:
+                    out[prefix] = (now, [e for e in events if after < e.revision <= now])
+            return out, dict(f.decoded)
 
-    def _changes(self, prefix: str, start: str | None, end: str | None, held: int, now: int,
-                 streamed: tuple[int, builtins.list[Event]] | None = None) -> Changes | None:
+    def _changes(self, prefix: str, start: str | None, end: str | None, held: int, now: int) -> Changes | None:
         """The changes in one range of the prefix since the copy's revision (``held``: the keys
-        the copy holds in it), with the streamed puts when ``streamed`` covers the copy (then
-        ``changed_since`` is asked from where the stream reached); None when the prefix must be
-        listed again (never listed, history compacted, or keys deleted in the range)."""
+        the copy holds in it); None when the prefix must be listed again (never listed, history
+        compacted, or keys deleted in the range)."""
         after = self._after[prefix]
         if after is None:
             return None
-        since = streamed[0] if streamed is not None else after
         try:
-            got = self.store.changed_since(prefix, since, now, start=start, end=end)
+            got = self.store.changed_since(prefix, after, now, start=start, end=end)
         except Conflict as exc:
             if exc.code != "compacted":
                 raise
             log.info("mirror of %s: %s; listing again", prefix, exc.message)
             return None
-        kvs = got.kvs if streamed is None else self._with_streamed(got.kvs, streamed[1])
         # the copy's keys in the range besides those written since: exactly the untouched live
         # ones unless some were deleted (the module's invariants)
-        untouched = held - sum(kv.key in self._kvs for kv in kvs)
-        if untouched != got.count - len(kvs):
+        untouched = held - sum(kv.key in self._kvs for kv in got.kvs)
+        if untouched != got.count - len(got.kvs):
             return None
-        self.prefetched += len(kvs) - len(got.kvs)  # one thread asks a streamed prefix (one range)
-        return Changes(got.revision, kvs, got.count)
-
-    def _with_streamed(self, kvs: builtins.list[KV], events: builtins.list[Event]) -> builtins.list[KV]:
-        """``kvs`` (written after the stream's revision) and the streamed puts of the keys they
-        lack, each at its last put, sorted by key. A key the copy lacks was created by its first
-        streamed put (streams carry no deletions here)."""
-        fresh = {kv.key for kv in kvs}
-        latest: dict[str, tuple[int, Event]] = {}
-        for e in events:
-            if e.key not in fresh:
-                latest[e.key] = (latest[e.key][0] if e.key in latest else e.revision, e)
-        out = list(kvs)
-        for key, (first, e) in latest.items():
-            held = self._kvs.get(key)
-            out.append(KV(key, e.value or "", e.revision, held.create_revision if held is not None else first))
-        out.sort(key=lambda kv: kv.key)
-        return out
+        return got
 
     def _list(self, prefix: str) -> tuple[int, builtins.list[KV]]:
         rev = self.store.revision()  # before the list: a key written in between is asked about again
@@ -254,6 +257,8 @@ class Mirror:
     def apply(self, fetched: Fetched) -> int:
         """Apply what ``fetch`` brought (fast, in memory); returns the changes applied."""
         applied = 0
+        self.version += 1  # every change of this apply is stamped with it (taken back if none)
+        self._stamped.clear()
         if fetched.seen is not None:
             self._seen = fetched.seen
         for prefix, (rev, kvs) in fetched.lists.items():
@@ -264,69 +269,105 @@ class Mirror:
             for kv in got.kvs:
                 applied += self._put(kv)
             self._after[prefix] = max(self._after[prefix] or 0, got.revision)
+        for prefix, (now, events) in fetched.streamed.items():
+            streamed = 0
+            copy = self._kvs
+            for e in events:  # a put or delete at or below the copy's revision of its key is skipped
+                held = copy.get(e.key)
+                if held is not None and held.mod_revision >= e.revision:
+                    continue
+                if e.type == "put":  # a key it creates is created at its revision
+                    self._hold(KV(e.key, e.value or "", e.revision,
+                                  held.create_revision if held is not None else e.revision), new=held is None)
+                elif held is not None:
+                    self._drop(e.key)
+                else:
+                    continue
+                streamed += self._bump(e.key)
+            self._last_answer[prefix] = len(events)
+            self._after[prefix] = max(self._after[prefix] or 0, now)
+            self.prefetched += streamed
+            applied += streamed
         for key, (rev, obj) in fetched.decoded.items():
             held = self._kvs.get(key)
             if held is not None and held.mod_revision == rev:
                 self._decoded[key] = (rev, obj)
+        if not applied:
+            self.version -= 1  # nothing was stamped with it
         self._follow_on()
         if len(self._key_version) > 2 * len(self._kvs) + FORGET_SLACK:
             self._forget()
         self.changes_applied += applied
         return applied
 
-    def _follow_on(self) -> None:
-        """Start each followed prefix's stream once the prefix has a copy, and drop the streamed
-        events the copy now holds."""
-        for prefix in self.follow:
-            after = self._after[prefix]
-            if after is None:
-                continue
-            if prefix not in self._following:
-                self._following.add(prefix)
-                threading.Thread(target=self._follow_prefix, args=(prefix,), daemon=True,
-                                 name="fabric-mirror-follow").start()
-            with self._follow_lock:
-                f = self._followers.get(prefix)
-                if f is not None and f.events and f.events[0].revision <= after:
-                    f.events = [e for e in f.events if e.revision > after]
-                    f.decoded = {k: d for k, d in f.decoded.items() if d[0] > after}
+    def _floor(self) -> int | None:
+        """The oldest copy revision of any prefix (None: one has no copy yet)."""
+        afters = self._after.values()
+        return None if None in afters else min(afters)  # type: ignore[type-var]
 
-    def _follow_prefix(self, prefix: str) -> None:
-        """A follower thread: stream the prefix from the copy's revision, again after a failure
-        (FOLLOW_RETRY_S later; a failure is logged when it differs from the last) or once
+    def _follow_on(self) -> None:
+        """Start the span's stream once every prefix has a copy, and drop the streamed events
+        the copy now holds."""
+        if self.follow is None or self._floor() is None:
+            return
+        if not self._following:
+            self._following = True
+            threading.Thread(target=self._follow_span, args=(self.follow,), daemon=True,
+                             name="fabric-mirror-follow").start()
+        with self._follow_lock:
+            f = self._follower
+            if f is None:
+                return
+            for prefix, events in f.events.items():
+                after = self._after[prefix]
+                if after is not None and events and events[0].revision <= after:
+                    kept = [e for e in events if e.revision > after]
+                    f.held -= len(events) - len(kept)
+                    f.events[prefix] = kept
+            floor = self._floor() or 0
+            f.decoded = {k: d for k, d in f.decoded.items() if d[0] > floor}
+
+    def _follow_span(self, span: str) -> None:
+        """The follower thread: stream the span from the copy's oldest revision, again after a
+        failure (FOLLOW_RETRY_S later; a failure is logged when it differs from the last) or once
         fetches caught up with a full buffer."""
         failed = ""
+        mirrored = self._prefix_tuple
         while not self._stop.is_set():
-            start = self._after[prefix]
-            assert start is not None  # started once the prefix had a copy; it only moves on
-            f = _Follower(start)
+            start = self._floor()
+            assert start is not None  # started once every prefix had a copy; they only move on
+            f = _Follower(start, start, {p: [] for p in self.prefixes})
             with self._follow_lock:
-                self._followers[prefix] = f
+                self._follower = f
             try:
-                for events in self.store.follow(prefix, start, self._stop):
-                    decode = self._decode
-                    decoded = {e.key: (e.revision, decode(e.key, e.value)) for e in events
-                               if decode is not None and e.type == "put" and e.value is not None}
+                for events in self.store.follow(span, start, self._stop):
+                    mine = [(p, e) for e in events if e.key.startswith(mirrored)
+                            for p in self.prefixes if e.key.startswith(p)]
+                    decoded = {e.key: (e.revision, self._decode[p](e.key, e.value)) for p, e in mine
+                               if p in self._decode and e.type == "put" and e.value is not None}
                     with self._follow_lock:
-                        if len(f.events) >= FOLLOW_BUFFER:
+                        if f.held + len(mine) > FOLLOW_BUFFER:
                             break  # nobody fetches: hold no more; wait for the copy to move
-                        f.events.extend(events)
+                        for p, e in mine:
+                            f.events[p].append(e)
+                        f.held += len(mine)
                         f.decoded.update(decoded)
                         f.through = events[-1].revision
+                        self._follow_lock.notify_all()
                     failed = ""
                 else:
                     continue  # the stream ended: stopped (the loop's test), or open it again
-                while not self._stop.is_set() and self._after[prefix] == start:
+                while not self._stop.is_set() and self._floor() == start:
                     self._stop.wait(FOLLOW_RETRY_S)
             except Exception as exc:  # noqa: BLE001  a prefetch: fetch asks the store itself meanwhile
                 if str(exc) != failed:
-                    log.info("mirror of %s: stream stopped (%s); starting again", prefix, exc)
+                    log.info("mirror of %s: stream stopped (%s); starting again", span, exc)
                 failed = str(exc)
                 self._stop.wait(FOLLOW_RETRY_S)
             finally:
                 with self._follow_lock:
-                    if self._followers.get(prefix) is f:
-                        del self._followers[prefix]
+                    if self._follower is f:
+                        self._follower = None
 
     def _forget(self) -> None:
         """Drop the change records of keys (and prefixes) that hold nothing now; ``moved`` reads
@@ -380,11 +421,16 @@ class Mirror:
                 self._held[p] -= 1
 
     def _bump(self, key: str) -> int:
-        self.version += 1
+        """Record a change of ``key`` at this apply's version: the key's, and every "/"-ended
+        prefix above it (each stamped once per apply)."""
         self._key_version[key] = self.version
         cut = key.rfind("/")
         while cut > 0:
-            self._dir_version[key[:cut + 1]] = self.version
+            above = key[:cut + 1]
+            if above in self._stamped:
+                break  # it and the prefixes above it are stamped already
+            self._stamped.add(above)
+            self._dir_version[above] = self.version
             cut = key.rfind("/", 0, cut)
         return 1
 
@@ -413,16 +459,19 @@ class Mirror:
         return self.store.revision()
 
     def decoded(self, key: str) -> object | None:
-        """``decode``'s answer for the copy's value of a key under a followed prefix (decoded in
+        """``decode``'s answer for the copy's value of a key under a prefix it names (decoded in
         the follower's thread when the stream brought it, else here, once per revision); None
-        when the copy has no such key."""
+        when the copy has no such key or no decode is named for it."""
         kv = self._kvs.get(key)
-        if kv is None or self._decode is None:
+        if kv is None:
             return None
         held = self._decoded.get(key)
         if held is not None and held[0] == kv.mod_revision:
             return held[1]
-        obj = self._decode(key, kv.value)
+        fn = next((fn for p, fn in self._decode.items() if key.startswith(p)), None)
+        if fn is None:
+            return None
+        obj = fn(key, kv.value)
         self._decoded[key] = (kv.mod_revision, obj)
         return obj
 

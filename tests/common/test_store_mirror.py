@@ -173,62 +173,93 @@ def test_deleted_keys_change_records_are_bounded_and_still_move_their_readers(st
     assert mirror.moved(reads, at)
 
 
-def _streamed_up_to(mirror, prefix, revision):
-    """Wait until the prefix's stream has brought every event through ``revision``."""
+def _streamed_up_to(mirror, revision):
+    """Wait until the span's stream has brought every event through ``revision``."""
     from lab.rigs.polling import wait_for
 
     def there():
         with mirror._follow_lock:
-            f = mirror._followers.get(prefix)
+            f = mirror._follower
             return f is not None and f.through >= revision
-    wait_for(there, 10, what=f"the stream of {prefix} at revision {revision}", interval=0.02)
+    wait_for(there, 10, what=f"the stream at revision {revision}", interval=0.02)
 
 
-def test_a_followed_prefix_takes_its_changes_from_the_stream_and_stays_exact(store, ns):
-    """Puts streamed between fetches reach the copy from the stream (changed_since then asks from
-    where the stream reached); a deletion, or a key streamed and deleted since, still lists the
-    prefix again; the copy is exact throughout, revisions included."""
-    store.put_all([(ns + f"o/{i}", f"v{i}") for i in range(6)] + [(ns + "e/a", "1")])
+def test_a_followed_span_brings_every_change_from_the_stream_and_the_copy_stays_exact(store, ns):
+    """Once the stream has reached a fetch's revision, every mirrored prefix's changes come from
+    it -- puts, deletions, a key created and one deleted and created again -- and the store is
+    asked nothing but its revision; the copy is exact throughout, revisions included, and a
+    decoded prefix is parsed once, in the stream's thread."""
+    span = ns + "m/"
+    o, e = span + "o/", span + "e/"
+    store.put_all([(o + str(i), f"v{i}") for i in range(6)] + [(e + "a", "1")])
     decoded_in: list[str] = []
 
     def decode(key, value):
         decoded_in.append(key)
         return value.upper()
-    mirror = Mirror(store, [ns + "o/", ns + "e/"], follow=[ns + "o/"], decode=decode)
+    counted = CountingStore(store)
+    mirror = Mirror(counted, [o, e], follow=span, decode={o: decode})
     try:
         mirror.poll()
-        rev = store.put_all([(ns + "o/1", "w1"), (ns + "o/new", "n")])
-        store.put(ns + "o/1", "w2")  # two puts of one key: the copy holds the last
-        last = store.put(ns + "o/2", "w3")
-        _streamed_up_to(mirror, ns + "o/", last)
-        assert mirror.poll() == 3 and mirror.prefetched == 3 and mirror.lists == 2
-        assert exact(mirror, store, [ns + "o/", ns + "e/"])
-        assert mirror.get(ns + "o/new").create_revision == rev  # created by its first streamed put
-        assert mirror.get(ns + "o/1").create_revision == store.get(ns + "o/1").create_revision
+        rev = store.put_all([(o + "1", "w1"), (o + "new", "n")])
+        store.put(o + "1", "w2")  # two puts of one key: the copy holds the last
+        store.put(e + "b", "2")
+        store.put(span + "not-mirrored", "x")  # in the span, under no prefix: moves the stream only
+        store.delete(o + "4")
+        store.delete(o + "5")
+        again = store.put(o + "5", "back")  # deleted and created again: a new create_revision
+        last = store.put(o + "2", "w3")
+        _streamed_up_to(mirror, last)
+        asked = dict(counted.calls)
+        assert mirror.poll() == 8 and mirror.prefetched == 8 and mirror.lists == 2  # each event a change
+        assert {k: v - asked.get(k, 0) for k, v in counted.calls.items() if v != asked.get(k, 0)} == {"revision": 1}
+        assert exact(mirror, store, [o, e]) and mirror.get(o + "4") is None
+        assert mirror.get(o + "new").create_revision == rev  # created by its first streamed put
+        assert mirror.get(o + "5").create_revision == again
+        assert mirror.get(o + "1").create_revision == store.get(o + "1").create_revision
         # decoded once, in the stream's thread; an unstreamed key is decoded when first read
-        assert mirror.decoded(ns + "o/2") == "W3" and mirror.decoded(ns + "o/0") == "V0"
-        assert decoded_in.count(ns + "o/2") == 1 and mirror.decoded(ns + "o/0") == "V0"
-        assert decoded_in.count(ns + "o/0") == 1 and mirror.decoded(ns + "o/gone") is None
-        # a put the stream has not brought yet: changed_since still finds it
-        store.put(ns + "o/3", "late")
-        assert mirror.poll() >= 1 and exact(mirror, store, [ns + "o/", ns + "e/"])
-        # a streamed deletion: the prefix is asked from the copy's revision and listed again
-        last = store.delete(ns + "o/4") and store.revision()
-        _streamed_up_to(mirror, ns + "o/", last)
-        mirror.poll()
-        assert exact(mirror, store, [ns + "o/", ns + "e/"]) and mirror.lists == 3
-        # streamed, then deleted after the stream's last event: listed again, never kept
-        last = store.put(ns + "o/brief", "x")
-        _streamed_up_to(mirror, ns + "o/", last)
-        store.delete(ns + "o/brief")
-        mirror.poll()
-        assert exact(mirror, store, [ns + "o/", ns + "e/"]) and mirror.get(ns + "o/brief") is None
+        assert mirror.decoded(o + "2") == "W3" and mirror.decoded(o + "0") == "V0"
+        assert decoded_in.count(o + "2") == 1 and mirror.decoded(o + "0") == "V0"
+        assert decoded_in.count(o + "0") == 1 and mirror.decoded(o + "gone") is None
+        assert mirror.decoded(e + "a") is None  # no decode named for that prefix
     finally:
         mirror.close()
 
 
-def test_follow_names_only_mirrored_prefixes(store, ns):
+def test_a_stream_behind_the_stores_revision_leaves_the_fetch_to_changed_since(store, ns, monkeypatch):
+    """A write outside the span moves the store's revision where the stream never goes: the
+    fetch waits FOLLOW_WAIT_S once, asks changed_since, and stays exact; the next fetch does not
+    wait for a stream it found late."""
+    span = ns + "m/"
+    o = span + "o/"
+    store.put_all([(o + str(i), f"v{i}") for i in range(3)])
+    counted = CountingStore(store)
+    mirror = Mirror(counted, [o], follow=span)
+    try:
+        mirror.poll()
+        _streamed_up_to(mirror, store.put(o + "1", "w1"))
+        store.delete(o + "2")
+        store.put(ns + "outside", "x")  # the last write: the stream never reaches the store's revision
+        waits = []
+        real_wait = mirror._follow_lock.wait
+        monkeypatch.setattr(mirror._follow_lock, "wait", lambda t=None: waits.append(t) or real_wait(t))
+        asked = counted.calls.get("changed_since", 0)
+        mirror.poll()  # late: waited, then asked (and listed: a key was deleted)
+        assert counted.calls.get("changed_since", 0) == asked + 1 and exact(mirror, store, [o])
+        assert waits and mirror._late
+        waits.clear()
+        store.put(o + "0", "w0")
+        store.put(ns + "outside", "y")
+        mirror.poll()
+        assert not waits and counted.calls.get("changed_since", 0) == asked + 2 and exact(mirror, store, [o])
+    finally:
+        mirror.close()
+
+
+def test_follow_and_decode_name_only_mirrored_prefixes(store, ns):
     import pytest
 
+    with pytest.raises(ValueError, match="does not hold every mirrored prefix"):
+        Mirror(store, [ns + "o/", ns + "e/"], follow=ns + "o/")
     with pytest.raises(ValueError, match="not mirrored"):
-        Mirror(store, [ns + "o/"], follow=[ns + "x/"])
+        Mirror(store, [ns + "o/"], decode={ns + "x/": str})
