@@ -192,23 +192,30 @@ def _readings(store: Store, ready: tuple[Replica, ...]
     decoded = getattr(store, "decoded", None)  # a Mirror's parsed copy (decode_observation)
     for r in ready:
         if decoded is not None:
-            obs = decoded(keyspace.observations(r.replica_id))
+            got = decoded(keyspace.observations(r.replica_id))
         else:
             try:
-                obs = observations.get(store, r.replica_id)
+                got = _reading_of(observations.get(store, r.replica_id))
             except UnreadableRecord:
-                obs = None  # a reading that does not parse says nothing about the queue now
-        if obs is not None and obs.ok:
-            depths[r.replica_id] = (obs.queue_depth, obs.scraped_at)
-            readings[r.replica_id] = Reading(obs.queue_depth, obs.kv_cache_usage, obs.scraped_at)
+                got = None  # a reading that does not parse says nothing about the queue now
+        if got is not None:
+            depths[r.replica_id], readings[r.replica_id] = got
     return depths, readings
 
 
-def decode_observation(key: str, value: str) -> ReplicaObservation | None:
-    """A stored observation for the view cache's Mirror (Mirror.decoded), parsed in its
-    follower's thread as agents report; None when it does not parse (it says nothing then)."""
+def _reading_of(obs: ReplicaObservation | None) -> tuple[tuple[float, float], Reading] | None:
+    """An ok observation's (queue depth, scraped_at) and reading; None: it says nothing."""
+    if obs is None or not obs.ok:
+        return None
+    return (obs.queue_depth, obs.scraped_at), Reading(obs.queue_depth, obs.kv_cache_usage, obs.scraped_at)
+
+
+def decode_observation(key: str, value: str) -> tuple[tuple[float, float], Reading] | None:
+    """What a view reads of a stored observation (``_reading_of``), for the view cache's Mirror
+    (Mirror.decoded): made in its follower's thread as agents report, so the event loop only
+    looks it up; None when it does not parse or is not ok (it says nothing then)."""
     try:
-        return reading.parse(ReplicaObservation, value)
+        return _reading_of(reading.parse(ReplicaObservation, value))
     except ValueError:  # pydantic's ValidationError is a ValueError
         return None
 

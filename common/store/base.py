@@ -22,8 +22,8 @@ Semantics (etcd's, so the SQLite backend can be swapped for etcd without surpris
     may come late and in several answers (etcd serves a watch from a past revision from its sync
     loop, every 100 ms and slower under load), so [] never says the caller is caught up.
   - ``follow`` is the watch kept open: a stream of the events under a prefix, each batch whole
-    revisions, until the caller stops it. A Mirror prefetches a busy prefix's changes with it
-    between fetches; ``changed_since`` stays the authority on being caught up.
+    revisions, until the caller stops it. A Mirror streams its span with it; once the stream's
+    last event is at a fetch's revision or later, it holds every change up to that revision.
   - ``changed_since(prefix, after, at)`` says, in one read, what a copy of the prefix taken at
     revision ``after`` is missing at revision ``at``: the keys written after ``after`` (their
     mod_revision is greater) and how many keys the prefix holds in all. Every other live key

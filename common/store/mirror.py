@@ -271,27 +271,29 @@ class Mirror:
             self._after[prefix] = max(self._after[prefix] or 0, got.revision)
         for prefix, (now, events) in fetched.streamed.items():
             streamed = 0
-            copy = self._kvs
+            copy, decoded = self._kvs, fetched.decoded
             for e in events:  # a put or delete at or below the copy's revision of its key is skipped
-                held = copy.get(e.key)
-                if held is not None and held.mod_revision >= e.revision:
+                key, rev = e.key, e.revision
+                held = copy.get(key)
+                if held is not None and held.mod_revision >= rev:
                     continue
                 if e.type == "put":  # a key it creates is created at its revision
-                    self._hold(KV(e.key, e.value or "", e.revision,
-                                  held.create_revision if held is not None else e.revision), new=held is None)
+                    if held is None:
+                        self._hold(KV(key, e.value or "", rev, rev), new=True)
+                    else:
+                        copy[key] = KV(key, e.value or "", rev, held.create_revision)
+                    parsed = decoded.get(key)
+                    if parsed is not None and parsed[0] == rev:
+                        self._decoded[key] = parsed
                 elif held is not None:
-                    self._drop(e.key)
+                    self._drop(key)
                 else:
                     continue
-                streamed += self._bump(e.key)
+                streamed += self._bump(key)
             self._last_answer[prefix] = len(events)
             self._after[prefix] = max(self._after[prefix] or 0, now)
             self.prefetched += streamed
             applied += streamed
-        for key, (rev, obj) in fetched.decoded.items():
-            held = self._kvs.get(key)
-            if held is not None and held.mod_revision == rev:
-                self._decoded[key] = (rev, obj)
         if not applied:
             self.version -= 1  # nothing was stamped with it
         self._follow_on()
@@ -425,10 +427,12 @@ class Mirror:
         prefix above it (each stamped once per apply)."""
         self._key_version[key] = self.version
         cut = key.rfind("/")
+        if key[:cut + 1] in self._stamped:
+            return 1  # it and the prefixes above it are stamped already
         while cut > 0:
             above = key[:cut + 1]
             if above in self._stamped:
-                break  # it and the prefixes above it are stamped already
+                break
             self._stamped.add(above)
             self._dir_version[above] = self.version
             cut = key.rfind("/", 0, cut)
