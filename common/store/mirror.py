@@ -348,8 +348,9 @@ class Mirror:
                     decoded = {e.key: (e.revision, self._decode[p](e.key, e.value)) for p, e in mine
                                if p in self._decode and e.type == "put" and e.value is not None}
                     with self._follow_lock:
-                        if f.held + len(mine) > FOLLOW_BUFFER:
-                            break  # nobody fetches: hold no more; wait for the copy to move
+                        if f.held + len(mine) > FOLLOW_BUFFER:  # nobody fetches: hold no more, and
+                            self._follower = None  # let fetches ask the store until the copy moves on
+                            break
                         for p, e in mine:
                             f.events[p].append(e)
                         f.held += len(mine)

@@ -256,6 +256,35 @@ def test_a_stream_behind_the_stores_revision_leaves_the_fetch_to_changed_since(s
         mirror.close()
 
 
+def test_a_stream_past_its_buffer_stops_until_the_copy_moves_on(store, ns, monkeypatch):
+    """More unfetched events than FOLLOW_BUFFER: the stream lets go (fetches ask changed_since),
+    and opens again from the copy's revision once a fetch moved it; the copy is exact throughout."""
+    from lab.rigs.polling import wait_for
+
+    monkeypatch.setattr(mirror_module, "FOLLOW_BUFFER", 3)
+    span = ns + "m/"
+    o = span + "o/"
+    store.put_all([(o + str(i), "v") for i in range(3)])
+    counted = CountingStore(store)
+    mirror = Mirror(counted, [o], follow=span)
+    try:
+        mirror.poll()
+        _streamed_up_to(mirror, store.put(o + "0", "w"))
+        for i in range(4):
+            store.put(o + f"n{i}", "x")
+        wait_for(lambda: mirror._follower is None, 10, what="the stream letting go", interval=0.02)
+        asked = counted.calls.get("changed_since", 0)
+        mirror.poll()
+        assert counted.calls.get("changed_since", 0) == asked + 1 and exact(mirror, store, [o])
+        _streamed_up_to(mirror, store.put(o + "1", "again"))  # open again, from the copy's revision
+        asked, streamed = counted.calls.get("changed_since", 0), mirror.prefetched
+        mirror.poll()
+        assert counted.calls.get("changed_since", 0) == asked and mirror.prefetched == streamed + 1
+        assert exact(mirror, store, [o])
+    finally:
+        mirror.close()
+
+
 def test_follow_and_decode_name_only_mirrored_prefixes(store, ns):
     import pytest
 
