@@ -251,9 +251,10 @@ class UpstreamCache:
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
-        # the fleet's keys streamed between fetches (a fetch then asks the store only its
-        # revision); observations, which change most (every agent's report), parsed as they come
-        self.mirror = Mirror(self.store, list(VIEW_PREFIXES), follow=keyspace.ROOT + "/",
+        # observations, which change most (every agent's report), streamed between fetches and
+        # parsed as they come; one watch of the prefix (the gateway's etcd role cannot watch all
+        # of /fabric/: common.store.etcd_auth)
+        self.mirror = Mirror(self.store, list(VIEW_PREFIXES), follow=[keyspace.observations()],
                              decode={keyspace.observations(): decode_observation})
         # name -> view, what it was made of, what its readings were read from, at version
         self._views: dict[str, tuple[EndpointView | None, Reads, Reads, int]] = {}

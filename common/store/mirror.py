@@ -10,14 +10,17 @@ answers (a watch from a past revision may come late on a busy etcd: an empty ans
 quarter of that or more (churn like that is expected again), is asked as up to MAX_PARTS key
 ranges at once, cut at keys the copy holds (etcd answers a range at a cost per key), and each
 range's answer is checked for deletions against the keys the copy holds in it; together the
-ranges are the prefix's answer. With ``follow`` (a key span holding every mirrored prefix: the
-fleet's root), one open watch (``Store.follow``) streams the span between fetches; a fetch whose
-revision the stream has reached (its last event is at that revision or later: events come in
-revision order, each revision whole) takes every mirrored prefix's changes, deletions included,
-from the stream and asks the store nothing but its revision. etcd answers a range at a cost per
-key it holds (8,000 keys: 12-17 ms, changed or not), so a fleet's copy then costs its changes
-only. A stream that is late (FOLLOW_WAIT_S past the fetch's revision), failed, or started after
-a prefix's copy leaves those prefixes to ``changed_since``.
+ranges are the prefix's answer. ``follow`` names key spans streamed between fetches, one open
+watch each (``Store.follow``): a span holds one or more mirrored prefixes, and a reader names
+only spans its store access lets it watch (fabricd: the fleet's root; a gateway, whose etcd role
+cannot read all of it: the observations). Events come in revision order, each revision whole, so
+a stream whose last event is at W holds every change of its prefixes up to W: a fetch brings
+each such prefix's copy to W from the stream, deletions included, and asks ``changed_since``
+only from W (not at all when W is the fetch's revision). etcd answers a range at a cost per key
+it holds (8,000 keys: 12-17 ms, changed or not) but sends only the keys written since, so a
+busy prefix's values reach the copy from the stream, as they are written, and a copy of the
+whole root costs its changes only. A stream that failed, or that holds nothing past a prefix's
+copy, leaves that prefix to ``changed_since`` from the copy's revision.
 ``get``/``list``/``revision`` answer from memory for keys under the mirrored
 prefixes and fall through to the store for any other key, so the record modules
 (common.records) read a Mirror exactly as they read a Store. It has no write verbs.
@@ -36,24 +39,25 @@ Invariants:
     store errors (TransientError) reach the caller; the copy stays as it was and the next fetch
     asks again.
   - Every apply that changes something (a put, or a delete) bumps ``version`` once and stamps
-    each key it changed with it; ``moved(reads, since)`` says whether any key or listed prefix a reader looked at (``Reads``, recorded by
-    ``tracked()``) changed after the version it read at, so a cache recomputes only what a
+    each key it changed with it; ``moved(reads, since)`` says whether any key or listed prefix a
+    reader looked at (``Reads``, recorded by ``tracked()``) changed after the version it read at, so a cache recomputes only what a
     change touched. A prefix counts as changed when any key under it (at a "/" boundary) was
     put or deleted. The change record of a deleted key (and of a prefix no key is under any
     more) is kept until such records outnumber the live keys by FORGET_SLACK; then they are
     dropped and each counts as changed at that version (``_forgot``): a reader from before then
     reads again once, and a long-running copy of a churning fleet (replicas made and deleted)
     keeps memory in proportion to its keys.
-  - Following: the follower holds every event under a mirrored prefix after ``start`` (the
-    lowest revision of the copy's prefixes when it started) through ``through`` (its last
-    event's revision), less those at or below their prefix's copy revision (dropped as the copy
-    moves on). A fetch at store revision ``now`` with ``through >= now`` brings prefix p, whose
-    copy is at A >= start, to ``now`` with its events in (A, now], applied in order: a put or
-    delete at or below the copy's revision of the key is skipped (a list can be ahead), a key a
-    put creates gets that put's revision as its create_revision.
+  - Following: a span's follower holds every event under its prefixes after the lowest copy
+    revision of its prefixes when it started, through ``through`` (its last event's revision),
+    less those at or below their prefix's copy revision (dropped as the copy moves on). A fetch
+    at store revision ``now`` takes prefix p, whose copy is at A < W = min(through, now), to W
+    with the outcome of its events in (A, W] (``_outcome``: a put or delete at or below the
+    copy's revision of the key is skipped, since a list can be ahead; a key a put creates gets
+    that put's revision as its create_revision), then asks ``changed_since`` from W, checking
+    deletions against the copy as the outcome leaves it.
 Not thread-safe: ``fetch`` (store calls, and reads of the copy) may run in an executor while the
 owner's thread reads, never while it applies; ``apply`` and the reads run on the owner's thread
-(the follower's thread touches only its buffer, under its lock).
+(the followers' threads touch only their buffers, under their lock).
 """
 
 from __future__ import annotations
@@ -62,7 +66,6 @@ import bisect
 import builtins
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -74,9 +77,8 @@ log = logging.getLogger("fabric.store.mirror")
 FORGET_SLACK = 1024  # change records of deleted keys kept beyond the live keys' count
 SPLIT_KEYS = 2000  # a prefix holding this many keys or more is asked in parts (Mirror._parts)
 MAX_PARTS = 4
-FOLLOW_BUFFER = 100_000  # events a follower holds past the copy before it waits for a fetch
+FOLLOW_BUFFER = 100_000  # events a follower holds past the copy before it lets go until a fetch
 FOLLOW_RETRY_S = 1.0  # a follower whose stream failed starts again after this
-FOLLOW_WAIT_S = 0.05  # a fetch waits this long for the stream to reach its revision (once late: not at all)
 
 
 @dataclass
@@ -85,17 +87,16 @@ class Fetched:
 
     changes: dict[str, Changes] = field(default_factory=dict)
     lists: dict[str, tuple[int, builtins.list[KV]]] = field(default_factory=dict)
-    streamed: dict[str, tuple[int, builtins.list[Event]]] = field(default_factory=dict)  # prefix -> (now, its events)
+    streamed: dict[str, tuple[int, dict[str, KV | None]]] = field(default_factory=dict)  # prefix -> (W, _outcome)
     seen: int | None = None  # the store's revision before the fetch asked anything
     decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (mod_revision, decoded)
 
 
 @dataclass
 class _Follower:
-    """The span's stream: per mirrored prefix, its events in order after ``start`` (less those
-    the copy holds) through ``through`` (the module's invariants)."""
+    """One span's stream: per mirrored prefix under it, its events in order through ``through``,
+    less those the copy holds (the module's invariants)."""
 
-    start: int
     through: int
     events: dict[str, builtins.list[Event]]
     held: int = 0  # events in ``events``
@@ -111,27 +112,31 @@ class Reads:
 
 
 class Mirror:
-    def __init__(self, store: Store, prefixes: builtins.list[str], follow: str | None = None,
+    def __init__(self, store: Store, prefixes: builtins.list[str], follow: Iterable[str] = (),
                  decode: Mapping[str, Callable[[str, str], object]] | None = None):
-        """``follow``: a key span holding every prefix, streamed between fetches (the module's
-        docstring). ``decode``: per mirrored prefix, ``fn(key, value)`` -> what ``decoded``
-        answers for its keys (a parsed record; it must not raise), run in the follower's thread
-        as the stream brings each put."""
+        """``follow``: key spans streamed between fetches, each holding one or more mirrored
+        prefixes and none inside another (the module's docstring); a reader follows only what
+        its store access lets it watch. ``decode``: per mirrored prefix, ``fn(key, value)`` ->
+        what ``decoded`` answers for its keys (a parsed record; it must not raise), run in the
+        follower's thread as the stream brings each put."""
         self.store = store
         self.prefixes = sorted(set(prefixes))
+        self.follow = sorted(set(follow))
         self._decode = dict(decode or {})
         self._decoded: dict[str, tuple[int, object]] = {}  # key -> (mod_revision, decode's answer)
-        if follow is not None and not all(p.startswith(follow) for p in self.prefixes):
-            raise ValueError(f"Mirror: follow {follow!r} does not hold every mirrored prefix")
+        self._span_prefixes = {s: [p for p in self.prefixes if p.startswith(s)] for s in self.follow}
+        if any(not held for held in self._span_prefixes.values()):
+            raise ValueError(f"Mirror: follow {[s for s, h in self._span_prefixes.items() if not h]} holds no mirrored prefix")
+        if any(a != b and b.startswith(a) for a in self.follow for b in self.follow):
+            raise ValueError(f"Mirror: follow {self.follow} has a span inside another")
         if not set(self._decode) <= set(self.prefixes):
             raise ValueError(f"Mirror: decode {sorted(set(self._decode) - set(self.prefixes))} is not mirrored")
-        self.follow = follow
-        self._follower: _Follower | None = None  # the span's stream, while one is open
-        self._follow_lock = threading.Condition()  # notified as the stream moves on
-        self._following = False  # the follower thread is started
-        self._late = False  # the last fetch found the stream behind: the next one does not wait
+        self._span_of = {p: s for s, held in self._span_prefixes.items() for p in held}
+        self._followers: dict[str, _Follower] = {}  # span -> its stream, while one is open
+        self._follow_lock = threading.Lock()
+        self._following: set[str] = set()  # spans whose follower thread is started
         self._stop = threading.Event()
-        self.prefetched = 0  # changes a fetch took from the stream (tests and benchmarks read it)
+        self.prefetched = 0  # changes a fetch took from a stream (tests and benchmarks read it)
         self._prefix_tuple = tuple(self.prefixes)
         self.version = 0  # bumped by each apply that changed something
         self._stamped: set[str] = set()  # the "/"-ended prefixes _bump stamped in this apply
@@ -164,14 +169,15 @@ class Mirror:
         if now == self._seen and None not in self._after.values():
             return out  # nothing was written anywhere since the last fetch: nothing to ask
         out.streamed, out.decoded = self._streamed(now)
-        tasks = self._parts(set(out.streamed))
-        answers = list(self._pool.map(lambda t: self._changes(t[0], t[1], t[2], t[3], now), tasks))
+        tasks = self._parts(out.streamed, now)
+        answers = list(self._pool.map(lambda t: self._changes(t[0], t[1], t[2], t[3], t[4], t[5], now), tasks))
         relist = []
         for prefix in self.prefixes:
             mine = [got for (p, *_), got in zip(tasks, answers) if p == prefix]
             parts = [got for got in mine if got is not None]
             if len(parts) < len(mine):
                 relist.append(prefix)
+                out.streamed.pop(prefix, None)  # the list replaces what the stream brought
             elif mine:  # the parts are disjoint ranges in key order: together, the prefix's answer
                 out.changes[prefix] = Changes(min(g.revision for g in parts), [kv for g in parts for kv in g.kvs],
                                               sum(g.count for g in parts))
@@ -180,64 +186,84 @@ class Mirror:
         out.seen = now
         return out
 
-    def _parts(self, streamed: set[str]) -> builtins.list[tuple[str, str | None, str | None, int]]:
-        """(prefix, start, end, keys the copy holds in that range) per read, for every prefix but
-        the ``streamed`` ones: a prefix whose copy holds SPLIT_KEYS keys or more and whose last
-        answer carried SPLIT_KEYS / 4 keys or more is asked in up to MAX_PARTS ranges of about
-        equal size, all at once (etcd answers a range at a cost per key; parallel ranges answer
-        sooner), any other in one."""
+    def _parts(self, streamed: dict[str, tuple[int, dict[str, KV | None]]], now: int,
+               ) -> builtins.list[tuple[str, str | None, str | None, int, int | None, dict[str, KV | None]]]:
+        """(prefix, start, end, keys the copy holds in that range, since, the stream's outcome)
+        per read: a prefix the stream brought to W < now is asked from W in one read (with the
+        copy as the stream leaves it), one it brought to ``now`` not at all; of the others, one
+        whose copy holds SPLIT_KEYS keys or more and whose last answer carried SPLIT_KEYS / 4
+        keys or more is asked in up to MAX_PARTS ranges of about equal size, all at once (etcd
+        answers a range at a cost per key; parallel ranges answer sooner), any other in one."""
         keys: builtins.list[str] | None = None
-        out: builtins.list[tuple[str, str | None, str | None, int]] = []
+        out: builtins.list[tuple[str, str | None, str | None, int, int | None, dict[str, KV | None]]] = []
         for prefix in self.prefixes:
+            after = self._after[prefix]
             if prefix in streamed:
+                reached, outcome = streamed[prefix]
+                if reached < now:
+                    out.append((prefix, None, None, self._held[prefix] + self._grown(outcome), reached, outcome))
                 continue
             busy = self._last_answer[prefix] >= SPLIT_KEYS // 4
-            n = min(MAX_PARTS, self._held[prefix] // SPLIT_KEYS + 1) if busy and self._after[prefix] is not None else 1
+            n = min(MAX_PARTS, self._held[prefix] // SPLIT_KEYS + 1) if busy and after is not None else 1
             if n < 2:
-                out.append((prefix, None, None, self._held[prefix]))
+                out.append((prefix, None, None, self._held[prefix], after, {}))
                 continue
             keys = keys if keys is not None else (self._sorted if self._sorted is not None else sorted(self._kvs))
             lo = bisect.bisect_left(keys, prefix)  # the prefix's keys are the _held[prefix] from there
             held = self._held[prefix]
             at = [lo + i * held // n for i in range(n)] + [lo + held]  # each part's first key's index
             bounds = [None, *(keys[i] for i in at[1:-1]), None]
-            out += [(prefix, bounds[i], bounds[i + 1], at[i + 1] - at[i]) for i in range(n)]
+            out += [(prefix, bounds[i], bounds[i + 1], at[i + 1] - at[i], after, {}) for i in range(n)]
         return out
 
-    def _streamed(self, now: int) -> tuple[dict[str, tuple[int, builtins.list[Event]]],
-                                           dict[str, tuple[int, object]]]:
-        """Per prefix the stream covers at ``now`` (the module's invariants): (now, its events in
-        (copy's revision, now]); and what the stream decoded. Waits up to FOLLOW_WAIT_S for the stream to reach ``now``,
-        unless the last fetch found it late (writes outside the span, say: it may never reach
-        the store's revision, and no fetch should wait for it each time)."""
-        deadline = time.monotonic() + (0.0 if self._late else FOLLOW_WAIT_S)
+    def _streamed(self, now: int) -> tuple[dict[str, tuple[int, dict[str, KV | None]]], dict[str, tuple[int, object]]]:
+        """Per prefix a stream has brought past the copy's revision A: (W, the outcome of its
+        events in (A, W]), W the revision its span's stream has reached (at most ``now``); and
+        what the streams decoded."""
+        taken: dict[str, tuple[int, builtins.list[Event]]] = {}
+        decoded: dict[str, tuple[int, object]] = {}
         with self._follow_lock:
-            while True:
-                f = self._follower
-                if f is not None and f.through >= now:
-                    break
-                left = deadline - time.monotonic()
-                if f is None or left <= 0:
-                    self._late = f is not None
-                    return {}, {}
-                self._follow_lock.wait(left)
-            self._late = False
-            out = {}
-            for prefix, events in f.events.items():
-                after = self._after[prefix]
-                if after is not None and f.start <= after:
-                    out[prefix] = (now, [e for e in events if after < e.revision <= now])
-            return out, dict(f.decoded)
+            for f in self._followers.values():
+                reached = min(f.through, now)
+                for prefix, events in f.events.items():
+                    after = self._after[prefix]
+                    if after is not None and after < reached:
+                        taken[prefix] = (reached, [e for e in events if after < e.revision <= reached])
+                decoded.update(f.decoded)
+        return {p: (reached, self._outcome(events)) for p, (reached, events) in taken.items()}, decoded
 
-    def _changes(self, prefix: str, start: str | None, end: str | None, held: int, now: int) -> Changes | None:
-        """The changes in one range of the prefix since the copy's revision (``held``: the keys
-        the copy holds in it); None when the prefix must be listed again (never listed, history
-        compacted, or keys deleted in the range)."""
-        after = self._after[prefix]
-        if after is None:
+    def _outcome(self, events: builtins.list[Event]) -> dict[str, KV | None]:
+        """Each key the events change, as they leave it: its KV, or None when they delete a key
+        the copy holds. A put or delete at or below the revision the copy holds the key at is
+        skipped (a list can be ahead); a key a put creates is created at that put's revision."""
+        out: dict[str, KV | None] = {}
+        copy = self._kvs
+        for e in events:
+            key, rev = e.key, e.revision
+            held = out[key] if key in out else copy.get(key)
+            if held is not None and held.mod_revision >= rev:
+                continue
+            if e.type == "put":
+                out[key] = KV(key, e.value or "", rev, held.create_revision if held is not None else rev)
+            elif held is not None or key in out:
+                out[key] = None
+        return out
+
+    def _grown(self, outcome: dict[str, KV | None]) -> int:
+        """How many keys the copy gains (created less deleted) when ``outcome`` is applied."""
+        copy = self._kvs
+        return sum((kv is not None) - (key in copy) for key, kv in outcome.items())
+
+    def _changes(self, prefix: str, start: str | None, end: str | None, held: int, since: int | None,
+                 outcome: dict[str, KV | None], now: int) -> Changes | None:
+        """The changes in one range of the prefix since revision ``since`` (the copy's, or where
+        its stream brought it: ``outcome`` applied; ``held``: the keys the copy then holds in
+        the range); None when the prefix must be listed again (never listed, history compacted,
+        or keys deleted in the range)."""
+        if since is None:
             return None
         try:
-            got = self.store.changed_since(prefix, after, now, start=start, end=end)
+            got = self.store.changed_since(prefix, since, now, start=start, end=end)
         except Conflict as exc:
             if exc.code != "compacted":
                 raise
@@ -245,7 +271,9 @@ class Mirror:
             return None
         # the copy's keys in the range besides those written since: exactly the untouched live
         # ones unless some were deleted (the module's invariants)
-        untouched = held - sum(kv.key in self._kvs for kv in got.kvs)
+        copy = self._kvs
+        untouched = held - sum((outcome[kv.key] is not None) if kv.key in outcome else (kv.key in copy)
+                               for kv in got.kvs)
         if untouched != got.count - len(got.kvs):
             return None
         return got
@@ -264,36 +292,31 @@ class Mirror:
         for prefix, (rev, kvs) in fetched.lists.items():
             applied += self._relist(prefix, rev, kvs)
             self._last_answer[prefix] = len(kvs)
-        for prefix, got in fetched.changes.items():
-            self._last_answer[prefix] = len(got.kvs)
-            for kv in got.kvs:
-                applied += self._put(kv)
-            self._after[prefix] = max(self._after[prefix] or 0, got.revision)
-        for prefix, (now, events) in fetched.streamed.items():
+        for prefix, (reached, outcome) in fetched.streamed.items():  # before the answers from there on
             streamed = 0
             copy, decoded = self._kvs, fetched.decoded
-            for e in events:  # a put or delete at or below the copy's revision of its key is skipped
-                key, rev = e.key, e.revision
+            for key, kv in outcome.items():
                 held = copy.get(key)
-                if held is not None and held.mod_revision >= rev:
-                    continue
-                if e.type == "put":  # a key it creates is created at its revision
-                    if held is None:
-                        self._hold(KV(key, e.value or "", rev, rev), new=True)
-                    else:
-                        copy[key] = KV(key, e.value or "", rev, held.create_revision)
+                if kv is not None:
+                    self._hold(kv, new=held is None)
                     parsed = decoded.get(key)
-                    if parsed is not None and parsed[0] == rev:
+                    if parsed is not None and parsed[0] == kv.mod_revision:
                         self._decoded[key] = parsed
                 elif held is not None:
                     self._drop(key)
                 else:
-                    continue
+                    continue  # created and deleted again within the stream
                 streamed += self._bump(key)
-            self._last_answer[prefix] = len(events)
-            self._after[prefix] = max(self._after[prefix] or 0, now)
+            self._last_answer[prefix] = len(outcome)
+            self._after[prefix] = max(self._after[prefix] or 0, reached)
             self.prefetched += streamed
             applied += streamed
+        for prefix, got in fetched.changes.items():
+            self._last_answer[prefix] = max(self._last_answer[prefix] if prefix in fetched.streamed else 0,
+                                            len(got.kvs))
+            for kv in got.kvs:
+                applied += self._put(kv)
+            self._after[prefix] = max(self._after[prefix] or 0, got.revision)
         if not applied:
             self.version -= 1  # nothing was stamped with it
         self._follow_on()
@@ -302,75 +325,74 @@ class Mirror:
         self.changes_applied += applied
         return applied
 
-    def _floor(self) -> int | None:
-        """The oldest copy revision of any prefix (None: one has no copy yet)."""
-        afters = self._after.values()
+    def _floor(self, span: str) -> int | None:
+        """The oldest copy revision of the span's prefixes (None: one has no copy yet)."""
+        afters = [self._after[p] for p in self._span_prefixes[span]]
         return None if None in afters else min(afters)  # type: ignore[type-var]
 
     def _follow_on(self) -> None:
-        """Start the span's stream once every prefix has a copy, and drop the streamed events
+        """Start each span's stream once its prefixes have a copy, and drop the streamed events
         the copy now holds."""
-        if self.follow is None or self._floor() is None:
-            return
-        if not self._following:
-            self._following = True
-            threading.Thread(target=self._follow_span, args=(self.follow,), daemon=True,
-                             name="fabric-mirror-follow").start()
-        with self._follow_lock:
-            f = self._follower
-            if f is None:
-                return
-            for prefix, events in f.events.items():
-                after = self._after[prefix]
-                if after is not None and events and events[0].revision <= after:
-                    kept = [e for e in events if e.revision > after]
-                    f.held -= len(events) - len(kept)
-                    f.events[prefix] = kept
-            floor = self._floor() or 0
-            f.decoded = {k: d for k, d in f.decoded.items() if d[0] > floor}
+        for span in self.follow:
+            floor = self._floor(span)
+            if floor is None:
+                continue
+            if span not in self._following:
+                self._following.add(span)
+                threading.Thread(target=self._follow_span, args=(span,), daemon=True,
+                                 name="fabric-mirror-follow").start()
+            with self._follow_lock:
+                f = self._followers.get(span)
+                if f is None:
+                    continue
+                for prefix, events in f.events.items():
+                    after = self._after[prefix]
+                    if after is not None and events and events[0].revision <= after:
+                        kept = [e for e in events if e.revision > after]
+                        f.held -= len(events) - len(kept)
+                        f.events[prefix] = kept
+                f.decoded = {k: d for k, d in f.decoded.items() if d[0] > floor}
 
     def _follow_span(self, span: str) -> None:
-        """The follower thread: stream the span from the copy's oldest revision, again after a
-        failure (FOLLOW_RETRY_S later; a failure is logged when it differs from the last) or once
-        fetches caught up with a full buffer."""
+        """A follower thread: stream the span from its prefixes' oldest copy revision, again after
+        a failure (FOLLOW_RETRY_S later; a failure is logged when it differs from the last) or
+        once fetches caught up with a full buffer."""
         failed = ""
-        mirrored = self._prefix_tuple
+        mine_of = self._span_prefixes[span]
         while not self._stop.is_set():
-            start = self._floor()
-            assert start is not None  # started once every prefix had a copy; they only move on
-            f = _Follower(start, start, {p: [] for p in self.prefixes})
+            start = self._floor(span)
+            assert start is not None  # started once its prefixes had a copy; they only move on
+            f = _Follower(start, {p: [] for p in mine_of})
             with self._follow_lock:
-                self._follower = f
+                self._followers[span] = f
             try:
                 for events in self.store.follow(span, start, self._stop):
-                    mine = [(p, e) for e in events if e.key.startswith(mirrored)
-                            for p in self.prefixes if e.key.startswith(p)]
+                    mine = [(p, e) for e in events for p in mine_of if e.key.startswith(p)]
                     decoded = {e.key: (e.revision, self._decode[p](e.key, e.value)) for p, e in mine
                                if p in self._decode and e.type == "put" and e.value is not None}
                     with self._follow_lock:
                         if f.held + len(mine) > FOLLOW_BUFFER:  # nobody fetches: hold no more, and
-                            self._follower = None  # let fetches ask the store until the copy moves on
+                            del self._followers[span]  # let fetches ask the store until the copy moves on
                             break
                         for p, e in mine:
                             f.events[p].append(e)
                         f.held += len(mine)
                         f.decoded.update(decoded)
                         f.through = events[-1].revision
-                        self._follow_lock.notify_all()
                     failed = ""
                 else:
                     continue  # the stream ended: stopped (the loop's test), or open it again
-                while not self._stop.is_set() and self._floor() == start:
+                while not self._stop.is_set() and self._floor(span) == start:
                     self._stop.wait(FOLLOW_RETRY_S)
-            except Exception as exc:  # noqa: BLE001  a prefetch: fetch asks the store itself meanwhile
+            except Exception as exc:  # noqa: BLE001  fetches ask the store meanwhile
                 if str(exc) != failed:
                     log.info("mirror of %s: stream stopped (%s); starting again", span, exc)
                 failed = str(exc)
                 self._stop.wait(FOLLOW_RETRY_S)
             finally:
                 with self._follow_lock:
-                    if self._follower is f:
-                        self._follower = None
+                    if self._followers.get(span) is f:
+                        del self._followers[span]
 
     def _forget(self) -> None:
         """Drop the change records of keys (and prefixes) that hold nothing now; ``moved`` reads

@@ -141,10 +141,10 @@ class RoutingWorker:
         self._parsed = ParseCache()  # store records by (key, mod_revision): unchanged ones are not re-validated
         self._parsed_plans = ParseCache()  # the published plans, likewise (shared: replaced, never changed)
         # The records a pass reads, listed once and then kept by their changes (common.store.mirror):
-        # the fleet's keys streamed between passes, so a pass asks the store only its revision (or,
-        # when the stream is behind, only what changed since the last one).
+        # the fleet's keys streamed between passes (fabricd may watch all of them), so a pass asks
+        # the store only what the stream has not brought yet, often nothing but its revision.
         self.mirror = Mirror(store, [*ROUTING_PREFIXES, keyspace.routing_plans(), MANAGED_SERVICES, keyspace.vips()],
-                             follow=keyspace.ROOT + "/")
+                             follow=[keyspace.ROOT + "/"])
         self._managed: dict[str, str] = {}  # managed-service key -> value: the mirror's, with this pass's writes
         self._held = vip_pool.Held({})  # the VIPs as this pass began, with its claims and releases
         self._unwritten: list[ReplicaObservation] = []  # this tick's observations the store needs

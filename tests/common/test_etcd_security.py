@@ -114,6 +114,31 @@ def test_the_gateway_role_reads_and_writes_what_a_gateway_does(etcd_server):
     gateway.close()
 
 
+def test_a_gateways_view_cache_streams_only_what_its_role_may_watch(etcd_server):
+    """The gateway's view cache follows spans the gateway role may watch, and it streams as that
+    user (an observation reaches its copy from the stream); all of /fabric/, which holds the
+    admin token and the users, it may not watch."""
+    from gateway.upstreams import UpstreamCache
+    from tests.common.test_store_mirror import _streamed_up_to
+
+    fabricd, gateway = etcd_server.open("fabricd"), etcd_server.open("gateway")
+    cache = UpstreamCache(gateway)
+    try:
+        with pytest.raises(StoreAccessDenied, match="may not watch /fabric/"):
+            gateway.watch(keyspace.ROOT + "/", gateway.revision(), 0.2)
+        cache.mirror.poll()
+        key = keyspace.observations(f"r-{uuid.uuid4().hex[:8]}")
+        _streamed_up_to(cache.mirror, fabricd.put(key, "{}"))
+        streamed = cache.mirror.prefetched
+        cache.mirror.poll()
+        assert cache.mirror.prefetched == streamed + 1 and cache.mirror.get(key).value == "{}"
+        fabricd.delete(key)
+    finally:
+        cache.close()
+        fabricd.close()
+        gateway.close()
+
+
 def _keyspace_names(node: ast.AST) -> set[str]:
     return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
             and n.value.id == "keyspace"}
