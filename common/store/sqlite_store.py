@@ -40,7 +40,7 @@ EVENTS_MAX_BYTES = 64 * 1024 * 1024
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024  # the WAL is truncated back to this after a checkpoint
 PRUNE_EVERY = 1_000  # revisions between prunes: pruning each write would double the write cost
 WATCH_POLL_S = 0.05
-FOLLOW_POLL_S = 0.25  # follow: an idle prefix's events are read again this often (a prefetch: no hurry)
+FOLLOW_POLL_S = 0.25  # follow: an idle prefix's events are read again this often (a Mirror asks the rest)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
