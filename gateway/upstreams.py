@@ -157,6 +157,9 @@ def with_readings(store: Store, view: EndpointView, only: set[str] | None = None
     """The view with its replicas' queue depths (its own pool) and readings (every pool) read
     again; the rest of it as it was. ``only``: read again just these replicas' (the ones whose
     observation changed), the others' kept from ``view``."""
+    if only is not None and all(r.replica_id in only for _, pool in view.pools for r in pool):
+        only = None  # every replica's observation changed (a busy fleet's period): all read again
+
     def stale(pool: tuple[Replica, ...]) -> tuple[Replica, ...]:
         return pool if only is None else tuple(r for r in pool if r.replica_id in only)
 
@@ -190,9 +193,10 @@ def _readings(store: Store, ready: tuple[Replica, ...]
     depths: dict[str, tuple[float, float]] = {}
     readings: dict[str, Reading] = {}
     decoded = getattr(store, "decoded", None)  # a Mirror's parsed copy (decode_observation)
+    under = keyspace.observations()
     for r in ready:
         if decoded is not None:
-            got = decoded(keyspace.observations(r.replica_id))
+            got = decoded(under + r.replica_id)
         else:
             try:
                 got = _reading_of(observations.get(store, r.replica_id))

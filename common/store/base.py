@@ -62,6 +62,7 @@ class Event:
     key: str
     value: str | None
     revision: int
+    create_revision: int = 0  # a put's key's create_revision where the store's stream says (etcd); 0: not said
 
 
 @dataclass(frozen=True)

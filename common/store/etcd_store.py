@@ -555,4 +555,5 @@ def _event(raw: dict[str, Any]) -> Event:
         key=_unb64(kv["key"]),
         value=None if deleted else _unb64(kv.get("value")),
         revision=int(kv["mod_revision"]),
+        create_revision=0 if deleted else int(kv.get("create_revision", 0)),
     )

@@ -47,14 +47,16 @@ Invariants:
     dropped and each counts as changed at that version (``_forgot``): a reader from before then
     reads again once, and a long-running copy of a churning fleet (replicas made and deleted)
     keeps memory in proportion to its keys.
-  - Following: a span's follower holds every event under its prefixes after the lowest copy
-    revision of its prefixes when it started, through ``through`` (its last event's revision),
-    less those at or below their prefix's copy revision (dropped as the copy moves on). A fetch
-    at store revision ``now`` takes prefix p, whose copy is at A < W = min(through, now), to W
-    with the outcome of its events in (A, W] (``_outcome``: a put or delete at or below the
-    copy's revision of the key is skipped, since a list can be ahead; a key a put creates gets
-    that put's revision as its create_revision), then asks ``changed_since`` from W, checking
-    deletions against the copy as the outcome leaves it.
+  - Following: a span's follower holds, per key under its prefixes, what every event after the
+    span's floor (the lowest copy revision of its prefixes when it started) through ``through``
+    (its last event's revision) leaves the key as (``_Follower.collect``, in its thread: the KV,
+    or a deletion). A fetch closes the open batch at ``through`` = W and takes prefix p, whose
+    copy is at A < W, to W with what the batches leave p's keys as (``_outcome``: a key the copy
+    holds at that revision or later is skipped, since a list can be ahead; a put whose store did
+    not say its create_revision keeps the copy's while the copy holds that incarnation), then,
+    when W is short of the fetch's revision, asks ``changed_since`` from W, checking deletions
+    against the copy as the outcome leaves it. A batch is dropped once every copy revision of
+    the span has passed it (an apply), so a fetch that is never applied loses nothing.
 Not thread-safe: ``fetch`` (store calls, and reads of the copy) may run in an executor while the
 owner's thread reads, never while it applies; ``apply`` and the reads run on the owner's thread
 (the followers' threads touch only their buffers, under their lock).
@@ -77,7 +79,7 @@ log = logging.getLogger("fabric.store.mirror")
 FORGET_SLACK = 1024  # change records of deleted keys kept beyond the live keys' count
 SPLIT_KEYS = 2000  # a prefix holding this many keys or more is asked in parts (Mirror._parts)
 MAX_PARTS = 4
-FOLLOW_BUFFER = 100_000  # events a follower holds past the copy before it lets go until a fetch
+FOLLOW_BUFFER = 100_000  # keys a follower holds past the copy before it lets go until a fetch
 FOLLOW_RETRY_S = 1.0  # a follower whose stream failed starts again after this
 
 
@@ -92,15 +94,57 @@ class Fetched:
     decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (mod_revision, decoded)
 
 
+# a followed key as its span's stream leaves it: (the KV its last event leaves, None when that
+# deleted it; that event's revision; the revision of the last deletion the stream brought, 0 if
+# none; whether the KV's create_revision is the copy's while the copy holds this incarnation)
+_Pending = tuple["KV | None", int, int, bool]
+
+
 @dataclass
 class _Follower:
-    """One span's stream: per mirrored prefix under it, its events in order through ``through``,
-    less those the copy holds (the module's invariants)."""
+    """One span's stream: per mirrored prefix under it, each key its events changed, folded into
+    what they leave it as (``_Pending``, made in the follower's thread as the events come). A
+    fetch closes the open batch at ``through`` (the last event's revision) and reads every closed
+    batch, oldest first (a later one's key holds everything before it); an apply drops the
+    closed batches its copy has passed, so a fetch that is never applied loses nothing."""
 
     through: int
-    events: dict[str, builtins.list[Event]]
-    held: int = 0  # events in ``events``
+    pending: dict[str, dict[str, _Pending]]  # the open batch: prefix -> key -> what it is left as
+    closed: builtins.list[tuple[int, dict[str, dict[str, _Pending]]]] = field(default_factory=list)
+    held: int = 0  # keys in the batches
     decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (revision, decode's answer)
+
+    def collect(self, prefix: str, e: Event) -> None:
+        """Fold one event into its key's outcome (the follower's thread, under the lock)."""
+        keys = self.pending[prefix]
+        prev = keys.get(e.key)
+        if prev is None:
+            self.held += 1
+            for _, batch in reversed(self.closed):
+                prev = batch[prefix].get(e.key)
+                if prev is not None:
+                    break
+        if e.type != "put":
+            keys[e.key] = (None, e.revision, e.revision, False)
+            return
+        if e.create_revision:  # the store said (etcd)
+            create, copy_s = e.create_revision, False
+        elif prev is None:  # created here, unless the copy holds the key: then the copy's
+            create, copy_s = e.revision, True
+        elif prev[0] is None:  # created again after a deletion the stream brought
+            create, copy_s = e.revision, False
+        else:  # the incarnation of the key's last put here
+            create, copy_s = prev[0].create_revision, prev[3]
+        keys[e.key] = (KV(e.key, e.value or "", e.revision, create), e.revision, prev[2] if prev else 0, copy_s)
+
+    def take(self, prefix: str) -> dict[str, _Pending]:
+        """Every closed batch's keys of the prefix, the latest of each."""
+        if len(self.closed) == 1:
+            return self.closed[0][1][prefix]
+        out: dict[str, _Pending] = {}
+        for _, batch in self.closed:
+            out.update(batch[prefix])
+        return out
 
 
 @dataclass
@@ -168,7 +212,13 @@ class Mirror:
         now = self.store.revision()
         if now == self._seen and None not in self._after.values():
             return out  # nothing was written anywhere since the last fetch: nothing to ask
-        out.streamed, out.decoded = self._streamed(now)
+        out.streamed, out.decoded = self._streamed()
+        self._ask(out, now)
+        return out
+
+    def _ask(self, out: Fetched, now: int) -> None:
+        """``fetch``'s store reads: each prefix's changes since its copy (or where its stream
+        brought it), and a list of any that must be listed again."""
         tasks = self._parts(out.streamed, now)
         answers = list(self._pool.map(lambda t: self._changes(t[0], t[1], t[2], t[3], t[4], t[5], now), tasks))
         relist = []
@@ -184,7 +234,6 @@ class Mirror:
         for prefix, listed in zip(relist, self._pool.map(self._list, relist)):
             out.lists[prefix] = listed
         out.seen = now
-        return out
 
     def _parts(self, streamed: dict[str, tuple[int, dict[str, KV | None]]], now: int,
                ) -> builtins.list[tuple[str, str | None, str | None, int, int | None, dict[str, KV | None]]]:
@@ -216,37 +265,40 @@ class Mirror:
             out += [(prefix, bounds[i], bounds[i + 1], at[i + 1] - at[i], after, {}) for i in range(n)]
         return out
 
-    def _streamed(self, now: int) -> tuple[dict[str, tuple[int, dict[str, KV | None]]], dict[str, tuple[int, object]]]:
-        """Per prefix a stream has brought past the copy's revision A: (W, the outcome of its
-        events in (A, W]), W the revision its span's stream has reached (at most ``now``); and
-        what the streams decoded."""
-        taken: dict[str, tuple[int, builtins.list[Event]]] = {}
+    def _streamed(self) -> tuple[dict[str, tuple[int, dict[str, KV | None]]], dict[str, tuple[int, object]]]:
+        """Per prefix a stream has brought past the copy's revision A: (W, what its keys' events
+        in (A, W] leave them as), W the revision its span's stream has reached; and what the
+        streams decoded."""
+        taken: dict[str, tuple[int, dict[str, _Pending]]] = {}
         decoded: dict[str, tuple[int, object]] = {}
         with self._follow_lock:
             for f in self._followers.values():
-                reached = min(f.through, now)
-                for prefix, events in f.events.items():
+                if any(f.pending.values()):  # close the open batch: what comes next is the next fetch's
+                    f.closed.append((f.through, f.pending))
+                    f.pending = {p: {} for p in f.pending}
+                for prefix in f.pending:
                     after = self._after[prefix]
-                    if after is not None and after < reached:
-                        taken[prefix] = (reached, [e for e in events if after < e.revision <= reached])
+                    if after is not None and after < f.through and f.closed:
+                        taken[prefix] = (f.through, f.take(prefix))
                 decoded.update(f.decoded)
-        return {p: (reached, self._outcome(events)) for p, (reached, events) in taken.items()}, decoded
+        return {p: (reached, self._outcome(keys)) for p, (reached, keys) in taken.items()}, decoded
 
-    def _outcome(self, events: builtins.list[Event]) -> dict[str, KV | None]:
-        """Each key the events change, as they leave it: its KV, or None when they delete a key
-        the copy holds. A put or delete at or below the revision the copy holds the key at is
-        skipped (a list can be ahead); a key a put creates is created at that put's revision."""
+    def _outcome(self, keys: dict[str, _Pending]) -> dict[str, KV | None]:
+        """Each key the stream changed, as it leaves it: its KV, or None when it deletes a key the
+        copy holds. A key the copy holds at that revision or later is skipped (a list can be
+        ahead); one whose create_revision the stream did not say keeps the copy's while the
+        copy holds that incarnation (no deletion since the copy's revision of it)."""
         out: dict[str, KV | None] = {}
         copy = self._kvs
-        for e in events:
-            key, rev = e.key, e.revision
-            held = out[key] if key in out else copy.get(key)
-            if held is not None and held.mod_revision >= rev:
-                continue
-            if e.type == "put":
-                out[key] = KV(key, e.value or "", rev, held.create_revision if held is not None else rev)
-            elif held is not None or key in out:
-                out[key] = None
+        for key, (kv, rev, deleted, copy_s) in keys.items():
+            held = copy.get(key)
+            if held is None:
+                if kv is not None:
+                    out[key] = kv
+            elif held.mod_revision < rev:
+                if kv is not None and copy_s and deleted <= held.mod_revision:
+                    kv = KV(key, kv.value, rev, held.create_revision)
+                out[key] = kv
         return out
 
     def _grown(self, outcome: dict[str, KV | None]) -> int:
@@ -292,21 +344,28 @@ class Mirror:
         for prefix, (rev, kvs) in fetched.lists.items():
             applied += self._relist(prefix, rev, kvs)
             self._last_answer[prefix] = len(kvs)
-        for prefix, (reached, outcome) in fetched.streamed.items():  # before the answers from there on
+        # the streamed keys, before the answers from there on: the hot path of a busy fleet
+        # (every agent's report), so _hold and _bump are inlined for a key the copy holds
+        copy, decoded, mine, key_version, version = self._kvs, fetched.decoded, self._decoded, self._key_version, self.version
+        for prefix, (reached, outcome) in fetched.streamed.items():
             streamed = 0
-            copy, decoded = self._kvs, fetched.decoded
             for key, kv in outcome.items():
                 held = copy.get(key)
+                if kv is None:
+                    self._drop(key)  # _outcome deletes only keys the copy holds
+                elif held is None:
+                    self._hold(kv, new=True)
+                else:
+                    copy[key] = kv
                 if kv is not None:
-                    self._hold(kv, new=held is None)
                     parsed = decoded.get(key)
                     if parsed is not None and parsed[0] == kv.mod_revision:
-                        self._decoded[key] = parsed
-                elif held is not None:
-                    self._drop(key)
+                        mine[key] = parsed
+                streamed += 1
+                if key[:key.rfind("/") + 1] in self._stamped:
+                    key_version[key] = version
                 else:
-                    continue  # created and deleted again within the stream
-                streamed += self._bump(key)
+                    self._bump(key)
             self._last_answer[prefix] = len(outcome)
             self._after[prefix] = max(self._after[prefix] or 0, reached)
             self.prefetched += streamed
@@ -331,8 +390,8 @@ class Mirror:
         return None if None in afters else min(afters)  # type: ignore[type-var]
 
     def _follow_on(self) -> None:
-        """Start each span's stream once its prefixes have a copy, and drop the streamed events
-        the copy now holds."""
+        """Start each span's stream once its prefixes have a copy, and drop the closed batches
+        the copy has passed."""
         for span in self.follow:
             floor = self._floor(span)
             if floor is None:
@@ -345,12 +404,8 @@ class Mirror:
                 f = self._followers.get(span)
                 if f is None:
                     continue
-                for prefix, events in f.events.items():
-                    after = self._after[prefix]
-                    if after is not None and events and events[0].revision <= after:
-                        kept = [e for e in events if e.revision > after]
-                        f.held -= len(events) - len(kept)
-                        f.events[prefix] = kept
+                while f.closed and f.closed[0][0] <= floor:
+                    f.held -= sum(len(keys) for keys in f.closed.pop(0)[1].values())
                 f.decoded = {k: d for k, d in f.decoded.items() if d[0] > floor}
 
     def _follow_span(self, span: str) -> None:
@@ -362,7 +417,7 @@ class Mirror:
         while not self._stop.is_set():
             start = self._floor(span)
             assert start is not None  # started once its prefixes had a copy; they only move on
-            f = _Follower(start, {p: [] for p in mine_of})
+            f = _Follower(start, {p: {} for p in mine_of})
             with self._follow_lock:
                 self._followers[span] = f
             try:
@@ -375,8 +430,7 @@ class Mirror:
                             del self._followers[span]  # let fetches ask the store until the copy moves on
                             break
                         for p, e in mine:
-                            f.events[p].append(e)
-                        f.held += len(mine)
+                            f.collect(p, e)
                         f.decoded.update(decoded)
                         f.through = events[-1].revision
                     failed = ""

@@ -230,13 +230,8 @@ def test_a_stream_behind_the_stores_revision_brings_the_copy_to_where_it_reached
     """A write outside the span moves the store's revision where the stream never goes: the
     stream brings the copy to its last event (a deletion included: nothing is listed), and
     changed_since is asked once, from there; the copy is exact."""
-    span = ns + "m/"
-    o = span + "o/"
-    store.put_all([(o + str(i), f"v{i}") for i in range(3)])
-    counted = CountingStore(store)
-    mirror = Mirror(counted, [o], follow=[span])
+    o, counted, mirror = _followed(store, ns, ("v0", "v1", "v2"))
     try:
-        mirror.poll()
         store.put(o + "1", "w1")
         _streamed_up_to(mirror, store.delete(o + "2") and store.revision())
         store.put(ns + "outside", "x")  # the last write: the stream never reaches the store's revision
@@ -251,6 +246,33 @@ def test_a_stream_behind_the_stores_revision_brings_the_copy_to_where_it_reached
         mirror.close()
 
 
+def _followed(store, ns, values=("v", "v", "v")):
+    """A mirror of one prefix (``o``, holding a key per value) that follows its span, polled once."""
+    o = ns + "m/o/"
+    store.put_all([(o + str(i), v) for i, v in enumerate(values)])
+    counted = CountingStore(store)
+    mirror = Mirror(counted, [o], follow=[ns + "m/"])
+    mirror.poll()
+    return o, counted, mirror
+
+
+def test_a_fetch_never_applied_loses_nothing_the_stream_brought(store, ns):
+    """A fetch closes the stream's batch but drops nothing: one whose answer is never applied
+    (its caller failed) leaves the next fetch every change, still from the stream alone."""
+    o, counted, mirror = _followed(store, ns)
+    try:
+        store.put(o + "0", "w")
+        store.delete(o + "1")
+        _streamed_up_to(mirror, store.revision())
+        assert o + "1" in mirror.fetch().streamed[o][1]  # brought, then never applied
+        _streamed_up_to(mirror, store.put(o + "2", "x"))
+        asked = counted.calls.get("changed_since", 0)
+        assert mirror.poll() == 3 and mirror.get(o + "1") is None and exact(mirror, store, [o])
+        assert counted.calls.get("changed_since", 0) == asked  # every change from the stream
+    finally:
+        mirror.close()
+
+
 def test_a_stream_past_its_buffer_stops_until_the_copy_moves_on(store, ns, monkeypatch):
     """More unfetched events than FOLLOW_BUFFER: the stream lets go (fetches ask changed_since),
     and opens again from the copy's revision once a fetch moved it; the copy is exact throughout."""
@@ -258,12 +280,8 @@ def test_a_stream_past_its_buffer_stops_until_the_copy_moves_on(store, ns, monke
 
     monkeypatch.setattr(mirror_module, "FOLLOW_BUFFER", 3)
     span = ns + "m/"
-    o = span + "o/"
-    store.put_all([(o + str(i), "v") for i in range(3)])
-    counted = CountingStore(store)
-    mirror = Mirror(counted, [o], follow=[span])
+    o, counted, mirror = _followed(store, ns)
     try:
-        mirror.poll()
         _streamed_up_to(mirror, store.put(o + "0", "w"))
         for i in range(4):
             store.put(o + f"n{i}", "x")
