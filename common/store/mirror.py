@@ -96,8 +96,9 @@ class Fetched:
 
 # a followed key as its span's stream leaves it: (the KV its last event leaves, None when that
 # deleted it; that event's revision; the revision of the last deletion the stream brought, 0 if
-# none; whether the KV's create_revision is the copy's while the copy holds this incarnation)
-_Pending = tuple["KV | None", int, int, bool]
+# none; whether the KV's create_revision is the copy's while the copy holds this incarnation;
+# (that revision, decode's answer for the KV) when its prefix names a decode, else None)
+_Pending = tuple["KV | None", int, int, bool, "tuple[int, object] | None"]
 
 
 @dataclass
@@ -112,10 +113,10 @@ class _Follower:
     pending: dict[str, dict[str, _Pending]]  # the open batch: prefix -> key -> what it is left as
     closed: builtins.list[tuple[int, dict[str, dict[str, _Pending]]]] = field(default_factory=list)
     held: int = 0  # keys in the batches
-    decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (revision, decode's answer)
 
-    def collect(self, prefix: str, e: Event) -> None:
-        """Fold one event into its key's outcome (the follower's thread, under the lock)."""
+    def collect(self, prefix: str, e: Event, parsed: tuple[int, object] | None) -> None:
+        """Fold one event (and decode's answer for a put, where its prefix names one) into its
+        key's outcome (the follower's thread, under the lock)."""
         keys = self.pending[prefix]
         prev = keys.get(e.key)
         if prev is None:
@@ -125,7 +126,7 @@ class _Follower:
                 if prev is not None:
                     break
         if e.type != "put":
-            keys[e.key] = (None, e.revision, e.revision, False)
+            keys[e.key] = (None, e.revision, e.revision, False, None)
             return
         if e.create_revision:  # the store said (etcd)
             create, copy_s = e.create_revision, False
@@ -135,7 +136,8 @@ class _Follower:
             create, copy_s = e.revision, False
         else:  # the incarnation of the key's last put here
             create, copy_s = prev[0].create_revision, prev[3]
-        keys[e.key] = (KV(e.key, e.value or "", e.revision, create), e.revision, prev[2] if prev else 0, copy_s)
+        keys[e.key] = (KV(e.key, e.value or "", e.revision, create), e.revision, prev[2] if prev else 0, copy_s,
+                       parsed)
 
     def take(self, prefix: str) -> dict[str, _Pending]:
         """Every closed batch's keys of the prefix, the latest of each."""
@@ -267,8 +269,8 @@ class Mirror:
 
     def _streamed(self) -> tuple[dict[str, tuple[int, dict[str, KV | None]]], dict[str, tuple[int, object]]]:
         """Per prefix a stream has brought past the copy's revision A: (W, what its keys' events
-        in (A, W] leave them as), W the revision its span's stream has reached; and what the
-        streams decoded."""
+        in (A, W] leave them as), W the revision its span's stream has reached; and decode's
+        answers for those KVs."""
         taken: dict[str, tuple[int, dict[str, _Pending]]] = {}
         decoded: dict[str, tuple[int, object]] = {}
         with self._follow_lock:
@@ -280,25 +282,29 @@ class Mirror:
                     after = self._after[prefix]
                     if after is not None and after < f.through and f.closed:
                         taken[prefix] = (f.through, f.take(prefix))
-                decoded.update(f.decoded)
-        return {p: (reached, self._outcome(keys)) for p, (reached, keys) in taken.items()}, decoded
+        return {p: (reached, self._outcome(keys, decoded)) for p, (reached, keys) in taken.items()}, decoded
 
-    def _outcome(self, keys: dict[str, _Pending]) -> dict[str, KV | None]:
+    def _outcome(self, keys: dict[str, _Pending], decoded: dict[str, tuple[int, object]]) -> dict[str, KV | None]:
         """Each key the stream changed, as it leaves it: its KV, or None when it deletes a key the
         copy holds. A key the copy holds at that revision or later is skipped (a list can be
         ahead); one whose create_revision the stream did not say keeps the copy's while the
-        copy holds that incarnation (no deletion since the copy's revision of it)."""
+        copy holds that incarnation (no deletion since the copy's revision of it). Decode's
+        answer for each KV kept goes to ``decoded``."""
         out: dict[str, KV | None] = {}
         copy = self._kvs
-        for key, (kv, rev, deleted, copy_s) in keys.items():
+        for key, (kv, rev, deleted, copy_s, parsed) in keys.items():
             held = copy.get(key)
-            if held is None:
-                if kv is not None:
-                    out[key] = kv
-            elif held.mod_revision < rev:
-                if kv is not None and copy_s and deleted <= held.mod_revision:
-                    kv = KV(key, kv.value, rev, held.create_revision)
-                out[key] = kv
+            if held is not None and held.mod_revision >= rev:
+                continue
+            if kv is None:
+                if held is not None:
+                    out[key] = None
+                continue
+            if held is not None and copy_s and deleted <= held.mod_revision:
+                kv = KV(key, kv.value, rev, held.create_revision)
+            out[key] = kv
+            if parsed is not None:
+                decoded[key] = parsed
         return out
 
     def _grown(self, outcome: dict[str, KV | None]) -> int:
@@ -345,8 +351,8 @@ class Mirror:
             applied += self._relist(prefix, rev, kvs)
             self._last_answer[prefix] = len(kvs)
         # the streamed keys, before the answers from there on: the hot path of a busy fleet
-        # (every agent's report), so _hold and _bump are inlined for a key the copy holds
-        copy, decoded, mine, key_version, version = self._kvs, fetched.decoded, self._decoded, self._key_version, self.version
+        # (every agent's report), so a key the copy holds is replaced in place
+        copy, decoded, mine = self._kvs, fetched.decoded, self._decoded
         for prefix, (reached, outcome) in fetched.streamed.items():
             streamed = 0
             for key, kv in outcome.items():
@@ -357,15 +363,10 @@ class Mirror:
                     self._hold(kv, new=True)
                 else:
                     copy[key] = kv
-                if kv is not None:
-                    parsed = decoded.get(key)
-                    if parsed is not None and parsed[0] == kv.mod_revision:
-                        mine[key] = parsed
-                streamed += 1
-                if key[:key.rfind("/") + 1] in self._stamped:
-                    key_version[key] = version
-                else:
-                    self._bump(key)
+                parsed = decoded.get(key)  # decode's answer for this KV (_outcome)
+                if parsed is not None:
+                    mine[key] = parsed
+                streamed += self._bump(key)
             self._last_answer[prefix] = len(outcome)
             self._after[prefix] = max(self._after[prefix] or 0, reached)
             self.prefetched += streamed
@@ -406,7 +407,6 @@ class Mirror:
                     continue
                 while f.closed and f.closed[0][0] <= floor:
                     f.held -= sum(len(keys) for keys in f.closed.pop(0)[1].values())
-                f.decoded = {k: d for k, d in f.decoded.items() if d[0] > floor}
 
     def _follow_span(self, span: str) -> None:
         """A follower thread: stream the span from its prefixes' oldest copy revision, again after
@@ -422,16 +422,15 @@ class Mirror:
                 self._followers[span] = f
             try:
                 for events in self.store.follow(span, start, self._stop):
-                    mine = [(p, e) for e in events for p in mine_of if e.key.startswith(p)]
-                    decoded = {e.key: (e.revision, self._decode[p](e.key, e.value)) for p, e in mine
-                               if p in self._decode and e.type == "put" and e.value is not None}
+                    mine = [(p, e, (e.revision, self._decode[p](e.key, e.value))
+                             if p in self._decode and e.type == "put" and e.value is not None else None)
+                            for e in events for p in mine_of if e.key.startswith(p)]
                     with self._follow_lock:
                         if f.held + len(mine) > FOLLOW_BUFFER:  # nobody fetches: hold no more, and
                             del self._followers[span]  # let fetches ask the store until the copy moves on
                             break
-                        for p, e in mine:
-                            f.collect(p, e)
-                        f.decoded.update(decoded)
+                        for p, e, parsed in mine:
+                            f.collect(p, e, parsed)
                         f.through = events[-1].revision
                     failed = ""
                 else:
