@@ -21,6 +21,13 @@ def get(store: Store, deployment: str, replica_id: str) -> Replica | None:
     return None if kv is None else reading.one(Replica, kv, KIND)
 
 
+def get_all(store: Store, ids: builtins.list[tuple[str, str]]) -> builtins.list[Replica | None]:
+    """Each (deployment, replica_id)'s replica, None where absent, in one read per MAX_TXN_OPS
+    (UnreadableRecord when one does not parse)."""
+    kvs = store.get_all([keyspace.replicas(d, r) for d, r in ids])
+    return [None if kv is None else reading.one(Replica, kv, KIND) for kv in kvs]
+
+
 def list(store: Store, deployment: str | None = None) -> builtins.list[Replica]:  # noqa: A001 - the module's verb
     """Every replica that parses, or one deployment's (the rest skipped and counted)."""
     prefix = keyspace.replicas(deployment, "") if deployment else keyspace.replicas()

@@ -98,6 +98,11 @@ def below_nothing(prefix: str, below: str) -> bool:
 class Store(Protocol):
     def get(self, key: str) -> KV | None: ...
 
+    def get_all(self, keys: builtins.list[str]) -> builtins.list[KV | None]:
+        """Each key's KV (None where absent), in the order given: one read per MAX_TXN_OPS keys,
+        not one per key (each batch at one revision)."""
+        ...
+
     def list(self, prefix: str) -> list[KV]:
         """All live keys starting with prefix, sorted by key."""
         ...

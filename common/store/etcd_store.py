@@ -307,6 +307,18 @@ class EtcdStore:
         kvs = result.get("kvs") or []
         return _kv(kvs[0]) if kvs else None
 
+    def get_all(self, keys: builtins.list[str]) -> builtins.list[KV | None]:
+        out: builtins.list[KV | None] = []
+        for i in range(0, len(keys), MAX_TXN_OPS):  # a txn of ranges: one round trip per batch
+            result = self._post("/kv/txn", {"compare": [], "failure": [], "success": [
+                {"request_range": {"key": _b64(k)}} for k in keys[i:i + MAX_TXN_OPS]]})
+            for answer in result.get("responses") or []:
+                kvs = (answer.get("response_range") or {}).get("kvs") or []
+                out.append(_kv(kvs[0]) if kvs else None)
+        if len(out) != len(keys):
+            raise TransientError(f"etcd answered {len(out)} of {len(keys)} reads in one transaction")
+        return out
+
     def list(self, prefix: str) -> list[KV]:
         payload = _range_request(prefix) | {"sort_order": "ASCEND", "sort_target": "KEY"}
         return [_kv(item) for item in self._post("/kv/range", payload).get("kvs") or []]

@@ -156,6 +156,9 @@ class FencedStore:
     def get(self, key: str) -> KV | None:
         return self.inner.get(key)
 
+    def get_all(self, keys: builtins.list[str]) -> builtins.list[KV | None]:
+        return self.inner.get_all(keys)
+
     def list(self, prefix: str) -> list[KV]:
         return self.inner.list(prefix)
 

@@ -148,6 +148,16 @@ class SqliteStore:
             ).fetchone()
         return _kv(row) if row else None
 
+    def get_all(self, keys: builtins.list[str]) -> builtins.list[KV | None]:
+        found: dict[str, KV] = {}
+        with self._read() as db:
+            for i in range(0, len(keys), 500):  # under SQLite's bound on ? parameters
+                part = keys[i:i + 500]
+                found.update((row[0], _kv(row)) for row in db.execute(
+                    "SELECT key, value, mod_revision, create_revision, lease FROM kv"
+                    f" WHERE key IN ({','.join('?' * len(part))})", part))
+        return [found.get(k) for k in keys]
+
     def list(self, prefix: str) -> list[KV]:
         sql, args = _prefix_clause(prefix)
         with self._read() as db:

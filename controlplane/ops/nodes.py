@@ -113,13 +113,14 @@ def heartbeat(ctx: AppState, report: NodeReport) -> Node:
 
 def report_observations(ctx: AppState, node_id: str, report: ObservationReport, now: float) -> ObservationAnswer:
     """Store the observations a node's agent reports for the engines on its host. Each replica must
-    be placed on ``node_id`` (one read per reported replica: a report holds only what changed);
-    one placed elsewhere refuses the whole report, a replica already gone is ignored. Times move
-    onto fabricd's clock (now - sent_at), so a skewed agent clock neither ages nor freshens them."""
+    be placed on ``node_id`` (the reported replicas read together, one store round trip per
+    report); one placed elsewhere refuses the whole report, a replica already gone is ignored.
+    Times move onto fabricd's clock (now - sent_at), so a skewed agent clock neither ages nor
+    freshens them."""
     shift = now - report.sent_at
     batch, ignored = [], []
-    for item in report.observations:
-        replica = replica_records.get(ctx.store, item.deployment, item.replica_id)
+    placed = replica_records.get_all(ctx.store, [(i.deployment, i.replica_id) for i in report.observations])
+    for item, replica in zip(report.observations, placed):
         if replica is None:
             ignored.append(item.replica_id)
             continue

@@ -34,7 +34,7 @@ import secrets
 import time
 from collections.abc import Callable
 
-from common.agent_api import VmCreateRequest
+from common.agent_api import VmCreateRequest, VmInfo
 from common.engine_metrics.material import MAX_SCRAPE_AGE_S
 from common.engine_metrics.scrape import MetricsScraper, ScrapeError
 from common.errors import FabricError, TransientError
@@ -103,6 +103,8 @@ class ReconcileWorker:
         self.backoff = AgentBackoff(clock=clock)
         self.events = events or ReconcileEvents(EventSink(store))
         self._parsed = ParseCache()  # replicas and observations by mod_revision: unchanged ones not validated again
+        # the pass's VM lists, by node, for the snapshot they were asked under (vm_failures)
+        self._vm_lists: tuple[Snapshot | None, dict[str, asyncio.Future[dict[str, VmInfo] | None]]] = (None, {})
         # The engines' HTTP/1.1 client (common.engine_metrics.scrape: a kept-alive connection per
         # engine, a semaphore), not one pooled httpx client whose bookkeeping grows with the fleet.
         self._engines = MetricsScraper(timeout_s=settings.health_timeout_s, concurrency=PROBE_CONCURRENCY)
@@ -153,27 +155,42 @@ class ReconcileWorker:
     async def vm_failures(self, snap: Snapshot, replicas: list[Replica],
                           probes: dict[str, rp.Probe]) -> dict[str, str]:
         """replica -> the engine's last error line, for replicas whose probe got no answer and
-        whose VM (engine process) the agent reports as failed or stopped."""
+        whose VM (engine process) their node's agent lists as failed or stopped. Each node is
+        asked once a pass (GET /v1/vms, shared by every deployment of the pass, the nodes at
+        once), not once per replica: when a fleet's health reports all go stale together the
+        pass asks a thousand agents once each, not eight thousand times one after another."""
+        asked = [r for r in replicas if (p := probes.get(r.replica_id)) is not None and not p.ok
+                 and not p.answered and not r.draining and r.node in snap.nodes]
+        nodes = sorted({r.node for r in asked})
+        listed = dict(zip(nodes, await asyncio.gather(*(self._vms_of(snap, snap.nodes[n]) for n in nodes))))
         out: dict[str, str] = {}
-        for r in replicas:
-            probe = probes.get(r.replica_id)
-            node = snap.nodes.get(r.node)
-            if probe is None or probe.ok or probe.answered or node is None or r.draining:
-                continue
-            agent = self.agent(node)
+        for r in asked:
+            vm = (listed[r.node] or {}).get(r.replica_id)
+            if vm is None or vm.state not in ("failed", "stopped"):
+                continue  # running, gone or unknown: the health rules decide as before
             try:
-                vm = await agent.get_vm(r.replica_id)
-                if vm is None or vm.state not in ("failed", "stopped"):
-                    continue
-                try:
-                    tail = (await agent.vm_logs(r.replica_id, -LOG_TAIL_BYTES, LOG_TAIL_BYTES)).get("text", "")
-                except (FabricError, AttributeError, ValueError):
-                    tail = ""
-            except (FabricError, AttributeError):
-                continue  # unknown: the health rules decide as before
-            line = engine_error_line(tail) if tail else vm.message or f"VM {vm.state}"
-            out[r.replica_id] = line
+                tail = (await self.agent(snap.nodes[r.node]).vm_logs(r.replica_id, -LOG_TAIL_BYTES,
+                                                                      LOG_TAIL_BYTES)).get("text", "")
+            except (FabricError, AttributeError, ValueError):
+                tail = ""
+            out[r.replica_id] = engine_error_line(tail) if tail else vm.message or f"VM {vm.state}"
         return out
+
+    def _vms_of(self, snap: Snapshot, node: Node) -> asyncio.Future[dict[str, VmInfo] | None]:
+        """The node's VMs by id as its agent lists them this pass (None: the agent did not
+        answer), one request per node per snapshot whichever deployments ask."""
+        if self._vm_lists[0] is not snap:
+            self._vm_lists = (snap, {})
+        asks = self._vm_lists[1]
+        if node.id not in asks:
+            asks[node.id] = asyncio.ensure_future(self._list_vms(node))
+        return asks[node.id]
+
+    async def _list_vms(self, node: Node) -> dict[str, VmInfo] | None:
+        try:
+            return {vm.id: vm for vm in await self.agent(node).list_vms()}
+        except (FabricError, AttributeError):
+            return None
 
     async def tick(self) -> None:
         snap = load_snapshot(self.store, self._parsed)

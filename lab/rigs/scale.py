@@ -91,7 +91,7 @@ from lab.rigs.sim_engines import SimEngines
 
 WRITES = frozenset({"put", "create", "cas", "create_all", "put_all", "delete", "delete_prefix"})
 BATCHES = frozenset({"create_all", "put_all"})
-READS = frozenset({"get", "list", "revision", "changed_since", "watch"})
+READS = frozenset({"get", "get_all", "list", "revision", "changed_since", "watch"})
 SETUP_BATCH = 50  # records per create_all at setup (etcd's default --max-txn-ops is 128)
 LAG_TICK_S = 0.01
 MAX_DEPLOYMENT_REPLICAS = next(m.le for m in InferenceDeployment.model_fields["replicas"].metadata if hasattr(m, "le"))
@@ -271,15 +271,18 @@ class AgentReports:
         t0 = time.perf_counter()
         seen = self._pool.submit(self._loop.run_until_complete, self.observer.observe_all(found)).result()
         self.tick_s = time.perf_counter() - t0
-        stored, now, ctx = 0, time.time(), SimpleNamespace(store=self.store)
-        # The tick's observations carry its end as their scrape time: a fleet's agents each scrape
-        # their own few engines at once, within a second of one another, where this one process
-        # scrapes them all in turn (at 1,000 nodes longer than the 30 s eligibility window, which
-        # would age the first-scraped out before the pass and flap every plan).
-        by_id = {t.replica_id: o.model_copy(update={"scraped_at": now}) for t, o in zip(found, seen)}
+        stored, ctx = 0, SimpleNamespace(store=self.store)
+        seen_by = dict(zip((t.replica_id for t in found), seen))
         for node_id, ts in self.targets.items():
-            items = [compact(ObservedReplica(**by_id[t.replica_id].model_dump(), deployment=t.deployment)) for t in ts
-                     if material_change(self.reported.get(t.replica_id), by_id[t.replica_id])]
+            # Each agent's observations carry the moment it reports them as their scrape time: a
+            # fleet's agents each scrape their own few engines and report at once, where this one
+            # process scrapes them all and then stores the reports one node after another (at 1,000
+            # nodes for longer than the 30 s eligibility window, which would age the first nodes'
+            # reports out before the pass and fail every health they carry).
+            now = time.time()
+            fresh = {t.replica_id: seen_by[t.replica_id].model_copy(update={"scraped_at": now}) for t in ts}
+            items = [compact(ObservedReplica(**fresh[t.replica_id].model_dump(), deployment=t.deployment)) for t in ts
+                     if material_change(self.reported.get(t.replica_id), fresh[t.replica_id])]
             if items:
                 self.wire_bytes += len(report_body(items, now))  # what the agent's POST would carry
                 stored += report_observations(ctx, node_id, ObservationReport(sent_at=now, observations=items),

@@ -2,8 +2,8 @@
 
 Each port answers the calls the routing and reconcile loops make of an agent, and counts them:
 PUT /v1/maglev/services (the batch push: every service "applied" at the generation sent, as an
-agent with a dataplane answers), DELETE /v1/maglev/services/... and GET /v1/vms/... (404: nothing
-there), GET /v1/health. The agents named silent accept connections and never answer (an agent
+agent with a dataplane answers), DELETE /v1/maglev/services/... (404: nothing there), GET /v1/vms
+(none listed), GET /v1/health. The agents named silent accept connections and never answer (an agent
 wedged, or a network that drops replies). ``ports[0]`` is the control port, no agent: GET
 /sim/stats answers JSON with, for all agents together, the connections accepted, requests and
 services received, and ``per_agent`` requests by port; GET /sim/held: each agent's service key ->
@@ -60,6 +60,8 @@ class Agents:
             return 200, json.dumps({"results": results}).encode()
         if path.startswith("/v1/health"):
             return 200, b"{}"
+        if method == "GET" and path == "/v1/vms":
+            return 200, b'{"vms": []}'  # an agent whose engines run outside VMs it tracks
         return 404, json.dumps({"error": {"code": "not_found", "message": "nothing here"}}).encode()
 
 

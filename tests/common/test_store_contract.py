@@ -32,6 +32,17 @@ def test_get_put_revisions(store, ns):
     assert (kv.value, kv.mod_revision, kv.create_revision) == ("two", rev2, rev1)
 
 
+def test_get_all_answers_each_key_in_order_with_none_where_absent(store, ns):
+    keys = [ns + f"g/{i:04d}" for i in range(MAX_TXN_OPS * 2 + 3)]  # more than one etcd txn holds
+    store.put_all([(k, k[-4:]) for k in keys[::2]])
+    asked = [keys[-1], ns + "g/", *keys, ns + "elsewhere"]
+    got = store.get_all(asked)
+    assert [kv.value if kv else None for kv in got] == [
+        keys[-1][-4:], None, *[k[-4:] if i % 2 == 0 else None for i, k in enumerate(keys)], None]
+    assert all(kv.key == k and kv == store.get(k) for k, kv in zip(asked, got) if kv is not None)
+    assert store.get_all([]) == []
+
+
 def test_values_and_keys_round_trip_utf8(store, ns):
     key = ns + "naïve/ключ"
     value = '{"msg": "héllo ✓ 中文", "n": 1}'

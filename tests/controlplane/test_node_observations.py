@@ -113,3 +113,25 @@ def test_an_agents_gzip_report_is_decompressed_and_stored(fabricd, admin, tmp_pa
         assert watch.gzip and watch.last_error == ""  # taken compressed: no plain resend
     obs = stored(state, mine.replica_id)
     assert obs is not None and obs.queue_depth == 4 and obs.queue_reads == [4.0]
+
+
+def test_a_report_reads_its_replicas_in_one_store_round_trip(tmp_path):
+    """A report of a node's 8 engines costs fabricd one read of their placements, not one per
+    replica (1,000 nodes report every few seconds: per-replica reads were most of the handler)."""
+    from types import SimpleNamespace
+
+    from common.store.sqlite_store import SqliteStore
+    from controlplane.ops.nodes import report_observations
+    from lab.rigs.scale import CountingStore
+
+    store = CountingStore(SqliteStore(str(tmp_path / "s.db")))
+    mine = [replica(i, "obs-n", host="10.0.0.9") for i in range(8)]
+    for r in mine:
+        replica_records.put(store, r)
+    reads0, calls0, now = store.reads, dict(store.calls), time.time()
+    answer = report_observations(SimpleNamespace(store=store), "obs-n", ObservationReport(sent_at=now, observations=[
+        ObservedReplica(replica_id=r.replica_id, deployment=r.deployment, scraped_at=now, ok=True, queue_depth=1)
+        for r in mine] + [ObservedReplica(replica_id="gone-9", deployment="qwen", scraped_at=now, ok=True)]), now)
+    assert answer.accepted == 8 and answer.ignored == ["gone-9"]
+    assert store.reads - reads0 == 1 and store.calls == calls0 | {"get_all": 1}
+    assert all(stored(SimpleNamespace(store=store), r.replica_id).queue_depth == 1 for r in mine)

@@ -30,8 +30,8 @@ class Agent:
     async def bind_gpu(self, pci):
         return GpuBindResult(bdf=pci, changed=False)
 
-    async def get_vm(self, vm_id):
-        return VmInfo(id=vm_id, state="running", host="127.0.0.1", port=9)
+    async def list_vms(self):
+        return []
 
     async def delete_vm(self, vm_id):
         self.owner.deleted.append(vm_id)

@@ -29,8 +29,9 @@ class Agent:
     def __init__(self, calls):
         self.calls = calls
 
-    async def get_vm(self, vm_id):
-        return VmInfo(id=vm_id, state="failed", host="127.0.0.1", port=9, message="engine process exited")
+    async def list_vms(self):
+        self.calls.append(("list_vms",))
+        return [VmInfo(id="qwen-0-aaaaaa", state="failed", host="127.0.0.1", port=9, message="engine process exited")]
 
     async def vm_logs(self, vm_id, offset, limit):
         self.calls.append(("logs", offset))
@@ -81,3 +82,29 @@ def test_the_engines_own_error_line_fails_the_replica_and_frees_its_gpu(store):
     assert status["failures"] == 1 and line in status["last_failure"]
     creates = [c for c in agents.calls if c[0] == "create_vm"]
     assert len(creates) == 1  # the first failure is replaced at once; the count decides the next ones
+
+
+def test_a_pass_asks_each_node_for_its_vms_once_whatever_its_replicas_and_deployments(store):
+    """Replicas of two deployments on one node, none answering its probe: one GET /v1/vms for the
+    node in the pass, not one call per replica (a fleet whose health reports went stale together
+    would otherwise be asked one replica after another)."""
+    dep = json.loads(store.get(keyspace.deployments("qwen")).value)
+    store.put(keyspace.deployments("qwen2"), json.dumps(dep | {"name": "qwen2"}))
+    for name, rid in (("qwen", "qwen-1-bbbbbb"), ("qwen2", "qwen2-0-cccccc"), ("qwen2", "qwen2-1-dddddd")):
+        r = Replica(replica_id=rid, deployment=name, ordinal=int(rid.split("-")[1]), node="n1", gpus=[GPU],
+                    host="127.0.0.1", port=9, phase="Starting", created_at=time.time())
+        store.put(keyspace.replicas(name, rid), r.model_dump_json())
+    agents = FakeAgents(lambda pool: Agent(pool.calls))
+
+    async def run():
+        worker = ReconcileWorker(store, agents, rp.ReconcileSettings())
+        await worker.tick()
+        first = agents.calls.count(("list_vms",))
+        await worker.tick()
+        await worker.aclose()
+        return first
+
+    assert asyncio.run(run()) == 1
+    assert agents.calls.count(("list_vms",)) == 2  # the next pass asks again: its own snapshot
+    assert ("delete_vm", "qwen-0-aaaaaa") in agents.calls  # the one the list calls failed
+    assert ("delete_vm", "qwen2-0-cccccc") not in agents.calls  # not listed: the health rules decide
