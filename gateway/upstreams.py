@@ -235,6 +235,7 @@ def _model_names(store: Store) -> frozenset[str]:
     return frozenset(m.name for m in models.list(store))
 
 
+READINGS_CONFIRM_EVERY = 10  # refreshes (TTLs) between two confirmations of the streamed readings
 # What a view reads: listed once by the gateway's Mirror, then only their changes.
 VIEW_PREFIXES = (keyspace.endpoints(), keyspace.routing_plans(), keyspace.replicas(), keyspace.observations(),
                  keyspace.deployments(), keyspace.models())
@@ -258,8 +259,13 @@ class UpstreamCache:
         # observations, which change most (every agent's report), streamed between fetches and
         # parsed as they come; one watch of the prefix (the gateway's etcd role cannot watch all
         # of /fabric/: common.store.etcd_auth)
+        # The readings are advisory (scraped up to a report period ago): between confirmations,
+        # every READINGS_CONFIRM_EVERY refreshes, the stream alone brings them (Mirror's trust);
+        # every other record is confirmed against the store at each refresh.
         self.mirror = Mirror(self.store, list(VIEW_PREFIXES), follow=[keyspace.observations()],
-                             decode={keyspace.observations(): decode_observation})
+                             decode={keyspace.observations(): decode_observation},
+                             trust={keyspace.observations(): READINGS_CONFIRM_EVERY * self.ttl_secs},
+                             clock=self.clock)
         # name -> view, what it was made of, what its readings were read from, at version
         self._views: dict[str, tuple[EndpointView | None, Reads, Reads, int]] = {}
         self._synced = -math.inf  # clock() when the last applied fetch started

@@ -21,6 +21,13 @@ it holds (8,000 keys: 12-17 ms, changed or not) but sends only the keys written 
 busy prefix's values reach the copy from the stream, as they are written, and a copy of the
 whole root costs its changes only. A stream that failed, or that holds nothing past a prefix's
 copy, leaves that prefix to ``changed_since`` from the copy's revision.
+Trusted spans (``trust``): a reader whose records under a span are advisory (a gateway's
+readings: queue depths an agent scraped seconds ago) may take that span's prefixes only as far as
+their open stream brought them, without asking the store, for a while after they were last asked
+(the span's trust, in the mirror's clock); once it runs out, or while the span has no open
+stream, a fetch asks them as above and they are confirmed. Such a copy lags the store by at most
+the stream's delay, and by the trust when a stream stalls without failing. It saves the range
+read per fetch whose cost grows with the prefix's keys, changed or not.
 ``get``/``list``/``revision`` answer from memory for keys under the mirrored
 prefixes and fall through to the store for any other key, so the record modules
 (common.records) read a Mirror exactly as they read a Store. It has no write verbs.
@@ -67,7 +74,9 @@ from __future__ import annotations
 import bisect
 import builtins
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -91,6 +100,8 @@ class Fetched:
     lists: dict[str, tuple[int, builtins.list[KV]]] = field(default_factory=dict)
     streamed: dict[str, tuple[int, dict[str, KV | None]]] = field(default_factory=dict)  # prefix -> (W, _outcome)
     seen: int | None = None  # the store's revision before the fetch asked anything
+    at: float = -math.inf  # the mirror's clock when the fetch started
+    asked: set[str] = field(default_factory=set)  # the prefixes asked or listed (the others: trusted to their stream)
     decoded: dict[str, tuple[int, object]] = field(default_factory=dict)  # key -> (mod_revision, decoded)
 
 
@@ -159,15 +170,24 @@ class Reads:
 
 class Mirror:
     def __init__(self, store: Store, prefixes: builtins.list[str], follow: Iterable[str] = (),
-                 decode: Mapping[str, Callable[[str, str], object]] | None = None):
+                 decode: Mapping[str, Callable[[str, str], object]] | None = None,
+                 trust: Mapping[str, float] | None = None, clock: Callable[[], float] = time.monotonic):
         """``follow``: key spans streamed between fetches, each holding one or more mirrored
         prefixes and none inside another (the module's docstring); a reader follows only what
         its store access lets it watch. ``decode``: per mirrored prefix, ``fn(key, value)`` ->
         what ``decoded`` answers for its keys (a parsed record; it must not raise), run in the
-        follower's thread as the stream brings each put."""
+        follower's thread as the stream brings each put. ``trust``: per followed span, for how
+        long (``clock`` seconds) after its prefixes were last asked a fetch takes them only as
+        far as their open stream brought them, without asking the store (the module's
+        docstring, "Trusted spans")."""
         self.store = store
         self.prefixes = sorted(set(prefixes))
         self.follow = sorted(set(follow))
+        self._trust = dict(trust or {})
+        if not set(self._trust) <= set(self.follow):
+            raise ValueError(f"Mirror: trust {sorted(set(self._trust) - set(self.follow))} is not followed")
+        self._clock = clock
+        self._confirmed = {p: -math.inf for p in self.prefixes}  # clock at the start of the fetch that last asked it
         self._decode = dict(decode or {})
         self._decoded: dict[str, tuple[int, object]] = {}  # key -> (mod_revision, decode's answer)
         self._span_prefixes = {s: [p for p in self.prefixes if p.startswith(s)] for s in self.follow}
@@ -210,18 +230,21 @@ class Mirror:
     def fetch(self) -> Fetched:
         """What changed under each prefix since the last apply (blocking: store calls; safe in an
         executor while the owner thread reads, since it changes nothing here)."""
-        out = Fetched()
+        out = Fetched(at=self._clock())
         now = self.store.revision()
-        if now == self._seen and None not in self._after.values():
+        if now == self._seen and all(a is not None and a >= now for a in self._after.values()):
             return out  # nothing was written anywhere since the last fetch: nothing to ask
-        out.streamed, out.decoded = self._streamed()
-        self._ask(out, now)
+        out.streamed, out.decoded, trusted = self._streamed(out.at)
+        self._ask(out, now, trusted)
         return out
 
-    def _ask(self, out: Fetched, now: int) -> None:
+    def _ask(self, out: Fetched, now: int, trusted: set[str]) -> None:
         """``fetch``'s store reads: each prefix's changes since its copy (or where its stream
-        brought it), and a list of any that must be listed again."""
-        tasks = self._parts(out.streamed, now)
+        brought it), and a list of any that must be listed again; none for a ``trusted`` prefix."""
+        # (a prefix whose copy is at ``now`` has nothing to ask: a trusted one left behind it
+        # by its stream makes fetches go on while the store does not move)
+        tasks = [t for t in self._parts(out.streamed, now) if t[0] not in trusted and t[4] != now]
+        out.asked = {t[0] for t in tasks}
         answers = list(self._pool.map(lambda t: self._changes(t[0], t[1], t[2], t[3], t[4], t[5], now), tasks))
         relist = []
         for prefix in self.prefixes:
@@ -267,14 +290,21 @@ class Mirror:
             out += [(prefix, bounds[i], bounds[i + 1], at[i + 1] - at[i], after, {}) for i in range(n)]
         return out
 
-    def _streamed(self) -> tuple[dict[str, tuple[int, dict[str, KV | None]]], dict[str, tuple[int, object]]]:
+    def _streamed(self, at: float) -> tuple[dict[str, tuple[int, dict[str, KV | None]]],
+                                           dict[str, tuple[int, object]], set[str]]:
         """Per prefix a stream has brought past the copy's revision A: (W, what its keys' events
-        in (A, W] leave them as), W the revision its span's stream has reached; and decode's
-        answers for those KVs."""
+        in (A, W] leave them as), W the revision its span's stream has reached; decode's answers
+        for those KVs; and the prefixes trusted to their stream at ``at`` (a trusted span's
+        stream open, the prefix asked within the span's trust)."""
         taken: dict[str, tuple[int, dict[str, _Pending]]] = {}
         decoded: dict[str, tuple[int, object]] = {}
+        trusted: set[str] = set()
         with self._follow_lock:
-            for f in self._followers.values():
+            for span, f in self._followers.items():
+                trust = self._trust.get(span)
+                if trust is not None:
+                    trusted.update(p for p in f.pending if self._after[p] is not None
+                                   and at - self._confirmed[p] < trust)
                 if any(f.pending.values()):  # close the open batch: what comes next is the next fetch's
                     f.closed.append((f.through, f.pending))
                     f.pending = {p: {} for p in f.pending}
@@ -282,7 +312,7 @@ class Mirror:
                     after = self._after[prefix]
                     if after is not None and after < f.through and f.closed:
                         taken[prefix] = (f.through, f.take(prefix))
-        return {p: (reached, self._outcome(keys, decoded)) for p, (reached, keys) in taken.items()}, decoded
+        return {p: (reached, self._outcome(keys, decoded)) for p, (reached, keys) in taken.items()}, decoded, trusted
 
     def _outcome(self, keys: dict[str, _Pending], decoded: dict[str, tuple[int, object]]) -> dict[str, KV | None]:
         """Each key the stream changed, as it leaves it: its KV, or None when it deletes a key the
@@ -347,6 +377,8 @@ class Mirror:
         self._stamped.clear()
         if fetched.seen is not None:
             self._seen = fetched.seen
+        for prefix in fetched.asked:
+            self._confirmed[prefix] = fetched.at
         for prefix, (rev, kvs) in fetched.lists.items():
             applied += self._relist(prefix, rev, kvs)
             self._last_answer[prefix] = len(kvs)
@@ -554,6 +586,12 @@ class Mirror:
         obj = fn(key, kv.value)
         self._decoded[key] = (kv.mod_revision, obj)
         return obj
+
+    def stream_reached(self, span: str) -> int | None:
+        """The revision of the last event the span's open stream brought (None: none open)."""
+        with self._follow_lock:
+            f = self._followers.get(span)
+            return None if f is None else f.through
 
     def close(self) -> None:
         """Stop the fetch and follow threads; the store belongs to whoever opened it."""

@@ -84,7 +84,7 @@ from controlplane.placement import vip_pool
 from controlplane.reconcile import plan as rp
 from controlplane.reconcile.apply import ReconcileWorker
 from controlplane.routing.controller import RoutingWorker
-from gateway.upstreams import UpstreamCache
+from gateway.upstreams import READINGS_CONFIRM_EVERY, UpstreamCache
 from lab.rigs.loopback_http import raise_fd_limit
 from lab.rigs.sim_agents import SimAgents
 from lab.rigs.sim_engines import SimEngines
@@ -404,11 +404,14 @@ class Fleet:
         return len(batch)
 
     async def measure(self, run: Callable[[], Awaitable[None]], routing: RoutingWorker | None = None,
-                      between: bool = True) -> Figures:
+                      between: bool = True, settle: Callable[[], None] | None = None) -> Figures:
         """``between``: the period between passes happens first (Fleet.between_passes); False
-        measures right after whatever the caller changed."""
+        measures right after whatever the caller changed. ``settle``: called last before the
+        pass, outside the measurement."""
         wire0 = self.reports.wire_bytes if self.reports is not None else 0
         reported = self.between_passes() if between else 0
+        if settle is not None:
+            settle()
         wire = (self.reports.wire_bytes if self.reports is not None else 0) - wire0
         changed, self.changed_replicas = self.changed_replicas, 0
         before_plans = {p.endpoint: p.generation for p in plans.list(self.raw)}
@@ -452,6 +455,20 @@ async def gateway_refresh(cache: UpstreamCache, clock: list[float], endpoints: l
         await cache.view(name, need_upstream=False)
 
 
+def streamed(store: Store, cache: UpstreamCache, timeout_s: float = 60.0) -> None:
+    """Wait until the gateway's stream of observations has brought the last one written (none
+    open yet, before the first refresh: nothing to wait for)."""
+    span = keyspace.observations()
+    if cache.mirror.stream_reached(span) is None:
+        return
+    last = max((kv.mod_revision for kv in store.list(span)), default=0)
+    deadline = time.monotonic() + timeout_s
+    while (cache.mirror.stream_reached(span) or 0) < last:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the gateway's stream of {span} did not reach revision {last} in {timeout_s:.0f}s")
+        time.sleep(0.01)
+
+
 async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> dict:
     """Every measured pass of the rig on ``fleet`` (see the module docstring)."""
     agents = AgentClients(state_dir, insecure=True)
@@ -478,12 +495,19 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
         try:
             # the first lists, the second follows a period between passes (with agents observing,
             # every observation re-reported), the third one refresh period of a steady fleet: the
-            # observations re-sent at the 15 s age within 0.5 s (1/30 of them), nothing between
-            for label in ("first", "refresh", "steady"):
+            # observations re-sent at the 15 s age within 0.5 s (1/30 of them), nothing between;
+            # "confirmed" is "refresh" once the readings' trust ran out (every READINGS_CONFIRM_EVERY
+            # refreshes: the readings asked of the store, not only taken from the stream). Each
+            # refresh comes once the gateway's stream brought the observations written before it,
+            # as the reports of a period reach a gateway's stream well before its next refresh.
+            for label in ("first", "refresh", "steady", "confirmed"):
                 touched = fleet.touch_observations(-(-fleet.size.replicas // 30)) if label == "steady" else 0
+                if label == "confirmed":
+                    clock[0] += READINGS_CONFIRM_EVERY * cache.ttl_secs
                 reads0, built0, read0, pre0 = gw.reads, cache.views_built, cache.readings_read, cache.mirror.prefetched
                 out["gateway"][label] = (await fleet.measure(lambda: gateway_refresh(cache, clock, names),
-                                                             between=label != "steady")).rounded()
+                                                             between=label != "steady",
+                                                             settle=lambda: streamed(fleet.raw, cache))).rounded()
                 out["gateway"][label]["store_reads"] = gw.reads - reads0
                 out["gateway"][label]["views_built"] = cache.views_built - built0
                 out["gateway"][label]["readings_read"] = cache.readings_read - read0

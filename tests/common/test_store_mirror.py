@@ -307,3 +307,72 @@ def test_follow_and_decode_name_only_mirrored_prefixes(store, ns):
         Mirror(store, [ns + "o/", ns + "e/"], follow=[ns, ns + "o/"])
     with pytest.raises(ValueError, match="not mirrored"):
         Mirror(store, [ns + "o/"], decode={ns + "x/": str})
+
+
+def test_a_trusted_span_is_taken_from_its_stream_and_confirmed_once_its_trust_runs_out(store, ns):
+    """Within the span's trust a fetch takes its prefix only as far as the stream brought it,
+    however far the store's revision moved elsewhere: no changed_since, the copy at the stream's
+    last event. Once the trust runs out (the mirror's clock), the next fetch asks the store from
+    there and the copy is exact; a prefix outside the span is asked every fetch as before."""
+    span = ns + "m/"
+    o, other = span + "o/", ns + "r/"
+    store.put_all([(o + "0", "v"), (o + "1", "v"), (other + "a", "1")])
+    counted, clock = CountingStore(store), [0.0]
+    mirror = Mirror(counted, [o, other], follow=[span], trust={span: 5.0}, clock=lambda: clock[0])
+    try:
+        mirror.poll()
+        for step in range(3):  # clock 1, 2, 3: within the trust
+            clock[0] += 1.0
+            _streamed_up_to(mirror, store.put(o + "0", f"w{step}"))
+            store.put(other + "a", str(step))  # the store moves past the stream's last event
+            asked = counted.calls.get("changed_since", 0)
+            assert mirror.poll() == 2
+            assert counted.calls.get("changed_since", 0) == asked + 1  # other/ alone
+            assert mirror.get(o + "0").value == f"w{step}" and exact(mirror, store, [o, other])
+        asked = counted.calls.get("changed_since", 0)
+        assert mirror.poll() == 0 and counted.calls.get("changed_since", 0) == asked  # nothing written
+        clock[0] += 5.0  # past the trust: confirmed against the store, from the stream's last event
+        store.put(ns + "outside", "x")
+        mirror.poll()
+        assert counted.calls.get("changed_since", 0) == asked + 2 and exact(mirror, store, [o, other])
+        asked = counted.calls.get("changed_since", 0)
+        store.put(ns + "outside", "y")  # trusted again from the confirmation on: other/ alone asked
+        mirror.poll()
+        assert counted.calls.get("changed_since", 0) == asked + 1
+    finally:
+        mirror.close()
+
+
+def test_a_trusted_span_whose_stream_stalls_is_exact_once_its_trust_runs_out(store, ns):
+    """A stream that stalls without failing brings nothing: within the trust the copy keeps what
+    it had; once the trust runs out a fetch asks the store and the copy is exact, a deletion
+    included. Without a trust the same fetch would have asked at once."""
+    class Stalled(CountingStore):
+        def follow(self, prefix, after_revision, stop):
+            stop.wait()  # open, and never a word
+            return iter(())
+
+    span = ns + "m/"
+    o = span + "o/"
+    store.put_all([(o + "0", "v"), (o + "1", "v")])
+    clock = [0.0]
+    mirror = Mirror(Stalled(store), [o], follow=[span], trust={span: 5.0}, clock=lambda: clock[0])
+    try:
+        mirror.poll()
+        from lab.rigs.polling import wait_for
+        wait_for(lambda: span in mirror._followers, 10, what="the stream opened", interval=0.02)
+        store.put(o + "0", "w")
+        store.delete(o + "1")
+        clock[0] += 1.0
+        assert mirror.poll() == 0 and mirror.get(o + "0").value == "v"  # trusted: the stream said nothing
+        clock[0] += 5.0
+        assert mirror.poll() == 2 and exact(mirror, store, [o]) and mirror.get(o + "1") is None
+    finally:
+        mirror.close()
+
+
+def test_trust_names_only_a_followed_span(store, ns):
+    import pytest
+
+    with pytest.raises(ValueError, match="is not followed"):
+        Mirror(store, [ns + "o/"], follow=[], trust={ns + "o/": 1.0})

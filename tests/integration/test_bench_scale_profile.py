@@ -135,3 +135,7 @@ def test_a_gateway_refresh_reads_do_not_grow_with_replicas(runs):
         # observations alone changed: no view built, only the touched replicas' views read again
         steady = run["gateway"]["steady"]
         assert steady["views_built"] == 0 and 1 <= steady["readings_read"] <= steady["observations_touched"]
+        # the readings come from the gateway's stream; the store is asked for them only once their
+        # trust ran out: one read more than the refresh that took them from the stream alone
+        refresh, confirmed = run["gateway"]["refresh"], run["gateway"]["confirmed"]
+        assert confirmed["store_reads"] == refresh["store_reads"] + 1
