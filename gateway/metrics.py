@@ -38,6 +38,7 @@ class GatewayMetrics:
     shadow_refusals: Counter | None = None  # calls a shadowed limit would have refused (gateway.shadow)
     usage_dropped: Counter | None = None  # usage records the ledger could not keep (gateway.usage_ledger)
     store_up: Gauge | None = None  # 1 when the store answered the probe of the last scrape (gateway.readiness)
+    readings_age: Gauge | None = None  # seconds since the streamed readings were confirmed (UpstreamCache)
     # cut streams by what became of them: moved, ended (whole already), not_moved (gateway.stream_migration)
     migrations: Counter | None = None
     _children: dict = field(default_factory=dict)  # (metric, labels) -> child: labels() costs a lock and a tuple
@@ -91,6 +92,9 @@ class GatewayMetrics:
                                "(moved, ended, not_moved)", ["endpoint", "outcome"], registry=reg),
             store_up=Gauge("fabric_store_up", "1 when this process read the store at the last scrape",
                            registry=reg, multiprocess_mode="livemin"),
+            readings_age=Gauge("fabric_gateway_readings_age_seconds", "Seconds since the replicas' readings "
+                               "(streamed between confirmations) were last confirmed against the store",
+                               registry=reg, multiprocess_mode="livemax"),
         )
 
     def _child(self, metric, *labels):

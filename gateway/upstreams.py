@@ -276,6 +276,11 @@ class UpstreamCache:
         self.readings_read = 0  # views whose readings alone were read again
         self.observations_read = 0  # ... and the changed observations those read
 
+    def readings_age(self) -> float | None:
+        """Seconds since the readings were last confirmed against the store (None: not yet)."""
+        at = self.mirror.confirmed_at(keyspace.observations())
+        return None if at == -math.inf else self.clock() - at
+
     async def refresh(self) -> None:
         """The mirror no older than the TTL (see the class docstring)."""
         now = self.clock()

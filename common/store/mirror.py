@@ -587,6 +587,10 @@ class Mirror:
         self._decoded[key] = (kv.mod_revision, obj)
         return obj
 
+    def confirmed_at(self, prefix: str) -> float:
+        """The mirror's clock when the prefix was last asked of the store (-inf: never)."""
+        return self._confirmed[prefix]
+
     def stream_reached(self, span: str) -> int | None:
         """The revision of the last event the span's open stream brought (None: none open)."""
         with self._follow_lock:

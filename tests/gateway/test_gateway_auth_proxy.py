@@ -172,6 +172,10 @@ def test_metrics_count_outcomes_with_catalogue_labels(env):
     assert 'fabric_gateway_requests_total{endpoint="chat",outcome="success"}' in text
     assert 'outcome="unauthorized"' in text
     assert 'endpoint="missing"' not in text
+    # how long ago the streamed readings were confirmed: within ten refreshes of the views it served
+    age = [float(line.split()[-1]) for line in text.splitlines()
+           if line.startswith("fabric_gateway_readings_age_seconds ")]
+    assert len(age) == 1 and 0.0 <= age[0] < 600, age
 
 
 def test_a_call_past_its_deadline_is_answered_504_and_audited(env):

@@ -201,3 +201,47 @@ def test_a_call_arriving_as_a_fetch_finishes_waits_for_its_apply_and_does_not_sp
     assert results == ["e0", "endpoint_not_found"]
     cache.close()
     raw.close()
+
+
+def test_readings_come_from_the_stream_and_are_confirmed_every_tenth_refresh(tmp_path):
+    """Between confirmations a refresh takes the readings from the gateway's stream alone (no
+    read of the observations); once READINGS_CONFIRM_EVERY TTLs passed it asks the store for them
+    again, and readings_age (fabric_gateway_readings_age_seconds) says how long ago that was."""
+    from gateway.upstreams import READINGS_CONFIRM_EVERY
+    from lab.rigs.polling import wait_for
+
+    raw = SqliteStore(tmp_path / "f.db")
+    fleet(raw, endpoints=1)
+    store, clock = CountingStore(raw), [0.0]
+    cache = UpstreamCache(store, ttl_secs=1.0, clock=lambda: clock[0])
+    span = keyspace.observations()
+
+    def refresh(queue: int) -> tuple[int, int]:
+        """A report moves d0-1's queue, reaches the stream, and a refresh follows one TTL later:
+        (changed_since calls it made, the view's queue for d0-1)."""
+        rev = raw.put(keyspace.observations("d0-1"), ReplicaObservation(
+            replica_id="d0-1", scraped_at=time.time(), ok=True, queue_depth=queue).model_dump_json())
+        wait_for(lambda: (cache.mirror.stream_reached(span) or 0) >= rev, 10, what="the stream", interval=0.02)
+        raw.put(keyspace.nodes("n"), raw.get(keyspace.nodes("n")).value)  # a heartbeat moves the revision too
+        asked = store.calls.get("changed_since", 0)
+        clock[0] += 1.0
+        view = asyncio.run(cache.view("e0"))
+        return store.calls.get("changed_since", 0) - asked, view.readings["d0-1"].queue
+
+    try:
+        assert cache.readings_age() is None
+        asyncio.run(cache.view("e0"))  # lists every prefix: the readings confirmed at clock 0
+        assert cache.readings_age() == 0.0
+        wait_for(lambda: cache.mirror.stream_reached(span) is not None, 10, what="the stream open", interval=0.02)
+        per_refresh = [refresh(q) for q in range(1, READINGS_CONFIRM_EVERY + 1)]
+        # every refresh saw its report; the last, READINGS_CONFIRM_EVERY TTLs on, asked for the
+        # readings too: one changed_since more than the others
+        assert [q for _, q in per_refresh] == list(range(1, READINGS_CONFIRM_EVERY + 1))
+        asks = [n for n, _ in per_refresh]
+        assert len(set(asks[:-1])) == 1 and asks[-1] == asks[0] + 1, asks
+        assert cache.readings_age() == 0.0
+        clock[0] += 3.0
+        assert cache.readings_age() == 3.0
+    finally:
+        cache.close()
+        raw.close()
