@@ -212,8 +212,8 @@ class GatewayApp:
                 if self.state.metrics.store_up is not None:
                     self.state.metrics.store_up.set(0 if await store_failure(self.state.store) else 1)
                 age = self.state.upstreams.readings_age()
-                if self.state.metrics.readings_age is not None and age is not None:
-                    self.state.metrics.readings_age.set(age)
+                if self.state.metrics.readings_age is not None:  # NaN before the first refresh
+                    self.state.metrics.readings_age.set(float("nan") if age is None else age)
                 body = self.state.metrics.exposition()
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})
