@@ -381,7 +381,7 @@ class Mirror:
             self._confirmed[prefix] = fetched.at
         for prefix, (rev, kvs) in fetched.lists.items():
             applied += self._relist(prefix, rev, kvs)
-            self._last_answer[prefix] = len(kvs)
+            self._last_answer[prefix] = 0  # a list is the prefix's size, not its churn (_parts)
         # the streamed keys, before the answers from there on: the hot path of a busy fleet
         # (every agent's report), so a key the copy holds is replaced in place
         copy, decoded, mine = self._kvs, fetched.decoded, self._decoded

@@ -32,13 +32,18 @@ def test_lists_once_then_applies_only_changes(store, ns):
 
 
 def test_a_large_prefix_is_asked_in_parts_and_the_copy_stays_exact(store, ns, monkeypatch):
-    """Past SPLIT_KEYS keys a prefix is asked in ranges at once (MAX_PARTS at most): puts in every
-    range, a key new between two cut keys, and a delete in one range all reach the copy."""
+    """Past SPLIT_KEYS keys a prefix whose last answer churned is asked in ranges at once
+    (MAX_PARTS at most): puts in every range, a key new between two cut keys, and a delete in one
+    range all reach the copy. Right after its list it is asked in one read: a list is its size."""
     monkeypatch.setattr(mirror_module, "SPLIT_KEYS", 4)
     store.put_all([(ns + f"o/{i:02d}", "0") for i in range(16)] + [(ns + "e/a", "1")])
     counted = CountingStore(store)
     mirror = Mirror(counted, [ns + "o/", ns + "e/"])
     mirror.poll()
+    asked = counted.calls.get("changed_since", 0)
+    store.put_all([(ns + f"o/{i:02d}", "2") for i in range(1, 16, 3)])  # churn: 5 keys in one answer
+    assert mirror.poll() == 5
+    assert counted.calls.get("changed_since", 0) - asked == 2  # one read each, o/ right after its list
     asked = counted.calls.get("changed_since", 0)
     store.put_all([(ns + f"o/{i:02d}", "1") for i in range(0, 16, 3)] + [(ns + "o/05x", "new")])
     assert mirror.poll() == 7
