@@ -40,6 +40,7 @@ EVENTS_MAX_BYTES = 64 * 1024 * 1024
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024  # the WAL is truncated back to this after a checkpoint
 PRUNE_EVERY = 1_000  # revisions between prunes: pruning each write would double the write cost
 WATCH_POLL_S = 0.05
+_IN_KEYS = 500  # keys per "key IN (...)" query: under SQLite's bound on ? parameters
 FOLLOW_POLL_S = 0.25  # follow: an idle prefix's events are read again this often (a Mirror asks the rest)
 
 _SCHEMA = """
@@ -151,8 +152,8 @@ class SqliteStore:
     def get_all(self, keys: builtins.list[str]) -> builtins.list[KV | None]:
         found: dict[str, KV] = {}
         with self._read() as db:
-            for i in range(0, len(keys), 500):  # under SQLite's bound on ? parameters
-                part = keys[i:i + 500]
+            for i in range(0, len(keys), _IN_KEYS):
+                part = keys[i:i + _IN_KEYS]
                 found.update((row[0], _kv(row)) for row in db.execute(
                     "SELECT key, value, mod_revision, create_revision, lease FROM kv"
                     f" WHERE key IN ({','.join('?' * len(part))})", part))
@@ -222,8 +223,8 @@ class SqliteStore:
         with self._write() as db:
             # one probe and two executemany per batch, not three statements per row: the audit
             # writer appends every call's rows through here
-            for i in range(0, len(keys), 500):  # under SQLite's bound on ? parameters
-                part = keys[i:i + 500]
+            for i in range(0, len(keys), _IN_KEYS):
+                part = keys[i:i + _IN_KEYS]
                 if db.execute(f"SELECT 1 FROM kv WHERE key IN ({','.join('?' * len(part))}) LIMIT 1",
                               part).fetchone():
                     return False

@@ -182,11 +182,8 @@ def _streamed_up_to(mirror, revision):
     """Wait until every span's stream has brought every event through ``revision``."""
     from lab.rigs.polling import wait_for
 
-    def there():
-        with mirror._follow_lock:
-            followers = [mirror._followers.get(span) for span in mirror.follow]
-            return all(f is not None and f.through >= revision for f in followers)
-    wait_for(there, 10, what=f"the stream at revision {revision}", interval=0.02)
+    wait_for(lambda: all((mirror.stream_reached(span) or 0) >= revision for span in mirror.follow), 10,
+             what=f"the stream at revision {revision}", interval=0.02)
 
 
 def test_a_followed_span_brings_every_change_from_the_stream_and_the_copy_stays_exact(store, ns):
