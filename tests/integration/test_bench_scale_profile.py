@@ -74,7 +74,10 @@ def test_observations_are_written_when_they_change_materially(runs):
 
 
 def test_the_routing_pass_reads_the_store_a_fixed_number_of_times(runs):
-    assert laws(runs, "replicas")["routing_store_reads_busy"] == 0.0
+    # Its mirror's revision, then one read per prefix its stream has not yet brought to it (the
+    # rig lets the stream catch up first, as a period between passes does): whatever the fleet.
+    assert all(1 <= run["routing"]["busy"]["store_reads"] <= 1 + run["routing"]["mirror_prefixes"] for run in runs), \
+        [run["routing"]["busy"]["store_reads"] for run in runs]
 
 
 def test_store_writes_are_batched(runs):
