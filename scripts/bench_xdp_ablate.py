@@ -87,9 +87,18 @@ VARIANTS: dict[str, tuple[str, str, str, str]] = {
                         "        out->snat_port = snat_find(fk, &reply, hash);\n",
                         "a source-NAT SYN searches its probe sequence for a surviving entry of its own "
                         "(the code before; run with BENCH_NODE_IP)"),
-    "nat_forward_first": ("maglev.c", """    reverse_flows.update(&reply, &rev);
-    flows.update(fk, out);""", """    flows.update(fk, out);
-    reverse_flows.update(&reply, &rev);""", "a NAT new flow inserts its forward entry before its reverse entry"),
+    "nat_reverse_entry": ("maglev.c", """    flows.update(fk, out);  /* its replies find it by their addresses (reply_flow) */""",
+                          """    struct reverse_flow rev = {};
+    rev_of(&rev, fk);
+    rev.snat = 0;
+    reply.src = out->backend_ip;
+    reply.sport = out->backend_port;
+    reply.proto = fk->proto;
+    reply.dst = fk->src;
+    reply.dport = fk->sport;
+    reverse_flows.update(&reply, &rev);
+    flows.update(fk, out);""", "a nat new flow also writes a reverse entry for its replies (the design before "
+                          "reply_flow: what the second LRU insert costs)"),
     "syn_no_miss_counter": ("maglev.c", """        if (m) {
             if (syn)""", """        if (0) {
             if (syn)""", "the per-service miss counter not kept (what it costs a new flow)"),

@@ -22,11 +22,16 @@
  *   UDP              recorded; an entry silent for udp_flow_secs is picked again
  *   established      kept while its backend is in the service (draining included),
  *                    picked again once the backend left it
- * Every flow has two entries: the forward one (client 5-tuple) and a reverse one
- * (reply 5-tuple) that holds all the reply needs, so losing either entry to LRU
- * eviction costs at most a re-pick, never a wrong translation. An established
- * packet checks the reverse entry once per fib generation (and on FIN/RST), so
- * an evicted one is written again within a generation (about a second).
+ * A flow has one entry, the forward one (client 5-tuple), which a reply of a
+ * nat flow finds from its own addresses (reply_flow: the backend address's
+ * services in backend_addrs, each one's VIP:port in service_slots): a new flow
+ * costs one LRU insert, as in Katran, and a reply is translated only while the
+ * flow's entry names its backend. A source-NAT flow also has a reverse entry
+ * (reply 5-tuple: node_ip:snat_port) that holds all its reply needs and claims
+ * the port, so losing either entry to LRU eviction costs at most a re-pick,
+ * never a wrong translation. An established source-NAT packet checks its
+ * reverse entry once per fib generation (and on FIN/RST), so an evicted one is
+ * written again within a generation (about a second).
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -135,35 +140,69 @@ static __always_inline void answer_key(struct flow_key *key, struct iphdr *in, s
     key->proto = in->protocol;
 }
 
-static __always_inline int rev_is_flow(struct reverse_flow *r, struct flow_key *fk, __u32 snat)
+/* Whether a reverse entry is this source-NAT flow's. */
+static __always_inline int rev_is_flow(struct reverse_flow *r, struct flow_key *fk)
 {
-    return r->snat == snat && r->client == fk->src && r->cport == fk->sport && r->vip == fk->dst &&
-           r->vport == fk->dport;
+    return r->snat && r->client == fk->src && r->cport == fk->sport && r->vip == fk->dst && r->vport == fk->dport;
 }
 
-static __always_inline void rev_of(struct reverse_flow *rev, struct flow_key *fk, __u32 snat)
+static __always_inline void rev_of(struct reverse_flow *rev, struct flow_key *fk)
 {
     rev->vip = fk->dst;
     rev->vport = fk->dport;
     rev->client = fk->src;
     rev->cport = fk->sport;
-    rev->snat = snat;
+    rev->snat = 1;
 }
 
-/* The reply 5-tuple of a flow (the reverse entry's key); reply->dport is left
- * for the caller when the flow is source-NATed. */
+/* The reply 5-tuple of a source-NAT flow (its reverse entry's key) but the
+ * port, which the caller probes. */
 static __always_inline void reply_key(struct flow_key *reply, struct flow_key *fk, struct flow *f, __be32 node_ip)
 {
     reply->src = f->backend_ip;
     reply->sport = f->backend_port;
     reply->proto = fk->proto;
-    if (f->snat_port) {
-        reply->dst = node_ip;
-        reply->dport = f->snat_port;
-    } else {
-        reply->dst = fk->src;
-        reply->dport = fk->sport;
+    reply->dst = node_ip;
+}
+
+/* The VIP:port a reply of a nat flow without source NAT (backend -> client)
+ * leaves from: the service among its backend address's (backend_addrs) whose
+ * flow from this client (`flows`, the forward entry) names this backend, in
+ * *vip and *vport. -1 for anything else: no such flow (never recorded, evicted,
+ * re-picked to another backend: the next forward packet records it again), a
+ * source-NAT or dsr-ipip flow, or the backend's own traffic (a probe's answer). */
+static __always_inline int reply_flow(struct flow_key *reply, __be32 *vip, __be16 *vport)
+{
+    struct backend_addr ba = {};
+    ba.ip = reply->src;
+    ba.port = reply->sport;
+    __u32 *members = backend_addrs.lookup(&ba);
+    if (!members)
+        return -1;
+    __u32 mask = *members;
+    struct flow_key fk = {};
+    fk.src = reply->dst;
+    fk.sport = reply->dport;
+    fk.proto = reply->proto;
+#pragma clang loop unroll(disable)
+    for (__u32 id = 0; id < MAX_SERVICES && mask; id++, mask >>= 1) {
+        if (!(mask & 1))
+            continue;
+        __u32 sid = id;
+        struct service_key *slot = service_slots.lookup(&sid);
+        if (!slot || slot->pad != SLOT_IN_USE || slot->proto != reply->proto)
+            continue;
+        fk.dst = slot->vip;
+        fk.dport = slot->port;
+        struct flow *f = flows.lookup(&fk);
+        if (f && f->backend_ip == reply->src && f->backend_port == reply->sport && !f->snat_port &&
+            !(f->flags & FLOW_DSR)) {
+            *vip = slot->vip;
+            *vport = slot->port;
+            return 0;
+        }
     }
+    return -1;
 }
 
 /* Probe i of a flow: double hashing, start and step both from the flow hash,
@@ -184,7 +223,7 @@ static __always_inline __be16 snat_find(struct flow_key *fk, struct flow_key *re
     for (__u32 i = 0; i < SNAT_TRIES; i++) {
         reply->dport = snat_probe(hash, i);
         struct reverse_flow *have = reverse_flows.lookup(reply);
-        if (have && rev_is_flow(have, fk, 1))
+        if (have && rev_is_flow(have, fk))
             return reply->dport;
     }
     return 0;
@@ -195,14 +234,14 @@ static __always_inline __be16 snat_find(struct flow_key *fk, struct flow_key *re
 static __always_inline __be16 snat_claim(struct flow_key *fk, struct flow_key *reply, __u32 hash)
 {
     struct reverse_flow rev = {};
-    rev_of(&rev, fk, 1);
+    rev_of(&rev, fk);
 #pragma clang loop unroll(disable)
     for (__u32 i = 0; i < SNAT_TRIES; i++) {
         reply->dport = snat_probe(hash, i);
         if (reverse_flows.insert(reply, &rev) == 0)
             return reply->dport;
         struct reverse_flow *have = reverse_flows.lookup(reply);
-        if (have && rev_is_flow(have, fk, 1))  /* claimed by this flow on another CPU */
+        if (have && rev_is_flow(have, fk))  /* claimed by this flow on another CPU */
             return reply->dport;
     }
     return 0;
@@ -404,8 +443,8 @@ static __always_inline int pick(struct service *svc, __u32 hash, struct flow *ou
     return -1;
 }
 
-/* No usable entry: pick from the table and, by `mode`, record the flow (forward
- * and reverse entries). Returns the verdict to count, with *out the flow to
+/* No usable entry: pick from the table and, by `mode`, record the flow (and a
+ * source-NAT flow's reverse entry). Returns the verdict to count, with *out the flow to
  * forward by, or a DROP verdict. */
 static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, struct flow *out, int mode,
                                   struct config *cfg, __u32 verdict, __u32 gen, int syn)
@@ -415,7 +454,7 @@ static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, stru
         return VERDICT_DROP_NO_BACKEND;
     if (fk->proto == IPPROTO_UDP)  /* only UDP flows expire; a TCP flow never reads its clock */
         out->last_seen = bpf_ktime_get_ns();
-    out->rev_gen = gen;  /* every recorded NAT flow's reverse entry is found or written below */
+    out->rev_gen = gen;  /* every recorded source-NAT flow's reverse entry is found or written below */
     if (out->flags & FLOW_DSR) {
         /* replies bypass the node: no reverse entry, no source NAT */
         out->snat_port = 0;
@@ -430,7 +469,6 @@ static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, stru
             return VERDICT_DROP_SNAT_EXHAUSTED;
         out->snat_port = 0;
         reply_key(&reply, fk, out, cfg->node_ip);
-        reply.dst = cfg->node_ip;
         /* this flow's own surviving reverse entry: same port, so the backend
          * sees the same connection; recording it again needs no budget. A SYN
          * starts a new connection: it skips the search (up to SNAT_TRIES cold
@@ -453,34 +491,26 @@ static __always_inline __u32 miss(struct service *svc, struct flow_key *fk, stru
         return VERDICT_FWD_UNTRACKED;
     if (mode == MISS_BUDGET && !take_insert_budget(cfg))
         return VERDICT_FWD_UNTRACKED;
-    struct reverse_flow rev = {};
-    rev_of(&rev, fk, 0);
-    reply_key(&reply, fk, out, 0);
-    reverse_flows.update(&reply, &rev);
-    flows.update(fk, out);
+    flows.update(fk, out);  /* its replies find it by their addresses (reply_flow) */
     return verdict;
 }
 
-/* Established flow: make sure its reverse entry is still there and its own
- * (an evicted one is written again; a source-NAT port that another flow took
+/* Established source-NAT flow: make sure its reverse entry is still there and
+ * its own (an evicted one is written again; a port that another flow took
  * meanwhile is given up for a fresh one). 0, or -1 when no port is left. */
 static __always_inline int check_reverse(struct flow_key *fk, struct flow *f, struct config *cfg)
 {
     struct flow_key reply = {};
     __be32 node_ip = cfg ? cfg->node_ip : 0;
-    if (f->snat_port && !node_ip)
+    if (!node_ip)
         return -1;
     reply_key(&reply, fk, f, node_ip);
-    __u32 snat = f->snat_port ? 1 : 0;
+    reply.dport = f->snat_port;
     struct reverse_flow *have = reverse_flows.lookup(&reply);
-    if (have && rev_is_flow(have, fk, snat))
+    if (have && rev_is_flow(have, fk))
         return 0;
     struct reverse_flow rev = {};
-    rev_of(&rev, fk, snat);
-    if (!snat) {
-        reverse_flows.update(&reply, &rev);
-        return 0;
-    }
+    rev_of(&rev, fk);
     if (!have && reverse_flows.insert(&reply, &rev) == 0)
         return 0;
     __u32 hash = flow_hash(fk);
@@ -493,16 +523,17 @@ static __always_inline int check_reverse(struct flow_key *fk, struct flow *f, st
     return 0;
 }
 
-/* check_reverse once per fib generation (gen, which the agent bumps at least
- * every second; 0: on every packet) and on every FIN/RST (`always`, so a
- * connection's close handshake never waits on the next generation): within one
- * generation the flow's reverse entry was found or written already, and the
- * flow's replies keep it recently used in the LRU. An entry evicted meanwhile is
- * written again by the first forward packet of the next generation. */
+/* A source-NAT flow's check_reverse once per fib generation (gen, which the
+ * agent bumps at least every second; 0: on every packet) and on every FIN/RST
+ * (`always`, so a connection's close handshake never waits on the next
+ * generation): within one generation the flow's reverse entry was found or
+ * written already, and the flow's replies keep it recently used in the LRU. An
+ * entry evicted meanwhile is written again by the first forward packet of the
+ * next generation. Other flows have no reverse entry. */
 static __always_inline int keep_reverse(struct flow_key *fk, struct flow *f, struct config *cfg, __u32 gen,
                                         int always)
 {
-    if (f->flags & FLOW_DSR)
+    if (!f->snat_port)
         return 0;
     if (gen && !always && f->rev_gen == (__u16)gen)
         return 0;
@@ -869,11 +900,12 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb)
         return TC_ACT_OK;
     struct flow_key key = {};
     answer_key(&key, in, iports);
-    struct reverse_flow *rev = reverse_flows.lookup(&key);
-    if (!rev || rev->snat)
+    __be32 vip;
+    __be16 vport;
+    if (reply_flow(&key, &vip, &vport) < 0)
         return TC_ACT_OK;
-    __be32 osrc = ip->saddr == in->daddr ? rev->vip : ip->saddr;
-    icmp_rewrite(ip, icmp, in, iports, data_end, osrc, ip->daddr, in->saddr, iports->source, rev->vip, rev->vport);
+    __be32 osrc = ip->saddr == in->daddr ? vip : ip->saddr;
+    icmp_rewrite(ip, icmp, in, iports, data_end, osrc, ip->daddr, in->saddr, iports->source, vip, vport);
     return count(VERDICT_REPLY_ICMP_ERROR, TC_ACT_OK);
 }
 
@@ -891,22 +923,21 @@ static __always_inline struct iphdr *tc_ipv4(struct __sk_buff *skb)
     return ip;
 }
 
-/* A TCP/UDP reply of a flow without source NAT: its reverse entry (which holds
- * the VIP:port), with *ports set; or 0. */
-static __always_inline struct reverse_flow *nat_reply(struct __sk_buff *skb, struct iphdr *ip,
-                                                      struct l4_ports **ports)
+/* A TCP/UDP reply of a nat flow without source NAT: 0 with its VIP:port
+ * (reply_flow) in *vip and *vport and *ports set; or -1. */
+static __always_inline int nat_reply(struct __sk_buff *skb, struct iphdr *ip, struct l4_ports **ports, __be32 *vip,
+                                     __be16 *vport)
 {
     void *data_end = (void *)(long)skb->data_end;
     if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-        return 0;
+        return -1;
     struct l4_ports *p = (void *)(ip + 1);
     if ((void *)(p + 1) > data_end)
-        return 0;
+        return -1;
     *ports = p;
     struct flow_key key = {};
     packet_key(&key, ip, p);
-    struct reverse_flow *rev = reverse_flows.lookup(&key);
-    return rev && !rev->snat ? rev : 0;
+    return reply_flow(&key, vip, vport);
 }
 
 int tc_reverse_nat(struct __sk_buff *skb)
@@ -924,10 +955,11 @@ int tc_reverse_nat(struct __sk_buff *skb)
     if (vip_filter_hit(saddr) && vips.lookup(&saddr))
         return TC_ACT_OK;
     struct l4_ports *ports = 0;
-    struct reverse_flow *rev = nat_reply(skb, ip, &ports);
-    if (!rev || !ports)
+    __be32 vip;
+    __be16 vport;
+    if (nat_reply(skb, ip, &ports, &vip, &vport) < 0 || !ports)
         return TC_ACT_OK;
-    restore_vip(skb, ip->protocol, ip->saddr, ports->source, rev->vip, rev->vport);
+    restore_vip(skb, ip->protocol, ip->saddr, ports->source, vip, vport);
     return count(VERDICT_TC_REPLY, TC_ACT_OK);
 }
 
@@ -944,12 +976,11 @@ int tc_reply_redirect(struct __sk_buff *skb)
     if (!ip)
         return TC_ACT_OK;
     struct l4_ports *ports = 0;
-    struct reverse_flow *rev = nat_reply(skb, ip, &ports);
-    if (!rev || !ports)
+    __be32 vip;
+    __be16 vport;
+    if (nat_reply(skb, ip, &ports, &vip, &vport) < 0 || !ports)
         return TC_ACT_OK;
     __u8 proto = ip->protocol;
-    __be32 vip = rev->vip;
-    __be16 vport = rev->vport;
     struct egress e = {};
     __u32 why = route(skb, ip->ttl, ip->tos, proto, vip, ip->daddr, 0, skb->ifindex, 0, &e);
     if (why != XMIT_REDIRECT) {

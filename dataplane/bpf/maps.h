@@ -9,9 +9,10 @@
  * Fast-path budget (docs/dataplane.md): a non-VIP packet costs one array read
  * (vip_filter, which also holds node_ip's bit) and a counter; an established flow
  * one hash lookup (flows) plus array reads, its forwarding decision read from
- * fib_cache, and once per fib generation (and on FIN/RST) a second one, its reverse
- * entry (which keeps the reply's translation alive); a new flow inserts two
- * entries (forward and reverse).
+ * fib_cache (a source-NAT flow, once per fib generation and on FIN/RST, a second
+ * one: its reverse entry, which keeps its port claimed); a new flow inserts one
+ * entry (a source-NAT flow two: forward and reverse); a nat flow's reply is
+ * found by its addresses (backend_addrs, service_slots, then flows).
  */
 #ifndef FABRIC_MAPS_H
 #define FABRIC_MAPS_H
@@ -103,8 +104,8 @@ struct flow {
     __u16 backend_id;  /* for backend_stats; backends[backend_id] must still be this address */
     __u16 service_id;  /* service_slots[service_id] says whether the service still exists */
     __u16 flags;       /* FLOW_* */
-    __u16 rev_gen;     /* low 16 bits of fib_gen when its reverse entry was last found or written:
-                        * an established packet checks the reverse entry again only once the
+    __u16 rev_gen;     /* source NAT: low 16 bits of fib_gen when its reverse entry was last found or
+                        * written: an established packet checks the reverse entry again only once the
                         * generation moved (the agent bumps it at least every second) */
     __u64 last_seen;   /* UDP: bpf_ktime_get_ns() of the last packet (expiry); TCP: 0 (never read) */
 };
@@ -119,7 +120,7 @@ struct reverse_flow {
     __be32 client;
     __be16 vport;
     __be16 cport;
-    __u32 snat;        /* 1 when the reply arrives at node_ip:snat_port */
+    __u32 snat;        /* 1: the reply arrives at node_ip:snat_port (only source-NAT flows have one) */
 };
 
 /* Backend address as a reply carries it as source (TC reply path). */
@@ -193,9 +194,10 @@ BPF_TABLE_PINNED("percpu_array", __u32, __u64, verdict_stats, VERDICT_MAX, PIN(v
 /* flows: client -> VIP 5-tuple -> chosen backend and service (LRU connection table) */
 BPF_TABLE_PINNED("lru_hash", struct flow_key, struct flow, flows, FLOW_MAP_ENTRIES, PIN(flows), FLOW_LRU_FLAGS);
 /* backend_addrs: backend IP:port -> bitmask of the service ids it belongs to now, draining
- * included (an established flow whose backend id changed hands checks membership here; MAX_SERVICES <= 32) */
+ * included (an established flow whose backend id changed hands checks membership here, a nat
+ * reply finds its flow's service here; MAX_SERVICES <= 32) */
 BPF_TABLE_PINNED("hash", struct backend_addr, __u32, backend_addrs, BACKEND_ADDRS, PIN(backend_addrs));
-/* reverse_flows: reply 5-tuple (backend -> client, or backend -> node_ip:snat_port) -> the flow to restore */
+/* reverse_flows: a source-NAT flow's reply 5-tuple (backend -> node_ip:snat_port) -> the flow to restore */
 BPF_TABLE_PINNED("lru_hash", struct flow_key, struct reverse_flow, reverse_flows, FLOW_MAP_ENTRIES, PIN(reverse_flows),
                  FLOW_LRU_FLAGS);
 /* config: single entry, node-wide settings (attach or an explicit setting writes it) */

@@ -68,11 +68,6 @@ def _flow(dp, sport: int, dst: str = VIP, proto: int = 6):
     return dp._flows.get(_key(dp._flows, CLIENT, dst, sport, 80 if proto == 6 else 53, proto))
 
 
-def _reverse(dp, backend: str, sport: int):
-    ip, port = backend.split(":")
-    return dp._reverse.get(_key(dp._reverse, ip, CLIENT, int(port), sport))
-
-
 def _send(dp, pkt, verdict: str, backend: str | None = None, action: int = XDP_PASS):
     result, changed = _run(dp, bytes(pkt))
     assert (result.retval, changed) == (action, {verdict: 1}), changed
@@ -94,6 +89,12 @@ def _restored(dp, backend: str, sport: int, vip: str = VIP) -> None:
     want[IP].src, want[TCP].sport = vip, 80
     del want[IP].chksum, want[TCP].chksum
     assert out.output == bytes(Ether(bytes(want))) and _valid(out.output)
+
+
+def _untouched(dp, backend: str, sport: int) -> None:
+    reply = _reply(backend, sport)
+    out = run_xdp(dp._prog.tc.fd, bytes(reply))
+    assert out.retval == TC_ACT_OK and out.output == bytes(reply)
 
 
 def _sport_on(dp, backend: str, first: int) -> int:
@@ -120,7 +121,8 @@ def test_rst_and_fin_misses_are_forwarded_but_never_recorded(dp, flags):
     dp.put_service(VIP, 80, "tcp", {A: 1})
     sport = 31000 + len(flags)
     _send(dp, _tcp(sport, flags), "fwd_untracked", A)
-    assert _flow(dp, sport) is None and _reverse(dp, A, sport) is None
+    assert _flow(dp, sport) is None
+    _untouched(dp, A, sport)  # no flow: its reply is not translated
 
 
 def test_non_syn_miss_is_recorded_within_the_insert_budget_and_counted(dp):
@@ -137,10 +139,12 @@ def test_non_syn_miss_is_recorded_within_the_insert_budget_and_counted(dp):
     # the window may roll over once during the run: at most 3 per second
     assert len(recorded) >= 3 and len(recorded) + len(untracked) == 5, outcomes
     for i in recorded:
-        assert _flow(dp, 32000 + i) is not None and _reverse(dp, A, 32000 + i) is not None
+        assert _flow(dp, 32000 + i) is not None
+        _restored(dp, A, 32000 + i)
         _send(dp, _tcp(32000 + i, "A", payload=b"y"), "fwd_established", A)
     for i in untracked:
         assert _flow(dp, 32000 + i) is None
+        _untouched(dp, A, 32000 + i)
     after = dp.get_service(VIP, 80, "tcp").misses
     assert after.other - before.other == 5 and after.syn == before.syn
 
@@ -201,58 +205,35 @@ def test_a_pick_that_meets_a_draining_backend_moves_on(dp):
         dp._backends[ctypes.c_uint32(bid)] = entry
 
 
-def test_evicted_forward_entry_keeps_replies_and_is_recorded_again(dp):
+def test_a_nat_flow_is_one_entry_and_its_reply_is_found_by_its_addresses(dp):
+    """A nat flow records its forward entry only: a reply (backend -> client) is
+    translated while the client's flow to the VIP names that backend, and goes
+    untouched otherwise (the backend's answer to another client or to a probe)."""
+    dp.put_service(VIP, 80, "tcp", {A: 1, B: 1})
+    before = sum(1 for _ in dp._reverse.items())
+    sport = _sport_on(dp, A, 35300)
+    assert sum(1 for _ in dp._reverse.items()) == before  # no reverse entry
+    _restored(dp, A, sport)
+    _untouched(dp, B, sport)  # the other backend: this client's flow is not its
+    _untouched(dp, A, sport + 1)  # a port of this client without a flow
+    probe = Ether() / IP(src=A.split(":")[0], dst="10.2.0.9") / TCP(sport=8080, dport=sport, flags="A")
+    assert run_xdp(dp._prog.tc.fd, bytes(probe)).output == bytes(probe)
+
+
+def test_evicted_forward_entry_is_recorded_again_and_its_replies_follow(dp):
+    """An evicted entry costs its replies' translation until the client's next
+    packet records the flow again (the table picks the same backend)."""
     dp.put_service(VIP, 80, "tcp", {A: 1, B: 1})
     sport = _sport_on(dp, B, 35000)
     del dp._flows[_key(dp._flows, CLIENT, VIP, sport, 80)]
-    _restored(dp, B, sport)  # the reply needs only its reverse entry
+    _untouched(dp, B, sport)
     _send(dp, _tcp(sport, "A", payload=b"x"), "fwd_miss_recorded", B)
+    _restored(dp, B, sport)
     _send(dp, _tcp(sport, "A", payload=b"x"), "fwd_established", B)
 
 
 def _gen(dp) -> int:
     return dp._fib_gen[ctypes.c_uint32(0)].value
-
-
-def test_evicted_reverse_entry_is_written_again_once_the_generation_moves(dp):
-    """An established packet checks its reverse entry once per fib generation: within
-    the generation that recorded the flow an evicted entry stays missing, the first
-    forward packet after the agent's bump (at least every second) writes it again."""
-    dp.put_service(VIP, 80, "tcp", {A: 1, B: 1})
-    sport = _sport_on(dp, A, 35300)
-    ip, port = A.split(":")
-    rkey = _key(dp._reverse, ip, CLIENT, int(port), sport)
-    del dp._reverse[rkey]
-    stray = _reply(A, sport)
-    assert run_xdp(dp._prog.tc.fd, bytes(stray)).output == bytes(stray)  # nothing to restore from
-    gen = _gen(dp)
-    assert _flow(dp, sport).rev_gen == gen & 0xFFFF  # checked (written) under this generation
-    _send(dp, _tcp(sport, "A", payload=b"x"), "fwd_established", A)
-    assert dp._reverse.get(rkey) is None  # same generation: not looked up again
-    dp.bump_fib_gen()
-    _send(dp, _tcp(sport, "A", payload=b"x"), "fwd_established", A)
-    _restored(dp, A, sport)
-    assert _flow(dp, sport).rev_gen == (gen + 1) & 0xFFFF
-
-
-def test_reverse_entry_is_checked_on_every_fin_or_rst_and_every_packet_without_a_generation(dp):
-    dp.put_service(VIP, 80, "tcp", {A: 1, B: 1})
-    sport = _sport_on(dp, A, 35400)
-    ip, port = A.split(":")
-    rkey = _key(dp._reverse, ip, CLIENT, int(port), sport)
-    del dp._reverse[rkey]
-    _send(dp, _tcp(sport, "FA"), "fwd_established", A)  # the close handshake never waits for a bump
-    _restored(dp, A, sport)
-    key = ctypes.c_uint32(0)
-    gen = dp._fib_gen[key]
-    dp._fib_gen[key] = ctypes.c_uint32(0)  # generation 0 (cache off): every packet checks
-    try:
-        for _ in range(2):
-            del dp._reverse[rkey]
-            _send(dp, _tcp(sport, "A", payload=b"x"), "fwd_established", A)
-            _restored(dp, A, sport)
-    finally:
-        dp._fib_gen[key] = gen
 
 
 # -- source NAT ------------------------------------------------------------------
@@ -304,6 +285,41 @@ def test_snat_port_survives_either_entry_being_evicted(sdp):
     del dp._flows[_key(dp._flows, CLIENT, SNAT_VIP, sport, 80)]
     del dp._reverse[_snat_key(dp, port)]
     assert _snat_syn(dp, sport) == port
+
+
+def test_snat_reverse_entry_is_checked_once_per_generation_and_on_every_fin_or_rst(sdp):
+    """An established source-NAT packet checks its reverse entry once per fib
+    generation: an entry evicted within the generation that recorded the flow
+    stays missing, the first forward packet after the agent's bump (at least
+    every second) writes it again; a FIN or RST checks it at once, and so does
+    every packet while the generation is 0 (cache off)."""
+    dp = sdp
+    dp.put_service(SNAT_VIP, 80, "tcp", {ROUTED: 1})
+    sport = 36050
+    port = _snat_syn(dp, sport)
+    gen = _gen(dp)
+    assert _flow(dp, sport, dst=SNAT_VIP).rev_gen == gen & 0xFFFF  # written under this generation
+    del dp._reverse[_snat_key(dp, port)]
+    assert _snat_ack(dp, sport, "fwd_established") == port
+    assert dp._reverse.get(_snat_key(dp, port)) is None  # same generation: not looked up again
+    dp.bump_fib_gen()
+    assert _snat_ack(dp, sport, "fwd_established") == port
+    _snat_reply_ok(dp, port, sport)
+    assert _flow(dp, sport, dst=SNAT_VIP).rev_gen == (gen + 1) & 0xFFFF
+    del dp._reverse[_snat_key(dp, port)]
+    result = _send(dp, _tcp(sport, "FA", dst=SNAT_VIP), "fwd_established")  # never waits for a bump
+    assert Ether(result.output)[TCP].sport == port
+    _snat_reply_ok(dp, port, sport)
+    key = ctypes.c_uint32(0)
+    held = dp._fib_gen[key]
+    dp._fib_gen[key] = ctypes.c_uint32(0)
+    try:
+        for _ in range(2):
+            del dp._reverse[_snat_key(dp, port)]
+            assert _snat_ack(dp, sport, "fwd_established") == port
+            _snat_reply_ok(dp, port, sport)
+    finally:
+        dp._fib_gen[key] = held
 
 
 def test_snat_port_held_by_another_flow_is_never_shared(sdp):
