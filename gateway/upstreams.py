@@ -156,9 +156,7 @@ def read_view(store: Store, name: str, readings_from: Store | None = None) -> En
 def with_readings(store: Store, view: EndpointView, only: set[str] | None = None) -> EndpointView:
     """The view with its replicas' queue depths (its own pool) and readings (every pool) read
     again; the rest of it as it was. ``only``: read again just these replicas' (the ones whose
-    observation changed), the others' kept from ``view``."""
-    if only is not None and all(r.replica_id in only for _, pool in view.pools for r in pool):
-        only = None  # every replica's observation changed (a busy fleet's period): all read again
+    observation changed), the others' kept from ``view``; None: every replica's."""
 
     def stale(pool: tuple[Replica, ...]) -> tuple[Replica, ...]:
         return pool if only is None else tuple(r for r in pool if r.replica_id in only)
@@ -327,10 +325,12 @@ class UpstreamCache:
             moved = self.mirror.moved_keys(seen.keys, cached[3])
             if not moved:
                 return cached[0]
-            only = {key[len(keyspace.observations()):] for key in moved}
+            # every replica's observation changed (a busy fleet's period): all read again
+            cut = len(keyspace.observations())
+            only = None if len(moved) == len(seen.keys) else {key[cut:] for key in moved}
             view = with_readings(self.mirror, cached[0], only)  # type: ignore[arg-type]  # the Store read verbs
             self.readings_read += 1
-            self.observations_read += len(only)
+            self.observations_read += len(moved)
             self._views[name] = (view, cached[1], seen, version)
             return view
         reader, reads = self.mirror.tracked()

@@ -618,7 +618,10 @@ class Mirror:
     def moved_keys(self, keys: Iterable[str], since: int) -> set[str]:
         """Which of ``keys`` changed after version ``since`` (a key outside the mirrored prefixes
         always counts: it has no change record)."""
-        return {k for k in keys if not self._mirrored(k) or self._key_moved(k, since)}
+        versions, forgot = self._key_version, self._forgot
+        # a key with a change record is mirrored; only one without asks which prefix holds it
+        return {k for k in keys if versions.get(k, forgot) > since
+                or (k not in versions and not self._mirrored(k))}
 
     def _key_moved(self, key: str, since: int) -> bool:
         return self._key_version.get(key, self._forgot) > since
