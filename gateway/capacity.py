@@ -13,7 +13,7 @@ call may wait in its band, or leave for a fallback: gateway.dispatch).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from common.schemas import Replica
@@ -46,7 +46,7 @@ def replica_saturated(reading: Reading | None, measure: Saturation, now: float) 
     return measure.kv is not None and reading.kv > measure.kv
 
 
-def pool_saturated(replicas: Sequence[Replica], readings: dict[str, Reading], measure: Saturation,
+def pool_saturated(replicas: Sequence[Replica], readings: Mapping[str, Reading], measure: Saturation,
                    now: float) -> bool:
     if not replicas:
         return True
@@ -66,7 +66,7 @@ class PoolChoice:
         return self.index > 0
 
 
-def choose_pool(pools: Sequence[Sequence[Replica]], readings: dict[str, Reading], measure: Saturation,
+def choose_pool(pools: Sequence[Sequence[Replica]], readings: Mapping[str, Reading], measure: Saturation,
                 now: float) -> PoolChoice:
     """The first pool that is not saturated; the preferred (first) one when all are."""
     flags = tuple(pool_saturated(p, readings, measure, now) for p in pools)

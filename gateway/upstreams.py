@@ -3,6 +3,8 @@
 The store is the source of truth; the gateway keeps a copy of the records views are made of,
 listed once and then kept by its changes (UpstreamCache: at most 1 s old by default, O(changes) per
 refresh), so store round trips stay off the hot path and a refresh never lists the fleet. Choosing and ordering targets, and shedding, are pure functions of that view.
+A cached view's readings (queue depths, KV use) are looked up in the copy when they are used
+(``LiveReadings``), so an agent's report, the common change, rebuilds no view.
 
 Order: the VIP first when the endpoint has one; the session's replica (x-session-id, else the
 first 64 prompt characters, hashed with rendezvous hashing so a replica set change moves few
@@ -33,7 +35,7 @@ import asyncio
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from common import keyspace
@@ -52,9 +54,9 @@ VIEW_CACHE_MAX = 1024  # endpoint views cached (only endpoints that exist: a mad
 class EndpointView:
     endpoint: InferenceEndpoint
     replicas: tuple[Replica, ...]  # ready, not draining, with an address
-    queue_depths: dict[str, tuple[float, float]]  # replica id -> (queue depth, scraped_at), ok scrapes only
+    queue_depths: Mapping[str, tuple[float, float]]  # replica id -> (queue depth, scraped_at), ok scrapes only
     weights: dict[str, float] = field(default_factory=dict)  # replica id -> rollout weight; empty: all equal
-    readings: dict[str, Reading] = field(default_factory=dict)  # replica id -> queue, KV use (every pool)
+    readings: Mapping[str, Reading] = field(default_factory=dict)  # replica id -> queue, KV use (every pool)
     # (deployment, its eligible replicas) for the endpoint's spillover deployments, in order;
     # empty when it names none (the first pool is always deployment/replicas above).
     spill_pools: tuple[tuple[str, tuple[Replica, ...]], ...] = ()
@@ -133,10 +135,9 @@ def check_shed(view: EndpointView, threshold: float | None, priority: str, now: 
                             code="overloaded")
 
 
-def read_view(store: Store, name: str, readings_from: Store | None = None) -> EndpointView:
-    """``readings_from``: where the replicas' observations are read (``store`` when None); the
-    cache reads them through their own tracker, so a change of observations alone re-reads only
-    them (``with_readings``)."""
+def read_view(store: Store, name: str, live: Mirror | None = None) -> EndpointView:
+    """The endpoint's view, its readings read from ``store`` once; with ``live`` (the cache's
+    Mirror), looked up in it at each use instead (``LiveReadings``)."""
     endpoint = endpoints.get(store, name)
     if endpoint is None:
         raise NotFound(f"endpoint {name!r} does not exist", code="endpoint_not_found")
@@ -150,25 +151,52 @@ def read_view(store: Store, name: str, readings_from: Store | None = None) -> En
     adapters, cap = _adapters(store, endpoint.deployment)
     view = EndpointView(endpoint, ready, {}, {r.replica_id: weights[r.replica_id] for r in ready
                                               if r.replica_id in weights}, {}, pools, adapters, cap)
-    return with_readings(readings_from or store, view)
+    if live is not None:
+        every = [r.replica_id for _, pool in view.pools for r in pool]
+        return replace(view, queue_depths=LiveReadings(live, [r.replica_id for r in ready], 0),
+                       readings=LiveReadings(live, every, 1))
+    return with_readings(store, view)
 
 
-def with_readings(store: Store, view: EndpointView, only: set[str] | None = None) -> EndpointView:
+def with_readings(store: Store, view: EndpointView) -> EndpointView:
     """The view with its replicas' queue depths (its own pool) and readings (every pool) read
-    again; the rest of it as it was. ``only``: read again just these replicas' (the ones whose
-    observation changed), the others' kept from ``view``; None: every replica's."""
-
-    def stale(pool: tuple[Replica, ...]) -> tuple[Replica, ...]:
-        return pool if only is None else tuple(r for r in pool if r.replica_id in only)
-
-    depths = {r: d for r, d in view.queue_depths.items() if only is not None and r not in only}
-    readings = {r: d for r, d in view.readings.items() if only is not None and r not in only}
-    fresh_depths, fresh = _readings(store, stale(view.replicas))
-    depths.update(fresh_depths)
-    readings.update(fresh)
+    from ``store`` now; the rest of it as it was."""
+    depths, readings = _readings(store, view.replicas)
     for _, pool in view.spill_pools:
-        readings.update(_readings(store, stale(pool))[1])
+        readings.update(_readings(store, pool)[1])
     return replace(view, queue_depths=depths, readings=readings)
+
+
+class LiveReadings(Mapping):
+    """Some replicas' readings as a Mirror holds them when asked: part 0 of each ok observation's
+    ``decode_observation`` answer (queue depth, scraped_at) or part 1 (the Reading); a replica
+    without one is absent. Parsed once per revision by the Mirror (its follower's thread, as the
+    stream brings them), so a lookup is two dict reads and a view holding this is never rebuilt
+    for a change of readings alone. Read on the Mirror's owner thread (the event loop)."""
+
+    __slots__ = ("_mirror", "_ids", "_part")
+
+    def __init__(self, mirror: Mirror, ids: list[str], part: int):
+        self._mirror, self._ids, self._part = mirror, tuple(dict.fromkeys(ids)), part
+
+    def _at(self, replica_id: str) -> object | None:
+        got = self._mirror.decoded(keyspace.observations(replica_id))
+        return None if got is None else got[self._part]  # type: ignore[index]  # decode_observation's pair
+
+    def __getitem__(self, replica_id: str):
+        got = self._at(replica_id) if replica_id in self._ids else None
+        if got is None:
+            raise KeyError(replica_id)
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return (r for r in self._ids if self._at(r) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"LiveReadings({dict(self)!r})"
 
 
 def _adapters(store: Store, deployment: str) -> tuple[frozenset[str], int]:
@@ -190,16 +218,11 @@ def _readings(store: Store, ready: tuple[Replica, ...]
     """The replicas' queue depths and readings, from their ok observations."""
     depths: dict[str, tuple[float, float]] = {}
     readings: dict[str, Reading] = {}
-    decoded = getattr(store, "decoded", None)  # a Mirror's parsed copy (decode_observation)
-    under = keyspace.observations()
     for r in ready:
-        if decoded is not None:
-            got = decoded(under + r.replica_id)
-        else:
-            try:
-                got = _reading_of(observations.get(store, r.replica_id))
-            except UnreadableRecord:
-                got = None  # a reading that does not parse says nothing about the queue now
+        try:
+            got = _reading_of(observations.get(store, r.replica_id))
+        except UnreadableRecord:
+            got = None  # a reading that does not parse says nothing about the queue now
         if got is not None:
             depths[r.replica_id], readings[r.replica_id] = got
     return depths, readings
@@ -222,9 +245,9 @@ def decode_observation(key: str, value: str) -> tuple[tuple[float, float], Readi
         return None
 
 
-def _view_or_none(store: Store, name: str, readings_from: Store) -> EndpointView | None:
+def _view_or_none(store: Store, name: str, live: Mirror) -> EndpointView | None:
     try:
-        return read_view(store, name, readings_from)
+        return read_view(store, name, live)
     except NotFound:
         return None
 
@@ -264,15 +287,13 @@ class UpstreamCache:
                              decode={keyspace.observations(): decode_observation},
                              trust={keyspace.observations(): READINGS_CONFIRM_EVERY * self.ttl_secs},
                              clock=self.clock)
-        # name -> view, what it was made of, what its readings were read from, at version
-        self._views: dict[str, tuple[EndpointView | None, Reads, Reads, int]] = {}
+        # name -> view, what it was made of (its readings aside), at version
+        self._views: dict[str, tuple[EndpointView | None, Reads, int]] = {}
         self._synced = -math.inf  # clock() when the last applied fetch started
         self._fetching: asyncio.Future | None = None
         self._started = 0  # fetches started, numbered from 1
         self._applied = 0  # the number of the latest fetch applied
-        self.views_built = 0  # tests and benchmarks read these two
-        self.readings_read = 0  # views whose readings alone were read again
-        self.observations_read = 0  # ... and the changed observations those read
+        self.views_built = 0  # tests and benchmarks read it
 
     def readings_age(self) -> float | None:
         """Seconds since the readings were last confirmed against the store (None: not yet)."""
@@ -315,34 +336,21 @@ class UpstreamCache:
         self._applied = number
 
     def _view_now(self, name: str) -> EndpointView | None:
-        """The cached view while nothing it was made of changed; when only observations changed
-        (an agent's report: the common change), only the changed replicas' readings are read
-        again; else built anew."""
+        """The cached view while nothing it was made of changed, else built anew. Its readings
+        are the copy's at each use (``LiveReadings``): a change of observations alone, an
+        agent's report, rebuilds nothing."""
         cached = self._views.get(name)
-        version = self.mirror.version
-        if cached is not None and not self.mirror.moved(cached[1], cached[3]):
-            seen = cached[2]  # the observation keys its readings come from: the same replicas still
-            moved = self.mirror.moved_keys(seen.keys, cached[3])
-            if not moved:
-                return cached[0]
-            # every replica's observation changed (a busy fleet's period): all read again
-            cut = len(keyspace.observations())
-            only = None if len(moved) == len(seen.keys) else {key[cut:] for key in moved}
-            view = with_readings(self.mirror, cached[0], only)  # type: ignore[arg-type]  # the Store read verbs
-            self.readings_read += 1
-            self.observations_read += len(moved)
-            self._views[name] = (view, cached[1], seen, version)
-            return view
+        if cached is not None and not self.mirror.moved(cached[1], cached[2]):
+            return cached[0]
         reader, reads = self.mirror.tracked()
-        readings_reader, seen = self.mirror.tracked()
-        view = _view_or_none(reader, name, readings_reader)  # type: ignore[arg-type]  # the Store read verbs
+        view = _view_or_none(reader, name, self.mirror)  # type: ignore[arg-type]  # the Store read verbs
         self.views_built += 1
         if view is None:  # a name with no endpoint is one lookup in the copy: never kept, so a
             self._views.pop(name, None)  # flood of made-up names neither grows nor empties the cache
             return None
         if cached is None and len(self._views) >= VIEW_CACHE_MAX:
             self._views.clear()  # crude bound: past this many endpoints memory still cannot grow
-        self._views[name] = (view, reads, seen, version)
+        self._views[name] = (view, reads, self.mirror.version)
         return view
 
     async def view(self, name: str, need_upstream: bool = True) -> EndpointView:

@@ -512,14 +512,13 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
                 touched = fleet.touch_observations(-(-fleet.size.replicas // 30)) if label == "steady" else 0
                 if label == "confirmed":
                     clock[0] += READINGS_CONFIRM_EVERY * cache.ttl_secs
-                reads0, built0, read0, pre0 = gw.reads, cache.views_built, cache.readings_read, cache.mirror.prefetched
+                reads0, built0, pre0 = gw.reads, cache.views_built, cache.mirror.prefetched
                 out["gateway"][label] = (await fleet.measure(lambda: gateway_refresh(cache, clock, names),
                                                              between=label != "steady",
                                                              settle=lambda: streamed(fleet.raw, cache.mirror, keyspace.observations(),
                                                                                      [keyspace.observations()]))).rounded()
                 out["gateway"][label]["store_reads"] = gw.reads - reads0
                 out["gateway"][label]["views_built"] = cache.views_built - built0
-                out["gateway"][label]["readings_read"] = cache.readings_read - read0
                 out["gateway"][label]["streamed"] = cache.mirror.prefetched - pre0  # changes the stream brought
                 out["gateway"][label]["observations_touched"] = touched
         finally:

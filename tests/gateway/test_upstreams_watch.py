@@ -1,6 +1,6 @@
 """The gateway's endpoint views list the store once, then follow its changes (issue 49 item 4):
 a refresh with nothing changed lists nothing and rebuilds no view; a change rebuilds only the
-views made from it."""
+views made from it, and a change of readings alone none."""
 
 from __future__ import annotations
 
@@ -46,31 +46,32 @@ def test_a_refresh_lists_nothing_when_nothing_changed(tmp_path):
     lists, built = store.calls.get("list", 0), cache.views_built
     assert asyncio.run(views()) == first
     assert (store.calls.get("list", 0), cache.views_built) == (lists, built)  # no list, no view rebuilt
-    # One replica's queue moves: only its endpoint's readings are read again (the rest of the
-    # view is kept, not rebuilt), still without a list.
+    # One replica's queue moves: no view is rebuilt and nothing listed; the views' readings are
+    # the copy's when they are read (LiveReadings), so the held view shows the new queue.
     raw.put(keyspace.observations("d1-2"), ReplicaObservation(replica_id="d1-2", scraped_at=time.time(), ok=True,
                                                               queue_depth=7).model_dump_json())
     again = asyncio.run(views())
-    assert store.calls.get("list", 0) == lists and (cache.views_built, cache.readings_read) == (built, 1)
+    assert store.calls.get("list", 0) == lists and cache.views_built == built
+    assert again[0] is first[0] and again[1] is first[1]
     assert again[1].queue_depths["d1-2"][0] == 7 and again[1].readings["d1-2"].queue == 7
-    assert again[0] is first[0] and again[1].replicas is first[1].replicas
-    assert cache.observations_read == 1  # that one observation, not its endpoint's four
-    assert {r: again[1].readings[r] for r in ("d1-0", "d1-1", "d1-3")} == {
-        r: first[1].readings[r] for r in ("d1-0", "d1-1", "d1-3")}
+    assert {r: again[1].readings[r].queue for r in ("d1-0", "d1-1", "d1-3")} == {"d1-0": 0, "d1-1": 0, "d1-3": 0}
+    assert "d0-0" not in again[1].readings and "d0-0" in again[0].readings  # each view its own replicas
     # it fails now: it leaves the readings (and the queue depths) until it is ok again
     raw.put(keyspace.observations("d1-2"), ReplicaObservation(replica_id="d1-2", scraped_at=time.time(), ok=False,
                                                               error="ScrapeError").model_dump_json())
     failed = asyncio.run(views())[1]
     assert "d1-2" not in failed.readings and "d1-2" not in failed.queue_depths and len(failed.readings) == 3
-    assert (cache.readings_read, cache.observations_read) == (2, 2)
+    assert failed.queue_depths.get("d1-2") is None and sorted(failed.readings) == ["d1-0", "d1-1", "d1-3"]
     raw.put(keyspace.observations("d1-2"), ReplicaObservation(replica_id="d1-2", scraped_at=time.time(), ok=True,
                                                               queue_depth=7).model_dump_json())
-    assert asyncio.run(views())[1].readings["d1-2"].queue == 7
+    assert asyncio.run(views())[1].readings["d1-2"].queue == 7 and cache.views_built == built
     # A replica drains: its view is built again, and the gateway drops it at the next refresh.
     rep = Replica.model_validate_json(raw.get(keyspace.replicas("d2", "d2-0")).value)
     raw.put(keyspace.replicas("d2", "d2-0"), rep.model_copy(update={"draining": True}).model_dump_json())
-    assert [r.replica_id for r in asyncio.run(views())[2].replicas] == ["d2-1", "d2-2", "d2-3"]
-    assert store.calls.get("list", 0) == lists and (cache.views_built, cache.readings_read) == (built + 1, 3)
+    drained = asyncio.run(views())[2]
+    assert [r.replica_id for r in drained.replicas] == ["d2-1", "d2-2", "d2-3"]
+    assert "d2-0" not in drained.readings  # a replica the view no longer holds has no reading in it
+    assert store.calls.get("list", 0) == lists and cache.views_built == built + 1
     cache.close()
     raw.close()
 
