@@ -53,7 +53,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -478,6 +478,9 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
                             push_deadline_s=push_deadline_s)
     reconcile = ReconcileWorker(fleet.store, agents, rp.ReconcileSettings())
     out: dict[str, dict] = {"routing": {}, "reconcile": {}, "gateway": {}}
+    closing = AsyncExitStack()  # the leader's workers: closed once, when done or on a failure
+    closing.push_async_callback(reconcile.aclose)
+    closing.push_async_callback(routing.aclose)
 
     def routing_pass() -> Awaitable[Figures]:
         return fleet.measure(routing.tick, routing, settle=lambda: streamed(
@@ -496,6 +499,10 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
         out["routing"]["mirror_prefixes"] = len(routing.mirror.prefixes)
         out["reconcile"]["first"] = (await fleet.measure(reconcile.tick)).rounded()
         out["reconcile"]["steady"] = (await fleet.measure(reconcile.tick)).rounded()
+        # The leader's loops are done: its workers stop before the gateway's refreshes, as a
+        # gateway runs in its own process (the routing mirror's stream of /fabric/ would
+        # otherwise take every report of the period in this process while a refresh is timed).
+        await closing.aclose()
         names = [f"e{e:04d}" for e in range(fleet.size.endpoints)]
         gw = CountingStore(fleet.raw)
         clock = [0.0]
@@ -524,8 +531,7 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
         finally:
             cache.close()
     finally:
-        await routing.aclose()
-        await reconcile.aclose()
+        await closing.aclose()
         await agents.aclose()
     return out
 
