@@ -615,14 +615,6 @@ class Mirror:
             return True
         return any(self._prefix_version(p) > since for p in reads.prefixes)
 
-    def moved_keys(self, keys: Iterable[str], since: int) -> set[str]:
-        """Which of ``keys`` changed after version ``since`` (a key outside the mirrored prefixes
-        always counts: it has no change record)."""
-        versions, forgot = self._key_version, self._forgot
-        # a key with a change record is mirrored; only one without asks which prefix holds it
-        return {k for k in keys if versions.get(k, forgot) > since
-                or (k not in versions and not self._mirrored(k))}
-
     def _key_moved(self, key: str, since: int) -> bool:
         return self._key_version.get(key, self._forgot) > since
 
@@ -641,10 +633,6 @@ class _Tracked:
     def get(self, key: str) -> KV | None:
         self._reads.keys.add(key)
         return self._mirror.get(key)
-
-    def decoded(self, key: str) -> object | None:
-        self._reads.keys.add(key)
-        return self._mirror.decoded(key)
 
     def list(self, prefix: str) -> builtins.list[KV]:
         self._reads.prefixes.add(prefix)

@@ -507,6 +507,11 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
         gw = CountingStore(fleet.raw)
         clock = [0.0]
         cache = UpstreamCache(gw, ttl_secs=1.0, clock=lambda: clock[0])
+        span = keyspace.observations()
+
+        def settle() -> None:
+            streamed(fleet.raw, cache.mirror, span, [span])
+
         try:
             # the first lists, the second follows a period between passes (with agents observing,
             # every observation re-reported), the third one refresh period of a steady fleet: the
@@ -521,9 +526,7 @@ async def run_loops(fleet: Fleet, state_dir: Path, push_deadline_s: float) -> di
                     clock[0] += READINGS_CONFIRM_EVERY * cache.ttl_secs
                 reads0, built0, pre0 = gw.reads, cache.views_built, cache.mirror.prefetched
                 out["gateway"][label] = (await fleet.measure(lambda: gateway_refresh(cache, clock, names),
-                                                             between=label != "steady",
-                                                             settle=lambda: streamed(fleet.raw, cache.mirror, keyspace.observations(),
-                                                                                     [keyspace.observations()]))).rounded()
+                                                             between=label != "steady", settle=settle)).rounded()
                 out["gateway"][label]["store_reads"] = gw.reads - reads0
                 out["gateway"][label]["views_built"] = cache.views_built - built0
                 out["gateway"][label]["streamed"] = cache.mirror.prefetched - pre0  # changes the stream brought
